@@ -1,0 +1,228 @@
+#include "cpu/gdn.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu/norm.h"
+
+namespace lockstep::cpu {
+
+namespace {
+inline std::size_t U(int x) { return static_cast<std::size_t>(x); }
+}  // namespace
+
+void GatedDeltaStep(float* S, const float* q, const float* k, const float* v, float alpha, float beta, int dk,
+                    int dv, float* o) {
+  // Pass 1: decay and m = S^T k, accumulating over kappa in increasing order (vectorised over v).
+  float m[1024];
+  std::fill_n(m, dv, 0.0f);
+  for (int kk = 0; kk < dk; ++kk) {
+    float* row = S + U(kk) * U(dv);
+    const float kv = k[kk];
+    for (int j = 0; j < dv; ++j) {
+      row[j] *= alpha;
+      m[j] += row[j] * kv;
+    }
+  }
+  float delta[1024];
+  for (int j = 0; j < dv; ++j) delta[j] = beta * (v[j] - m[j]);
+  // Pass 2: rank-1 update and o = S^T q with the updated state.
+  std::fill_n(o, dv, 0.0f);
+  for (int kk = 0; kk < dk; ++kk) {
+    float* row = S + U(kk) * U(dv);
+    const float kv = k[kk], qv = q[kk];
+    for (int j = 0; j < dv; ++j) {
+      row[j] += kv * delta[j];
+      o[j] += row[j] * qv;
+    }
+  }
+}
+
+void GatedDeltaChunked(float* S, const float* Q, const float* K, const float* V, const float* g, const float* beta,
+                       int T, int dk, int dv, float* O, int chunk) {
+  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Eigen::Map<RowMat> Sm(S, dk, dv);
+  RowMat A, Tm, KK, QK, Wm, Um, Delta, Kg, Qg, Vb, Kb;
+  std::vector<float> gam;
+  for (int c0 = 0; c0 < T; c0 += chunk) {
+    const int n = std::min(chunk, T - c0);
+    Eigen::Map<const RowMat> Kc(K + U(c0) * U(dk), n, dk);
+    Eigen::Map<const RowMat> Qc(Q + U(c0) * U(dk), n, dk);
+    Eigen::Map<const RowMat> Vc(V + U(c0) * U(dv), n, dv);
+    Eigen::Map<RowMat> Oc(O + U(c0) * U(dv), n, dv);
+    gam.assign(U(n), 0.0f);
+    float acc = 0.0f;
+    for (int i = 0; i < n; ++i) gam[U(i)] = (acc += g[c0 + i]);
+    KK.noalias() = Kc * Kc.transpose();
+    // A (strictly lower): beta_i exp(gam_i - gam_m) <k_i, k_m>; forward substitution for (I+A)^-1.
+    Tm.setZero(n, n);
+    for (int i = 0; i < n; ++i)
+      for (int m = 0; m < i; ++m) Tm(i, m) = -beta[c0 + i] * std::exp(gam[U(i)] - gam[U(m)]) * KK(i, m);
+    for (int i = 1; i < n; ++i) {
+      // X[i, :i] += X[i, :i] * X[:i, :i]  (rows < i are already final)
+      Eigen::Matrix<float, 1, Eigen::Dynamic> row = Tm.block(i, 0, 1, i);
+      Tm.block(i, 0, 1, i) = row + row * Tm.block(0, 0, i, i);
+    }
+    for (int i = 0; i < n; ++i) Tm(i, i) = 1.0f;
+    Vb = Vc;
+    Kb = Kc;
+    for (int i = 0; i < n; ++i) {
+      Vb.row(i) *= beta[c0 + i];
+      Kb.row(i) *= beta[c0 + i] * std::exp(gam[U(i)]);
+    }
+    Um.noalias() = Tm * Vb;          // U = Tm diag(beta) V
+    Wm.noalias() = Tm * Kb;          // W = Tm diag(beta Gamma) K
+    Delta = Um;
+    Delta.noalias() -= Wm * Sm;      // Delta = U - W S0
+    // O = diag(Gamma) Q S0 + ((Q K^T) .* D) Delta, with D incl. the diagonal.
+    Qg = Qc;
+    for (int i = 0; i < n; ++i) Qg.row(i) *= std::exp(gam[U(i)]);
+    QK.noalias() = Qc * Kc.transpose();
+    for (int i = 0; i < n; ++i)
+      for (int m = 0; m < n; ++m) QK(i, m) = m <= i ? QK(i, m) * std::exp(gam[U(i)] - gam[U(m)]) : 0.0f;
+    Oc.noalias() = Qg * Sm;
+    Oc.noalias() += QK * Delta;
+    // S_end = Gamma_last S0 + sum_i exp(gam_last - gam_i) k_i (x) Delta_i.
+    const float gl = gam[U(n - 1)];
+    Kg = Kc;
+    for (int i = 0; i < n; ++i) Kg.row(i) *= std::exp(gl - gam[U(i)]);
+    Sm *= std::exp(gl);
+    Sm.noalias() += Kg.transpose() * Delta;
+  }
+}
+
+void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, float* Uo) {
+  for (int t = 0; t < T; ++t) {
+    float* urow = Uo + U(t) * U(C);
+    for (int ch = 0; ch < C; ++ch) {
+      const float* wc = weight + U(ch) * U(K);
+      float s = 0.0f;
+      for (int j = 0; j < K; ++j) s += wc[j] * win[U(t + j) * U(C) + U(ch)];
+      urow[ch] = Silu(s);
+    }
+  }
+}
+
+void GdnForward(const GdnWeights& w, const ModelConfig& c, const float* a, int T, GdnState& state, GdnMode mode,
+                MatmulKind kind, ThreadPool* pool, Arena& arena, float* out) {
+  Arena::Scope scope(arena);
+  const int hk = c.n_k_heads, hv = c.n_v_heads, dk = c.k_head_dim, dv = c.v_head_dim, r = hv / hk;
+  const int key_dim = c.key_dim(), conv_dim = c.conv_dim(), kw = c.conv_kernel, kr = kw - 1;
+  const int wg = 2 * dk + 2 * r * dv;  // per-key-head group width of in_proj_qkvz
+  const std::size_t ut = U(T);
+
+  float* P = arena.Alloc(ut * U(c.qkvz_dim()));
+  float* B = arena.Alloc(ut * U(2 * hv));
+  Matmul(kind, a, T, w.in_proj_qkvz, P, pool);
+  Matmul(kind, a, T, w.in_proj_ba, B, pool);
+
+  // Conv window [K-1 previous inputs ; X], z, beta, g.
+  float* win = arena.Alloc(U(kr + T) * U(conv_dim));
+  float* Z = arena.Alloc(ut * U(hv) * U(dv));
+  float* beta = arena.Alloc(ut * U(hv));
+  float* gdec = arena.Alloc(ut * U(hv));
+  std::memcpy(win, state.conv(), U(kr) * U(conv_dim) * sizeof(float));
+  for (int t = 0; t < T; ++t) {
+    const float* pr = P + U(t) * U(c.qkvz_dim());
+    float* x = win + U(kr + t) * U(conv_dim);
+    for (int gi = 0; gi < hk; ++gi) {
+      const float* grp = pr + U(gi) * U(wg);
+      std::memcpy(x + U(gi) * U(dk), grp, U(dk) * sizeof(float));
+      std::memcpy(x + U(key_dim) + U(gi) * U(dk), grp + dk, U(dk) * sizeof(float));
+      for (int i = 0; i < r; ++i) {
+        const int j = gi * r + i;
+        std::memcpy(x + U(2 * key_dim) + U(j) * U(dv), grp + 2 * dk + i * dv, U(dv) * sizeof(float));
+        std::memcpy(Z + (U(t) * U(hv) + U(j)) * U(dv), grp + 2 * dk + r * dv + i * dv, U(dv) * sizeof(float));
+        const float bb = B[U(t) * U(2 * hv) + U(gi * 2 * r + i)];
+        const float aa = B[U(t) * U(2 * hv) + U(gi * 2 * r + r + i)];
+        beta[U(t) * U(hv) + U(j)] = Sigmoid(bb);
+        gdec[U(t) * U(hv) + U(j)] = -std::exp(w.a_log[j]) * Softplus(aa + w.dt_bias[j]);
+      }
+    }
+  }
+  float* Uc = arena.Alloc(ut * U(conv_dim));
+  CausalConvSilu(win, T, conv_dim, kw, w.conv1d, Uc);
+
+  // l2-normalised q (scaled) and k per key head; v per value head.
+  float* qh = arena.Alloc(ut * U(hk) * U(dk));
+  float* kh = arena.Alloc(ut * U(hk) * U(dk));
+  const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
+  for (int t = 0; t < T; ++t) {
+    const float* urow = Uc + U(t) * U(conv_dim);
+    for (int gi = 0; gi < hk; ++gi) {
+      float* qd = qh + (U(t) * U(hk) + U(gi)) * U(dk);
+      float* kd = kh + (U(t) * U(hk) + U(gi)) * U(dk);
+      std::memcpy(qd, urow + U(gi) * U(dk), U(dk) * sizeof(float));
+      std::memcpy(kd, urow + U(key_dim) + U(gi) * U(dk), U(dk) * sizeof(float));
+      L2NormInPlace(qd, dk, 1e-6f);
+      L2NormInPlace(kd, dk, 1e-6f);
+      for (int i = 0; i < dk; ++i) qd[i] *= qscale;
+    }
+  }
+
+  float* O = arena.Alloc(ut * U(hv) * U(dv));  // [T, Hv, Dv]
+  const std::size_t s_head = U(dk) * U(dv);
+  if (mode == GdnMode::kVerify) {
+    state.BeginSteps(T);
+    for (int t = 0; t < T; ++t) {  // conv state after step t = last K-1 inputs ending at t
+      std::memcpy(state.step_conv(t), win + U(t + 1) * U(conv_dim), U(kr) * U(conv_dim) * sizeof(float));
+    }
+    auto heads = [&](std::size_t jb, std::size_t je) {
+      for (std::size_t j = jb; j < je; ++j) {
+        const int gi = static_cast<int>(j) / r;
+        for (int t = 0; t < T; ++t) {
+          const float* prev = t == 0 ? state.ssm() : state.step_ssm(t - 1);
+          float* S = state.step_ssm(t) + j * s_head;
+          std::memcpy(S, prev + j * s_head, s_head * sizeof(float));
+          const std::size_t th = U(t) * U(hv) + j;
+          GatedDeltaStep(S, qh + (U(t) * U(hk) + U(gi)) * U(dk), kh + (U(t) * U(hk) + U(gi)) * U(dk),
+                         Uc + U(t) * U(conv_dim) + U(2 * key_dim) + j * U(dv), std::exp(gdec[th]), beta[th], dk, dv,
+                         O + th * U(dv));
+        }
+      }
+    };
+    if (pool) pool->ParallelFor(U(hv), heads); else heads(0, U(hv));
+  } else {
+    // Prefill: chunked form per value head, in place on the checkpoint.
+    std::memcpy(state.conv(), win + ut * U(conv_dim), U(kr) * U(conv_dim) * sizeof(float));
+    const int n_slices = pool ? std::min(pool->size(), hv) : 1;
+    const std::size_t per = ut * U(2 * dk + 2 * dv + 2);
+    float* scratch = arena.Alloc(U(n_slices) * per);
+    auto slices = [&](std::size_t sb, std::size_t se) {
+      for (std::size_t s = sb; s < se; ++s) {
+        float* Qj = scratch + s * per;
+        float* Kj = Qj + ut * U(dk);
+        float* Vj = Kj + ut * U(dk);
+        float* gj = Vj + ut * U(dv);
+        float* bj = gj + ut;
+        float* Oj = bj + ut;
+        int jb = static_cast<int>(s) * hv / n_slices, je = (static_cast<int>(s) + 1) * hv / n_slices;
+        for (int j = jb; j < je; ++j) {
+          const int gi = j / r;
+          for (int t = 0; t < T; ++t) {
+            std::memcpy(Qj + U(t) * U(dk), qh + (U(t) * U(hk) + U(gi)) * U(dk), U(dk) * sizeof(float));
+            std::memcpy(Kj + U(t) * U(dk), kh + (U(t) * U(hk) + U(gi)) * U(dk), U(dk) * sizeof(float));
+            std::memcpy(Vj + U(t) * U(dv), Uc + U(t) * U(conv_dim) + U(2 * key_dim) + U(j) * U(dv), U(dv) * sizeof(float));
+            gj[t] = gdec[U(t) * U(hv) + U(j)];
+            bj[t] = beta[U(t) * U(hv) + U(j)];
+          }
+          GatedDeltaChunked(state.ssm() + U(j) * s_head, Qj, Kj, Vj, gj, bj, T, dk, dv, Oj);
+          for (int t = 0; t < T; ++t)
+            std::memcpy(O + (U(t) * U(hv) + U(j)) * U(dv), Oj + U(t) * U(dv), U(dv) * sizeof(float));
+        }
+      }
+    };
+    if (pool && n_slices > 1) pool->ParallelFor(U(n_slices), slices); else slices(0, 1);
+    state.Advance(T);
+  }
+
+  // Gated RMSNorm per (t, value head), then out_proj.
+  float* On = arena.Alloc(ut * U(hv) * U(dv));
+  for (std::size_t th = 0; th < ut * U(hv); ++th)
+    GatedRmsNorm(O + th * U(dv), Z + th * U(dv), dv, w.norm, c.rms_norm_eps, On + th * U(dv));
+  Matmul(kind, On, T, w.out_proj, out, pool);
+}
+
+}  // namespace lockstep::cpu

@@ -1,0 +1,33 @@
+// CPU matrix products.
+//
+// Two kinds, chosen by the caller, never by the size of the input:
+//   kInvariant  (decode / verify windows): each output element y[t][o] is one Dot() of row t
+//               of x with row o of W, with a fixed 16-lane accumulation order over `in` and a
+//               fixed combine tree. Row t's result is therefore bitwise independent of how many
+//               rows are computed together and of the thread count (threads split the outputs
+//               o, never the reduction).
+//   kGemm       (prefill chunks): Eigen's blocked GEMM. Faster for many rows; its blocking
+//               depends on the shape, so results may differ from kInvariant in the last bits
+//               (measured: prefill chunk size changes logits by NRMSE ~1e-7, see tests).
+#pragma once
+
+#include "lockstep/engine/thread_pool.h"
+#include "lockstep/engine/weights.h"
+
+namespace lockstep::cpu {
+
+enum class MatmulKind { kInvariant, kGemm };
+
+// Dot product with the fixed reduction order described above (n >= 0).
+float Dot(const float* a, const float* b, int n);
+
+// y[t, o] = x[t, :] . W[o, :] for t < n_rows, o < w.rows. x f32 [n_rows, w.cols] (row stride
+// w.cols), y f32 [n_rows, w.rows] (row stride ldy, default w.rows).
+void Matmul(MatmulKind kind, const float* x, int n_rows, const Mat& w, float* y, ThreadPool* pool,
+            int ldy = -1);
+
+// Same product, kInvariant, for a contiguous subset of W's rows [o_begin, o_end): writes
+// y[t, o - o_begin]. Used to split one weight (e.g. per-head projections) without copying.
+void MatmulRowsRange(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y, int ldy);
+
+}  // namespace lockstep::cpu

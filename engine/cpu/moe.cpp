@@ -1,0 +1,103 @@
+#include "cpu/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu/norm.h"
+
+namespace lockstep::cpu {
+
+namespace {
+inline std::size_t U(int x) { return static_cast<std::size_t>(x); }
+}  // namespace
+
+void RouteToken(const float* logits, int n_experts, int k, bool norm, int* idx, float* weights) {
+  float mx = -INFINITY;
+  for (int e = 0; e < n_experts; ++e) mx = std::max(mx, logits[e]);
+  float probs[4096];
+  float sum = 0.0f;
+  for (int e = 0; e < n_experts; ++e) sum += (probs[e] = std::exp(logits[e] - mx));
+  for (int e = 0; e < n_experts; ++e) probs[e] /= sum;
+  // Selection: k passes of argmax with strict '>' so the lower id wins ties.
+  bool taken[4096] = {};
+  float sel = 0.0f;
+  for (int r = 0; r < k; ++r) {
+    int best = -1;
+    for (int e = 0; e < n_experts; ++e)
+      if (!taken[e] && (best < 0 || probs[e] > probs[best])) best = e;
+    taken[best] = true;
+    idx[r] = best;
+    weights[r] = probs[best];
+    sel += probs[best];
+  }
+  if (norm)
+    for (int r = 0; r < k; ++r) weights[r] /= sel;
+}
+
+void FfnForward(const FfnWeights& f, const float* x, int T, MatmulKind kind, ThreadPool* pool, Arena& arena,
+                float* out) {
+  Arena::Scope scope(arena);
+  const int inter = f.gate.rows;
+  float* g = arena.Alloc(U(T) * U(inter));
+  float* u = arena.Alloc(U(T) * U(inter));
+  Matmul(kind, x, T, f.gate, g, pool);
+  Matmul(kind, x, T, f.up, u, pool);
+  for (std::size_t i = 0; i < U(T) * U(inter); ++i) g[i] = Silu(g[i]) * u[i];
+  Matmul(kind, g, T, f.down, out, pool);
+}
+
+void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T, MatmulKind kind, ThreadPool* pool,
+                Arena& arena, ExpertCache* cache, int cache_layer, float* out) {
+  Arena::Scope scope(arena);
+  const int h = c.n_embd, ne = c.n_experts, k = c.n_experts_used;
+  const std::size_t uh = U(h);
+  float* logits = arena.Alloc(U(T) * U(ne));
+  Matmul(kind, x, T, w.router, logits, pool);
+  int* idx = arena.AllocAs<int>(U(T) * U(k));
+  float* wts = arena.Alloc(U(T) * U(k));
+  for (int t = 0; t < T; ++t)
+    RouteToken(logits + U(t) * U(ne), ne, k, c.norm_topk_prob, idx + U(t) * U(k), wts + U(t) * U(k));
+
+  // Per (token, rank) expert outputs, gathered per expert so each expert's weights are read once.
+  float* ranked = arena.Alloc(U(T) * U(k) * uh);  // [T, k, H]
+  float* xin = arena.Alloc(U(T) * uh);
+  float* yout = arena.Alloc(U(T) * uh);
+  int* rows = arena.AllocAs<int>(U(T));  // (t*k + r) slots routed to the current expert
+  for (int e = 0; e < ne; ++e) {
+    int n = 0;
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < k; ++r)
+        if (idx[U(t) * U(k) + U(r)] == e) {
+          rows[n] = t * k + r;
+          std::memcpy(xin + U(n) * uh, x + U(t) * uh, uh * sizeof(float));
+          ++n;
+        }
+    if (n == 0) continue;
+    if (cache) cache->Record(cache_layer, e, n);
+    FfnForward(w.experts[U(e)], xin, n, kind, pool, arena, yout);
+    for (int i = 0; i < n; ++i) std::memcpy(ranked + U(rows[i]) * uh, yout + U(i) * uh, uh * sizeof(float));
+  }
+  // Combine in rank order, then the gated shared expert.
+  for (int t = 0; t < T; ++t) {
+    float* o = out + U(t) * uh;
+    std::fill_n(o, h, 0.0f);
+    for (int r = 0; r < k; ++r) {
+      const float wr = wts[U(t) * U(k) + U(r)];
+      const float* y = ranked + (U(t) * U(k) + U(r)) * uh;
+      for (int i = 0; i < h; ++i) o[i] += wr * y[i];
+    }
+  }
+  if (w.shared.gate.rows > 0) {
+    float* sh = arena.Alloc(U(T) * uh);
+    FfnForward(w.shared, x, T, kind, pool, arena, sh);
+    for (int t = 0; t < T; ++t) {
+      const float gate = Sigmoid(Dot(x + U(t) * uh, w.shared_gate, h));
+      float* o = out + U(t) * uh;
+      const float* s = sh + U(t) * uh;
+      for (int i = 0; i < h; ++i) o[i] += gate * s[i];
+    }
+  }
+}
+
+}  // namespace lockstep::cpu

@@ -1,0 +1,31 @@
+// Sparse MoE block with the sigmoid-gated shared expert (MODEL.md 3.8), and the dense SwiGLU.
+//
+// Fixed order (documented choice; HF and vLLM differ from each other here): router softmax in
+// f32 over all experts (max, exp, sum in increasing expert id), top-k by descending
+// probability with the lower expert id first on ties, renormalised when norm_topk_prob; the
+// token's output is sum over ranks r = 0..k-1 of w_r * expert_r(x), accumulated in rank order in
+// f32, then + sigmoid(x . w_sg) * shared(x). Each token's result depends only on its own row
+// (experts batch the rows routed to them; kInvariant products make that exact).
+#pragma once
+
+#include "cpu/matmul.h"
+#include "lockstep/engine/arena.h"
+#include "lockstep/engine/expert_cache.h"
+#include "lockstep/engine/model_config.h"
+#include "lockstep/engine/weights.h"
+
+namespace lockstep::cpu {
+
+// Top-k routing of one token from router logits f32 [E]: idx [k] (descending probability, lower
+// id first on ties), weights [k] (renormalised when `norm`).
+void RouteToken(const float* logits, int n_experts, int k, bool norm, int* idx, float* weights);
+
+// SwiGLU: out = (silu(x G^T) * (x U^T)) D^T for T rows. x f32 [T, H], out f32 [T, H].
+void FfnForward(const FfnWeights& f, const float* x, int T, MatmulKind kind, ThreadPool* pool, Arena& arena,
+                float* out);
+
+// The MoE block for T rows. `cache` may be null; `cache_layer` is the stage-local MoE index.
+void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T, MatmulKind kind, ThreadPool* pool,
+                Arena& arena, ExpertCache* cache, int cache_layer, float* out);
+
+}  // namespace lockstep::cpu

@@ -1,0 +1,79 @@
+#include "lockstep/engine/engine.h"
+
+#include <algorithm>
+
+namespace lockstep {
+
+Engine::Engine(const EngineConfig& cfg, const ModelWeights& w) : cfg_(cfg), w_(w) {}
+Engine::~Engine() = default;
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in, const ModelWeights& weights) {
+  LOCKSTEP_RETURN_IF_ERROR(cfg_in.Validate());
+  if (cfg_in.backend != "cpu")
+    return Status::NotSupported("--backend " + cfg_in.backend,
+                                "this build runs the cpu backend only (the CUDA kernels are not built yet)");
+  EngineConfig cfg = cfg_in;
+  if (cfg.threads == 0) cfg.threads = ThreadPool::HardwareThreads();
+  std::unique_ptr<Engine> e(new Engine(cfg, weights));
+  LOCKSTEP_ASSIGN_OR_RETURN(e->bounds_, cfg.StageBoundaries(weights.config));
+  e->pool_ = std::make_unique<ThreadPool>(cfg.threads);
+  for (int is = 0; is < cfg.stages; ++is) {
+    e->stages_.push_back(std::make_unique<StageSession>(weights, cfg, is, cfg.stages, e->bounds_[static_cast<std::size_t>(is)],
+                                                        e->bounds_[static_cast<std::size_t>(is) + 1], e->pool_.get()));
+  }
+  e->transport_ = std::make_unique<InProcessTransport>(cfg.stages);
+  return e;
+}
+
+Status Engine::RunPipeline(ForwardMode mode, std::span<const std::int32_t> tokens, Activation& out) {
+  Activation act;
+  act.p = position_;
+  act.T = static_cast<int>(tokens.size());
+  for (int is = 0; is < n_stages(); ++is) {
+    if (is > 0) {
+      LOCKSTEP_ASSIGN_OR_RETURN(act, transport_->Recv(is));
+    }
+    LOCKSTEP_RETURN_IF_ERROR(stage(is).Forward(mode, tokens.data(), act));
+    if (is + 1 < n_stages()) LOCKSTEP_RETURN_IF_ERROR(transport_->Send(is, std::move(act)));
+  }
+  out = std::move(act);
+  return Status::Ok();
+}
+
+Status Engine::Prefill(std::span<const std::int32_t> tokens) {
+  if (pending_ != 0) return Status::Runtime("prefill", "a verify window is still uncommitted");
+  const std::size_t chunk = static_cast<std::size_t>(cfg_.prefill_chunk);
+  for (std::size_t b = 0; b < tokens.size(); b += chunk) {
+    auto part = tokens.subspan(b, std::min(chunk, tokens.size() - b));
+    Activation act;
+    LOCKSTEP_RETURN_IF_ERROR(RunPipeline(ForwardMode::kPrefill, part, act));
+    position_ += static_cast<int>(part.size());
+  }
+  return Status::Ok();
+}
+
+Status Engine::Verify(std::span<const std::int32_t> tokens, float* logits, float* normed) {
+  if (pending_ != 0) return Status::Runtime("verify", "the previous window is still uncommitted");
+  if (tokens.empty()) return Status::InvalidArgument("verify", "empty window");
+  Activation act;
+  LOCKSTEP_RETURN_IF_ERROR(RunPipeline(ForwardMode::kVerify, tokens, act));
+  if (normed == nullptr) {
+    normed_scratch_.resize(tokens.size() * static_cast<std::size_t>(w_.config.n_embd));
+    normed = normed_scratch_.data();
+  }
+  stages_.back()->Logits(act, normed, logits);
+  pending_ = static_cast<int>(tokens.size());
+  return Status::Ok();
+}
+
+Status Engine::Commit(int n) {
+  if (n < 1 || n > pending_)
+    return Status::Runtime("commit", "cannot keep " + std::to_string(n) + " rows of a " + std::to_string(pending_) +
+                                         "-row window");
+  for (auto& s : stages_) s->Commit(n);
+  position_ += n;
+  pending_ = 0;
+  return Status::Ok();
+}
+
+}  // namespace lockstep

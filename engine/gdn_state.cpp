@@ -1,0 +1,32 @@
+#include "lockstep/engine/gdn_state.h"
+
+#include <algorithm>
+
+#include "lockstep/engine/check.h"
+
+namespace lockstep {
+
+GdnState::GdnState(int conv_dim, int conv_kernel, int n_v_heads, int k_head_dim, int v_head_dim)
+    : conv_dim_(conv_dim),
+      conv_rows_(conv_kernel - 1),
+      conv_(static_cast<std::size_t>(conv_kernel - 1) * static_cast<std::size_t>(conv_dim), 0.0f),
+      ssm_(static_cast<std::size_t>(n_v_heads) * static_cast<std::size_t>(k_head_dim) *
+               static_cast<std::size_t>(v_head_dim),
+           0.0f) {}
+
+void GdnState::BeginSteps(int T) {
+  std::size_t t = static_cast<std::size_t>(T);
+  if (scratch_conv_.size() < t * conv_.size()) scratch_conv_.resize(t * conv_.size());
+  if (scratch_ssm_.size() < t * ssm_.size()) scratch_ssm_.resize(t * ssm_.size());
+  n_steps_ = T;
+}
+
+void GdnState::CommitSteps(int n) {
+  LOCKSTEP_CHECK(n >= 1 && n <= n_steps_) << "commit " << n << " of " << n_steps_ << " steps";
+  std::copy_n(step_conv(n - 1), conv_.size(), conv_.data());
+  std::copy_n(step_ssm(n - 1), ssm_.size(), ssm_.data());
+  position_ += n;
+  n_steps_ = 0;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,66 @@
+// Engine: the pipeline of stage sessions for one sequence.
+//
+// Prefill is chunked and chunk-major: each chunk of `prefill_chunk` tokens goes through all
+// stages before the next one starts. A verify window runs T tokens at the committed position p
+// through all stages and leaves its rows speculative until Commit(n) keeps n of them.
+//
+// Borrowed: `weights` must outlive the engine. Not thread-safe: one driver thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "lockstep/engine/engine_config.h"
+#include "lockstep/engine/stage.h"
+#include "lockstep/engine/status.h"
+#include "lockstep/engine/thread_pool.h"
+#include "lockstep/engine/transport.h"
+#include "lockstep/engine/weights.h"
+
+namespace lockstep {
+
+class Engine {
+ public:
+  // Validates `cfg` against the model (split, dtype, backend) and builds the stage sessions.
+  // Errors: kInvalidArgument (bad split/options), kNotSupported (backend not built).
+  static Result<std::unique_ptr<Engine>> Create(const EngineConfig& cfg, const ModelWeights& weights);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // The effective configuration (threads resolved).
+  const EngineConfig& config() const { return cfg_; }
+  const ModelWeights& weights() const { return w_; }
+  int position() const { return position_; }  // committed tokens
+  int n_stages() const { return static_cast<int>(stages_.size()); }
+  StageSession& stage(int is) { return *stages_[static_cast<std::size_t>(is)]; }
+  const std::vector<int>& boundaries() const { return bounds_; }
+  Transport& transport() { return *transport_; }
+
+  // Processes `tokens` at positions [position(), position() + n) in prefill chunks; commits them.
+  Status Prefill(std::span<const std::int32_t> tokens);
+  // Verify window of T = tokens.size() tokens at p = position(). Writes logits f32 [T, V] and, when
+  // `normed` is not null, the final-normed hidden f32 [T, H]. Rows stay speculative until Commit.
+  Status Verify(std::span<const std::int32_t> tokens, float* logits, float* normed = nullptr);
+  // Keeps the first n rows of the last verify window (1 <= n <= T).
+  Status Commit(int n);
+
+ private:
+  Engine(const EngineConfig& cfg, const ModelWeights& w);
+  Status RunPipeline(ForwardMode mode, std::span<const std::int32_t> tokens, Activation& out);
+
+  EngineConfig cfg_;
+  const ModelWeights& w_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::vector<int> bounds_;
+  std::vector<std::unique_ptr<StageSession>> stages_;
+  TransportPtr transport_;
+  int position_ = 0;
+  int pending_ = 0;  // rows of the uncommitted verify window
+  std::vector<float> normed_scratch_;
+};
+using EnginePtr = std::unique_ptr<Engine>;
+
+}  // namespace lockstep

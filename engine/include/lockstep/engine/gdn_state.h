@@ -1,0 +1,62 @@
+// Recurrent state of one Gated DeltaNet layer for one sequence: the committed checkpoint plus
+// per-step scratch for a verify window (MODEL.md section 4; DESIGN.md "committed checkpoint at
+// p, per-step states in scratch, commit advances").
+//
+//   checkpoint  conv  f32 [K-1, conv_dim]   last K-1 pre-conv inputs, oldest first (zeros at start)
+//               ssm   f32 [Hv, Dk, Dv]      S per value head (HF/FLA layout)
+//               position()                 tokens folded into the checkpoint
+//   scratch     step t (t < n_steps()): the same two tensors after input t of the window
+//
+// A verify of T tokens reads the checkpoint for step 0 and step t-1 for step t, writes step t;
+// CommitSteps(n) copies step n-1 into the checkpoint and advances position() by n. Rejected
+// steps never touch the checkpoint. Prefill (chunked form) updates the checkpoint in place and
+// calls Advance(n).
+//
+// Thread safety: none; owned by one stage session.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+namespace lockstep {
+
+class GdnState {
+ public:
+  GdnState(int conv_dim, int conv_kernel, int n_v_heads, int k_head_dim, int v_head_dim);
+
+  float* conv() { return conv_.data(); }
+  const float* conv() const { return conv_.data(); }
+  float* ssm() { return ssm_.data(); }
+  const float* ssm() const { return ssm_.data(); }
+  int position() const { return position_; }
+
+  std::size_t conv_size() const { return conv_.size(); }  // floats
+  std::size_t ssm_size() const { return ssm_.size(); }    // floats
+  int conv_rows() const { return conv_rows_; }            // K-1
+  int conv_dim() const { return conv_dim_; }
+
+  // Prepares scratch for a window of T steps (grows, never shrinks).
+  void BeginSteps(int T);
+  int n_steps() const { return n_steps_; }
+  float* step_conv(int t) { return scratch_conv_.data() + static_cast<std::size_t>(t) * conv_.size(); }
+  float* step_ssm(int t) { return scratch_ssm_.data() + static_cast<std::size_t>(t) * ssm_.size(); }
+  const float* step_conv(int t) const { return scratch_conv_.data() + static_cast<std::size_t>(t) * conv_.size(); }
+  const float* step_ssm(int t) const { return scratch_ssm_.data() + static_cast<std::size_t>(t) * ssm_.size(); }
+
+  // Keeps the first n steps (1 <= n <= n_steps()): checkpoint := step n-1, position += n.
+  void CommitSteps(int n);
+  void DiscardSteps() { n_steps_ = 0; }
+  // Prefill updated the checkpoint in place with n tokens.
+  void Advance(int n) { position_ += n; }
+
+ private:
+  int conv_dim_, conv_rows_;
+  std::vector<float> conv_;          // f32 [K-1, conv_dim]
+  std::vector<float> ssm_;           // f32 [Hv, Dk, Dv]
+  std::vector<float> scratch_conv_;  // f32 [T_max, K-1, conv_dim]
+  std::vector<float> scratch_ssm_;   // f32 [T_max, Hv, Dk, Dv]
+  int n_steps_ = 0;
+  int position_ = 0;
+};
+
+}  // namespace lockstep

@@ -1,0 +1,87 @@
+// Paged K/V cache of one full-attention layer (or the MTP layer) for one sequence.
+//
+// Rows are token positions. The cache distinguishes
+//   committed rows   [0, rows_committed)                       accepted state
+//   speculative rows [rows_committed, rows_committed+rows_spec) written by the current verify
+//   unused tail      [rows_written, rows_capacity)             allocated page space, never valid
+// A verify writes its T rows as speculative; Commit(n) makes a prefix of them committed and
+// discards the rest (rollback is just the valid length: rejected rows are later overwritten).
+// Committed rows are never overwritten (a programmer error, checked).
+//
+// Storage: f32, bf16 or int8 per `dtype`; int8 keeps one f32 scale per (row, head)
+// (symmetric, scale = max|x|/127). Rows are quantised independently, so a row's stored bits do
+// not depend on how many rows were written together (batch invariance).
+//
+// Thread safety: none; owned and used by one stage session.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "lockstep/engine/dtype.h"
+
+namespace lockstep {
+
+class KvCache {
+ public:
+  KvCache(int n_heads_kv, int head_dim, DType dtype, int page_rows);
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+  KvCache(KvCache&&) = default;
+
+  // Writes rows [pos, pos+n) from f32 k, v [n, n_heads_kv, head_dim]. Requires
+  // rows_committed() <= pos <= rows_written() (no holes, no committed overwrite). Rows past
+  // rows_committed() are speculative until Commit.
+  void Write(int pos, int n, const float* k, const float* v);
+  // Rows [0, rows) become committed; rows_committed() <= rows <= rows_written(). Everything past
+  // `rows` is discarded (rows_spec() becomes 0).
+  void Commit(int rows);
+  // Drops all speculative rows.
+  void DiscardSpeculative() { rows_written_ = rows_committed_; }
+
+  int rows_committed() const { return rows_committed_; }
+  int rows_spec() const { return rows_written_ - rows_committed_; }
+  int rows_written() const { return rows_written_; }
+  int rows_capacity() const { return static_cast<int>(pages_.size()) * page_rows_; }
+  int n_heads_kv() const { return n_heads_kv_; }
+  int head_dim() const { return head_dim_; }
+  int page_rows() const { return page_rows_; }
+  DType dtype() const { return dtype_; }
+
+  // f32 view of K (or V) at (row, head): a pointer into the page for f32 storage, otherwise
+  // the row is dequantised into `tmp` [head_dim] and tmp is returned.
+  const float* K(int row, int head, float* tmp) const { return Get(0, row, head, tmp); }
+  const float* V(int row, int head, float* tmp) const { return Get(1, row, head, tmp); }
+
+  // Raw storage of one row (all heads) for export: dtype-sized elements
+  // [n_heads_kv, head_dim], and for int8 the f32 scales [n_heads_kv] (nullptr otherwise).
+  const std::byte* KRaw(int row) const { return RowPtr(0, row); }
+  const std::byte* VRaw(int row) const { return RowPtr(1, row); }
+  const float* KScales(int row) const { return ScalePtr(0, row); }
+  const float* VScales(int row) const { return ScalePtr(1, row); }
+  std::size_t row_bytes() const { return row_elems_ * dtype_size(dtype_); }
+  std::size_t bytes_reserved() const;
+
+ private:
+  struct Page {
+    std::unique_ptr<std::byte[]> data;    // [2][page_rows][n_heads_kv*head_dim] elements
+    std::unique_ptr<float[]> scales;      // [2][page_rows][n_heads_kv] (int8 only)
+  };
+  const float* Get(int which, int row, int head, float* tmp) const;
+  const std::byte* RowPtr(int which, int row) const;
+  std::byte* RowPtrMut(int which, int row);
+  const float* ScalePtr(int which, int row) const;
+  void EnsureCapacity(int rows);
+  void StoreRow(int which, int row, const float* src);
+
+  int n_heads_kv_, head_dim_, page_rows_;
+  DType dtype_;
+  std::size_t row_elems_;  // n_heads_kv * head_dim
+  std::vector<Page> pages_;
+  int rows_committed_ = 0;
+  int rows_written_ = 0;
+};
+
+}  // namespace lockstep

@@ -1,0 +1,121 @@
+#include "lockstep/engine/kv_cache.h"
+
+#include <cstring>
+
+#include "lockstep/engine/check.h"
+
+namespace lockstep {
+
+KvCache::KvCache(int n_heads_kv, int head_dim, DType dtype, int page_rows)
+    : n_heads_kv_(n_heads_kv),
+      head_dim_(head_dim),
+      page_rows_(page_rows),
+      dtype_(dtype),
+      row_elems_(static_cast<std::size_t>(n_heads_kv) * static_cast<std::size_t>(head_dim)) {
+  LOCKSTEP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kI8) << dtype_name(dtype);
+  LOCKSTEP_CHECK_GE(page_rows, 1);
+}
+
+void KvCache::EnsureCapacity(int rows) {
+  while (rows_capacity() < rows) {
+    Page p;
+    std::size_t elems = 2 * static_cast<std::size_t>(page_rows_) * row_elems_;
+    p.data.reset(new std::byte[elems * dtype_size(dtype_)]());
+    if (dtype_ == DType::kI8)
+      p.scales.reset(new float[2 * static_cast<std::size_t>(page_rows_) * static_cast<std::size_t>(n_heads_kv_)]());
+    pages_.push_back(std::move(p));
+  }
+}
+
+std::byte* KvCache::RowPtrMut(int which, int row) {
+  const Page& p = pages_[static_cast<std::size_t>(row / page_rows_)];
+  std::size_t r = static_cast<std::size_t>(which) * static_cast<std::size_t>(page_rows_) +
+                  static_cast<std::size_t>(row % page_rows_);
+  return p.data.get() + r * row_elems_ * dtype_size(dtype_);
+}
+
+const std::byte* KvCache::RowPtr(int which, int row) const {
+  return const_cast<KvCache*>(this)->RowPtrMut(which, row);
+}
+
+const float* KvCache::ScalePtr(int which, int row) const {
+  if (dtype_ != DType::kI8) return nullptr;
+  const Page& p = pages_[static_cast<std::size_t>(row / page_rows_)];
+  std::size_t r = static_cast<std::size_t>(which) * static_cast<std::size_t>(page_rows_) +
+                  static_cast<std::size_t>(row % page_rows_);
+  return p.scales.get() + r * static_cast<std::size_t>(n_heads_kv_);
+}
+
+void KvCache::StoreRow(int which, int row, const float* src) {
+  std::byte* dst = RowPtrMut(which, row);
+  const std::size_t hd = static_cast<std::size_t>(head_dim_);
+  switch (dtype_) {
+    case DType::kF32:
+      std::memcpy(dst, src, row_elems_ * sizeof(float));
+      break;
+    case DType::kBF16: {
+      auto* d = reinterpret_cast<std::uint16_t*>(dst);
+      for (std::size_t i = 0; i < row_elems_; ++i) d[i] = f32_to_bf16(src[i]);
+      break;
+    }
+    case DType::kI8: {
+      auto* d = reinterpret_cast<std::int8_t*>(dst);
+      float* scales = const_cast<float*>(ScalePtr(which, row));
+      for (int h = 0; h < n_heads_kv_; ++h) {
+        std::size_t off = static_cast<std::size_t>(h) * hd;
+        scales[h] = quantize_int8_row(src + off, hd, d + off);
+      }
+      break;
+    }
+    default:
+      LOCKSTEP_CHECK(false) << "unreachable dtype";
+  }
+}
+
+void KvCache::Write(int pos, int n, const float* k, const float* v) {
+  LOCKSTEP_CHECK(pos >= rows_committed_ && pos <= rows_written_)
+      << "write at " << pos << " with committed=" << rows_committed_ << " written=" << rows_written_;
+  EnsureCapacity(pos + n);
+  for (int t = 0; t < n; ++t) {
+    StoreRow(0, pos + t, k + static_cast<std::size_t>(t) * row_elems_);
+    StoreRow(1, pos + t, v + static_cast<std::size_t>(t) * row_elems_);
+  }
+  rows_written_ = pos + n;
+}
+
+void KvCache::Commit(int rows) {
+  LOCKSTEP_CHECK(rows >= rows_committed_ && rows <= rows_written_)
+      << "commit " << rows << " with committed=" << rows_committed_ << " written=" << rows_written_;
+  rows_committed_ = rows;
+  rows_written_ = rows;
+}
+
+const float* KvCache::Get(int which, int row, int head, float* tmp) const {
+  const std::size_t hd = static_cast<std::size_t>(head_dim_);
+  const std::byte* base = RowPtr(which, row);
+  switch (dtype_) {
+    case DType::kF32:
+      return reinterpret_cast<const float*>(base) + static_cast<std::size_t>(head) * hd;
+    case DType::kBF16: {
+      const auto* s = reinterpret_cast<const std::uint16_t*>(base) + static_cast<std::size_t>(head) * hd;
+      for (std::size_t i = 0; i < hd; ++i) tmp[i] = bf16_to_f32(s[i]);
+      return tmp;
+    }
+    case DType::kI8: {
+      const auto* s = reinterpret_cast<const std::int8_t*>(base) + static_cast<std::size_t>(head) * hd;
+      dequantize_int8_row(s, ScalePtr(which, row)[head], hd, tmp);
+      return tmp;
+    }
+    default:
+      LOCKSTEP_CHECK(false) << "unreachable dtype";
+  }
+  return nullptr;
+}
+
+std::size_t KvCache::bytes_reserved() const {
+  std::size_t per_page = 2 * static_cast<std::size_t>(page_rows_) * row_elems_ * dtype_size(dtype_);
+  if (dtype_ == DType::kI8) per_page += 2 * static_cast<std::size_t>(page_rows_) * static_cast<std::size_t>(n_heads_kv_) * sizeof(float);
+  return per_page * pages_.size();
+}
+
+}  // namespace lockstep

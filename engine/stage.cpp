@@ -1,0 +1,171 @@
+#include "lockstep/engine/stage.h"
+
+#include <cstring>
+
+#include "cpu/attention.h"
+#include "cpu/gdn.h"
+#include "cpu/matmul.h"
+#include "cpu/moe.h"
+#include "cpu/norm.h"
+#include "cpu/rope.h"
+#include "lockstep/engine/check.h"
+
+namespace lockstep {
+
+namespace {
+inline std::size_t U(int x) { return static_cast<std::size_t>(x); }
+cpu::MatmulKind KindOf(ForwardMode m) {
+  return m == ForwardMode::kPrefill ? cpu::MatmulKind::kGemm : cpu::MatmulKind::kInvariant;
+}
+}  // namespace
+
+StageSession::StageSession(const ModelWeights& weights, const EngineConfig& cfg, int index, int n_stages,
+                           int layer_begin, int layer_end, ThreadPool* pool)
+    : w_(weights),
+      c_(weights.config),
+      index_(index),
+      n_stages_(n_stages),
+      layer_begin_(layer_begin),
+      layer_end_(layer_end),
+      pool_(pool),
+      rope_(std::make_unique<cpu::Rope>(weights.config.rotary_dim, weights.config.rope_theta)) {
+  std::vector<int> moe_layers;
+  std::uint64_t expert_bytes = 0;
+  for (int il = layer_begin; il < layer_end; ++il) {
+    const LayerWeights& lw = w_.layers[U(il)];
+    if (lw.type == LayerType::kFullAttention) {
+      kv_.push_back(std::make_unique<KvCache>(c_.n_heads_kv, c_.head_dim, cfg.kv_dtype, cfg.kv_page_rows));
+      gdn_.push_back(nullptr);
+    } else {
+      kv_.push_back(nullptr);
+      gdn_.push_back(std::make_unique<GdnState>(c_.conv_dim(), c_.conv_kernel, c_.n_v_heads, c_.k_head_dim,
+                                                c_.v_head_dim));
+    }
+    if (lw.moe) {
+      moe_local_.push_back(static_cast<int>(moe_layers.size()));
+      moe_layers.push_back(il);
+      expert_bytes = lw.ffn_moe.experts.empty() ? 0 : lw.ffn_moe.experts[0].bytes();
+    } else {
+      moe_local_.push_back(-1);
+    }
+  }
+  const int n_exp = std::max(c_.n_experts, 0);
+  experts_ = std::make_unique<ExpertCache>(moe_layers, n_exp, cfg.ResidentExperts(n_exp), expert_bytes);
+  if (is_last() && w_.mtp.present) {
+    mtp_kv_ = std::make_unique<KvCache>(c_.n_heads_kv, c_.head_dim, cfg.kv_dtype, cfg.kv_page_rows);
+    // The MTP layer's experts count in their own map, keyed after the main layers.
+    mtp_experts_ = std::make_unique<ExpertCache>(std::vector<int>{c_.n_layers}, n_exp, cfg.ResidentExperts(n_exp),
+                                                 expert_bytes);
+  }
+}
+
+StageSession::~StageSession() = default;
+
+KvCache* StageSession::kv(int il) {
+  if (il < layer_begin_ || il >= layer_end_) return nullptr;
+  return kv_[U(il - layer_begin_)].get();
+}
+
+GdnState* StageSession::gdn(int il) {
+  if (il < layer_begin_ || il >= layer_end_) return nullptr;
+  return gdn_[U(il - layer_begin_)].get();
+}
+
+void StageSession::LayerForward(const LayerWeights& lw, int local_moe, Activation& act, ForwardMode mode, KvCache* kv, GdnState* gdn) {
+  Arena::Scope scope(arena_);
+  const int T = act.T, h = c_.n_embd;
+  const std::size_t n = U(T) * U(h);
+  float* x = act.hidden.data();
+  float* a = arena_.Alloc(n);
+  float* mix = arena_.Alloc(n);
+  for (int t = 0; t < T; ++t) cpu::RmsNormZc(x + U(t) * U(h), h, lw.input_norm, c_.rms_norm_eps, a + U(t) * U(h));
+  const auto kind = KindOf(mode);
+  if (lw.type == LayerType::kFullAttention) {
+    cpu::AttentionForward(lw.attn, c_, *rope_, a, T, act.p, *kv, kind, pool_, arena_, mix);
+  } else {
+    cpu::GdnForward(lw.gdn, c_, a, T, *gdn, mode == ForwardMode::kPrefill ? cpu::GdnMode::kPrefill : cpu::GdnMode::kVerify,
+                    kind, pool_, arena_, mix);
+  }
+  for (std::size_t i = 0; i < n; ++i) x[i] += mix[i];
+  for (int t = 0; t < T; ++t) cpu::RmsNormZc(x + U(t) * U(h), h, lw.post_norm, c_.rms_norm_eps, a + U(t) * U(h));
+  if (lw.moe) {
+    ExpertCache* cache = local_moe >= 0 ? experts_.get() : mtp_experts_.get();
+    cpu::MoeForward(lw.ffn_moe, c_, a, T, kind, pool_, arena_, cache, local_moe >= 0 ? local_moe : 0, mix);
+  } else {
+    cpu::FfnForward(lw.ffn_dense, a, T, kind, pool_, arena_, mix);
+  }
+  for (std::size_t i = 0; i < n; ++i) x[i] += mix[i];
+}
+
+Status StageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Activation& act) {
+  LOCKSTEP_CHECK_EQ(act.p, position_);
+  const int T = act.T, h = c_.n_embd;
+  if (is_first()) {
+    act.hidden.resize(U(T) * U(h));
+    for (int t = 0; t < T; ++t) {
+      if (tokens[t] < 0 || tokens[t] >= c_.n_vocab)
+        return Status::InvalidArgument("token", "id " + std::to_string(tokens[t]) + " outside the vocabulary (size " +
+                                                    std::to_string(c_.n_vocab) + ")");
+      std::memcpy(act.hidden.data() + U(t) * U(h), w_.embed.row(tokens[t]), U(h) * sizeof(float));
+    }
+  }
+  LOCKSTEP_CHECK_EQ(act.hidden.size(), U(T) * U(h));
+  for (int il = layer_begin_; il < layer_end_; ++il) {
+    const int l = il - layer_begin_;
+    LayerForward(w_.layers[U(il)], moe_local_[U(l)], act, mode, kv_[U(l)].get(), gdn_[U(l)].get());
+  }
+  if (mode == ForwardMode::kPrefill) {
+    for (auto& kv : kv_)
+      if (kv) kv->Commit(act.p + T);
+    position_ += T;
+    pending_rows_ = 0;
+  } else {
+    pending_rows_ = T;
+  }
+  return Status::Ok();
+}
+
+void StageSession::Commit(int n) {
+  LOCKSTEP_CHECK(n >= 1 && n <= pending_rows_) << "commit " << n << " of " << pending_rows_;
+  for (auto& kv : kv_)
+    if (kv) kv->Commit(position_ + n);
+  for (auto& g : gdn_)
+    if (g) g->CommitSteps(n);
+  position_ += n;
+  pending_rows_ = 0;
+}
+
+void StageSession::Logits(const Activation& act, float* normed, float* logits) {
+  LOCKSTEP_CHECK(is_last());
+  const int T = act.T, h = c_.n_embd;
+  for (int t = 0; t < T; ++t)
+    cpu::RmsNormZc(act.hidden.data() + U(t) * U(h), h, w_.final_norm, c_.rms_norm_eps, normed + U(t) * U(h));
+  cpu::Matmul(cpu::MatmulKind::kInvariant, normed, T, w_.lm_head, logits, pool_);
+}
+
+void StageSession::MtpForward(const float* hid, const std::int32_t* next_tokens, int p, int T, ForwardMode mode,
+                              float* m, float* logits) {
+  LOCKSTEP_CHECK(has_mtp());
+  Arena::Scope scope(arena_);
+  const int h = c_.n_embd;
+  const MtpWeights& mw = w_.mtp;
+  float* cat = arena_.Alloc(U(T) * U(2 * h));
+  for (int t = 0; t < T; ++t) {
+    float* row = cat + U(t) * U(2 * h);
+    cpu::RmsNormZc(w_.embed.row(next_tokens[t]), h, mw.pre_fc_norm_embedding, c_.rms_norm_eps, row);
+    cpu::RmsNormZc(hid + U(t) * U(h), h, mw.pre_fc_norm_hidden, c_.rms_norm_eps, row + h);
+  }
+  Activation act;
+  act.p = p;
+  act.T = T;
+  act.hidden.resize(U(T) * U(h));
+  cpu::Matmul(KindOf(mode), cat, T, mw.fc, act.hidden.data(), pool_);
+  LayerForward(mw.layer, -1, act, mode, mtp_kv_.get(), nullptr);
+  for (int t = 0; t < T; ++t)
+    cpu::RmsNormZc(act.hidden.data() + U(t) * U(h), h, mw.norm, c_.rms_norm_eps, m + U(t) * U(h));
+  cpu::Matmul(cpu::MatmulKind::kInvariant, m, T, w_.lm_head, logits, pool_);
+}
+
+void StageSession::MtpCommit(int rows) { mtp_kv_->Commit(rows); }
+
+}  // namespace lockstep

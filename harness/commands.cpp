@@ -1,0 +1,97 @@
+#include "lockstep/harness/commands.h"
+
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/engine.h"
+#include "lockstep/engine/generate.h"
+#include "lockstep/engine/tokenizer.h"
+#include "lockstep/engine/weights.h"
+#include "lockstep/instrument/fingerprint.h"
+
+namespace lockstep {
+
+Status RunModelInit(const SyntheticOptions& opts, const std::string& out_dir, std::ostream& out) {
+  LOCKSTEP_RETURN_IF_ERROR(WriteSyntheticModel(opts, out_dir));
+  out << "wrote " << out_dir << "/config.json and " << out_dir << "/model.safetensors (preset " << opts.preset
+      << ", seed " << opts.seed << ")\n";
+  return Status::Ok();
+}
+
+namespace {
+
+Result<std::vector<std::int32_t>> LoadPrompt(const GenerateOptions& o, int n_vocab) {
+  int given = (!o.prompt_text.empty()) + (!o.prompt_file.empty()) + (!o.prompt_tokens.empty());
+  if (given != 1)
+    return Status::InvalidArgument("prompt", "give exactly one of --prompt, --prompt-file or --prompt-tokens");
+  std::vector<std::int32_t> ids;
+  if (!o.prompt_tokens.empty()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(o.prompt_tokens, std::size_t{256} << 20));
+    LOCKSTEP_ASSIGN_OR_RETURN(ids, ParseTokenList(text, n_vocab, "--prompt-tokens '" + o.prompt_tokens + "'"));
+  } else {
+    std::string text = o.prompt_text;
+    if (!o.prompt_file.empty()) {
+      LOCKSTEP_ASSIGN_OR_RETURN(text, ReadFile(o.prompt_file, std::size_t{256} << 20));
+    }
+    ids = EncodeBytes(text);
+    if (n_vocab < 256) return Status::InvalidArgument("prompt", "text prompts need a vocabulary of at least 256 ids");
+  }
+  if (ids.empty()) return Status::InvalidArgument("prompt", "is empty (at least one token is needed)");
+  return ids;
+}
+
+}  // namespace
+
+Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
+  EngineConfig cfg = opts.config;
+  LOCKSTEP_RETURN_IF_ERROR(cfg.Validate());
+  if (cfg.threads == 0) cfg.threads = ThreadPool::HardwareThreads();
+  if (opts.print_config) {
+    out << cfg.ToJson() << "\n";
+    return Status::Ok();
+  }
+  if (cfg.model.empty()) return Status::InvalidArgument("--model", "is required (a folder with config.json)");
+  LOCKSTEP_ASSIGN_OR_RETURN(ModelWeightsPtr weights, ModelWeights::Load(cfg.model));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::int32_t> prompt, LoadPrompt(opts, weights->config.n_vocab));
+  LOCKSTEP_ASSIGN_OR_RETURN(EnginePtr engine, Engine::Create(cfg, *weights));
+  LOCKSTEP_ASSIGN_OR_RETURN(GenerateResult res, Generate(*engine, prompt));
+  if (!opts.json) {
+    out << DecodeTokens(res.output) << "\n";
+    return Status::Ok();
+  }
+  nlohmann::json j;
+  j["schema"] = "lockstep.generate";
+  j["schema_version"] = 1;
+  j["prompt_tokens"] = prompt.size();
+  j["output_tokens"] = res.output.size();
+  j["output_ids"] = res.output;
+  j["text"] = DecodeTokens(res.output);
+  j["stop_reason"] = res.stop_reason;
+  j["windows"] = res.n_windows;
+  j["config"] = nlohmann::json::parse(engine->config().ToJson());
+  j["config_sha256"] = Sha256Hex(engine->config().ToJson());
+  j["request_sha256"] = Sha256Tokens(prompt);
+  const double pre_s = static_cast<double>(res.prefill_ns) * 1e-9, dec_s = static_cast<double>(res.decode_ns) * 1e-9;
+  const double n_pre = static_cast<double>(prompt.size() - 1), n_dec = static_cast<double>(res.output.size());
+  j["timings"] = {{"prefill_ms", pre_s * 1e3},
+                  {"decode_ms", dec_s * 1e3},
+                  {"prefill_tokens_per_s", pre_s > 0 ? n_pre / pre_s : 0.0},
+                  {"decode_tokens_per_s", dec_s > 0 ? n_dec / dec_s : 0.0},
+                  {"clock", "CLOCK_MONOTONIC wall time around the engine calls"}};
+  nlohmann::json experts = nlohmann::json::array();
+  for (int is = 0; is < engine->n_stages(); ++is) {
+    const auto& ec = engine->stage(is).experts();
+    experts.push_back({{"stage", is},
+                       {"layers", {engine->stage(is).layer_begin(), engine->stage(is).layer_end()}},
+                       {"resident_per_layer", ec.n_resident()},
+                       {"hits", ec.counters().hits},
+                       {"misses", ec.counters().misses},
+                       {"bytes_fetched", ec.counters().bytes_fetched}});
+  }
+  j["expert_cache"] = experts;
+  out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  return Status::Ok();
+}
+
+}  // namespace lockstep

@@ -1,0 +1,32 @@
+// The commands behind `lockstep <subcommand>`: each is one library call taking a plain options
+// struct, writing its normal output to `out` and returning a Status that main() maps to the exit
+// code (0 ok, 1 gate failed, 2 bad input, 3 runtime failure).
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+
+#include "lockstep/engine/engine_config.h"
+#include "lockstep/engine/status.h"
+#include "lockstep/engine/synthetic.h"
+
+namespace lockstep {
+
+// `lockstep model init --preset P --seed N --out DIR [--dtype f32|bf16|f16] [--no-mtp]`
+Status RunModelInit(const SyntheticOptions& opts, const std::string& out_dir, std::ostream& out);
+
+struct GenerateOptions {
+  EngineConfig config;
+  std::string prompt_text;    // --prompt (raw text, byte-tokenised)
+  std::string prompt_file;    // --prompt-file (raw text, byte-tokenised)
+  std::string prompt_tokens;  // --prompt-tokens (file of ids)
+  bool json = false;          // one JSON object on stdout instead of the text
+  bool print_config = false;  // print the effective config as canonical JSON and stop
+};
+
+// `lockstep generate ...`: loads the model, runs one request, prints the text (or JSON).
+Status RunGenerate(const GenerateOptions& opts, std::ostream& out);
+
+}  // namespace lockstep

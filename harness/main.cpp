@@ -1,0 +1,160 @@
+// lockstep: the command-line entry point. Builds the CLI11 app, parses flags into option
+// structs, calls one library function per subcommand and maps its Status to the exit code
+// (0 ok, 1 gate failed, 2 usage or bad input, 3 runtime failure).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "lockstep/engine/atomic_file.h"
+#include "lockstep/harness/commands.h"
+
+namespace {
+
+// Prints a non-OK status and returns its exit code (0 for OK).
+int Fail(const lockstep::Status& s) {
+  if (!s.ok()) std::fprintf(stderr, "lockstep: error: %s\n", s.message().c_str());
+  return s.exit_code();
+}
+
+// Engine options shared by every command that runs the engine. Values land in `raw` first so a
+// `--config FILE` base can be overridden by exactly the flags given on the command line.
+struct EngineFlags {
+  std::string config_file, model, backend, split, kv, expert_cache;
+  int threads = 0, stages = 0, prefill = 0, kv_page = 0, max_new = 0, top_k = 0;
+  std::uint64_t seed = 0;
+  double pcie_frac = 0, temperature = 0, top_p = 0;
+  bool ignore_eos = false;
+  std::vector<std::pair<CLI::Option*, std::function<lockstep::Status(lockstep::EngineConfig&)>>> apply;
+
+  void Add(CLI::App* app) {
+    app->add_option("--config", config_file, "Base engine config (JSON, as printed by --print-config)");
+    auto opt = [&](CLI::Option* o, std::function<lockstep::Status(lockstep::EngineConfig&)> f) { apply.emplace_back(o, f); };
+    using lockstep::EngineConfig;
+    using lockstep::Status;
+    opt(app->add_option("--model", model, "Checkpoint folder (config.json + *.safetensors)"),
+        [this](EngineConfig& c) { c.model = model; return Status::Ok(); });
+    opt(app->add_option("--backend", backend, "cpu | cuda"), [this](EngineConfig& c) { c.backend = backend; return Status::Ok(); });
+    opt(app->add_option("--threads", threads, "Worker threads (0 = one per hardware thread)"),
+        [this](EngineConfig& c) { c.threads = threads; return Status::Ok(); });
+    opt(app->add_option("--stages", stages, "Pipeline stages (default 4)"), [this](EngineConfig& c) { c.stages = stages; return Status::Ok(); });
+    opt(app->add_option("--split", split, "Layer boundaries between stages, e.g. 12,24,36"), [this](EngineConfig& c) {
+      auto r = lockstep::ParseIntList(split, "--split");
+      if (!r.ok()) return r.status();
+      c.split = *r;
+      return Status::Ok();
+    });
+    opt(app->add_option("--prefill", prefill, "Prefill chunk size in tokens (default 512)"),
+        [this](EngineConfig& c) { c.prefill_chunk = prefill; return Status::Ok(); });
+    opt(app->add_option("--kv", kv, "K/V cache dtype: f32 | bf16 | int8"), [this](EngineConfig& c) {
+      auto r = lockstep::ParseKvDtype(kv);
+      if (!r.ok()) return r.status();
+      c.kv_dtype = *r;
+      return Status::Ok();
+    });
+    opt(app->add_option("--kv-page", kv_page, "Rows per K/V page (default 64)"),
+        [this](EngineConfig& c) { c.kv_page_rows = kv_page; return Status::Ok(); });
+    opt(app->add_option("--expert-cache", expert_cache, "Resident experts per MoE layer: auto | N"), [this](EngineConfig& c) {
+      if (expert_cache == "auto") {
+        c.expert_cache = -1;
+        return Status::Ok();
+      }
+      auto r = lockstep::ParseIntList(expert_cache, "--expert-cache");
+      if (!r.ok() || r->size() != 1 || (*r)[0] < 0)
+        return Status::InvalidArgument("--expert-cache", "expected auto or a non-negative count, got '" + expert_cache + "'");
+      c.expert_cache = (*r)[0];
+      return Status::Ok();
+    });
+    opt(app->add_option("--pcie-frac", pcie_frac, "Fraction of experts served from host memory"),
+        [this](EngineConfig& c) { c.pcie_frac = pcie_frac; return Status::Ok(); });
+    opt(app->add_option("--max-new", max_new, "Maximum output tokens (default 64)"),
+        [this](EngineConfig& c) { c.max_new = max_new; return Status::Ok(); });
+    opt(app->add_option("--seed", seed, "Sampling seed (counter RNG key)"), [this](EngineConfig& c) { c.seed = seed; return Status::Ok(); });
+    opt(app->add_option("--temperature", temperature, "Sampling temperature (0 = greedy)"),
+        [this](EngineConfig& c) { c.temperature = temperature; return Status::Ok(); });
+    opt(app->add_option("--top-k", top_k, "Top-k cut (0 = off)"), [this](EngineConfig& c) { c.top_k = top_k; return Status::Ok(); });
+    opt(app->add_option("--top-p", top_p, "Top-p cut (1 = off)"), [this](EngineConfig& c) { c.top_p = top_p; return Status::Ok(); });
+    opt(app->add_flag("--ignore-eos", ignore_eos, "Keep generating past EOS"),
+        [this](EngineConfig& c) { c.ignore_eos = ignore_eos; return Status::Ok(); });
+  }
+
+  lockstep::Result<lockstep::EngineConfig> Build() const {
+    lockstep::EngineConfig c;
+    if (!config_file.empty()) {
+      auto text = lockstep::ReadFile(config_file, std::size_t{16} << 20);
+      if (!text.ok()) return text.status();
+      auto parsed = lockstep::EngineConfig::FromJson(*text, config_file);
+      if (!parsed.ok()) return parsed.status();
+      c = *parsed;
+    }
+    for (const auto& [o, f] : apply)
+      if (o->count() > 0) {
+        auto s = f(c);
+        if (!s.ok()) return s;
+      }
+    return c;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    CLI::App app{"lockstep: deterministic A/A diagnostics and state diffing for a hybrid MoE inference engine"};
+    app.require_subcommand(1);
+    app.set_version_flag("--version", "lockstep 0.1.0");
+
+    // ---- model init ----
+    auto* model = app.add_subcommand("model", "Model files");
+    model->require_subcommand(1);
+    auto* init = model->add_subcommand("init", "Write a seeded synthetic Qwen3-Next model (HF layout)");
+    lockstep::SyntheticOptions syn;
+    std::string out_dir, dtype;
+    bool no_mtp = false;
+    init->add_option("--preset", syn.preset, "tiny | small | seed48")->required();
+    init->add_option("--seed", syn.seed, "Weight seed (same seed, byte-identical files)");
+    init->add_option("--out", out_dir, "Output folder")->required();
+    init->add_option("--dtype", dtype, "Matrix storage dtype: f32 | bf16 | f16 (default: f32 tiny, bf16 others)");
+    init->add_flag("--no-mtp", no_mtp, "Omit the mtp.* tensors");
+
+    // ---- generate ----
+    auto* gen = app.add_subcommand("generate", "Run one request on the engine and print the output");
+    lockstep::GenerateOptions gopts;
+    EngineFlags flags;
+    flags.Add(gen);
+    gen->add_option("--prompt", gopts.prompt_text, "Prompt text (byte-level tokens)");
+    gen->add_option("--prompt-file", gopts.prompt_file, "File whose bytes are the prompt");
+    gen->add_option("--prompt-tokens", gopts.prompt_tokens, "File of token ids (whitespace or comma separated)");
+    gen->add_flag("--json", gopts.json, "Print one JSON object (tokens, stop reason, timings)");
+    gen->add_flag("--print-config", gopts.print_config, "Print the effective config as canonical JSON and exit");
+
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+      std::fprintf(stderr, "lockstep: usage error: %s\n", e.what());
+      std::fprintf(stderr, "run 'lockstep --help' (or 'lockstep <command> --help') for usage\n");
+      return 2;
+    }
+
+    if (init->parsed()) {
+      if (!dtype.empty()) {
+        if (dtype == "f32") syn.dtype = lockstep::DType::kF32;
+        else if (dtype == "bf16") syn.dtype = lockstep::DType::kBF16;
+        else if (dtype == "f16") syn.dtype = lockstep::DType::kF16;
+        else return Fail(lockstep::Status::InvalidArgument("--dtype", "expected f32, bf16 or f16, got '" + dtype + "'"));
+      }
+      syn.with_mtp = !no_mtp;
+      return Fail(lockstep::RunModelInit(syn, out_dir, std::cout));
+    }
+    if (gen->parsed()) {
+      auto cfg = flags.Build();
+      if (!cfg.ok()) return Fail(cfg.status());
+      gopts.config = *cfg;
+      return Fail(lockstep::RunGenerate(gopts, std::cout));
+    }
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lockstep: internal error: %s\n", e.what());
+    return 3;
+  }
+}
