@@ -163,6 +163,30 @@ class WeightLoader {
   std::size_t offset_ = 0;
 };
 
+std::size_t ModelWeights::ActiveBytesPerToken() const {
+  const ModelConfig& c = config;
+  const std::size_t h = static_cast<std::size_t>(c.n_embd) * sizeof(float);
+  std::size_t b = h /* embedding row */ + h /* final norm */ + lm_head.bytes();
+  for (const auto& l : layers) {
+    b += 2 * h;  // input / post-attention norms
+    if (l.type == LayerType::kFullAttention) {
+      b += l.attn.q_proj.bytes() + l.attn.k_proj.bytes() + l.attn.v_proj.bytes() + l.attn.o_proj.bytes();
+      b += 2 * static_cast<std::size_t>(c.head_dim) * sizeof(float);
+    } else {
+      b += l.gdn.in_proj_qkvz.bytes() + l.gdn.in_proj_ba.bytes() + l.gdn.out_proj.bytes();
+      b += static_cast<std::size_t>(c.conv_dim()) * static_cast<std::size_t>(c.conv_kernel) * sizeof(float);
+    }
+    if (l.moe) {
+      b += l.ffn_moe.router.bytes() + l.ffn_moe.shared.bytes() + (l.ffn_moe.shared_gate ? h : 0);
+      if (!l.ffn_moe.experts.empty())
+        b += static_cast<std::size_t>(c.n_experts_used) * l.ffn_moe.experts[0].bytes();
+    } else {
+      b += l.ffn_dense.bytes();
+    }
+  }
+  return b;
+}
+
 Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& dir, bool load_mtp) {
   auto w = std::make_unique<ModelWeights>();
   LOCKSTEP_ASSIGN_OR_RETURN(w->config, ModelConfig::FromFile(dir + "/config.json"));

@@ -127,6 +127,17 @@ int main(int argc, char** argv) {
     gen->add_flag("--json", gopts.json, "Print one JSON object (tokens, stop reason, timings)");
     gen->add_flag("--print-config", gopts.print_config, "Print the effective config as canonical JSON and exit");
 
+    auto known = app.get_subcommands([](CLI::App*) { return true; });
+    bool is_known = argc < 2 || argv[1][0] == '-';
+    std::string names;
+    for (const auto* sc : known) {
+      names += (names.empty() ? "" : ", ") + sc->get_name();
+      is_known = is_known || sc->get_name() == argv[1];
+    }
+    if (!is_known) {
+      std::fprintf(stderr, "lockstep: usage error: unknown command '%s' (commands: %s)\n", argv[1], names.c_str());
+      return 2;
+    }
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

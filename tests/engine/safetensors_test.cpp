@@ -429,7 +429,6 @@ TEST(SafetensorsBadInputTest, EachProblemIsNamed) {
     std::vector<std::byte> image;
     const char* needle;
   };
-  std::string big_header(64, ' ');
   const Case cases[] = {
       {"shorter than 8 bytes", Bytes("abc"), "file is 3 bytes, shorter than the 8-byte"},
       {"empty", {}, "file is 0 bytes"},
@@ -438,6 +437,8 @@ TEST(SafetensorsBadInputTest, EachProblemIsNamed) {
       {"header length 2^63", Image(kGoodHeader, 16, std::uint64_t{1} << 63), "header length"},
       {"bad JSON", Image(R"({"a":{"dtype":"F32",)", 0), "header is not valid JSON"},
       {"trailing garbage", Image(R"({} x)", 0), "header is not valid JSON"},
+      {"deeply nested header", Image(std::string(100000, '[') + std::string(100000, ']'), 0),
+       "header JSON nests deeper than 8 levels"},
       {"header not an object", Image("[1,2,3]", 0), "header is a JSON array, expected an object"},
       {"entry not an object", Image(R"({"t":[1]})", 0), "tensor 't': entry is a JSON array"},
       {"unknown dtype", Image(R"({"t":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})", 1),

@@ -26,7 +26,9 @@
 namespace lockstep {
 
 // One tensor inside a mapped file. `data` points into the mapping and lives as long as the
-// SafetensorsFile (or TensorStore) that produced it.
+// SafetensorsFile (or TensorStore) that produced it. `data` is NOT necessarily aligned (the data
+// section starts at 8 + header length): read it with memcpy or convert_to_f32.
+// nbytes == numel() x dtype_size(dtype) for every tensor a parse returns.
 struct TensorInfo {
   std::string name;
   DType dtype = DType::kF32;
@@ -45,8 +47,17 @@ class SafetensorsFile {
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
-  // Opens and validates `path`. Errors: kNotFound (missing), kIOError (unreadable),
-  // kCorruption (anything malformed; the message names the file and, where known, the tensor).
+  // Opens and validates `path`: open + fstat + mmap(PROT_READ, MAP_PRIVATE); the mapping is
+  // released by the destructor. Errors: kNotFound (missing), kIOError (unreadable, a folder,
+  // mmap failure), kCorruption (anything malformed, including a file under 8 bytes; the message
+  // names the file and, where known, the tensor, e.g. "safetensors 'm.safetensors': tensor 'w':
+  // data_offsets [0, 8) past the end of the data section (size 4) (hint: the file may be
+  // truncated)"). Checks: header length <= file size - 8 and <= 100 MiB; header is a JSON
+  // object without repeated keys, nested at most 8 deep; each entry has a known "dtype", a "shape" of non-negative
+  // integers (product overflow-checked), "data_offsets" [begin, end] inside the data section
+  // with end - begin == numel x dtype size; non-empty ranges do not overlap; "__metadata__", if
+  // present, maps strings to strings. Gaps between ranges are allowed.
+  // Thread safety: a parsed file is immutable; concurrent readers are fine.
   static Result<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
   // Validates an in-memory image (same checks as Open; `bytes` must outlive the result).
   // Used by the fuzz test and the fuzz target.
@@ -75,11 +86,20 @@ using SafetensorsFilePtr = std::unique_ptr<SafetensorsFile>;
 // `*.safetensors` in the folder. A tensor name present in two files is kCorruption.
 class TensorStore {
  public:
+  // Lookup order: (1) the index, if present, wins: each distinct shard it names is opened once
+  // (sorted by file name) and every weight_map name must be in its shard; tensors a shard holds
+  // beyond its weight_map entries are kept. (2) else `model.safetensors` alone (other
+  // *.safetensors files are ignored). (3) else every regular `*.safetensors` (symlinks followed)
+  // in sorted order.
+  // Errors: kNotFound (folder missing; no checkpoint file at all, with a 'lockstep model init'
+  // hint; a shard the index names is missing, naming the shard and one tensor), kCorruption (bad
+  // index JSON, a non-string or absolute / '..' shard name, a weight_map name absent from its
+  // shard, a name in two files, or any error of SafetensorsFile::Open), kIOError.
   static Result<std::unique_ptr<TensorStore>> OpenDir(const std::string& dir);
 
   const TensorInfo* Find(std::string_view name) const;  // nullptr if absent
   std::vector<std::string> Names() const;               // sorted
-  const std::vector<std::string>& files() const { return file_paths_; }
+  const std::vector<std::string>& files() const { return file_paths_; }  // in opening order
 
  private:
   std::vector<SafetensorsFilePtr> files_;
@@ -97,9 +117,12 @@ struct TensorToWrite {
 };
 
 // Writes a .safetensors file: tensors sorted by name, contiguous data, header padded with
-// spaces to a multiple of 8 bytes, byte-identical for identical input. Written atomically
-// (path.tmp, fsync, rename, fsync of the folder). Errors: kInvalidArgument (size mismatch,
-// duplicate name), kIOError.
+// spaces to a multiple of 8 bytes, byte-identical for identical input (the order of `tensors`
+// does not matter). Header JSON: compact, keys sorted, "__metadata__" only when non-empty.
+// Written atomically through AtomicFileWriter (path.tmp.<pid>, fsync, rename, fsync of the
+// folder), streaming header then each tensor: the file is never assembled in memory.
+// Errors: kInvalidArgument (data size != numel x dtype size, negative dimension, duplicate,
+// empty or "__metadata__" name, names / metadata not UTF-8; nothing is written), kIOError.
 Status WriteSafetensors(const std::string& path, std::span<const TensorToWrite> tensors,
                         const std::map<std::string, std::string>& metadata = {});
 

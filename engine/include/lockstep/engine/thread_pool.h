@@ -41,17 +41,19 @@ class ThreadPool {
  private:
   void WorkerLoop(int index);
 
+  // Decode dispatches hundreds of small loops per token, so workers spin briefly on the
+  // generation counter before sleeping on the condition variable (a futex round trip per loop
+  // costs more than the loop on small models).
   int n_threads_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_work_;
-  std::condition_variable cv_done_;
-  const RangeFn* fn_ = nullptr;       // GUARDED_BY(mu_)
-  std::size_t n_ = 0;                 // GUARDED_BY(mu_)
-  std::size_t n_active_ = 0;          // ranges handed to workers this round; GUARDED_BY(mu_)
-  std::uint64_t generation_ = 0;      // GUARDED_BY(mu_)
-  int pending_ = 0;                   // GUARDED_BY(mu_)
-  bool stop_ = false;                 // GUARDED_BY(mu_)
+  const RangeFn* fn_ = nullptr;                 // published before generation_ is bumped
+  std::size_t n_ = 0;                           // idem
+  std::size_t n_active_ = 0;                    // ranges this round (<= n_threads_)
+  std::atomic<std::uint64_t> generation_{0};    // bumped (under mu_) to start a round
+  std::atomic<int> pending_{0};                 // worker ranges not finished this round
+  std::atomic<bool> stop_{false};
   std::atomic<bool> in_parallel_{false};
 };
 

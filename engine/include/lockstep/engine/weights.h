@@ -89,6 +89,11 @@ class ModelWeights {
   std::vector<std::string> files;     // checkpoint files the weights came from
 
   std::size_t arena_bytes() const { return arena_.size() * sizeof(float); }
+  // Weight bytes one decode token must read (f32 in memory): every mixer and norm weight, the
+  // router, the top-k routed experts and the shared expert of every layer, one embedding row,
+  // the final norm and lm_head. MTP excluded. The memory-bandwidth bound of decode is this
+  // divided by the read bandwidth.
+  std::size_t ActiveBytesPerToken() const;
 
   // Loads config.json + safetensors from `dir`. `load_mtp` = false skips mtp.* tensors.
   static Result<std::unique_ptr<ModelWeights>> Load(const std::string& dir, bool load_mtp = true);

@@ -1,0 +1,40 @@
+# Thin wrapper: the two set-up commands of README.md. Everything real lives in CMake.
+#   make demo   install deps, build Release, create the `small` model, run the main job
+#   make test   install deps, build, run the whole test suite (what CI runs)
+BUILD ?= build
+JOBS ?= $(shell nproc)
+LOCKSTEP := $(BUILD)/harness/lockstep
+MODELS ?= models
+CMAKE_FLAGS ?=
+ifeq ($(CI),true)
+CMAKE_FLAGS += -DLOCKSTEP_WERROR=ON
+endif
+
+.PHONY: deps build demo test bench clean
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j$(JOBS)
+
+$(MODELS)/small/model.safetensors: | build
+	$(LOCKSTEP) model init --preset small --seed 0 --out $(MODELS)/small
+
+demo: build $(MODELS)/small/model.safetensors
+	@mkdir -p out/demo
+	$(LOCKSTEP) generate --model $(MODELS)/small --prompt-file campaigns/prompts/demo.txt \
+	  --max-new 64 --stages 4 --json > out/demo/generate.json
+	@echo
+	@echo "demo output: out/demo/generate.json"
+	@python3 -c "import json; j=json.load(open('out/demo/generate.json')); print('  prompt %d tokens, %d output tokens, stop: %s, decode %.1f tok/s' % (j['prompt_tokens'], j['output_tokens'], j['stop_reason'], j['timings']['decode_tokens_per_s']))" 2>/dev/null || true
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -LE cuda -j$(JOBS) --timeout 600
+
+bench: build
+	$(BUILD)/tests/bench/engine_bench --benchmark_counters_tabular=true
+
+clean:
+	rm -rf $(BUILD) out

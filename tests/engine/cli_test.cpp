@@ -1,0 +1,100 @@
+// The `lockstep` executable: model init is byte-reproducible, generate prints text / JSON /
+// the canonical config, and usage or input errors exit 2 with a message.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "lockstep/engine/atomic_file.h"
+#include "test_util.h"
+
+namespace lockstep {
+namespace {
+
+TEST(Cli, ModelInitIsByteIdenticalForTheSameSeed) {
+  std::string a = test::NewDir("init-a"), b = test::NewDir("init-b"), c = test::NewDir("init-c");
+  ASSERT_EQ(test::RunLockstep("model init --preset tiny --seed 5 --out " + a).exit_code, 0);
+  ASSERT_EQ(test::RunLockstep("model init --preset tiny --seed 5 --out " + b).exit_code, 0);
+  ASSERT_EQ(test::RunLockstep("model init --preset tiny --seed 6 --out " + c).exit_code, 0);
+  for (const char* f : {"/config.json", "/model.safetensors"}) {
+    EXPECT_EQ(*ReadFile(a + f), *ReadFile(b + f)) << f;
+  }
+  EXPECT_NE(*ReadFile(a + "/model.safetensors"), *ReadFile(c + "/model.safetensors"));
+  auto bad = test::RunLockstep("model init --preset huge --out " + c);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("unknown preset 'huge'"), std::string::npos) << bad.err;
+}
+
+TEST(Cli, GenerateJsonAndText) {
+  const std::string m = test::ModelDir("tiny");
+  auto r = test::RunLockstep("generate --model " + m + " --prompt 'Hello there' --max-new 7 --ignore-eos --json --threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["prompt_tokens"], 11);
+  EXPECT_EQ(j["output_tokens"], 7);
+  EXPECT_EQ(j["stop_reason"], "length");
+  EXPECT_EQ(j["output_ids"].size(), 7u);
+  EXPECT_GT(j["timings"]["decode_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_EQ(j["expert_cache"].size(), 4u);
+  // The same request through a token file gives the same output.
+  std::string tok = test::NewDir("tok") + "/prompt.txt";
+  ASSERT_TRUE(WriteFileAtomic(tok, "72, 101,108\n108 111 32 116,104 101 114 101\n").ok());
+  auto t = test::RunLockstep("generate --model " + m + " --prompt-tokens " + tok + " --max-new 7 --ignore-eos --json --threads 1");
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_EQ(nlohmann::json::parse(t.out)["output_ids"], j["output_ids"]);
+  auto text = test::RunLockstep("generate --model " + m + " --prompt 'Hello there' --max-new 3 --ignore-eos");
+  EXPECT_EQ(text.exit_code, 0);
+  EXPECT_FALSE(text.out.empty());
+}
+
+TEST(Cli, PrintConfigIsCanonicalAndReloadable) {
+  auto r = test::RunLockstep("generate --print-config --stages 4 --split 2,4,6 --kv int8 --threads 2 --pcie-frac 0.55");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["kv_dtype"], "int8");
+  EXPECT_EQ(j["split"], nlohmann::json({2, 4, 6}));
+  EXPECT_EQ(j.dump() + "\n", r.out) << "printed form is the canonical compact form";
+  std::string f = test::NewDir("cfg") + "/c.json";
+  ASSERT_TRUE(WriteFileAtomic(f, r.out).ok());
+  auto again = test::RunLockstep("generate --print-config --config " + f);
+  EXPECT_EQ(again.out, r.out);
+  auto over = test::RunLockstep("generate --print-config --config " + f + " --kv bf16");
+  EXPECT_EQ(nlohmann::json::parse(over.out)["kv_dtype"], "bf16");
+  EXPECT_EQ(nlohmann::json::parse(over.out)["split"], nlohmann::json({2, 4, 6}));
+}
+
+TEST(Cli, UsageAndInputErrorsExit2) {
+  const std::string m = test::ModelDir("tiny");
+  struct Case {
+    std::string args, needle;
+  };
+  std::vector<Case> cases = {
+      {"generate --model " + m + " --prompt hi --kv int4", "--kv"},
+      {"generate --model " + m + " --prompt hi --stages 4 --split 1,2", "--split"},
+      {"generate --model " + m + " --prompt hi --stages 9", "--stages"},
+      {"generate --model " + m + " --prompt hi --top-p 0", "--top-p"},
+      {"generate --model " + m + " --prompt hi --no-such-flag", "no-such-flag"},
+      {"generate --model " + m, "prompt"},
+      {"generate --model " + m + " --prompt-tokens /nonexistent/t.txt", "/nonexistent/t.txt"},
+      {"generate --model /nonexistent --prompt hi", "/nonexistent"},
+      {"generate --model " + m + " --prompt hi --backend tpu", "--backend"},
+      {"frobnicate", "frobnicate"},
+  };
+  for (const auto& c : cases) {
+    auto r = test::RunLockstep(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << "\n" << r.err;
+  }
+  std::string tok = test::NewDir("badtok") + "/t.txt";
+  ASSERT_TRUE(WriteFileAtomic(tok, "1 2 99999").ok());
+  auto r = test::RunLockstep("generate --model " + m + " --prompt-tokens " + tok);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("99999"), std::string::npos) << r.err;
+  ASSERT_TRUE(WriteFileAtomic(tok, "1 two 3").ok());
+  r = test::RunLockstep("generate --model " + m + " --prompt-tokens " + tok);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("'two'"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,146 @@
+// ModelConfig (both HF config styles) and EngineConfig (canonical JSON, strict parsing).
+#include <gtest/gtest.h>
+
+#include "lockstep/engine/engine_config.h"
+#include "lockstep/engine/model_config.h"
+#include "lockstep/engine/synthetic.h"
+
+namespace lockstep {
+namespace {
+
+// The 80B release's fields (MODEL.md section 1), older style: top-level rope fields.
+const char* k80B = R"({
+  "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "vocab_size": 151936,
+  "hidden_size": 2048, "num_hidden_layers": 48, "full_attention_interval": 4,
+  "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+  "partial_rotary_factor": 0.25, "rope_theta": 10000000, "rope_scaling": null,
+  "max_position_embeddings": 262144, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+  "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+  "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+  "shared_expert_intermediate_size": 512, "norm_topk_prob": true, "decoder_sparse_step": 1,
+  "mlp_only_layers": [], "intermediate_size": 5120, "hidden_act": "silu", "rms_norm_eps": 1e-06,
+  "tie_word_embeddings": false, "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16"})";
+
+TEST(ModelConfig, Parses80BRelease) {
+  auto c = ModelConfig::FromJsonText(k80B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->n_layers, 48);
+  EXPECT_EQ(c->rotary_dim, 64);
+  EXPECT_EQ(c->n_full_attention_layers(), 12);
+  EXPECT_TRUE(c->is_full_attention(3));
+  EXPECT_FALSE(c->is_full_attention(4));
+  EXPECT_TRUE(c->is_full_attention(47));
+  EXPECT_EQ(c->conv_dim(), 8192);
+  EXPECT_EQ(c->qkvz_dim(), 12288);
+  EXPECT_TRUE(c->is_moe(0));
+  EXPECT_EQ(c->eos_token_ids, std::vector<int>{151645});
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1e7);
+}
+
+TEST(ModelConfig, NewerStyleLayerTypesAndRopeParameters) {
+  std::string j = k80B;
+  auto cut = [&](const std::string& what, const std::string& with) {
+    auto pos = j.find(what);
+    ASSERT_NE(pos, std::string::npos) << what;
+    j.replace(pos, what.size(), with);
+  };
+  cut(R"("partial_rotary_factor": 0.25, "rope_theta": 10000000, "rope_scaling": null,)",
+      R"("rope_parameters": {"rope_type": "default", "rope_theta": 5000000, "partial_rotary_factor": 0.5},)");
+  std::string types = "[";
+  for (int i = 0; i < 48; ++i) types += std::string(i ? "," : "") + (i % 2 ? "\"full_attention\"" : "\"linear_attention\"");
+  cut(R"("full_attention_interval": 4,)", "\"layer_types\": " + types + "],");
+  auto c = ModelConfig::FromJsonText(j, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_DOUBLE_EQ(c->rope_theta, 5e6);
+  EXPECT_EQ(c->rotary_dim, 128);
+  EXPECT_TRUE(c->is_full_attention(1));
+  EXPECT_FALSE(c->is_full_attention(2));
+}
+
+TEST(ModelConfig, ClearErrors) {
+  std::string j = k80B;
+  j.replace(j.find("\"hidden_size\": 2048,"), 20, "");
+  auto c = ModelConfig::FromJsonText(j, "m/config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().exit_code(), 2);
+  EXPECT_NE(c.status().message().find("hidden_size"), std::string::npos) << c.status().message();
+  EXPECT_NE(c.status().message().find("m/config.json"), std::string::npos);
+
+  auto bad_json = ModelConfig::FromJsonText("{\"vocab_size\": ", "cfg");
+  ASSERT_FALSE(bad_json.ok());
+  EXPECT_EQ(bad_json.status().code(), Status::Code::kCorruption);
+
+  std::string wrong_type = k80B;
+  wrong_type.replace(wrong_type.find("\"num_experts\": 512"), 18, "\"num_experts\": \"many\"");
+  auto wt = ModelConfig::FromJsonText(wrong_type, "cfg");
+  ASSERT_FALSE(wt.ok());
+  EXPECT_NE(wt.status().message().find("num_experts"), std::string::npos);
+
+  std::string other = k80B;
+  other.replace(other.find("qwen3_next"), 10, "llama");
+  EXPECT_EQ(ModelConfig::FromJsonText(other, "cfg").status().code(), Status::Code::kNotSupported);
+}
+
+TEST(ModelConfig, RoundTripsThroughToJson) {
+  for (const auto& p : SyntheticPresets()) {
+    auto c = SyntheticConfig(p);
+    ASSERT_TRUE(c.ok());
+    auto back = ModelConfig::FromJsonText(c->ToJson(), p);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->ToJson(), c->ToJson());
+    EXPECT_EQ(back->layer_types, c->layer_types);
+  }
+}
+
+TEST(EngineConfig, CanonicalJsonRoundTripAndStrictKeys) {
+  EngineConfig c;
+  c.model = "m";
+  c.split = {12, 24, 36};
+  c.kv_dtype = DType::kI8;
+  c.pcie_frac = 0.55;
+  c.seed = 20261018;
+  std::string j = c.ToJson();
+  EXPECT_LT(j.find("\"backend\""), j.find("\"kv_dtype\"")) << "keys are sorted";
+  auto back = EngineConfig::FromJson(j, "cfg");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->ToJson(), j);
+  auto unknown = EngineConfig::FromJson(R"({"spec_k": 4})", "cfg");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("unknown key 'spec_k'"), std::string::npos);
+  auto wrong = EngineConfig::FromJson(R"({"stages": "four"})", "cfg");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("stages"), std::string::npos);
+}
+
+TEST(EngineConfig, SplitValidation) {
+  auto m = SyntheticConfig("seed48");
+  ASSERT_TRUE(m.ok());
+  EngineConfig c;
+  c.split = {12, 24, 36};
+  auto b = c.StageBoundaries(*m);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(*b, (std::vector<int>{0, 12, 24, 36, 48}));
+  c.split = {};
+  EXPECT_EQ(*c.StageBoundaries(*m), (std::vector<int>{0, 12, 24, 36, 48}));
+  c.split = {12, 12, 36};
+  EXPECT_FALSE(c.StageBoundaries(*m).ok());
+  c.split = {12, 24, 48};
+  EXPECT_FALSE(c.StageBoundaries(*m).ok());
+  c.split = {12, 24};
+  EXPECT_FALSE(c.Validate().ok());
+  EXPECT_FALSE(ParseIntList("12,,24", "--split").ok());
+  EXPECT_FALSE(ParseIntList("12,x", "--split").ok());
+}
+
+TEST(EngineConfig, ExpertResidency) {
+  EngineConfig c;
+  c.pcie_frac = 0.55;
+  EXPECT_EQ(c.ResidentExperts(32), 14);  // 32 - round(17.6)
+  c.expert_cache = 20;
+  EXPECT_EQ(c.ResidentExperts(32), 20);
+  c.expert_cache = 99;
+  EXPECT_EQ(c.ResidentExperts(32), 32);
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,122 @@
+#include "test_util.h"
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+#include "lockstep/compare/metrics.h"
+#include "lockstep/engine/synthetic.h"
+
+namespace lockstep::test {
+
+namespace {
+struct Scratch {
+  std::string path;
+  Scratch() {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/lockstep-test-XXXXXX";
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    if (::mkdtemp(buf.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path = buf.data();
+  }
+  ~Scratch() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+std::mutex g_mu;
+}  // namespace
+
+const std::string& ScratchDir() {
+  static Scratch s;
+  return s.path;
+}
+
+std::string NewDir(const std::string& name) {
+  static int counter = 0;
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::string d = ScratchDir() + "/" + name + "-" + std::to_string(counter++);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+const std::string& ModelDir(const std::string& preset) {
+  static std::map<std::string, std::string> dirs;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = dirs.find(preset);
+  if (it != dirs.end()) return it->second;
+  std::string d = ScratchDir() + "/model-" + preset;
+  SyntheticOptions o;
+  o.preset = preset;
+  o.seed = 7;
+  Status s = WriteSyntheticModel(o, d);
+  if (!s.ok()) throw std::runtime_error("model init failed: " + s.ToString());
+  return dirs.emplace(preset, d).first->second;
+}
+
+const ModelWeights& Model(const std::string& preset) {
+  static std::map<std::string, ModelWeightsPtr> models;
+  const std::string& dir = ModelDir(preset);
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = models.find(preset);
+  if (it != models.end()) return *it->second;
+  auto w = ModelWeights::Load(dir);
+  if (!w.ok()) throw std::runtime_error("model load failed: " + w.status().ToString());
+  return *models.emplace(preset, std::move(w).value()).first->second;
+}
+
+std::vector<float> Random(std::size_t n, std::uint64_t seed, float lo, float hi) {
+  std::vector<float> v(n);
+  std::uint64_t s = seed * 0x9e3779b97f4a7c15ull + 12345;
+  for (std::size_t i = 0; i < n; ++i) {
+    s += 0x9e3779b97f4a7c15ull;
+    std::uint64_t z = s;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    double u = static_cast<double>(z >> 11) * 0x1.0p-53;
+    v[i] = static_cast<float>(lo + (hi - lo) * u);
+  }
+  return v;
+}
+
+CmdResult RunLockstep(const std::string& args) {
+  CmdResult r;
+  std::string out_path = NewDir("cmd") + "/out", err_path = out_path + ".err";
+  std::string cmd = std::string(LOCKSTEP_BIN_PATH) + " " + args + " >" + out_path + " 2>" + err_path + " </dev/null";
+  int st = std::system(cmd.c_str());
+  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  auto slurp = [](const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  r.out = slurp(out_path);
+  r.err = slurp(err_path);
+  return r;
+}
+
+double Nrmse(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  return CompareF32(a.data(), b.data(), a.size()).nrmse;
+}
+
+bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace lockstep::test

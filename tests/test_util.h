@@ -1,0 +1,37 @@
+// Shared helpers for the test suites: scratch folders, synthetic models built once per process,
+// deterministic random inputs (never all zeros), and running the `lockstep` binary.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lockstep/engine/weights.h"
+
+namespace lockstep::test {
+
+// A fresh folder under $TMPDIR (or /tmp) for this process; removed at exit.
+const std::string& ScratchDir();
+// A new empty sub-folder of ScratchDir().
+std::string NewDir(const std::string& name);
+
+// Synthetic models written once per process (preset, seed 7) and their loaded weights.
+const std::string& ModelDir(const std::string& preset);
+const ModelWeights& Model(const std::string& preset);
+
+// Deterministic uniform values in [lo, hi) (SplitMix64 counter); nonzero with probability 1.
+std::vector<float> Random(std::size_t n, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f);
+
+// Runs `lockstep <args>` (the built binary), capturing stdout and stderr; returns the exit code.
+struct CmdResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+CmdResult RunLockstep(const std::string& args);
+
+// NRMSE of b against reference a (float64), as compare/ defines it.
+double Nrmse(const std::vector<float>& a, const std::vector<float>& b);
+bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b);
+
+}  // namespace lockstep::test
