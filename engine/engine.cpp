@@ -1,6 +1,9 @@
 #include "lockstep/engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <thread>
 
 namespace lockstep {
 
@@ -22,32 +25,69 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in, const
                                                         e->bounds_[static_cast<std::size_t>(is) + 1], e->pool_.get()));
   }
   e->transport_ = std::make_unique<InProcessTransport>(cfg.stages);
+  LOCKSTEP_ASSIGN_OR_RETURN(e->injections_, ParseInjections(cfg.inject));
+  for (const auto& inj : e->injections_)
+    if (inj.stage >= cfg.stages)
+      return Status::InvalidArgument("--inject '" + inj.text + "'", "stage " + std::to_string(inj.stage) +
+                                                                     " does not exist (" + std::to_string(cfg.stages) + " stages)");
+  e->timings_.resize(static_cast<std::size_t>(cfg.stages));
   return e;
 }
+
+namespace {
+std::int64_t MonoNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+std::int64_t ThreadCpuNs() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+}  // namespace
 
 Status Engine::RunPipeline(ForwardMode mode, std::span<const std::int32_t> tokens, Activation& out) {
   Activation act;
   act.p = position_;
   act.T = static_cast<int>(tokens.size());
+  const std::int64_t t0 = MonoNs();
   for (int is = 0; is < n_stages(); ++is) {
     if (is > 0) {
       LOCKSTEP_ASSIGN_OR_RETURN(act, transport_->Recv(is));
     }
+    StageTiming& tm = timings_[static_cast<std::size_t>(is)];
+    const std::int64_t c0 = MonoNs(), u0 = ThreadCpuNs();
+    tm.wait_ns = c0 - t0;  // in-process pipeline: stage is waits while stages < is compute
+    if (mode == ForwardMode::kVerify) {
+      for (const auto& inj : injections_)
+        if (inj.kind == Injection::Kind::kDelay && (inj.stage < 0 || inj.stage == is) &&
+            (inj.window < 0 || inj.window == window_))
+          std::this_thread::sleep_for(std::chrono::microseconds(static_cast<std::int64_t>(inj.ms * 1000.0)));
+    }
     LOCKSTEP_RETURN_IF_ERROR(stage(is).Forward(mode, tokens.data(), act));
+    tm.compute_ns = MonoNs() - c0;
+    tm.cpu_ns = ThreadCpuNs() - u0;
     if (is + 1 < n_stages()) LOCKSTEP_RETURN_IF_ERROR(transport_->Send(is, std::move(act)));
   }
   out = std::move(act);
   return Status::Ok();
 }
 
-Status Engine::Prefill(std::span<const std::int32_t> tokens) {
+Status Engine::Prefill(std::span<const std::int32_t> tokens, const PrefillHook& hook) {
   if (pending_ != 0) return Status::Runtime("prefill", "a verify window is still uncommitted");
   const std::size_t chunk = static_cast<std::size_t>(cfg_.prefill_chunk);
   for (std::size_t b = 0; b < tokens.size(); b += chunk) {
     auto part = tokens.subspan(b, std::min(chunk, tokens.size() - b));
     Activation act;
+    const int p = position_;
     LOCKSTEP_RETURN_IF_ERROR(RunPipeline(ForwardMode::kPrefill, part, act));
     position_ += static_cast<int>(part.size());
+    if (hook) {
+      normed_scratch_.resize(part.size() * static_cast<std::size_t>(w_.config.n_embd));
+      stages_.back()->FinalNorm(act, normed_scratch_.data());
+      LOCKSTEP_RETURN_IF_ERROR(hook(p, static_cast<int>(part.size()), normed_scratch_.data()));
+    }
   }
   return Status::Ok();
 }

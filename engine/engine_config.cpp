@@ -49,6 +49,13 @@ std::string EngineConfig::ToJson() const {
   j["top_k"] = top_k;
   j["top_p"] = top_p;
   j["ignore_eos"] = ignore_eos;
+  j["spec"] = spec;
+  j["mtp"] = mtp;
+  j["spec_max_suffix"] = spec_max_suffix;
+  j["suffix_index"] = suffix_index;
+  j["draft_policy"] = draft_policy;
+  j["replay_path"] = replay_path;
+  j["inject"] = inject;
   return j.dump();
 }
 
@@ -122,6 +129,23 @@ Result<EngineConfig> EngineConfig::FromJson(std::string_view text, const std::st
     } else if (k == "ignore_eos") {
       if (!v.is_boolean()) return type_err("true/false");
       c.ignore_eos = v.get<bool>();
+    } else if (k == "spec") {
+      LOCKSTEP_RETURN_IF_ERROR(get_int(c.spec));
+    } else if (k == "mtp") {
+      if (!v.is_boolean()) return type_err("true/false");
+      c.mtp = v.get<bool>();
+    } else if (k == "spec_max_suffix") {
+      LOCKSTEP_RETURN_IF_ERROR(get_int(c.spec_max_suffix));
+    } else if (k == "suffix_index" || k == "draft_policy" || k == "replay_path") {
+      if (!v.is_string()) return type_err("a string");
+      (k == "suffix_index" ? c.suffix_index : k == "draft_policy" ? c.draft_policy : c.replay_path) = v.get<std::string>();
+    } else if (k == "inject") {
+      if (!v.is_array()) return type_err("a list of strings");
+      c.inject.clear();
+      for (const auto& e : v) {
+        if (!e.is_string()) return type_err("a list of strings");
+        c.inject.push_back(e.get<std::string>());
+      }
     } else {
       return Status::InvalidArgument(label, "unknown key '" + k + "'");
     }
@@ -146,6 +170,12 @@ Status EngineConfig::Validate() const {
   if (!(temperature >= 0.0 && std::isfinite(temperature))) return bad("--temperature", "expected >= 0");
   if (top_k < 0) return bad("--top-k", "expected >= 0");
   if (!(top_p > 0.0 && top_p <= 1.0)) return bad("--top-p", "expected a value in (0, 1]");
+  if (spec < 0 || spec > 64) return bad("--spec", "expected 0 .. 64 draft tokens");
+  if (spec_max_suffix < 0 || spec_max_suffix > 64) return bad("--spec-max-suffix", "expected 0 .. 64 tokens");
+  if (suffix_index != "sync" && suffix_index != "async")
+    return bad("--suffix-index", "expected sync or async, got '" + suffix_index + "'");
+  if (draft_policy != "static" && draft_policy != "adaptive" && draft_policy != "latency")
+    return bad("--draft-policy", "expected static, adaptive or latency, got '" + draft_policy + "'");
   return Status::Ok();
 }
 

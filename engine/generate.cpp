@@ -1,15 +1,38 @@
 #include "lockstep/engine/generate.h"
 
 #include <algorithm>
-#include <chrono>
+#include <ctime>
+#include <memory>
+#include <mutex>
+#include <set>
+
+#include "lockstep/engine/draft_policy.h"
+#include "lockstep/engine/mtp_drafter.h"
+#include "lockstep/engine/suffix_index.h"
 
 namespace lockstep {
 
 namespace {
+
 std::int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
+
+// first_call: the first verify with a given T in this process pays allocation and warm-up
+// costs (arena growth, page faults, cold caches).
+bool FirstVerifyOfSize(int T) {
+  static std::mutex mu;
+  static std::set<int> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  return seen.insert(T).second;
+}
+
+std::string ReplayWhere(const std::string& path, int idx) {
+  return "--replay-path '" + path + "' window " + std::to_string(idx);
+}
+
 }  // namespace
 
 SamplingParams SamplingFrom(const EngineConfig& cfg) {
@@ -24,36 +47,157 @@ SamplingParams SamplingFrom(const EngineConfig& cfg) {
 Result<GenerateResult> Generate(Engine& engine, std::span<const std::int32_t> prompt, const GenerateHooks* hooks) {
   const EngineConfig& cfg = engine.config();
   const ModelConfig& mc = engine.weights().config;
+  const int V = mc.n_vocab, H = mc.n_embd;
   if (prompt.empty()) return Status::InvalidArgument("prompt", "empty (at least one token is needed)");
   if (engine.position() != 0) return Status::Runtime("generate", "the engine is not fresh");
   for (std::size_t i = 0; i < prompt.size(); ++i)
-    if (prompt[i] < 0 || prompt[i] >= mc.n_vocab)
+    if (prompt[i] < 0 || prompt[i] >= V)
       return Status::InvalidArgument("prompt", "token " + std::to_string(i) + " = " + std::to_string(prompt[i]) +
-                                                   " is outside the vocabulary (size " + std::to_string(mc.n_vocab) + ")");
+                                                   " is outside the vocabulary (size " + std::to_string(V) + ")");
+  std::vector<WindowRecord> replay;
+  if (!cfg.replay_path.empty()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(replay, ReadWindowRecords(cfg.replay_path));
+  }
+  const bool speculative = cfg.spec > 0 || !replay.empty();
+  const bool use_mtp = speculative && cfg.mtp && engine.has_mtp();
+  std::unique_ptr<DraftPolicy> policy = DraftPolicy::Create(cfg.draft_policy);
+  if (!policy) return Status::InvalidArgument("--draft-policy", "unknown '" + cfg.draft_policy + "'");
+  std::unique_ptr<SuffixIndex> suffix;
+  if (speculative && cfg.spec_max_suffix > 0)
+    suffix = std::make_unique<SuffixIndex>(cfg.suffix_index == "async" ? SuffixIndex::Mode::kAsync : SuffixIndex::Mode::kSync);
+  std::unique_ptr<MtpDrafter> mtp;
+  if (use_mtp) mtp = std::make_unique<MtpDrafter>(engine);
+
   GenerateResult res;
   res.stop_reason = "length";
   const std::int64_t t0 = NowNs();
-  LOCKSTEP_RETURN_IF_ERROR(engine.Prefill(prompt.first(prompt.size() - 1)));
+  const auto prefix = prompt.first(prompt.size() - 1);
+  Engine::PrefillHook hook = nullptr;
+  if (mtp) {
+    // Draft K/V for prompt rows: row q pairs h_q with the next prompt token.
+    hook = [&](int p, int T, const float* normed) {
+      mtp->Queue(p, T, normed, prompt.data() + p + 1);
+      mtp->Extend(ForwardMode::kPrefill);
+      return Status::Ok();
+    };
+  }
+  LOCKSTEP_RETURN_IF_ERROR(engine.Prefill(prefix, hook));
+  if (suffix) suffix->Append(std::vector<std::int32_t>(prompt.begin(), prompt.end()));
   const std::int64_t t1 = NowNs();
   res.prefill_ns = t1 - t0;
 
   const SamplingParams sp = SamplingFrom(cfg);
-  std::vector<float> logits(static_cast<std::size_t>(mc.n_vocab));
+  std::vector<float> logits, normed;
   std::vector<int> scratch;
-  std::int32_t tok = prompt.back();
-  while (static_cast<int>(res.output.size()) < cfg.max_new) {
-    const int p = engine.position();
-    LOCKSTEP_RETURN_IF_ERROR(engine.Verify(std::span<const std::int32_t>(&tok, 1), logits.data()));
-    if (hooks && hooks->on_window) hooks->on_window(p, 1, logits.data());
-    const std::int32_t next = SampleToken(logits.data(), mc.n_vocab, sp, p, &scratch);
-    LOCKSTEP_RETURN_IF_ERROR(engine.Commit(1));
-    ++res.n_windows;
-    res.output.push_back(next);
-    tok = next;
-    if (!cfg.ignore_eos && std::find(mc.eos_token_ids.begin(), mc.eos_token_ids.end(), next) != mc.eos_token_ids.end()) {
-      res.stop_reason = "eos";
-      break;
+  std::vector<std::int32_t> window_tokens;
+  std::int32_t cur = prompt.back();
+  int streak = 0;  // preceding windows that accepted all of their drafts
+  auto is_eos = [&](std::int32_t t) {
+    return !cfg.ignore_eos && std::find(mc.eos_token_ids.begin(), mc.eos_token_ids.end(), t) != mc.eos_token_ids.end();
+  };
+  bool done = cfg.max_new <= 0;
+  for (int idx = 0; !done; ++idx) {
+    WindowRecord rec;
+    rec.idx = idx;
+    rec.p = engine.position();
+    rec.chain_n = streak;
+    rec.begin_ns = NowNs();
+    // ---- draft ----
+    std::vector<std::int32_t> draft;
+    const int room = cfg.max_new - static_cast<int>(res.output.size()) - 1;  // drafts beyond this are wasted
+    if (!replay.empty()) {
+      if (idx >= static_cast<int>(replay.size()))
+        return Status::InvalidArgument(ReplayWhere(cfg.replay_path, idx), "the recorded path has only " +
+                                                                          std::to_string(replay.size()) + " windows");
+      const WindowRecord& r = replay[static_cast<std::size_t>(idx)];
+      if (r.p != rec.p)
+        return Status::InvalidArgument(ReplayWhere(cfg.replay_path, idx),
+                                       "recorded at p=" + std::to_string(r.p) + ", this run is at p=" + std::to_string(rec.p) +
+                                           " (the recorded path is inconsistent with this model's output)");
+      rec.source = r.source;
+      rec.T_mtp = r.T_mtp;
+      rec.merged = r.merged;
+      rec.from_sfx = r.from_sfx;
+      draft = r.draft;
+      if (mtp && r.T_mtp > 0) mtp->Draft(rec.p, draft, 0);  // same MTP work, recorded tokens
+    } else if (idx > 0 && speculative && room > 0) {
+      SuffixProposal prop;
+      if (suffix) prop = suffix->Propose(cfg.spec_max_suffix, DraftPolicy::kMinSuffixMatch);
+      DraftPlan plan = policy->Plan(prop, mtp != nullptr, cfg.spec, cfg.spec_max_suffix);
+      plan.n_sfx = std::min(plan.n_sfx, room);
+      plan.n_mtp = std::min(plan.n_mtp, room - plan.n_sfx);
+      if (plan.source == DraftSource::kMerged && plan.n_mtp == 0) plan.source = DraftSource::kSuffix;
+      std::span<const std::int32_t> sfx_part(prop.tokens.data(), static_cast<std::size_t>(plan.n_sfx));
+      if (plan.source == DraftSource::kSuffix) {
+        draft.assign(sfx_part.begin(), sfx_part.end());
+      } else if (plan.source == DraftSource::kMtp || plan.source == DraftSource::kMerged) {
+        draft = mtp->Draft(rec.p, plan.source == DraftSource::kMerged ? sfx_part : std::span<const std::int32_t>(), plan.n_mtp);
+      }
+      rec.source = draft.empty() ? DraftSource::kNone : plan.source;
+      rec.T_mtp = rec.source == DraftSource::kMtp || rec.source == DraftSource::kMerged ? plan.n_mtp : 0;
+      rec.merged = rec.source == DraftSource::kMerged;
+      rec.from_sfx = rec.source == DraftSource::kSuffix || rec.source == DraftSource::kMerged;
     }
+    rec.draft = draft;
+    rec.T = 1 + static_cast<int>(draft.size());
+    const std::int64_t t_draft = NowNs();
+    rec.draft_ns = t_draft - rec.begin_ns;
+
+    // ---- verify ----
+    window_tokens.assign(1, cur);
+    window_tokens.insert(window_tokens.end(), draft.begin(), draft.end());
+    const std::size_t T = window_tokens.size();
+    logits.resize(T * static_cast<std::size_t>(V));
+    normed.resize(T * static_cast<std::size_t>(H));
+    rec.first_call = FirstVerifyOfSize(rec.T);
+    engine.SetWindow(idx);
+    LOCKSTEP_RETURN_IF_ERROR(engine.Verify(window_tokens, logits.data(), normed.data()));
+    const std::int64_t t_verify = NowNs();
+    rec.verify_ns = t_verify - t_draft;
+    rec.stages = engine.stage_timings();
+    for (const auto& s : rec.stages) rec.wait_ns += s.wait_ns, rec.compute_ns += s.compute_ns;
+    if (hooks && hooks->on_window) hooks->on_window(rec.p, rec.T, logits.data());
+
+    // ---- accept + commit ----
+    int n = 0;  // rows kept
+    for (std::size_t i = 0; i < T; ++i) {
+      const std::int32_t y = SampleToken(logits.data() + i * static_cast<std::size_t>(V), V, sp, rec.p + static_cast<int>(i), &scratch);
+      rec.emitted.push_back(y);
+      ++n;
+      if (is_eos(y) || static_cast<int>(res.output.size() + rec.emitted.size()) >= cfg.max_new) break;
+      if (i + 1 == T || draft[i] != y) break;
+    }
+    rec.accepted = n - 1;
+    LOCKSTEP_RETURN_IF_ERROR(engine.Commit(n));
+    if (!replay.empty()) {
+      const WindowRecord& r = replay[static_cast<std::size_t>(idx)];
+      if (r.accepted != rec.accepted || r.emitted != rec.emitted)
+        return Status::InvalidArgument(ReplayWhere(cfg.replay_path, idx),
+                                       "recorded " + std::to_string(r.accepted) + " accepted drafts, this run accepted " +
+                                           std::to_string(rec.accepted) +
+                                           " (the recorded path is inconsistent with this model's output)");
+    }
+    if (mtp) {
+      // Row q = p+i pairs h_q with the token emitted after it.
+      mtp->Queue(rec.p, n, normed.data(), rec.emitted.data());
+      if (mtp->pending() >= 256) mtp->Extend();
+    }
+    if (suffix) suffix->Append(rec.emitted);
+    res.output.insert(res.output.end(), rec.emitted.begin(), rec.emitted.end());
+    cur = rec.emitted.back();
+    rec.end_ns = NowNs();
+    rec.commit_ns = rec.end_ns - t_verify;
+    streak = rec.T > 1 && rec.accepted == rec.T - 1 ? streak + 1 : 0;
+    policy->Observe(rec);
+    if (is_eos(cur)) {
+      res.stop_reason = "eos";
+      done = true;
+    } else if (static_cast<int>(res.output.size()) >= cfg.max_new) {
+      done = true;
+    }
+    if (hooks && hooks->on_record) LOCKSTEP_RETURN_IF_ERROR(hooks->on_record(rec));
+    res.windows.push_back(std::move(rec));
+    ++res.n_windows;
   }
   res.decode_ns = NowNs() - t1;
   return res;

@@ -135,12 +135,16 @@ void StageSession::Commit(int n) {
   pending_rows_ = 0;
 }
 
-void StageSession::Logits(const Activation& act, float* normed, float* logits) {
+void StageSession::FinalNorm(const Activation& act, float* normed) {
   LOCKSTEP_CHECK(is_last());
-  const int T = act.T, h = c_.n_embd;
-  for (int t = 0; t < T; ++t)
+  const int h = c_.n_embd;
+  for (int t = 0; t < act.T; ++t)
     cpu::RmsNormZc(act.hidden.data() + U(t) * U(h), h, w_.final_norm, c_.rms_norm_eps, normed + U(t) * U(h));
-  cpu::Matmul(cpu::MatmulKind::kInvariant, normed, T, w_.lm_head, logits, pool_);
+}
+
+void StageSession::Logits(const Activation& act, float* normed, float* logits) {
+  FinalNorm(act, normed);
+  cpu::Matmul(cpu::MatmulKind::kInvariant, normed, act.T, w_.lm_head, logits, pool_);
 }
 
 void StageSession::MtpForward(const float* hid, const std::int32_t* next_tokens, int p, int T, ForwardMode mode,

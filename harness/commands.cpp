@@ -1,5 +1,11 @@
 #include "lockstep/harness/commands.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
 
@@ -55,7 +61,22 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
   LOCKSTEP_ASSIGN_OR_RETURN(ModelWeightsPtr weights, ModelWeights::Load(cfg.model));
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::int32_t> prompt, LoadPrompt(opts, weights->config.n_vocab));
   LOCKSTEP_ASSIGN_OR_RETURN(EnginePtr engine, Engine::Create(cfg, *weights));
-  LOCKSTEP_ASSIGN_OR_RETURN(GenerateResult res, Generate(*engine, prompt));
+  GenerateHooks hooks;
+  int trace_fd = -1;
+  if (!opts.trace_jsonl.empty()) {
+    trace_fd = ::open(opts.trace_jsonl.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    if (trace_fd < 0) return Status::IOError("--trace-jsonl '" + opts.trace_jsonl + "'", std::strerror(errno));
+    // One write() per record: a killed run keeps every finished window's line whole.
+    hooks.on_record = [&](const WindowRecord& r) {
+      std::string line = r.ToJsonLine() + "\n";
+      if (::write(trace_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+        return Status::IOError("--trace-jsonl '" + opts.trace_jsonl + "'", std::strerror(errno));
+      return Status::Ok();
+    };
+  }
+  auto generated = Generate(*engine, prompt, &hooks);
+  if (trace_fd >= 0) ::close(trace_fd);
+  LOCKSTEP_ASSIGN_OR_RETURN(GenerateResult res, std::move(generated));
   if (!opts.json) {
     out << DecodeTokens(res.output) << "\n";
     return Status::Ok();
@@ -69,6 +90,22 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
   j["text"] = DecodeTokens(res.output);
   j["stop_reason"] = res.stop_reason;
   j["windows"] = res.n_windows;
+  {
+    // Speculation summary: tokens per window, drafts and acceptance per source.
+    std::map<std::string, std::pair<long, long>> by_source;  // drafted, accepted
+    long max_T = 0;
+    for (const auto& w : res.windows) {
+      auto& e = by_source[DraftSourceName(w.source)];
+      e.first += w.T - 1;
+      e.second += w.accepted;
+      max_T = std::max<long>(max_T, w.T);
+    }
+    nlohmann::json sj;
+    sj["tokens_per_window"] = res.n_windows ? static_cast<double>(res.output.size()) / res.n_windows : 0.0;
+    sj["max_T"] = max_T;
+    for (const auto& [k, v] : by_source) sj["sources"][k] = {{"drafted", v.first}, {"accepted", v.second}};
+    j["speculation"] = sj;
+  }
   j["config"] = nlohmann::json::parse(engine->config().ToJson());
   j["config_sha256"] = Sha256Hex(engine->config().ToJson());
   j["request_sha256"] = Sha256Tokens(prompt);

@@ -24,6 +24,9 @@ struct EngineFlags {
   std::uint64_t seed = 0;
   double pcie_frac = 0, temperature = 0, top_p = 0;
   bool ignore_eos = false;
+  int spec = 0, spec_max_suffix = 0;
+  std::string mtp, suffix_index, draft_policy, replay_path;
+  std::vector<std::string> inject;
   std::vector<std::pair<CLI::Option*, std::function<lockstep::Status(lockstep::EngineConfig&)>>> apply;
 
   void Add(CLI::App* app) {
@@ -75,6 +78,23 @@ struct EngineFlags {
     opt(app->add_option("--top-p", top_p, "Top-p cut (1 = off)"), [this](EngineConfig& c) { c.top_p = top_p; return Status::Ok(); });
     opt(app->add_flag("--ignore-eos", ignore_eos, "Keep generating past EOS"),
         [this](EngineConfig& c) { c.ignore_eos = ignore_eos; return Status::Ok(); });
+    opt(app->add_option("--spec", spec, "Draft budget K (0 = plain decoding, T = 1)"),
+        [this](EngineConfig& c) { c.spec = spec; return Status::Ok(); });
+    opt(app->add_option("--mtp", mtp, "MTP drafter: on | off"), [this](EngineConfig& c) {
+      if (mtp != "on" && mtp != "off") return Status::InvalidArgument("--mtp", "expected on or off, got '" + mtp + "'");
+      c.mtp = mtp == "on";
+      return Status::Ok();
+    });
+    opt(app->add_option("--spec-max-suffix", spec_max_suffix, "Longest suffix draft (default 8)"),
+        [this](EngineConfig& c) { c.spec_max_suffix = spec_max_suffix; return Status::Ok(); });
+    opt(app->add_option("--suffix-index", suffix_index, "sync | async (async: timing-dependent drafts)"),
+        [this](EngineConfig& c) { c.suffix_index = suffix_index; return Status::Ok(); });
+    opt(app->add_option("--draft-policy", draft_policy, "static | adaptive | latency"),
+        [this](EngineConfig& c) { c.draft_policy = draft_policy; return Status::Ok(); });
+    opt(app->add_option("--replay-path", replay_path, "Replay the drafts of recorded window records (JSON lines)"),
+        [this](EngineConfig& c) { c.replay_path = replay_path; return Status::Ok(); });
+    opt(app->add_option("--inject", inject, "Fault injection, e.g. delay:stage=2:window=5:ms=200 (repeatable)"),
+        [this](EngineConfig& c) { c.inject = inject; return Status::Ok(); });
   }
 
   lockstep::Result<lockstep::EngineConfig> Build() const {
@@ -125,6 +145,7 @@ int main(int argc, char** argv) {
     gen->add_option("--prompt-file", gopts.prompt_file, "File whose bytes are the prompt");
     gen->add_option("--prompt-tokens", gopts.prompt_tokens, "File of token ids (whitespace or comma separated)");
     gen->add_flag("--json", gopts.json, "Print one JSON object (tokens, stop reason, timings)");
+    gen->add_option("--trace-jsonl", gopts.trace_jsonl, "Stream window records as JSON lines (one write per window)");
     gen->add_flag("--print-config", gopts.print_config, "Print the effective config as canonical JSON and exit");
 
     auto known = app.get_subcommands([](CLI::App*) { return true; });

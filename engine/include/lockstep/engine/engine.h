@@ -8,11 +8,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "lockstep/engine/engine_config.h"
+#include "lockstep/engine/inject.h"
+#include "lockstep/engine/window.h"
 #include "lockstep/engine/stage.h"
 #include "lockstep/engine/status.h"
 #include "lockstep/engine/thread_pool.h"
@@ -39,13 +42,33 @@ class Engine {
   const std::vector<int>& boundaries() const { return bounds_; }
   Transport& transport() { return *transport_; }
 
+  // Called after each prefill chunk with its position, row count and final-normed hidden
+  // f32 [T, H] (the MTP input), when given to Prefill.
+  using PrefillHook = std::function<Status(int p, int T, const float* normed)>;
   // Processes `tokens` at positions [position(), position() + n) in prefill chunks; commits them.
-  Status Prefill(std::span<const std::int32_t> tokens);
+  Status Prefill(std::span<const std::int32_t> tokens, const PrefillHook& hook = nullptr);
   // Verify window of T = tokens.size() tokens at p = position(). Writes logits f32 [T, V] and, when
   // `normed` is not null, the final-normed hidden f32 [T, H]. Rows stay speculative until Commit.
   Status Verify(std::span<const std::int32_t> tokens, float* logits, float* normed = nullptr);
   // Keeps the first n rows of the last verify window (1 <= n <= T).
   Status Commit(int n);
+
+  // Window index for fault injection and timing (set by the generation loop before Verify).
+  void SetWindow(int idx) { window_ = idx; }
+  // Per-stage timing of the last Verify (wait for input vs compute).
+  const std::vector<StageTiming>& stage_timings() const { return timings_; }
+
+  // ---- MTP (on the last stage) ----
+  bool has_mtp() const { return stages_.back()->has_mtp(); }
+  // MTP rows at positions p..p+T-1 from final-normed hidden h f32 [T, H] and the next tokens [T];
+  // writes draft K/V rows (speculative until MtpCommit); m f32 [T, H], logits f32 [T, V].
+  void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode, float* m,
+                  float* logits) {
+    stages_.back()->MtpForward(h, next_tokens, p, T, mode, m, logits);
+  }
+  void MtpCommit(int rows) { stages_.back()->MtpCommit(rows); }
+  // Draft K/V rows whose inputs were true (h, next token) pairs.
+  int mtp_position() const { return stages_.back()->mtp_kv() ? stages_.back()->mtp_kv()->rows_committed() : 0; }
 
  private:
   Engine(const EngineConfig& cfg, const ModelWeights& w);
@@ -59,6 +82,9 @@ class Engine {
   TransportPtr transport_;
   int position_ = 0;
   int pending_ = 0;  // rows of the uncommitted verify window
+  int window_ = -1;
+  std::vector<Injection> injections_;
+  std::vector<StageTiming> timings_;
   std::vector<float> normed_scratch_;
 };
 using EnginePtr = std::unique_ptr<Engine>;

@@ -38,6 +38,17 @@ struct EngineConfig {
   double top_p = 1.0;        // 1 = off
   bool ignore_eos = false;   // keep generating past EOS (benchmarks)
 
+  // ---- speculative decoding ----
+  int spec = 0;                        // draft budget K; 0 = plain decoding (T = 1)
+  bool mtp = true;                     // MTP drafter on (when the checkpoint ships mtp.*)
+  int spec_max_suffix = 8;             // suffix drafts propose up to this many tokens
+  std::string suffix_index = "sync";   // sync | async (async: timing-dependent on purpose)
+  std::string draft_policy = "static"; // static | adaptive | latency (latency: timing-dependent)
+  std::string replay_path;             // window records (JSON lines) whose drafts are replayed
+
+  // ---- fault injection (testing the harness) ----
+  std::vector<std::string> inject;     // e.g. "delay:stage=2:window=5:ms=200"
+
   // Canonical JSON (keys sorted, all fields present). Stable across runs for equal configs.
   std::string ToJson() const;
   // Strict parse: unknown keys, wrong types and bad values are kInvalidArgument naming the key.

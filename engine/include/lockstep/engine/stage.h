@@ -52,6 +52,8 @@ class StageSession {
   void Commit(int n);
   // Last stage: final RMSNorm (normed f32 [T, H], the MTP input) and lm_head (logits f32 [T, V]).
   void Logits(const Activation& act, float* normed, float* logits);
+  // Last stage: the final RMSNorm only.
+  void FinalNorm(const Activation& act, float* normed);
 
   // ---- MTP (last stage, when the checkpoint ships it) ----
   bool has_mtp() const { return mtp_kv_ != nullptr; }

@@ -24,6 +24,7 @@ struct GenerateOptions {
   std::string prompt_tokens;  // --prompt-tokens (file of ids)
   bool json = false;          // one JSON object on stdout instead of the text
   bool print_config = false;  // print the effective config as canonical JSON and stop
+  std::string trace_jsonl;    // stream window records here (one write() per window)
 };
 
 // `lockstep generate ...`: loads the model, runs one request, prints the text (or JSON).

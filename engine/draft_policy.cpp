@@ -1,0 +1,141 @@
+#include "lockstep/engine/draft_policy.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace lockstep {
+
+namespace {
+
+class StaticPolicy final : public DraftPolicy {
+ public:
+  DraftPlan Plan(const SuffixProposal& sfx, bool mtp, int k, int max_suffix) override {
+    DraftPlan plan;
+    const int n_sfx = std::min(static_cast<int>(sfx.tokens.size()), max_suffix);
+    if (sfx.match_len >= kMinSuffixMatch && n_sfx > 0) {
+      plan.n_sfx = n_sfx;
+      if (mtp && n_sfx < k) {
+        plan.source = DraftSource::kMerged;
+        plan.n_mtp = k - n_sfx;
+      } else {
+        plan.source = DraftSource::kSuffix;
+      }
+    } else if (mtp && k > 0) {
+      plan.source = DraftSource::kMtp;
+      plan.n_mtp = k;
+    }
+    return plan;
+  }
+  void Observe(const WindowRecord&) override {}
+  const char* name() const override { return "static"; }
+};
+
+// Per-token acceptance of one draft source, as exponentially weighted success / trial counts.
+struct Rate {
+  double success = 1.0, trials = 2.0;  // prior: 1/2
+  double value() const { return success / trials; }
+  void Add(int accepted, int drafted) {
+    constexpr double kDecay = 0.9;  // ~10 windows of memory
+    success = success * kDecay + accepted;
+    trials = trials * kDecay + accepted + (accepted < drafted ? 1 : 0);
+  }
+};
+
+// Longest length n <= cap whose last token is still likely: rate^n >= threshold.
+int Length(double rate, double threshold, int cap) {
+  int n = 0;
+  double pr = 1.0;
+  while (n < cap && pr * rate >= threshold) {
+    pr *= rate;
+    ++n;
+  }
+  return n;
+}
+
+class AdaptivePolicy : public DraftPolicy {
+ public:
+  // A drafted MTP token costs an MTP step plus a verify row; a suffix token only the verify
+  // row. The thresholds are the acceptance probability a token must have to pay for itself on
+  // the CPU backend (measured on `small`: one MTP step ~13% of a decode step, one extra verify
+  // row 10-30% depending on how many new experts it routes to).
+  static constexpr double kMtpThreshold = 0.4;
+  static constexpr double kSfxThreshold = 0.25;
+  static constexpr int kProbeEvery = 16;
+
+  DraftPlan Plan(const SuffixProposal& sfx, bool mtp, int k, int max_suffix) override {
+    ++windows_;
+    k = Budget(k);
+    max_suffix = Budget(max_suffix);
+    DraftPlan plan;
+    int n_mtp = mtp ? Length(mtp_.value(), kMtpThreshold, k) : 0;
+    if (mtp && n_mtp == 0 && k > 0 && windows_ % kProbeEvery == 0) n_mtp = 1;  // keep measuring
+    const int avail = std::min(static_cast<int>(sfx.tokens.size()), max_suffix);
+    int n_sfx = sfx.match_len >= kMinSuffixMatch ? Length(sfx_.value(), kSfxThreshold, avail) : 0;
+    if (sfx.match_len >= kMinSuffixMatch && avail > 0 && n_sfx == 0 && windows_ % kProbeEvery == 0) n_sfx = 1;
+    auto expected = [](double r, int n) {
+      double e = 0, pr = 1;
+      for (int i = 0; i < n; ++i) e += (pr *= r);
+      return e;
+    };
+    if (n_sfx > 0 && expected(sfx_.value(), n_sfx) >= expected(mtp_.value(), n_mtp)) {
+      plan.n_sfx = n_sfx;
+      if (mtp && n_mtp > n_sfx) {
+        plan.source = DraftSource::kMerged;
+        plan.n_mtp = n_mtp - n_sfx;
+      } else {
+        plan.source = DraftSource::kSuffix;
+      }
+    } else if (n_mtp > 0) {
+      plan.source = DraftSource::kMtp;
+      plan.n_mtp = n_mtp;
+    }
+    return plan;
+  }
+
+  void Observe(const WindowRecord& r) override {
+    const int drafted = r.T - 1;
+    if (drafted <= 0) return;
+    // Attribute accepted tokens to the source that drafted them (suffix tokens come first).
+    const int n_sfx = drafted - r.T_mtp;
+    if (n_sfx > 0) sfx_.Add(std::min(r.accepted, n_sfx), n_sfx);
+    if (r.T_mtp > 0 && r.accepted >= n_sfx) mtp_.Add(r.accepted - n_sfx, r.T_mtp);
+  }
+  const char* name() const override { return "adaptive"; }
+
+ protected:
+  virtual int Budget(int k) const { return k; }
+
+ private:
+  Rate mtp_, sfx_;
+  long windows_ = 0;
+};
+
+class LatencyPolicy final : public AdaptivePolicy {
+ public:
+  void Observe(const WindowRecord& r) override {
+    AdaptivePolicy::Observe(r);
+    const double v = static_cast<double>(r.verify_ns);
+    if (cooldown_ > 0) --cooldown_;
+    if (mean_ns_ > 0 && v > std::max(3.0 * mean_ns_, mean_ns_ + 50e6)) cooldown_ = 4;
+    mean_ns_ = mean_ns_ == 0 ? v : 0.8 * mean_ns_ + 0.2 * v;
+  }
+  const char* name() const override { return "latency"; }
+
+ protected:
+  int Budget(int k) const override { return cooldown_ > 0 ? 0 : k; }
+
+ private:
+  double mean_ns_ = 0;
+  int cooldown_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<DraftPolicy> DraftPolicy::Create(const std::string& name) {
+  if (name == "static") return std::make_unique<StaticPolicy>();
+  if (name == "adaptive") return std::make_unique<AdaptivePolicy>();
+  if (name == "latency") return std::make_unique<LatencyPolicy>();
+  return nullptr;
+}
+
+}  // namespace lockstep

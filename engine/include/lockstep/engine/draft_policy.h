@@ -1,0 +1,46 @@
+// Draft policies: per window, choose between a suffix draft, an MTP draft and a merged draft
+// (suffix prefix continued by the MTP head), and the draft length.
+//
+//   static    fixed rule: a suffix match of >= kMinSuffixMatch tokens is used (merged with MTP up
+//             to K tokens when shorter than K); otherwise MTP drafts K tokens. Deterministic.
+//   adaptive  per-source per-token acceptance rates (exponentially weighted counts, prior 1/2)
+//             set the draft lengths: token i is drafted while rate^i >= a threshold, so a drafter
+//             that keeps missing drafts nothing (with a 1-token probe every 16 windows).
+//             Uses acceptance history only: deterministic.
+//   latency   adaptive, plus a back-off driven by measured verify latency: a verify slower than
+//             max(3 x its running mean, mean + 50 ms) (a stall) pauses drafting for the next 4
+//             windows (T = 1), the way serving engines stop speculating under pressure.
+//             Timing-dependent on purpose, like production engines.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "lockstep/engine/suffix_index.h"
+#include "lockstep/engine/window.h"
+
+namespace lockstep {
+
+struct DraftPlan {
+  DraftSource source = DraftSource::kNone;
+  int n_sfx = 0;  // suffix tokens (from the front of the proposal)
+  int n_mtp = 0;  // MTP tokens (after the suffix tokens for merged)
+};
+
+class DraftPolicy {
+ public:
+  static constexpr int kMinSuffixMatch = 3;
+
+  virtual ~DraftPolicy() = default;
+  // `sfx`: the suffix proposal (maybe empty); `mtp`: the MTP drafter is available; `k`: --spec;
+  // `max_suffix`: --spec-max-suffix.
+  virtual DraftPlan Plan(const SuffixProposal& sfx, bool mtp, int k, int max_suffix) = 0;
+  // Feedback after the window's commit.
+  virtual void Observe(const WindowRecord& rec) = 0;
+  virtual const char* name() const = 0;
+
+  // "static" | "adaptive" | "latency"; nullptr for an unknown name.
+  static std::unique_ptr<DraftPolicy> Create(const std::string& name);
+};
+
+}  // namespace lockstep

@@ -1,0 +1,66 @@
+// WindowRecord: what happened in one verify window (README "Window records" defines every field).
+//
+// Path fields (p, T, T_mtp, merged, from_sfx, chain_n, accepted, source, draft) are what the
+// comparator aligns on; timing fields are CLOCK_MONOTONIC nanoseconds around the instrumented
+// calls. Records serialise to one JSON object per line ("lockstep.window" v1), the format of
+// `--trace-jsonl` and the input of `--replay-path`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lockstep/engine/status.h"
+
+namespace lockstep {
+
+enum class DraftSource : std::uint8_t {
+  kNone,    // no draft (T = 1)
+  kMtp,     // MTP head, chained
+  kSuffix,  // suffix index continuation
+  kMerged,  // suffix prefix continued by the MTP head
+};
+const char* DraftSourceName(DraftSource s);
+Result<DraftSource> ParseDraftSource(std::string_view s);
+
+struct StageTiming {
+  std::int64_t wait_ns = 0;     // from the window's verify start until this stage starts computing
+  std::int64_t compute_ns = 0;  // wall time of this stage's forward (includes injected delays)
+  std::int64_t cpu_ns = 0;      // driver thread CPU time of that forward (CLOCK_THREAD_CPUTIME_ID)
+};
+
+struct WindowRecord {
+  // ---- path ----
+  int idx = 0;           // zero-based window index in the request
+  int p = 0;             // position of the window's first row (= committed tokens before it)
+  int T = 1;             // rows verified: the current token plus the drafts
+  int T_mtp = 0;         // draft tokens that came from the MTP head
+  bool merged = false;   // the draft is a suffix prefix continued by the MTP head
+  bool from_sfx = false; // the draft (or its prefix) came from the suffix index
+  int chain_n = 0;       // preceding windows in a row that accepted all of their drafts
+  int accepted = 0;      // drafts accepted (0 .. T-1); the window emits accepted + 1 tokens
+  DraftSource source = DraftSource::kNone;
+  std::vector<std::int32_t> draft;    // the T-1 draft tokens
+  std::vector<std::int32_t> emitted;  // the accepted + 1 tokens this window produced
+  // ---- timing (CLOCK_MONOTONIC ns) ----
+  std::int64_t begin_ns = 0;   // window start (before drafting)
+  std::int64_t end_ns = 0;     // after commit
+  std::int64_t draft_ns = 0;   // drafting: MTP extend over the previous window + MTP chain + suffix lookup
+  std::int64_t verify_ns = 0;  // the pipeline forward of T rows through every stage + logits
+  std::int64_t wait_ns = 0;    // sum over stages of StageTiming::wait_ns
+  std::int64_t compute_ns = 0; // sum over stages of StageTiming::compute_ns
+  std::int64_t commit_ns = 0;  // acceptance + commit of every stage
+  std::int64_t export_ns = -1; // handing state to the observer; -1 = not measured (no observer)
+  bool first_call = false;     // first verify with this T in the process (allocation/warm-up cost)
+  std::vector<StageTiming> stages;
+
+  // Same path fields (not timing).
+  bool SamePath(const WindowRecord& o) const;
+  std::string ToJsonLine() const;  // one line, no trailing newline
+  static Result<WindowRecord> FromJsonLine(std::string_view line, const std::string& label);
+};
+
+// Reads a JSON-lines file of window records (e.g. written by --trace-jsonl).
+Result<std::vector<WindowRecord>> ReadWindowRecords(const std::string& path);
+
+}  // namespace lockstep
