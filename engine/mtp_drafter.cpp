@@ -26,11 +26,9 @@ void MtpDrafter::Extend(ForwardMode mode) {
   if (n == 0) return;
   LOCKSTEP_CHECK_EQ(pending_p_, e_.mtp_position());
   bm_.resize(static_cast<std::size_t>(n) * static_cast<std::size_t>(h_));
-  blogits_.resize(static_cast<std::size_t>(n) * static_cast<std::size_t>(v_));
-  e_.MtpForward(pending_h_.data(), pending_tokens_.data(), pending_p_, n, mode, bm_.data(), blogits_.data());
+  e_.MtpForward(pending_h_.data(), pending_tokens_.data(), pending_p_, n, mode, bm_.data(), logits_.data(), 1);
   e_.MtpCommit(pending_p_ + n);
   std::copy_n(bm_.end() - h_, h_, m_.begin());
-  std::copy_n(blogits_.end() - v_, v_, logits_.begin());
   pending_h_.clear();
   pending_tokens_.clear();
 }
@@ -50,7 +48,7 @@ std::vector<std::int32_t> MtpDrafter::Draft(int p, std::span<const std::int32_t>
     if (s + 1 == total) break;
     // Chain step at position p + s on (m, d): speculative draft K/V row, overwritten by the
     // next Extend().
-    e_.MtpForward(m.data(), &d, p + s, 1, ForwardMode::kVerify, m_next.data(), l_next.data());
+    e_.MtpForward(m.data(), &d, p + s, 1, ForwardMode::kVerify, m_next.data(), l_next.data(), 1);
     m.swap(m_next);
     logits.swap(l_next);
   }

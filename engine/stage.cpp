@@ -1,5 +1,6 @@
 #include "lockstep/engine/stage.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "cpu/attention.h"
@@ -148,7 +149,7 @@ void StageSession::Logits(const Activation& act, float* normed, float* logits) {
 }
 
 void StageSession::MtpForward(const float* hid, const std::int32_t* next_tokens, int p, int T, ForwardMode mode,
-                              float* m, float* logits) {
+                              float* m, float* logits, int n_logits) {
   LOCKSTEP_CHECK(has_mtp());
   Arena::Scope scope(arena_);
   const int h = c_.n_embd;
@@ -167,7 +168,8 @@ void StageSession::MtpForward(const float* hid, const std::int32_t* next_tokens,
   LayerForward(mw.layer, -1, act, mode, mtp_kv_.get(), nullptr);
   for (int t = 0; t < T; ++t)
     cpu::RmsNormZc(act.hidden.data() + U(t) * U(h), h, mw.norm, c_.rms_norm_eps, m + U(t) * U(h));
-  cpu::Matmul(cpu::MatmulKind::kInvariant, m, T, w_.lm_head, logits, pool_);
+  n_logits = std::min(n_logits, T);
+  cpu::Matmul(cpu::MatmulKind::kInvariant, m + U(T - n_logits) * U(h), n_logits, w_.lm_head, logits, pool_);
 }
 
 void StageSession::MtpCommit(int rows) { mtp_kv_->Commit(rows); }

@@ -362,7 +362,7 @@ TEST(SyntheticModel, MtpAgreesWithMainModel) {
   const int n = static_cast<int>(seq.size()) - 2;  // rows with a t_{p+2}
   StageSession& last = e->stage(e->n_stages() - 1);
   std::vector<float> m(static_cast<std::size_t>(n) * static_cast<std::size_t>(H)), ml(static_cast<std::size_t>(n) * static_cast<std::size_t>(V));
-  last.MtpForward(normed.data(), seq.data() + 1, 0, n, ForwardMode::kVerify, m.data(), ml.data());
+  last.MtpForward(normed.data(), seq.data() + 1, 0, n, ForwardMode::kVerify, m.data(), ml.data(), n);
   int agree = 0, total = 0;
   for (int p = n_prompt - 1; p < n; ++p) {  // drafts of generated tokens only
     ++total;

@@ -1556,11 +1556,11 @@ TEST(OpReference, MtpTiny) {
   // Row p pairs h_p with t_{p+1}.
   std::vector<std::int32_t> next(kPrompt.begin() + 1, kPrompt.begin() + 1 + n);
   FVec m(Z(n) * Z(H)), mlog(Z(n) * Z(V));
-  last.MtpForward(normed.data(), next.data(), 0, 4, ForwardMode::kVerify, m.data(), mlog.data());
+  last.MtpForward(normed.data(), next.data(), 0, 4, ForwardMode::kVerify, m.data(), mlog.data(), 4);
   EXPECT_EQ(last.mtp_kv()->rows_written(), 4);
   last.MtpCommit(4);
   last.MtpForward(normed.data() + 4 * Z(H), next.data() + 4, 4, 2, ForwardMode::kPrefill,
-                  m.data() + 4 * Z(H), mlog.data() + 4 * Z(V));
+                  m.data() + 4 * Z(H), mlog.data() + 4 * Z(V), 2);
   Vec m_ref, lg_ref;
   const Vec hd = ToD(normed);
   for (int p = 0; p < n; ++p) {

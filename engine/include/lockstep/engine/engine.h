@@ -61,10 +61,11 @@ class Engine {
   // ---- MTP (on the last stage) ----
   bool has_mtp() const { return stages_.back()->has_mtp(); }
   // MTP rows at positions p..p+T-1 from final-normed hidden h f32 [T, H] and the next tokens [T];
-  // writes draft K/V rows (speculative until MtpCommit); m f32 [T, H], logits f32 [T, V].
+  // writes draft K/V rows (speculative until MtpCommit); m f32 [T, H], logits of the last
+  // n_logits rows f32 [n_logits, V].
   void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode, float* m,
-                  float* logits) {
-    stages_.back()->MtpForward(h, next_tokens, p, T, mode, m, logits);
+                  float* logits, int n_logits = 1) {
+    stages_.back()->MtpForward(h, next_tokens, p, T, mode, m, logits, n_logits);
   }
   void MtpCommit(int rows) { stages_.back()->MtpCommit(rows); }
   // Draft K/V rows whose inputs were true (h, next token) pairs.

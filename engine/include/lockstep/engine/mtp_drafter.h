@@ -48,7 +48,7 @@ class MtpDrafter {
   std::vector<std::int32_t> pending_tokens_;   // [n]
   int pending_p_ = 0;                          // position of the first pending row
   std::vector<float> m_, logits_;              // last extended row: m f32 [H], logits f32 [V]
-  std::vector<float> bm_, blogits_;            // batch outputs
+  std::vector<float> bm_;                      // batch output m f32 [n, H]
 };
 
 }  // namespace lockstep

@@ -59,9 +59,10 @@ class StageSession {
   bool has_mtp() const { return mtp_kv_ != nullptr; }
   // One MTP step for T rows at positions p..: inputs the final-normed hidden h f32 [T, H] and the
   // next tokens [T]; writes draft K/V rows [p, p+T) (speculative until MtpCommit), returns
-  // m f32 [T, H] (post mtp.norm) and logits f32 [T, V].
+  // m f32 [T, H] (post mtp.norm) and, for the last `n_logits` rows only, logits f32 [n_logits, V]
+  // (drafting needs the last row; lm_head is the MTP step's largest weight).
   void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode, float* m,
-                  float* logits);
+                  float* logits, int n_logits);
   void MtpCommit(int rows);
   KvCache* mtp_kv() { return mtp_kv_.get(); }
 
