@@ -31,6 +31,25 @@ constexpr float kNormJitter = 0.1f;
 constexpr float kMtpEmbedGain = 1.0f;
 constexpr float kMtpNoise = 0.15f;
 
+// ---- in-context copying (see WireInduction) ----
+// Every embedding carries this much of one shared unit direction `dc`: a constant input that
+// projections can read to hold a gate open (no biases exist in this architecture).
+constexpr float kDcGain = 3.0f;
+// Gains of the rows that read `dc`: GDN beta (sigmoid(~8): write fully), GDN output gate
+// z (silu(~3)), attention output gate (sigmoid(~8)).
+constexpr float kBetaGain = 3.0f;
+constexpr float kZGain = 1.2f;
+constexpr float kGateGain = 3.0f;
+// Size of the previous-token features written into the residual stream, relative to a token
+// embedding (|y| ~ kPrevGain * |e|).
+constexpr float kPrevGain = 2.0f;
+// GDN value rows of the previous-token head are small so silu stays in its near-linear range.
+constexpr float kPrevValueGain = 0.2f;
+// q_norm / k_norm weights on the non-rotary dims of the induction head (zero-centred: 1 + w).
+constexpr float kInductionNormW = 3.0f;
+// Strength of the copied token's direction written by the induction head.
+constexpr float kCopyGain = 4.0f;
+
 std::uint64_t Mix(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -130,6 +149,15 @@ struct Builder {
     Ffn(p + "shared_expert.", c.n_embd, c.shared_ffn);
     Matrix(p + "shared_expert_gate.weight", 1, c.n_embd, 1.0f);
   }
+  // Random dense [rows, cols] block with the given std (for wiring, not stored).
+  std::vector<float> Block(const std::string& name, int rows, int cols, float std_dev) const {
+    std::vector<float> m(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
+    Stream s(seed, name);
+    for (std::size_t i = 0; i < m.size(); ++i) m[i] = s.Sym(i, std_dev);
+    return m;
+  }
+  std::vector<float>& T(const std::string& name) { return tensors.at(name).second; }
+
   void Layer(const std::string& p, const ModelConfig& c, LayerType t) {
     NormZc(p + "input_layernorm.weight", c.n_embd);
     NormZc(p + "post_attention_layernorm.weight", c.n_embd);
@@ -174,6 +202,177 @@ void Layout(ModelConfig& c) {
   c.eos_token_ids = {c.n_vocab - 1};
 }
 
+std::vector<float> UnitVector(std::uint64_t seed, std::size_t n) {
+  Stream s(seed, "lockstep.dc");
+  std::vector<float> v(n);
+  double ss = 0;
+  for (std::size_t i = 0; i < n; ++i) ss += static_cast<double>(v[i] = s.Sym(i, 1.0f)) * v[i];
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss));
+  for (auto& x : v) x *= inv;
+  return v;
+}
+
+// In-context copying, the way trained models do it: a previous-token head followed by induction
+// heads. Without it a random model never continues repeated text, so suffix drafts would never be
+// accepted and speculative decoding could not be exercised on repetitive input.
+//
+// 1. Previous-token head: GDN layer (first attention layer - 1), key head 0 / value head 0.
+//    q and k share their projection rows and read the current conv tap, v reads the previous
+//    tap; decay ~0 (A = 64, dt_bias = 3) and beta ~1 (reads dc). The delta rule then returns
+//    o_t = v_t = silu(V0 a_{t-1}): features of the previous token. z reads dc (gate open);
+//    out_proj's block G writes them into the residual stream as y_t.
+// 2. Induction head: in every full-attention layer, query head 0 over kv head 0, non-rotary dims
+//    only (position-independent). k = M G^T a_s picks y_s (previous token at s); q = M V0 a_t picks
+//    the current token in the same feature space, so position s wins when x_{s-1} == x_t. The
+//    value B a_s carries x_s; o_proj block kCopyGain * A B^T maps it onto lm_head row A r_{x_s},
+//    raising the token that followed the earlier occurrence. The head's output gate reads dc.
+void WireInduction(Builder& b, const ModelConfig& c, const std::vector<float>& dc, const std::vector<std::size_t>& perm,
+                   const std::vector<float>& sign) {
+  const int H = c.n_embd, Dk = c.k_head_dim, Dv = c.v_head_dim, r = c.n_v_heads / c.n_k_heads;
+  const int D = c.head_dim, R = c.rotary_dim, Dn = D - R;
+  const int Wg = 2 * Dk + 2 * r * Dv, key_dim = c.key_dim(), K = c.conv_kernel;
+  const std::size_t uH = static_cast<std::size_t>(H);
+  int first_attn = -1;
+  for (int il = 0; il < c.n_layers && first_attn < 0; ++il)
+    if (c.is_full_attention(il)) first_attn = il;
+  if (first_attn < 1 || c.is_full_attention(first_attn - 1) || Dn <= 0) return;
+  const std::string gp = "model.layers." + std::to_string(first_attn - 1) + ".linear_attn.";
+  const float inv_sqrt_h = 1.0f / std::sqrt(static_cast<float>(H));
+  // ---- previous-token head ----
+  auto& qkvz = b.T(gp + "in_proj_qkvz.weight");
+  // Rows orthogonal to dc: the constant input must not add a common offset to every match score.
+  auto drop_dc_rows = [&](std::vector<float> m, int rows) {
+    for (int i = 0; i < rows; ++i) {
+      float* row = m.data() + static_cast<std::size_t>(i) * uH;
+      float dot = 0;
+      for (std::size_t h = 0; h < uH; ++h) dot += row[h] * dc[h];
+      for (std::size_t h = 0; h < uH; ++h) row[h] -= dot * dc[h];
+    }
+    return m;
+  };
+  // out_proj block G [H, Dv] for value head 0: |y| ~ kPrevGain * |e| given |o_hat| ~ silu(z) sqrt(Dv).
+  const float z_act = 3.0f;  // ~ silu(kZGain * kDcGain * ...) at the input scale (measured)
+  const float g_sd = kPrevGain / (z_act * std::sqrt(static_cast<float>(Dv)));
+  std::vector<float> G = b.Block(gp + "induction.G", H, Dv, g_sd);
+  for (int i = 0; i < Dv; ++i) {  // columns orthogonal to dc
+    float dot = 0;
+    for (int h = 0; h < H; ++h) dot += G[static_cast<std::size_t>(h) * static_cast<std::size_t>(Dv) + static_cast<std::size_t>(i)] * dc[static_cast<std::size_t>(h)];
+    for (int h = 0; h < H; ++h) G[static_cast<std::size_t>(h) * static_cast<std::size_t>(Dv) + static_cast<std::size_t>(i)] -= dot * dc[static_cast<std::size_t>(h)];
+  }
+  // Orthonormal basis of span(G) (Gram-Schmidt): the values must not read the previous-token
+  // features, only the token itself.
+  std::vector<float> qg(static_cast<std::size_t>(Dv) * uH);  // [Dv, H] rows orthonormal
+  for (int i = 0; i < Dv; ++i) {
+    float* row = qg.data() + static_cast<std::size_t>(i) * uH;
+    for (int h = 0; h < H; ++h) row[h] = G[static_cast<std::size_t>(h) * static_cast<std::size_t>(Dv) + static_cast<std::size_t>(i)];
+    for (int j = 0; j < i; ++j) {
+      const float* prev = qg.data() + static_cast<std::size_t>(j) * uH;
+      float dot = 0;
+      for (std::size_t h = 0; h < uH; ++h) dot += row[h] * prev[h];
+      for (std::size_t h = 0; h < uH; ++h) row[h] -= dot * prev[h];
+    }
+    float nn = 0;
+    for (std::size_t h = 0; h < uH; ++h) nn += row[h] * row[h];
+    const float inv = nn > 0 ? 1.0f / std::sqrt(nn) : 0.0f;
+    for (std::size_t h = 0; h < uH; ++h) row[h] *= inv;
+  }
+  const std::vector<float> qk = drop_dc_rows(b.Block(gp + "induction.qk", Dk, H, inv_sqrt_h), Dk);
+  std::vector<float> v0 = drop_dc_rows(b.Block(gp + "induction.v", Dv, H, kPrevValueGain * inv_sqrt_h), Dv);
+  // The induction query reads V0 a_t: orthogonal to span(G) it ignores the previous-token
+  // features y_t that share the residual stream with the current token.
+  for (int r0 = 0; r0 < Dv; ++r0) {
+    float* row = v0.data() + static_cast<std::size_t>(r0) * uH;
+    for (int i = 0; i < Dv; ++i) {
+      const float* g = qg.data() + static_cast<std::size_t>(i) * uH;
+      float dot = 0;
+      for (std::size_t h = 0; h < uH; ++h) dot += row[h] * g[h];
+      for (std::size_t h = 0; h < uH; ++h) row[h] -= dot * g[h];
+    }
+  }
+  for (int i = 0; i < Dk; ++i)
+    for (int h = 0; h < H; ++h) {
+      const float w = qk[static_cast<std::size_t>(i) * uH + static_cast<std::size_t>(h)];
+      qkvz[static_cast<std::size_t>(i) * uH + static_cast<std::size_t>(h)] = w;                // q row i
+      qkvz[static_cast<std::size_t>(Dk + i) * uH + static_cast<std::size_t>(h)] = w;           // k row i
+    }
+  for (int i = 0; i < Dv; ++i)
+    for (int h = 0; h < H; ++h) {
+      qkvz[static_cast<std::size_t>(2 * Dk + i) * uH + static_cast<std::size_t>(h)] = v0[static_cast<std::size_t>(i) * uH + static_cast<std::size_t>(h)];
+      qkvz[static_cast<std::size_t>(2 * Dk + r * Dv + i) * uH + static_cast<std::size_t>(h)] = kZGain * dc[static_cast<std::size_t>(h)];
+    }
+  (void)Wg;
+  auto& ba = b.T(gp + "in_proj_ba.weight");  // group 0: rows [0, r) = b, [r, 2r) = a
+  for (int h = 0; h < H; ++h) {
+    ba[static_cast<std::size_t>(h)] = kBetaGain * dc[static_cast<std::size_t>(h)];
+    ba[static_cast<std::size_t>(r) * uH + static_cast<std::size_t>(h)] = 0.0f;
+  }
+  b.T(gp + "A_log")[0] = std::log(64.0f);
+  b.T(gp + "dt_bias")[0] = 3.0f;
+  auto& conv = b.T(gp + "conv1d.weight");  // [conv_dim, 1, K]
+  auto taps = [&](int ch, int tap) {
+    for (int j = 0; j < K; ++j) conv[static_cast<std::size_t>(ch) * static_cast<std::size_t>(K) + static_cast<std::size_t>(j)] = j == tap ? 1.0f : 0.0f;
+  };
+  for (int i = 0; i < Dk; ++i) taps(i, K - 1), taps(key_dim + i, K - 1);
+  for (int i = 0; i < Dv; ++i) taps(2 * key_dim + i, K - 2);
+  auto& out = b.T(gp + "out_proj.weight");  // [H, Hv*Dv]
+  const std::size_t out_w = static_cast<std::size_t>(c.value_dim());
+  for (int h = 0; h < H; ++h)
+    for (int i = 0; i < Dv; ++i) out[static_cast<std::size_t>(h) * out_w + static_cast<std::size_t>(i)] = G[static_cast<std::size_t>(h) * static_cast<std::size_t>(Dv) + static_cast<std::size_t>(i)];
+
+  // ---- induction heads ----
+  const int group = c.n_heads / c.n_heads_kv;
+  const std::size_t o_w = static_cast<std::size_t>(c.n_heads) * static_cast<std::size_t>(D);
+  for (int il = first_attn; il < c.n_layers; ++il) {
+    if (!c.is_full_attention(il)) continue;
+    const std::string ap = "model.layers." + std::to_string(il) + ".self_attn.";
+    auto& q = b.T(ap + "q_proj.weight");  // per query head h: rows [2hD, 2hD+D) query, then its gate
+    auto& k = b.T(ap + "k_proj.weight");  // rows [jD, (j+1)D) kv head j
+    auto& v = b.T(ap + "v_proj.weight");
+    auto& o = b.T(ap + "o_proj.weight");  // [H, Hq*D], columns [hD, (h+1)D) query head h
+    for (int j = 0; j < c.n_heads_kv; ++j) {  // one induction head per kv head: query head j*group
+      const int hq = j * group;
+      const std::string tag = ap + "induction." + std::to_string(j);
+      const std::vector<float> M = b.Block(tag + ".M", Dn, Dv, 1.0f / std::sqrt(static_cast<float>(Dv)));
+      std::vector<float> B = drop_dc_rows(b.Block(tag + ".B", D, H, inv_sqrt_h), D);
+      for (int d = 0; d < D; ++d) {  // B rows orthogonal to span(G)
+        float* row = B.data() + static_cast<std::size_t>(d) * uH;
+        for (int i = 0; i < Dv; ++i) {
+          const float* g = qg.data() + static_cast<std::size_t>(i) * uH;
+          float dot = 0;
+          for (std::size_t h = 0; h < uH; ++h) dot += row[h] * g[h];
+          for (std::size_t h = 0; h < uH; ++h) row[h] -= dot * g[h];
+        }
+      }
+      for (int d = 0; d < D; ++d)
+        for (int h = 0; h < H; ++h) {
+          float qv = 0, kv = 0;
+          if (d >= R) {
+            const int m = d - R;
+            for (int i = 0; i < Dv; ++i) {
+              const float mm = M[static_cast<std::size_t>(m) * static_cast<std::size_t>(Dv) + static_cast<std::size_t>(i)];
+              qv += mm * v0[static_cast<std::size_t>(i) * uH + static_cast<std::size_t>(h)];  // M V0
+              kv += mm * G[static_cast<std::size_t>(h) * static_cast<std::size_t>(Dv) + static_cast<std::size_t>(i)];  // M G^T
+            }
+          }
+          const std::size_t qrow = static_cast<std::size_t>(2 * hq * D + d), krow = static_cast<std::size_t>(j * D + d);
+          q[qrow * uH + static_cast<std::size_t>(h)] = qv;
+          q[(qrow + static_cast<std::size_t>(D)) * uH + static_cast<std::size_t>(h)] = kGateGain * dc[static_cast<std::size_t>(h)];
+          k[krow * uH + static_cast<std::size_t>(h)] = kv;
+          v[krow * uH + static_cast<std::size_t>(h)] = B[static_cast<std::size_t>(d) * uH + static_cast<std::size_t>(h)];
+        }
+      // o_proj block of head hq = kCopyGain * A B^T: row perm[i], column hq*D + d = sign[i] B[d][i].
+      for (int h = 0; h < H; ++h)
+        for (int d = 0; d < D; ++d) o[static_cast<std::size_t>(h) * o_w + static_cast<std::size_t>(hq * D + d)] = 0.0f;
+      for (std::size_t i = 0; i < uH; ++i)
+        for (int d = 0; d < D; ++d)
+          o[perm[i] * o_w + static_cast<std::size_t>(hq * D + d)] = kCopyGain * sign[i] * B[static_cast<std::size_t>(d) * uH + i];
+    }
+    auto& qn = b.T(ap + "q_norm.weight");
+    auto& kn = b.T(ap + "k_norm.weight");
+    for (int d = R; d < D; ++d) qn[static_cast<std::size_t>(d)] = kn[static_cast<std::size_t>(d)] = kInductionNormW;
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> SyntheticPresets() { return {"tiny", "small", "seed48"}; }
@@ -210,15 +409,39 @@ Status WriteSyntheticModel(const SyntheticOptions& opts, const std::string& out_
     return Status::InvalidArgument("--dtype", "expected f32, bf16 or f16");
   if (!opts.with_mtp) c.n_mtp_layers = 0;
   Builder b{opts.seed, dt, {}, {}};
-  {
+  const std::size_t H = static_cast<std::size_t>(c.n_embd);
+  const std::vector<float> dc = opts.induction ? UnitVector(opts.seed, H) : std::vector<float>(H, 0.0f);
+  std::vector<std::size_t> perm(H);
+  std::vector<float> sign(H, 1.0f);
+  if (!opts.induction) {
     auto& e = b.Add("model.embed_tokens.weight", {c.n_vocab, c.n_embd}, dt);
     Stream s(opts.seed, "model.embed_tokens.weight");
     for (std::size_t i = 0; i < e.size(); ++i) e[i] = s.Sym(i, 1.0f);
+    b.Matrix("lm_head.weight", c.n_vocab, c.n_embd, 1.0f);
+  } else {
+    // lm_head row u = A r_u, A a seeded signed permutation (orthogonal), r_u the random part of
+    // embedding u: a direction the induction heads can write to raise exactly token u, while
+    // lm_head stays unrelated to the token's own embedding (no built-in "repeat me" bias).
+    Stream sp(opts.seed, "lockstep.lm_head.perm");
+    for (std::size_t i = 0; i < H; ++i) perm[i] = i;
+    for (std::size_t i = H - 1; i > 0; --i)
+      std::swap(perm[i], perm[static_cast<std::size_t>((sp.Uniform(i) + 1.0f) * 0.5f * static_cast<float>(i + 1)) % (i + 1)]);
+    for (std::size_t i = 0; i < H; ++i) sign[i] = sp.Uniform(H + i) < 0 ? -1.0f : 1.0f;
+    auto& e = b.Add("model.embed_tokens.weight", {c.n_vocab, c.n_embd}, dt);
+    auto& lm = b.Add("lm_head.weight", {c.n_vocab, c.n_embd}, dt);
+    Stream s(opts.seed, "model.embed_tokens.weight");
+    const float lm_sd = 1.0f / std::sqrt(static_cast<float>(H));
+    for (std::size_t u = 0; u < static_cast<std::size_t>(c.n_vocab); ++u)
+      for (std::size_t i = 0; i < H; ++i) {
+        const float r = s.Sym(u * H + i, 1.0f);
+        e[u * H + i] = r + kDcGain * dc[i];
+        lm[u * H + perm[i]] = sign[i] * r * lm_sd;
+      }
   }
-  b.Matrix("lm_head.weight", c.n_vocab, c.n_embd, 1.0f);
   b.NormZc("model.norm.weight", c.n_embd);
   for (int il = 0; il < c.n_layers; ++il)
     b.Layer("model.layers." + std::to_string(il) + ".", c, c.layer_types[static_cast<std::size_t>(il)]);
+  if (opts.induction) WireInduction(b, c, dc, perm, sign);
   if (opts.with_mtp) {
     // fc [H, 2H]: near-identity on the embedding half plus fan-in noise everywhere.
     auto& fc = b.Add("mtp.fc.weight", {c.n_embd, 2 * c.n_embd}, dt);
@@ -257,7 +480,8 @@ Status WriteSyntheticModel(const SyntheticOptions& opts, const std::string& out_
   LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(out_dir + "/config.json", c.ToJson()));
   std::map<std::string, std::string> meta{{"format", "pt"},
                                           {"lockstep.preset", opts.preset},
-                                          {"lockstep.seed", std::to_string(opts.seed)}};
+                                          {"lockstep.seed", std::to_string(opts.seed)},
+                                          {"lockstep.induction", opts.induction ? "1" : "0"}};
   return WriteSafetensors(out_dir + "/model.safetensors", out, meta);
 }
 

@@ -135,6 +135,7 @@ int main(int argc, char** argv) {
     init->add_option("--out", out_dir, "Output folder")->required();
     init->add_option("--dtype", dtype, "Matrix storage dtype: f32 | bf16 | f16 (default: f32 tiny, bf16 others)");
     init->add_flag("--no-mtp", no_mtp, "Omit the mtp.* tensors");
+    init->add_flag("--induction", syn.induction, "Wire induction heads: the model continues repeated text");
 
     // ---- generate ----
     auto* gen = app.add_subcommand("generate", "Run one request on the engine and print the output");

@@ -60,7 +60,10 @@ const std::string& ModelDir(const std::string& preset) {
   if (it != dirs.end()) return it->second;
   std::string d = ScratchDir() + "/model-" + preset;
   SyntheticOptions o;
-  o.preset = preset;
+  // "<preset>-induction" selects the in-context-copying variant of a preset.
+  const std::string suffix = "-induction";
+  o.induction = preset.size() > suffix.size() && preset.compare(preset.size() - suffix.size(), suffix.size(), suffix) == 0;
+  o.preset = o.induction ? preset.substr(0, preset.size() - suffix.size()) : preset;
   o.seed = 7;
   Status s = WriteSyntheticModel(o, d);
   if (!s.ok()) throw std::runtime_error("model init failed: " + s.ToString());

@@ -16,6 +16,7 @@ const std::string& ScratchDir();
 std::string NewDir(const std::string& name);
 
 // Synthetic models written once per process (preset, seed 7) and their loaded weights.
+// "<preset>-induction" is the variant with induction heads (SyntheticOptions::induction).
 const std::string& ModelDir(const std::string& preset);
 const ModelWeights& Model(const std::string& preset);
 

@@ -17,10 +17,11 @@ inline v8f Load8(const float* p) {
   return v;
 }
 
-// Fixed-order reduction shared by every Dot: lanes l = 0..15 accumulate elements i with
-// i % 16 == l in increasing i; then lanes combine as ((l, l+8), then +4, +2, +1).
-inline float Reduce16(v8f a0, v8f a1) {
-  v8f s = a0 + a1;  // lane l + lane l+8
+// Fixed-order reduction shared by every dot product: 32 lanes, lane l accumulates elements i
+// with i % 32 == l in increasing i (a tail is zero-padded to 32); then lanes combine as
+// (l, l+16), (l, l+8), then 4 + 4, 2 + 2, 1 + 1 within the last 8.
+inline float Reduce32(v8f a0, v8f a1, v8f a2, v8f a3) {
+  v8f s = (a0 + a2) + (a1 + a3);
   float t[8];
   std::memcpy(t, &s, sizeof(t));
   float u0 = t[0] + t[4], u1 = t[1] + t[5], u2 = t[2] + t[6], u3 = t[3] + t[7];
@@ -28,40 +29,65 @@ inline float Reduce16(v8f a0, v8f a1) {
   return w0 + w1;
 }
 
+// R rows of x against one weight row b: R x 4 independent accumulator chains (ILP), each weight
+// vector loaded once. Every (row, weight) pair goes through exactly the same per-lane adds, tail
+// padding and Reduce32 whatever R is, so results are bitwise independent of how rows are grouped.
+template <int R>
+inline void DotRows(const float* const* x, const float* b, int n, float* out) {
+  v8f acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < 4; ++k) acc[r][k] = v8f{0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const v8f b0 = Load8(b + i), b1 = Load8(b + i + 8), b2 = Load8(b + i + 16), b3 = Load8(b + i + 24);
+    for (int r = 0; r < R; ++r) {
+      acc[r][0] += Load8(x[r] + i) * b0;
+      acc[r][1] += Load8(x[r] + i + 8) * b1;
+      acc[r][2] += Load8(x[r] + i + 16) * b2;
+      acc[r][3] += Load8(x[r] + i + 24) * b3;
+    }
+  }
+  if (i < n) {
+    const std::size_t rem = static_cast<std::size_t>(n - i) * sizeof(float);
+    float tb[32] = {0};
+    std::memcpy(tb, b + i, rem);
+    for (int r = 0; r < R; ++r) {
+      float tx[32] = {0};
+      std::memcpy(tx, x[r] + i, rem);
+      for (int k = 0; k < 4; ++k) acc[r][k] += Load8(tx + 8 * k) * Load8(tb + 8 * k);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = Reduce32(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+}
+
 }  // namespace
 
 float Dot(const float* a, const float* b, int n) {
-  v8f acc0 = {0, 0, 0, 0, 0, 0, 0, 0};
-  v8f acc1 = acc0;
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    acc0 += Load8(a + i) * Load8(b + i);
-    acc1 += Load8(a + i + 8) * Load8(b + i + 8);
-  }
-  if (i < n) {  // tail: lane (i % 16) as if zero-padded to a multiple of 16
-    float ta[16] = {0}, tb[16] = {0};
-    std::memcpy(ta, a + i, static_cast<std::size_t>(n - i) * sizeof(float));
-    std::memcpy(tb, b + i, static_cast<std::size_t>(n - i) * sizeof(float));
-    acc0 += Load8(ta) * Load8(tb);
-    acc1 += Load8(ta + 8) * Load8(tb + 8);
-  }
-  return Reduce16(acc0, acc1);
+  float out;
+  DotRows<1>(&a, b, n, &out);
+  return out;
 }
 
 namespace {
 
-// Four output rows against one x row at a time: W rows stream from memory once per call while
-// x stays in cache. Each (t, o) still gets exactly the Dot() arithmetic, so results are
-// identical to calling Dot() per element.
+// Weight rows stream from memory once per call while the x rows stay in cache; x rows go four
+// at a time through DotRows<4> and the remainder through Dot: identical bits either way.
 void InvariantBlock(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
                     int ldy, int y_col0) {
   const int in = w.cols;
-  const std::size_t sx = static_cast<std::size_t>(in);
+  const std::size_t sx = static_cast<std::size_t>(in), sy = static_cast<std::size_t>(ldy);
   for (int o = o_begin; o < o_end; ++o) {
     const float* wr = w.row(o);
-    for (int t = 0; t < n_rows; ++t)
-      y[static_cast<std::size_t>(t) * static_cast<std::size_t>(ldy) + static_cast<std::size_t>(o - y_col0)] =
-          Dot(x + static_cast<std::size_t>(t) * sx, wr, in);
+    float* yc = y + static_cast<std::size_t>(o - y_col0);
+    int t = 0;
+    for (; t + 4 <= n_rows; t += 4) {
+      float r[4];
+      const float* xt = x + static_cast<std::size_t>(t) * sx;
+      const float* rows[4] = {xt, xt + sx, xt + 2 * sx, xt + 3 * sx};
+      DotRows<4>(rows, wr, in, r);
+      for (int j = 0; j < 4; ++j) yc[static_cast<std::size_t>(t + j) * sy] = r[j];
+    }
+    for (; t < n_rows; ++t) yc[static_cast<std::size_t>(t) * sy] = Dot(x + static_cast<std::size_t>(t) * sx, wr, in);
   }
 }
 

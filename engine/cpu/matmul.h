@@ -2,7 +2,7 @@
 //
 // Two kinds, chosen by the caller, never by the size of the input:
 //   kInvariant  (decode / verify windows): each output element y[t][o] is one Dot() of row t
-//               of x with row o of W, with a fixed 16-lane accumulation order over `in` and a
+//               of x with row o of W, with a fixed 32-lane accumulation order over `in` and a
 //               fixed combine tree. Row t's result is therefore bitwise independent of how many
 //               rows are computed together and of the thread count (threads split the outputs
 //               o, never the reduction).

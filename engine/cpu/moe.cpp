@@ -35,16 +35,25 @@ void RouteToken(const float* logits, int n_experts, int k, bool norm, int* idx, 
     for (int r = 0; r < k; ++r) weights[r] /= sel;
 }
 
+namespace {
+// SwiGLU with caller-provided scratch g, u f32 [T, I] (no arena: callable from pool workers).
+void FfnInto(const FfnWeights& f, const float* x, int T, MatmulKind kind, ThreadPool* pool, float* g, float* u,
+             float* out) {
+  const int inter = f.gate.rows;
+  Matmul(kind, x, T, f.gate, g, pool);
+  Matmul(kind, x, T, f.up, u, pool);
+  for (std::size_t i = 0; i < U(T) * U(inter); ++i) g[i] = Silu(g[i]) * u[i];
+  Matmul(kind, g, T, f.down, out, pool);
+}
+}  // namespace
+
 void FfnForward(const FfnWeights& f, const float* x, int T, MatmulKind kind, ThreadPool* pool, Arena& arena,
                 float* out) {
   Arena::Scope scope(arena);
   const int inter = f.gate.rows;
   float* g = arena.Alloc(U(T) * U(inter));
   float* u = arena.Alloc(U(T) * U(inter));
-  Matmul(kind, x, T, f.gate, g, pool);
-  Matmul(kind, x, T, f.up, u, pool);
-  for (std::size_t i = 0; i < U(T) * U(inter); ++i) g[i] = Silu(g[i]) * u[i];
-  Matmul(kind, g, T, f.down, out, pool);
+  FfnInto(f, x, T, kind, pool, g, u, out);
 }
 
 void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T, MatmulKind kind, ThreadPool* pool,
@@ -60,23 +69,51 @@ void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T
     RouteToken(logits + U(t) * U(ne), ne, k, c.norm_topk_prob, idx + U(t) * U(k), wts + U(t) * U(k));
 
   // Per (token, rank) expert outputs, gathered per expert so each expert's weights are read once.
+  // The active experts run in parallel, one expert per worker at a time with single-threaded
+  // products (a verify window of T rows activates up to T*k experts, and splitting each small
+  // product over the pool costs more in dispatch than it computes). Each expert's rows see the
+  // same kernel whatever the partition: results are independent of the thread count.
   float* ranked = arena.Alloc(U(T) * U(k) * uh);  // [T, k, H]
-  float* xin = arena.Alloc(U(T) * uh);
-  float* yout = arena.Alloc(U(T) * uh);
-  int* rows = arena.AllocAs<int>(U(T));  // (t*k + r) slots routed to the current expert
+  int* slot_of = arena.AllocAs<int>(U(T) * U(k));  // expert-major list of (t*k + r) slots
+  int* first = arena.AllocAs<int>(U(ne) + 1);      // slots of expert e: [first[e], first[e+1])
+  int n_slots = 0;
   for (int e = 0; e < ne; ++e) {
-    int n = 0;
+    first[e] = n_slots;
     for (int t = 0; t < T; ++t)
       for (int r = 0; r < k; ++r)
-        if (idx[U(t) * U(k) + U(r)] == e) {
-          rows[n] = t * k + r;
-          std::memcpy(xin + U(n) * uh, x + U(t) * uh, uh * sizeof(float));
-          ++n;
-        }
-    if (n == 0) continue;
-    if (cache) cache->Record(cache_layer, e, n);
-    FfnForward(w.experts[U(e)], xin, n, kind, pool, arena, yout);
-    for (int i = 0; i < n; ++i) std::memcpy(ranked + U(rows[i]) * uh, yout + U(i) * uh, uh * sizeof(float));
+        if (idx[U(t) * U(k) + U(r)] == e) slot_of[n_slots++] = t * k + r;
+  }
+  first[ne] = n_slots;
+  int* active = arena.AllocAs<int>(U(ne));
+  int n_active = 0;
+  for (int e = 0; e < ne; ++e)
+    if (first[e + 1] > first[e]) {
+      active[n_active++] = e;
+      if (cache) cache->Record(cache_layer, e, first[e + 1] - first[e]);
+    }
+  const int inter = c.moe_ffn;
+  // Scratch per slot: gathered input [H], gate and up [I], output [H].
+  const std::size_t per_slot = 2 * uh + 2 * U(inter);
+  float* scratch = arena.Alloc(U(n_slots) * per_slot);
+  auto run = [&](std::size_t ab, std::size_t ae) {
+    for (std::size_t a = ab; a < ae; ++a) {
+      const int e = active[a], s0 = first[e], n = first[e + 1] - s0;
+      float* xin = scratch + U(s0) * per_slot;
+      float* g = xin + U(n) * uh;
+      float* u = g + U(n) * U(inter);
+      float* yout = u + U(n) * U(inter);
+      for (int i = 0; i < n; ++i) {
+        const int t = slot_of[s0 + i] / k;
+        std::memcpy(xin + U(i) * uh, x + U(t) * uh, uh * sizeof(float));
+      }
+      FfnInto(w.experts[U(e)], xin, n, kind, nullptr, g, u, yout);
+      for (int i = 0; i < n; ++i) std::memcpy(ranked + U(slot_of[s0 + i]) * uh, yout + U(i) * uh, uh * sizeof(float));
+    }
+  };
+  if (pool && n_active > 1) {
+    pool->ParallelFor(U(n_active), run);
+  } else {
+    run(0, U(n_active));
   }
   // Combine in rank order, then the gated shared expert.
   for (int t = 0; t < T; ++t) {

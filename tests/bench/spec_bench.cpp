@@ -4,7 +4,7 @@
 //
 //   build/tests/bench/spec_bench --benchmark_counters_tabular=true
 //
-// env: LOCKSTEP_BENCH_MODEL  folder of an existing `small` model (else one is generated in /tmp)
+// env: LOCKSTEP_BENCH_MODEL  folder of an existing `small --induction` model (else one is generated)
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -32,6 +32,7 @@ const ModelWeights& SmallModel() {
       dir = "/tmp/lockstep-spec-bench-" + std::to_string(::getpid());
       SyntheticOptions o;
       o.preset = "small";
+      o.induction = true;  // in-context copying: repeated text gets continued
       if (!WriteSyntheticModel(o, dir).ok()) std::abort();
     }
     auto r = ModelWeights::Load(dir);
@@ -42,11 +43,16 @@ const ModelWeights& SmallModel() {
   return *w;
 }
 
-// Repetitive: one sentence repeated; the model continues the repetition, so suffix drafts hit.
+// Repetitive: a block of 48 distinct token ids repeated 10 times (like a log or a table); the
+// model's induction heads continue the repetition, so suffix drafts are accepted.
+// Non-repetitive: byte-level English text.
 std::vector<std::int32_t> Prompt(bool repetitive) {
   std::string text;
   if (repetitive) {
-    for (int i = 0; i < 12; ++i) text += "The engine logs window 17 at position 4096 and commits the draft. ";
+    std::vector<std::int32_t> block, ids;
+    for (std::uint64_t i = 0; i < 48; ++i) block.push_back(static_cast<std::int32_t>(300 + (i * 2654435761ull) % 3700));
+    for (int r = 0; r < 10; ++r) ids.insert(ids.end(), block.begin(), block.end());
+    return ids;
   } else {
     text = "Two runs of the same configuration on a fresh engine should compute the same thing; where do they "
            "first differ, and is the difference numeric, scheduling, or timing? A bounded diagnostic answers.";

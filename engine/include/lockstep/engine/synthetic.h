@@ -27,6 +27,10 @@ struct SyntheticOptions {
   // A_log, dt_bias and the norm weights are always stored f32, as in Qwen's bf16 releases.
   std::optional<DType> dtype;
   bool with_mtp = true;
+  // Wire a previous-token head and induction heads so the model continues repeated text
+  // (in-context copying), as trained models do; see README "The synthetic model". Off by
+  // default: it makes greedy output loop and the MTP head much less accurate.
+  bool induction = false;
 };
 
 std::vector<std::string> SyntheticPresets();
