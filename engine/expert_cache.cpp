@@ -1,17 +1,12 @@
 #include "lockstep/engine/expert_cache.h"
 
+#include "lockstep/engine/sampler.h"
+
 #include <numeric>
 
 namespace lockstep {
 
 namespace {
-// SplitMix64: the permutation only needs to be fixed and well mixed.
-std::uint64_t Mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 }  // namespace
 
 ExpertCache::ExpertCache(std::vector<int> layers, int n_experts, int n_resident, std::uint64_t expert_bytes)
@@ -20,9 +15,9 @@ ExpertCache::ExpertCache(std::vector<int> layers, int n_experts, int n_resident,
   std::vector<int> perm(static_cast<std::size_t>(n_experts_));
   for (std::size_t il = 0; il < layers_.size(); ++il) {
     std::iota(perm.begin(), perm.end(), 0);
-    std::uint64_t s = Mix(static_cast<std::uint64_t>(layers_[il]) + 0x6c6f636b73746570ull);  // "lockstep"
+    std::uint64_t s = SplitMix64(static_cast<std::uint64_t>(layers_[il]) + 0x6c6f636b73746570ull);  // "lockstep"
     for (int i = n_experts_ - 1; i > 0; --i) {  // Fisher-Yates
-      s = Mix(s);
+      s = SplitMix64(s);
       int j = static_cast<int>(s % static_cast<std::uint64_t>(i + 1));
       std::swap(perm[static_cast<std::size_t>(i)], perm[static_cast<std::size_t>(j)]);
     }

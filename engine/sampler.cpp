@@ -7,13 +7,7 @@
 namespace lockstep {
 
 std::uint64_t CounterHash(std::uint64_t seed, std::uint64_t position, std::uint64_t stream) {
-  auto mix = [](std::uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-  };
-  return mix(mix(mix(seed) ^ position) ^ (stream * 0xd1b54a32d192ed03ull));
+  return SplitMix64(SplitMix64(SplitMix64(seed) ^ position) ^ (stream * 0xd1b54a32d192ed03ull));
 }
 
 double CounterUniform(std::uint64_t seed, std::uint64_t position, std::uint64_t stream) {

@@ -9,6 +9,7 @@
 
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/safetensors.h"
+#include "lockstep/engine/sampler.h"
 
 namespace lockstep {
 
@@ -50,12 +51,6 @@ constexpr float kInductionNormW = 3.0f;
 // Strength of the copied token's direction written by the induction head.
 constexpr float kCopyGain = 4.0f;
 
-std::uint64_t Mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 std::uint64_t HashName(const std::string& s) {
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a
@@ -67,9 +62,9 @@ std::uint64_t HashName(const std::string& s) {
 // order tensors are generated in, so adding a tensor never changes another.
 class Stream {
  public:
-  Stream(std::uint64_t seed, const std::string& name) : key_(Mix(seed ^ HashName(name))) {}
+  Stream(std::uint64_t seed, const std::string& name) : key_(SplitMix64(seed ^ HashName(name))) {}
   float Uniform(std::uint64_t i) const {
-    return static_cast<float>(static_cast<double>(Mix(key_ ^ Mix(i)) >> 40) * 0x1.0p-23 - 1.0);
+    return static_cast<float>(static_cast<double>(SplitMix64(key_ ^ SplitMix64(i)) >> 40) * 0x1.0p-23 - 1.0);
   }
   // Uniform with standard deviation `std` (width sqrt(3) * std each side).
   float Sym(std::uint64_t i, float std_dev) const { return Uniform(i) * std_dev * 1.7320508f; }

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
+
 namespace lockstep {
 namespace {
 
@@ -18,15 +20,7 @@ namespace fs = std::filesystem;
 // A fresh scratch folder per test, removed afterwards.
 class AtomicFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "lockstep_atomic_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
+  void SetUp() override { dir_ = test::NewDir("lockstep_atomic"); }  // removed with ScratchDir() at exit
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
   std::vector<std::string> Listing() const {
     std::vector<std::string> names;

@@ -2,6 +2,7 @@
 // (single file, sharded with an index, loose shards), one test per malformed-input class with
 // the exact Status code and the words the message must contain, and a seeded mutation fuzz of
 // FromMemory (the libFuzzer target in tests/fuzz/ does the same, open-ended, under clang).
+#include "test_util.h"
 #include "lockstep/engine/safetensors.h"
 
 #include <gtest/gtest.h>
@@ -83,15 +84,7 @@ void WriteRaw(const std::string& path, const std::vector<std::byte>& bytes) {
 // A fresh scratch folder per test, removed afterwards.
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "lockstep_st_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
+  void SetUp() override { dir_ = test::NewDir("lockstep_st"); }  // removed with ScratchDir() at exit
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
   // Writes a one-or-more-tensor f32 file with the given names (each [2] f32, values by name).
