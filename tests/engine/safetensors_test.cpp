@@ -2,7 +2,6 @@
 // (single file, sharded with an index, loose shards), one test per malformed-input class with
 // the exact Status code and the words the message must contain, and a seeded mutation fuzz of
 // FromMemory (the libFuzzer target in tests/fuzz/ does the same, open-ended, under clang).
-#include "test_util.h"
 #include "lockstep/engine/safetensors.h"
 
 #include <gtest/gtest.h>
@@ -23,6 +22,8 @@
 
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/dtype.h"
+
+#include "test_util.h"
 
 namespace lockstep {
 namespace {
