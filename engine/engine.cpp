@@ -31,6 +31,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in, const
       return Status::InvalidArgument("--inject '" + inj.text + "'", "stage " + std::to_string(inj.stage) +
                                                                      " does not exist (" + std::to_string(cfg.stages) + " stages)");
   e->timings_.resize(static_cast<std::size_t>(cfg.stages));
+  e->hidden_out_.resize(static_cast<std::size_t>(cfg.stages));
   return e;
 }
 
@@ -68,6 +69,8 @@ Status Engine::RunPipeline(ForwardMode mode, std::span<const std::int32_t> token
     LOCKSTEP_RETURN_IF_ERROR(stage(is).Forward(mode, tokens.data(), act));
     tm.compute_ns = MonoNs() - c0;
     tm.cpu_ns = ThreadCpuNs() - u0;
+    if (capture_hidden_ && mode == ForwardMode::kVerify && is + 1 < n_stages())
+      hidden_out_[static_cast<std::size_t>(is)] = act.hidden;
     if (is + 1 < n_stages()) LOCKSTEP_RETURN_IF_ERROR(transport_->Send(is, std::move(act)));
   }
   out = std::move(act);

@@ -8,6 +8,7 @@
 
 #include "lockstep/engine/draft_policy.h"
 #include "lockstep/engine/mtp_drafter.h"
+#include "lockstep/engine/observe.h"
 #include "lockstep/engine/suffix_index.h"
 
 namespace lockstep {
@@ -143,6 +144,28 @@ Result<GenerateResult> Generate(Engine& engine, std::span<const std::int32_t> pr
     const std::int64_t t_draft = NowNs();
     rec.draft_ns = t_draft - rec.begin_ns;
 
+    // ---- observer: pre_verify ----
+    Observer* obs = hooks ? hooks->observer : nullptr;
+    std::int64_t export_ns = 0;
+    // Emits one checkpoint; returns the ns spent (added to export_ns).
+    auto emit = [&](CheckpointPoint point, const float* lg) -> std::int64_t {
+      if (obs == nullptr || !obs->WantsCheckpoint(idx, point)) return 0;
+      const std::int64_t e0 = NowNs();
+      CheckpointInfo info;
+      info.window = idx;
+      info.point = point;
+      info.p = rec.p;
+      info.T = rec.T;
+      info.recurrent_pos = engine.position();
+      info.committed_rows = engine.position();
+      info.spec_rows = point == CheckpointPoint::kPostVerify ? rec.T : 0;
+      EmitCheckpoint(engine, *obs, info, lg);
+      const std::int64_t spent = NowNs() - e0;
+      export_ns += spent;
+      return spent;
+    };
+    emit(CheckpointPoint::kPreVerify, nullptr);
+
     // ---- verify ----
     window_tokens.assign(1, cur);
     window_tokens.insert(window_tokens.end(), draft.begin(), draft.end());
@@ -151,12 +174,16 @@ Result<GenerateResult> Generate(Engine& engine, std::span<const std::int32_t> pr
     normed.resize(T * static_cast<std::size_t>(H));
     rec.first_call = FirstVerifyOfSize(rec.T);
     engine.SetWindow(idx);
+    engine.SetCaptureHidden(obs != nullptr && obs->WantsCheckpoint(idx, CheckpointPoint::kPostVerify));
+    const std::int64_t t_verify0 = NowNs();
     LOCKSTEP_RETURN_IF_ERROR(engine.Verify(window_tokens, logits.data(), normed.data()));
-    const std::int64_t t_verify = NowNs();
-    rec.verify_ns = t_verify - t_draft;
+    const std::int64_t t_verify1 = NowNs();
+    rec.verify_ns = t_verify1 - t_verify0;
     rec.stages = engine.stage_timings();
     for (const auto& s : rec.stages) rec.wait_ns += s.wait_ns, rec.compute_ns += s.compute_ns;
     if (hooks && hooks->on_window) hooks->on_window(rec.p, rec.T, logits.data());
+    emit(CheckpointPoint::kPostVerify, logits.data());
+    const std::int64_t t_verify = NowNs();
 
     // ---- accept + commit ----
     int n = 0;  // rows kept
@@ -169,6 +196,8 @@ Result<GenerateResult> Generate(Engine& engine, std::span<const std::int32_t> pr
     }
     rec.accepted = n - 1;
     LOCKSTEP_RETURN_IF_ERROR(engine.Commit(n));
+    // Commit checkpoint: before the next MTP write (draft K/V extends lazily at the next draft).
+    const std::int64_t commit_export_ns = emit(CheckpointPoint::kCommit, nullptr);
     if (!replay.empty()) {
       const WindowRecord& r = replay[static_cast<std::size_t>(idx)];
       if (r.accepted != rec.accepted || r.emitted != rec.emitted)
@@ -187,6 +216,11 @@ Result<GenerateResult> Generate(Engine& engine, std::span<const std::int32_t> pr
     cur = rec.emitted.back();
     rec.end_ns = NowNs();
     rec.commit_ns = rec.end_ns - t_verify;
+    if (obs != nullptr) {
+      rec.export_ns = export_ns;  // all three checkpoints, measured apart from model work
+      rec.commit_ns -= commit_export_ns;
+      obs->OnWindow(rec);
+    }
     streak = rec.T > 1 && rec.accepted == rec.T - 1 ? streak + 1 : 0;
     policy->Observe(rec);
     if (is_eos(cur)) {

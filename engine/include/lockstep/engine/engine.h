@@ -57,6 +57,10 @@ class Engine {
   void SetWindow(int idx) { window_ = idx; }
   // Per-stage timing of the last Verify (wait for input vs compute).
   const std::vector<StageTiming>& stage_timings() const { return timings_; }
+  // When on, Verify keeps a copy of the activations each stage hands to the next
+  // (hidden_out f32 [T, H] per stage but the last) for observers. Off by default (no copies).
+  void SetCaptureHidden(bool on) { capture_hidden_ = on; }
+  const std::vector<float>& hidden_out(int is) const { return hidden_out_[static_cast<std::size_t>(is)]; }
 
   // ---- MTP (on the last stage) ----
   bool has_mtp() const { return stages_.back()->has_mtp(); }
@@ -86,6 +90,8 @@ class Engine {
   int window_ = -1;
   std::vector<Injection> injections_;
   std::vector<StageTiming> timings_;
+  bool capture_hidden_ = false;
+  std::vector<std::vector<float>> hidden_out_;  // [n_stages] f32 [T, H] of the last Verify
   std::vector<float> normed_scratch_;
 };
 using EnginePtr = std::unique_ptr<Engine>;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "lockstep/engine/engine.h"
+#include "lockstep/engine/observer.h"
 #include "lockstep/engine/sampler.h"
 #include "lockstep/engine/window.h"
 
@@ -37,6 +38,9 @@ struct GenerateHooks {
   // After each commit, with the finished record (timing fields complete except end_ns is set).
   // A non-OK status stops the request with that status.
   std::function<Status(const WindowRecord& rec)> on_record;
+  // State observer (export): called at pre_verify / post_verify / commit of the windows it
+  // wants; the time spent there is the window's export_ns. Borrowed; may be null.
+  Observer* observer = nullptr;
 };
 
 SamplingParams SamplingFrom(const EngineConfig& cfg);
