@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -14,6 +17,7 @@
 #include "lockstep/engine/generate.h"
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/engine/weights.h"
+#include "lockstep/instrument/export_writer.h"
 #include "lockstep/instrument/fingerprint.h"
 
 namespace lockstep {
@@ -74,9 +78,69 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
       return Status::Ok();
     };
   }
+  std::unique_ptr<H5Exporter> exporter;
+  if (!opts.export_path.empty()) {
+    ExportOptions eo;
+    eo.path = opts.export_path;
+    LOCKSTEP_ASSIGN_OR_RETURN(eo.windows, WindowSelection::Parse(opts.export_windows));
+    LOCKSTEP_ASSIGN_OR_RETURN(eo.points, ParseExportPoints(opts.export_points));
+    LOCKSTEP_ASSIGN_OR_RETURN(exporter, H5Exporter::Create(eo));
+    hooks.observer = exporter.get();
+  }
   auto generated = Generate(*engine, prompt, &hooks);
   if (trace_fd >= 0) ::close(trace_fd);
   LOCKSTEP_ASSIGN_OR_RETURN(GenerateResult res, std::move(generated));
+  Status export_status;
+  if (exporter) {
+    ExportMeta meta;
+    meta.arm = opts.arm;
+    const auto now = std::chrono::system_clock::now();
+    const std::time_t tt = std::chrono::system_clock::to_time_t(now);
+    char ts[32];
+    std::strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&tt));
+    meta.created_utc = ts;
+    meta.run_id = Sha256Hex(std::string(ts) + "/" + std::to_string(::getpid()) + "/" +
+                            std::to_string(now.time_since_epoch().count())).substr(0, 16);
+    meta.config_json = engine->config().ToJson();
+    meta.config_sha256 = Sha256Hex(meta.config_json);
+    if (auto exe = Sha256SelfExe(); exe.ok()) meta.executable_sha256 = *exe;
+    if (auto mh = Sha256Files(weights->files); mh.ok()) meta.model_sha256 = *mh;
+    meta.request_sha256 = Sha256Tokens(prompt);
+    meta.seed = cfg.seed;
+    meta.max_new = cfg.max_new;
+    meta.request_tokens = prompt;
+    meta.output_tokens = res.output;
+    meta.stop_reason = res.stop_reason;
+    meta.text_sha256 = Sha256Hex(DecodeTokens(res.output));
+    for (int is = 0; is < engine->n_stages(); ++is) {
+      const ExpertCache& ec = engine->stage(is).experts();
+      ExportMeta::Residency r;
+      r.stage = is;
+      r.layers = ec.n_layers();
+      r.experts = ec.n_experts();
+      for (int il = 0; il < ec.n_layers(); ++il) r.map.insert(r.map.end(), ec.map(il), ec.map(il) + ec.n_experts());
+      meta.residency.push_back(std::move(r));
+    }
+    export_status = exporter->Finish(meta);
+    if (export_status.ok()) {
+      // The seed's "93 / 94 / 93": items per checkpoint, for the first exported window.
+      std::string counts;
+      for (CheckpointPoint pt : {CheckpointPoint::kPreVerify, CheckpointPoint::kPostVerify, CheckpointPoint::kCommit}) {
+        auto it = exporter->item_counts().find(pt);
+        counts += (counts.empty() ? "" : " / ") + (it == exporter->item_counts().end() || it->second.empty()
+                                                       ? std::string("-")
+                                                       : std::to_string(it->second.front()));
+      }
+      std::fprintf(stderr, "export: wrote %s; items per checkpoint (pre_verify / post_verify / commit): %s\n",
+                   opts.export_path.c_str(), counts.c_str());
+    }
+  }
+  if (!export_status.ok()) {
+    // The request finished: its output is printed before the export failure is reported.
+    out << DecodeTokens(res.output) << "\n";
+    out.flush();
+    return export_status;
+  }
   if (!opts.json) {
     out << DecodeTokens(res.output) << "\n";
     return Status::Ok();

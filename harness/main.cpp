@@ -147,6 +147,10 @@ int main(int argc, char** argv) {
     gen->add_option("--prompt-tokens", gopts.prompt_tokens, "File of token ids (whitespace or comma separated)");
     gen->add_flag("--json", gopts.json, "Print one JSON object (tokens, stop reason, timings)");
     gen->add_option("--trace-jsonl", gopts.trace_jsonl, "Stream window records as JSON lines (one write per window)");
+    gen->add_option("--export", gopts.export_path, "Write state exports (lockstep.export v1 HDF5)");
+    gen->add_option("--export-windows", gopts.export_windows, "Windows that export state: all | none | LIST (default 0-2)");
+    gen->add_option("--export-points", gopts.export_points, "Checkpoints: pre_verify,post_verify,commit (default all)");
+    gen->add_option("--arm", gopts.arm, "Arm name recorded in the export");
     gen->add_flag("--print-config", gopts.print_config, "Print the effective config as canonical JSON and exit");
 
     auto known = app.get_subcommands([](CLI::App*) { return true; });

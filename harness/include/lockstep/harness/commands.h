@@ -25,6 +25,10 @@ struct GenerateOptions {
   bool json = false;          // one JSON object on stdout instead of the text
   bool print_config = false;  // print the effective config as canonical JSON and stop
   std::string trace_jsonl;    // stream window records here (one write() per window)
+  std::string export_path;    // --export FILE: lockstep.export v1 HDF5 (written as FILE.partial)
+  std::string export_windows = "0-2";  // --export-windows all|none|LIST
+  std::string export_points = "pre_verify,post_verify,commit";
+  std::string arm;            // --arm NAME recorded in the export
 };
 
 // `lockstep generate ...`: loads the model, runs one request, prints the text (or JSON).

@@ -1,0 +1,452 @@
+#include "lockstep/instrument/export_writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+
+#include "lockstep/instrument/h5_handles.h"
+
+namespace lockstep {
+
+// ---- names ----
+
+std::string CheckpointGroupName(int window, CheckpointPoint point) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "checkpoints/%05d_%s", window, CheckpointPointName(point));
+  return buf;
+}
+
+std::string ItemPath(int window, CheckpointPoint point, int stage, int layer, ItemKind kind) {
+  std::string g = CheckpointGroupName(window, point) + "/stage" + std::to_string(stage) + "/";
+  switch (kind) {
+    case ItemKind::kMtpK:
+      return g + "mtp/k";
+    case ItemKind::kMtpV:
+      return g + "mtp/v";
+    case ItemKind::kHiddenOut:
+    case ItemKind::kLogits:
+      return g + ItemKindName(kind);
+    default:
+      return g + "layer" + std::to_string(layer) + "/" + ItemKindName(kind);
+  }
+}
+
+// ---- selections ----
+
+Result<WindowSelection> WindowSelection::Parse(std::string_view text) {
+  WindowSelection s;
+  if (text == "all") {
+    s.all_ = true;
+    return s;
+  }
+  if (text == "none" || text.empty()) return s;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t comma = text.find(',', start);
+    std::string_view part = text.substr(start, comma == std::string_view::npos ? text.size() - start : comma - start);
+    std::size_t dash = part.find('-');
+    int a = 0, b = 0;
+    auto num = [](std::string_view v, int* out) {
+      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
+      return ec == std::errc() && p == v.data() + v.size() && !v.empty() && *out >= 0;
+    };
+    bool ok = dash == std::string_view::npos ? (num(part, &a) && (b = a, true))
+                                             : (num(part.substr(0, dash), &a) && num(part.substr(dash + 1), &b) && a <= b);
+    if (!ok)
+      return Status::InvalidArgument("--export-windows", "expected all, none or a list like 0-2,5 — got '" + std::string(text) + "'");
+    s.ranges_.emplace_back(a, b);
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return s;
+}
+
+bool WindowSelection::Contains(int w) const {
+  if (all_) return true;
+  for (auto [a, b] : ranges_)
+    if (w >= a && w <= b) return true;
+  return false;
+}
+
+Result<std::set<CheckpointPoint>> ParseExportPoints(std::string_view text) {
+  std::set<CheckpointPoint> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t comma = text.find(',', start);
+    std::string_view part = text.substr(start, comma == std::string_view::npos ? text.size() - start : comma - start);
+    bool found = false;
+    for (CheckpointPoint p : {CheckpointPoint::kPreVerify, CheckpointPoint::kPostVerify, CheckpointPoint::kCommit})
+      if (part == CheckpointPointName(p)) {
+        out.insert(p);
+        found = true;
+      }
+    if (!found)
+      return Status::InvalidArgument("--export-points", "unknown point '" + std::string(part) +
+                                                            "' (expected pre_verify, post_verify, commit)");
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+// ---- HDF5 helpers (writer thread only) ----
+
+struct H5Exporter::File {
+  H5Handle file;
+  H5Handle lcpl;  // link creation: intermediate groups on
+};
+
+namespace {
+
+std::string SysError() { return errno ? std::string(" (") + std::strerror(errno) + ")" : std::string(); }
+
+Status H5Fail(const std::string& what) {
+  return Status::IOError("export", "HDF5 failed writing '" + what + "'" + SysError());
+}
+
+hid_t FileType(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return H5T_IEEE_F32LE;
+    case DType::kBF16:
+      return H5T_STD_U16LE;  // raw bf16 bits; attribute dtype = "bf16"
+    case DType::kI8:
+      return H5T_STD_I8LE;
+    default:
+      return H5T_STD_U8LE;
+  }
+}
+hid_t MemType(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return H5T_NATIVE_FLOAT;
+    case DType::kBF16:
+      return H5T_NATIVE_UINT16;
+    case DType::kI8:
+      return H5T_NATIVE_INT8;
+    default:
+      return H5T_NATIVE_UINT8;
+  }
+}
+
+bool AttrInt(hid_t obj, const char* name, std::int64_t v) {
+  H5Handle sp(H5Screate(H5S_SCALAR));
+  H5Handle a(H5Acreate2(obj, name, H5T_STD_I64LE, sp.get(), H5P_DEFAULT, H5P_DEFAULT));
+  return a.valid() && H5Awrite(a.get(), H5T_NATIVE_INT64, &v) >= 0;
+}
+
+bool AttrStr(hid_t obj, const char* name, const std::string& v) {
+  H5Handle t(H5Tcopy(H5T_C_S1));
+  H5Tset_size(t.get(), v.empty() ? 1 : v.size());
+  H5Tset_strpad(t.get(), H5T_STR_NULLPAD);
+  H5Handle sp(H5Screate(H5S_SCALAR));
+  H5Handle a(H5Acreate2(obj, name, t.get(), sp.get(), H5P_DEFAULT, H5P_DEFAULT));
+  const char zero = 0;
+  return a.valid() && H5Awrite(a.get(), t.get(), v.empty() ? &zero : v.data()) >= 0;
+}
+
+// Creates dataset `path` (intermediate groups included) and writes `data` in one call.
+Result<H5Handle> WriteDataset(hid_t file, hid_t lcpl, const std::string& path, DType dtype,
+                              const std::vector<hsize_t>& dims, const void* data) {
+  H5Handle sp(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
+  if (!sp.valid()) return H5Fail(path);
+  H5Handle ds(H5Dcreate2(file, path.c_str(), FileType(dtype), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+  if (!ds.valid()) return H5Fail(path);
+  hsize_t n = 1;
+  for (auto d : dims) n *= d;
+  if (n > 0 && H5Dwrite(ds.get(), MemType(dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) return H5Fail(path);
+  return ds;
+}
+
+}  // namespace
+
+// ---- lifecycle ----
+
+H5Exporter::H5Exporter(const ExportOptions& opts) : opts_(opts), partial_(opts.path + ".partial") {}
+
+Result<std::unique_ptr<H5Exporter>> H5Exporter::Create(const ExportOptions& opts) {
+  // A write past RLIMIT_FSIZE must fail with EFBIG, not kill the process: the run keeps its output.
+  std::signal(SIGXFSZ, SIG_IGN);
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors become Status, not stderr noise
+  std::unique_ptr<H5Exporter> e(new H5Exporter(opts));
+  e->file_ = std::make_unique<File>();
+  errno = 0;
+  e->file_->file = H5Handle(H5Fcreate(e->partial_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  if (!e->file_->file.valid())
+    return Status::IOError("--export '" + opts.path + "'", "cannot create '" + e->partial_ + "'" + SysError());
+  e->file_->lcpl = H5Handle(H5Pcreate(H5P_LINK_CREATE));
+  H5Pset_create_intermediate_group(e->file_->lcpl.get(), 1);
+  e->writer_ = std::thread([p = e.get()] { p->WriterLoop(); });
+  return e;
+}
+
+H5Exporter::~H5Exporter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (writer_.joinable()) writer_.join();
+  if (file_) {
+    file_->lcpl.reset();
+    file_->file.reset();  // an unfinished export stays as .partial
+  }
+}
+
+void H5Exporter::Enqueue(Job job, std::size_t bytes) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Bounded: wait while the queue holds more than the budget (one oversized job may pass alone).
+  cv_.wait(lock, [&] { return queued_bytes_ == 0 || queued_bytes_ + bytes <= opts_.max_queue_bytes || stop_; });
+  queued_bytes_ += bytes;
+  queue_.emplace_back(std::move(job), bytes);
+  cv_.notify_all();
+}
+
+void H5Exporter::WriterLoop() {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // per-thread in thread-safe builds: silence here too
+  for (;;) {
+    std::pair<Job, std::size_t> item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and drained
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+    }
+    bool skip;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      skip = !error_.ok();
+    }
+    Status s = skip ? Status::Ok() : item.first();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!s.ok() && error_.ok()) error_ = s;
+      queued_bytes_ -= item.second;
+      busy_ = false;
+    }
+    cv_.notify_all();
+  }
+}
+
+Status H5Exporter::Drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  return error_;
+}
+
+// ---- observer ----
+
+bool H5Exporter::WantsCheckpoint(int window, CheckpointPoint point) const {
+  return opts_.windows.Contains(window) && opts_.points.count(point) > 0;
+}
+
+void H5Exporter::OnCheckpointBegin(const CheckpointInfo& info) {
+  items_in_checkpoint_ = 0;
+  File* f = file_.get();
+  Enqueue(
+      [f, info] {
+        const std::string name = CheckpointGroupName(info.window, info.point);
+        H5Handle g(H5Gcreate2(f->file.get(), name.c_str(), f->lcpl.get(), H5P_DEFAULT, H5P_DEFAULT));
+        if (!g.valid()) return H5Fail(name);
+        bool ok = AttrInt(g.get(), "window", info.window) && AttrInt(g.get(), "p", info.p) &&
+                  AttrInt(g.get(), "T", info.T) && AttrInt(g.get(), "committed_rows", info.committed_rows) &&
+                  AttrInt(g.get(), "spec_rows", info.spec_rows) && AttrInt(g.get(), "recurrent_pos", info.recurrent_pos) &&
+                  AttrStr(g.get(), "point", CheckpointPointName(info.point));
+        return ok ? Status::Ok() : H5Fail(name + " attributes");
+      },
+      64);
+}
+
+void H5Exporter::OnState(const CheckpointInfo& info, const StateView& v) {
+  // Copy now (the view points into live engine memory); the writer thread does the I/O.
+  std::vector<std::byte> data(static_cast<std::size_t>(v.rows) * v.row_bytes);
+  for (int r = 0; r < v.rows; ++r) std::memcpy(data.data() + static_cast<std::size_t>(r) * v.row_bytes, v.row(r), v.row_bytes);
+  std::vector<float> scales;
+  int heads = 0;
+  if (v.scales && v.shape.size() >= 2) {
+    heads = static_cast<int>(v.shape[1]);
+    scales.resize(static_cast<std::size_t>(v.rows) * static_cast<std::size_t>(heads));
+    for (int r = 0; r < v.rows; ++r)
+      std::memcpy(scales.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(heads), v.scales(r),
+                  static_cast<std::size_t>(heads) * sizeof(float));
+  }
+  ++items_in_checkpoint_;
+  const std::size_t bytes = data.size() + scales.size() * sizeof(float);
+  File* f = file_.get();
+  StateView meta = v;
+  meta.row = nullptr;
+  meta.scales = nullptr;
+  Enqueue(
+      [f, info, meta, d = std::move(data), sc = std::move(scales), heads] {
+        const std::string path = ItemPath(info.window, info.point, meta.stage, meta.layer, meta.kind);
+        std::vector<hsize_t> dims;
+        for (auto x : meta.shape) dims.push_back(static_cast<hsize_t>(x));
+        LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, WriteDataset(f->file.get(), f->lcpl.get(), path, meta.dtype, dims, d.data()));
+        bool ok = AttrStr(ds.get(), "kind", ItemKindName(meta.kind)) && AttrInt(ds.get(), "stage", meta.stage) &&
+                  AttrInt(ds.get(), "layer", meta.layer) && AttrInt(ds.get(), "valid_rows", meta.rows) &&
+                  AttrInt(ds.get(), "capacity_rows", meta.rows_capacity) &&
+                  AttrStr(ds.get(), "dtype", std::string(dtype_name(meta.dtype)));
+        if (!ok) return H5Fail(path + " attributes");
+        if (!sc.empty() || (meta.dtype == DType::kI8 && heads > 0)) {
+          std::vector<hsize_t> sdims{static_cast<hsize_t>(meta.rows), static_cast<hsize_t>(heads)};
+          LOCKSTEP_ASSIGN_OR_RETURN(H5Handle sds, WriteDataset(f->file.get(), f->lcpl.get(), path + "_scale", DType::kF32,
+                                                               sdims, sc.data()));
+        }
+        return Status::Ok();
+      },
+      bytes);
+}
+
+void H5Exporter::OnCheckpointEnd(const CheckpointInfo& info) { counts_[info.point].push_back(items_in_checkpoint_); }
+
+void H5Exporter::OnWindow(const WindowRecord& rec) { windows_.push_back(rec); }
+
+// ---- finish ----
+
+namespace {
+
+// One row of /trace/windows (compound; field names as in SCHEMA.md).
+struct TraceRow {
+  std::int32_t idx, p, T, T_mtp;
+  std::uint8_t merged, from_sfx, first_call, pad0;
+  std::int32_t chain_n, accepted;
+  std::int64_t begin_ns, end_ns, verify_ns, wait_ns, compute_ns, draft_ns, commit_ns, export_ns;
+};
+
+Status WriteTrace(hid_t file, hid_t lcpl, const std::vector<WindowRecord>& ws) {
+  H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(TraceRow)));
+#define LOCKSTEP_FIELD_(name, type) H5Tinsert(t.get(), #name, HOFFSET(TraceRow, name), type)
+  LOCKSTEP_FIELD_(idx, H5T_NATIVE_INT32);
+  LOCKSTEP_FIELD_(p, H5T_NATIVE_INT32);
+  LOCKSTEP_FIELD_(T, H5T_NATIVE_INT32);
+  LOCKSTEP_FIELD_(T_mtp, H5T_NATIVE_INT32);
+  LOCKSTEP_FIELD_(merged, H5T_NATIVE_UINT8);
+  LOCKSTEP_FIELD_(from_sfx, H5T_NATIVE_UINT8);
+  LOCKSTEP_FIELD_(first_call, H5T_NATIVE_UINT8);
+  LOCKSTEP_FIELD_(chain_n, H5T_NATIVE_INT32);
+  LOCKSTEP_FIELD_(accepted, H5T_NATIVE_INT32);
+  LOCKSTEP_FIELD_(begin_ns, H5T_NATIVE_INT64);
+  LOCKSTEP_FIELD_(end_ns, H5T_NATIVE_INT64);
+  LOCKSTEP_FIELD_(verify_ns, H5T_NATIVE_INT64);
+  LOCKSTEP_FIELD_(wait_ns, H5T_NATIVE_INT64);
+  LOCKSTEP_FIELD_(compute_ns, H5T_NATIVE_INT64);
+  LOCKSTEP_FIELD_(draft_ns, H5T_NATIVE_INT64);
+  LOCKSTEP_FIELD_(commit_ns, H5T_NATIVE_INT64);
+  LOCKSTEP_FIELD_(export_ns, H5T_NATIVE_INT64);
+#undef LOCKSTEP_FIELD_
+  std::vector<TraceRow> rows;
+  for (const auto& w : ws) {
+    TraceRow r{};
+    r.idx = w.idx, r.p = w.p, r.T = w.T, r.T_mtp = w.T_mtp;
+    r.merged = w.merged, r.from_sfx = w.from_sfx, r.first_call = w.first_call;
+    r.chain_n = w.chain_n, r.accepted = w.accepted;
+    r.begin_ns = w.begin_ns, r.end_ns = w.end_ns, r.verify_ns = w.verify_ns, r.wait_ns = w.wait_ns;
+    r.compute_ns = w.compute_ns, r.draft_ns = w.draft_ns, r.commit_ns = w.commit_ns, r.export_ns = w.export_ns;
+    rows.push_back(r);
+  }
+  hsize_t n = rows.size();
+  H5Handle sp(H5Screate_simple(1, &n, nullptr));
+  H5Handle ds(H5Dcreate2(file, "trace/windows", t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) < 0))
+    return H5Fail("trace/windows");
+  if (!AttrStr(ds.get(), "clock", "CLOCK_MONOTONIC ns around the instrumented calls; export_ns -1 = unknown"))
+    return H5Fail("trace/windows attributes");
+  return Status::Ok();
+}
+
+Status WriteString(hid_t file, hid_t lcpl, const std::string& path, const std::string& text) {
+  H5Handle t(H5Tcopy(H5T_C_S1));
+  H5Tset_size(t.get(), text.empty() ? 1 : text.size());
+  H5Handle sp(H5Screate(H5S_SCALAR));
+  H5Handle ds(H5Dcreate2(file, path.c_str(), t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+  const char zero = 0;
+  if (!ds.valid() || H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, text.empty() ? &zero : text.data()) < 0)
+    return H5Fail(path);
+  return Status::Ok();
+}
+
+Status WriteTokens(hid_t file, hid_t lcpl, const std::string& path, const std::vector<std::int32_t>& ids) {
+  hsize_t n = ids.size();
+  H5Handle sp(H5Screate_simple(1, &n, nullptr));
+  H5Handle ds(H5Dcreate2(file, path.c_str(), H5T_STD_I32LE, sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, ids.data()) < 0))
+    return H5Fail(path);
+  return Status::Ok();
+}
+
+Status FsyncPath(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) return Status::IOError("export", "cannot open '" + path + "' to fsync: " + std::strerror(errno));
+  int r = ::fsync(fd);
+  int e = errno;
+  ::close(fd);
+  if (r != 0 && !(directory && e == EINVAL))
+    return Status::IOError("export", "fsync '" + path + "' failed: " + std::strerror(e));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status H5Exporter::Finish(const ExportMeta& meta) {
+  if (finished_) return Status::Runtime("export", "Finish called twice");
+  finished_ = true;
+  File* f = file_.get();
+  std::vector<WindowRecord> ws = windows_;
+  Enqueue(
+      [f, ws, meta] {
+        const hid_t file = f->file.get(), lcpl = f->lcpl.get();
+        LOCKSTEP_RETURN_IF_ERROR(WriteTrace(file, lcpl, ws));
+        LOCKSTEP_RETURN_IF_ERROR(WriteString(file, lcpl, "config", meta.config_json));
+        LOCKSTEP_RETURN_IF_ERROR(WriteTokens(file, lcpl, "request/tokens", meta.request_tokens));
+        LOCKSTEP_RETURN_IF_ERROR(WriteTokens(file, lcpl, "output/tokens", meta.output_tokens));
+        for (const auto& r : meta.residency) {
+          const std::string path = "residency/stage" + std::to_string(r.stage);
+          hsize_t dims[2] = {static_cast<hsize_t>(r.layers), static_cast<hsize_t>(r.experts)};
+          H5Handle sp(H5Screate_simple(2, dims, nullptr));
+          H5Handle ds(H5Dcreate2(file, path.c_str(), H5T_STD_U8LE, sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+          if (!ds.valid() || (!r.map.empty() && H5Dwrite(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, r.map.data()) < 0))
+            return H5Fail(path);
+        }
+        H5Handle req(H5Oopen(file, "request", H5P_DEFAULT)), out(H5Oopen(file, "output", H5P_DEFAULT));
+        H5Handle root(H5Gopen2(file, "/", H5P_DEFAULT));
+        bool ok = AttrInt(req.get(), "max_new", meta.max_new) && AttrInt(req.get(), "seed", static_cast<std::int64_t>(meta.seed)) &&
+                  AttrStr(out.get(), "stop_reason", meta.stop_reason) && AttrStr(out.get(), "text_sha256", meta.text_sha256) &&
+                  AttrStr(root.get(), "schema", "lockstep.export") && AttrInt(root.get(), "schema_version", 1) &&
+                  AttrStr(root.get(), "arm", meta.arm) && AttrStr(root.get(), "run_id", meta.run_id) &&
+                  AttrStr(root.get(), "created_utc", meta.created_utc) &&
+                  AttrStr(root.get(), "executable_sha256", meta.executable_sha256) &&
+                  AttrStr(root.get(), "config_sha256", meta.config_sha256) &&
+                  AttrStr(root.get(), "model_sha256", meta.model_sha256) &&
+                  AttrStr(root.get(), "request_sha256", meta.request_sha256) &&
+                  AttrInt(root.get(), "seed", static_cast<std::int64_t>(meta.seed));
+        return ok ? Status::Ok() : H5Fail("root attributes");
+      },
+      0);
+  Status s = Drain();
+  // Stop the writer, then close on this thread (the writer is gone: no concurrent HDF5 use).
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (writer_.joinable()) writer_.join();
+  f->lcpl.reset();
+  errno = 0;
+  const bool closed = f->file.reset();
+  if (!s.ok()) return s;
+  if (!closed) return Status::IOError("export", "closing '" + partial_ + "' failed" + SysError());
+  LOCKSTEP_RETURN_IF_ERROR(FsyncPath(partial_, false));
+  if (::rename(partial_.c_str(), opts_.path.c_str()) != 0)
+    return Status::IOError("export", "rename '" + partial_ + "' -> '" + opts_.path + "': " + std::strerror(errno));
+  const auto slash = opts_.path.find_last_of('/');
+  return FsyncPath(slash == std::string::npos ? "." : opts_.path.substr(0, slash == 0 ? 1 : slash), true);
+}
+
+}  // namespace lockstep

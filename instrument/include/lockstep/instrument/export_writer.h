@@ -1,0 +1,128 @@
+// H5Exporter: the Observer that writes `lockstep.export` v1 HDF5 files (instrument/SCHEMA.md).
+//
+// The engine thread only copies each state view into a buffer and queues it; a writer thread
+// does all HDF5 work from a bounded queue (the engine blocks only when `max_queue_bytes` of
+// copies are waiting), so the time the engine spends handing state over (export_ns) is the copy,
+// not the I/O. The file is written as `<path>.partial`; Finish() writes the trace and metadata,
+// closes, fsyncs and renames it to `<path>` (then fsyncs the folder). A killed run therefore never
+// leaves a file that looks complete. A failed write (disk full, RLIMIT_FSIZE: SIGXFSZ is ignored
+// process-wide so the write returns EFBIG) makes every later write a no-op and Finish() return a
+// kIOError naming the dataset and the system error; the `.partial` file stays for inspection.
+//
+// Thread safety: the Observer callbacks and Finish() are called from the engine's driver thread;
+// the writer thread is internal.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "lockstep/engine/observer.h"
+#include "lockstep/engine/status.h"
+
+namespace lockstep {
+
+// Which windows export state: "all", "none", or a list of indices and inclusive ranges
+// ("0-2", "0,5,9-12").
+class WindowSelection {
+ public:
+  static Result<WindowSelection> Parse(std::string_view text);
+  bool Contains(int window) const;
+  bool none() const { return !all_ && ranges_.empty(); }
+
+ private:
+  bool all_ = false;
+  std::vector<std::pair<int, int>> ranges_;
+};
+
+// "pre_verify,post_verify,commit" (any non-empty subset).
+Result<std::set<CheckpointPoint>> ParseExportPoints(std::string_view text);
+
+struct ExportOptions {
+  std::string path;                       // final file; written as path + ".partial"
+  WindowSelection windows;                // default: none (trace only)
+  std::set<CheckpointPoint> points{CheckpointPoint::kPreVerify, CheckpointPoint::kPostVerify, CheckpointPoint::kCommit};
+  std::size_t max_queue_bytes = std::size_t{256} << 20;
+};
+
+// What Finish() writes besides the checkpoints (DESIGN.md root attributes and groups).
+struct ExportMeta {
+  std::string arm, run_id, created_utc;
+  std::string config_json;  // canonical effective config
+  std::string executable_sha256, config_sha256, model_sha256, request_sha256;
+  std::uint64_t seed = 0;
+  int max_new = 0;
+  std::vector<std::int32_t> request_tokens;
+  std::vector<std::int32_t> output_tokens;
+  std::string stop_reason, text_sha256;
+  struct Residency {
+    int stage = 0;
+    int layers = 0, experts = 0;
+    std::vector<std::uint8_t> map;  // uint8 [layers, experts]
+  };
+  std::vector<Residency> residency;
+};
+
+class H5Exporter final : public Observer {
+ public:
+  // Creates `<path>.partial` and starts the writer. Errors: kIOError (cannot create).
+  static Result<std::unique_ptr<H5Exporter>> Create(const ExportOptions& opts);
+  ~H5Exporter() override;
+  H5Exporter(const H5Exporter&) = delete;
+  H5Exporter& operator=(const H5Exporter&) = delete;
+
+  bool WantsCheckpoint(int window, CheckpointPoint point) const override;
+  void OnCheckpointBegin(const CheckpointInfo& info) override;
+  void OnState(const CheckpointInfo& info, const StateView& view) override;
+  void OnCheckpointEnd(const CheckpointInfo& info) override;
+  void OnWindow(const WindowRecord& rec) override;
+
+  // Writes /trace/windows and the metadata, drains the queue, closes, fsyncs, renames.
+  // Errors: the first write error (kIOError), or one from close/fsync/rename.
+  Status Finish(const ExportMeta& meta);
+
+  // Items written per exported checkpoint, in order, by point (the seed's "93 / 94 / 93").
+  const std::map<CheckpointPoint, std::vector<int>>& item_counts() const { return counts_; }
+  const std::string& partial_path() const { return partial_; }
+
+ private:
+  using Job = std::function<Status()>;
+  explicit H5Exporter(const ExportOptions& opts);
+  void Enqueue(Job job, std::size_t bytes);
+  void WriterLoop();
+  Status Drain();
+
+  ExportOptions opts_;
+  std::string partial_;
+  struct File;
+  std::unique_ptr<File> file_;  // HDF5 handles; used by the writer thread only
+  std::vector<WindowRecord> windows_;
+  std::map<CheckpointPoint, std::vector<int>> counts_;
+  int items_in_checkpoint_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;       // work available / space available / drained
+  std::deque<std::pair<Job, std::size_t>> queue_;  // GUARDED_BY(mu_)
+  std::size_t queued_bytes_ = 0;     // GUARDED_BY(mu_)
+  bool busy_ = false;                // GUARDED_BY(mu_): the writer runs a popped job
+  bool stop_ = false;                // GUARDED_BY(mu_)
+  Status error_;                     // GUARDED_BY(mu_): first failure
+  std::thread writer_;
+  bool finished_ = false;
+};
+
+// The HDF5 path of one state item ("checkpoints/00003_commit/stage1/layer7/k"): the one place
+// that turns (checkpoint, stage, layer, item) into a path, shared by the writer, compare/ and tests.
+std::string CheckpointGroupName(int window, CheckpointPoint point);
+std::string ItemPath(int window, CheckpointPoint point, int stage, int layer, ItemKind kind);
+
+}  // namespace lockstep

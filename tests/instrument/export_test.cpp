@@ -1,0 +1,258 @@
+// HDF5 export (issue "Instrumentation", Must show 1 and 3 in part): a written export opens with
+// the HDF5 library and h5ls, every path matches SCHEMA.md and every documented path appears,
+// valid rows / capacities are right, no paged tail is written; killed runs leave only .partial;
+// a failing disk write exits 3 and keeps the output.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "lockstep/instrument/export_writer.h"
+#include "lockstep/instrument/h5_handles.h"
+#include "test_util.h"
+
+namespace lockstep {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> SchemaTemplates() {
+  std::ifstream f(std::string(LOCKSTEP_SOURCE_DIR) + "/instrument/SCHEMA.md");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  const auto b = text.find("<!-- schema-paths:begin -->"), e = text.find("<!-- schema-paths:end -->");
+  EXPECT_NE(b, std::string::npos) << "HINT: SCHEMA.md lost its schema-paths block";
+  std::vector<std::string> out;
+  std::istringstream lines(text.substr(b, e - b));
+  for (std::string l; std::getline(lines, l);)
+    if (!l.empty() && l[0] == '/') out.push_back(l);
+  return out;
+}
+
+std::regex TemplateRegex(std::string t) {
+  auto rep = [&](const std::string& from, const std::string& to) {
+    for (auto p = t.find(from); p != std::string::npos; p = t.find(from, p + to.size())) t.replace(p, from.size(), to);
+  };
+  rep("{W:05d}", "[0-9]{5}");
+  rep("{point}", "(pre_verify|post_verify|commit)");
+  rep("{S}", "[0-9]+");
+  rep("{L}", "[0-9]+");
+  return std::regex("^" + t + "$");
+}
+
+struct Visit {
+  std::vector<std::string> datasets, groups;
+};
+herr_t VisitCb(hid_t, const char* name, const H5O_info_t* info, void* data) {
+  auto* v = static_cast<Visit*>(data);
+  std::string path = std::string("/") + name;
+  if (std::string(name) == ".") return 0;
+  (info->type == H5O_TYPE_DATASET ? v->datasets : v->groups).push_back(path);
+  return 0;
+}
+
+std::int64_t IntAttr(hid_t obj, const char* name) {
+  H5Handle a(H5Aopen(obj, name, H5P_DEFAULT));
+  std::int64_t v = -999;
+  if (a.valid()) H5Aread(a.get(), H5T_NATIVE_INT64, &v);
+  return v;
+}
+
+std::string RunExport(const std::string& name, const std::string& extra, const std::string& preset = "tiny") {
+  std::string path = test::NewDir(name) + "/a.h5";
+  auto r = test::RunLockstep("generate --model " + test::ModelDir(preset) + " --prompt 'export me, please' --max-new 12 "
+                             "--ignore-eos --spec 4 --threads 2 --export " + path + " " + extra);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("items per checkpoint"), std::string::npos) << r.err;
+  return path;
+}
+
+TEST(Export, PathsMatchSchemaBothWays) {
+  // All windows, all points, and an int8 cache so scale datasets appear too.
+  const std::string path = RunExport("schema", "--export-windows all --kv int8");
+  EXPECT_FALSE(fs::exists(path + ".partial"));
+  H5Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  ASSERT_TRUE(f.valid());
+  Visit v;
+  ASSERT_GE(H5Ovisit(f.get(), H5_INDEX_NAME, H5_ITER_INC, VisitCb, &v), 0);
+  std::vector<std::string> templates = SchemaTemplates();
+  ASSERT_GT(templates.size(), 10u);
+  std::vector<std::regex> res;
+  for (const auto& t : templates) res.push_back(TemplateRegex(t));
+  std::vector<int> used(templates.size(), 0);
+  for (const auto& d : v.datasets) {
+    bool matched = false;
+    for (std::size_t i = 0; i < res.size(); ++i)
+      if (std::regex_match(d, res[i])) matched = true, ++used[i];
+    EXPECT_TRUE(matched) << "dataset " << d << " is not documented in instrument/SCHEMA.md";
+  }
+  for (const auto& g : v.groups)
+    if (std::regex_match(g, std::regex("^/checkpoints/[0-9]{5}_[a-z_]+$"))) ++used[5];
+  for (std::size_t i = 0; i < templates.size(); ++i) {
+    // f32-only items: the scale datasets appear with int8 caches (this run); hidden_out and logits
+    // at post_verify.
+    EXPECT_GT(used[i], 0) << "documented path never written: " << templates[i];
+  }
+  H5Handle root(H5Gopen2(f.get(), "/", H5P_DEFAULT));
+  EXPECT_EQ(IntAttr(root.get(), "schema_version"), 1);
+}
+
+TEST(Export, RowsCapacitiesAndCheckpointAttributes) {
+  const std::string path = RunExport("rows", "--export-windows 0-3 --kv-page 16");
+  H5Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  ASSERT_TRUE(f.valid());
+  // Window records from the trace.
+  H5Handle tr(H5Dopen2(f.get(), "/trace/windows", H5P_DEFAULT));
+  ASSERT_TRUE(tr.valid());
+  H5Handle sp(H5Dget_space(tr.get()));
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(sp.get(), &n, nullptr);
+  EXPECT_GE(n, 3u);
+  struct Row {
+    std::int32_t p, T, accepted;
+  };
+  H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(Row)));
+  H5Tinsert(t.get(), "p", HOFFSET(Row, p), H5T_NATIVE_INT32);
+  H5Tinsert(t.get(), "T", HOFFSET(Row, T), H5T_NATIVE_INT32);
+  H5Tinsert(t.get(), "accepted", HOFFSET(Row, accepted), H5T_NATIVE_INT32);
+  std::vector<Row> rows(n);
+  ASSERT_GE(H5Dread(tr.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()), 0);
+  for (int w = 0; w < 3; ++w) {
+    const Row& r = rows[static_cast<std::size_t>(w)];
+    for (const char* point : {"pre_verify", "post_verify", "commit"}) {
+      char g[64];
+      std::snprintf(g, sizeof(g), "/checkpoints/%05d_%s", w, point);
+      H5Handle grp(H5Gopen2(f.get(), g, H5P_DEFAULT));
+      ASSERT_TRUE(grp.valid()) << g;
+      const std::int64_t committed = IntAttr(grp.get(), "committed_rows");
+      EXPECT_EQ(IntAttr(grp.get(), "p"), r.p);
+      if (std::string(point) == "commit") {
+        EXPECT_EQ(committed, r.p + r.accepted + 1);
+        EXPECT_EQ(IntAttr(grp.get(), "recurrent_pos"), r.p + r.accepted + 1);
+      } else {
+        EXPECT_EQ(committed, r.p);
+        EXPECT_EQ(IntAttr(grp.get(), "recurrent_pos"), r.p);
+      }
+      // Layer 3 is full attention on tiny (stage 1 of 4).
+      H5Handle k(H5Dopen2(grp.get(), "stage1/layer3/k", H5P_DEFAULT));
+      ASSERT_TRUE(k.valid());
+      H5Handle ks(H5Dget_space(k.get()));
+      hsize_t dims[3];
+      ASSERT_EQ(H5Sget_simple_extent_dims(ks.get(), dims, nullptr), 3);
+      EXPECT_EQ(static_cast<std::int64_t>(dims[0]), committed) << "only valid rows are written";
+      EXPECT_EQ(IntAttr(k.get(), "valid_rows"), committed);
+      const std::int64_t cap = IntAttr(k.get(), "capacity_rows");
+      EXPECT_GE(cap, committed);
+      EXPECT_EQ(cap % 16, 0) << "capacity is whole pages";
+      if (std::string(point) == "post_verify") {
+        H5Handle spec(H5Dopen2(grp.get(), "stage1/layer3/k_spec", H5P_DEFAULT));
+        ASSERT_TRUE(spec.valid());
+        EXPECT_EQ(IntAttr(spec.get(), "valid_rows"), r.T);
+      }
+    }
+  }
+}
+
+TEST(Export, TraceOnlyAndBadSelections) {
+  const std::string path = RunExport("none", "--export-windows none");
+  H5Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  ASSERT_TRUE(f.valid());
+  EXPECT_GT(H5Lexists(f.get(), "/trace/windows", H5P_DEFAULT), 0);
+  EXPECT_LE(H5Lexists(f.get(), "/checkpoints", H5P_DEFAULT), 0);
+  auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny") + " --prompt x --export /tmp/unused.h5 "
+                             "--export-windows 3-1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--export-windows"), std::string::npos) << r.err;
+  r = test::RunLockstep("generate --model " + test::ModelDir("tiny") + " --prompt x --export /tmp/unused.h5 "
+                        "--export-points commit,sometimes");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("sometimes"), std::string::npos) << r.err;
+}
+
+TEST(Export, OpensWithH5ls) {
+  if (std::system("command -v h5ls >/dev/null 2>&1") != 0) GTEST_SKIP() << "h5ls not installed (hdf5-tools)";
+  const std::string path = RunExport("h5ls", "--export-windows 0");
+  const std::string out = test::NewDir("h5ls") + "/ls.txt";
+  ASSERT_EQ(std::system(("h5ls -r " + path + " > " + out).c_str()), 0);
+  std::ifstream f(out);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_NE(ss.str().find("/checkpoints/00000_commit/stage1/layer3/k"), std::string::npos);
+  EXPECT_NE(ss.str().find("/trace/windows"), std::string::npos);
+}
+
+// A run killed while exporting leaves at most FILE.partial, never FILE.
+TEST(Export, KilledRunLeavesOnlyPartial) {
+  for (int i = 0; i < 4; ++i) {
+    const std::string dir = test::NewDir("kill");
+    const std::string path = dir + "/k.h5";
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      const std::string model = test::ModelDir("tiny");
+      execl(LOCKSTEP_BIN_PATH, "lockstep", "generate", "--model", model.c_str(), "--prompt", "kill me while I export",
+            "--max-new", "100000", "--ignore-eos", "--spec", "4", "--threads", "1", "--export", path.c_str(),
+            "--export-windows", "all", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(150 + 100 * i));
+    kill(pid, SIGKILL);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    EXPECT_TRUE(WIFSIGNALED(st));
+    EXPECT_FALSE(fs::exists(path)) << "a killed run must not leave a complete-looking file";
+    EXPECT_TRUE(fs::exists(path + ".partial"));
+  }
+}
+
+// A failing write (RLIMIT_FSIZE) exits 3 with a clear message, keeps the generated output, and
+// does not publish the file.
+TEST(Export, DiskWriteFailureExits3AndKeepsOutput) {
+  const std::string dir = test::NewDir("fsize");
+  const std::string path = dir + "/big.h5";
+  const std::string out = dir + "/out.txt", err = dir + "/err.txt";
+  const std::string cmd = "bash -c 'ulimit -f 64; exec " + std::string(LOCKSTEP_BIN_PATH) + " generate --model " +
+                          test::ModelDir("tiny") + " --prompt-tokens /dev/null --max-new 40 --ignore-eos' >/dev/null 2>&1";
+  (void)cmd;
+  const std::string run = "bash -c 'ulimit -f 64; exec " + std::string(LOCKSTEP_BIN_PATH) + " generate --model " +
+                          test::ModelDir("tiny") + " --prompt \"disk full\" --max-new 40 --ignore-eos --spec 4 --export " +
+                          path + " --export-windows all' >" + out + " 2>" + err;
+  const int st = std::system(run.c_str());
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 3);
+  std::ifstream fe(err), fo(out);
+  std::stringstream se, so;
+  se << fe.rdbuf();
+  so << fo.rdbuf();
+  EXPECT_NE(se.str().find("export"), std::string::npos) << se.str();
+  EXPECT_NE(se.str().find("File too large"), std::string::npos) << se.str();
+  EXPECT_FALSE(so.str().empty()) << "the generated output is still printed";
+  EXPECT_FALSE(fs::exists(path));
+}
+
+TEST(Export, WindowSelectionParsing) {
+  auto s = WindowSelection::Parse("0-2,5,9-10");
+  ASSERT_TRUE(s.ok());
+  for (int w : {0, 1, 2, 5, 9, 10}) EXPECT_TRUE(s->Contains(w)) << w;
+  for (int w : {3, 4, 6, 11}) EXPECT_FALSE(s->Contains(w)) << w;
+  EXPECT_TRUE(WindowSelection::Parse("all")->Contains(123456));
+  EXPECT_TRUE(WindowSelection::Parse("none")->none());
+  EXPECT_FALSE(WindowSelection::Parse("2-1").ok());
+  EXPECT_FALSE(WindowSelection::Parse("a").ok());
+  EXPECT_EQ(ItemPath(3, CheckpointPoint::kCommit, 1, 7, ItemKind::kK), "checkpoints/00003_commit/stage1/layer7/k");
+  EXPECT_EQ(ItemPath(0, CheckpointPoint::kPostVerify, 3, -1, ItemKind::kLogits), "checkpoints/00000_post_verify/stage3/logits");
+  EXPECT_EQ(ItemPath(0, CheckpointPoint::kPreVerify, 3, -1, ItemKind::kMtpV), "checkpoints/00000_pre_verify/stage3/mtp/v");
+}
+
+}  // namespace
+}  // namespace lockstep
