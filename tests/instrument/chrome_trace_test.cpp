@@ -6,9 +6,11 @@
 #include "lockstep/instrument/chrome_trace.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
+#include <stdlib.h>  // mkdtemp
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -16,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lockstep/engine/window.h"

@@ -221,9 +221,6 @@ TEST(Export, DiskWriteFailureExits3AndKeepsOutput) {
   const std::string dir = test::NewDir("fsize");
   const std::string path = dir + "/big.h5";
   const std::string out = dir + "/out.txt", err = dir + "/err.txt";
-  const std::string cmd = "bash -c 'ulimit -f 64; exec " + std::string(LOCKSTEP_BIN_PATH) + " generate --model " +
-                          test::ModelDir("tiny") + " --prompt-tokens /dev/null --max-new 40 --ignore-eos' >/dev/null 2>&1";
-  (void)cmd;
   const std::string run = "bash -c 'ulimit -f 64; exec " + std::string(LOCKSTEP_BIN_PATH) + " generate --model " +
                           test::ModelDir("tiny") + " --prompt \"disk full\" --max-new 40 --ignore-eos --spec 4 --export " +
                           path + " --export-windows all' >" + out + " 2>" + err;
@@ -238,6 +235,41 @@ TEST(Export, DiskWriteFailureExits3AndKeepsOutput) {
   EXPECT_NE(se.str().find("File too large"), std::string::npos) << se.str();
   EXPECT_FALSE(so.str().empty()) << "the generated output is still printed";
   EXPECT_FALSE(fs::exists(path));
+}
+
+// The JSON-lines trace of a run killed at a random window parses completely up to its last line
+// (one write() per record), over many kills.
+TEST(Trace, JsonlSurvivesSigkill) {
+  const std::string model = test::ModelDir("tiny");
+  int total_lines = 0;
+  for (int i = 0; i < 16; ++i) {
+    const std::string path = test::NewDir("jsonl") + "/t.jsonl";
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      execl(LOCKSTEP_BIN_PATH, "lockstep", "generate", "--model", model.c_str(), "--prompt", "trace until killed",
+            "--max-new", "1000000", "--ignore-eos", "--spec", "3", "--threads", "1", "--trace-jsonl", path.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    // Kill at a different point each time (40..340 ms).
+    std::this_thread::sleep_for(std::chrono::milliseconds(40 + (i * 53) % 300));
+    kill(pid, SIGKILL);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    ASSERT_TRUE(WIFSIGNALED(st));
+    std::ifstream f(path);
+    std::string line;
+    int n = 0;
+    while (std::getline(f, line)) {
+      auto r = WindowRecord::FromJsonLine(line, "kill " + std::to_string(i));
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_EQ(r->idx, n);
+      ++n;
+    }
+    total_lines += n;
+  }
+  EXPECT_GT(total_lines, 16) << "the runs were killed before writing any window";
 }
 
 TEST(Export, WindowSelectionParsing) {
