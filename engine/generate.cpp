@@ -98,6 +98,13 @@ Result<GenerateResult> Generate(Engine& engine, std::span<const std::int32_t> pr
   };
   bool done = cfg.max_new <= 0;
   for (int idx = 0; !done; ++idx) {
+    if (hooks && hooks->stop_check) {
+      std::string why = hooks->stop_check();
+      if (!why.empty()) {
+        res.stop_reason = why;
+        break;
+      }
+    }
     WindowRecord rec;
     rec.idx = idx;
     rec.p = engine.position();

@@ -17,7 +17,9 @@
 #include "lockstep/engine/generate.h"
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/engine/weights.h"
+#include "lockstep/instrument/chrome_trace.h"
 #include "lockstep/instrument/export_writer.h"
+#include "lockstep/instrument/resource_sampler.h"
 #include "lockstep/instrument/fingerprint.h"
 
 namespace lockstep {
@@ -87,7 +89,14 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
     LOCKSTEP_ASSIGN_OR_RETURN(exporter, H5Exporter::Create(eo));
     hooks.observer = exporter.get();
   }
+  SamplerOptions so;
+  so.interval_ms = opts.sample_ms;
+  so.guard_min_free_mib = opts.guard_min_free_mib;
+  ResourceSampler sampler(so);
+  LOCKSTEP_RETURN_IF_ERROR(sampler.Start());
+  hooks.stop_check = [&sampler] { return sampler.guard_tripped() ? std::string("resource_guard") : std::string(); };
   auto generated = Generate(*engine, prompt, &hooks);
+  sampler.Stop();
   if (trace_fd >= 0) ::close(trace_fd);
   LOCKSTEP_ASSIGN_OR_RETURN(GenerateResult res, std::move(generated));
   Status export_status;
@@ -121,6 +130,12 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
       for (int il = 0; il < ec.n_layers(); ++il) r.map.insert(r.map.end(), ec.map(il), ec.map(il) + ec.n_experts());
       meta.residency.push_back(std::move(r));
     }
+    meta.samples = sampler.Samples();
+    meta.sample_intervals = sampler.Intervals();
+    meta.nvml_unavailable = sampler.nvml_unavailable_reason();
+    if (auto trip = sampler.guard_trip())
+      meta.guard = "tripped: " + trip->source + " free " + std::to_string(trip->free_bytes) + " bytes at t_ns " +
+                   std::to_string(trip->t_ns);
     export_status = exporter->Finish(meta);
     if (export_status.ok()) {
       // The seed's "93 / 94 / 93": items per checkpoint, for the first exported window.
@@ -134,6 +149,11 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
       std::fprintf(stderr, "export: wrote %s; items per checkpoint (pre_verify / post_verify / commit): %s\n",
                    opts.export_path.c_str(), counts.c_str());
     }
+  }
+  if (export_status.ok() && !opts.trace_json.empty()) {
+    ChromeTraceOptions co;
+    co.arm = opts.arm;
+    export_status = WriteChromeTrace(opts.trace_json, res.windows, engine->n_stages(), co);
   }
   if (!export_status.ok()) {
     // The request finished: its output is printed before the export failure is reported.
@@ -191,6 +211,27 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
                        {"bytes_fetched", ec.counters().bytes_fetched}});
   }
   j["expert_cache"] = experts;
+  {
+    const Extremes ex = sampler.Summary();
+    const IntervalStats iv = sampler.Intervals();
+    nlohmann::json r;  // -1 = unknown
+    r["samples"] = ex.n_samples;
+    r["min_host_available_bytes"] = ex.min_host_available_bytes;
+    r["max_swap_used_bytes"] = ex.max_swap_used_bytes;
+    r["max_rss_bytes"] = ex.max_rss_bytes;
+    r["interval_ms"] = {{"min", iv.min_ns < 0 ? -1.0 : static_cast<double>(iv.min_ns) * 1e-6},
+                        {"median", iv.median_ns < 0 ? -1.0 : static_cast<double>(iv.median_ns) * 1e-6},
+                        {"max", iv.max_ns < 0 ? -1.0 : static_cast<double>(iv.max_ns) * 1e-6}};
+    r["nvml"] = sampler.nvml_unavailable_reason().empty() ? std::string("read") : "unknown: " + sampler.nvml_unavailable_reason();
+    nlohmann::json devs = nlohmann::json::array();
+    for (const auto& d : ex.devices)
+      devs.push_back({{"device", d.index}, {"min_free_bytes", d.min_free_bytes}, {"max_temperature_c", d.max_temperature_c},
+                      {"min_sm_clock_mhz", d.min_sm_clock_mhz}, {"max_sm_clock_mhz", d.max_sm_clock_mhz}});
+    r["devices"] = devs;
+    if (auto trip = sampler.guard_trip())
+      r["guard"] = {{"tripped", true}, {"source", trip->source}, {"free_bytes", trip->free_bytes}};
+    j["resources"] = r;
+  }
   out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   return Status::Ok();
 }

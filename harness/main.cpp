@@ -151,6 +151,10 @@ int main(int argc, char** argv) {
     gen->add_option("--export-windows", gopts.export_windows, "Windows that export state: all | none | LIST (default 0-2)");
     gen->add_option("--export-points", gopts.export_points, "Checkpoints: pre_verify,post_verify,commit (default all)");
     gen->add_option("--arm", gopts.arm, "Arm name recorded in the export");
+    gen->add_option("--trace-json", gopts.trace_json, "Write a Chrome trace-event JSON of the windows (Perfetto)");
+    gen->add_option("--sample-ms", gopts.sample_ms, "Resource sampler interval in ms (default 100)");
+    gen->add_option("--guard-min-free-mib", gopts.guard_min_free_mib,
+                    "End the request cleanly when free memory falls below N MiB");
     gen->add_flag("--print-config", gopts.print_config, "Print the effective config as canonical JSON and exit");
 
     auto known = app.get_subcommands([](CLI::App*) { return true; });

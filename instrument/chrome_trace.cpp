@@ -25,12 +25,14 @@ constexpr int kDriverTid = 0;
 std::int64_t SatAdd(std::int64_t a, std::int64_t b) {
   std::int64_t r = 0;
   if (!__builtin_add_overflow(a, b, &r)) return r;
-  return b > 0 ? std::numeric_limits<std::int64_t>::max() : std::numeric_limits<std::int64_t>::min();
+  return b > 0 ? std::numeric_limits<std::int64_t>::max()
+               : std::numeric_limits<std::int64_t>::min();
 }
 std::int64_t SatSub(std::int64_t a, std::int64_t b) {
   std::int64_t r = 0;
   if (!__builtin_sub_overflow(a, b, &r)) return r;
-  return b < 0 ? std::numeric_limits<std::int64_t>::max() : std::numeric_limits<std::int64_t>::min();
+  return b < 0 ? std::numeric_limits<std::int64_t>::max()
+               : std::numeric_limits<std::int64_t>::min();
 }
 std::int64_t NonNeg(std::int64_t v) { return v > 0 ? v : 0; }
 
@@ -136,8 +138,7 @@ class TraceBuilder {
       Emit("wait", "stage", 1 + is, wait, wait.Len() != st.wait_ns, sargs);
       const Span compute{wait.e, bounds.Clamp(SatAdd(wait.e, compute_ns))};
       sargs["cpu_ms"] = static_cast<double>(st.cpu_ns) / 1e6;
-      Emit("compute", "stage", 1 + is, compute, compute.Len() != st.compute_ns,
-           std::move(sargs));
+      Emit("compute", "stage", 1 + is, compute, compute.Len() != st.compute_ns, std::move(sargs));
     }
   }
 

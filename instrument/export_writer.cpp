@@ -381,6 +381,60 @@ Status WriteTokens(hid_t file, hid_t lcpl, const std::string& path, const std::v
   return Status::Ok();
 }
 
+Status WriteSamples(hid_t file, hid_t lcpl, const ExportMeta& meta) {
+  struct HostRow {
+    std::int64_t t_ns, host_available_bytes, swap_used_bytes, rss_bytes, process_cpu_ns;
+  };
+  struct DevRow {
+    std::int64_t t_ns;
+    std::int32_t device;
+    std::int64_t free_bytes, total_bytes;
+    std::int32_t temperature_c, sm_clock_mhz, pcie_gen, pcie_width;
+  };
+  std::vector<HostRow> host;
+  std::vector<DevRow> dev;
+  for (const auto& s : meta.samples) {
+    host.push_back({s.t_ns, s.host_available_bytes, s.swap_used_bytes, s.rss_bytes, s.process_cpu_ns});
+    for (const auto& d : s.devices)
+      dev.push_back({s.t_ns, d.index, d.free_bytes, d.total_bytes, d.temperature_c, d.sm_clock_mhz, d.pcie_gen, d.pcie_width});
+  }
+  {
+    H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(HostRow)));
+    H5Tinsert(t.get(), "t_ns", HOFFSET(HostRow, t_ns), H5T_NATIVE_INT64);
+    H5Tinsert(t.get(), "host_available_bytes", HOFFSET(HostRow, host_available_bytes), H5T_NATIVE_INT64);
+    H5Tinsert(t.get(), "swap_used_bytes", HOFFSET(HostRow, swap_used_bytes), H5T_NATIVE_INT64);
+    H5Tinsert(t.get(), "rss_bytes", HOFFSET(HostRow, rss_bytes), H5T_NATIVE_INT64);
+    H5Tinsert(t.get(), "process_cpu_ns", HOFFSET(HostRow, process_cpu_ns), H5T_NATIVE_INT64);
+    hsize_t n = host.size();
+    H5Handle sp(H5Screate_simple(1, &n, nullptr));
+    H5Handle ds(H5Dcreate2(file, "trace/samples", t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+    if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()) < 0))
+      return H5Fail("trace/samples");
+    const bool ok = AttrInt(ds.get(), "interval_min_ns", meta.sample_intervals.min_ns) &&
+                    AttrInt(ds.get(), "interval_median_ns", meta.sample_intervals.median_ns) &&
+                    AttrInt(ds.get(), "interval_max_ns", meta.sample_intervals.max_ns) &&
+                    AttrStr(ds.get(), "nvml", meta.nvml_unavailable.empty() ? "read" : "unknown: " + meta.nvml_unavailable) &&
+                    AttrStr(ds.get(), "guard", meta.guard) &&
+                    AttrStr(ds.get(), "unknown", "-1 in any field means not measured");
+    if (!ok) return H5Fail("trace/samples attributes");
+  }
+  H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(DevRow)));
+  H5Tinsert(t.get(), "t_ns", HOFFSET(DevRow, t_ns), H5T_NATIVE_INT64);
+  H5Tinsert(t.get(), "device", HOFFSET(DevRow, device), H5T_NATIVE_INT32);
+  H5Tinsert(t.get(), "free_bytes", HOFFSET(DevRow, free_bytes), H5T_NATIVE_INT64);
+  H5Tinsert(t.get(), "total_bytes", HOFFSET(DevRow, total_bytes), H5T_NATIVE_INT64);
+  H5Tinsert(t.get(), "temperature_c", HOFFSET(DevRow, temperature_c), H5T_NATIVE_INT32);
+  H5Tinsert(t.get(), "sm_clock_mhz", HOFFSET(DevRow, sm_clock_mhz), H5T_NATIVE_INT32);
+  H5Tinsert(t.get(), "pcie_gen", HOFFSET(DevRow, pcie_gen), H5T_NATIVE_INT32);
+  H5Tinsert(t.get(), "pcie_width", HOFFSET(DevRow, pcie_width), H5T_NATIVE_INT32);
+  hsize_t n = dev.size();
+  H5Handle sp(H5Screate_simple(1, &n, nullptr));
+  H5Handle ds(H5Dcreate2(file, "trace/device_samples", t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, dev.data()) < 0))
+    return H5Fail("trace/device_samples");
+  return Status::Ok();
+}
+
 Status FsyncPath(const std::string& path, bool directory) {
   int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
   if (fd < 0) return Status::IOError("export", "cannot open '" + path + "' to fsync: " + std::strerror(errno));
@@ -403,6 +457,7 @@ Status H5Exporter::Finish(const ExportMeta& meta) {
       [f, ws, meta] {
         const hid_t file = f->file.get(), lcpl = f->lcpl.get();
         LOCKSTEP_RETURN_IF_ERROR(WriteTrace(file, lcpl, ws));
+        LOCKSTEP_RETURN_IF_ERROR(WriteSamples(file, lcpl, meta));
         LOCKSTEP_RETURN_IF_ERROR(WriteString(file, lcpl, "config", meta.config_json));
         LOCKSTEP_RETURN_IF_ERROR(WriteTokens(file, lcpl, "request/tokens", meta.request_tokens));
         LOCKSTEP_RETURN_IF_ERROR(WriteTokens(file, lcpl, "output/tokens", meta.output_tokens));

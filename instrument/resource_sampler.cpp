@@ -17,7 +17,7 @@
 namespace lockstep {
 namespace {
 
-constexpr std::int64_t kMiB = 1024 * 1024;
+constexpr std::int64_t kMiB = std::int64_t{1024} * 1024;
 // /proc/meminfo and /proc/self/status are ~1.5 KB. The cap keeps a wrong path (a log file,
 // /dev/zero) from costing more than one bounded read per sample.
 constexpr std::size_t kMaxProcFileBytes = 1 << 20;
@@ -195,7 +195,7 @@ NvmlHandlePtr NvmlHandle::OpenLibrary(const std::vector<std::string>& names,
     optional("nvmlDeviceGetCurrPcieLinkWidth", &a.pcie_width);
     optional("nvmlErrorString", &a.error_string);
     if (!h->Init(&why)) {
-      why = name + ": " + why;
+      why.insert(0, name + ": ");
       if (why_unavailable) *why_unavailable = why;
       return nullptr;
     }
@@ -436,9 +436,9 @@ Status ResourceSampler::Start() {
   }
   if (opts_.guard_min_free_mib < -1 ||
       opts_.guard_min_free_mib > std::numeric_limits<std::int64_t>::max() / kMiB) {
-    return Status::InvalidArgument("--guard-min-free-mib",
-                                   "expected -1 (off) or a size >= 0 MiB, got " +
-                                       std::to_string(opts_.guard_min_free_mib));
+    return Status::InvalidArgument(
+        "--guard-min-free-mib",
+        "expected -1 (off) or a size >= 0 MiB, got " + std::to_string(opts_.guard_min_free_mib));
   }
   if (opts_.max_samples < 1) {
     return Status::InvalidArgument("SamplerOptions::max_samples", "expected >= 1, got 0");

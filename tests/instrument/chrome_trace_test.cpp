@@ -57,8 +57,8 @@ std::vector<WindowRecord> ThreeWindows() {
   w0.chain_n = 0, w0.accepted = 0, w0.source = DraftSource::kNone, w0.first_call = true;
   w0.begin_ns = kT0 + 0, w0.end_ns = kT0 + 50'000;
   w0.draft_ns = 2'000, w0.verify_ns = 40'000, w0.commit_ns = 3'000, w0.export_ns = -1;
-  w0.stages = {timing(0, 9'000, 8'500), timing(9'000, 10'000, 9'750),
-               timing(19'000, 8'000, 7'000), timing(27'000, 11'000, 10'500)};
+  w0.stages = {timing(0, 9'000, 8'500), timing(9'000, 10'000, 9'750), timing(19'000, 8'000, 7'000),
+               timing(27'000, 11'000, 10'500)};
   finish(w0);
 
   WindowRecord& w1 = ws[1];
@@ -67,8 +67,8 @@ std::vector<WindowRecord> ThreeWindows() {
   w1.draft = {5, 6, 7}, w1.emitted = {5, 6, 7, 8};
   w1.begin_ns = kT0 + 52'500, w1.end_ns = kT0 + 97'500;
   w1.draft_ns = 3'500, w1.verify_ns = 30'000, w1.commit_ns = 2'500, w1.export_ns = 4'500;
-  w1.stages = {timing(0, 7'000, 6'000), timing(7'000, 7'500, 7'250),
-               timing(14'500, 6'000, 5'500), timing(20'500, 8'250, 8'000)};
+  w1.stages = {timing(0, 7'000, 6'000), timing(7'000, 7'500, 7'250), timing(14'500, 6'000, 5'500),
+               timing(20'500, 8'250, 8'000)};
   finish(w1);
 
   WindowRecord& w2 = ws[2];
@@ -77,8 +77,8 @@ std::vector<WindowRecord> ThreeWindows() {
   w2.draft = {9, 10, 11, 12, 13}, w2.emitted = {9, 10, 14};
   w2.begin_ns = kT0 + 97'500, w2.end_ns = kT0 + 120'500;
   w2.draft_ns = 1'250, w2.verify_ns = 20'000, w2.commit_ns = 1'750, w2.export_ns = 0;
-  w2.stages = {timing(0, 4'125, 4'000), timing(4'125, 5'000, 4'875),
-               timing(9'125, 4'375, 4'250), timing(13'500, 5'125, 5'000)};
+  w2.stages = {timing(0, 4'125, 4'000), timing(4'125, 5'000, 4'875), timing(9'125, 4'375, 4'250),
+               timing(13'500, 5'125, 5'000)};
   finish(w2);
   return ws;
 }

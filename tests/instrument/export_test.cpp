@@ -4,6 +4,7 @@
 // a failing disk write exits 3 and keeps the output.
 #include <gtest/gtest.h>
 #include <hdf5.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -270,6 +271,56 @@ TEST(Trace, JsonlSurvivesSigkill) {
     total_lines += n;
   }
   EXPECT_GT(total_lines, 16) << "the runs were killed before writing any window";
+}
+
+TEST(Resources, GuardEndsTheRequestCleanlyAndSamplesAreExported) {
+  const std::string dir = test::NewDir("guard");
+  auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny") + " --prompt 'guard me' --max-new 30 "
+                             "--ignore-eos --json --guard-min-free-mib 1000000000 --export " + dir + "/g.h5");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["stop_reason"], "resource_guard");
+  EXPECT_LT(j["output_tokens"].get<int>(), 30);
+  EXPECT_TRUE(j["resources"]["guard"]["tripped"].get<bool>());
+  EXPECT_EQ(j["resources"]["guard"]["source"], "host");
+  H5Handle f(H5Fopen((dir + "/g.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  ASSERT_TRUE(f.valid());
+  H5Handle s(H5Dopen2(f.get(), "/trace/samples", H5P_DEFAULT));
+  ASSERT_TRUE(s.valid());
+  H5Handle sp(H5Dget_space(s.get()));
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(sp.get(), &n, nullptr);
+  EXPECT_GE(n, 1u);
+  H5Handle a(H5Aopen(s.get(), "nvml", H5P_DEFAULT));
+  ASSERT_TRUE(a.valid());
+  H5Handle t(H5Aget_type(a.get()));
+  std::string nvml(H5Tget_size(t.get()), '\0');
+  H5Aread(a.get(), t.get(), nvml.data());
+  if (j["resources"]["devices"].empty()) {
+    EXPECT_EQ(nvml.rfind("unknown: ", 0), 0u) << "no GPU: fields are recorded as unknown with the reason";
+  }
+  // A normal run does not trip and reports sampler intervals.
+  auto ok = test::RunLockstep("generate --model " + test::ModelDir("tiny") + " --prompt 'fine' --max-new 4 --json");
+  ASSERT_EQ(ok.exit_code, 0);
+  auto jo = nlohmann::json::parse(ok.out);
+  EXPECT_NE(jo["stop_reason"], "resource_guard");
+  EXPECT_GE(jo["resources"]["samples"].get<int>(), 1);
+}
+
+TEST(Trace, ChromeTraceFromTheCli) {
+  const std::string path = test::NewDir("chrome") + "/t.json";
+  auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny") + " --prompt 'perfetto' --max-new 10 "
+                             "--spec 3 --trace-json " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream f(path);
+  auto j = nlohmann::json::parse(f);
+  int stage_tracks = 0, computes = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"].get<std::string>().rfind("stage", 0) == 0) ++stage_tracks;
+    if (e["ph"] == "X" && e["name"] == "compute") ++computes;
+  }
+  EXPECT_EQ(stage_tracks, 4);
+  EXPECT_GT(computes, 0);
 }
 
 TEST(Export, WindowSelectionParsing) {

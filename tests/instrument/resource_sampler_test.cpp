@@ -1,3 +1,9 @@
+// Resource sampler tests: /proc parsing on crafted, missing and garbage files (a missing field is
+// unknown, never 0 or a crash), this process's own RSS and CPU time, NVML absent (Open says why)
+// and a fake NVML at the NvmlApi boundary (per-field unknowns, RAII shutdown), interval and
+// extreme aggregates, the free-memory guard (host and GPU sources, mid-run trip), and the
+// sampler thread's schedule, Stop() idempotence and bounded storage. No test sleeps to wait for
+// the thread except the 250 ms schedule test; the rest poll with a 2 s failure bound.
 #include "lockstep/instrument/resource_sampler.h"
 
 #include <gtest/gtest.h>
@@ -19,7 +25,8 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-constexpr std::int64_t kMiB = 1024 * 1024;
+constexpr std::int64_t kMiB = std::int64_t{1024} * 1024;
+constexpr std::int64_t kKbPerMiB = 1024;  // meminfo counts kB (KiB)
 constexpr std::int64_t kGiB = 1024 * kMiB;
 
 // A private scratch folder per test, removed afterwards.
@@ -47,13 +54,12 @@ class ResourceSamplerTest : public ::testing::Test {
   }
   static std::string Meminfo(std::int64_t available_kb, std::int64_t swap_total_kb,
                              std::int64_t swap_free_kb) {
-    return "MemTotal:       263842580 kB\n"
-           "MemFree:         1000000 kB\n"
-           "MemAvailable:   " + std::to_string(available_kb) + " kB\n"
-           "Buffers:          123456 kB\n"
-           "SwapTotal:      " + std::to_string(swap_total_kb) + " kB\n"
-           "SwapFree:       " + std::to_string(swap_free_kb) + " kB\n"
-           "HugePages_Total:       0\n";
+    std::string text = "MemTotal:       263842580 kB\nMemFree:         1000000 kB\n";
+    text += "MemAvailable:   " + std::to_string(available_kb) + " kB\n";
+    text += "Buffers:          123456 kB\n";
+    text += "SwapTotal:      " + std::to_string(swap_total_kb) + " kB\n";
+    text += "SwapFree:       " + std::to_string(swap_free_kb) + " kB\n";
+    return text + "HugePages_Total:       0\n";
   }
   ProcPaths Paths(std::int64_t available_kb, std::int64_t swap_total_kb = 0,
                   std::int64_t swap_free_kb = 0) {
@@ -81,8 +87,8 @@ class ResourceSamplerTest : public ::testing::Test {
 
 TEST(ResourceParse, MeminfoKilobytesBecomeBytes) {
   ResourceSample s;
-  ParseMeminfo("MemTotal: 100 kB\nMemAvailable:    1000 kB\nSwapTotal: 4096 kB\nSwapFree: 1024 kB\n",
-               &s);
+  ParseMeminfo(
+      "MemTotal: 100 kB\nMemAvailable:    1000 kB\nSwapTotal: 4096 kB\nSwapFree: 1024 kB\n", &s);
   EXPECT_EQ(s.host_available_bytes, 1000 * 1024);
   EXPECT_EQ(s.swap_used_bytes, (4096 - 1024) * 1024);
 }
@@ -109,14 +115,14 @@ TEST(ResourceParse, GarbageLinesAreIgnored) {
   ParseMeminfo(
       "garbage without colon\n"
       ": 12 kB\n"
-      "MemAvailable: abc kB\n"                    // not a number: skipped
-      "MemAvailable:\n"                           // no value
-      "MemAvailable: -5 kB\n"                     // negative: skipped
-      "MemAvailable: 12 MB\n"                     // unknown unit: skipped
-      "MemAvailable: 99999999999999999999 kB\n"   // overflows uint64: skipped
-      "SwapTotal: 18014398509481984 kB\n"         // 2^54 kB overflows int64 bytes: skipped
+      "MemAvailable: abc kB\n"                   // not a number: skipped
+      "MemAvailable:\n"                          // no value
+      "MemAvailable: -5 kB\n"                    // negative: skipped
+      "MemAvailable: 12 MB\n"                    // unknown unit: skipped
+      "MemAvailable: 99999999999999999999 kB\n"  // overflows uint64: skipped
+      "SwapTotal: 18014398509481984 kB\n"        // 2^54 kB overflows int64 bytes: skipped
       "\x01\x02\xff\n\n\n"
-      "MemAvailable:\t 777 kB \r\n"               // first well-formed value wins
+      "MemAvailable:\t 777 kB \r\n"  // first well-formed value wins
       "MemAvailable: 888 kB\n"
       "SwapFree: 1 kB\n",
       &s);
@@ -416,7 +422,8 @@ TEST(ResourceAggregates, SummarySkipsUnknownValues) {
 TEST(ResourceGuard, GpuFreeMemoryWinsOverHost) {
   ResourceSample s = At(42);
   s.host_available_bytes = 10;  // host is tiny, but GPUs report: the guard watches the GPUs
-  s.devices = {{0, 5 * kGiB, -1, -1, -1, -1, -1}, {1, 2 * kGiB, -1, -1, -1, -1, -1},
+  s.devices = {{0, 5 * kGiB, -1, -1, -1, -1, -1},
+               {1, 2 * kGiB, -1, -1, -1, -1, -1},
                {2, -1, -1, -1, -1, -1, -1}};
   std::optional<GuardTrip> f = GuardFreeMemory(s);
   ASSERT_TRUE(f);
@@ -508,7 +515,7 @@ TEST_F(ResourceSamplerTest, BadOptionsAreInvalidArgument) {
 TEST_F(ResourceSamplerTest, SamplerWithoutNvmlSaysWhy) {
   SamplerOptions o;
   o.interval_ms = 1000;
-  o.paths = Paths(64 * 1024 * 1024);
+  o.paths = Paths(kKbPerMiB * 1024 * 64);
   ResourceSampler rs(o);  // use_nvml = true: opens NVML if this machine has it
   ASSERT_TRUE(rs.Start().ok());
   rs.Stop();
@@ -547,7 +554,7 @@ TEST_F(ResourceSamplerTest, GuardStaysQuietWithEnoughMemoryOrWhenOff) {
   o.interval_ms = 5;
   o.use_nvml = false;
   o.guard_min_free_mib = 1024;
-  o.paths = Paths(64LL * 1024 * 1024);  // 64 GiB available
+  o.paths = Paths(kKbPerMiB * 1024 * 64);  // 64 GiB available
   ResourceSampler rs(o);
   ASSERT_TRUE(rs.Start().ok());
   ASSERT_TRUE(WaitFor([&] { return rs.samples_taken() >= 4; }));
@@ -569,14 +576,17 @@ TEST_F(ResourceSamplerTest, GuardTripsMidRunAndSummaryFollowsTheFiles) {
   o.interval_ms = 2;
   o.use_nvml = false;
   o.guard_min_free_mib = 700;
-  o.paths = Paths(1000 * 1024, 1024 * 1024, 1024 * 1024 - 100);  // 1000 MiB, 100 kB swap used
+  o.paths = Paths(1000 * kKbPerMiB, 1024 * kKbPerMiB,
+                  1024 * kKbPerMiB - 100);  // 1000 MiB, 100 kB swap used
   ResourceSampler rs(o);
   ASSERT_TRUE(rs.Start().ok());
   ASSERT_TRUE(WaitFor([&] { return rs.samples_taken() >= 3; }));
   EXPECT_FALSE(rs.guard_tripped());
-  Write("meminfo", Meminfo(500 * 1024, 1024 * 1024, 1024 * 1024 - 300));  // 500 MiB, 300 kB
+  Write("meminfo",
+        Meminfo(500 * kKbPerMiB, 1024 * kKbPerMiB, 1024 * kKbPerMiB - 300));  // 500 MiB, 300 kB
   ASSERT_TRUE(WaitFor([&] { return rs.guard_tripped(); }));
-  Write("meminfo", Meminfo(900 * 1024, 1024 * 1024, 1024 * 1024));  // recovers: trip stays
+  Write("meminfo",
+        Meminfo(900 * kKbPerMiB, 1024 * kKbPerMiB, 1024 * kKbPerMiB));  // recovers: trip stays
   std::int64_t n = rs.samples_taken();
   ASSERT_TRUE(WaitFor([&] { return rs.samples_taken() >= n + 3; }));
   rs.Stop();
@@ -598,7 +608,7 @@ TEST_F(ResourceSamplerTest, GuardWatchesGpusThroughNvml) {
   SamplerOptions o;
   o.interval_ms = 1000;
   o.guard_min_free_mib = 1000;
-  o.paths = Paths(64LL * 1024 * 1024);  // plenty of host memory: GPU memory decides
+  o.paths = Paths(kKbPerMiB * 1024 * 64);  // plenty of host memory: GPU memory decides
   std::string why;
   ResourceSampler rs(o, NvmlHandle::TEST_FromApi(FakeApi(), &why));
   ASSERT_TRUE(rs.Start().ok());
@@ -632,7 +642,7 @@ TEST_F(ResourceSamplerTest, StorageIsBoundedButAggregatesSeeEverySample) {
   EXPECT_EQ(rs.Samples().size(), 3u);
   EXPECT_EQ(rs.samples_dropped(), rs.samples_taken() - 3);
   EXPECT_EQ(rs.Summary().n_samples, rs.samples_taken());
-  EXPECT_EQ(rs.Summary().min_host_available_bytes, 1024 * 1024);  // seen only after the cap
+  EXPECT_EQ(rs.Summary().min_host_available_bytes, kMiB);  // seen only after the cap
   IntervalStats st = rs.Intervals();
   EXPECT_EQ(st.count, rs.samples_taken() - 1);
   EXPECT_GT(st.median_ns, 0);  // over the stored samples

@@ -38,6 +38,9 @@ struct GenerateHooks {
   // After each commit, with the finished record (timing fields complete except end_ns is set).
   // A non-OK status stops the request with that status.
   std::function<Status(const WindowRecord& rec)> on_record;
+  // Polled before every window: a non-empty reason ends the request cleanly with that
+  // stop_reason (e.g. "resource_guard"); the output so far is kept.
+  std::function<std::string()> stop_check;
   // State observer (export): called at pre_verify / post_verify / commit of the windows it
   // wants; the time spent there is the window's export_ns. Borrowed; may be null.
   Observer* observer = nullptr;

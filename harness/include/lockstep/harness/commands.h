@@ -29,6 +29,9 @@ struct GenerateOptions {
   std::string export_windows = "0-2";  // --export-windows all|none|LIST
   std::string export_points = "pre_verify,post_verify,commit";
   std::string arm;            // --arm NAME recorded in the export
+  std::string trace_json;     // --trace-json FILE: Chrome trace-event JSON (Perfetto)
+  int sample_ms = 100;        // resource sampler interval
+  std::int64_t guard_min_free_mib = -1;  // end the request when free memory falls below (-1 off)
 };
 
 // `lockstep generate ...`: loads the model, runs one request, prints the text (or JSON).

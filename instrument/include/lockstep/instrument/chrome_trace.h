@@ -99,7 +99,7 @@ std::string ChromeTraceJson(std::span<const WindowRecord> windows, int n_stages,
 // reader sees the old file or the whole new one). Returns OK, kIOError from WriteFileAtomic
 // (e.g. the folder is missing or not writable; `path` is then unchanged), or kRuntime if
 // building the JSON failed.
-Status WriteChromeTrace(const std::string& path, std::span<const WindowRecord> windows, int n_stages,
-                        const ChromeTraceOptions& opts = {});
+Status WriteChromeTrace(const std::string& path, std::span<const WindowRecord> windows,
+                        int n_stages, const ChromeTraceOptions& opts = {});
 
 }  // namespace lockstep

@@ -28,6 +28,7 @@
 
 #include "lockstep/engine/observer.h"
 #include "lockstep/engine/status.h"
+#include "lockstep/instrument/resource_sampler.h"
 
 namespace lockstep {
 
@@ -70,6 +71,10 @@ struct ExportMeta {
     std::vector<std::uint8_t> map;  // uint8 [layers, experts]
   };
   std::vector<Residency> residency;
+  std::vector<ResourceSample> samples;  // /trace/samples (+ /trace/device_samples)
+  IntervalStats sample_intervals;
+  std::string nvml_unavailable;  // why GPU fields are unknown ("" when NVML was read)
+  std::string guard;             // "" or "tripped: <source> free <bytes> at <t_ns>"
 };
 
 class H5Exporter final : public Observer {

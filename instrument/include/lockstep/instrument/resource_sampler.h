@@ -42,13 +42,13 @@ inline constexpr int kResourceUnknown = -1;
 // One GPU at one instant. Every field but `index` is kResourceUnknown when NVML could not
 // provide it; the fields are independent (a failed temperature read leaves the clock valid).
 struct DeviceSample {
-  int index = kResourceUnknown;          // NVML device index (0-based, NVML's enumeration order)
+  int index = kResourceUnknown;  // NVML device index (0-based, NVML's enumeration order)
   std::int64_t free_bytes = kResourceUnknown;   // nvmlDeviceGetMemoryInfo().free
   std::int64_t total_bytes = kResourceUnknown;  // nvmlDeviceGetMemoryInfo().total
-  int temperature_c = kResourceUnknown;  // GPU core temperature (NVML_TEMPERATURE_GPU), C
-  int sm_clock_mhz = kResourceUnknown;   // current SM clock (NVML_CLOCK_SM), MHz
-  int pcie_gen = kResourceUnknown;       // current PCIe link generation (1..6)
-  int pcie_width = kResourceUnknown;     // current PCIe link width, lanes (x1..x16)
+  int temperature_c = kResourceUnknown;         // GPU core temperature (NVML_TEMPERATURE_GPU), C
+  int sm_clock_mhz = kResourceUnknown;          // current SM clock (NVML_CLOCK_SM), MHz
+  int pcie_gen = kResourceUnknown;              // current PCIe link generation (1..6)
+  int pcie_width = kResourceUnknown;            // current PCIe link width, lanes (x1..x16)
 };
 
 // One sample of the host, this process and every GPU NVML enumerates.
@@ -75,9 +75,9 @@ struct ProcPaths {
 // ---- NVML (the small ABI subset used here; nvml.h is deliberately not included) ----
 
 namespace nvml {
-struct Device;                  // opaque; NVML's `struct nvmlDevice_st`
-using DeviceHandle = Device*;   // NVML's nvmlDevice_t
-struct Memory {                 // NVML's nvmlMemory_t (v1), bytes
+struct Device;                 // opaque; NVML's `struct nvmlDevice_st`
+using DeviceHandle = Device*;  // NVML's nvmlDevice_t
+struct Memory {                // NVML's nvmlMemory_t (v1), bytes
   unsigned long long total;
   unsigned long long free;
   unsigned long long used;
@@ -92,14 +92,14 @@ inline constexpr int kClockSm = 1;         // NVML_CLOCK_SM
 // `handle_by_index` are required; every other pointer may be null (older drivers lack some), and
 // the fields it would provide are then unknown.
 struct NvmlApi {
-  int (*init)() = nullptr;                                          // nvmlInit_v2 (or nvmlInit)
-  int (*shutdown)() = nullptr;                                      // nvmlShutdown
-  int (*device_count)(unsigned int*) = nullptr;                     // nvmlDeviceGetCount_v2
+  int (*init)() = nullptr;                                              // nvmlInit_v2 (or nvmlInit)
+  int (*shutdown)() = nullptr;                                          // nvmlShutdown
+  int (*device_count)(unsigned int*) = nullptr;                         // nvmlDeviceGetCount_v2
   int (*handle_by_index)(unsigned int, nvml::DeviceHandle*) = nullptr;  // ..GetHandleByIndex_v2
-  int (*memory_info)(nvml::DeviceHandle, nvml::Memory*) = nullptr;  // nvmlDeviceGetMemoryInfo
+  int (*memory_info)(nvml::DeviceHandle, nvml::Memory*) = nullptr;      // nvmlDeviceGetMemoryInfo
   int (*temperature)(nvml::DeviceHandle, int, unsigned int*) = nullptr;  // ..GetTemperature
   int (*clock_info)(nvml::DeviceHandle, int, unsigned int*) = nullptr;   // ..GetClockInfo
-  int (*pcie_gen)(nvml::DeviceHandle, unsigned int*) = nullptr;  // ..GetCurrPcieLinkGeneration
+  int (*pcie_gen)(nvml::DeviceHandle, unsigned int*) = nullptr;    // ..GetCurrPcieLinkGeneration
   int (*pcie_width)(nvml::DeviceHandle, unsigned int*) = nullptr;  // ..GetCurrPcieLinkWidth
   const char* (*error_string)(int) = nullptr;  // nvmlErrorString; only for messages
 };
@@ -179,9 +179,9 @@ ResourceSample ReadResourceSample(const NvmlHandle* nvml, const ProcPaths& paths
 // ---- aggregates ----
 
 // Gaps between consecutive sample timestamps (the seed quotes median ~100.4 ms, max ~111.6 ms
-// at a 100 ms interval). `count` is the number of gaps (0 with fewer than two samples); the
-// durations are kResourceUnknown then. The median of an even count is the mean of the two
-// middle gaps (rounded down).
+// at a 100 ms interval). `count` is the number of gaps: 0 with fewer than two samples (a count
+// of zero is measured, so it is 0, not unknown), and the durations are kResourceUnknown then. The
+// median of an even count is the mean of the two middle gaps (rounded down).
 struct IntervalStats {
   std::int64_t count = 0;
   std::int64_t min_ns = kResourceUnknown;
@@ -254,10 +254,10 @@ std::optional<GuardTrip> EvaluateGuard(const ResourceSample& s, std::int64_t min
 // ---- the sampler thread ----
 
 struct SamplerOptions {
-  int interval_ms = 100;                   // --sample-ms; 1 .. 3600000
-  std::int64_t guard_min_free_mib = -1;    // --guard-min-free-mib; -1 = off, else >= 0
-  ProcPaths paths;                         // host field sources (tests: crafted files)
-  bool use_nvml = true;                    // open NVML at Start() unless a handle was given
+  int interval_ms = 100;                 // --sample-ms; 1 .. 3600000
+  std::int64_t guard_min_free_mib = -1;  // --guard-min-free-mib; -1 = off, else >= 0
+  ProcPaths paths;                       // host field sources (tests: crafted files)
+  bool use_nvml = true;                  // open NVML at Start() unless a handle was given
   // Bounded memory: samples beyond this many are not stored (Samples() keeps the first
   // max_samples, samples_dropped() counts the rest), but Summary(), the guard and the interval
   // count/min/max still cover every sample taken. 1,000,000 samples at 100 ms is ~28 hours;
@@ -314,11 +314,12 @@ class ResourceSampler {
   // Stored samples from index `first` on (empty when first >= n_stored): lets a writer stream
   // samples incrementally. Takes mu_.
   std::vector<ResourceSample> SamplesFrom(std::size_t first) const;
-  // Samples taken (stored + dropped) and dropped beyond max_samples. Take mu_.
+  // Samples taken (stored + dropped), and those dropped beyond max_samples. Each takes mu_.
   std::int64_t samples_taken() const;
   std::int64_t samples_dropped() const;
   // Interval statistics: count/min/max over every sample taken, median over the stored ones
-  // (exact until the cap is reached). Takes mu_; O(n) for the median.
+  // (exact until the cap is reached; unknown if fewer than two are stored). Takes mu_ and
+  // copies the stored gaps: O(n) for the median.
   IntervalStats Intervals() const;
   // Extremes over every sample taken (kept incrementally, unaffected by the cap). Takes mu_.
   Extremes Summary() const;
@@ -333,23 +334,23 @@ class ResourceSampler {
   void Record(ResourceSample s);  // stores s, updates aggregates and the guard; takes mu_
 
   const SamplerOptions opts_;
-  NvmlHandlePtr nvml_;       // set before the thread starts, read-only while it runs
+  NvmlHandlePtr nvml_;  // set before the thread starts, read-only while it runs
   bool nvml_injected_ = false;
-  bool started_ = false;     // owning thread only
-  std::thread thread_;       // owning thread only
+  bool started_ = false;  // owning thread only
+  std::thread thread_;    // owning thread only
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;              // stop_ was set
-  bool stop_ = false;                       // GUARDED_BY(mu_)
-  std::vector<ResourceSample> samples_;     // GUARDED_BY(mu_); at most opts_.max_samples
-  std::int64_t n_taken_ = 0;                // GUARDED_BY(mu_)
+  std::condition_variable cv_;                 // stop_ was set
+  bool stop_ = false;                          // GUARDED_BY(mu_)
+  std::vector<ResourceSample> samples_;        // GUARDED_BY(mu_); at most opts_.max_samples
+  std::int64_t n_taken_ = 0;                   // GUARDED_BY(mu_)
   std::int64_t last_t_ns_ = kResourceUnknown;  // GUARDED_BY(mu_); previous sample, for gaps
-  IntervalStats gaps_all_;                  // GUARDED_BY(mu_); count/min/max over every gap
-  Extremes extremes_;                       // GUARDED_BY(mu_)
-  std::optional<GuardTrip> trip_;           // GUARDED_BY(mu_); written once, before the flag
-  std::int64_t guard_unknown_ = 0;          // GUARDED_BY(mu_)
-  std::string nvml_reason_;                 // GUARDED_BY(mu_)
-  std::atomic<bool> guard_tripped_{false};  // set (release) after trip_ is stored
+  IntervalStats gaps_all_;                     // GUARDED_BY(mu_); count/min/max over every gap
+  Extremes extremes_;                          // GUARDED_BY(mu_)
+  std::optional<GuardTrip> trip_;              // GUARDED_BY(mu_); written once, before the flag
+  std::int64_t guard_unknown_ = 0;             // GUARDED_BY(mu_)
+  std::string nvml_reason_;                    // GUARDED_BY(mu_)
+  std::atomic<bool> guard_tripped_{false};     // set (release) after trip_ is stored
 };
 
 }  // namespace lockstep
