@@ -129,6 +129,16 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
       r.experts = ec.n_experts();
       for (int il = 0; il < ec.n_layers(); ++il) r.map.insert(r.map.end(), ec.map(il), ec.map(il) + ec.n_experts());
       meta.residency.push_back(std::move(r));
+      ExportMeta::Counters ct;
+      ct.stage = is;
+      ct.expert_hits = static_cast<std::int64_t>(ec.counters().hits);
+      ct.expert_misses = static_cast<std::int64_t>(ec.counters().misses);
+      ct.expert_bytes_fetched = static_cast<std::int64_t>(ec.counters().bytes_fetched);
+      ct.host_expert_tokens = static_cast<std::int64_t>(ec.counters().host_tokens);
+      ct.verify_calls = res.n_windows;
+      // CPU backend: first-call and graph-capture work is not separated from model work, so
+      // these stay unknown (-1); the per-window first_call flag is in /trace/windows.
+      meta.counters.push_back(ct);
     }
     meta.samples = sampler.Samples();
     meta.sample_intervals = sampler.Intervals();

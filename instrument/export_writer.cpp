@@ -469,6 +469,18 @@ Status H5Exporter::Finish(const ExportMeta& meta) {
           if (!ds.valid() || (!r.map.empty() && H5Dwrite(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, r.map.data()) < 0))
             return H5Fail(path);
         }
+        for (const auto& c : meta.counters) {
+          const std::string path = "counters/stage" + std::to_string(c.stage);
+          H5Handle g(H5Gcreate2(file, path.c_str(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+          const bool ok = g.valid() && AttrInt(g.get(), "expert_hits", c.expert_hits) &&
+                          AttrInt(g.get(), "expert_misses", c.expert_misses) &&
+                          AttrInt(g.get(), "expert_bytes_fetched", c.expert_bytes_fetched) &&
+                          AttrInt(g.get(), "host_expert_tokens", c.host_expert_tokens) &&
+                          AttrInt(g.get(), "verify_calls", c.verify_calls) && AttrInt(g.get(), "first_calls", c.first_calls) &&
+                          AttrInt(g.get(), "graph_captures", c.graph_captures) &&
+                          AttrInt(g.get(), "first_call_ns", c.first_call_ns);
+          if (!ok) return H5Fail(path);
+        }
         H5Handle req(H5Oopen(file, "request", H5P_DEFAULT)), out(H5Oopen(file, "output", H5P_DEFAULT));
         H5Handle root(H5Gopen2(file, "/", H5P_DEFAULT));
         bool ok = AttrInt(req.get(), "max_new", meta.max_new) && AttrInt(req.get(), "seed", static_cast<std::int64_t>(meta.seed)) &&

@@ -71,6 +71,13 @@ struct ExportMeta {
     std::vector<std::uint8_t> map;  // uint8 [layers, experts]
   };
   std::vector<Residency> residency;
+  // /counters/stage{S}: int64 attributes; -1 = not measured on this backend (never zero).
+  struct Counters {
+    int stage = 0;
+    std::int64_t expert_hits = 0, expert_misses = 0, expert_bytes_fetched = 0, host_expert_tokens = 0;
+    std::int64_t verify_calls = 0, first_calls = -1, graph_captures = -1, first_call_ns = -1;
+  };
+  std::vector<Counters> counters;
   std::vector<ResourceSample> samples;  // /trace/samples (+ /trace/device_samples)
   IntervalStats sample_intervals;
   std::string nvml_unavailable;  // why GPU fields are unknown ("" when NVML was read)
