@@ -264,10 +264,32 @@ void H5Exporter::OnCheckpointBegin(const CheckpointInfo& info) {
       64);
 }
 
+H5Exporter::Buffer H5Exporter::TakeBuffer(std::size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::size_t i = 0; i < pool_.size(); ++i)
+      if (pool_[i].capacity >= bytes) {
+        Buffer b = std::move(pool_[i]);
+        pool_.erase(pool_.begin() + static_cast<std::ptrdiff_t>(i));
+        return b;
+      }
+  }
+  Buffer b;
+  b.data = std::shared_ptr<std::byte[]>(new std::byte[bytes == 0 ? 1 : bytes]);  // default-init: no zeroing
+  b.capacity = bytes;
+  return b;
+}
+
+void H5Exporter::ReturnBuffer(Buffer buf) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pool_.size() < 64) pool_.push_back(std::move(buf));
+}
+
 void H5Exporter::OnState(const CheckpointInfo& info, const StateView& v) {
   // Copy now (the view points into live engine memory); the writer thread does the I/O.
-  std::vector<std::byte> data(static_cast<std::size_t>(v.rows) * v.row_bytes);
-  for (int r = 0; r < v.rows; ++r) std::memcpy(data.data() + static_cast<std::size_t>(r) * v.row_bytes, v.row(r), v.row_bytes);
+  const std::size_t n_bytes = static_cast<std::size_t>(v.rows) * v.row_bytes;
+  Buffer data = TakeBuffer(n_bytes);
+  for (int r = 0; r < v.rows; ++r) std::memcpy(data.data.get() + static_cast<std::size_t>(r) * v.row_bytes, v.row(r), v.row_bytes);
   std::vector<float> scales;
   int heads = 0;
   if (v.scales && v.shape.size() >= 2) {
@@ -278,17 +300,19 @@ void H5Exporter::OnState(const CheckpointInfo& info, const StateView& v) {
                   static_cast<std::size_t>(heads) * sizeof(float));
   }
   ++items_in_checkpoint_;
-  const std::size_t bytes = data.size() + scales.size() * sizeof(float);
+  const std::size_t bytes = n_bytes + scales.size() * sizeof(float);
   File* f = file_.get();
   StateView meta = v;
   meta.row = nullptr;
   meta.scales = nullptr;
   Enqueue(
-      [f, info, meta, d = std::move(data), sc = std::move(scales), heads] {
+      [this, f, info, meta, d = std::move(data), sc = std::move(scales), heads]() mutable -> Status {
         const std::string path = ItemPath(info.window, info.point, meta.stage, meta.layer, meta.kind);
         std::vector<hsize_t> dims;
         for (auto x : meta.shape) dims.push_back(static_cast<hsize_t>(x));
-        LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, WriteDataset(f->file.get(), f->lcpl.get(), path, meta.dtype, dims, d.data()));
+        auto written = WriteDataset(f->file.get(), f->lcpl.get(), path, meta.dtype, dims, d.data.get());
+        ReturnBuffer(std::move(d));
+        LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, std::move(written));
         bool ok = AttrStr(ds.get(), "kind", ItemKindName(meta.kind)) && AttrInt(ds.get(), "stage", meta.stage) &&
                   AttrInt(ds.get(), "layer", meta.layer) && AttrInt(ds.get(), "valid_rows", meta.rows) &&
                   AttrInt(ds.get(), "capacity_rows", meta.rows_capacity) &&

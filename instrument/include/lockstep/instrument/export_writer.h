@@ -128,6 +128,17 @@ class H5Exporter final : public Observer {
   bool busy_ = false;                // GUARDED_BY(mu_): the writer runs a popped job
   bool stop_ = false;                // GUARDED_BY(mu_)
   Status error_;                     // GUARDED_BY(mu_): first failure
+  // Copy buffers handed back by the writer for reuse: fresh multi-MiB allocations would fault in
+  // every page again on each checkpoint (measured: ~2x slower export).
+  // Uninitialised storage: a copy buffer is overwritten whole, so zero-filling it first
+  // (std::vector<std::byte>::resize) would only add a memset of every exported byte.
+  struct Buffer {
+    std::shared_ptr<std::byte[]> data;
+    std::size_t capacity = 0;
+  };
+  std::vector<Buffer> pool_;  // GUARDED_BY(mu_)
+  Buffer TakeBuffer(std::size_t bytes);
+  void ReturnBuffer(Buffer buf);
   std::thread writer_;
   bool finished_ = false;
 };

@@ -1,0 +1,175 @@
+// Export benchmarks (issue "Instrumentation", Must show 4 and 5): HDF5 export throughput against a
+// raw write()+fsync of the same bytes to the same folder, and decode speed with no export vs a
+// trace-only export, all in one run.
+//
+//   build/tests/bench/export_bench --benchmark_counters_tabular=true
+//
+// env: LOCKSTEP_BENCH_DIR    folder for the files (default /tmp)
+// env: LOCKSTEP_BENCH_MODEL  folder of an existing `small` model (else one is generated)
+#include <benchmark/benchmark.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "lockstep/engine/engine.h"
+#include "lockstep/engine/generate.h"
+#include "lockstep/engine/synthetic.h"
+#include "lockstep/instrument/export_writer.h"
+
+namespace lockstep {
+namespace {
+
+constexpr std::size_t kItemBytes = std::size_t{4} << 20;  // 4 MiB per item: [1024 rows, 1024 floats]
+constexpr int kItems = 64;                                 // 256 MiB per iteration
+std::map<std::string, double> g_bps;
+
+std::string Dir() {
+  const char* d = std::getenv("LOCKSTEP_BENCH_DIR");  // env: LOCKSTEP_BENCH_DIR
+  return d && *d ? d : "/tmp";
+}
+
+void BM_RawWriteFsync(benchmark::State& state) {
+  const std::string path = Dir() + "/lockstep-bench-raw-" + std::to_string(::getpid());
+  std::vector<char> buf(std::size_t{1} << 20, 1);
+  for (auto _ : state) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    for (std::size_t done = 0; done < kItemBytes * kItems; done += buf.size())
+      if (::write(fd, buf.data(), buf.size()) != static_cast<ssize_t>(buf.size())) state.SkipWithError("write");
+    ::fsync(fd);
+    ::close(fd);
+  }
+  std::filesystem::remove(path);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kItemBytes * kItems));
+}
+
+// The exporter fed like the engine feeds it: row views of f32 items, then Finish (close, fsync,
+// rename). Time includes the engine-side copies and the writer thread's HDF5 work.
+void BM_H5Export(benchmark::State& state) {
+  const std::string path = Dir() + "/lockstep-bench-export-" + std::to_string(::getpid()) + ".h5";
+  std::vector<float> data(kItemBytes / sizeof(float), 0.5f);
+  for (auto _ : state) {
+    ExportOptions o;
+    o.path = path;
+    o.windows = *WindowSelection::Parse("all");
+    auto e = H5Exporter::Create(o);
+    if (!e.ok()) {
+      state.SkipWithError("create");
+      break;
+    }
+    CheckpointInfo info;
+    info.point = CheckpointPoint::kCommit;
+    (*e)->OnCheckpointBegin(info);
+    for (int i = 0; i < kItems; ++i) {
+      StateView v;
+      v.kind = ItemKind::kSsmState;
+      v.stage = 0;
+      v.layer = i;
+      v.shape = {1024, 1024};
+      v.rows = 1024;
+      v.rows_capacity = 1024;
+      v.row_bytes = 1024 * sizeof(float);
+      v.row = [&data](int r) { return reinterpret_cast<const std::byte*>(data.data() + static_cast<std::size_t>(r) * 1024); };
+      (*e)->OnState(info, v);
+    }
+    (*e)->OnCheckpointEnd(info);
+    if (!(*e)->Finish(ExportMeta{}).ok()) state.SkipWithError("finish");
+  }
+  std::filesystem::remove(path);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kItemBytes * kItems));
+}
+
+class Reporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const auto& r : runs) {
+      auto it = r.counters.find("bytes_per_second");
+      if (it != r.counters.end()) g_bps[r.benchmark_name().substr(0, r.benchmark_name().find('/'))] = it->second;
+      auto tps = r.counters.find("tokens_per_s");
+      if (tps != r.counters.end()) g_bps[r.benchmark_name().substr(0, r.benchmark_name().find('/'))] = tps->second;
+    }
+  }
+};
+
+const ModelWeights& SmallModel() {
+  static ModelWeightsPtr w = [] {
+    const char* env = std::getenv("LOCKSTEP_BENCH_MODEL");  // env: LOCKSTEP_BENCH_MODEL
+    std::string dir = env && *env ? env : "/tmp/lockstep-export-bench-" + std::to_string(::getpid());
+    if (!(env && *env)) {
+      SyntheticOptions o;
+      o.preset = "small";
+      if (!WriteSyntheticModel(o, dir).ok()) std::abort();
+    }
+    auto r = ModelWeights::Load(dir);
+    if (!r.ok()) std::abort();
+    if (!(env && *env)) std::filesystem::remove_all(dir);
+    return std::move(r).value();
+  }();
+  return *w;
+}
+
+// Decode of 64 tokens: no observer vs an exporter with --export-windows none (trace only).
+void BM_Decode(benchmark::State& state, bool trace_only) {
+  EngineConfig c;
+  c.threads = 2;
+  c.max_new = 64;
+  c.ignore_eos = true;
+  std::vector<std::int32_t> prompt(64);
+  for (int i = 0; i < 64; ++i) prompt[static_cast<std::size_t>(i)] = (i * 37) % 4000;
+  const std::string path = Dir() + "/lockstep-bench-trace-" + std::to_string(::getpid()) + ".h5";
+  double tokens = 0, secs = 0;
+  for (auto _ : state) {
+    auto e = Engine::Create(c, SmallModel());
+    std::unique_ptr<H5Exporter> ex;
+    GenerateHooks hooks;
+    if (trace_only) {
+      ExportOptions o;
+      o.path = path;
+      ex = std::move(H5Exporter::Create(o)).value();
+      hooks.observer = ex.get();
+    }
+    auto r = Generate(**e, prompt, &hooks);
+    if (!r.ok()) {
+      state.SkipWithError("generate");
+      break;
+    }
+    tokens += static_cast<double>(r->output.size());
+    secs += static_cast<double>(r->decode_ns) * 1e-9;
+    state.SetIterationTime(static_cast<double>(r->decode_ns) * 1e-9);
+    if (ex && !ex->Finish(ExportMeta{}).ok()) state.SkipWithError("finish");
+  }
+  std::filesystem::remove(path);
+  state.counters["tokens_per_s"] = tokens / secs;
+}
+void BM_DecodeNoExport(benchmark::State& s) { BM_Decode(s, false); }
+void BM_DecodeTraceOnly(benchmark::State& s) { BM_Decode(s, true); }
+
+BENCHMARK(BM_RawWriteFsync)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_H5Export)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_DecodeNoExport)->Unit(benchmark::kMillisecond)->UseManualTime()->MinTime(3.0);
+BENCHMARK(BM_DecodeTraceOnly)->Unit(benchmark::kMillisecond)->UseManualTime()->MinTime(3.0);
+
+}  // namespace
+}  // namespace lockstep
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  lockstep::Reporter rep;
+  benchmark::RunSpecifiedBenchmarks(&rep);
+  benchmark::Shutdown();
+  auto& b = lockstep::g_bps;
+  if (b.count("BM_RawWriteFsync") && b.count("BM_H5Export"))
+    std::printf("export throughput = %.2f x raw write()+fsync (goal >= 0.80)\n", b["BM_H5Export"] / b["BM_RawWriteFsync"]);
+  if (b.count("BM_DecodeNoExport") && b.count("BM_DecodeTraceOnly"))
+    std::printf("decode with trace-only export = %.3f x no export (goal: within 1%%)\n",
+                b["BM_DecodeTraceOnly"] / b["BM_DecodeNoExport"]);
+  return 0;
+}
