@@ -90,6 +90,8 @@ class Reporter : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const auto& r : runs) {
+      // With --benchmark_repetitions the mean (reported last) is the figure; other aggregates skip.
+      if (!r.aggregate_name.empty() && r.aggregate_name != "mean") continue;
       auto it = r.counters.find("bytes_per_second");
       if (it != r.counters.end()) g_bps[r.benchmark_name().substr(0, r.benchmark_name().find('/'))] = it->second;
       auto tps = r.counters.find("tokens_per_s");
