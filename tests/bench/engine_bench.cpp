@@ -16,6 +16,7 @@
 #include <numeric>
 #include <vector>
 
+#include "bench_model.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/thread_pool.h"
 #include "lockstep/engine/synthetic.h"
@@ -24,27 +25,7 @@
 namespace lockstep {
 namespace {
 
-const ModelWeights& SmallModel() {
-  static ModelWeightsPtr w = [] {
-    std::string dir;
-    if (const char* env = std::getenv("LOCKSTEP_BENCH_MODEL"); env && *env) {  // env: LOCKSTEP_BENCH_MODEL
-      dir = env;
-    } else {
-      dir = "/tmp/lockstep-bench-small-" + std::to_string(::getpid());
-      SyntheticOptions o;
-      o.preset = "small";
-      if (!WriteSyntheticModel(o, dir).ok()) std::abort();
-    }
-    auto r = ModelWeights::Load(dir);
-    if (!r.ok()) {
-      std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
-      std::abort();
-    }
-    if (std::getenv("LOCKSTEP_BENCH_MODEL") == nullptr) std::filesystem::remove_all(dir);
-    return std::move(r).value();
-  }();
-  return *w;
-}
+const ModelWeights& SmallModel() { return BenchSmallModel(false); }
 
 // ---- memory bandwidth references ----
 constexpr std::size_t kBwBytes = std::size_t{512} << 20;  // well beyond the caches

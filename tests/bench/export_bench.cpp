@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_model.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/generate.h"
 #include "lockstep/engine/synthetic.h"
@@ -100,22 +101,7 @@ class Reporter : public benchmark::ConsoleReporter {
   }
 };
 
-const ModelWeights& SmallModel() {
-  static ModelWeightsPtr w = [] {
-    const char* env = std::getenv("LOCKSTEP_BENCH_MODEL");  // env: LOCKSTEP_BENCH_MODEL
-    std::string dir = env && *env ? env : "/tmp/lockstep-export-bench-" + std::to_string(::getpid());
-    if (!(env && *env)) {
-      SyntheticOptions o;
-      o.preset = "small";
-      if (!WriteSyntheticModel(o, dir).ok()) std::abort();
-    }
-    auto r = ModelWeights::Load(dir);
-    if (!r.ok()) std::abort();
-    if (!(env && *env)) std::filesystem::remove_all(dir);
-    return std::move(r).value();
-  }();
-  return *w;
-}
+const ModelWeights& SmallModel() { return BenchSmallModel(false); }
 
 // Decode of 64 tokens: no observer vs an exporter with --export-windows none (trace only).
 void BM_Decode(benchmark::State& state, bool trace_only) {

@@ -14,6 +14,7 @@
 #include <map>
 #include <string>
 
+#include "bench_model.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/generate.h"
 #include "lockstep/engine/synthetic.h"
@@ -22,26 +23,7 @@
 namespace lockstep {
 namespace {
 
-const ModelWeights& SmallModel() {
-  static ModelWeightsPtr w = [] {
-    std::string dir;
-    const char* env = std::getenv("LOCKSTEP_BENCH_MODEL");  // env: LOCKSTEP_BENCH_MODEL
-    if (env && *env) {
-      dir = env;
-    } else {
-      dir = "/tmp/lockstep-spec-bench-" + std::to_string(::getpid());
-      SyntheticOptions o;
-      o.preset = "small";
-      o.induction = true;  // in-context copying: repeated text gets continued
-      if (!WriteSyntheticModel(o, dir).ok()) std::abort();
-    }
-    auto r = ModelWeights::Load(dir);
-    if (!r.ok()) std::abort();
-    if (!(env && *env)) std::filesystem::remove_all(dir);
-    return std::move(r).value();
-  }();
-  return *w;
-}
+const ModelWeights& SmallModel() { return BenchSmallModel(true  /* in-context copying */); }
 
 // Repetitive: a block of 48 distinct token ids repeated 10 times (like a log or a table); the
 // model's induction heads continue the repetition, so suffix drafts are accepted.
