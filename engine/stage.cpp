@@ -10,6 +10,7 @@
 #include "cpu/norm.h"
 #include "cpu/rope.h"
 #include "lockstep/engine/check.h"
+#include "lockstep/engine/trace_ring.h"
 
 namespace lockstep {
 
@@ -111,10 +112,14 @@ Status StageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Activ
     }
   }
   LOCKSTEP_CHECK_EQ(act.hidden.size(), U(T) * U(h));
+  LOCKSTEP_TRACE(TraceEventId::kStageBegin, index_, static_cast<std::uint16_t>(T));
   for (int il = layer_begin_; il < layer_end_; ++il) {
     const int l = il - layer_begin_;
+    LOCKSTEP_TRACE(TraceEventId::kLayerBegin, il, static_cast<std::uint16_t>(index_));
     LayerForward(w_.layers[U(il)], moe_local_[U(l)], act, mode, kv_[U(l)].get(), gdn_[U(l)].get());
+    LOCKSTEP_TRACE(TraceEventId::kLayerEnd, il, static_cast<std::uint16_t>(index_));
   }
+  LOCKSTEP_TRACE(TraceEventId::kStageEnd, index_, static_cast<std::uint16_t>(T));
   if (mode == ForwardMode::kPrefill) {
     for (auto& kv : kv_)
       if (kv) kv->Commit(act.p + T);

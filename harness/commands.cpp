@@ -16,6 +16,7 @@
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/generate.h"
 #include "lockstep/engine/tokenizer.h"
+#include "lockstep/engine/trace_ring.h"
 #include "lockstep/engine/weights.h"
 #include "lockstep/instrument/chrome_trace.h"
 #include "lockstep/instrument/export_writer.h"
@@ -88,6 +89,8 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
     LOCKSTEP_ASSIGN_OR_RETURN(eo.points, ParseExportPoints(opts.export_points));
     LOCKSTEP_ASSIGN_OR_RETURN(exporter, H5Exporter::Create(eo));
     hooks.observer = exporter.get();
+    TraceRing::Global().Clear();
+    TraceRing::Global().Enable();  // layer / stage events for /trace/events
   }
   SamplerOptions so;
   so.interval_ms = opts.sample_ms;
@@ -140,6 +143,9 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
       // these stay unknown (-1); the per-window first_call flag is in /trace/windows.
       meta.counters.push_back(ct);
     }
+    TraceRing::Global().Disable();
+    meta.events = TraceRing::Global().Snapshot();
+    meta.events_dropped = TraceRing::Global().dropped();
     meta.samples = sampler.Samples();
     meta.sample_intervals = sampler.Intervals();
     meta.nvml_unavailable = sampler.nvml_unavailable_reason();

@@ -459,6 +459,22 @@ Status WriteSamples(hid_t file, hid_t lcpl, const ExportMeta& meta) {
   return Status::Ok();
 }
 
+Status WriteEvents(hid_t file, hid_t lcpl, const ExportMeta& meta) {
+  H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(TraceEvent)));
+  H5Tinsert(t.get(), "t_ns", HOFFSET(TraceEvent, t_ns), H5T_NATIVE_INT64);
+  H5Tinsert(t.get(), "id", HOFFSET(TraceEvent, id), H5T_NATIVE_UINT16);
+  H5Tinsert(t.get(), "b", HOFFSET(TraceEvent, b), H5T_NATIVE_UINT16);
+  H5Tinsert(t.get(), "a", HOFFSET(TraceEvent, a), H5T_NATIVE_INT32);
+  hsize_t n = meta.events.size();
+  H5Handle sp(H5Screate_simple(1, &n, nullptr));
+  H5Handle ds(H5Dcreate2(file, "trace/events", t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, meta.events.data()) < 0))
+    return H5Fail("trace/events");
+  const bool ok = AttrInt(ds.get(), "dropped", static_cast<std::int64_t>(meta.events_dropped)) &&
+                  AttrStr(ds.get(), "ids", "1 layer_begin(a=layer,b=stage) 2 layer_end 3 stage_begin(a=stage,b=T) 4 stage_end");
+  return ok ? Status::Ok() : H5Fail("trace/events attributes");
+}
+
 Status FsyncPath(const std::string& path, bool directory) {
   int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
   if (fd < 0) return Status::IOError("export", "cannot open '" + path + "' to fsync: " + std::strerror(errno));
@@ -482,6 +498,7 @@ Status H5Exporter::Finish(const ExportMeta& meta) {
         const hid_t file = f->file.get(), lcpl = f->lcpl.get();
         LOCKSTEP_RETURN_IF_ERROR(WriteTrace(file, lcpl, ws));
         LOCKSTEP_RETURN_IF_ERROR(WriteSamples(file, lcpl, meta));
+        LOCKSTEP_RETURN_IF_ERROR(WriteEvents(file, lcpl, meta));
         LOCKSTEP_RETURN_IF_ERROR(WriteString(file, lcpl, "config", meta.config_json));
         LOCKSTEP_RETURN_IF_ERROR(WriteTokens(file, lcpl, "request/tokens", meta.request_tokens));
         LOCKSTEP_RETURN_IF_ERROR(WriteTokens(file, lcpl, "output/tokens", meta.output_tokens));

@@ -108,6 +108,14 @@ TEST(Export, PathsMatchSchemaBothWays) {
   }
   H5Handle root(H5Gopen2(f.get(), "/", H5P_DEFAULT));
   EXPECT_EQ(IntAttr(root.get(), "schema_version"), 1);
+  // Layer events: begin/end pairs for every layer of every pipeline pass.
+  H5Handle ev(H5Dopen2(f.get(), "/trace/events", H5P_DEFAULT));
+  ASSERT_TRUE(ev.valid());
+  H5Handle esp(H5Dget_space(ev.get()));
+  hsize_t n_ev = 0;
+  H5Sget_simple_extent_dims(esp.get(), &n_ev, nullptr);
+  EXPECT_GT(n_ev, 0u);
+  EXPECT_EQ(n_ev % 2, 0u) << "begin and end events come in pairs";
 }
 
 TEST(Export, RowsCapacitiesAndCheckpointAttributes) {

@@ -28,6 +28,7 @@
 
 #include "lockstep/engine/observer.h"
 #include "lockstep/engine/status.h"
+#include "lockstep/engine/trace_ring.h"
 #include "lockstep/instrument/resource_sampler.h"
 
 namespace lockstep {
@@ -78,6 +79,8 @@ struct ExportMeta {
     std::int64_t verify_calls = 0, first_calls = -1, graph_captures = -1, first_call_ns = -1;
   };
   std::vector<Counters> counters;
+  std::vector<TraceEvent> events;       // /trace/events: hot-path layer/stage events
+  std::uint64_t events_dropped = 0;     // older events overwritten in the ring
   std::vector<ResourceSample> samples;  // /trace/samples (+ /trace/device_samples)
   IntervalStats sample_intervals;
   std::string nvml_unavailable;  // why GPU fields are unknown ("" when NVML was read)
