@@ -176,11 +176,11 @@ Result<std::unique_ptr<H5Exporter>> H5Exporter::Create(const ExportOptions& opts
   std::unique_ptr<H5Exporter> e(new H5Exporter(opts));
   e->file_ = std::make_unique<File>();
   errno = 0;
-  // Page-aligned large datasets and the latest file format (compact metadata): datasets of
-  // 64 KiB and more start on a 4 KiB boundary, so their writes go to the page cache whole.
+  // Page-aligned large datasets: datasets of 64 KiB and more start on a 4 KiB boundary, so
+  // their writes go to the page cache whole. (The latest-format metadata option was tried and
+  // dropped: HDF5 1.10 crashed on a failing write with it.)
   H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS));
   H5Pset_alignment(fapl.get(), 64 * 1024, 4096);
-  H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST);
   e->file_->file = H5Handle(H5Fcreate(e->partial_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
   if (!e->file_->file.valid())
     return Status::IOError("--export '" + opts.path + "'", "cannot create '" + e->partial_ + "'" + SysError());
