@@ -10,7 +10,7 @@ ifeq ($(CI),true)
 CMAKE_FLAGS += -DLOCKSTEP_WERROR=ON
 endif
 
-.PHONY: deps build demo test test-clang-dtype bench clean
+.PHONY: deps build demo test test-clang-dtype test-fuzz bench clean
 
 deps:
 	@scripts/install-deps.sh
@@ -32,6 +32,7 @@ demo: build $(MODELS)/small/model.safetensors
 
 test: build
 	@$(MAKE) --no-print-directory test-clang-dtype
+	@$(MAKE) --no-print-directory test-fuzz
 	cd $(BUILD) && ctest --output-on-failure -LE cuda -j$(JOBS) --timeout 600
 
 # The dtype conversions must be right under g++ and clang (g++ 12.2 miscompiles a masked bf16
@@ -43,6 +44,20 @@ test-clang-dtype:
 	    engine/status.cpp engine/dtype.cpp tests/engine/dtype_test.cpp \
 	    -lgtest -lgtest_main -pthread -o $(CLANG_DTYPE_BIN) && $(CLANG_DTYPE_BIN) --gtest_brief=1; \
 	else echo "clang++ not installed: dtype tests ran under g++ only"; fi
+
+# The libFuzzer targets need clang: built here with -fsanitize=fuzzer,address,undefined over the
+# sources they exercise, and run for a bounded number of inputs (seconds) when clang++ is installed.
+FUZZ_BIN := $(BUILD)/fuzz-bin
+FUZZ_FLAGS := -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iengine/include -Icompare/include
+test-fuzz:
+	@if command -v clang++ >/dev/null 2>&1; then \
+	  mkdir -p $(FUZZ_BIN) && \
+	  clang++ $(FUZZ_FLAGS) tests/fuzz/trace_fuzz.cpp compare/align.cpp engine/window.cpp engine/status.cpp \
+	    engine/atomic_file.cpp -lfmt -o $(FUZZ_BIN)/trace_fuzz && \
+	  rm -rf $(FUZZ_BIN)/corpus && cp -r tests/fuzz/corpus/trace $(FUZZ_BIN)/corpus && \
+	  { $(FUZZ_BIN)/trace_fuzz -runs=10000 -seed=1 -max_len=4096 $(FUZZ_BIN)/corpus >$(FUZZ_BIN)/trace_fuzz.log 2>&1 \
+	    && tail -1 $(FUZZ_BIN)/trace_fuzz.log || { tail -40 $(FUZZ_BIN)/trace_fuzz.log; exit 1; }; }; \
+	else echo "clang++ not installed: fuzz targets not run"; fi
 
 bench: build
 	$(BUILD)/tests/bench/engine_bench --benchmark_counters_tabular=true

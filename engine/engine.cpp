@@ -26,10 +26,33 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in, const
   }
   e->transport_ = std::make_unique<InProcessTransport>(cfg.stages);
   LOCKSTEP_ASSIGN_OR_RETURN(e->injections_, ParseInjections(cfg.inject));
-  for (const auto& inj : e->injections_)
+  for (auto& inj : e->injections_) {
+    auto bad = [&](const std::string& why) { return Status::InvalidArgument("--inject '" + inj.text + "'", why); };
     if (inj.stage >= cfg.stages)
-      return Status::InvalidArgument("--inject '" + inj.text + "'", "stage " + std::to_string(inj.stage) +
-                                                                     " does not exist (" + std::to_string(cfg.stages) + " stages)");
+      return bad("stage " + std::to_string(inj.stage) + " does not exist (" + std::to_string(cfg.stages) + " stages)");
+    if (inj.kind != Injection::Kind::kPerturb) continue;
+    if (inj.layer >= 0) {
+      if (inj.layer >= weights.config.n_layers)
+        return bad("layer " + std::to_string(inj.layer) + " does not exist (" +
+                   std::to_string(weights.config.n_layers) + " layers)");
+      int owner = 0;
+      while (e->bounds_[static_cast<std::size_t>(owner) + 1] <= inj.layer) ++owner;
+      if (inj.stage >= 0 && inj.stage != owner)
+        return bad("layer " + std::to_string(inj.layer) + " belongs to stage " + std::to_string(owner));
+      inj.stage = owner;
+      const bool attention = weights.config.is_full_attention(inj.layer);
+      if ((inj.item == "k" || inj.item == "v") && !attention)
+        return bad("layer " + std::to_string(inj.layer) + " is a GDN layer (no K/V)");
+      if ((inj.item == "conv_state" || inj.item == "ssm_state") && attention)
+        return bad("layer " + std::to_string(inj.layer) + " is a full-attention layer (no recurrent state)");
+    } else if (inj.item == "logits") {
+      if (inj.stage >= 0 && inj.stage != cfg.stages - 1) return bad("logits live on the last stage");
+      inj.stage = cfg.stages - 1;
+    } else if (inj.item == "hidden_out") {
+      if (inj.stage < 0) return bad("hidden_out needs stage=S");
+      if (inj.stage == cfg.stages - 1) return bad("the last stage hands no hidden_out on");
+    }
+  }
   e->timings_.resize(static_cast<std::size_t>(cfg.stages));
   e->hidden_out_.resize(static_cast<std::size_t>(cfg.stages));
   return e;
@@ -67,6 +90,7 @@ Status Engine::RunPipeline(ForwardMode mode, std::span<const std::int32_t> token
           std::this_thread::sleep_for(std::chrono::microseconds(static_cast<std::int64_t>(inj.ms * 1000.0)));
     }
     LOCKSTEP_RETURN_IF_ERROR(stage(is).Forward(mode, tokens.data(), act));
+    if (mode == ForwardMode::kVerify) ApplyPerturbations(is, act);
     tm.compute_ns = MonoNs() - c0;
     tm.cpu_ns = ThreadCpuNs() - u0;
     if (capture_hidden_ && mode == ForwardMode::kVerify && is + 1 < n_stages())
@@ -75,6 +99,38 @@ Status Engine::RunPipeline(ForwardMode mode, std::span<const std::int32_t> token
   }
   out = std::move(act);
   return Status::Ok();
+}
+
+void Engine::ApplyPerturbations(int is, Activation& act) {
+  for (const auto& inj : injections_) {
+    if (inj.kind != Injection::Kind::kPerturb || inj.stage != is || (inj.window >= 0 && inj.window != window_) ||
+        inj.item == "logits")
+      continue;
+    const float f = static_cast<float>(1.0 + inj.eps);
+    StageSession& st = stage(is);
+    if (inj.item == "k" || inj.item == "v") {
+      st.kv(inj.layer)->ScaleRows(inj.item == "k" ? 0 : 1, act.p, act.T, f);
+    } else if (inj.item == "conv_state" || inj.item == "ssm_state") {
+      GdnState* g = st.gdn(inj.layer);
+      const bool conv = inj.item == "conv_state";
+      const std::size_t n = conv ? g->conv_size() : g->ssm_size();
+      for (int t = 0; t < g->n_steps(); ++t) {
+        float* x = conv ? g->step_conv(t) : g->step_ssm(t);
+        for (std::size_t i = 0; i < n; ++i) x[i] *= f;
+      }
+    } else if (inj.item == "hidden_out") {
+      for (float& x : act.hidden) x *= f;
+    }
+  }
+}
+
+void Engine::PerturbLogits(float* logits, std::size_t n) {
+  for (const auto& inj : injections_) {
+    if (inj.kind != Injection::Kind::kPerturb || inj.item != "logits" || (inj.window >= 0 && inj.window != window_))
+      continue;
+    const float f = static_cast<float>(1.0 + inj.eps);
+    for (std::size_t i = 0; i < n; ++i) logits[i] *= f;
+  }
 }
 
 Status Engine::Prefill(std::span<const std::int32_t> tokens, const PrefillHook& hook) {
@@ -105,6 +161,7 @@ Status Engine::Verify(std::span<const std::int32_t> tokens, float* logits, float
     normed = normed_scratch_.data();
   }
   stages_.back()->Logits(act, normed, logits);
+  PerturbLogits(logits, tokens.size() * static_cast<std::size_t>(w_.config.n_vocab));
   pending_ = static_cast<int>(tokens.size());
   return Status::Ok();
 }

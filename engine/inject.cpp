@@ -29,11 +29,12 @@ Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& s
     if (kind == "delay") {
       inj.kind = Injection::Kind::kDelay;
     } else if (kind == "perturb") {
-      return Status::NotSupported("--inject '" + text + "'", "perturb injections are not built yet (only delay)");
+      inj.kind = Injection::Kind::kPerturb;
     } else {
-      return bad("unknown kind '" + std::string(kind) + "' (expected delay)");
+      return bad("unknown kind '" + std::string(kind) + "' (expected delay or perturb)");
     }
-    bool have_ms = false;
+    const bool perturb = inj.kind == Injection::Kind::kPerturb;
+    bool have_ms = false, have_eps = false;
     while (colon != std::string_view::npos) {
       s = s.substr(colon + 1);
       colon = s.find(':');
@@ -41,19 +42,41 @@ Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& s
       auto eq = kv.find('=');
       if (eq == std::string_view::npos) return bad("expected key=value, got '" + std::string(kv) + "'");
       std::string_view key = kv.substr(0, eq), val = kv.substr(eq + 1);
+      if (perturb && key == "item") {
+        static const char* const kItems[] = {"k", "v", "conv_state", "ssm_state", "hidden_out", "logits"};
+        bool known = false;
+        for (const char* it : kItems) known = known || val == it;
+        if (!known) return bad("unknown item '" + std::string(val) + "' (expected k, v, conv_state, ssm_state, hidden_out, logits)");
+        inj.item = std::string(val);
+        continue;
+      }
       LOCKSTEP_ASSIGN_OR_RETURN(double d, Number(val, text));
-      if (key == "stage") {
+      if (d > 1e9) return bad("'" + std::string(val) + "' is out of range");
+      if (perturb && key == "layer") {
+        inj.layer = static_cast<int>(d);
+      } else if (perturb && key == "eps") {
+        inj.eps = d;
+        have_eps = true;
+      } else if (key == "stage") {
         inj.stage = static_cast<int>(d);
       } else if (key == "window") {
         inj.window = static_cast<int>(d);
-      } else if (key == "ms") {
+      } else if (!perturb && key == "ms") {
         inj.ms = d;
         have_ms = true;
       } else {
-        return bad("unknown key '" + std::string(key) + "' (expected stage, window, ms)");
+        return bad("unknown key '" + std::string(key) + "' (expected " +
+                   (perturb ? "stage, layer, item, eps, window" : "stage, window, ms") + ")");
       }
     }
-    if (!have_ms) return bad("a delay needs ms=M");
+    if (!perturb && !have_ms) return bad("a delay needs ms=M");
+    if (perturb) {
+      if (inj.item.empty()) return bad("a perturbation needs item=I");
+      if (!have_eps) return bad("a perturbation needs eps=E");
+      const bool layer_item = inj.item == "k" || inj.item == "v" || inj.item == "conv_state" || inj.item == "ssm_state";
+      if (layer_item && inj.layer < 0) return bad("item " + inj.item + " needs layer=L");
+      if (!layer_item && inj.layer >= 0) return bad("item " + inj.item + " takes no layer");
+    }
     out.push_back(inj);
   }
   return out;

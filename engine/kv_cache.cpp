@@ -72,6 +72,32 @@ void KvCache::StoreRow(int which, int row, const float* src) {
   }
 }
 
+void KvCache::ScaleRows(int which, int row0, int n, float factor) {
+  LOCKSTEP_CHECK(row0 >= rows_committed_ && row0 + n <= rows_written_) << "ScaleRows outside the speculative rows";
+  for (int r = row0; r < row0 + n; ++r) {
+    std::byte* dst = RowPtrMut(which, r);
+    switch (dtype_) {
+      case DType::kF32: {
+        auto* d = reinterpret_cast<float*>(dst);
+        for (std::size_t i = 0; i < row_elems_; ++i) d[i] *= factor;
+        break;
+      }
+      case DType::kBF16: {
+        auto* d = reinterpret_cast<std::uint16_t*>(dst);
+        for (std::size_t i = 0; i < row_elems_; ++i) d[i] = f32_to_bf16(bf16_to_f32(d[i]) * factor);
+        break;
+      }
+      case DType::kI8: {
+        float* scales = const_cast<float*>(ScalePtr(which, r));
+        for (int h = 0; h < n_heads_kv_; ++h) scales[h] *= factor;
+        break;
+      }
+      default:
+        LOCKSTEP_CHECK(false) << "unreachable dtype";
+    }
+  }
+}
+
 void KvCache::Write(int pos, int n, const float* k, const float* v) {
   LOCKSTEP_CHECK(pos >= rows_committed_ && pos <= rows_written_)
       << "write at " << pos << " with committed=" << rows_committed_ << " written=" << rows_written_;

@@ -33,6 +33,12 @@ Status Status::WithContext(std::string_view context) const {
   return s;
 }
 
+Status Status::FromCode(Code code, std::string_view message) {
+  Status s;
+  if (code != Code::kOk) s.rep_ = std::make_shared<const Rep>(Rep{code, std::string(message)});
+  return s;
+}
+
 int Status::exit_code() const {
   switch (code()) {
     case Code::kOk:

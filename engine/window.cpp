@@ -1,10 +1,46 @@
 #include "lockstep/engine/window.h"
 
+#include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "lockstep/engine/atomic_file.h"
 
 namespace lockstep {
+namespace {
+
+// nlohmann's get<int>() static_casts whatever number it holds: a float out of the target's range
+// is undefined behaviour and a too-large integer silently wraps (p = 2^32 read as 0). Integer
+// fields are therefore range-checked here; the throw is turned into a Status by FromJsonLine.
+template <typename Int>
+Int CheckedInt(const nlohmann::json& v, const char* key) {
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u <= static_cast<std::uint64_t>(std::numeric_limits<Int>::max())) return static_cast<Int>(u);
+  } else if (v.is_number_integer()) {
+    const auto s = v.get<std::int64_t>();
+    if (s >= std::numeric_limits<Int>::min() && s <= std::numeric_limits<Int>::max()) return static_cast<Int>(s);
+  } else {
+    throw std::invalid_argument(std::string("'") + key + "': expected an integer, got " + v.dump());
+  }
+  throw std::out_of_range(std::string("'") + key + "': " + v.dump() + " is out of range");
+}
+
+template <typename Int>
+std::vector<Int> CheckedIntArray(const nlohmann::json& v, const char* key) {
+  if (!v.is_array()) throw std::invalid_argument(std::string("'") + key + "': expected an array of integers");
+  std::vector<Int> out;
+  out.reserve(v.size());
+  for (const auto& e : v) out.push_back(CheckedInt<Int>(e, key));
+  return out;
+}
+
+std::int64_t OptionalNs(const nlohmann::json& j, const char* key) {
+  return j.contains(key) ? CheckedInt<std::int64_t>(j.at(key), key) : 0;
+}
+
+}  // namespace
 
 const char* DraftSourceName(DraftSource s) {
   switch (s) {
@@ -76,26 +112,29 @@ Result<WindowRecord> WindowRecord::FromJsonLine(std::string_view line, const std
   try {
     if (!j.is_object() || j.value("schema", "") != "lockstep.window")
       return Status::InvalidArgument(label, "not a lockstep.window record (missing \"schema\": \"lockstep.window\")");
-    if (j.value("v", 0) != 1) return Status::InvalidArgument(label, "unsupported lockstep.window version");
-    r.idx = j.at("idx").get<int>();
-    r.p = j.at("p").get<int>();
-    r.T = j.at("T").get<int>();
-    r.T_mtp = j.at("T_mtp").get<int>();
+    if (!j.contains("v") || j.at("v") != 1)
+      return Status::InvalidArgument(label, "unsupported lockstep.window version");
+    r.idx = CheckedInt<int>(j.at("idx"), "idx");
+    r.p = CheckedInt<int>(j.at("p"), "p");
+    r.T = CheckedInt<int>(j.at("T"), "T");
+    r.T_mtp = CheckedInt<int>(j.at("T_mtp"), "T_mtp");
     r.merged = j.at("merged").get<bool>();
     r.from_sfx = j.at("from_sfx").get<bool>();
-    r.chain_n = j.at("chain_n").get<int>();
-    r.accepted = j.at("accepted").get<int>();
+    r.chain_n = CheckedInt<int>(j.at("chain_n"), "chain_n");
+    r.accepted = CheckedInt<int>(j.at("accepted"), "accepted");
     LOCKSTEP_ASSIGN_OR_RETURN(r.source, ParseDraftSource(j.at("source").get<std::string>()));
-    r.draft = j.at("draft").get<std::vector<std::int32_t>>();
-    r.emitted = j.at("emitted").get<std::vector<std::int32_t>>();
-    r.begin_ns = j.value("begin_ns", std::int64_t{0});
-    r.end_ns = j.value("end_ns", std::int64_t{0});
-    r.draft_ns = j.value("draft_ns", std::int64_t{0});
-    r.verify_ns = j.value("verify_ns", std::int64_t{0});
-    r.wait_ns = j.value("wait_ns", std::int64_t{0});
-    r.compute_ns = j.value("compute_ns", std::int64_t{0});
-    r.commit_ns = j.value("commit_ns", std::int64_t{0});
-    r.export_ns = j.contains("export_ns") && j["export_ns"].is_number() ? j["export_ns"].get<std::int64_t>() : -1;
+    r.draft = CheckedIntArray<std::int32_t>(j.at("draft"), "draft");
+    r.emitted = CheckedIntArray<std::int32_t>(j.at("emitted"), "emitted");
+    r.begin_ns = OptionalNs(j, "begin_ns");
+    r.end_ns = OptionalNs(j, "end_ns");
+    r.draft_ns = OptionalNs(j, "draft_ns");
+    r.verify_ns = OptionalNs(j, "verify_ns");
+    r.wait_ns = OptionalNs(j, "wait_ns");
+    r.compute_ns = OptionalNs(j, "compute_ns");
+    r.commit_ns = OptionalNs(j, "commit_ns");
+    r.export_ns = j.contains("export_ns") && j["export_ns"].is_number()
+                      ? CheckedInt<std::int64_t>(j["export_ns"], "export_ns")
+                      : -1;
     r.first_call = j.value("first_call", false);
   } catch (const std::exception& e) {
     return Status::InvalidArgument(label, std::string("bad window record field: ") + e.what());

@@ -104,7 +104,7 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
   LOCKSTEP_ASSIGN_OR_RETURN(GenerateResult res, std::move(generated));
   Status export_status;
   if (exporter) {
-    ExportMeta meta;
+    ExportRunInfo meta;
     meta.arm = opts.arm;
     const auto now = std::chrono::system_clock::now();
     const std::time_t tt = std::chrono::system_clock::to_time_t(now);
@@ -126,13 +126,13 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
     meta.text_sha256 = Sha256Hex(DecodeTokens(res.output));
     for (int is = 0; is < engine->n_stages(); ++is) {
       const ExpertCache& ec = engine->stage(is).experts();
-      ExportMeta::Residency r;
+      ExportRunInfo::Residency r;
       r.stage = is;
       r.layers = ec.n_layers();
       r.experts = ec.n_experts();
       for (int il = 0; il < ec.n_layers(); ++il) r.map.insert(r.map.end(), ec.map(il), ec.map(il) + ec.n_experts());
       meta.residency.push_back(std::move(r));
-      ExportMeta::Counters ct;
+      ExportRunInfo::Counters ct;
       ct.stage = is;
       ct.expert_hits = static_cast<std::int64_t>(ec.counters().hits);
       ct.expert_misses = static_cast<std::int64_t>(ec.counters().misses);

@@ -2,11 +2,17 @@
 // structs, calls one library function per subcommand and maps its Status to the exit code
 // (0 ok, 1 gate failed, 2 usage or bad input, 3 runtime failure).
 #include <CLI/CLI.hpp>
+#include <unistd.h>
+
 #include <cstdio>
+#include <ctime>
+#include <filesystem>
 #include <iostream>
 
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/harness/commands.h"
+#include "lockstep/harness/compare_commands.h"
+#include "lockstep/harness/runner.h"
 
 namespace {
 
@@ -157,6 +163,70 @@ int main(int argc, char** argv) {
                     "End the request cleanly when free memory falls below N MiB");
     gen->add_flag("--print-config", gopts.print_config, "Print the effective config as canonical JSON and exit");
 
+    // ---- diff / align / summarize (the comparator: reads files, never runs the engine) ----
+    auto add_reports = [](CLI::App* sc, lockstep::ReportOutputs& r) {
+      sc->add_option("--json", r.json, "Write the JSON report (keys: compare/REPORTS.md)");
+      sc->add_option("--md", r.md, "Write the Markdown summary (allowlisted fields only)");
+      sc->add_option("--html", r.html, "Write the self-contained HTML report");
+      sc->add_option("--junit", r.junit, "Write JUnit XML (one test case per item and gate)");
+    };
+    lockstep::SummarizeCommandOptions sopts;
+    lockstep::DiffCommandOptions& dopts = sopts.diff;
+    std::string mem_limit = "1G";
+    auto add_diff = [&](CLI::App* sc) {
+      sc->add_option("A", dopts.a, "Reference export (.h5)")->required();
+      sc->add_option("B", dopts.b, "Export to compare (.h5)")->required();
+      sc->add_option("--nrmse-max", dopts.diff.thresholds.nrmse_max, "NRMSE threshold for every item kind (default 2e-4)");
+      sc->add_option("--kl-max", dopts.diff.thresholds.kl_max, "Logits KL threshold (default 1e-5)");
+      sc->add_option("--nrmse-kind", dopts.kind_overrides, "Per-kind NRMSE threshold KIND=VALUE (repeatable)");
+      sc->add_option("--points", dopts.diff.points, "Checkpoints to compare (default pre_verify,post_verify,commit)");
+      sc->add_option("--windows", dopts.diff.windows, "Windows to compare: all | LIST like 0-2,5 (default all)");
+      sc->add_option("--mem-limit", mem_limit, "Memory for read buffers (default 1G)");
+      sc->add_option("--threads", dopts.diff.threads, "Items compared in parallel (0 = hardware threads)");
+      add_reports(sc, dopts.reports);
+    };
+    auto* diff = app.add_subcommand("diff", "Compare the state of two exports (NRMSE, KL, exact) item by item");
+    add_diff(diff);
+    diff->add_flag("--isolate,!--no-isolate", dopts.isolate, "Parse in a child process (a crash there is exit 2)");
+    diff->add_flag("--quiet", dopts.quiet, "Print the verdict line only");
+    auto* summarize = app.add_subcommand("summarize", "Diff + alignment of two exports with every report");
+    add_diff(summarize);
+    summarize->add_option("--fields", sopts.fields, "Path fields to align on (default p,T,T_mtp,merged,from_sfx,chain_n)");
+    bool no_isolate = false;
+    summarize->add_flag("--no-isolate", no_isolate, "Parse in this process (default: a child process)");
+    auto* align = app.add_subcommand("align", "Align the verify windows of two traces to the first path divergence");
+    lockstep::AlignCommandOptions aopts;
+    align->add_option("A", aopts.a, "Export (.h5) or trace (JSON lines)")->required();
+    align->add_option("B", aopts.b, "Export (.h5) or trace (JSON lines)")->required();
+    align->add_option("--fields", aopts.fields, "Path fields to align on (default p,T,T_mtp,merged,from_sfx,chain_n)");
+    align->add_flag("--isolate", aopts.isolate, "Parse in a child process (a crash there is exit 2)");
+    align->add_flag("--fail-on-divergence", aopts.fail_on_divergence, "Exit 1 when the paths diverge");
+    add_reports(align, aopts.reports);
+
+    // ---- campaigns ----
+    lockstep::RunOptions ropts;
+    std::string resume_dir;
+    bool no_progress = false, gate_flag = false;
+    auto* run = app.add_subcommand("run", "Run a predeclared campaign (fresh process per arm, crash-safe ledger)");
+    run->add_option("PLAN", ropts.plan, "Campaign file (TOML, campaigns/README.md)");
+    run->add_option("--out", ropts.out_dir, "Run folder (new, or empty)");
+    run->add_option("--resume", resume_dir, "Continue the campaign in this run folder");
+    run->add_flag("--gate", gate_flag, "CI gate: exit 0 only when the campaign passes (always the case) and say where the JUnit file is");
+    run->add_option("--junit", ropts.junit, "JUnit XML path (default <run folder>/junit.xml)");
+    run->add_flag("--no-progress", no_progress, "No progress lines on stderr");
+    auto* gate = app.add_subcommand("gate", "CI gate: run a campaign, write JUnit XML, exit 0 (pass) or 1 (fail)");
+    std::string gate_plan, gate_out, gate_junit;
+    gate->add_option("PLAN", gate_plan, "Campaign file (TOML)")->required();
+    gate->add_option("--out", gate_out, "Run folder (default out/gate/<plan>-<time>)");
+    gate->add_option("--junit", gate_junit, "JUnit XML path (default <run folder>/junit.xml)");
+    gate->add_flag("--no-progress", no_progress, "No progress lines on stderr");
+    lockstep::ReportOptions rep_opts;
+    auto* report = app.add_subcommand("report", "Render a campaign run folder as Markdown / HTML / JUnit");
+    report->add_option("DIR", rep_opts.dir, "Run folder")->required();
+    report->add_option("--md", rep_opts.md, "Markdown path (default DIR/report.md)");
+    report->add_option("--html", rep_opts.html, "HTML path (default DIR/report.html)");
+    report->add_option("--junit", rep_opts.junit, "JUnit path (default DIR/junit.xml)");
+
     auto known = app.get_subcommands([](CLI::App*) { return true; });
     bool is_known = argc < 2 || argv[1][0] == '-';
     std::string names;
@@ -193,6 +263,40 @@ int main(int argc, char** argv) {
       gopts.config = *cfg;
       return Fail(lockstep::RunGenerate(gopts, std::cout));
     }
+    if (diff->parsed() || summarize->parsed()) {
+      auto mem = lockstep::ParseByteSize(mem_limit, "--mem-limit");
+      if (!mem.ok()) return Fail(mem.status());
+      dopts.diff.mem_limit_bytes = *mem;
+      if (diff->parsed()) return Fail(lockstep::RunDiff(dopts, std::cout));
+      dopts.isolate = !no_isolate;
+      return Fail(lockstep::RunSummarize(sopts, std::cout));
+    }
+    if (align->parsed()) return Fail(lockstep::RunAlign(aopts, std::cout));
+    if (run->parsed()) {
+      if (!resume_dir.empty()) {
+        if (!ropts.out_dir.empty() && ropts.out_dir != resume_dir)
+          return Fail(lockstep::Status::InvalidArgument("--resume", "give the run folder once (--resume DIR)"));
+        ropts.out_dir = resume_dir;
+        ropts.resume = true;
+      } else if (ropts.plan.empty() || ropts.out_dir.empty()) {
+        return Fail(lockstep::Status::InvalidArgument("run", "usage: lockstep run PLAN.toml --out DIR | lockstep run --resume DIR"));
+      }
+      if (no_progress) ropts.progress = 0;
+      (void)gate_flag;
+      return Fail(lockstep::RunCampaign(ropts, std::cout));
+    }
+    if (gate->parsed()) {
+      ropts.plan = gate_plan;
+      ropts.junit = gate_junit;
+      ropts.out_dir = gate_out;
+      if (ropts.out_dir.empty()) {
+        const std::string stem = std::filesystem::path(gate_plan).stem().string();
+        ropts.out_dir = "out/gate/" + stem + "-" + std::to_string(std::time(nullptr)) + "-" + std::to_string(::getpid());
+      }
+      if (no_progress) ropts.progress = 0;
+      return Fail(lockstep::RunCampaign(ropts, std::cout));
+    }
+    if (report->parsed()) return Fail(lockstep::RunCampaignReport(rep_opts, std::cout));
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "lockstep: internal error: %s\n", e.what());

@@ -38,61 +38,6 @@ std::string ItemPath(int window, CheckpointPoint point, int stage, int layer, It
 
 // ---- selections ----
 
-Result<WindowSelection> WindowSelection::Parse(std::string_view text) {
-  WindowSelection s;
-  if (text == "all") {
-    s.all_ = true;
-    return s;
-  }
-  if (text == "none" || text.empty()) return s;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    std::size_t comma = text.find(',', start);
-    std::string_view part = text.substr(start, comma == std::string_view::npos ? text.size() - start : comma - start);
-    std::size_t dash = part.find('-');
-    int a = 0, b = 0;
-    auto num = [](std::string_view v, int* out) {
-      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
-      return ec == std::errc() && p == v.data() + v.size() && !v.empty() && *out >= 0;
-    };
-    bool ok = dash == std::string_view::npos ? (num(part, &a) && (b = a, true))
-                                             : (num(part.substr(0, dash), &a) && num(part.substr(dash + 1), &b) && a <= b);
-    if (!ok)
-      return Status::InvalidArgument("--export-windows", "expected all, none or a list like 0-2,5 — got '" + std::string(text) + "'");
-    s.ranges_.emplace_back(a, b);
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
-  }
-  return s;
-}
-
-bool WindowSelection::Contains(int w) const {
-  if (all_) return true;
-  for (auto [a, b] : ranges_)
-    if (w >= a && w <= b) return true;
-  return false;
-}
-
-Result<std::set<CheckpointPoint>> ParseExportPoints(std::string_view text) {
-  std::set<CheckpointPoint> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    std::size_t comma = text.find(',', start);
-    std::string_view part = text.substr(start, comma == std::string_view::npos ? text.size() - start : comma - start);
-    bool found = false;
-    for (CheckpointPoint p : {CheckpointPoint::kPreVerify, CheckpointPoint::kPostVerify, CheckpointPoint::kCommit})
-      if (part == CheckpointPointName(p)) {
-        out.insert(p);
-        found = true;
-      }
-    if (!found)
-      return Status::InvalidArgument("--export-points", "unknown point '" + std::string(part) +
-                                                            "' (expected pre_verify, post_verify, commit)");
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
 
 // ---- HDF5 helpers (writer thread only) ----
 
@@ -410,7 +355,7 @@ Status WriteTokens(hid_t file, hid_t lcpl, const std::string& path, const std::v
   return Status::Ok();
 }
 
-Status WriteSamples(hid_t file, hid_t lcpl, const ExportMeta& meta) {
+Status WriteSamples(hid_t file, hid_t lcpl, const ExportRunInfo& meta) {
   struct HostRow {
     std::int64_t t_ns, host_available_bytes, swap_used_bytes, rss_bytes, process_cpu_ns;
   };
@@ -464,7 +409,7 @@ Status WriteSamples(hid_t file, hid_t lcpl, const ExportMeta& meta) {
   return Status::Ok();
 }
 
-Status WriteEvents(hid_t file, hid_t lcpl, const ExportMeta& meta) {
+Status WriteEvents(hid_t file, hid_t lcpl, const ExportRunInfo& meta) {
   H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(TraceEvent)));
   H5Tinsert(t.get(), "t_ns", HOFFSET(TraceEvent, t_ns), H5T_NATIVE_INT64);
   H5Tinsert(t.get(), "id", HOFFSET(TraceEvent, id), H5T_NATIVE_UINT16);
@@ -493,7 +438,7 @@ Status FsyncPath(const std::string& path, bool directory) {
 
 }  // namespace
 
-Status H5Exporter::Finish(const ExportMeta& meta) {
+Status H5Exporter::Finish(const ExportRunInfo& meta) {
   if (finished_) return Status::Runtime("export", "Finish called twice");
   finished_ = true;
   File* f = file_.get();

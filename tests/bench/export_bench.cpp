@@ -91,7 +91,7 @@ void BM_H5Export(benchmark::State& state) {
       (*e)->OnState(info, v);
     }
     (*e)->OnCheckpointEnd(info);
-    if (--left == 0 && !(*e)->Finish(ExportMeta{}).ok()) state.SkipWithError("finish");
+    if (--left == 0 && !(*e)->Finish(ExportRunInfo{}).ok()) state.SkipWithError("finish");
     state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::filesystem::remove(path);
@@ -143,7 +143,7 @@ void BM_Decode(benchmark::State& state, bool trace_only) {
     tokens += static_cast<double>(r->output.size());
     secs += static_cast<double>(r->decode_ns) * 1e-9;
     state.SetIterationTime(static_cast<double>(r->decode_ns) * 1e-9);
-    if (ex && !ex->Finish(ExportMeta{}).ok()) state.SkipWithError("finish");
+    if (ex && !ex->Finish(ExportRunInfo{}).ok()) state.SkipWithError("finish");
   }
   std::filesystem::remove(path);
   state.counters["tokens_per_s"] = tokens / secs;

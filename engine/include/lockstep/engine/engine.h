@@ -78,6 +78,9 @@ class Engine {
  private:
   Engine(const EngineConfig& cfg, const ModelWeights& w);
   Status RunPipeline(ForwardMode mode, std::span<const std::int32_t> tokens, Activation& out);
+  // `perturb` injections of the current window: stage is's items after its verify forward.
+  void ApplyPerturbations(int is, Activation& act);
+  void PerturbLogits(float* logits, std::size_t n);
 
   EngineConfig cfg_;
   const ModelWeights& w_;

@@ -38,6 +38,10 @@ class KvCache {
   // Rows [0, rows) become committed; rows_committed() <= rows <= rows_written(). Everything past
   // `rows` is discarded (rows_spec() becomes 0).
   void Commit(int rows);
+  // Fault injection (inject.h `perturb`): multiplies K (which = 0) or V (1) of rows [row0, row0+n)
+  // by `factor` in place (f32 exactly, bf16 re-rounded, int8 through the per-row scales).
+  // Rows must be written and not committed.
+  void ScaleRows(int which, int row0, int n, float factor);
   // Drops all speculative rows.
   void DiscardSpeculative() { rows_written_ = rows_committed_; }
 

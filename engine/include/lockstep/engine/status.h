@@ -70,6 +70,8 @@ class [[nodiscard]] Status {
   int exit_code() const;
 
   static std::string_view CodeName(Code c);
+  // Rebuilds a status from its code and full message (e.g. received from a child process).
+  static Status FromCode(Code code, std::string_view message);
 
  private:
   struct Rep {

@@ -28,26 +28,11 @@
 
 #include "lockstep/engine/observer.h"
 #include "lockstep/engine/status.h"
+#include "lockstep/engine/window_selection.h"
 #include "lockstep/engine/trace_ring.h"
 #include "lockstep/instrument/resource_sampler.h"
 
 namespace lockstep {
-
-// Which windows export state: "all", "none", or a list of indices and inclusive ranges
-// ("0-2", "0,5,9-12").
-class WindowSelection {
- public:
-  static Result<WindowSelection> Parse(std::string_view text);
-  bool Contains(int window) const;
-  bool none() const { return !all_ && ranges_.empty(); }
-
- private:
-  bool all_ = false;
-  std::vector<std::pair<int, int>> ranges_;
-};
-
-// "pre_verify,post_verify,commit" (any non-empty subset).
-Result<std::set<CheckpointPoint>> ParseExportPoints(std::string_view text);
 
 struct ExportOptions {
   std::string path;                       // final file; written as path + ".partial"
@@ -57,7 +42,7 @@ struct ExportOptions {
 };
 
 // What Finish() writes besides the checkpoints (DESIGN.md root attributes and groups).
-struct ExportMeta {
+struct ExportRunInfo {
   std::string arm, run_id, created_utc;
   std::string config_json;  // canonical effective config
   std::string executable_sha256, config_sha256, model_sha256, request_sha256;
@@ -103,7 +88,7 @@ class H5Exporter final : public Observer {
 
   // Writes /trace/windows and the metadata, drains the queue, closes, fsyncs, renames.
   // Errors: the first write error (kIOError), or one from close/fsync/rename.
-  Status Finish(const ExportMeta& meta);
+  Status Finish(const ExportRunInfo& meta);
 
   // Items written per exported checkpoint, in order, by point (the seed's "93 / 94 / 93").
   const std::map<CheckpointPoint, std::vector<int>>& item_counts() const { return counts_; }

@@ -1,0 +1,272 @@
+#include "lockstep/compare/align.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+namespace lockstep {
+namespace {
+
+// One alignable path field. Values are read as integers (bools as 0/1) so the walk compares
+// without formatting text per window; FieldValue() formats only for reports.
+struct PathField {
+  const char* name;
+  bool is_bool;
+  int (*get)(const WindowRecord& w);
+};
+
+const PathField kPathFields[] = {
+    {"p", false, [](const WindowRecord& w) { return w.p; }},
+    {"T", false, [](const WindowRecord& w) { return w.T; }},
+    {"T_mtp", false, [](const WindowRecord& w) { return w.T_mtp; }},
+    {"merged", true, [](const WindowRecord& w) { return w.merged ? 1 : 0; }},
+    {"from_sfx", true, [](const WindowRecord& w) { return w.from_sfx ? 1 : 0; }},
+    {"chain_n", false, [](const WindowRecord& w) { return w.chain_n; }},
+    {"accepted", false, [](const WindowRecord& w) { return w.accepted; }},
+};
+
+const PathField* FindPathField(std::string_view name) {
+  for (const PathField& f : kPathFields)
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+struct TimingField {
+  const char* name;
+  std::int64_t WindowRecord::*ns;
+};
+
+// Same order as TimingIntervals(): AlignResult::timing is indexed alike.
+const TimingField kTimingFields[] = {
+    {"verify", &WindowRecord::verify_ns},   {"wait", &WindowRecord::wait_ns},
+    {"compute", &WindowRecord::compute_ns}, {"draft", &WindowRecord::draft_ns},
+    {"commit", &WindowRecord::commit_ns},   {"export", &WindowRecord::export_ns},
+};
+
+constexpr double kNsPerMs = 1e6;
+
+double NsToMs(std::int64_t ns) { return static_cast<double>(ns) / kNsPerMs; }
+
+// A negative interval is not a measurement: -1 is the documented "unknown" (export_ns without an
+// observer) and any other negative value can only come from a damaged trace, so it is treated the
+// same way rather than summed as a real duration.
+bool IsKnown(std::int64_t ns) { return ns >= 0; }
+
+// Median of `v` (mean of the two middle values for an even count); 0 for an empty vector.
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  const std::size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  const double upper = v[mid];
+  if (v.size() % 2 == 1) return upper;
+  // The lower middle is the largest element of the left partition nth_element left behind.
+  const double lower = *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid));
+  return (lower + upper) / 2.0;
+}
+
+std::string JoinNames(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) {
+    if (!out.empty()) out += ", ";
+    out += n;
+  }
+  return out;
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+IntervalDiff DiffInterval(const TimingField& tf, const std::vector<WindowRecord>& a,
+                          const std::vector<WindowRecord>& b, std::size_t matched) {
+  IntervalDiff d;
+  d.name = tf.name;
+  for (std::size_t i = 0; i < matched; ++i) {
+    if (!IsKnown(a[i].*tf.ns) || !IsKnown(b[i].*tf.ns)) {
+      // Unknown is never zero (STYLE 17): a partial sum or median would look like a measurement.
+      d.known = false;
+      return d;
+    }
+  }
+  d.delta_ms.reserve(matched);
+  std::vector<double> abs_delta;
+  abs_delta.reserve(matched);
+  for (std::size_t i = 0; i < matched; ++i) {
+    const std::int64_t ns_a = a[i].*tf.ns, ns_b = b[i].*tf.ns;
+    // Both are non-negative here, so the int64 difference cannot overflow and stays exact.
+    const double delta = NsToMs(ns_b - ns_a);
+    d.delta_ms.push_back(delta);
+    abs_delta.push_back(std::fabs(delta));
+    if (d.max_at < 0 || std::fabs(delta) > d.max_abs_delta_ms) {  // strict: the lowest index wins ties
+      d.max_abs_delta_ms = std::fabs(delta);
+      d.max_at = static_cast<int>(i);
+    }
+    d.sum_a_ms += NsToMs(ns_a);
+    d.sum_b_ms += NsToMs(ns_b);
+  }
+  d.median_delta_ms = Median(d.delta_ms);
+  d.median_abs_delta_ms = Median(std::move(abs_delta));
+  if (d.sum_a_ms != 0.0) {
+    d.rel_diff = (d.sum_b_ms - d.sum_a_ms) / d.sum_a_ms;
+  } else if (d.sum_b_ms != 0.0) {
+    d.rel_diff = std::numeric_limits<double>::infinity();
+  }
+  return d;
+}
+
+// Median verify time of one side over its whole trace; windows with an unknown verify time are
+// left out rather than counted as zero.
+double SideMedianVerifyMs(const std::vector<WindowRecord>& w) {
+  std::vector<double> v;
+  v.reserve(w.size());
+  for (const WindowRecord& r : w)
+    if (IsKnown(r.verify_ns)) v.push_back(NsToMs(r.verify_ns));
+  return Median(std::move(v));
+}
+
+// One side's windows far above its own median, largest first. Per side on purpose: after a
+// divergence an index on A and the same index on B are different work (seed: B's window 45).
+std::vector<NotableWindow> SideNotable(const std::vector<WindowRecord>& w, double median_ms, const AlignOptions& opts,
+                                       bool diverged, int div_idx) {
+  std::vector<NotableWindow> out;
+  if (opts.max_notable <= 0) return out;
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    if (!IsKnown(w[i].verify_ns)) continue;
+    const double ms = NsToMs(w[i].verify_ns);
+    if (!(ms >= opts.notable_ratio * median_ms) || !(ms >= opts.notable_min_ms)) continue;
+    NotableWindow n;
+    // The position in the side's own trace: the same index div_idx and rest_* use (ReadWindowRecords
+    // guarantees it equals the record's idx).
+    n.idx = static_cast<int>(i);
+    n.p = w[i].p;
+    n.T = w[i].T;
+    n.verify_ms = ms;
+    n.ratio_to_median = median_ms > 0.0 ? ms / median_ms : std::numeric_limits<double>::infinity();
+    n.after_divergence = diverged && n.idx >= div_idx;
+    out.push_back(n);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const NotableWindow& x, const NotableWindow& y) {
+    if (x.verify_ms != y.verify_ms) return x.verify_ms > y.verify_ms;
+    return x.idx < y.idx;
+  });
+  if (out.size() > static_cast<std::size_t>(opts.max_notable)) out.resize(static_cast<std::size_t>(opts.max_notable));
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::string>& AlignableFields() {
+  static const std::vector<std::string> kFields = [] {
+    std::vector<std::string> v;
+    for (const PathField& f : kPathFields) v.emplace_back(f.name);
+    return v;
+  }();
+  return kFields;
+}
+
+const std::vector<std::string>& DefaultAlignFields() {
+  // `accepted` is alignable but not a default: it is an outcome of the verify, not the path that
+  // was chosen before it, and the seed issue matched on the six fields below.
+  static const std::vector<std::string> kFields = {"p", "T", "T_mtp", "merged", "from_sfx", "chain_n"};
+  return kFields;
+}
+
+Result<std::vector<std::string>> ParseAlignFields(std::string_view csv) {
+  const std::string valid = "valid: " + JoinNames(AlignableFields());
+  if (Trim(csv).empty()) return Status::InvalidArgument("align fields", "empty list (" + valid + ")");
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = csv.find(',', start);
+    const std::string_view tok =
+        Trim(csv.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    if (tok.empty())
+      return Status::InvalidArgument("align fields '" + std::string(csv) + "'", "empty field name (" + valid + ")");
+    if (FindPathField(tok) == nullptr)
+      return Status::InvalidArgument("align field '" + std::string(tok) + "'", "unknown (" + valid + ")");
+    if (std::find(out.begin(), out.end(), tok) != out.end())
+      return Status::InvalidArgument("align field '" + std::string(tok) + "'", "listed twice");
+    out.emplace_back(tok);
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string FieldValue(const WindowRecord& w, const std::string& field) {
+  const PathField* f = FindPathField(field);
+  if (f == nullptr) return "";  // not a path field: nothing to show (ParseAlignFields rejects it earlier)
+  const int v = f->get(w);
+  if (f->is_bool) return v != 0 ? "true" : "false";
+  return std::to_string(v);
+}
+
+std::string DescribeWindow(const WindowRecord& w, const std::vector<std::string>& fields) {
+  std::string out;
+  for (const std::string& f : fields) {
+    if (!out.empty()) out += ", ";
+    out += f + "=" + FieldValue(w, f);
+  }
+  return out;
+}
+
+const std::vector<std::string>& TimingIntervals() {
+  static const std::vector<std::string> kNames = [] {
+    std::vector<std::string> v;
+    for (const TimingField& t : kTimingFields) v.emplace_back(t.name);
+    return v;
+  }();
+  return kNames;
+}
+
+AlignResult AlignWindows(const std::vector<WindowRecord>& a, const std::vector<WindowRecord>& b,
+                         const AlignOptions& opts) {
+  AlignResult r;
+  r.fields = opts.fields;
+  r.n_a = static_cast<int>(a.size());
+  r.n_b = static_cast<int>(b.size());
+
+  // Resolve names once. A name that is not a path field (callers should have used
+  // ParseAlignFields) has no value on either side, so it can never cause a divergence.
+  std::vector<const PathField*> fields;
+  for (const std::string& name : opts.fields)
+    if (const PathField* f = FindPathField(name)) fields.push_back(f);
+
+  const std::size_t common = std::min(a.size(), b.size());
+  std::size_t matched = 0;
+  for (; matched < common; ++matched) {
+    bool same = true;
+    for (const PathField* f : fields) same = same && f->get(a[matched]) == f->get(b[matched]);
+    if (!same) break;
+  }
+  r.matched = static_cast<int>(matched);
+  r.diverged = matched < a.size() || matched < b.size();
+  if (r.diverged) {
+    r.div_idx = r.matched;
+    if (matched < a.size()) r.div_a = a[matched];
+    if (matched < b.size()) r.div_b = b[matched];
+    if (r.div_a && r.div_b) {
+      for (const PathField* f : fields)
+        if (f->get(*r.div_a) != f->get(*r.div_b)) r.differing_fields.emplace_back(f->name);
+    }
+    // Windows from the divergence on are listed per side, never paired by index: after a path
+    // difference the same index no longer means the same work.
+    r.rest_a.assign(a.begin() + static_cast<std::ptrdiff_t>(matched), a.end());
+    r.rest_b.assign(b.begin() + static_cast<std::ptrdiff_t>(matched), b.end());
+  }
+
+  // Timing only over [0, matched): past the divergence a per-index delta compares different work.
+  for (const TimingField& tf : kTimingFields) r.timing.push_back(DiffInterval(tf, a, b, matched));
+
+  r.median_verify_ms_a = SideMedianVerifyMs(a);
+  r.median_verify_ms_b = SideMedianVerifyMs(b);
+  r.notable_a = SideNotable(a, r.median_verify_ms_a, opts, r.diverged, r.div_idx);
+  r.notable_b = SideNotable(b, r.median_verify_ms_b, opts, r.diverged, r.div_idx);
+  return r;
+}
+
+}  // namespace lockstep

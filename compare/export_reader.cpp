@@ -1,0 +1,833 @@
+#include "lockstep/compare/export_reader.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <charconv>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+namespace lockstep {
+namespace {
+
+// Owns one hid_t. Local rather than instrument's H5Handle so that compare/ depends on engine/
+// only (DESIGN.md: dependencies point one way).
+class Hid {
+ public:
+  Hid() = default;
+  explicit Hid(hid_t id) : id_(id) {}
+  ~Hid() { reset(); }
+  Hid(const Hid&) = delete;
+  Hid& operator=(const Hid&) = delete;
+  Hid(Hid&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)) {}
+  Hid& operator=(Hid&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = std::exchange(o.id_, H5I_INVALID_HID);
+    }
+    return *this;
+  }
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  void reset() {
+    // H5Idec_ref closes any kind of handle when its count reaches zero (ours hold one reference).
+    if (id_ >= 0) H5Idec_ref(id_);
+    id_ = H5I_INVALID_HID;
+  }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+};
+
+Status Bad(const std::string& path, const std::string& detail) { return Status::InvalidArgument(path, detail); }
+
+// The HDF5 format signature; the exporter writes no user block, so it sits at offset 0.
+bool HasHdf5Signature(int fd, ssize_t* got) {
+  static constexpr unsigned char kSig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  unsigned char sig[8] = {};
+  *got = ::pread(fd, sig, sizeof(sig), 0);
+  return *got == 8 && std::memcmp(sig, kSig, 8) == 0;
+}
+
+constexpr std::array<const char*, 10> kKinds = {"k",         "v",     "k_spec", "v_spec",     "conv_state",
+                                                "ssm_state", "mtp_k", "mtp_v",  "hidden_out", "logits"};
+constexpr std::array<const char*, 3> kPoints = {"pre_verify", "post_verify", "commit"};
+
+int IndexOf(const auto& table, const std::string& s) {
+  for (std::size_t i = 0; i < table.size(); ++i)
+    if (s == table[i]) return static_cast<int>(i);
+  return -1;
+}
+
+// "stage12" -> 12 (digits only, no sign, fits an int); -1 otherwise.
+int ParseIndex(const std::string& name, std::string_view prefix) {
+  if (name.size() <= prefix.size() || name.size() > prefix.size() + 9 || name.compare(0, prefix.size(), prefix) != 0)
+    return -1;
+  int v = -1;
+  const char* b = name.data() + prefix.size();
+  const char* e = name.data() + name.size();
+  auto [p, ec] = std::from_chars(b, e, v);
+  return ec == std::errc() && p == e && *b != '+' && *b != '-' ? v : -1;
+}
+
+std::string DescribeType(hid_t t) {
+  const std::string size = std::to_string(H5Tget_size(t)) + "-byte ";
+  switch (H5Tget_class(t)) {
+    case H5T_INTEGER:
+      return size + (H5Tget_sign(t) == H5T_SGN_NONE ? "unsigned" : "signed") + " integers";
+    case H5T_FLOAT:
+      return size + "floats";
+    case H5T_STRING:
+      return "strings";
+    case H5T_COMPOUND:
+      return "compound records";
+    default:
+      return "values of HDF5 type class " + std::to_string(static_cast<int>(H5Tget_class(t)));
+  }
+}
+
+std::string ShapeText(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Bytes held by `shape` at `elem` bytes per element, or -1 when that exceeds `limit` (no overflow).
+std::int64_t BytesWithin(const std::vector<std::int64_t>& shape, std::int64_t elem, std::int64_t limit) {
+  for (auto d : shape)
+    if (d == 0) return 0;
+  std::int64_t bytes = elem;
+  for (auto d : shape) {
+    if (bytes > limit / d) return -1;
+    bytes *= d;
+  }
+  return bytes > limit ? -1 : bytes;
+}
+
+// Names and link types of a group's members, at most `max_links` of them.
+struct Link {
+  std::string name;
+  H5L_type_t type;
+};
+herr_t CollectLink(hid_t, const char* name, const H5L_info_t* info, void* data) {
+  static_cast<std::vector<Link>*>(data)->push_back({name, info->type});
+  return 0;
+}
+Result<std::vector<Link>> Children(hid_t group, const std::string& path, std::int64_t max_links) {
+  H5G_info_t gi;
+  if (H5Gget_info(group, &gi) < 0) return Bad(path, "the group's link table is unreadable (corrupt file?)");
+  if (gi.nlinks > static_cast<hsize_t>(max_links))
+    return Bad(path,
+               "holds " + std::to_string(gi.nlinks) + " entries, more than the limit of " + std::to_string(max_links));
+  std::vector<Link> links;
+  links.reserve(static_cast<std::size_t>(gi.nlinks));
+  if (H5Literate(group, H5_INDEX_NAME, H5_ITER_INC, nullptr, CollectLink, &links) < 0 || links.size() != gi.nlinks)
+    return Bad(path, "the group's link table is unreadable (corrupt file?)");
+  for (const Link& l : links)
+    if (l.type != H5L_TYPE_HARD)  // a soft or external link could point anywhere, even into another file
+      return Bad(path + "/" + l.name, "is a soft or external link (lockstep.export holds hard links only)");
+  return links;
+}
+
+// Opens the object at absolute `path`, checking that every component is a hard link and that the
+// object is of kind `want` (H5I_GROUP or H5I_DATASET).
+Result<Hid> OpenObject(hid_t file, const std::string& path, H5I_type_t want) {
+  for (std::size_t slash = path.find('/', 1); path != "/"; slash = path.find('/', slash + 1)) {
+    const std::string prefix = path.substr(0, slash);
+    H5L_info_t li;
+    if (H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0 || H5Lget_info(file, prefix.c_str(), &li, H5P_DEFAULT) < 0)
+      return Bad(prefix, "missing (required by lockstep.export v1)");
+    if (li.type != H5L_TYPE_HARD)
+      return Bad(prefix, "is a soft or external link (lockstep.export holds hard links only)");
+    if (slash == std::string::npos) break;
+  }
+  Hid obj(H5Oopen(file, path.c_str(), H5P_DEFAULT));
+  if (!obj.valid()) return Bad(path, "cannot be opened (corrupt object header?)");
+  if (H5Iget_type(obj.get()) != want) return Bad(path, want == H5I_GROUP ? "is not a group" : "is not a dataset");
+  return obj;
+}
+
+// One scalar string of an attribute or a dataset, fixed- or variable-length, at most `max_bytes`.
+Result<std::string> ReadString(hid_t id, bool is_attr, const std::string& what, std::int64_t max_bytes) {
+  Hid ft(is_attr ? H5Aget_type(id) : H5Dget_type(id));
+  Hid sp(is_attr ? H5Aget_space(id) : H5Dget_space(id));
+  if (!ft.valid() || H5Tget_class(ft.get()) != H5T_STRING) return Bad(what, "is not a string");
+  if (!sp.valid() || H5Sget_simple_extent_npoints(sp.get()) != 1) return Bad(what, "expected exactly one string");
+  Hid mt(H5Tcopy(H5T_C_S1));
+  H5Tset_cset(mt.get(), H5Tget_cset(ft.get()));  // HDF5 refuses ASCII <-> UTF-8 conversion
+  const htri_t vlen = H5Tis_variable_str(ft.get());
+  if (vlen < 0) return Bad(what, "string type unreadable");
+  if (vlen > 0) {  // not what the exporter writes (fixed-length), but what other tools often write
+    H5Tset_size(mt.get(), H5T_VARIABLE);
+    char* p = nullptr;
+    const herr_t r = is_attr ? H5Aread(id, mt.get(), &p) : H5Dread(id, mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &p);
+    if (r < 0 || p == nullptr) return Bad(what, "string unreadable (corrupt file?)");
+    const std::size_t len = strnlen(p, static_cast<std::size_t>(max_bytes) + 1);
+    std::string s(p, len);
+    H5free_memory(p);
+    if (static_cast<std::int64_t>(len) > max_bytes)
+      return Bad(what, "string longer than the limit of " + std::to_string(max_bytes) + " bytes");
+    return s;
+  }
+  const std::size_t size = H5Tget_size(ft.get());
+  if (size == 0 || static_cast<std::int64_t>(size) > max_bytes)
+    return Bad(what, "string of " + std::to_string(size) + " bytes exceeds the limit of " + std::to_string(max_bytes));
+  H5Tset_size(mt.get(), size);
+  H5Tset_strpad(mt.get(), H5T_STR_NULLPAD);
+  std::string s(size, '\0');
+  const herr_t r =
+      is_attr ? H5Aread(id, mt.get(), s.data()) : H5Dread(id, mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data());
+  if (r < 0) return Bad(what, "string unreadable (corrupt file?)");
+  s.resize(strnlen(s.data(), size));
+  return s;
+}
+
+Result<Hid> OpenAttr(hid_t obj, const std::string& path, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return Bad(path, std::string("missing attribute '") + name + "'");
+  Hid a(H5Aopen(obj, name, H5P_DEFAULT));
+  if (!a.valid()) return Bad(path, std::string("attribute '") + name + "' unreadable (corrupt file?)");
+  return a;
+}
+
+Result<std::int64_t> IntAttr(hid_t obj, const std::string& path, const char* name) {
+  LOCKSTEP_ASSIGN_OR_RETURN(Hid a, OpenAttr(obj, path, name));
+  Hid t(H5Aget_type(a.get())), sp(H5Aget_space(a.get()));
+  if (H5Tget_class(t.get()) != H5T_INTEGER) return Bad(path, std::string("attribute '") + name + "' is not an integer");
+  if (H5Sget_simple_extent_npoints(sp.get()) != 1)
+    return Bad(path, std::string("attribute '") + name + "' is not one value");
+  std::int64_t v = 0;
+  if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) return Bad(path, std::string("attribute '") + name + "' unreadable");
+  return v;
+}
+
+Result<int> SmallIntAttr(hid_t obj, const std::string& path, const char* name) {
+  LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t v, IntAttr(obj, path, name));
+  if (v < INT_MIN || v > INT_MAX)
+    return Bad(path, std::string("attribute '") + name + "' out of range: " + std::to_string(v));
+  return static_cast<int>(v);
+}
+
+Result<std::string> StrAttr(hid_t obj, const std::string& path, const char* name, std::int64_t max_bytes) {
+  LOCKSTEP_ASSIGN_OR_RETURN(Hid a, OpenAttr(obj, path, name));
+  return ReadString(a.get(), true, path + " attribute '" + name + "'", max_bytes);
+}
+
+// Dimensions of a dataset, each checked against the limits.
+Result<std::vector<std::int64_t>> Shape(hid_t ds, const std::string& path, const ReaderLimits& lim) {
+  Hid sp(H5Dget_space(ds));
+  if (!sp.valid()) return Bad(path, "dataspace unreadable (corrupt file?)");
+  if (H5Sget_simple_extent_type(sp.get()) == H5S_NULL) return Bad(path, "has a null dataspace");
+  const int rank = H5Sget_simple_extent_ndims(sp.get());
+  if (rank < 0 || rank > lim.max_rank || rank > H5S_MAX_RANK)
+    return Bad(path, "rank " + std::to_string(rank) + " exceeds the limit of " + std::to_string(lim.max_rank));
+  std::array<hsize_t, H5S_MAX_RANK> dims{};
+  if (H5Sget_simple_extent_dims(sp.get(), dims.data(), nullptr) != rank) return Bad(path, "dataspace unreadable");
+  std::vector<std::int64_t> shape;
+  for (int i = 0; i < rank; ++i) {
+    const hsize_t d = dims[static_cast<std::size_t>(i)];
+    if (d > static_cast<hsize_t>(lim.max_dim))
+      return Bad(path, "dimension " + std::to_string(i) + " is " + std::to_string(d) + ", more than the limit of " +
+                           std::to_string(lim.max_dim));
+    shape.push_back(static_cast<std::int64_t>(d));
+  }
+  return shape;
+}
+
+// The rows of a compound dataset (rank 1, or rank 2 read flattened) as int64 fields, read by
+// field NAME: HDF5 matches the memory compound to the file's members by name, so their order and
+// any extra members in the file do not matter. A missing or non-integer field is an error.
+template <std::size_t N>
+Result<std::vector<std::array<std::int64_t, N>>> ReadTable(hid_t ds, const std::string& path,
+                                                           const std::array<const char*, N>& fields,
+                                                           const ReaderLimits& lim, std::int64_t max_rows,
+                                                           std::int64_t file_bytes) {
+  using Row = std::array<std::int64_t, N>;
+  Hid ft(H5Dget_type(ds));
+  if (!ft.valid() || H5Tget_class(ft.get()) != H5T_COMPOUND)
+    return Bad(path,
+               "holds " + (ft.valid() ? DescribeType(ft.get()) : std::string("?")) + ", expected compound records");
+  for (const char* f : fields) {
+    const int idx = H5Tget_member_index(ft.get(), f);
+    if (idx < 0) return Bad(path, std::string("compound has no field '") + f + "'");
+    if (H5Tget_member_class(ft.get(), static_cast<unsigned>(idx)) != H5T_INTEGER)
+      return Bad(path, std::string("field '") + f + "' is not an integer");
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(auto shape, Shape(ds, path, lim));
+  if (shape.empty() || shape.size() > 2)
+    return Bad(path, "expected a one-dimensional table, got shape " + ShapeText(shape));
+  const std::int64_t n = shape.size() == 1 ? shape[0] : BytesWithin(shape, 1, max_rows);
+  if (n < 0 || n > max_rows) return Bad(path, "holds more than the limit of " + std::to_string(max_rows) + " rows");
+  if (BytesWithin({n}, static_cast<std::int64_t>(H5Tget_size(ft.get())), file_bytes) < 0)
+    return Bad(path, std::to_string(n) + " rows are larger than the file itself (truncated or corrupt)");
+  Hid mt(H5Tcreate(H5T_COMPOUND, sizeof(Row)));
+  for (std::size_t i = 0; i < N; ++i) H5Tinsert(mt.get(), fields[i], i * sizeof(std::int64_t), H5T_NATIVE_INT64);
+  std::vector<Row> rows(static_cast<std::size_t>(n));
+  if (n > 0 && H5Dread(ds, mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) < 0)
+    return Bad(path, "rows unreadable (corrupt file?)");
+  return rows;
+}
+
+// One line per field (from `first` on) that is -1 in some rows: "trace/windows export_ns: unknown in 3 of 9 windows".
+template <std::size_t N>
+void UnknownLines(const std::vector<std::array<std::int64_t, N>>& rows, const std::array<const char*, N>& fields,
+                  std::size_t first, const std::string& table, const char* unit, std::vector<std::string>* out) {
+  for (std::size_t f = first; f < N; ++f) {
+    const auto n = std::count_if(rows.begin(), rows.end(), [&](const auto& r) { return r[f] == -1; });
+    if (n > 0)
+      out->push_back(table + " " + fields[f] + ": unknown in " + std::to_string(n) + " of " +
+                     std::to_string(rows.size()) + " " + unit);
+  }
+}
+
+constexpr std::array<const char*, 17> kWindowFields = {
+    "idx",      "p",      "T",         "T_mtp",   "merged",     "from_sfx", "first_call", "chain_n",  "accepted",
+    "begin_ns", "end_ns", "verify_ns", "wait_ns", "compute_ns", "draft_ns", "commit_ns",  "export_ns"};
+constexpr std::size_t kFirstWindowTiming = 9;
+constexpr std::array<const char*, 5> kHostFields = {"t_ns", "host_available_bytes", "swap_used_bytes", "rss_bytes",
+                                                    "process_cpu_ns"};
+constexpr std::array<const char*, 8> kDeviceFields = {"t_ns",          "device",       "free_bytes", "total_bytes",
+                                                      "temperature_c", "sm_clock_mhz", "pcie_gen",   "pcie_width"};
+constexpr std::array<const char*, 8> kCounterAttrs = {"expert_hits",        "expert_misses", "expert_bytes_fetched",
+                                                      "host_expert_tokens", "verify_calls",  "first_calls",
+                                                      "graph_captures",     "first_call_ns"};
+
+// Minimum / maximum over the known (!= -1) values of column `f`; -1 when none is known.
+template <std::size_t N>
+std::int64_t Extreme(const std::vector<std::array<std::int64_t, N>>& rows, std::size_t f, bool want_max) {
+  std::int64_t best = -1;
+  for (const auto& r : rows)
+    if (r[f] != -1 && (best == -1 || (want_max ? r[f] > best : r[f] < best))) best = r[f];
+  return best;
+}
+
+std::int32_t Clamp32(std::int64_t v) {
+  return static_cast<std::int32_t>(std::clamp<std::int64_t>(v, INT32_MIN, INT32_MAX));
+}
+
+herr_t CollectAttrName(hid_t, const char* name, const H5A_info_t*, void* data) {
+  auto* names = static_cast<std::vector<std::string>*>(data);
+  names->push_back(name);
+  return names->size() > 4096 ? 1 : 0;  // stop: no legitimate counters group has that many
+}
+
+// Where one dataset's rows are and how to read them.
+struct Loc {
+  std::string path;  // in-file path (error messages, H5Dread fallback)
+  std::vector<hsize_t> dims;
+  std::int64_t rows = 0, row_bytes = 0;
+  std::int64_t offset = -1;          // file offset of the raw contiguous data; -1: H5Dread fallback
+  hid_t mem_type = H5I_INVALID_HID;  // native type of the elements (predefined: never closed)
+};
+
+}  // namespace
+
+std::int64_t ExportItem::row_elems() const {
+  std::int64_t n = 1;
+  for (std::size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+std::size_t ExportItem::elem_bytes() const { return dtype == "f32" ? 4 : dtype == "bf16" ? 2 : 1; }
+
+struct ExportReader::Impl {
+  ExportMeta meta;
+  ReaderLimits limits;
+  std::string file_path;
+  int fd = -1;
+  Hid file;                  // kept open only when some dataset needs the H5Dread fallback
+  mutable std::mutex h5_mu;  // serialises the fallback (and its hyperslab selections)
+  struct ItemLoc {
+    Loc data, scale;
+  };
+  std::unordered_map<std::string, ItemLoc> locs;  // "<checkpoint>/<rel>"
+  std::int64_t n_items = 0;
+  bool needs_fallback = false;
+
+  ~Impl() {
+    file.reset();
+    if (fd >= 0) ::close(fd);
+  }
+
+  Status ReadAll();
+  Status ReadSampler();
+  Status ReadCheckpoint(const std::string& name);
+  Result<ExportItem> ReadItem(const std::string& cp_path, const std::string& rel, int stage, int layer,
+                              const std::string& kind, Loc* loc);
+  Status ReadScale(const std::string& path, ExportItem* item, Loc* loc);
+  Status Locate(hid_t ds, const std::string& path, hid_t mem_type, const std::vector<std::int64_t>& shape,
+                std::int64_t bytes, Loc* loc);
+  Status Read(const Loc& loc, std::int64_t row0, std::int64_t n, void* dst) const;
+  const ItemLoc* Find(const ExportCheckpoint& cp, const ExportItem& item) const {
+    auto it = locs.find(cp.name + "/" + item.rel);
+    return it == locs.end() ? nullptr : &it->second;
+  }
+};
+
+// Records how to read `ds`: pread() at its file offset when the raw bytes are exactly what the
+// caller gets (contiguous, unfiltered, allocated, file type == native type), else H5Dread.
+Status ExportReader::Impl::Locate(hid_t ds, const std::string& path, hid_t mem_type,
+                                  const std::vector<std::int64_t>& shape, std::int64_t bytes, Loc* loc) {
+  loc->path = path;
+  loc->mem_type = mem_type;
+  loc->dims.assign(shape.begin(), shape.end());
+  loc->rows = shape.empty() ? 1 : shape[0];
+  loc->row_bytes = loc->rows == 0 ? 0 : bytes / loc->rows;
+  Hid dcpl(H5Dget_create_plist(ds)), ft(H5Dget_type(ds));
+  if (!dcpl.valid() || !ft.valid()) return Bad(path, "creation properties unreadable (corrupt file?)");
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  if (layout == H5D_VIRTUAL || H5Pget_external_count(dcpl.get()) != 0)
+    return Bad(path, "stores its data in other files (virtual or external dataset)");
+  if (bytes == 0) {  // nothing to read: only empty ranges are in bounds
+    loc->offset = 0;
+    return Status::Ok();
+  }
+  const haddr_t off = H5Dget_offset(ds);
+  if (layout == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl.get()) == 0 && H5Tequal(ft.get(), mem_type) > 0 &&
+      off != HADDR_UNDEF) {
+    const auto file_bytes = static_cast<haddr_t>(meta.file_bytes);
+    if (off > file_bytes || static_cast<haddr_t>(bytes) > file_bytes - off)
+      return Bad(path, "raw data at offset " + std::to_string(off) + " + " + std::to_string(bytes) +
+                           " bytes lies past the end of the file (" + std::to_string(meta.file_bytes) +
+                           " bytes): truncated?");
+    loc->offset = static_cast<std::int64_t>(off);
+  } else {
+    needs_fallback = true;  // chunked/compressed/other byte order, or never allocated (reads the fill value)
+  }
+  return Status::Ok();
+}
+
+Status ExportReader::Impl::Read(const Loc& loc, std::int64_t row0, std::int64_t n, void* dst) const {
+  if (row0 < 0 || n < 0 || row0 > loc.rows || n > loc.rows - row0)
+    return Status::InvalidArgument(loc.path, "rows [" + std::to_string(row0) + ", +" + std::to_string(n) +
+                                                 ") are outside the dataset's " + std::to_string(loc.rows) + " rows");
+  if (n == 0) return Status::Ok();
+  if (dst == nullptr) return Status::InvalidArgument(loc.path, "null destination");
+  if (loc.offset >= 0) {
+    auto* p = static_cast<char*>(dst);
+    auto left = static_cast<std::size_t>(n * loc.row_bytes);
+    auto off = static_cast<off_t>(loc.offset + row0 * loc.row_bytes);
+    while (left > 0) {
+      const ssize_t r = ::pread(fd, p, left, off);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return Status::IOError(file_path, loc.path + ": read failed: " + std::strerror(errno));
+      if (r == 0)
+        return Status::IOError(file_path, loc.path + ": unexpected end of file (truncated after it was opened?)");
+      p += r;
+      left -= static_cast<std::size_t>(r);
+      off += r;
+    }
+    return Status::Ok();
+  }
+  std::lock_guard<std::mutex> lock(h5_mu);
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // per thread in thread-safe builds
+  Hid ds(H5Dopen2(file.get(), loc.path.c_str(), H5P_DEFAULT));
+  Hid fs(ds.valid() ? H5Dget_space(ds.get()) : H5I_INVALID_HID);
+  std::vector<hsize_t> start(loc.dims.size(), 0), count = loc.dims;
+  if (!count.empty()) {
+    start[0] = static_cast<hsize_t>(row0);
+    count[0] = static_cast<hsize_t>(n);
+  }
+  Hid ms(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+  if (!fs.valid() || !ms.valid() ||
+      (!count.empty() &&
+       H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0) ||
+      H5Dread(ds.get(), loc.mem_type, ms.get(), fs.get(), H5P_DEFAULT, dst) < 0)
+    return Status::IOError(file_path, loc.path + ": HDF5 failed reading rows (corrupt data?)");
+  return Status::Ok();
+}
+
+Result<ExportItem> ExportReader::Impl::ReadItem(const std::string& cp_path, const std::string& rel, int stage,
+                                                int layer, const std::string& kind, Loc* loc) {
+  const std::string path = cp_path + "/" + rel;
+  LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(file.get(), path, H5I_DATASET));
+  if (++n_items > limits.max_items)
+    return Bad("/checkpoints", "more than the limit of " + std::to_string(limits.max_items) + " items");
+  ExportItem it;
+  it.rel = rel;
+  LOCKSTEP_ASSIGN_OR_RETURN(it.kind, StrAttr(ds.get(), path, "kind", 64));
+  LOCKSTEP_ASSIGN_OR_RETURN(it.stage, SmallIntAttr(ds.get(), path, "stage"));
+  LOCKSTEP_ASSIGN_OR_RETURN(it.layer, SmallIntAttr(ds.get(), path, "layer"));
+  LOCKSTEP_ASSIGN_OR_RETURN(it.valid_rows, IntAttr(ds.get(), path, "valid_rows"));
+  LOCKSTEP_ASSIGN_OR_RETURN(it.capacity_rows, IntAttr(ds.get(), path, "capacity_rows"));
+  LOCKSTEP_ASSIGN_OR_RETURN(it.dtype, StrAttr(ds.get(), path, "dtype", 64));
+  if (it.kind != kind) return Bad(path, "kind attribute '" + it.kind + "' but the path says '" + kind + "'");
+  if (it.stage != stage || it.layer != layer)
+    return Bad(path, "stage/layer attributes " + std::to_string(it.stage) + "/" + std::to_string(it.layer) +
+                         " but the path says " + std::to_string(stage) + "/" + std::to_string(layer));
+  Hid ft(H5Dget_type(ds.get()));
+  if (!ft.valid()) return Bad(path, "datatype unreadable (corrupt file?)");
+  const H5T_class_t cls = H5Tget_class(ft.get());
+  const std::size_t size = H5Tget_size(ft.get());
+  const bool is_int = cls == H5T_INTEGER;
+  hid_t mem_type = H5I_INVALID_HID;
+  bool type_ok = false;
+  if (it.dtype == "f32") {
+    type_ok = cls == H5T_FLOAT && size == 4;
+    mem_type = H5T_NATIVE_FLOAT;
+  } else if (it.dtype == "bf16") {  // raw bf16 bits
+    type_ok = is_int && size == 2 && H5Tget_sign(ft.get()) == H5T_SGN_NONE;
+    mem_type = H5T_NATIVE_UINT16;
+  } else if (it.dtype == "int8") {
+    type_ok = is_int && size == 1 && H5Tget_sign(ft.get()) == H5T_SGN_2;
+    mem_type = H5T_NATIVE_INT8;
+  } else {
+    return Bad(path, "unknown dtype attribute '" + it.dtype + "' (expected f32, bf16 or int8)");
+  }
+  if (!type_ok) return Bad(path, "dtype attribute '" + it.dtype + "' but the dataset holds " + DescribeType(ft.get()));
+  LOCKSTEP_ASSIGN_OR_RETURN(it.shape, Shape(ds.get(), path, limits));
+  if (it.shape.empty()) return Bad(path, "is a scalar; items are rows first (rank >= 1)");
+  if (it.valid_rows != it.shape[0])
+    return Bad(path, "valid_rows attribute " + std::to_string(it.valid_rows) + " but the dataset has " +
+                         std::to_string(it.shape[0]) + " rows");
+  if (it.capacity_rows < it.valid_rows)
+    return Bad(path,
+               "capacity_rows " + std::to_string(it.capacity_rows) + " < valid_rows " + std::to_string(it.valid_rows));
+  const std::int64_t bytes = BytesWithin(it.shape, static_cast<std::int64_t>(it.elem_bytes()),
+                                         std::min(limits.max_item_bytes, meta.file_bytes));
+  if (bytes < 0)
+    return Bad(path, "shape " + ShapeText(it.shape) + " of " + it.dtype + " is larger than the limit of " +
+                         std::to_string(limits.max_item_bytes) + " bytes or the file's " +
+                         std::to_string(meta.file_bytes));
+  LOCKSTEP_RETURN_IF_ERROR(Locate(ds.get(), path, mem_type, it.shape, bytes, loc));
+  return it;
+}
+
+// `<item>_scale`: f32 [rows, heads] of an int8 item of shape [rows, heads, ...].
+Status ExportReader::Impl::ReadScale(const std::string& path, ExportItem* item, Loc* loc) {
+  LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(file.get(), path, H5I_DATASET));
+  if (item->dtype != "int8") return Bad(path, "scales of an item whose dtype is '" + item->dtype + "', not int8");
+  Hid ft(H5Dget_type(ds.get()));
+  if (!ft.valid() || H5Tget_class(ft.get()) != H5T_FLOAT || H5Tget_size(ft.get()) != 4)
+    return Bad(path, "scales must be 4-byte floats, the dataset holds " + (ft.valid() ? DescribeType(ft.get()) : "?"));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto shape, Shape(ds.get(), path, limits));
+  if (shape.size() != 2 || item->shape.size() < 2 || shape[0] != item->shape[0] || shape[1] != item->shape[1])
+    return Bad(path, "scale shape " + ShapeText(shape) + " does not fit item shape " + ShapeText(item->shape) +
+                         " (expected [rows, heads])");
+  const std::int64_t bytes = BytesWithin(shape, 4, std::min(limits.max_item_bytes, meta.file_bytes));
+  if (bytes < 0) return Bad(path, "scale shape " + ShapeText(shape) + " is larger than the file");
+  LOCKSTEP_RETURN_IF_ERROR(Locate(ds.get(), path, H5T_NATIVE_FLOAT, shape, bytes, loc));
+  item->has_scales = true;
+  item->scale_row_elems = shape[1];
+  return Status::Ok();
+}
+
+Status ExportReader::Impl::ReadCheckpoint(const std::string& name) {
+  const std::string path = "/checkpoints/" + name;
+  LOCKSTEP_ASSIGN_OR_RETURN(Hid g, OpenObject(file.get(), path, H5I_GROUP));
+  ExportCheckpoint cp;
+  cp.name = name;
+  LOCKSTEP_ASSIGN_OR_RETURN(cp.window, SmallIntAttr(g.get(), path, "window"));
+  LOCKSTEP_ASSIGN_OR_RETURN(cp.point, StrAttr(g.get(), path, "point", 64));
+  LOCKSTEP_ASSIGN_OR_RETURN(cp.p, IntAttr(g.get(), path, "p"));
+  LOCKSTEP_ASSIGN_OR_RETURN(cp.T, IntAttr(g.get(), path, "T"));
+  LOCKSTEP_ASSIGN_OR_RETURN(cp.committed_rows, IntAttr(g.get(), path, "committed_rows"));
+  LOCKSTEP_ASSIGN_OR_RETURN(cp.spec_rows, IntAttr(g.get(), path, "spec_rows"));
+  LOCKSTEP_ASSIGN_OR_RETURN(cp.recurrent_pos, IntAttr(g.get(), path, "recurrent_pos"));
+  char expect[64];
+  std::snprintf(expect, sizeof(expect), "%05d_%s", cp.window, cp.point.c_str());
+  if (IndexOf(kPoints, cp.point) < 0 || cp.window < 0 || name != expect)
+    return Bad(path, "attributes window " + std::to_string(cp.window) + ", point '" + cp.point +
+                         "' do not match the group name (expected {W:05d}_{pre_verify|post_verify|commit})");
+  LOCKSTEP_ASSIGN_OR_RETURN(auto stages, Children(g.get(), path, limits.max_items));
+  for (const Link& st : stages) {
+    const int s = ParseIndex(st.name, "stage");
+    const std::string sp = path + "/" + st.name;
+    if (s < 0) return Bad(sp, "unexpected entry (lockstep.export v1 has only stage{S} here)");
+    LOCKSTEP_ASSIGN_OR_RETURN(Hid sg, OpenObject(file.get(), sp, H5I_GROUP));
+    LOCKSTEP_ASSIGN_OR_RETURN(auto entries, Children(sg.get(), sp, limits.max_items));
+    for (const Link& e : entries) {
+      const std::string rel_dir = st.name + "/" + e.name;
+      if (e.name == "hidden_out" || e.name == "logits") {
+        Loc loc;
+        LOCKSTEP_ASSIGN_OR_RETURN(ExportItem it, ReadItem(path, rel_dir, s, -1, e.name, &loc));
+        locs[name + "/" + rel_dir].data = std::move(loc);
+        cp.items.push_back(std::move(it));
+        continue;
+      }
+      const int layer = ParseIndex(e.name, "layer");
+      if (layer < 0 && e.name != "mtp")
+        return Bad(sp + "/" + e.name, "unexpected entry (expected layer{L}, mtp, hidden_out or logits)");
+      LOCKSTEP_ASSIGN_OR_RETURN(Hid lg, OpenObject(file.get(), sp + "/" + e.name, H5I_GROUP));
+      LOCKSTEP_ASSIGN_OR_RETURN(auto names, Children(lg.get(), sp + "/" + e.name, limits.max_items));
+      const std::size_t first = cp.items.size();
+      std::vector<std::string> scales;
+      for (const Link& n : names) {
+        const std::string item_path = sp + "/" + e.name + "/" + n.name;
+        if (n.name.size() > 6 && n.name.compare(n.name.size() - 6, 6, "_scale") == 0) {
+          scales.push_back(n.name);
+          continue;
+        }
+        std::string kind = layer >= 0 ? n.name : "mtp_" + n.name;
+        const int k = IndexOf(kKinds, kind);
+        if (layer >= 0 ? (k < 0 || k > 5) : (k != 6 && k != 7))
+          return Bad(item_path, "unexpected entry (not an item of lockstep.export v1)");
+        Loc loc;
+        LOCKSTEP_ASSIGN_OR_RETURN(ExportItem it, ReadItem(path, rel_dir + "/" + n.name, s, layer, kind, &loc));
+        locs[name + "/" + it.rel].data = std::move(loc);
+        cp.items.push_back(std::move(it));
+      }
+      // `*_scale` datasets belong to the item of the same name in this group.
+      for (const std::string& sc : scales) {
+        const std::string base_rel = rel_dir + "/" + sc.substr(0, sc.size() - 6);
+        auto owner = std::find_if(cp.items.begin() + static_cast<std::ptrdiff_t>(first), cp.items.end(),
+                                  [&](const ExportItem& it) { return it.rel == base_rel; });
+        const std::string scale_path = sp + "/" + e.name + "/" + sc;
+        if (owner == cp.items.end() || owner->kind == "conv_state" || owner->kind == "ssm_state")
+          return Bad(scale_path, "scales without a K/V item of the same name");
+        LOCKSTEP_RETURN_IF_ERROR(ReadScale(scale_path, &*owner, &locs[name + "/" + base_rel].scale));
+      }
+    }
+  }
+  std::sort(cp.items.begin(), cp.items.end(), [](const ExportItem& a, const ExportItem& b) {
+    const auto key = [](const ExportItem& x) {
+      return std::make_tuple(x.stage, x.layer < 0 ? INT_MAX : x.layer, IndexOf(kKinds, x.kind));
+    };
+    return key(a) < key(b);
+  });
+  meta.checkpoints.push_back(std::move(cp));
+  return Status::Ok();
+}
+
+Status ExportReader::Impl::ReadSampler() {
+  const hid_t f = file.get();
+  SamplerSummary& sm = meta.sampler;
+  {
+    const std::string path = "/trace/samples";
+    LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(f, path, H5I_DATASET));
+    LOCKSTEP_ASSIGN_OR_RETURN(auto rows,
+                              ReadTable(ds.get(), path, kHostFields, limits, limits.max_windows, meta.file_bytes));
+    LOCKSTEP_ASSIGN_OR_RETURN(sm.interval_min_ns, IntAttr(ds.get(), path, "interval_min_ns"));
+    LOCKSTEP_ASSIGN_OR_RETURN(sm.interval_median_ns, IntAttr(ds.get(), path, "interval_median_ns"));
+    LOCKSTEP_ASSIGN_OR_RETURN(sm.interval_max_ns, IntAttr(ds.get(), path, "interval_max_ns"));
+    LOCKSTEP_ASSIGN_OR_RETURN(sm.nvml, StrAttr(ds.get(), path, "nvml", limits.max_string_bytes));
+    LOCKSTEP_ASSIGN_OR_RETURN(sm.guard, StrAttr(ds.get(), path, "guard", limits.max_string_bytes));
+    sm.n_samples = static_cast<std::int64_t>(rows.size());
+    sm.min_host_available_bytes = Extreme(rows, 1, false);
+    sm.max_swap_used_bytes = Extreme(rows, 2, true);
+    sm.max_rss_bytes = Extreme(rows, 3, true);
+    UnknownLines(rows, kHostFields, 0, "trace/samples", "samples", &meta.unknowns);
+    const std::pair<const char*, std::int64_t> intervals[] = {{"interval_min_ns", sm.interval_min_ns},
+                                                              {"interval_median_ns", sm.interval_median_ns},
+                                                              {"interval_max_ns", sm.interval_max_ns}};
+    for (const auto& [attr, v] : intervals)
+      if (v == -1) meta.unknowns.push_back(std::string("trace/samples ") + attr);
+    if (sm.nvml != "read") meta.unknowns.push_back("nvml: " + sm.nvml);
+  }
+  const std::string path = "/trace/device_samples";
+  LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(f, path, H5I_DATASET));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto dev,
+                            ReadTable(ds.get(), path, kDeviceFields, limits, limits.max_windows, meta.file_bytes));
+  sm.n_device_samples = static_cast<std::int64_t>(dev.size());
+  sm.min_device_free_bytes = Extreme(dev, 2, false);
+  sm.max_temperature_c = Clamp32(Extreme(dev, 4, true));
+  sm.min_sm_clock_mhz = Clamp32(Extreme(dev, 5, false));
+  sm.max_sm_clock_mhz = Clamp32(Extreme(dev, 5, true));
+  if (!dev.empty()) {
+    sm.pcie_gen = Clamp32(dev[0][6]);
+    sm.pcie_width = Clamp32(dev[0][7]);
+  }
+  UnknownLines(dev, kDeviceFields, 0, "trace/device_samples", "samples", &meta.unknowns);
+  return Status::Ok();
+}
+
+Status ExportReader::Impl::ReadAll() {
+  const hid_t f = file.get();
+  LOCKSTEP_ASSIGN_OR_RETURN(Hid root, OpenObject(f, "/", H5I_GROUP));
+  // The identity check comes first: anything else about a foreign file is noise.
+  {
+    auto schema = StrAttr(root.get(), "/", "schema", 256);
+    auto version = IntAttr(root.get(), "/", "schema_version");
+    if (!schema.ok() || *schema != "lockstep.export" || !version.ok() || *version != 1)
+      return Bad("/", "not a lockstep.export v1 file: schema '" + (schema.ok() ? *schema : std::string("(missing)")) +
+                          "' version " + (version.ok() ? std::to_string(*version) : std::string("(missing)")));
+    meta.schema = *schema;
+    meta.schema_version = *version;
+  }
+  const std::int64_t max_str = std::min(limits.max_string_bytes, meta.file_bytes);
+  const std::pair<const char*, std::string*> strings[] = {{"arm", &meta.arm},
+                                                          {"run_id", &meta.run_id},
+                                                          {"created_utc", &meta.created_utc},
+                                                          {"executable_sha256", &meta.executable_sha256},
+                                                          {"config_sha256", &meta.config_sha256},
+                                                          {"model_sha256", &meta.model_sha256},
+                                                          {"request_sha256", &meta.request_sha256}};
+  for (const auto& [name, out] : strings) {
+    LOCKSTEP_ASSIGN_OR_RETURN(*out, StrAttr(root.get(), "/", name, max_str));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(meta.seed, IntAttr(root.get(), "/", "seed"));
+  if (meta.executable_sha256.empty()) meta.unknowns.push_back("executable_sha256: empty (the binary was unreadable)");
+  {
+    LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(f, "/config", H5I_DATASET));
+    LOCKSTEP_ASSIGN_OR_RETURN(meta.config_json, ReadString(ds.get(), false, "/config", max_str));
+  }
+  // Token ids: integers of at most 4 bytes, read as int32.
+  const auto tokens = [&](const std::string& path, std::vector<std::int32_t>* out) -> Status {
+    LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(f, path, H5I_DATASET));
+    Hid ft(H5Dget_type(ds.get()));
+    if (!ft.valid() || H5Tget_class(ft.get()) != H5T_INTEGER || H5Tget_size(ft.get()) > 4)
+      return Bad(path,
+                 "holds " + (ft.valid() ? DescribeType(ft.get()) : std::string("?")) + ", expected int32 token ids");
+    LOCKSTEP_ASSIGN_OR_RETURN(auto shape, Shape(ds.get(), path, limits));
+    if (shape.size() != 1) return Bad(path, "expected one dimension, got shape " + ShapeText(shape));
+    if (shape[0] > limits.max_tokens || BytesWithin(shape, 4, meta.file_bytes) < 0)
+      return Bad(path, std::to_string(shape[0]) + " token ids exceed the limit of " +
+                           std::to_string(limits.max_tokens) + " or the file's size");
+    out->resize(static_cast<std::size_t>(shape[0]));
+    if (!out->empty() && H5Dread(ds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->data()) < 0)
+      return Bad(path, "token ids unreadable (corrupt file?)");
+    return Status::Ok();
+  };
+  {
+    LOCKSTEP_RETURN_IF_ERROR(tokens("/request/tokens", &meta.request_tokens));
+    LOCKSTEP_ASSIGN_OR_RETURN(Hid req, OpenObject(f, "/request", H5I_GROUP));
+    LOCKSTEP_ASSIGN_OR_RETURN(meta.max_new, IntAttr(req.get(), "/request", "max_new"));
+    LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t req_seed, IntAttr(req.get(), "/request", "seed"));
+    if (req_seed != meta.seed)
+      return Bad("/request", "seed attribute " + std::to_string(req_seed) + " differs from the root's " +
+                                 std::to_string(meta.seed));
+    LOCKSTEP_RETURN_IF_ERROR(tokens("/output/tokens", &meta.output_tokens));
+    LOCKSTEP_ASSIGN_OR_RETURN(Hid out, OpenObject(f, "/output", H5I_GROUP));
+    LOCKSTEP_ASSIGN_OR_RETURN(meta.stop_reason, StrAttr(out.get(), "/output", "stop_reason", max_str));
+    LOCKSTEP_ASSIGN_OR_RETURN(meta.text_sha256, StrAttr(out.get(), "/output", "text_sha256", max_str));
+  }
+  {
+    LOCKSTEP_ASSIGN_OR_RETURN(Hid counters, OpenObject(f, "/counters", H5I_GROUP));
+    LOCKSTEP_ASSIGN_OR_RETURN(auto stages, Children(counters.get(), "/counters", limits.max_items));
+    for (const Link& st : stages) {
+      const std::string path = "/counters/" + st.name;
+      if (ParseIndex(st.name, "stage") < 0) return Bad(path, "unexpected entry (expected stage{S})");
+      LOCKSTEP_ASSIGN_OR_RETURN(Hid g, OpenObject(f, path, H5I_GROUP));
+      std::vector<std::string> names;
+      if (H5Aiterate2(g.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, CollectAttrName, &names) != 0)
+        return Bad(path, "attributes unreadable or too many of them");
+      for (const char* required : kCounterAttrs)
+        if (std::find(names.begin(), names.end(), required) == names.end())
+          return Bad(path, std::string("missing attribute '") + required + "'");
+      auto& values = meta.counters[st.name];
+      for (const std::string& n : names) {
+        LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t v, IntAttr(g.get(), path, n.c_str()));
+        values[n] = v;
+        if (v == -1) meta.unknowns.push_back("counters/" + st.name + " " + n);
+      }
+    }
+  }
+  {
+    const std::string path = "/trace/windows";
+    LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(f, path, H5I_DATASET));
+    LOCKSTEP_ASSIGN_OR_RETURN(auto rows,
+                              ReadTable(ds.get(), path, kWindowFields, limits, limits.max_windows, meta.file_bytes));
+    for (const auto& r : rows) {
+      for (std::size_t i = 0; i < kFirstWindowTiming; ++i)
+        if (r[i] < INT_MIN || r[i] > INT_MAX)
+          return Bad(path, std::string("field '") + kWindowFields[i] + "' out of range: " + std::to_string(r[i]));
+      WindowRecord w;
+      w.idx = static_cast<int>(r[0]), w.p = static_cast<int>(r[1]), w.T = static_cast<int>(r[2]);
+      w.T_mtp = static_cast<int>(r[3]), w.merged = r[4] != 0, w.from_sfx = r[5] != 0, w.first_call = r[6] != 0;
+      w.chain_n = static_cast<int>(r[7]), w.accepted = static_cast<int>(r[8]);
+      w.begin_ns = r[9], w.end_ns = r[10], w.verify_ns = r[11], w.wait_ns = r[12];
+      w.compute_ns = r[13], w.draft_ns = r[14], w.commit_ns = r[15], w.export_ns = r[16];
+      // The trace has no `source` field; it follows from the path fields.
+      w.source = w.T <= 1     ? DraftSource::kNone
+                 : w.merged   ? DraftSource::kMerged
+                 : w.from_sfx ? DraftSource::kSuffix
+                              : DraftSource::kMtp;
+      meta.windows.push_back(std::move(w));
+    }
+    UnknownLines(rows, kWindowFields, kFirstWindowTiming, "trace/windows", "windows", &meta.unknowns);
+  }
+  LOCKSTEP_RETURN_IF_ERROR(ReadSampler());
+  // /checkpoints exists only when some window exported state (--export-windows none: trace only).
+  if (H5Lexists(f, "/checkpoints", H5P_DEFAULT) > 0) {
+    LOCKSTEP_ASSIGN_OR_RETURN(Hid cps, OpenObject(f, "/checkpoints", H5I_GROUP));
+    LOCKSTEP_ASSIGN_OR_RETURN(auto names, Children(cps.get(), "/checkpoints", limits.max_items));
+    for (const Link& l : names) LOCKSTEP_RETURN_IF_ERROR(ReadCheckpoint(l.name));
+    std::sort(meta.checkpoints.begin(), meta.checkpoints.end(),
+              [](const ExportCheckpoint& a, const ExportCheckpoint& b) {
+                return std::make_pair(a.window, IndexOf(kPoints, a.point)) <
+                       std::make_pair(b.window, IndexOf(kPoints, b.point));
+              });
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& path, const ReaderLimits& limits) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors become Status, not stderr noise (per thread)
+  auto impl = std::make_unique<Impl>();
+  impl->limits = limits;
+  impl->file_path = path;
+  impl->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (impl->fd < 0) {
+    const int e = errno;
+    if (e == ENOENT || e == ENOTDIR) return Status::NotFound(path, "no such file");
+    return Status::IOError(path, std::string("cannot open for reading: ") + std::strerror(e));
+  }
+  struct stat st;
+  if (::fstat(impl->fd, &st) != 0) return Status::IOError(path, std::string("fstat failed: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(path, "not a regular file");
+  impl->meta.file_bytes = static_cast<std::int64_t>(st.st_size);
+  ssize_t got = 0;
+  const bool hdf5 = HasHdf5Signature(impl->fd, &got);
+  if (got < 0) return Status::IOError(path, std::string("read failed: ") + std::strerror(errno));
+  if (!hdf5)
+    return Status::InvalidArgument(
+        path, st.st_size == 0 ? "empty file, not an HDF5 export" : "not an HDF5 file (no HDF5 signature at offset 0)");
+  impl->file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!impl->file.valid())
+    return Status::InvalidArgument(path,
+                                   "HDF5 cannot open it (truncated or corrupt; an unfinished export ends in .partial)");
+  // pread() must read the very file HDF5 parsed (not one renamed into its place in between).
+  void* handle = nullptr;
+  struct stat hst;
+  if (H5Fget_vfd_handle(impl->file.get(), H5P_DEFAULT, &handle) < 0 || handle == nullptr ||
+      ::fstat(*static_cast<int*>(handle), &hst) != 0 || hst.st_dev != st.st_dev || hst.st_ino != st.st_ino)
+    return Status::IOError(path, "the file changed while it was being opened");
+  if (Status s = impl->ReadAll(); !s.ok()) return s.WithContext(path);
+  if (!impl->needs_fallback) impl->file.reset();  // every read goes through pread(): free HDF5's state
+  return std::unique_ptr<ExportReader>(new ExportReader(std::move(impl)));
+}
+
+ExportReader::ExportReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ExportReader::~ExportReader() = default;
+
+const ExportMeta& ExportReader::meta() const { return impl_->meta; }
+
+Status ExportReader::ReadRows(const ExportCheckpoint& cp, const ExportItem& item, std::int64_t row0, std::int64_t n,
+                              void* dst) const {
+  const Impl::ItemLoc* loc = impl_->Find(cp, item);
+  if (loc == nullptr) return Status::InvalidArgument(cp.name + "/" + item.rel, "not an item of this export");
+  return impl_->Read(loc->data, row0, n, dst);
+}
+
+Status ExportReader::ReadScaleRows(const ExportCheckpoint& cp, const ExportItem& item, std::int64_t row0,
+                                   std::int64_t n, float* dst) const {
+  const Impl::ItemLoc* loc = impl_->Find(cp, item);
+  if (loc == nullptr) return Status::InvalidArgument(cp.name + "/" + item.rel, "not an item of this export");
+  if (loc->scale.path.empty()) return Status::InvalidArgument(loc->data.path, "has no scales (not an int8 item)");
+  return impl_->Read(loc->scale, row0, n, dst);
+}
+
+bool ExportReader::ReadsDirectly(const ExportCheckpoint& cp, const ExportItem& item) const {
+  const Impl::ItemLoc* loc = impl_->Find(cp, item);
+  return loc != nullptr && loc->data.offset >= 0;
+}
+
+bool LooksLikeHdf5(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t got = 0;
+  const bool hdf5 = HasHdf5Signature(fd, &got);
+  ::close(fd);
+  return hdf5;
+}
+
+}  // namespace lockstep

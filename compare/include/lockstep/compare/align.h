@@ -1,0 +1,80 @@
+// Verify-window alignment of two traces (DESIGN.md "Window alignment", seed issue "timing and
+// execution-path observations").
+//
+// Walks both traces by index while the path fields are equal; the first index where any differs
+// (or where one trace ends before the other) is the first path divergence. Timing differences
+// (B - A) are computed over the matched prefix only, never past the divergence. After the
+// divergence each side's remaining windows are listed on their own, never paired by index, and
+// each side's notable windows (verify time far above that side's median) are reported per side.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lockstep/engine/status.h"
+#include "lockstep/engine/window.h"
+
+namespace lockstep {
+
+// Path fields that can be aligned on.
+const std::vector<std::string>& AlignableFields();  // p, T, T_mtp, merged, from_sfx, chain_n, accepted
+const std::vector<std::string>& DefaultAlignFields();  // p, T, T_mtp, merged, from_sfx, chain_n
+// "p,T,T_mtp" -> validated list (kInvalidArgument naming an unknown field; empty list rejected).
+Result<std::vector<std::string>> ParseAlignFields(std::string_view csv);
+// The value of one path field as text ("6", "true").
+std::string FieldValue(const WindowRecord& w, const std::string& field);
+// "p=120, T=6, T_mtp=6, merged=false, from_sfx=true, chain_n=2" over the given fields.
+std::string DescribeWindow(const WindowRecord& w, const std::vector<std::string>& fields);
+
+// Timing intervals compared per window (WindowRecord fields, ns -> ms).
+const std::vector<std::string>& TimingIntervals();  // verify, wait, compute, draft, commit, export
+
+struct IntervalDiff {
+  std::string name;              // verify | wait | compute | draft | commit | export
+  bool known = true;             // false when either side recorded it as unknown (-1) anywhere
+  std::vector<double> delta_ms;  // per matched window: B - A (empty when unknown)
+  double max_abs_delta_ms = 0.0; // largest |delta|
+  int max_at = -1;               // its window index
+  double median_delta_ms = 0.0;  // median of delta (signed)
+  double median_abs_delta_ms = 0.0;
+  double sum_a_ms = 0.0, sum_b_ms = 0.0;  // over the matched prefix
+  double rel_diff = 0.0;         // (sum_b - sum_a) / sum_a (0 when sum_a == 0 and sum_b == 0)
+};
+
+struct NotableWindow {
+  int idx = 0;        // the side's own window index
+  int p = 0, T = 0;
+  double verify_ms = 0.0;
+  double ratio_to_median = 0.0;  // verify_ms / the side's median verify time
+  bool after_divergence = false;
+};
+
+struct AlignResult {
+  std::vector<std::string> fields;
+  int n_a = 0, n_b = 0;
+  int matched = 0;          // length of the matched prefix
+  bool diverged = false;    // false only when both traces are equal over their whole length
+  int div_idx = -1;         // first divergence index (== matched when diverged)
+  std::optional<WindowRecord> div_a, div_b;  // the windows at div_idx (nullopt: that side ended)
+  std::vector<std::string> differing_fields; // at div_idx (empty when one side ended)
+  std::vector<IntervalDiff> timing;          // one per TimingIntervals(), matched prefix only
+  std::vector<WindowRecord> rest_a, rest_b;  // windows after the divergence, per side (div_idx ..)
+  std::vector<NotableWindow> notable_a, notable_b;  // per side, over the whole trace
+  double median_verify_ms_a = 0.0, median_verify_ms_b = 0.0;  // each side, whole trace
+};
+
+// A window is notable when its verify time is >= notable_ratio x its side's median verify time
+// and at least notable_min_ms; at most max_notable per side, largest first.
+struct AlignOptions {
+  std::vector<std::string> fields = DefaultAlignFields();
+  double notable_ratio = 5.0;
+  double notable_min_ms = 1.0;
+  int max_notable = 5;
+};
+
+AlignResult AlignWindows(const std::vector<WindowRecord>& a, const std::vector<WindowRecord>& b,
+                         const AlignOptions& opts = {});
+
+}  // namespace lockstep

@@ -1,0 +1,165 @@
+// ExportReader: reads a `lockstep.export` v1 file (instrument/SCHEMA.md) for the comparator.
+//
+// Open() validates the whole structure up front (schema attribute and version, every group and
+// attribute the schema requires, every dataset's type and shape against its attributes) and builds
+// ExportMeta; afterwards ReadRows() streams row blocks of one item. Every size read from the file
+// is checked against ReaderLimits and against the file's length before anything is allocated.
+// A file that is not HDF5, truncated, of another schema or version, missing a required group or
+// holding absurd shapes is kInvalidArgument (exit 2) with a message naming the offending path
+// inside the file. NaN/Inf in data is not a reader error (the comparator fails the item).
+//
+// Open() errors, all "<file>: <in-file path>: <what is wrong>" where a path applies:
+//   kNotFound (exit 2)        the file does not exist;
+//   kIOError (exit 3)         it exists but cannot be read (permissions, I/O error);
+//   kInvalidArgument (exit 2) anything about its content: not a regular file, no HDF5 signature at
+//                             offset 0 (LooksLikeHdf5), truncated (HDF5 refuses to open it), root
+//                             attribute `schema` != "lockstep.export" or `schema_version` != 1
+//                             ("not a lockstep.export v1 file: schema '...' version N", checked
+//                             before anything else), a required dataset / group / attribute
+//                             missing (/config, /request/tokens, /output/tokens, /counters/stage{S}
+//                             with its 8 attributes, /trace/windows, /trace/samples,
+//                             /trace/device_samples; /checkpoints is optional: --export-windows
+//                             none), a soft or external link, an unexpected entry under
+//                             /checkpoints, an item whose attributes disagree with its path or its
+//                             dataset (kind, stage, layer, dtype vs HDF5 type, valid_rows ==
+//                             shape[0], capacity_rows >= valid_rows), scales of the wrong shape,
+//                             a compound table missing a field, or any ReaderLimits violation.
+// Sizes are checked from the dataspace before anything is read or allocated: rank, every
+// dimension, and the logical bytes of every dataset (compressed ones too) against both
+// max_item_bytes and the file's length. Unknown (-1) values are not errors: ExportMeta::unknowns
+// lists them. /trace/events and /residency are not read.
+//
+// Limitation: the checks cover the lockstep structure, not HDF5's own metadata. The exporter
+// writes the earliest file format, whose object headers carry no checksums, and libhdf5 1.10 can
+// crash on a file with corrupted object headers (random bit flips: about 1 in 300 in a fuzz run,
+// inside H5Aexists). Callers that must survive arbitrary files open them in a child process.
+//
+// Thread-safety: Open() on one thread; after that meta() and ReadRows()/ReadScaleRows() may be
+// called concurrently from several threads. Contiguous datasets (what the exporter writes) are
+// read with pread() at the dataset's file offset: HDF5's global library lock would serialise
+// parallel readers, and the offset/size are validated against the file length first. Other
+// layouts (chunked, compressed: files written by other tools) fall back to H5Dread under a lock.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/engine/status.h"
+#include "lockstep/engine/window.h"
+
+namespace lockstep {
+
+struct ReaderLimits {
+  int max_rank = 4;
+  std::int64_t max_dim = std::int64_t{1} << 31;               // any single dimension
+  std::int64_t max_item_bytes = std::int64_t{1} << 40;        // also bounded by the file length
+  std::int64_t max_items = 4'000'000;                          // checkpoint items in the file
+  std::int64_t max_windows = 50'000'000;                       // rows of /trace/windows (and of the sample tables)
+  std::int64_t max_tokens = 50'000'000;                        // request / output token ids
+  std::int64_t max_string_bytes = std::int64_t{64} << 20;      // /config and string attributes
+};
+
+// One checkpoint item (a dataset under /checkpoints/{W:05d}_{point}/...).
+struct ExportItem {
+  std::string rel;           // path inside the checkpoint, the match key: "stage0/layer3/k"
+  std::string kind;          // attr `kind`: k, v, k_spec, v_spec, conv_state, ssm_state, mtp_k, mtp_v, hidden_out, logits
+  int stage = -1;            // attr `stage`
+  int layer = -1;            // attr `layer` (-1 for mtp / hidden_out / logits)
+  std::string dtype;         // attr `dtype`: "f32" | "bf16" | "int8", checked against the HDF5 type
+  std::vector<std::int64_t> shape;  // dataset dims, rows first (rank >= 1)
+  std::int64_t valid_rows = 0;      // attr `valid_rows` (== shape[0])
+  std::int64_t capacity_rows = 0;   // attr `capacity_rows` (>= valid_rows)
+  bool has_scales = false;          // int8: a sibling `<name>_scale` f32 [rows, heads] exists
+  std::int64_t rows() const { return shape.empty() ? 0 : shape[0]; }
+  std::int64_t row_elems() const;   // product of shape[1..] (1 for rank 1)
+  std::int64_t scale_row_elems = 0; // int8: elements per row of the scale dataset
+  std::size_t elem_bytes() const;   // 4 (f32), 2 (bf16), 1 (int8)
+};
+
+struct ExportCheckpoint {
+  std::string name;    // "00000_commit"
+  int window = 0;      // attr `window`
+  std::string point;   // attr `point`: pre_verify | post_verify | commit
+  std::int64_t p = 0, T = 0, committed_rows = 0, spec_rows = 0, recurrent_pos = 0;
+  std::vector<ExportItem> items;  // sorted by (stage, layer with -1 last, kind order of the schema)
+};
+
+// Resource-sampler summary of /trace/samples and /trace/device_samples (-1 = unknown).
+struct SamplerSummary {
+  std::int64_t n_samples = 0;
+  std::int64_t interval_min_ns = -1, interval_median_ns = -1, interval_max_ns = -1;
+  std::string nvml;   // attr `nvml`: "read" or "unknown: <why>"
+  std::string guard;  // attr `guard`: empty or the trip description
+  std::int64_t min_host_available_bytes = -1;
+  std::int64_t max_swap_used_bytes = -1;
+  std::int64_t max_rss_bytes = -1;
+  std::int64_t n_device_samples = 0;
+  std::int64_t min_device_free_bytes = -1;
+  std::int32_t max_temperature_c = -1, min_sm_clock_mhz = -1, max_sm_clock_mhz = -1;
+  std::int32_t pcie_gen = -1, pcie_width = -1;  // of the first device sample (-1 unknown)
+};
+
+struct ExportMeta {
+  // root attributes
+  std::string schema;           // "lockstep.export"
+  std::int64_t schema_version = 0;
+  std::string arm, run_id, created_utc, executable_sha256, config_sha256, model_sha256, request_sha256;
+  std::int64_t seed = 0;
+  std::string config_json;      // /config (canonical JSON of the effective engine config)
+  std::vector<std::int32_t> request_tokens;  // /request/tokens
+  std::int64_t max_new = 0;
+  std::vector<std::int32_t> output_tokens;   // /output/tokens
+  std::string stop_reason, text_sha256;
+  std::vector<ExportCheckpoint> checkpoints;  // sorted by (window, point order pre/post/commit)
+  // /trace/windows: path and timing fields (draft, emitted and per-stage timings are not in the
+  // HDF5 trace and stay empty, so WindowRecord::SamePath against a JSON-lines record is false;
+  // `source` is derived from T, merged and from_sfx). Fields are read by name.
+  std::vector<WindowRecord> windows;
+  std::map<std::string, std::map<std::string, std::int64_t>> counters;  // "stage0" -> attr -> value
+  SamplerSummary sampler;
+  // Everything the export records as unknown, one line each:
+  //   "counters/stage0 first_call_ns"                        a counters attribute that is -1
+  //   "trace/windows export_ns: unknown in 12 of 40 windows"  a timing field -1 in some windows
+  //   "trace/samples rss_bytes: unknown in 3 of 9 samples"    likewise host / device sample fields
+  //   "trace/device_samples temperature_c: unknown in ..."
+  //   "trace/samples interval_median_ns"                     a sampler interval statistic -1
+  //   "nvml: unknown: <why>"                                 the sampler's nvml attribute
+  //   "executable_sha256: empty (the binary was unreadable)"
+  std::vector<std::string> unknowns;
+  std::int64_t file_bytes = 0;  // length of the file when it was opened
+};
+
+class ExportReader {
+ public:
+  static Result<std::unique_ptr<ExportReader>> Open(const std::string& path, const ReaderLimits& limits = {});
+  ~ExportReader();
+  ExportReader(const ExportReader&) = delete;
+  ExportReader& operator=(const ExportReader&) = delete;
+
+  const ExportMeta& meta() const;
+  // Rows [row0, row0 + n) of `item` of checkpoint `cp` as raw elements (row_elems() * elem_bytes()
+  // bytes per row, the dataset's dtype) into dst. Bounds are checked (kInvalidArgument).
+  Status ReadRows(const ExportCheckpoint& cp, const ExportItem& item, std::int64_t row0, std::int64_t n,
+                  void* dst) const;
+  // int8 items: the f32 scales of rows [row0, row0 + n) (scale_row_elems floats per row).
+  Status ReadScaleRows(const ExportCheckpoint& cp, const ExportItem& item, std::int64_t row0, std::int64_t n,
+                       float* dst) const;
+  // True when the item's rows are read with pread() at a validated file offset (contiguous,
+  // unfiltered, stored in the native type: what the exporter writes); false when ReadRows() uses
+  // the serialised H5Dread fallback, or for an item of another export.
+  bool ReadsDirectly(const ExportCheckpoint& cp, const ExportItem& item) const;
+
+  struct Impl;
+
+ private:
+  explicit ExportReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// True when the first 8 bytes of the file are the HDF5 signature (at offset 0).
+bool LooksLikeHdf5(const std::string& path);
+
+}  // namespace lockstep

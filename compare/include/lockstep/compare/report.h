@@ -1,0 +1,90 @@
+// Report layer for `lockstep diff` / `align` / `summarize` (and the building blocks the campaign
+// report of harness/ reuses): JSON (stable keys, documented in compare/REPORTS.md), Markdown in
+// the seed issue's structure, self-contained HTML with inline SVG charts, JUnit XML.
+//
+// Allowlist: Markdown and HTML carry only the fields named here — no file paths, hostnames,
+// user names or raw prompt text. Arm configuration appears through ReportConfigKeys() only (the
+// model path and replay path are replaced by the model's SHA-256 prefix). JSON is for machines
+// and may carry more (it still never carries prompt text).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lockstep/compare/align.h"
+#include "lockstep/compare/export_reader.h"
+#include "lockstep/compare/state_diff.h"
+
+namespace lockstep {
+
+// Engine-config keys allowed into Markdown / HTML reports.
+const std::vector<std::string>& ReportConfigKeys();
+
+// What a report says about one arm (derived from its export, allowlisted).
+struct ArmInfo {
+  std::string arm;             // --arm name ("A" / "B" when empty)
+  std::string run_id;
+  std::string model_sha256_12; // first 12 hex digits
+  std::string request_sha256_12;
+  std::string config_sha256_12;
+  std::map<std::string, std::string> config;  // ReportConfigKeys() -> value as compact JSON text
+  std::int64_t prompt_tokens = 0, output_tokens = 0;
+  std::string stop_reason;
+  std::int64_t windows = 0, checkpoints = 0;
+  SamplerSummary sampler;
+  std::vector<std::string> unknowns;  // ExportMeta::unknowns
+};
+ArmInfo SummarizeArm(const ExportMeta& meta, const std::string& fallback_name);
+
+struct ReportInput {
+  std::string title = "lockstep A/A diagnostic";
+  ArmInfo a, b;
+  const DiffResult* diff = nullptr;    // null: state not compared (e.g. `align` only)
+  const AlignResult* align = nullptr;  // null: windows not aligned
+  const std::vector<WindowRecord>* windows_a = nullptr;  // whole traces, for the verify chart
+  const std::vector<WindowRecord>* windows_b = nullptr;
+};
+
+// Measurement limitations listed from what the exports marked unknown and from what was not run.
+std::vector<std::string> Limitations(const ReportInput& in);
+
+std::string RenderJson(const ReportInput& in);      // pretty JSON, keys documented in compare/REPORTS.md
+std::string RenderMarkdown(const ReportInput& in);  // seed-issue structure, allowlisted
+std::string RenderHtml(const ReportInput& in);      // self-contained, inline SVG, no scripts from outside
+std::string RenderJUnit(const ReportInput& in);     // one <testcase> per checkpoint item and per gate
+
+// ---- gates (JUnit suite "lockstep.gates") ----
+// One pass/fail decision shown as a JUnit testcase; `message` says what was found ("3 of 280
+// compared items failed", "first divergence at window 45 (T differs)").
+struct GateOutcome {
+  std::string name;  // testcase name, e.g. "state", "path_identical"
+  bool passed = false;
+  std::string message;
+};
+// The gates the input itself decides: "state" (diff->Passed()) and "output_identical"
+// (!diff->output_differs) when diff is set, "path_identical" (no divergence) when align is set,
+// "config_identical" (no config difference; from diff, else from the arms' allowlisted config).
+std::vector<GateOutcome> InferredGates(const ReportInput& in);
+// JUnit with InferredGates(in) followed by `extra_gates` (harness gates, stop rules); an extra gate
+// with the name of an inferred one replaces it in place. The one-argument form passes no extras.
+std::string RenderJUnit(const ReportInput& in, const std::vector<GateOutcome>& extra_gates);
+
+// Pieces the campaign report (harness/) composes.
+std::string MarkdownStateSection(const DiffResult& d);    // "## Early state checks" body (no heading)
+std::string MarkdownTimingSection(const AlignResult& al, const std::string& name_a, const std::string& name_b);
+std::string SvgVerifyChart(const AlignResult& al, const std::vector<WindowRecord>& a,
+                           const std::vector<WindowRecord>& b, const std::string& name_a, const std::string& name_b);
+std::string SvgNrmseHeatmap(const DiffResult& d);
+std::string HtmlEscape(std::string_view s);
+std::string XmlEscape(std::string_view s);
+// Formats a metric for reports: "0", "3.2e-04", "inf", "nan".
+std::string FormatMetric(double v);
+
+// Scans text for things an allowlisted report must never contain: absolute or home-relative
+// paths, the host name, the user name. Returns the offending snippets (empty: clean).
+std::vector<std::string> FindForbiddenText(const std::string& text, const std::vector<std::string>& extra = {});
+
+}  // namespace lockstep

@@ -1,0 +1,369 @@
+#include "lockstep/compare/state_diff.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "lockstep/engine/window_selection.h"
+
+namespace lockstep {
+
+namespace {
+
+constexpr std::int64_t kBlockBytes = std::int64_t{4} << 20;  // per side per read: fits L2/L3 streaming well
+
+int PointOrder(const std::string& p) { return p == "pre_verify" ? 0 : p == "post_verify" ? 1 : 2; }
+
+int KindOrder(const std::string& k) {
+  const auto& kinds = ItemKinds();
+  auto it = std::find(kinds.begin(), kinds.end(), k);
+  return static_cast<int>(it - kinds.begin());
+}
+
+const char* LabelFor(const std::string& kind) {
+  if (kind == "k" || kind == "v") return "committed";
+  if (kind == "k_spec" || kind == "v_spec") return "speculative";
+  if (kind == "conv_state" || kind == "ssm_state") return "state";
+  if (kind == "mtp_k" || kind == "mtp_v") return "draft";
+  if (kind == "hidden_out") return "activations";
+  return "logits";
+}
+
+std::string CompactJson(const nlohmann::json& j) { return j.dump(); }
+
+// Keys of the two canonical configs whose values differ, as "key: A | B". The model path is
+// compared by the model hash instead (two copies of one checkpoint are the same model).
+std::vector<std::string> ConfigDifferences(const std::string& ja, const std::string& jb) {
+  std::vector<std::string> out;
+  nlohmann::json a, b;
+  try {
+    a = nlohmann::json::parse(ja);
+    b = nlohmann::json::parse(jb);
+  } catch (const nlohmann::json::exception&) {
+    if (ja != jb) out.push_back("config: not comparable (invalid JSON on one side)");
+    return out;
+  }
+  if (!a.is_object() || !b.is_object()) {
+    if (a != b) out.push_back("config: not comparable (not a JSON object)");
+    return out;
+  }
+  std::set<std::string> keys;
+  for (auto it = a.begin(); it != a.end(); ++it) keys.insert(it.key());
+  for (auto it = b.begin(); it != b.end(); ++it) keys.insert(it.key());
+  for (const auto& k : keys) {
+    if (k == "model" || k == "replay_path") continue;
+    const bool in_a = a.contains(k), in_b = b.contains(k);
+    if (in_a && in_b && a[k] == b[k]) continue;
+    out.push_back(k + ": " + (in_a ? CompactJson(a[k]) : "(absent)") + " | " + (in_b ? CompactJson(b[k]) : "(absent)"));
+  }
+  return out;
+}
+
+struct Job {
+  const ExportCheckpoint* cpa = nullptr;
+  const ExportCheckpoint* cpb = nullptr;
+  const ExportItem* ia = nullptr;
+  const ExportItem* ib = nullptr;
+  std::size_t result = 0;  // index into DiffResult::items
+};
+
+// Streams one matched item pair in row blocks and fills its metrics. Returns the bytes read.
+Status CompareItem(const ExportReader& ra, const ExportReader& rb, const Job& job, std::int64_t block_bytes,
+                   ItemResult& r, std::uint64_t* bytes_read) {
+  const ExportItem& ia = *job.ia;
+  const ExportItem& ib = *job.ib;
+  const std::int64_t rows = ia.rows();
+  const std::int64_t row_bytes = ia.row_elems() * static_cast<std::int64_t>(ia.elem_bytes());
+  const std::int64_t scale_row = ia.has_scales ? ia.scale_row_elems : 0;
+  if (row_bytes <= 0 || rows == 0) {
+    r.rows = rows;
+    return Status::Ok();
+  }
+  if (row_bytes > block_bytes)
+    return Status::InvalidArgument("--mem-limit", "one row of '" + r.checkpoint + "/" + r.rel + "' is " +
+                                                       std::to_string(row_bytes) + " bytes, more than the per-read budget");
+  const std::int64_t block_rows = std::max<std::int64_t>(1, block_bytes / row_bytes);
+  std::vector<std::byte> ba(static_cast<std::size_t>(std::min(rows, block_rows) * row_bytes));
+  std::vector<std::byte> bb(ba.size());
+  std::vector<float> sa, sb;
+  if (scale_row > 0) {
+    sa.resize(static_cast<std::size_t>(std::min(rows, block_rows) * scale_row));
+    sb.resize(sa.size());
+  }
+  F32Accumulator acc;
+  KlAccumulator kl;
+  const bool logits = ia.kind == "logits";
+  const std::size_t elems = static_cast<std::size_t>(ia.row_elems());
+  for (std::int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+    const std::int64_t n = std::min(block_rows, rows - r0);
+    LOCKSTEP_RETURN_IF_ERROR(ra.ReadRows(*job.cpa, ia, r0, n, ba.data()));
+    LOCKSTEP_RETURN_IF_ERROR(rb.ReadRows(*job.cpb, ib, r0, n, bb.data()));
+    *bytes_read += static_cast<std::uint64_t>(2 * n * row_bytes);
+    const std::size_t count = static_cast<std::size_t>(n) * elems;
+    if (ia.dtype == "f32") {
+      const auto* fa = reinterpret_cast<const float*>(ba.data());
+      const auto* fb = reinterpret_cast<const float*>(bb.data());
+      acc.Add(fa, fb, count);
+      if (logits) kl.AddRows(fa, fb, static_cast<std::size_t>(n), elems);
+    } else if (ia.dtype == "bf16") {
+      acc.AddBf16(reinterpret_cast<const std::uint16_t*>(ba.data()), reinterpret_cast<const std::uint16_t*>(bb.data()),
+                  count);
+    } else {  // int8 codes with per-row-per-head scales
+      if (scale_row <= 0) return Status::InvalidArgument(r.checkpoint + "/" + r.rel, "int8 item without scales");
+      LOCKSTEP_RETURN_IF_ERROR(ra.ReadScaleRows(*job.cpa, ia, r0, n, sa.data()));
+      LOCKSTEP_RETURN_IF_ERROR(rb.ReadScaleRows(*job.cpb, ib, r0, n, sb.data()));
+      *bytes_read += static_cast<std::uint64_t>(2 * n * scale_row * 4);
+      const std::size_t heads = static_cast<std::size_t>(scale_row);
+      acc.AddInt8(reinterpret_cast<const std::int8_t*>(ba.data()), sa.data(), reinterpret_cast<const std::int8_t*>(bb.data()),
+                  sb.data(), static_cast<std::size_t>(n), heads, elems / heads);
+    }
+  }
+  r.rows = rows;
+  r.elements = static_cast<std::uint64_t>(rows) * elems;
+  r.stats = acc.Finish();
+  r.code_diff = r.stats.code_diff;
+  r.first_code_diff = r.stats.first_code_diff;
+  if (logits) {
+    r.has_kl = true;
+    r.kl = kl.Finish();
+  }
+  return Status::Ok();
+}
+
+void Judge(ItemResult& r) {
+  if (r.verdict != Verdict::kPass) return;
+  auto fail = [&](std::string why) {
+    r.verdict = Verdict::kFail;
+    r.reason = std::move(why);
+  };
+  if (r.stats.non_finite || (r.has_kl && r.kl.non_finite)) {
+    fail("NaN or Inf in the data");
+  } else if (!(r.stats.nrmse <= r.nrmse_max)) {
+    fail("NRMSE " + std::to_string(r.stats.nrmse) + " > " + std::to_string(r.nrmse_max));
+  } else if (r.has_kl && !(r.kl.kl_max <= r.kl_max)) {
+    fail("KL " + std::to_string(r.kl.kl_max) + " > " + std::to_string(r.kl_max));
+  }
+}
+
+ItemResult SkeletonFor(const ExportCheckpoint& cp, const ExportItem& it, const Thresholds& th) {
+  ItemResult r;
+  r.checkpoint = cp.name;
+  r.window = cp.window;
+  r.point = cp.point;
+  r.rel = it.rel;
+  r.kind = it.kind;
+  r.stage = it.stage;
+  r.layer = it.layer;
+  r.dtype = it.dtype;
+  r.label = LabelFor(it.kind);
+  r.capacity_rows = it.capacity_rows;
+  r.rows = it.rows();
+  r.nrmse_max = th.NrmseFor(it.kind);
+  r.kl_max = it.kind == "logits" ? th.kl_max : 0.0;
+  return r;
+}
+
+std::string ShapeText(const std::vector<std::int64_t>& s) {
+  std::string t = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+}  // namespace
+
+const std::vector<std::string>& ItemKinds() {
+  static const std::vector<std::string> kKinds{"k",         "v",     "k_spec", "v_spec",     "conv_state",
+                                               "ssm_state", "mtp_k", "mtp_v",  "hidden_out", "logits"};
+  return kKinds;
+}
+
+const char* VerdictName(Verdict v) {
+  switch (v) {
+    case Verdict::kPass: return "pass";
+    case Verdict::kFail: return "fail";
+    case Verdict::kSkip: return "skip";
+  }
+  return "?";
+}
+
+double Thresholds::NrmseFor(const std::string& kind) const {
+  auto it = nrmse_by_kind.find(kind);
+  return it == nrmse_by_kind.end() ? nrmse_max : it->second;
+}
+
+Status Thresholds::SetKindOverride(std::string_view spec) {
+  const auto eq = spec.find('=');
+  const std::string kind(spec.substr(0, eq));
+  if (eq == std::string_view::npos || std::find(ItemKinds().begin(), ItemKinds().end(), kind) == ItemKinds().end())
+    return Status::InvalidArgument("--nrmse-kind '" + std::string(spec) + "'",
+                                   "expected KIND=VALUE with KIND one of k, v, k_spec, v_spec, conv_state, ssm_state, "
+                                   "mtp_k, mtp_v, hidden_out, logits");
+  const std::string value(spec.substr(eq + 1));
+  char* end = nullptr;
+  const double v = std::strtod(value.c_str(), &end);
+  if (value.empty() || end != value.c_str() + value.size() || !(v >= 0.0))
+    return Status::InvalidArgument("--nrmse-kind '" + std::string(spec) + "'", "'" + value + "' is not a number >= 0");
+  nrmse_by_kind[kind] = v;
+  return Status::Ok();
+}
+
+Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b, const DiffOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  LOCKSTEP_ASSIGN_OR_RETURN(WindowSelection windows, WindowSelection::Parse(opts.windows, "--windows"));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto points, ParseExportPoints(opts.points, "--points"));
+  if (!(opts.thresholds.nrmse_max >= 0.0) || !(opts.thresholds.kl_max >= 0.0))
+    return Status::InvalidArgument("thresholds", "NRMSE and KL thresholds must be numbers >= 0");
+  const std::int64_t min_mem = std::int64_t{16} << 20;
+  if (opts.mem_limit_bytes < min_mem)
+    return Status::InvalidArgument("--mem-limit", "at least 16 MiB (" + std::to_string(opts.mem_limit_bytes) + " bytes given)");
+
+  const ExportMeta& ma = a.meta();
+  const ExportMeta& mb = b.meta();
+  DiffResult d;
+  d.thresholds = opts.thresholds;
+  d.config_differences = ConfigDifferences(ma.config_json, mb.config_json);
+  d.model_differs = ma.model_sha256 != mb.model_sha256;
+  d.request_differs = ma.request_sha256 != mb.request_sha256 || ma.request_tokens != mb.request_tokens;
+  d.output_differs = ma.output_tokens != mb.output_tokens || ma.stop_reason != mb.stop_reason;
+  std::string not_comparable;
+  if (d.model_differs) not_comparable = "the models differ (model_sha256)";
+  else if (d.request_differs) not_comparable = "the requests differ (request tokens)";
+
+  auto selected = [&](const ExportCheckpoint& cp) {
+    CheckpointPoint pt = cp.point == "pre_verify"    ? CheckpointPoint::kPreVerify
+                         : cp.point == "post_verify" ? CheckpointPoint::kPostVerify
+                                                     : CheckpointPoint::kCommit;
+    return windows.Contains(cp.window) && points.count(pt) > 0;
+  };
+  std::map<std::string, const ExportCheckpoint*> by_a, by_b;
+  for (const auto& cp : ma.checkpoints)
+    if (selected(cp)) by_a[cp.name] = &cp;
+  for (const auto& cp : mb.checkpoints)
+    if (selected(cp)) by_b[cp.name] = &cp;
+  std::vector<std::string> names;
+  for (const auto& [n, cp] : by_a) names.push_back(n);
+  for (const auto& [n, cp] : by_b)
+    if (!by_a.count(n)) names.push_back(n);
+  auto cp_of = [&](const std::string& n) { return by_a.count(n) ? by_a[n] : by_b[n]; };
+  std::sort(names.begin(), names.end(), [&](const std::string& x, const std::string& y) {
+    const ExportCheckpoint *cx = cp_of(x), *cy = cp_of(y);
+    return std::make_pair(cx->window, PointOrder(cx->point)) < std::make_pair(cy->window, PointOrder(cy->point));
+  });
+
+  std::vector<Job> jobs;
+  for (const auto& name : names) {
+    const ExportCheckpoint* ca = by_a.count(name) ? by_a[name] : nullptr;
+    const ExportCheckpoint* cb = by_b.count(name) ? by_b[name] : nullptr;
+    CheckpointSummary cs;
+    const ExportCheckpoint& any = ca ? *ca : *cb;
+    cs.name = name;
+    cs.window = any.window;
+    cs.point = any.point;
+    cs.p = any.p;
+    cs.T = any.T;
+    // Checkpoint-level reasons not to compare: the items are not the same state boundary.
+    std::string skip;
+    if (!not_comparable.empty()) skip = not_comparable;
+    else if (!ca) skip = "checkpoint exported by B only";
+    else if (!cb) skip = "checkpoint exported by A only";
+    else if (ca->p != cb->p || ca->T != cb->T)
+      skip = "different windows at this index (A p=" + std::to_string(ca->p) + " T=" + std::to_string(ca->T) +
+             ", B p=" + std::to_string(cb->p) + " T=" + std::to_string(cb->T) + "): not the same state boundary";
+    std::map<std::string, const ExportItem*> ia, ib;
+    if (ca)
+      for (const auto& it : ca->items) ia[it.rel] = &it;
+    if (cb)
+      for (const auto& it : cb->items) ib[it.rel] = &it;
+    std::vector<const ExportItem*> order;
+    for (const auto& [rel, it] : ia) order.push_back(it);
+    for (const auto& [rel, it] : ib)
+      if (!ia.count(rel)) order.push_back(it);
+    std::sort(order.begin(), order.end(), [](const ExportItem* x, const ExportItem* y) {
+      auto key = [](const ExportItem* i) {
+        return std::make_tuple(i->stage, i->layer < 0 ? 1 << 30 : i->layer, KindOrder(i->kind), i->rel);
+      };
+      return key(x) < key(y);
+    });
+    for (const ExportItem* it : order) {
+      const ExportItem* xa = ia.count(it->rel) ? ia[it->rel] : nullptr;
+      const ExportItem* xb = ib.count(it->rel) ? ib[it->rel] : nullptr;
+      ItemResult r = SkeletonFor(any, *it, opts.thresholds);
+      if (!skip.empty()) {
+        r.verdict = Verdict::kSkip;
+        r.reason = skip;
+      } else if (!xa || !xb) {
+        r.verdict = Verdict::kFail;
+        r.reason = std::string("missing in ") + (xa ? "B" : "A");
+      } else if (xa->kind != xb->kind || xa->dtype != xb->dtype) {
+        r.verdict = Verdict::kFail;
+        r.reason = "kind/dtype differ: A " + xa->kind + "/" + xa->dtype + ", B " + xb->kind + "/" + xb->dtype;
+      } else if (xa->shape != xb->shape) {
+        r.verdict = Verdict::kFail;
+        r.reason = "shape differs: A " + ShapeText(xa->shape) + ", B " + ShapeText(xb->shape);
+      } else if (xa->has_scales != xb->has_scales) {
+        r.verdict = Verdict::kFail;
+        r.reason = "int8 scales present on one side only";
+      } else {
+        jobs.push_back(Job{ca, cb, xa, xb, d.items.size()});
+      }
+      d.items.push_back(std::move(r));
+    }
+    d.checkpoints.push_back(std::move(cs));
+  }
+
+  // Parallel over items: workers pull the next job; each holds two read buffers of at most
+  // block bytes (plus scales), so the whole diff stays under mem_limit.
+  int threads = opts.threads > 0 ? opts.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(threads), std::max<std::size_t>(1, jobs.size())));
+  const std::int64_t budget_per_worker = opts.mem_limit_bytes / 2 / threads;  // half for buffers, half headroom
+  const std::int64_t block = std::max<std::int64_t>(std::int64_t{1} << 16, std::min(kBlockBytes, budget_per_worker / 2));
+  std::atomic<std::size_t> next{0};
+  std::vector<Status> errors(static_cast<std::size_t>(threads));
+  std::vector<std::uint64_t> bytes(static_cast<std::size_t>(threads), 0);
+  auto work = [&](int w) {
+    for (std::size_t j = next.fetch_add(1); j < jobs.size(); j = next.fetch_add(1)) {
+      ItemResult& r = d.items[jobs[j].result];
+      Status s = CompareItem(a, b, jobs[j], block, r, &bytes[static_cast<std::size_t>(w)]);
+      if (!s.ok()) {
+        errors[static_cast<std::size_t>(w)] = s;
+        next.store(jobs.size());
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < threads; ++w) pool.emplace_back(work, w);
+  work(0);
+  for (auto& t : pool) t.join();
+  for (const auto& s : errors) LOCKSTEP_RETURN_IF_ERROR(s);
+  for (auto x : bytes) d.bytes_read += x;
+
+  std::size_t ic = 0;
+  for (auto& cs : d.checkpoints) {
+    for (; ic < d.items.size() && d.items[ic].checkpoint == cs.name; ++ic) {
+      ItemResult& r = d.items[ic];
+      Judge(r);
+      switch (r.verdict) {
+        case Verdict::kPass: ++cs.passed; break;
+        case Verdict::kFail: ++cs.failed; break;
+        case Verdict::kSkip: ++cs.skipped, ++cs.skip_reasons[r.reason]; break;
+      }
+      if (r.verdict == Verdict::kFail && d.first_failure < 0) d.first_failure = static_cast<std::int64_t>(ic);
+    }
+    cs.compared = cs.passed + cs.failed;
+    d.compared += cs.compared;
+    d.passed += cs.passed;
+    d.failed += cs.failed;
+    d.skipped += cs.skipped;
+  }
+  d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return d;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,861 @@
+#include "lockstep/harness/campaign.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <sstream>
+
+// toml++ 3.3 asserts that a table header starts with a key character: malformed plans such as
+// `[[=arm]]` abort builds without NDEBUG, although its error path reports them correctly (as in
+// release builds). Plans are user input: such a file is a syntax error in every build type.
+#ifndef TOML_ASSERT
+#define TOML_ASSERT(expr) static_assert(true)
+#endif
+#include <toml++/toml.h>
+
+#include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/inject.h"
+#include "lockstep/engine/model_config.h"
+#include "lockstep/engine/synthetic.h"
+#include "lockstep/engine/window_selection.h"
+#include "lockstep/instrument/fingerprint.h"
+
+namespace lockstep {
+
+const std::vector<std::string>& StopPredicates() {
+  static const std::vector<std::string> kPredicates{
+      "path_diverged", "path_diverged_early", "window_timing_unstable", "aggregate_timing_failed", "state_failed",
+      "output_differs", "resource_guard", "swap_used", "arm_failed", "control_missed"};
+  return kPredicates;
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
+constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+
+// Needle prompts: "The code of vault KK is NNNNN. " (31 bytes) and "What is the code of vault KK?" (29 bytes);
+// vault numbers have two digits and codes five, so the sizes do not depend on the seed.
+constexpr std::size_t kNeedleBytes = 31;
+constexpr std::size_t kQuestionBytes = 29;
+constexpr int kMinNeedleTokens = 64;
+constexpr int kMaxNeedleTokens = 1 << 20;
+constexpr int kMaxNeedles = 64;
+
+std::int64_t NeedleMinTokens(std::int64_t needles) {
+  return static_cast<std::int64_t>(kQuestionBytes) + needles * static_cast<std::int64_t>(kNeedleBytes);
+}
+
+std::string Join(const std::vector<std::string>& v, std::string_view sep = ", ") {
+  std::string out;
+  for (const std::string& s : v) {
+    if (!out.empty()) out += sep;
+    out += s;
+  }
+  return out;
+}
+
+bool Contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+// Arm, decision, campaign and stop-rule names: [A-Za-z0-9_.-]+.
+bool ValidName(std::string_view s) {
+  if (s.empty()) return false;
+  return std::all_of(s.begin(), s.end(), [](char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+           ch == '.' || ch == '-';
+  });
+}
+
+std::string TypeName(const toml::node& n) {
+  std::ostringstream os;
+  os << n.type();  // "string", "integer", "floating-point", "boolean", "table", "array", "date-time", ...
+  return os.str();
+}
+
+// The engine keys a plan may set, with their JSON types: the canonical JSON of the defaults.
+const nlohmann::json& EngineDefaults() {
+  static const nlohmann::json kDefaults = nlohmann::json::parse(EngineConfig{}.ToJson());
+  return kDefaults;
+}
+
+std::string EngineKeyList() {
+  std::vector<std::string> keys;
+  for (auto it = EngineDefaults().begin(); it != EngineDefaults().end(); ++it)
+    if (it.key() != "model" && it.key() != "replay_path") keys.push_back(it.key());
+  return Join(keys);
+}
+
+using KeyLocations = std::map<std::string, toml::source_region>;
+
+class PlanParser {
+ public:
+  PlanParser(std::string source, std::string plan_dir) : source_(std::move(source)), plan_dir_(std::move(plan_dir)) {}
+
+  Result<Campaign> Parse(std::string_view text);
+
+ private:
+  std::string At(const toml::source_region& r) const {
+    return source_ + ":" + std::to_string(r.begin.line) + ":" + std::to_string(r.begin.column);
+  }
+  Status Error(const toml::source_region& r, std::string_view detail) const {
+    return Status::InvalidArgument(At(r), detail);
+  }
+  Status TypeError(const toml::node& n, std::string_view key, std::string_view want) const {
+    return Error(n.source(), "'" + std::string(key) + "' must be " + std::string(want) + ", got " + TypeName(n));
+  }
+
+  Status CheckKeys(const toml::table& t, std::string_view where, const std::vector<std::string>& allowed) const;
+  Result<const toml::table*> Table(const toml::node& n, std::string_view key) const;
+  // The table under `key` (nullptr when absent) with its keys checked; `where` names it ("[gates.path]").
+  Result<const toml::table*> OptTable(const toml::table& t, std::string_view key, std::string_view where,
+                                      const std::vector<std::string>& allowed) const;
+  Result<const toml::node*> Required(const toml::table& t, std::string_view key, std::string_view where) const {
+    const toml::node* n = t.get(key);
+    if (n == nullptr)
+      return Error(t.source(), std::string(where) + ": missing required key '" + std::string(key) + "'");
+    return n;
+  }
+  Result<std::string> String(const toml::node& n, std::string_view key, bool allow_empty = false) const;
+  Result<std::string> Name(const toml::node& n, std::string_view key) const;
+  Result<std::int64_t> Integer(const toml::node& n, std::string_view key, std::int64_t lo, std::int64_t hi) const;
+  Result<double> Number(const toml::node& n, std::string_view key, double lo) const;
+  Result<bool> Bool(const toml::node& n, std::string_view key) const;
+  Result<std::vector<std::string>> StringList(const toml::node& n, std::string_view key,
+                                              std::vector<const toml::node*>* elements = nullptr) const;
+  Result<std::string> ExistingPath(const toml::node& n, std::string_view key, bool folder) const;
+  Result<nlohmann::json> EngineValue(const toml::node& n, const std::string& key, const nlohmann::json& want) const;
+
+  // Optional keys of `t`: `out` keeps its default when the key is absent.
+  Status OptBool(const toml::table& t, std::string_view key, bool& out) const {
+    const toml::node* n = t.get(key);
+    if (n == nullptr) return Status::Ok();
+    LOCKSTEP_ASSIGN_OR_RETURN(out, Bool(*n, key));
+    return Status::Ok();
+  }
+  Status OptString(const toml::table& t, std::string_view key, std::string& out, bool allow_empty = false) const {
+    const toml::node* n = t.get(key);
+    if (n == nullptr) return Status::Ok();
+    LOCKSTEP_ASSIGN_OR_RETURN(out, String(*n, key, allow_empty));
+    return Status::Ok();
+  }
+  template <typename T>  // double | std::optional<double>
+  Status OptNumber(const toml::table& t, std::string_view key, double lo, T& out) const {
+    const toml::node* n = t.get(key);
+    if (n == nullptr) return Status::Ok();
+    LOCKSTEP_ASSIGN_OR_RETURN(out, Number(*n, key, lo));
+    return Status::Ok();
+  }
+  template <typename T>  // an integer type holding [lo, hi]
+  Status OptInteger(const toml::table& t, std::string_view key, std::int64_t lo, std::int64_t hi, T& out) const {
+    const toml::node* n = t.get(key);
+    if (n == nullptr) return Status::Ok();
+    LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t x, Integer(*n, key, lo, hi));
+    out = static_cast<T>(x);
+    return Status::Ok();
+  }
+
+  Status ParseModel(const toml::table& t, ModelSpec& m);
+  Status ParseRequest(const toml::table& t, RequestSpec& r) const;
+  Result<nlohmann::json> ParseEngine(const toml::table& t, const std::string& where, KeyLocations& locs) const;
+  Status ParseExport(const toml::table& t, ExportPlan& e) const;
+  Status ParseThresholds(const toml::table& t, Thresholds& th) const;
+  Status ParseGates(const toml::table& t, GateSpec& g) const;
+  Status ParseArm(const toml::table& t, Campaign& c);
+  Status ParseStop(const toml::table& t, Campaign& c) const;
+  Status AddControlArm(Campaign& c, const toml::node& control_node);
+  Status ArmConfigStatus(const Campaign& c, const ArmSpec& arm) const;
+  Status CheckArmConfig(const Campaign& c, std::size_t index, const toml::source_region& fallback) const;
+
+  std::string source_, plan_dir_;
+  std::optional<ModelConfig> model_config_;  // the plan's model (preset, or the folder's config.json)
+  KeyLocations engine_locs_;                 // campaign [engine] keys -> where their values are
+  std::vector<KeyLocations> arm_engine_locs_;  // per declared arm: [arm.engine] keys
+};
+
+Status PlanParser::CheckKeys(const toml::table& t, std::string_view where,
+                             const std::vector<std::string>& allowed) const {
+  for (auto&& [key, node] : t) {
+    if (!Contains(allowed, std::string(key.str())))
+      return Error(key.source(), "unknown key '" + std::string(key.str()) + "' " + std::string(where) +
+                                     " (expected one of: " + Join(allowed) + ")");
+  }
+  return Status::Ok();
+}
+
+Result<const toml::table*> PlanParser::Table(const toml::node& n, std::string_view key) const {
+  const toml::table* t = n.as_table();
+  if (t == nullptr) return TypeError(n, key, "a table");
+  return t;
+}
+
+Result<const toml::table*> PlanParser::OptTable(const toml::table& t, std::string_view key, std::string_view where,
+                                                const std::vector<std::string>& allowed) const {
+  const toml::node* n = t.get(key);
+  if (n == nullptr) return static_cast<const toml::table*>(nullptr);
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* sub, Table(*n, key));
+  LOCKSTEP_RETURN_IF_ERROR(CheckKeys(*sub, "in " + std::string(where), allowed));
+  return sub;
+}
+
+Result<std::string> PlanParser::String(const toml::node& n, std::string_view key, bool allow_empty) const {
+  const toml::value<std::string>* v = n.as_string();
+  if (v == nullptr) return TypeError(n, key, "a string");
+  if (!allow_empty && v->get().empty()) return Error(n.source(), "'" + std::string(key) + "' must not be empty");
+  return v->get();
+}
+
+Result<std::string> PlanParser::Name(const toml::node& n, std::string_view key) const {
+  LOCKSTEP_ASSIGN_OR_RETURN(std::string s, String(n, key));
+  if (!ValidName(s)) return Error(n.source(), "'" + std::string(key) + "' must match [A-Za-z0-9_.-]+, got '" + s + "'");
+  return s;
+}
+
+Result<std::int64_t> PlanParser::Integer(const toml::node& n, std::string_view key, std::int64_t lo,
+                                         std::int64_t hi) const {
+  const toml::value<std::int64_t>* v = n.as_integer();
+  if (v == nullptr) return TypeError(n, key, "an integer");
+  const std::int64_t x = v->get();
+  if (x < lo || x > hi) {
+    std::string range = hi == kInt64Max || hi == kIntMax
+                            ? ">= " + std::to_string(lo)
+                            : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    return Error(n.source(), "'" + std::string(key) + "' must be " + range + ", got " + std::to_string(x));
+  }
+  return x;
+}
+
+Result<double> PlanParser::Number(const toml::node& n, std::string_view key, double lo) const {
+  double x = 0.0;
+  if (const auto* i = n.as_integer()) {
+    x = static_cast<double>(i->get());
+  } else if (const auto* f = n.as_floating_point()) {
+    x = f->get();
+  } else {
+    return TypeError(n, key, "a number");
+  }
+  if (!std::isfinite(x) || x < lo) {
+    std::ostringstream os;
+    os << "'" << key << "' must be a finite number >= " << lo << ", got " << x;
+    return Error(n.source(), os.str());
+  }
+  return x;
+}
+
+Result<bool> PlanParser::Bool(const toml::node& n, std::string_view key) const {
+  const toml::value<bool>* v = n.as_boolean();
+  if (v == nullptr) return TypeError(n, key, "true or false");
+  return v->get();
+}
+
+Result<std::vector<std::string>> PlanParser::StringList(const toml::node& n, std::string_view key,
+                                                        std::vector<const toml::node*>* elements) const {
+  const toml::array* a = n.as_array();
+  if (a == nullptr) return TypeError(n, key, "an array of strings");
+  std::vector<std::string> out;
+  for (const toml::node& e : *a) {
+    if (!e.is_string())
+      return Error(e.source(), "'" + std::string(key) + "' must be an array of strings, got an element of type " +
+                                   TypeName(e));
+    out.push_back(e.as_string()->get());
+    if (elements != nullptr) elements->push_back(&e);
+  }
+  return out;
+}
+
+Result<std::string> PlanParser::ExistingPath(const toml::node& n, std::string_view key, bool folder) const {
+  LOCKSTEP_ASSIGN_OR_RETURN(std::string given, String(n, key));
+  fs::path p(given);
+  if (p.is_relative()) p = fs::path(plan_dir_) / p;
+  p = p.lexically_normal();
+  std::error_code ec;
+  const fs::file_status st = fs::status(p, ec);
+  const bool found = folder ? fs::is_directory(st) : fs::is_regular_file(st);
+  if (!found)
+    return Error(n.source(), "'" + std::string(key) + "': " + (folder ? "folder '" : "file '") + given +
+                                 "' not found (resolved to " + p.string() + ")");
+  return p.string();
+}
+
+Status PlanParser::ParseModel(const toml::table& t, ModelSpec& m) {
+  const toml::node* path = t.get("path");
+  const toml::node* preset = t.get("preset");
+  if ((path == nullptr) == (preset == nullptr))
+    return Error(t.source(), path != nullptr ? "[model]: give exactly one of 'path' or 'preset', not both"
+                                             : "[model]: give one of 'path' (a checkpoint folder) or 'preset' "
+                                               "(tiny | small | seed48)");
+  if (preset != nullptr) {
+    LOCKSTEP_ASSIGN_OR_RETURN(m.preset, String(*preset, "preset"));
+    auto known = SyntheticConfig(m.preset);
+    if (!known.ok()) return Error(preset->source(), known.status().message());
+    model_config_ = std::move(known).value();
+  }
+  for (const char* key : {"seed", "induction"}) {
+    const toml::node* n = t.get(key);
+    if (n != nullptr && path != nullptr)
+      return Error(n->source(), "'" + std::string(key) + "' applies to a synthetic 'preset' model only");
+  }
+  LOCKSTEP_RETURN_IF_ERROR(OptInteger(t, "seed", 0, kInt64Max, m.seed));
+  LOCKSTEP_RETURN_IF_ERROR(OptBool(t, "induction", m.induction));
+  if (path != nullptr) {
+    LOCKSTEP_ASSIGN_OR_RETURN(m.path, ExistingPath(*path, "path", /*folder=*/true));
+    auto config = ModelConfig::FromFile((fs::path(m.path) / "config.json").string());
+    if (!config.ok())
+      return Error(path->source(), "'path': '" + path->as_string()->get() + "' is not a checkpoint folder: " +
+                                       config.status().message());
+    model_config_ = std::move(config).value();
+  }
+  return Status::Ok();
+}
+
+Status PlanParser::ParseRequest(const toml::table& t, RequestSpec& r) const {
+  const std::size_t given = t.size();
+  if (given != 1)
+    return Error(t.source(), "[request]: give exactly one of prompt, prompt_file, token_file or needle (got " +
+                                 std::to_string(given) + ")");
+  LOCKSTEP_RETURN_IF_ERROR(OptString(t, "prompt", r.prompt));
+  if (const toml::node* n = t.get("prompt_file")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(r.prompt_file, ExistingPath(*n, "prompt_file", /*folder=*/false));
+  }
+  if (const toml::node* n = t.get("token_file")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(r.token_file, ExistingPath(*n, "token_file", /*folder=*/false));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* nt,
+                            OptTable(t, "needle", "[request.needle]", {"tokens", "needles", "seed"}));
+  if (nt != nullptr) {
+    NeedleSpec spec;
+    LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* tokens, Required(*nt, "tokens", "[request.needle]"));
+    LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t tok, Integer(*tokens, "tokens", kMinNeedleTokens, kMaxNeedleTokens));
+    spec.tokens = static_cast<int>(tok);
+    LOCKSTEP_RETURN_IF_ERROR(OptInteger(*nt, "needles", 1, kMaxNeedles, spec.needles));
+    LOCKSTEP_RETURN_IF_ERROR(OptInteger(*nt, "seed", 0, kInt64Max, spec.seed));
+    if (tok < NeedleMinTokens(spec.needles))
+      return Error(tokens->source(), "'tokens': " + std::to_string(spec.needles) + " needles and the question need " +
+                                         "at least " + std::to_string(NeedleMinTokens(spec.needles)) +
+                                         " tokens, got " + std::to_string(tok));
+    r.needle = spec;
+  }
+  return Status::Ok();
+}
+
+Result<nlohmann::json> PlanParser::EngineValue(const toml::node& n, const std::string& key,
+                                               const nlohmann::json& want) const {
+  if (want.is_boolean()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(bool b, Bool(n, key));
+    return nlohmann::json(b);
+  }
+  if (want.is_number_integer()) {
+    const auto* v = n.as_integer();
+    if (v == nullptr) return TypeError(n, key, "an integer");
+    return nlohmann::json(v->get());
+  }
+  if (want.is_number_float()) {
+    if (const auto* v = n.as_integer()) return nlohmann::json(static_cast<double>(v->get()));
+    if (const auto* v = n.as_floating_point()) return nlohmann::json(v->get());
+    return TypeError(n, key, "a number");
+  }
+  if (want.is_string()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string s, String(n, key, /*allow_empty=*/true));
+    return nlohmann::json(s);
+  }
+  // null: any scalar (array elements of a list key this parser has no element type for).
+  if (const auto* v = n.as_integer()) return nlohmann::json(v->get());
+  if (const auto* v = n.as_floating_point()) return nlohmann::json(v->get());
+  if (const auto* v = n.as_boolean()) return nlohmann::json(v->get());
+  if (const auto* v = n.as_string()) return nlohmann::json(v->get());
+  return TypeError(n, key, "a string, number or boolean");
+}
+
+Result<nlohmann::json> PlanParser::ParseEngine(const toml::table& t, const std::string& where,
+                                               KeyLocations& locs) const {
+  nlohmann::json out = nlohmann::json::object();
+  for (auto&& [key, node] : t) {
+    const std::string k(key.str());
+    if (k == "model")
+      return Error(key.source(), where + ": 'model' is set by the [model] table, not by engine overrides");
+    if (k == "replay_path") return Error(key.source(), where + ": 'replay_path' cannot be set in a campaign");
+    if (!EngineDefaults().contains(k))
+      return Error(key.source(),
+                   where + ": unknown engine field '" + k + "' (EngineConfig keys: " + EngineKeyList() + ")");
+    const nlohmann::json& def = EngineDefaults()[k];
+    if (def.is_array()) {
+      const toml::array* a = node.as_array();
+      // Element types of the list keys (others: any scalar, FromJson checks them).
+      const nlohmann::json elem =
+          k == "split" ? nlohmann::json(0) : k == "inject" ? nlohmann::json("") : nlohmann::json();
+      const char* want = k == "split" ? "an array of integers" : k == "inject" ? "an array of strings" : "an array";
+      if (a == nullptr) return TypeError(node, k, want);
+      nlohmann::json arr = nlohmann::json::array();
+      for (const toml::node& e : *a) {
+        auto v = EngineValue(e, k, elem);
+        if (!v.ok())
+          return Error(e.source(), "'" + k + "' must be " + want + ", got an element of type " + TypeName(e));
+        arr.push_back(std::move(v).value());
+      }
+      out[k] = std::move(arr);
+    } else {
+      LOCKSTEP_ASSIGN_OR_RETURN(out[k], EngineValue(node, k, def));
+    }
+    locs[k] = node.source();
+  }
+  return out;
+}
+
+Status PlanParser::ParseExport(const toml::table& t, ExportPlan& e) const {
+  if (const toml::node* n = t.get("windows")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(e.windows, String(*n, "windows"));
+    auto sel = WindowSelection::Parse(e.windows, "windows");
+    if (!sel.ok()) return Error(n->source(), sel.status().message());
+  }
+  if (const toml::node* n = t.get("points")) {
+    std::vector<const toml::node*> elems;
+    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::string> points, StringList(*n, "points", &elems));
+    if (points.empty()) return Error(n->source(), "'points' must not be empty (pre_verify, post_verify, commit)");
+    for (std::size_t i = 0; i < points.size(); ++i) {
+      auto p = ParseExportPoints(points[i], "points");
+      if (!p.ok() || points[i].find(',') != std::string::npos)
+        return Error(elems[i]->source(), "'points': unknown point '" + points[i] +
+                                             "' (expected pre_verify, post_verify or commit)");
+      if (std::find(points.begin(), points.begin() + static_cast<std::ptrdiff_t>(i), points[i]) !=
+          points.begin() + static_cast<std::ptrdiff_t>(i))
+        return Error(elems[i]->source(), "'points': '" + points[i] + "' is listed twice");
+    }
+    e.points = std::move(points);
+  }
+  LOCKSTEP_RETURN_IF_ERROR(OptInteger(t, "sample_ms", 1, 3600000, e.sample_ms));
+  return Status::Ok();
+}
+
+Status PlanParser::ParseThresholds(const toml::table& t, Thresholds& th) const {
+  LOCKSTEP_RETURN_IF_ERROR(OptNumber(t, "nrmse_max", 0.0, th.nrmse_max));
+  LOCKSTEP_RETURN_IF_ERROR(OptNumber(t, "kl_max", 0.0, th.kl_max));
+  if (const toml::node* n = t.get("kinds")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* kinds, Table(*n, "kinds"));
+    for (auto&& [key, node] : *kinds) {
+      const std::string kind(key.str());
+      if (!Contains(ItemKinds(), kind))
+        return Error(key.source(), "unknown item kind '" + kind + "' in [thresholds.kinds] (kinds: " +
+                                       Join(ItemKinds()) + ")");
+      LOCKSTEP_ASSIGN_OR_RETURN(th.nrmse_by_kind[kind], Number(node, kind, 0.0));
+    }
+  }
+  return Status::Ok();
+}
+
+Status PlanParser::ParseGates(const toml::table& t, GateSpec& g) const {
+  LOCKSTEP_RETURN_IF_ERROR(OptBool(t, "output", g.output));
+  LOCKSTEP_RETURN_IF_ERROR(OptBool(t, "state", g.state));
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* p, OptTable(t, "path", "[gates.path]", {"within"}));
+  if (p != nullptr) {
+    LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* within, Required(*p, "within", "[gates.path]"));
+    LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t w, Integer(*within, "within", 0, kIntMax));
+    g.path_within = static_cast<int>(w);
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* a,
+                            OptTable(t, "aggregate_timing", "[gates.aggregate_timing]", {"rel_max"}));
+  if (a != nullptr) {
+    LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* rel, Required(*a, "rel_max", "[gates.aggregate_timing]"));
+    LOCKSTEP_ASSIGN_OR_RETURN(g.aggregate_rel_max, Number(*rel, "rel_max", 0.0));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* w,
+                            OptTable(t, "window_timing", "[gates.window_timing]", {"abs_ms", "rel"}));
+  if (w != nullptr) {
+    if (w->empty()) return Error(w->source(), "[gates.window_timing]: give abs_ms, rel or both");
+    g.window_abs_ms = 0.0;
+    g.window_rel = 0.0;
+    LOCKSTEP_RETURN_IF_ERROR(OptNumber(*w, "abs_ms", 0.0, g.window_abs_ms));
+    LOCKSTEP_RETURN_IF_ERROR(OptNumber(*w, "rel", 0.0, g.window_rel));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* r,
+                            OptTable(t, "resources", "[gates.resources]", {"no_swap", "min_free_mib"}));
+  if (r != nullptr) {
+    g.resources = true;
+    LOCKSTEP_RETURN_IF_ERROR(OptBool(*r, "no_swap", g.no_swap));
+    LOCKSTEP_RETURN_IF_ERROR(OptInteger(*r, "min_free_mib", 0, kInt64Max, g.min_free_mib));
+  }
+  return Status::Ok();
+}
+
+Status PlanParser::ParseArm(const toml::table& t, Campaign& c) {
+  LOCKSTEP_RETURN_IF_ERROR(
+      CheckKeys(t, "in [[arm]]", {"name", "mode", "repeat", "baseline", "require", "decision", "engine"}));
+  ArmSpec arm;
+  arm.line = static_cast<int>(t.source().begin.line);
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* name, Required(t, "name", "[[arm]]"));
+  LOCKSTEP_ASSIGN_OR_RETURN(arm.name, Name(*name, "name"));
+  for (const ArmSpec& earlier : c.arms) {
+    if (earlier.name == arm.name)
+      return Error(name->source(), "duplicate arm name '" + arm.name + "' (first declared at line " +
+                                       std::to_string(earlier.line) + ")");
+  }
+  const std::string label = "arm '" + arm.name + "'";
+  if (const toml::node* n = t.get("mode")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(arm.mode, String(*n, "mode"));
+    if (arm.mode != "state" && arm.mode != "timing")
+      return Error(n->source(), label + ": 'mode' must be state or timing, got '" + arm.mode + "'");
+  }
+  if (const toml::node* n = t.get("repeat")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t repeat, Integer(*n, "repeat", 1, 1000000));
+    if (arm.mode == "state" && repeat != 1)
+      return Error(n->source(), label + ": a state arm runs once ('repeat' must be 1, got " + std::to_string(repeat) +
+                                    "); repeat a mode = \"timing\" arm instead");
+    arm.repeat = static_cast<int>(repeat);
+  }
+  std::vector<std::string> earlier_names, decisions;
+  for (const ArmSpec& earlier : c.arms) {
+    earlier_names.push_back(earlier.name);
+    if (!earlier.decision.empty()) decisions.push_back(earlier.decision);
+  }
+  if (const toml::node* n = t.get("baseline")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(arm.baseline, String(*n, "baseline"));
+    if (arm.baseline == arm.name) return Error(n->source(), label + ": an arm cannot be its own baseline");
+    if (!Contains(earlier_names, arm.baseline))
+      return Error(n->source(), label + ": baseline '" + arm.baseline + "' is not an earlier arm (earlier arms: " +
+                                    (earlier_names.empty() ? std::string("none") : Join(earlier_names)) + ")");
+  }
+  if (const toml::node* n = t.get("require")) {
+    std::vector<const toml::node*> elems;
+    LOCKSTEP_ASSIGN_OR_RETURN(arm.require, StringList(*n, "require", &elems));
+    for (std::size_t i = 0; i < arm.require.size(); ++i) {
+      if (!Contains(decisions, arm.require[i]))
+        return Error(elems[i]->source(), label + ": requires decision '" + arm.require[i] +
+                                             "', which no earlier arm declares (declared: " +
+                                             (decisions.empty() ? std::string("none") : Join(decisions)) + ")");
+    }
+  }
+  if (const toml::node* n = t.get("decision")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(arm.decision, Name(*n, "decision"));
+    if (arm.baseline.empty())
+      return Error(n->source(), label + ": 'decision' needs a 'baseline' (a decision is the verdict of a comparison)");
+    if (Contains(decisions, arm.decision))
+      return Error(n->source(), label + ": decision '" + arm.decision + "' is already declared by an earlier arm");
+  }
+  KeyLocations locs;
+  if (const toml::node* n = t.get("engine")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* e, Table(*n, "engine"));
+    LOCKSTEP_ASSIGN_OR_RETURN(arm.engine, ParseEngine(*e, label + " [arm.engine]", locs));
+  }
+  c.arms.push_back(std::move(arm));
+  arm_engine_locs_.push_back(std::move(locs));
+  return CheckArmConfig(c, c.arms.size() - 1, t.source());
+}
+
+Status PlanParser::ParseStop(const toml::table& t, Campaign& c) const {
+  LOCKSTEP_RETURN_IF_ERROR(CheckKeys(t, "in [[stop]]", {"name", "when", "predicates", "message"}));
+  StopRule rule;
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* name, Required(t, "name", "[[stop]]"));
+  LOCKSTEP_ASSIGN_OR_RETURN(rule.name, Name(*name, "name"));
+  for (const StopRule& earlier : c.stop) {
+    if (earlier.name == rule.name) return Error(name->source(), "duplicate stop rule name '" + rule.name + "'");
+  }
+  const std::string label = "stop rule '" + rule.name + "'";
+  if (const toml::node* n = t.get("when")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string when, String(*n, "when"));
+    if (when != "any" && when != "all")
+      return Error(n->source(), label + ": 'when' must be any or all, got '" + when + "'");
+    rule.all = when == "all";
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* preds, Required(t, "predicates", label));
+  std::vector<const toml::node*> elems;
+  LOCKSTEP_ASSIGN_OR_RETURN(rule.predicates, StringList(*preds, "predicates", &elems));
+  if (rule.predicates.empty()) return Error(preds->source(), label + ": 'predicates' must not be empty");
+  for (std::size_t i = 0; i < rule.predicates.size(); ++i) {
+    if (!Contains(StopPredicates(), rule.predicates[i]))
+      return Error(elems[i]->source(), label + ": unknown predicate '" + rule.predicates[i] +
+                                           "' (valid: " + Join(StopPredicates()) + ")");
+  }
+  rule.message = label + " fired";
+  LOCKSTEP_RETURN_IF_ERROR(OptString(t, "message", rule.message));
+  c.stop.push_back(std::move(rule));
+  return Status::Ok();
+}
+
+// The positive control: the first arm again (its overrides), with the control injection appended to
+// its effective inject list, compared against the first arm. Its gates must fail.
+Status PlanParser::AddControlArm(Campaign& c, const toml::node& control_node) {
+  const ArmSpec& first = c.arms.front();
+  if (first.mode != "state")
+    return Error(control_node.source(), "'control' needs the first arm (its baseline) to be a state arm, but arm '" +
+                                            first.name + "' is a timing arm");
+  for (const ArmSpec& arm : c.arms) {
+    if (arm.name == "control")
+      return Error(control_node.source(), "'control' adds an arm named 'control', but the arm declared at line " +
+                                              std::to_string(arm.line) + " already has that name");
+  }
+  ArmSpec control;
+  control.name = "control";
+  control.mode = "state";
+  control.baseline = first.name;
+  control.control = true;
+  control.line = static_cast<int>(control_node.source().begin.line);
+  control.engine = first.engine;
+  nlohmann::json inject = first.engine.contains("inject")   ? first.engine["inject"]
+                          : c.engine.contains("inject")     ? c.engine["inject"]
+                                                            : nlohmann::json::array();
+  inject.push_back(c.control);
+  control.engine["inject"] = std::move(inject);
+  c.arms.push_back(std::move(control));
+  return CheckArmConfig(c, c.arms.size() - 1, control_node.source());
+}
+
+// The arm's effective config, and its stage split against the model's layers.
+Status PlanParser::ArmConfigStatus(const Campaign& c, const ArmSpec& arm) const {
+  const std::string model = c.model.path.empty() ? "preset:" + c.model.preset : c.model.path;
+  LOCKSTEP_ASSIGN_OR_RETURN(EngineConfig cfg, EffectiveConfig(c, arm, model));
+  if (model_config_.has_value()) {
+    auto bounds = cfg.StageBoundaries(*model_config_);
+    if (!bounds.ok()) return bounds.status().WithContext("arm '" + arm.name + "'");
+  }
+  return Status::Ok();
+}
+
+// Validates the arm's effective config now, so a bad value fails before anything runs. The error
+// points at the engine key responsible: the first one (arm overrides, then [engine]) whose removal
+// changes the error; else at `fallback`.
+Status PlanParser::CheckArmConfig(const Campaign& c, std::size_t index, const toml::source_region& fallback) const {
+  const ArmSpec& arm = c.arms[index];
+  const Status st = ArmConfigStatus(c, arm);
+  if (st.ok()) return st;
+  const std::string& msg = st.message();
+  auto implicated = [&](const Campaign& cc, const ArmSpec& a) {
+    const Status other = ArmConfigStatus(cc, a);
+    return other.ok() || other.message() != msg;
+  };
+  if (index < arm_engine_locs_.size()) {
+    for (const auto& [key, where] : arm_engine_locs_[index]) {
+      ArmSpec without = arm;
+      without.engine.erase(key);
+      if (implicated(c, without)) return Error(where, msg + " (engine key '" + key + "')");
+    }
+  }
+  for (const auto& [key, where] : engine_locs_) {
+    if (arm.engine.contains(key)) continue;
+    Campaign without;
+    without.model = c.model;
+    without.engine = c.engine;
+    without.engine.erase(key);
+    if (implicated(without, arm)) return Error(where, msg + " (engine key '" + key + "' in [engine])");
+  }
+  return Error(fallback, msg);
+}
+
+Result<Campaign> PlanParser::Parse(std::string_view text) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source_);
+  } catch (const toml::parse_error& e) {
+    return Error(e.source(), "TOML syntax error: " + std::string(e.description()));
+  }
+  toml::source_region top;
+  top.begin = toml::source_position{1, 1};
+  LOCKSTEP_RETURN_IF_ERROR(CheckKeys(root, "at the top level",
+                                     {"name", "question", "hypothesis", "control", "min_timing_repeats", "model",
+                                      "request", "engine", "export", "thresholds", "gates", "arm", "stop"}));
+  Campaign c;
+  c.plan_dir = plan_dir_;
+  c.plan_text = std::string(text);
+  c.plan_sha256 = Sha256Hex(text);
+
+  const toml::node* name = root.get("name");
+  if (name == nullptr) return Error(top, "missing required key 'name' (the campaign's name, [A-Za-z0-9_.-]+)");
+  LOCKSTEP_ASSIGN_OR_RETURN(c.name, Name(*name, "name"));
+  const toml::node* question = root.get("question");
+  if (question == nullptr) return Error(top, "missing required key 'question' (what the campaign asks)");
+  LOCKSTEP_ASSIGN_OR_RETURN(c.question, String(*question, "question"));
+  LOCKSTEP_RETURN_IF_ERROR(OptString(root, "hypothesis", c.hypothesis, /*allow_empty=*/true));
+  LOCKSTEP_RETURN_IF_ERROR(OptInteger(root, "min_timing_repeats", 2, 1000000, c.min_timing_repeats));
+
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* model,
+                            OptTable(root, "model", "[model]", {"path", "preset", "seed", "induction"}));
+  if (model == nullptr) return Error(top, "missing [model] table (required: exactly one of path or preset)");
+  LOCKSTEP_RETURN_IF_ERROR(ParseModel(*model, c.model));
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* request,
+                            OptTable(root, "request", "[request]", {"prompt", "prompt_file", "token_file", "needle"}));
+  if (request == nullptr)
+    return Error(top, "missing [request] table (required: one of prompt, prompt_file, token_file or needle)");
+  LOCKSTEP_RETURN_IF_ERROR(ParseRequest(*request, c.request));
+
+  if (const toml::node* n = root.get("engine")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* t, Table(*n, "engine"));
+    LOCKSTEP_ASSIGN_OR_RETURN(c.engine, ParseEngine(*t, "[engine]", engine_locs_));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* ex,
+                            OptTable(root, "export", "[export]", {"windows", "points", "sample_ms"}));
+  if (ex != nullptr) LOCKSTEP_RETURN_IF_ERROR(ParseExport(*ex, c.export_plan));
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* th,
+                            OptTable(root, "thresholds", "[thresholds]", {"nrmse_max", "kl_max", "kinds"}));
+  if (th != nullptr) LOCKSTEP_RETURN_IF_ERROR(ParseThresholds(*th, c.thresholds));
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* gates,
+                            OptTable(root, "gates", "[gates]",
+                                     {"output", "state", "path", "aggregate_timing", "window_timing", "resources"}));
+  if (gates != nullptr) LOCKSTEP_RETURN_IF_ERROR(ParseGates(*gates, c.gates));
+  const toml::node* control = root.get("control");
+  if (control != nullptr) {
+    LOCKSTEP_ASSIGN_OR_RETURN(c.control, String(*control, "control"));
+    auto parsed = ParseInjections({c.control});
+    if (!parsed.ok()) return Error(control->source(), "'control': " + parsed.status().message());
+  }
+
+  const toml::node* arms = root.get("arm");
+  if (arms == nullptr) return Error(top, "missing [[arm]] (at least one arm is required)");
+  const toml::array* arm_array = arms->as_array();
+  if (arm_array == nullptr || (!arm_array->empty() && !arm_array->is_array_of_tables()))
+    return TypeError(*arms, "arm", "an array of tables ([[arm]])");
+  if (arm_array->empty()) return Error(arms->source(), "at least one [[arm]] is required");
+  for (const toml::node& a : *arm_array) LOCKSTEP_RETURN_IF_ERROR(ParseArm(*a.as_table(), c));
+
+  if (const toml::node* n = root.get("stop")) {
+    const toml::array* stop_array = n->as_array();
+    if (stop_array == nullptr || (!stop_array->empty() && !stop_array->is_array_of_tables()))
+      return TypeError(*n, "stop", "an array of tables ([[stop]])");
+    for (const toml::node& s : *stop_array) LOCKSTEP_RETURN_IF_ERROR(ParseStop(*s.as_table(), c));
+  }
+  if (control != nullptr) LOCKSTEP_RETURN_IF_ERROR(AddControlArm(c, *control));
+
+  const bool any_require =
+      std::any_of(c.arms.begin(), c.arms.end(), [](const ArmSpec& a) { return !a.require.empty(); });
+  if (c.stop.empty() && any_require) {
+    c.stop.push_back(StopRule{"unstable_aa",
+                              false,
+                              {"path_diverged", "window_timing_unstable", "aggregate_timing_failed", "state_failed",
+                               "output_differs"},
+                              "unstable A/A => stop attribution (default rule)"});
+    c.default_stop = true;
+  }
+  return c;
+}
+
+// SplitMix64 (Steele, Lea, Flood 2014): the same numbers on every platform and standard library.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t Next() {
+    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  std::size_t Below(std::size_t n) { return static_cast<std::size_t>(Next() % n); }
+
+ private:
+  std::uint64_t state_;
+};
+
+// Filler words; every length 1..9 occurs, so a sentence of any length >= 3 can be built exactly.
+const std::vector<std::string>& FillerWords() {
+  static const std::vector<std::string> kWords{
+      "a",       "by",       "of",        "in",      "on",       "to",       "the",     "old",     "red",
+      "sea",     "day",      "way",       "mill",    "road",     "rain",     "town",    "wind",    "bell",
+      "gate",    "lamp",     "river",     "stone",   "field",    "light",    "quiet",   "green",   "north",
+      "garden",  "bridge",   "market",    "winter",  "silver",   "window",   "morning", "village", "harbour",
+      "lantern", "orchard",  "mountain",  "evenings", "windmill", "cottages", "afternoon", "travelers",
+      "carefully"};
+  return kWords;
+}
+
+// A filler sentence "Words like these. " of `len` bytes exactly (len 1..2: spaces).
+std::string FillerSentence(SplitMix64& rng, std::size_t len) {
+  if (len < 3) return std::string(len, ' ');
+  const std::vector<std::string>& words = FillerWords();
+  std::string s;
+  std::size_t body = len - 2;  // without ". "
+  while (body > 9) {           // any word and a space, leaving at least one byte
+    const std::string& w = words[rng.Below(words.size())];
+    if (w.size() + 2 > body) continue;
+    s += w + " ";
+    body -= w.size() + 1;
+  }
+  std::vector<const std::string*> fit;  // the last word fills the rest exactly
+  for (const std::string& w : words)
+    if (w.size() == body) fit.push_back(&w);
+  s += *fit[rng.Below(fit.size())];
+  s[0] = static_cast<char>(s[0] - 'a' + 'A');
+  return s + ". ";
+}
+
+}  // namespace
+
+Result<Campaign> ParseCampaign(std::string_view text, const std::string& source, const std::string& plan_dir) {
+  std::error_code ec;
+  fs::path dir = plan_dir.empty() ? fs::current_path(ec) : fs::absolute(plan_dir, ec);
+  if (ec) return Status::InvalidArgument(source, "cannot resolve the plan folder '" + plan_dir + "': " + ec.message());
+  PlanParser parser(source, dir.lexically_normal().string());
+  return parser.Parse(text);
+}
+
+Result<Campaign> LoadCampaign(const std::string& path) {
+  LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(path, std::size_t{16} << 20));
+  std::error_code ec;
+  const fs::path abs = fs::absolute(path, ec);
+  if (ec) return Status::InvalidArgument(path, "cannot resolve the plan path: " + ec.message());
+  return ParseCampaign(text, path, abs.parent_path().string());
+}
+
+Result<EngineConfig> EffectiveConfig(const Campaign& c, const ArmSpec& arm, const std::string& model_dir) {
+  const std::string label = "arm '" + arm.name + "'";
+  try {
+    nlohmann::json merged = EngineDefaults();
+    for (auto it = c.engine.begin(); it != c.engine.end(); ++it) merged[it.key()] = it.value();
+    for (auto it = arm.engine.begin(); it != arm.engine.end(); ++it) merged[it.key()] = it.value();
+    merged["model"] = model_dir;
+    LOCKSTEP_ASSIGN_OR_RETURN(EngineConfig cfg, EngineConfig::FromJson(merged.dump(), label));
+    auto injections = ParseInjections(cfg.inject);
+    if (!injections.ok()) return injections.status().WithContext(label);
+    return cfg;
+  } catch (const nlohmann::json::exception& e) {
+    return Status::InvalidArgument(label, std::string("engine overrides: ") + e.what());
+  }
+}
+
+std::string NeedleHaystackPrompt(const NeedleSpec& spec) {
+  SplitMix64 rng(spec.seed);
+  const std::size_t total = spec.tokens > 0 ? static_cast<std::size_t>(spec.tokens) : 0;
+  // Distinct two-digit vault numbers and five-digit codes.
+  std::vector<int> vaults(90);
+  std::iota(vaults.begin(), vaults.end(), 10);
+  std::size_t n = static_cast<std::size_t>(std::clamp(spec.needles, 0, kMaxNeedles));
+  for (std::size_t i = 0; i < n; ++i) std::swap(vaults[i], vaults[i + rng.Below(vaults.size() - i)]);
+  std::vector<std::string> needles;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto code = 10000 + rng.Below(90000);
+    needles.push_back("The code of vault " + std::to_string(vaults[i]) + " is " + std::to_string(code) + ". ");
+  }
+  // Plans reject specs that cannot hold their needles; here the needles that do not fit are dropped.
+  while (n > 0 && kQuestionBytes + n * kNeedleBytes > total) --n;
+  needles.resize(n);
+  const std::string question =
+      "What is the code of vault " + std::to_string(vaults[n > 0 ? rng.Below(n) : 0]) + "?";
+  if (question.size() > total) return question.substr(question.size() - total);
+
+  // Filler sentences: random ones while plenty of room is left, then one of the exact remaining length.
+  std::size_t filler = total - question.size() - n * kNeedleBytes;
+  std::vector<std::string> pieces;
+  while (filler > 120) {
+    pieces.push_back(FillerSentence(rng, 30 + rng.Below(50)));
+    filler -= pieces.back().size();
+  }
+  if (filler > 0) pieces.push_back(FillerSentence(rng, filler));
+
+  // The needles go into seeded distinct slots among the pieces (filler order kept).
+  const std::size_t slots = pieces.size() + n;
+  std::vector<std::size_t> order(slots);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  for (std::size_t i = 0; i < n; ++i) std::swap(order[i], order[i + rng.Below(slots - i)]);
+  std::vector<bool> is_needle(slots, false);
+  for (std::size_t i = 0; i < n; ++i) is_needle[order[i]] = true;
+
+  std::string out;
+  out.reserve(total);
+  std::size_t next_needle = 0, next_piece = 0;
+  for (std::size_t s = 0; s < slots; ++s) out += is_needle[s] ? needles[next_needle++] : pieces[next_piece++];
+  out += question;
+  return out;
+}
+
+}  // namespace lockstep

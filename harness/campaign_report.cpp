@@ -1,0 +1,564 @@
+#include "lockstep/harness/campaign_report.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <map>
+#include <ostream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "lockstep/compare/align.h"
+#include "lockstep/compare/report.h"
+#include "lockstep/engine/atomic_file.h"
+#include "lockstep/harness/campaign.h"
+#include "lockstep/harness/ledger.h"
+#include "lockstep/harness/runner.h"
+
+namespace lockstep {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string Cfg(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+std::string Num(const json& j, const char* key, int digits = 3) {
+  if (!j.contains(key)) return "?";
+  const json& v = j[key];
+  if (v.is_number()) return fmt::format("{:.{}f}", v.get<double>(), digits);
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+
+std::string FieldsText(const json& w, const json& fields) {
+  std::string s;
+  for (const auto& f : fields) {
+    const std::string name = f.get<std::string>();
+    if (!w.contains(name)) continue;
+    s += (s.empty() ? "" : ", ") + name + "=" + Cfg(w[name]);
+  }
+  return s;
+}
+
+struct ArmFacts {
+  bool sent = false, finished = false, failed = false;
+  std::string not_sent;  // reason
+  json resources;        // from stdout.json (repeat 0)
+  std::int64_t output_tokens = -1;
+  std::string stop_reason;
+};
+
+struct Loaded {
+  Campaign c;
+  std::vector<LedgerEntry> entries;
+  std::map<std::string, ArmFacts> arms;
+  std::map<std::string, json> records;  // compare/<arm>.json
+  json stopped;                         // the stopped entry's data (null: none)
+  std::string verdict, verdict_reason;
+  std::string created_utc;
+};
+
+Result<Loaded> Load(const std::string& dir) {
+  Loaded L;
+  LOCKSTEP_ASSIGN_OR_RETURN(LedgerLoad ll, Ledger::Read(dir + "/ledger.jsonl"));
+  L.entries = std::move(ll.entries);
+  if (L.entries.empty() || L.entries.front().event != "planned")
+    return Status::InvalidArgument("report '" + dir + "'", "not a run folder (the ledger has no planned entry)");
+  LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/plan.toml", std::size_t{16} << 20));
+  LOCKSTEP_ASSIGN_OR_RETURN(L.c, ParseCampaign(text, "plan.toml", L.entries.front().data.value("plan_dir", "")));
+  for (const auto& e : L.entries) {
+    ArmFacts& a = L.arms[e.arm];
+    if (e.event == "sent") a.sent = true;
+    if (e.event == "finished") a.finished = true;
+    if (e.event == "failed") a.failed = true;
+    if (e.event == "not_sent") a.not_sent = e.data.value("reason", "");
+    if (e.event == "stopped") L.stopped = e.data;
+    if (e.event == "done") {
+      L.verdict = e.data.value("verdict", "");
+      L.verdict_reason = e.data.value("reason", "");
+    }
+  }
+  for (const auto& arm : L.c.arms) {
+    ArmFacts& a = L.arms[arm.name];
+    const std::string out = dir + "/arms/" + arm.name + (arm.mode == "timing" ? "/r0" : "") + "/stdout.json";
+    if (auto t = ReadFile(out, std::size_t{64} << 20); t.ok()) {
+      try {
+        json j = json::parse(*t);
+        a.resources = j.value("resources", json::object());
+        a.output_tokens = j.value("output_tokens", std::int64_t{-1});
+        a.stop_reason = j.value("stop_reason", "");
+      } catch (const json::exception&) {
+      }
+    }
+    if (auto t = ReadFile(dir + "/compare/" + arm.name + ".json", std::size_t{256} << 20); t.ok()) {
+      try {
+        L.records[arm.name] = json::parse(*t);
+      } catch (const json::exception&) {
+      }
+    }
+  }
+  return L;
+}
+
+std::string ModelLine(const Campaign& c, const json& report) {
+  std::string sha;
+  if (report.contains("arms")) sha = report["arms"]["a"].value("model_sha256_12", "");
+  if (!c.model.preset.empty())
+    return fmt::format("synthetic preset `{}` (weight seed {}{}){}", c.model.preset, c.model.seed,
+                       c.model.induction ? ", induction wiring" : "", sha.empty() ? "" : ", model SHA-256 " + sha);
+  return "checkpoint" + (sha.empty() ? std::string(" (hash unknown)") : ", model SHA-256 " + sha);
+}
+
+std::string RequestLine(const Campaign& c) {
+  const RequestSpec& r = c.request;
+  if (r.needle)
+    return fmt::format("generated needle-in-a-haystack prompt: {} tokens, {} needles, seed {}", r.needle->tokens,
+                       r.needle->needles, r.needle->seed);
+  if (!r.prompt.empty()) return fmt::format("inline prompt of {} tokens (text not published)", r.prompt.size());
+  if (!r.prompt_file.empty()) return "prompt file (text not published)";
+  return "token-id file";
+}
+
+// Engine keys an arm overrides, allowlisted, as "key=value".
+std::string Overrides(const ArmSpec& a) {
+  const auto& allowed = ReportConfigKeys();
+  std::string s;
+  for (auto it = a.engine.begin(); it != a.engine.end(); ++it) {
+    if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end()) continue;
+    s += (s.empty() ? "" : ", ") + it.key() + "=" + Cfg(it.value());
+  }
+  return s.empty() ? "—" : "`" + s + "`";
+}
+
+std::string ResourceLine(const std::string& arm, const json& r) {
+  if (r.is_null() || r.empty()) return fmt::format("{}: resources not recorded", arm);
+  auto mib = [](const json& v) {
+    const auto b = v.is_number() ? v.get<std::int64_t>() : -1;
+    return b < 0 ? std::string("unknown") : fmt::format("{} MiB", b / 1048576);
+  };
+  std::string s = fmt::format("{}: min host available memory {}, max swap used {}, peak RSS {}, {} samples", arm,
+                              mib(r.value("min_host_available_bytes", json(-1))), mib(r.value("max_swap_used_bytes", json(-1))),
+                              mib(r.value("max_rss_bytes", json(-1))), r.value("samples", 0));
+  if (r.contains("interval_ms"))
+    s += fmt::format(" (sampling interval median {} ms, max {} ms)", Num(r["interval_ms"], "median", 1),
+                     Num(r["interval_ms"], "max", 1));
+  s += r.contains("guard") ? "; the resource guard TRIPPED" : "; no resource-guard trip";
+  return s;
+}
+
+std::string RenderMarkdownDoc(const Loaded& L) {
+  const Campaign& c = L.c;
+  std::ostringstream md;
+  std::vector<std::string> sent_arms, unsent_arms;
+  for (const auto& a : c.arms) {
+    const ArmFacts& f = L.arms.at(a.name);
+    (f.sent ? sent_arms : unsent_arms).push_back(a.name);
+  }
+  int requests = 0;
+  for (const auto& e : L.entries)
+    if (e.event == "finished" || e.event == "failed") ++requests;
+  md << "# " << c.name << ": predeclared A/A diagnostic campaign\n\n";
+  md << "## Summary\n\n";
+  md << "Question: " << c.question << "\n\n";
+  if (!c.hypothesis.empty()) md << "Hypothesis: " << c.hypothesis << "\n\n";
+  md << fmt::format("{} generation requests were executed (arms sent: {}).", requests,
+                    sent_arms.empty() ? "none" : fmt::format("{}", fmt::join(sent_arms, ", ")));
+  if (!unsent_arms.empty()) md << fmt::format(" We stopped before the planned {} arm(s).", fmt::join(unsent_arms, ", "));
+  md << " This is a bounded diagnostic observation, not a confirmed correctness bug, a root-cause claim, or a "
+        "performance result.\n\n";
+
+  // ---- configuration ----
+  const json* first_report = nullptr;
+  for (const auto& a : c.arms)
+    if (auto it = L.records.find(a.name); it != L.records.end() && it->second.contains("report")) {
+      first_report = &it->second["report"];
+      break;
+    }
+  md << "## Tested configuration and scope\n\n";
+  md << "- Plan SHA-256: " << c.plan_sha256.substr(0, 12) << " (the ledger refuses to resume under a changed plan).\n";
+  md << "- Model: " << ModelLine(c, first_report ? *first_report : json()) << ".\n";
+  md << "- Request: " << RequestLine(c) << ".\n";
+  {
+    std::string fixed;
+    const auto& allowed = ReportConfigKeys();
+    for (auto it = c.engine.begin(); it != c.engine.end(); ++it)
+      if (std::find(allowed.begin(), allowed.end(), it.key()) != allowed.end())
+        fixed += (fixed.empty() ? "" : " ") + fmt::format("{}={}", it.key(), Cfg(it.value()));
+    md << "- Fixed engine configuration every arm inherits: " << (fixed.empty() ? "engine defaults" : "`" + fixed + "`")
+       << ".\n";
+  }
+  md << "- Each arm ran as a fresh `lockstep generate` process; state arms exported windows `" << c.export_plan.windows
+     << "` at " << fmt::format("{}", fmt::join(c.export_plan.points, " / ")) << "; timing arms recorded the trace only.\n\n";
+  md << "| arm | mode | repeats | baseline | overrides | status |\n|---|---|---|---|---|---|\n";
+  for (const auto& a : c.arms) {
+    const ArmFacts& f = L.arms.at(a.name);
+    std::string status = !f.not_sent.empty() ? "not sent: " + f.not_sent
+                         : f.failed          ? "failed"
+                         : f.finished        ? "finished"
+                         : f.sent            ? "sent, not finished"
+                                             : "pending";
+    md << fmt::format("| {}{} | {} | {} | {} | {} | {} |\n", a.name, a.control ? " (positive control)" : "", a.mode,
+                      a.repeat, a.baseline.empty() ? "—" : a.baseline, Overrides(a), status);
+  }
+  md << "\n";
+
+  // ---- state ----
+  md << "## Early state and output checks\n\n";
+  md << fmt::format("Thresholds: NRMSE <= {}", FormatMetric(c.thresholds.nrmse_max));
+  for (const auto& [k, v] : c.thresholds.nrmse_by_kind) md << fmt::format(" ({} <= {})", k, FormatMetric(v));
+  md << fmt::format(", logits KL <= {}; no tolerance was relaxed.\n\n", FormatMetric(c.thresholds.kl_max));
+  md << "Unused paged tails were excluded; speculative rows were compared only against speculative rows of the same "
+        "(p, T), never as committed state.\n\n";
+  bool any_state = false;
+  for (const auto& a : c.arms) {
+    auto it = L.records.find(a.name);
+    if (it == L.records.end()) continue;
+    const json& rep = it->second.value("report", json::object());
+    const json& st = rep.contains("state") ? rep["state"] : json();
+    if (st.is_null()) continue;
+    any_state = true;
+    std::vector<std::string> counts;
+    for (const auto& cp : st.value("checkpoints", json::array()))
+      if (cp.value("window", -1) == 0) counts.push_back(std::to_string(cp.value("compared", 0)));
+    md << fmt::format("**{} vs {}**{}: ", a.name, a.baseline, a.control ? " (positive control)" : "");
+    if (!counts.empty())
+      md << fmt::format("there were {} comparison items at the first window's checkpoints. ", fmt::join(counts, " / "));
+    md << fmt::format("{} items compared, {} passed, {} failed, {} skipped.\n\n", st.value("compared", 0),
+                      st.value("passed_items", 0), st.value("failed", 0), st.value("skipped", 0));
+    for (const auto& cp : st.value("checkpoints", json::array())) {
+      md << fmt::format("- `{}` (p={}, T={}): {} compared / {} passed / {} failed / {} skipped", cp.value("name", ""),
+                        cp.value("p", 0), cp.value("T", 0), cp.value("compared", 0), cp.value("passed", 0),
+                        cp.value("failed", 0), cp.value("skipped", 0));
+      if (cp.contains("skip_reasons") && !cp["skip_reasons"].empty())
+        for (auto r = cp["skip_reasons"].begin(); r != cp["skip_reasons"].end(); ++r)
+          md << fmt::format(" ({}: {})", r.key(), r.value().dump());
+      md << "\n";
+    }
+    const json& ff = st.contains("first_failure") ? st["first_failure"] : json();
+    if (ff.is_object())
+      md << fmt::format("\nFirst failing item: `{}` stage {} layer {} `{}` ({}).\n\n", ff.value("checkpoint", ""),
+                        ff.value("stage", -1), ff.value("layer", -1), ff.value("kind", ""), ff.value("reason", ""));
+    else
+      md << "\nAll compared items passed.\n\n";
+  }
+  if (!any_state) md << "No state comparison was made (no pair of state arms finished).\n\n";
+  for (const auto& a : c.arms) {
+    const ArmFacts& f = L.arms.at(a.name);
+    if (f.output_tokens >= 0)
+      md << fmt::format("- {}: {} output tokens, stop reason `{}`.\n", a.name, f.output_tokens, f.stop_reason);
+  }
+  md << "\nThese checks establish equality at the exported checkpoints only; they do not establish equality of all "
+        "later hidden states.\n\n";
+
+  // ---- timing and path ----
+  md << "## Timing and execution-path observations\n\n";
+  md << "Timings are CLOCK_MONOTONIC host-side intervals around the instrumented engine calls, not kernel timings.\n\n";
+  for (const auto& a : c.arms) {
+    auto it = L.records.find(a.name);
+    if (it == L.records.end() || !it->second.contains("report")) continue;
+    const json& al = it->second["report"].value("alignment", json());
+    if (!al.is_object()) continue;
+    const json fields = al.value("fields", json::array());
+    md << fmt::format("**{} vs {}**: ", a.name, a.baseline);
+    md << fmt::format("the first {} windows matched in the recorded execution fields ({}).", al.value("matched", 0),
+                      fmt::format("{}", fmt::join(fields.get<std::vector<std::string>>(), ", ")));
+    if (al.value("diverged", false)) {
+      const json& da = al.value("div_a", json());
+      const json& db = al.value("div_b", json());
+      const int p = da.is_object() ? da.value("p", -1) : db.is_object() ? db.value("p", -1) : -1;
+      md << fmt::format(" The first recorded path difference occurred at zero-based window {}, p={}:\n\n",
+                        al.value("div_idx", -1), p);
+      md << "- " << a.baseline << ": " << (da.is_object() ? FieldsText(da, fields) : "(trace ended)") << ".\n";
+      md << "- " << a.name << ": " << (db.is_object() ? FieldsText(db, fields) : "(trace ended)") << ".\n\n";
+      md << fmt::format("Windows after that point are not paired by index ({} ran {} more, {} ran {}).\n\n", a.baseline,
+                        al.value("rest_a_count", 0), a.name, al.value("rest_b_count", 0));
+    } else {
+      md << fmt::format(" No path divergence over {} windows.\n\n", al.value("matched", 0));
+    }
+    const json& timing = al.value("timing", json::array());
+    if (!timing.empty()) {
+      md << "| interval (matched prefix) | sum " << a.baseline << " ms | sum " << a.name
+         << " ms | rel diff | median delta ms | largest abs delta ms (window) |\n|---|---|---|---|---|---|\n";
+      for (const auto& t : timing) {
+        if (!t.value("known", true)) {
+          md << fmt::format("| {} | unknown | unknown | | | |\n", t.value("name", ""));
+          continue;
+        }
+        md << fmt::format("| {} | {} | {} | {} | {} | {} ({}) |\n", t.value("name", ""), Num(t, "sum_a_ms"),
+                          Num(t, "sum_b_ms"), t["rel_diff"].is_number() ? fmt::format("{:+.1f}%", 100 * t["rel_diff"].get<double>()) : Cfg(t["rel_diff"]),
+                          Num(t, "median_delta_ms"), Num(t, "max_abs_delta_ms"), t.value("max_at", -1));
+      }
+      md << "\n";
+    }
+    for (const char* side : {"notable_a", "notable_b"}) {
+      const std::string who = std::string(side) == "notable_a" ? a.baseline : a.name;
+      for (const auto& n : al.value(side, json::array()))
+        md << fmt::format("- {} had a {} ms T={} verify interval at its own zero-based window {}{}.\n", who,
+                          Num(n, "verify_ms"), n.value("T", 0), n.value("idx", 0),
+                          n.value("after_divergence", false) ? " (after the divergence: not a matched event)" : "");
+    }
+    const json& cmp = it->second.value("comparison", json::object());
+    if (cmp.contains("timing")) {
+      const json& t = cmp["timing"];
+      if (t.value("refused", false)) {
+        md << "\nTiming verdict refused: " << t.value("refused_reason", "") << ".\n";
+      } else {
+        const json& ga = t["aggregate_a"];
+        const json& gb = t["aggregate_b"];
+        md << fmt::format("\nTiming over {} / {} fresh processes: summed verify median {} ms [95% {}, {}] vs {} ms [95% {}, "
+                          "{}] ({:+.1f}%){}.\n",
+                          t["repeats"][0].get<int>(), t["repeats"][1].get<int>(), Num(ga, "median"), Num(ga, "lo95"),
+                          Num(ga, "hi95"), Num(gb, "median"), Num(gb, "lo95"), Num(gb, "hi95"),
+                          100 * t.value("aggregate_rel_diff", 0.0),
+                          t.value("unstable", false) ? "; instability flags raised" : "");
+        md << "\n| window | median " << a.baseline << " ms [95%] | median " << a.name << " ms [95%] |\n|---|---|---|\n";
+        const json& wa = t["window_a"];
+        const json& wb = t["window_b"];
+        for (std::size_t w = 0; w < std::min(wa.size(), wb.size()); ++w)
+          md << fmt::format("| {} | {} [{}, {}] | {} [{}, {}] |\n", w, Num(wa[w], "median"), Num(wa[w], "lo95"),
+                            Num(wa[w], "hi95"), Num(wb[w], "median"), Num(wb[w], "lo95"), Num(wb[w], "hi95"));
+      }
+    }
+    md << "\n";
+  }
+
+  // ---- gates ----
+  md << "## Gates\n\n| comparison | gate | result | detail |\n|---|---|---|---|\n";
+  for (const auto& a : c.arms) {
+    auto it = L.records.find(a.name);
+    if (it == L.records.end()) continue;
+    for (const auto& g : it->second["comparison"].value("gates", json::array()))
+      md << fmt::format("| {} vs {} | {} | {} | {} |\n", a.name, a.baseline, g.value("name", ""),
+                        g.value("passed", false) ? "pass" : "FAIL", g.value("message", ""));
+  }
+  md << "\n";
+
+  // ---- stop decision and limitations ----
+  md << "## Stop decision and measurement limitations\n\n";
+  if (L.stopped.is_object()) {
+    md << fmt::format("Before sending arm {}, the predeclared rule `{}` fired on {}: we stopped the campaign under the "
+                      "\"{}\" rule.",
+                      L.stopped.value("before_arm", "?"), L.stopped.value("rule", ""),
+                      fmt::format("{}", fmt::join(L.stopped.value("fired_by", std::vector<std::string>{}), ", ")),
+                      L.stopped.value("message", ""));
+    md << fmt::format(" The request ledger contains only {}; not sent: {}.\n\n",
+                      fmt::format("{}", fmt::join(sent_arms, ", ")), fmt::format("{}", fmt::join(unsent_arms, ", ")));
+  } else {
+    md << "No stop rule fired.";
+    if (!unsent_arms.empty()) md << fmt::format(" Not sent: {}.", fmt::join(unsent_arms, ", "));
+    md << "\n\n";
+  }
+  if (!c.control.empty()) {
+    auto it = L.records.find("control");
+    if (it == L.records.end()) {
+      md << "The positive control was not run.\n\n";
+    } else {
+      const bool passed = it->second["comparison"].value("passed", true);
+      md << (passed ? "The positive control (a known injected perturbation) passed every gate: the campaign is "
+                      "INSENSITIVE and fails.\n\n"
+                    : "The positive control (a known injected perturbation) was caught by the gates: the campaign "
+                      "can see a difference of that size.\n\n");
+    }
+  }
+  std::set<std::string> lims;
+  for (const auto& a : c.arms) {
+    md << "- " << ResourceLine(a.name, L.arms.at(a.name).resources) << ".\n";
+    if (auto it = L.records.find(a.name); it != L.records.end() && it->second.contains("report"))
+      for (const auto& l : it->second["report"].value("limitations", json::array())) lims.insert(l.get<std::string>());
+  }
+  for (const auto& l : lims) md << "- " << l << "\n";
+  md << "- State export and per-window tracing perturb execution; subtracting export time does not produce an "
+        "uninstrumented benchmark.\n";
+  int timing_arms = 0;
+  for (const auto& a : c.arms) timing_arms += a.mode == "timing" && a.repeat >= c.min_timing_repeats;
+  if (timing_arms == 0)
+    md << fmt::format("- {} runs are not a statistical characterization: no timing arm with at least {} repeats ran.\n",
+                      requests, c.min_timing_repeats);
+  md << "\n## Conclusion\n\n";
+  md << "Verdict: **" << (L.verdict.empty() ? "not finished" : L.verdict) << "**"
+     << (L.verdict_reason.empty() ? "" : " (" + L.verdict_reason + ")") << ".\n\n";
+  md << "Only allowlisted configuration fields, hashes and aggregate diagnostic measurements are included here. No "
+        "hostnames, filesystem paths, user names or raw request text are published. No fix is claimed.\n";
+  return md.str();
+}
+
+std::string RenderJUnitDoc(const Loaded& L) {
+  std::ostringstream cases;
+  int tests = 0, failures = 0, skipped = 0;
+  for (const auto& a : L.c.arms) {
+    const ArmFacts& f = L.arms.at(a.name);
+    if (!f.not_sent.empty()) {
+      ++tests, ++skipped;
+      cases << fmt::format("    <testcase classname=\"arm\" name=\"{}\"><skipped message=\"{}\"/></testcase>\n",
+                           XmlEscape(a.name), XmlEscape("not sent: " + f.not_sent));
+      continue;
+    }
+    auto it = L.records.find(a.name);
+    if (it == L.records.end()) continue;
+    const std::string cls = XmlEscape(a.name + "_vs_" + a.baseline);
+    if (a.control) {
+      const bool caught = !it->second["comparison"].value("passed", true);
+      ++tests;
+      cases << fmt::format("    <testcase classname=\"{}\" name=\"positive control caught\">", cls);
+      if (!caught) {
+        ++failures;
+        cases << "<failure message=\"the injected perturbation passed every gate: insensitive\"/>";
+      }
+      cases << "</testcase>\n";
+      continue;
+    }
+    for (const auto& g : it->second["comparison"].value("gates", json::array())) {
+      ++tests;
+      cases << fmt::format("    <testcase classname=\"{}\" name=\"{}\">", cls, XmlEscape(g.value("name", "")));
+      if (!g.value("passed", false)) {
+        ++failures;
+        cases << fmt::format("<failure message=\"{}\"/>", XmlEscape(g.value("message", "")));
+      }
+      cases << "</testcase>\n";
+    }
+  }
+  ++tests;
+  cases << "    <testcase classname=\"campaign\" name=\"verdict\">";
+  if (L.verdict != "pass") {
+    ++failures;
+    cases << fmt::format("<failure message=\"{}\"/>", XmlEscape(L.verdict + ": " + L.verdict_reason));
+  }
+  cases << "</testcase>\n";
+  return fmt::format(
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n  <testsuite name=\"lockstep.campaign.{}\" tests=\"{}\" "
+      "failures=\"{}\" skipped=\"{}\">\n{}  </testsuite>\n</testsuites>\n",
+      XmlEscape(L.c.name), tests, failures, skipped, cases.str());
+}
+
+std::string Inline(std::string_view s) {
+  // `code` and **bold** on already-escaped text.
+  std::string e = HtmlEscape(s), out;
+  bool code = false, bold = false;
+  for (std::size_t i = 0; i < e.size(); ++i) {
+    if (e[i] == '`') {
+      out += code ? "</code>" : "<code>";
+      code = !code;
+    } else if (e[i] == '*' && i + 1 < e.size() && e[i + 1] == '*') {
+      out += bold ? "</strong>" : "<strong>";
+      bold = !bold;
+      ++i;
+    } else {
+      out += e[i];
+    }
+  }
+  if (code) out += "</code>";
+  if (bold) out += "</strong>";
+  return out;
+}
+
+}  // namespace
+
+std::string MarkdownToHtml(const std::string& md) {
+  std::istringstream in(md);
+  std::string line, html;
+  bool in_list = false, in_table = false, table_head = false;
+  auto close = [&] {
+    if (in_list) html += "</ul>\n";
+    if (in_table) html += "</tbody></table>\n";
+    in_list = in_table = false;
+  };
+  while (std::getline(in, line)) {
+    if (line.rfind("# ", 0) == 0) {
+      close();
+      html += "<h1>" + Inline(line.substr(2)) + "</h1>\n";
+    } else if (line.rfind("## ", 0) == 0) {
+      close();
+      html += "<h2>" + Inline(line.substr(3)) + "</h2>\n";
+    } else if (line.rfind("- ", 0) == 0) {
+      if (in_table) close();
+      if (!in_list) html += "<ul>\n";
+      in_list = true;
+      html += "<li>" + Inline(line.substr(2)) + "</li>\n";
+    } else if (line.rfind("|", 0) == 0) {
+      if (in_list) close();
+      std::vector<std::string> cells;
+      std::string cell;
+      for (std::size_t i = 1; i < line.size(); ++i) {
+        if (line[i] == '|') {
+          cells.push_back(cell);
+          cell.clear();
+        } else {
+          cell += line[i];
+        }
+      }
+      if (line.find("|---") == 0) {
+        table_head = false;
+        continue;
+      }
+      if (!in_table) {
+        html += "<table><thead>";
+        in_table = true;
+        table_head = true;
+      }
+      html += "<tr>";
+      for (const auto& c : cells) html += (table_head ? "<th>" : "<td>") + Inline(c) + (table_head ? "</th>" : "</td>");
+      html += "</tr>";
+      html += table_head ? "</thead><tbody>\n" : "\n";
+    } else if (line.empty()) {
+      close();
+    } else {
+      close();
+      html += "<p>" + Inline(line) + "</p>\n";
+    }
+  }
+  close();
+  return html;
+}
+
+Result<CampaignDocuments> RenderCampaign(const std::string& run_dir) {
+  LOCKSTEP_ASSIGN_OR_RETURN(Loaded L, Load(run_dir));
+  CampaignDocuments d;
+  d.verdict = L.verdict;
+  d.markdown = RenderMarkdownDoc(L);
+  d.junit = RenderJUnitDoc(L);
+  // HTML: the Markdown document plus a verify-time chart per compared pair (from the traces).
+  std::string charts;
+  for (const auto& a : L.c.arms) {
+    if (a.baseline.empty() || !L.records.count(a.name)) continue;
+    const ArmSpec* base = nullptr;
+    for (const auto& b : L.c.arms)
+      if (b.name == a.baseline) base = &b;
+    if (!base) continue;
+    auto trace = [&](const ArmSpec& s) {
+      return ReadWindowRecords(run_dir + "/arms/" + s.name + (s.mode == "timing" ? "/r0" : "") + "/trace.jsonl");
+    };
+    auto wa = trace(*base);
+    auto wb = trace(a);
+    if (!wa.ok() || !wb.ok()) continue;
+    AlignResult al = AlignWindows(*wa, *wb);
+    charts += "<h3>" + HtmlEscape(a.name + " vs " + a.baseline) + ": verify time per window</h3>\n" +
+              SvgVerifyChart(al, *wa, *wb, a.baseline, a.name) + "\n";
+  }
+  std::string body = MarkdownToHtml(d.markdown);
+  const std::string anchor = "<h2>Gates</h2>";
+  if (auto pos = body.find(anchor); pos != std::string::npos && !charts.empty()) body.insert(pos, charts);
+  d.html = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" + HtmlEscape(L.c.name) +
+           "</title>\n<style>body{font-family:sans-serif;max-width:70em;margin:2em auto;line-height:1.4}"
+           "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #bbb;padding:2px 8px;text-align:left}"
+           "code{background:#f3f3f3;padding:0 3px}h2{border-bottom:1px solid #ddd}</style></head>\n<body>\n" +
+           body + "</body></html>\n";
+  return d;
+}
+
+Status RunCampaignReport(const ReportOptions& opts, std::ostream& out) {
+  LOCKSTEP_ASSIGN_OR_RETURN(CampaignDocuments d, RenderCampaign(opts.dir));
+  const std::string md = opts.md.empty() ? opts.dir + "/report.md" : opts.md;
+  const std::string html = opts.html.empty() ? opts.dir + "/report.html" : opts.html;
+  const std::string junit = opts.junit.empty() ? opts.dir + "/junit.xml" : opts.junit;
+  LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(md, d.markdown));
+  LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(html, d.html));
+  LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(junit, d.junit));
+  out << "report: " << md << " (" << html << ", " << junit << ")\n";
+  return Status::Ok();
+}
+
+}  // namespace lockstep

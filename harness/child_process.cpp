@@ -1,0 +1,79 @@
+#include "lockstep/harness/child_process.h"
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <thread>
+
+namespace lockstep {
+
+Result<ChildResult> RunChild(const ChildSpec& spec, const std::function<void()>& tick) {
+  if (spec.argv.empty()) return Status::InvalidArgument("child process", "empty command");
+  // Everything the child needs is prepared before fork(): after it only async-signal-safe calls.
+  std::vector<char*> argv;
+  for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const int out_fd = ::open(spec.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out_fd < 0) return Status::IOError("'" + spec.stdout_path + "'", std::strerror(errno));
+  const int err_fd = ::open(spec.stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (err_fd < 0) {
+    ::close(out_fd);
+    return Status::IOError("'" + spec.stderr_path + "'", std::strerror(errno));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(out_fd);
+    ::close(err_fd);
+    return Status::Runtime("fork", std::strerror(errno));
+  }
+  if (pid == 0) {
+    // The arm dies with the runner: a killed runner must not leave an orphan writing into the
+    // arm's folder while the resumed runner sends the arm again.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(126);
+    ::dup2(out_fd, STDOUT_FILENO);
+    ::dup2(err_fd, STDERR_FILENO);
+    ::execv(argv[0], argv.data());
+    const char msg[] = "lockstep: exec of the arm's command failed\n";
+    [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    ::_exit(127);
+  }
+  ::close(out_fd);
+  ::close(err_fd);
+  int status = 0;
+  for (;;) {
+    const pid_t r = ::waitpid(pid, &status, tick ? WNOHANG : 0);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) return Status::Runtime("waitpid", std::strerror(errno));
+    if (r == 0) {
+      tick();
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+  ChildResult res;
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (WIFSIGNALED(status)) {
+    res.signal = WTERMSIG(status);
+  } else if (WIFEXITED(status)) {
+    res.exit_code = WEXITSTATUS(status);
+  }
+  return res;
+}
+
+Result<std::string> SelfExecutable() {
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return Status::Runtime("/proc/self/exe", std::strerror(errno));
+  return std::string(buf, static_cast<std::size_t>(n));
+}
+
+}  // namespace lockstep

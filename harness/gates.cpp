@@ -1,0 +1,270 @@
+#include "lockstep/harness/gates.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace lockstep {
+
+namespace {
+
+// Predicate parameters when the campaign declares no gate of that kind.
+constexpr double kDefaultWindowAbsMs = 1.0;
+constexpr double kDefaultWindowRel = 0.5;
+constexpr double kDefaultAggregateRel = 0.10;
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+const IntervalDiff* Verify(const AlignResult& al) {
+  for (const auto& t : al.timing)
+    if (t.name == "verify") return &t;
+  return nullptr;
+}
+
+// Matched windows whose |delta verify| exceeds max(abs_ms, rel x the baseline's median verify time
+// over the matched prefix). Returns the count and fills the worst one.
+int WindowsOverBand(const AlignResult& al, const std::vector<WindowRecord>& base, double abs_ms, double rel,
+                    std::string* worst) {
+  const IntervalDiff* v = Verify(al);
+  if (!v || !v->known || v->delta_ms.empty()) return 0;
+  std::vector<double> base_ms;
+  for (int i = 0; i < al.matched && i < static_cast<int>(base.size()); ++i)
+    base_ms.push_back(static_cast<double>(base[static_cast<std::size_t>(i)].verify_ns) * 1e-6);
+  const double band = std::max(abs_ms, rel * Median(base_ms));
+  int n = 0;
+  double worst_abs = -1;
+  for (std::size_t i = 0; i < v->delta_ms.size(); ++i) {
+    const double d = std::fabs(v->delta_ms[i]);
+    if (d > band) {
+      ++n;
+      if (d > worst_abs) {
+        worst_abs = d;
+        *worst = fmt::format("window {} |delta| {:.3f} ms > band {:.3f} ms", i, d, band);
+      }
+    }
+  }
+  return n;
+}
+
+// Timing arms: per-window verify ms of each repeat over the first `n` windows.
+std::vector<std::vector<double>> VerifyMs(const std::vector<std::vector<WindowRecord>>& repeats, int n) {
+  std::vector<std::vector<double>> out;
+  for (const auto& r : repeats) {
+    std::vector<double> ms;
+    for (int i = 0; i < n && i < static_cast<int>(r.size()); ++i)
+      ms.push_back(static_cast<double>(r[static_cast<std::size_t>(i)].verify_ns) * 1e-6);
+    out.push_back(std::move(ms));
+  }
+  return out;
+}
+
+}  // namespace
+
+ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const ArmOutcome& base,
+                                    const ArmOutcome& out, const DiffResult* diff, const AlignResult& al) {
+  ComparisonResult r;
+  r.arm = arm.name;
+  r.baseline = base.name;
+  r.control = arm.control;
+  const GateSpec& g = c.gates;
+  auto gate = [&](const std::string& name, bool passed, const std::string& msg) {
+    r.gates.push_back(GateOutcome{name, passed, msg});
+    r.passed = r.passed && passed;
+  };
+  if (!base.ok || !out.ok) {
+    gate("arms ran", false,
+         fmt::format("{} exited {}, {} exited {}", base.name, base.exit_code, out.name, out.exit_code));
+  }
+
+  // ---- output ----
+  const bool output_same = base.output_ids == out.output_ids && base.stop_reason == out.stop_reason;
+  if (g.output)
+    gate("output identical", output_same,
+         output_same ? fmt::format("{} tokens, stop {}", out.output_ids.size(), out.stop_reason)
+                     : fmt::format("{}: {} tokens (stop {}), {}: {} tokens (stop {})", base.name, base.output_ids.size(),
+                                   base.stop_reason, out.name, out.output_ids.size(), out.stop_reason));
+
+  // ---- state ----
+  const bool state_ok = diff == nullptr || diff->Passed();
+  if (g.state) {
+    if (diff == nullptr) {
+      if (arm.mode == "state") gate("state within thresholds", false, "no state diff (an arm failed or exported nothing)");
+    } else {
+      std::string msg = fmt::format("{} compared, {} passed, {} failed, {} skipped", diff->compared, diff->passed,
+                                    diff->failed, diff->skipped);
+      if (diff->first_failure >= 0) {
+        const ItemResult& f = diff->items[static_cast<std::size_t>(diff->first_failure)];
+        msg += fmt::format("; first failing: {} {} ({})", f.checkpoint, f.rel, f.reason);
+      }
+      if (diff->model_differs || diff->request_differs) msg += "; model or request differ";
+      gate("state within thresholds", diff->Passed(), msg);
+    }
+  }
+
+  // ---- path ----
+  const int within = g.path_within.value_or(0);
+  const bool early = al.diverged && (within == 0 || al.div_idx < within);
+  if (g.path_within) {
+    std::string msg = al.diverged ? fmt::format("first divergence at window {} of {}/{}", al.div_idx, al.n_a, al.n_b)
+                                  : fmt::format("no divergence over {} windows", al.matched);
+    gate(within == 0 ? "no path divergence" : fmt::format("no path divergence in the first {} windows", within), !early,
+         msg);
+  }
+
+  // ---- timing ----
+  const bool timing_arm = arm.mode == "timing";
+  bool aggregate_failed = false, window_unstable = false;
+  if (timing_arm) {
+    r.timing_repeats_a = static_cast<int>(base.repeats.size());
+    r.timing_repeats_b = static_cast<int>(out.repeats.size());
+    TimingVerdict tv = CompareTimingRepeats(VerifyMs(base.repeats, al.matched), VerifyMs(out.repeats, al.matched),
+                                            c.min_timing_repeats);
+    const double rel_max = g.aggregate_rel_max.value_or(kDefaultAggregateRel);
+    if (!tv.refused) {
+      aggregate_failed = tv.aggregate_outside_noise && std::fabs(tv.aggregate_rel_diff) > rel_max;
+      window_unstable = tv.unstable || !tv.windows_outside_noise.empty();
+    }
+    auto refused_msg = fmt::format("no timing verdict: {}", tv.refused_reason);
+    if (g.aggregate_rel_max)
+      gate("aggregate timing", !tv.refused && !aggregate_failed,
+           tv.refused ? refused_msg
+                      : fmt::format("median summed verify {:.3f} vs {:.3f} ms ({:+.1f}%, {} repeats per arm){}",
+                                    tv.aggregate_a.median, tv.aggregate_b.median, 100.0 * tv.aggregate_rel_diff,
+                                    std::min(tv.repeats_a, tv.repeats_b),
+                                    tv.aggregate_outside_noise ? ", outside the noise band" : ", within the noise band"));
+    if (g.window_abs_ms || g.window_rel)
+      gate("per-window timing", !tv.refused && !window_unstable,
+           tv.refused ? refused_msg
+                      : fmt::format("{} windows outside the noise band{}", tv.windows_outside_noise.size(),
+                                    tv.unstable ? "; unstable repeats" : ""));
+    r.timing = std::move(tv);
+  } else {
+    const IntervalDiff* v = Verify(al);
+    const double rel = v && v->known ? v->rel_diff : 0.0;
+    aggregate_failed = std::fabs(rel) > g.aggregate_rel_max.value_or(kDefaultAggregateRel);
+    std::string worst;
+    const int over = WindowsOverBand(al, base.windows, g.window_abs_ms.value_or(kDefaultWindowAbsMs),
+                                     g.window_rel.value_or(kDefaultWindowRel), &worst);
+    window_unstable = over > 0;
+    if (g.aggregate_rel_max)
+      gate("aggregate timing", !aggregate_failed,
+           v && v->known ? fmt::format("summed verify over {} matched windows: {:.3f} vs {:.3f} ms ({:+.1f}%, max {:.0f}%)",
+                                       al.matched, v->sum_a_ms, v->sum_b_ms, 100.0 * rel, 100.0 * *g.aggregate_rel_max)
+                         : "verify time unknown");
+    if (g.window_abs_ms || g.window_rel)
+      gate("per-window timing", !window_unstable,
+           over ? fmt::format("{} matched windows outside the band; worst: {}", over, worst)
+                : fmt::format("all {} matched windows within the band", al.matched));
+  }
+
+  // ---- resources ----
+  const bool guard = base.guard_tripped || out.guard_tripped;
+  const bool swap = base.max_swap_used_bytes > 0 || out.max_swap_used_bytes > 0;
+  if (g.resources) {
+    std::vector<std::string> why;
+    if (guard) why.push_back("resource guard tripped");
+    if (g.no_swap && swap) why.push_back("swap in use");
+    std::int64_t min_free = -1;
+    for (const ArmOutcome* o : {&base, &out})
+      if (o->min_host_available_bytes >= 0 && (min_free < 0 || o->min_host_available_bytes < min_free))
+        min_free = o->min_host_available_bytes;
+    if (g.min_free_mib >= 0 && min_free >= 0 && min_free < g.min_free_mib * 1048576)
+      why.push_back(fmt::format("host available memory fell to {} MiB", min_free / 1048576));
+    std::string msg = why.empty() ? "no guard trip, no swap" : fmt::format("{}", fmt::join(why, "; "));
+    if (min_free < 0) msg += " (free memory unknown)";
+    gate("resources", why.empty(), msg);
+  }
+
+  r.predicates["path_diverged"] = al.diverged;
+  r.predicates["path_diverged_early"] = early;
+  r.predicates["window_timing_unstable"] = window_unstable;
+  r.predicates["aggregate_timing_failed"] = aggregate_failed;
+  r.predicates["state_failed"] = !state_ok;
+  r.predicates["output_differs"] = !output_same;
+  r.predicates["resource_guard"] = guard;
+  r.predicates["swap_used"] = swap;
+  r.predicates["arm_failed"] = !base.ok || !out.ok;
+  r.predicates["control_missed"] = arm.control && r.passed;
+  return r;
+}
+
+std::optional<StopDecision> EvaluateStopRules(const Campaign& c, const std::vector<ComparisonResult>& so_far) {
+  for (const StopRule& rule : c.stop) {
+    std::vector<std::string> fired;
+    for (const auto& p : rule.predicates) {
+      bool v = false;
+      for (const auto& cr : so_far) {
+        if (cr.control && p != "control_missed") continue;
+        auto it = cr.predicates.find(p);
+        v = v || (it != cr.predicates.end() && it->second);
+      }
+      if (v) fired.push_back(p);
+    }
+    const bool fires = rule.all ? (!rule.predicates.empty() && fired.size() == rule.predicates.size()) : !fired.empty();
+    if (fires) return StopDecision{&rule, fired};
+  }
+  return std::nullopt;
+}
+
+nlohmann::json ToJson(const ComparisonResult& r) {
+  nlohmann::json j;
+  j["arm"] = r.arm;
+  j["baseline"] = r.baseline;
+  j["control"] = r.control;
+  j["passed"] = r.passed;
+  j["gates"] = nlohmann::json::array();
+  for (const auto& g : r.gates) j["gates"].push_back({{"name", g.name}, {"passed", g.passed}, {"message", g.message}});
+  j["predicates"] = r.predicates;
+  j["timing_repeats"] = {r.timing_repeats_a, r.timing_repeats_b};
+  if (r.timing) {
+    const TimingVerdict& t = *r.timing;
+    auto stats = [](const SampleStats& s) {
+      return nlohmann::json{{"n", s.n},         {"median", s.median}, {"lo95", s.lo95}, {"hi95", s.hi95},
+                            {"min", s.min},     {"max", s.max},       {"stdev", s.stdev},
+                            {"spread_unstable", s.spread_unstable}, {"has_outlier", s.has_outlier}};
+    };
+    nlohmann::json tj;
+    tj["refused"] = t.refused;
+    tj["refused_reason"] = t.refused_reason;
+    tj["repeats"] = {t.repeats_a, t.repeats_b};
+    tj["aggregate_a"] = stats(t.aggregate_a);
+    tj["aggregate_b"] = stats(t.aggregate_b);
+    tj["aggregate_rel_diff"] = t.aggregate_rel_diff;
+    tj["aggregate_outside_noise"] = t.aggregate_outside_noise;
+    tj["windows_outside_noise"] = t.windows_outside_noise;
+    tj["unstable"] = t.unstable;
+    tj["window_a"] = nlohmann::json::array();
+    tj["window_b"] = nlohmann::json::array();
+    for (const auto& s : t.window_a) tj["window_a"].push_back(stats(s));
+    for (const auto& s : t.window_b) tj["window_b"].push_back(stats(s));
+    j["timing"] = tj;
+  }
+  return j;
+}
+
+Result<ComparisonResult> ComparisonFromJson(const nlohmann::json& j) {
+  try {
+    ComparisonResult r;
+    r.arm = j.at("arm").get<std::string>();
+    r.baseline = j.at("baseline").get<std::string>();
+    r.control = j.at("control").get<bool>();
+    r.passed = j.at("passed").get<bool>();
+    for (const auto& g : j.at("gates"))
+      r.gates.push_back(GateOutcome{g.at("name").get<std::string>(), g.at("passed").get<bool>(),
+                                    g.at("message").get<std::string>()});
+    r.predicates = j.at("predicates").get<std::map<std::string, bool>>();
+    r.timing_repeats_a = j.at("timing_repeats").at(0).get<int>();
+    r.timing_repeats_b = j.at("timing_repeats").at(1).get<int>();
+    return r;
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Corruption("comparison record", e.what());
+  }
+}
+
+}  // namespace lockstep

@@ -1,0 +1,58 @@
+// `lockstep diff`, `lockstep align` and `lockstep summarize`: the comparator's commands. They read
+// exports and traces only (never run the engine), print a human summary on `out`, and write the
+// requested reports atomically. Status: ok (everything within thresholds / no divergence), a
+// GateFailed status (exit 1) when a threshold failed, kInvalidArgument (exit 2) for bad input.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "lockstep/compare/state_diff.h"
+#include "lockstep/engine/status.h"
+
+namespace lockstep {
+
+struct ReportOutputs {
+  std::string json, md, html, junit;  // files to write ("" = not written)
+};
+
+struct DiffCommandOptions {
+  std::string a, b;       // exports (A is the reference)
+  DiffOptions diff;
+  std::vector<std::string> kind_overrides;  // --nrmse-kind KIND=VALUE
+  ReportOutputs reports;
+  bool isolate = false;   // parse in a child process (a crash there is exit 2)
+  bool quiet = false;     // only the verdict line
+};
+
+struct AlignCommandOptions {
+  std::string a, b;       // exports (.h5) or trace JSON lines (--trace-jsonl files)
+  std::string fields = "p,T,T_mtp,merged,from_sfx,chain_n";
+  ReportOutputs reports;
+  bool isolate = false;
+  bool fail_on_divergence = false;  // exit 1 when the paths diverge
+};
+
+// `summarize`: diff + align of two exports and every report (isolate on by default).
+struct SummarizeCommandOptions {
+  DiffCommandOptions diff;
+  std::string fields = "p,T,T_mtp,merged,from_sfx,chain_n";
+};
+
+Status RunDiff(const DiffCommandOptions& opts, std::ostream& out);
+Status RunAlign(const AlignCommandOptions& opts, std::ostream& out);
+Status RunSummarize(const SummarizeCommandOptions& opts, std::ostream& out);
+
+// Runs `fn` in a forked child process and returns its Status as seen from the parent: a child
+// killed by a signal (e.g. the HDF5 library crashing on a malformed file) becomes
+// kInvalidArgument naming `what` and the signal. What the child writes to its stream and its
+// Status travel back over a pipe; the files it writes are the child's own (atomic) writes.
+Status RunIsolated(const std::string& what, const std::function<Status(std::ostream&)>& fn, std::ostream& out);
+
+// Parses sizes like "1G", "512M", "1073741824" (bytes; K/M/G/T are binary multiples).
+Result<std::int64_t> ParseByteSize(std::string_view text, std::string_view option);
+
+}  // namespace lockstep

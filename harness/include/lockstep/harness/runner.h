@@ -1,0 +1,56 @@
+// The campaign runner: `lockstep run PLAN.toml --out DIR`, `--resume DIR`, `lockstep gate`.
+//
+// Run folder:
+//   DIR/plan.toml               the plan as read (its SHA-256 is in the ledger's first entry)
+//   DIR/ledger.jsonl            the request ledger (ledger.h): the only record of what happened
+//   DIR/model/                  the synthetic model (preset plans), created once
+//   DIR/request.tokens          the request's prompt token ids
+//   DIR/arms/<arm>/             config.json, stdout.json, stderr.log, trace.jsonl, export.h5 (state arms)
+//   DIR/arms/<arm>/r<k>/        the same per repeat (timing arms)
+//   DIR/compare/<arm>.json      gates, predicates and the comparator's report of arm vs baseline
+//   DIR/compare/<arm>.md|.html  the comparator's Markdown / HTML for that pair
+//   DIR/report.md|.html, DIR/junit.xml   the campaign summary (harness/campaign_report.h)
+//
+// Every arm runs as a fresh child process (`lockstep generate --config ...`). The ledger is
+// appended before and after every step (sent, finished/failed, compared, decision, stopped,
+// not_sent, done) and fdatasync'd at each decision point, so a killed runner resumes exactly
+// where it was: finished arms are never re-sent; an arm that was sent but did not finish is
+// re-run (and the resume entry says so); a changed plan is refused.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "lockstep/engine/status.h"
+#include "lockstep/harness/ledger.h"
+
+namespace lockstep {
+
+struct RunOptions {
+  std::string plan;        // PLAN.toml (new run; with resume: must hash like the recorded plan)
+  std::string out_dir;     // the run folder
+  bool resume = false;     // continue the campaign in out_dir
+  std::string junit;       // JUnit XML path (default out_dir/junit.xml)
+  std::string exe;         // lockstep binary for the arms (default: this executable)
+  int progress = -1;       // progress on stderr: -1 when stderr is a terminal, 0 off, 1 on
+};
+
+// Runs (or resumes) a campaign and writes its reports. OK when the campaign's verdict passes;
+// GateFailed (exit 1) when it fails (a gate failed, the stop rule fired, or the positive control
+// was not caught: "insensitive"); kInvalidArgument (exit 2) for a bad plan or folder.
+Status RunCampaign(const RunOptions& opts, std::ostream& out);
+
+// `lockstep report DIR [--md F] [--html F] [--junit F]`: renders the campaign in DIR from its
+// ledger and comparison records (the files default to DIR/report.md etc.).
+struct ReportOptions {
+  std::string dir, md, html, junit;
+};
+Status RunCampaignReport(const ReportOptions& opts, std::ostream& out);
+
+// The ledger's decision content, for comparing runs: one line per entry with volatile fields
+// (times, attempts) removed, 'resumed' entries dropped, and sends that never finished (a killed
+// runner) dropped. Two runs of a deterministic campaign, interrupted or not, give equal digests.
+std::vector<std::string> LedgerDigest(const std::vector<LedgerEntry>& entries);
+
+}  // namespace lockstep

@@ -1,0 +1,470 @@
+#include "lockstep/harness/runner.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <ostream>
+#include <set>
+
+#include "lockstep/compare/export_reader.h"
+#include "lockstep/compare/report.h"
+#include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/tokenizer.h"
+#include "lockstep/harness/campaign.h"
+#include "lockstep/harness/campaign_report.h"
+#include "lockstep/harness/child_process.h"
+#include "lockstep/harness/commands.h"
+#include "lockstep/harness/gates.h"
+#include "lockstep/instrument/fingerprint.h"
+
+namespace lockstep {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using ArmRepeat = std::pair<std::string, int>;
+
+// What the ledger says has happened (replayed on resume; kept current while running).
+struct RunState {
+  std::string plan_sha256, plan_dir;
+  std::set<ArmRepeat> sent, finished;
+  std::map<std::string, ComparisonResult> compared;
+  std::map<std::string, bool> decisions;
+  bool stopped = false;
+  std::set<std::string> not_sent;
+  bool done = false;
+  std::string verdict;
+
+  void Apply(const LedgerEntry& e) {
+    const int repeat = e.data.value("repeat", 0);
+    if (e.event == "planned") {
+      plan_sha256 = e.data.value("plan_sha256", "");
+      plan_dir = e.data.value("plan_dir", "");
+    } else if (e.event == "sent") {
+      sent.insert({e.arm, repeat});
+    } else if (e.event == "finished" || e.event == "failed") {
+      finished.insert({e.arm, repeat});
+    } else if (e.event == "compared") {
+      if (auto cr = ComparisonFromJson(e.data); cr.ok()) compared[e.arm] = *cr;
+    } else if (e.event == "decision") {
+      decisions[e.data.value("name", "")] = e.data.value("value", false);
+    } else if (e.event == "stopped") {
+      stopped = true;
+    } else if (e.event == "not_sent") {
+      not_sent.insert(e.arm);
+    } else if (e.event == "done") {
+      done = true;
+      verdict = e.data.value("verdict", "");
+    }
+  }
+};
+
+struct Runner {
+  const RunOptions& opts;
+  std::ostream& out;
+  Campaign c;
+  std::string dir, exe, model_dir, tokens_path;
+  std::optional<Ledger> ledger;
+  RunState st;
+  bool progress = false;
+
+  std::string ArmDir(const std::string& arm, int repeat, const ArmSpec& spec) const {
+    std::string d = dir + "/arms/" + arm;
+    if (spec.mode == "timing") d += "/r" + std::to_string(repeat);
+    return d;
+  }
+
+  Status Append(const std::string& event, const std::string& arm, const nlohmann::json& data) {
+    LOCKSTEP_ASSIGN_OR_RETURN(LedgerEntry e, ledger->Append(event, arm, data, /*sync=*/true));
+    st.Apply(e);
+    return Status::Ok();
+  }
+
+  Status ProvisionModel() {
+    if (c.model.preset.empty()) {
+      model_dir = c.model.path;
+      return Status::Ok();
+    }
+    model_dir = dir + "/model";
+    if (fs::exists(model_dir + "/config.json")) return Status::Ok();
+    // Built aside and renamed: a killed runner never leaves a half-written model in place.
+    const std::string tmp = dir + "/model.tmp";
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::remove_all(model_dir, ec);
+    SyntheticOptions so;
+    so.preset = c.model.preset;
+    so.seed = c.model.seed;
+    so.induction = c.model.induction;
+    std::ostringstream sink;
+    LOCKSTEP_RETURN_IF_ERROR(RunModelInit(so, tmp, sink));
+    fs::rename(tmp, model_dir, ec);
+    if (ec) return Status::IOError("model folder '" + model_dir + "'", ec.message());
+    return Status::Ok();
+  }
+
+  Status ProvisionRequest() {
+    tokens_path = dir + "/request.tokens";
+    if (fs::exists(tokens_path)) return Status::Ok();
+    std::vector<std::int32_t> ids;
+    const RequestSpec& r = c.request;
+    if (r.needle) {
+      ids = EncodeBytes(NeedleHaystackPrompt(*r.needle));
+    } else if (!r.prompt.empty()) {
+      ids = EncodeBytes(r.prompt);
+    } else if (!r.prompt_file.empty()) {
+      LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.prompt_file, std::size_t{256} << 20));
+      ids = EncodeBytes(text);
+    } else {
+      LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.token_file, std::size_t{256} << 20));
+      return WriteFileAtomic(tokens_path, text);
+    }
+    std::string text;
+    for (std::size_t i = 0; i < ids.size(); ++i) text += (i ? " " : "") + std::to_string(ids[i]);
+    return WriteFileAtomic(tokens_path, text + "\n");
+  }
+
+  Status SendRepeat(const ArmSpec& arm, int repeat) {
+    const std::string d = ArmDir(arm.name, repeat, arm);
+    std::error_code ec;
+    fs::remove_all(d, ec);  // a re-sent arm starts from nothing
+    fs::create_directories(d, ec);
+    if (ec) return Status::IOError("arm folder '" + d + "'", ec.message());
+    LOCKSTEP_ASSIGN_OR_RETURN(EngineConfig cfg, EffectiveConfig(c, arm, model_dir));
+    LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(d + "/config.json", cfg.ToJson() + "\n"));
+    ChildSpec cs;
+    cs.argv = {exe, "generate", "--config", d + "/config.json", "--prompt-tokens", tokens_path, "--arm", arm.name,
+               "--json", "--trace-jsonl", d + "/trace.jsonl", "--sample-ms", std::to_string(c.export_plan.sample_ms)};
+    if (arm.mode == "state") {
+      std::string points;
+      for (const auto& p : c.export_plan.points) points += (points.empty() ? "" : ",") + p;
+      for (const std::string& a : {std::string("--export"), d + "/export.h5", std::string("--export-windows"),
+                                   c.export_plan.windows, std::string("--export-points"), points})
+        cs.argv.push_back(a);
+    }
+    cs.stdout_path = d + "/stdout.json";
+    cs.stderr_path = d + "/stderr.log";
+    LOCKSTEP_RETURN_IF_ERROR(
+        Append("sent", arm.name, {{"repeat", repeat}, {"mode", arm.mode}, {"config_sha256", Sha256Hex(cfg.ToJson())}}));
+    const std::string label = arm.repeat > 1 ? fmt::format("{} #{}", arm.name, repeat) : arm.name;
+    std::function<void()> tick;
+    if (progress) {
+      tick = [&, label] {
+        std::ifstream f(d + "/trace.jsonl");
+        const auto n = std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n');
+        std::fprintf(stderr, "\r  %s: %s", label.c_str(), n ? fmt::format("{} windows", n).c_str() : "prefill ...");
+        std::fflush(stderr);
+      };
+    }
+    LOCKSTEP_ASSIGN_OR_RETURN(ChildResult cr, RunChild(cs, tick));
+    if (progress) std::fprintf(stderr, "\r\033[K");
+    const bool ok = cr.exit_code == 0;
+    LOCKSTEP_RETURN_IF_ERROR(Append(ok ? "finished" : "failed", arm.name,
+                                    {{"repeat", repeat}, {"exit_code", cr.exit_code}, {"signal", cr.signal},
+                                     {"seconds", cr.seconds}}));
+    out << fmt::format("  {}: {} in {:.2f} s", label, ok ? "finished" : "FAILED", cr.seconds);
+    if (!ok) out << fmt::format(" (exit {}{}; see arms/{}/stderr.log)", cr.exit_code,
+                                cr.signal ? fmt::format(", signal {}", cr.signal) : "", arm.name);
+    out << "\n";
+    return Status::Ok();
+  }
+
+  // The arm's outcome from its files (missing or unreadable files make it a failed arm).
+  ArmOutcome LoadOutcome(const ArmSpec& arm) {
+    ArmOutcome o;
+    o.name = arm.name;
+    for (int r = 0; r < arm.repeat; ++r) {
+      const std::string d = ArmDir(arm.name, r, arm);
+      auto text = ReadFile(d + "/stdout.json", std::size_t{64} << 20);
+      auto windows = ReadWindowRecords(d + "/trace.jsonl");
+      bool ok = text.ok() && windows.ok();
+      if (ok && r == 0) {
+        try {
+          auto j = nlohmann::json::parse(*text);
+          o.output_ids = j.at("output_ids").get<std::vector<std::int32_t>>();
+          o.stop_reason = j.at("stop_reason").get<std::string>();
+          const auto& res = j.at("resources");
+          o.guard_tripped = res.contains("guard");
+          o.max_swap_used_bytes = res.value("max_swap_used_bytes", std::int64_t{-1});
+          o.min_host_available_bytes = res.value("min_host_available_bytes", std::int64_t{-1});
+        } catch (const nlohmann::json::exception&) {
+          ok = false;
+        }
+      }
+      if (!ok) {
+        o.ok = false;
+        o.exit_code = 3;
+        return o;
+      }
+      if (r == 0) o.windows = *windows;
+      o.repeats.push_back(std::move(*windows));
+    }
+    o.ok = true;
+    o.exit_code = 0;
+    return o;
+  }
+
+  Status Compare(const ArmSpec& arm, const ArmSpec& base_spec) {
+    ArmOutcome base = LoadOutcome(base_spec);
+    ArmOutcome cur = LoadOutcome(arm);
+    AlignResult al = AlignWindows(base.windows, cur.windows);
+    std::unique_ptr<ExportReader> ra, rb;
+    std::optional<DiffResult> diff;
+    std::string diff_error;
+    if (arm.mode == "state" && base_spec.mode == "state" && base.ok && cur.ok) {
+      auto a = ExportReader::Open(ArmDir(base_spec.name, 0, base_spec) + "/export.h5");
+      auto b = ExportReader::Open(ArmDir(arm.name, 0, arm) + "/export.h5");
+      if (a.ok() && b.ok()) {
+        ra = std::move(a).value();
+        rb = std::move(b).value();
+        DiffOptions dopt;
+        dopt.thresholds = c.thresholds;
+        auto d = DiffExports(*ra, *rb, dopt);
+        if (d.ok()) diff = std::move(d).value();
+        else diff_error = d.status().message();
+      } else {
+        diff_error = (a.ok() ? b.status() : a.status()).message();
+      }
+    }
+    ComparisonResult cr = EvaluateComparison(c, arm, base, cur, diff ? &*diff : nullptr, al);
+    if (!diff_error.empty()) cr.gates.push_back(GateOutcome{"exports readable", false, diff_error}), cr.passed = false;
+    ReportInput in;
+    in.title = fmt::format("{}: {} vs {}", c.name, arm.name, base_spec.name);
+    if (ra) in.a = SummarizeArm(ra->meta(), base_spec.name);
+    if (rb) in.b = SummarizeArm(rb->meta(), arm.name);
+    in.a.arm = base_spec.name;
+    in.b.arm = arm.name;
+    in.a.windows = static_cast<std::int64_t>(base.windows.size());
+    in.b.windows = static_cast<std::int64_t>(cur.windows.size());
+    in.diff = diff ? &*diff : nullptr;
+    in.align = &al;
+    in.windows_a = &base.windows;
+    in.windows_b = &cur.windows;
+    std::error_code ec;
+    fs::create_directories(dir + "/compare", ec);
+    nlohmann::json rec;
+    rec["comparison"] = ToJson(cr);
+    rec["report"] = nlohmann::json::parse(RenderJson(in));
+    const std::string stem = dir + "/compare/" + arm.name;
+    LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".json", rec.dump(2) + "\n"));
+    LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".md", RenderMarkdown(in)));
+    LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".html", RenderHtml(in)));
+    LOCKSTEP_RETURN_IF_ERROR(Append("compared", arm.name, ToJson(cr)));
+    std::string failed;
+    for (const auto& g : cr.gates)
+      if (!g.passed) failed += (failed.empty() ? "" : ", ") + g.name;
+    if (arm.control)
+      out << fmt::format("  {} vs {}: {} (positive control{})\n", arm.name, base_spec.name,
+                         cr.passed ? "NOT CAUGHT" : "caught", failed.empty() ? "" : ": " + failed);
+    else
+      out << fmt::format("  {} vs {}: {}{}\n", arm.name, base_spec.name, cr.passed ? "pass" : "FAIL",
+                         failed.empty() ? "" : " (" + failed + ")");
+    return Status::Ok();
+  }
+
+  const ArmSpec* FindArm(const std::string& name) const {
+    for (const auto& a : c.arms)
+      if (a.name == name) return &a;
+    return nullptr;
+  }
+
+  Status RunArms() {
+    for (const ArmSpec& arm : c.arms) {
+      if (st.not_sent.count(arm.name)) continue;
+      bool any_sent = false;
+      for (int r = 0; r < arm.repeat; ++r) any_sent = any_sent || st.sent.count({arm.name, r});
+      if (!any_sent) {
+        // Stop rules and requirements are decided once, before the arm's first send.
+        std::vector<ComparisonResult> so_far;
+        for (const auto& a : c.arms)
+          if (auto it = st.compared.find(a.name); it != st.compared.end()) so_far.push_back(it->second);
+        if (!st.stopped) {
+          if (auto stop = EvaluateStopRules(c, so_far)) {
+            LOCKSTEP_RETURN_IF_ERROR(Append("stopped", "",
+                                            {{"rule", stop->rule->name},
+                                             {"message", stop->rule->message},
+                                             {"fired_by", stop->fired_by},
+                                             {"before_arm", arm.name}}));
+            out << fmt::format("  stop rule '{}' fired ({}): {}\n", stop->rule->name, fmt::join(stop->fired_by, ", "),
+                               stop->rule->message);
+          }
+        }
+        if (st.stopped) {
+          LOCKSTEP_RETURN_IF_ERROR(Append("not_sent", arm.name, {{"reason", "the campaign stopped (stop rule fired)"}}));
+          out << fmt::format("  {}: not sent (campaign stopped)\n", arm.name);
+          continue;
+        }
+        std::string missing;
+        for (const auto& req : arm.require) {
+          auto it = st.decisions.find(req);
+          if (it == st.decisions.end() || !it->second)
+            missing += (missing.empty() ? "" : ", ") + req + (it == st.decisions.end() ? " (not decided)" : " (failed)");
+        }
+        if (!missing.empty()) {
+          LOCKSTEP_RETURN_IF_ERROR(Append("not_sent", arm.name, {{"reason", "requires " + missing}}));
+          out << fmt::format("  {}: not sent (requires {})\n", arm.name, missing);
+          continue;
+        }
+      }
+      for (int r = 0; r < arm.repeat; ++r)
+        if (!st.finished.count({arm.name, r})) LOCKSTEP_RETURN_IF_ERROR(SendRepeat(arm, r));
+      if (!arm.baseline.empty() && !st.compared.count(arm.name)) {
+        const ArmSpec* base = FindArm(arm.baseline);
+        if (!base) return Status::InvalidArgument("arm '" + arm.name + "'", "baseline '" + arm.baseline + "' is not an arm");
+        LOCKSTEP_RETURN_IF_ERROR(Compare(arm, *base));
+      }
+      if (!arm.decision.empty() && !st.decisions.count(arm.decision) && st.compared.count(arm.name))
+        LOCKSTEP_RETURN_IF_ERROR(
+            Append("decision", arm.name, {{"name", arm.decision}, {"value", st.compared[arm.name].passed}}));
+    }
+    return Status::Ok();
+  }
+
+  Status Finish() {
+    if (st.done) return Status::Ok();
+    std::string verdict = "pass", why;
+    bool control_seen = false;
+    for (const auto& a : c.arms) {
+      auto it = st.compared.find(a.name);
+      if (it == st.compared.end()) continue;
+      const ComparisonResult& cr = it->second;
+      if (cr.control) {
+        control_seen = true;
+        if (cr.passed) verdict = "insensitive", why = "the positive control passed every gate";
+      } else if (!cr.passed && verdict == "pass") {
+        verdict = "fail";
+        why = cr.arm + " vs " + cr.baseline + " failed its gates";
+      }
+    }
+    if (st.stopped && verdict != "insensitive") verdict = "stopped", why = "a stop rule fired; attribution stopped";
+    if (!c.control.empty() && !control_seen && verdict == "pass") {
+      verdict = "fail";
+      why = "the positive control did not run";
+    }
+    return Append("done", "", {{"verdict", verdict}, {"reason", why}});
+  }
+};
+
+Status CheckedPlanText(const RunOptions& opts, const RunState& st, std::string* text) {
+  const std::string copy = opts.out_dir + "/plan.toml";
+  LOCKSTEP_ASSIGN_OR_RETURN(*text, ReadFile(opts.plan.empty() ? copy : opts.plan, std::size_t{16} << 20));
+  const std::string sha = Sha256Hex(*text);
+  if (sha != st.plan_sha256)
+    return Status::InvalidArgument(
+        "--resume", fmt::format("the plan changed since the campaign started (SHA-256 {} now, {} recorded): refusing to "
+                                "resume; start a new run folder",
+                                sha.substr(0, 12), st.plan_sha256.substr(0, 12)));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status RunCampaign(const RunOptions& opts, std::ostream& out) {
+  if (opts.out_dir.empty()) return Status::InvalidArgument("--out", "a run folder is required");
+  Runner run{opts, out, {}, opts.out_dir, opts.exe, {}, {}, std::nullopt, {}, false};
+  run.progress = opts.progress < 0 ? ::isatty(STDERR_FILENO) != 0 : opts.progress > 0;
+  if (run.exe.empty()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(run.exe, SelfExecutable());
+  }
+  std::error_code ec;
+  if (!opts.resume) {
+    if (opts.plan.empty()) return Status::InvalidArgument("run", "a campaign file is required");
+    LOCKSTEP_ASSIGN_OR_RETURN(run.c, LoadCampaign(opts.plan));
+    if (fs::exists(opts.out_dir) && !fs::is_empty(opts.out_dir, ec))
+      return Status::InvalidArgument("--out '" + opts.out_dir + "'",
+                                     "exists and is not empty (continue it with --resume, or choose a new folder)");
+    // The folder appears complete (plan + ledger with its first entry) or not at all.
+    const std::string tmp = opts.out_dir + ".creating";
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    if (ec) return Status::IOError("run folder '" + tmp + "'", ec.message());
+    LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(tmp + "/plan.toml", run.c.plan_text));
+    {
+      LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Create(tmp + "/ledger.jsonl"));
+      std::vector<std::string> arms;
+      for (const auto& a : run.c.arms) arms.push_back(a.name);
+      LOCKSTEP_RETURN_IF_ERROR(l.Append("planned", "",
+                                        {{"campaign", run.c.name},
+                                         {"plan_sha256", run.c.plan_sha256},
+                                         {"plan_dir", run.c.plan_dir},
+                                         {"arms", arms}},
+                                        true)
+                                   .status());
+    }
+    fs::remove(opts.out_dir, ec);  // an empty folder may be replaced
+    fs::rename(tmp, opts.out_dir, ec);
+    if (ec) return Status::IOError("run folder '" + opts.out_dir + "'", ec.message());
+    LedgerLoad loaded;
+    LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Open(opts.out_dir + "/ledger.jsonl", &loaded));
+    run.ledger.emplace(std::move(l));
+    for (const auto& e : loaded.entries) run.st.Apply(e);
+    out << fmt::format("campaign {} (plan SHA-256 {}), run folder {}\n", run.c.name, run.c.plan_sha256.substr(0, 12),
+                       opts.out_dir);
+  } else {
+    const std::string lp = opts.out_dir + "/ledger.jsonl";
+    if (!fs::exists(lp)) return Status::InvalidArgument("--resume '" + opts.out_dir + "'", "not a run folder (no ledger.jsonl)");
+    LedgerLoad loaded;
+    LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Open(lp, &loaded));
+    run.ledger.emplace(std::move(l));
+    if (loaded.entries.empty() || loaded.entries.front().event != "planned")
+      return Status::Corruption("ledger '" + lp + "'", "does not start with the planned entry");
+    for (const auto& e : loaded.entries) run.st.Apply(e);
+    std::string text;
+    LOCKSTEP_RETURN_IF_ERROR(CheckedPlanText(opts, run.st, &text));
+    LOCKSTEP_ASSIGN_OR_RETURN(run.c, ParseCampaign(text, opts.out_dir + "/plan.toml", run.st.plan_dir));
+    std::vector<std::string> rerun;
+    for (const auto& s : run.st.sent)
+      if (!run.st.finished.count(s)) rerun.push_back(s.second ? fmt::format("{}#{}", s.first, s.second) : s.first);
+    LOCKSTEP_RETURN_IF_ERROR(run.Append("resumed", "",
+                                        {{"torn", loaded.torn},
+                                         {"torn_bytes", loaded.torn_bytes},
+                                         {"torn_saved_as", loaded.torn_saved_as},
+                                         {"rerun", rerun}}));
+    out << fmt::format("campaign {} resumed in {}\n", run.c.name, opts.out_dir);
+    if (loaded.torn)
+      out << fmt::format("  the ledger's last line was torn ({} bytes): set aside as {}\n", loaded.torn_bytes,
+                         loaded.torn_saved_as);
+    for (const auto& r : rerun) out << fmt::format("  {}: was sent but did not finish: sending it again\n", r);
+  }
+  if (!run.st.done) {
+    LOCKSTEP_RETURN_IF_ERROR(run.ProvisionModel());
+    LOCKSTEP_RETURN_IF_ERROR(run.ProvisionRequest());
+    LOCKSTEP_RETURN_IF_ERROR(run.RunArms());
+    LOCKSTEP_RETURN_IF_ERROR(run.Finish());
+  }
+  ReportOptions ro;
+  ro.dir = opts.out_dir;
+  ro.junit = opts.junit;
+  LOCKSTEP_RETURN_IF_ERROR(RunCampaignReport(ro, out));
+  const std::string& v = run.st.verdict;
+  out << fmt::format("verdict: {}\n", v == "pass" ? "PASS" : v == "insensitive" ? "FAIL (insensitive)" : "FAIL (" + v + ")");
+  if (v != "pass") return Status::GateFailed("campaign " + run.c.name, "verdict " + v);
+  return Status::Ok();
+}
+
+std::vector<std::string> LedgerDigest(const std::vector<LedgerEntry>& entries) {
+  // A send counts only if the same (arm, repeat) finished after it with no other send between.
+  std::set<std::size_t> keep_sends;
+  std::map<ArmRepeat, std::size_t> last_send;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    const ArmRepeat key{e.arm, e.data.value("repeat", 0)};
+    if (e.event == "sent") last_send[key] = i;
+    if ((e.event == "finished" || e.event == "failed") && last_send.count(key)) keep_sends.insert(last_send[key]);
+  }
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    if (e.event == "resumed" || (e.event == "sent" && !keep_sends.count(i))) continue;
+    nlohmann::json d = e.data;
+    if (e.event == "finished" || e.event == "failed") d.erase("seconds");
+    out.push_back(e.event + " " + e.arm + " " + d.dump());
+  }
+  return out;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,287 @@
+// State diff end to end (issue "Comparator", Must-show 2): an A/A of two identical runs passes
+// every item with NRMSE 0 and KL 0; an injected perturbation fails exactly the perturbed item and
+// what is computed from it afterwards, and the diff names the first failing item. Plus the
+// `lockstep diff / align / summarize` commands: exit codes, reports, bad input, --isolate.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "lockstep/compare/export_reader.h"
+#include "lockstep/compare/report.h"
+#include "lockstep/compare/state_diff.h"
+#include "lockstep/engine/atomic_file.h"
+#include "lockstep/harness/compare_commands.h"
+#include "test_util.h"
+
+namespace lockstep {
+namespace {
+
+using test::RunLockstep;
+
+// One export of the tiny induction model (4 stages: layers 0-1, 2-3, 4-5, 6-7; attention at 3, 7).
+std::string Export(const std::string& name, const std::string& extra) {
+  const std::string dir = test::NewDir("diff-" + name);
+  const std::string path = dir + "/" + name + ".h5";
+  const std::string spec = extra.find("--spec") == std::string::npos ? " --spec 3" : "";
+  auto r = RunLockstep("generate --model " + test::ModelDir("tiny-induction") +
+                       " --prompt 'the cat sat on the mat. the cat sat on the' --max-new 12 --threads 1"
+                       " --draft-policy adaptive --export-windows all --arm " + name + " --export " + path + spec + " " +
+                       extra);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return path;
+}
+
+struct Pair {
+  std::unique_ptr<ExportReader> a, b;
+};
+
+Pair Open(const std::string& a, const std::string& b) {
+  auto ra = ExportReader::Open(a);
+  auto rb = ExportReader::Open(b);
+  EXPECT_TRUE(ra.ok()) << ra.status().message();
+  EXPECT_TRUE(rb.ok()) << rb.status().message();
+  return {std::move(ra).value(), std::move(rb).value()};
+}
+
+const std::string& ArmA() {
+  static const std::string p = Export("A1", "");
+  return p;
+}
+const std::string& ArmB() {
+  static const std::string p = Export("A2", "");
+  return p;
+}
+
+TEST(StateDiff, IdenticalRunsPassWithExactZeros) {
+  Pair p = Open(ArmA(), ArmB());
+  auto d = DiffExports(*p.a, *p.b, DiffOptions{});
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_TRUE(d->Passed());
+  EXPECT_GT(d->compared, 50);
+  EXPECT_EQ(d->failed, 0);
+  EXPECT_EQ(d->skipped, 0);
+  EXPECT_TRUE(d->config_differences.empty());
+  EXPECT_FALSE(d->output_differs);
+  int logits = 0, spec = 0;
+  for (const auto& it : d->items) {
+    ASSERT_EQ(it.verdict, Verdict::kPass) << it.checkpoint << "/" << it.rel << ": " << it.reason;
+    EXPECT_EQ(it.stats.nrmse, 0.0) << it.rel;  // exactly zero, not just small
+    EXPECT_EQ(it.stats.n_diff, 0u) << it.rel;
+    EXPECT_EQ(it.stats.max_abs, 0.0) << it.rel;
+    if (it.has_kl) {
+      ++logits;
+      EXPECT_EQ(it.kl.kl_max, 0.0);
+      EXPECT_EQ(it.kl.kl_mean, 0.0);
+      EXPECT_EQ(it.kl.top1_agree, it.kl.rows);
+    }
+    if (it.label == "speculative") ++spec;
+  }
+  EXPECT_GT(logits, 0);
+  EXPECT_GT(spec, 0);
+  // Per checkpoint: compared = passed, in (window, point) order.
+  ASSERT_FALSE(d->checkpoints.empty());
+  EXPECT_EQ(d->checkpoints.front().name, "00000_pre_verify");
+  for (const auto& cs : d->checkpoints) EXPECT_EQ(cs.compared, cs.passed);
+}
+
+// Where a failing item sits in causal order: (window, point, stage, layer).
+std::tuple<int, int, int, int> Order(const ItemResult& r) {
+  const int pt = r.point == "pre_verify" ? 0 : r.point == "post_verify" ? 1 : 2;
+  return {r.window, pt, r.stage, r.layer < 0 ? 1000 : r.layer};
+}
+
+TEST(StateDiff, PerturbationFailsExactlyThePerturbedItemAndDownstream) {
+  const std::string c = Export("control", "--inject perturb:layer=3:item=k:eps=1e-2:window=1");
+  Pair p = Open(ArmA(), c);
+  auto d = DiffExports(*p.a, *p.b, DiffOptions{});
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_FALSE(d->Passed());
+  ASSERT_GE(d->first_failure, 0);
+  const ItemResult& first = d->items[static_cast<std::size_t>(d->first_failure)];
+  // The perturbation lands after window 1's forward: post_verify holds it in the speculative rows.
+  EXPECT_EQ(first.checkpoint, "00001_post_verify");
+  EXPECT_EQ(first.stage, 1);
+  EXPECT_EQ(first.layer, 3);
+  EXPECT_EQ(first.kind, "k_spec");
+  EXPECT_EQ(first.label, "speculative");
+  // Only the inject key differs in the config, and it is reported.
+  ASSERT_EQ(d->config_differences.size(), 1u);
+  EXPECT_EQ(d->config_differences[0].rfind("inject:", 0), 0u);
+  for (const auto& it : d->items) {
+    if (Order(it) < Order(first)) {
+      EXPECT_EQ(it.verdict, Verdict::kPass) << "upstream item failed: " << it.checkpoint << "/" << it.rel;
+    }
+    // In the perturbed checkpoint only the perturbed item fails (V of the same layer is untouched).
+    if (it.checkpoint == first.checkpoint && it.rel != first.rel) {
+      EXPECT_EQ(it.verdict, Verdict::kPass) << it.rel;
+    }
+  }
+  // Downstream: the committed K of layer 3 from window 1's commit on fails; in later windows what
+  // reads it (layers after 3, the logits) differs, while layers before 3 stay bitwise equal as
+  // long as the emitted tokens are the same.
+  bool committed_k = false, later_logits_differ = false;
+  for (const auto& it : d->items) {
+    if (it.checkpoint == "00001_commit" && it.rel == "stage1/layer3/k") committed_k = it.verdict == Verdict::kFail;
+    if (it.window >= 2 && it.kind == "logits" && it.stats.n_diff > 0) later_logits_differ = true;
+    if (!d->output_differs && it.window >= 2 && it.layer >= 0 && it.layer < 3) {
+      EXPECT_EQ(it.stats.n_diff, 0u) << it.checkpoint << "/" << it.rel;
+    }
+  }
+  EXPECT_TRUE(committed_k);
+  EXPECT_TRUE(later_logits_differ);
+}
+
+TEST(StateDiff, MaskingSkipsDifferentWindowsAndFailsMissingItems) {
+  // Different draft budgets: windows differ in T, so from window 1 on the checkpoints are not the
+  // same state boundary and are skipped with the reason, never compared blindly.
+  const std::string s2 = Export("spec0", "--spec 0");
+  Pair p = Open(ArmA(), s2);
+  auto d = DiffExports(*p.a, *p.b, DiffOptions{});
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  bool skipped_window = false;
+  for (const auto& it : d->items)
+    if (it.verdict == Verdict::kSkip && it.reason.find("not the same state boundary") != std::string::npos)
+      skipped_window = true;
+  EXPECT_TRUE(skipped_window);
+  bool spec_diff = false;
+  for (const auto& c : d->config_differences) spec_diff = spec_diff || c.rfind("spec: ", 0) == 0;
+  EXPECT_TRUE(spec_diff);
+  // Window 0 (p = n-1, T = 1) is the same boundary in both: its main state passes; only the draft
+  // (MTP) K/V differs, because plain decoding never runs the MTP head (a shape difference, failed
+  // with its reason, never compared blindly).
+  for (const auto& it : d->items) {
+    if (it.window != 0) continue;
+    if (it.label == "draft") {
+      EXPECT_EQ(it.verdict, Verdict::kFail) << it.rel;
+      EXPECT_NE(it.reason.find("shape differs"), std::string::npos) << it.reason;
+    } else {
+      EXPECT_EQ(it.verdict, Verdict::kPass) << it.checkpoint << "/" << it.rel << ": " << it.reason;
+    }
+  }
+}
+
+TEST(StateDiff, WindowAndPointSelection) {
+  Pair p = Open(ArmA(), ArmB());
+  DiffOptions o;
+  o.windows = "1";
+  o.points = "commit";
+  auto d = DiffExports(*p.a, *p.b, o);
+  ASSERT_TRUE(d.ok());
+  ASSERT_EQ(d->checkpoints.size(), 1u);
+  EXPECT_EQ(d->checkpoints[0].name, "00001_commit");
+  o.windows = "x";
+  EXPECT_EQ(DiffExports(*p.a, *p.b, o).status().exit_code(), 2);
+}
+
+TEST(StateDiff, SmallMemoryLimitGivesTheSameResult) {
+  Pair p = Open(ArmA(), Export("small-mem", "--inject perturb:item=logits:eps=1e-3:window=2"));
+  DiffOptions big, small;
+  small.mem_limit_bytes = std::int64_t{16} << 20;
+  small.threads = 1;
+  auto a = DiffExports(*p.a, *p.b, big);
+  auto b = DiffExports(*p.a, *p.b, small);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->items.size(), b->items.size());
+  for (std::size_t i = 0; i < a->items.size(); ++i) {
+    EXPECT_EQ(a->items[i].stats.nrmse, b->items[i].stats.nrmse);
+    EXPECT_EQ(a->items[i].kl.kl_max, b->items[i].kl.kl_max);
+  }
+  EXPECT_GT(a->failed, 0);  // logits KL of a 0.1% logit scale is above 1e-5? at least NRMSE 1e-3 > 2e-4
+}
+
+TEST(StateDiff, ThresholdOverrides) {
+  Thresholds t;
+  EXPECT_TRUE(t.SetKindOverride("ssm_state=1e-3").ok());
+  EXPECT_EQ(t.NrmseFor("ssm_state"), 1e-3);
+  EXPECT_EQ(t.NrmseFor("k"), 2e-4);
+  EXPECT_EQ(t.SetKindOverride("bogus=1").exit_code(), 2);
+  EXPECT_EQ(t.SetKindOverride("k=abc").exit_code(), 2);
+}
+
+// ---- the commands ----
+
+TEST(DiffCli, PassFailAndReports) {
+  const std::string dir = test::NewDir("diff-cli");
+  auto ok = RunLockstep("diff " + ArmA() + " " + ArmB() + " --json " + dir + "/r.json --md " + dir + "/r.md --html " +
+                        dir + "/r.html --junit " + dir + "/r.xml");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("PASS"), std::string::npos);
+  EXPECT_NE(ok.out.find("NRMSE <= 2.0e-04"), std::string::npos) << ok.out;
+  for (const char* f : {"/r.json", "/r.md", "/r.html", "/r.xml"}) EXPECT_TRUE(std::filesystem::exists(dir + f)) << f;
+  const std::string c = Export("cli-control", "--inject perturb:layer=7:item=v:eps=1e-2:window=0");
+  auto bad = RunLockstep("diff " + ArmA() + " " + c);
+  EXPECT_EQ(bad.exit_code, 1) << bad.err;
+  EXPECT_NE(bad.out.find("first failing item: 00000_post_verify stage 3 layer 7 v_spec"), std::string::npos) << bad.out;
+  // A threshold raised above the perturbation passes, and says so.
+  auto loose = RunLockstep("diff " + ArmA() + " " + c + " --nrmse-max 1 --kl-max 1 --quiet");
+  EXPECT_EQ(loose.exit_code, 0) << loose.out;
+}
+
+TEST(DiffCli, BadInputIsExitTwo) {
+  const std::string dir = test::NewDir("diff-bad");
+  ASSERT_TRUE(WriteFileAtomic(dir + "/text.h5", std::string("not an hdf5 file\n")).ok());
+  auto full = ReadFile(ArmA());
+  ASSERT_TRUE(full.ok());
+  ASSERT_TRUE(WriteFileAtomic(dir + "/trunc.h5", std::string_view(*full).substr(0, full->size() / 2)).ok());
+  for (const std::string& f : {dir + "/text.h5", dir + "/trunc.h5", dir + "/missing.h5"}) {
+    for (const char* cmd : {"diff", "summarize", "align"}) {
+      auto r = RunLockstep(std::string(cmd) + " " + ArmA() + " " + f);
+      EXPECT_EQ(r.exit_code, 2) << cmd << " " << f << ": " << r.err;
+      EXPECT_NE(r.err.find("lockstep: error:"), std::string::npos) << r.err;
+    }
+  }
+  EXPECT_EQ(RunLockstep("diff " + ArmA() + " " + ArmB() + " --mem-limit 1K").exit_code, 2);
+  EXPECT_EQ(RunLockstep("diff " + ArmA() + " " + ArmB() + " --points nowhere").exit_code, 2);
+  EXPECT_EQ(RunLockstep("align " + ArmA() + " " + ArmB() + " --fields p,bogus").exit_code, 2);
+}
+
+TEST(AlignCli, SameRunsDoNotDivergeAndTracesWork) {
+  auto r = RunLockstep("align " + ArmA() + " " + ArmB());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("no path divergence"), std::string::npos) << r.out;
+  const std::string s2 = Export("align-spec0", "--spec 0");
+  auto d = RunLockstep("align " + ArmA() + " " + s2 + " --fail-on-divergence");
+  EXPECT_EQ(d.exit_code, 1) << d.out;
+  EXPECT_NE(d.out.find("first path divergence at window"), std::string::npos) << d.out;
+}
+
+TEST(SummarizeCli, ReportsCarryNoPathsOrPrompt) {
+  const std::string dir = test::NewDir("summ");
+  auto r = RunLockstep("summarize " + ArmA() + " " + ArmB() + " --md " + dir + "/s.md --html " + dir + "/s.html");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* f : {"/s.md", "/s.html"}) {
+    auto text = ReadFile(dir + f);
+    ASSERT_TRUE(text.ok());
+    auto bad = FindForbiddenText(*text, {"the cat sat on the mat", test::ScratchDir()});
+    EXPECT_TRUE(bad.empty()) << f << ": " << (bad.empty() ? "" : bad[0]);
+  }
+}
+
+TEST(Isolate, ACrashInTheChildIsExitTwo) {
+  std::ostringstream out;
+  Status s = RunIsolated(
+      "parse 'x.h5'",
+      [](std::ostream& o) {
+        o << "partial output\n";
+        std::raise(SIGSEGV);
+        return Status::Ok();
+      },
+      out);
+  EXPECT_EQ(s.exit_code(), 2);
+  EXPECT_NE(s.message().find("crashed"), std::string::npos) << s.message();
+  std::ostringstream out2;
+  Status g = RunIsolated("x", [](std::ostream& o) { o << "hello"; return Status::GateFailed("diff", "2 items"); }, out2);
+  EXPECT_EQ(g.exit_code(), 1);
+  EXPECT_EQ(g.message(), "diff: 2 items");
+  EXPECT_EQ(out2.str(), "hello");
+  // The diff command itself through the isolation path.
+  auto r = RunLockstep("diff --isolate " + ArmA() + " " + ArmB());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("PASS"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lockstep
