@@ -195,8 +195,10 @@ std::vector<Span> ForbiddenSpans(std::string_view text, const std::vector<std::s
   for (const std::string& name : LocalIdentities()) {
     for (std::size_t p = lower.find(name); p != std::string::npos; p = lower.find(name, p + 1)) {
       const std::size_t e = p + name.size();
-      // Whole words only: a host called "dev" must not flag "device".
-      if ((p == 0 || !IsAlnum(lower[p - 1])) && (e == lower.size() || !IsAlnum(lower[e]))) spans.push_back({p, e});
+      // Whole words only: a host called "dev" must not flag "device", and a user called "root"
+      // must not flag the hyphenated word "root-cause".
+      auto word_edge = [&lower](std::size_t i) { return !IsAlnum(lower[i]) && lower[i] != '-'; };
+      if ((p == 0 || word_edge(p - 1)) && (e == lower.size() || word_edge(e))) spans.push_back({p, e});
     }
   }
   for (const std::string& s : extra) {

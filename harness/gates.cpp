@@ -183,8 +183,17 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
 
   r.predicates["path_diverged"] = al.diverged;
   r.predicates["path_diverged_early"] = early;
-  r.predicates["window_timing_unstable"] = window_unstable;
-  r.predicates["aggregate_timing_failed"] = aggregate_failed;
+  // Timing predicates are recorded only when the plan asks about timing (a timing gate, or a stop
+  // rule naming them): single-run timing on a shared machine is noise the plan did not ask about,
+  // and the ledger of a deterministic plan stays deterministic.
+  bool timing_asked = g.aggregate_rel_max || g.window_abs_ms || g.window_rel;
+  for (const auto& rule : c.stop)
+    for (const auto& p : rule.predicates)
+      timing_asked = timing_asked || p == "window_timing_unstable" || p == "aggregate_timing_failed";
+  if (timing_asked) {
+    r.predicates["window_timing_unstable"] = window_unstable;
+    r.predicates["aggregate_timing_failed"] = aggregate_failed;
+  }
   r.predicates["state_failed"] = !state_ok;
   r.predicates["output_differs"] = !output_same;
   r.predicates["resource_guard"] = guard;

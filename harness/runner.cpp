@@ -63,6 +63,13 @@ struct RunState {
   }
 };
 
+// SHA-256 of the arm's effective config without the model path: the model is fixed by the plan,
+// while its folder differs between run folders (the ledgers of two runs stay comparable).
+std::string EngineConfigHash(EngineConfig cfg) {
+  cfg.model.clear();
+  return Sha256Hex(cfg.ToJson());
+}
+
 struct Runner {
   const RunOptions& opts;
   std::ostream& out;
@@ -149,7 +156,7 @@ struct Runner {
     cs.stdout_path = d + "/stdout.json";
     cs.stderr_path = d + "/stderr.log";
     LOCKSTEP_RETURN_IF_ERROR(
-        Append("sent", arm.name, {{"repeat", repeat}, {"mode", arm.mode}, {"config_sha256", Sha256Hex(cfg.ToJson())}}));
+        Append("sent", arm.name, {{"repeat", repeat}, {"mode", arm.mode}, {"engine_config_sha256", EngineConfigHash(cfg)}}));
     const std::string label = arm.repeat > 1 ? fmt::format("{} #{}", arm.name, repeat) : arm.name;
     std::function<void()> tick;
     if (progress) {
@@ -417,14 +424,19 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
     LOCKSTEP_RETURN_IF_ERROR(CheckedPlanText(opts, run.st, &text));
     LOCKSTEP_ASSIGN_OR_RETURN(run.c, ParseCampaign(text, opts.out_dir + "/plan.toml", run.st.plan_dir));
     std::vector<std::string> rerun;
+    if (run.st.done) {
+      out << fmt::format("campaign {} in {} is complete: rendering its report again\n", run.c.name, opts.out_dir);
+    }
     for (const auto& s : run.st.sent)
       if (!run.st.finished.count(s)) rerun.push_back(s.second ? fmt::format("{}#{}", s.first, s.second) : s.first);
-    LOCKSTEP_RETURN_IF_ERROR(run.Append("resumed", "",
-                                        {{"torn", loaded.torn},
-                                         {"torn_bytes", loaded.torn_bytes},
-                                         {"torn_saved_as", loaded.torn_saved_as},
-                                         {"rerun", rerun}}));
-    out << fmt::format("campaign {} resumed in {}\n", run.c.name, opts.out_dir);
+    if (!run.st.done) {
+      LOCKSTEP_RETURN_IF_ERROR(run.Append("resumed", "",
+                                          {{"torn", loaded.torn},
+                                           {"torn_bytes", loaded.torn_bytes},
+                                           {"torn_saved_as", loaded.torn_saved_as},
+                                           {"rerun", rerun}}));
+      out << fmt::format("campaign {} resumed in {}\n", run.c.name, opts.out_dir);
+    }
     if (loaded.torn)
       out << fmt::format("  the ledger's last line was torn ({} bytes): set aside as {}\n", loaded.torn_bytes,
                          loaded.torn_saved_as);

@@ -40,7 +40,7 @@ struct ComparisonResult {
   std::string arm, baseline;
   bool control = false;
   std::vector<GateOutcome> gates;         // evaluated gates in declaration order
-  std::map<std::string, bool> predicates; // StopPredicates() -> value for this comparison
+  std::map<std::string, bool> predicates; // StopPredicates() -> value (timing ones only when the plan asks)
   bool passed = true;                     // every evaluated gate passed
   std::optional<TimingVerdict> timing;    // timing arms
   int timing_repeats_a = 0, timing_repeats_b = 0;
