@@ -1,10 +1,9 @@
 # Thin wrapper: the two set-up commands of README.md. Everything real lives in CMake.
-#   make demo   install deps, build Release, create the `small` model, run the main job
+#   make demo   install deps, build Release, run the aa-demo campaign (the main job), print the report path
 #   make test   install deps, build, run the whole test suite (what CI runs)
 BUILD ?= build
 JOBS ?= $(shell nproc)
 LOCKSTEP := $(BUILD)/harness/lockstep
-MODELS ?= models
 CMAKE_FLAGS ?=
 ifeq ($(CI),true)
 CMAKE_FLAGS += -DLOCKSTEP_WERROR=ON
@@ -19,16 +18,11 @@ build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j$(JOBS)
 
-$(MODELS)/small/model.safetensors: | build
-	$(LOCKSTEP) model init --preset small --seed 0 --out $(MODELS)/small
-
-demo: build $(MODELS)/small/model.safetensors
-	@mkdir -p out/demo
-	$(LOCKSTEP) generate --model $(MODELS)/small --prompt-file campaigns/prompts/demo.txt \
-	  --max-new 64 --stages 4 --json > out/demo/generate.json
+demo: build
+	@rm -rf out/demo/aa-demo
+	$(LOCKSTEP) run campaigns/aa-demo.toml --out out/demo/aa-demo
 	@echo
-	@echo "demo output: out/demo/generate.json"
-	@python3 -c "import json; j=json.load(open('out/demo/generate.json')); print('  prompt %d tokens, %d output tokens, stop: %s, decode %.1f tok/s' % (j['prompt_tokens'], j['output_tokens'], j['stop_reason'], j['timings']['decode_tokens_per_s']))" 2>/dev/null || true
+	@echo "demo report: out/demo/aa-demo/report.md (also report.html, junit.xml; ledger.jsonl is the record)"
 
 test: build
 	@$(MAKE) --no-print-directory test-clang-dtype

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <map>
 #include <ostream>
@@ -148,6 +150,37 @@ std::string ResourceLine(const std::string& arm, const json& r) {
                      Num(r["interval_ms"], "max", 1));
   s += r.contains("guard") ? "; the resource guard TRIPPED" : "; no resource-guard trip";
   return s;
+}
+
+// The comparisons' limitation lines, deduplicated, with per-stage counter lines folded into one
+// ("counters first_call_ns, first_calls (stages 0-3)").
+std::vector<std::string> CompactLimitations(const std::vector<std::string>& in) {
+  std::vector<std::string> out;
+  std::map<std::string, std::pair<std::set<std::string>, std::set<int>>> counters;  // prefix -> (names, stages)
+  std::vector<std::string> order;
+  const std::string marker = "counters/stage";
+  for (const auto& l : in) {
+    const auto at = l.find(marker);
+    if (at != std::string::npos) {
+      std::size_t i = at + marker.size();
+      int stage = 0;
+      while (i < l.size() && std::isdigit(static_cast<unsigned char>(l[i]))) stage = stage * 10 + (l[i++] - '0');
+      if (i < l.size() && l[i] == ' ') {
+        const std::string prefix = l.substr(0, at);
+        if (!counters.count(prefix)) order.push_back(prefix);
+        counters[prefix].first.insert(l.substr(i + 1));
+        counters[prefix].second.insert(stage);
+        continue;
+      }
+    }
+    if (std::find(out.begin(), out.end(), l) == out.end()) out.push_back(l);
+  }
+  for (const auto& prefix : order) {
+    const auto& [names, stages] = counters[prefix];
+    out.insert(out.begin(), fmt::format("{}counters {} (stages {}-{})", prefix, fmt::join(names, ", "), *stages.begin(),
+                                        *stages.rbegin()));
+  }
+  return out;
 }
 
 std::string RenderMarkdownDoc(const Loaded& L) {
@@ -364,15 +397,13 @@ std::string RenderMarkdownDoc(const Loaded& L) {
                       "can see a difference of that size.\n\n");
     }
   }
-  std::set<std::string> lims;
+  std::vector<std::string> lims;
   for (const auto& a : c.arms) {
-    md << "- " << ResourceLine(a.name, L.arms.at(a.name).resources) << ".\n";
+    if (L.arms.at(a.name).sent) md << "- " << ResourceLine(a.name, L.arms.at(a.name).resources) << ".\n";
     if (auto it = L.records.find(a.name); it != L.records.end() && it->second.contains("report"))
-      for (const auto& l : it->second["report"].value("limitations", json::array())) lims.insert(l.get<std::string>());
+      for (const auto& l : it->second["report"].value("limitations", json::array())) lims.push_back(l.get<std::string>());
   }
-  for (const auto& l : lims) md << "- " << l << "\n";
-  md << "- State export and per-window tracing perturb execution; subtracting export time does not produce an "
-        "uninstrumented benchmark.\n";
+  for (const auto& l : CompactLimitations(lims)) md << "- " << l << "\n";
   int timing_arms = 0;
   for (const auto& a : c.arms) timing_arms += a.mode == "timing" && a.repeat >= c.min_timing_repeats;
   if (timing_arms == 0)
