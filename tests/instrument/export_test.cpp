@@ -216,7 +216,11 @@ TEST(Export, KilledRunLeavesOnlyPartial) {
             "--export-windows", "all", static_cast<char*>(nullptr));
       _exit(127);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(150 + 100 * i));
+    // Kill it while it exports: once the .partial file exists (a loaded machine may need a while to
+    // get there), plus a varying delay.
+    for (int wait = 0; wait < 1000 && !fs::exists(path + ".partial"); ++wait)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 + 100 * i));
     kill(pid, SIGKILL);
     int st = 0;
     waitpid(pid, &st, 0);

@@ -1,0 +1,254 @@
+// `lockstep diff` end to end (issue "comparator"): two exports of the same request, both in the page
+// cache, compared by ExportReader::Open + DiffExports, against a raw read() of the same bytes and
+// against HDF5's own differ h5diff on the same pair, all in one run. Goal: lockstep diff at least
+// 20 x h5diff on the same files (measured elsewhere: h5diff ~0.1 GB/s, a raw page-cache read
+// ~8 GB/s). Every figure is bytes_per_second over the bytes of both files, so the ratios printed
+// after the table compare like with like even though the three read different subsets of them.
+//
+//   build/tests/bench/diff_bench --benchmark_counters_tabular=true
+//
+// Setup, once and outside any timing: a `small` model, a 512-byte prompt and two separate
+// `lockstep generate --spec 4 --max-new 40 --export-windows all` runs of it (identical state, about
+// 0.5 GB per file, ~10 s each on 2 cores), then one read of both files to warm the page cache.
+// The wall clock is measured (UseRealTime): the diff runs on several threads and h5diff is a
+// child process, neither of which the benchmark thread's CPU time would see.
+//
+// env: LOCKSTEP_BENCH_DIR    folder for the files (default /tmp); they are removed at exit
+// env: LOCKSTEP_BENCH_MODEL  folder of an existing `small` model (else one is generated)
+// env: LOCKSTEP_BIN          the `lockstep` binary (default: the one built with this benchmark)
+// env: LOCKSTEP_H5DIFF       the h5diff binary (default: h5diff on PATH)
+#include <benchmark/benchmark.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "lockstep/compare/export_reader.h"
+#include "lockstep/compare/state_diff.h"
+
+namespace lockstep {
+namespace {
+
+std::map<std::string, double> g_bps;  // benchmark name (up to the first '/') -> bytes_per_second
+std::string g_dir;                     // the scratch folder, removed by main()
+
+std::string Env(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+
+// std::system's status as an exit code (-1 if the child did not exit normally).
+int ExitCode(int status) { return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
+
+// Runs a shell command with its output discarded; false (and a message) when it does not exit 0.
+bool Run(const std::string& cmd) {
+  const int rc = ExitCode(std::system((cmd + " >/dev/null 2>&1").c_str()));
+  if (rc != 0) std::fprintf(stderr, "diff_bench: `%s` exited %d\n", cmd.c_str(), rc);
+  return rc == 0;
+}
+
+struct Exports {
+  std::string a, b;
+  std::int64_t bytes = 0;  // both files together
+  bool ok = false;
+};
+
+// Reads the whole file with read() into `buf`; the bytes read, or -1.
+std::int64_t ReadAll(const std::string& path, std::vector<char>& buf) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  std::int64_t total = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0) {
+      total = -1;
+      break;
+    }
+    if (n == 0) break;
+    total += n;
+  }
+  ::close(fd);
+  return total;
+}
+
+// The pair of exports every benchmark uses, made on first use. A deterministic prompt of plain
+// words: byte-level tokens, so its 512 bytes are 512 K/V rows before the first window, and the
+// K/V items (which grow with the position) outweigh the fixed-size GDN state.
+const Exports& Pair() {
+  static const Exports e = [] {
+    Exports r;
+    g_dir = Env("LOCKSTEP_BENCH_DIR", "/tmp") + "/lockstep-diff-bench-" + std::to_string(::getpid());
+    std::filesystem::create_directories(g_dir);
+    const std::string bin = Env("LOCKSTEP_BIN", LOCKSTEP_BIN_PATH);  // env: LOCKSTEP_BIN
+    std::string model = Env("LOCKSTEP_BENCH_MODEL", "");            // env: LOCKSTEP_BENCH_MODEL
+    if (model.empty()) {
+      model = g_dir + "/model";
+      if (!Run("'" + bin + "' model init --preset small --seed 0 --out '" + model + "'")) return r;
+    }
+    static const char* const kWords[] = {"the", "cat", "sat", "on", "mat", "and", "a", "dog", "ran", "over",
+                                         "hills", "while", "rivers", "of", "light", "fell", "through", "quiet"};
+    std::string prompt;
+    for (std::uint64_t x = 1; prompt.size() < 512; x = x * 6364136223846793005ULL + 1442695040888963407ULL)
+      prompt += std::string(kWords[(x >> 33) % (sizeof kWords / sizeof kWords[0])]) + " ";
+    prompt.resize(512);
+    const std::string prompt_file = g_dir + "/prompt.txt";
+    if (FILE* f = std::fopen(prompt_file.c_str(), "wb")) {
+      std::fwrite(prompt.data(), 1, prompt.size(), f);
+      std::fclose(f);
+    }
+    r.a = g_dir + "/A.h5";
+    r.b = g_dir + "/B.h5";
+    for (const auto& [path, arm] : {std::pair{r.a, "A"}, std::pair{r.b, "B"}}) {
+      if (!Run("'" + bin + "' generate --model '" + model + "' --prompt-file '" + prompt_file +
+               "' --max-new 40 --spec 4 --export-windows all --arm " + arm + " --export '" + path + "'"))
+        return r;
+    }
+    // One read of each into the page cache: every benchmark then measures a warm cache.
+    std::vector<char> buf(std::size_t{4} << 20);
+    for (const auto& path : {r.a, r.b}) {
+      const std::int64_t n = ReadAll(path, buf);
+      if (n <= 0) return r;
+      r.bytes += n;
+    }
+    std::fprintf(stderr, "diff_bench: two exports of %.1f MB each in %s\n", static_cast<double>(r.bytes) / 2e6,
+                 g_dir.c_str());
+    r.ok = true;
+    return r;
+  }();
+  return e;
+}
+
+void SetBytes(benchmark::State& state, const Exports& e) {
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * e.bytes);
+  state.counters["file_MB"] = static_cast<double>(e.bytes) / 2e6;
+}
+
+// The ceiling: both files read start to end with read() into one reused 4 MiB buffer.
+void BM_RawRead(benchmark::State& state) {
+  const Exports& e = Pair();
+  if (!e.ok) {
+    state.SkipWithError("setup failed (see stderr)");
+    return;
+  }
+  std::vector<char> buf(std::size_t{4} << 20);
+  for (auto _ : state) {
+    std::int64_t n = 0;
+    for (const auto& path : {e.a, e.b}) n += ReadAll(path, buf);
+    if (n != e.bytes) state.SkipWithError("short read");
+    benchmark::DoNotOptimize(buf.data());
+  }
+  SetBytes(state, e);
+}
+
+// What `lockstep diff A B` does before the report: open (validate) both files, then diff every item.
+// Counters: items compared, and the seconds per iteration spent in Open and in DiffExports.
+void BM_LockstepDiff(benchmark::State& state, int threads) {
+  const Exports& e = Pair();
+  if (!e.ok) {
+    state.SkipWithError("setup failed (see stderr)");
+    return;
+  }
+  DiffOptions opts;
+  opts.threads = threads;
+  double open_s = 0.0, diff_s = 0.0, compared = 0.0, data_bytes = 0.0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto ra = ExportReader::Open(e.a);
+    auto rb = ExportReader::Open(e.b);
+    if (!ra.ok() || !rb.ok()) {
+      state.SkipWithError("open failed");
+      break;
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    auto d = DiffExports(**ra, **rb, opts);
+    if (!d.ok() || !d->Passed() || d->compared == 0) {
+      state.SkipWithError(d.ok() ? "the diff of two identical runs did not pass" : "diff failed");
+      break;
+    }
+    open_s += std::chrono::duration<double>(t1 - t0).count();
+    diff_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    compared = d->compared;
+    data_bytes = static_cast<double>(d->bytes_read);
+  }
+  SetBytes(state, e);
+  const double iters = static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+  state.counters["items"] = compared;
+  state.counters["data_MB"] = data_bytes / 1e6;  // item bytes read, both sides (the rest is HDF5 metadata)
+  state.counters["open_s"] = open_s / iters;
+  state.counters["diff_s"] = diff_s / iters;
+}
+void BM_LockstepDiffOneThread(benchmark::State& s) { BM_LockstepDiff(s, 1); }
+void BM_LockstepDiffAllThreads(benchmark::State& s) { BM_LockstepDiff(s, 0); }
+
+// HDF5's own differ over /checkpoints, recursively: every state dataset, element by element. Not
+// the whole file: the root attributes (run_id, arm, created_utc) and the trace differ between any
+// two runs, and h5diff would count those. Exit 0 = no differences, 1 = differences, 2 = error.
+void BM_H5diff(benchmark::State& state) {
+  const Exports& e = Pair();
+  if (!e.ok) {
+    state.SkipWithError("setup failed (see stderr)");
+    return;
+  }
+  const std::string cmd = "'" + Env("LOCKSTEP_H5DIFF", "h5diff") + "' -q '" + e.a + "' '" + e.b +  // env: LOCKSTEP_H5DIFF
+                          "' /checkpoints /checkpoints >/dev/null 2>&1";
+  for (auto _ : state) {
+    const int rc = ExitCode(std::system(cmd.c_str()));
+    if (rc != 0) {
+      state.SkipWithError(rc == 127 ? "h5diff not found" : "h5diff did not report the checkpoints identical");
+      break;
+    }
+  }
+  SetBytes(state, e);
+}
+
+BENCHMARK(BM_RawRead)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_LockstepDiffAllThreads)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+BENCHMARK(BM_LockstepDiffOneThread)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+// Seconds per run: one is enough next to its ~20 x distance from the goal.
+BENCHMARK(BM_H5diff)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+
+class Reporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const auto& r : runs) {
+      // With --benchmark_repetitions the mean is the figure; other aggregates and errors are skipped.
+      if (r.error_occurred || (!r.aggregate_name.empty() && r.aggregate_name != "mean")) continue;
+      auto it = r.counters.find("bytes_per_second");
+      if (it != r.counters.end()) g_bps[r.benchmark_name().substr(0, r.benchmark_name().find('/'))] = it->second;
+    }
+  }
+};
+
+}  // namespace
+}  // namespace lockstep
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  lockstep::Reporter rep;
+  benchmark::RunSpecifiedBenchmarks(&rep);
+  benchmark::Shutdown();
+  if (!lockstep::g_dir.empty()) std::filesystem::remove_all(lockstep::g_dir);
+  auto& b = lockstep::g_bps;
+  const double raw = b.count("BM_RawRead") ? b["BM_RawRead"] : 0.0;
+  const double h5 = b.count("BM_H5diff") ? b["BM_H5diff"] : 0.0;
+  if (raw > 0.0) std::printf("raw read       %7.2f GB/s\n", raw / 1e9);
+  if (h5 > 0.0) std::printf("h5diff         %7.2f GB/s\n", h5 / 1e9);
+  for (const char* name : {"BM_LockstepDiffAllThreads", "BM_LockstepDiffOneThread"}) {
+    if (!b.count(name)) continue;
+    const double x = b[name];
+    std::printf("%s: %.2f GB/s", name, x / 1e9);
+    if (h5 > 0.0) std::printf(" = %.1f x h5diff (goal >= 20)", x / h5);
+    if (raw > 0.0) std::printf(" = %.3f x raw read", x / raw);
+    std::printf("\n");
+  }
+  return 0;
+}
