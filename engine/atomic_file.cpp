@@ -17,12 +17,6 @@ namespace {
 // strerror() is not thread-safe; std::error_code::message() is (libstdc++ uses strerror_r).
 std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
-// The folder holding `path` ("." for a bare file name): the one whose entry rename() changes.
-std::string ParentDir(const std::string& path) {
-  std::string parent = std::filesystem::path(path).parent_path().string();
-  return parent.empty() ? std::string(".") : parent;
-}
-
 // Writes all of `bytes` to `fd`, retrying partial writes and EINTR. Returns 0 or an errno.
 int WriteAll(int fd, const std::byte* p, std::size_t n) {
   // Linux writes at most 0x7ffff000 bytes per call; asking for less keeps every call simple.
@@ -41,8 +35,13 @@ int WriteAll(int fd, const std::byte* p, std::size_t n) {
   return 0;
 }
 
-// Makes the rename durable. Some filesystems cannot fsync a folder and say so with EINVAL;
-// that is not an error of ours (there is nothing more we could do).
+}  // namespace
+
+std::string ParentDir(const std::string& path) {
+  std::string parent = std::filesystem::path(path).parent_path().string();
+  return parent.empty() ? std::string(".") : parent;
+}
+
 int FsyncDir(const std::string& dir) {
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) return errno;
@@ -51,8 +50,6 @@ int FsyncDir(const std::string& dir) {
   ::close(dfd);
   return err;
 }
-
-}  // namespace
 
 // ---- AtomicFileWriter ----
 

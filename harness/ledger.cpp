@@ -34,21 +34,6 @@ constexpr std::size_t kMaxLedgerBytes = std::size_t{1} << 30;
 // strerror() is not thread-safe; std::error_code::message() is (libstdc++ uses strerror_r).
 std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
-std::string ParentDir(const std::string& path) {
-  std::string parent = std::filesystem::path(path).parent_path().string();
-  return parent.empty() ? std::string(".") : parent;
-}
-
-// Makes a new directory entry durable. Some filesystems cannot fsync a folder and say so with
-// EINVAL; there is nothing more we could do there, so that is not an error.
-int FsyncDir(const std::string& dir) {
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return errno;
-  int err = 0;
-  if (::fsync(dfd) != 0 && errno != EINVAL) err = errno;
-  ::close(dfd);
-  return err;
-}
 
 // Reads the whole of `fd` from offset 0 (pread: the file offset of an O_APPEND descriptor does
 // not matter, and we do not disturb it).

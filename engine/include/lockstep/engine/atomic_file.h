@@ -84,4 +84,10 @@ Status WriteFileAtomic(const std::string& path, std::string_view text);
 // Thread-safe (no shared state).
 Result<std::string> ReadFile(const std::string& path, std::size_t max_bytes = std::size_t{1} << 30);
 
+// The folder holding `path` ("." for a bare file name).
+std::string ParentDir(const std::string& path);
+// fsync()s folder `dir` so that entries created or renamed in it are durable. Returns 0 or an
+// errno; EINVAL (filesystems that cannot fsync a folder: nothing more could be done) counts as 0.
+int FsyncDir(const std::string& dir);
+
 }  // namespace lockstep
