@@ -117,12 +117,27 @@ void PrintAlign(const AlignResult& al, const std::string& na, const std::string&
   notable(al.notable_b, nb);
 }
 
-Status DiffBody(const DiffCommandOptions& opts, std::ostream& out) {
-  LOCKSTEP_ASSIGN_OR_RETURN(auto ra, ExportReader::Open(opts.a));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto rb, ExportReader::Open(opts.b));
+// Both exports opened and diffed with the command's thresholds.
+struct Diffed {
+  std::unique_ptr<ExportReader> ra, rb;
+  DiffResult d;
+};
+
+Result<Diffed> OpenAndDiff(const DiffCommandOptions& opts) {
+  Diffed x;
+  LOCKSTEP_ASSIGN_OR_RETURN(x.ra, ExportReader::Open(opts.a));
+  LOCKSTEP_ASSIGN_OR_RETURN(x.rb, ExportReader::Open(opts.b));
   DiffOptions dopt = opts.diff;
   for (const auto& k : opts.kind_overrides) LOCKSTEP_RETURN_IF_ERROR(dopt.thresholds.SetKindOverride(k));
-  LOCKSTEP_ASSIGN_OR_RETURN(DiffResult d, DiffExports(*ra, *rb, dopt));
+  LOCKSTEP_ASSIGN_OR_RETURN(x.d, DiffExports(*x.ra, *x.rb, dopt));
+  return x;
+}
+
+Status DiffBody(const DiffCommandOptions& opts, std::ostream& out) {
+  LOCKSTEP_ASSIGN_OR_RETURN(Diffed x, OpenAndDiff(opts));
+  const auto& ra = x.ra;
+  const auto& rb = x.rb;
+  const DiffResult& d = x.d;
   ReportInput in;
   in.a = SummarizeArm(ra->meta(), "A");
   in.b = SummarizeArm(rb->meta(), "B");
@@ -170,11 +185,10 @@ Status AlignBody(const AlignCommandOptions& opts, std::ostream& out) {
 
 Status SummarizeBody(const SummarizeCommandOptions& opts, std::ostream& out) {
   const DiffCommandOptions& dc = opts.diff;
-  LOCKSTEP_ASSIGN_OR_RETURN(auto ra, ExportReader::Open(dc.a));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto rb, ExportReader::Open(dc.b));
-  DiffOptions dopt = dc.diff;
-  for (const auto& k : dc.kind_overrides) LOCKSTEP_RETURN_IF_ERROR(dopt.thresholds.SetKindOverride(k));
-  LOCKSTEP_ASSIGN_OR_RETURN(DiffResult d, DiffExports(*ra, *rb, dopt));
+  LOCKSTEP_ASSIGN_OR_RETURN(Diffed x, OpenAndDiff(dc));
+  const auto& ra = x.ra;
+  const auto& rb = x.rb;
+  const DiffResult& d = x.d;
   AlignOptions ao;
   LOCKSTEP_ASSIGN_OR_RETURN(ao.fields, ParseAlignFields(opts.fields));
   AlignResult al = AlignWindows(ra->meta().windows, rb->meta().windows, ao);

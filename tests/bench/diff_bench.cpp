@@ -196,8 +196,8 @@ void BM_H5diff(benchmark::State& state) {
     state.SkipWithError("setup failed (see stderr)");
     return;
   }
-  const std::string cmd = "'" + Env("LOCKSTEP_H5DIFF", "h5diff") + "' -q '" + e.a + "' '" + e.b +  // env: LOCKSTEP_H5DIFF
-                          "' /checkpoints /checkpoints >/dev/null 2>&1";
+  const std::string h5diff = Env("LOCKSTEP_H5DIFF", "h5diff");  // env: LOCKSTEP_H5DIFF
+  const std::string cmd = "'" + h5diff + "' -q '" + e.a + "' '" + e.b + "' /checkpoints /checkpoints >/dev/null 2>&1";
   for (auto _ : state) {
     const int rc = ExitCode(std::system(cmd.c_str()));
     if (rc != 0) {
