@@ -12,7 +12,9 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -157,6 +159,18 @@ Result<Hid> OpenObject(hid_t file, const std::string& path, H5I_type_t want) {
   return obj;
 }
 
+// Opens `name`, a hard link of the already-open group `parent` whose links Children() checked, without
+// resolving and re-checking every prefix of the absolute `path` from the root again: with thousands
+// of items per export that walk was most of the time to open a file.
+Result<Hid> OpenChild(hid_t parent, const std::string& path, const std::string& name, H5I_type_t want) {
+  // H5Dopen2 / H5Gopen2 rather than H5Oopen: the generic open first works out the object's class
+  // by probing its header, a second header pass per item.
+  Hid obj(want == H5I_DATASET ? H5Dopen2(parent, name.c_str(), H5P_DEFAULT) : H5Gopen2(parent, name.c_str(), H5P_DEFAULT));
+  if (!obj.valid()) return Bad(path, "cannot be opened (corrupt object header?)");
+  if (H5Iget_type(obj.get()) != want) return Bad(path, want == H5I_GROUP ? "is not a group" : "is not a dataset");
+  return obj;
+}
+
 // One scalar string of an attribute or a dataset, fixed- or variable-length, at most `max_bytes`.
 Result<std::string> ReadString(hid_t id, bool is_attr, const std::string& what, std::int64_t max_bytes) {
   Hid ft(is_attr ? H5Aget_type(id) : H5Dget_type(id));
@@ -193,9 +207,10 @@ Result<std::string> ReadString(hid_t id, bool is_attr, const std::string& what, 
 }
 
 Result<Hid> OpenAttr(hid_t obj, const std::string& path, const char* name) {
-  if (H5Aexists(obj, name) <= 0) return Bad(path, std::string("missing attribute '") + name + "'");
+  // One lookup (H5Aopen fails cleanly on a missing name; error printing is off) instead of
+  // H5Aexists + H5Aopen: attributes are most of the metadata an export holds.
   Hid a(H5Aopen(obj, name, H5P_DEFAULT));
-  if (!a.valid()) return Bad(path, std::string("attribute '") + name + "' unreadable (corrupt file?)");
+  if (!a.valid()) return Bad(path, std::string("missing attribute '") + name + "' (or unreadable)");
   return a;
 }
 
@@ -361,14 +376,19 @@ struct ExportReader::Impl {
   Status ReadAll();
   Status ReadSampler();
   Status ReadCheckpoint(const std::string& name);
-  Result<ExportItem> ReadItem(const std::string& cp_path, const std::string& rel, int stage, int layer,
-                              const std::string& kind, Loc* loc);
-  Status ReadScale(const std::string& path, ExportItem* item, Loc* loc);
+  Status ReadCheckpointAttrs(hid_t group, const std::string& name, ExportCheckpoint* out);
+  Status ReadIndexed(hid_t cps, const std::vector<Link>& names);
+  Result<ExportItem> ReadItem(hid_t parent, const std::string& leaf, const std::string& cp_path, const std::string& rel,
+                              int stage, int layer, const std::string& kind, Loc* loc);
+  Status ReadScale(hid_t parent, const std::string& leaf, const std::string& path, ExportItem* item, Loc* loc);
   Status Locate(hid_t ds, const std::string& path, hid_t mem_type, const std::vector<std::int64_t>& shape,
                 std::int64_t bytes, Loc* loc);
   Status Read(const Loc& loc, std::int64_t row0, std::int64_t n, void* dst) const;
   const ItemLoc* Find(const ExportCheckpoint& cp, const ExportItem& item) const {
-    auto it = locs.find(cp.name + "/" + item.rel);
+    // Called for every row block: the key is built in a reused per-thread string, not allocated.
+    thread_local std::string key;
+    key.assign(cp.name).append(1, '/').append(item.rel);
+    auto it = locs.find(key);
     return it == locs.end() ? nullptr : &it->second;
   }
 };
@@ -446,10 +466,11 @@ Status ExportReader::Impl::Read(const Loc& loc, std::int64_t row0, std::int64_t 
   return Status::Ok();
 }
 
-Result<ExportItem> ExportReader::Impl::ReadItem(const std::string& cp_path, const std::string& rel, int stage,
-                                                int layer, const std::string& kind, Loc* loc) {
+Result<ExportItem> ExportReader::Impl::ReadItem(hid_t parent, const std::string& leaf, const std::string& cp_path,
+                                                const std::string& rel, int stage, int layer, const std::string& kind,
+                                                Loc* loc) {
   const std::string path = cp_path + "/" + rel;
-  LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(file.get(), path, H5I_DATASET));
+  LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenChild(parent, path, leaf, H5I_DATASET));
   if (++n_items > limits.max_items)
     return Bad("/checkpoints", "more than the limit of " + std::to_string(limits.max_items) + " items");
   ExportItem it;
@@ -503,8 +524,9 @@ Result<ExportItem> ExportReader::Impl::ReadItem(const std::string& cp_path, cons
 }
 
 // `<item>_scale`: f32 [rows, heads] of an int8 item of shape [rows, heads, ...].
-Status ExportReader::Impl::ReadScale(const std::string& path, ExportItem* item, Loc* loc) {
-  LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(file.get(), path, H5I_DATASET));
+Status ExportReader::Impl::ReadScale(hid_t parent, const std::string& leaf, const std::string& path, ExportItem* item,
+                                     Loc* loc) {
+  LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenChild(parent, path, leaf, H5I_DATASET));
   if (item->dtype != "int8") return Bad(path, "scales of an item whose dtype is '" + item->dtype + "', not int8");
   Hid ft(H5Dget_type(ds.get()));
   if (!ft.valid() || H5Tget_class(ft.get()) != H5T_FLOAT || H5Tget_size(ft.get()) != 4)
@@ -521,35 +543,42 @@ Status ExportReader::Impl::ReadScale(const std::string& path, ExportItem* item, 
   return Status::Ok();
 }
 
-Status ExportReader::Impl::ReadCheckpoint(const std::string& name) {
+Status ExportReader::Impl::ReadCheckpointAttrs(hid_t group, const std::string& name, ExportCheckpoint* out) {
   const std::string path = "/checkpoints/" + name;
-  LOCKSTEP_ASSIGN_OR_RETURN(Hid g, OpenObject(file.get(), path, H5I_GROUP));
-  ExportCheckpoint cp;
+  ExportCheckpoint& cp = *out;
   cp.name = name;
-  LOCKSTEP_ASSIGN_OR_RETURN(cp.window, SmallIntAttr(g.get(), path, "window"));
-  LOCKSTEP_ASSIGN_OR_RETURN(cp.point, StrAttr(g.get(), path, "point", 64));
-  LOCKSTEP_ASSIGN_OR_RETURN(cp.p, IntAttr(g.get(), path, "p"));
-  LOCKSTEP_ASSIGN_OR_RETURN(cp.T, IntAttr(g.get(), path, "T"));
-  LOCKSTEP_ASSIGN_OR_RETURN(cp.committed_rows, IntAttr(g.get(), path, "committed_rows"));
-  LOCKSTEP_ASSIGN_OR_RETURN(cp.spec_rows, IntAttr(g.get(), path, "spec_rows"));
-  LOCKSTEP_ASSIGN_OR_RETURN(cp.recurrent_pos, IntAttr(g.get(), path, "recurrent_pos"));
+  LOCKSTEP_ASSIGN_OR_RETURN(cp.window, SmallIntAttr(group, path, "window"));
+  LOCKSTEP_ASSIGN_OR_RETURN(cp.point, StrAttr(group, path, "point", 64));
+  LOCKSTEP_ASSIGN_OR_RETURN(cp.p, IntAttr(group, path, "p"));
+  LOCKSTEP_ASSIGN_OR_RETURN(cp.T, IntAttr(group, path, "T"));
+  LOCKSTEP_ASSIGN_OR_RETURN(cp.committed_rows, IntAttr(group, path, "committed_rows"));
+  LOCKSTEP_ASSIGN_OR_RETURN(cp.spec_rows, IntAttr(group, path, "spec_rows"));
+  LOCKSTEP_ASSIGN_OR_RETURN(cp.recurrent_pos, IntAttr(group, path, "recurrent_pos"));
   char expect[64];
   std::snprintf(expect, sizeof(expect), "%05d_%s", cp.window, cp.point.c_str());
   if (IndexOf(kPoints, cp.point) < 0 || cp.window < 0 || name != expect)
     return Bad(path, "attributes window " + std::to_string(cp.window) + ", point '" + cp.point +
                          "' do not match the group name (expected {W:05d}_{pre_verify|post_verify|commit})");
+  return Status::Ok();
+}
+
+Status ExportReader::Impl::ReadCheckpoint(const std::string& name) {
+  const std::string path = "/checkpoints/" + name;
+  LOCKSTEP_ASSIGN_OR_RETURN(Hid g, OpenObject(file.get(), path, H5I_GROUP));
+  ExportCheckpoint cp;
+  LOCKSTEP_RETURN_IF_ERROR(ReadCheckpointAttrs(g.get(), name, &cp));
   LOCKSTEP_ASSIGN_OR_RETURN(auto stages, Children(g.get(), path, limits.max_items));
   for (const Link& st : stages) {
     const int s = ParseIndex(st.name, "stage");
     const std::string sp = path + "/" + st.name;
     if (s < 0) return Bad(sp, "unexpected entry (lockstep.export v1 has only stage{S} here)");
-    LOCKSTEP_ASSIGN_OR_RETURN(Hid sg, OpenObject(file.get(), sp, H5I_GROUP));
+    LOCKSTEP_ASSIGN_OR_RETURN(Hid sg, OpenChild(g.get(), sp, st.name, H5I_GROUP));
     LOCKSTEP_ASSIGN_OR_RETURN(auto entries, Children(sg.get(), sp, limits.max_items));
     for (const Link& e : entries) {
       const std::string rel_dir = st.name + "/" + e.name;
       if (e.name == "hidden_out" || e.name == "logits") {
         Loc loc;
-        LOCKSTEP_ASSIGN_OR_RETURN(ExportItem it, ReadItem(path, rel_dir, s, -1, e.name, &loc));
+        LOCKSTEP_ASSIGN_OR_RETURN(ExportItem it, ReadItem(sg.get(), e.name, path, rel_dir, s, -1, e.name, &loc));
         locs[name + "/" + rel_dir].data = std::move(loc);
         cp.items.push_back(std::move(it));
         continue;
@@ -557,7 +586,7 @@ Status ExportReader::Impl::ReadCheckpoint(const std::string& name) {
       const int layer = ParseIndex(e.name, "layer");
       if (layer < 0 && e.name != "mtp")
         return Bad(sp + "/" + e.name, "unexpected entry (expected layer{L}, mtp, hidden_out or logits)");
-      LOCKSTEP_ASSIGN_OR_RETURN(Hid lg, OpenObject(file.get(), sp + "/" + e.name, H5I_GROUP));
+      LOCKSTEP_ASSIGN_OR_RETURN(Hid lg, OpenChild(sg.get(), sp + "/" + e.name, e.name, H5I_GROUP));
       LOCKSTEP_ASSIGN_OR_RETURN(auto names, Children(lg.get(), sp + "/" + e.name, limits.max_items));
       const std::size_t first = cp.items.size();
       std::vector<std::string> scales;
@@ -572,7 +601,8 @@ Status ExportReader::Impl::ReadCheckpoint(const std::string& name) {
         if (layer >= 0 ? (k < 0 || k > 5) : (k != 6 && k != 7))
           return Bad(item_path, "unexpected entry (not an item of lockstep.export v1)");
         Loc loc;
-        LOCKSTEP_ASSIGN_OR_RETURN(ExportItem it, ReadItem(path, rel_dir + "/" + n.name, s, layer, kind, &loc));
+        LOCKSTEP_ASSIGN_OR_RETURN(ExportItem it,
+                                  ReadItem(lg.get(), n.name, path, rel_dir + "/" + n.name, s, layer, kind, &loc));
         locs[name + "/" + it.rel].data = std::move(loc);
         cp.items.push_back(std::move(it));
       }
@@ -584,7 +614,7 @@ Status ExportReader::Impl::ReadCheckpoint(const std::string& name) {
         const std::string scale_path = sp + "/" + e.name + "/" + sc;
         if (owner == cp.items.end() || owner->kind == "conv_state" || owner->kind == "ssm_state")
           return Bad(scale_path, "scales without a K/V item of the same name");
-        LOCKSTEP_RETURN_IF_ERROR(ReadScale(scale_path, &*owner, &locs[name + "/" + base_rel].scale));
+        LOCKSTEP_RETURN_IF_ERROR(ReadScale(lg.get(), sc, scale_path, &*owner, &locs[name + "/" + base_rel].scale));
       }
     }
   }
@@ -637,6 +667,212 @@ Status ExportReader::Impl::ReadSampler() {
     sm.pcie_width = Clamp32(dev[0][7]);
   }
   UnknownLines(dev, kDeviceFields, 0, "trace/device_samples", "samples", &meta.unknowns);
+  return Status::Ok();
+}
+
+namespace {
+
+// One row of /index/items in memory (fields matched to the file by name; SCHEMA.md). The layout is
+// the exporter's own, so reading lockstep's exports needs no type conversion (HDF5's conversion
+// path allocates and clears buffers per read).
+struct IndexRowMem {
+  char checkpoint[32], rel[64], kind[16], dtype[8];
+  std::int32_t stage, layer, rank, pad;
+  std::int64_t dims[4];
+  std::int64_t valid_rows, capacity_rows, offset, scale_offset;
+  std::int64_t scale_dims[2];
+};
+
+// "stage{S}/layer{L}/<k|v|k_spec|v_spec|conv_state|ssm_state>", "stage{S}/mtp/<k|v>",
+// "stage{S}/<hidden_out|logits>" -> stage, layer (-1), kind; false for anything else.
+bool ParseRel(const std::string& rel, int* stage, int* layer, std::string* kind) {
+  const auto a = rel.find('/');
+  if (a == std::string::npos) return false;
+  *stage = ParseIndex(rel.substr(0, a), "stage");
+  if (*stage < 0) return false;
+  const std::string rest = rel.substr(a + 1);
+  const auto b = rest.find('/');
+  if (b == std::string::npos) {
+    *layer = -1;
+    *kind = rest;
+    return rest == "hidden_out" || rest == "logits";
+  }
+  const std::string dir = rest.substr(0, b), leaf = rest.substr(b + 1);
+  if (dir == "mtp") {
+    *layer = -1;
+    *kind = "mtp_" + leaf;
+    return leaf == "k" || leaf == "v";
+  }
+  *layer = ParseIndex(dir, "layer");
+  *kind = leaf;
+  const int k = IndexOf(kKinds, leaf);
+  return *layer >= 0 && k >= 0 && k <= 5;
+}
+
+}  // namespace
+
+// Exports written by lockstep carry /index/items: every item's kind, dtype, shape and file offset
+// in one table. Reading it replaces opening every dataset (HDF5's per-object work was ~80% of a
+// diff of an export with thousands of small items). Every row is checked like a dataset would be:
+// path grammar, kind/stage/layer against the path, dtype, shape within the limits, offset + size
+// within the file. The first item of every checkpoint is also opened the slow way and must agree
+// with its row, so a stale or foreign index is an error, not silently wrong bytes.
+Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names) {
+  const std::string ipath = "/index/items";
+  std::map<std::string, std::size_t> cp_at;
+  for (const Link& l : names) {
+    LOCKSTEP_ASSIGN_OR_RETURN(Hid g, OpenChild(cps, "/checkpoints/" + l.name, l.name, H5I_GROUP));
+    ExportCheckpoint cp;
+    LOCKSTEP_RETURN_IF_ERROR(ReadCheckpointAttrs(g.get(), l.name, &cp));
+    cp_at[l.name] = meta.checkpoints.size();
+    meta.checkpoints.push_back(std::move(cp));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(file.get(), ipath, H5I_DATASET));
+  Hid ft(H5Dget_type(ds.get()));
+  if (!ft.valid() || H5Tget_class(ft.get()) != H5T_COMPOUND) return Bad(ipath, "expected compound records");
+  static const char* const kStr[] = {"checkpoint", "rel", "kind", "dtype"};
+  static const char* const kInt[] = {"stage", "layer", "rank", "valid_rows", "capacity_rows", "offset", "scale_offset"};
+  for (const char* f : kStr) {
+    const int idx = H5Tget_member_index(ft.get(), f);
+    if (idx < 0 || H5Tget_member_class(ft.get(), static_cast<unsigned>(idx)) != H5T_STRING)
+      return Bad(ipath, std::string("field '") + f + "' missing or not a string");
+  }
+  for (const char* f : kInt) {
+    const int idx = H5Tget_member_index(ft.get(), f);
+    if (idx < 0 || H5Tget_member_class(ft.get(), static_cast<unsigned>(idx)) != H5T_INTEGER)
+      return Bad(ipath, std::string("field '") + f + "' missing or not an integer");
+  }
+  for (const char* f : {"dims", "scale_dims"}) {
+    const int idx = H5Tget_member_index(ft.get(), f);
+    if (idx < 0 || H5Tget_member_class(ft.get(), static_cast<unsigned>(idx)) != H5T_ARRAY)
+      return Bad(ipath, std::string("field '") + f + "' missing or not an array");
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(auto shape, Shape(ds.get(), ipath, limits));
+  if (shape.size() != 1) return Bad(ipath, "expected a one-dimensional table, got shape " + ShapeText(shape));
+  const std::int64_t n = shape[0];
+  if (n > limits.max_items) return Bad(ipath, "more than the limit of " + std::to_string(limits.max_items) + " items");
+  if (BytesWithin({n}, static_cast<std::int64_t>(H5Tget_size(ft.get())), meta.file_bytes) < 0)
+    return Bad(ipath, std::to_string(n) + " rows are larger than the file itself (truncated or corrupt)");
+  Hid mt(H5Tcreate(H5T_COMPOUND, sizeof(IndexRowMem)));
+  auto str = [](std::size_t len) {
+    Hid t(H5Tcopy(H5T_C_S1));
+    H5Tset_size(t.get(), len);
+    H5Tset_strpad(t.get(), H5T_STR_NULLTERM);
+    return t;
+  };
+  const hsize_t four = 4, two = 2;
+  Hid s32 = str(32), s64 = str(64), s16 = str(16), s8 = str(8);
+  Hid a4(H5Tarray_create2(H5T_NATIVE_INT64, 1, &four)), a2(H5Tarray_create2(H5T_NATIVE_INT64, 1, &two));
+  H5Tinsert(mt.get(), "checkpoint", HOFFSET(IndexRowMem, checkpoint), s32.get());
+  H5Tinsert(mt.get(), "rel", HOFFSET(IndexRowMem, rel), s64.get());
+  H5Tinsert(mt.get(), "kind", HOFFSET(IndexRowMem, kind), s16.get());
+  H5Tinsert(mt.get(), "dtype", HOFFSET(IndexRowMem, dtype), s8.get());
+  H5Tinsert(mt.get(), "stage", HOFFSET(IndexRowMem, stage), H5T_NATIVE_INT32);
+  H5Tinsert(mt.get(), "layer", HOFFSET(IndexRowMem, layer), H5T_NATIVE_INT32);
+  H5Tinsert(mt.get(), "rank", HOFFSET(IndexRowMem, rank), H5T_NATIVE_INT32);
+  H5Tinsert(mt.get(), "dims", HOFFSET(IndexRowMem, dims), a4.get());
+  H5Tinsert(mt.get(), "valid_rows", HOFFSET(IndexRowMem, valid_rows), H5T_NATIVE_INT64);
+  H5Tinsert(mt.get(), "capacity_rows", HOFFSET(IndexRowMem, capacity_rows), H5T_NATIVE_INT64);
+  H5Tinsert(mt.get(), "offset", HOFFSET(IndexRowMem, offset), H5T_NATIVE_INT64);
+  H5Tinsert(mt.get(), "scale_offset", HOFFSET(IndexRowMem, scale_offset), H5T_NATIVE_INT64);
+  H5Tinsert(mt.get(), "scale_dims", HOFFSET(IndexRowMem, scale_dims), a2.get());
+  std::vector<IndexRowMem> rows(static_cast<std::size_t>(n));
+  if (n > 0 && H5Dread(ds.get(), mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) < 0)
+    return Bad(ipath, "rows unreadable (corrupt file?)");
+
+  std::set<std::string> checked;  // checkpoints whose first item was cross-checked
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    IndexRowMem& r = rows[i];
+    r.checkpoint[sizeof(r.checkpoint) - 1] = r.rel[sizeof(r.rel) - 1] = r.kind[sizeof(r.kind) - 1] = 0;
+    r.dtype[sizeof(r.dtype) - 1] = 0;
+    const std::string where = ipath + " row " + std::to_string(i);
+    const std::string cp_name = r.checkpoint, rel = r.rel;
+    auto cpi = cp_at.find(cp_name);
+    if (cpi == cp_at.end()) return Bad(where, "names checkpoint '" + cp_name + "', which /checkpoints does not hold");
+    ExportCheckpoint& cp = meta.checkpoints[cpi->second];
+    const std::string path = "/checkpoints/" + cp_name + "/" + rel;
+    int stage = -1, layer = -1;
+    std::string kind;
+    if (!ParseRel(rel, &stage, &layer, &kind)) return Bad(where, "'" + rel + "' is not an item path of lockstep.export v1");
+    if (kind != r.kind || stage != r.stage || layer != r.layer)
+      return Bad(path, "index row says kind " + std::string(r.kind) + " stage " + std::to_string(r.stage) + " layer " +
+                           std::to_string(r.layer) + ", the path says " + kind + " " + std::to_string(stage) + " " +
+                           std::to_string(layer));
+    ExportItem it;
+    it.rel = rel;
+    it.kind = kind;
+    it.stage = stage;
+    it.layer = layer;
+    it.dtype = r.dtype;
+    hid_t mem_type = H5T_NATIVE_FLOAT;
+    if (it.dtype == "bf16") mem_type = H5T_NATIVE_UINT16;
+    else if (it.dtype == "int8") mem_type = H5T_NATIVE_INT8;
+    else if (it.dtype != "f32") return Bad(path, "unknown dtype '" + it.dtype + "' in the index");
+    if (r.rank > limits.max_rank)
+      return Bad(path, "rank " + std::to_string(r.rank) + " exceeds the limit of " + std::to_string(limits.max_rank));
+    if (r.rank < 1 || r.rank > 4) return Bad(path, "rank " + std::to_string(r.rank) + " in the index");
+    for (std::int64_t d = 0; d < r.rank; ++d) {
+      if (r.dims[d] < 0 || r.dims[d] > limits.max_dim) return Bad(path, "absurd dimension in the index");
+      it.shape.push_back(r.dims[d]);
+    }
+    it.valid_rows = r.valid_rows;
+    it.capacity_rows = r.capacity_rows;
+    if (it.valid_rows != it.shape[0] || it.capacity_rows < it.valid_rows)
+      return Bad(path, "valid_rows/capacity_rows disagree with the shape in the index");
+    const std::int64_t bytes = BytesWithin(it.shape, static_cast<std::int64_t>(it.elem_bytes()),
+                                           std::min(limits.max_item_bytes, meta.file_bytes));
+    if (bytes < 0)
+      return Bad(path, "shape " + ShapeText(it.shape) + " of " + it.dtype + " is larger than the limit of " +
+                           std::to_string(limits.max_item_bytes) + " bytes or the file's " +
+                           std::to_string(meta.file_bytes));
+    auto in_file = [&](std::int64_t off, std::int64_t len) {
+      return len == 0 || (off >= 0 && off <= meta.file_bytes && len <= meta.file_bytes - off);
+    };
+    if (!in_file(r.offset, bytes)) return Bad(path, "index offset " + std::to_string(r.offset) + " lies outside the file");
+    ItemLoc il;
+    il.data.path = path;
+    il.data.mem_type = mem_type;
+    il.data.dims.assign(it.shape.begin(), it.shape.end());
+    il.data.rows = it.shape[0];
+    il.data.row_bytes = il.data.rows == 0 ? 0 : bytes / il.data.rows;
+    il.data.offset = bytes == 0 ? 0 : r.offset;
+    if (r.scale_offset >= 0 || it.dtype == "int8") {
+      if (it.dtype != "int8" || it.shape.size() < 2 || r.scale_dims[0] != it.shape[0] || r.scale_dims[1] != it.shape[1])
+        return Bad(path, "index scales do not fit the item (expected int8 with scales [rows, heads])");
+      const std::int64_t sbytes = BytesWithin({r.scale_dims[0], r.scale_dims[1]}, 4, meta.file_bytes);
+      if (sbytes < 0 || !in_file(r.scale_offset, sbytes)) return Bad(path, "index scale offset lies outside the file");
+      it.has_scales = true;
+      it.scale_row_elems = r.scale_dims[1];
+      il.scale.path = path + "_scale";
+      il.scale.mem_type = H5T_NATIVE_FLOAT;
+      il.scale.dims = {static_cast<hsize_t>(r.scale_dims[0]), static_cast<hsize_t>(r.scale_dims[1])};
+      il.scale.rows = r.scale_dims[0];
+      il.scale.row_bytes = r.scale_dims[1] * 4;
+      il.scale.offset = sbytes == 0 ? 0 : r.scale_offset;
+    }
+    if (!locs.emplace(cp_name + "/" + rel, il).second) return Bad(path, "listed twice in the index");
+    if (++n_items > limits.max_items)
+      return Bad(ipath, "more than the limit of " + std::to_string(limits.max_items) + " items");
+    if (checked.insert(cp_name).second) {
+      // Cross-check against the dataset itself (the full validation of the slow path).
+      const auto slash = path.find_last_of('/');
+      LOCKSTEP_ASSIGN_OR_RETURN(Hid parent, OpenObject(file.get(), path.substr(0, slash), H5I_GROUP));
+      Loc loc;
+      LOCKSTEP_ASSIGN_OR_RETURN(
+          ExportItem full, ReadItem(parent.get(), path.substr(slash + 1), "/checkpoints/" + cp_name, rel, stage, layer, kind, &loc));
+      if (full.shape != it.shape || full.dtype != it.dtype || full.capacity_rows != it.capacity_rows ||
+          (bytes > 0 && loc.offset >= 0 && loc.offset != il.data.offset))
+        return Bad(ipath, "disagrees with dataset " + path + " (a stale or foreign index): open with the index off");
+    }
+    cp.items.push_back(std::move(it));
+  }
+  for (auto& cp : meta.checkpoints)
+    std::sort(cp.items.begin(), cp.items.end(), [](const ExportItem& a, const ExportItem& b) {
+      const auto key = [](const ExportItem& x) {
+        return std::make_tuple(x.stage, x.layer < 0 ? INT_MAX : x.layer, IndexOf(kKinds, x.kind));
+      };
+      return key(a) < key(b);
+    });
   return Status::Ok();
 }
 
@@ -750,7 +986,11 @@ Status ExportReader::Impl::ReadAll() {
   if (H5Lexists(f, "/checkpoints", H5P_DEFAULT) > 0) {
     LOCKSTEP_ASSIGN_OR_RETURN(Hid cps, OpenObject(f, "/checkpoints", H5I_GROUP));
     LOCKSTEP_ASSIGN_OR_RETURN(auto names, Children(cps.get(), "/checkpoints", limits.max_items));
-    for (const Link& l : names) LOCKSTEP_RETURN_IF_ERROR(ReadCheckpoint(l.name));
+    if (limits.use_index && H5Lexists(f, "/index", H5P_DEFAULT) > 0) {
+      LOCKSTEP_RETURN_IF_ERROR(ReadIndexed(cps.get(), names));
+    } else {
+      for (const Link& l : names) LOCKSTEP_RETURN_IF_ERROR(ReadCheckpoint(l.name));
+    }
     std::sort(meta.checkpoints.begin(), meta.checkpoints.end(),
               [](const ExportCheckpoint& a, const ExportCheckpoint& b) {
                 return std::make_pair(a.window, IndexOf(kPoints, a.point)) <
@@ -781,7 +1021,21 @@ Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& path
   if (!hdf5)
     return Status::InvalidArgument(
         path, st.st_size == 0 ? "empty file, not an HDF5 export" : "not an HDF5 file (no HDF5 signature at offset 0)");
-  impl->file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  // A metadata cache large enough for every object header of a big export: with the default (2 MiB
+  // initial) HDF5 evicted and re-read headers while we walked thousands of items.
+  Hid fapl(H5Pcreate(H5P_FILE_ACCESS));
+  H5AC_cache_config_t mdc;
+  mdc.version = H5AC__CURR_CACHE_CONFIG_VERSION;
+  if (fapl.valid() && H5Pget_mdc_config(fapl.get(), &mdc) >= 0) {
+    mdc.set_initial_size = true;
+    mdc.initial_size = std::size_t{64} << 20;
+    mdc.max_size = std::max<std::size_t>(mdc.max_size, std::size_t{128} << 20);
+    mdc.incr_mode = H5C_incr__off;
+    mdc.decr_mode = H5C_decr__off;
+    mdc.flash_incr_mode = H5C_flash_incr__off;
+    H5Pset_mdc_config(fapl.get(), &mdc);
+  }
+  impl->file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.valid() ? fapl.get() : H5P_DEFAULT));
   if (!impl->file.valid())
     return Status::InvalidArgument(path,
                                    "HDF5 cannot open it (truncated or corrupt; an unfinished export ends in .partial)");

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 #include <thread>
 
@@ -73,9 +74,29 @@ struct Job {
   std::size_t result = 0;  // index into DiffResult::items
 };
 
+// A worker's read buffers, allocated once and never zero-filled: a fresh (value-initialised)
+// vector per item cost more in page faults and memset than the comparison itself.
+struct Buffers {
+  std::unique_ptr<std::byte[]> a, b;
+  std::unique_ptr<float[]> sa, sb;
+  std::size_t bytes = 0, scales = 0;
+  void Reserve(std::size_t n_bytes, std::size_t n_scales) {
+    if (n_bytes > bytes) {
+      a.reset(new std::byte[n_bytes]);
+      b.reset(new std::byte[n_bytes]);
+      bytes = n_bytes;
+    }
+    if (n_scales > scales) {
+      sa.reset(new float[n_scales]);
+      sb.reset(new float[n_scales]);
+      scales = n_scales;
+    }
+  }
+};
+
 // Streams one matched item pair in row blocks and fills its metrics. Returns the bytes read.
 Status CompareItem(const ExportReader& ra, const ExportReader& rb, const Job& job, std::int64_t block_bytes,
-                   ItemResult& r, std::uint64_t* bytes_read) {
+                   Buffers& buf, ItemResult& r, std::uint64_t* bytes_read) {
   const ExportItem& ia = *job.ia;
   const ExportItem& ib = *job.ib;
   const std::int64_t rows = ia.rows();
@@ -89,39 +110,38 @@ Status CompareItem(const ExportReader& ra, const ExportReader& rb, const Job& jo
     return Status::InvalidArgument("--mem-limit", "one row of '" + r.checkpoint + "/" + r.rel + "' is " +
                                                        std::to_string(row_bytes) + " bytes, more than the per-read budget");
   const std::int64_t block_rows = std::max<std::int64_t>(1, block_bytes / row_bytes);
-  std::vector<std::byte> ba(static_cast<std::size_t>(std::min(rows, block_rows) * row_bytes));
-  std::vector<std::byte> bb(ba.size());
-  std::vector<float> sa, sb;
-  if (scale_row > 0) {
-    sa.resize(static_cast<std::size_t>(std::min(rows, block_rows) * scale_row));
-    sb.resize(sa.size());
-  }
+  buf.Reserve(static_cast<std::size_t>(std::min(rows, block_rows) * row_bytes),
+              static_cast<std::size_t>(std::min(rows, block_rows) * scale_row));
+  std::byte* ba = buf.a.get();
+  std::byte* bb = buf.b.get();
+  float* sa = buf.sa.get();
+  float* sb = buf.sb.get();
   F32Accumulator acc;
   KlAccumulator kl;
   const bool logits = ia.kind == "logits";
   const std::size_t elems = static_cast<std::size_t>(ia.row_elems());
   for (std::int64_t r0 = 0; r0 < rows; r0 += block_rows) {
     const std::int64_t n = std::min(block_rows, rows - r0);
-    LOCKSTEP_RETURN_IF_ERROR(ra.ReadRows(*job.cpa, ia, r0, n, ba.data()));
-    LOCKSTEP_RETURN_IF_ERROR(rb.ReadRows(*job.cpb, ib, r0, n, bb.data()));
+    LOCKSTEP_RETURN_IF_ERROR(ra.ReadRows(*job.cpa, ia, r0, n, ba));
+    LOCKSTEP_RETURN_IF_ERROR(rb.ReadRows(*job.cpb, ib, r0, n, bb));
     *bytes_read += static_cast<std::uint64_t>(2 * n * row_bytes);
     const std::size_t count = static_cast<std::size_t>(n) * elems;
     if (ia.dtype == "f32") {
-      const auto* fa = reinterpret_cast<const float*>(ba.data());
-      const auto* fb = reinterpret_cast<const float*>(bb.data());
+      const auto* fa = reinterpret_cast<const float*>(ba);
+      const auto* fb = reinterpret_cast<const float*>(bb);
       acc.Add(fa, fb, count);
       if (logits) kl.AddRows(fa, fb, static_cast<std::size_t>(n), elems);
     } else if (ia.dtype == "bf16") {
-      acc.AddBf16(reinterpret_cast<const std::uint16_t*>(ba.data()), reinterpret_cast<const std::uint16_t*>(bb.data()),
+      acc.AddBf16(reinterpret_cast<const std::uint16_t*>(ba), reinterpret_cast<const std::uint16_t*>(bb),
                   count);
     } else {  // int8 codes with per-row-per-head scales
       if (scale_row <= 0) return Status::InvalidArgument(r.checkpoint + "/" + r.rel, "int8 item without scales");
-      LOCKSTEP_RETURN_IF_ERROR(ra.ReadScaleRows(*job.cpa, ia, r0, n, sa.data()));
-      LOCKSTEP_RETURN_IF_ERROR(rb.ReadScaleRows(*job.cpb, ib, r0, n, sb.data()));
+      LOCKSTEP_RETURN_IF_ERROR(ra.ReadScaleRows(*job.cpa, ia, r0, n, sa));
+      LOCKSTEP_RETURN_IF_ERROR(rb.ReadScaleRows(*job.cpb, ib, r0, n, sb));
       *bytes_read += static_cast<std::uint64_t>(2 * n * scale_row * 4);
       const std::size_t heads = static_cast<std::size_t>(scale_row);
-      acc.AddInt8(reinterpret_cast<const std::int8_t*>(ba.data()), sa.data(), reinterpret_cast<const std::int8_t*>(bb.data()),
-                  sb.data(), static_cast<std::size_t>(n), heads, elems / heads);
+      acc.AddInt8(reinterpret_cast<const std::int8_t*>(ba), sa, reinterpret_cast<const std::int8_t*>(bb),
+                  sb, static_cast<std::size_t>(n), heads, elems / heads);
     }
   }
   r.rows = rows;
@@ -327,9 +347,10 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b, con
   std::vector<Status> errors(static_cast<std::size_t>(threads));
   std::vector<std::uint64_t> bytes(static_cast<std::size_t>(threads), 0);
   auto work = [&](int w) {
+    Buffers buffers;
     for (std::size_t j = next.fetch_add(1); j < jobs.size(); j = next.fetch_add(1)) {
       ItemResult& r = d.items[jobs[j].result];
-      Status s = CompareItem(a, b, jobs[j], block, r, &bytes[static_cast<std::size_t>(w)]);
+      Status s = CompareItem(a, b, jobs[j], block, buffers, r, &bytes[static_cast<std::size_t>(w)]);
       if (!s.ok()) {
         errors[static_cast<std::size_t>(w)] = s;
         next.store(jobs.size());

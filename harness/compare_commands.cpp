@@ -125,8 +125,10 @@ struct Diffed {
 
 Result<Diffed> OpenAndDiff(const DiffCommandOptions& opts) {
   Diffed x;
-  LOCKSTEP_ASSIGN_OR_RETURN(x.ra, ExportReader::Open(opts.a));
-  LOCKSTEP_ASSIGN_OR_RETURN(x.rb, ExportReader::Open(opts.b));
+  ReaderLimits limits;
+  limits.use_index = !opts.no_index;
+  LOCKSTEP_ASSIGN_OR_RETURN(x.ra, ExportReader::Open(opts.a, limits));
+  LOCKSTEP_ASSIGN_OR_RETURN(x.rb, ExportReader::Open(opts.b, limits));
   DiffOptions dopt = opts.diff;
   for (const auto& k : opts.kind_overrides) LOCKSTEP_RETURN_IF_ERROR(dopt.thresholds.SetKindOverride(k));
   LOCKSTEP_ASSIGN_OR_RETURN(x.d, DiffExports(*x.ra, *x.rb, dopt));
@@ -151,9 +153,11 @@ Status DiffBody(const DiffCommandOptions& opts, std::ostream& out) {
 }
 
 // Window records of an export or of a JSON-lines trace.
-Result<std::vector<WindowRecord>> LoadWindows(const std::string& path, std::string* arm) {
+Result<std::vector<WindowRecord>> LoadWindows(const std::string& path, bool no_index, std::string* arm) {
   if (LooksLikeHdf5(path)) {
-    LOCKSTEP_ASSIGN_OR_RETURN(auto r, ExportReader::Open(path));
+    ReaderLimits limits;
+    limits.use_index = !no_index;
+    LOCKSTEP_ASSIGN_OR_RETURN(auto r, ExportReader::Open(path, limits));
     if (!r->meta().arm.empty()) *arm = r->meta().arm;
     return r->meta().windows;
   }
@@ -164,8 +168,8 @@ Status AlignBody(const AlignCommandOptions& opts, std::ostream& out) {
   AlignOptions ao;
   LOCKSTEP_ASSIGN_OR_RETURN(ao.fields, ParseAlignFields(opts.fields));
   std::string na = "A", nb = "B";
-  LOCKSTEP_ASSIGN_OR_RETURN(auto wa, LoadWindows(opts.a, &na));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto wb, LoadWindows(opts.b, &nb));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto wa, LoadWindows(opts.a, opts.no_index, &na));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto wb, LoadWindows(opts.b, opts.no_index, &nb));
   if (na == nb) na += " (A)", nb += " (B)";
   AlignResult al = AlignWindows(wa, wb, ao);
   PrintAlign(al, na, nb, out);

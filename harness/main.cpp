@@ -183,6 +183,7 @@ int main(int argc, char** argv) {
       sc->add_option("--windows", dopts.diff.windows, "Windows to compare: all | LIST like 0-2,5 (default all)");
       sc->add_option("--mem-limit", mem_limit, "Memory for read buffers (default 1G)");
       sc->add_option("--threads", dopts.diff.threads, "Items compared in parallel (0 = hardware threads)");
+      sc->add_flag("--no-index", dopts.no_index, "Ignore /index/items and open every dataset (files edited by other tools)");
       add_reports(sc, dopts.reports);
     };
     auto* diff = app.add_subcommand("diff", "Compare the state of two exports (NRMSE, KL, exact) item by item");
@@ -201,6 +202,7 @@ int main(int argc, char** argv) {
     align->add_option("--fields", aopts.fields, "Path fields to align on (default p,T,T_mtp,merged,from_sfx,chain_n)");
     align->add_flag("--isolate", aopts.isolate, "Parse in a child process (a crash there is exit 2)");
     align->add_flag("--fail-on-divergence", aopts.fail_on_divergence, "Exit 1 when the paths diverge");
+    align->add_flag("--no-index", aopts.no_index, "Ignore /index/items (files edited by other tools)");
     add_reports(align, aopts.reports);
 
     // ---- campaigns ----

@@ -41,9 +41,25 @@ std::string ItemPath(int window, CheckpointPoint point, int stage, int layer, It
 
 // ---- HDF5 helpers (writer thread only) ----
 
+// One row of /index/items (SCHEMA.md): where an item's bytes are and what they are, so a reader
+// can locate every item from one table instead of opening thousands of HDF5 objects.
+struct IndexRow {
+  char checkpoint[32];  // "00001_commit"
+  char rel[64];         // "stage1/layer3/k"
+  char kind[16];
+  char dtype[8];
+  std::int32_t stage, layer, rank, pad;
+  std::int64_t dims[4];
+  std::int64_t valid_rows, capacity_rows;
+  std::int64_t offset;        // file offset of the contiguous data (-1: no storage, e.g. 0 rows)
+  std::int64_t scale_offset;  // int8: offset of `<item>_scale` f32 [rows, heads] (-1: none)
+  std::int64_t scale_dims[2];
+};
+
 struct H5Exporter::File {
   H5Handle file;
-  H5Handle lcpl;  // link creation: intermediate groups on
+  H5Handle lcpl;               // link creation: intermediate groups on
+  std::vector<IndexRow> index; // appended by the writer thread as items are written
 };
 
 namespace {
@@ -268,11 +284,32 @@ void H5Exporter::OnState(const CheckpointInfo& info, const StateView& v) {
                   AttrInt(ds.get(), "capacity_rows", meta.rows_capacity) &&
                   AttrStr(ds.get(), "dtype", std::string(dtype_name(meta.dtype)));
         if (!ok) return H5Fail(path + " attributes");
+        IndexRow row{};
+        const std::string cp = CheckpointGroupName(info.window, info.point).substr(std::strlen("checkpoints/"));
+        const std::string rel = path.substr(std::strlen("checkpoints/") + cp.size() + 1);
+        std::snprintf(row.checkpoint, sizeof(row.checkpoint), "%s", cp.c_str());
+        std::snprintf(row.rel, sizeof(row.rel), "%s", rel.c_str());
+        std::snprintf(row.kind, sizeof(row.kind), "%s", ItemKindName(meta.kind));
+        std::snprintf(row.dtype, sizeof(row.dtype), "%s", std::string(dtype_name(meta.dtype)).c_str());
+        row.stage = meta.stage;
+        row.layer = meta.layer;
+        row.rank = static_cast<std::int32_t>(std::min<std::size_t>(dims.size(), 4));
+        for (std::size_t i = 0; i < 4; ++i) row.dims[i] = i < dims.size() ? static_cast<std::int64_t>(dims[i]) : 0;
+        row.valid_rows = meta.rows;
+        row.capacity_rows = meta.rows_capacity;
+        const haddr_t off = H5Dget_offset(ds.get());
+        row.offset = off == HADDR_UNDEF ? -1 : static_cast<std::int64_t>(off);
+        row.scale_offset = -1;
         if (!sc.empty() || (meta.dtype == DType::kI8 && heads > 0)) {
           std::vector<hsize_t> sdims{static_cast<hsize_t>(meta.rows), static_cast<hsize_t>(heads)};
           LOCKSTEP_ASSIGN_OR_RETURN(H5Handle sds, WriteDataset(f->file.get(), f->lcpl.get(), path + "_scale", DType::kF32,
                                                                sdims, sc.data()));
+          const haddr_t soff = H5Dget_offset(sds.get());
+          row.scale_offset = soff == HADDR_UNDEF ? -1 : static_cast<std::int64_t>(soff);
+          row.scale_dims[0] = meta.rows;
+          row.scale_dims[1] = heads;
         }
+        if (dims.size() <= 4) f->index.push_back(row);  // a rank above 4 is left to the full walk
         return Status::Ok();
       },
       bytes);
@@ -436,6 +473,39 @@ Status FsyncPath(const std::string& path, bool directory) {
   return Status::Ok();
 }
 
+Status WriteIndex(hid_t file, hid_t lcpl, const std::vector<IndexRow>& rows) {
+  H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(IndexRow)));
+  auto str = [](std::size_t n) {
+    H5Handle st(H5Tcopy(H5T_C_S1));
+    H5Tset_size(st.get(), n);
+    H5Tset_strpad(st.get(), H5T_STR_NULLTERM);
+    return st;
+  };
+  const hsize_t four = 4, two = 2;
+  H5Handle s32 = str(32), s64 = str(64), s16 = str(16), s8 = str(8);
+  H5Handle d4(H5Tarray_create2(H5T_STD_I64LE, 1, &four)), d2(H5Tarray_create2(H5T_STD_I64LE, 1, &two));
+  bool ok = H5Tinsert(t.get(), "checkpoint", HOFFSET(IndexRow, checkpoint), s32.get()) >= 0 &&
+            H5Tinsert(t.get(), "rel", HOFFSET(IndexRow, rel), s64.get()) >= 0 &&
+            H5Tinsert(t.get(), "kind", HOFFSET(IndexRow, kind), s16.get()) >= 0 &&
+            H5Tinsert(t.get(), "dtype", HOFFSET(IndexRow, dtype), s8.get()) >= 0 &&
+            H5Tinsert(t.get(), "stage", HOFFSET(IndexRow, stage), H5T_STD_I32LE) >= 0 &&
+            H5Tinsert(t.get(), "layer", HOFFSET(IndexRow, layer), H5T_STD_I32LE) >= 0 &&
+            H5Tinsert(t.get(), "rank", HOFFSET(IndexRow, rank), H5T_STD_I32LE) >= 0 &&
+            H5Tinsert(t.get(), "dims", HOFFSET(IndexRow, dims), d4.get()) >= 0 &&
+            H5Tinsert(t.get(), "valid_rows", HOFFSET(IndexRow, valid_rows), H5T_STD_I64LE) >= 0 &&
+            H5Tinsert(t.get(), "capacity_rows", HOFFSET(IndexRow, capacity_rows), H5T_STD_I64LE) >= 0 &&
+            H5Tinsert(t.get(), "offset", HOFFSET(IndexRow, offset), H5T_STD_I64LE) >= 0 &&
+            H5Tinsert(t.get(), "scale_offset", HOFFSET(IndexRow, scale_offset), H5T_STD_I64LE) >= 0 &&
+            H5Tinsert(t.get(), "scale_dims", HOFFSET(IndexRow, scale_dims), d2.get()) >= 0;
+  if (!ok) return H5Fail("index/items type");
+  const hsize_t n = rows.size();
+  H5Handle sp(H5Screate_simple(1, &n, nullptr));
+  H5Handle ds(H5Dcreate2(file, "index/items", t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) < 0))
+    return H5Fail("index/items");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status H5Exporter::Finish(const ExportRunInfo& meta) {
@@ -447,6 +517,7 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
       [f, ws, meta] {
         const hid_t file = f->file.get(), lcpl = f->lcpl.get();
         LOCKSTEP_RETURN_IF_ERROR(WriteTrace(file, lcpl, ws));
+        LOCKSTEP_RETURN_IF_ERROR(WriteIndex(file, lcpl, f->index));
         LOCKSTEP_RETURN_IF_ERROR(WriteSamples(file, lcpl, meta));
         LOCKSTEP_RETURN_IF_ERROR(WriteEvents(file, lcpl, meta));
         LOCKSTEP_RETURN_IF_ERROR(WriteString(file, lcpl, "config", meta.config_json));

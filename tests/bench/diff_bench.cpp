@@ -7,9 +7,13 @@
 //
 //   build/tests/bench/diff_bench --benchmark_counters_tabular=true
 //
-// Setup, once and outside any timing: a `small` model, a 512-byte prompt and two separate
-// `lockstep generate --spec 4 --max-new 40 --export-windows all` runs of it (identical state, about
-// 0.5 GB per file, ~10 s each on 2 cores), then one read of both files to warm the page cache.
+// Two shapes of export pair (the benchmark argument), made once and outside any timing from a
+// `small` model, each as two separate `lockstep generate` runs (identical state), then read once to
+// warm the page cache:
+//   /0 many windows: a 512-byte prompt, --max-new 40 --export-windows all: ~4,300 small items,
+//      ~0.5 GB per file (~10 s each on 2 cores). HDF5's per-object metadata work in Open dominates.
+//   /1 long context: an 8,192-byte prompt, --max-new 8 --export-windows 0-2 (the seed's shape: early
+//      windows of a long request): ~340 items of up to 8k rows, ~0.4 GB per file (~40 s each).
 // The wall clock is measured (UseRealTime): the diff runs on several threads and h5diff is a
 // child process, neither of which the benchmark thread's CPU time would see.
 //
@@ -78,36 +82,51 @@ std::int64_t ReadAll(const std::string& path, std::vector<char>& buf) {
   return total;
 }
 
-// The pair of exports every benchmark uses, made on first use. A deterministic prompt of plain
-// words: byte-level tokens, so its 512 bytes are 512 K/V rows before the first window, and the
+std::string g_model;
+
+// The pair of exports of one shape (see the top comment), made on first use. A deterministic prompt
+// of plain words: byte-level tokens, so its N bytes are N K/V rows before the first window, and the
 // K/V items (which grow with the position) outweigh the fixed-size GDN state.
-const Exports& Pair() {
-  static const Exports e = [] {
-    Exports r;
-    g_dir = Env("LOCKSTEP_BENCH_DIR", "/tmp") + "/lockstep-diff-bench-" + std::to_string(::getpid());
-    std::filesystem::create_directories(g_dir);
-    const std::string bin = Env("LOCKSTEP_BIN", LOCKSTEP_BIN_PATH);  // env: LOCKSTEP_BIN
-    std::string model = Env("LOCKSTEP_BENCH_MODEL", "");            // env: LOCKSTEP_BENCH_MODEL
-    if (model.empty()) {
-      model = g_dir + "/model";
-      if (!Run("'" + bin + "' model init --preset small --seed 0 --out '" + model + "'")) return r;
+const Exports& Pair(int shape) {
+  static Exports pairs[2];
+  static bool made[2] = {false, false};
+  Exports& r = pairs[shape];
+  if (made[shape]) return r;
+  made[shape] = true;
+  {
+    if (g_dir.empty()) {
+      g_dir = Env("LOCKSTEP_BENCH_DIR", "/tmp") + "/lockstep-diff-bench-" + std::to_string(::getpid());
+      std::filesystem::create_directories(g_dir);
     }
+    const std::string bin = Env("LOCKSTEP_BIN", LOCKSTEP_BIN_PATH);  // env: LOCKSTEP_BIN
+    if (g_model.empty()) {
+      g_model = Env("LOCKSTEP_BENCH_MODEL", "");  // env: LOCKSTEP_BENCH_MODEL
+      if (g_model.empty()) {
+        g_model = g_dir + "/model";
+        if (!Run("'" + bin + "' model init --preset small --seed 0 --out '" + g_model + "'")) return r;
+      }
+    }
+    const std::string& model = g_model;
+    const std::size_t prompt_bytes = shape == 0 ? 512 : 8192;
+    const std::string flags = shape == 0 ? "--max-new 40 --spec 4 --export-windows all"
+                                         : "--max-new 8 --spec 4 --prefill 2048 --export-windows 0-2";
     static const char* const kWords[] = {"the", "cat", "sat", "on", "mat", "and", "a", "dog", "ran", "over",
                                          "hills", "while", "rivers", "of", "light", "fell", "through", "quiet"};
     std::string prompt;
-    for (std::uint64_t x = 1; prompt.size() < 512; x = x * 6364136223846793005ULL + 1442695040888963407ULL)
+    for (std::uint64_t x = 1; prompt.size() < prompt_bytes; x = x * 6364136223846793005ULL + 1442695040888963407ULL)
       prompt += std::string(kWords[(x >> 33) % (sizeof kWords / sizeof kWords[0])]) + " ";
-    prompt.resize(512);
-    const std::string prompt_file = g_dir + "/prompt.txt";
+    prompt.resize(prompt_bytes);
+    const std::string tag = std::to_string(shape);
+    const std::string prompt_file = g_dir + "/prompt" + tag + ".txt";
     if (FILE* f = std::fopen(prompt_file.c_str(), "wb")) {
       std::fwrite(prompt.data(), 1, prompt.size(), f);
       std::fclose(f);
     }
-    r.a = g_dir + "/A.h5";
-    r.b = g_dir + "/B.h5";
+    r.a = g_dir + "/A" + tag + ".h5";
+    r.b = g_dir + "/B" + tag + ".h5";
     for (const auto& [path, arm] : {std::pair{r.a, "A"}, std::pair{r.b, "B"}}) {
-      if (!Run("'" + bin + "' generate --model '" + model + "' --prompt-file '" + prompt_file +
-               "' --max-new 40 --spec 4 --export-windows all --arm " + arm + " --export '" + path + "'"))
+      if (!Run("'" + bin + "' generate --model '" + model + "' --prompt-file '" + prompt_file + "' " + flags +
+               " --arm " + arm + " --export '" + path + "'"))
         return r;
     }
     // One read of each into the page cache: every benchmark then measures a warm cache.
@@ -117,12 +136,11 @@ const Exports& Pair() {
       if (n <= 0) return r;
       r.bytes += n;
     }
-    std::fprintf(stderr, "diff_bench: two exports of %.1f MB each in %s\n", static_cast<double>(r.bytes) / 2e6,
-                 g_dir.c_str());
+    std::fprintf(stderr, "diff_bench: shape %d: two exports of %.1f MB each in %s\n", shape,
+                 static_cast<double>(r.bytes) / 2e6, g_dir.c_str());
     r.ok = true;
-    return r;
-  }();
-  return e;
+  }
+  return r;
 }
 
 void SetBytes(benchmark::State& state, const Exports& e) {
@@ -132,7 +150,7 @@ void SetBytes(benchmark::State& state, const Exports& e) {
 
 // The ceiling: both files read start to end with read() into one reused 4 MiB buffer.
 void BM_RawRead(benchmark::State& state) {
-  const Exports& e = Pair();
+  const Exports& e = Pair(static_cast<int>(state.range(0)));
   if (!e.ok) {
     state.SkipWithError("setup failed (see stderr)");
     return;
@@ -150,7 +168,7 @@ void BM_RawRead(benchmark::State& state) {
 // What `lockstep diff A B` does before the report: open (validate) both files, then diff every item.
 // Counters: items compared, and the seconds per iteration spent in Open and in DiffExports.
 void LockstepDiff(benchmark::State& state, int threads) {
-  const Exports& e = Pair();
+  const Exports& e = Pair(static_cast<int>(state.range(0)));
   if (!e.ok) {
     state.SkipWithError("setup failed (see stderr)");
     return;
@@ -191,7 +209,7 @@ void BM_LockstepDiffOneThread(benchmark::State& s) { LockstepDiff(s, 1); }
 // the whole file: the root attributes (run_id, arm, created_utc) and the trace differ between any
 // two runs, and h5diff would count those. Exit 0 = no differences, 1 = differences, 2 = error.
 void BM_H5diff(benchmark::State& state) {
-  const Exports& e = Pair();
+  const Exports& e = Pair(static_cast<int>(state.range(0)));
   if (!e.ok) {
     state.SkipWithError("setup failed (see stderr)");
     return;
@@ -208,11 +226,11 @@ void BM_H5diff(benchmark::State& state) {
   SetBytes(state, e);
 }
 
-BENCHMARK(BM_RawRead)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
-BENCHMARK(BM_LockstepDiff)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
-BENCHMARK(BM_LockstepDiffOneThread)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+BENCHMARK(BM_RawRead)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_LockstepDiff)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+BENCHMARK(BM_LockstepDiffOneThread)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
 // Seconds per run, and the goal is a ratio of 20: one run is enough.
-BENCHMARK(BM_H5diff)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+BENCHMARK(BM_H5diff)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
 class Reporter : public benchmark::ConsoleReporter {
  public:
@@ -222,7 +240,8 @@ class Reporter : public benchmark::ConsoleReporter {
       // With --benchmark_repetitions the mean is the figure; other aggregates and errors are skipped.
       if (r.error_occurred || (!r.aggregate_name.empty() && r.aggregate_name != "mean")) continue;
       auto it = r.counters.find("bytes_per_second");
-      if (it != r.counters.end()) g_bps[r.benchmark_name().substr(0, r.benchmark_name().find('/'))] = it->second;
+      const std::string name = r.benchmark_name();  // "BM_X/<shape>/..."
+      if (it != r.counters.end()) g_bps[name.substr(0, name.find('/', name.find('/') + 1))] = it->second;
     }
   }
 };
@@ -238,17 +257,20 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
   if (!lockstep::g_dir.empty()) std::filesystem::remove_all(lockstep::g_dir);
   auto& b = lockstep::g_bps;
-  const double raw = b.count("BM_RawRead") ? b["BM_RawRead"] : 0.0;
-  const double h5 = b.count("BM_H5diff") ? b["BM_H5diff"] : 0.0;
-  if (raw > 0.0) std::printf("raw read       %7.2f GB/s\n", raw / 1e9);
-  if (h5 > 0.0) std::printf("h5diff         %7.2f GB/s\n", h5 / 1e9);
-  for (const char* name : {"BM_LockstepDiff", "BM_LockstepDiffOneThread"}) {
-    if (!b.count(name)) continue;
-    const double x = b[name];
-    std::printf("%s: %.2f GB/s", name, x / 1e9);
-    if (h5 > 0.0) std::printf(" = %.1f x h5diff (goal >= 20)", x / h5);
-    if (raw > 0.0) std::printf(" = %.3f x raw read", x / raw);
-    std::printf("\n");
+  for (const char* shape : {"/0", "/1"}) {
+    auto get = [&](const std::string& n) { return b.count(n + shape) ? b[n + shape] : 0.0; };
+    const double raw = get("BM_RawRead"), h5 = get("BM_H5diff");
+    std::printf("shape %s (%s)\n", shape + 1, shape[1] == '0' ? "many windows" : "long context");
+    if (raw > 0.0) std::printf("  raw read       %7.2f GB/s\n", raw / 1e9);
+    if (h5 > 0.0) std::printf("  h5diff         %7.2f GB/s\n", h5 / 1e9);
+    for (const char* name : {"BM_LockstepDiff", "BM_LockstepDiffOneThread"}) {
+      const double x = get(name);
+      if (x <= 0.0) continue;
+      std::printf("  %s: %.2f GB/s", name, x / 1e9);
+      if (h5 > 0.0) std::printf(" = %.1f x h5diff (goal >= 20)", x / h5);
+      if (raw > 0.0) std::printf(" = %.3f x raw read", x / raw);
+      std::printf("\n");
+    }
   }
   return 0;
 }

@@ -62,6 +62,10 @@ void ReplaceWithBig(const std::string& file, const std::string& path, const Expo
   H5Handle f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
   ASSERT_TRUE(f.valid()) << file;
   ASSERT_GE(H5Ldelete(f.get(), path.c_str(), H5P_DEFAULT), 0) << path;
+  // The edited file's /index/items no longer describes it: drop it so the reader walks the datasets.
+  if (H5Lexists(f.get(), "/index", H5P_DEFAULT) > 0) {
+    ASSERT_GE(H5Ldelete(f.get(), "/index", H5P_DEFAULT), 0);
+  }
   std::vector<hsize_t> dims{static_cast<hsize_t>(rows)};
   for (std::size_t d = 1; d < item.shape.size(); ++d) dims.push_back(static_cast<hsize_t>(item.shape[d]));
   H5Handle sp(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));

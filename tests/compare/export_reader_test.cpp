@@ -327,11 +327,17 @@ std::string CopyOf(const std::string& src, const std::string& name) {
   return dst;
 }
 
-// A copy of `src` changed through the HDF5 API.
-std::string Mutated(const std::string& name, const std::function<void(hid_t)>& change, const std::string& src = "") {
+// A copy of `src` changed through the HDF5 API. The copy loses its /index/items (unless
+// `keep_index`), so the reader validates every dataset the slow way, as it does for files written
+// by other tools.
+std::string Mutated(const std::string& name, const std::function<void(hid_t)>& change, const std::string& src = "",
+                    bool keep_index = false) {
   const std::string dst = CopyOf(src.empty() ? F32().path : src, name);
   H5Handle f(H5Fopen(dst.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
   EXPECT_TRUE(f.valid());
+  if (!keep_index) {
+    EXPECT_GE(H5Ldelete(f.get(), "/index", H5P_DEFAULT), 0);
+  }
   change(f.get());
   EXPECT_TRUE(f.reset());
   return dst;
@@ -694,6 +700,67 @@ TEST(ExportReader, WindowsReadByFieldNameAndUnknownTimings) {
   }
   const std::string line = "trace/windows export_ns: unknown in 2 of " + std::to_string(ws.size()) + " windows";
   EXPECT_NE(std::find(m.unknowns.begin(), m.unknowns.end(), line), m.unknowns.end()) << line;
+}
+
+}  // namespace
+}  // namespace lockstep
+
+namespace lockstep {
+namespace {
+
+// ---- /index/items: the fast path gives what the full walk gives, and a bad index is an error ----
+
+TEST(ExportReaderIndex, IndexAndFullWalkAgree) {
+  for (const Generated* g : {&F32(), &Int8(), &Bf16()}) {
+    auto fast = OpenOk(g->path);
+    ReaderLimits walk_limits;
+    walk_limits.use_index = false;
+    auto walk = OpenOk(g->path, walk_limits);
+    const auto& a = fast->meta().checkpoints;
+    const auto& b = walk->meta().checkpoints;
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t c = 0; c < a.size(); ++c) {
+      EXPECT_EQ(a[c].name, b[c].name);
+      EXPECT_EQ(a[c].p, b[c].p);
+      ASSERT_EQ(a[c].items.size(), b[c].items.size()) << a[c].name;
+      for (std::size_t i = 0; i < a[c].items.size(); ++i) {
+        const ExportItem& x = a[c].items[i];
+        const ExportItem& y = b[c].items[i];
+        EXPECT_EQ(x.rel, y.rel);
+        EXPECT_EQ(x.kind, y.kind);
+        EXPECT_EQ(x.dtype, y.dtype);
+        EXPECT_EQ(x.shape, y.shape);
+        EXPECT_EQ(x.capacity_rows, y.capacity_rows);
+        EXPECT_EQ(x.has_scales, y.has_scales);
+        EXPECT_EQ(ReadAllRows(*fast, a[c], x), ReadAllRows(*walk, b[c], y)) << a[c].name << "/" << x.rel;
+      }
+    }
+  }
+}
+
+TEST(ExportReaderIndex, StaleOrForeignIndexIsRejected) {
+  // A checkpoint the index names but the file no longer holds.
+  ExpectRejected(Mutated("index-missing-cp",
+                         [](hid_t f) { EXPECT_GE(H5Ldelete(f, "/checkpoints/00000_commit", H5P_DEFAULT), 0); },
+                         "", /*keep_index=*/true),
+                 "which /checkpoints does not hold");
+  // Datasets swapped under an unchanged index: the cross-check of the first item catches it.
+  auto swapped = Mutated(
+      "index-swapped",
+      [](hid_t f) {
+        const std::string d = "/checkpoints/00000_pre_verify/stage0/layer0/";
+        EXPECT_GE(H5Lmove(f, (d + "conv_state").c_str(), f, (d + "tmp").c_str(), H5P_DEFAULT, H5P_DEFAULT), 0);
+        EXPECT_GE(H5Lmove(f, (d + "ssm_state").c_str(), f, (d + "conv_state").c_str(), H5P_DEFAULT, H5P_DEFAULT), 0);
+        EXPECT_GE(H5Lmove(f, (d + "tmp").c_str(), f, (d + "ssm_state").c_str(), H5P_DEFAULT, H5P_DEFAULT), 0);
+      },
+      "", /*keep_index=*/true);
+  auto r = ExportReader::Open(swapped);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().exit_code(), 2) << r.status().message();
+  // With the index off the same file is read by the full walk, which also rejects it (kind attributes).
+  ReaderLimits walk;
+  walk.use_index = false;
+  EXPECT_FALSE(ExportReader::Open(swapped, walk).ok());
 }
 
 }  // namespace

@@ -60,6 +60,10 @@ struct ReaderLimits {
   std::int64_t max_windows = 50'000'000;                       // rows of /trace/windows (and of the sample tables)
   std::int64_t max_tokens = 50'000'000;                        // request / output token ids
   std::int64_t max_string_bytes = std::int64_t{64} << 20;      // /config and string attributes
+  // Locate items through /index/items when the export has one (lockstep's own exports do): one
+  // table instead of opening every dataset. Every row is checked against the limits and the file
+  // length, and each checkpoint's first item against its dataset. false: walk every dataset.
+  bool use_index = true;
 };
 
 // One checkpoint item (a dataset under /checkpoints/{W:05d}_{point}/...).

@@ -26,6 +26,7 @@ struct DiffCommandOptions {
   ReportOutputs reports;
   bool isolate = false;   // parse in a child process (a crash there is exit 2)
   bool quiet = false;     // only the verdict line
+  bool no_index = false;  // ignore /index/items and open every dataset (files edited by other tools)
 };
 
 struct AlignCommandOptions {
@@ -34,6 +35,7 @@ struct AlignCommandOptions {
   ReportOutputs reports;
   bool isolate = false;
   bool fail_on_divergence = false;  // exit 1 when the paths diverge
+  bool no_index = false;
 };
 
 // `summarize`: diff + align of two exports and every report (isolate on by default).
