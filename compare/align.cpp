@@ -101,7 +101,8 @@ IntervalDiff DiffInterval(const TimingField& tf, const std::vector<WindowRecord>
     const double delta = NsToMs(ns_b - ns_a);
     d.delta_ms.push_back(delta);
     abs_delta.push_back(std::fabs(delta));
-    if (d.max_at < 0 || std::fabs(delta) > d.max_abs_delta_ms) {  // strict: the lowest index wins ties
+    if (d.max_at < 0 ||
+        std::fabs(delta) > d.max_abs_delta_ms) {  // strict: the lowest index wins ties
       d.max_abs_delta_ms = std::fabs(delta);
       d.max_at = static_cast<int>(i);
     }
@@ -130,8 +131,8 @@ double SideMedianVerifyMs(const std::vector<WindowRecord>& w) {
 
 // One side's windows far above its own median, largest first. Per side on purpose: after a
 // divergence an index on A and the same index on B are different work (seed: B's window 45).
-std::vector<NotableWindow> SideNotable(const std::vector<WindowRecord>& w, double median_ms, const AlignOptions& opts,
-                                       bool diverged, int div_idx) {
+std::vector<NotableWindow> SideNotable(const std::vector<WindowRecord>& w, double median_ms,
+                                       const AlignOptions& opts, bool diverged, int div_idx) {
   std::vector<NotableWindow> out;
   if (opts.max_notable <= 0) return out;
   for (std::size_t i = 0; i < w.size(); ++i) {
@@ -139,8 +140,8 @@ std::vector<NotableWindow> SideNotable(const std::vector<WindowRecord>& w, doubl
     const double ms = NsToMs(w[i].verify_ns);
     if (!(ms >= opts.notable_ratio * median_ms) || !(ms >= opts.notable_min_ms)) continue;
     NotableWindow n;
-    // The position in the side's own trace: the same index div_idx and rest_* use (ReadWindowRecords
-    // guarantees it equals the record's idx).
+    // The position in the side's own trace: the same index div_idx and rest_* use
+    // (ReadWindowRecords guarantees it equals the record's idx).
     n.idx = static_cast<int>(i);
     n.p = w[i].p;
     n.T = w[i].T;
@@ -153,7 +154,8 @@ std::vector<NotableWindow> SideNotable(const std::vector<WindowRecord>& w, doubl
     if (x.verify_ms != y.verify_ms) return x.verify_ms > y.verify_ms;
     return x.idx < y.idx;
   });
-  if (out.size() > static_cast<std::size_t>(opts.max_notable)) out.resize(static_cast<std::size_t>(opts.max_notable));
+  if (out.size() > static_cast<std::size_t>(opts.max_notable))
+    out.resize(static_cast<std::size_t>(opts.max_notable));
   return out;
 }
 
@@ -171,23 +173,27 @@ const std::vector<std::string>& AlignableFields() {
 const std::vector<std::string>& DefaultAlignFields() {
   // `accepted` is alignable but not a default: it is an outcome of the verify, not the path that
   // was chosen before it, and the seed issue matched on the six fields below.
-  static const std::vector<std::string> kFields = {"p", "T", "T_mtp", "merged", "from_sfx", "chain_n"};
+  static const std::vector<std::string> kFields = {"p",      "T",        "T_mtp",
+                                                   "merged", "from_sfx", "chain_n"};
   return kFields;
 }
 
 Result<std::vector<std::string>> ParseAlignFields(std::string_view csv) {
   const std::string valid = "valid: " + JoinNames(AlignableFields());
-  if (Trim(csv).empty()) return Status::InvalidArgument("align fields", "empty list (" + valid + ")");
+  if (Trim(csv).empty())
+    return Status::InvalidArgument("align fields", "empty list (" + valid + ")");
   std::vector<std::string> out;
   std::size_t start = 0;
   while (true) {
     const std::size_t comma = csv.find(',', start);
-    const std::string_view tok =
-        Trim(csv.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    const std::string_view tok = Trim(csv.substr(
+        start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
     if (tok.empty())
-      return Status::InvalidArgument("align fields '" + std::string(csv) + "'", "empty field name (" + valid + ")");
+      return Status::InvalidArgument("align fields '" + std::string(csv) + "'",
+                                     "empty field name (" + valid + ")");
     if (FindPathField(tok) == nullptr)
-      return Status::InvalidArgument("align field '" + std::string(tok) + "'", "unknown (" + valid + ")");
+      return Status::InvalidArgument("align field '" + std::string(tok) + "'",
+                                     "unknown (" + valid + ")");
     if (std::find(out.begin(), out.end(), tok) != out.end())
       return Status::InvalidArgument("align field '" + std::string(tok) + "'", "listed twice");
     out.emplace_back(tok);
@@ -199,7 +205,8 @@ Result<std::vector<std::string>> ParseAlignFields(std::string_view csv) {
 
 std::string FieldValue(const WindowRecord& w, const std::string& field) {
   const PathField* f = FindPathField(field);
-  if (f == nullptr) return "";  // not a path field: nothing to show (ParseAlignFields rejects it earlier)
+  if (f == nullptr)
+    return "";  // not a path field: nothing to show (ParseAlignFields rejects it earlier)
   const int v = f->get(w);
   if (f->is_bool) return v != 0 ? "true" : "false";
   return std::to_string(v);

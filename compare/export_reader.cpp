@@ -51,7 +51,9 @@ class Hid {
   hid_t id_ = H5I_INVALID_HID;
 };
 
-Status Bad(const std::string& path, const std::string& detail) { return Status::InvalidArgument(path, detail); }
+Status Bad(const std::string& path, const std::string& detail) {
+  return Status::InvalidArgument(path, detail);
+}
 
 // The HDF5 format signature; the exporter writes no user block, so it sits at offset 0.
 bool HasHdf5Signature(int fd, ssize_t* got) {
@@ -61,8 +63,9 @@ bool HasHdf5Signature(int fd, ssize_t* got) {
   return *got == 8 && std::memcmp(sig, kSig, 8) == 0;
 }
 
-constexpr std::array<const char*, 10> kKinds = {"k",         "v",     "k_spec", "v_spec",     "conv_state",
-                                                "ssm_state", "mtp_k", "mtp_v",  "hidden_out", "logits"};
+constexpr std::array<const char*, 10> kKinds = {"k",          "v",         "k_spec", "v_spec",
+                                                "conv_state", "ssm_state", "mtp_k",  "mtp_v",
+                                                "hidden_out", "logits"};
 constexpr std::array<const char*, 3> kPoints = {"pre_verify", "post_verify", "commit"};
 
 int IndexOf(const auto& table, const std::string& s) {
@@ -73,7 +76,8 @@ int IndexOf(const auto& table, const std::string& s) {
 
 // "stage12" -> 12 (digits only, no sign, fits an int); -1 otherwise.
 int ParseIndex(const std::string& name, std::string_view prefix) {
-  if (name.size() <= prefix.size() || name.size() > prefix.size() + 9 || name.compare(0, prefix.size(), prefix) != 0)
+  if (name.size() <= prefix.size() || name.size() > prefix.size() + 9 ||
+      name.compare(0, prefix.size(), prefix) != 0)
     return -1;
   int v = -1;
   const char* b = name.data() + prefix.size();
@@ -105,7 +109,8 @@ std::string ShapeText(const std::vector<std::int64_t>& shape) {
 }
 
 // Bytes held by `shape` at `elem` bytes per element, or -1 when that exceeds `limit` (no overflow).
-std::int64_t BytesWithin(const std::vector<std::int64_t>& shape, std::int64_t elem, std::int64_t limit) {
+std::int64_t BytesWithin(const std::vector<std::int64_t>& shape, std::int64_t elem,
+                         std::int64_t limit) {
   for (auto d : shape)
     if (d == 0) return 0;
   std::int64_t bytes = elem;
@@ -127,17 +132,21 @@ herr_t CollectLink(hid_t, const char* name, const H5L_info_t* info, void* data) 
 }
 Result<std::vector<Link>> Children(hid_t group, const std::string& path, std::int64_t max_links) {
   H5G_info_t gi;
-  if (H5Gget_info(group, &gi) < 0) return Bad(path, "the group's link table is unreadable (corrupt file?)");
+  if (H5Gget_info(group, &gi) < 0)
+    return Bad(path, "the group's link table is unreadable (corrupt file?)");
   if (gi.nlinks > static_cast<hsize_t>(max_links))
-    return Bad(path,
-               "holds " + std::to_string(gi.nlinks) + " entries, more than the limit of " + std::to_string(max_links));
+    return Bad(path, "holds " + std::to_string(gi.nlinks) + " entries, more than the limit of " +
+                         std::to_string(max_links));
   std::vector<Link> links;
   links.reserve(static_cast<std::size_t>(gi.nlinks));
-  if (H5Literate(group, H5_INDEX_NAME, H5_ITER_INC, nullptr, CollectLink, &links) < 0 || links.size() != gi.nlinks)
+  if (H5Literate(group, H5_INDEX_NAME, H5_ITER_INC, nullptr, CollectLink, &links) < 0 ||
+      links.size() != gi.nlinks)
     return Bad(path, "the group's link table is unreadable (corrupt file?)");
   for (const Link& l : links)
-    if (l.type != H5L_TYPE_HARD)  // a soft or external link could point anywhere, even into another file
-      return Bad(path + "/" + l.name, "is a soft or external link (lockstep.export holds hard links only)");
+    if (l.type !=
+        H5L_TYPE_HARD)  // a soft or external link could point anywhere, even into another file
+      return Bad(path + "/" + l.name,
+                 "is a soft or external link (lockstep.export holds hard links only)");
   return links;
 }
 
@@ -147,7 +156,8 @@ Result<Hid> OpenObject(hid_t file, const std::string& path, H5I_type_t want) {
   for (std::size_t slash = path.find('/', 1); path != "/"; slash = path.find('/', slash + 1)) {
     const std::string prefix = path.substr(0, slash);
     H5L_info_t li;
-    if (H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0 || H5Lget_info(file, prefix.c_str(), &li, H5P_DEFAULT) < 0)
+    if (H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0 ||
+        H5Lget_info(file, prefix.c_str(), &li, H5P_DEFAULT) < 0)
       return Bad(prefix, "missing (required by lockstep.export v1)");
     if (li.type != H5L_TYPE_HARD)
       return Bad(prefix, "is a soft or external link (lockstep.export holds hard links only)");
@@ -155,28 +165,34 @@ Result<Hid> OpenObject(hid_t file, const std::string& path, H5I_type_t want) {
   }
   Hid obj(H5Oopen(file, path.c_str(), H5P_DEFAULT));
   if (!obj.valid()) return Bad(path, "cannot be opened (corrupt object header?)");
-  if (H5Iget_type(obj.get()) != want) return Bad(path, want == H5I_GROUP ? "is not a group" : "is not a dataset");
+  if (H5Iget_type(obj.get()) != want)
+    return Bad(path, want == H5I_GROUP ? "is not a group" : "is not a dataset");
   return obj;
 }
 
-// Opens `name`, a hard link of the already-open group `parent` whose links Children() checked, without
-// resolving and re-checking every prefix of the absolute `path` from the root again: with thousands
-// of items per export that walk was most of the time to open a file.
-Result<Hid> OpenChild(hid_t parent, const std::string& path, const std::string& name, H5I_type_t want) {
+// Opens `name`, a hard link of the already-open group `parent` whose links Children() checked,
+// without resolving and re-checking every prefix of the absolute `path` from the root again: with
+// thousands of items per export that walk was most of the time to open a file.
+Result<Hid> OpenChild(hid_t parent, const std::string& path, const std::string& name,
+                      H5I_type_t want) {
   // H5Dopen2 / H5Gopen2 rather than H5Oopen: the generic open first works out the object's class
   // by probing its header, a second header pass per item.
-  Hid obj(want == H5I_DATASET ? H5Dopen2(parent, name.c_str(), H5P_DEFAULT) : H5Gopen2(parent, name.c_str(), H5P_DEFAULT));
+  Hid obj(want == H5I_DATASET ? H5Dopen2(parent, name.c_str(), H5P_DEFAULT)
+                              : H5Gopen2(parent, name.c_str(), H5P_DEFAULT));
   if (!obj.valid()) return Bad(path, "cannot be opened (corrupt object header?)");
-  if (H5Iget_type(obj.get()) != want) return Bad(path, want == H5I_GROUP ? "is not a group" : "is not a dataset");
+  if (H5Iget_type(obj.get()) != want)
+    return Bad(path, want == H5I_GROUP ? "is not a group" : "is not a dataset");
   return obj;
 }
 
 // One scalar string of an attribute or a dataset, fixed- or variable-length, at most `max_bytes`.
-Result<std::string> ReadString(hid_t id, bool is_attr, const std::string& what, std::int64_t max_bytes) {
+Result<std::string> ReadString(hid_t id, bool is_attr, const std::string& what,
+                               std::int64_t max_bytes) {
   Hid ft(is_attr ? H5Aget_type(id) : H5Dget_type(id));
   Hid sp(is_attr ? H5Aget_space(id) : H5Dget_space(id));
   if (!ft.valid() || H5Tget_class(ft.get()) != H5T_STRING) return Bad(what, "is not a string");
-  if (!sp.valid() || H5Sget_simple_extent_npoints(sp.get()) != 1) return Bad(what, "expected exactly one string");
+  if (!sp.valid() || H5Sget_simple_extent_npoints(sp.get()) != 1)
+    return Bad(what, "expected exactly one string");
   Hid mt(H5Tcopy(H5T_C_S1));
   H5Tset_cset(mt.get(), H5Tget_cset(ft.get()));  // HDF5 refuses ASCII <-> UTF-8 conversion
   const htri_t vlen = H5Tis_variable_str(ft.get());
@@ -184,7 +200,8 @@ Result<std::string> ReadString(hid_t id, bool is_attr, const std::string& what, 
   if (vlen > 0) {  // not what the exporter writes (fixed-length), but what other tools often write
     H5Tset_size(mt.get(), H5T_VARIABLE);
     char* p = nullptr;
-    const herr_t r = is_attr ? H5Aread(id, mt.get(), &p) : H5Dread(id, mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &p);
+    const herr_t r = is_attr ? H5Aread(id, mt.get(), &p)
+                             : H5Dread(id, mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &p);
     if (r < 0 || p == nullptr) return Bad(what, "string unreadable (corrupt file?)");
     const std::size_t len = strnlen(p, static_cast<std::size_t>(max_bytes) + 1);
     std::string s(p, len);
@@ -195,12 +212,13 @@ Result<std::string> ReadString(hid_t id, bool is_attr, const std::string& what, 
   }
   const std::size_t size = H5Tget_size(ft.get());
   if (size == 0 || static_cast<std::int64_t>(size) > max_bytes)
-    return Bad(what, "string of " + std::to_string(size) + " bytes exceeds the limit of " + std::to_string(max_bytes));
+    return Bad(what, "string of " + std::to_string(size) + " bytes exceeds the limit of " +
+                         std::to_string(max_bytes));
   H5Tset_size(mt.get(), size);
   H5Tset_strpad(mt.get(), H5T_STR_NULLPAD);
   std::string s(size, '\0');
-  const herr_t r =
-      is_attr ? H5Aread(id, mt.get(), s.data()) : H5Dread(id, mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data());
+  const herr_t r = is_attr ? H5Aread(id, mt.get(), s.data())
+                           : H5Dread(id, mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data());
   if (r < 0) return Bad(what, "string unreadable (corrupt file?)");
   s.resize(strnlen(s.data(), size));
   return s;
@@ -217,11 +235,13 @@ Result<Hid> OpenAttr(hid_t obj, const std::string& path, const char* name) {
 Result<std::int64_t> IntAttr(hid_t obj, const std::string& path, const char* name) {
   LOCKSTEP_ASSIGN_OR_RETURN(Hid a, OpenAttr(obj, path, name));
   Hid t(H5Aget_type(a.get())), sp(H5Aget_space(a.get()));
-  if (H5Tget_class(t.get()) != H5T_INTEGER) return Bad(path, std::string("attribute '") + name + "' is not an integer");
+  if (H5Tget_class(t.get()) != H5T_INTEGER)
+    return Bad(path, std::string("attribute '") + name + "' is not an integer");
   if (H5Sget_simple_extent_npoints(sp.get()) != 1)
     return Bad(path, std::string("attribute '") + name + "' is not one value");
   std::int64_t v = 0;
-  if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) return Bad(path, std::string("attribute '") + name + "' unreadable");
+  if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0)
+    return Bad(path, std::string("attribute '") + name + "' unreadable");
   return v;
 }
 
@@ -232,27 +252,31 @@ Result<int> SmallIntAttr(hid_t obj, const std::string& path, const char* name) {
   return static_cast<int>(v);
 }
 
-Result<std::string> StrAttr(hid_t obj, const std::string& path, const char* name, std::int64_t max_bytes) {
+Result<std::string> StrAttr(hid_t obj, const std::string& path, const char* name,
+                            std::int64_t max_bytes) {
   LOCKSTEP_ASSIGN_OR_RETURN(Hid a, OpenAttr(obj, path, name));
   return ReadString(a.get(), true, path + " attribute '" + name + "'", max_bytes);
 }
 
 // Dimensions of a dataset, each checked against the limits.
-Result<std::vector<std::int64_t>> Shape(hid_t ds, const std::string& path, const ReaderLimits& lim) {
+Result<std::vector<std::int64_t>> Shape(hid_t ds, const std::string& path,
+                                        const ReaderLimits& lim) {
   Hid sp(H5Dget_space(ds));
   if (!sp.valid()) return Bad(path, "dataspace unreadable (corrupt file?)");
   if (H5Sget_simple_extent_type(sp.get()) == H5S_NULL) return Bad(path, "has a null dataspace");
   const int rank = H5Sget_simple_extent_ndims(sp.get());
   if (rank < 0 || rank > lim.max_rank || rank > H5S_MAX_RANK)
-    return Bad(path, "rank " + std::to_string(rank) + " exceeds the limit of " + std::to_string(lim.max_rank));
+    return Bad(path, "rank " + std::to_string(rank) + " exceeds the limit of " +
+                         std::to_string(lim.max_rank));
   std::array<hsize_t, H5S_MAX_RANK> dims{};
-  if (H5Sget_simple_extent_dims(sp.get(), dims.data(), nullptr) != rank) return Bad(path, "dataspace unreadable");
+  if (H5Sget_simple_extent_dims(sp.get(), dims.data(), nullptr) != rank)
+    return Bad(path, "dataspace unreadable");
   std::vector<std::int64_t> shape;
   for (int i = 0; i < rank; ++i) {
     const hsize_t d = dims[static_cast<std::size_t>(i)];
     if (d > static_cast<hsize_t>(lim.max_dim))
-      return Bad(path, "dimension " + std::to_string(i) + " is " + std::to_string(d) + ", more than the limit of " +
-                           std::to_string(lim.max_dim));
+      return Bad(path, "dimension " + std::to_string(i) + " is " + std::to_string(d) +
+                           ", more than the limit of " + std::to_string(lim.max_dim));
     shape.push_back(static_cast<std::int64_t>(d));
   }
   return shape;
@@ -264,13 +288,14 @@ Result<std::vector<std::int64_t>> Shape(hid_t ds, const std::string& path, const
 template <std::size_t N>
 Result<std::vector<std::array<std::int64_t, N>>> ReadTable(hid_t ds, const std::string& path,
                                                            const std::array<const char*, N>& fields,
-                                                           const ReaderLimits& lim, std::int64_t max_rows,
+                                                           const ReaderLimits& lim,
+                                                           std::int64_t max_rows,
                                                            std::int64_t file_bytes) {
   using Row = std::array<std::int64_t, N>;
   Hid ft(H5Dget_type(ds));
   if (!ft.valid() || H5Tget_class(ft.get()) != H5T_COMPOUND)
-    return Bad(path,
-               "holds " + (ft.valid() ? DescribeType(ft.get()) : std::string("?")) + ", expected compound records");
+    return Bad(path, "holds " + (ft.valid() ? DescribeType(ft.get()) : std::string("?")) +
+                         ", expected compound records");
   for (const char* f : fields) {
     const int idx = H5Tget_member_index(ft.get(), f);
     if (idx < 0) return Bad(path, std::string("compound has no field '") + f + "'");
@@ -281,23 +306,29 @@ Result<std::vector<std::array<std::int64_t, N>>> ReadTable(hid_t ds, const std::
   if (shape.empty() || shape.size() > 2)
     return Bad(path, "expected a one-dimensional table, got shape " + ShapeText(shape));
   const std::int64_t n = shape.size() == 1 ? shape[0] : BytesWithin(shape, 1, max_rows);
-  if (n < 0 || n > max_rows) return Bad(path, "holds more than the limit of " + std::to_string(max_rows) + " rows");
+  if (n < 0 || n > max_rows)
+    return Bad(path, "holds more than the limit of " + std::to_string(max_rows) + " rows");
   if (BytesWithin({n}, static_cast<std::int64_t>(H5Tget_size(ft.get())), file_bytes) < 0)
-    return Bad(path, std::to_string(n) + " rows are larger than the file itself (truncated or corrupt)");
+    return Bad(path,
+               std::to_string(n) + " rows are larger than the file itself (truncated or corrupt)");
   Hid mt(H5Tcreate(H5T_COMPOUND, sizeof(Row)));
-  for (std::size_t i = 0; i < N; ++i) H5Tinsert(mt.get(), fields[i], i * sizeof(std::int64_t), H5T_NATIVE_INT64);
+  for (std::size_t i = 0; i < N; ++i)
+    H5Tinsert(mt.get(), fields[i], i * sizeof(std::int64_t), H5T_NATIVE_INT64);
   std::vector<Row> rows(static_cast<std::size_t>(n));
   if (n > 0 && H5Dread(ds, mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) < 0)
     return Bad(path, "rows unreadable (corrupt file?)");
   return rows;
 }
 
-// One line per field (from `first` on) that is -1 in some rows: "trace/windows export_ns: unknown in 3 of 9 windows".
+// One line per field (from `first` on) that is -1 in some rows: "trace/windows export_ns: unknown
+// in 3 of 9 windows".
 template <std::size_t N>
-void UnknownLines(const std::vector<std::array<std::int64_t, N>>& rows, const std::array<const char*, N>& fields,
-                  std::size_t first, const std::string& table, const char* unit, std::vector<std::string>* out) {
+void UnknownLines(const std::vector<std::array<std::int64_t, N>>& rows,
+                  const std::array<const char*, N>& fields, std::size_t first,
+                  const std::string& table, const char* unit, std::vector<std::string>* out) {
   for (std::size_t f = first; f < N; ++f) {
-    const auto n = std::count_if(rows.begin(), rows.end(), [&](const auto& r) { return r[f] == -1; });
+    const auto n =
+        std::count_if(rows.begin(), rows.end(), [&](const auto& r) { return r[f] == -1; });
     if (n > 0)
       out->push_back(table + " " + fields[f] + ": unknown in " + std::to_string(n) + " of " +
                      std::to_string(rows.size()) + " " + unit);
@@ -305,20 +336,23 @@ void UnknownLines(const std::vector<std::array<std::int64_t, N>>& rows, const st
 }
 
 constexpr std::array<const char*, 17> kWindowFields = {
-    "idx",      "p",      "T",         "T_mtp",   "merged",     "from_sfx", "first_call", "chain_n",  "accepted",
-    "begin_ns", "end_ns", "verify_ns", "wait_ns", "compute_ns", "draft_ns", "commit_ns",  "export_ns"};
+    "idx",        "p",          "T",        "T_mtp",     "merged",   "from_sfx",
+    "first_call", "chain_n",    "accepted", "begin_ns",  "end_ns",   "verify_ns",
+    "wait_ns",    "compute_ns", "draft_ns", "commit_ns", "export_ns"};
 constexpr std::size_t kFirstWindowTiming = 9;
-constexpr std::array<const char*, 5> kHostFields = {"t_ns", "host_available_bytes", "swap_used_bytes", "rss_bytes",
-                                                    "process_cpu_ns"};
-constexpr std::array<const char*, 8> kDeviceFields = {"t_ns",          "device",       "free_bytes", "total_bytes",
-                                                      "temperature_c", "sm_clock_mhz", "pcie_gen",   "pcie_width"};
-constexpr std::array<const char*, 8> kCounterAttrs = {"expert_hits",        "expert_misses", "expert_bytes_fetched",
-                                                      "host_expert_tokens", "verify_calls",  "first_calls",
-                                                      "graph_captures",     "first_call_ns"};
+constexpr std::array<const char*, 5> kHostFields = {
+    "t_ns", "host_available_bytes", "swap_used_bytes", "rss_bytes", "process_cpu_ns"};
+constexpr std::array<const char*, 8> kDeviceFields = {
+    "t_ns",          "device",       "free_bytes", "total_bytes",
+    "temperature_c", "sm_clock_mhz", "pcie_gen",   "pcie_width"};
+constexpr std::array<const char*, 8> kCounterAttrs = {
+    "expert_hits",  "expert_misses", "expert_bytes_fetched", "host_expert_tokens",
+    "verify_calls", "first_calls",   "graph_captures",       "first_call_ns"};
 
 // Minimum / maximum over the known (!= -1) values of column `f`; -1 when none is known.
 template <std::size_t N>
-std::int64_t Extreme(const std::vector<std::array<std::int64_t, N>>& rows, std::size_t f, bool want_max) {
+std::int64_t Extreme(const std::vector<std::array<std::int64_t, N>>& rows, std::size_t f,
+                     bool want_max) {
   std::int64_t best = -1;
   for (const auto& r : rows)
     if (r[f] != -1 && (best == -1 || (want_max ? r[f] > best : r[f] < best))) best = r[f];
@@ -378,11 +412,13 @@ struct ExportReader::Impl {
   Status ReadCheckpoint(const std::string& name);
   Status ReadCheckpointAttrs(hid_t group, const std::string& name, ExportCheckpoint* out);
   Status ReadIndexed(hid_t cps, const std::vector<Link>& names);
-  Result<ExportItem> ReadItem(hid_t parent, const std::string& leaf, const std::string& cp_path, const std::string& rel,
-                              int stage, int layer, const std::string& kind, Loc* loc);
-  Status ReadScale(hid_t parent, const std::string& leaf, const std::string& path, ExportItem* item, Loc* loc);
-  Status Locate(hid_t ds, const std::string& path, hid_t mem_type, const std::vector<std::int64_t>& shape,
-                std::int64_t bytes, Loc* loc);
+  Result<ExportItem> ReadItem(hid_t parent, const std::string& leaf, const std::string& cp_path,
+                              const std::string& rel, int stage, int layer, const std::string& kind,
+                              Loc* loc);
+  Status ReadScale(hid_t parent, const std::string& leaf, const std::string& path, ExportItem* item,
+                   Loc* loc);
+  Status Locate(hid_t ds, const std::string& path, hid_t mem_type,
+                const std::vector<std::int64_t>& shape, std::int64_t bytes, Loc* loc);
   Status Read(const Loc& loc, std::int64_t row0, std::int64_t n, void* dst) const;
   const ItemLoc* Find(const ExportCheckpoint& cp, const ExportItem& item) const {
     // Called for every row block: the key is built in a reused per-thread string, not allocated.
@@ -396,14 +432,16 @@ struct ExportReader::Impl {
 // Records how to read `ds`: pread() at its file offset when the raw bytes are exactly what the
 // caller gets (contiguous, unfiltered, allocated, file type == native type), else H5Dread.
 Status ExportReader::Impl::Locate(hid_t ds, const std::string& path, hid_t mem_type,
-                                  const std::vector<std::int64_t>& shape, std::int64_t bytes, Loc* loc) {
+                                  const std::vector<std::int64_t>& shape, std::int64_t bytes,
+                                  Loc* loc) {
   loc->path = path;
   loc->mem_type = mem_type;
   loc->dims.assign(shape.begin(), shape.end());
   loc->rows = shape.empty() ? 1 : shape[0];
   loc->row_bytes = loc->rows == 0 ? 0 : bytes / loc->rows;
   Hid dcpl(H5Dget_create_plist(ds)), ft(H5Dget_type(ds));
-  if (!dcpl.valid() || !ft.valid()) return Bad(path, "creation properties unreadable (corrupt file?)");
+  if (!dcpl.valid() || !ft.valid())
+    return Bad(path, "creation properties unreadable (corrupt file?)");
   const H5D_layout_t layout = H5Pget_layout(dcpl.get());
   if (layout == H5D_VIRTUAL || H5Pget_external_count(dcpl.get()) != 0)
     return Bad(path, "stores its data in other files (virtual or external dataset)");
@@ -412,24 +450,27 @@ Status ExportReader::Impl::Locate(hid_t ds, const std::string& path, hid_t mem_t
     return Status::Ok();
   }
   const haddr_t off = H5Dget_offset(ds);
-  if (layout == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl.get()) == 0 && H5Tequal(ft.get(), mem_type) > 0 &&
-      off != HADDR_UNDEF) {
+  if (layout == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl.get()) == 0 &&
+      H5Tequal(ft.get(), mem_type) > 0 && off != HADDR_UNDEF) {
     const auto file_bytes = static_cast<haddr_t>(meta.file_bytes);
     if (off > file_bytes || static_cast<haddr_t>(bytes) > file_bytes - off)
       return Bad(path, "raw data at offset " + std::to_string(off) + " + " + std::to_string(bytes) +
-                           " bytes lies past the end of the file (" + std::to_string(meta.file_bytes) +
-                           " bytes): truncated?");
+                           " bytes lies past the end of the file (" +
+                           std::to_string(meta.file_bytes) + " bytes): truncated?");
     loc->offset = static_cast<std::int64_t>(off);
   } else {
-    needs_fallback = true;  // chunked/compressed/other byte order, or never allocated (reads the fill value)
+    needs_fallback =
+        true;  // chunked/compressed/other byte order, or never allocated (reads the fill value)
   }
   return Status::Ok();
 }
 
-Status ExportReader::Impl::Read(const Loc& loc, std::int64_t row0, std::int64_t n, void* dst) const {
+Status ExportReader::Impl::Read(const Loc& loc, std::int64_t row0, std::int64_t n,
+                                void* dst) const {
   if (row0 < 0 || n < 0 || row0 > loc.rows || n > loc.rows - row0)
-    return Status::InvalidArgument(loc.path, "rows [" + std::to_string(row0) + ", +" + std::to_string(n) +
-                                                 ") are outside the dataset's " + std::to_string(loc.rows) + " rows");
+    return Status::InvalidArgument(
+        loc.path, "rows [" + std::to_string(row0) + ", +" + std::to_string(n) +
+                      ") are outside the dataset's " + std::to_string(loc.rows) + " rows");
   if (n == 0) return Status::Ok();
   if (dst == nullptr) return Status::InvalidArgument(loc.path, "null destination");
   if (loc.offset >= 0) {
@@ -439,9 +480,11 @@ Status ExportReader::Impl::Read(const Loc& loc, std::int64_t row0, std::int64_t 
     while (left > 0) {
       const ssize_t r = ::pread(fd, p, left, off);
       if (r < 0 && errno == EINTR) continue;
-      if (r < 0) return Status::IOError(file_path, loc.path + ": read failed: " + std::strerror(errno));
+      if (r < 0)
+        return Status::IOError(file_path, loc.path + ": read failed: " + std::strerror(errno));
       if (r == 0)
-        return Status::IOError(file_path, loc.path + ": unexpected end of file (truncated after it was opened?)");
+        return Status::IOError(
+            file_path, loc.path + ": unexpected end of file (truncated after it was opened?)");
       p += r;
       left -= static_cast<std::size_t>(r);
       off += r;
@@ -459,20 +502,22 @@ Status ExportReader::Impl::Read(const Loc& loc, std::int64_t row0, std::int64_t 
   }
   Hid ms(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
   if (!fs.valid() || !ms.valid() ||
-      (!count.empty() &&
-       H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0) ||
+      (!count.empty() && H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, start.data(), nullptr,
+                                             count.data(), nullptr) < 0) ||
       H5Dread(ds.get(), loc.mem_type, ms.get(), fs.get(), H5P_DEFAULT, dst) < 0)
     return Status::IOError(file_path, loc.path + ": HDF5 failed reading rows (corrupt data?)");
   return Status::Ok();
 }
 
-Result<ExportItem> ExportReader::Impl::ReadItem(hid_t parent, const std::string& leaf, const std::string& cp_path,
-                                                const std::string& rel, int stage, int layer, const std::string& kind,
+Result<ExportItem> ExportReader::Impl::ReadItem(hid_t parent, const std::string& leaf,
+                                                const std::string& cp_path, const std::string& rel,
+                                                int stage, int layer, const std::string& kind,
                                                 Loc* loc) {
   const std::string path = cp_path + "/" + rel;
   LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenChild(parent, path, leaf, H5I_DATASET));
   if (++n_items > limits.max_items)
-    return Bad("/checkpoints", "more than the limit of " + std::to_string(limits.max_items) + " items");
+    return Bad("/checkpoints",
+               "more than the limit of " + std::to_string(limits.max_items) + " items");
   ExportItem it;
   it.rel = rel;
   LOCKSTEP_ASSIGN_OR_RETURN(it.kind, StrAttr(ds.get(), path, "kind", 64));
@@ -481,10 +526,12 @@ Result<ExportItem> ExportReader::Impl::ReadItem(hid_t parent, const std::string&
   LOCKSTEP_ASSIGN_OR_RETURN(it.valid_rows, IntAttr(ds.get(), path, "valid_rows"));
   LOCKSTEP_ASSIGN_OR_RETURN(it.capacity_rows, IntAttr(ds.get(), path, "capacity_rows"));
   LOCKSTEP_ASSIGN_OR_RETURN(it.dtype, StrAttr(ds.get(), path, "dtype", 64));
-  if (it.kind != kind) return Bad(path, "kind attribute '" + it.kind + "' but the path says '" + kind + "'");
+  if (it.kind != kind)
+    return Bad(path, "kind attribute '" + it.kind + "' but the path says '" + kind + "'");
   if (it.stage != stage || it.layer != layer)
-    return Bad(path, "stage/layer attributes " + std::to_string(it.stage) + "/" + std::to_string(it.layer) +
-                         " but the path says " + std::to_string(stage) + "/" + std::to_string(layer));
+    return Bad(path, "stage/layer attributes " + std::to_string(it.stage) + "/" +
+                         std::to_string(it.layer) + " but the path says " + std::to_string(stage) +
+                         "/" + std::to_string(layer));
   Hid ft(H5Dget_type(ds.get()));
   if (!ft.valid()) return Bad(path, "datatype unreadable (corrupt file?)");
   const H5T_class_t cls = H5Tget_class(ft.get());
@@ -504,38 +551,44 @@ Result<ExportItem> ExportReader::Impl::ReadItem(hid_t parent, const std::string&
   } else {
     return Bad(path, "unknown dtype attribute '" + it.dtype + "' (expected f32, bf16 or int8)");
   }
-  if (!type_ok) return Bad(path, "dtype attribute '" + it.dtype + "' but the dataset holds " + DescribeType(ft.get()));
+  if (!type_ok)
+    return Bad(
+        path, "dtype attribute '" + it.dtype + "' but the dataset holds " + DescribeType(ft.get()));
   LOCKSTEP_ASSIGN_OR_RETURN(it.shape, Shape(ds.get(), path, limits));
   if (it.shape.empty()) return Bad(path, "is a scalar; items are rows first (rank >= 1)");
   if (it.valid_rows != it.shape[0])
-    return Bad(path, "valid_rows attribute " + std::to_string(it.valid_rows) + " but the dataset has " +
-                         std::to_string(it.shape[0]) + " rows");
+    return Bad(path, "valid_rows attribute " + std::to_string(it.valid_rows) +
+                         " but the dataset has " + std::to_string(it.shape[0]) + " rows");
   if (it.capacity_rows < it.valid_rows)
-    return Bad(path,
-               "capacity_rows " + std::to_string(it.capacity_rows) + " < valid_rows " + std::to_string(it.valid_rows));
+    return Bad(path, "capacity_rows " + std::to_string(it.capacity_rows) + " < valid_rows " +
+                         std::to_string(it.valid_rows));
   const std::int64_t bytes = BytesWithin(it.shape, static_cast<std::int64_t>(it.elem_bytes()),
                                          std::min(limits.max_item_bytes, meta.file_bytes));
   if (bytes < 0)
-    return Bad(path, "shape " + ShapeText(it.shape) + " of " + it.dtype + " is larger than the limit of " +
-                         std::to_string(limits.max_item_bytes) + " bytes or the file's " +
-                         std::to_string(meta.file_bytes));
+    return Bad(path, "shape " + ShapeText(it.shape) + " of " + it.dtype +
+                         " is larger than the limit of " + std::to_string(limits.max_item_bytes) +
+                         " bytes or the file's " + std::to_string(meta.file_bytes));
   LOCKSTEP_RETURN_IF_ERROR(Locate(ds.get(), path, mem_type, it.shape, bytes, loc));
   return it;
 }
 
 // `<item>_scale`: f32 [rows, heads] of an int8 item of shape [rows, heads, ...].
-Status ExportReader::Impl::ReadScale(hid_t parent, const std::string& leaf, const std::string& path, ExportItem* item,
-                                     Loc* loc) {
+Status ExportReader::Impl::ReadScale(hid_t parent, const std::string& leaf, const std::string& path,
+                                     ExportItem* item, Loc* loc) {
   LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenChild(parent, path, leaf, H5I_DATASET));
-  if (item->dtype != "int8") return Bad(path, "scales of an item whose dtype is '" + item->dtype + "', not int8");
+  if (item->dtype != "int8")
+    return Bad(path, "scales of an item whose dtype is '" + item->dtype + "', not int8");
   Hid ft(H5Dget_type(ds.get()));
   if (!ft.valid() || H5Tget_class(ft.get()) != H5T_FLOAT || H5Tget_size(ft.get()) != 4)
-    return Bad(path, "scales must be 4-byte floats, the dataset holds " + (ft.valid() ? DescribeType(ft.get()) : "?"));
+    return Bad(path, "scales must be 4-byte floats, the dataset holds " +
+                         (ft.valid() ? DescribeType(ft.get()) : "?"));
   LOCKSTEP_ASSIGN_OR_RETURN(auto shape, Shape(ds.get(), path, limits));
-  if (shape.size() != 2 || item->shape.size() < 2 || shape[0] != item->shape[0] || shape[1] != item->shape[1])
-    return Bad(path, "scale shape " + ShapeText(shape) + " does not fit item shape " + ShapeText(item->shape) +
-                         " (expected [rows, heads])");
-  const std::int64_t bytes = BytesWithin(shape, 4, std::min(limits.max_item_bytes, meta.file_bytes));
+  if (shape.size() != 2 || item->shape.size() < 2 || shape[0] != item->shape[0] ||
+      shape[1] != item->shape[1])
+    return Bad(path, "scale shape " + ShapeText(shape) + " does not fit item shape " +
+                         ShapeText(item->shape) + " (expected [rows, heads])");
+  const std::int64_t bytes =
+      BytesWithin(shape, 4, std::min(limits.max_item_bytes, meta.file_bytes));
   if (bytes < 0) return Bad(path, "scale shape " + ShapeText(shape) + " is larger than the file");
   LOCKSTEP_RETURN_IF_ERROR(Locate(ds.get(), path, H5T_NATIVE_FLOAT, shape, bytes, loc));
   item->has_scales = true;
@@ -543,7 +596,8 @@ Status ExportReader::Impl::ReadScale(hid_t parent, const std::string& leaf, cons
   return Status::Ok();
 }
 
-Status ExportReader::Impl::ReadCheckpointAttrs(hid_t group, const std::string& name, ExportCheckpoint* out) {
+Status ExportReader::Impl::ReadCheckpointAttrs(hid_t group, const std::string& name,
+                                               ExportCheckpoint* out) {
   const std::string path = "/checkpoints/" + name;
   ExportCheckpoint& cp = *out;
   cp.name = name;
@@ -557,8 +611,10 @@ Status ExportReader::Impl::ReadCheckpointAttrs(hid_t group, const std::string& n
   char expect[64];
   std::snprintf(expect, sizeof(expect), "%05d_%s", cp.window, cp.point.c_str());
   if (IndexOf(kPoints, cp.point) < 0 || cp.window < 0 || name != expect)
-    return Bad(path, "attributes window " + std::to_string(cp.window) + ", point '" + cp.point +
-                         "' do not match the group name (expected {W:05d}_{pre_verify|post_verify|commit})");
+    return Bad(
+        path,
+        "attributes window " + std::to_string(cp.window) + ", point '" + cp.point +
+            "' do not match the group name (expected {W:05d}_{pre_verify|post_verify|commit})");
   return Status::Ok();
 }
 
@@ -578,16 +634,19 @@ Status ExportReader::Impl::ReadCheckpoint(const std::string& name) {
       const std::string rel_dir = st.name + "/" + e.name;
       if (e.name == "hidden_out" || e.name == "logits") {
         Loc loc;
-        LOCKSTEP_ASSIGN_OR_RETURN(ExportItem it, ReadItem(sg.get(), e.name, path, rel_dir, s, -1, e.name, &loc));
+        LOCKSTEP_ASSIGN_OR_RETURN(ExportItem it,
+                                  ReadItem(sg.get(), e.name, path, rel_dir, s, -1, e.name, &loc));
         locs[name + "/" + rel_dir].data = std::move(loc);
         cp.items.push_back(std::move(it));
         continue;
       }
       const int layer = ParseIndex(e.name, "layer");
       if (layer < 0 && e.name != "mtp")
-        return Bad(sp + "/" + e.name, "unexpected entry (expected layer{L}, mtp, hidden_out or logits)");
+        return Bad(sp + "/" + e.name,
+                   "unexpected entry (expected layer{L}, mtp, hidden_out or logits)");
       LOCKSTEP_ASSIGN_OR_RETURN(Hid lg, OpenChild(sg.get(), sp + "/" + e.name, e.name, H5I_GROUP));
-      LOCKSTEP_ASSIGN_OR_RETURN(auto names, Children(lg.get(), sp + "/" + e.name, limits.max_items));
+      LOCKSTEP_ASSIGN_OR_RETURN(auto names,
+                                Children(lg.get(), sp + "/" + e.name, limits.max_items));
       const std::size_t first = cp.items.size();
       std::vector<std::string> scales;
       for (const Link& n : names) {
@@ -601,20 +660,23 @@ Status ExportReader::Impl::ReadCheckpoint(const std::string& name) {
         if (layer >= 0 ? (k < 0 || k > 5) : (k != 6 && k != 7))
           return Bad(item_path, "unexpected entry (not an item of lockstep.export v1)");
         Loc loc;
-        LOCKSTEP_ASSIGN_OR_RETURN(ExportItem it,
-                                  ReadItem(lg.get(), n.name, path, rel_dir + "/" + n.name, s, layer, kind, &loc));
+        LOCKSTEP_ASSIGN_OR_RETURN(
+            ExportItem it,
+            ReadItem(lg.get(), n.name, path, rel_dir + "/" + n.name, s, layer, kind, &loc));
         locs[name + "/" + it.rel].data = std::move(loc);
         cp.items.push_back(std::move(it));
       }
       // `*_scale` datasets belong to the item of the same name in this group.
       for (const std::string& sc : scales) {
         const std::string base_rel = rel_dir + "/" + sc.substr(0, sc.size() - 6);
-        auto owner = std::find_if(cp.items.begin() + static_cast<std::ptrdiff_t>(first), cp.items.end(),
-                                  [&](const ExportItem& it) { return it.rel == base_rel; });
+        auto owner =
+            std::find_if(cp.items.begin() + static_cast<std::ptrdiff_t>(first), cp.items.end(),
+                         [&](const ExportItem& it) { return it.rel == base_rel; });
         const std::string scale_path = sp + "/" + e.name + "/" + sc;
         if (owner == cp.items.end() || owner->kind == "conv_state" || owner->kind == "ssm_state")
           return Bad(scale_path, "scales without a K/V item of the same name");
-        LOCKSTEP_RETURN_IF_ERROR(ReadScale(lg.get(), sc, scale_path, &*owner, &locs[name + "/" + base_rel].scale));
+        LOCKSTEP_RETURN_IF_ERROR(
+            ReadScale(lg.get(), sc, scale_path, &*owner, &locs[name + "/" + base_rel].scale));
       }
     }
   }
@@ -634,8 +696,8 @@ Status ExportReader::Impl::ReadSampler() {
   {
     const std::string path = "/trace/samples";
     LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(f, path, H5I_DATASET));
-    LOCKSTEP_ASSIGN_OR_RETURN(auto rows,
-                              ReadTable(ds.get(), path, kHostFields, limits, limits.max_windows, meta.file_bytes));
+    LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kHostFields, limits,
+                                                   limits.max_windows, meta.file_bytes));
     LOCKSTEP_ASSIGN_OR_RETURN(sm.interval_min_ns, IntAttr(ds.get(), path, "interval_min_ns"));
     LOCKSTEP_ASSIGN_OR_RETURN(sm.interval_median_ns, IntAttr(ds.get(), path, "interval_median_ns"));
     LOCKSTEP_ASSIGN_OR_RETURN(sm.interval_max_ns, IntAttr(ds.get(), path, "interval_max_ns"));
@@ -646,17 +708,18 @@ Status ExportReader::Impl::ReadSampler() {
     sm.max_swap_used_bytes = Extreme(rows, 2, true);
     sm.max_rss_bytes = Extreme(rows, 3, true);
     UnknownLines(rows, kHostFields, 0, "trace/samples", "samples", &meta.unknowns);
-    const std::pair<const char*, std::int64_t> intervals[] = {{"interval_min_ns", sm.interval_min_ns},
-                                                              {"interval_median_ns", sm.interval_median_ns},
-                                                              {"interval_max_ns", sm.interval_max_ns}};
+    const std::pair<const char*, std::int64_t> intervals[] = {
+        {"interval_min_ns", sm.interval_min_ns},
+        {"interval_median_ns", sm.interval_median_ns},
+        {"interval_max_ns", sm.interval_max_ns}};
     for (const auto& [attr, v] : intervals)
       if (v == -1) meta.unknowns.push_back(std::string("trace/samples ") + attr);
     if (sm.nvml != "read") meta.unknowns.push_back("nvml: " + sm.nvml);
   }
   const std::string path = "/trace/device_samples";
   LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(f, path, H5I_DATASET));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto dev,
-                            ReadTable(ds.get(), path, kDeviceFields, limits, limits.max_windows, meta.file_bytes));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto dev, ReadTable(ds.get(), path, kDeviceFields, limits,
+                                                limits.max_windows, meta.file_bytes));
   sm.n_device_samples = static_cast<std::int64_t>(dev.size());
   sm.min_device_free_bytes = Extreme(dev, 2, false);
   sm.max_temperature_c = Clamp32(Extreme(dev, 4, true));
@@ -729,9 +792,11 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
   }
   LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(file.get(), ipath, H5I_DATASET));
   Hid ft(H5Dget_type(ds.get()));
-  if (!ft.valid() || H5Tget_class(ft.get()) != H5T_COMPOUND) return Bad(ipath, "expected compound records");
+  if (!ft.valid() || H5Tget_class(ft.get()) != H5T_COMPOUND)
+    return Bad(ipath, "expected compound records");
   static const char* const kStr[] = {"checkpoint", "rel", "kind", "dtype"};
-  static const char* const kInt[] = {"stage", "layer", "rank", "valid_rows", "capacity_rows", "offset", "scale_offset"};
+  static const char* const kInt[] = {"stage",         "layer",  "rank",        "valid_rows",
+                                     "capacity_rows", "offset", "scale_offset"};
   for (const char* f : kStr) {
     const int idx = H5Tget_member_index(ft.get(), f);
     if (idx < 0 || H5Tget_member_class(ft.get(), static_cast<unsigned>(idx)) != H5T_STRING)
@@ -748,11 +813,14 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
       return Bad(ipath, std::string("field '") + f + "' missing or not an array");
   }
   LOCKSTEP_ASSIGN_OR_RETURN(auto shape, Shape(ds.get(), ipath, limits));
-  if (shape.size() != 1) return Bad(ipath, "expected a one-dimensional table, got shape " + ShapeText(shape));
+  if (shape.size() != 1)
+    return Bad(ipath, "expected a one-dimensional table, got shape " + ShapeText(shape));
   const std::int64_t n = shape[0];
-  if (n > limits.max_items) return Bad(ipath, "more than the limit of " + std::to_string(limits.max_items) + " items");
+  if (n > limits.max_items)
+    return Bad(ipath, "more than the limit of " + std::to_string(limits.max_items) + " items");
   if (BytesWithin({n}, static_cast<std::int64_t>(H5Tget_size(ft.get())), meta.file_bytes) < 0)
-    return Bad(ipath, std::to_string(n) + " rows are larger than the file itself (truncated or corrupt)");
+    return Bad(ipath,
+               std::to_string(n) + " rows are larger than the file itself (truncated or corrupt)");
   Hid mt(H5Tcreate(H5T_COMPOUND, sizeof(IndexRowMem)));
   auto str = [](std::size_t len) {
     Hid t(H5Tcopy(H5T_C_S1));
@@ -762,7 +830,8 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
   };
   const hsize_t four = 4, two = 2;
   Hid s32 = str(32), s64 = str(64), s16 = str(16), s8 = str(8);
-  Hid a4(H5Tarray_create2(H5T_NATIVE_INT64, 1, &four)), a2(H5Tarray_create2(H5T_NATIVE_INT64, 1, &two));
+  Hid a4(H5Tarray_create2(H5T_NATIVE_INT64, 1, &four)),
+      a2(H5Tarray_create2(H5T_NATIVE_INT64, 1, &two));
   H5Tinsert(mt.get(), "checkpoint", HOFFSET(IndexRowMem, checkpoint), s32.get());
   H5Tinsert(mt.get(), "rel", HOFFSET(IndexRowMem, rel), s64.get());
   H5Tinsert(mt.get(), "kind", HOFFSET(IndexRowMem, kind), s16.get());
@@ -783,20 +852,24 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
   std::set<std::string> checked;  // checkpoints whose first item was cross-checked
   for (std::size_t i = 0; i < rows.size(); ++i) {
     IndexRowMem& r = rows[i];
-    r.checkpoint[sizeof(r.checkpoint) - 1] = r.rel[sizeof(r.rel) - 1] = r.kind[sizeof(r.kind) - 1] = 0;
+    r.checkpoint[sizeof(r.checkpoint) - 1] = r.rel[sizeof(r.rel) - 1] = r.kind[sizeof(r.kind) - 1] =
+        0;
     r.dtype[sizeof(r.dtype) - 1] = 0;
     const std::string where = ipath + " row " + std::to_string(i);
     const std::string cp_name = r.checkpoint, rel = r.rel;
     auto cpi = cp_at.find(cp_name);
-    if (cpi == cp_at.end()) return Bad(where, "names checkpoint '" + cp_name + "', which /checkpoints does not hold");
+    if (cpi == cp_at.end())
+      return Bad(where, "names checkpoint '" + cp_name + "', which /checkpoints does not hold");
     ExportCheckpoint& cp = meta.checkpoints[cpi->second];
     const std::string path = "/checkpoints/" + cp_name + "/" + rel;
     int stage = -1, layer = -1;
     std::string kind;
-    if (!ParseRel(rel, &stage, &layer, &kind)) return Bad(where, "'" + rel + "' is not an item path of lockstep.export v1");
+    if (!ParseRel(rel, &stage, &layer, &kind))
+      return Bad(where, "'" + rel + "' is not an item path of lockstep.export v1");
     if (kind != r.kind || stage != r.stage || layer != r.layer)
-      return Bad(path, "index row says kind " + std::string(r.kind) + " stage " + std::to_string(r.stage) + " layer " +
-                           std::to_string(r.layer) + ", the path says " + kind + " " + std::to_string(stage) + " " +
+      return Bad(path, "index row says kind " + std::string(r.kind) + " stage " +
+                           std::to_string(r.stage) + " layer " + std::to_string(r.layer) +
+                           ", the path says " + kind + " " + std::to_string(stage) + " " +
                            std::to_string(layer));
     ExportItem it;
     it.rel = rel;
@@ -805,14 +878,20 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
     it.layer = layer;
     it.dtype = r.dtype;
     hid_t mem_type = H5T_NATIVE_FLOAT;
-    if (it.dtype == "bf16") mem_type = H5T_NATIVE_UINT16;
-    else if (it.dtype == "int8") mem_type = H5T_NATIVE_INT8;
-    else if (it.dtype != "f32") return Bad(path, "unknown dtype '" + it.dtype + "' in the index");
+    if (it.dtype == "bf16")
+      mem_type = H5T_NATIVE_UINT16;
+    else if (it.dtype == "int8")
+      mem_type = H5T_NATIVE_INT8;
+    else if (it.dtype != "f32")
+      return Bad(path, "unknown dtype '" + it.dtype + "' in the index");
     if (r.rank > limits.max_rank)
-      return Bad(path, "rank " + std::to_string(r.rank) + " exceeds the limit of " + std::to_string(limits.max_rank));
-    if (r.rank < 1 || r.rank > 4) return Bad(path, "rank " + std::to_string(r.rank) + " in the index");
+      return Bad(path, "rank " + std::to_string(r.rank) + " exceeds the limit of " +
+                           std::to_string(limits.max_rank));
+    if (r.rank < 1 || r.rank > 4)
+      return Bad(path, "rank " + std::to_string(r.rank) + " in the index");
     for (std::int64_t d = 0; d < r.rank; ++d) {
-      if (r.dims[d] < 0 || r.dims[d] > limits.max_dim) return Bad(path, "absurd dimension in the index");
+      if (r.dims[d] < 0 || r.dims[d] > limits.max_dim)
+        return Bad(path, "absurd dimension in the index");
       it.shape.push_back(r.dims[d]);
     }
     it.valid_rows = r.valid_rows;
@@ -822,13 +901,14 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
     const std::int64_t bytes = BytesWithin(it.shape, static_cast<std::int64_t>(it.elem_bytes()),
                                            std::min(limits.max_item_bytes, meta.file_bytes));
     if (bytes < 0)
-      return Bad(path, "shape " + ShapeText(it.shape) + " of " + it.dtype + " is larger than the limit of " +
-                           std::to_string(limits.max_item_bytes) + " bytes or the file's " +
-                           std::to_string(meta.file_bytes));
+      return Bad(path, "shape " + ShapeText(it.shape) + " of " + it.dtype +
+                           " is larger than the limit of " + std::to_string(limits.max_item_bytes) +
+                           " bytes or the file's " + std::to_string(meta.file_bytes));
     auto in_file = [&](std::int64_t off, std::int64_t len) {
       return len == 0 || (off >= 0 && off <= meta.file_bytes && len <= meta.file_bytes - off);
     };
-    if (!in_file(r.offset, bytes)) return Bad(path, "index offset " + std::to_string(r.offset) + " lies outside the file");
+    if (!in_file(r.offset, bytes))
+      return Bad(path, "index offset " + std::to_string(r.offset) + " lies outside the file");
     ItemLoc il;
     il.data.path = path;
     il.data.mem_type = mem_type;
@@ -837,32 +917,42 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
     il.data.row_bytes = il.data.rows == 0 ? 0 : bytes / il.data.rows;
     il.data.offset = bytes == 0 ? 0 : r.offset;
     if (r.scale_offset >= 0 || it.dtype == "int8") {
-      if (it.dtype != "int8" || it.shape.size() < 2 || r.scale_dims[0] != it.shape[0] || r.scale_dims[1] != it.shape[1])
-        return Bad(path, "index scales do not fit the item (expected int8 with scales [rows, heads])");
-      const std::int64_t sbytes = BytesWithin({r.scale_dims[0], r.scale_dims[1]}, 4, meta.file_bytes);
-      if (sbytes < 0 || !in_file(r.scale_offset, sbytes)) return Bad(path, "index scale offset lies outside the file");
+      if (it.dtype != "int8" || it.shape.size() < 2 || r.scale_dims[0] != it.shape[0] ||
+          r.scale_dims[1] != it.shape[1])
+        return Bad(path,
+                   "index scales do not fit the item (expected int8 with scales [rows, heads])");
+      const std::int64_t sbytes =
+          BytesWithin({r.scale_dims[0], r.scale_dims[1]}, 4, meta.file_bytes);
+      if (sbytes < 0 || !in_file(r.scale_offset, sbytes))
+        return Bad(path, "index scale offset lies outside the file");
       it.has_scales = true;
       it.scale_row_elems = r.scale_dims[1];
       il.scale.path = path + "_scale";
       il.scale.mem_type = H5T_NATIVE_FLOAT;
-      il.scale.dims = {static_cast<hsize_t>(r.scale_dims[0]), static_cast<hsize_t>(r.scale_dims[1])};
+      il.scale.dims = {static_cast<hsize_t>(r.scale_dims[0]),
+                       static_cast<hsize_t>(r.scale_dims[1])};
       il.scale.rows = r.scale_dims[0];
       il.scale.row_bytes = r.scale_dims[1] * 4;
       il.scale.offset = sbytes == 0 ? 0 : r.scale_offset;
     }
-    if (!locs.emplace(cp_name + "/" + rel, il).second) return Bad(path, "listed twice in the index");
+    if (!locs.emplace(cp_name + "/" + rel, il).second)
+      return Bad(path, "listed twice in the index");
     if (++n_items > limits.max_items)
       return Bad(ipath, "more than the limit of " + std::to_string(limits.max_items) + " items");
     if (checked.insert(cp_name).second) {
       // Cross-check against the dataset itself (the full validation of the slow path).
       const auto slash = path.find_last_of('/');
-      LOCKSTEP_ASSIGN_OR_RETURN(Hid parent, OpenObject(file.get(), path.substr(0, slash), H5I_GROUP));
+      LOCKSTEP_ASSIGN_OR_RETURN(Hid parent,
+                                OpenObject(file.get(), path.substr(0, slash), H5I_GROUP));
       Loc loc;
       LOCKSTEP_ASSIGN_OR_RETURN(
-          ExportItem full, ReadItem(parent.get(), path.substr(slash + 1), "/checkpoints/" + cp_name, rel, stage, layer, kind, &loc));
-      if (full.shape != it.shape || full.dtype != it.dtype || full.capacity_rows != it.capacity_rows ||
+          ExportItem full, ReadItem(parent.get(), path.substr(slash + 1), "/checkpoints/" + cp_name,
+                                    rel, stage, layer, kind, &loc));
+      if (full.shape != it.shape || full.dtype != it.dtype ||
+          full.capacity_rows != it.capacity_rows ||
           (bytes > 0 && loc.offset >= 0 && loc.offset != il.data.offset))
-        return Bad(ipath, "disagrees with dataset " + path + " (a stale or foreign index): open with the index off");
+        return Bad(ipath, "disagrees with dataset " + path +
+                              " (a stale or foreign index): open with the index off");
     }
     cp.items.push_back(std::move(it));
   }
@@ -884,24 +974,27 @@ Status ExportReader::Impl::ReadAll() {
     auto schema = StrAttr(root.get(), "/", "schema", 256);
     auto version = IntAttr(root.get(), "/", "schema_version");
     if (!schema.ok() || *schema != "lockstep.export" || !version.ok() || *version != 1)
-      return Bad("/", "not a lockstep.export v1 file: schema '" + (schema.ok() ? *schema : std::string("(missing)")) +
-                          "' version " + (version.ok() ? std::to_string(*version) : std::string("(missing)")));
+      return Bad("/", "not a lockstep.export v1 file: schema '" +
+                          (schema.ok() ? *schema : std::string("(missing)")) + "' version " +
+                          (version.ok() ? std::to_string(*version) : std::string("(missing)")));
     meta.schema = *schema;
     meta.schema_version = *version;
   }
   const std::int64_t max_str = std::min(limits.max_string_bytes, meta.file_bytes);
-  const std::pair<const char*, std::string*> strings[] = {{"arm", &meta.arm},
-                                                          {"run_id", &meta.run_id},
-                                                          {"created_utc", &meta.created_utc},
-                                                          {"executable_sha256", &meta.executable_sha256},
-                                                          {"config_sha256", &meta.config_sha256},
-                                                          {"model_sha256", &meta.model_sha256},
-                                                          {"request_sha256", &meta.request_sha256}};
+  const std::pair<const char*, std::string*> strings[] = {
+      {"arm", &meta.arm},
+      {"run_id", &meta.run_id},
+      {"created_utc", &meta.created_utc},
+      {"executable_sha256", &meta.executable_sha256},
+      {"config_sha256", &meta.config_sha256},
+      {"model_sha256", &meta.model_sha256},
+      {"request_sha256", &meta.request_sha256}};
   for (const auto& [name, out] : strings) {
     LOCKSTEP_ASSIGN_OR_RETURN(*out, StrAttr(root.get(), "/", name, max_str));
   }
   LOCKSTEP_ASSIGN_OR_RETURN(meta.seed, IntAttr(root.get(), "/", "seed"));
-  if (meta.executable_sha256.empty()) meta.unknowns.push_back("executable_sha256: empty (the binary was unreadable)");
+  if (meta.executable_sha256.empty())
+    meta.unknowns.push_back("executable_sha256: empty (the binary was unreadable)");
   {
     LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(f, "/config", H5I_DATASET));
     LOCKSTEP_ASSIGN_OR_RETURN(meta.config_json, ReadString(ds.get(), false, "/config", max_str));
@@ -911,15 +1004,17 @@ Status ExportReader::Impl::ReadAll() {
     LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(f, path, H5I_DATASET));
     Hid ft(H5Dget_type(ds.get()));
     if (!ft.valid() || H5Tget_class(ft.get()) != H5T_INTEGER || H5Tget_size(ft.get()) > 4)
-      return Bad(path,
-                 "holds " + (ft.valid() ? DescribeType(ft.get()) : std::string("?")) + ", expected int32 token ids");
+      return Bad(path, "holds " + (ft.valid() ? DescribeType(ft.get()) : std::string("?")) +
+                           ", expected int32 token ids");
     LOCKSTEP_ASSIGN_OR_RETURN(auto shape, Shape(ds.get(), path, limits));
-    if (shape.size() != 1) return Bad(path, "expected one dimension, got shape " + ShapeText(shape));
+    if (shape.size() != 1)
+      return Bad(path, "expected one dimension, got shape " + ShapeText(shape));
     if (shape[0] > limits.max_tokens || BytesWithin(shape, 4, meta.file_bytes) < 0)
       return Bad(path, std::to_string(shape[0]) + " token ids exceed the limit of " +
                            std::to_string(limits.max_tokens) + " or the file's size");
     out->resize(static_cast<std::size_t>(shape[0]));
-    if (!out->empty() && H5Dread(ds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->data()) < 0)
+    if (!out->empty() &&
+        H5Dread(ds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->data()) < 0)
       return Bad(path, "token ids unreadable (corrupt file?)");
     return Status::Ok();
   };
@@ -929,19 +1024,22 @@ Status ExportReader::Impl::ReadAll() {
     LOCKSTEP_ASSIGN_OR_RETURN(meta.max_new, IntAttr(req.get(), "/request", "max_new"));
     LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t req_seed, IntAttr(req.get(), "/request", "seed"));
     if (req_seed != meta.seed)
-      return Bad("/request", "seed attribute " + std::to_string(req_seed) + " differs from the root's " +
-                                 std::to_string(meta.seed));
+      return Bad("/request", "seed attribute " + std::to_string(req_seed) +
+                                 " differs from the root's " + std::to_string(meta.seed));
     LOCKSTEP_RETURN_IF_ERROR(tokens("/output/tokens", &meta.output_tokens));
     LOCKSTEP_ASSIGN_OR_RETURN(Hid out, OpenObject(f, "/output", H5I_GROUP));
-    LOCKSTEP_ASSIGN_OR_RETURN(meta.stop_reason, StrAttr(out.get(), "/output", "stop_reason", max_str));
-    LOCKSTEP_ASSIGN_OR_RETURN(meta.text_sha256, StrAttr(out.get(), "/output", "text_sha256", max_str));
+    LOCKSTEP_ASSIGN_OR_RETURN(meta.stop_reason,
+                              StrAttr(out.get(), "/output", "stop_reason", max_str));
+    LOCKSTEP_ASSIGN_OR_RETURN(meta.text_sha256,
+                              StrAttr(out.get(), "/output", "text_sha256", max_str));
   }
   {
     LOCKSTEP_ASSIGN_OR_RETURN(Hid counters, OpenObject(f, "/counters", H5I_GROUP));
     LOCKSTEP_ASSIGN_OR_RETURN(auto stages, Children(counters.get(), "/counters", limits.max_items));
     for (const Link& st : stages) {
       const std::string path = "/counters/" + st.name;
-      if (ParseIndex(st.name, "stage") < 0) return Bad(path, "unexpected entry (expected stage{S})");
+      if (ParseIndex(st.name, "stage") < 0)
+        return Bad(path, "unexpected entry (expected stage{S})");
       LOCKSTEP_ASSIGN_OR_RETURN(Hid g, OpenObject(f, path, H5I_GROUP));
       std::vector<std::string> names;
       if (H5Aiterate2(g.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, CollectAttrName, &names) != 0)
@@ -960,15 +1058,17 @@ Status ExportReader::Impl::ReadAll() {
   {
     const std::string path = "/trace/windows";
     LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(f, path, H5I_DATASET));
-    LOCKSTEP_ASSIGN_OR_RETURN(auto rows,
-                              ReadTable(ds.get(), path, kWindowFields, limits, limits.max_windows, meta.file_bytes));
+    LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kWindowFields, limits,
+                                                   limits.max_windows, meta.file_bytes));
     for (const auto& r : rows) {
       for (std::size_t i = 0; i < kFirstWindowTiming; ++i)
         if (r[i] < INT_MIN || r[i] > INT_MAX)
-          return Bad(path, std::string("field '") + kWindowFields[i] + "' out of range: " + std::to_string(r[i]));
+          return Bad(path, std::string("field '") + kWindowFields[i] +
+                               "' out of range: " + std::to_string(r[i]));
       WindowRecord w;
       w.idx = static_cast<int>(r[0]), w.p = static_cast<int>(r[1]), w.T = static_cast<int>(r[2]);
-      w.T_mtp = static_cast<int>(r[3]), w.merged = r[4] != 0, w.from_sfx = r[5] != 0, w.first_call = r[6] != 0;
+      w.T_mtp = static_cast<int>(r[3]), w.merged = r[4] != 0, w.from_sfx = r[5] != 0,
+      w.first_call = r[6] != 0;
       w.chain_n = static_cast<int>(r[7]), w.accepted = static_cast<int>(r[8]);
       w.begin_ns = r[9], w.end_ns = r[10], w.verify_ns = r[11], w.wait_ns = r[12];
       w.compute_ns = r[13], w.draft_ns = r[14], w.commit_ns = r[15], w.export_ns = r[16];
@@ -979,7 +1079,8 @@ Status ExportReader::Impl::ReadAll() {
                               : DraftSource::kMtp;
       meta.windows.push_back(std::move(w));
     }
-    UnknownLines(rows, kWindowFields, kFirstWindowTiming, "trace/windows", "windows", &meta.unknowns);
+    UnknownLines(rows, kWindowFields, kFirstWindowTiming, "trace/windows", "windows",
+                 &meta.unknowns);
   }
   LOCKSTEP_RETURN_IF_ERROR(ReadSampler());
   // /checkpoints exists only when some window exported state (--export-windows none: trace only).
@@ -1000,8 +1101,10 @@ Status ExportReader::Impl::ReadAll() {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& path, const ReaderLimits& limits) {
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors become Status, not stderr noise (per thread)
+Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& path,
+                                                         const ReaderLimits& limits) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr,
+               nullptr);  // errors become Status, not stderr noise (per thread)
   auto impl = std::make_unique<Impl>();
   impl->limits = limits;
   impl->file_path = path;
@@ -1012,15 +1115,17 @@ Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& path
     return Status::IOError(path, std::string("cannot open for reading: ") + std::strerror(e));
   }
   struct stat st;
-  if (::fstat(impl->fd, &st) != 0) return Status::IOError(path, std::string("fstat failed: ") + std::strerror(errno));
+  if (::fstat(impl->fd, &st) != 0)
+    return Status::IOError(path, std::string("fstat failed: ") + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(path, "not a regular file");
   impl->meta.file_bytes = static_cast<std::int64_t>(st.st_size);
   ssize_t got = 0;
   const bool hdf5 = HasHdf5Signature(impl->fd, &got);
   if (got < 0) return Status::IOError(path, std::string("read failed: ") + std::strerror(errno));
   if (!hdf5)
-    return Status::InvalidArgument(
-        path, st.st_size == 0 ? "empty file, not an HDF5 export" : "not an HDF5 file (no HDF5 signature at offset 0)");
+    return Status::InvalidArgument(path, st.st_size == 0
+                                             ? "empty file, not an HDF5 export"
+                                             : "not an HDF5 file (no HDF5 signature at offset 0)");
   // A metadata cache large enough for every object header of a big export: with the default (2 MiB
   // initial) HDF5 evicted and re-read headers while we walked thousands of items.
   Hid fapl(H5Pcreate(H5P_FILE_ACCESS));
@@ -1037,16 +1142,18 @@ Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& path
   }
   impl->file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.valid() ? fapl.get() : H5P_DEFAULT));
   if (!impl->file.valid())
-    return Status::InvalidArgument(path,
-                                   "HDF5 cannot open it (truncated or corrupt; an unfinished export ends in .partial)");
+    return Status::InvalidArgument(
+        path, "HDF5 cannot open it (truncated or corrupt; an unfinished export ends in .partial)");
   // pread() must read the very file HDF5 parsed (not one renamed into its place in between).
   void* handle = nullptr;
   struct stat hst;
   if (H5Fget_vfd_handle(impl->file.get(), H5P_DEFAULT, &handle) < 0 || handle == nullptr ||
-      ::fstat(*static_cast<int*>(handle), &hst) != 0 || hst.st_dev != st.st_dev || hst.st_ino != st.st_ino)
+      ::fstat(*static_cast<int*>(handle), &hst) != 0 || hst.st_dev != st.st_dev ||
+      hst.st_ino != st.st_ino)
     return Status::IOError(path, "the file changed while it was being opened");
   if (Status s = impl->ReadAll(); !s.ok()) return s.WithContext(path);
-  if (!impl->needs_fallback) impl->file.reset();  // every read goes through pread(): free HDF5's state
+  if (!impl->needs_fallback)
+    impl->file.reset();  // every read goes through pread(): free HDF5's state
   return std::unique_ptr<ExportReader>(new ExportReader(std::move(impl)));
 }
 
@@ -1055,18 +1162,21 @@ ExportReader::~ExportReader() = default;
 
 const ExportMeta& ExportReader::meta() const { return impl_->meta; }
 
-Status ExportReader::ReadRows(const ExportCheckpoint& cp, const ExportItem& item, std::int64_t row0, std::int64_t n,
-                              void* dst) const {
+Status ExportReader::ReadRows(const ExportCheckpoint& cp, const ExportItem& item, std::int64_t row0,
+                              std::int64_t n, void* dst) const {
   const Impl::ItemLoc* loc = impl_->Find(cp, item);
-  if (loc == nullptr) return Status::InvalidArgument(cp.name + "/" + item.rel, "not an item of this export");
+  if (loc == nullptr)
+    return Status::InvalidArgument(cp.name + "/" + item.rel, "not an item of this export");
   return impl_->Read(loc->data, row0, n, dst);
 }
 
-Status ExportReader::ReadScaleRows(const ExportCheckpoint& cp, const ExportItem& item, std::int64_t row0,
-                                   std::int64_t n, float* dst) const {
+Status ExportReader::ReadScaleRows(const ExportCheckpoint& cp, const ExportItem& item,
+                                   std::int64_t row0, std::int64_t n, float* dst) const {
   const Impl::ItemLoc* loc = impl_->Find(cp, item);
-  if (loc == nullptr) return Status::InvalidArgument(cp.name + "/" + item.rel, "not an item of this export");
-  if (loc->scale.path.empty()) return Status::InvalidArgument(loc->data.path, "has no scales (not an int8 item)");
+  if (loc == nullptr)
+    return Status::InvalidArgument(cp.name + "/" + item.rel, "not an item of this export");
+  if (loc->scale.path.empty())
+    return Status::InvalidArgument(loc->data.path, "has no scales (not an int8 item)");
   return impl_->Read(loc->scale, row0, n, dst);
 }
 

@@ -127,7 +127,8 @@ th{background:#f3f3f3}code{background:#f4f4f4;padding:0 .2em}svg{display:block;m
 
 // ---- charts ----
 
-constexpr std::array<const char*, 2> kArmColours = {"#1f77b4", "#e6550d"};  // blue / orange: distinct in greyscale too
+constexpr std::array<const char*, 2> kArmColours = {
+    "#1f77b4", "#e6550d"};  // blue / orange: distinct in greyscale too
 
 std::string F(double v) { return fmt::format("{:.1f}", v); }
 
@@ -149,9 +150,11 @@ std::string TickLabel(double v, double step) {
 
 std::string Placeholder(int w, int h, const std::string& title, const std::string& text) {
   return fmt::format(
-      "<svg viewBox=\"0 0 {0} {1}\" width=\"{0}\" height=\"{1}\" role=\"img\" aria-label=\"{2}\">\n<title>{2}</title>\n"
+      "<svg viewBox=\"0 0 {0} {1}\" width=\"{0}\" height=\"{1}\" role=\"img\" "
+      "aria-label=\"{2}\">\n<title>{2}</title>\n"
       "<rect x=\"0.5\" y=\"0.5\" width=\"{3}\" height=\"{4}\" fill=\"#fafafa\" stroke=\"#ccc\"/>\n"
-      "<text x=\"{5}\" y=\"{6}\" text-anchor=\"middle\" font-size=\"13\" fill=\"#555\">{7}</text>\n</svg>\n",
+      "<text x=\"{5}\" y=\"{6}\" text-anchor=\"middle\" font-size=\"13\" "
+      "fill=\"#555\">{7}</text>\n</svg>\n",
       w, h, XmlEscape(title), w - 1, h - 1, w / 2, h / 2, XmlEscape(text));
 }
 
@@ -160,7 +163,8 @@ std::string Placeholder(int w, int h, const std::string& title, const std::strin
 std::vector<std::pair<double, double>> VerifyPoints(const std::vector<WindowRecord>& v) {
   constexpr std::size_t kMaxPoints = 1500;
   std::vector<std::pair<double, double>> pts;
-  const std::size_t bucket = v.size() <= kMaxPoints ? 1 : (v.size() + kMaxPoints / 2 - 1) / (kMaxPoints / 2);
+  const std::size_t bucket =
+      v.size() <= kMaxPoints ? 1 : (v.size() + kMaxPoints / 2 - 1) / (kMaxPoints / 2);
   for (std::size_t b0 = 0; b0 < v.size(); b0 += bucket) {
     const std::size_t b1 = std::min(v.size(), b0 + bucket);
     std::size_t lo = b1, hi = b1;
@@ -189,7 +193,8 @@ std::string Hex(Rgb c) {
   return fmt::format("#{:02x}{:02x}{:02x}", ch(c.r), ch(c.g), ch(c.b));
 }
 
-// t in [0, 1]: green (1e-6 x threshold and below) -> yellow (the threshold) -> red (100 x and above).
+// t in [0, 1]: green (1e-6 x threshold and below) -> yellow (the threshold) -> red (100 x and
+// above).
 std::string ScaleColour(double t) {
   constexpr Rgb kLow{26, 152, 80}, kMid{254, 224, 139}, kHigh{165, 0, 38};
   t = std::clamp(t, 0.0, 1.0);
@@ -198,7 +203,7 @@ std::string ScaleColour(double t) {
   return Hex({a.r + (b.r - a.r) * u, a.g + (b.g - a.g) * u, a.b + (b.b - a.b) * u});
 }
 
-constexpr const char* kEqualColour = "#2166ac";    // NRMSE exactly 0: bitwise (or numerically) equal
+constexpr const char* kEqualColour = "#2166ac";  // NRMSE exactly 0: bitwise (or numerically) equal
 constexpr const char* kNonFiniteColour = "#000000";
 constexpr const char* kSkippedColour = "#bdbdbd";
 
@@ -238,7 +243,9 @@ std::string RowLabel(const RowKey& k) {
 
 std::string ColumnLabel(const CheckpointSummary& c) {
   if (c.point.empty()) return c.name;
-  const std::string point = c.point == "pre_verify" ? "pre" : c.point == "post_verify" ? "post" : c.point;
+  const std::string point = c.point == "pre_verify"    ? "pre"
+                            : c.point == "post_verify" ? "post"
+                                                       : c.point;
   return fmt::format("{} {}", c.window, point);
 }
 
@@ -253,12 +260,12 @@ std::string RenderHtml(const ReportInput& in) {
   const std::map<std::string, std::string> charts = {
       {"Early state checks", SvgNrmseHeatmap(in.diff != nullptr ? *in.diff : kNoDiff)},
       {"Timing and execution-path observations",
-       SvgVerifyChart(in.align != nullptr ? *in.align : kNoAlign, in.windows_a ? *in.windows_a : kNone,
-                      in.windows_b ? *in.windows_b : kNone, in.a.arm.empty() ? "A" : in.a.arm,
-                      in.b.arm.empty() ? "B" : in.b.arm)}};
+       SvgVerifyChart(in.align != nullptr ? *in.align : kNoAlign,
+                      in.windows_a ? *in.windows_a : kNone, in.windows_b ? *in.windows_b : kNone,
+                      in.a.arm.empty() ? "A" : in.a.arm, in.b.arm.empty() ? "B" : in.b.arm)}};
   std::string h = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
-                  HtmlEscape(in.title) + "</title>\n<style>\n" + kCss + "</style>\n</head>\n<body>\n<h1>" +
-                  HtmlEscape(in.title) + "</h1>\n";
+                  HtmlEscape(in.title) + "</title>\n<style>\n" + kCss +
+                  "</style>\n</head>\n<body>\n<h1>" + HtmlEscape(in.title) + "</h1>\n";
   // Split the Markdown at its "## " headings; the "# " title line is replaced by the <h1> above.
   std::string current, body;
   auto flush = [&] {
@@ -290,14 +297,17 @@ std::string RenderHtml(const ReportInput& in) {
 }
 
 std::string SvgVerifyChart(const AlignResult& al, const std::vector<WindowRecord>& a,
-                           const std::vector<WindowRecord>& b, const std::string& name_a, const std::string& name_b) {
+                           const std::vector<WindowRecord>& b, const std::string& name_a,
+                           const std::string& name_b) {
   constexpr int kW = 760, kH = 300, kLeft = 64, kRight = 20, kTop = 40, kBottom = 46;
   const std::string title = "Verify time per window";
   const std::vector<std::pair<double, double>> pa = VerifyPoints(a), pb = VerifyPoints(b);
-  if (pa.empty() && pb.empty()) return Placeholder(kW, 80, title, "No per-window verify times to plot.");
+  if (pa.empty() && pb.empty())
+    return Placeholder(kW, 80, title, "No per-window verify times to plot.");
 
   const std::size_t n = std::max(a.size(), b.size());
-  const double x_span = std::max<double>(1.0, static_cast<double>(n) - 1.0);  // a single window still gets an axis
+  const double x_span =
+      std::max<double>(1.0, static_cast<double>(n) - 1.0);  // a single window still gets an axis
   double y_max = 0.0;
   for (const auto* pts : {&pa, &pb})
     for (const auto& [x, y] : *pts) y_max = std::max(y_max, y);
@@ -315,22 +325,26 @@ std::string SvgVerifyChart(const AlignResult& al, const std::vector<WindowRecord
   // Axes, ticks and grid (linear scale on both axes, starting at zero).
   s += fmt::format("<g font-size=\"11\" fill=\"#333\" stroke-width=\"1\">\n");
   for (double y = 0.0; y <= y_top + y_step * 1e-9; y += y_step) {
-    s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#e5e5e5\"/>", kLeft, F(Y(y)), kW - kRight,
-                     F(Y(y)));
-    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", kLeft - 6, F(Y(y) + 4),
-                     TickLabel(y, y_step));
+    s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#e5e5e5\"/>", kLeft,
+                     F(Y(y)), kW - kRight, F(Y(y)));
+    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", kLeft - 6,
+                     F(Y(y) + 4), TickLabel(y, y_step));
   }
   for (double x = 0.0; x <= x_span + 1e-9; x += x_step) {
-    s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#999\"/>", F(X(x)), kH - kBottom,
-                     kH - kBottom + 4);
-    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{:.0f}</text>\n", F(X(x)), kH - kBottom + 16, x);
+    s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#999\"/>", F(X(x)),
+                     kH - kBottom, kH - kBottom + 4);
+    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{:.0f}</text>\n", F(X(x)),
+                     kH - kBottom + 16, x);
   }
-  s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#666\"/>", kLeft, kTop, kH - kBottom);
-  s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"#666\"/>\n", kLeft, kH - kBottom,
-                   kW - kRight);
-  s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">window index</text>\n", kLeft + pw / 2, kH - 8);
+  s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#666\"/>", kLeft,
+                   kTop, kH - kBottom);
+  s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"#666\"/>\n", kLeft,
+                   kH - kBottom, kW - kRight);
+  s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">window index</text>\n",
+                   kLeft + pw / 2, kH - 8);
   s += fmt::format(
-      "<text x=\"14\" y=\"{0}\" text-anchor=\"middle\" transform=\"rotate(-90 14 {0})\">verify ms</text>\n</g>\n",
+      "<text x=\"14\" y=\"{0}\" text-anchor=\"middle\" transform=\"rotate(-90 14 {0})\">verify "
+      "ms</text>\n</g>\n",
       F(kTop + ph / 2));
 
   // One polyline per arm (a marker when the arm has a single point).
@@ -339,10 +353,12 @@ std::string SvgVerifyChart(const AlignResult& al, const std::vector<WindowRecord
   for (std::size_t k = 0; k < 2; ++k) {
     const auto& pts = *series[k];
     if (pts.size() == 1) {
-      s += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"{}\"><title>{}</title></circle>\n",
-                       F(X(pts[0].first)), F(Y(pts[0].second)), kArmColours[k], XmlEscape(*names[k]));
+      s += fmt::format(
+          "<circle cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"{}\"><title>{}</title></circle>\n",
+          F(X(pts[0].first)), F(Y(pts[0].second)), kArmColours[k], XmlEscape(*names[k]));
     } else if (!pts.empty()) {
-      s += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.4\" points=\"", kArmColours[k]);
+      s += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.4\" points=\"",
+                       kArmColours[k]);
       for (const auto& [x, y] : pts) s += F(X(x)) + "," + F(Y(y)) + " ";
       s.back() = '"';
       s += fmt::format("><title>{}</title></polyline>\n", XmlEscape(*names[k]));
@@ -351,17 +367,22 @@ std::string SvgVerifyChart(const AlignResult& al, const std::vector<WindowRecord
   // The first path divergence: windows right of this line are not paired by index.
   if (al.diverged && al.div_idx >= 0 && al.div_idx <= static_cast<int>(x_span)) {
     const double x = X(al.div_idx);
-    s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#444\" stroke-dasharray=\"5,4\"/>\n",
-                     F(x), kTop - 4, kH - kBottom);
-    s += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#444\" text-anchor=\"{}\">first path divergence "
-                     "(window {})</text>\n",
-                     F(x + (x > kW / 2 ? -4 : 4)), kTop - 8, x > kW / 2 ? "end" : "start", al.div_idx);
+    s += fmt::format(
+        "<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#444\" "
+        "stroke-dasharray=\"5,4\"/>\n",
+        F(x), kTop - 4, kH - kBottom);
+    s += fmt::format(
+        "<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#444\" text-anchor=\"{}\">first path "
+        "divergence "
+        "(window {})</text>\n",
+        F(x + (x > kW / 2 ? -4 : 4)), kTop - 8, x > kW / 2 ? "end" : "start", al.div_idx);
   }
   // Legend.
   for (std::size_t k = 0; k < 2; ++k) {
     const int lx = kLeft + static_cast<int>(k) * 200;
-    s += fmt::format("<line x1=\"{}\" y1=\"14\" x2=\"{}\" y2=\"14\" stroke=\"{}\" stroke-width=\"3\"/>", lx, lx + 22,
-                     kArmColours[k]);
+    s += fmt::format(
+        "<line x1=\"{}\" y1=\"14\" x2=\"{}\" y2=\"14\" stroke=\"{}\" stroke-width=\"3\"/>", lx,
+        lx + 22, kArmColours[k]);
     s += fmt::format("<text x=\"{}\" y=\"18\" font-size=\"12\" fill=\"#222\">{}</text>\n", lx + 28,
                      XmlEscape(*names[k]));
   }
@@ -372,7 +393,8 @@ std::string SvgVerifyChart(const AlignResult& al, const std::vector<WindowRecord
 std::string SvgNrmseHeatmap(const DiffResult& d) {
   const std::string title = "NRMSE per item group and checkpoint";
   if (d.items.empty()) return Placeholder(760, 80, title, "No state items to plot.");
-  constexpr std::size_t kMaxCols = 400;  // beyond this cells are too thin to read; JSON has everything
+  constexpr std::size_t kMaxCols =
+      400;  // beyond this cells are too thin to read; JSON has everything
 
   std::vector<std::string> cols;
   std::vector<std::string> col_labels;
@@ -431,18 +453,18 @@ std::string SvgNrmseHeatmap(const DiffResult& d) {
   if (col_text) {
     for (int j = 0; j < n_cols; ++j) {
       const double x = left + j * cw + cw / 2.0, y = top - 6;
-      s += fmt::format("<text x=\"{0}\" y=\"{1}\" transform=\"rotate(-60 {0} {1})\">{2}</text>\n", F(x), F(y),
-                       XmlEscape(col_labels[static_cast<std::size_t>(j)]));
+      s += fmt::format("<text x=\"{0}\" y=\"{1}\" transform=\"rotate(-60 {0} {1})\">{2}</text>\n",
+                       F(x), F(y), XmlEscape(col_labels[static_cast<std::size_t>(j)]));
     }
   } else {
-    s += fmt::format("<text x=\"{}\" y=\"16\">{} checkpoints{} (left to right)</text>\n", left, n_cols,
-                     truncated ? ", first ones only" : "");
+    s += fmt::format("<text x=\"{}\" y=\"16\">{} checkpoints{} (left to right)</text>\n", left,
+                     n_cols, truncated ? ", first ones only" : "");
   }
   int row = 0;
   for (const auto& [key, cells] : grid) {
     const int y = top + row * ch;
-    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", left - 4, y + ch - 3,
-                     XmlEscape(RowLabel(key)));
+    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", left - 4,
+                     y + ch - 3, XmlEscape(RowLabel(key)));
     for (int j = 0; j < n_cols; ++j) {
       auto it = cells.find(static_cast<std::size_t>(j));
       if (it == cells.end()) continue;  // no item of this group at this checkpoint: left blank
@@ -459,8 +481,8 @@ std::string SvgNrmseHeatmap(const DiffResult& d) {
         what = "skipped (reason in the report)";
       } else if (c.failed > 0 && c.worst_ratio <= 1.0) {  // failed on another metric (logits KL)
         fill = ScaleColour(1.0);
-        what =
-            fmt::format("failed (NRMSE {} within its threshold; another metric failed)", FormatMetric(c.worst_nrmse));
+        what = fmt::format("failed (NRMSE {} within its threshold; another metric failed)",
+                           FormatMetric(c.worst_nrmse));
       } else if (c.worst_ratio <= 0.0) {
         fill = kEqualColour;
         what = "NRMSE 0";
@@ -469,10 +491,12 @@ std::string SvgNrmseHeatmap(const DiffResult& d) {
         what = fmt::format("worst NRMSE {} (threshold {}) in {}", FormatMetric(c.worst_nrmse),
                            FormatMetric(c.worst_threshold), c.worst_rel);
       }
-      const std::string tip = fmt::format("{} @ {}: {} items, {} failed, {} skipped; {}", RowLabel(key),
-                                          cols[static_cast<std::size_t>(j)], c.n, c.failed, c.skipped, what);
+      const std::string tip =
+          fmt::format("{} @ {}: {} items, {} failed, {} skipped; {}", RowLabel(key),
+                      cols[static_cast<std::size_t>(j)], c.n, c.failed, c.skipped, what);
       s += fmt::format(
-          "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" stroke=\"#fff\" stroke-width=\"0.5\">"
+          "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" stroke=\"#fff\" "
+          "stroke-width=\"0.5\">"
           "<title>{}</title></rect>\n",
           left + j * cw, y, cw, ch, fill, XmlEscape(tip));
     }
@@ -484,19 +508,23 @@ std::string SvgNrmseHeatmap(const DiffResult& d) {
   constexpr int kSwatches = 9, kSw = 22;
   for (int i = 0; i < kSwatches; ++i) {
     const double t = static_cast<double>(i) / (kSwatches - 1);
-    s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"10\" fill=\"{}\"/>", left + i * kSw, ly, kSw,
-                     ScaleColour(t));
+    s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"10\" fill=\"{}\"/>",
+                     left + i * kSw, ly, kSw, ScaleColour(t));
   }
   s += fmt::format(
-      "\n<text x=\"{}\" y=\"{}\">&lt;=1e-6</text><text x=\"{}\" y=\"{}\" text-anchor=\"middle\">threshold</text>"
+      "\n<text x=\"{}\" y=\"{}\">&lt;=1e-6</text><text x=\"{}\" y=\"{}\" "
+      "text-anchor=\"middle\">threshold</text>"
       "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">&gt;=100x</text>\n",
       left, ly + 22, left + kSwatches * kSw / 2, ly + 22, left + kSwatches * kSw, ly + 22);
   int lx = left + kSwatches * kSw + 24;
-  for (const auto& [colour, label] : std::array<std::pair<const char*, const char*>, 3>{
-           {{kEqualColour, "NRMSE 0 (equal)"}, {kNonFiniteColour, "non-finite"}, {kSkippedColour, "skipped"}}}) {
+  for (const auto& [colour, label] :
+       std::array<std::pair<const char*, const char*>, 3>{{{kEqualColour, "NRMSE 0 (equal)"},
+                                                           {kNonFiniteColour, "non-finite"},
+                                                           {kSkippedColour, "skipped"}}}) {
     s += fmt::format(
-        "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text>\n", lx, ly,
-        colour, lx + 14, ly + 9, label);
+        "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{}\" "
+        "y=\"{}\">{}</text>\n",
+        lx, ly, colour, lx + 14, ly + 9, label);
     lx += 130;
   }
   s += "</g>\n</svg>\n";

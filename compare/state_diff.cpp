@@ -6,10 +6,9 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "lockstep/engine/window_selection.h"
 
@@ -17,7 +16,8 @@ namespace lockstep {
 
 namespace {
 
-constexpr std::int64_t kBlockBytes = std::int64_t{4} << 20;  // per side per read: fits L2/L3 streaming well
+constexpr std::int64_t kBlockBytes = std::int64_t{4}
+                                     << 20;  // per side per read: fits L2/L3 streaming well
 
 int PointOrder(const std::string& p) { return p == "pre_verify" ? 0 : p == "post_verify" ? 1 : 2; }
 
@@ -61,7 +61,8 @@ std::vector<std::string> ConfigDifferences(const std::string& ja, const std::str
     if (k == "model" || k == "replay_path") continue;
     const bool in_a = a.contains(k), in_b = b.contains(k);
     if (in_a && in_b && a[k] == b[k]) continue;
-    out.push_back(k + ": " + (in_a ? CompactJson(a[k]) : "(absent)") + " | " + (in_b ? CompactJson(b[k]) : "(absent)"));
+    out.push_back(k + ": " + (in_a ? CompactJson(a[k]) : "(absent)") + " | " +
+                  (in_b ? CompactJson(b[k]) : "(absent)"));
   }
   return out;
 }
@@ -95,8 +96,9 @@ struct Buffers {
 };
 
 // Streams one matched item pair in row blocks and fills its metrics. Returns the bytes read.
-Status CompareItem(const ExportReader& ra, const ExportReader& rb, const Job& job, std::int64_t block_bytes,
-                   Buffers& buf, ItemResult& r, std::uint64_t* bytes_read) {
+Status CompareItem(const ExportReader& ra, const ExportReader& rb, const Job& job,
+                   std::int64_t block_bytes, Buffers& buf, ItemResult& r,
+                   std::uint64_t* bytes_read) {
   const ExportItem& ia = *job.ia;
   const ExportItem& ib = *job.ib;
   const std::int64_t rows = ia.rows();
@@ -107,8 +109,9 @@ Status CompareItem(const ExportReader& ra, const ExportReader& rb, const Job& jo
     return Status::Ok();
   }
   if (row_bytes > block_bytes)
-    return Status::InvalidArgument("--mem-limit", "one row of '" + r.checkpoint + "/" + r.rel + "' is " +
-                                                       std::to_string(row_bytes) + " bytes, more than the per-read budget");
+    return Status::InvalidArgument("--mem-limit", "one row of '" + r.checkpoint + "/" + r.rel +
+                                                      "' is " + std::to_string(row_bytes) +
+                                                      " bytes, more than the per-read budget");
   const std::int64_t block_rows = std::max<std::int64_t>(1, block_bytes / row_bytes);
   buf.Reserve(static_cast<std::size_t>(std::min(rows, block_rows) * row_bytes),
               static_cast<std::size_t>(std::min(rows, block_rows) * scale_row));
@@ -132,16 +135,18 @@ Status CompareItem(const ExportReader& ra, const ExportReader& rb, const Job& jo
       acc.Add(fa, fb, count);
       if (logits) kl.AddRows(fa, fb, static_cast<std::size_t>(n), elems);
     } else if (ia.dtype == "bf16") {
-      acc.AddBf16(reinterpret_cast<const std::uint16_t*>(ba), reinterpret_cast<const std::uint16_t*>(bb),
-                  count);
+      acc.AddBf16(reinterpret_cast<const std::uint16_t*>(ba),
+                  reinterpret_cast<const std::uint16_t*>(bb), count);
     } else {  // int8 codes with per-row-per-head scales
-      if (scale_row <= 0) return Status::InvalidArgument(r.checkpoint + "/" + r.rel, "int8 item without scales");
+      if (scale_row <= 0)
+        return Status::InvalidArgument(r.checkpoint + "/" + r.rel, "int8 item without scales");
       LOCKSTEP_RETURN_IF_ERROR(ra.ReadScaleRows(*job.cpa, ia, r0, n, sa));
       LOCKSTEP_RETURN_IF_ERROR(rb.ReadScaleRows(*job.cpb, ib, r0, n, sb));
       *bytes_read += static_cast<std::uint64_t>(2 * n * scale_row * 4);
       const std::size_t heads = static_cast<std::size_t>(scale_row);
-      acc.AddInt8(reinterpret_cast<const std::int8_t*>(ba), sa, reinterpret_cast<const std::int8_t*>(bb),
-                  sb, static_cast<std::size_t>(n), heads, elems / heads);
+      acc.AddInt8(reinterpret_cast<const std::int8_t*>(ba), sa,
+                  reinterpret_cast<const std::int8_t*>(bb), sb, static_cast<std::size_t>(n), heads,
+                  elems / heads);
     }
   }
   r.rows = rows;
@@ -198,16 +203,20 @@ std::string ShapeText(const std::vector<std::int64_t>& s) {
 }  // namespace
 
 const std::vector<std::string>& ItemKinds() {
-  static const std::vector<std::string> kKinds{"k",         "v",     "k_spec", "v_spec",     "conv_state",
-                                               "ssm_state", "mtp_k", "mtp_v",  "hidden_out", "logits"};
+  static const std::vector<std::string> kKinds{"k",          "v",         "k_spec", "v_spec",
+                                               "conv_state", "ssm_state", "mtp_k",  "mtp_v",
+                                               "hidden_out", "logits"};
   return kKinds;
 }
 
 const char* VerdictName(Verdict v) {
   switch (v) {
-    case Verdict::kPass: return "pass";
-    case Verdict::kFail: return "fail";
-    case Verdict::kSkip: return "skip";
+    case Verdict::kPass:
+      return "pass";
+    case Verdict::kFail:
+      return "fail";
+    case Verdict::kSkip:
+      return "skip";
   }
   return "?";
 }
@@ -220,28 +229,35 @@ double Thresholds::NrmseFor(const std::string& kind) const {
 Status Thresholds::SetKindOverride(std::string_view spec) {
   const auto eq = spec.find('=');
   const std::string kind(spec.substr(0, eq));
-  if (eq == std::string_view::npos || std::find(ItemKinds().begin(), ItemKinds().end(), kind) == ItemKinds().end())
-    return Status::InvalidArgument("--nrmse-kind '" + std::string(spec) + "'",
-                                   "expected KIND=VALUE with KIND one of k, v, k_spec, v_spec, conv_state, ssm_state, "
-                                   "mtp_k, mtp_v, hidden_out, logits");
+  if (eq == std::string_view::npos ||
+      std::find(ItemKinds().begin(), ItemKinds().end(), kind) == ItemKinds().end())
+    return Status::InvalidArgument(
+        "--nrmse-kind '" + std::string(spec) + "'",
+        "expected KIND=VALUE with KIND one of k, v, k_spec, v_spec, conv_state, ssm_state, "
+        "mtp_k, mtp_v, hidden_out, logits");
   const std::string value(spec.substr(eq + 1));
   char* end = nullptr;
   const double v = std::strtod(value.c_str(), &end);
   if (value.empty() || end != value.c_str() + value.size() || !(v >= 0.0))
-    return Status::InvalidArgument("--nrmse-kind '" + std::string(spec) + "'", "'" + value + "' is not a number >= 0");
+    return Status::InvalidArgument("--nrmse-kind '" + std::string(spec) + "'",
+                                   "'" + value + "' is not a number >= 0");
   nrmse_by_kind[kind] = v;
   return Status::Ok();
 }
 
-Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b, const DiffOptions& opts) {
+Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
+                               const DiffOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
-  LOCKSTEP_ASSIGN_OR_RETURN(WindowSelection windows, WindowSelection::Parse(opts.windows, "--windows"));
+  LOCKSTEP_ASSIGN_OR_RETURN(WindowSelection windows,
+                            WindowSelection::Parse(opts.windows, "--windows"));
   LOCKSTEP_ASSIGN_OR_RETURN(auto points, ParseExportPoints(opts.points, "--points"));
   if (!(opts.thresholds.nrmse_max >= 0.0) || !(opts.thresholds.kl_max >= 0.0))
     return Status::InvalidArgument("thresholds", "NRMSE and KL thresholds must be numbers >= 0");
   const std::int64_t min_mem = std::int64_t{16} << 20;
   if (opts.mem_limit_bytes < min_mem)
-    return Status::InvalidArgument("--mem-limit", "at least 16 MiB (" + std::to_string(opts.mem_limit_bytes) + " bytes given)");
+    return Status::InvalidArgument(
+        "--mem-limit",
+        "at least 16 MiB (" + std::to_string(opts.mem_limit_bytes) + " bytes given)");
 
   const ExportMeta& ma = a.meta();
   const ExportMeta& mb = b.meta();
@@ -249,11 +265,14 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b, con
   d.thresholds = opts.thresholds;
   d.config_differences = ConfigDifferences(ma.config_json, mb.config_json);
   d.model_differs = ma.model_sha256 != mb.model_sha256;
-  d.request_differs = ma.request_sha256 != mb.request_sha256 || ma.request_tokens != mb.request_tokens;
+  d.request_differs =
+      ma.request_sha256 != mb.request_sha256 || ma.request_tokens != mb.request_tokens;
   d.output_differs = ma.output_tokens != mb.output_tokens || ma.stop_reason != mb.stop_reason;
   std::string not_comparable;
-  if (d.model_differs) not_comparable = "the models differ (model_sha256)";
-  else if (d.request_differs) not_comparable = "the requests differ (request tokens)";
+  if (d.model_differs)
+    not_comparable = "the models differ (model_sha256)";
+  else if (d.request_differs)
+    not_comparable = "the requests differ (request tokens)";
 
   auto selected = [&](const ExportCheckpoint& cp) {
     CheckpointPoint pt = cp.point == "pre_verify"    ? CheckpointPoint::kPreVerify
@@ -273,7 +292,8 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b, con
   auto cp_of = [&](const std::string& n) { return by_a.count(n) ? by_a[n] : by_b[n]; };
   std::sort(names.begin(), names.end(), [&](const std::string& x, const std::string& y) {
     const ExportCheckpoint *cx = cp_of(x), *cy = cp_of(y);
-    return std::make_pair(cx->window, PointOrder(cx->point)) < std::make_pair(cy->window, PointOrder(cy->point));
+    return std::make_pair(cx->window, PointOrder(cx->point)) <
+           std::make_pair(cy->window, PointOrder(cy->point));
   });
 
   std::vector<Job> jobs;
@@ -289,12 +309,16 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b, con
     cs.T = any.T;
     // Checkpoint-level reasons not to compare: the items are not the same state boundary.
     std::string skip;
-    if (!not_comparable.empty()) skip = not_comparable;
-    else if (!ca) skip = "checkpoint exported by B only";
-    else if (!cb) skip = "checkpoint exported by A only";
+    if (!not_comparable.empty())
+      skip = not_comparable;
+    else if (!ca)
+      skip = "checkpoint exported by B only";
+    else if (!cb)
+      skip = "checkpoint exported by A only";
     else if (ca->p != cb->p || ca->T != cb->T)
-      skip = "different windows at this index (A p=" + std::to_string(ca->p) + " T=" + std::to_string(ca->T) +
-             ", B p=" + std::to_string(cb->p) + " T=" + std::to_string(cb->T) + "): not the same state boundary";
+      skip = "different windows at this index (A p=" + std::to_string(ca->p) +
+             " T=" + std::to_string(ca->T) + ", B p=" + std::to_string(cb->p) +
+             " T=" + std::to_string(cb->T) + "): not the same state boundary";
     std::map<std::string, const ExportItem*> ia, ib;
     if (ca)
       for (const auto& it : ca->items) ia[it.rel] = &it;
@@ -306,7 +330,8 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b, con
       if (!ia.count(rel)) order.push_back(it);
     std::sort(order.begin(), order.end(), [](const ExportItem* x, const ExportItem* y) {
       auto key = [](const ExportItem* i) {
-        return std::make_tuple(i->stage, i->layer < 0 ? 1 << 30 : i->layer, KindOrder(i->kind), i->rel);
+        return std::make_tuple(i->stage, i->layer < 0 ? 1 << 30 : i->layer, KindOrder(i->kind),
+                               i->rel);
       };
       return key(x) < key(y);
     });
@@ -322,7 +347,8 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b, con
         r.reason = std::string("missing in ") + (xa ? "B" : "A");
       } else if (xa->kind != xb->kind || xa->dtype != xb->dtype) {
         r.verdict = Verdict::kFail;
-        r.reason = "kind/dtype differ: A " + xa->kind + "/" + xa->dtype + ", B " + xb->kind + "/" + xb->dtype;
+        r.reason = "kind/dtype differ: A " + xa->kind + "/" + xa->dtype + ", B " + xb->kind + "/" +
+                   xb->dtype;
       } else if (xa->shape != xb->shape) {
         r.verdict = Verdict::kFail;
         r.reason = "shape differs: A " + ShapeText(xa->shape) + ", B " + ShapeText(xb->shape);
@@ -339,10 +365,15 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b, con
 
   // Parallel over items: workers pull the next job; each holds two read buffers of at most
   // block bytes (plus scales), so the whole diff stays under mem_limit.
-  int threads = opts.threads > 0 ? opts.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(threads), std::max<std::size_t>(1, jobs.size())));
-  const std::int64_t budget_per_worker = opts.mem_limit_bytes / 2 / threads;  // half for buffers, half headroom
-  const std::int64_t block = std::max<std::int64_t>(std::int64_t{1} << 16, std::min(kBlockBytes, budget_per_worker / 2));
+  int threads = opts.threads > 0
+                    ? opts.threads
+                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(threads),
+                                                   std::max<std::size_t>(1, jobs.size())));
+  const std::int64_t budget_per_worker =
+      opts.mem_limit_bytes / 2 / threads;  // half for buffers, half headroom
+  const std::int64_t block =
+      std::max<std::int64_t>(std::int64_t{1} << 16, std::min(kBlockBytes, budget_per_worker / 2));
   std::atomic<std::size_t> next{0};
   std::vector<Status> errors(static_cast<std::size_t>(threads));
   std::vector<std::uint64_t> bytes(static_cast<std::size_t>(threads), 0);
@@ -371,11 +402,18 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b, con
       ItemResult& r = d.items[ic];
       Judge(r);
       switch (r.verdict) {
-        case Verdict::kPass: ++cs.passed; break;
-        case Verdict::kFail: ++cs.failed; break;
-        case Verdict::kSkip: ++cs.skipped, ++cs.skip_reasons[r.reason]; break;
+        case Verdict::kPass:
+          ++cs.passed;
+          break;
+        case Verdict::kFail:
+          ++cs.failed;
+          break;
+        case Verdict::kSkip:
+          ++cs.skipped, ++cs.skip_reasons[r.reason];
+          break;
       }
-      if (r.verdict == Verdict::kFail && d.first_failure < 0) d.first_failure = static_cast<std::int64_t>(ic);
+      if (r.verdict == Verdict::kFail && d.first_failure < 0)
+        d.first_failure = static_cast<std::int64_t>(ic);
     }
     cs.compared = cs.passed + cs.failed;
     d.compared += cs.compared;

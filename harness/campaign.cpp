@@ -27,8 +27,9 @@ namespace lockstep {
 
 const std::vector<std::string>& StopPredicates() {
   static const std::vector<std::string> kPredicates{
-      "path_diverged", "path_diverged_early", "window_timing_unstable", "aggregate_timing_failed", "state_failed",
-      "output_differs", "resource_guard", "swap_used", "arm_failed", "control_missed"};
+      "path_diverged", "path_diverged_early", "window_timing_unstable", "aggregate_timing_failed",
+      "state_failed",  "output_differs",      "resource_guard",         "swap_used",
+      "arm_failed",    "control_missed"};
   return kPredicates;
 }
 
@@ -39,8 +40,8 @@ namespace fs = std::filesystem;
 constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
 constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
 
-// Needle prompts: "The code of vault KK is NNNNN. " (31 bytes) and "What is the code of vault KK?" (29 bytes);
-// vault numbers have two digits and codes five, so the sizes do not depend on the seed.
+// Needle prompts: "The code of vault KK is NNNNN. " (31 bytes) and "What is the code of vault KK?"
+// (29 bytes); vault numbers have two digits and codes five, so the sizes do not depend on the seed.
 constexpr std::size_t kNeedleBytes = 31;
 constexpr std::size_t kQuestionBytes = 29;
 constexpr int kMinNeedleTokens = 64;
@@ -48,7 +49,8 @@ constexpr int kMaxNeedleTokens = 1 << 20;
 constexpr int kMaxNeedles = 64;
 
 std::int64_t NeedleMinTokens(std::int64_t needles) {
-  return static_cast<std::int64_t>(kQuestionBytes) + needles * static_cast<std::int64_t>(kNeedleBytes);
+  return static_cast<std::int64_t>(kQuestionBytes) +
+         needles * static_cast<std::int64_t>(kNeedleBytes);
 }
 
 std::string Join(const std::vector<std::string>& v, std::string_view sep = ", ") {
@@ -68,14 +70,15 @@ bool Contains(const std::vector<std::string>& v, const std::string& s) {
 bool ValidName(std::string_view s) {
   if (s.empty()) return false;
   return std::all_of(s.begin(), s.end(), [](char ch) {
-    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
-           ch == '.' || ch == '-';
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           ch == '_' || ch == '.' || ch == '-';
   });
 }
 
 std::string TypeName(const toml::node& n) {
   std::ostringstream os;
-  os << n.type();  // "string", "integer", "floating-point", "boolean", "table", "array", "date-time", ...
+  os << n.type();  // "string", "integer", "floating-point", "boolean", "table", "array",
+                   // "date-time", ...
   return os.str();
 }
 
@@ -96,7 +99,8 @@ using KeyLocations = std::map<std::string, toml::source_region>;
 
 class PlanParser {
  public:
-  PlanParser(std::string source, std::string plan_dir) : source_(std::move(source)), plan_dir_(std::move(plan_dir)) {}
+  PlanParser(std::string source, std::string plan_dir)
+      : source_(std::move(source)), plan_dir_(std::move(plan_dir)) {}
 
   Result<Campaign> Parse(std::string_view text);
 
@@ -108,29 +112,39 @@ class PlanParser {
     return Status::InvalidArgument(At(r), detail);
   }
   Status TypeError(const toml::node& n, std::string_view key, std::string_view want) const {
-    return Error(n.source(), "'" + std::string(key) + "' must be " + std::string(want) + ", got " + TypeName(n));
+    return Error(n.source(), "'" + std::string(key) + "' must be " + std::string(want) + ", got " +
+                                 TypeName(n));
   }
 
-  Status CheckKeys(const toml::table& t, std::string_view where, const std::vector<std::string>& allowed) const;
+  Status CheckKeys(const toml::table& t, std::string_view where,
+                   const std::vector<std::string>& allowed) const;
   Result<const toml::table*> Table(const toml::node& n, std::string_view key) const;
-  // The table under `key` (nullptr when absent) with its keys checked; `where` names it ("[gates.path]").
-  Result<const toml::table*> OptTable(const toml::table& t, std::string_view key, std::string_view where,
+  // The table under `key` (nullptr when absent) with its keys checked; `where` names it
+  // ("[gates.path]").
+  Result<const toml::table*> OptTable(const toml::table& t, std::string_view key,
+                                      std::string_view where,
                                       const std::vector<std::string>& allowed) const;
-  Result<const toml::node*> Required(const toml::table& t, std::string_view key, std::string_view where) const {
+  Result<const toml::node*> Required(const toml::table& t, std::string_view key,
+                                     std::string_view where) const {
     const toml::node* n = t.get(key);
     if (n == nullptr)
-      return Error(t.source(), std::string(where) + ": missing required key '" + std::string(key) + "'");
+      return Error(t.source(),
+                   std::string(where) + ": missing required key '" + std::string(key) + "'");
     return n;
   }
-  Result<std::string> String(const toml::node& n, std::string_view key, bool allow_empty = false) const;
+  Result<std::string> String(const toml::node& n, std::string_view key,
+                             bool allow_empty = false) const;
   Result<std::string> Name(const toml::node& n, std::string_view key) const;
-  Result<std::int64_t> Integer(const toml::node& n, std::string_view key, std::int64_t lo, std::int64_t hi) const;
+  Result<std::int64_t> Integer(const toml::node& n, std::string_view key, std::int64_t lo,
+                               std::int64_t hi) const;
   Result<double> Number(const toml::node& n, std::string_view key, double lo) const;
   Result<bool> Bool(const toml::node& n, std::string_view key) const;
-  Result<std::vector<std::string>> StringList(const toml::node& n, std::string_view key,
-                                              std::vector<const toml::node*>* elements = nullptr) const;
+  Result<std::vector<std::string>> StringList(
+      const toml::node& n, std::string_view key,
+      std::vector<const toml::node*>* elements = nullptr) const;
   Result<std::string> ExistingPath(const toml::node& n, std::string_view key, bool folder) const;
-  Result<nlohmann::json> EngineValue(const toml::node& n, const std::string& key, const nlohmann::json& want) const;
+  Result<nlohmann::json> EngineValue(const toml::node& n, const std::string& key,
+                                     const nlohmann::json& want) const;
 
   // Optional keys of `t`: `out` keeps its default when the key is absent.
   Status OptBool(const toml::table& t, std::string_view key, bool& out) const {
@@ -139,7 +153,8 @@ class PlanParser {
     LOCKSTEP_ASSIGN_OR_RETURN(out, Bool(*n, key));
     return Status::Ok();
   }
-  Status OptString(const toml::table& t, std::string_view key, std::string& out, bool allow_empty = false) const {
+  Status OptString(const toml::table& t, std::string_view key, std::string& out,
+                   bool allow_empty = false) const {
     const toml::node* n = t.get(key);
     if (n == nullptr) return Status::Ok();
     LOCKSTEP_ASSIGN_OR_RETURN(out, String(*n, key, allow_empty));
@@ -153,7 +168,8 @@ class PlanParser {
     return Status::Ok();
   }
   template <typename T>  // an integer type holding [lo, hi]
-  Status OptInteger(const toml::table& t, std::string_view key, std::int64_t lo, std::int64_t hi, T& out) const {
+  Status OptInteger(const toml::table& t, std::string_view key, std::int64_t lo, std::int64_t hi,
+                    T& out) const {
     const toml::node* n = t.get(key);
     if (n == nullptr) return Status::Ok();
     LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t x, Integer(*n, key, lo, hi));
@@ -163,7 +179,8 @@ class PlanParser {
 
   Status ParseModel(const toml::table& t, ModelSpec& m);
   Status ParseRequest(const toml::table& t, RequestSpec& r) const;
-  Result<nlohmann::json> ParseEngine(const toml::table& t, const std::string& where, KeyLocations& locs) const;
+  Result<nlohmann::json> ParseEngine(const toml::table& t, const std::string& where,
+                                     KeyLocations& locs) const;
   Status ParseExport(const toml::table& t, ExportPlan& e) const;
   Status ParseThresholds(const toml::table& t, Thresholds& th) const;
   Status ParseGates(const toml::table& t, GateSpec& g) const;
@@ -171,11 +188,13 @@ class PlanParser {
   Status ParseStop(const toml::table& t, Campaign& c) const;
   Status AddControlArm(Campaign& c, const toml::node& control_node);
   Status ArmConfigStatus(const Campaign& c, const ArmSpec& arm) const;
-  Status CheckArmConfig(const Campaign& c, std::size_t index, const toml::source_region& fallback) const;
+  Status CheckArmConfig(const Campaign& c, std::size_t index,
+                        const toml::source_region& fallback) const;
 
   std::string source_, plan_dir_;
-  std::optional<ModelConfig> model_config_;  // the plan's model (preset, or the folder's config.json)
-  KeyLocations engine_locs_;                 // campaign [engine] keys -> where their values are
+  std::optional<ModelConfig>
+      model_config_;          // the plan's model (preset, or the folder's config.json)
+  KeyLocations engine_locs_;  // campaign [engine] keys -> where their values are
   std::vector<KeyLocations> arm_engine_locs_;  // per declared arm: [arm.engine] keys
 };
 
@@ -183,8 +202,9 @@ Status PlanParser::CheckKeys(const toml::table& t, std::string_view where,
                              const std::vector<std::string>& allowed) const {
   for (auto&& [key, node] : t) {
     if (!Contains(allowed, std::string(key.str())))
-      return Error(key.source(), "unknown key '" + std::string(key.str()) + "' " + std::string(where) +
-                                     " (expected one of: " + Join(allowed) + ")");
+      return Error(key.source(), "unknown key '" + std::string(key.str()) + "' " +
+                                     std::string(where) + " (expected one of: " + Join(allowed) +
+                                     ")");
   }
   return Status::Ok();
 }
@@ -195,7 +215,8 @@ Result<const toml::table*> PlanParser::Table(const toml::node& n, std::string_vi
   return t;
 }
 
-Result<const toml::table*> PlanParser::OptTable(const toml::table& t, std::string_view key, std::string_view where,
+Result<const toml::table*> PlanParser::OptTable(const toml::table& t, std::string_view key,
+                                                std::string_view where,
                                                 const std::vector<std::string>& allowed) const {
   const toml::node* n = t.get(key);
   if (n == nullptr) return static_cast<const toml::table*>(nullptr);
@@ -204,16 +225,20 @@ Result<const toml::table*> PlanParser::OptTable(const toml::table& t, std::strin
   return sub;
 }
 
-Result<std::string> PlanParser::String(const toml::node& n, std::string_view key, bool allow_empty) const {
+Result<std::string> PlanParser::String(const toml::node& n, std::string_view key,
+                                       bool allow_empty) const {
   const toml::value<std::string>* v = n.as_string();
   if (v == nullptr) return TypeError(n, key, "a string");
-  if (!allow_empty && v->get().empty()) return Error(n.source(), "'" + std::string(key) + "' must not be empty");
+  if (!allow_empty && v->get().empty())
+    return Error(n.source(), "'" + std::string(key) + "' must not be empty");
   return v->get();
 }
 
 Result<std::string> PlanParser::Name(const toml::node& n, std::string_view key) const {
   LOCKSTEP_ASSIGN_OR_RETURN(std::string s, String(n, key));
-  if (!ValidName(s)) return Error(n.source(), "'" + std::string(key) + "' must match [A-Za-z0-9_.-]+, got '" + s + "'");
+  if (!ValidName(s))
+    return Error(n.source(),
+                 "'" + std::string(key) + "' must match [A-Za-z0-9_.-]+, got '" + s + "'");
   return s;
 }
 
@@ -226,7 +251,8 @@ Result<std::int64_t> PlanParser::Integer(const toml::node& n, std::string_view k
     std::string range = hi == kInt64Max || hi == kIntMax
                             ? ">= " + std::to_string(lo)
                             : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-    return Error(n.source(), "'" + std::string(key) + "' must be " + range + ", got " + std::to_string(x));
+    return Error(n.source(),
+                 "'" + std::string(key) + "' must be " + range + ", got " + std::to_string(x));
   }
   return x;
 }
@@ -254,14 +280,15 @@ Result<bool> PlanParser::Bool(const toml::node& n, std::string_view key) const {
   return v->get();
 }
 
-Result<std::vector<std::string>> PlanParser::StringList(const toml::node& n, std::string_view key,
-                                                        std::vector<const toml::node*>* elements) const {
+Result<std::vector<std::string>> PlanParser::StringList(
+    const toml::node& n, std::string_view key, std::vector<const toml::node*>* elements) const {
   const toml::array* a = n.as_array();
   if (a == nullptr) return TypeError(n, key, "an array of strings");
   std::vector<std::string> out;
   for (const toml::node& e : *a) {
     if (!e.is_string())
-      return Error(e.source(), "'" + std::string(key) + "' must be an array of strings, got an element of type " +
+      return Error(e.source(), "'" + std::string(key) +
+                                   "' must be an array of strings, got an element of type " +
                                    TypeName(e));
     out.push_back(e.as_string()->get());
     if (elements != nullptr) elements->push_back(&e);
@@ -269,7 +296,8 @@ Result<std::vector<std::string>> PlanParser::StringList(const toml::node& n, std
   return out;
 }
 
-Result<std::string> PlanParser::ExistingPath(const toml::node& n, std::string_view key, bool folder) const {
+Result<std::string> PlanParser::ExistingPath(const toml::node& n, std::string_view key,
+                                             bool folder) const {
   LOCKSTEP_ASSIGN_OR_RETURN(std::string given, String(n, key));
   fs::path p(given);
   if (p.is_relative()) p = fs::path(plan_dir_) / p;
@@ -278,8 +306,8 @@ Result<std::string> PlanParser::ExistingPath(const toml::node& n, std::string_vi
   const fs::file_status st = fs::status(p, ec);
   const bool found = folder ? fs::is_directory(st) : fs::is_regular_file(st);
   if (!found)
-    return Error(n.source(), "'" + std::string(key) + "': " + (folder ? "folder '" : "file '") + given +
-                                 "' not found (resolved to " + p.string() + ")");
+    return Error(n.source(), "'" + std::string(key) + "': " + (folder ? "folder '" : "file '") +
+                                 given + "' not found (resolved to " + p.string() + ")");
   return p.string();
 }
 
@@ -287,9 +315,10 @@ Status PlanParser::ParseModel(const toml::table& t, ModelSpec& m) {
   const toml::node* path = t.get("path");
   const toml::node* preset = t.get("preset");
   if ((path == nullptr) == (preset == nullptr))
-    return Error(t.source(), path != nullptr ? "[model]: give exactly one of 'path' or 'preset', not both"
-                                             : "[model]: give one of 'path' (a checkpoint folder) or 'preset' "
-                                               "(tiny | small | seed48)");
+    return Error(t.source(), path != nullptr
+                                 ? "[model]: give exactly one of 'path' or 'preset', not both"
+                                 : "[model]: give one of 'path' (a checkpoint folder) or 'preset' "
+                                   "(tiny | small | seed48)");
   if (preset != nullptr) {
     LOCKSTEP_ASSIGN_OR_RETURN(m.preset, String(*preset, "preset"));
     auto known = SyntheticConfig(m.preset);
@@ -299,7 +328,8 @@ Status PlanParser::ParseModel(const toml::table& t, ModelSpec& m) {
   for (const char* key : {"seed", "induction"}) {
     const toml::node* n = t.get(key);
     if (n != nullptr && path != nullptr)
-      return Error(n->source(), "'" + std::string(key) + "' applies to a synthetic 'preset' model only");
+      return Error(n->source(),
+                   "'" + std::string(key) + "' applies to a synthetic 'preset' model only");
   }
   LOCKSTEP_RETURN_IF_ERROR(OptInteger(t, "seed", 0, kInt64Max, m.seed));
   LOCKSTEP_RETURN_IF_ERROR(OptBool(t, "induction", m.induction));
@@ -307,8 +337,9 @@ Status PlanParser::ParseModel(const toml::table& t, ModelSpec& m) {
     LOCKSTEP_ASSIGN_OR_RETURN(m.path, ExistingPath(*path, "path", /*folder=*/true));
     auto config = ModelConfig::FromFile((fs::path(m.path) / "config.json").string());
     if (!config.ok())
-      return Error(path->source(), "'path': '" + path->as_string()->get() + "' is not a checkpoint folder: " +
-                                       config.status().message());
+      return Error(path->source(),
+                   "'path': '" + path->as_string()->get() +
+                       "' is not a checkpoint folder: " + config.status().message());
     model_config_ = std::move(config).value();
   }
   return Status::Ok();
@@ -317,8 +348,9 @@ Status PlanParser::ParseModel(const toml::table& t, ModelSpec& m) {
 Status PlanParser::ParseRequest(const toml::table& t, RequestSpec& r) const {
   const std::size_t given = t.size();
   if (given != 1)
-    return Error(t.source(), "[request]: give exactly one of prompt, prompt_file, token_file or needle (got " +
-                                 std::to_string(given) + ")");
+    return Error(t.source(),
+                 "[request]: give exactly one of prompt, prompt_file, token_file or needle (got " +
+                     std::to_string(given) + ")");
   LOCKSTEP_RETURN_IF_ERROR(OptString(t, "prompt", r.prompt));
   if (const toml::node* n = t.get("prompt_file")) {
     LOCKSTEP_ASSIGN_OR_RETURN(r.prompt_file, ExistingPath(*n, "prompt_file", /*folder=*/false));
@@ -326,18 +358,21 @@ Status PlanParser::ParseRequest(const toml::table& t, RequestSpec& r) const {
   if (const toml::node* n = t.get("token_file")) {
     LOCKSTEP_ASSIGN_OR_RETURN(r.token_file, ExistingPath(*n, "token_file", /*folder=*/false));
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* nt,
-                            OptTable(t, "needle", "[request.needle]", {"tokens", "needles", "seed"}));
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* nt, OptTable(t, "needle", "[request.needle]",
+                                                            {"tokens", "needles", "seed"}));
   if (nt != nullptr) {
     NeedleSpec spec;
-    LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* tokens, Required(*nt, "tokens", "[request.needle]"));
-    LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t tok, Integer(*tokens, "tokens", kMinNeedleTokens, kMaxNeedleTokens));
+    LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* tokens,
+                              Required(*nt, "tokens", "[request.needle]"));
+    LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t tok,
+                              Integer(*tokens, "tokens", kMinNeedleTokens, kMaxNeedleTokens));
     spec.tokens = static_cast<int>(tok);
     LOCKSTEP_RETURN_IF_ERROR(OptInteger(*nt, "needles", 1, kMaxNeedles, spec.needles));
     LOCKSTEP_RETURN_IF_ERROR(OptInteger(*nt, "seed", 0, kInt64Max, spec.seed));
     if (tok < NeedleMinTokens(spec.needles))
-      return Error(tokens->source(), "'tokens': " + std::to_string(spec.needles) + " needles and the question need " +
-                                         "at least " + std::to_string(NeedleMinTokens(spec.needles)) +
+      return Error(tokens->source(), "'tokens': " + std::to_string(spec.needles) +
+                                         " needles and the question need " + "at least " +
+                                         std::to_string(NeedleMinTokens(spec.needles)) +
                                          " tokens, got " + std::to_string(tok));
     r.needle = spec;
   }
@@ -378,24 +413,30 @@ Result<nlohmann::json> PlanParser::ParseEngine(const toml::table& t, const std::
   for (auto&& [key, node] : t) {
     const std::string k(key.str());
     if (k == "model")
-      return Error(key.source(), where + ": 'model' is set by the [model] table, not by engine overrides");
-    if (k == "replay_path") return Error(key.source(), where + ": 'replay_path' cannot be set in a campaign");
-    if (!EngineDefaults().contains(k))
       return Error(key.source(),
-                   where + ": unknown engine field '" + k + "' (EngineConfig keys: " + EngineKeyList() + ")");
+                   where + ": 'model' is set by the [model] table, not by engine overrides");
+    if (k == "replay_path")
+      return Error(key.source(), where + ": 'replay_path' cannot be set in a campaign");
+    if (!EngineDefaults().contains(k))
+      return Error(key.source(), where + ": unknown engine field '" + k +
+                                     "' (EngineConfig keys: " + EngineKeyList() + ")");
     const nlohmann::json& def = EngineDefaults()[k];
     if (def.is_array()) {
       const toml::array* a = node.as_array();
       // Element types of the list keys (others: any scalar, FromJson checks them).
-      const nlohmann::json elem =
-          k == "split" ? nlohmann::json(0) : k == "inject" ? nlohmann::json("") : nlohmann::json();
-      const char* want = k == "split" ? "an array of integers" : k == "inject" ? "an array of strings" : "an array";
+      const nlohmann::json elem = k == "split"    ? nlohmann::json(0)
+                                  : k == "inject" ? nlohmann::json("")
+                                                  : nlohmann::json();
+      const char* want = k == "split"    ? "an array of integers"
+                         : k == "inject" ? "an array of strings"
+                                         : "an array";
       if (a == nullptr) return TypeError(node, k, want);
       nlohmann::json arr = nlohmann::json::array();
       for (const toml::node& e : *a) {
         auto v = EngineValue(e, k, elem);
         if (!v.ok())
-          return Error(e.source(), "'" + k + "' must be " + want + ", got an element of type " + TypeName(e));
+          return Error(e.source(),
+                       "'" + k + "' must be " + want + ", got an element of type " + TypeName(e));
         arr.push_back(std::move(v).value());
       }
       out[k] = std::move(arr);
@@ -416,7 +457,8 @@ Status PlanParser::ParseExport(const toml::table& t, ExportPlan& e) const {
   if (const toml::node* n = t.get("points")) {
     std::vector<const toml::node*> elems;
     LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::string> points, StringList(*n, "points", &elems));
-    if (points.empty()) return Error(n->source(), "'points' must not be empty (pre_verify, post_verify, commit)");
+    if (points.empty())
+      return Error(n->source(), "'points' must not be empty (pre_verify, post_verify, commit)");
     for (std::size_t i = 0; i < points.size(); ++i) {
       auto p = ParseExportPoints(points[i], "points");
       if (!p.ok() || points[i].find(',') != std::string::npos)
@@ -440,8 +482,9 @@ Status PlanParser::ParseThresholds(const toml::table& t, Thresholds& th) const {
     for (auto&& [key, node] : *kinds) {
       const std::string kind(key.str());
       if (!Contains(ItemKinds(), kind))
-        return Error(key.source(), "unknown item kind '" + kind + "' in [thresholds.kinds] (kinds: " +
-                                       Join(ItemKinds()) + ")");
+        return Error(key.source(), "unknown item kind '" + kind +
+                                       "' in [thresholds.kinds] (kinds: " + Join(ItemKinds()) +
+                                       ")");
       LOCKSTEP_ASSIGN_OR_RETURN(th.nrmse_by_kind[kind], Number(node, kind, 0.0));
     }
   }
@@ -457,14 +500,17 @@ Status PlanParser::ParseGates(const toml::table& t, GateSpec& g) const {
     LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t w, Integer(*within, "within", 0, kIntMax));
     g.path_within = static_cast<int>(w);
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* a,
-                            OptTable(t, "aggregate_timing", "[gates.aggregate_timing]", {"rel_max"}));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      const toml::table* a,
+      OptTable(t, "aggregate_timing", "[gates.aggregate_timing]", {"rel_max"}));
   if (a != nullptr) {
-    LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* rel, Required(*a, "rel_max", "[gates.aggregate_timing]"));
+    LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* rel,
+                              Required(*a, "rel_max", "[gates.aggregate_timing]"));
     LOCKSTEP_ASSIGN_OR_RETURN(g.aggregate_rel_max, Number(*rel, "rel_max", 0.0));
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* w,
-                            OptTable(t, "window_timing", "[gates.window_timing]", {"abs_ms", "rel"}));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      const toml::table* w,
+      OptTable(t, "window_timing", "[gates.window_timing]", {"abs_ms", "rel"}));
   if (w != nullptr) {
     if (w->empty()) return Error(w->source(), "[gates.window_timing]: give abs_ms, rel or both");
     g.window_abs_ms = 0.0;
@@ -472,8 +518,8 @@ Status PlanParser::ParseGates(const toml::table& t, GateSpec& g) const {
     LOCKSTEP_RETURN_IF_ERROR(OptNumber(*w, "abs_ms", 0.0, g.window_abs_ms));
     LOCKSTEP_RETURN_IF_ERROR(OptNumber(*w, "rel", 0.0, g.window_rel));
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* r,
-                            OptTable(t, "resources", "[gates.resources]", {"no_swap", "min_free_mib"}));
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* r, OptTable(t, "resources", "[gates.resources]",
+                                                           {"no_swap", "min_free_mib"}));
   if (r != nullptr) {
     g.resources = true;
     LOCKSTEP_RETURN_IF_ERROR(OptBool(*r, "no_swap", g.no_swap));
@@ -483,16 +529,17 @@ Status PlanParser::ParseGates(const toml::table& t, GateSpec& g) const {
 }
 
 Status PlanParser::ParseArm(const toml::table& t, Campaign& c) {
-  LOCKSTEP_RETURN_IF_ERROR(
-      CheckKeys(t, "in [[arm]]", {"name", "mode", "repeat", "baseline", "require", "decision", "engine"}));
+  LOCKSTEP_RETURN_IF_ERROR(CheckKeys(
+      t, "in [[arm]]", {"name", "mode", "repeat", "baseline", "require", "decision", "engine"}));
   ArmSpec arm;
   arm.line = static_cast<int>(t.source().begin.line);
   LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* name, Required(t, "name", "[[arm]]"));
   LOCKSTEP_ASSIGN_OR_RETURN(arm.name, Name(*name, "name"));
   for (const ArmSpec& earlier : c.arms) {
     if (earlier.name == arm.name)
-      return Error(name->source(), "duplicate arm name '" + arm.name + "' (first declared at line " +
-                                       std::to_string(earlier.line) + ")");
+      return Error(name->source(), "duplicate arm name '" + arm.name +
+                                       "' (first declared at line " + std::to_string(earlier.line) +
+                                       ")");
   }
   const std::string label = "arm '" + arm.name + "'";
   if (const toml::node* n = t.get("mode")) {
@@ -503,7 +550,8 @@ Status PlanParser::ParseArm(const toml::table& t, Campaign& c) {
   if (const toml::node* n = t.get("repeat")) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t repeat, Integer(*n, "repeat", 1, 1000000));
     if (arm.mode == "state" && repeat != 1)
-      return Error(n->source(), label + ": a state arm runs once ('repeat' must be 1, got " + std::to_string(repeat) +
+      return Error(n->source(), label + ": a state arm runs once ('repeat' must be 1, got " +
+                                    std::to_string(repeat) +
                                     "); repeat a mode = \"timing\" arm instead");
     arm.repeat = static_cast<int>(repeat);
   }
@@ -514,27 +562,34 @@ Status PlanParser::ParseArm(const toml::table& t, Campaign& c) {
   }
   if (const toml::node* n = t.get("baseline")) {
     LOCKSTEP_ASSIGN_OR_RETURN(arm.baseline, String(*n, "baseline"));
-    if (arm.baseline == arm.name) return Error(n->source(), label + ": an arm cannot be its own baseline");
+    if (arm.baseline == arm.name)
+      return Error(n->source(), label + ": an arm cannot be its own baseline");
     if (!Contains(earlier_names, arm.baseline))
-      return Error(n->source(), label + ": baseline '" + arm.baseline + "' is not an earlier arm (earlier arms: " +
-                                    (earlier_names.empty() ? std::string("none") : Join(earlier_names)) + ")");
+      return Error(n->source(),
+                   label + ": baseline '" + arm.baseline +
+                       "' is not an earlier arm (earlier arms: " +
+                       (earlier_names.empty() ? std::string("none") : Join(earlier_names)) + ")");
   }
   if (const toml::node* n = t.get("require")) {
     std::vector<const toml::node*> elems;
     LOCKSTEP_ASSIGN_OR_RETURN(arm.require, StringList(*n, "require", &elems));
     for (std::size_t i = 0; i < arm.require.size(); ++i) {
       if (!Contains(decisions, arm.require[i]))
-        return Error(elems[i]->source(), label + ": requires decision '" + arm.require[i] +
-                                             "', which no earlier arm declares (declared: " +
-                                             (decisions.empty() ? std::string("none") : Join(decisions)) + ")");
+        return Error(elems[i]->source(),
+                     label + ": requires decision '" + arm.require[i] +
+                         "', which no earlier arm declares (declared: " +
+                         (decisions.empty() ? std::string("none") : Join(decisions)) + ")");
     }
   }
   if (const toml::node* n = t.get("decision")) {
     LOCKSTEP_ASSIGN_OR_RETURN(arm.decision, Name(*n, "decision"));
     if (arm.baseline.empty())
-      return Error(n->source(), label + ": 'decision' needs a 'baseline' (a decision is the verdict of a comparison)");
+      return Error(
+          n->source(),
+          label + ": 'decision' needs a 'baseline' (a decision is the verdict of a comparison)");
     if (Contains(decisions, arm.decision))
-      return Error(n->source(), label + ": decision '" + arm.decision + "' is already declared by an earlier arm");
+      return Error(n->source(), label + ": decision '" + arm.decision +
+                                    "' is already declared by an earlier arm");
   }
   KeyLocations locs;
   if (const toml::node* n = t.get("engine")) {
@@ -552,7 +607,8 @@ Status PlanParser::ParseStop(const toml::table& t, Campaign& c) const {
   LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* name, Required(t, "name", "[[stop]]"));
   LOCKSTEP_ASSIGN_OR_RETURN(rule.name, Name(*name, "name"));
   for (const StopRule& earlier : c.stop) {
-    if (earlier.name == rule.name) return Error(name->source(), "duplicate stop rule name '" + rule.name + "'");
+    if (earlier.name == rule.name)
+      return Error(name->source(), "duplicate stop rule name '" + rule.name + "'");
   }
   const std::string label = "stop rule '" + rule.name + "'";
   if (const toml::node* n = t.get("when")) {
@@ -564,7 +620,8 @@ Status PlanParser::ParseStop(const toml::table& t, Campaign& c) const {
   LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* preds, Required(t, "predicates", label));
   std::vector<const toml::node*> elems;
   LOCKSTEP_ASSIGN_OR_RETURN(rule.predicates, StringList(*preds, "predicates", &elems));
-  if (rule.predicates.empty()) return Error(preds->source(), label + ": 'predicates' must not be empty");
+  if (rule.predicates.empty())
+    return Error(preds->source(), label + ": 'predicates' must not be empty");
   for (std::size_t i = 0; i < rule.predicates.size(); ++i) {
     if (!Contains(StopPredicates(), rule.predicates[i]))
       return Error(elems[i]->source(), label + ": unknown predicate '" + rule.predicates[i] +
@@ -581,12 +638,14 @@ Status PlanParser::ParseStop(const toml::table& t, Campaign& c) const {
 Status PlanParser::AddControlArm(Campaign& c, const toml::node& control_node) {
   const ArmSpec& first = c.arms.front();
   if (first.mode != "state")
-    return Error(control_node.source(), "'control' needs the first arm (its baseline) to be a state arm, but arm '" +
-                                            first.name + "' is a timing arm");
+    return Error(control_node.source(),
+                 "'control' needs the first arm (its baseline) to be a state arm, but arm '" +
+                     first.name + "' is a timing arm");
   for (const ArmSpec& arm : c.arms) {
     if (arm.name == "control")
-      return Error(control_node.source(), "'control' adds an arm named 'control', but the arm declared at line " +
-                                              std::to_string(arm.line) + " already has that name");
+      return Error(control_node.source(),
+                   "'control' adds an arm named 'control', but the arm declared at line " +
+                       std::to_string(arm.line) + " already has that name");
   }
   ArmSpec control;
   control.name = "control";
@@ -595,9 +654,9 @@ Status PlanParser::AddControlArm(Campaign& c, const toml::node& control_node) {
   control.control = true;
   control.line = static_cast<int>(control_node.source().begin.line);
   control.engine = first.engine;
-  nlohmann::json inject = first.engine.contains("inject")   ? first.engine["inject"]
-                          : c.engine.contains("inject")     ? c.engine["inject"]
-                                                            : nlohmann::json::array();
+  nlohmann::json inject = first.engine.contains("inject") ? first.engine["inject"]
+                          : c.engine.contains("inject")   ? c.engine["inject"]
+                                                          : nlohmann::json::array();
   inject.push_back(c.control);
   control.engine["inject"] = std::move(inject);
   c.arms.push_back(std::move(control));
@@ -618,7 +677,8 @@ Status PlanParser::ArmConfigStatus(const Campaign& c, const ArmSpec& arm) const 
 // Validates the arm's effective config now, so a bad value fails before anything runs. The error
 // points at the engine key responsible: the first one (arm overrides, then [engine]) whose removal
 // changes the error; else at `fallback`.
-Status PlanParser::CheckArmConfig(const Campaign& c, std::size_t index, const toml::source_region& fallback) const {
+Status PlanParser::CheckArmConfig(const Campaign& c, std::size_t index,
+                                  const toml::source_region& fallback) const {
   const ArmSpec& arm = c.arms[index];
   const Status st = ArmConfigStatus(c, arm);
   if (st.ok()) return st;
@@ -640,7 +700,8 @@ Status PlanParser::CheckArmConfig(const Campaign& c, std::size_t index, const to
     without.model = c.model;
     without.engine = c.engine;
     without.engine.erase(key);
-    if (implicated(without, arm)) return Error(where, msg + " (engine key '" + key + "' in [engine])");
+    if (implicated(without, arm))
+      return Error(where, msg + " (engine key '" + key + "' in [engine])");
   }
   return Error(fallback, msg);
 }
@@ -654,46 +715,56 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
   }
   toml::source_region top;
   top.begin = toml::source_position{1, 1};
-  LOCKSTEP_RETURN_IF_ERROR(CheckKeys(root, "at the top level",
-                                     {"name", "question", "hypothesis", "control", "min_timing_repeats", "model",
-                                      "request", "engine", "export", "thresholds", "gates", "arm", "stop"}));
+  LOCKSTEP_RETURN_IF_ERROR(
+      CheckKeys(root, "at the top level",
+                {"name", "question", "hypothesis", "control", "min_timing_repeats", "model",
+                 "request", "engine", "export", "thresholds", "gates", "arm", "stop"}));
   Campaign c;
   c.plan_dir = plan_dir_;
   c.plan_text = std::string(text);
   c.plan_sha256 = Sha256Hex(text);
 
   const toml::node* name = root.get("name");
-  if (name == nullptr) return Error(top, "missing required key 'name' (the campaign's name, [A-Za-z0-9_.-]+)");
+  if (name == nullptr)
+    return Error(top, "missing required key 'name' (the campaign's name, [A-Za-z0-9_.-]+)");
   LOCKSTEP_ASSIGN_OR_RETURN(c.name, Name(*name, "name"));
   const toml::node* question = root.get("question");
-  if (question == nullptr) return Error(top, "missing required key 'question' (what the campaign asks)");
+  if (question == nullptr)
+    return Error(top, "missing required key 'question' (what the campaign asks)");
   LOCKSTEP_ASSIGN_OR_RETURN(c.question, String(*question, "question"));
   LOCKSTEP_RETURN_IF_ERROR(OptString(root, "hypothesis", c.hypothesis, /*allow_empty=*/true));
-  LOCKSTEP_RETURN_IF_ERROR(OptInteger(root, "min_timing_repeats", 2, 1000000, c.min_timing_repeats));
+  LOCKSTEP_RETURN_IF_ERROR(
+      OptInteger(root, "min_timing_repeats", 2, 1000000, c.min_timing_repeats));
 
-  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* model,
-                            OptTable(root, "model", "[model]", {"path", "preset", "seed", "induction"}));
-  if (model == nullptr) return Error(top, "missing [model] table (required: exactly one of path or preset)");
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      const toml::table* model,
+      OptTable(root, "model", "[model]", {"path", "preset", "seed", "induction"}));
+  if (model == nullptr)
+    return Error(top, "missing [model] table (required: exactly one of path or preset)");
   LOCKSTEP_RETURN_IF_ERROR(ParseModel(*model, c.model));
-  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* request,
-                            OptTable(root, "request", "[request]", {"prompt", "prompt_file", "token_file", "needle"}));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      const toml::table* request,
+      OptTable(root, "request", "[request]", {"prompt", "prompt_file", "token_file", "needle"}));
   if (request == nullptr)
-    return Error(top, "missing [request] table (required: one of prompt, prompt_file, token_file or needle)");
+    return Error(
+        top,
+        "missing [request] table (required: one of prompt, prompt_file, token_file or needle)");
   LOCKSTEP_RETURN_IF_ERROR(ParseRequest(*request, c.request));
 
   if (const toml::node* n = root.get("engine")) {
     LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* t, Table(*n, "engine"));
     LOCKSTEP_ASSIGN_OR_RETURN(c.engine, ParseEngine(*t, "[engine]", engine_locs_));
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* ex,
-                            OptTable(root, "export", "[export]", {"windows", "points", "sample_ms"}));
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* ex, OptTable(root, "export", "[export]",
+                                                            {"windows", "points", "sample_ms"}));
   if (ex != nullptr) LOCKSTEP_RETURN_IF_ERROR(ParseExport(*ex, c.export_plan));
-  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* th,
-                            OptTable(root, "thresholds", "[thresholds]", {"nrmse_max", "kl_max", "kinds"}));
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* th, OptTable(root, "thresholds", "[thresholds]",
+                                                            {"nrmse_max", "kl_max", "kinds"}));
   if (th != nullptr) LOCKSTEP_RETURN_IF_ERROR(ParseThresholds(*th, c.thresholds));
-  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* gates,
-                            OptTable(root, "gates", "[gates]",
-                                     {"output", "state", "path", "aggregate_timing", "window_timing", "resources"}));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      const toml::table* gates,
+      OptTable(root, "gates", "[gates]",
+               {"output", "state", "path", "aggregate_timing", "window_timing", "resources"}));
   if (gates != nullptr) LOCKSTEP_RETURN_IF_ERROR(ParseGates(*gates, c.gates));
   const toml::node* control = root.get("control");
   if (control != nullptr) {
@@ -718,13 +789,13 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
   }
   if (control != nullptr) LOCKSTEP_RETURN_IF_ERROR(AddControlArm(c, *control));
 
-  const bool any_require =
-      std::any_of(c.arms.begin(), c.arms.end(), [](const ArmSpec& a) { return !a.require.empty(); });
+  const bool any_require = std::any_of(c.arms.begin(), c.arms.end(),
+                                       [](const ArmSpec& a) { return !a.require.empty(); });
   if (c.stop.empty() && any_require) {
     c.stop.push_back(StopRule{"unstable_aa",
                               false,
-                              {"path_diverged", "window_timing_unstable", "aggregate_timing_failed", "state_failed",
-                               "output_differs"},
+                              {"path_diverged", "window_timing_unstable", "aggregate_timing_failed",
+                               "state_failed", "output_differs"},
                               "unstable A/A => stop attribution (default rule)"});
     c.default_stop = true;
   }
@@ -750,12 +821,13 @@ class SplitMix64 {
 // Filler words; every length 1..9 occurs, so a sentence of any length >= 3 can be built exactly.
 const std::vector<std::string>& FillerWords() {
   static const std::vector<std::string> kWords{
-      "a",       "by",       "of",        "in",      "on",       "to",       "the",     "old",     "red",
-      "sea",     "day",      "way",       "mill",    "road",     "rain",     "town",    "wind",    "bell",
-      "gate",    "lamp",     "river",     "stone",   "field",    "light",    "quiet",   "green",   "north",
-      "garden",  "bridge",   "market",    "winter",  "silver",   "window",   "morning", "village", "harbour",
-      "lantern", "orchard",  "mountain",  "evenings", "windmill", "cottages", "afternoon", "travelers",
-      "carefully"};
+      "a",         "by",        "of",       "in",       "on",       "to",       "the",
+      "old",       "red",       "sea",      "day",      "way",      "mill",     "road",
+      "rain",      "town",      "wind",     "bell",     "gate",     "lamp",     "river",
+      "stone",     "field",     "light",    "quiet",    "green",    "north",    "garden",
+      "bridge",    "market",    "winter",   "silver",   "window",   "morning",  "village",
+      "harbour",   "lantern",   "orchard",  "mountain", "evenings", "windmill", "cottages",
+      "afternoon", "travelers", "carefully"};
   return kWords;
 }
 
@@ -781,10 +853,13 @@ std::string FillerSentence(SplitMix64& rng, std::size_t len) {
 
 }  // namespace
 
-Result<Campaign> ParseCampaign(std::string_view text, const std::string& source, const std::string& plan_dir) {
+Result<Campaign> ParseCampaign(std::string_view text, const std::string& source,
+                               const std::string& plan_dir) {
   std::error_code ec;
   fs::path dir = plan_dir.empty() ? fs::current_path(ec) : fs::absolute(plan_dir, ec);
-  if (ec) return Status::InvalidArgument(source, "cannot resolve the plan folder '" + plan_dir + "': " + ec.message());
+  if (ec)
+    return Status::InvalidArgument(
+        source, "cannot resolve the plan folder '" + plan_dir + "': " + ec.message());
   PlanParser parser(source, dir.lexically_normal().string());
   return parser.Parse(text);
 }
@@ -797,7 +872,8 @@ Result<Campaign> LoadCampaign(const std::string& path) {
   return ParseCampaign(text, path, abs.parent_path().string());
 }
 
-Result<EngineConfig> EffectiveConfig(const Campaign& c, const ArmSpec& arm, const std::string& model_dir) {
+Result<EngineConfig> EffectiveConfig(const Campaign& c, const ArmSpec& arm,
+                                     const std::string& model_dir) {
   const std::string label = "arm '" + arm.name + "'";
   try {
     nlohmann::json merged = EngineDefaults();
@@ -820,20 +896,24 @@ std::string NeedleHaystackPrompt(const NeedleSpec& spec) {
   std::vector<int> vaults(90);
   std::iota(vaults.begin(), vaults.end(), 10);
   std::size_t n = static_cast<std::size_t>(std::clamp(spec.needles, 0, kMaxNeedles));
-  for (std::size_t i = 0; i < n; ++i) std::swap(vaults[i], vaults[i + rng.Below(vaults.size() - i)]);
+  for (std::size_t i = 0; i < n; ++i)
+    std::swap(vaults[i], vaults[i + rng.Below(vaults.size() - i)]);
   std::vector<std::string> needles;
   for (std::size_t i = 0; i < n; ++i) {
     const auto code = 10000 + rng.Below(90000);
-    needles.push_back("The code of vault " + std::to_string(vaults[i]) + " is " + std::to_string(code) + ". ");
+    needles.push_back("The code of vault " + std::to_string(vaults[i]) + " is " +
+                      std::to_string(code) + ". ");
   }
-  // Plans reject specs that cannot hold their needles; here the needles that do not fit are dropped.
+  // Plans reject specs that cannot hold their needles; here the needles that do not fit are
+  // dropped.
   while (n > 0 && kQuestionBytes + n * kNeedleBytes > total) --n;
   needles.resize(n);
   const std::string question =
       "What is the code of vault " + std::to_string(vaults[n > 0 ? rng.Below(n) : 0]) + "?";
   if (question.size() > total) return question.substr(question.size() - total);
 
-  // Filler sentences: random ones while plenty of room is left, then one of the exact remaining length.
+  // Filler sentences: random ones while plenty of room is left, then one of the exact remaining
+  // length.
   std::size_t filler = total - question.size() - n * kNeedleBytes;
   std::vector<std::string> pieces;
   while (filler > 120) {
@@ -853,7 +933,8 @@ std::string NeedleHaystackPrompt(const NeedleSpec& spec) {
   std::string out;
   out.reserve(total);
   std::size_t next_needle = 0, next_piece = 0;
-  for (std::size_t s = 0; s < slots; ++s) out += is_needle[s] ? needles[next_needle++] : pieces[next_piece++];
+  for (std::size_t s = 0; s < slots; ++s)
+    out += is_needle[s] ? needles[next_needle++] : pieces[next_piece++];
   out += question;
   return out;
 }

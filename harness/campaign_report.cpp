@@ -6,11 +6,10 @@
 #include <cctype>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include "lockstep/compare/align.h"
 #include "lockstep/compare/report.h"
@@ -69,9 +68,11 @@ Result<Loaded> Load(const std::string& dir) {
   LOCKSTEP_ASSIGN_OR_RETURN(LedgerLoad ll, Ledger::Read(dir + "/ledger.jsonl"));
   L.entries = std::move(ll.entries);
   if (L.entries.empty() || L.entries.front().event != "planned")
-    return Status::InvalidArgument("report '" + dir + "'", "not a run folder (the ledger has no planned entry)");
+    return Status::InvalidArgument("report '" + dir + "'",
+                                   "not a run folder (the ledger has no planned entry)");
   LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/plan.toml", std::size_t{16} << 20));
-  LOCKSTEP_ASSIGN_OR_RETURN(L.c, ParseCampaign(text, "plan.toml", L.entries.front().data.value("plan_dir", "")));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      L.c, ParseCampaign(text, "plan.toml", L.entries.front().data.value("plan_dir", "")));
   for (const auto& e : L.entries) {
     ArmFacts& a = L.arms[e.arm];
     if (e.event == "sent") a.sent = true;
@@ -86,7 +87,8 @@ Result<Loaded> Load(const std::string& dir) {
   }
   for (const auto& arm : L.c.arms) {
     ArmFacts& a = L.arms[arm.name];
-    const std::string out = dir + "/arms/" + arm.name + (arm.mode == "timing" ? "/r0" : "") + "/stdout.json";
+    const std::string out =
+        dir + "/arms/" + arm.name + (arm.mode == "timing" ? "/r0" : "") + "/stdout.json";
     if (auto t = ReadFile(out, std::size_t{64} << 20); t.ok()) {
       try {
         json j = json::parse(*t);
@@ -111,16 +113,18 @@ std::string ModelLine(const Campaign& c, const json& report) {
   if (report.contains("arms")) sha = report["arms"]["a"].value("model_sha256_12", "");
   if (!c.model.preset.empty())
     return fmt::format("synthetic preset `{}` (weight seed {}{}){}", c.model.preset, c.model.seed,
-                       c.model.induction ? ", induction wiring" : "", sha.empty() ? "" : ", model SHA-256 " + sha);
+                       c.model.induction ? ", induction wiring" : "",
+                       sha.empty() ? "" : ", model SHA-256 " + sha);
   return "checkpoint" + (sha.empty() ? std::string(" (hash unknown)") : ", model SHA-256 " + sha);
 }
 
 std::string RequestLine(const Campaign& c) {
   const RequestSpec& r = c.request;
   if (r.needle)
-    return fmt::format("generated needle-in-a-haystack prompt: {} tokens, {} needles, seed {}", r.needle->tokens,
-                       r.needle->needles, r.needle->seed);
-  if (!r.prompt.empty()) return fmt::format("inline prompt of {} tokens (text not published)", r.prompt.size());
+    return fmt::format("generated needle-in-a-haystack prompt: {} tokens, {} needles, seed {}",
+                       r.needle->tokens, r.needle->needles, r.needle->seed);
+  if (!r.prompt.empty())
+    return fmt::format("inline prompt of {} tokens (text not published)", r.prompt.size());
   if (!r.prompt_file.empty()) return "prompt file (text not published)";
   return "token-id file";
 }
@@ -142,12 +146,14 @@ std::string ResourceLine(const std::string& arm, const json& r) {
     const auto b = v.is_number() ? v.get<std::int64_t>() : -1;
     return b < 0 ? std::string("unknown") : fmt::format("{} MiB", b / 1048576);
   };
-  std::string s = fmt::format("{}: min host available memory {}, max swap used {}, peak RSS {}, {} samples", arm,
-                              mib(r.value("min_host_available_bytes", json(-1))), mib(r.value("max_swap_used_bytes", json(-1))),
-                              mib(r.value("max_rss_bytes", json(-1))), r.value("samples", 0));
+  std::string s =
+      fmt::format("{}: min host available memory {}, max swap used {}, peak RSS {}, {} samples",
+                  arm, mib(r.value("min_host_available_bytes", json(-1))),
+                  mib(r.value("max_swap_used_bytes", json(-1))),
+                  mib(r.value("max_rss_bytes", json(-1))), r.value("samples", 0));
   if (r.contains("interval_ms"))
-    s += fmt::format(" (sampling interval median {} ms, max {} ms)", Num(r["interval_ms"], "median", 1),
-                     Num(r["interval_ms"], "max", 1));
+    s += fmt::format(" (sampling interval median {} ms, max {} ms)",
+                     Num(r["interval_ms"], "median", 1), Num(r["interval_ms"], "max", 1));
   s += r.contains("guard") ? "; the resource guard TRIPPED" : "; no resource-guard trip";
   return s;
 }
@@ -156,7 +162,8 @@ std::string ResourceLine(const std::string& arm, const json& r) {
 // ("counters first_call_ns, first_calls (stages 0-3)").
 std::vector<std::string> CompactLimitations(const std::vector<std::string>& in) {
   std::vector<std::string> out;
-  std::map<std::string, std::pair<std::set<std::string>, std::set<int>>> counters;  // prefix -> (names, stages)
+  std::map<std::string, std::pair<std::set<std::string>, std::set<int>>>
+      counters;  // prefix -> (names, stages)
   std::vector<std::string> order;
   const std::string marker = "counters/stage";
   for (const auto& l : in) {
@@ -164,7 +171,8 @@ std::vector<std::string> CompactLimitations(const std::vector<std::string>& in) 
     if (at != std::string::npos) {
       std::size_t i = at + marker.size();
       int stage = 0;
-      while (i < l.size() && std::isdigit(static_cast<unsigned char>(l[i]))) stage = stage * 10 + (l[i++] - '0');
+      while (i < l.size() && std::isdigit(static_cast<unsigned char>(l[i])))
+        stage = stage * 10 + (l[i++] - '0');
       if (i < l.size() && l[i] == ' ') {
         const std::string prefix = l.substr(0, at);
         if (!counters.count(prefix)) order.push_back(prefix);
@@ -177,8 +185,8 @@ std::vector<std::string> CompactLimitations(const std::vector<std::string>& in) 
   }
   for (const auto& prefix : order) {
     const auto& [names, stages] = counters[prefix];
-    out.insert(out.begin(), fmt::format("{}counters {} (stages {}-{})", prefix, fmt::join(names, ", "), *stages.begin(),
-                                        *stages.rbegin()));
+    out.insert(out.begin(), fmt::format("{}counters {} (stages {}-{})", prefix,
+                                        fmt::join(names, ", "), *stages.begin(), *stages.rbegin()));
   }
   return out;
 }
@@ -200,8 +208,10 @@ std::string RenderMarkdownDoc(const Loaded& L) {
   if (!c.hypothesis.empty()) md << "Hypothesis: " << c.hypothesis << "\n\n";
   md << fmt::format("{} generation requests were executed (arms sent: {}).", requests,
                     sent_arms.empty() ? "none" : fmt::format("{}", fmt::join(sent_arms, ", ")));
-  if (!unsent_arms.empty()) md << fmt::format(" We stopped before the planned {} arm(s).", fmt::join(unsent_arms, ", "));
-  md << " This is a bounded diagnostic observation, not a confirmed correctness bug, a root-cause claim, or a "
+  if (!unsent_arms.empty())
+    md << fmt::format(" We stopped before the planned {} arm(s).", fmt::join(unsent_arms, ", "));
+  md << " This is a bounded diagnostic observation, not a confirmed correctness bug, a root-cause "
+        "claim, or a "
         "performance result.\n\n";
 
   // ---- configuration ----
@@ -212,7 +222,8 @@ std::string RenderMarkdownDoc(const Loaded& L) {
       break;
     }
   md << "## Tested configuration and scope\n\n";
-  md << "- Plan SHA-256: " << c.plan_sha256.substr(0, 12) << " (the ledger refuses to resume under a changed plan).\n";
+  md << "- Plan SHA-256: " << c.plan_sha256.substr(0, 12)
+     << " (the ledger refuses to resume under a changed plan).\n";
   md << "- Model: " << ModelLine(c, first_report ? *first_report : json()) << ".\n";
   md << "- Request: " << RequestLine(c) << ".\n";
   {
@@ -221,11 +232,13 @@ std::string RenderMarkdownDoc(const Loaded& L) {
     for (auto it = c.engine.begin(); it != c.engine.end(); ++it)
       if (std::find(allowed.begin(), allowed.end(), it.key()) != allowed.end())
         fixed += (fixed.empty() ? "" : " ") + fmt::format("{}={}", it.key(), Cfg(it.value()));
-    md << "- Fixed engine configuration every arm inherits: " << (fixed.empty() ? "engine defaults" : "`" + fixed + "`")
-       << ".\n";
+    md << "- Fixed engine configuration every arm inherits: "
+       << (fixed.empty() ? "engine defaults" : "`" + fixed + "`") << ".\n";
   }
-  md << "- Each arm ran as a fresh `lockstep generate` process; state arms exported windows `" << c.export_plan.windows
-     << "` at " << fmt::format("{}", fmt::join(c.export_plan.points, " / ")) << "; timing arms recorded the trace only.\n\n";
+  md << "- Each arm ran as a fresh `lockstep generate` process; state arms exported windows `"
+     << c.export_plan.windows << "` at "
+     << fmt::format("{}", fmt::join(c.export_plan.points, " / "))
+     << "; timing arms recorded the trace only.\n\n";
   md << "| arm | mode | repeats | baseline | overrides | status |\n|---|---|---|---|---|---|\n";
   for (const auto& a : c.arms) {
     const ArmFacts& f = L.arms.at(a.name);
@@ -234,17 +247,21 @@ std::string RenderMarkdownDoc(const Loaded& L) {
                          : f.finished        ? "finished"
                          : f.sent            ? "sent, not finished"
                                              : "pending";
-    md << fmt::format("| {}{} | {} | {} | {} | {} | {} |\n", a.name, a.control ? " (positive control)" : "", a.mode,
-                      a.repeat, a.baseline.empty() ? "—" : a.baseline, Overrides(a), status);
+    md << fmt::format("| {}{} | {} | {} | {} | {} | {} |\n", a.name,
+                      a.control ? " (positive control)" : "", a.mode, a.repeat,
+                      a.baseline.empty() ? "—" : a.baseline, Overrides(a), status);
   }
   md << "\n";
 
   // ---- state ----
   md << "## Early state and output checks\n\n";
   md << fmt::format("Thresholds: NRMSE <= {}", FormatMetric(c.thresholds.nrmse_max));
-  for (const auto& [k, v] : c.thresholds.nrmse_by_kind) md << fmt::format(" ({} <= {})", k, FormatMetric(v));
-  md << fmt::format(", logits KL <= {}; no tolerance was relaxed.\n\n", FormatMetric(c.thresholds.kl_max));
-  md << "Unused paged tails were excluded; speculative rows were compared only against speculative rows of the same "
+  for (const auto& [k, v] : c.thresholds.nrmse_by_kind)
+    md << fmt::format(" ({} <= {})", k, FormatMetric(v));
+  md << fmt::format(", logits KL <= {}; no tolerance was relaxed.\n\n",
+                    FormatMetric(c.thresholds.kl_max));
+  md << "Unused paged tails were excluded; speculative rows were compared only against speculative "
+        "rows of the same "
         "(p, T), never as committed state.\n\n";
   bool any_state = false;
   for (const auto& a : c.arms) {
@@ -257,15 +274,19 @@ std::string RenderMarkdownDoc(const Loaded& L) {
     std::vector<std::string> counts;
     for (const auto& cp : st.value("checkpoints", json::array()))
       if (cp.value("window", -1) == 0) counts.push_back(std::to_string(cp.value("compared", 0)));
-    md << fmt::format("**{} vs {}**{}: ", a.name, a.baseline, a.control ? " (positive control)" : "");
+    md << fmt::format("**{} vs {}**{}: ", a.name, a.baseline,
+                      a.control ? " (positive control)" : "");
     if (!counts.empty())
-      md << fmt::format("there were {} comparison items at the first window's checkpoints. ", fmt::join(counts, " / "));
-    md << fmt::format("{} items compared, {} passed, {} failed, {} skipped.\n\n", st.value("compared", 0),
-                      st.value("passed_items", 0), st.value("failed", 0), st.value("skipped", 0));
+      md << fmt::format("there were {} comparison items at the first window's checkpoints. ",
+                        fmt::join(counts, " / "));
+    md << fmt::format("{} items compared, {} passed, {} failed, {} skipped.\n\n",
+                      st.value("compared", 0), st.value("passed_items", 0), st.value("failed", 0),
+                      st.value("skipped", 0));
     for (const auto& cp : st.value("checkpoints", json::array())) {
-      md << fmt::format("- `{}` (p={}, T={}): {} compared / {} passed / {} failed / {} skipped", cp.value("name", ""),
-                        cp.value("p", 0), cp.value("T", 0), cp.value("compared", 0), cp.value("passed", 0),
-                        cp.value("failed", 0), cp.value("skipped", 0));
+      md << fmt::format("- `{}` (p={}, T={}): {} compared / {} passed / {} failed / {} skipped",
+                        cp.value("name", ""), cp.value("p", 0), cp.value("T", 0),
+                        cp.value("compared", 0), cp.value("passed", 0), cp.value("failed", 0),
+                        cp.value("skipped", 0));
       if (cp.contains("skip_reasons") && !cp["skip_reasons"].empty())
         for (auto r = cp["skip_reasons"].begin(); r != cp["skip_reasons"].end(); ++r)
           md << fmt::format(" ({}: {})", r.key(), r.value().dump());
@@ -273,8 +294,9 @@ std::string RenderMarkdownDoc(const Loaded& L) {
     }
     const json& ff = st.contains("first_failure") ? st["first_failure"] : json();
     if (ff.is_object())
-      md << fmt::format("\nFirst failing item: `{}` stage {} layer {} `{}` ({}).\n\n", ff.value("checkpoint", ""),
-                        ff.value("stage", -1), ff.value("layer", -1), ff.value("kind", ""), ff.value("reason", ""));
+      md << fmt::format("\nFirst failing item: `{}` stage {} layer {} `{}` ({}).\n\n",
+                        ff.value("checkpoint", ""), ff.value("stage", -1), ff.value("layer", -1),
+                        ff.value("kind", ""), ff.value("reason", ""));
     else
       md << "\nAll compared items passed.\n\n";
   }
@@ -282,14 +304,17 @@ std::string RenderMarkdownDoc(const Loaded& L) {
   for (const auto& a : c.arms) {
     const ArmFacts& f = L.arms.at(a.name);
     if (f.output_tokens >= 0)
-      md << fmt::format("- {}: {} output tokens, stop reason `{}`.\n", a.name, f.output_tokens, f.stop_reason);
+      md << fmt::format("- {}: {} output tokens, stop reason `{}`.\n", a.name, f.output_tokens,
+                        f.stop_reason);
   }
-  md << "\nThese checks establish equality at the exported checkpoints only; they do not establish equality of all "
+  md << "\nThese checks establish equality at the exported checkpoints only; they do not establish "
+        "equality of all "
         "later hidden states.\n\n";
 
   // ---- timing and path ----
   md << "## Timing and execution-path observations\n\n";
-  md << "Timings are CLOCK_MONOTONIC host-side intervals around the instrumented engine calls, not kernel timings.\n\n";
+  md << "Timings are CLOCK_MONOTONIC host-side intervals around the instrumented engine calls, not "
+        "kernel timings.\n\n";
   for (const auto& a : c.arms) {
     auto it = L.records.find(a.name);
     if (it == L.records.end() || !it->second.contains("report")) continue;
@@ -297,42 +322,53 @@ std::string RenderMarkdownDoc(const Loaded& L) {
     if (!al.is_object()) continue;
     const json fields = al.value("fields", json::array());
     md << fmt::format("**{} vs {}**: ", a.name, a.baseline);
-    md << fmt::format("the first {} windows matched in the recorded execution fields ({}).", al.value("matched", 0),
+    md << fmt::format("the first {} windows matched in the recorded execution fields ({}).",
+                      al.value("matched", 0),
                       fmt::format("{}", fmt::join(fields.get<std::vector<std::string>>(), ", ")));
     if (al.value("diverged", false)) {
       const json& da = al.value("div_a", json());
       const json& db = al.value("div_b", json());
       const int p = da.is_object() ? da.value("p", -1) : db.is_object() ? db.value("p", -1) : -1;
-      md << fmt::format(" The first recorded path difference occurred at zero-based window {}, p={}:\n\n",
-                        al.value("div_idx", -1), p);
-      md << "- " << a.baseline << ": " << (da.is_object() ? FieldsText(da, fields) : "(trace ended)") << ".\n";
-      md << "- " << a.name << ": " << (db.is_object() ? FieldsText(db, fields) : "(trace ended)") << ".\n\n";
-      md << fmt::format("Windows after that point are not paired by index ({} ran {} more, {} ran {}).\n\n", a.baseline,
-                        al.value("rest_a_count", 0), a.name, al.value("rest_b_count", 0));
+      md << fmt::format(
+          " The first recorded path difference occurred at zero-based window {}, p={}:\n\n",
+          al.value("div_idx", -1), p);
+      md << "- " << a.baseline << ": "
+         << (da.is_object() ? FieldsText(da, fields) : "(trace ended)") << ".\n";
+      md << "- " << a.name << ": " << (db.is_object() ? FieldsText(db, fields) : "(trace ended)")
+         << ".\n\n";
+      md << fmt::format(
+          "Windows after that point are not paired by index ({} ran {} more, {} ran {}).\n\n",
+          a.baseline, al.value("rest_a_count", 0), a.name, al.value("rest_b_count", 0));
     } else {
       md << fmt::format(" No path divergence over {} windows.\n\n", al.value("matched", 0));
     }
     const json& timing = al.value("timing", json::array());
     if (!timing.empty()) {
       md << "| interval (matched prefix) | sum " << a.baseline << " ms | sum " << a.name
-         << " ms | rel diff | median delta ms | largest abs delta ms (window) |\n|---|---|---|---|---|---|\n";
+         << " ms | rel diff | median delta ms | largest abs delta ms (window) "
+            "|\n|---|---|---|---|---|---|\n";
       for (const auto& t : timing) {
         if (!t.value("known", true)) {
           md << fmt::format("| {} | unknown | unknown | | | |\n", t.value("name", ""));
           continue;
         }
-        md << fmt::format("| {} | {} | {} | {} | {} | {} ({}) |\n", t.value("name", ""), Num(t, "sum_a_ms"),
-                          Num(t, "sum_b_ms"), t["rel_diff"].is_number() ? fmt::format("{:+.1f}%", 100 * t["rel_diff"].get<double>()) : Cfg(t["rel_diff"]),
-                          Num(t, "median_delta_ms"), Num(t, "max_abs_delta_ms"), t.value("max_at", -1));
+        md << fmt::format(
+            "| {} | {} | {} | {} | {} | {} ({}) |\n", t.value("name", ""), Num(t, "sum_a_ms"),
+            Num(t, "sum_b_ms"),
+            t["rel_diff"].is_number() ? fmt::format("{:+.1f}%", 100 * t["rel_diff"].get<double>())
+                                      : Cfg(t["rel_diff"]),
+            Num(t, "median_delta_ms"), Num(t, "max_abs_delta_ms"), t.value("max_at", -1));
       }
       md << "\n";
     }
     for (const char* side : {"notable_a", "notable_b"}) {
       const std::string who = std::string(side) == "notable_a" ? a.baseline : a.name;
       for (const auto& n : al.value(side, json::array()))
-        md << fmt::format("- {} had a {} ms T={} verify interval at its own zero-based window {}{}.\n", who,
-                          Num(n, "verify_ms"), n.value("T", 0), n.value("idx", 0),
-                          n.value("after_divergence", false) ? " (after the divergence: not a matched event)" : "");
+        md << fmt::format(
+            "- {} had a {} ms T={} verify interval at its own zero-based window {}{}.\n", who,
+            Num(n, "verify_ms"), n.value("T", 0), n.value("idx", 0),
+            n.value("after_divergence", false) ? " (after the divergence: not a matched event)"
+                                               : "");
     }
     const json& cmp = it->second.value("comparison", json::object());
     if (cmp.contains("timing")) {
@@ -342,18 +378,22 @@ std::string RenderMarkdownDoc(const Loaded& L) {
       } else {
         const json& ga = t["aggregate_a"];
         const json& gb = t["aggregate_b"];
-        md << fmt::format("\nTiming over {} / {} fresh processes: summed verify median {} ms [95% {}, {}] vs {} ms [95% {}, "
-                          "{}] ({:+.1f}%){}.\n",
-                          t["repeats"][0].get<int>(), t["repeats"][1].get<int>(), Num(ga, "median"), Num(ga, "lo95"),
-                          Num(ga, "hi95"), Num(gb, "median"), Num(gb, "lo95"), Num(gb, "hi95"),
-                          100 * t.value("aggregate_rel_diff", 0.0),
-                          t.value("unstable", false) ? "; instability flags raised" : "");
-        md << "\n| window | median " << a.baseline << " ms [95%] | median " << a.name << " ms [95%] |\n|---|---|---|\n";
+        md << fmt::format(
+            "\nTiming over {} / {} fresh processes: summed verify median {} ms [95% {}, {}] vs {} "
+            "ms [95% {}, "
+            "{}] ({:+.1f}%){}.\n",
+            t["repeats"][0].get<int>(), t["repeats"][1].get<int>(), Num(ga, "median"),
+            Num(ga, "lo95"), Num(ga, "hi95"), Num(gb, "median"), Num(gb, "lo95"), Num(gb, "hi95"),
+            100 * t.value("aggregate_rel_diff", 0.0),
+            t.value("unstable", false) ? "; instability flags raised" : "");
+        md << "\n| window | median " << a.baseline << " ms [95%] | median " << a.name
+           << " ms [95%] |\n|---|---|---|\n";
         const json& wa = t["window_a"];
         const json& wb = t["window_b"];
         for (std::size_t w = 0; w < std::min(wa.size(), wb.size()); ++w)
-          md << fmt::format("| {} | {} [{}, {}] | {} [{}, {}] |\n", w, Num(wa[w], "median"), Num(wa[w], "lo95"),
-                            Num(wa[w], "hi95"), Num(wb[w], "median"), Num(wb[w], "lo95"), Num(wb[w], "hi95"));
+          md << fmt::format("| {} | {} [{}, {}] | {} [{}, {}] |\n", w, Num(wa[w], "median"),
+                            Num(wa[w], "lo95"), Num(wa[w], "hi95"), Num(wb[w], "median"),
+                            Num(wb[w], "lo95"), Num(wb[w], "hi95"));
       }
     }
     md << "\n";
@@ -373,13 +413,16 @@ std::string RenderMarkdownDoc(const Loaded& L) {
   // ---- stop decision and limitations ----
   md << "## Stop decision and measurement limitations\n\n";
   if (L.stopped.is_object()) {
-    md << fmt::format("Before sending arm {}, the predeclared rule `{}` fired on {}: we stopped the campaign under the "
-                      "\"{}\" rule.",
-                      L.stopped.value("before_arm", "?"), L.stopped.value("rule", ""),
-                      fmt::format("{}", fmt::join(L.stopped.value("fired_by", std::vector<std::string>{}), ", ")),
-                      L.stopped.value("message", ""));
+    md << fmt::format(
+        "Before sending arm {}, the predeclared rule `{}` fired on {}: we stopped the campaign "
+        "under the "
+        "\"{}\" rule.",
+        L.stopped.value("before_arm", "?"), L.stopped.value("rule", ""),
+        fmt::format("{}", fmt::join(L.stopped.value("fired_by", std::vector<std::string>{}), ", ")),
+        L.stopped.value("message", ""));
     md << fmt::format(" The request ledger contains only {}; not sent: {}.\n\n",
-                      fmt::format("{}", fmt::join(sent_arms, ", ")), fmt::format("{}", fmt::join(unsent_arms, ", ")));
+                      fmt::format("{}", fmt::join(sent_arms, ", ")),
+                      fmt::format("{}", fmt::join(unsent_arms, ", ")));
   } else {
     md << "No stop rule fired.";
     if (!unsent_arms.empty()) md << fmt::format(" Not sent: {}.", fmt::join(unsent_arms, ", "));
@@ -391,29 +434,38 @@ std::string RenderMarkdownDoc(const Loaded& L) {
       md << "The positive control was not run.\n\n";
     } else {
       const bool passed = it->second["comparison"].value("passed", true);
-      md << (passed ? "The positive control (a known injected perturbation) passed every gate: the campaign is "
+      md << (passed ? "The positive control (a known injected perturbation) passed every gate: the "
+                      "campaign is "
                       "INSENSITIVE and fails.\n\n"
-                    : "The positive control (a known injected perturbation) was caught by the gates: the campaign "
+                    : "The positive control (a known injected perturbation) was caught by the "
+                      "gates: the campaign "
                       "can see a difference of that size.\n\n");
     }
   }
   std::vector<std::string> lims;
   for (const auto& a : c.arms) {
-    if (L.arms.at(a.name).sent) md << "- " << ResourceLine(a.name, L.arms.at(a.name).resources) << ".\n";
+    if (L.arms.at(a.name).sent)
+      md << "- " << ResourceLine(a.name, L.arms.at(a.name).resources) << ".\n";
     if (auto it = L.records.find(a.name); it != L.records.end() && it->second.contains("report"))
-      for (const auto& l : it->second["report"].value("limitations", json::array())) lims.push_back(l.get<std::string>());
+      for (const auto& l : it->second["report"].value("limitations", json::array()))
+        lims.push_back(l.get<std::string>());
   }
   for (const auto& l : CompactLimitations(lims)) md << "- " << l << "\n";
   int timing_arms = 0;
-  for (const auto& a : c.arms) timing_arms += a.mode == "timing" && a.repeat >= c.min_timing_repeats;
+  for (const auto& a : c.arms)
+    timing_arms += a.mode == "timing" && a.repeat >= c.min_timing_repeats;
   if (timing_arms == 0)
-    md << fmt::format("- {} runs are not a statistical characterization: no timing arm with at least {} repeats ran.\n",
-                      requests, c.min_timing_repeats);
+    md << fmt::format(
+        "- {} runs are not a statistical characterization: no timing arm with at least {} repeats "
+        "ran.\n",
+        requests, c.min_timing_repeats);
   md << "\n## Conclusion\n\n";
   md << "Verdict: **" << (L.verdict.empty() ? "not finished" : L.verdict) << "**"
      << (L.verdict_reason.empty() ? "" : " (" + L.verdict_reason + ")") << ".\n\n";
-  md << "Only allowlisted configuration fields, hashes and aggregate diagnostic measurements are included here. No "
-        "hostnames, filesystem paths, user names or raw request text are published. No fix is claimed.\n";
+  md << "Only allowlisted configuration fields, hashes and aggregate diagnostic measurements are "
+        "included here. No "
+        "hostnames, filesystem paths, user names or raw request text are published. No fix is "
+        "claimed.\n";
   return md.str();
 }
 
@@ -424,8 +476,9 @@ std::string RenderJUnitDoc(const Loaded& L) {
     const ArmFacts& f = L.arms.at(a.name);
     if (!f.not_sent.empty()) {
       ++tests, ++skipped;
-      cases << fmt::format("    <testcase classname=\"arm\" name=\"{}\"><skipped message=\"{}\"/></testcase>\n",
-                           XmlEscape(a.name), XmlEscape("not sent: " + f.not_sent));
+      cases << fmt::format(
+          "    <testcase classname=\"arm\" name=\"{}\"><skipped message=\"{}\"/></testcase>\n",
+          XmlEscape(a.name), XmlEscape("not sent: " + f.not_sent));
       continue;
     }
     auto it = L.records.find(a.name);
@@ -444,7 +497,8 @@ std::string RenderJUnitDoc(const Loaded& L) {
     }
     for (const auto& g : it->second["comparison"].value("gates", json::array())) {
       ++tests;
-      cases << fmt::format("    <testcase classname=\"{}\" name=\"{}\">", cls, XmlEscape(g.value("name", "")));
+      cases << fmt::format("    <testcase classname=\"{}\" name=\"{}\">", cls,
+                           XmlEscape(g.value("name", "")));
       if (!g.value("passed", false)) {
         ++failures;
         cases << fmt::format("<failure message=\"{}\"/>", XmlEscape(g.value("message", "")));
@@ -456,11 +510,13 @@ std::string RenderJUnitDoc(const Loaded& L) {
   cases << "    <testcase classname=\"campaign\" name=\"verdict\">";
   if (L.verdict != "pass") {
     ++failures;
-    cases << fmt::format("<failure message=\"{}\"/>", XmlEscape(L.verdict + ": " + L.verdict_reason));
+    cases << fmt::format("<failure message=\"{}\"/>",
+                         XmlEscape(L.verdict + ": " + L.verdict_reason));
   }
   cases << "</testcase>\n";
   return fmt::format(
-      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n  <testsuite name=\"lockstep.campaign.{}\" tests=\"{}\" "
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n  <testsuite "
+      "name=\"lockstep.campaign.{}\" tests=\"{}\" "
       "failures=\"{}\" skipped=\"{}\">\n{}  </testsuite>\n</testsuites>\n",
       XmlEscape(L.c.name), tests, failures, skipped, cases.str());
 }
@@ -531,7 +587,8 @@ std::string MarkdownToHtml(const std::string& md) {
         table_head = true;
       }
       html += "<tr>";
-      for (const auto& c : cells) html += (table_head ? "<th>" : "<td>") + Inline(c) + (table_head ? "</th>" : "</td>");
+      for (const auto& c : cells)
+        html += (table_head ? "<th>" : "<td>") + Inline(c) + (table_head ? "</th>" : "</td>");
       html += "</tr>";
       html += table_head ? "</thead><tbody>\n" : "\n";
     } else if (line.empty()) {
@@ -560,23 +617,30 @@ Result<CampaignDocuments> RenderCampaign(const std::string& run_dir) {
       if (b.name == a.baseline) base = &b;
     if (!base) continue;
     auto trace = [&](const ArmSpec& s) {
-      return ReadWindowRecords(run_dir + "/arms/" + s.name + (s.mode == "timing" ? "/r0" : "") + "/trace.jsonl");
+      return ReadWindowRecords(run_dir + "/arms/" + s.name + (s.mode == "timing" ? "/r0" : "") +
+                               "/trace.jsonl");
     };
     auto wa = trace(*base);
     auto wb = trace(a);
     if (!wa.ok() || !wb.ok()) continue;
     AlignResult al = AlignWindows(*wa, *wb);
-    charts += "<h3>" + HtmlEscape(a.name + " vs " + a.baseline) + ": verify time per window</h3>\n" +
-              SvgVerifyChart(al, *wa, *wb, a.baseline, a.name) + "\n";
+    charts += "<h3>" + HtmlEscape(a.name + " vs " + a.baseline) +
+              ": verify time per window</h3>\n" + SvgVerifyChart(al, *wa, *wb, a.baseline, a.name) +
+              "\n";
   }
   std::string body = MarkdownToHtml(d.markdown);
   const std::string anchor = "<h2>Gates</h2>";
-  if (auto pos = body.find(anchor); pos != std::string::npos && !charts.empty()) body.insert(pos, charts);
-  d.html = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" + HtmlEscape(L.c.name) +
-           "</title>\n<style>body{font-family:sans-serif;max-width:70em;margin:2em auto;line-height:1.4}"
-           "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #bbb;padding:2px 8px;text-align:left}"
-           "code{background:#f3f3f3;padding:0 3px}h2{border-bottom:1px solid #ddd}</style></head>\n<body>\n" +
-           body + "</body></html>\n";
+  if (auto pos = body.find(anchor); pos != std::string::npos && !charts.empty())
+    body.insert(pos, charts);
+  d.html =
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" +
+      HtmlEscape(L.c.name) +
+      "</title>\n<style>body{font-family:sans-serif;max-width:70em;margin:2em auto;line-height:1.4}"
+      "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #bbb;padding:2px "
+      "8px;text-align:left}"
+      "code{background:#f3f3f3;padding:0 3px}h2{border-bottom:1px solid "
+      "#ddd}</style></head>\n<body>\n" +
+      body + "</body></html>\n";
   return d;
 }
 

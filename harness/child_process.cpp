@@ -6,9 +6,9 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <csignal>
 #include <chrono>
 #include <climits>
+#include <csignal>
 #include <cstring>
 #include <thread>
 
@@ -20,9 +20,11 @@ Result<ChildResult> RunChild(const ChildSpec& spec, const std::function<void()>&
   std::vector<char*> argv;
   for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  const int out_fd = ::open(spec.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int out_fd =
+      ::open(spec.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (out_fd < 0) return Status::IOError("'" + spec.stdout_path + "'", std::strerror(errno));
-  const int err_fd = ::open(spec.stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int err_fd =
+      ::open(spec.stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (err_fd < 0) {
     ::close(out_fd);
     return Status::IOError("'" + spec.stderr_path + "'", std::strerror(errno));

@@ -45,12 +45,14 @@ std::string ItemWhere(const ItemResult& r) {
   return s + " " + r.kind + " (" + r.label + ")";
 }
 
-void PrintDiff(const DiffResult& d, const ArmInfo& a, const ArmInfo& b, bool quiet, std::ostream& out) {
+void PrintDiff(const DiffResult& d, const ArmInfo& a, const ArmInfo& b, bool quiet,
+               std::ostream& out) {
   if (!quiet) {
-    out << "lockstep diff: A = " << a.arm << " (run " << a.run_id << "), B = " << b.arm << " (run " << b.run_id
-        << "); A is the reference\n";
+    out << "lockstep diff: A = " << a.arm << " (run " << a.run_id << "), B = " << b.arm << " (run "
+        << b.run_id << "); A is the reference\n";
     out << "thresholds: " << ThresholdLine(d.thresholds) << "\n";
-    out << "masking: committed rows vs committed rows; speculative rows only against speculative rows of the same "
+    out << "masking: committed rows vs committed rows; speculative rows only against speculative "
+           "rows of the same "
            "(p, T); unused paged tails never read\n";
     if (d.model_differs) out << "model: DIFFERS (model_sha256) - state not compared\n";
     if (d.request_differs) out << "request: DIFFERS (prompt tokens) - state not compared\n";
@@ -60,11 +62,14 @@ void PrintDiff(const DiffResult& d, const ArmInfo& a, const ArmInfo& b, bool qui
       out << "config differences (A | B):\n";
       for (const auto& c : d.config_differences) out << "  " << c << "\n";
     }
-    out << "output: " << (d.output_differs ? "DIFFERS" : "identical") << " (A " << a.output_tokens << " tokens, stop "
-        << a.stop_reason << "; B " << b.output_tokens << " tokens, stop " << b.stop_reason << ")\n";
-    out << fmt::format("{:<22} {:>8} {:>8} {:>8} {:>8}\n", "checkpoint", "compared", "passed", "failed", "skipped");
+    out << "output: " << (d.output_differs ? "DIFFERS" : "identical") << " (A " << a.output_tokens
+        << " tokens, stop " << a.stop_reason << "; B " << b.output_tokens << " tokens, stop "
+        << b.stop_reason << ")\n";
+    out << fmt::format("{:<22} {:>8} {:>8} {:>8} {:>8}\n", "checkpoint", "compared", "passed",
+                       "failed", "skipped");
     for (const auto& cs : d.checkpoints) {
-      out << fmt::format("{:<22} {:>8} {:>8} {:>8} {:>8}", cs.name, cs.compared, cs.passed, cs.failed, cs.skipped);
+      out << fmt::format("{:<22} {:>8} {:>8} {:>8} {:>8}", cs.name, cs.compared, cs.passed,
+                         cs.failed, cs.skipped);
       for (const auto& [why, n] : cs.skip_reasons) out << "  [" << n << " skipped: " << why << "]";
       out << "\n";
     }
@@ -73,14 +78,17 @@ void PrintDiff(const DiffResult& d, const ArmInfo& a, const ArmInfo& b, bool qui
       out << "first failing item: " << ItemWhere(r) << ": " << r.reason << "\n";
     }
     const double mb = static_cast<double>(d.bytes_read) / 1e6;
-    out << fmt::format("read {:.1f} MB in {:.3f} s ({:.0f} MB/s)\n", mb, d.seconds, d.seconds > 0 ? mb / d.seconds : 0.0);
+    out << fmt::format("read {:.1f} MB in {:.3f} s ({:.0f} MB/s)\n", mb, d.seconds,
+                       d.seconds > 0 ? mb / d.seconds : 0.0);
   }
-  out << (d.Passed() ? "PASS" : "FAIL") << ": " << d.compared << " items compared, " << d.passed << " passed, " << d.failed
-      << " failed, " << d.skipped << " skipped\n";
+  out << (d.Passed() ? "PASS" : "FAIL") << ": " << d.compared << " items compared, " << d.passed
+      << " passed, " << d.failed << " failed, " << d.skipped << " skipped\n";
 }
 
-void PrintAlign(const AlignResult& al, const std::string& na, const std::string& nb, std::ostream& out) {
-  out << "lockstep align: " << na << " (" << al.n_a << " windows) vs " << nb << " (" << al.n_b << " windows) on ";
+void PrintAlign(const AlignResult& al, const std::string& na, const std::string& nb,
+                std::ostream& out) {
+  out << "lockstep align: " << na << " (" << al.n_a << " windows) vs " << nb << " (" << al.n_b
+      << " windows) on ";
   for (std::size_t i = 0; i < al.fields.size(); ++i) out << (i ? "," : "") << al.fields[i];
   out << "\nmatched prefix: " << al.matched << " windows\n";
   if (!al.diverged) {
@@ -90,28 +98,32 @@ void PrintAlign(const AlignResult& al, const std::string& na, const std::string&
     out << "first path divergence at window " << al.div_idx;
     if (w) out << " (p=" << w->p << ")";
     out << ":\n";
-    out << "  " << na << ": " << (al.div_a ? DescribeWindow(*al.div_a, al.fields) : "(trace ended)") << "\n";
-    out << "  " << nb << ": " << (al.div_b ? DescribeWindow(*al.div_b, al.fields) : "(trace ended)") << "\n";
+    out << "  " << na << ": " << (al.div_a ? DescribeWindow(*al.div_a, al.fields) : "(trace ended)")
+        << "\n";
+    out << "  " << nb << ": " << (al.div_b ? DescribeWindow(*al.div_b, al.fields) : "(trace ended)")
+        << "\n";
   }
   out << "timing over the matched prefix only (delta = " << nb << " - " << na << ", ms):\n";
-  out << fmt::format("  {:<8} {:>12} {:>12} {:>9} {:>12} {:>20}\n", "interval", "sum " + na, "sum " + nb, "rel diff",
-                     "median delta", "max |delta| @window");
+  out << fmt::format("  {:<8} {:>12} {:>12} {:>9} {:>12} {:>20}\n", "interval", "sum " + na,
+                     "sum " + nb, "rel diff", "median delta", "max |delta| @window");
   for (const auto& t : al.timing) {
     if (!t.known) {
       out << fmt::format("  {:<8} unknown (recorded as -1 on at least one side)\n", t.name);
       continue;
     }
-    out << fmt::format("  {:<8} {:>12} {:>12} {:>+8.1f}% {:>12} {:>14} @{:<5}\n", t.name, Ms(t.sum_a_ms), Ms(t.sum_b_ms),
-                       100.0 * t.rel_diff, Ms(t.median_delta_ms), Ms(t.max_abs_delta_ms), t.max_at);
+    out << fmt::format("  {:<8} {:>12} {:>12} {:>+8.1f}% {:>12} {:>14} @{:<5}\n", t.name,
+                       Ms(t.sum_a_ms), Ms(t.sum_b_ms), 100.0 * t.rel_diff, Ms(t.median_delta_ms),
+                       Ms(t.max_abs_delta_ms), t.max_at);
   }
   if (al.diverged)
-    out << "after the divergence: " << na << " ran " << al.rest_a.size() << " more windows, " << nb << " ran "
-        << al.rest_b.size() << " (listed per side, not paired)\n";
+    out << "after the divergence: " << na << " ran " << al.rest_a.size() << " more windows, " << nb
+        << " ran " << al.rest_b.size() << " (listed per side, not paired)\n";
   auto notable = [&](const std::vector<NotableWindow>& v, const std::string& n) {
     for (const auto& w : v)
-      out << "notable: " << n << " had a " << Ms(w.verify_ms) << " ms T=" << w.T << " verify at its own window " << w.idx
-          << fmt::format(" ({:.1f}x its median)", w.ratio_to_median) << (w.after_divergence ? ", after the divergence" : "")
-          << "\n";
+      out << "notable: " << n << " had a " << Ms(w.verify_ms) << " ms T=" << w.T
+          << " verify at its own window " << w.idx
+          << fmt::format(" ({:.1f}x its median)", w.ratio_to_median)
+          << (w.after_divergence ? ", after the divergence" : "") << "\n";
   };
   notable(al.notable_a, na);
   notable(al.notable_b, nb);
@@ -130,7 +142,8 @@ Result<Diffed> OpenAndDiff(const DiffCommandOptions& opts) {
   LOCKSTEP_ASSIGN_OR_RETURN(x.ra, ExportReader::Open(opts.a, limits));
   LOCKSTEP_ASSIGN_OR_RETURN(x.rb, ExportReader::Open(opts.b, limits));
   DiffOptions dopt = opts.diff;
-  for (const auto& k : opts.kind_overrides) LOCKSTEP_RETURN_IF_ERROR(dopt.thresholds.SetKindOverride(k));
+  for (const auto& k : opts.kind_overrides)
+    LOCKSTEP_RETURN_IF_ERROR(dopt.thresholds.SetKindOverride(k));
   LOCKSTEP_ASSIGN_OR_RETURN(x.d, DiffExports(*x.ra, *x.rb, dopt));
   return x;
 }
@@ -146,14 +159,17 @@ Status DiffBody(const DiffCommandOptions& opts, std::ostream& out) {
   in.diff = &d;
   PrintDiff(d, in.a, in.b, opts.quiet, out);
   LOCKSTEP_RETURN_IF_ERROR(WriteReports(opts.reports, in));
-  if (!d.Passed()) return Status::GateFailed("diff", std::to_string(d.failed) + " of " + std::to_string(d.compared) +
-                                                         " compared items failed" +
-                                                         (d.model_differs || d.request_differs ? " (model or request differ)" : ""));
+  if (!d.Passed())
+    return Status::GateFailed(
+        "diff", std::to_string(d.failed) + " of " + std::to_string(d.compared) +
+                    " compared items failed" +
+                    (d.model_differs || d.request_differs ? " (model or request differ)" : ""));
   return Status::Ok();
 }
 
 // Window records of an export or of a JSON-lines trace.
-Result<std::vector<WindowRecord>> LoadWindows(const std::string& path, bool no_index, std::string* arm) {
+Result<std::vector<WindowRecord>> LoadWindows(const std::string& path, bool no_index,
+                                              std::string* arm) {
   if (LooksLikeHdf5(path)) {
     ReaderLimits limits;
     limits.use_index = !no_index;
@@ -209,7 +225,8 @@ Status SummarizeBody(const SummarizeCommandOptions& opts, std::ostream& out) {
   PrintAlign(al, in.a.arm, in.b.arm, out);
   for (const auto& l : Limitations(in)) out << "limitation: " << l << "\n";
   LOCKSTEP_RETURN_IF_ERROR(WriteReports(dc.reports, in));
-  if (!d.Passed()) return Status::GateFailed("summarize", std::to_string(d.failed) + " items failed");
+  if (!d.Passed())
+    return Status::GateFailed("summarize", std::to_string(d.failed) + " items failed");
   return Status::Ok();
 }
 
@@ -241,7 +258,8 @@ bool WriteAll(int fd, const std::string& s) {
 
 }  // namespace
 
-Status RunIsolated(const std::string& what, const std::function<Status(std::ostream&)>& fn, std::ostream& out) {
+Status RunIsolated(const std::string& what, const std::function<Status(std::ostream&)>& fn,
+                   std::ostream& out) {
   int fds[2];
   if (::pipe(fds) != 0) return Status::Runtime("--isolate", std::strerror(errno));
   std::fflush(nullptr);
@@ -257,8 +275,8 @@ Status RunIsolated(const std::string& what, const std::function<Status(std::ostr
     Status s = fn(text);
     // Message layout: "<code>\n<message length>\n<message><captured output>".
     const std::string msg = s.ok() ? "" : s.message();
-    const std::string wire = std::to_string(static_cast<int>(s.code())) + "\n" + std::to_string(msg.size()) + "\n" + msg +
-                             text.str();
+    const std::string wire = std::to_string(static_cast<int>(s.code())) + "\n" +
+                             std::to_string(msg.size()) + "\n" + msg + text.str();
     const bool ok = WriteAll(fds[1], wire);
     ::close(fds[1]);
     std::fflush(nullptr);
@@ -273,18 +291,21 @@ Status RunIsolated(const std::string& what, const std::function<Status(std::ostr
   }
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
-    return Status::InvalidArgument(what, fmt::format("the parser crashed in the isolated child process (signal {}: {}); "
-                                                     "the file is malformed or triggers a bug in the HDF5 library",
-                                                     sig, strsignal(sig)));
+    return Status::InvalidArgument(
+        what, fmt::format("the parser crashed in the isolated child process (signal {}: {}); "
+                          "the file is malformed or triggers a bug in the HDF5 library",
+                          sig, strsignal(sig)));
   }
   if (!read_ok || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
     return Status::Runtime(what, "the isolated child process failed without a result");
   // Parse "<code>\n<len>\n<msg><text>".
   const std::size_t nl1 = wire.find('\n');
   const std::size_t nl2 = nl1 == std::string::npos ? std::string::npos : wire.find('\n', nl1 + 1);
-  if (nl2 == std::string::npos) return Status::Runtime(what, "garbled result from the isolated child process");
+  if (nl2 == std::string::npos)
+    return Status::Runtime(what, "garbled result from the isolated child process");
   const int code = std::atoi(wire.substr(0, nl1).c_str());
-  const std::size_t len = static_cast<std::size_t>(std::strtoull(wire.substr(nl1 + 1, nl2 - nl1 - 1).c_str(), nullptr, 10));
+  const std::size_t len = static_cast<std::size_t>(
+      std::strtoull(wire.substr(nl1 + 1, nl2 - nl1 - 1).c_str(), nullptr, 10));
   if (nl2 + 1 + len > wire.size() || code < 0 || code > static_cast<int>(Status::Code::kGateFailed))
     return Status::Runtime(what, "garbled result from the isolated child process");
   out << wire.substr(nl2 + 1 + len);
@@ -307,23 +328,27 @@ Result<std::int64_t> ParseByteSize(std::string_view text, std::string_view optio
   char* end = nullptr;
   const double v = std::strtod(t.c_str(), &end);
   if (t.empty() || end != t.c_str() + t.size() || !(v > 0) || v * static_cast<double>(mult) > 9e18)
-    return Status::InvalidArgument(option, "expected a size like 512M or 1G, got '" + std::string(text) + "'");
+    return Status::InvalidArgument(
+        option, "expected a size like 512M or 1G, got '" + std::string(text) + "'");
   return static_cast<std::int64_t>(v * static_cast<double>(mult));
 }
 
 Status RunDiff(const DiffCommandOptions& opts, std::ostream& out) {
   if (!opts.isolate) return DiffBody(opts, out);
-  return RunIsolated("diff", [&](std::ostream& o) { return DiffBody(opts, o); }, out);
+  return RunIsolated(
+      "diff", [&](std::ostream& o) { return DiffBody(opts, o); }, out);
 }
 
 Status RunAlign(const AlignCommandOptions& opts, std::ostream& out) {
   if (!opts.isolate) return AlignBody(opts, out);
-  return RunIsolated("align", [&](std::ostream& o) { return AlignBody(opts, o); }, out);
+  return RunIsolated(
+      "align", [&](std::ostream& o) { return AlignBody(opts, o); }, out);
 }
 
 Status RunSummarize(const SummarizeCommandOptions& opts, std::ostream& out) {
   if (!opts.diff.isolate) return SummarizeBody(opts, out);
-  return RunIsolated("summarize", [&](std::ostream& o) { return SummarizeBody(opts, o); }, out);
+  return RunIsolated(
+      "summarize", [&](std::ostream& o) { return SummarizeBody(opts, o); }, out);
 }
 
 }  // namespace lockstep

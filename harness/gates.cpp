@@ -29,8 +29,8 @@ const IntervalDiff* Verify(const AlignResult& al) {
 
 // Matched windows whose |delta verify| exceeds max(abs_ms, rel x the baseline's median verify time
 // over the matched prefix). Returns the count and fills the worst one.
-int WindowsOverBand(const AlignResult& al, const std::vector<WindowRecord>& base, double abs_ms, double rel,
-                    std::string* worst) {
+int WindowsOverBand(const AlignResult& al, const std::vector<WindowRecord>& base, double abs_ms,
+                    double rel, std::string* worst) {
   const IntervalDiff* v = Verify(al);
   if (!v || !v->known || v->delta_ms.empty()) return 0;
   std::vector<double> base_ms;
@@ -53,7 +53,8 @@ int WindowsOverBand(const AlignResult& al, const std::vector<WindowRecord>& base
 }
 
 // Timing arms: per-window verify ms of each repeat over the first `n` windows.
-std::vector<std::vector<double>> VerifyMs(const std::vector<std::vector<WindowRecord>>& repeats, int n) {
+std::vector<std::vector<double>> VerifyMs(const std::vector<std::vector<WindowRecord>>& repeats,
+                                          int n) {
   std::vector<std::vector<double>> out;
   for (const auto& r : repeats) {
     std::vector<double> ms;
@@ -67,7 +68,8 @@ std::vector<std::vector<double>> VerifyMs(const std::vector<std::vector<WindowRe
 }  // namespace
 
 ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const ArmOutcome& base,
-                                    const ArmOutcome& out, const DiffResult* diff, const AlignResult& al) {
+                                    const ArmOutcome& out, const DiffResult* diff,
+                                    const AlignResult& al) {
   ComparisonResult r;
   r.arm = arm.name;
   r.baseline = base.name;
@@ -79,7 +81,8 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
   };
   if (!base.ok || !out.ok) {
     gate("arms ran", false,
-         fmt::format("{} exited {}, {} exited {}", base.name, base.exit_code, out.name, out.exit_code));
+         fmt::format("{} exited {}, {} exited {}", base.name, base.exit_code, out.name,
+                     out.exit_code));
   }
 
   // ---- output ----
@@ -87,17 +90,19 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
   if (g.output)
     gate("output identical", output_same,
          output_same ? fmt::format("{} tokens, stop {}", out.output_ids.size(), out.stop_reason)
-                     : fmt::format("{}: {} tokens (stop {}), {}: {} tokens (stop {})", base.name, base.output_ids.size(),
-                                   base.stop_reason, out.name, out.output_ids.size(), out.stop_reason));
+                     : fmt::format("{}: {} tokens (stop {}), {}: {} tokens (stop {})", base.name,
+                                   base.output_ids.size(), base.stop_reason, out.name,
+                                   out.output_ids.size(), out.stop_reason));
 
   // ---- state ----
   const bool state_ok = diff == nullptr || diff->Passed();
   if (g.state) {
     if (diff == nullptr) {
-      if (arm.mode == "state") gate("state within thresholds", false, "no state diff (an arm failed or exported nothing)");
+      if (arm.mode == "state")
+        gate("state within thresholds", false, "no state diff (an arm failed or exported nothing)");
     } else {
-      std::string msg = fmt::format("{} compared, {} passed, {} failed, {} skipped", diff->compared, diff->passed,
-                                    diff->failed, diff->skipped);
+      std::string msg = fmt::format("{} compared, {} passed, {} failed, {} skipped", diff->compared,
+                                    diff->passed, diff->failed, diff->skipped);
       if (diff->first_failure >= 0) {
         const ItemResult& f = diff->items[static_cast<std::size_t>(diff->first_failure)];
         msg += fmt::format("; first failing: {} {} ({})", f.checkpoint, f.rel, f.reason);
@@ -111,10 +116,12 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
   const int within = g.path_within.value_or(0);
   const bool early = al.diverged && (within == 0 || al.div_idx < within);
   if (g.path_within) {
-    std::string msg = al.diverged ? fmt::format("first divergence at window {} of {}/{}", al.div_idx, al.n_a, al.n_b)
+    std::string msg = al.diverged ? fmt::format("first divergence at window {} of {}/{}",
+                                                al.div_idx, al.n_a, al.n_b)
                                   : fmt::format("no divergence over {} windows", al.matched);
-    gate(within == 0 ? "no path divergence" : fmt::format("no path divergence in the first {} windows", within), !early,
-         msg);
+    gate(within == 0 ? "no path divergence"
+                     : fmt::format("no path divergence in the first {} windows", within),
+         !early, msg);
   }
 
   // ---- timing ----
@@ -123,8 +130,9 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
   if (timing_arm) {
     r.timing_repeats_a = static_cast<int>(base.repeats.size());
     r.timing_repeats_b = static_cast<int>(out.repeats.size());
-    TimingVerdict tv = CompareTimingRepeats(VerifyMs(base.repeats, al.matched), VerifyMs(out.repeats, al.matched),
-                                            c.min_timing_repeats);
+    TimingVerdict tv =
+        CompareTimingRepeats(VerifyMs(base.repeats, al.matched), VerifyMs(out.repeats, al.matched),
+                             c.min_timing_repeats);
     const double rel_max = g.aggregate_rel_max.value_or(kDefaultAggregateRel);
     if (!tv.refused) {
       aggregate_failed = tv.aggregate_outside_noise && std::fabs(tv.aggregate_rel_diff) > rel_max;
@@ -133,29 +141,36 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
     auto refused_msg = fmt::format("no timing verdict: {}", tv.refused_reason);
     if (g.aggregate_rel_max)
       gate("aggregate timing", !tv.refused && !aggregate_failed,
-           tv.refused ? refused_msg
-                      : fmt::format("median summed verify {:.3f} vs {:.3f} ms ({:+.1f}%, {} repeats per arm){}",
-                                    tv.aggregate_a.median, tv.aggregate_b.median, 100.0 * tv.aggregate_rel_diff,
-                                    std::min(tv.repeats_a, tv.repeats_b),
-                                    tv.aggregate_outside_noise ? ", outside the noise band" : ", within the noise band"));
+           tv.refused
+               ? refused_msg
+               : fmt::format(
+                     "median summed verify {:.3f} vs {:.3f} ms ({:+.1f}%, {} repeats per arm){}",
+                     tv.aggregate_a.median, tv.aggregate_b.median, 100.0 * tv.aggregate_rel_diff,
+                     std::min(tv.repeats_a, tv.repeats_b),
+                     tv.aggregate_outside_noise ? ", outside the noise band"
+                                                : ", within the noise band"));
     if (g.window_abs_ms || g.window_rel)
       gate("per-window timing", !tv.refused && !window_unstable,
-           tv.refused ? refused_msg
-                      : fmt::format("{} windows outside the noise band{}", tv.windows_outside_noise.size(),
-                                    tv.unstable ? "; unstable repeats" : ""));
+           tv.refused
+               ? refused_msg
+               : fmt::format("{} windows outside the noise band{}", tv.windows_outside_noise.size(),
+                             tv.unstable ? "; unstable repeats" : ""));
     r.timing = std::move(tv);
   } else {
     const IntervalDiff* v = Verify(al);
     const double rel = v && v->known ? v->rel_diff : 0.0;
     aggregate_failed = std::fabs(rel) > g.aggregate_rel_max.value_or(kDefaultAggregateRel);
     std::string worst;
-    const int over = WindowsOverBand(al, base.windows, g.window_abs_ms.value_or(kDefaultWindowAbsMs),
-                                     g.window_rel.value_or(kDefaultWindowRel), &worst);
+    const int over =
+        WindowsOverBand(al, base.windows, g.window_abs_ms.value_or(kDefaultWindowAbsMs),
+                        g.window_rel.value_or(kDefaultWindowRel), &worst);
     window_unstable = over > 0;
     if (g.aggregate_rel_max)
       gate("aggregate timing", !aggregate_failed,
-           v && v->known ? fmt::format("summed verify over {} matched windows: {:.3f} vs {:.3f} ms ({:+.1f}%, max {:.0f}%)",
-                                       al.matched, v->sum_a_ms, v->sum_b_ms, 100.0 * rel, 100.0 * *g.aggregate_rel_max)
+           v && v->known ? fmt::format("summed verify over {} matched windows: {:.3f} vs {:.3f} ms "
+                                       "({:+.1f}%, max {:.0f}%)",
+                                       al.matched, v->sum_a_ms, v->sum_b_ms, 100.0 * rel,
+                                       100.0 * *g.aggregate_rel_max)
                          : "verify time unknown");
     if (g.window_abs_ms || g.window_rel)
       gate("per-window timing", !window_unstable,
@@ -172,11 +187,13 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
     if (g.no_swap && swap) why.push_back("swap in use");
     std::int64_t min_free = -1;
     for (const ArmOutcome* o : {&base, &out})
-      if (o->min_host_available_bytes >= 0 && (min_free < 0 || o->min_host_available_bytes < min_free))
+      if (o->min_host_available_bytes >= 0 &&
+          (min_free < 0 || o->min_host_available_bytes < min_free))
         min_free = o->min_host_available_bytes;
     if (g.min_free_mib >= 0 && min_free >= 0 && min_free < g.min_free_mib * 1048576)
       why.push_back(fmt::format("host available memory fell to {} MiB", min_free / 1048576));
-    std::string msg = why.empty() ? "no guard trip, no swap" : fmt::format("{}", fmt::join(why, "; "));
+    std::string msg =
+        why.empty() ? "no guard trip, no swap" : fmt::format("{}", fmt::join(why, "; "));
     if (min_free < 0) msg += " (free memory unknown)";
     gate("resources", why.empty(), msg);
   }
@@ -189,7 +206,8 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
   bool timing_asked = g.aggregate_rel_max || g.window_abs_ms || g.window_rel;
   for (const auto& rule : c.stop)
     for (const auto& p : rule.predicates)
-      timing_asked = timing_asked || p == "window_timing_unstable" || p == "aggregate_timing_failed";
+      timing_asked =
+          timing_asked || p == "window_timing_unstable" || p == "aggregate_timing_failed";
   if (timing_asked) {
     r.predicates["window_timing_unstable"] = window_unstable;
     r.predicates["aggregate_timing_failed"] = aggregate_failed;
@@ -203,7 +221,8 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
   return r;
 }
 
-std::optional<StopDecision> EvaluateStopRules(const Campaign& c, const std::vector<ComparisonResult>& so_far) {
+std::optional<StopDecision> EvaluateStopRules(const Campaign& c,
+                                              const std::vector<ComparisonResult>& so_far) {
   for (const StopRule& rule : c.stop) {
     std::vector<std::string> fired;
     for (const auto& p : rule.predicates) {
@@ -215,7 +234,9 @@ std::optional<StopDecision> EvaluateStopRules(const Campaign& c, const std::vect
       }
       if (v) fired.push_back(p);
     }
-    const bool fires = rule.all ? (!rule.predicates.empty() && fired.size() == rule.predicates.size()) : !fired.empty();
+    const bool fires = rule.all
+                           ? (!rule.predicates.empty() && fired.size() == rule.predicates.size())
+                           : !fired.empty();
     if (fires) return StopDecision{&rule, fired};
   }
   return std::nullopt;
@@ -228,15 +249,22 @@ nlohmann::json ToJson(const ComparisonResult& r) {
   j["control"] = r.control;
   j["passed"] = r.passed;
   j["gates"] = nlohmann::json::array();
-  for (const auto& g : r.gates) j["gates"].push_back({{"name", g.name}, {"passed", g.passed}, {"message", g.message}});
+  for (const auto& g : r.gates)
+    j["gates"].push_back({{"name", g.name}, {"passed", g.passed}, {"message", g.message}});
   j["predicates"] = r.predicates;
   j["timing_repeats"] = {r.timing_repeats_a, r.timing_repeats_b};
   if (r.timing) {
     const TimingVerdict& t = *r.timing;
     auto stats = [](const SampleStats& s) {
-      return nlohmann::json{{"n", s.n},         {"median", s.median}, {"lo95", s.lo95}, {"hi95", s.hi95},
-                            {"min", s.min},     {"max", s.max},       {"stdev", s.stdev},
-                            {"spread_unstable", s.spread_unstable}, {"has_outlier", s.has_outlier}};
+      return nlohmann::json{{"n", s.n},
+                            {"median", s.median},
+                            {"lo95", s.lo95},
+                            {"hi95", s.hi95},
+                            {"min", s.min},
+                            {"max", s.max},
+                            {"stdev", s.stdev},
+                            {"spread_unstable", s.spread_unstable},
+                            {"has_outlier", s.has_outlier}};
     };
     nlohmann::json tj;
     tj["refused"] = t.refused;

@@ -34,17 +34,18 @@ constexpr std::size_t kMaxLedgerBytes = std::size_t{1} << 30;
 // strerror() is not thread-safe; std::error_code::message() is (libstdc++ uses strerror_r).
 std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
-
 // Reads the whole of `fd` from offset 0 (pread: the file offset of an O_APPEND descriptor does
 // not matter, and we do not disturb it).
 Result<std::string> ReadAll(int fd, const std::string& path) {
   const std::string what = fmt::format("reading ledger '{}'", path);
   struct stat st {};
-  if (::fstat(fd, &st) != 0) return Status::IOError(what, fmt::format("fstat: {}", ErrnoText(errno)));
+  if (::fstat(fd, &st) != 0)
+    return Status::IOError(what, fmt::format("fstat: {}", ErrnoText(errno)));
   if (!S_ISREG(st.st_mode)) return Status::IOError(what, "not a regular file");
   const auto size = static_cast<std::size_t>(st.st_size > 0 ? st.st_size : 0);
   if (size > kMaxLedgerBytes) {
-    return Status::InvalidArgument(what, fmt::format("{} bytes, more than the limit of {}", size, kMaxLedgerBytes));
+    return Status::InvalidArgument(
+        what, fmt::format("{} bytes, more than the limit of {}", size, kMaxLedgerBytes));
   }
   std::string out(size, '\0');
   std::size_t got = 0;
@@ -63,7 +64,8 @@ Result<std::string> ReadAll(int fd, const std::string& path) {
 
 // The canonical form of an entry without its crc: the bytes the CRC covers. nlohmann's object is
 // a std::map, so dump() writes the keys sorted and the text does not depend on insertion order.
-json EntryObject(std::int64_t seq, const std::string& event, const std::string& arm, const json& data) {
+json EntryObject(std::int64_t seq, const std::string& event, const std::string& arm,
+                 const json& data) {
   json obj = json::object();
   obj["seq"] = seq;
   obj["event"] = event;
@@ -86,13 +88,15 @@ std::string LineFromObject(json obj, json::error_handler_t handler) {
 }
 
 bool IsLowerHex8(const std::string& s) {
-  return s.size() == 8 &&
-         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  return s.size() == 8 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
 }
 
 // Checks one line (without its '\n') that should hold entry number `index`. Returns why it is
 // invalid, or nullopt with *entry filled.
-std::optional<std::string> CheckLine(std::string_view line, std::int64_t index, LedgerEntry* entry) {
+std::optional<std::string> CheckLine(std::string_view line, std::int64_t index,
+                                     LedgerEntry* entry) {
   if (line.size() > kMaxLineBytes) return fmt::format("longer than {} bytes", kMaxLineBytes);
   bool too_deep = false;
   const json::parser_callback_t depth_guard = [&too_deep](int depth, json::parse_event_t, json&) {
@@ -128,11 +132,13 @@ std::optional<std::string> CheckLine(std::string_view line, std::int64_t index, 
     return fmt::format("cannot re-serialise ({})", e.what());
   }
   const std::string computed = CrcHex(Crc32(body));
-  if (computed != stored) return fmt::format("CRC mismatch (stored {}, computed {})", stored, computed);
+  if (computed != stored)
+    return fmt::format("CRC mismatch (stored {}, computed {})", stored, computed);
   // nlohmann parses non-negative integers as unsigned; compare without a narrowing cast.
   const json& seq = j["seq"];
-  const bool seq_ok = seq.is_number_unsigned() ? seq.get<std::uint64_t>() == static_cast<std::uint64_t>(index)
-                                               : seq.get<std::int64_t>() == index;
+  const bool seq_ok = seq.is_number_unsigned()
+                          ? seq.get<std::uint64_t>() == static_cast<std::uint64_t>(index)
+                          : seq.get<std::int64_t>() == index;
   if (!seq_ok) return fmt::format("seq is {}, expected {} (its line index)", seq.dump(), index);
   entry->seq = index;
   entry->event = j["event"].get<std::string>();
@@ -168,8 +174,8 @@ Result<Scan> ScanLedger(const std::string& bytes, const std::string& path) {
         // Only the last write can be cut short by a crash; damage before it is something else
         // (a disk error, an editor, a second writer) and nothing in the file can be trusted.
         return Status::Runtime(fmt::format("ledger '{}' is corrupt", path),
-                               fmt::format("line {} (seq {}): {}; only the last line may be torn", index + 1,
-                                           index, *bad));
+                               fmt::format("line {} (seq {}): {}; only the last line may be torn",
+                                           index + 1, index, *bad));
       }
       scan.load.torn = true;
       scan.load.torn_reason = fmt::format("line {}: {}", index + 1, *bad);
@@ -254,14 +260,16 @@ Result<Ledger> Ledger::Create(const std::string& path) {
   if (fd < 0) {
     const int err = errno;
     if (err == EEXIST) {
-      return Status::InvalidArgument(what, "a ledger already exists there (hint: resume it instead of starting over)");
+      return Status::InvalidArgument(
+          what, "a ledger already exists there (hint: resume it instead of starting over)");
     }
     return Status::IOError(what, ErrnoText(err));
   }
   Ledger ledger(fd, path, 0);
   // The file must still exist after a crash, or the first (fsynced) entries would vanish with it.
   if (const int err = FsyncDir(ParentDir(path)); err != 0) {
-    return Status::IOError(what, fmt::format("fsync of folder '{}': {}", ParentDir(path), ErrnoText(err)));
+    return Status::IOError(
+        what, fmt::format("fsync of folder '{}': {}", ParentDir(path), ErrnoText(err)));
   }
   return ledger;
 }
@@ -298,26 +306,31 @@ Result<Ledger> Ledger::Open(const std::string& path, LedgerLoad* loaded) {
     LOCKSTEP_ASSIGN_OR_RETURN(scan.load.torn_saved_as,
                               SaveTorn(path, std::string_view(bytes).substr(scan.good_end)));
     if (::ftruncate(fd, static_cast<off_t>(scan.good_end)) != 0) {
-      return Status::IOError(what, fmt::format("cutting the torn tail: ftruncate: {}", ErrnoText(errno)));
+      return Status::IOError(what,
+                             fmt::format("cutting the torn tail: ftruncate: {}", ErrnoText(errno)));
     }
     if (::fsync(fd) != 0) {
-      return Status::IOError(what, fmt::format("cutting the torn tail: fsync: {}", ErrnoText(errno)));
+      return Status::IOError(what,
+                             fmt::format("cutting the torn tail: fsync: {}", ErrnoText(errno)));
     }
   }
-  ledger.next_seq_ = static_cast<std::int64_t>(scan.load.entries.size());  // seq == line index, checked
+  ledger.next_seq_ =
+      static_cast<std::int64_t>(scan.load.entries.size());  // seq == line index, checked
   if (loaded != nullptr) *loaded = std::move(scan.load);
   return ledger;
 }
 
-Result<LedgerEntry> Ledger::Append(const std::string& event, const std::string& arm, const nlohmann::json& data,
-                                   bool sync) {
+Result<LedgerEntry> Ledger::Append(const std::string& event, const std::string& arm,
+                                   const nlohmann::json& data, bool sync) {
   const std::string what = fmt::format("appending '{}' to ledger '{}'", event, path_);
   if (fd_ < 0) return Status::Runtime(what, "the ledger was moved from");
   if (poisoned_) {
-    return Status::IOError(what, "an earlier append failed part-way; reopen the ledger to set its torn tail aside");
+    return Status::IOError(
+        what, "an earlier append failed part-way; reopen the ledger to set its torn tail aside");
   }
   if (!data.is_null() && !data.is_object()) {
-    return Status::InvalidArgument(what, fmt::format("data must be a JSON object, got {}", data.type_name()));
+    return Status::InvalidArgument(
+        what, fmt::format("data must be a JSON object, got {}", data.type_name()));
   }
   std::string line;
   try {
@@ -328,8 +341,9 @@ Result<LedgerEntry> Ledger::Append(const std::string& event, const std::string& 
     return Status::InvalidArgument(what, fmt::format("cannot serialise the entry: {}", e.what()));
   }
   if (line.size() - 1 > kMaxLineBytes) {
-    return Status::InvalidArgument(what, fmt::format("line of {} bytes, over the limit of {} that Read() accepts",
-                                                     line.size(), kMaxLineBytes));
+    return Status::InvalidArgument(
+        what, fmt::format("line of {} bytes, over the limit of {} that Read() accepts", line.size(),
+                          kMaxLineBytes));
   }
   // One write(): a crash leaves either the whole line or a prefix of it (a torn tail that Open()
   // sets aside), never a line with a later one interleaved. A short write is not continued with
@@ -339,12 +353,14 @@ Result<LedgerEntry> Ledger::Append(const std::string& event, const std::string& 
     if (w < 0 && errno == EINTR) continue;
     if (w < 0) {
       const int err = errno;  // -1: nothing was written, the file is as it was
-      return Status::IOError(what, fmt::format("write: {} (hint: is the disk full?)", ErrnoText(err)));
+      return Status::IOError(what,
+                             fmt::format("write: {} (hint: is the disk full?)", ErrnoText(err)));
     }
     if (static_cast<std::size_t>(w) != line.size()) {
       poisoned_ = true;
-      return Status::IOError(what, fmt::format("short write: {} of {} bytes (hint: is the disk full?)", w,
-                                               line.size()));
+      return Status::IOError(
+          what,
+          fmt::format("short write: {} of {} bytes (hint: is the disk full?)", w, line.size()));
     }
     break;
   }

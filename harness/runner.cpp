@@ -144,26 +144,41 @@ struct Runner {
     LOCKSTEP_ASSIGN_OR_RETURN(EngineConfig cfg, EffectiveConfig(c, arm, model_dir));
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(d + "/config.json", cfg.ToJson() + "\n"));
     ChildSpec cs;
-    cs.argv = {exe, "generate", "--config", d + "/config.json", "--prompt-tokens", tokens_path, "--arm", arm.name,
-               "--json", "--trace-jsonl", d + "/trace.jsonl", "--sample-ms", std::to_string(c.export_plan.sample_ms)};
+    cs.argv = {exe,
+               "generate",
+               "--config",
+               d + "/config.json",
+               "--prompt-tokens",
+               tokens_path,
+               "--arm",
+               arm.name,
+               "--json",
+               "--trace-jsonl",
+               d + "/trace.jsonl",
+               "--sample-ms",
+               std::to_string(c.export_plan.sample_ms)};
     if (arm.mode == "state") {
       std::string points;
       for (const auto& p : c.export_plan.points) points += (points.empty() ? "" : ",") + p;
-      for (const std::string& a : {std::string("--export"), d + "/export.h5", std::string("--export-windows"),
-                                   c.export_plan.windows, std::string("--export-points"), points})
+      for (const std::string& a :
+           {std::string("--export"), d + "/export.h5", std::string("--export-windows"),
+            c.export_plan.windows, std::string("--export-points"), points})
         cs.argv.push_back(a);
     }
     cs.stdout_path = d + "/stdout.json";
     cs.stderr_path = d + "/stderr.log";
-    LOCKSTEP_RETURN_IF_ERROR(
-        Append("sent", arm.name, {{"repeat", repeat}, {"mode", arm.mode}, {"engine_config_sha256", EngineConfigHash(cfg)}}));
+    LOCKSTEP_RETURN_IF_ERROR(Append(
+        "sent", arm.name,
+        {{"repeat", repeat}, {"mode", arm.mode}, {"engine_config_sha256", EngineConfigHash(cfg)}}));
     const std::string label = arm.repeat > 1 ? fmt::format("{} #{}", arm.name, repeat) : arm.name;
     std::function<void()> tick;
     if (progress) {
       tick = [&, label] {
         std::ifstream f(d + "/trace.jsonl");
-        const auto n = std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n');
-        std::fprintf(stderr, "\r  %s: %s", label.c_str(), n ? fmt::format("{} windows", n).c_str() : "prefill ...");
+        const auto n =
+            std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n');
+        std::fprintf(stderr, "\r  %s: %s", label.c_str(),
+                     n ? fmt::format("{} windows", n).c_str() : "prefill ...");
         std::fflush(stderr);
       };
     }
@@ -171,11 +186,14 @@ struct Runner {
     if (progress) std::fprintf(stderr, "\r\033[K");
     const bool ok = cr.exit_code == 0;
     LOCKSTEP_RETURN_IF_ERROR(Append(ok ? "finished" : "failed", arm.name,
-                                    {{"repeat", repeat}, {"exit_code", cr.exit_code}, {"signal", cr.signal},
+                                    {{"repeat", repeat},
+                                     {"exit_code", cr.exit_code},
+                                     {"signal", cr.signal},
                                      {"seconds", cr.seconds}}));
     out << fmt::format("  {}: {} in {:.2f} s", label, ok ? "finished" : "FAILED", cr.seconds);
-    if (!ok) out << fmt::format(" (exit {}{}; see arms/{}/stderr.log)", cr.exit_code,
-                                cr.signal ? fmt::format(", signal {}", cr.signal) : "", arm.name);
+    if (!ok)
+      out << fmt::format(" (exit {}{}; see arms/{}/stderr.log)", cr.exit_code,
+                         cr.signal ? fmt::format(", signal {}", cr.signal) : "", arm.name);
     out << "\n";
     return Status::Ok();
   }
@@ -231,14 +249,17 @@ struct Runner {
         DiffOptions dopt;
         dopt.thresholds = c.thresholds;
         auto d = DiffExports(*ra, *rb, dopt);
-        if (d.ok()) diff = std::move(d).value();
-        else diff_error = d.status().message();
+        if (d.ok())
+          diff = std::move(d).value();
+        else
+          diff_error = d.status().message();
       } else {
         diff_error = (a.ok() ? b.status() : a.status()).message();
       }
     }
     ComparisonResult cr = EvaluateComparison(c, arm, base, cur, diff ? &*diff : nullptr, al);
-    if (!diff_error.empty()) cr.gates.push_back(GateOutcome{"exports readable", false, diff_error}), cr.passed = false;
+    if (!diff_error.empty())
+      cr.gates.push_back(GateOutcome{"exports readable", false, diff_error}), cr.passed = false;
     ReportInput in;
     in.title = fmt::format("{}: {} vs {}", c.name, arm.name, base_spec.name);
     if (ra) in.a = SummarizeArm(ra->meta(), base_spec.name);
@@ -268,8 +289,8 @@ struct Runner {
       out << fmt::format("  {} vs {}: {} (positive control{})\n", arm.name, base_spec.name,
                          cr.passed ? "NOT CAUGHT" : "caught", failed.empty() ? "" : ": " + failed);
     else
-      out << fmt::format("  {} vs {}: {}{}\n", arm.name, base_spec.name, cr.passed ? "pass" : "FAIL",
-                         failed.empty() ? "" : " (" + failed + ")");
+      out << fmt::format("  {} vs {}: {}{}\n", arm.name, base_spec.name,
+                         cr.passed ? "pass" : "FAIL", failed.empty() ? "" : " (" + failed + ")");
     return Status::Ok();
   }
 
@@ -288,7 +309,8 @@ struct Runner {
         // Stop rules and requirements are decided once, before the arm's first send.
         std::vector<ComparisonResult> so_far;
         for (const auto& a : c.arms)
-          if (auto it = st.compared.find(a.name); it != st.compared.end()) so_far.push_back(it->second);
+          if (auto it = st.compared.find(a.name); it != st.compared.end())
+            so_far.push_back(it->second);
         if (!st.stopped) {
           if (auto stop = EvaluateStopRules(c, so_far)) {
             LOCKSTEP_RETURN_IF_ERROR(Append("stopped", "",
@@ -296,12 +318,13 @@ struct Runner {
                                              {"message", stop->rule->message},
                                              {"fired_by", stop->fired_by},
                                              {"before_arm", arm.name}}));
-            out << fmt::format("  stop rule '{}' fired ({}): {}\n", stop->rule->name, fmt::join(stop->fired_by, ", "),
-                               stop->rule->message);
+            out << fmt::format("  stop rule '{}' fired ({}): {}\n", stop->rule->name,
+                               fmt::join(stop->fired_by, ", "), stop->rule->message);
           }
         }
         if (st.stopped) {
-          LOCKSTEP_RETURN_IF_ERROR(Append("not_sent", arm.name, {{"reason", "the campaign stopped (stop rule fired)"}}));
+          LOCKSTEP_RETURN_IF_ERROR(
+              Append("not_sent", arm.name, {{"reason", "the campaign stopped (stop rule fired)"}}));
           out << fmt::format("  {}: not sent (campaign stopped)\n", arm.name);
           continue;
         }
@@ -309,10 +332,12 @@ struct Runner {
         for (const auto& req : arm.require) {
           auto it = st.decisions.find(req);
           if (it == st.decisions.end() || !it->second)
-            missing += (missing.empty() ? "" : ", ") + req + (it == st.decisions.end() ? " (not decided)" : " (failed)");
+            missing += (missing.empty() ? "" : ", ") + req +
+                       (it == st.decisions.end() ? " (not decided)" : " (failed)");
         }
         if (!missing.empty()) {
-          LOCKSTEP_RETURN_IF_ERROR(Append("not_sent", arm.name, {{"reason", "requires " + missing}}));
+          LOCKSTEP_RETURN_IF_ERROR(
+              Append("not_sent", arm.name, {{"reason", "requires " + missing}}));
           out << fmt::format("  {}: not sent (requires {})\n", arm.name, missing);
           continue;
         }
@@ -321,12 +346,15 @@ struct Runner {
         if (!st.finished.count({arm.name, r})) LOCKSTEP_RETURN_IF_ERROR(SendRepeat(arm, r));
       if (!arm.baseline.empty() && !st.compared.count(arm.name)) {
         const ArmSpec* base = FindArm(arm.baseline);
-        if (!base) return Status::InvalidArgument("arm '" + arm.name + "'", "baseline '" + arm.baseline + "' is not an arm");
+        if (!base)
+          return Status::InvalidArgument("arm '" + arm.name + "'",
+                                         "baseline '" + arm.baseline + "' is not an arm");
         LOCKSTEP_RETURN_IF_ERROR(Compare(arm, *base));
       }
       if (!arm.decision.empty() && !st.decisions.count(arm.decision) && st.compared.count(arm.name))
         LOCKSTEP_RETURN_IF_ERROR(
-            Append("decision", arm.name, {{"name", arm.decision}, {"value", st.compared[arm.name].passed}}));
+            Append("decision", arm.name,
+                   {{"name", arm.decision}, {"value", st.compared[arm.name].passed}}));
     }
     return Status::Ok();
   }
@@ -347,7 +375,8 @@ struct Runner {
         why = cr.arm + " vs " + cr.baseline + " failed its gates";
       }
     }
-    if (st.stopped && verdict != "insensitive") verdict = "stopped", why = "a stop rule fired; attribution stopped";
+    if (st.stopped && verdict != "insensitive")
+      verdict = "stopped", why = "a stop rule fired; attribution stopped";
     if (!c.control.empty() && !control_seen && verdict == "pass") {
       verdict = "fail";
       why = "the positive control did not run";
@@ -358,13 +387,15 @@ struct Runner {
 
 Status CheckedPlanText(const RunOptions& opts, const RunState& st, std::string* text) {
   const std::string copy = opts.out_dir + "/plan.toml";
-  LOCKSTEP_ASSIGN_OR_RETURN(*text, ReadFile(opts.plan.empty() ? copy : opts.plan, std::size_t{16} << 20));
+  LOCKSTEP_ASSIGN_OR_RETURN(*text,
+                            ReadFile(opts.plan.empty() ? copy : opts.plan, std::size_t{16} << 20));
   const std::string sha = Sha256Hex(*text);
   if (sha != st.plan_sha256)
-    return Status::InvalidArgument(
-        "--resume", fmt::format("the plan changed since the campaign started (SHA-256 {} now, {} recorded): refusing to "
-                                "resume; start a new run folder",
-                                sha.substr(0, 12), st.plan_sha256.substr(0, 12)));
+    return Status::InvalidArgument("--resume",
+                                   fmt::format("the plan changed since the campaign started "
+                                               "(SHA-256 {} now, {} recorded): refusing to "
+                                               "resume; start a new run folder",
+                                               sha.substr(0, 12), st.plan_sha256.substr(0, 12)));
   return Status::Ok();
 }
 
@@ -382,8 +413,9 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
     if (opts.plan.empty()) return Status::InvalidArgument("run", "a campaign file is required");
     LOCKSTEP_ASSIGN_OR_RETURN(run.c, LoadCampaign(opts.plan));
     if (fs::exists(opts.out_dir) && !fs::is_empty(opts.out_dir, ec))
-      return Status::InvalidArgument("--out '" + opts.out_dir + "'",
-                                     "exists and is not empty (continue it with --resume, or choose a new folder)");
+      return Status::InvalidArgument(
+          "--out '" + opts.out_dir + "'",
+          "exists and is not empty (continue it with --resume, or choose a new folder)");
     // The folder appears complete (plan + ledger with its first entry) or not at all.
     const std::string tmp = opts.out_dir + ".creating";
     fs::remove_all(tmp, ec);
@@ -409,11 +441,13 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
     LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Open(opts.out_dir + "/ledger.jsonl", &loaded));
     run.ledger.emplace(std::move(l));
     for (const auto& e : loaded.entries) run.st.Apply(e);
-    out << fmt::format("campaign {} (plan SHA-256 {}), run folder {}\n", run.c.name, run.c.plan_sha256.substr(0, 12),
-                       opts.out_dir);
+    out << fmt::format("campaign {} (plan SHA-256 {}), run folder {}\n", run.c.name,
+                       run.c.plan_sha256.substr(0, 12), opts.out_dir);
   } else {
     const std::string lp = opts.out_dir + "/ledger.jsonl";
-    if (!fs::exists(lp)) return Status::InvalidArgument("--resume '" + opts.out_dir + "'", "not a run folder (no ledger.jsonl)");
+    if (!fs::exists(lp))
+      return Status::InvalidArgument("--resume '" + opts.out_dir + "'",
+                                     "not a run folder (no ledger.jsonl)");
     LedgerLoad loaded;
     LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Open(lp, &loaded));
     run.ledger.emplace(std::move(l));
@@ -422,13 +456,16 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
     for (const auto& e : loaded.entries) run.st.Apply(e);
     std::string text;
     LOCKSTEP_RETURN_IF_ERROR(CheckedPlanText(opts, run.st, &text));
-    LOCKSTEP_ASSIGN_OR_RETURN(run.c, ParseCampaign(text, opts.out_dir + "/plan.toml", run.st.plan_dir));
+    LOCKSTEP_ASSIGN_OR_RETURN(run.c,
+                              ParseCampaign(text, opts.out_dir + "/plan.toml", run.st.plan_dir));
     std::vector<std::string> rerun;
     if (run.st.done) {
-      out << fmt::format("campaign {} in {} is complete: rendering its report again\n", run.c.name, opts.out_dir);
+      out << fmt::format("campaign {} in {} is complete: rendering its report again\n", run.c.name,
+                         opts.out_dir);
     }
     for (const auto& s : run.st.sent)
-      if (!run.st.finished.count(s)) rerun.push_back(s.second ? fmt::format("{}#{}", s.first, s.second) : s.first);
+      if (!run.st.finished.count(s))
+        rerun.push_back(s.second ? fmt::format("{}#{}", s.first, s.second) : s.first);
     if (!run.st.done) {
       LOCKSTEP_RETURN_IF_ERROR(run.Append("resumed", "",
                                           {{"torn", loaded.torn},
@@ -438,9 +475,10 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
       out << fmt::format("campaign {} resumed in {}\n", run.c.name, opts.out_dir);
     }
     if (loaded.torn)
-      out << fmt::format("  the ledger's last line was torn ({} bytes): set aside as {}\n", loaded.torn_bytes,
-                         loaded.torn_saved_as);
-    for (const auto& r : rerun) out << fmt::format("  {}: was sent but did not finish: sending it again\n", r);
+      out << fmt::format("  the ledger's last line was torn ({} bytes): set aside as {}\n",
+                         loaded.torn_bytes, loaded.torn_saved_as);
+    for (const auto& r : rerun)
+      out << fmt::format("  {}: was sent but did not finish: sending it again\n", r);
   }
   if (!run.st.done) {
     LOCKSTEP_RETURN_IF_ERROR(run.ProvisionModel());
@@ -453,7 +491,9 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
   ro.junit = opts.junit;
   LOCKSTEP_RETURN_IF_ERROR(RunCampaignReport(ro, out));
   const std::string& v = run.st.verdict;
-  out << fmt::format("verdict: {}\n", v == "pass" ? "PASS" : v == "insensitive" ? "FAIL (insensitive)" : "FAIL (" + v + ")");
+  out << fmt::format("verdict: {}\n", v == "pass"          ? "PASS"
+                                      : v == "insensitive" ? "FAIL (insensitive)"
+                                                           : "FAIL (" + v + ")");
   if (v != "pass") return Status::GateFailed("campaign " + run.c.name, "verdict " + v);
   return Status::Ok();
 }
@@ -466,7 +506,8 @@ std::vector<std::string> LedgerDigest(const std::vector<LedgerEntry>& entries) {
     const auto& e = entries[i];
     const ArmRepeat key{e.arm, e.data.value("repeat", 0)};
     if (e.event == "sent") last_send[key] = i;
-    if ((e.event == "finished" || e.event == "failed") && last_send.count(key)) keep_sends.insert(last_send[key]);
+    if ((e.event == "finished" || e.event == "failed") && last_send.count(key))
+      keep_sends.insert(last_send[key]);
   }
   std::vector<std::string> out;
   for (std::size_t i = 0; i < entries.size(); ++i) {

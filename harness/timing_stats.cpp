@@ -36,7 +36,8 @@ int MedianIntervalRank(int n) {
   int best = 0;
   for (int j = 1; 2 * j <= n + 1; ++j) {
     const int i = j - 1;  // add P(B = i) so cdf = P(B <= j - 1)
-    if (i > 0) log_pmf += std::log(static_cast<double>(n - i + 1)) - std::log(static_cast<double>(i));
+    if (i > 0)
+      log_pmf += std::log(static_cast<double>(n - i + 1)) - std::log(static_cast<double>(i));
     cdf += std::exp(log_pmf);
     if (1.0 - 2.0 * cdf >= kConfidence) {
       best = j;
@@ -49,7 +50,9 @@ int MedianIntervalRank(int n) {
 
 std::string Num(double v) { return fmt::format("{:.4g}", v); }
 
-bool IntervalsOverlap(const SampleStats& a, const SampleStats& b) { return a.lo95 <= b.hi95 && b.lo95 <= a.hi95; }
+bool IntervalsOverlap(const SampleStats& a, const SampleStats& b) {
+  return a.lo95 <= b.hi95 && b.lo95 <= a.hi95;
+}
 
 }  // namespace
 
@@ -57,7 +60,8 @@ SampleStats ComputeStats(std::vector<double> samples) {
   SampleStats s;
   // A sample that was not measured is NaN (never a made-up zero, DESIGN.md); it carries no
   // information about the distribution, and would break the sort.
-  const auto finite_end = std::partition(samples.begin(), samples.end(), [](double v) { return std::isfinite(v); });
+  const auto finite_end =
+      std::partition(samples.begin(), samples.end(), [](double v) { return std::isfinite(v); });
   const auto dropped = static_cast<std::size_t>(samples.end() - finite_end);
   samples.erase(finite_end, samples.end());
   if (dropped > 0) s.warnings.push_back(fmt::format("{} non-finite sample(s) ignored", dropped));
@@ -82,8 +86,8 @@ SampleStats ComputeStats(std::vector<double> samples) {
   if (j == 0 || s.n < kMinIntervalSamples) {
     s.lo95 = s.min;
     s.hi95 = s.max;
-    s.warnings.push_back(
-        fmt::format("fewer than {} samples: the interval is the sample range", kMinIntervalSamples));
+    s.warnings.push_back(fmt::format("fewer than {} samples: the interval is the sample range",
+                                     kMinIntervalSamples));
   } else {
     s.lo95 = samples[static_cast<std::size_t>(j - 1)];
     s.hi95 = samples[n - static_cast<std::size_t>(j)];  // rank n + 1 - j, 0-based n - j
@@ -92,27 +96,29 @@ SampleStats ComputeStats(std::vector<double> samples) {
   // pyperf-style flags. Both need a positive centre to be relative to; timings are positive.
   if (n >= 2 && s.mean > 0.0 && s.stdev >= kStdevFrac * s.mean) {
     s.spread_unstable = true;
-    s.warnings.push_back(fmt::format("the standard deviation ({}) is {:.0f}% of the mean ({})", Num(s.stdev),
-                                     100.0 * s.stdev / s.mean, Num(s.mean)));
+    s.warnings.push_back(fmt::format("the standard deviation ({}) is {:.0f}% of the mean ({})",
+                                     Num(s.stdev), 100.0 * s.stdev / s.mean, Num(s.mean)));
   }
   if (s.median > 0.0) {
     const double limit = kOutlierFrac * s.median;
-    const auto far = static_cast<std::size_t>(
-        std::count_if(samples.begin(), samples.end(), [&](double v) { return std::abs(v - s.median) >= limit; }));
+    const auto far = static_cast<std::size_t>(std::count_if(
+        samples.begin(), samples.end(), [&](double v) { return std::abs(v - s.median) >= limit; }));
     if (far > 0) {
       s.has_outlier = true;
       // The sorted extremes are the farthest candidates on either side.
       const double worst = (s.max - s.median) >= (s.median - s.min) ? s.max : s.min;
-      s.warnings.push_back(fmt::format("{} sample(s) at least 50% away from the median ({}); the farthest is {} "
-                                       "({:+.0f}%)",
-                                       far, Num(s.median), Num(worst), 100.0 * (worst - s.median) / s.median));
+      s.warnings.push_back(
+          fmt::format("{} sample(s) at least 50% away from the median ({}); the farthest is {} "
+                      "({:+.0f}%)",
+                      far, Num(s.median), Num(worst), 100.0 * (worst - s.median) / s.median));
     }
   }
   return s;
 }
 
 TimingVerdict CompareTimingRepeats(const std::vector<std::vector<double>>& windows_a,
-                                   const std::vector<std::vector<double>>& windows_b, int min_repeats) {
+                                   const std::vector<std::vector<double>>& windows_b,
+                                   int min_repeats) {
   TimingVerdict v;
   v.repeats_a = static_cast<int>(windows_a.size());
   v.repeats_b = static_cast<int>(windows_b.size());
@@ -148,7 +154,8 @@ TimingVerdict CompareTimingRepeats(const std::vector<std::vector<double>>& windo
     std::vector<double> out;
     out.reserve(repeats.size());
     for (const auto& r : repeats) {
-      out.push_back(std::accumulate(r.begin(), r.begin() + static_cast<std::ptrdiff_t>(common), 0.0));
+      out.push_back(
+          std::accumulate(r.begin(), r.begin() + static_cast<std::ptrdiff_t>(common), 0.0));
     }
     return out;
   };
@@ -158,13 +165,14 @@ TimingVerdict CompareTimingRepeats(const std::vector<std::vector<double>>& windo
   v.aggregate_rel_diff = v.aggregate_a.median > 0.0 && v.aggregate_a.n > 0 && v.aggregate_b.n > 0
                              ? (v.aggregate_b.median - v.aggregate_a.median) / v.aggregate_a.median
                              : std::numeric_limits<double>::quiet_NaN();
-  v.unstable = v.aggregate_a.spread_unstable || v.aggregate_a.has_outlier || v.aggregate_b.spread_unstable ||
-               v.aggregate_b.has_outlier;
+  v.unstable = v.aggregate_a.spread_unstable || v.aggregate_a.has_outlier ||
+               v.aggregate_b.spread_unstable || v.aggregate_b.has_outlier;
 
   if (v.repeats_a < min_repeats || v.repeats_b < min_repeats) {
     v.refused = true;
     v.refused_reason = fmt::format(
-        "{} repeats per arm (A: {}, B: {}); a timing verdict needs at least {} fresh processes per arm",
+        "{} repeats per arm (A: {}, B: {}); a timing verdict needs at least {} fresh processes per "
+        "arm",
         std::min(v.repeats_a, v.repeats_b), v.repeats_a, v.repeats_b, min_repeats);
   } else if (common == 0) {
     v.refused = true;
@@ -172,7 +180,8 @@ TimingVerdict CompareTimingRepeats(const std::vector<std::vector<double>>& windo
   } else if (std::isnan(v.aggregate_rel_diff)) {
     // Reports print the relative difference of every verdict; one that has none is no verdict.
     v.refused = true;
-    v.refused_reason = "the summed verify time of arm A is unknown or not positive: no relative difference";
+    v.refused_reason =
+        "the summed verify time of arm A is unknown or not positive: no relative difference";
   }
   // The noise comparison is the verdict itself: a refused comparison states none (the stats
   // above stay filled for the report).
@@ -182,7 +191,8 @@ TimingVerdict CompareTimingRepeats(const std::vector<std::vector<double>>& windo
   for (std::size_t w = 0; w < both; ++w) {
     const SampleStats& a = v.window_a[w];
     const SampleStats& b = v.window_b[w];
-    if (a.n > 0 && b.n > 0 && !IntervalsOverlap(a, b)) v.windows_outside_noise.push_back(static_cast<int>(w));
+    if (a.n > 0 && b.n > 0 && !IntervalsOverlap(a, b))
+      v.windows_outside_noise.push_back(static_cast<int>(w));
   }
   return v;
 }

@@ -2,6 +2,8 @@
 // every item with NRMSE 0 and KL 0; an injected perturbation fails exactly the perturbed item and
 // what is computed from it afterwards, and the diff names the first failing item. Plus the
 // `lockstep diff / align / summarize` commands: exit codes, reports, bad input, --isolate.
+#include "lockstep/compare/state_diff.h"
+
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -11,7 +13,6 @@
 
 #include "lockstep/compare/export_reader.h"
 #include "lockstep/compare/report.h"
-#include "lockstep/compare/state_diff.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/harness/compare_commands.h"
 #include "test_util.h"
@@ -26,10 +27,11 @@ std::string Export(const std::string& name, const std::string& extra) {
   const std::string dir = test::NewDir("diff-" + name);
   const std::string path = dir + "/" + name + ".h5";
   const std::string spec = extra.find("--spec") == std::string::npos ? " --spec 3" : "";
-  auto r = RunLockstep("generate --model " + test::ModelDir("tiny-induction") +
-                       " --prompt 'the cat sat on the mat. the cat sat on the' --max-new 12 --threads 1"
-                       " --draft-policy adaptive --export-windows all --arm " + name + " --export " + path + spec + " " +
-                       extra);
+  auto r =
+      RunLockstep("generate --model " + test::ModelDir("tiny-induction") +
+                  " --prompt 'the cat sat on the mat. the cat sat on the' --max-new 12 --threads 1"
+                  " --draft-policy adaptive --export-windows all --arm " +
+                  name + " --export " + path + spec + " " + extra);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return path;
 }
@@ -112,7 +114,8 @@ TEST(StateDiff, PerturbationFailsExactlyThePerturbedItemAndDownstream) {
   EXPECT_EQ(d->config_differences[0].rfind("inject:", 0), 0u);
   for (const auto& it : d->items) {
     if (Order(it) < Order(first)) {
-      EXPECT_EQ(it.verdict, Verdict::kPass) << "upstream item failed: " << it.checkpoint << "/" << it.rel;
+      EXPECT_EQ(it.verdict, Verdict::kPass)
+          << "upstream item failed: " << it.checkpoint << "/" << it.rel;
     }
     // In the perturbed checkpoint only the perturbed item fails (V of the same layer is untouched).
     if (it.checkpoint == first.checkpoint && it.rel != first.rel) {
@@ -124,7 +127,8 @@ TEST(StateDiff, PerturbationFailsExactlyThePerturbedItemAndDownstream) {
   // long as the emitted tokens are the same.
   bool committed_k = false, later_logits_differ = false;
   for (const auto& it : d->items) {
-    if (it.checkpoint == "00001_commit" && it.rel == "stage1/layer3/k") committed_k = it.verdict == Verdict::kFail;
+    if (it.checkpoint == "00001_commit" && it.rel == "stage1/layer3/k")
+      committed_k = it.verdict == Verdict::kFail;
     if (it.window >= 2 && it.kind == "logits" && it.stats.n_diff > 0) later_logits_differ = true;
     if (!d->output_differs && it.window >= 2 && it.layer >= 0 && it.layer < 3) {
       EXPECT_EQ(it.stats.n_diff, 0u) << it.checkpoint << "/" << it.rel;
@@ -143,7 +147,8 @@ TEST(StateDiff, MaskingSkipsDifferentWindowsAndFailsMissingItems) {
   ASSERT_TRUE(d.ok()) << d.status().message();
   bool skipped_window = false;
   for (const auto& it : d->items)
-    if (it.verdict == Verdict::kSkip && it.reason.find("not the same state boundary") != std::string::npos)
+    if (it.verdict == Verdict::kSkip &&
+        it.reason.find("not the same state boundary") != std::string::npos)
       skipped_window = true;
   EXPECT_TRUE(skipped_window);
   bool spec_diff = false;
@@ -189,7 +194,8 @@ TEST(StateDiff, SmallMemoryLimitGivesTheSameResult) {
     EXPECT_EQ(a->items[i].stats.nrmse, b->items[i].stats.nrmse);
     EXPECT_EQ(a->items[i].kl.kl_max, b->items[i].kl.kl_max);
   }
-  EXPECT_GT(a->failed, 0);  // logits KL of a 0.1% logit scale is above 1e-5? at least NRMSE 1e-3 > 2e-4
+  EXPECT_GT(a->failed,
+            0);  // logits KL of a 0.1% logit scale is above 1e-5? at least NRMSE 1e-3 > 2e-4
 }
 
 TEST(StateDiff, ThresholdOverrides) {
@@ -205,16 +211,19 @@ TEST(StateDiff, ThresholdOverrides) {
 
 TEST(DiffCli, PassFailAndReports) {
   const std::string dir = test::NewDir("diff-cli");
-  auto ok = RunLockstep("diff " + ArmA() + " " + ArmB() + " --json " + dir + "/r.json --md " + dir + "/r.md --html " +
-                        dir + "/r.html --junit " + dir + "/r.xml");
+  auto ok = RunLockstep("diff " + ArmA() + " " + ArmB() + " --json " + dir + "/r.json --md " + dir +
+                        "/r.md --html " + dir + "/r.html --junit " + dir + "/r.xml");
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_NE(ok.out.find("PASS"), std::string::npos);
   EXPECT_NE(ok.out.find("NRMSE <= 2.0e-04"), std::string::npos) << ok.out;
-  for (const char* f : {"/r.json", "/r.md", "/r.html", "/r.xml"}) EXPECT_TRUE(std::filesystem::exists(dir + f)) << f;
+  for (const char* f : {"/r.json", "/r.md", "/r.html", "/r.xml"})
+    EXPECT_TRUE(std::filesystem::exists(dir + f)) << f;
   const std::string c = Export("cli-control", "--inject perturb:layer=7:item=v:eps=1e-2:window=0");
   auto bad = RunLockstep("diff " + ArmA() + " " + c);
   EXPECT_EQ(bad.exit_code, 1) << bad.err;
-  EXPECT_NE(bad.out.find("first failing item: 00000_post_verify stage 3 layer 7 v_spec"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("first failing item: 00000_post_verify stage 3 layer 7 v_spec"),
+            std::string::npos)
+      << bad.out;
   // A threshold raised above the perturbation passes, and says so.
   auto loose = RunLockstep("diff " + ArmA() + " " + c + " --nrmse-max 1 --kl-max 1 --quiet");
   EXPECT_EQ(loose.exit_code, 0) << loose.out;
@@ -225,7 +234,8 @@ TEST(DiffCli, BadInputIsExitTwo) {
   ASSERT_TRUE(WriteFileAtomic(dir + "/text.h5", std::string("not an hdf5 file\n")).ok());
   auto full = ReadFile(ArmA());
   ASSERT_TRUE(full.ok());
-  ASSERT_TRUE(WriteFileAtomic(dir + "/trunc.h5", std::string_view(*full).substr(0, full->size() / 2)).ok());
+  ASSERT_TRUE(
+      WriteFileAtomic(dir + "/trunc.h5", std::string_view(*full).substr(0, full->size() / 2)).ok());
   for (const std::string& f : {dir + "/text.h5", dir + "/trunc.h5", dir + "/missing.h5"}) {
     for (const char* cmd : {"diff", "summarize", "align"}) {
       auto r = RunLockstep(std::string(cmd) + " " + ArmA() + " " + f);
@@ -250,7 +260,8 @@ TEST(AlignCli, SameRunsDoNotDivergeAndTracesWork) {
 
 TEST(SummarizeCli, ReportsCarryNoPathsOrPrompt) {
   const std::string dir = test::NewDir("summ");
-  auto r = RunLockstep("summarize " + ArmA() + " " + ArmB() + " --md " + dir + "/s.md --html " + dir + "/s.html");
+  auto r = RunLockstep("summarize " + ArmA() + " " + ArmB() + " --md " + dir + "/s.md --html " +
+                       dir + "/s.html");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* f : {"/s.md", "/s.html"}) {
     auto text = ReadFile(dir + f);
@@ -273,7 +284,13 @@ TEST(Isolate, ACrashInTheChildIsExitTwo) {
   EXPECT_EQ(s.exit_code(), 2);
   EXPECT_NE(s.message().find("crashed"), std::string::npos) << s.message();
   std::ostringstream out2;
-  Status g = RunIsolated("x", [](std::ostream& o) { o << "hello"; return Status::GateFailed("diff", "2 items"); }, out2);
+  Status g = RunIsolated(
+      "x",
+      [](std::ostream& o) {
+        o << "hello";
+        return Status::GateFailed("diff", "2 items");
+      },
+      out2);
   EXPECT_EQ(g.exit_code(), 1);
   EXPECT_EQ(g.message(), "diff: 2 items");
   EXPECT_EQ(out2.str(), "hello");

@@ -2,6 +2,8 @@
 // its positive control caught; aa-latency stops after A1, A2 with the B arms not sent; SIGKILL at
 // random points always resumes to the same ledger content; bad plans are exit 2 before anything
 // runs; reports follow the seed's structure without paths; timing arms need 6 repeats.
+#include "lockstep/harness/runner.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -11,17 +13,15 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "lockstep/compare/report.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/harness/campaign.h"
 #include "lockstep/harness/ledger.h"
-#include "lockstep/harness/runner.h"
 #include "test_util.h"
 
 namespace lockstep {
@@ -77,7 +77,8 @@ TEST(Campaign, AaSmokePassesEndToEnd) {
   EXPECT_EQ(es.back().event, "done");
   EXPECT_EQ(es.back().data["verdict"], "pass");
   // Two fresh processes: different run ids, identical outputs, all items pass, no divergence.
-  const auto a1 = ReadJson(dir + "/arms/A1/stdout.json"), a2 = ReadJson(dir + "/arms/A2/stdout.json");
+  const auto a1 = ReadJson(dir + "/arms/A1/stdout.json"),
+             a2 = ReadJson(dir + "/arms/A2/stdout.json");
   EXPECT_EQ(a1["output_ids"], a2["output_ids"]);
   EXPECT_GT(a1["output_ids"].size(), 4u);
   const auto rec = ReadJson(dir + "/compare/A2.json");
@@ -118,8 +119,8 @@ TEST(Campaign, AaLatencyStopsAfterTheAA) {
   const auto& al = rec["report"]["alignment"];
   ASSERT_TRUE(al["diverged"].get<bool>());
   const int div = al["div_idx"].get<int>();
-  // Usually window 5 (the policy pauses drafting after the stall at window 4); on a loaded machine a
-  // natural stall can come first: the latency policy is timing-dependent on purpose.
+  // Usually window 5 (the policy pauses drafting after the stall at window 4); on a loaded machine
+  // a natural stall can come first: the latency policy is timing-dependent on purpose.
   EXPECT_GE(div, 1);
 
   // Must-show 5: the Markdown reads like the seed issue (golden structure) and carries no paths.
@@ -134,27 +135,33 @@ TEST(Campaign, AaLatencyStopsAfterTheAA) {
                                           "## Conclusion"};
   std::size_t at = 0;
   for (const auto& h : headings) {
-    const std::size_t pos = md.find("\n" + h + "\n") != std::string::npos ? md.find("\n" + h + "\n") + 1 : md.find(h + "\n");
+    const std::size_t pos = md.find("\n" + h + "\n") != std::string::npos
+                                ? md.find("\n" + h + "\n") + 1
+                                : md.find(h + "\n");
     ASSERT_NE(pos, std::string::npos) << h << "\n" << md;
     EXPECT_GE(pos, at) << h;
     at = pos;
   }
   for (const std::string& line :
-       {std::string("Thresholds: NRMSE <= 2.0e-04, logits KL <= 1.0e-05; no tolerance was relaxed."),
+       {std::string(
+            "Thresholds: NRMSE <= 2.0e-04, logits KL <= 1.0e-05; no tolerance was relaxed."),
         std::string("Unused paged tails were excluded"),
-        "The first recorded path difference occurred at zero-based window " + std::to_string(div) + ", p=",
+        "The first recorded path difference occurred at zero-based window " + std::to_string(div) +
+            ", p=",
         std::string("- A1: p="), std::string("- A2: p="),
         std::string("Windows after that point are not paired by index"),
         std::string("the predeclared rule `unstable_aa` fired"),
         std::string("\"unstable A/A => stop attribution\""),
-        std::string("The request ledger contains only A1, A2; not sent: B-prefill-8192, B-mtp-off."),
+        std::string(
+            "The request ledger contains only A1, A2; not sent: B-prefill-8192, B-mtp-off."),
         std::string("We stopped before the planned B-prefill-8192, B-mtp-off arm(s)."),
         std::string("No fix is claimed.")}) {
     EXPECT_NE(md.find(line), std::string::npos) << "missing: " << line << "\n" << md;
   }
   const std::string html = Slurp(dir + "/report.html");
   for (const std::string* doc : {&md, &html}) {
-    auto bad = FindForbiddenText(*doc, {dir, test::ScratchDir(), "the cat sat on the mat", "dog sat on the log"});
+    auto bad = FindForbiddenText(
+        *doc, {dir, test::ScratchDir(), "the cat sat on the mat", "dog sat on the log"});
     EXPECT_TRUE(bad.empty()) << bad.front();
   }
   EXPECT_NE(html.find("<svg"), std::string::npos);
@@ -162,12 +169,15 @@ TEST(Campaign, AaLatencyStopsAfterTheAA) {
   // HTML renders in headless Chromium when installed.
   std::string chromium;
   for (const char* c : {"chromium", "chromium-browser", "google-chrome"})
-    if (std::system((std::string("command -v ") + c + " >/dev/null 2>&1").c_str()) == 0) chromium = c;
-  if (chromium.empty()) GTEST_SKIP() << "chromium is not installed: the HTML screenshot check did not run";
+    if (std::system((std::string("command -v ") + c + " >/dev/null 2>&1").c_str()) == 0)
+      chromium = c;
+  if (chromium.empty())
+    GTEST_SKIP() << "chromium is not installed: the HTML screenshot check did not run";
   const std::string png = dir + "/report.png";
-  const int rc = std::system((chromium + " --headless --no-sandbox --disable-gpu --screenshot=" + png +
-                              " --window-size=1200,2000 file://" + dir + "/report.html >/dev/null 2>&1")
-                                 .c_str());
+  const int rc =
+      std::system((chromium + " --headless --no-sandbox --disable-gpu --screenshot=" + png +
+                   " --window-size=1200,2000 file://" + dir + "/report.html >/dev/null 2>&1")
+                      .c_str());
   EXPECT_EQ(rc, 0);
   EXPECT_GT(fs::file_size(png), 10000u);
 }
@@ -216,7 +226,8 @@ TEST(Campaign, SigkillAtRandomPointsResumesToTheSameLedger) {
   const std::string timing_dir = test::NewDir("kill-timing") + "/run";
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(Wait(Spawn({"run", plan, "--out", timing_dir, "--no-progress"})), 0);
-  const double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double total_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::mt19937 rng(4069);
   int kills = 0, resumes = 0;
   for (int iter = 0; iter < 20; ++iter) {
@@ -225,8 +236,9 @@ TEST(Campaign, SigkillAtRandomPointsResumesToTheSameLedger) {
     const int n_kills = 1 + static_cast<int>(rng() % 2);
     for (int k = 0; k <= n_kills; ++k) {
       const bool fresh = !fs::exists(dir + "/ledger.jsonl");
-      std::vector<std::string> args = fresh ? std::vector<std::string>{"run", plan, "--out", dir, "--no-progress"}
-                                            : std::vector<std::string>{"run", "--resume", dir, "--no-progress"};
+      std::vector<std::string> args =
+          fresh ? std::vector<std::string>{"run", plan, "--out", dir, "--no-progress"}
+                : std::vector<std::string>{"run", "--resume", dir, "--no-progress"};
       resumes += fresh ? 0 : 1;
       const pid_t pid = Spawn(args);
       if (k == n_kills) {
@@ -251,7 +263,9 @@ TEST(Campaign, SigkillAtRandomPointsResumesToTheSameLedger) {
 
 TEST(Campaign, ResumeRefusesAChangedPlanAndDoneIsIdempotent) {
   const std::string dir = test::NewDir("resume") + "/run";
-  ASSERT_EQ(RunLockstep("run " + kCampaigns + "/aa-smoke.toml --out " + dir + " --no-progress").exit_code, 0);
+  ASSERT_EQ(
+      RunLockstep("run " + kCampaigns + "/aa-smoke.toml --out " + dir + " --no-progress").exit_code,
+      0);
   const auto before = ReadLedger(dir);
   auto again = RunLockstep("run --resume " + dir + " --no-progress");
   EXPECT_EQ(again.exit_code, 0) << again.err;
@@ -264,7 +278,9 @@ TEST(Campaign, ResumeRefusesAChangedPlanAndDoneIsIdempotent) {
   EXPECT_EQ(refused.exit_code, 2);
   EXPECT_NE(refused.err.find("plan changed"), std::string::npos) << refused.err;
   // A non-empty folder is never overwritten by a new run.
-  EXPECT_EQ(RunLockstep("run " + kCampaigns + "/aa-smoke.toml --out " + dir + " --no-progress").exit_code, 2);
+  EXPECT_EQ(
+      RunLockstep("run " + kCampaigns + "/aa-smoke.toml --out " + dir + " --no-progress").exit_code,
+      2);
 }
 
 std::string WritePlan(const std::string& name, const std::string& text) {
@@ -290,10 +306,13 @@ TEST(Campaign, BadPlansAreExitTwoBeforeAnythingRuns) {
   const std::vector<std::pair<std::string, std::string>> cases{
       {"unknown-key", std::string(kBase) + "bogus = 1\n[[arm]]\nname = \"A1\"\n"},
       {"wrong-type", std::string(kBase) + "[[arm]]\nname = \"A1\"\nrepeat = \"two\"\n"},
-      {"unknown-field", std::string(kBase) + "[[arm]]\nname = \"A1\"\n[arm.engine]\nwarp_drive = true\n"},
+      {"unknown-field",
+       std::string(kBase) + "[[arm]]\nname = \"A1\"\n[arm.engine]\nwarp_drive = true\n"},
       {"unknown-predicate",
-       std::string(kBase) + "[[arm]]\nname = \"A1\"\n[[stop]]\nname = \"s\"\npredicates = [\"moon_phase\"]\n"},
-      {"missing-model", "name = \"t\"\nquestion = \"q\"\n[request]\nprompt = \"x\"\n[[arm]]\nname = \"A1\"\n"},
+       std::string(kBase) +
+           "[[arm]]\nname = \"A1\"\n[[stop]]\nname = \"s\"\npredicates = [\"moon_phase\"]\n"},
+      {"missing-model",
+       "name = \"t\"\nquestion = \"q\"\n[request]\nprompt = \"x\"\n[[arm]]\nname = \"A1\"\n"},
   };
   for (const auto& [name, text] : cases) {
     const std::string plan = WritePlan(name, text);
@@ -314,7 +333,8 @@ TEST(Campaign, InsensitiveControlFailsTheCampaign) {
   const std::string from = "eps=1e-2", to = "eps=1e-12";
   text.replace(text.find(from), from.size(), to);
   const std::string dir = test::NewDir("insensitive") + "/run";
-  auto r = RunLockstep("run " + WritePlan("insensitive", text) + " --out " + dir + " --no-progress");
+  auto r =
+      RunLockstep("run " + WritePlan("insensitive", text) + " --out " + dir + " --no-progress");
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   const auto es = ReadLedger(dir);
   ASSERT_FALSE(es.empty());
@@ -324,14 +344,19 @@ TEST(Campaign, InsensitiveControlFailsTheCampaign) {
 }
 
 std::string TimingPlan(int repeat) {
-  return std::string(kBase) + "[gates]\naggregate_timing = { rel_max = 0.5 }\n[[arm]]\nname = \"T1\"\nmode = \"timing\"\n"
-         "repeat = " + std::to_string(repeat) + "\n[[arm]]\nname = \"T2\"\nmode = \"timing\"\nrepeat = " +
-         std::to_string(repeat) + "\nbaseline = \"T1\"\n";
+  return std::string(kBase) +
+         "[gates]\naggregate_timing = { rel_max = 0.5 }\n[[arm]]\nname = \"T1\"\nmode = "
+         "\"timing\"\n"
+         "repeat = " +
+         std::to_string(repeat) +
+         "\n[[arm]]\nname = \"T2\"\nmode = \"timing\"\nrepeat = " + std::to_string(repeat) +
+         "\nbaseline = \"T1\"\n";
 }
 
 TEST(Campaign, TimingArmsNeedSixRepeats) {
   const std::string six = test::NewDir("timing6") + "/run";
-  auto r6 = RunLockstep("run " + WritePlan("t6", TimingPlan(6)) + " --out " + six + " --no-progress");
+  auto r6 =
+      RunLockstep("run " + WritePlan("t6", TimingPlan(6)) + " --out " + six + " --no-progress");
   EXPECT_NE(r6.exit_code, 2) << r6.err;
   const auto rec6 = ReadJson(six + "/compare/T2.json");
   const auto& t6 = rec6["comparison"]["timing"];
@@ -345,8 +370,10 @@ TEST(Campaign, TimingArmsNeedSixRepeats) {
   EXPECT_NE(md6.find("| window | median T1 ms [95%]"), std::string::npos);
 
   const std::string two = test::NewDir("timing2") + "/run";
-  auto r2 = RunLockstep("run " + WritePlan("t2", TimingPlan(2)) + " --out " + two + " --no-progress");
-  EXPECT_EQ(r2.exit_code, 1) << r2.out << r2.err;  // the aggregate gate cannot pass without a verdict
+  auto r2 =
+      RunLockstep("run " + WritePlan("t2", TimingPlan(2)) + " --out " + two + " --no-progress");
+  EXPECT_EQ(r2.exit_code, 1) << r2.out
+                             << r2.err;  // the aggregate gate cannot pass without a verdict
   const auto rec2 = ReadJson(two + "/compare/T2.json");
   EXPECT_TRUE(rec2["comparison"]["timing"]["refused"].get<bool>());
   const std::string md2 = Slurp(two + "/report.md");
@@ -356,7 +383,8 @@ TEST(Campaign, TimingArmsNeedSixRepeats) {
 
 TEST(Campaign, GateCommandWritesJUnit) {
   const std::string dir = test::NewDir("gate");
-  auto r = RunLockstep("gate " + kCampaigns + "/aa-smoke.toml --out " + dir + "/run --junit " + dir + "/junit.xml --no-progress");
+  auto r = RunLockstep("gate " + kCampaigns + "/aa-smoke.toml --out " + dir + "/run --junit " +
+                       dir + "/junit.xml --no-progress");
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   const std::string x = Slurp(dir + "/junit.xml");
   EXPECT_NE(x.find("<testsuite name=\"lockstep.campaign.aa-smoke\""), std::string::npos) << x;
@@ -369,11 +397,15 @@ TEST(Campaign, GateCommandWritesJUnit) {
 }
 
 TEST(Campaign, LedgerDigestDropsVolatileAndInterruptedEntries) {
-  auto e = [](std::string ev, std::string arm, nlohmann::json d) { return LedgerEntry{0, ev, arm, d}; };
-  std::vector<LedgerEntry> killed{e("planned", "", {{"plan_sha256", "x"}}), e("sent", "A1", {{"repeat", 0}}),
-                                  e("resumed", "", {{"rerun", {"A1"}}}), e("sent", "A1", {{"repeat", 0}}),
-                                  e("finished", "A1", {{"repeat", 0}, {"seconds", 1.5}})};
-  std::vector<LedgerEntry> clean{e("planned", "", {{"plan_sha256", "x"}}), e("sent", "A1", {{"repeat", 0}}),
+  auto e = [](std::string ev, std::string arm, nlohmann::json d) {
+    return LedgerEntry{0, ev, arm, d};
+  };
+  std::vector<LedgerEntry> killed{
+      e("planned", "", {{"plan_sha256", "x"}}), e("sent", "A1", {{"repeat", 0}}),
+      e("resumed", "", {{"rerun", {"A1"}}}), e("sent", "A1", {{"repeat", 0}}),
+      e("finished", "A1", {{"repeat", 0}, {"seconds", 1.5}})};
+  std::vector<LedgerEntry> clean{e("planned", "", {{"plan_sha256", "x"}}),
+                                 e("sent", "A1", {{"repeat", 0}}),
                                  e("finished", "A1", {{"repeat", 0}, {"seconds", 0.7}})};
   EXPECT_EQ(LedgerDigest(killed), LedgerDigest(clean));
   clean.push_back(e("not_sent", "A2", {{"reason", "requires aa_stable (failed)"}}));
