@@ -127,6 +127,7 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
   // ---- timing ----
   const bool timing_arm = arm.mode == "timing";
   bool aggregate_failed = false, window_unstable = false;
+  int windows_over_band = 0;
   if (timing_arm) {
     r.timing_repeats_a = static_cast<int>(base.repeats.size());
     r.timing_repeats_b = static_cast<int>(out.repeats.size());
@@ -136,7 +137,19 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
     const double rel_max = g.aggregate_rel_max.value_or(kDefaultAggregateRel);
     if (!tv.refused) {
       aggregate_failed = tv.aggregate_outside_noise && std::fabs(tv.aggregate_rel_diff) > rel_max;
-      window_unstable = tv.unstable || !tv.windows_outside_noise.empty();
+      // A window counts when its medians' 95% intervals do not overlap AND the medians differ by
+      // more than the band max(abs_ms, rel x baseline median): with dozens of windows a few
+      // non-overlapping intervals are expected by chance alone. pyperf's instability flags are
+      // reported (the verdict says so), not gated on.
+      const double abs_ms = g.window_abs_ms.value_or(kDefaultWindowAbsMs);
+      const double rel = g.window_rel.value_or(kDefaultWindowRel);
+      for (int w : tv.windows_outside_noise) {
+        const auto i = static_cast<std::size_t>(w);
+        if (i >= tv.window_a.size() || i >= tv.window_b.size()) continue;
+        const double ma = tv.window_a[i].median, mb = tv.window_b[i].median;
+        if (std::fabs(mb - ma) > std::max(abs_ms, rel * ma)) ++windows_over_band;
+      }
+      window_unstable = windows_over_band > 0;
     }
     auto refused_msg = fmt::format("no timing verdict: {}", tv.refused_reason);
     if (g.aggregate_rel_max)
@@ -153,8 +166,10 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
       gate("per-window timing", !tv.refused && !window_unstable,
            tv.refused
                ? refused_msg
-               : fmt::format("{} windows outside the noise band{}", tv.windows_outside_noise.size(),
-                             tv.unstable ? "; unstable repeats" : ""));
+               : fmt::format("{} windows outside the noise band, {} of them also outside the "
+                             "max(abs, rel x median) band{}",
+                             tv.windows_outside_noise.size(), windows_over_band,
+                             tv.unstable ? "; pyperf instability flags raised" : ""));
     r.timing = std::move(tv);
   } else {
     const IntervalDiff* v = Verify(al);

@@ -1,0 +1,152 @@
+// Gates and stop rules as pure logic (issue "Harness and campaigns"): what each gate decides from
+// hand-built arm outcomes and alignments, and how stop rules combine predicates.
+#include "lockstep/harness/gates.h"
+
+#include <gtest/gtest.h>
+
+namespace lockstep {
+namespace {
+
+WindowRecord W(int idx, int T, double verify_ms) {
+  WindowRecord w;
+  w.idx = idx;
+  w.p = 100 + idx;
+  w.T = T;
+  w.verify_ns = static_cast<std::int64_t>(verify_ms * 1e6);
+  w.wait_ns = w.compute_ns = w.verify_ns;
+  return w;
+}
+
+ArmOutcome Arm(const std::string& name, std::vector<WindowRecord> ws) {
+  ArmOutcome o;
+  o.name = name;
+  o.ok = true;
+  o.exit_code = 0;
+  o.output_ids = {1, 2, 3};
+  o.stop_reason = "length";
+  o.windows = ws;
+  o.repeats = {ws};
+  return o;
+}
+
+Campaign Plan() {
+  Campaign c;
+  c.gates.output = true;
+  c.gates.state = true;
+  c.gates.path_within = 0;
+  c.gates.aggregate_rel_max = 0.10;
+  c.gates.window_abs_ms = 5.0;
+  c.gates.window_rel = 0.5;
+  return c;
+}
+
+const GateOutcome* Find(const ComparisonResult& r, const std::string& name) {
+  for (const auto& g : r.gates)
+    if (g.name == name) return &g;
+  return nullptr;
+}
+
+TEST(Gates, IdenticalArmsPassEveryGate) {
+  Campaign c = Plan();
+  ArmSpec arm;
+  arm.name = "A2";
+  auto a = Arm("A1", {W(0, 1, 10), W(1, 3, 12), W(2, 2, 11)});
+  auto b = Arm("A2", {W(0, 1, 10), W(1, 3, 12), W(2, 2, 11)});
+  DiffResult d;
+  d.compared = d.passed = 5;
+  auto r = EvaluateComparison(c, arm, a, b, &d, AlignWindows(a.windows, b.windows));
+  EXPECT_TRUE(r.passed);
+  EXPECT_EQ(r.gates.size(), 5u);  // output, state, path, aggregate, per-window
+  EXPECT_FALSE(r.predicates.at("path_diverged"));
+  EXPECT_FALSE(r.predicates.at("window_timing_unstable"));
+}
+
+TEST(Gates, EachGateFailsOnItsOwnEvidence) {
+  Campaign c = Plan();
+  ArmSpec arm;
+  arm.name = "A2";
+  auto a = Arm("A1", {W(0, 1, 10), W(1, 3, 12), W(2, 2, 11), W(3, 2, 11)});
+  auto b = Arm("A2", {W(0, 1, 10), W(1, 3, 40), W(2, 4, 11),
+                      W(3, 2, 11)});  // slow window 1, path differs at 2
+  b.output_ids = {1, 2, 4};
+  DiffResult d;
+  d.compared = 5;
+  d.passed = 4;
+  d.failed = 1;
+  auto r = EvaluateComparison(c, arm, a, b, &d, AlignWindows(a.windows, b.windows));
+  EXPECT_FALSE(r.passed);
+  for (const char* g : {"output identical", "state within thresholds", "no path divergence",
+                        "aggregate timing", "per-window timing"}) {
+    ASSERT_NE(Find(r, g), nullptr) << g;
+    EXPECT_FALSE(Find(r, g)->passed) << g;
+  }
+  EXPECT_TRUE(r.predicates.at("path_diverged"));
+  EXPECT_TRUE(r.predicates.at("window_timing_unstable"));
+  EXPECT_TRUE(r.predicates.at("output_differs"));
+  EXPECT_TRUE(r.predicates.at("state_failed"));
+}
+
+TEST(Gates, PathWithinNToleratesALaterDivergence) {
+  Campaign c = Plan();
+  c.gates.path_within = 3;
+  ArmSpec arm;
+  arm.name = "A2";
+  auto a = Arm("A1", {W(0, 1, 10), W(1, 3, 10), W(2, 2, 10), W(3, 2, 10)});
+  auto b = Arm("A2", {W(0, 1, 10), W(1, 3, 10), W(2, 2, 10), W(3, 5, 10)});
+  auto r = EvaluateComparison(c, arm, a, b, nullptr, AlignWindows(a.windows, b.windows));
+  EXPECT_TRUE(Find(r, "no path divergence in the first 3 windows")->passed);
+  EXPECT_TRUE(r.predicates.at("path_diverged"));
+  EXPECT_FALSE(r.predicates.at("path_diverged_early"));
+}
+
+TEST(Gates, TimingPredicatesOnlyWhenThePlanAsks) {
+  Campaign c;
+  c.gates.output = true;
+  ArmSpec arm;
+  arm.name = "A2";
+  auto a = Arm("A1", {W(0, 1, 10)});
+  auto r = EvaluateComparison(c, arm, a, a, nullptr, AlignWindows(a.windows, a.windows));
+  EXPECT_EQ(r.predicates.count("window_timing_unstable"), 0u);
+  c.stop.push_back(StopRule{"s", false, {"aggregate_timing_failed"}, ""});
+  r = EvaluateComparison(c, arm, a, a, nullptr, AlignWindows(a.windows, a.windows));
+  EXPECT_EQ(r.predicates.count("window_timing_unstable"), 1u);
+}
+
+TEST(StopRules, AnyAllAndControlsExcluded) {
+  Campaign c;
+  c.stop.push_back(StopRule{"all-of", true, {"path_diverged", "state_failed"}, "both"});
+  c.stop.push_back(StopRule{"any-of", false, {"output_differs", "path_diverged"}, "either"});
+  ComparisonResult aa;
+  aa.predicates = {{"path_diverged", true}, {"state_failed", false}, {"output_differs", false}};
+  auto s = EvaluateStopRules(c, {aa});
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->rule->name, "any-of");  // all-of needs state_failed too
+  EXPECT_EQ(s->fired_by, std::vector<std::string>{"path_diverged"});
+  aa.predicates["state_failed"] = true;
+  EXPECT_EQ(EvaluateStopRules(c, {aa})->rule->name, "all-of");
+  // A positive control's failures never stop the campaign (it is meant to fail).
+  ComparisonResult control;
+  control.control = true;
+  control.predicates = {{"path_diverged", true}, {"state_failed", true}, {"output_differs", true}};
+  EXPECT_FALSE(EvaluateStopRules(c, {control}).has_value());
+  EXPECT_FALSE(EvaluateStopRules(c, {}).has_value());
+}
+
+TEST(Gates, ComparisonJsonRoundTrip) {
+  ComparisonResult r;
+  r.arm = "A2";
+  r.baseline = "A1";
+  r.passed = false;
+  r.gates = {GateOutcome{"state within thresholds", false, "1 failed"}};
+  r.predicates = {{"state_failed", true}};
+  auto back = ComparisonFromJson(ToJson(r));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->arm, "A2");
+  EXPECT_FALSE(back->passed);
+  EXPECT_EQ(back->gates.size(), 1u);
+  EXPECT_TRUE(back->predicates.at("state_failed"));
+  EXPECT_FALSE(ComparisonFromJson(nlohmann::json::object()).ok());
+}
+
+}  // namespace
+}  // namespace lockstep
