@@ -410,6 +410,16 @@ struct ExportReader::Impl {
   Status ReadAll();
   Status ReadSampler();
   Status ReadCheckpoint(const std::string& name);
+  // An item's size in bytes, within the item limit and the file's length (else kInvalidArgument).
+  Result<std::int64_t> ItemBytes(const std::string& path, const ExportItem& it) const {
+    const std::int64_t bytes = BytesWithin(it.shape, static_cast<std::int64_t>(it.elem_bytes()),
+                                           std::min(limits.max_item_bytes, meta.file_bytes));
+    if (bytes < 0)
+      return Bad(path, "shape " + ShapeText(it.shape) + " of " + it.dtype +
+                           " is larger than the limit of " + std::to_string(limits.max_item_bytes) +
+                           " bytes or the file's " + std::to_string(meta.file_bytes));
+    return bytes;
+  }
   Status ReadCheckpointAttrs(hid_t group, const std::string& name, ExportCheckpoint* out);
   Status ReadIndexed(hid_t cps, const std::vector<Link>& names);
   Result<ExportItem> ReadItem(hid_t parent, const std::string& leaf, const std::string& cp_path,
@@ -562,12 +572,7 @@ Result<ExportItem> ExportReader::Impl::ReadItem(hid_t parent, const std::string&
   if (it.capacity_rows < it.valid_rows)
     return Bad(path, "capacity_rows " + std::to_string(it.capacity_rows) + " < valid_rows " +
                          std::to_string(it.valid_rows));
-  const std::int64_t bytes = BytesWithin(it.shape, static_cast<std::int64_t>(it.elem_bytes()),
-                                         std::min(limits.max_item_bytes, meta.file_bytes));
-  if (bytes < 0)
-    return Bad(path, "shape " + ShapeText(it.shape) + " of " + it.dtype +
-                         " is larger than the limit of " + std::to_string(limits.max_item_bytes) +
-                         " bytes or the file's " + std::to_string(meta.file_bytes));
+  LOCKSTEP_ASSIGN_OR_RETURN(const std::int64_t bytes, ItemBytes(path, it));
   LOCKSTEP_RETURN_IF_ERROR(Locate(ds.get(), path, mem_type, it.shape, bytes, loc));
   return it;
 }
@@ -898,12 +903,7 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
     it.capacity_rows = r.capacity_rows;
     if (it.valid_rows != it.shape[0] || it.capacity_rows < it.valid_rows)
       return Bad(path, "valid_rows/capacity_rows disagree with the shape in the index");
-    const std::int64_t bytes = BytesWithin(it.shape, static_cast<std::int64_t>(it.elem_bytes()),
-                                           std::min(limits.max_item_bytes, meta.file_bytes));
-    if (bytes < 0)
-      return Bad(path, "shape " + ShapeText(it.shape) + " of " + it.dtype +
-                           " is larger than the limit of " + std::to_string(limits.max_item_bytes) +
-                           " bytes or the file's " + std::to_string(meta.file_bytes));
+    LOCKSTEP_ASSIGN_OR_RETURN(const std::int64_t bytes, ItemBytes(path, it));
     auto in_file = [&](std::int64_t off, std::int64_t len) {
       return len == 0 || (off >= 0 && off <= meta.file_bytes && len <= meta.file_bytes - off);
     };

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "lockstep/compare/metrics.h"
+#include "compare/reference_metrics.h"
 
 namespace lockstep {
 namespace {
@@ -134,23 +135,7 @@ void BM_NrmseNaiveF32(benchmark::State& state) {
   state.counters["rel_error"] = RelError(nrmse, d.nrmse_ref);
 }
 
-// KL(softmax(x) || softmax(y)) in long double.
-double ReferenceKl(const float* x, const float* y, std::size_t n) {
-  auto lse = [n](const float* v) {
-    long double m = -INFINITY;
-    for (std::size_t i = 0; i < n; ++i) m = std::max(m, static_cast<long double>(v[i]));
-    long double z = 0.0L;
-    for (std::size_t i = 0; i < n; ++i) z += std::exp(static_cast<long double>(v[i]) - m);
-    return m + std::log(z);
-  };
-  const long double lx = lse(x), ly = lse(y);
-  long double kl = 0.0L;
-  for (std::size_t i = 0; i < n; ++i) {
-    const long double lp = static_cast<long double>(x[i]) - lx, lq = static_cast<long double>(y[i]) - ly;
-    kl += std::exp(lp) * (lp - lq);
-  }
-  return static_cast<double>(kl);
-}
+using test::ReferenceKl;
 
 void BM_KlRows(benchmark::State& state) {
   const bool unrelated = state.range(0) == 1;

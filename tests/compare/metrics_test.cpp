@@ -3,6 +3,7 @@
 // shifted logits, a two-class example), top-1 ties, random data against independent float64
 // references written here, and Merge against a single pass.
 #include "lockstep/compare/metrics.h"
+#include "compare/reference_metrics.h"
 
 #include <gtest/gtest.h>
 
@@ -46,23 +47,7 @@ RefF32 ReferenceF32(const std::vector<float>& a, const std::vector<float>& b) {
   return r;
 }
 
-// KL(softmax(x) || softmax(y)) by log-sum-exp in long double: sum p_i (log p_i - log q_i).
-double ReferenceKl(const float* x, const float* y, std::size_t n) {
-  auto lse = [n](const float* v) {
-    long double m = -INFINITY;
-    for (std::size_t i = 0; i < n; ++i) m = std::max(m, static_cast<long double>(v[i]));
-    long double z = 0.0L;
-    for (std::size_t i = 0; i < n; ++i) z += std::exp(static_cast<long double>(v[i]) - m);
-    return m + std::log(z);
-  };
-  const long double lx = lse(x), ly = lse(y);
-  long double kl = 0.0L;
-  for (std::size_t i = 0; i < n; ++i) {
-    const long double lp = static_cast<long double>(x[i]) - lx, lq = static_cast<long double>(y[i]) - ly;
-    kl += std::exp(lp) * (lp - lq);
-  }
-  return static_cast<double>(kl);
-}
+using test::ReferenceKl;
 
 std::vector<float> Normal(std::size_t n, float sigma, std::uint32_t seed) {
   std::mt19937 rng(seed);
