@@ -28,6 +28,12 @@ using json = nlohmann::json;
 
 std::string Cfg(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
+// Text for a Markdown table cell: a '|' would end the cell.
+std::string Cell(std::string s) {
+  std::replace(s.begin(), s.end(), '|', '/');
+  return s;
+}
+
 std::string Num(const json& j, const char* key, int digits = 3) {
   if (!j.contains(key)) return "?";
   const json& v = j[key];
@@ -406,7 +412,7 @@ std::string RenderMarkdownDoc(const Loaded& L) {
     if (it == L.records.end()) continue;
     for (const auto& g : it->second["comparison"].value("gates", json::array()))
       md << fmt::format("| {} vs {} | {} | {} | {} |\n", a.name, a.baseline, g.value("name", ""),
-                        g.value("passed", false) ? "pass" : "FAIL", g.value("message", ""));
+                        g.value("passed", false) ? "pass" : "FAIL", Cell(g.value("message", "")));
   }
   md << "\n";
 

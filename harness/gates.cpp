@@ -45,7 +45,7 @@ int WindowsOverBand(const AlignResult& al, const std::vector<WindowRecord>& base
       ++n;
       if (d > worst_abs) {
         worst_abs = d;
-        *worst = fmt::format("window {} |delta| {:.3f} ms > band {:.3f} ms", i, d, band);
+        *worst = fmt::format("window {}: abs delta {:.3f} ms > band {:.3f} ms", i, d, band);
       }
     }
   }

@@ -213,7 +213,7 @@ int main(int argc, char** argv) {
     run->add_option("PLAN", ropts.plan, "Campaign file (TOML, campaigns/README.md)");
     run->add_option("--out", ropts.out_dir, "Run folder (new, or empty)");
     run->add_option("--resume", resume_dir, "Continue the campaign in this run folder");
-    run->add_flag("--gate", gate_flag, "CI gate: exit 0 only when the campaign passes (always the case) and say where the JUnit file is");
+    run->add_flag("--gate", gate_flag, "CI gate (accepted for scripts; every run already exits 0/1 and writes JUnit XML)");
     run->add_option("--junit", ropts.junit, "JUnit XML path (default <run folder>/junit.xml)");
     run->add_flag("--no-progress", no_progress, "No progress lines on stderr");
     auto* gate = app.add_subcommand("gate", "CI gate: run a campaign, write JUnit XML, exit 0 (pass) or 1 (fail)");
