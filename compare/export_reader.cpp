@@ -904,8 +904,10 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
     if (it.valid_rows != it.shape[0] || it.capacity_rows < it.valid_rows)
       return Bad(path, "valid_rows/capacity_rows disagree with the shape in the index");
     LOCKSTEP_ASSIGN_OR_RETURN(const std::int64_t bytes, ItemBytes(path, it));
+    // Offset -1: the data is not one contiguous run (chunked, e.g. --export-compress lz4): it is
+    // read through HDF5 (H5Dread, which checks the selection against the real dataspace).
     auto in_file = [&](std::int64_t off, std::int64_t len) {
-      return len == 0 || (off >= 0 && off <= meta.file_bytes && len <= meta.file_bytes - off);
+      return len == 0 || off == -1 || (off >= 0 && off <= meta.file_bytes && len <= meta.file_bytes - off);
     };
     if (!in_file(r.offset, bytes))
       return Bad(path, "index offset " + std::to_string(r.offset) + " lies outside the file");
@@ -916,6 +918,7 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
     il.data.rows = it.shape[0];
     il.data.row_bytes = il.data.rows == 0 ? 0 : bytes / il.data.rows;
     il.data.offset = bytes == 0 ? 0 : r.offset;
+    needs_fallback = needs_fallback || il.data.offset < 0;
     if (r.scale_offset >= 0 || it.dtype == "int8") {
       if (it.dtype != "int8" || it.shape.size() < 2 || r.scale_dims[0] != it.shape[0] ||
           r.scale_dims[1] != it.shape[1])
@@ -934,6 +937,7 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
       il.scale.rows = r.scale_dims[0];
       il.scale.row_bytes = r.scale_dims[1] * 4;
       il.scale.offset = sbytes == 0 ? 0 : r.scale_offset;
+      needs_fallback = needs_fallback || il.scale.offset < 0;
     }
     if (!locs.emplace(cp_name + "/" + rel, il).second)
       return Bad(path, "listed twice in the index");

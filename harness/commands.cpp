@@ -87,6 +87,7 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
     eo.path = opts.export_path;
     LOCKSTEP_ASSIGN_OR_RETURN(eo.windows, WindowSelection::Parse(opts.export_windows));
     LOCKSTEP_ASSIGN_OR_RETURN(eo.points, ParseExportPoints(opts.export_points));
+    eo.compress = opts.export_compress == "none" ? "" : opts.export_compress;
     LOCKSTEP_ASSIGN_OR_RETURN(exporter, H5Exporter::Create(eo));
     hooks.observer = exporter.get();
     TraceRing::Global().Clear();

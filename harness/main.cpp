@@ -156,6 +156,8 @@ int main(int argc, char** argv) {
     gen->add_option("--export", gopts.export_path, "Write state exports (lockstep.export v1 HDF5)");
     gen->add_option("--export-windows", gopts.export_windows, "Windows that export state: all | none | LIST (default 0-2)");
     gen->add_option("--export-points", gopts.export_points, "Checkpoints: pre_verify,post_verify,commit (default all)");
+    gen->add_option("--export-compress", gopts.export_compress,
+                    "none | lz4 (chunked, through the LZ4 HDF5 filter plugin; default none)");
     gen->add_option("--arm", gopts.arm, "Arm name recorded in the export");
     gen->add_option("--trace-json", gopts.trace_json, "Write a Chrome trace-event JSON of the windows (Perfetto)");
     gen->add_option("--sample-ms", gopts.sample_ms, "Resource sampler interval in ms (default 100)");

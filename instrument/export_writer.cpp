@@ -59,6 +59,7 @@ struct IndexRow {
 struct H5Exporter::File {
   H5Handle file;
   H5Handle lcpl;               // link creation: intermediate groups on
+  bool lz4 = false;            // chunked + LZ4 datasets (ExportOptions::compress)
   std::vector<IndexRow> index; // appended by the writer thread as items are written
 };
 
@@ -111,12 +112,26 @@ bool AttrStr(hid_t obj, const char* name, const std::string& v) {
   return a.valid() && H5Awrite(a.get(), t.get(), v.empty() ? &zero : v.data()) >= 0;
 }
 
-// Creates dataset `path` (intermediate groups included) and writes `data` in one call.
+// Creates dataset `path` (intermediate groups included) and writes `data` in one call. With
+// `lz4`, non-empty datasets are chunked by whole rows (about 1 MiB per chunk, the rows the engine
+// appends) and compressed; written whole in one call, so HDF5's chunk cache never re-reads a chunk.
 Result<H5Handle> WriteDataset(hid_t file, hid_t lcpl, const std::string& path, DType dtype,
-                              const std::vector<hsize_t>& dims, const void* data) {
+                              const std::vector<hsize_t>& dims, const void* data, bool lz4 = false) {
   H5Handle sp(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
   if (!sp.valid()) return H5Fail(path);
-  H5Handle ds(H5Dcreate2(file, path.c_str(), FileType(dtype), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+  H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  hsize_t elems = 1;
+  for (auto d : dims) elems *= d;
+  if (lz4 && elems > 0 && !dims.empty()) {
+    std::vector<hsize_t> chunk = dims;
+    const hsize_t row_bytes = elems / dims[0] * dtype_size(dtype);
+    chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], (hsize_t{1} << 20) / std::max<hsize_t>(1, row_bytes)));
+    const unsigned cd[1] = {0};  // 0: the plugin's default block size
+    if (H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()) < 0 ||
+        H5Pset_filter(dcpl.get(), kH5FilterLz4, H5Z_FLAG_MANDATORY, 1, cd) < 0)
+      return H5Fail(path + " (LZ4 chunking)");
+  }
+  H5Handle ds(H5Dcreate2(file, path.c_str(), FileType(dtype), sp.get(), lcpl, dcpl.get(), H5P_DEFAULT));
   if (!ds.valid()) return H5Fail(path);
   hsize_t n = 1;
   for (auto d : dims) n *= d;
@@ -134,8 +149,15 @@ Result<std::unique_ptr<H5Exporter>> H5Exporter::Create(const ExportOptions& opts
   // A write past RLIMIT_FSIZE must fail with EFBIG, not kill the process: the run keeps its output.
   std::signal(SIGXFSZ, SIG_IGN);
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors become Status, not stderr noise
+  if (!opts.compress.empty() && opts.compress != "lz4")
+    return Status::InvalidArgument("--export-compress", "expected none or lz4, got '" + opts.compress + "'");
+  if (opts.compress == "lz4" && H5Zfilter_avail(kH5FilterLz4) <= 0)
+    return Status::NotSupported("--export-compress lz4",
+                                "the LZ4 HDF5 filter plugin is not available (Debian: apt install hdf5-filter-plugin; "
+                                "or set HDF5_PLUGIN_PATH)");
   std::unique_ptr<H5Exporter> e(new H5Exporter(opts));
   e->file_ = std::make_unique<File>();
+  e->file_->lz4 = opts.compress == "lz4";
   errno = 0;
   // Page-aligned large datasets: datasets of 64 KiB and more start on a 4 KiB boundary, so
   // their writes go to the page cache whole. (The latest-format metadata option was tried and
@@ -276,7 +298,7 @@ void H5Exporter::OnState(const CheckpointInfo& info, const StateView& v) {
         const std::string path = ItemPath(info.window, info.point, meta.stage, meta.layer, meta.kind);
         std::vector<hsize_t> dims;
         for (auto x : meta.shape) dims.push_back(static_cast<hsize_t>(x));
-        auto written = WriteDataset(f->file.get(), f->lcpl.get(), path, meta.dtype, dims, d.data.get());
+        auto written = WriteDataset(f->file.get(), f->lcpl.get(), path, meta.dtype, dims, d.data.get(), f->lz4);
         ReturnBuffer(std::move(d));
         LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, std::move(written));
         bool ok = AttrStr(ds.get(), "kind", ItemKindName(meta.kind)) && AttrInt(ds.get(), "stage", meta.stage) &&
@@ -302,8 +324,8 @@ void H5Exporter::OnState(const CheckpointInfo& info, const StateView& v) {
         row.scale_offset = -1;
         if (!sc.empty() || (meta.dtype == DType::kI8 && heads > 0)) {
           std::vector<hsize_t> sdims{static_cast<hsize_t>(meta.rows), static_cast<hsize_t>(heads)};
-          LOCKSTEP_ASSIGN_OR_RETURN(H5Handle sds, WriteDataset(f->file.get(), f->lcpl.get(), path + "_scale", DType::kF32,
-                                                               sdims, sc.data()));
+          LOCKSTEP_ASSIGN_OR_RETURN(H5Handle sds, WriteDataset(f->file.get(), f->lcpl.get(), path + "_scale",
+                                                               DType::kF32, sdims, sc.data(), f->lz4));
           const haddr_t soff = H5Dget_offset(sds.get());
           row.scale_offset = soff == HADDR_UNDEF ? -1 : static_cast<std::int64_t>(soff);
           row.scale_dims[0] = meta.rows;

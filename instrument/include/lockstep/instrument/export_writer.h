@@ -39,7 +39,14 @@ struct ExportOptions {
   WindowSelection windows;                // default: none (trace only)
   std::set<CheckpointPoint> points{CheckpointPoint::kPreVerify, CheckpointPoint::kPostVerify, CheckpointPoint::kCommit};
   std::size_t max_queue_bytes = std::size_t{256} << 20;
+  // "" (contiguous, uncompressed) or "lz4": chunked datasets (rows of ~1 MiB per chunk, following
+  // the rows the engine appends) through the LZ4 HDF5 filter plugin (id 32004, Debian package
+  // hdf5-filter-plugin). Create() fails with kNotSupported when the plugin is not available.
+  std::string compress;
 };
+
+// HDF5 filter id of the LZ4 plugin (registered with The HDF Group).
+inline constexpr int kH5FilterLz4 = 32004;
 
 // What Finish() writes besides the checkpoints (DESIGN.md root attributes and groups).
 struct ExportRunInfo {
