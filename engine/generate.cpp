@@ -74,11 +74,15 @@ Result<GenerateResult> Generate(Engine& engine, std::span<const std::int32_t> pr
   const std::int64_t t0 = NowNs();
   const auto prefix = prompt.first(prompt.size() - 1);
   Engine::PrefillHook hook = nullptr;
-  if (mtp) {
-    // Draft K/V for prompt rows: row q pairs h_q with the next prompt token.
+  const bool progress = hooks != nullptr && hooks->on_prefill != nullptr;
+  if (mtp || progress) {
     hook = [&](int p, int T, const float* normed) {
-      mtp->Queue(p, T, normed, prompt.data() + p + 1);
-      mtp->Extend(ForwardMode::kPrefill);
+      if (mtp) {
+        // Draft K/V for prompt rows: row q pairs h_q with the next prompt token.
+        mtp->Queue(p, T, normed, prompt.data() + p + 1);
+        mtp->Extend(ForwardMode::kPrefill);
+      }
+      if (progress) hooks->on_prefill(p + T, static_cast<int>(prefix.size()));
       return Status::Ok();
     };
   }

@@ -93,6 +93,9 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
     TraceRing::Global().Clear();
     TraceRing::Global().Enable();  // layer / stage events for /trace/events
   }
+  if (opts.progress) {
+    hooks.on_prefill = [](int done, int total) { std::fprintf(stderr, "progress: prefill %d/%d\n", done, total); };
+  }
   SamplerOptions so;
   so.interval_ms = opts.sample_ms;
   so.guard_min_free_mib = opts.guard_min_free_mib;

@@ -164,6 +164,7 @@ int main(int argc, char** argv) {
     gen->add_option("--guard-min-free-mib", gopts.guard_min_free_mib,
                     "End the request cleanly when free memory falls below N MiB");
     gen->add_flag("--print-config", gopts.print_config, "Print the effective config as canonical JSON and exit");
+    gen->add_flag("--progress", gopts.progress, "Print 'progress: prefill D/N' lines on stderr (campaign runners read them)");
 
     // ---- diff / align / summarize (the comparator: reads files, never runs the engine) ----
     auto add_reports = [](CLI::App* sc, lockstep::ReportOutputs& r) {

@@ -146,6 +146,7 @@ struct Runner {
     ChildSpec cs;
     cs.argv = {exe,
                "generate",
+               "--progress",
                "--config",
                d + "/config.json",
                "--prompt-tokens",
@@ -174,11 +175,20 @@ struct Runner {
     std::function<void()> tick;
     if (progress) {
       tick = [&, label] {
+        // Windows from the trace (one line each); before the first window, the child's last
+        // "progress: prefill D/N" line from its log.
         std::ifstream f(d + "/trace.jsonl");
         const auto n =
             std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n');
-        std::fprintf(stderr, "\r  %s: %s", label.c_str(),
-                     n ? fmt::format("{} windows", n).c_str() : "prefill ...");
+        std::string state = fmt::format("{} windows", n);
+        if (n == 0) {
+          std::ifstream log(d + "/stderr.log");
+          std::string line;
+          state = "starting";
+          while (std::getline(log, line))
+            if (line.rfind("progress: ", 0) == 0) state = line.substr(10);
+        }
+        std::fprintf(stderr, "\r\033[K  %s: %s", label.c_str(), state.c_str());
         std::fflush(stderr);
       };
     }

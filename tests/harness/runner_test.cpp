@@ -100,6 +100,8 @@ TEST(Campaign, AaSmokePassesEndToEnd) {
   const std::string md = Slurp(dir + "/report.md");
   EXPECT_NE(md.find("was caught by the gates"), std::string::npos);
   EXPECT_TRUE(fs::exists(dir + "/junit.xml"));
+  // Every arm reports its prefill progress (what the runner shows on a terminal).
+  EXPECT_NE(Slurp(dir + "/arms/A1/stderr.log").find("progress: prefill "), std::string::npos);
 }
 
 TEST(Campaign, AaLatencyStopsAfterTheAA) {

@@ -44,6 +44,8 @@ struct GenerateHooks {
   // State observer (export): called at pre_verify / post_verify / commit of the windows it
   // wants; the time spent there is the window's export_ns. Borrowed; may be null.
   Observer* observer = nullptr;
+  // After each prefill chunk: prompt rows done and the total (prefill covers n-1 rows of n).
+  std::function<void(int done, int total)> on_prefill;
 };
 
 SamplingParams SamplingFrom(const EngineConfig& cfg);
