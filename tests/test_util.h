@@ -10,6 +10,10 @@
 
 namespace lockstep::test {
 
+// config.json of the Qwen3-Next 80B release (MODEL.md section 1; older style: top-level rope
+// fields), for tests that parse configs without weights.
+extern const char* const k80BConfigJson;
+
 // A fresh folder under $TMPDIR (or /tmp) for this process; removed at exit.
 const std::string& ScratchDir();
 // A new empty sub-folder of ScratchDir().

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "lockstep/instrument/fingerprint.h"
+#include "test_util.h"
 
 namespace lockstep {
 namespace {
@@ -20,17 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // A 48-layer checkpoint config (no weights: parsing only reads config.json).
-const char* kModelConfig = R"({
-  "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "vocab_size": 151936,
-  "hidden_size": 2048, "num_hidden_layers": 48, "full_attention_interval": 4,
-  "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
-  "partial_rotary_factor": 0.25, "rope_theta": 10000000, "rope_scaling": null,
-  "max_position_embeddings": 262144, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
-  "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
-  "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
-  "shared_expert_intermediate_size": 512, "norm_topk_prob": true, "decoder_sparse_step": 1,
-  "mlp_only_layers": [], "intermediate_size": 5120, "hidden_act": "silu", "rms_norm_eps": 1e-06,
-  "tie_word_embeddings": false, "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16"})";
+const char* const& kModelConfig = test::k80BConfigJson;
 
 void WriteText(const fs::path& p, const std::string& text) {
   fs::create_directories(p.parent_path());

@@ -72,7 +72,8 @@ std::vector<GateOutcome> InferredGates(const ReportInput& in);
 // with the name of an inferred one replaces it in place. The one-argument form passes no extras.
 std::string RenderJUnit(const ReportInput& in, const std::vector<GateOutcome>& extra_gates);
 
-// Pieces the campaign report (harness/) composes.
+// The sections RenderMarkdown / RenderHtml are built from, public for reports that compose
+// their own documents.
 std::string MarkdownStateSection(const DiffResult& d);    // "## Early state checks" body (no heading)
 std::string MarkdownTimingSection(const AlignResult& al, const std::string& name_a, const std::string& name_b);
 std::string SvgVerifyChart(const AlignResult& al, const std::vector<WindowRecord>& a,
