@@ -12,19 +12,25 @@ Engine::~Engine() = default;
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in, const ModelWeights& weights) {
   LOCKSTEP_RETURN_IF_ERROR(cfg_in.Validate());
-  if (cfg_in.backend != "cpu")
-    return Status::NotSupported("--backend " + cfg_in.backend,
-                                "this build runs the cpu backend only (the CUDA kernels are not built yet)");
   EngineConfig cfg = cfg_in;
   if (cfg.threads == 0) cfg.threads = ThreadPool::HardwareThreads();
   std::unique_ptr<Engine> e(new Engine(cfg, weights));
   LOCKSTEP_ASSIGN_OR_RETURN(e->bounds_, cfg.StageBoundaries(weights.config));
+  LOCKSTEP_ASSIGN_OR_RETURN(e->backend_, CreateBackend(e->cfg_, weights));
   e->pool_ = std::make_unique<ThreadPool>(cfg.threads);
   for (int is = 0; is < cfg.stages; ++is) {
-    e->stages_.push_back(std::make_unique<StageSession>(weights, cfg, is, cfg.stages, e->bounds_[static_cast<std::size_t>(is)],
-                                                        e->bounds_[static_cast<std::size_t>(is) + 1], e->pool_.get()));
+    StageParams sp;
+    sp.weights = &weights;
+    sp.cfg = &e->cfg_;
+    sp.index = is;
+    sp.n_stages = cfg.stages;
+    sp.layer_begin = e->bounds_[static_cast<std::size_t>(is)];
+    sp.layer_end = e->bounds_[static_cast<std::size_t>(is) + 1];
+    sp.pool = e->pool_.get();
+    LOCKSTEP_ASSIGN_OR_RETURN(StageSessionPtr st, e->backend_->CreateStage(sp));
+    e->stages_.push_back(std::move(st));
   }
-  e->transport_ = std::make_unique<InProcessTransport>(cfg.stages);
+  LOCKSTEP_ASSIGN_OR_RETURN(e->transport_, e->backend_->CreateTransport(cfg.stages));
   LOCKSTEP_ASSIGN_OR_RETURN(e->injections_, ParseInjections(cfg.inject));
   for (auto& inj : e->injections_) {
     auto bad = [&](const std::string& why) { return Status::InvalidArgument("--inject '" + inj.text + "'", why); };
@@ -94,7 +100,7 @@ Status Engine::RunPipeline(ForwardMode mode, std::span<const std::int32_t> token
     tm.compute_ns = MonoNs() - c0;
     tm.cpu_ns = ThreadCpuNs() - u0;
     if (capture_hidden_ && mode == ForwardMode::kVerify && is + 1 < n_stages())
-      hidden_out_[static_cast<std::size_t>(is)] = act.hidden;
+      stage(is).HiddenToHost(act, &hidden_out_[static_cast<std::size_t>(is)]);
     if (is + 1 < n_stages()) LOCKSTEP_RETURN_IF_ERROR(transport_->Send(is, std::move(act)));
   }
   out = std::move(act);
@@ -106,21 +112,7 @@ void Engine::ApplyPerturbations(int is, Activation& act) {
     if (inj.kind != Injection::Kind::kPerturb || inj.stage != is || (inj.window >= 0 && inj.window != window_) ||
         inj.item == "logits")
       continue;
-    const float f = static_cast<float>(1.0 + inj.eps);
-    StageSession& st = stage(is);
-    if (inj.item == "k" || inj.item == "v") {
-      st.kv(inj.layer)->ScaleRows(inj.item == "k" ? 0 : 1, act.p, act.T, f);
-    } else if (inj.item == "conv_state" || inj.item == "ssm_state") {
-      GdnState* g = st.gdn(inj.layer);
-      const bool conv = inj.item == "conv_state";
-      const std::size_t n = conv ? g->conv_size() : g->ssm_size();
-      for (int t = 0; t < g->n_steps(); ++t) {
-        float* x = conv ? g->step_conv(t) : g->step_ssm(t);
-        for (std::size_t i = 0; i < n; ++i) x[i] *= f;
-      }
-    } else if (inj.item == "hidden_out") {
-      for (float& x : act.hidden) x *= f;
-    }
+    stage(is).Perturb(inj.item, inj.layer, static_cast<float>(1.0 + inj.eps), act);
   }
 }
 
@@ -145,9 +137,15 @@ Status Engine::Prefill(std::span<const std::int32_t> tokens, const PrefillHook& 
     if (hook) {
       normed_scratch_.resize(part.size() * static_cast<std::size_t>(w_.config.n_embd));
       stages_.back()->FinalNorm(act, normed_scratch_.data());
+      LOCKSTEP_RETURN_IF_ERROR(StagesStatus());
       LOCKSTEP_RETURN_IF_ERROR(hook(p, static_cast<int>(part.size()), normed_scratch_.data()));
     }
   }
+  return StagesStatus();
+}
+
+Status Engine::StagesStatus() const {
+  for (const auto& s : stages_) LOCKSTEP_RETURN_IF_ERROR(s->status());
   return Status::Ok();
 }
 
@@ -161,6 +159,8 @@ Status Engine::Verify(std::span<const std::int32_t> tokens, float* logits, float
     normed = normed_scratch_.data();
   }
   stages_.back()->Logits(act, normed, logits);
+  LOCKSTEP_RETURN_IF_ERROR(StagesStatus());
+  for (int is = 0; is < n_stages(); ++is) stage(is).FillDeviceTiming(&timings_[static_cast<std::size_t>(is)]);
   PerturbLogits(logits, tokens.size() * static_cast<std::size_t>(w_.config.n_vocab));
   pending_ = static_cast<int>(tokens.size());
   return Status::Ok();
@@ -173,7 +173,7 @@ Status Engine::Commit(int n) {
   for (auto& s : stages_) s->Commit(n);
   position_ += n;
   pending_ = 0;
-  return Status::Ok();
+  return StagesStatus();
 }
 
 }  // namespace lockstep

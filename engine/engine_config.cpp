@@ -36,6 +36,8 @@ std::string EngineConfig::ToJson() const {
   j["model"] = model;
   j["backend"] = backend;
   j["threads"] = threads;
+  j["deterministic"] = deterministic;
+  j["devices"] = devices;
   j["stages"] = stages;
   j["split"] = split;
   j["prefill_chunk"] = prefill_chunk;
@@ -92,6 +94,16 @@ Result<EngineConfig> EngineConfig::FromJson(std::string_view text, const std::st
     } else if (k == "backend") {
       if (!v.is_string()) return type_err("a string");
       c.backend = v.get<std::string>();
+    } else if (k == "deterministic") {
+      if (!v.is_boolean()) return type_err("true/false");
+      c.deterministic = v.get<bool>();
+    } else if (k == "devices") {
+      if (!v.is_array()) return type_err("a list of integers");
+      c.devices.clear();
+      for (const auto& e : v) {
+        if (!e.is_number_integer()) return type_err("a list of integers");
+        c.devices.push_back(e.get<int>());
+      }
     } else if (k == "threads") {
       LOCKSTEP_RETURN_IF_ERROR(get_int(c.threads));
     } else if (k == "stages") {
@@ -156,8 +168,20 @@ Result<EngineConfig> EngineConfig::FromJson(std::string_view text, const std::st
 
 Status EngineConfig::Validate() const {
   auto bad = [](const std::string& opt, const std::string& m) { return Status::InvalidArgument(opt, m); };
-  if (backend != "cpu" && backend != "cuda") return bad("--backend", "expected cpu or cuda, got '" + backend + "'");
+  // Any registered backend name (backend.h); whether it is built here is CreateBackend's answer.
+  if (backend.empty() || backend.size() > 32 ||
+      backend.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
+    return bad("--backend", "expected a backend name such as cpu or cuda, got '" + backend + "'");
   if (threads < 0 || threads > 256) return bad("--threads", "expected 0 (auto) .. 256");
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i] < 0 || devices[i] > 1023) return bad("--devices", "expected device ordinals 0 .. 1023");
+    for (std::size_t j = 0; j < i; ++j)
+      if (devices[j] == devices[i]) return bad("--devices", "device " + std::to_string(devices[i]) + " listed twice");
+  }
+  if (static_cast<int>(devices.size()) > stages)
+    return bad("--devices", std::to_string(devices.size()) + " devices for " + std::to_string(stages) +
+                                " stages (at most one device per stage)");
+  if (backend == "cpu" && !devices.empty()) return bad("--devices", "only the cuda backend runs on devices");
   if (stages < 1 || stages > 64) return bad("--stages", "expected 1 .. 64");
   if (!split.empty() && static_cast<int>(split.size()) != stages - 1)
     return bad("--split", "expected " + std::to_string(stages - 1) + " boundaries for " + std::to_string(stages) +

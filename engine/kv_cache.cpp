@@ -109,6 +109,24 @@ void KvCache::Write(int pos, int n, const float* k, const float* v) {
   rows_written_ = pos + n;
 }
 
+void KvCache::WriteRaw(int pos, int n, const std::byte* k, const std::byte* v, const float* k_scales,
+                       const float* v_scales) {
+  LOCKSTEP_CHECK(pos >= rows_committed_ && pos <= rows_written_)
+      << "raw write at " << pos << " with committed=" << rows_committed_ << " written=" << rows_written_;
+  EnsureCapacity(pos + n);
+  const std::size_t rb = row_bytes(), hk = static_cast<std::size_t>(n_heads_kv_);
+  for (int t = 0; t < n; ++t) {
+    const std::size_t ut = static_cast<std::size_t>(t);
+    std::memcpy(RowPtrMut(0, pos + t), k + ut * rb, rb);
+    std::memcpy(RowPtrMut(1, pos + t), v + ut * rb, rb);
+    if (dtype_ == DType::kI8) {
+      std::memcpy(const_cast<float*>(ScalePtr(0, pos + t)), k_scales + ut * hk, hk * sizeof(float));
+      std::memcpy(const_cast<float*>(ScalePtr(1, pos + t)), v_scales + ut * hk, hk * sizeof(float));
+    }
+  }
+  rows_written_ = pos + n;
+}
+
 void KvCache::Commit(int rows) {
   LOCKSTEP_CHECK(rows >= rows_committed_ && rows <= rows_written_)
       << "commit " << rows << " with committed=" << rows_committed_ << " written=" << rows_written_;

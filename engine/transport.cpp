@@ -10,7 +10,7 @@ Status InProcessTransport::Send(int from, Activation act) {
     return Status::Runtime("transport", "send from stage " + std::to_string(from) + " has no next stage");
   auto& slot = box_[static_cast<std::size_t>(from)];
   if (slot.has_value()) return Status::Runtime("transport", "boundary " + std::to_string(from) + " is still full");
-  bytes_[static_cast<std::size_t>(from)] += act.hidden.size() * sizeof(float);
+  bytes_[static_cast<std::size_t>(from)] += act.device ? act.device->bytes() : act.hidden.size() * sizeof(float);
   slot = std::move(act);
   return Status::Ok();
 }

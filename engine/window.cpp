@@ -96,7 +96,18 @@ std::string WindowRecord::ToJsonLine() const {
   }
   j["first_call"] = first_call;
   nlohmann::json st = nlohmann::json::array();
-  for (const auto& s : stages) st.push_back({{"wait_ns", s.wait_ns}, {"compute_ns", s.compute_ns}, {"cpu_ns", s.cpu_ns}});
+  for (const auto& s : stages) {
+    nlohmann::json o = {{"wait_ns", s.wait_ns}, {"compute_ns", s.compute_ns}, {"cpu_ns", s.cpu_ns}};
+    // Device timings exist only on device backends; absent keys mean "not measured".
+    if (s.dev_compute_ns >= 0) {
+      auto ns = [](std::int64_t v) { return v >= 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
+      o["dev_wait_ns"] = ns(s.dev_wait_ns);
+      o["dev_compute_ns"] = ns(s.dev_compute_ns);
+      o["dev_copy_ns"] = ns(s.dev_copy_ns);
+      o["init_ns"] = ns(s.init_ns);
+    }
+    st.push_back(o);
+  }
   j["stages"] = st;
   return j.dump();
 }

@@ -25,7 +25,7 @@ int Fail(const lockstep::Status& s) {
 // Engine options shared by every command that runs the engine. Values land in `raw` first so a
 // `--config FILE` base can be overridden by exactly the flags given on the command line.
 struct EngineFlags {
-  std::string config_file, model, backend, split, kv, expert_cache;
+  std::string config_file, model, backend, split, kv, expert_cache, deterministic, devices;
   int threads = 0, stages = 0, prefill = 0, kv_page = 0, max_new = 0, top_k = 0;
   std::uint64_t seed = 0;
   double pcie_frac = 0, temperature = 0, top_p = 0;
@@ -43,6 +43,20 @@ struct EngineFlags {
     opt(app->add_option("--model", model, "Checkpoint folder (config.json + *.safetensors)"),
         [this](EngineConfig& c) { c.model = model; return Status::Ok(); });
     opt(app->add_option("--backend", backend, "cpu | cuda"), [this](EngineConfig& c) { c.backend = backend; return Status::Ok(); });
+    opt(app->add_option("--deterministic", deterministic, "cuda: on (default; bitwise reproducible) | off (faster paths)"),
+        [this](EngineConfig& c) {
+          if (deterministic != "on" && deterministic != "off")
+            return Status::InvalidArgument("--deterministic", "expected on or off, got '" + deterministic + "'");
+          c.deterministic = deterministic == "on";
+          return Status::Ok();
+        });
+    opt(app->add_option("--devices", devices, "cuda: GPUs for the stages, e.g. 0,1,2,3 (default 0)"),
+        [this](EngineConfig& c) {
+          auto r = lockstep::ParseIntList(devices, "--devices");
+          if (!r.ok()) return r.status();
+          c.devices = *r;
+          return Status::Ok();
+        });
     opt(app->add_option("--threads", threads, "Worker threads (0 = one per hardware thread)"),
         [this](EngineConfig& c) { c.threads = threads; return Status::Ok(); });
     opt(app->add_option("--stages", stages, "Pipeline stages (default 4)"), [this](EngineConfig& c) { c.stages = stages; return Status::Ok(); });

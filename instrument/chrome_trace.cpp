@@ -138,6 +138,13 @@ class TraceBuilder {
       Emit("wait", "stage", 1 + is, wait, wait.Len() != st.wait_ns, sargs);
       const Span compute{wait.e, bounds.Clamp(SatAdd(wait.e, compute_ns))};
       sargs["cpu_ms"] = static_cast<double>(st.cpu_ns) / 1e6;
+      // Device backends: the device-event split of the same window (absent on the CPU).
+      if (st.dev_compute_ns >= 0) {
+        sargs["dev_compute_ms"] = static_cast<double>(st.dev_compute_ns) / 1e6;
+        if (st.dev_wait_ns >= 0) sargs["dev_wait_ms"] = static_cast<double>(st.dev_wait_ns) / 1e6;
+        if (st.dev_copy_ns >= 0) sargs["dev_copy_ms"] = static_cast<double>(st.dev_copy_ns) / 1e6;
+        if (st.init_ns >= 0) sargs["init_ms"] = static_cast<double>(st.init_ns) / 1e6;
+      }
       Emit("compute", "stage", 1 + is, compute, compute.Len() != st.compute_ns, std::move(sargs));
     }
   }

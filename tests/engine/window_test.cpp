@@ -37,6 +37,28 @@ TEST(WindowRecord, RoundTrip) {
   EXPECT_EQ(r->ToJsonLine(), Line());
 }
 
+// Device timings appear in a stage's record only where a device backend measured them; a
+// measured-but-unknown field is null, never 0.
+TEST(WindowRecord, DeviceStageTimingsOnlyWhenMeasured) {
+  WindowRecord w;
+  w.stages.resize(2);
+  w.stages[1].dev_compute_ns = 1500;
+  w.stages[1].dev_wait_ns = 200;
+  w.stages[1].dev_copy_ns = 0;
+  w.stages[1].init_ns = -1;
+  const std::string line = w.ToJsonLine();
+  const auto s0 = line.find("\"stages\":[{");
+  ASSERT_NE(s0, std::string::npos) << line;
+  const auto s1 = line.find("},{", s0);
+  ASSERT_NE(s1, std::string::npos) << line;
+  EXPECT_EQ(line.substr(s0, s1 - s0).find("dev_"), std::string::npos) << "cpu stage: no device keys";
+  const std::string second = line.substr(s1);
+  EXPECT_NE(second.find("\"dev_compute_ns\":1500"), std::string::npos) << second;
+  EXPECT_NE(second.find("\"dev_wait_ns\":200"), std::string::npos) << second;
+  EXPECT_NE(second.find("\"dev_copy_ns\":0"), std::string::npos) << second;
+  EXPECT_NE(second.find("\"init_ns\":null"), std::string::npos) << second;
+}
+
 TEST(WindowRecord, OutOfRangeAndNonIntegerNumbersAreErrors) {
   for (const char* bad : {"4294967296", "1e300", "8.5", "-1e20", "\"7\""}) {
     auto r = WindowRecord::FromJsonLine(With(Line(), "p", bad), "t");

@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "lockstep/engine/backend.h"
 #include "lockstep/engine/engine_config.h"
 #include "lockstep/engine/inject.h"
 #include "lockstep/engine/window.h"
@@ -36,6 +37,7 @@ class Engine {
   // The effective configuration (threads resolved).
   const EngineConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
+  const Backend& backend() const { return *backend_; }
   int position() const { return position_; }  // committed tokens
   int n_stages() const { return static_cast<int>(stages_.size()); }
   StageSession& stage(int is) { return *stages_[static_cast<std::size_t>(is)]; }
@@ -81,9 +83,12 @@ class Engine {
   // `perturb` injections of the current window: stage is's items after its verify forward.
   void ApplyPerturbations(int is, Activation& act);
   void PerturbLogits(float* logits, std::size_t n);
+  // The first recorded failure of any stage (device backends), else Ok.
+  Status StagesStatus() const;
 
   EngineConfig cfg_;
   const ModelWeights& w_;
+  BackendPtr backend_;  // outlives stages_ and transport_ (declared first, destroyed last)
   std::unique_ptr<ThreadPool> pool_;
   std::vector<int> bounds_;
   std::vector<std::unique_ptr<StageSession>> stages_;

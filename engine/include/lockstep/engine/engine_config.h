@@ -18,6 +18,11 @@ struct EngineConfig {
   std::string model;         // checkpoint folder (config.json + *.safetensors)
   std::string backend = "cpu";
   int threads = 0;           // worker threads; 0 = one per hardware core (resolved at start)
+  // cuda: no atomics, fixed cuBLAS math and workspace, batch-invariant verify kernels. `false`
+  // lets verify windows use cuBLAS GEMMs (TF32, shape-dependent algorithms) and the MoE combine
+  // any order: faster, not reproducible. The cpu backend is always deterministic.
+  bool deterministic = true;
+  std::vector<int> devices;  // cuda: GPUs the stages run on (stage s on devices[s*n/stages]); empty = {0}
 
   // ---- pipeline ----
   int stages = 4;            // pipeline stage sessions

@@ -35,6 +35,11 @@ class KvCache {
   // rows_committed() <= pos <= rows_written() (no holes, no committed overwrite). Rows past
   // rows_committed() are speculative until Commit.
   void Write(int pos, int n, const float* k, const float* v);
+  // Writes rows [pos, pos+n) from raw stored elements (mirrors of a device cache): k, v are
+  // dtype-sized [n, n_heads_kv, head_dim]; for int8, k_scales / v_scales f32 [n, n_heads_kv]
+  // (ignored otherwise). Same position rules as Write.
+  void WriteRaw(int pos, int n, const std::byte* k, const std::byte* v, const float* k_scales,
+                const float* v_scales);
   // Rows [0, rows) become committed; rows_committed() <= rows <= rows_written(). Everything past
   // `rows` is discarded (rows_spec() becomes 0).
   void Commit(int rows);

@@ -1,40 +1,54 @@
-// StageSession: one pipeline stage. It owns its layers' K/V caches, GDN recurrent states,
-// expert-residency map and scratch; the last stage also owns the final norm + lm_head and the
-// MTP layer with its draft K/V cache.
+// StageSession: one pipeline stage of one sequence, on one backend (interface).
 //
-// Borrowed: `weights` and `pool` must outlive the session. Not thread-safe: one driver thread.
+// A stage owns its layers' K/V caches, GDN recurrent states, expert-residency map and scratch;
+// the last stage also owns the final norm + lm_head and the MTP layer with its draft K/V cache.
+// Implementations: CpuStageSession (engine/cpu/cpu_stage.h, the reference) and
+// CudaStageSession (engine/cuda/cuda_stage.h). The engine creates them through a Backend
+// (backend.h), chosen at run time by name.
+//
+// State views (kv(), gdn(), mtp_kv()) are host objects in the CPU layout. A device backend keeps
+// them as mirrors and brings them up to date when they are asked for, so observers, exports and
+// tests read every backend the same way; reading them costs a device-to-host copy of what
+// changed since the last read.
+//
+// Errors: Forward returns a Status. The void calls (Commit, Logits, MTP) cannot fail on the CPU;
+// a device backend records its first failure and reports it from status(), which the engine
+// checks after every pipeline call.
+//
+// Not thread-safe: one driver thread.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
-#include "lockstep/engine/arena.h"
-#include "lockstep/engine/engine_config.h"
 #include "lockstep/engine/expert_cache.h"
 #include "lockstep/engine/gdn_state.h"
 #include "lockstep/engine/kv_cache.h"
 #include "lockstep/engine/status.h"
-#include "lockstep/engine/thread_pool.h"
 #include "lockstep/engine/transport.h"
-#include "lockstep/engine/weights.h"
+#include "lockstep/engine/window.h"
 
 namespace lockstep {
-
-namespace cpu {
-class Rope;
-}
 
 enum class ForwardMode {
   kPrefill,  // chunked GDN, GEMM products; rows committed when the chunk completes
   kVerify,   // batch-invariant kernels; K/V rows speculative, GDN steps in scratch until Commit
 };
 
+// Set-up work a backend can separate from model work; -1 = not measured (the CPU backend).
+struct StageInitCounters {
+  std::int64_t first_calls = -1;     // calls that paid one-time set-up (handles, allocations)
+  std::int64_t first_call_ns = -1;   // host ns spent in that set-up, summed
+  std::int64_t graph_captures = -1;  // CUDA graph captures (0 when the backend uses none)
+};
+
 class StageSession {
  public:
-  StageSession(const ModelWeights& weights, const EngineConfig& cfg, int index, int n_stages, int layer_begin,
-               int layer_end, ThreadPool* pool);
-  ~StageSession();
+  StageSession(int index, int n_stages, int layer_begin, int layer_end)
+      : index_(index), n_stages_(n_stages), layer_begin_(layer_begin), layer_end_(layer_end) {}
+  virtual ~StageSession() = default;
   StageSession(const StageSession&) = delete;
   StageSession& operator=(const StageSession&) = delete;
 
@@ -44,53 +58,54 @@ class StageSession {
   bool is_first() const { return index_ == 0; }
   bool is_last() const { return index_ == n_stages_ - 1; }
 
-  // Runs act.T rows (positions act.p ..) through this stage's layers, in place on act.hidden.
-  // The first stage fills act.hidden from `tokens` [T] first. Prefill commits the rows; verify
-  // leaves them speculative. Requires act.p == committed position.
-  Status Forward(ForwardMode mode, const std::int32_t* tokens, Activation& act);
+  // ---- the forward ----
+
+  // Runs act.T rows (positions act.p ..) through this stage's layers, in place on act. The first
+  // stage fills the activations from `tokens` [T] first. Prefill commits the rows; verify leaves
+  // them speculative. Requires act.p == position(). kInvalidArgument for a token outside the
+  // vocabulary; kRuntime for a device failure.
+  virtual Status Forward(ForwardMode mode, const std::int32_t* tokens, Activation& act) = 0;
   // Keeps n of the current window's rows (1 <= n <= T) and discards the rest.
-  void Commit(int n);
-  // Last stage: final RMSNorm (normed f32 [T, H], the MTP input) and lm_head (logits f32 [T, V]).
-  void Logits(const Activation& act, float* normed, float* logits);
-  // Last stage: the final RMSNorm only.
-  void FinalNorm(const Activation& act, float* normed);
+  virtual void Commit(int n) = 0;
+  // Last stage: final RMSNorm (normed f32 [T, H], the MTP input) and lm_head (logits f32 [T, V]),
+  // both written to host memory.
+  virtual void Logits(const Activation& act, float* normed, float* logits) = 0;
+  // Last stage: the final RMSNorm only (normed f32 [T, H], host).
+  virtual void FinalNorm(const Activation& act, float* normed) = 0;
+  // The activations this stage hands on, f32 [T, H] in host memory (a copy for observers).
+  virtual void HiddenToHost(const Activation& act, std::vector<float>* out) = 0;
+  // Fault injection (inject.h `perturb`), after this stage's verify forward: multiplies `item`
+  // ("k", "v", "conv_state", "ssm_state" of global layer `layer`, or "hidden_out" of act) by
+  // `factor`. K/V: the window's speculative rows; GDN: every per-step state of the window.
+  virtual void Perturb(const std::string& item, int layer, float factor, Activation& act) = 0;
+  // Device backends: overwrites the dev_* fields of `t` with the device-event timings of the
+  // last verify forward (called after the window's logits reached the host). No-op on the CPU.
+  virtual void FillDeviceTiming(StageTiming* t) { (void)t; }
+  // One-time set-up counters over the session's life (exports' /counters/stage{S}).
+  virtual StageInitCounters init_counters() const { return {}; }
+  // First failure of a call that returns void (device backends); Ok on the CPU.
+  virtual Status status() const { return Status::Ok(); }
 
   // ---- MTP (last stage, when the checkpoint ships it) ----
-  bool has_mtp() const { return mtp_kv_ != nullptr; }
+  virtual bool has_mtp() const = 0;
   // One MTP step for T rows at positions p..: inputs the final-normed hidden h f32 [T, H] and the
-  // next tokens [T]; writes draft K/V rows [p, p+T) (speculative until MtpCommit), returns
+  // next tokens [T] (host); writes draft K/V rows [p, p+T) (speculative until MtpCommit), returns
   // m f32 [T, H] (post mtp.norm) and, for the last `n_logits` rows only, logits f32 [n_logits, V]
-  // (drafting needs the last row; lm_head is the MTP step's largest weight).
-  void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode, float* m,
-                  float* logits, int n_logits);
-  void MtpCommit(int rows);
-  KvCache* mtp_kv() { return mtp_kv_.get(); }
+  // (host; drafting needs the last row; lm_head is the MTP step's largest weight).
+  virtual void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode,
+                          float* m, float* logits, int n_logits) = 0;
+  virtual void MtpCommit(int rows) = 0;
+  virtual KvCache* mtp_kv() = 0;
 
   // ---- state views (read-only use by tests and instrumentation) ----
-  int position() const { return position_; }
-  KvCache* kv(int il);        // global layer index; nullptr for GDN layers / other stages
-  GdnState* gdn(int il);      // global layer index; nullptr for attention layers / other stages
-  const ExpertCache& experts() const { return *experts_; }
+  virtual int position() const = 0;
+  virtual KvCache* kv(int il) = 0;    // global layer index; nullptr for GDN layers / other stages
+  virtual GdnState* gdn(int il) = 0;  // global layer index; nullptr for attention layers / other stages
+  virtual const ExpertCache& experts() const = 0;
 
  private:
-  // One decoder layer in place on act.hidden; local_moe < 0 selects the MTP expert map.
-  void LayerForward(const LayerWeights& lw, int local_moe, Activation& act, ForwardMode mode, KvCache* kv,
-                    GdnState* gdn);
-
-  const ModelWeights& w_;
-  const ModelConfig& c_;
   int index_, n_stages_, layer_begin_, layer_end_;
-  ThreadPool* pool_;
-  std::unique_ptr<cpu::Rope> rope_;
-  std::vector<std::unique_ptr<KvCache>> kv_;    // [layers in stage], null for GDN layers
-  std::vector<std::unique_ptr<GdnState>> gdn_;  // [layers in stage], null for attention layers
-  std::vector<int> moe_local_;                  // [layers in stage] index into the expert cache or -1
-  std::unique_ptr<ExpertCache> experts_;
-  std::unique_ptr<KvCache> mtp_kv_;
-  std::unique_ptr<ExpertCache> mtp_experts_;
-  Arena arena_;
-  int position_ = 0;       // committed rows
-  int pending_rows_ = 0;   // rows of the current verify window
 };
+using StageSessionPtr = std::unique_ptr<StageSession>;
 
 }  // namespace lockstep

@@ -37,7 +37,18 @@ struct SuffixProposal {
   int occurrences = 0;
   // match_len * log2(1 + occurrences): longer and more frequent contexts score higher.
   double score = 0.0;
+  // Distance from the earliest earlier end of the match to the current end (0 when nothing
+  // matched). When `tokens` stop at the current end (tokens.size() == period), the text ends
+  // with a repetition of period `period`: see ExtendPeriodic.
+  int period = 0;
 };
+
+// Continues a proposal that stops at the current end up to max_len tokens by repeating its
+// period: token i >= period is token i - period. That is what Propose would return after the
+// proposed tokens were appended (the match then ends one period later), so a short loop yields
+// a full-length draft instead of one period. No-op when the proposal stopped before the current
+// end (it had all the tokens it wanted) or is empty.
+void ExtendPeriodic(SuffixProposal& p, int max_len);
 
 // ---- SuffixAutomaton ----
 

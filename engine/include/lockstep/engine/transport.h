@@ -13,11 +13,19 @@
 
 namespace lockstep {
 
+// Device-resident activations of a device backend; opaque to the engine core (the CUDA backend's
+// holds a device buffer and the event that marks it ready).
+struct DeviceActivation {
+  virtual ~DeviceActivation() = default;
+  virtual std::size_t bytes() const = 0;  // bytes a hand-off moves
+};
+
 // Activations of T rows at positions p..p+T-1 between stages.
 struct Activation {
   int p = 0;
   int T = 0;
-  std::vector<float> hidden;  // f32 [T, H] residual stream
+  std::vector<float> hidden;  // f32 [T, H] residual stream (host backends)
+  std::shared_ptr<DeviceActivation> device;  // the same rows on a device (device backends), else null
 };
 
 class Transport {

@@ -27,6 +27,15 @@ struct StageTiming {
   std::int64_t wait_ns = 0;     // from the window's verify start until this stage starts computing
   std::int64_t compute_ns = 0;  // wall time of this stage's forward (includes injected delays)
   std::int64_t cpu_ns = 0;      // driver thread CPU time of that forward (CLOCK_THREAD_CPUTIME_ID)
+  // ---- device backends (CUDA events on the stage's stream); -1 = not measured (cpu backend) ----
+  // Host-side compute_ns of a device stage is only the time to enqueue its work; these split the
+  // device's own time line:
+  std::int64_t dev_wait_ns = -1;     // sync: from the stage's stream reaching the window until its input is there
+                                     // (previous stage's kernels + the hand-off copy / NCCL receive; stage 0: token upload)
+  std::int64_t dev_compute_ns = -1;  // this stage's kernels, first to last (model work)
+  std::int64_t dev_copy_ns = -1;     // host<->device copies of this stage in the window (tokens up, logits down); 0 = none
+  std::int64_t init_ns = -1;         // host time in one-time set-up during this call (device allocations, cuBLAS handle
+                                     // and workspace); 0 = none happened
 };
 
 struct WindowRecord {

@@ -20,7 +20,8 @@
 //
 // Every span's args carry the window's path fields: idx, p, T, T_mtp, merged, from_sfx, chain_n,
 // accepted, source ("none"/"mtp"/"suffix"/"merged") and first_call. Stage spans add "stage";
-// compute spans add cpu_ms (StageTiming::cpu_ns / 1e6). The window span adds the recorded raw
+// compute spans add cpu_ms (StageTiming::cpu_ns / 1e6) and, on device backends,
+// dev_compute_ms / dev_wait_ms / dev_copy_ms / init_ms. The window span adds the recorded raw
 // values begin_ns, end_ns, draft_ns, verify_ns, commit_ns, wait_ns, compute_ns and export_ns
 // (null when unknown).
 //

@@ -1,4 +1,4 @@
-#include "lockstep/engine/stage.h"
+#include "cpu/cpu_stage.h"
 
 #include <algorithm>
 #include <cstring>
@@ -21,16 +21,14 @@ cpu::MatmulKind KindOf(ForwardMode m) {
 }
 }  // namespace
 
-StageSession::StageSession(const ModelWeights& weights, const EngineConfig& cfg, int index, int n_stages,
-                           int layer_begin, int layer_end, ThreadPool* pool)
-    : w_(weights),
-      c_(weights.config),
-      index_(index),
-      n_stages_(n_stages),
-      layer_begin_(layer_begin),
-      layer_end_(layer_end),
-      pool_(pool),
-      rope_(std::make_unique<cpu::Rope>(weights.config.rotary_dim, weights.config.rope_theta)) {
+CpuStageSession::CpuStageSession(const StageParams& params)
+    : StageSession(params.index, params.n_stages, params.layer_begin, params.layer_end),
+      w_(*params.weights),
+      c_(params.weights->config),
+      pool_(params.pool),
+      rope_(std::make_unique<cpu::Rope>(c_.rotary_dim, c_.rope_theta)) {
+  const EngineConfig& cfg = *params.cfg;
+  const int layer_begin = params.layer_begin, layer_end = params.layer_end;
   std::vector<int> moe_layers;
   std::uint64_t expert_bytes = 0;
   for (int il = layer_begin; il < layer_end; ++il) {
@@ -61,19 +59,19 @@ StageSession::StageSession(const ModelWeights& weights, const EngineConfig& cfg,
   }
 }
 
-StageSession::~StageSession() = default;
+CpuStageSession::~CpuStageSession() = default;
 
-KvCache* StageSession::kv(int il) {
-  if (il < layer_begin_ || il >= layer_end_) return nullptr;
-  return kv_[U(il - layer_begin_)].get();
+KvCache* CpuStageSession::kv(int il) {
+  if (il < layer_begin() || il >= layer_end()) return nullptr;
+  return kv_[U(il - layer_begin())].get();
 }
 
-GdnState* StageSession::gdn(int il) {
-  if (il < layer_begin_ || il >= layer_end_) return nullptr;
-  return gdn_[U(il - layer_begin_)].get();
+GdnState* CpuStageSession::gdn(int il) {
+  if (il < layer_begin() || il >= layer_end()) return nullptr;
+  return gdn_[U(il - layer_begin())].get();
 }
 
-void StageSession::LayerForward(const LayerWeights& lw, int local_moe, Activation& act, ForwardMode mode, KvCache* kv, GdnState* gdn) {
+void CpuStageSession::LayerForward(const LayerWeights& lw, int local_moe, Activation& act, ForwardMode mode, KvCache* kv, GdnState* gdn) {
   Arena::Scope scope(arena_);
   const int T = act.T, h = c_.n_embd;
   const std::size_t n = U(T) * U(h);
@@ -99,7 +97,7 @@ void StageSession::LayerForward(const LayerWeights& lw, int local_moe, Activatio
   for (std::size_t i = 0; i < n; ++i) x[i] += mix[i];
 }
 
-Status StageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Activation& act) {
+Status CpuStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Activation& act) {
   LOCKSTEP_CHECK_EQ(act.p, position_);
   const int T = act.T, h = c_.n_embd;
   if (is_first()) {
@@ -112,14 +110,14 @@ Status StageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Activ
     }
   }
   LOCKSTEP_CHECK_EQ(act.hidden.size(), U(T) * U(h));
-  LOCKSTEP_TRACE(TraceEventId::kStageBegin, index_, static_cast<std::uint16_t>(T));
-  for (int il = layer_begin_; il < layer_end_; ++il) {
-    const int l = il - layer_begin_;
-    LOCKSTEP_TRACE(TraceEventId::kLayerBegin, il, static_cast<std::uint16_t>(index_));
+  LOCKSTEP_TRACE(TraceEventId::kStageBegin, index(), static_cast<std::uint16_t>(T));
+  for (int il = layer_begin(); il < layer_end(); ++il) {
+    const int l = il - layer_begin();
+    LOCKSTEP_TRACE(TraceEventId::kLayerBegin, il, static_cast<std::uint16_t>(index()));
     LayerForward(w_.layers[U(il)], moe_local_[U(l)], act, mode, kv_[U(l)].get(), gdn_[U(l)].get());
-    LOCKSTEP_TRACE(TraceEventId::kLayerEnd, il, static_cast<std::uint16_t>(index_));
+    LOCKSTEP_TRACE(TraceEventId::kLayerEnd, il, static_cast<std::uint16_t>(index()));
   }
-  LOCKSTEP_TRACE(TraceEventId::kStageEnd, index_, static_cast<std::uint16_t>(T));
+  LOCKSTEP_TRACE(TraceEventId::kStageEnd, index(), static_cast<std::uint16_t>(T));
   if (mode == ForwardMode::kPrefill) {
     for (auto& kv : kv_)
       if (kv) kv->Commit(act.p + T);
@@ -131,7 +129,7 @@ Status StageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Activ
   return Status::Ok();
 }
 
-void StageSession::Commit(int n) {
+void CpuStageSession::Commit(int n) {
   LOCKSTEP_CHECK(n >= 1 && n <= pending_rows_) << "commit " << n << " of " << pending_rows_;
   for (auto& kv : kv_)
     if (kv) kv->Commit(position_ + n);
@@ -141,19 +139,19 @@ void StageSession::Commit(int n) {
   pending_rows_ = 0;
 }
 
-void StageSession::FinalNorm(const Activation& act, float* normed) {
+void CpuStageSession::FinalNorm(const Activation& act, float* normed) {
   LOCKSTEP_CHECK(is_last());
   const int h = c_.n_embd;
   for (int t = 0; t < act.T; ++t)
     cpu::RmsNormZc(act.hidden.data() + U(t) * U(h), h, w_.final_norm, c_.rms_norm_eps, normed + U(t) * U(h));
 }
 
-void StageSession::Logits(const Activation& act, float* normed, float* logits) {
+void CpuStageSession::Logits(const Activation& act, float* normed, float* logits) {
   FinalNorm(act, normed);
   cpu::Matmul(cpu::MatmulKind::kInvariant, normed, act.T, w_.lm_head, logits, pool_);
 }
 
-void StageSession::MtpForward(const float* hid, const std::int32_t* next_tokens, int p, int T, ForwardMode mode,
+void CpuStageSession::MtpForward(const float* hid, const std::int32_t* next_tokens, int p, int T, ForwardMode mode,
                               float* m, float* logits, int n_logits) {
   LOCKSTEP_CHECK(has_mtp());
   Arena::Scope scope(arena_);
@@ -177,6 +175,32 @@ void StageSession::MtpForward(const float* hid, const std::int32_t* next_tokens,
   cpu::Matmul(cpu::MatmulKind::kInvariant, m + U(T - n_logits) * U(h), n_logits, w_.lm_head, logits, pool_);
 }
 
-void StageSession::MtpCommit(int rows) { mtp_kv_->Commit(rows); }
+void CpuStageSession::MtpCommit(int rows) { mtp_kv_->Commit(rows); }
+
+void CpuStageSession::Perturb(const std::string& item, int layer, float factor, Activation& act) {
+  if (item == "k" || item == "v") {
+    kv(layer)->ScaleRows(item == "k" ? 0 : 1, act.p, act.T, factor);
+  } else if (item == "conv_state" || item == "ssm_state") {
+    GdnState* g = gdn(layer);
+    const bool conv = item == "conv_state";
+    const std::size_t n = conv ? g->conv_size() : g->ssm_size();
+    for (int t = 0; t < g->n_steps(); ++t) {
+      float* x = conv ? g->step_conv(t) : g->step_ssm(t);
+      for (std::size_t i = 0; i < n; ++i) x[i] *= factor;
+    }
+  } else if (item == "hidden_out") {
+    for (float& x : act.hidden) x *= factor;
+  }
+}
+
+Result<StageSessionPtr> CpuBackend::CreateStage(const StageParams& params) {
+  return StageSessionPtr(std::make_unique<CpuStageSession>(params));
+}
+
+Result<TransportPtr> CpuBackend::CreateTransport(int n_stages) {
+  return TransportPtr(std::make_unique<InProcessTransport>(n_stages));
+}
+
+std::string CpuBackend::Describe() const { return "cpu, " + std::to_string(threads_) + " threads"; }
 
 }  // namespace lockstep

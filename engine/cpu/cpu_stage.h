@@ -1,0 +1,79 @@
+// CpuStageSession: the reference stage session (Eigen + own vectorised kernels, host memory).
+//
+// Bitwise deterministic for a fixed thread count; verify windows use the batch-invariant
+// kernels (cpu/matmul.h kInvariant), so a row's result does not depend on T.
+// Borrowed: weights, cfg and pool (StageParams) outlive the session.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/engine/arena.h"
+#include "lockstep/engine/backend.h"
+#include "lockstep/engine/stage.h"
+
+namespace lockstep {
+
+namespace cpu {
+class Rope;
+}
+
+class CpuStageSession final : public StageSession {
+ public:
+  explicit CpuStageSession(const StageParams& params);
+  ~CpuStageSession() override;
+
+  Status Forward(ForwardMode mode, const std::int32_t* tokens, Activation& act) override;
+  void Commit(int n) override;
+  void Logits(const Activation& act, float* normed, float* logits) override;
+  void FinalNorm(const Activation& act, float* normed) override;
+  void HiddenToHost(const Activation& act, std::vector<float>* out) override { *out = act.hidden; }
+  void Perturb(const std::string& item, int layer, float factor, Activation& act) override;
+
+  bool has_mtp() const override { return mtp_kv_ != nullptr; }
+  void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode, float* m,
+                  float* logits, int n_logits) override;
+  void MtpCommit(int rows) override;
+  KvCache* mtp_kv() override { return mtp_kv_.get(); }
+
+  int position() const override { return position_; }
+  KvCache* kv(int il) override;
+  GdnState* gdn(int il) override;
+  const ExpertCache& experts() const override { return *experts_; }
+
+ private:
+  // One decoder layer in place on act.hidden; local_moe < 0 selects the MTP expert map.
+  void LayerForward(const LayerWeights& lw, int local_moe, Activation& act, ForwardMode mode, KvCache* kv,
+                    GdnState* gdn);
+
+  const ModelWeights& w_;
+  const ModelConfig& c_;
+  ThreadPool* pool_;
+  std::unique_ptr<cpu::Rope> rope_;
+  std::vector<std::unique_ptr<KvCache>> kv_;    // [layers in stage], null for GDN layers
+  std::vector<std::unique_ptr<GdnState>> gdn_;  // [layers in stage], null for attention layers
+  std::vector<int> moe_local_;                  // [layers in stage] index into the expert cache or -1
+  std::unique_ptr<ExpertCache> experts_;
+  std::unique_ptr<KvCache> mtp_kv_;
+  std::unique_ptr<ExpertCache> mtp_experts_;
+  Arena arena_;
+  int position_ = 0;       // committed rows
+  int pending_rows_ = 0;   // rows of the current verify window
+};
+
+// The `cpu` backend: stages are CpuStageSessions sharing the engine's thread pool; the transport
+// is the in-process hand-off.
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : threads_(threads) {}
+  std::string name() const override { return "cpu"; }
+  Result<StageSessionPtr> CreateStage(const StageParams& params) override;
+  Result<TransportPtr> CreateTransport(int n_stages) override;
+  std::string Describe() const override;
+
+ private:
+  int threads_;
+};
+
+}  // namespace lockstep

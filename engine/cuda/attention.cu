@@ -1,0 +1,241 @@
+// Causal attention over the K/V cache (cpu::AttendGroup's device twin) and the q / gate split.
+//
+// Attention layout: one block of km::kAttnThreads threads per (query row t, query head h).
+//   1. q goes to shared memory; warp w computes the scores of cache rows u = w, w + 8, ... with the
+//      batch-invariant dot (kernel_math.h lane order over D, K dequantised on load), times scale,
+//      into the caller's global scratch.
+//   2. max over the scores: thread i folds rows u = i, i + 256, ... in increasing u, then a fixed
+//      shared-memory tree (offsets 128, 64, ..., 1). Max is exact, so this equals the CPU's.
+//   3. e_u = exp(s_u - max) written back; the f64 sum of e_u uses the same strided partials and
+//      tree (order fixed by n_ctx and kAttnThreads only); inv = float(1 / sum).
+//   4. output: thread i owns dims i, i + 256, ... and sums p_u * v_u[i] over u in increasing order
+//      from 0 (p_u = e_u * inv staged through shared memory 256 rows at a time): the CPU's order.
+//
+// Determinism: every reduction order depends only on n_ctx = p + t + 1, D and the constant block
+// size, never on T, the number of heads or the grid; no atomics. So row t's output is bitwise
+// independent of how many rows are attended together.
+#include "cuda/kernel_math.h"
+#include "cuda/ops.h"
+
+namespace lockstep::cuda {
+namespace {
+
+constexpr int kAttnWarps = km::kAttnThreads / km::kWarp;
+
+// Element idx of a cache array of dtype KvT (0 f32, 1 bf16, 2 int8 with the (row, head) scale).
+template <int KvT>
+__device__ inline float LoadKv(const void* base, std::size_t idx, float scale) {
+  if constexpr (KvT == 0) {
+    return static_cast<const float*>(base)[idx];
+  } else if constexpr (KvT == 1) {
+    return km::Bf16ToF32(static_cast<const std::uint16_t*>(base)[idx]);
+  } else {
+    return km::Int8Dequant(static_cast<const std::int8_t*>(base)[idx], scale);
+  }
+}
+
+// Elements idx..idx+3 (idx % 4 == 0, base aligned to 4 elements) in one load.
+template <int KvT>
+__device__ inline void LoadKv4(const void* base, std::size_t idx, float scale, float* out) {
+  if constexpr (KvT == 0) {
+    const float4 v = static_cast<const float4*>(base)[idx / 4];
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  } else if constexpr (KvT == 1) {
+    const uint2 v = static_cast<const uint2*>(base)[idx / 4];  // little-endian: element 0 low half
+    out[0] = km::Bf16ToF32(static_cast<std::uint16_t>(v.x & 0xffffu));
+    out[1] = km::Bf16ToF32(static_cast<std::uint16_t>(v.x >> 16));
+    out[2] = km::Bf16ToF32(static_cast<std::uint16_t>(v.y & 0xffffu));
+    out[3] = km::Bf16ToF32(static_cast<std::uint16_t>(v.y >> 16));
+  } else {
+    const char4 v = static_cast<const char4*>(base)[idx / 4];
+    out[0] = km::Int8Dequant(static_cast<std::int8_t>(v.x), scale);
+    out[1] = km::Int8Dequant(static_cast<std::int8_t>(v.y), scale);
+    out[2] = km::Int8Dequant(static_cast<std::int8_t>(v.z), scale);
+    out[3] = km::Int8Dequant(static_cast<std::int8_t>(v.w), scale);
+  }
+}
+
+// q f32 [T, Hq, D]; k_cache / v_cache [rows, Hkv, D] of KvT; k_scales / v_scales f32 [rows, Hkv]
+// (int8 only); scores f32 [T, Hq, n_ctx_max]; o f32 [T, Hq, D]. Grid: T * Hq blocks. Dynamic
+// shared memory: (D + kAttnThreads) floats.
+template <int KvT, bool kVec>
+__global__ void __launch_bounds__(km::kAttnThreads)
+    AttentionKernel(const float* __restrict__ q, int p, int n_heads, int n_heads_kv, int D,
+                    const void* __restrict__ k_cache, const void* __restrict__ v_cache,
+                    const float* __restrict__ k_scales, const float* __restrict__ v_scales,
+                    float scale, float* __restrict__ scores, int n_ctx_max, float* __restrict__ o) {
+  extern __shared__ float smem[];
+  __shared__ float red_f[km::kAttnThreads];
+  __shared__ double red_d[km::kAttnThreads];
+  float* qs = smem;         // [D]
+  float* ptile = smem + D;  // [kAttnThreads]
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % km::kWarp, warp = tid / km::kWarp;
+  const int th = static_cast<int>(blockIdx.x);
+  const int t = th / n_heads, h = th - t * n_heads;
+  const int kvh = h / (n_heads / n_heads_kv);
+  const int n_ctx = p + t + 1;
+  const std::size_t ud = static_cast<std::size_t>(D);
+  const std::size_t row_elems = static_cast<std::size_t>(n_heads_kv) * ud;
+  const std::size_t head_off = static_cast<std::size_t>(kvh) * ud;
+
+  for (int i = tid; i < D; i += km::kAttnThreads)
+    qs[i] = q[static_cast<std::size_t>(th) * ud + static_cast<std::size_t>(i)];
+  __syncthreads();
+
+  // 1. scores
+  float* sc = scores + static_cast<std::size_t>(th) * static_cast<std::size_t>(n_ctx_max);
+  for (int u = warp; u < n_ctx; u += kAttnWarps) {
+    const std::size_t base = static_cast<std::size_t>(u) * row_elems + head_off;
+    const float ksc =
+        KvT == 2 ? k_scales[static_cast<std::size_t>(u) * static_cast<std::size_t>(n_heads_kv) +
+                            static_cast<std::size_t>(kvh)]
+                 : 0.0f;
+    float acc = 0.0f;
+    if constexpr (kVec) {
+      for (int g = lane; g < D / km::kLaneVec; g += km::kWarp) {
+        float kv[4];
+        LoadKv4<KvT>(k_cache, base + static_cast<std::size_t>(4 * g), ksc, kv);
+        const float* qq = qs + 4 * g;
+        acc = km::LaneStep4(acc, qq[0], qq[1], qq[2], qq[3], kv[0], kv[1], kv[2], kv[3]);
+      }
+    } else {
+      for (int b = km::kLaneVec * lane; b < D; b += km::kChunk) {
+        const int m = D - b < km::kLaneVec ? D - b : km::kLaneVec;
+        for (int c = 0; c < m; ++c)
+          acc = km::LaneStep(acc, qs[b + c],
+                             LoadKv<KvT>(k_cache, base + static_cast<std::size_t>(b + c), ksc));
+      }
+    }
+    const float dot = km::WarpCombine(acc);
+    if (lane == 0) sc[u] = dot * scale;
+  }
+  __syncthreads();
+
+  // 2. max
+  float mx = -INFINITY;
+  for (int u = tid; u < n_ctx; u += km::kAttnThreads) mx = km::MaxStep(mx, sc[u]);
+  red_f[tid] = mx;
+  __syncthreads();
+  for (int s = km::kAttnThreads / 2; s > 0; s >>= 1) {
+    if (tid < s) red_f[tid] = km::MaxStep(red_f[tid], red_f[tid + s]);
+    __syncthreads();
+  }
+  mx = red_f[0];
+
+  // 3. exp and the f64 sum
+  double sum = 0.0;
+  for (int u = tid; u < n_ctx; u += km::kAttnThreads) {
+    const float e = km::SoftmaxExp(sc[u], mx);
+    sc[u] = e;
+    sum = sum + static_cast<double>(e);
+  }
+  red_d[tid] = sum;
+  __syncthreads();
+  for (int s = km::kAttnThreads / 2; s > 0; s >>= 1) {
+    if (tid < s) red_d[tid] = red_d[tid] + red_d[tid + s];
+    __syncthreads();
+  }
+  const float inv = km::SoftmaxInv(red_d[0]);
+
+  // 4. output, dims tid + j * kAttnThreads
+  float acc[km::kAttnMaxDimsPerThread];
+#pragma unroll
+  for (int j = 0; j < km::kAttnMaxDimsPerThread; ++j) acc[j] = 0.0f;
+  for (int u0 = 0; u0 < n_ctx; u0 += km::kAttnThreads) {
+    const int nu = n_ctx - u0 < km::kAttnThreads ? n_ctx - u0 : km::kAttnThreads;
+    // Thread tid wrote e_{u0+tid} in step 3 itself, so only the tile's reuse needs a barrier.
+    if (tid < nu) ptile[tid] = sc[u0 + tid] * inv;
+    __syncthreads();
+    for (int uu = 0; uu < nu; ++uu) {
+      const int u = u0 + uu;
+      const float pu = ptile[uu];
+      const std::size_t base = static_cast<std::size_t>(u) * row_elems + head_off;
+      const float vsc =
+          KvT == 2 ? v_scales[static_cast<std::size_t>(u) * static_cast<std::size_t>(n_heads_kv) +
+                              static_cast<std::size_t>(kvh)]
+                   : 0.0f;
+#pragma unroll
+      for (int j = 0; j < km::kAttnMaxDimsPerThread; ++j) {
+        const int i = tid + j * km::kAttnThreads;
+        if (i < D)
+          acc[j] = km::AttnAccum(acc[j], pu,
+                                 LoadKv<KvT>(v_cache, base + static_cast<std::size_t>(i), vsc));
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int j = 0; j < km::kAttnMaxDimsPerThread; ++j) {
+    const int i = tid + j * km::kAttnThreads;
+    if (i < D) o[static_cast<std::size_t>(th) * ud + static_cast<std::size_t>(i)] = acc[j];
+  }
+}
+
+template <int KvT>
+void LaunchAttention(bool vec, unsigned blocks, std::size_t smem, cudaStream_t s, const float* q,
+                     int p, int n_heads, int n_heads_kv, int D, const void* k_cache,
+                     const void* v_cache, const float* k_scales, const float* v_scales, float scale,
+                     float* scores, int n_ctx_max, float* o) {
+  if (vec) {
+    AttentionKernel<KvT, true>
+        <<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache,
+                                                k_scales, v_scales, scale, scores, n_ctx_max, o);
+  } else {
+    AttentionKernel<KvT, false>
+        <<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache,
+                                                k_scales, v_scales, scale, scores, n_ctx_max, o);
+  }
+}
+
+constexpr int kSplitThreads = 256;
+
+// qg f32 [T, Hq, 2, D] -> q, gate f32 [T, Hq, D]; one thread per output element pair.
+__global__ void __launch_bounds__(kSplitThreads)
+    SplitQGateKernel(const float* __restrict__ qg, std::int64_t n_rows, int D,
+                     float* __restrict__ q, float* __restrict__ gate) {
+  const std::int64_t total = n_rows * D;
+  for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       idx < total; idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t row = idx / D, i = idx - row * D;
+    q[idx] = qg[2 * row * D + i];
+    gate[idx] = qg[(2 * row + 1) * D + i];
+  }
+}
+
+}  // namespace
+
+void SplitQGate(const float* qg, int T, int n_heads, int head_dim, float* q, float* gate,
+                cudaStream_t s) {
+  const std::int64_t n_rows = static_cast<std::int64_t>(T) * n_heads;
+  if (n_rows <= 0 || head_dim <= 0) return;
+  const std::int64_t want = (n_rows * head_dim + kSplitThreads - 1) / kSplitThreads;
+  const unsigned blocks = static_cast<unsigned>(want < 65535 ? want : 65535);
+  SplitQGateKernel<<<blocks, kSplitThreads, 0, s>>>(qg, n_rows, head_dim, q, gate);
+}
+
+void Attention(const float* q, int T, int p, int n_heads, int n_heads_kv, int head_dim,
+               int kv_dtype, const void* k_cache, const void* v_cache, const float* k_scales,
+               const float* v_scales, float scale, float* scores, int n_ctx_max, float* o,
+               cudaStream_t s) {
+  if (T <= 0 || n_heads <= 0 || head_dim <= 0) return;
+  const unsigned blocks = static_cast<unsigned>(T) * static_cast<unsigned>(n_heads);
+  const std::size_t smem = static_cast<std::size_t>(head_dim + km::kAttnThreads) * sizeof(float);
+  // One load per 4 elements needs 4-element-aligned rows: D % 4 == 0 and an aligned base.
+  const std::size_t elem = kv_dtype == 0 ? 4 : kv_dtype == 1 ? 2 : 1;
+  const bool vec = head_dim % 4 == 0 && km::Aligned(k_cache, 4 * elem);
+  if (kv_dtype == 0) {
+    LaunchAttention<0>(vec, blocks, smem, s, q, p, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
+                       k_scales, v_scales, scale, scores, n_ctx_max, o);
+  } else if (kv_dtype == 1) {
+    LaunchAttention<1>(vec, blocks, smem, s, q, p, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
+                       k_scales, v_scales, scale, scores, n_ctx_max, o);
+  } else {
+    LaunchAttention<2>(vec, blocks, smem, s, q, p, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
+                       k_scales, v_scales, scale, scores, n_ctx_max, o);
+  }
+}
+
+}  // namespace lockstep::cuda

@@ -1,0 +1,170 @@
+// RAII for every CUDA-side C handle (STYLE D.18) and the one macro family that checks vendor calls
+// (STYLE C.15). Feature code never calls a naked cudaFree / cudaStreamDestroy / ncclCommDestroy.
+//
+// LOCKSTEP_CUDA_CHECK(expr), LOCKSTEP_CUBLAS_CHECK(expr), LOCKSTEP_NCCL_CHECK(expr): on failure,
+// return from the enclosing function a kRuntime Status naming the statement, the function,
+// file:line and the vendor's error string. The _FATAL variants abort instead (destructors and
+// other paths that cannot return).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "lockstep/engine/status.h"
+
+namespace lockstep::cuda {
+
+// ---- error text per vendor ----
+inline const char* VendorErrorString(cudaError_t e) { return cudaGetErrorString(e); }
+inline const char* VendorErrorString(cublasStatus_t e) { return cublasGetStatusString(e); }
+inline const char* VendorErrorString(ncclResult_t e) { return ncclGetErrorString(e); }
+inline bool VendorOk(cudaError_t e) { return e == cudaSuccess; }
+inline bool VendorOk(cublasStatus_t e) { return e == CUBLAS_STATUS_SUCCESS; }
+inline bool VendorOk(ncclResult_t e) { return e == ncclSuccess; }
+
+template <typename E>
+Status VendorStatus(E e, const char* expr, const char* func, const char* file, int line) {
+  return Status::Runtime(std::string(expr), std::string(VendorErrorString(e)) + " (in " + func + " at " + file +
+                                                ":" + std::to_string(line) + ")");
+}
+
+}  // namespace lockstep::cuda
+
+#define LOCKSTEP_VENDOR_CHECK_IMPL(expr)                                                            \
+  do {                                                                                              \
+    auto lockstep_vendor_e_ = (expr);                                                               \
+    if (!::lockstep::cuda::VendorOk(lockstep_vendor_e_))                                            \
+      return ::lockstep::cuda::VendorStatus(lockstep_vendor_e_, #expr, __func__, __FILE__, __LINE__); \
+  } while (0)
+#define LOCKSTEP_VENDOR_FATAL_IMPL(expr)                                                              \
+  do {                                                                                                \
+    auto lockstep_vendor_e_ = (expr);                                                                 \
+    if (!::lockstep::cuda::VendorOk(lockstep_vendor_e_)) {                                            \
+      std::fprintf(stderr, "%s:%d %s: %s failed: %s\n", __FILE__, __LINE__, __func__, #expr,          \
+                   ::lockstep::cuda::VendorErrorString(lockstep_vendor_e_));                          \
+      std::abort();                                                                                   \
+    }                                                                                                 \
+  } while (0)
+
+#define LOCKSTEP_CUDA_CHECK(expr) LOCKSTEP_VENDOR_CHECK_IMPL(static_cast<cudaError_t>(expr))
+#define LOCKSTEP_CUBLAS_CHECK(expr) LOCKSTEP_VENDOR_CHECK_IMPL(static_cast<cublasStatus_t>(expr))
+#define LOCKSTEP_NCCL_CHECK(expr) LOCKSTEP_VENDOR_CHECK_IMPL(static_cast<ncclResult_t>(expr))
+#define LOCKSTEP_CUDA_CHECK_FATAL(expr) LOCKSTEP_VENDOR_FATAL_IMPL(static_cast<cudaError_t>(expr))
+#define LOCKSTEP_NCCL_CHECK_FATAL(expr) LOCKSTEP_VENDOR_FATAL_IMPL(static_cast<ncclResult_t>(expr))
+
+namespace lockstep::cuda {
+
+// ---- deleters: errors at teardown are reported but cannot be returned ----
+struct StreamDeleter {
+  void operator()(cudaStream_t s) const { if (s) cudaStreamDestroy(s); }
+};
+struct EventDeleter {
+  void operator()(cudaEvent_t e) const { if (e) cudaEventDestroy(e); }
+};
+struct CublasDeleter {
+  void operator()(cublasHandle_t h) const { if (h) cublasDestroy(h); }
+};
+struct NcclDeleter {
+  void operator()(ncclComm_t c) const { if (c) ncclCommDestroy(c); }
+};
+struct DeviceFree {
+  void operator()(void* p) const { if (p) cudaFree(p); }
+};
+struct HostFree {
+  void operator()(void* p) const { if (p) cudaFreeHost(p); }
+};
+
+using StreamPtr = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter>;
+using EventPtr = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDeleter>;
+using CublasPtr = std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, CublasDeleter>;
+using NcclCommPtr = std::unique_ptr<std::remove_pointer_t<ncclComm_t>, NcclDeleter>;
+using DevicePtr = std::unique_ptr<void, DeviceFree>;
+using PinnedPtr = std::unique_ptr<void, HostFree>;
+
+// Device memory of n floats-or-bytes; `Bytes` is the size in bytes. Owned, non-copyable.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  // Allocates `bytes` on the current device (contents uninitialised). kRuntime when out of memory.
+  static Result<DeviceBuffer> Alloc(std::size_t bytes) {
+    void* p = nullptr;
+    if (bytes > 0) LOCKSTEP_CUDA_CHECK(cudaMalloc(&p, bytes));
+    DeviceBuffer b;
+    b.ptr_.reset(p);
+    b.bytes_ = bytes;
+    return b;
+  }
+  void* get() const { return ptr_.get(); }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_.get()); }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  DevicePtr ptr_;
+  std::size_t bytes_ = 0;
+};
+
+// Pinned, device-mapped host memory (cudaHostAllocMapped | Portable): readable by kernels over
+// PCIe through device_ptr() and by the host through get().
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  static Result<PinnedBuffer> Alloc(std::size_t bytes) {
+    void* p = nullptr;
+    if (bytes > 0) LOCKSTEP_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    PinnedBuffer b;
+    b.ptr_.reset(p);
+    b.bytes_ = bytes;
+    return b;
+  }
+  void* get() const { return ptr_.get(); }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_.get()); }
+  // The address kernels use (unified addressing: the same value on 64-bit Linux).
+  Result<void*> device_ptr() const {
+    void* d = nullptr;
+    if (ptr_) LOCKSTEP_CUDA_CHECK(cudaHostGetDevicePointer(&d, ptr_.get(), 0));
+    return d;
+  }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  PinnedPtr ptr_;
+  std::size_t bytes_ = 0;
+};
+
+inline Result<StreamPtr> MakeStream() {
+  cudaStream_t s = nullptr;
+  LOCKSTEP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return StreamPtr(s);
+}
+// Timing events (cudaEventDefault) or synchronisation-only events (disable_timing).
+inline Result<EventPtr> MakeEvent(bool timing) {
+  cudaEvent_t e = nullptr;
+  LOCKSTEP_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+  return EventPtr(e);
+}
+
+// Scoped cudaSetDevice that restores the previous device.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    cudaGetDevice(&prev_);
+    if (device != prev_) cudaSetDevice(device);
+  }
+  ~DeviceScope() { cudaSetDevice(prev_); }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
+}  // namespace lockstep::cuda

@@ -1,0 +1,80 @@
+// CudaStageSession: one pipeline stage on one GPU (the `cuda` backend's StageSession).
+//
+// Device state: the stage's weights (one device buffer; routed experts that are not resident,
+// per the stage's ExpertCache map, stay in pinned host memory and are read by the kernels over
+// PCIe), K/V caches f32/bf16/int8 [capacity, Hkv, D] per attention layer (grown by doubling),
+// GDN checkpoints and per-step scratch, the residual stream [T, H] and a scratch arena.
+// Host state: mirrors of the K/V caches and GDN states in the CPU layout, brought up to date when
+// kv() / gdn() / mtp_kv() are called (a stream sync plus the rows that changed), and the expert
+// counters, updated from the routing the device copies back each window.
+//
+// The math is the CPU reference's (engine/cpu), op for op; verify windows run the batch-
+// invariant kernels of ops.h, prefill runs cuBLAS GEMMs and the recurrent GDN form (the chunked
+// prefill form is CPU-only for now). Errors of void calls are kept in status().
+//
+// Borrowed: params.weights, params.cfg and `backend` outlive the session. One driver thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_handles.h"
+#include "lockstep/engine/stage.h"
+
+namespace lockstep::cuda {
+
+struct DeviceStageImpl;  // device-side members (cuda_stage.cpp)
+
+class CudaStageSession final : public StageSession {
+ public:
+  // Uploads the stage's weights to `device` and allocates its state. kRuntime on device errors.
+  static Result<StageSessionPtr> Create(const StageParams& params, CudaBackend* backend, int device);
+  ~CudaStageSession() override;
+
+  Status Forward(ForwardMode mode, const std::int32_t* tokens, Activation& act) override;
+  void Commit(int n) override;
+  void Logits(const Activation& act, float* normed, float* logits) override;
+  void FinalNorm(const Activation& act, float* normed) override;
+  void HiddenToHost(const Activation& act, std::vector<float>* out) override;
+  void Perturb(const std::string& item, int layer, float factor, Activation& act) override;
+  void FillDeviceTiming(StageTiming* t) override;
+  Status status() const override { return error_; }
+  StageInitCounters init_counters() const override { return {first_calls_, first_call_ns_, 0}; }
+
+  bool has_mtp() const override;
+  void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode, float* m,
+                  float* logits, int n_logits) override;
+  void MtpCommit(int rows) override;
+  KvCache* mtp_kv() override;
+
+  int position() const override { return position_; }
+  KvCache* kv(int il) override;
+  GdnState* gdn(int il) override;
+  const ExpertCache& experts() const override;
+
+  int device() const { return device_; }
+
+ private:
+  CudaStageSession(const StageParams& params, CudaBackend* backend, int device);
+  Status Init();
+  // Keeps the first failure; later calls become no-ops once an error is recorded.
+  void Keep(const Status& s) {
+    if (error_.ok() && !s.ok()) error_ = s;
+  }
+
+  const ModelWeights& w_;
+  const ModelConfig& c_;
+  const EngineConfig& cfg_;
+  CudaBackend* backend_;
+  int device_;
+  std::unique_ptr<DeviceStageImpl> d_;
+  int position_ = 0;      // committed rows
+  int pending_rows_ = 0;  // rows of the current verify window
+  Status error_;
+  std::int64_t first_calls_ = 0;    // Forward calls with one-time set-up in them
+  std::int64_t first_call_ns_ = 0;  // host ns of that set-up
+};
+
+}  // namespace lockstep::cuda

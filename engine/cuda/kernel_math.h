@@ -1,0 +1,353 @@
+// The arithmetic of every CUDA kernel (engine/cuda/*.cu), as inline functions that compile for
+// the host and the device. The kernels call these bodies and nothing else for their floating-point
+// work, so tests/engine/cuda_kernel_math_test.cpp (plain g++, no GPU) runs the very same sequence
+// of IEEE operations on the host, looping over lanes and threads in the kernels' order, and
+// compares it with engine/cpu.
+//
+// Rules that keep host and device on the same bits:
+//   * no fused multiply-add: the .cu files build with --fmad=false, the host with
+//     -ffp-contract=off; every expression below is written as the separate roundings it means.
+//   * only IEEE-exact operations (+ - * / sqrtf, comparisons) decide a result bit for bit on both
+//     sides; ::expf, ::log1pf, ::sinf, ::cosf are the C library on the host and CUDA's (<= 2 ulp)
+//     on the device, so device results differ from the host in those, and only in those.
+//   * only the C math functions (::expf, ::sqrtf, ::fabsf, ::nearbyintf, ...), which both
+//     compilers provide; no std:: math (not callable from device code without
+//     --expt-relaxed-constexpr) and no std::bit_cast (FloatBits / BitsFloat instead).
+//   * sqrtf and / are IEEE-rounded on the device too (nvcc's default -prec-sqrt=true,
+//     -prec-div=true; never build these files with --use_fast_math).
+//
+// The section at the end (only under nvcc) holds the warp-level device helpers that several .cu
+// files share: the butterfly combine and the batch-invariant multi-row dot product.
+#pragma once
+
+#include <math.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define LOCKSTEP_HD __host__ __device__
+#else
+#define LOCKSTEP_HD
+#endif
+
+namespace lockstep::cuda::km {
+
+// ---- launch constants that fix reduction orders (changing one changes results' bits) ----
+
+inline constexpr int kWarp = 32;
+inline constexpr int kLaneVec = 4;               // elements per lane per chunk (one float4)
+inline constexpr int kChunk = kWarp * kLaneVec;  // 128 elements per warp per chunk
+inline constexpr int kMaxRowsPerPass = 8;        // RowsMatmul / experts: rows per weight pass
+inline constexpr int kAttnThreads = 256;         // attention block (tree width of max / sum)
+inline constexpr int kAttnMaxDimsPerThread = 4;  // head_dim <= 4 * kAttnThreads
+inline constexpr int kRouteThreads = 256;        // router block (argmax tree width)
+inline constexpr int kMaxExperts = 4096;         // RouteTopK limit (E <= 4096)
+
+// ---- bit patterns ----
+
+LOCKSTEP_HD inline std::uint32_t FloatBits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+#endif
+}
+
+LOCKSTEP_HD inline float BitsFloat(std::uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+#endif
+}
+
+// f32 -> bf16, round to nearest even, NaN -> quiet NaN: the same integer steps as
+// lockstep::f32_to_bf16 (engine/dtype.cpp), so the stored cache bits match KvCache's.
+LOCKSTEP_HD inline std::uint16_t F32ToBf16(float x) {
+  const std::uint32_t u = FloatBits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+  const std::uint32_t lsb = (u >> 16) & 1u;
+  return static_cast<std::uint16_t>((u + 0x7fffu + lsb) >> 16);
+}
+
+LOCKSTEP_HD inline float Bf16ToF32(std::uint16_t b) {
+  return BitsFloat(static_cast<std::uint32_t>(b) << 16);
+}
+
+// ---- activations (cpu/norm.h) ----
+
+LOCKSTEP_HD inline float Sigmoid(float x) { return 1.0f / (1.0f + ::expf(-x)); }
+LOCKSTEP_HD inline float Silu(float x) { return x / (1.0f + ::expf(-x)); }
+// PyTorch softplus (beta 1, threshold 20).
+LOCKSTEP_HD inline float Softplus(float x) { return x > 20.0f ? x : ::log1pf(::expf(x)); }
+
+// ---- elementwise ops (elementwise.cu, moe.cu) ----
+
+LOCKSTEP_HD inline float AddElem(float x, float y) { return x + y; }
+LOCKSTEP_HD inline float SiluMulElem(float g, float u) { return Silu(g) * u; }
+LOCKSTEP_HD inline float MulSigmoidElem(float x, float gate) { return x * Sigmoid(gate); }
+LOCKSTEP_HD inline float ScaleElem(float x, float factor) { return x * factor; }
+
+// ---- int8 symmetric quantisation (dtype.cpp quantize_int8_row), split so a warp can run it ----
+
+// One step of the |x| max; the comparison is written like the CPU's so a NaN never wins.
+LOCKSTEP_HD inline float AbsMaxStep(float amax, float x) {
+  const float a = ::fabsf(x);
+  return a > amax ? a : amax;
+}
+// Combining two partial maxima: same comparison (max is exact, so the tree order is irrelevant).
+LOCKSTEP_HD inline float AbsMaxCombine(float a, float b) { return b > a ? b : a; }
+// The scale KvCache stores: max/127, or 0 for a row whose max/127 is not > 0.
+LOCKSTEP_HD inline float Int8Scale(float amax) {
+  const float scale = amax / 127.0f;
+  return scale > 0.0f ? scale : 0.0f;
+}
+// Code of one element for a scale from Int8Scale: x / scale (not x * (1/scale)), ties to even,
+// clamped so NaN lands on 127 like the CPU.
+LOCKSTEP_HD inline std::int8_t Int8Code(float x, float scale) {
+  if (!(scale > 0.0f)) return 0;
+  float c = ::nearbyintf(x / scale);
+  c = c <= 127.0f ? c : 127.0f;
+  c = c >= -127.0f ? c : -127.0f;
+  return static_cast<std::int8_t>(c);
+}
+LOCKSTEP_HD inline float Int8Dequant(std::int8_t code, float scale) {
+  return static_cast<float>(code) * scale;
+}
+
+// ---- the batch-invariant dot product ----
+//
+// Lane l of a warp accumulates the elements i with (i / 4) % 32 == l in increasing i, starting
+// from 0 with acc = acc + a*b (one float4 of each operand per 128-element chunk); the 32 partials
+// then combine by the xor butterfly with offsets 16, 8, 4, 2, 1 (lane l adds lane l ^ off). Every
+// lane ends with the same value. The order depends only on n: never on how many rows share a
+// weight pass, on the grid or on T.
+
+LOCKSTEP_HD inline float LaneStep(float acc, float a, float b) { return acc + a * b; }
+// Four consecutive elements of one lane, in increasing index (the float4 path).
+LOCKSTEP_HD inline float LaneStep4(float acc, float a0, float a1, float a2, float a3, float b0,
+                                   float b1, float b2, float b3) {
+  acc = acc + a0 * b0;
+  acc = acc + a1 * b1;
+  acc = acc + a2 * b2;
+  acc = acc + a3 * b3;
+  return acc;
+}
+// Partial of `lane` for a . b over n elements (the scalar path; the float4 path performs the same
+// LaneStep sequence).
+LOCKSTEP_HD inline float LanePartial(const float* a, const float* b, int n, int lane) {
+  float acc = 0.0f;
+  for (int base = kLaneVec * lane; base < n; base += kChunk) {
+    const int m = n - base < kLaneVec ? n - base : kLaneVec;
+    for (int c = 0; c < m; ++c) acc = LaneStep(acc, a[base + c], b[base + c]);
+  }
+  return acc;
+}
+// R rows x[r] against one weight row w, lane `lane` (scalar path): each row's accumulator sees
+// exactly LanePartial's sequence whatever R is.
+template <int R>
+LOCKSTEP_HD inline void LaneAccumRows(const float* const* x, const float* w, int n, int lane,
+                                      float* acc) {
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  for (int base = kLaneVec * lane; base < n; base += kChunk) {
+    const int m = n - base < kLaneVec ? n - base : kLaneVec;
+    for (int c = 0; c < m; ++c) {
+      const float wv = w[base + c];
+      for (int r = 0; r < R; ++r) acc[r] = LaneStep(acc[r], x[r][base + c], wv);
+    }
+  }
+}
+// One butterfly step: lane `mine` adds its partner's value.
+LOCKSTEP_HD inline float CombineStep(float mine, float other) { return mine + other; }
+// The butterfly over 32 lane values (host emulation of the shuffle sequence); returns lane 0's
+// result (all lanes hold the same bits: addition is commutative).
+LOCKSTEP_HD inline float CombineLanes(float* v) {
+  for (int off = kWarp / 2; off > 0; off >>= 1) {
+    float nv[kWarp];
+    for (int l = 0; l < kWarp; ++l) nv[l] = CombineStep(v[l], v[l ^ off]);
+    for (int l = 0; l < kWarp; ++l) v[l] = nv[l];
+  }
+  return v[0];
+}
+// Rows per weight pass when `remaining` rows are left: 8, 4, 2, 1 (a row's bits do not depend on
+// the group it lands in; the grouping only sets how often a weight row is re-read).
+LOCKSTEP_HD inline int RowGroupSize(int remaining) {
+  return remaining >= 8 ? 8 : remaining >= 4 ? 4 : remaining >= 2 ? 2 : 1;
+}
+
+// ---- norms (cpu/norm.cpp), given the sum of squares ss from the dot product above ----
+
+LOCKSTEP_HD inline float RmsInv(float ss, int n, float eps) {
+  return 1.0f / ::sqrtf(ss / static_cast<float>(n) + eps);
+}
+LOCKSTEP_HD inline float RmsNormZcElem(float x, float r, float w) { return x * r * (1.0f + w); }
+LOCKSTEP_HD inline float GatedRmsNormElem(float x, float r, float w, float z) {
+  return x * r * w * Silu(z);
+}
+LOCKSTEP_HD inline float L2Inv(float ss, float eps) { return 1.0f / ::sqrtf(ss + eps); }
+LOCKSTEP_HD inline float L2NormElem(float x, float r) { return x * r; }
+// GDN q scale 1/sqrt(Dk), applied after the l2 norm (x * r then * qscale, as the CPU does).
+LOCKSTEP_HD inline float GdnQScale(int dk) { return 1.0f / ::sqrtf(static_cast<float>(dk)); }
+
+// ---- RoPE (cpu/rope.cpp), NeoX pairs (i, i + R/2) ----
+
+LOCKSTEP_HD inline float RopeAngle(int pos, float inv_freq) {
+  return static_cast<float>(pos) * inv_freq;
+}
+LOCKSTEP_HD inline void RopeRotate(float a, float b, float cs, float sn, float* ra, float* rb) {
+  *ra = a * cs - b * sn;
+  *rb = b * cs + a * sn;
+}
+
+// ---- attention softmax (cpu/attention.cpp AttendGroup) ----
+
+// std::max(m, x): keeps m unless m < x.
+LOCKSTEP_HD inline float MaxStep(float m, float x) { return m < x ? x : m; }
+LOCKSTEP_HD inline float SoftmaxExp(float s, float mx) { return ::expf(s - mx); }
+LOCKSTEP_HD inline float SoftmaxInv(double sum) { return static_cast<float>(1.0 / sum); }
+LOCKSTEP_HD inline float AttnAccum(float acc, float p, float v) { return acc + p * v; }
+
+// ---- gated DeltaNet (cpu/gdn.cpp) ----
+
+LOCKSTEP_HD inline float GdnBeta(float b) { return Sigmoid(b); }
+// g = -exp(A_log) * softplus(a + dt_bias) (log decay, <= 0).
+LOCKSTEP_HD inline float GdnDecay(float a, float a_log, float dt_bias) {
+  return -::expf(a_log) * Softplus(a + dt_bias);
+}
+LOCKSTEP_HD inline float GdnAlpha(float g) { return ::expf(g); }
+
+// Where column c of a projected qkvz row goes (layout per key head: [q Dk | k Dk | v r*Dv | z
+// r*Dv]): to_z false -> column `col` of the conv window row (q | k | v of every head), true ->
+// column `col` of the Z row [Hv*Dv].
+struct SplitDest {
+  bool to_z;
+  int col;
+};
+LOCKSTEP_HD inline SplitDest GdnSplitDest(int c, int n_k_heads, int dk, int dv, int r) {
+  const int wg = 2 * dk + 2 * r * dv, key_dim = n_k_heads * dk;
+  const int gi = c / wg, off = c - gi * wg;
+  if (off < dk) return {false, gi * dk + off};
+  if (off < 2 * dk) return {false, key_dim + gi * dk + (off - dk)};
+  if (off < 2 * dk + r * dv) return {false, 2 * key_dim + gi * r * dv + (off - 2 * dk)};
+  return {true, gi * r * dv + (off - 2 * dk - r * dv)};
+}
+// Column of b (is_a false) or a (true) of value head j in a [2*Hv] in_proj_ba row, grouped per
+// key head as [b r | a r].
+LOCKSTEP_HD inline int GdnBaColumn(int j, int r, bool is_a) {
+  const int gi = j / r, i = j - gi * r;
+  return gi * 2 * r + (is_a ? r : 0) + i;
+}
+
+// Causal depthwise conv of output (t, ch) + SiLU: sum_j weight[ch, j] * win[t + j, ch], j
+// ascending.
+LOCKSTEP_HD inline float ConvSiluAt(const float* win, int C, int K, const float* weight, int t,
+                                    int ch) {
+  const float* wc = weight + static_cast<std::ptrdiff_t>(ch) * K;
+  float s = 0.0f;
+  for (int j = 0; j < K; ++j) s = s + wc[j] * win[static_cast<std::ptrdiff_t>(t + j) * C + ch];
+  return Silu(s);
+}
+
+// One gated delta step for column j of one value head (cpu::GatedDeltaStep restricted to j; the
+// columns are independent): s_prev / s_cur point at S[0][j] of the entering / leaving state with
+// row stride ld (they may be the same array: each element is read before it is written).
+//   pass 1: m = sum_kk (S[kk][j] * alpha) * k[kk]           (kk ascending)
+//   delta = beta * (v - m)
+//   pass 2: S'[kk][j] = S[kk][j] * alpha + k[kk] * delta;  o = sum_kk S'[kk][j] * q[kk]
+// The decayed value is recomputed in pass 2 rather than stored in pass 1: the same rounding
+// (one multiply), one store fewer. Returns o[j].
+LOCKSTEP_HD inline float DeltaColumnStep(const float* s_prev, float* s_cur, int ld, const float* q,
+                                         const float* k, float v, float alpha, float beta, int dk) {
+  float m = 0.0f;
+  for (int kk = 0; kk < dk; ++kk) {
+    const float s = s_prev[static_cast<std::ptrdiff_t>(kk) * ld] * alpha;
+    m = m + s * k[kk];
+  }
+  const float delta = beta * (v - m);
+  float o = 0.0f;
+  for (int kk = 0; kk < dk; ++kk) {
+    const std::ptrdiff_t at = static_cast<std::ptrdiff_t>(kk) * ld;
+    const float s = s_prev[at] * alpha + k[kk] * delta;
+    s_cur[at] = s;
+    o = o + s * q[kk];
+  }
+  return o;
+}
+
+// ---- MoE (cpu/moe.cpp) ----
+
+// Router argmax order: higher probability first, lower expert id on ties; id < 0 is "none".
+LOCKSTEP_HD inline bool RouteBetter(float pa, int a, float pb, int b) {
+  if (a < 0) return false;
+  if (b < 0) return true;
+  return pa > pb || (pa == pb && a < b);
+}
+LOCKSTEP_HD inline float SwiGlu(float g, float u) { return Silu(g) * u; }
+// out[t] accumulation over ranks in rank order, from 0.
+LOCKSTEP_HD inline float CombineRank(float acc, float w, float y) { return acc + w * y; }
+// out += sigmoid(x . gate_w) * sh, with gate = Sigmoid(dot) computed once per row.
+LOCKSTEP_HD inline float SharedGateAddElem(float o, float gate, float s) { return o + gate * s; }
+
+}  // namespace lockstep::cuda::km
+
+#if defined(__CUDACC__)
+// ---- device-only helpers shared by the .cu files ----
+namespace lockstep::cuda::km {
+
+// The butterfly of CombineLanes on real lanes: every lane returns the same bits.
+__device__ inline float WarpCombine(float v) {
+  for (int off = kWarp / 2; off > 0; off >>= 1)
+    v = CombineStep(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+// Max over the warp with AbsMaxCombine (exact, any order).
+__device__ inline float WarpAbsMax(float v) {
+  for (int off = kWarp / 2; off > 0; off >>= 1)
+    v = AbsMaxCombine(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+// True when p is aligned to `bytes`.
+__device__ __host__ inline bool Aligned(const void* p, std::size_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+// out[r] = x[r] . w (n elements) for R rows, all lanes of the calling warp participating; every
+// lane returns the results. vec: n % 4 == 0 and w and every x[r] 16-byte aligned, so each lane
+// loads one float4 per operand per chunk; the float4 path runs exactly LaneAccumRows' sequence.
+// w is read once for the R rows. Plain loads (no __ldg): x may alias the caller's output (norms in
+// place) and w may be host-mapped memory.
+template <int R>
+__device__ inline void WarpDotRows(const float* const* x, const float* w, int n, bool vec, int lane,
+                                   float* out) {
+  float acc[R];
+  if (vec) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    const int n4 = n / kLaneVec;
+#pragma unroll 2
+    for (int g = lane; g < n4; g += kWarp) {
+      const float4 wv = w4[g];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float4 xv = reinterpret_cast<const float4*>(x[r])[g];
+        acc[r] = LaneStep4(acc[r], xv.x, xv.y, xv.z, xv.w, wv.x, wv.y, wv.z, wv.w);
+      }
+    }
+  } else {
+    LaneAccumRows<R>(x, w, n, lane, acc);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) out[r] = WarpCombine(acc[r]);
+}
+
+}  // namespace lockstep::cuda::km
+#endif  // __CUDACC__

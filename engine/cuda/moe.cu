@@ -1,0 +1,353 @@
+// Sparse MoE pieces (cpu/moe.cpp MoeForward's device twins): router top-k, expert-major grouping,
+// routed expert products, rank-order combine and the gated shared expert.
+//
+// Determinism: routing is per token (exact max / argmax trees, the f32 softmax sum sequential in
+// expert order like the CPU); grouping is integer counting (exact in any order) laid out in the
+// CPU's slot order; expert products use the batch-invariant warp dot per (slot, output row), so a
+// slot's result does not depend on which or how many other slots share its expert; combine sums
+// ranks in rank order. No atomics anywhere.
+#include "cuda/kernel_math.h"
+#include "cuda/ops.h"
+
+namespace lockstep::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kGroupThreads = 512;
+constexpr int kMoeWarps = 4;  // output rows per expert block
+
+// logits f32 [T, E] -> idx int32 [T, k], wts f32 [T, k]; one block per token.
+__global__ void __launch_bounds__(km::kRouteThreads)
+    RouteKernel(const float* __restrict__ logits, int E, int k, bool norm, int* __restrict__ idx,
+                float* __restrict__ wts) {
+  __shared__ float probs[km::kMaxExperts];
+  __shared__ unsigned char taken[km::kMaxExperts];
+  __shared__ float red_p[km::kRouteThreads];
+  __shared__ int red_i[km::kRouteThreads];
+  __shared__ float sum_s;
+  const int tid = static_cast<int>(threadIdx.x);
+  const std::size_t t = blockIdx.x;
+  const float* lg = logits + t * static_cast<std::size_t>(E);
+  int* out_i = idx + t * static_cast<std::size_t>(k);
+  float* out_w = wts + t * static_cast<std::size_t>(k);
+
+  // Max (exact in any order), then the exponentials.
+  float mx = -INFINITY;
+  for (int e = tid; e < E; e += km::kRouteThreads) mx = km::MaxStep(mx, lg[e]);
+  red_p[tid] = mx;
+  __syncthreads();
+  for (int s = km::kRouteThreads / 2; s > 0; s >>= 1) {
+    if (tid < s) red_p[tid] = km::MaxStep(red_p[tid], red_p[tid + s]);
+    __syncthreads();
+  }
+  mx = red_p[0];
+  for (int e = tid; e < E; e += km::kRouteThreads) {
+    probs[e] = km::SoftmaxExp(lg[e], mx);
+    taken[e] = 0;
+  }
+  __syncthreads();
+  // The f32 sum runs in expert order in one thread: the CPU's exact sequence (E <= 4096 adds).
+  if (tid == 0) {
+    float sum = 0.0f;
+    for (int e = 0; e < E; ++e) sum = sum + probs[e];
+    sum_s = sum;
+  }
+  __syncthreads();
+  const float sum = sum_s;
+  for (int e = tid; e < E; e += km::kRouteThreads) probs[e] = probs[e] / sum;
+  __syncthreads();
+
+  // k argmax passes over the untaken experts; (prob desc, id asc) is a total order, so the tree
+  // finds the CPU's pick (the lowest id among the maxima) whatever the partition.
+  for (int r = 0; r < k; ++r) {
+    float bp = 0.0f;
+    int bi = -1;
+    for (int e = tid; e < E; e += km::kRouteThreads)
+      if (!taken[e] && km::RouteBetter(probs[e], e, bp, bi)) {
+        bp = probs[e];
+        bi = e;
+      }
+    red_p[tid] = bp;
+    red_i[tid] = bi;
+    __syncthreads();
+    for (int s = km::kRouteThreads / 2; s > 0; s >>= 1) {
+      if (tid < s && km::RouteBetter(red_p[tid + s], red_i[tid + s], red_p[tid], red_i[tid])) {
+        red_p[tid] = red_p[tid + s];
+        red_i[tid] = red_i[tid + s];
+      }
+      __syncthreads();
+    }
+    if (tid == 0) {
+      const int best = red_i[0];
+      taken[best] = 1;
+      out_i[r] = best;
+      out_w[r] = probs[best];
+    }
+    __syncthreads();
+  }
+  // Renormalisation by the selected mass, summed in rank order like the CPU.
+  if (tid == 0 && norm) {
+    float sel = 0.0f;
+    for (int r = 0; r < k; ++r) sel = sel + out_w[r];
+    for (int r = 0; r < k; ++r) out_w[r] = out_w[r] / sel;
+  }
+}
+
+// One block of kGroupThreads. Dynamic shared memory: (E + 1) ints of counts.
+__global__ void __launch_bounds__(kGroupThreads)
+    GroupKernel(const int* __restrict__ idx, int n, int E, int* __restrict__ slot_of,
+                int* __restrict__ first, int* __restrict__ active, int* __restrict__ n_active) {
+  extern __shared__ int cnt[];  // [E + 1]
+  __shared__ int scan_c[kGroupThreads];
+  __shared__ int scan_a[kGroupThreads];
+  const int tid = static_cast<int>(threadIdx.x);
+  // 1. Per-expert slot counts (thread e scans every slot: exact, no atomics).
+  for (int e = tid; e < E; e += kGroupThreads) {
+    int c = 0;
+    for (int s = 0; s < n; ++s) c += idx[s] == e ? 1 : 0;
+    cnt[e] = c;
+  }
+  __syncthreads();
+  // 2. Exclusive prefix sums of counts and of "expert is active" over contiguous segments of
+  //    experts, one segment per thread, then a Hillis-Steele scan of the segment totals (integer:
+  //    exact, so any scan order gives the same numbers).
+  const int seg = (E + kGroupThreads - 1) / kGroupThreads;
+  const int e0 = tid * seg < E ? tid * seg : E, e1 = e0 + seg < E ? e0 + seg : E;
+  int tc = 0, ta = 0;
+  for (int e = e0; e < e1; ++e) {
+    tc += cnt[e];
+    ta += cnt[e] > 0 ? 1 : 0;
+  }
+  scan_c[tid] = tc;
+  scan_a[tid] = ta;
+  __syncthreads();
+  for (int off = 1; off < kGroupThreads; off <<= 1) {
+    const int vc = tid >= off ? scan_c[tid - off] : 0, va = tid >= off ? scan_a[tid - off] : 0;
+    __syncthreads();
+    scan_c[tid] += vc;
+    scan_a[tid] += va;
+    __syncthreads();
+  }
+  int run = scan_c[tid] - tc, na = scan_a[tid] - ta;
+  for (int e = e0; e < e1; ++e) {
+    const int c = cnt[e];
+    first[e] = run;
+    if (c > 0) active[na++] = e;
+    run += c;
+  }
+  const int total_active = scan_a[kGroupThreads - 1];
+  if (tid == kGroupThreads - 1) {
+    first[E] = scan_c[kGroupThreads - 1];
+    *n_active = total_active;
+  }
+  for (int a = total_active + tid; a < n; a += kGroupThreads) active[a] = -1;
+  __syncthreads();  // cnt is overwritten below with the segment starts
+  for (int e = e0; e < e1; ++e) cnt[e] = first[e];
+  __syncthreads();
+  // 3. Slots of expert e in ascending slot order (t then r), like the CPU's loop.
+  for (int e = tid; e < E; e += kGroupThreads) {
+    int pos = cnt[e];
+    if (cnt[e] == (e + 1 < E ? cnt[e + 1] : scan_c[kGroupThreads - 1])) continue;
+    for (int s = 0; s < n; ++s)
+      if (idx[s] == e) slot_of[pos++] = s;
+  }
+}
+
+// The active expert of this block, or -1 when the block is past n_active.
+__device__ inline int BlockExpert(const int* active, const int* n_active) {
+  const int a = static_cast<int>(blockIdx.x);
+  return a < *n_active ? active[a] : -1;
+}
+
+template <int R>
+__device__ inline void GateUpPass(const float* x, int H, int I, int k, const int* slot_of, int i0,
+                                  const float* wg, const float* wu, bool vec, int lane, int o,
+                                  float* act) {
+  const float* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    rows[r] = x + static_cast<std::size_t>(slot_of[i0 + r] / k) * static_cast<std::size_t>(H);
+  float gv[R], uv[R];
+  km::WarpDotRows<R>(rows, wg, H, vec, lane, gv);
+  km::WarpDotRows<R>(rows, wu, H, vec, lane, uv);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (lane == r)
+      act[static_cast<std::size_t>(i0 + r) * static_cast<std::size_t>(I) +
+          static_cast<std::size_t>(o)] = km::SwiGlu(gv[r], uv[r]);
+}
+
+// x f32 [T, H]; gate_w / up_w [E] -> f32 [I, H]; act f32 [T*k, I] by slot position.
+// Grid (max_active, ceil(I / kMoeWarps)); warp per output row o.
+__global__ void __launch_bounds__(kMoeWarps* km::kWarp)
+    GateUpKernel(const float* __restrict__ x, int H, int I, int k, const int* __restrict__ slot_of,
+                 const int* __restrict__ first, const int* __restrict__ active,
+                 const int* __restrict__ n_active, const float* const* __restrict__ gate_w,
+                 const float* const* __restrict__ up_w, float* __restrict__ act) {
+  const int e = BlockExpert(active, n_active);
+  if (e < 0) return;
+  const int lane = static_cast<int>(threadIdx.x) % km::kWarp;
+  const int o =
+      static_cast<int>(blockIdx.y) * kMoeWarps + static_cast<int>(threadIdx.x) / km::kWarp;
+  if (o >= I) return;
+  const float* wg = gate_w[e] + static_cast<std::size_t>(o) * static_cast<std::size_t>(H);
+  const float* wu = up_w[e] + static_cast<std::size_t>(o) * static_cast<std::size_t>(H);
+  const bool vec = H % 4 == 0 && km::Aligned(x, 16) && km::Aligned(wg, 16) && km::Aligned(wu, 16);
+  const int s0 = first[e], s1 = first[e + 1];
+  for (int i0 = s0; i0 < s1;) {
+    const int g = km::RowGroupSize(s1 - i0);
+    if (g == 8) {
+      GateUpPass<8>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
+    } else if (g == 4) {
+      GateUpPass<4>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
+    } else if (g == 2) {
+      GateUpPass<2>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
+    } else {
+      GateUpPass<1>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
+    }
+    i0 += g;
+  }
+}
+
+template <int R>
+__device__ inline void DownPass(const float* act, int H, int I, const int* slot_of, int i0,
+                                const float* wd, bool vec, int lane, int o, float* ranked) {
+  const float* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    rows[r] = act + static_cast<std::size_t>(i0 + r) * static_cast<std::size_t>(I);
+  float y[R];
+  km::WarpDotRows<R>(rows, wd, I, vec, lane, y);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (lane == r)
+      ranked[static_cast<std::size_t>(slot_of[i0 + r]) * static_cast<std::size_t>(H) +
+             static_cast<std::size_t>(o)] = y[r];
+}
+
+// act f32 [T*k, I] by slot position; down_w [E] -> f32 [H, I]; ranked f32 [T*k, H] by t*k + r.
+// Grid (max_active, ceil(H / kMoeWarps)); warp per output row o.
+__global__ void __launch_bounds__(kMoeWarps* km::kWarp)
+    DownKernel(const float* __restrict__ act, int H, int I, const int* __restrict__ slot_of,
+               const int* __restrict__ first, const int* __restrict__ active,
+               const int* __restrict__ n_active, const float* const* __restrict__ down_w,
+               float* __restrict__ ranked) {
+  const int e = BlockExpert(active, n_active);
+  if (e < 0) return;
+  const int lane = static_cast<int>(threadIdx.x) % km::kWarp;
+  const int o =
+      static_cast<int>(blockIdx.y) * kMoeWarps + static_cast<int>(threadIdx.x) / km::kWarp;
+  if (o >= H) return;
+  const float* wd = down_w[e] + static_cast<std::size_t>(o) * static_cast<std::size_t>(I);
+  const bool vec = I % 4 == 0 && km::Aligned(act, 16) && km::Aligned(wd, 16);
+  const int s0 = first[e], s1 = first[e + 1];
+  for (int i0 = s0; i0 < s1;) {
+    const int g = km::RowGroupSize(s1 - i0);
+    if (g == 8) {
+      DownPass<8>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
+    } else if (g == 4) {
+      DownPass<4>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
+    } else if (g == 2) {
+      DownPass<2>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
+    } else {
+      DownPass<1>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
+    }
+    i0 += g;
+  }
+}
+
+// ranked f32 [T, k, H], wts f32 [T, k] -> out f32 [T, H]; one thread per output element.
+__global__ void __launch_bounds__(kThreads)
+    CombineKernel(const float* __restrict__ ranked, const float* __restrict__ wts, int T, int k,
+                  int H, float* __restrict__ out) {
+  const std::int64_t total = static_cast<std::int64_t>(T) * H;
+  for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       idx < total; idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t t = idx / H, i = idx - t * H;
+    float acc = 0.0f;
+    for (int r = 0; r < k; ++r) {
+      const std::int64_t tr = t * k + r;
+      acc = km::CombineRank(acc, wts[tr], ranked[tr * H + i]);
+    }
+    out[idx] = acc;
+  }
+}
+
+// x, sh, out f32 [T, H], gate_w f32 [H]; one block per row t.
+__global__ void __launch_bounds__(kThreads)
+    SharedGateKernel(const float* __restrict__ x, const float* __restrict__ gate_w,
+                     const float* __restrict__ sh, int H, float* __restrict__ out, bool vec) {
+  __shared__ float gate_s;
+  const int tid = static_cast<int>(threadIdx.x);
+  const std::size_t row = static_cast<std::size_t>(blockIdx.x) * static_cast<std::size_t>(H);
+  if (tid < km::kWarp) {
+    const float* xr = x + row;
+    float dot;
+    km::WarpDotRows<1>(&xr, gate_w, H, vec, tid, &dot);
+    if (tid == 0) gate_s = km::Sigmoid(dot);
+  }
+  __syncthreads();
+  const float gate = gate_s;
+  for (int i = tid; i < H; i += kThreads)
+    out[row + static_cast<std::size_t>(i)] = km::SharedGateAddElem(
+        out[row + static_cast<std::size_t>(i)], gate, sh[row + static_cast<std::size_t>(i)]);
+}
+
+unsigned GridFor(std::int64_t total) {
+  const std::int64_t want = (total + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(want < 65535 ? want : 65535);
+}
+
+}  // namespace
+
+void RouteTopK(const float* logits, int T, int n_experts, int k, bool norm, int* idx, float* wts,
+               cudaStream_t s) {
+  if (T <= 0 || n_experts <= 0 || k <= 0) return;
+  RouteKernel<<<static_cast<unsigned>(T), km::kRouteThreads, 0, s>>>(logits, n_experts, k, norm,
+                                                                     idx, wts);
+}
+
+void GroupByExpert(const int* idx, int T, int k, int n_experts, int* slot_of, int* first,
+                   int* active, int* n_active, cudaStream_t s) {
+  if (n_experts <= 0) return;
+  const int n = T > 0 && k > 0 ? T * k : 0;
+  const std::size_t smem = (static_cast<std::size_t>(n_experts) + 1) * sizeof(int);
+  GroupKernel<<<1, kGroupThreads, smem, s>>>(idx, n, n_experts, slot_of, first, active, n_active);
+}
+
+void ExpertGateUp(const float* x, int H, int I, int k, const int* slot_of, const int* first,
+                  const int* active, const int* n_active, int max_active,
+                  const float* const* gate_w, const float* const* up_w, float* act,
+                  cudaStream_t s) {
+  if (max_active <= 0 || H <= 0 || I <= 0) return;
+  const dim3 grid(static_cast<unsigned>(max_active),
+                  static_cast<unsigned>((I + kMoeWarps - 1) / kMoeWarps));
+  GateUpKernel<<<grid, kMoeWarps * km::kWarp, 0, s>>>(x, H, I, k, slot_of, first, active, n_active,
+                                                      gate_w, up_w, act);
+}
+
+void ExpertDown(const float* act, int H, int I, const int* slot_of, const int* first,
+                const int* active, const int* n_active, int max_active, const float* const* down_w,
+                float* ranked, cudaStream_t s) {
+  if (max_active <= 0 || H <= 0 || I <= 0) return;
+  const dim3 grid(static_cast<unsigned>(max_active),
+                  static_cast<unsigned>((H + kMoeWarps - 1) / kMoeWarps));
+  DownKernel<<<grid, kMoeWarps * km::kWarp, 0, s>>>(act, H, I, slot_of, first, active, n_active,
+                                                    down_w, ranked);
+}
+
+void MoeCombine(const float* ranked, const float* wts, int T, int k, int H, float* out,
+                cudaStream_t s) {
+  if (T <= 0 || H <= 0) return;
+  CombineKernel<<<GridFor(static_cast<std::int64_t>(T) * H), kThreads, 0, s>>>(ranked, wts, T, k, H,
+                                                                               out);
+}
+
+void SharedGateAdd(const float* x, const float* gate_w, const float* sh, int T, int H, float* out,
+                   cudaStream_t s) {
+  if (T <= 0 || H <= 0) return;
+  const bool vec = H % 4 == 0 && km::Aligned(x, 16) && km::Aligned(gate_w, 16);
+  SharedGateKernel<<<static_cast<unsigned>(T), kThreads, 0, s>>>(x, gate_w, sh, H, out, vec);
+}
+
+}  // namespace lockstep::cuda

@@ -1,0 +1,73 @@
+// Row normalisations (cpu/norm.cpp's device twins): zero-centred RMSNorm and gated RMSNorm.
+//
+// Layout: one warp per row. The sum of squares is the batch-invariant dot product x . x
+// (km::WarpDotRows<1>, the same lane order as RowsMatmul), then each lane scales its elements.
+//
+// Determinism: a row's result depends only on that row (fixed lane order over n, fixed butterfly),
+// never on `rows`, the grid or the block; no atomics.
+#include "cuda/kernel_math.h"
+#include "cuda/ops.h"
+
+namespace lockstep::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+
+// x row r at x + r*ldx, y row r at y + r*ldy (may alias x: every element is read for the sum
+// before the butterfly, and each lane reads x[i] before writing y[i]). w f32 [n].
+__global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
+    RmsNormZcKernel(const float* x, int ldx, int rows, int n, const float* __restrict__ w,
+                    float eps, float* y, int ldy, bool vec) {
+  const int lane = static_cast<int>(threadIdx.x) % km::kWarp;
+  const int row =
+      static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x) / km::kWarp;
+  if (row >= rows) return;
+  const float* xr = x + static_cast<std::size_t>(row) * static_cast<std::size_t>(ldx);
+  float* yr = y + static_cast<std::size_t>(row) * static_cast<std::size_t>(ldy);
+  float ss;
+  km::WarpDotRows<1>(&xr, xr, n, vec, lane, &ss);
+  const float r = km::RmsInv(ss, n, eps);
+  for (int i = lane; i < n; i += km::kWarp) yr[i] = km::RmsNormZcElem(xr[i], r, w[i]);
+}
+
+// x, z, y f32 [rows, n] contiguous; w f32 [n].
+__global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
+    GatedRmsNormKernel(const float* x, const float* __restrict__ z, int rows, int n,
+                       const float* __restrict__ w, float eps, float* y, bool vec) {
+  const int lane = static_cast<int>(threadIdx.x) % km::kWarp;
+  const int row =
+      static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x) / km::kWarp;
+  if (row >= rows) return;
+  const std::size_t off = static_cast<std::size_t>(row) * static_cast<std::size_t>(n);
+  const float* xr = x + off;
+  float ss;
+  km::WarpDotRows<1>(&xr, xr, n, vec, lane, &ss);
+  const float r = km::RmsInv(ss, n, eps);
+  for (int i = lane; i < n; i += km::kWarp)
+    y[off + static_cast<std::size_t>(i)] =
+        km::GatedRmsNormElem(xr[i], r, w[i], z[off + static_cast<std::size_t>(i)]);
+}
+
+unsigned Blocks(int rows) {
+  return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+}  // namespace
+
+void RmsNormZc(const float* x, int ldx, int rows, int n, const float* w, float eps, float* y,
+               int ldy, cudaStream_t s) {
+  if (rows <= 0 || n <= 0) return;
+  const bool vec = n % 4 == 0 && ldx % 4 == 0 && km::Aligned(x, 16);
+  RmsNormZcKernel<<<Blocks(rows), kWarpsPerBlock * km::kWarp, 0, s>>>(x, ldx, rows, n, w, eps, y,
+                                                                      ldy, vec);
+}
+
+void GatedRmsNorm(const float* x, const float* z, int rows, int n, const float* w, float eps,
+                  float* y, cudaStream_t s) {
+  if (rows <= 0 || n <= 0) return;
+  const bool vec = n % 4 == 0 && km::Aligned(x, 16);
+  GatedRmsNormKernel<<<Blocks(rows), kWarpsPerBlock * km::kWarp, 0, s>>>(x, z, rows, n, w, eps, y,
+                                                                         vec);
+}
+
+}  // namespace lockstep::cuda

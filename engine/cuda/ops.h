@@ -1,0 +1,145 @@
+// CUDA ops: the device twins of engine/cpu/*. Each launcher enqueues work on `s` and returns at
+// once; nothing here synchronises, allocates or copies to the host. All pointers are device
+// pointers (or host-mapped pinned pointers where said). Shapes are outermost-first.
+//
+// Determinism (every op): no atomics, no data-dependent launch shapes, and every reduction runs
+// in a fixed order that depends only on the reduced length, never on T, on the number of rows in
+// the launch or on the grid. So each row's result is bitwise independent of how many rows are
+// computed together (batch invariance, DESIGN "deterministic mode") and identical run to run on
+// the same GPU model and binary.
+//
+// The arithmetic of each op lives in kernel_math.h as __host__ __device__ functions, so CI (no
+// GPU) runs the very same expressions on the host against the CPU ops (cuda_kernel_math_test).
+//
+// Files mirror engine/cpu: matmul.cu, norm.cu, rope.cu, attention.cu, gdn.cu, moe.cu,
+// elementwise.cu, kv.cu.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace lockstep::cuda {
+
+// ---- matmul.cu ----
+
+// Batch-invariant product for decode / verify windows: y[t, o] = x[t, :] . W[o, :] for t < T,
+// o < n_out. x f32 [T, n_in] (row stride n_in), W f32 [n_out, n_in] row-major, y f32 [T, ldy].
+// One warp per output row o: the weight row is read once for all T rows; each (t, o) sum uses
+// the fixed lane layout of kernel_math.h (lane l accumulates elements i with (i / 4) % 32 == l in
+// increasing i, then a fixed xor-butterfly), whatever T is. T >= 1, any n_in >= 1.
+void RowsMatmul(const float* x, int T, const float* W, int n_out, int n_in, float* y, int ldy, cudaStream_t s);
+
+// ---- norm.cu ----
+
+// Zero-centred RMSNorm per row: y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (1 + w). x row r at
+// x + r*ldx, y row r at y + r*ldy (may alias x when ldx == ldy). w f32 [n].
+void RmsNormZc(const float* x, int ldx, int rows, int n, const float* w, float eps, float* y, int ldy,
+               cudaStream_t s);
+// Gated RMSNorm per row (GDN output): y = x * rsqrt(mean(x^2) + eps) * w * silu(z). x, z, y f32
+// [rows, n] contiguous; w f32 [n] (plain weight).
+void GatedRmsNorm(const float* x, const float* z, int rows, int n, const float* w, float eps, float* y,
+                  cudaStream_t s);
+
+// ---- rope.cu ----
+
+// Partial NeoX RoPE in place: x f32 [T, n_heads, head_dim] with row stride ld (floats between
+// rows t and t+1; heads contiguous, head_dim apart); row t is at position p0 + t. inv_freq f32
+// [rotary_dim/2] (computed on the host exactly as cpu::Rope does).
+void RopeApply(float* x, int T, int ld, int n_heads, int head_dim, int rotary_dim, const float* inv_freq, int p0,
+               cudaStream_t s);
+
+// ---- attention.cu ----
+
+// Splits q_proj's output qg f32 [T, Hq, 2, D] (per head: D query then D gate) into
+// q f32 [T, Hq, D] and gate f32 [T, Hq, D].
+void SplitQGate(const float* qg, int T, int n_heads, int head_dim, float* q, float* gate, cudaStream_t s);
+
+// Causal attention of T query rows at positions p..p+T-1 over the K/V cache (row t sees cache
+// rows [0, p+t]). q f32 [T, Hq, D]; cache rows of `kv_dtype` (0 f32, 1 bf16 as uint16, 2 int8)
+// laid out k/v [rows, Hkv, D], scales f32 [rows, Hkv] (int8 only, else nullptr). Query head h
+// uses kv head h / (Hq/Hkv). Softmax with max subtraction, f64 sum of exp, f32 normaliser, as
+// cpu::AttendGroup. scores: f32 scratch [T, Hq, n_ctx_max] with n_ctx_max >= p + T.
+// o f32 [T, Hq, D] (not yet gated).
+void Attention(const float* q, int T, int p, int n_heads, int n_heads_kv, int head_dim, int kv_dtype,
+               const void* k_cache, const void* v_cache, const float* k_scales, const float* v_scales, float scale,
+               float* scores, int n_ctx_max, float* o, cudaStream_t s);
+
+// ---- kv.cu ----
+
+// Stores T rows [row0, row0+T) of f32 k, v [T, Hkv, D] into the cache arrays (layout as in
+// Attention), quantising per (row, head) exactly like KvCache::StoreRow (bf16 round-to-nearest-
+// even with quiet NaN; int8 symmetric scale = max|x| / 127, codes = nearbyint(x / scale)).
+void KvStore(const float* k, const float* v, int T, int row0, int n_heads_kv, int head_dim, int kv_dtype,
+             void* k_cache, void* v_cache, float* k_scales, float* v_scales, cudaStream_t s);
+// Multiplies rows [row0, row0+n) of K (which == 0) or V (1) by `factor` (f32 exact, bf16
+// re-rounded, int8 through the scales): KvCache::ScaleRows on the device (fault injection).
+void KvScaleRows(int which, int row0, int n, int n_heads_kv, int head_dim, int kv_dtype, void* k_cache,
+                 void* v_cache, float* k_scales, float* v_scales, float factor, cudaStream_t s);
+
+// ---- gdn.cu ----
+
+// De-interleaves the GDN projections of T rows (as cpu::GdnForward): P f32 [T, qkvz_dim] grouped
+// per key head [q Dk | k Dk | v r*Dv | z r*Dv], B f32 [T, 2*Hv] grouped per key head [b r | a r].
+// Writes win rows [K-1, K-1+T) f32 [.., conv_dim] (q | k | v of every head; rows [0, K-1) are the
+// caller's conv state), Z f32 [T, Hv, Dv], beta = sigmoid(b) f32 [T, Hv] and
+// g = -exp(a_log) * softplus(a + dt_bias) f32 [T, Hv].
+void GdnSplit(const float* P, const float* B, int T, int n_k_heads, int n_v_heads, int k_head_dim, int v_head_dim,
+              int conv_kernel, const float* a_log, const float* dt_bias, float* win, float* Z, float* beta, float* g,
+              cudaStream_t s);
+// Causal depthwise conv + SiLU: win f32 [K-1+T, C], weight f32 [C, K] -> U f32 [T, C].
+void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, float* U, cudaStream_t s);
+// From U f32 [T, conv_dim]: l2-normalised q (then scaled by 1/sqrt(Dk)) and k per key head,
+// qh, kh f32 [T, Hk, Dk] (eps 1e-6 inside the sqrt, as cpu::L2NormInPlace).
+void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_dim, float* qh, float* kh,
+               cudaStream_t s);
+// The gated delta rule, recurrent form, T steps for every value head (head j uses key head
+// j / (Hv/Hk)); each step is cpu::GatedDeltaStep with alpha = exp(g). v of head j is read from U
+// at column 2*key_dim + j*Dv. S0 f32 [Hv, Dk, Dv] is the entering state.
+//   steps != nullptr (verify): the state after step t goes to steps + t*Hv*Dk*Dv; S0 untouched.
+//   steps == nullptr (prefill): S0 is updated in place to the state after the last step.
+// O f32 [T, Hv, Dv].
+void GdnRecurrent(float* S0, float* steps, const float* qh, const float* kh, const float* U, const float* g,
+                  const float* beta, int T, int n_k_heads, int n_v_heads, int k_head_dim, int v_head_dim,
+                  int conv_dim, float* O, cudaStream_t s);
+
+// ---- moe.cu ----
+
+// Router top-k per token (cpu::RouteToken): softmax over E logits, k passes of argmax with the
+// lower id winning ties, optional renormalisation. logits f32 [T, E] -> idx int32 [T, k],
+// wts f32 [T, k]. E <= 4096.
+void RouteTopK(const float* logits, int T, int n_experts, int k, bool norm, int* idx, float* wts, cudaStream_t s);
+// Expert-major grouping of the T*k (token, rank) slots, in the order cpu::MoeForward uses
+// (experts ascending; within an expert, t then r ascending). Writes slot_of int32 [T*k]
+// (value t*k + r), first int32 [E+1] (slots of expert e: [first[e], first[e+1])), active int32
+// [T*k] (the distinct experts in ascending order; entries past n_active are -1) and
+// n_active int32 [1]. One block; no atomics.
+void GroupByExpert(const int* idx, int T, int k, int n_experts, int* slot_of, int* first, int* active,
+                   int* n_active, cudaStream_t s);
+// Routed experts, gate/up + SwiGLU: for every active expert a < max_active (blocks past n_active
+// exit) and each of its slots i: act[slot i] = silu(x[t] . Wg[e][o]) * (x[t] . Wu[e][o]) for
+// o < I, with t = slot_of[i] / k. gate_w, up_w: device arrays [E] of pointers to f32 [I, H]
+// (device or host-mapped pinned memory: non-resident experts are read over PCIe). Each dot uses
+// RowsMatmul's fixed order. act f32 [T*k, I], indexed by slot position (expert-major).
+void ExpertGateUp(const float* x, int H, int I, int k, const int* slot_of, const int* first, const int* active,
+                  const int* n_active, int max_active, const float* const* gate_w, const float* const* up_w,
+                  float* act, cudaStream_t s);
+// Routed experts, down projection: ranked[slot_of[i]] = act[i] . Wd[e] rows, f32 [T*k, H] by
+// (t*k + r). down_w: [E] pointers to f32 [H, I].
+void ExpertDown(const float* act, int H, int I, const int* slot_of, const int* first, const int* active,
+                const int* n_active, int max_active, const float* const* down_w, float* ranked, cudaStream_t s);
+// out[t] = sum over r in rank order of wts[t, r] * ranked[t, r] (f32, starting from 0).
+void MoeCombine(const float* ranked, const float* wts, int T, int k, int H, float* out, cudaStream_t s);
+// Shared expert gate: out[t] += sigmoid(x[t] . gate_w) * sh[t]; x, sh, out f32 [T, H].
+void SharedGateAdd(const float* x, const float* gate_w, const float* sh, int T, int H, float* out, cudaStream_t s);
+
+// ---- elementwise.cu ----
+
+// out[t] = embed[tokens[t]] (rows of H floats). Token ids were validated on the host.
+void EmbedRows(const float* embed, const int* tokens, int T, int H, float* out, cudaStream_t s);
+void AddInPlace(float* x, const float* y, std::int64_t n, cudaStream_t s);           // x += y
+void SiluMul(float* g, const float* u, std::int64_t n, cudaStream_t s);               // g = silu(g) * u
+void MulSigmoid(float* x, const float* gate, std::int64_t n, cudaStream_t s);         // x *= sigmoid(gate)
+void Scale(float* x, std::int64_t n, float factor, cudaStream_t s);                   // x *= factor
+
+}  // namespace lockstep::cuda

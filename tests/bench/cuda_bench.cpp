@@ -1,0 +1,178 @@
+// CUDA backend benchmarks (issue "CUDA backend", Must show 3), on a lent GPU:
+//   BM_CopyBandwidth      device-to-device cudaMemcpy of 1 GiB: the measured memory bandwidth
+//                         (bytes read + written per second) that bounds decode
+//   BM_CudaDecode/<m>     plain decode tokens/s (one-row verify windows + commit) for seed48 and
+//                         the wider `small`; counter bound_ratio = (time per token) / (active weight
+//                         bytes per token / measured bandwidth). Goal: bound_ratio <= 3.
+//   BM_CudaVerify/<T>     one verify window of T rows on `small` (T = 1..9); the T=9 / T=1 ratio is
+//                         printed at the end. Goal: <= 1.3.
+// Without a device every benchmark reports "no CUDA device" and skips.
+//
+//   build/tests/bench/cuda_bench --benchmark_counters_tabular=true
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+
+#include "lockstep/engine/engine.h"
+#include "lockstep/engine/synthetic.h"
+#include "lockstep/engine_cuda/register.h"
+
+namespace lockstep {
+namespace {
+
+bool HaveDevice() {
+  int n = 0;
+  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  cudaGetLastError();
+  return ok;
+}
+
+const ModelWeights& Model(const std::string& preset) {
+  static std::map<std::string, ModelWeightsPtr> cache;
+  auto it = cache.find(preset);
+  if (it != cache.end()) return *it->second;
+  const std::string dir = "/tmp/lockstep-cuda-bench-" + preset + "-" + std::to_string(::getpid());
+  SyntheticOptions o;
+  o.preset = preset;
+  o.dtype = DType::kF32;
+  if (!WriteSyntheticModel(o, dir).ok()) std::abort();
+  auto r = ModelWeights::Load(dir);
+  std::filesystem::remove_all(dir);
+  if (!r.ok()) std::abort();
+  return *(cache[preset] = std::move(r).value());
+}
+
+double g_bandwidth = 0;                    // bytes/s, from BM_CopyBandwidth
+std::map<int, double> g_verify_s;          // T -> seconds per window
+
+void BM_CopyBandwidth(benchmark::State& state) {
+  if (!HaveDevice()) return state.SkipWithError("no CUDA device");
+  const std::size_t bytes = std::size_t{1} << 30;
+  void *a = nullptr, *b = nullptr;
+  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess)
+    return state.SkipWithError("cudaMalloc failed");
+  cudaMemset(a, 1, bytes);
+  cudaDeviceSynchronize();
+  for (auto _ : state) {
+    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaDeviceSynchronize();
+  }
+  const double per_s = 2.0 * static_cast<double>(bytes) * static_cast<double>(state.iterations());
+  state.counters["GB/s"] = benchmark::Counter(per_s / 1e9, benchmark::Counter::kIsRate);
+  state.SetBytesProcessed(static_cast<std::int64_t>(per_s));
+  cudaFree(a);
+  cudaFree(b);
+}
+BENCHMARK(BM_CopyBandwidth)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(20);
+
+std::unique_ptr<Engine> MakeEngine(const ModelWeights& w, const std::string& preset) {
+  cuda::RegisterCudaBackend();
+  EngineConfig c;
+  c.model = preset;
+  c.backend = "cuda";
+  c.stages = 4;
+  c.threads = 1;
+  auto e = Engine::Create(c, w);
+  if (!e.ok()) {
+    std::fprintf(stderr, "%s\n", e.status().ToString().c_str());
+    return nullptr;
+  }
+  return std::move(*e);
+}
+
+void BM_CudaDecode(benchmark::State& state, const std::string& preset) {
+  if (!HaveDevice()) return state.SkipWithError("no CUDA device");
+  const ModelWeights& w = Model(preset);
+  auto e = MakeEngine(w, preset);
+  if (!e) return state.SkipWithError("engine");
+  std::vector<std::int32_t> prompt(64);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>(7 + 13 * i) % w.config.n_vocab;
+  if (!e->Prefill(prompt).ok()) return state.SkipWithError("prefill");
+  std::vector<float> logits(static_cast<std::size_t>(w.config.n_vocab));
+  std::int32_t tok = 1;
+  for (int i = 0; i < 8; ++i) {  // warm-up: first calls pay initialisation
+    (void)e->Verify(std::span<const std::int32_t>(&tok, 1), logits.data());
+    (void)e->Commit(1);
+  }
+  std::int64_t n = 0;
+  for (auto _ : state) {
+    if (!e->Verify(std::span<const std::int32_t>(&tok, 1), logits.data()).ok() || !e->Commit(1).ok())
+      return state.SkipWithError("verify");
+    tok = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    ++n;
+  }
+  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsRate);
+  const double bytes = static_cast<double>(w.ActiveBytesPerToken());
+  state.counters["MB/token"] = bytes / 1e6;
+  if (g_bandwidth > 0) {
+    const double bound_s = bytes / g_bandwidth;
+    state.counters["bound_us"] = bound_s * 1e6;
+    // Filled after the loop: seconds per token over the bound (lower is better; goal <= 3).
+    state.counters["bound_ratio"] =
+        benchmark::Counter(static_cast<double>(n) * bound_s, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  }
+}
+BENCHMARK_CAPTURE(BM_CudaDecode, seed48, std::string("seed48"))->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_CudaDecode, small, std::string("small"))->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
+
+void BM_CudaVerify(benchmark::State& state) {
+  if (!HaveDevice()) return state.SkipWithError("no CUDA device");
+  const int T = static_cast<int>(state.range(0));
+  const ModelWeights& w = Model("small");
+  auto e = MakeEngine(w, "small");
+  if (!e) return state.SkipWithError("engine");
+  std::vector<std::int32_t> prompt(64, 5);
+  if (!e->Prefill(prompt).ok()) return state.SkipWithError("prefill");
+  std::vector<std::int32_t> window(static_cast<std::size_t>(T), 9);
+  std::vector<float> logits(static_cast<std::size_t>(T) * static_cast<std::size_t>(w.config.n_vocab));
+  for (int i = 0; i < 4; ++i) {
+    (void)e->Verify(window, logits.data());
+    (void)e->Commit(1);
+  }
+  for (auto _ : state) {
+    if (!e->Verify(window, logits.data()).ok() || !e->Commit(1).ok()) return state.SkipWithError("verify");
+  }
+}
+BENCHMARK(BM_CudaVerify)->DenseRange(1, 9)->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(1.0);
+
+// Keeps the measured bandwidth and window times for the summary lines.
+class Reporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& r : runs) {
+      if (r.error_occurred) continue;
+      const std::string name = r.benchmark_name();
+      if (name.rfind("BM_CopyBandwidth", 0) == 0) {
+        auto it = r.counters.find("GB/s");
+        if (it != r.counters.end()) g_bandwidth = it->second.value * 1e9;
+      }
+      if (name.rfind("BM_CudaVerify/", 0) == 0) {
+        const int T = std::stoi(name.substr(std::string("BM_CudaVerify/").size()));
+        g_verify_s[T] = r.GetAdjustedRealTime() * 1e-6;  // microseconds -> s
+      }
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+};
+
+}  // namespace
+}  // namespace lockstep
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  lockstep::Reporter rep;
+  benchmark::RunSpecifiedBenchmarks(&rep);
+  auto& v = lockstep::g_verify_s;
+  if (v.count(1) && v.count(9) && v[1] > 0)
+    std::printf("verify T=9 / T=1 window time: %.3f (goal <= 1.3)\n", v[9] / v[1]);
+  if (lockstep::g_bandwidth > 0) std::printf("measured copy bandwidth: %.1f GB/s\n", lockstep::g_bandwidth / 1e9);
+  benchmark::Shutdown();
+  return 0;
+}

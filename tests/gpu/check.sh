@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# tests/gpu/check.sh [OUT_DIR] — the one GPU check of the CUDA backend (run on a lent GPU).
+#
+#   1. configure + build with CUDA (sm_80 + sm_90) in build-gpu/
+#   2. GPU unit tests: every kernel against the CPU op (CudaOps.*), the engine against the CPU
+#      reference, deterministic A/A, batch invariance, multi-GPU NCCL hand-off (CudaEngine.*)
+#   3. cuda-vs-cpu through the product: `lockstep generate --export` on both backends, then
+#      `lockstep diff` with the documented thresholds (state NRMSE 1e-4, logits KL 1e-6)
+#   4. the deterministic cuda A/A campaign (campaigns/aa-cuda.toml) on `small`
+#   5. the GPU benchmarks (decode vs the measured bandwidth bound, verify T<=9 vs T=1)
+# Logs and summary.md go to OUT_DIR (default $OUT, else out/gpu-check). Budget: < 8 minutes on
+# one H200 (the build is most of it). Exit status: 0 when every step passed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT_DIR="${1:-${OUT:-out/gpu-check}}"
+mkdir -p "$OUT_DIR"
+BUILD="${BUILD:-build-gpu}"
+JOBS="${JOBS:-$(nproc)}"
+SUMMARY="$OUT_DIR/summary.md"
+START=$(date +%s)
+declare -a ROWS
+status=0
+
+step() {  # step NAME LOGFILE COMMAND...
+  local name="$1" log="$2"; shift 2
+  local t0=$(date +%s)
+  echo "== $name" >&2
+  if "$@" >"$OUT_DIR/$log" 2>&1; then r=PASS; else r=FAIL; status=1; fi
+  ROWS+=("| $name | $r | $(( $(date +%s) - t0 )) s | $log |")
+  echo "   $r ($(( $(date +%s) - t0 )) s)" >&2
+}
+
+nvidia-smi >"$OUT_DIR/nvidia-smi.txt" 2>&1 || echo "nvidia-smi not available" >>"$OUT_DIR/nvidia-smi.txt"
+
+build() {
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=ON -DLOCKSTEP_NATIVE=ON \
+    -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc &&
+  cmake --build "$BUILD" -j"$JOBS" --target lockstep cuda_tests cuda_bench
+}
+step "build (cuda, sm_80+sm_90)" build.log build
+LS="$BUILD/harness/lockstep"
+
+step "GPU unit tests (CudaOps, CudaEngine)" gpu_tests.log \
+  "$BUILD/tests/cuda_tests" --gtest_brief=0
+
+MODEL="$OUT_DIR/model-small"
+cuda_vs_cpu() {
+  rm -rf "$MODEL" && "$LS" model init --preset small --dtype f32 --out "$MODEL" || return 1
+  local common="--model $MODEL --prompt-file campaigns/prompts/demo.txt --spec 0 --max-new 16 --export-windows 0-2"
+  "$LS" generate $common --backend cpu --export "$OUT_DIR/cpu.h5" --trace-jsonl "$OUT_DIR/cpu.jsonl" || return 1
+  "$LS" generate $common --backend cuda --export "$OUT_DIR/cuda.h5" --trace-jsonl "$OUT_DIR/cuda.jsonl" || return 1
+  "$LS" diff "$OUT_DIR/cpu.h5" "$OUT_DIR/cuda.h5" --nrmse-max 1e-4 --kl-max 1e-6 --md "$OUT_DIR/cuda_vs_cpu.md" \
+    --json "$OUT_DIR/cuda_vs_cpu.json"
+}
+step "cuda vs cpu diff (windows 0-2)" cuda_vs_cpu.log cuda_vs_cpu
+
+aa() {
+  "$LS" generate --model "$MODEL" --prompt-file campaigns/prompts/demo.txt --backend cuda --spec 4 --max-new 32 \
+    --export "$OUT_DIR/aa1.h5" >/dev/null &&
+  "$LS" generate --model "$MODEL" --prompt-file campaigns/prompts/demo.txt --backend cuda --spec 4 --max-new 32 \
+    --export "$OUT_DIR/aa2.h5" >/dev/null &&
+  "$LS" diff "$OUT_DIR/aa1.h5" "$OUT_DIR/aa2.h5" --nrmse-max 0 --kl-max 0 &&
+  rm -rf "$OUT_DIR/aa-cuda" && "$LS" run campaigns/aa-cuda.toml --out "$OUT_DIR/aa-cuda"
+}
+step "deterministic cuda A/A (diff NRMSE 0 + campaign aa-cuda)" aa.log aa
+
+step "GPU benchmarks" bench.log \
+  "$BUILD/tests/bench/cuda_bench" --benchmark_counters_tabular=true
+
+{
+  echo "# lockstep GPU check"
+  echo
+  echo "$(head -12 "$OUT_DIR/nvidia-smi.txt" | grep -m1 -E 'H200|H100|A100|NVIDIA' || echo 'GPU: see nvidia-smi.txt')"
+  echo
+  echo "| step | result | time | log |"
+  echo "|---|---|---|---|"
+  for r in "${ROWS[@]}"; do echo "$r"; done
+  echo
+  echo "## Benchmarks"
+  echo '```'
+  grep -E "BM_|verify T=9|bandwidth" "$OUT_DIR/bench.log" 2>/dev/null || echo "(no benchmark output)"
+  echo '```'
+  echo
+  echo "## cuda vs cpu"
+  grep -m3 -iE "verdict|PASS|FAIL" "$OUT_DIR/cuda_vs_cpu.log" 2>/dev/null || true
+  echo
+  echo "Total: $(( $(date +%s) - START )) s"
+} >"$SUMMARY"
+cat "$SUMMARY"
+exit $status

@@ -1,0 +1,207 @@
+// The CUDA backend end to end, against the CPU reference (issue "CUDA backend", Must show 2):
+// cuda vs cpu within documented thresholds, a deterministic cuda A/A bitwise identical, verify
+// rows batch-invariant, state mirrors in the CPU layout, NCCL hand-off across GPUs.
+//
+// Every test skips (GTEST_SKIP, reported as skipped) on a machine without a CUDA device.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <span>
+
+#include "lockstep/engine/engine.h"
+#include "lockstep/engine_cuda/register.h"
+#include "test_util.h"
+
+namespace lockstep {
+namespace {
+
+using test::BitwiseEqual;
+using test::Model;
+using test::Nrmse;
+
+// Thresholds of a cuda export against a cpu export of the same request (f32 weights, f32 K/V):
+// the backends differ only in reduction order and in expf/sinf/cosf ulps, so NRMSE stays near
+// f32 rounding (~1e-7 per op), growing through the layers. 1e-4 leaves two orders of margin
+// over that estimate; the measured figure is recorded by tests/gpu/check.sh in README.
+constexpr double kCudaVsCpuLogitsNrmse = 1e-4;
+constexpr double kCudaVsCpuStateNrmse = 1e-4;
+
+int Devices() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  cudaGetLastError();
+  return n;
+}
+
+#define REQUIRE_GPU(n)                                                                       \
+  do {                                                                                       \
+    if (Devices() < (n)) GTEST_SKIP() << "needs " << (n) << " CUDA device(s); " << Devices() \
+                                      << " visible (no GPU on this machine)";              \
+  } while (0)
+
+std::vector<std::int32_t> Prompt(int n, std::uint64_t seed = 1) {
+  std::vector<std::int32_t> t;
+  std::uint64_t s = seed;
+  for (int i = 0; i < n; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    t.push_back(static_cast<std::int32_t>((s >> 33) % 500));
+  }
+  return t;
+}
+
+EngineConfig Config(const std::string& backend) {
+  cuda::RegisterCudaBackend();
+  EngineConfig c;
+  c.model = test::ModelDir("tiny");
+  c.backend = backend;
+  c.threads = 2;
+  c.stages = 4;
+  c.prefill_chunk = 8;
+  return c;
+}
+
+std::unique_ptr<Engine> Make(const EngineConfig& c) {
+  auto e = Engine::Create(c, Model("tiny"));
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+// Runs prompt + windows of the given sizes; returns every window's logits.
+std::vector<float> RunWindows(Engine& e, const std::vector<std::int32_t>& prompt, const std::vector<int>& sizes) {
+  const std::size_t v = static_cast<std::size_t>(e.weights().config.n_vocab);
+  EXPECT_TRUE(e.Prefill(prompt).ok());
+  auto toks = Prompt(64, 99);
+  std::vector<float> all;
+  std::size_t next = 0;
+  for (int T : sizes) {
+    std::vector<float> l(static_cast<std::size_t>(T) * v);
+    Status st = e.Verify(std::span<const std::int32_t>(toks.data() + next, static_cast<std::size_t>(T)), l.data());
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    EXPECT_TRUE(e.Commit(T).ok());
+    all.insert(all.end(), l.begin(), l.end());
+    next += static_cast<std::size_t>(T);
+  }
+  return all;
+}
+
+std::vector<float> Flatten(const KvCache& kv) {
+  std::vector<float> out, tmp(static_cast<std::size_t>(kv.head_dim()));
+  for (int r = 0; r < kv.rows_committed(); ++r)
+    for (int h = 0; h < kv.n_heads_kv(); ++h) {
+      const float* k = kv.K(r, h, tmp.data());
+      out.insert(out.end(), k, k + kv.head_dim());
+    }
+  return out;
+}
+
+TEST(CudaEngine, MatchesCpuWithinThresholds) {
+  REQUIRE_GPU(1);
+  auto cpu = Make(Config("cpu"));
+  auto gpu = Make(Config("cuda"));
+  ASSERT_TRUE(cpu && gpu);
+  const std::vector<int> sizes = {1, 4, 1, 9, 2};
+  auto a = RunWindows(*cpu, Prompt(37), sizes);
+  auto b = RunWindows(*gpu, Prompt(37), sizes);
+  const double logits = Nrmse(a, b);
+  RecordProperty("logits_nrmse", std::to_string(logits));
+  EXPECT_LT(logits, kCudaVsCpuLogitsNrmse);
+  for (int is = 0; is < 4; ++is) {
+    StageSession& sa = cpu->stage(is);
+    StageSession& sb = gpu->stage(is);
+    for (int il = sa.layer_begin(); il < sa.layer_end(); ++il) {
+      if (GdnState* ga = sa.gdn(il)) {
+        GdnState* gb = sb.gdn(il);
+        ASSERT_NE(gb, nullptr);
+        EXPECT_EQ(ga->position(), gb->position());
+        std::vector<float> x(ga->ssm(), ga->ssm() + ga->ssm_size()), y(gb->ssm(), gb->ssm() + gb->ssm_size());
+        EXPECT_LT(Nrmse(x, y), kCudaVsCpuStateNrmse) << "ssm layer " << il;
+      }
+      if (KvCache* ka = sa.kv(il)) {
+        KvCache* kb = sb.kv(il);
+        ASSERT_NE(kb, nullptr);
+        EXPECT_EQ(ka->rows_committed(), kb->rows_committed());
+        EXPECT_LT(Nrmse(Flatten(*ka), Flatten(*kb)), kCudaVsCpuStateNrmse) << "k layer " << il;
+      }
+    }
+  }
+}
+
+TEST(CudaEngine, DeterministicAaIsBitwiseIdentical) {
+  REQUIRE_GPU(1);
+  auto a = Make(Config("cuda"));
+  auto b = Make(Config("cuda"));
+  ASSERT_TRUE(a && b);
+  const std::vector<int> sizes = {1, 5, 3, 9, 1, 1};
+  EXPECT_TRUE(BitwiseEqual(RunWindows(*a, Prompt(50), sizes), RunWindows(*b, Prompt(50), sizes)));
+  for (int is = 0; is < 4; ++is)
+    for (int il = a->stage(is).layer_begin(); il < a->stage(is).layer_end(); ++il) {
+      if (GdnState* ga = a->stage(is).gdn(il)) {
+        GdnState* gb = b->stage(is).gdn(il);
+        EXPECT_EQ(0, std::memcmp(ga->ssm(), gb->ssm(), ga->ssm_size() * sizeof(float))) << il;
+      }
+      if (KvCache* ka = a->stage(is).kv(il)) {
+        KvCache* kb = b->stage(is).kv(il);
+        for (int r = 0; r < ka->rows_committed(); ++r)
+          EXPECT_EQ(0, std::memcmp(ka->KRaw(r), kb->KRaw(r), ka->row_bytes())) << il << " row " << r;
+      }
+    }
+}
+
+TEST(CudaEngine, VerifyRowsAreBatchInvariant) {
+  REQUIRE_GPU(1);
+  for (DType kv : {DType::kF32, DType::kBF16, DType::kI8}) {
+    EngineConfig c = Config("cuda");
+    c.kv_dtype = kv;
+    auto batched = Make(c);
+    auto single = Make(c);
+    ASSERT_TRUE(batched && single);
+    EXPECT_TRUE(BitwiseEqual(RunWindows(*batched, Prompt(30), {9}), RunWindows(*single, Prompt(30), {1, 1, 1, 1, 1, 1, 1, 1, 1})))
+        << dtype_name(kv);
+  }
+}
+
+// --deterministic off sends multi-row verify windows through cuBLAS (TF32): rows are no longer
+// T-invariant, and that difference is visible (while staying small).
+TEST(CudaEngine, NonDeterministicModeBreaksBatchInvariance) {
+  REQUIRE_GPU(1);
+  EngineConfig c = Config("cuda");
+  c.deterministic = false;
+  auto batched = Make(c);
+  auto single = Make(c);
+  ASSERT_TRUE(batched && single);
+  auto a = RunWindows(*batched, Prompt(30), {9});
+  auto b = RunWindows(*single, Prompt(30), {1, 1, 1, 1, 1, 1, 1, 1, 1});
+  EXPECT_FALSE(BitwiseEqual(a, b)) << "TF32 GEMM rows should differ from the invariant kernel's";
+  EXPECT_LT(Nrmse(a, b), 1e-2);
+}
+
+TEST(CudaEngine, SeveralGpusHandOffThroughNccl) {
+  REQUIRE_GPU(2);
+  EngineConfig one = Config("cuda");
+  EngineConfig two = Config("cuda");
+  two.devices = {0, 1};
+  auto a = Make(one);
+  auto b = Make(two);
+  ASSERT_TRUE(a && b);
+  EXPECT_TRUE(BitwiseEqual(RunWindows(*a, Prompt(20), {1, 3, 2}), RunWindows(*b, Prompt(20), {1, 3, 2})));
+}
+
+TEST(CudaEngine, DeviceTimingsAreRecorded) {
+  REQUIRE_GPU(1);
+  auto e = Make(Config("cuda"));
+  ASSERT_TRUE(e);
+  RunWindows(*e, Prompt(10), {1, 2});
+  for (const StageTiming& t : e->stage_timings()) {
+    EXPECT_GT(t.dev_compute_ns, 0);
+    EXPECT_GE(t.dev_wait_ns, 0);
+    EXPECT_GE(t.dev_copy_ns, 0);
+    EXPECT_GE(t.init_ns, 0);
+  }
+  EXPECT_GT(e->stage_timings().front().dev_copy_ns, 0) << "stage 0 uploads the tokens";
+  EXPECT_GT(e->stage_timings().back().dev_copy_ns, 0) << "the last stage downloads the logits";
+}
+
+}  // namespace
+}  // namespace lockstep
