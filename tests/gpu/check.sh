@@ -8,6 +8,8 @@
 #      `lockstep diff` with the documented thresholds (state NRMSE 1e-4, logits KL 1e-6)
 #   4. the deterministic cuda A/A campaign (campaigns/aa-cuda.toml) on `small`
 #   5. the GPU benchmarks (decode vs the measured bandwidth bound, verify T<=9 vs T=1)
+# On the lent machine: run tests/gpu/pack-deps.sh here first and name `.gpu-deps` in `carry`:
+#   run(command="tests/gpu/check.sh", carry=[".gpu-deps"], timeout_s=540)
 # Logs and summary.md go to OUT_DIR (default $OUT, else out/gpu-check). Budget: < 8 minutes on
 # one H200 (the build is most of it). Exit status: 0 when every step passed.
 set -uo pipefail
@@ -32,9 +34,31 @@ step() {  # step NAME LOGFILE COMMAND...
 
 nvidia-smi >"$OUT_DIR/nvidia-smi.txt" 2>&1 || echo "nvidia-smi not available" >>"$OUT_DIR/nvidia-smi.txt"
 
+# The device image has nvcc and CMake but not our Debian -dev packages: tests/gpu/pack-deps.sh
+# (run on the development machine) fetched them into .gpu-deps/, carried with the call; unpack
+# them into a private prefix and point CMake, pkg-config and the loader at it.
+if [ -d .gpu-deps ] && ! [ -f /usr/include/eigen3/Eigen/Core ]; then
+  ROOT="$PWD/.gpu-deps/root"
+  if ! [ -d "$ROOT" ]; then
+    mkdir -p "$ROOT"
+    for d in .gpu-deps/*.deb; do
+      if command -v dpkg-deb >/dev/null; then dpkg-deb -x "$d" "$ROOT"
+      else (t=$(mktemp -d) && cd "$t" && ar x "$OLDPWD/$d" && tar -xf data.tar.* -C "$ROOT" && rm -rf "$t"); fi
+    done
+  fi
+  export CMAKE_PREFIX_PATH="$ROOT/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export PKG_CONFIG_SYSROOT_DIR="$ROOT"
+  export PKG_CONFIG_PATH="$ROOT/usr/lib/x86_64-linux-gnu/pkgconfig:$ROOT/usr/share/pkgconfig"
+  export PKG_CONFIG="$ROOT/usr/bin/pkgconf"
+  export LD_LIBRARY_PATH="$ROOT/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export CPATH="$ROOT/usr/include${CPATH:+:$CPATH}"
+  export LIBRARY_PATH="$ROOT/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  echo "dependencies from .gpu-deps unpacked into $ROOT" >"$OUT_DIR/deps.txt"
+fi
+
 build() {
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=ON -DLOCKSTEP_NATIVE=ON \
-    -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc &&
+    -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc ${PKG_CONFIG:+-DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG} &&
   cmake --build "$BUILD" -j"$JOBS" --target lockstep cuda_tests cuda_bench
 }
 step "build (cuda, sm_80+sm_90)" build.log build
