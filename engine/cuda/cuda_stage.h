@@ -25,7 +25,9 @@
 
 namespace lockstep::cuda {
 
-struct DeviceStageImpl;  // device-side members (cuda_stage.cpp)
+namespace detail {
+struct DeviceStageImpl;  // device-side members (cuda_stage_impl.h)
+}
 
 class CudaStageSession final : public StageSession {
  public:
@@ -69,7 +71,7 @@ class CudaStageSession final : public StageSession {
   const EngineConfig& cfg_;
   CudaBackend* backend_;
   int device_;
-  std::unique_ptr<DeviceStageImpl> d_;
+  std::unique_ptr<detail::DeviceStageImpl> d_;
   int position_ = 0;      // committed rows
   int pending_rows_ = 0;  // rows of the current verify window
   Status error_;

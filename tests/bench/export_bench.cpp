@@ -58,18 +58,46 @@ void BM_RawWriteFsync(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kItemBytes * kItems));
 }
 
-// The exporter fed like the engine feeds it: one checkpoint of row views per iteration, then
-// Finish. Time includes the engine-side copies and the writer thread's HDF5 work.
-// The data are state-like floats (a hashed pattern, not a constant a compressor would erase), so
-// the LZ4 variant measures the cost of compressing what an engine writes.
-void H5Export(benchmark::State& state, const std::string& compress) {
-  const std::string path = Dir() + "/lockstep-bench-export-" + std::to_string(::getpid()) + ".h5";
+// One item's worth of state-like floats: a hashed pattern, not a constant a compressor would erase.
+std::vector<float> StateLikeData() {
   std::vector<float> data(kItemBytes / sizeof(float));
   std::uint32_t x = 12345;
   for (float& v : data) {
     x = x * 1664525u + 1013904223u;
     v = static_cast<float>(x >> 8) * 0x1p-24f - 0.5f;
   }
+  return data;
+}
+
+// One commit checkpoint of kItems [1024, 1024] f32 items, handed over as row views the way the
+// engine hands them (data: one item's floats, reused for every item).
+void FeedCheckpoint(H5Exporter& e, int window, const std::vector<float>& data) {
+  CheckpointInfo info;
+  info.window = window;
+  info.point = CheckpointPoint::kCommit;
+  e.OnCheckpointBegin(info);
+  for (int i = 0; i < kItems; ++i) {
+    StateView v;
+    v.kind = ItemKind::kSsmState;
+    v.stage = 0;
+    v.layer = i;
+    v.shape = {1024, 1024};
+    v.rows = 1024;
+    v.rows_capacity = 1024;
+    v.row_bytes = 1024 * sizeof(float);
+    v.row = [&data](int r) { return reinterpret_cast<const std::byte*>(data.data() + static_cast<std::size_t>(r) * 1024); };
+    e.OnState(info, v);
+  }
+  e.OnCheckpointEnd(info);
+}
+
+// The exporter fed like the engine feeds it: one checkpoint of row views per iteration, then
+// Finish. Time includes the engine-side copies and the writer thread's HDF5 work.
+// The data are state-like floats (a hashed pattern, not a constant a compressor would erase), so
+// the LZ4 variant measures the cost of compressing what an engine writes.
+void H5Export(benchmark::State& state, const std::string& compress) {
+  const std::string path = Dir() + "/lockstep-bench-export-" + std::to_string(::getpid()) + ".h5";
+  const std::vector<float> data = StateLikeData();
   ExportOptions o;
   o.path = path;
   o.windows = *WindowSelection::Parse("all");
@@ -83,23 +111,7 @@ void H5Export(benchmark::State& state, const std::string& compress) {
   int window = 0;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    CheckpointInfo info;
-    info.window = window++;
-    info.point = CheckpointPoint::kCommit;
-    (*e)->OnCheckpointBegin(info);
-    for (int i = 0; i < kItems; ++i) {
-      StateView v;
-      v.kind = ItemKind::kSsmState;
-      v.stage = 0;
-      v.layer = i;
-      v.shape = {1024, 1024};
-      v.rows = 1024;
-      v.rows_capacity = 1024;
-      v.row_bytes = 1024 * sizeof(float);
-      v.row = [&data](int r) { return reinterpret_cast<const std::byte*>(data.data() + static_cast<std::size_t>(r) * 1024); };
-      (*e)->OnState(info, v);
-    }
-    (*e)->OnCheckpointEnd(info);
+    FeedCheckpoint(**e, window++, data);
     if (--left == 0 && !(*e)->Finish(ExportRunInfo{}).ok()) state.SkipWithError("finish");
     state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -246,23 +258,7 @@ double WriteOnce(bool exporter, const std::vector<float>& data) {
   o.windows = *WindowSelection::Parse("all");
   auto e = H5Exporter::Create(o);
   if (!e.ok()) return 0.0;
-  CheckpointInfo info;
-  info.window = 0;
-  info.point = CheckpointPoint::kCommit;
-  (*e)->OnCheckpointBegin(info);
-  for (int i = 0; i < kItems; ++i) {
-    StateView v;
-    v.kind = ItemKind::kSsmState;
-    v.stage = 0;
-    v.layer = i;
-    v.shape = {1024, 1024};
-    v.rows = 1024;
-    v.rows_capacity = 1024;
-    v.row_bytes = 1024 * sizeof(float);
-    v.row = [&data](int r) { return reinterpret_cast<const std::byte*>(data.data() + static_cast<std::size_t>(r) * 1024); };
-    (*e)->OnState(info, v);
-  }
-  (*e)->OnCheckpointEnd(info);
+  FeedCheckpoint(**e, 0, data);
   if (!(*e)->Finish(ExportRunInfo{}).ok()) return 0.0;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::filesystem::remove(path);
@@ -270,12 +266,7 @@ double WriteOnce(bool exporter, const std::vector<float>& data) {
 }
 
 void BM_PairedExportVsRaw(benchmark::State& state) {
-  std::vector<float> data(kItemBytes / sizeof(float));
-  std::uint32_t x = 12345;
-  for (float& v : data) {
-    x = x * 1664525u + 1013904223u;
-    v = static_cast<float>(x >> 8) * 0x1p-24f - 0.5f;
-  }
+  const std::vector<float> data = StateLikeData();
   std::vector<double> ratios;
   bool export_first = false;
   for (auto _ : state) {

@@ -1,0 +1,306 @@
+// The CUDA stage's forward op by op (the CPU's LayerForward with device buffers), host copies
+// through pinned staging, and the host mirrors of the device state. See cuda_stage_impl.h.
+#include <cmath>
+#include <cstring>
+
+#include "cuda/cuda_stage_impl.h"
+#include "cuda/ops.h"
+
+namespace lockstep::cuda::detail {
+
+Status Ctx::Mm(const float* x, int T, const DMat& w, float* y, int ldy) {
+  if (ldy < 0) ldy = w.rows;
+  const bool gemm = T > 1 && (mode == ForwardMode::kPrefill || !deterministic);
+  if (!gemm) {
+    RowsMatmul(x, T, w.d, w.rows, w.cols, y, ldy, s);
+    return Status::Ok();
+  }
+  const float one = 1.0f, zero = 0.0f;
+  // Row-major y[T, out] = x[T, in] W[out, in]^T is column-major y^T = W^T(op T) x^T.
+  LOCKSTEP_CUBLAS_CHECK(cublasSgemm(d.cublas.get(), CUBLAS_OP_T, CUBLAS_OP_N, w.rows, T, w.cols, &one, w.d, w.cols, x,
+                                    w.cols, &zero, y, ldy));
+  return Status::Ok();
+}
+
+
+Status EnsureKvCapacity(DKv& kv, int rows, int hkv, int hd, bool int8, cudaStream_t s, std::int64_t* init_ns) {
+  if (rows <= kv.capacity) return Status::Ok();
+  const std::int64_t t0 = MonoNs();
+  int cap = std::max(kv.capacity * 2, 256);
+  while (cap < rows) cap *= 2;
+  const std::size_t row_bytes = U(hkv) * U(hd) * kv.elem, srow = U(hkv) * sizeof(float);
+  auto grow = [&](DeviceBuffer& buf, std::size_t per_row) -> Status {
+    LOCKSTEP_ASSIGN_OR_RETURN(DeviceBuffer nb, DeviceBuffer::Alloc(U(cap) * per_row));
+    if (kv.written > 0)
+      LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(nb.get(), buf.get(), U(kv.written) * per_row, cudaMemcpyDeviceToDevice, s));
+    LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(s));  // the old buffer must not be freed under the copy
+    buf = std::move(nb);
+    return Status::Ok();
+  };
+  LOCKSTEP_RETURN_IF_ERROR(grow(kv.k, row_bytes));
+  LOCKSTEP_RETURN_IF_ERROR(grow(kv.v, row_bytes));
+  if (int8) {
+    LOCKSTEP_RETURN_IF_ERROR(grow(kv.ks, srow));
+    LOCKSTEP_RETURN_IF_ERROR(grow(kv.vs, srow));
+  }
+  kv.capacity = cap;
+  *init_ns += MonoNs() - t0;
+  return Status::Ok();
+}
+
+// a f32 [T, H] (normed input) -> out f32 [T, H].
+Status AttentionForward(Ctx& x, const DLayer& L, const float* a, int T, int p, DKv& kv, float* out) {
+  const ModelConfig& c = x.c;
+  const int hq = c.n_heads, hkv = c.n_heads_kv, hd = c.head_dim;
+  const std::size_t ut = U(T);
+  LOCKSTEP_ASSIGN_OR_RETURN(float* qg, x.Alloc(ut * U(2 * hq * hd)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* k, x.Alloc(ut * U(hkv * hd)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* v, x.Alloc(ut * U(hkv * hd)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* q, x.Alloc(ut * U(hq * hd)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* gate, x.Alloc(ut * U(hq * hd)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* o, x.Alloc(ut * U(hq * hd)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* scores, x.Alloc(ut * U(hq) * U(p + T)));
+  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.q_proj, qg));
+  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.k_proj, k));
+  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.v_proj, v));
+  SplitQGate(qg, T, hq, hd, q, gate, x.s);
+  RmsNormZc(q, hd, T * hq, hd, L.q_norm, c.rms_norm_eps, q, hd, x.s);
+  RopeApply(q, T, hq * hd, hq, hd, c.rotary_dim, x.d.inv_freq.as<float>(), p, x.s);
+  RmsNormZc(k, hd, T * hkv, hd, L.k_norm, c.rms_norm_eps, k, hd, x.s);
+  RopeApply(k, T, hkv * hd, hkv, hd, c.rotary_dim, x.d.inv_freq.as<float>(), p, x.s);
+  const bool int8 = kv.mirror->dtype() == DType::kI8;
+  const int code = KvDtypeCode(kv.mirror->dtype());
+  LOCKSTEP_RETURN_IF_ERROR(EnsureKvCapacity(kv, p + T, hkv, hd, int8, x.s, x.init_ns));
+  KvStore(k, v, T, p, hkv, hd, code, kv.k.get(), kv.v.get(), int8 ? kv.ks.as<float>() : nullptr,
+          int8 ? kv.vs.as<float>() : nullptr, x.s);
+  kv.written = p + T;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  Attention(q, T, p, hq, hkv, hd, code, kv.k.get(), kv.v.get(), int8 ? kv.ks.as<float>() : nullptr,
+            int8 ? kv.vs.as<float>() : nullptr, scale, scores, p + T, o, x.s);
+  MulSigmoid(o, gate, static_cast<std::int64_t>(ut * U(hq * hd)), x.s);
+  return x.Mm(o, T, L.o_proj, out);
+}
+
+Status EnsureSteps(DGdn& g, int T, std::size_t conv_floats, std::size_t ssm_floats, std::int64_t* init_ns) {
+  if (T <= g.steps_capacity) return Status::Ok();
+  const std::int64_t t0 = MonoNs();
+  const int cap = std::max(T, 16);
+  LOCKSTEP_ASSIGN_OR_RETURN(g.steps_conv, DeviceBuffer::Alloc(U(cap) * conv_floats * sizeof(float)));
+  LOCKSTEP_ASSIGN_OR_RETURN(g.steps_ssm, DeviceBuffer::Alloc(U(cap) * ssm_floats * sizeof(float)));
+  g.steps_capacity = cap;
+  *init_ns += MonoNs() - t0;
+  return Status::Ok();
+}
+
+Status GdnForward(Ctx& x, const DLayer& L, const float* a, int T, DGdn& g, float* out) {
+  const ModelConfig& c = x.c;
+  const int hk = c.n_k_heads, hv = c.n_v_heads, dk = c.k_head_dim, dv = c.v_head_dim;
+  const int conv_dim = c.conv_dim(), kw = c.conv_kernel, kr = kw - 1;
+  const std::size_t ut = U(T), conv_floats = U(kr) * U(conv_dim), ssm_floats = U(hv) * U(dk) * U(dv);
+  LOCKSTEP_ASSIGN_OR_RETURN(float* P, x.Alloc(ut * U(c.qkvz_dim())));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* B, x.Alloc(ut * U(2 * hv)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* win, x.Alloc(U(kr + T) * U(conv_dim)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* Z, x.Alloc(ut * U(hv) * U(dv)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* beta, x.Alloc(ut * U(hv)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* gdec, x.Alloc(ut * U(hv)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* Uc, x.Alloc(ut * U(conv_dim)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* qh, x.Alloc(ut * U(hk) * U(dk)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* kh, x.Alloc(ut * U(hk) * U(dk)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* O, x.Alloc(ut * U(hv) * U(dv)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* On, x.Alloc(ut * U(hv) * U(dv)));
+  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.in_proj_qkvz, P));
+  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.in_proj_ba, B));
+  LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(win, g.conv.get(), conv_floats * sizeof(float), cudaMemcpyDeviceToDevice, x.s));
+  GdnSplit(P, B, T, hk, hv, dk, dv, kw, L.a_log, L.dt_bias, win, Z, beta, gdec, x.s);
+  CausalConvSilu(win, T, conv_dim, kw, L.conv1d, Uc, x.s);
+  GdnQkNorm(Uc, T, hk, dk, conv_dim, qh, kh, x.s);
+  if (x.mode == ForwardMode::kVerify) {
+    LOCKSTEP_RETURN_IF_ERROR(EnsureSteps(g, T, conv_floats, ssm_floats, x.init_ns));
+    for (int t = 0; t < T; ++t)  // conv state after step t = the K-1 inputs ending at t
+      LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(g.steps_conv.as<float>() + U(t) * conv_floats, win + U(t + 1) * U(conv_dim),
+                                          conv_floats * sizeof(float), cudaMemcpyDeviceToDevice, x.s));
+    GdnRecurrent(g.ssm.as<float>(), g.steps_ssm.as<float>(), qh, kh, Uc, gdec, beta, T, hk, hv, dk, dv, conv_dim, O,
+                 x.s);
+    g.n_steps = T;
+  } else {
+    LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(g.conv.get(), win + ut * U(conv_dim), conv_floats * sizeof(float),
+                                        cudaMemcpyDeviceToDevice, x.s));
+    GdnRecurrent(g.ssm.as<float>(), nullptr, qh, kh, Uc, gdec, beta, T, hk, hv, dk, dv, conv_dim, O, x.s);
+    g.position += T;
+  }
+  GatedRmsNorm(O, Z, T * hv, dv, L.norm, c.rms_norm_eps, On, x.s);
+  return x.Mm(On, T, L.out_proj, out);
+}
+
+Status FfnForward(Ctx& x, const DFfn& f, const float* a, int T, float* out) {
+  const std::size_t n = U(T) * U(f.gate.rows);
+  LOCKSTEP_ASSIGN_OR_RETURN(float* g, x.Alloc(n));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* u, x.Alloc(n));
+  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, f.gate, g));
+  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, f.up, u));
+  SiluMul(g, u, static_cast<std::int64_t>(n), x.s);
+  return x.Mm(g, T, f.down, out);
+}
+
+// Host counters from the routing copied back (the stream must have synchronised).
+void FlushRoutes(DeviceStageImpl& d) {
+  for (const auto& r : d.pending_routes) {
+    const int* ids = d.route_host.as<int>() + r.offset;
+    std::vector<int> count(U(r.cache->n_experts()), 0);
+    for (int i = 0; i < r.n; ++i) ++count[U(ids[i])];
+    for (int e = 0; e < r.cache->n_experts(); ++e)
+      if (count[U(e)] > 0) r.cache->Record(r.layer, e, count[U(e)]);
+  }
+  d.pending_routes.clear();
+  d.route_used = 0;
+}
+
+Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* cache, float* out) {
+  const ModelConfig& c = x.c;
+  const int h = c.n_embd, ne = c.n_experts, k = c.n_experts_used, inter = c.moe_ffn;
+  const int slots = T * k, max_active = std::min(slots, ne);
+  LOCKSTEP_ASSIGN_OR_RETURN(float* logits, x.Alloc(U(T) * U(ne)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* wts, x.Alloc(U(slots)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* ints, x.Alloc(U(slots) * 3 + U(ne) + 2));  // int32 storage
+  int* idx = reinterpret_cast<int*>(ints);
+  int* slot_of = idx + slots;
+  int* active = slot_of + slots;
+  int* first = active + slots;
+  int* n_active = first + ne + 1;
+  LOCKSTEP_ASSIGN_OR_RETURN(float* act, x.Alloc(U(slots) * U(inter)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* ranked, x.Alloc(U(slots) * U(h)));
+  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.router, logits));
+  RouteTopK(logits, T, ne, k, c.norm_topk_prob, idx, wts, x.s);
+  GroupByExpert(idx, T, k, ne, slot_of, first, active, n_active, x.s);
+  ExpertGateUp(a, h, inter, k, slot_of, first, active, n_active, max_active, L.gate_ptrs, L.up_ptrs, act, x.s);
+  ExpertDown(act, h, inter, slot_of, first, active, n_active, max_active, L.down_ptrs, ranked, x.s);
+  MoeCombine(ranked, wts, T, k, h, out, x.s);
+  if (L.shared.gate.rows > 0) {
+    LOCKSTEP_ASSIGN_OR_RETURN(float* sh, x.Alloc(U(T) * U(h)));
+    LOCKSTEP_RETURN_IF_ERROR(FfnForward(x, L.shared, a, T, sh));
+    SharedGateAdd(a, L.shared_gate, sh, T, h, out, x.s);
+  }
+  // Routing goes back to the host for the expert counters (read after the stream syncs).
+  DeviceStageImpl& d = x.d;
+  if (cache != nullptr) {
+    if (d.route_used + U(slots) > d.route_cap) {
+      // Growing would free memory a pending copy may still target: flush first.
+      LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(x.s));
+      FlushRoutes(d);
+      if (U(slots) * 64 > d.route_cap) {
+        d.route_cap = std::max<std::size_t>(U(slots) * 64, 1 << 16);
+        LOCKSTEP_ASSIGN_OR_RETURN(d.route_host, PinnedBuffer::Alloc(d.route_cap * sizeof(int)));
+      }
+    }
+    LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(d.route_host.as<int>() + d.route_used, idx, U(slots) * sizeof(int),
+                                        cudaMemcpyDeviceToHost, x.s));
+    d.pending_routes.push_back({cache, L.cache_layer, slots, d.route_used});
+    d.route_used += U(slots);
+  }
+  return Status::Ok();
+}
+
+Status LayerForward(Ctx& x, const DLayer& L, ExpertCache* cache, float* hid, int T, int p, DKv* kv, DGdn* g) {
+  const ModelConfig& c = x.c;
+  const int h = c.n_embd;
+  const std::int64_t n = static_cast<std::int64_t>(T) * h;
+  LOCKSTEP_ASSIGN_OR_RETURN(float* a, x.Alloc(U(T) * U(h)));
+  LOCKSTEP_ASSIGN_OR_RETURN(float* mix, x.Alloc(U(T) * U(h)));
+  RmsNormZc(hid, h, T, h, L.input_norm, c.rms_norm_eps, a, h, x.s);
+  if (L.type == LayerType::kFullAttention) {
+    LOCKSTEP_RETURN_IF_ERROR(AttentionForward(x, L, a, T, p, *kv, mix));
+  } else {
+    LOCKSTEP_RETURN_IF_ERROR(GdnForward(x, L, a, T, *g, mix));
+  }
+  AddInPlace(hid, mix, n, x.s);
+  RmsNormZc(hid, h, T, h, L.post_norm, c.rms_norm_eps, a, h, x.s);
+  if (L.moe) {
+    LOCKSTEP_RETURN_IF_ERROR(MoeForward(x, L, a, T, cache, mix));
+  } else {
+    LOCKSTEP_RETURN_IF_ERROR(FfnForward(x, L.dense, a, T, mix));
+  }
+  AddInPlace(hid, mix, n, x.s);
+  return Status::Ok();
+}
+
+Status EnsureRows(DeviceBuffer& buf, int* rows, int need, int h, std::int64_t* init_ns, cudaStream_t s) {
+  if (need <= *rows) return Status::Ok();
+  const std::int64_t t0 = MonoNs();
+  LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(s));
+  const int cap = std::max(need, 64);
+  LOCKSTEP_ASSIGN_OR_RETURN(buf, DeviceBuffer::Alloc(U(cap) * U(h) * sizeof(float)));
+  *rows = cap;
+  *init_ns += MonoNs() - t0;
+  return Status::Ok();
+}
+
+Status EnsureStaging(DeviceStageImpl& d, std::size_t bytes) {
+  if (d.staging.bytes() >= bytes) return Status::Ok();
+  LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(d.s()));
+  LOCKSTEP_ASSIGN_OR_RETURN(d.staging, PinnedBuffer::Alloc(std::max(bytes, std::size_t{1} << 20)));
+  return Status::Ok();
+}
+
+Status Upload(DeviceStageImpl& d, void* dst, const void* src, std::size_t bytes) {
+  LOCKSTEP_RETURN_IF_ERROR(EnsureStaging(d, bytes));
+  LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(d.s()));  // staging may still feed an earlier copy
+  std::memcpy(d.staging.get(), src, bytes);
+  LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(dst, d.staging.get(), bytes, cudaMemcpyHostToDevice, d.s()));
+  return Status::Ok();
+}
+
+Status Download(DeviceStageImpl& d, void* dst, const void* src, std::size_t bytes) {
+  LOCKSTEP_RETURN_IF_ERROR(EnsureStaging(d, bytes));
+  LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(d.staging.get(), src, bytes, cudaMemcpyDeviceToHost, d.s()));
+  LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(d.s()));
+  std::memcpy(dst, d.staging.get(), bytes);
+  return Status::Ok();
+}
+
+
+Status SyncKv(DeviceStageImpl& d, DKv& kv) {
+  KvCache& m = *kv.mirror;
+  const int mc = m.rows_committed(), dc = kv.committed, dw = kv.written;
+  if (dw <= mc && m.rows_written() == dw) return Status::Ok();
+  const int n = dw - mc;
+  const std::size_t rb = m.row_bytes(), sb = U(m.n_heads_kv()) * sizeof(float);
+  const bool int8 = m.dtype() == DType::kI8;
+  std::vector<std::byte> k(U(n) * rb), v(U(n) * rb);
+  std::vector<float> ks(int8 ? U(n) * U(m.n_heads_kv()) : 0), vs(ks.size());
+  if (n > 0) {
+    LOCKSTEP_RETURN_IF_ERROR(Download(d, k.data(), kv.k.as<std::byte>() + U(mc) * rb, U(n) * rb));
+    LOCKSTEP_RETURN_IF_ERROR(Download(d, v.data(), kv.v.as<std::byte>() + U(mc) * rb, U(n) * rb));
+    if (int8) {
+      LOCKSTEP_RETURN_IF_ERROR(Download(d, ks.data(), kv.ks.as<std::byte>() + U(mc) * sb, U(n) * sb));
+      LOCKSTEP_RETURN_IF_ERROR(Download(d, vs.data(), kv.vs.as<std::byte>() + U(mc) * sb, U(n) * sb));
+    }
+  }
+  const int nc = dc - mc;  // newly committed rows first, then the speculative ones
+  m.WriteRaw(mc, nc, k.data(), v.data(), int8 ? ks.data() : nullptr, int8 ? vs.data() : nullptr);
+  if (dc > mc) m.Commit(dc);
+  const std::size_t hk = U(m.n_heads_kv());
+  m.WriteRaw(dc, dw - dc, k.data() + U(nc) * rb, v.data() + U(nc) * rb, int8 ? ks.data() + U(nc) * hk : nullptr,
+             int8 ? vs.data() + U(nc) * hk : nullptr);
+  return Status::Ok();
+}
+
+Status SyncGdn(DeviceStageImpl& d, DGdn& g) {
+  GdnState& m = *g.mirror;
+  LOCKSTEP_RETURN_IF_ERROR(Download(d, m.conv(), g.conv.get(), m.conv_size() * sizeof(float)));
+  LOCKSTEP_RETURN_IF_ERROR(Download(d, m.ssm(), g.ssm.get(), m.ssm_size() * sizeof(float)));
+  if (g.n_steps > 0) {
+    m.BeginSteps(g.n_steps);
+    for (int t = 0; t < g.n_steps; ++t) {
+      LOCKSTEP_RETURN_IF_ERROR(
+          Download(d, m.step_conv(t), g.steps_conv.as<float>() + U(t) * m.conv_size(), m.conv_size() * sizeof(float)));
+      LOCKSTEP_RETURN_IF_ERROR(
+          Download(d, m.step_ssm(t), g.steps_ssm.as<float>() + U(t) * m.ssm_size(), m.ssm_size() * sizeof(float)));
+    }
+  } else {
+    m.DiscardSteps();
+  }
+  if (g.position > m.position()) m.Advance(g.position - m.position());
+  return Status::Ok();
+}
+
+}  // namespace lockstep::cuda::detail

@@ -1,0 +1,221 @@
+// Internals of the CUDA stage session shared by cuda_stage.cpp (the session: weights, state,
+// the StageSession calls) and cuda_layers.cpp (the forward op by op, host copies and mirrors).
+// Not a public header: engine/cuda only.
+#pragma once
+
+#include <time.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cuda/cuda_handles.h"
+#include "lockstep/engine/expert_cache.h"
+#include "lockstep/engine/gdn_state.h"
+#include "lockstep/engine/kv_cache.h"
+#include "lockstep/engine/stage.h"
+#include "lockstep/engine/weights.h"
+
+namespace lockstep::cuda {
+
+namespace detail {
+
+inline std::size_t U(int x) { return static_cast<std::size_t>(x); }
+
+inline std::int64_t MonoNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+inline int KvDtypeCode(DType d) { return d == DType::kF32 ? 0 : d == DType::kBF16 ? 1 : 2; }
+
+// A device weight matrix view: f32 [rows=out, cols=in].
+struct DMat {
+  const float* d = nullptr;
+  int rows = 0;
+  int cols = 0;
+};
+struct DFfn {
+  DMat gate, up, down;
+};
+
+struct DLayer {
+  LayerType type = LayerType::kLinearAttention;
+  bool moe = true;
+  const float* input_norm = nullptr;  // f32 [H]
+  const float* post_norm = nullptr;   // f32 [H]
+  // full attention
+  DMat q_proj, k_proj, v_proj, o_proj;
+  const float* q_norm = nullptr;  // f32 [D]
+  const float* k_norm = nullptr;  // f32 [D]
+  // gated DeltaNet
+  DMat in_proj_qkvz, in_proj_ba, out_proj;
+  const float* conv1d = nullptr;   // f32 [conv_dim, K]
+  const float* dt_bias = nullptr;  // f32 [Hv]
+  const float* a_log = nullptr;    // f32 [Hv]
+  const float* norm = nullptr;     // f32 [Dv]
+  // MoE
+  DMat router;
+  DFfn shared;
+  const float* shared_gate = nullptr;    // f32 [H]
+  const float* const* gate_ptrs = nullptr;  // device array [E] of expert gate weights (device or host-mapped)
+  const float* const* up_ptrs = nullptr;
+  const float* const* down_ptrs = nullptr;
+  int cache_layer = -1;  // local index in the stage's (or the MTP's) ExpertCache
+  // dense FFN
+  DFfn dense;
+};
+
+// Device K/V cache of one attention layer: k, v dtype [capacity, Hkv, D]; scales f32
+// [capacity, Hkv] (int8).
+struct DKv {
+  DeviceBuffer k, v, ks, vs;
+  int capacity = 0;
+  int committed = 0;
+  int written = 0;
+  std::unique_ptr<KvCache> mirror;  // host view, CPU layout
+  std::size_t elem = 4;             // bytes per element
+};
+
+// Device GDN state: checkpoint conv f32 [K-1, conv_dim], ssm f32 [Hv, Dk, Dv]; per-step scratch.
+struct DGdn {
+  DeviceBuffer conv, ssm, steps_conv, steps_ssm;
+  int steps_capacity = 0;
+  int n_steps = 0;
+  int position = 0;
+  std::unique_ptr<GdnState> mirror;
+};
+
+// Scratch on the device, reused across calls (the device twin of engine/arena.h): blocks are
+// never freed, so after the first window of a size no allocation happens.
+class DeviceArena {
+ public:
+  Result<float*> Alloc(std::size_t n, std::int64_t* alloc_ns) {
+    n = (n + 63) & ~std::size_t{63};  // 256-byte alignment
+    while (block_ < blocks_.size()) {
+      Block& b = blocks_[block_];
+      if (offset_ + n <= b.floats) {
+        float* p = b.buf.as<float>() + offset_;
+        offset_ += n;
+        return p;
+      }
+      ++block_;
+      offset_ = 0;
+    }
+    const std::int64_t t0 = MonoNs();
+    Block b;
+    b.floats = std::max<std::size_t>(n, std::size_t{16} << 20);  // 64 MiB blocks
+    LOCKSTEP_ASSIGN_OR_RETURN(b.buf, DeviceBuffer::Alloc(b.floats * sizeof(float)));
+    *alloc_ns += MonoNs() - t0;
+    blocks_.push_back(std::move(b));
+    block_ = blocks_.size() - 1;
+    offset_ = n;
+    return blocks_.back().buf.as<float>();
+  }
+  void Reset() {
+    block_ = 0;
+    offset_ = 0;
+  }
+
+ private:
+  struct Block {
+    DeviceBuffer buf;
+    std::size_t floats = 0;
+  };
+  std::vector<Block> blocks_;
+  std::size_t block_ = 0;
+  std::size_t offset_ = 0;
+};
+
+
+// Everything a CudaStageSession owns on the device (and its host staging).
+struct DeviceStageImpl {
+  StreamPtr stream;
+  CublasPtr cublas;
+  DeviceBuffer cublas_ws;
+  // Timing events of the current call: begin (stream reaches the window) -> in (input there) ->
+  // start/done (the stage's kernels); up0/up1 around the token upload, copy0/copy1 around the
+  // logits download. consumed: recorded by the next stage once it has its copy of `hidden`.
+  EventPtr ev_begin, ev_in, ev_start, ev_done, ev_up0, ev_up1, ev_copy0, ev_copy1, ev_consumed;
+  bool up_timed = false;
+  bool copy_timed = false;
+  std::int64_t init_ns = 0;  // set-up time spent in the current call
+
+  DeviceBuffer dense;      // every non-expert weight of the stage + resident experts
+  PinnedBuffer host_experts;  // non-resident routed experts (host-mapped)
+  DeviceBuffer ptr_tables;    // per MoE layer 3 x [E] expert pointers
+  DeviceBuffer inv_freq;      // f32 [R/2]
+  std::vector<DLayer> layers; // [layers in stage]
+  DLayer mtp_layer;
+  DMat embed, lm_head, mtp_fc;
+  const float* final_norm = nullptr;
+  const float* mtp_pre_emb = nullptr;
+  const float* mtp_pre_hid = nullptr;
+  const float* mtp_norm = nullptr;
+
+  std::vector<std::unique_ptr<DKv>> kv;    // [layers in stage], null for GDN layers
+  std::vector<std::unique_ptr<DGdn>> gdn;  // [layers in stage], null for attention layers
+  std::unique_ptr<DKv> mtp_kv;
+  std::unique_ptr<ExpertCache> experts;
+  std::unique_ptr<ExpertCache> mtp_experts;
+
+  DeviceBuffer hidden;  // f32 [hidden_rows, H] residual stream, in place
+  int hidden_rows = 0;
+  DeviceBuffer mtp_hidden;
+  int mtp_rows = 0;
+  DeviceBuffer tokens;  // int32 [token_cap]
+  int token_cap = 0;
+  PinnedBuffer staging;  // host staging for uploads / downloads
+  DeviceArena arena;
+
+  // Routing copied back for the expert counters: int32 [calls][T*k] in `route_host`.
+  PinnedBuffer route_host;
+  std::size_t route_cap = 0;  // ints
+  struct RouteRec {
+    ExpertCache* cache;
+    int layer;
+    int n;  // T*k ints at offset
+    std::size_t offset;
+  };
+  std::vector<RouteRec> pending_routes;
+  std::size_t route_used = 0;
+
+  cudaStream_t s() const { return stream.get(); }
+};
+
+// One forward's context: the session's device state, the mode and the stream.
+struct Ctx {
+  const ModelConfig& c;
+  DeviceStageImpl& d;
+  ForwardMode mode;
+  bool deterministic;
+  cudaStream_t s;
+  std::int64_t* init_ns;
+
+  Result<float*> Alloc(std::size_t n) { return d.arena.Alloc(n, init_ns); }
+
+  // y[T, ldy] = x[T, in] . W^T. Verify windows (and all of deterministic mode's decode path)
+  // use the batch-invariant RowsMatmul; prefill uses cuBLAS. Non-deterministic mode sends
+  // verify windows of more than one row to cuBLAS too (TF32, shape-dependent algorithm).
+  Status Mm(const float* x, int T, const DMat& w, float* y, int ldy = -1);
+};
+
+// One decoder layer in place on hid f32 [T, H] (device) at positions p..; kv for attention
+// layers, g for GDN layers; routing of MoE layers queued for `cache`'s counters.
+Status LayerForward(Ctx& x, const DLayer& L, ExpertCache* cache, float* hid, int T, int p, DKv* kv, DGdn* g);
+// Expert counters from the routing copied back (the stream must have synchronised).
+void FlushRoutes(DeviceStageImpl& d);
+// Grows buf to at least `need` rows of h floats (syncs the stream first; counts as init time).
+Status EnsureRows(DeviceBuffer& buf, int* rows, int need, int h, std::int64_t* init_ns, cudaStream_t s);
+// Host -> device through pinned staging, ordered on the session's stream.
+Status Upload(DeviceStageImpl& d, void* dst, const void* src, std::size_t bytes);
+// Device -> host through pinned staging; returns when the bytes are in dst (syncs the stream).
+Status Download(DeviceStageImpl& d, void* dst, const void* src, std::size_t bytes);
+// Brings the host mirrors up to date with the device state (rows / states that changed).
+Status SyncKv(DeviceStageImpl& d, DKv& kv);
+Status SyncGdn(DeviceStageImpl& d, DGdn& g);
+
+}  // namespace detail
+}  // namespace lockstep::cuda
