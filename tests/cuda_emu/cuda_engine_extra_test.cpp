@@ -1,0 +1,187 @@
+// Engine-level checks of the CUDA backend beyond tests/gpu/cuda_engine_test.cpp, built only into
+// the emulator binary (tests/cuda_emu, which always reports one device): verify windows with
+// partial commits for f32 / bf16 / int8 K/V, the MTP head (prefill and verify windows, its own
+// K/V cache), the CPU-layout state mirrors of the cuda stages (GDN ssm / conv, per-step
+// snapshots, K/V rows written and committed) and the expert-cache counters, all against the CPU
+// backend on the same requests.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <span>
+
+#include "lockstep/engine/engine.h"
+#include "lockstep/engine_cuda/register.h"
+#include "test_util.h"
+
+namespace lockstep {
+namespace {
+using test::Model;
+using test::Nrmse;
+
+std::vector<std::int32_t> Prompt(int n, std::uint64_t seed = 1) {
+  std::vector<std::int32_t> t;
+  std::uint64_t s = seed;
+  for (int i = 0; i < n; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    t.push_back(static_cast<std::int32_t>((s >> 33) % 500));
+  }
+  return t;
+}
+EngineConfig Config(const std::string& backend, DType kv = DType::kF32) {
+  cuda::RegisterCudaBackend();
+  EngineConfig c;
+  c.model = test::ModelDir("tiny");
+  c.backend = backend;
+  c.threads = 2;
+  c.stages = 4;
+  c.prefill_chunk = 8;
+  c.kv_dtype = kv;
+  return c;
+}
+std::unique_ptr<Engine> Make(const EngineConfig& c) {
+  auto e = Engine::Create(c, Model("tiny"));
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+std::vector<float> FlatK(const KvCache& kv, int rows) {
+  std::vector<float> out, tmp(static_cast<std::size_t>(kv.head_dim()));
+  for (int r = 0; r < rows; ++r)
+    for (int h = 0; h < kv.n_heads_kv(); ++h) {
+      const float* k = kv.K(r, h, tmp.data());
+      out.insert(out.end(), k, k + kv.head_dim());
+      const float* v = kv.V(r, h, tmp.data());
+      out.insert(out.end(), v, v + kv.head_dim());
+    }
+  return out;
+}
+void CompareStates(Engine& a, Engine& b, const std::string& where) {
+  for (int is = 0; is < a.n_stages(); ++is) {
+    StageSession& sa = a.stage(is);
+    StageSession& sb = b.stage(is);
+    EXPECT_EQ(sa.position(), sb.position()) << where;
+    for (int il = sa.layer_begin(); il < sa.layer_end(); ++il) {
+      if (GdnState* ga = sa.gdn(il)) {
+        GdnState* gb = sb.gdn(il);
+        ASSERT_NE(gb, nullptr);
+        EXPECT_EQ(ga->position(), gb->position()) << where << " gdn pos layer " << il;
+        EXPECT_EQ(ga->n_steps(), gb->n_steps()) << where << " gdn n_steps layer " << il;
+        std::vector<float> x(ga->ssm(), ga->ssm() + ga->ssm_size()), y(gb->ssm(), gb->ssm() + gb->ssm_size());
+        EXPECT_LT(Nrmse(x, y), 1e-4) << where << " ssm layer " << il;
+        std::vector<float> cx(ga->conv(), ga->conv() + ga->conv_size()), cy(gb->conv(), gb->conv() + gb->conv_size());
+        EXPECT_LT(Nrmse(cx, cy), 1e-4) << where << " conv layer " << il;
+        for (int t = 0; t < std::min(ga->n_steps(), gb->n_steps()); ++t) {
+          std::vector<float> sx(ga->step_ssm(t), ga->step_ssm(t) + ga->ssm_size()),
+              sy(gb->step_ssm(t), gb->step_ssm(t) + gb->ssm_size());
+          EXPECT_LT(Nrmse(sx, sy), 1e-4) << where << " step ssm " << t << " layer " << il;
+          std::vector<float> qx(ga->step_conv(t), ga->step_conv(t) + ga->conv_size()),
+              qy(gb->step_conv(t), gb->step_conv(t) + gb->conv_size());
+          EXPECT_LT(Nrmse(qx, qy), 1e-4) << where << " step conv " << t << " layer " << il;
+        }
+      }
+      if (KvCache* ka = sa.kv(il)) {
+        KvCache* kb = sb.kv(il);
+        ASSERT_NE(kb, nullptr);
+        EXPECT_EQ(ka->rows_committed(), kb->rows_committed()) << where << " layer " << il;
+        EXPECT_EQ(ka->rows_written(), kb->rows_written()) << where << " layer " << il;
+        const int rows = std::min(ka->rows_written(), kb->rows_written());
+        EXPECT_LT(Nrmse(FlatK(*ka, rows), FlatK(*kb, rows)), 1e-3) << where << " kv layer " << il;
+      }
+    }
+    const ExpertCounters& ca = sa.experts().counters();
+    const ExpertCounters& cb = sb.experts().counters();
+    EXPECT_EQ(ca.hits, cb.hits) << where << " stage " << is;
+    EXPECT_EQ(ca.misses, cb.misses) << where << " stage " << is;
+  }
+}
+
+void PartialCommits(DType kv) {
+  auto cpu = Make(Config("cpu", kv));
+  auto gpu = Make(Config("cuda", kv));
+  ASSERT_TRUE(cpu && gpu);
+  const auto prompt = Prompt(37);
+  ASSERT_TRUE(cpu->Prefill(prompt).ok());
+  ASSERT_TRUE(gpu->Prefill(prompt).ok());
+  CompareStates(*cpu, *gpu, "after prefill");
+  const std::size_t V = static_cast<std::size_t>(cpu->weights().config.n_vocab);
+  const std::size_t H = static_cast<std::size_t>(cpu->weights().config.n_embd);
+  auto toks = Prompt(64, 99);
+  const std::vector<int> sizes = {4, 9, 3, 5, 1, 7}, commits = {2, 5, 3, 1, 1, 7};
+  std::size_t next = 0;
+  for (std::size_t w = 0; w < sizes.size(); ++w) {
+    const int T = sizes[w];
+    std::vector<float> la(T * V), lb(T * V), na(T * H), nb(T * H);
+    std::span<const std::int32_t> tk(toks.data() + next, static_cast<std::size_t>(T));
+    Status s1 = cpu->Verify(tk, la.data(), na.data());
+    Status s2 = gpu->Verify(tk, lb.data(), nb.data());
+    ASSERT_TRUE(s1.ok() && s2.ok()) << s1.ToString() << s2.ToString();
+    EXPECT_LT(Nrmse(la, lb), 1e-4) << "window " << w;
+    EXPECT_LT(Nrmse(na, nb), 1e-4) << "normed window " << w;
+    CompareStates(*cpu, *gpu, "window " + std::to_string(w) + " before commit");
+    ASSERT_TRUE(cpu->Commit(commits[w]).ok());
+    ASSERT_TRUE(gpu->Commit(commits[w]).ok());
+    CompareStates(*cpu, *gpu, "window " + std::to_string(w) + " after commit");
+    next += static_cast<std::size_t>(commits[w]);
+  }
+}
+
+TEST(CudaEngineExtra, PartialCommitsMatchCpuF32) { PartialCommits(DType::kF32); }
+TEST(CudaEngineExtra, PartialCommitsMatchCpuBf16) { PartialCommits(DType::kBF16); }
+TEST(CudaEngineExtra, PartialCommitsMatchCpuI8) { PartialCommits(DType::kI8); }
+
+TEST(CudaEngineExtra, MtpMatchesCpu) {
+  auto cpu = Make(Config("cpu"));
+  auto gpu = Make(Config("cuda"));
+  ASSERT_TRUE(cpu && gpu);
+  ASSERT_TRUE(cpu->has_mtp());
+  ASSERT_TRUE(gpu->has_mtp());
+  const std::size_t V = static_cast<std::size_t>(cpu->weights().config.n_vocab);
+  const std::size_t H = static_cast<std::size_t>(cpu->weights().config.n_embd);
+  const auto prompt = Prompt(20);
+  std::vector<float> ha, hb;
+  auto hook = [](std::vector<float>* out) {
+    return [out](int, int T, const float* normed) {
+      out->insert(out->end(), normed, normed + static_cast<std::size_t>(T) * 64);
+      return Status::Ok();
+    };
+  };
+  ASSERT_EQ(H, 64u);
+  ASSERT_TRUE(cpu->Prefill(prompt, hook(&ha)).ok());
+  ASSERT_TRUE(gpu->Prefill(prompt, hook(&hb)).ok());
+  ASSERT_EQ(ha.size(), 20 * H);
+  EXPECT_LT(Nrmse(ha, hb), 1e-4) << "prefill normed";
+  // MTP prefill over the prompt: next tokens are prompt[1..] plus one.
+  std::vector<std::int32_t> nxt(prompt.begin() + 1, prompt.end());
+  nxt.push_back(7);
+  const int T = 20;
+  std::vector<float> ma(T * H), mb(T * H), la(2 * V), lb(2 * V);
+  cpu->MtpForward(ha.data(), nxt.data(), 0, T, ForwardMode::kPrefill, ma.data(), la.data(), 2);
+  gpu->MtpForward(hb.data(), nxt.data(), 0, T, ForwardMode::kPrefill, mb.data(), lb.data(), 2);
+  ASSERT_TRUE(gpu->stage(3).status().ok()) << gpu->stage(3).status().ToString();
+  EXPECT_LT(Nrmse(ma, mb), 1e-4);
+  EXPECT_LT(Nrmse(la, lb), 1e-4);
+  cpu->MtpCommit(T);
+  gpu->MtpCommit(T);
+  // A verify-mode MTP window of 3 rows at p = 20.
+  std::vector<float> h3(ha.end() - 3 * static_cast<long>(H), ha.end());
+  std::vector<std::int32_t> n3 = {5, 9, 11};
+  std::vector<float> m3a(3 * H), m3b(3 * H), l3a(3 * V), l3b(3 * V);
+  cpu->MtpForward(h3.data(), n3.data(), T, 3, ForwardMode::kVerify, m3a.data(), l3a.data(), 3);
+  gpu->MtpForward(h3.data(), n3.data(), T, 3, ForwardMode::kVerify, m3b.data(), l3b.data(), 3);
+  ASSERT_TRUE(gpu->stage(3).status().ok()) << gpu->stage(3).status().ToString();
+  EXPECT_LT(Nrmse(m3a, m3b), 1e-4);
+  EXPECT_LT(Nrmse(l3a, l3b), 1e-4);
+  KvCache* ka = cpu->stage(3).mtp_kv();
+  KvCache* kb = gpu->stage(3).mtp_kv();
+  ASSERT_TRUE(ka && kb);
+  EXPECT_EQ(ka->rows_committed(), kb->rows_committed());
+  EXPECT_EQ(ka->rows_written(), kb->rows_written());
+  const int rows = std::min(ka->rows_written(), kb->rows_written());
+  EXPECT_LT(Nrmse(FlatK(*ka, rows), FlatK(*kb, rows)), 1e-4);
+  cpu->MtpCommit(T + 1);
+  gpu->MtpCommit(T + 1);
+  EXPECT_EQ(cpu->mtp_position(), gpu->mtp_position());
+}
+
+}  // namespace
+}  // namespace lockstep

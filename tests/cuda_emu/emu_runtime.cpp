@@ -1,0 +1,956 @@
+// CPU emulator of CUDA for tests (tests/cuda_emu): the runtime side. It replaces libcudart,
+// cuBLAS and NCCL (this file defines the C API functions the CUDA backend calls, with the
+// signatures of the toolkit's headers; the test binary is not linked with the real libraries), and
+// runs the kernels that conv.py converted from engine/cuda/*.cu: every CUDA thread of a block is
+// a fiber (cuda_emu.h), switched by a few lines of x86-64 assembly below. One emulated device
+// (cudaGetDeviceCount = 1, compute capability 9.0).
+//
+// What it checks (each problem is a failure of the running GoogleTest test, printed with
+// "[EMU WARN]"; a deadlock aborts the process):
+//   * pointer ranges: every pointer argument of a kernel launch is null or inside a live
+//     cudaMalloc / cudaHostAlloc allocation; both sides of every cudaMemcpy* / cudaMemset* and
+//     the operands of cublasSgemm lie entirely inside one allocation.
+//   * launch shapes: block size 1..1024 (z <= 64), grid y/z <= 65535, no empty grid, the
+//     kernel's __launch_bounds__, dynamic shared memory <= 48 KiB.
+//   * copy kinds: cudaMemcpyHostToDevice / DeviceToHost / DeviceToDevice agree with where the
+//     pointers live (pinned host memory counts as device-accessible).
+//   * uninitialised memory: fresh cudaMalloc / cudaHostAlloc memory and each block's shared
+//     memory are filled with EMU_FILL (0xFF: every float a NaN), so reads of never-written data
+//     show up in the results instead of reading as zeros; freed memory is poisoned (0xEE) or,
+//     for allocations of 2 MiB and more, unmapped (a stale pointer faults).
+//   * synchronisation: with EMU_ASYNC=1/2 stream work is deferred, so a missing stream / event
+//     wait shows up as wrong (or NaN) data; a cross-stream wait cycle is reported.
+//   * deadlocks: threads of a block stuck at __syncthreads / a warp shuffle that not every thread
+//     reaches; a shuffle reading an exited lane.
+//   * handle lifetimes: use of destroyed streams, events, cuBLAS handles; cudaFree of a pointer
+//     that cudaMalloc did not return.
+//
+// What it cannot check:
+//   * real concurrency between blocks (blocks run one after another, in order) and between
+//     streams (work is serialised; only the schedules EMU_ASYNC produces are tried), so races
+//     between blocks of one grid or inter-block communication through global memory are unseen.
+//   * hardware races inside a block (threads run until they reach a barrier, in thread order),
+//     warp-synchronous code without __syncwarp, memory-model / fence issues.
+//   * out-of-bounds accesses inside a kernel (only launch arguments are range-checked).
+//   * timing and performance (event times are host wall time; cudaEventElapsedTime is not a
+//     measurement of the GPU), occupancy, register / shared-memory limits beyond the above.
+//   * device math ulps: expf / sinf / cosf / log1pf are the host C library's, not CUDA's
+//     (<= 2 ulp apart); everything IEEE-exact (+ - * / sqrtf) gives the GPU's bits, since the
+//     kernels build with -ffp-contract=off here and --fmad=false under nvcc.
+//   * cuBLAS (cublasSgemm is a plain triple loop with TF32 rounding of the inputs when asked),
+//     multi-GPU NCCL (one device; ncclSend / ncclRecv fail), several host threads using the
+//     device at once (every API call takes one lock).
+//
+// env: EMU_ASYNC  stream scheduling: 0 (default) immediate, every operation runs at the call;
+//                 1 lazy, stream work runs only when something waits for it (stream / event /
+//                 device synchronisation, a cross-stream wait being reached, cudaFree, a copy to
+//                 pageable memory), exposing missing waits before reads; 2 random, each stream
+//                 drawn eager (runs its work at once) or lazy from EMU_SEED, exposing producers
+//                 that overwrite data a lazy consumer has not read yet.
+// env: EMU_SEED   seed of the EMU_ASYNC=2 draws (default 1).
+// env: EMU_FILL   fill byte of fresh allocations and shared memory (default 0xFF).
+// env: EMU_STATS  when set: per-kernel launch counts and host time at exit.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda_emu.h"
+
+#if !defined(__x86_64__)
+#error "the CUDA emulator's fiber switch is x86-64 only"
+#endif
+
+namespace emu {
+uint3 tIdx, bIdx;
+dim3 bDim, gDim;
+char* dyn_smem = nullptr;
+std::uint64_t block_serial = 0;
+
+// One lock around every API call: the emulator's state is global (the engine drives the device
+// from one thread today; this keeps it correct if that changes).
+static std::recursive_mutex g_mu;
+#define EMU_API std::lock_guard<std::recursive_mutex> emu_api_lock(g_mu)
+
+static int g_warnings = 0;
+__attribute__((format(printf, 1, 2))) static void Warn(const char* fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  ++g_warnings;
+  std::fprintf(stderr, "[EMU WARN] %s\n", buf);
+  ADD_FAILURE() << "CUDA emulator: " << buf;
+}
+
+static std::int64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+static int AsyncLevel() {
+  static const int v = [] {
+    const char* e = std::getenv("EMU_ASYNC");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+static bool AsyncMode() { return AsyncLevel() != 0; }
+static std::uint64_t Rand() {
+  static std::uint64_t s = [] {
+    const char* e = std::getenv("EMU_SEED");
+    return e ? std::strtoull(e, nullptr, 0) : 1ull;
+  }();
+  s = s * 6364136223846793005ull + 1442695040888963407ull;
+  return s >> 33;
+}
+int FillByte() {
+  static const int v = [] {
+    const char* e = std::getenv("EMU_FILL");
+    return e ? static_cast<int>(std::strtol(e, nullptr, 0)) : 0xFF;
+  }();
+  return v;
+}
+
+// ---------------- allocations ----------------
+enum class Kind { kDevice, kPinned };
+struct Alloc {
+  std::size_t size;
+  Kind kind;
+};
+static std::map<std::uintptr_t, Alloc> g_allocs;
+static struct {
+  long count = 0;
+  std::size_t bytes = 0, live = 0, peak = 0, largest = 0;
+} g_alloc_stats;
+static void NoteAlloc(std::size_t n) {
+  ++g_alloc_stats.count;
+  g_alloc_stats.bytes += n;
+  g_alloc_stats.live += n;
+  g_alloc_stats.peak = std::max(g_alloc_stats.peak, g_alloc_stats.live);
+  g_alloc_stats.largest = std::max(g_alloc_stats.largest, n);
+}
+// Host memory behind an allocation. Large ones are their own 2 MiB-aligned mappings with
+// transparent huge pages requested: the engine allocates hundreds of MiB per stage (arena blocks,
+// cuBLAS workspace) and filling them 4 KiB page by page costs more than the kernels; freeing one
+// unmaps it, so a stale pointer faults.
+static constexpr std::size_t kHuge = std::size_t{2} << 20;
+static void* MemAlloc(std::size_t n, std::size_t align) {
+  if (n < kHuge) return std::aligned_alloc(align, (std::max<std::size_t>(n, 1) + align - 1) & ~(align - 1));
+  const std::size_t len = (n + kHuge - 1) & ~(kHuge - 1);
+  void* m = mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  const auto base = reinterpret_cast<std::uintptr_t>(m);
+  const std::uintptr_t start = (base + kHuge - 1) & ~std::uintptr_t{kHuge - 1};
+  if (start > base) munmap(m, start - base);
+  if (base + kHuge > start) munmap(reinterpret_cast<void*>(start + len), base + kHuge - start);
+  void* p = reinterpret_cast<void*>(start);
+  madvise(p, len, MADV_HUGEPAGE);  // best effort
+  return p;
+}
+static void MemFree(void* p, std::size_t n) {
+  if (n < kHuge) {
+    std::memset(p, 0xEE, n);  // poison for anything still holding the pointer (until reused)
+    std::free(p);
+  } else {
+    munmap(p, (n + kHuge - 1) & ~(kHuge - 1));
+  }
+}
+
+// The allocation containing [p, p+n) (n may be 0: p may then be one past the end).
+static const Alloc* Find(const void* p, std::size_t n) {
+  const auto u = reinterpret_cast<std::uintptr_t>(p);
+  auto it = g_allocs.upper_bound(u);
+  if (it == g_allocs.begin()) return nullptr;
+  --it;
+  if (u + n > it->first + it->second.size) return nullptr;
+  if (n == 0 && u > it->first + it->second.size) return nullptr;
+  return &it->second;
+}
+
+void CheckPtr(const char* file, int line, const char* kern, int idx, const void* p) {
+  EMU_API;
+  if (p == nullptr) return;
+  if (!Find(p, 0)) Warn("%s:%d launch of %s: argument %d (%p) is not device / mapped memory", file, line, kern, idx, p);
+}
+
+// ---------------- streams / events ----------------
+struct Stream {
+  struct Op {
+    std::uint64_t seq;
+    std::function<void()> fn;
+  };
+  std::deque<Op> q;
+  std::uint64_t next_seq = 1;
+  bool flushing = false;
+  bool destroyed = false;
+  bool eager = false;
+  unsigned flags = 0;
+};
+struct Event {
+  unsigned flags = 0;
+  Stream* s = nullptr;
+  std::uint64_t seq = 0;
+  std::uint64_t gen = 0;
+  bool recorded = false;
+  bool completed = false;
+  bool destroyed = false;
+  int polls = 0;
+  std::int64_t ns = 0;
+};
+
+static std::vector<Stream*> g_streams;  // never freed: later use of a destroyed one is reported
+static Stream g_legacy;                 // the legacy default stream (stream 0)
+
+static Stream* S(cudaStream_t s) { return s ? reinterpret_cast<Stream*>(s) : &g_legacy; }
+// Runs s's queued work up to sequence number `upto`.
+static void Flush(Stream* s, std::uint64_t upto) {
+  if (s->q.empty() || s->q.front().seq > upto) return;
+  if (s->flushing) {
+    Warn("re-entrant flush of a stream (cyclic cross-stream wait: a deadlock on a GPU)");
+    return;
+  }
+  s->flushing = true;
+  while (!s->q.empty() && s->q.front().seq <= upto) {
+    auto op = std::move(s->q.front());
+    s->q.pop_front();
+    op.fn();
+  }
+  s->flushing = false;
+}
+static void FlushAll() {
+  for (Stream* s : g_streams) Flush(s, UINT64_MAX);
+}
+// Work on the legacy default stream waits for all blocking streams (created without
+// cudaStreamNonBlocking); it runs at once, so later work of those streams follows it.
+static void FlushBlocking() {
+  for (Stream* s : g_streams)
+    if (!(s->flags & cudaStreamNonBlocking)) Flush(s, UINT64_MAX);
+}
+static std::uint64_t Enqueue(Stream* s, std::function<void()> fn) {
+  const std::uint64_t seq = s->next_seq++;
+  if (s == &g_legacy) {
+    FlushBlocking();
+    fn();
+  } else if (!AsyncMode()) {
+    fn();
+  } else {
+    s->q.push_back({seq, std::move(fn)});
+    // EMU_ASYNC=2: an eager stream runs its work at once (its waits included); a lazy one on
+    // demand. Eager producers + lazy consumers expose missing write-after-read waits.
+    if (AsyncLevel() == 2 && s->eager && !s->flushing) Flush(s, UINT64_MAX);
+  }
+  return seq;
+}
+
+// ---------------- fibers ----------------
+extern "C" void emu_switch(void** save_sp, void* to_sp);
+// Saves the callee-saved registers on the current stack, stores its pointer to *save_sp,
+// switches to to_sp and restores the registers saved there.
+asm(R"(
+.text
+.globl emu_switch
+.type emu_switch,@function
+emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size emu_switch, .-emu_switch
+.section .note.GNU-stack,"",@progbits
+.text
+)");
+
+struct Bar {
+  int expected = 0, count = 0;
+  unsigned gen = 0;
+};
+struct Fiber {
+  void* sp = nullptr;
+  char* stack = nullptr;
+  bool done = false;
+  std::uint64_t shuffles = 0;  // warp shuffles this thread has done in the current block
+  uint3 tid{};
+};
+static constexpr std::size_t kStack = 256 * 1024;
+static std::vector<Fiber> g_fibers;
+static Fiber* g_cur = nullptr;
+static unsigned g_cur_idx = 0;
+static void* g_sched_sp = nullptr;
+static const std::function<void()>* g_body = nullptr;
+static Bar g_block_bar;
+static std::vector<Bar> g_warp_bar;
+static std::vector<std::uint64_t> g_shfl, g_shfl_stamp;  // [warps][2][32]: value, writer's count
+static std::uint64_t g_progress = 0;
+static const char* g_kernel = "";
+
+static void Yield() { emu_switch(&g_cur->sp, g_sched_sp); }
+static void Wait(Bar& b) {
+  const unsigned g = b.gen;
+  ++g_progress;
+  if (++b.count >= b.expected) {
+    b.count = 0;
+    ++b.gen;
+    return;
+  }
+  while (b.gen == g) Yield();
+}
+// A thread exits: barriers stop waiting for it (as on sm_70+, where exited threads do not
+// block __syncthreads).
+static void Drop(Bar& b) {
+  --b.expected;
+  if (b.count > 0 && b.count >= b.expected) {
+    b.count = 0;
+    ++b.gen;
+  }
+}
+void BlockSync() { Wait(g_block_bar); }
+// Two exchange buffers per warp, used alternately: a lane can only write buffer b again two
+// shuffles later, after every lane has passed the barrier of the shuffle in between (and so has
+// read b), so one barrier per shuffle suffices. Each slot carries the writer's shuffle count: a
+// source lane that exited or is in another shuffle (divergence) is reported.
+std::uint64_t ShflRaw(std::uint64_t v, int off) {
+  const unsigned w = g_cur_idx / 32, lane = g_cur_idx % 32;
+  Fiber& me = g_fibers[g_cur_idx];
+  const std::uint64_t n = me.shuffles++;
+  const std::size_t base = (w * 2 + (n & 1)) * 32;
+  g_shfl[base + lane] = v;
+  g_shfl_stamp[base + lane] = n;
+  Wait(g_warp_bar[w]);
+  const unsigned src = lane ^ static_cast<unsigned>(off);
+  if (src >= 32 || g_shfl_stamp[base + src] != n)
+    Warn("%s: shuffle of lane %u reads lane %u, which is not in the same shuffle (exited or diverged)", g_kernel,
+         lane, src);
+  return g_shfl[base + src % 32];
+}
+[[noreturn]] static void FiberMain() {
+  (*g_body)();
+  g_cur->done = true;
+  ++g_progress;
+  Drop(g_block_bar);
+  Drop(g_warp_bar[g_cur_idx / 32]);
+  emu_switch(&g_cur->sp, g_sched_sp);
+  std::abort();  // never resumed
+}
+
+static void RunGrid(dim3 grid, dim3 block, std::size_t smem, const char* name, const std::function<void()>& body) {
+  const unsigned nt = block.x * block.y * block.z;
+  const unsigned nw = (nt + 31) / 32;
+  while (g_fibers.size() < nt) {
+    Fiber f;
+    void* m = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) std::abort();
+    mprotect(m, 4096, PROT_NONE);  // guard page: a stack overflow faults instead of corrupting
+    f.stack = static_cast<char*>(m);
+    g_fibers.push_back(f);
+  }
+  g_warp_bar.assign(nw, Bar{});
+  g_shfl.assign(nw * 2 * 32, 0);
+  g_shfl_stamp.resize(nw * 2 * 32);
+  std::vector<char> sm(smem + 16);
+  bDim = block;
+  gDim = grid;
+  g_body = &body;
+  g_kernel = name;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        std::memset(sm.data(), FillByte(), sm.size());  // uninitialised shared memory
+        dyn_smem = sm.data();
+        ++block_serial;  // static __shared__ variables re-poison (cuda_emu.h SharedSlot)
+        bIdx = uint3{bx, by, bz};
+        std::fill(g_shfl_stamp.begin(), g_shfl_stamp.end(), UINT64_MAX);
+        g_block_bar = Bar{static_cast<int>(nt), 0, 0};
+        for (unsigned w = 0; w < nw; ++w) g_warp_bar[w] = Bar{static_cast<int>(std::min(32u, nt - 32 * w)), 0, 0};
+        for (unsigned t = 0; t < nt; ++t) {
+          Fiber& f = g_fibers[t];
+          f.done = false;
+          f.shuffles = 0;
+          f.tid = uint3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+          auto top = reinterpret_cast<std::uintptr_t>(f.stack + kStack) & ~std::uintptr_t{15};
+          auto* w = reinterpret_cast<void**>(top);
+          w[-1] = nullptr;                              // FiberMain's (never used) return address
+          w[-2] = reinterpret_cast<void*>(&FiberMain);  // where emu_switch's `ret` goes
+          for (int i = 3; i <= 8; ++i) w[-i] = nullptr;  // rbp rbx r12..r15
+          f.sp = &w[-8];
+        }
+        unsigned alive = nt;
+        while (alive > 0) {
+          const std::uint64_t before = g_progress;
+          alive = 0;
+          for (unsigned t = 0; t < nt; ++t) {
+            Fiber& f = g_fibers[t];
+            if (f.done) continue;
+            g_cur = &f;
+            g_cur_idx = t;
+            tIdx = f.tid;
+            emu_switch(&g_sched_sp, f.sp);
+            if (!f.done) ++alive;
+          }
+          if (alive > 0 && g_progress == before) {
+            std::fprintf(stderr, "[EMU FATAL] %s: deadlock in block (%u,%u,%u): %u threads stuck at barriers\n",
+                         name, bx, by, bz, alive);
+            std::abort();
+          }
+        }
+      }
+  dyn_smem = nullptr;
+}
+
+static thread_local cudaError_t g_last = cudaSuccess;
+static cudaError_t Err(cudaError_t e) {
+  if (e != cudaSuccess) g_last = e;
+  return e;
+}
+
+struct KStat {
+  long launches = 0;
+  std::int64_t ns = 0;
+};
+static std::map<std::string, KStat> g_kstats;
+static void AddStat(const char* name, std::int64_t ns) {
+  KStat& k = g_kstats[name];
+  ++k.launches;
+  k.ns += ns;
+}
+static struct Reporter {
+  ~Reporter() {
+    if (std::getenv("EMU_STATS")) {
+      for (auto& [k, v] : g_kstats)
+        std::fprintf(stderr, "[EMU STAT] %-40s %8ld launches %10.1f ms\n", k.c_str(), v.launches,
+                     static_cast<double>(v.ns) / 1e6);
+      std::fprintf(stderr, "[EMU STAT] %ld allocations, %.1f MiB in all, peak %.1f MiB live, largest %.1f MiB\n",
+                   g_alloc_stats.count, static_cast<double>(g_alloc_stats.bytes) / 1048576.0,
+                   static_cast<double>(g_alloc_stats.peak) / 1048576.0,
+                   static_cast<double>(g_alloc_stats.largest) / 1048576.0);
+    }
+    if (g_warnings > 0 || std::getenv("EMU_STATS")) std::fprintf(stderr, "[EMU] %d warnings\n", g_warnings);
+  }
+} g_reporter;
+
+void Launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t s, unsigned max_threads, const char* name,
+            std::function<void()> body) {
+  EMU_API;
+  const unsigned long long nt = 1ull * block.x * block.y * block.z;
+  if (nt == 0 || nt > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu ||
+      grid.y > 65535 || grid.z > 65535) {
+    Warn("launch of %s: invalid configuration grid (%u,%u,%u) block (%u,%u,%u)", name, grid.x, grid.y, grid.z, block.x,
+         block.y, block.z);
+    Err(cudaErrorInvalidConfiguration);
+    return;
+  }
+  if (max_threads != 0 && nt > max_threads) {
+    Warn("launch of %s: %llu threads per block > __launch_bounds__(%u)", name, nt, max_threads);
+    Err(cudaErrorLaunchOutOfResources);
+    return;
+  }
+  if (smem > 48 * 1024) {
+    Warn("launch of %s: %zu bytes of dynamic shared memory (> 48 KiB without cudaFuncSetAttribute)", name, smem);
+    Err(cudaErrorInvalidValue);
+    return;
+  }
+  Stream* st = S(s);
+  if (st->destroyed) {
+    Warn("launch of %s on a destroyed stream", name);
+    Err(cudaErrorInvalidResourceHandle);
+    return;
+  }
+  Enqueue(st, [grid, block, smem, name, body = std::move(body)]() {
+    const std::int64_t t0 = NowNs();
+    RunGrid(grid, block, smem, name, body);
+    AddStat(name, NowNs() - t0);
+  });
+}
+
+}  // namespace emu
+
+using namespace emu;
+
+// ---------------- CUDA runtime ----------------
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+static int g_device = 0;
+cudaError_t cudaSetDevice(int d) {
+  if (d != 0) return Err(cudaErrorInvalidDevice);
+  g_device = d;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* d) {
+  *d = g_device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+  if (d != 0) return Err(cudaErrorInvalidDevice);
+  std::memset(p, 0, sizeof(*p));
+  std::snprintf(p->name, sizeof p->name, "%s", "CPU emulator (tests/cuda_emu)");
+  p->totalGlobalMem = std::size_t{8} << 30;
+  p->sharedMemPerBlock = 48 * 1024;
+  p->warpSize = 32;
+  p->maxThreadsPerBlock = 1024;
+  p->major = 9;
+  p->minor = 0;
+  p->multiProcessorCount = 1;
+  p->unifiedAddressing = 1;
+  p->canMapHostMemory = 1;
+  return cudaSuccess;
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error (emulated)";
+    case cudaErrorInvalidValue: return "invalid argument (emulated)";
+    case cudaErrorMemoryAllocation: return "out of memory (emulated)";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument (emulated)";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch (emulated)";
+    case cudaErrorInvalidDevice: return "invalid device ordinal (emulated)";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle (emulated)";
+    case cudaErrorNotReady: return "device not ready (emulated)";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected (emulated)";
+    default: return "unknown error (emulated)";
+  }
+}
+const char* cudaGetErrorName(cudaError_t e) { return cudaGetErrorString(e); }
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = g_last;
+  g_last = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return g_last; }
+
+cudaError_t cudaMalloc(void** p, size_t n) {
+  EMU_API;
+  if (n == 0) {
+    *p = nullptr;
+    return cudaSuccess;
+  }
+  void* m = MemAlloc(n, 256);
+  if (!m) return Err(cudaErrorMemoryAllocation);
+  std::memset(m, FillByte(), n);
+  g_allocs[reinterpret_cast<std::uintptr_t>(m)] = {n, Kind::kDevice};
+  NoteAlloc(n);
+  *p = m;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  EMU_API;
+  if (!p) return cudaSuccess;
+  FlushAll();  // cudaFree synchronises the device
+  auto it = g_allocs.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == g_allocs.end() || it->second.kind != Kind::kDevice) {
+    Warn("cudaFree(%p): not a cudaMalloc pointer", p);
+    return Err(cudaErrorInvalidValue);
+  }
+  g_alloc_stats.live -= it->second.size;
+  MemFree(p, it->second.size);
+  g_allocs.erase(it);
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int flags) {
+  EMU_API;
+  (void)flags;
+  void* m = MemAlloc(n, 4096);
+  if (!m) return Err(cudaErrorMemoryAllocation);
+  std::memset(m, FillByte(), n);
+  g_allocs[reinterpret_cast<std::uintptr_t>(m)] = {n, Kind::kPinned};
+  NoteAlloc(n);
+  *p = m;
+  return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void** p, size_t n) { return cudaHostAlloc(p, n, 0); }
+cudaError_t cudaFreeHost(void* p) {
+  EMU_API;
+  if (!p) return cudaSuccess;
+  FlushAll();
+  auto it = g_allocs.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == g_allocs.end() || it->second.kind != Kind::kPinned) {
+    Warn("cudaFreeHost(%p): not a cudaHostAlloc pointer", p);
+    return Err(cudaErrorInvalidValue);
+  }
+  g_alloc_stats.live -= it->second.size;
+  MemFree(p, it->second.size);
+  g_allocs.erase(it);
+  return cudaSuccess;
+}
+cudaError_t cudaHostGetDevicePointer(void** d, void* h, unsigned int flags) {
+  EMU_API;
+  const Alloc* a = Find(h, 0);
+  if (flags != 0 || !a || a->kind != Kind::kPinned) {
+    Warn("cudaHostGetDevicePointer(%p): not pinned memory", h);
+    return Err(cudaErrorInvalidValue);
+  }
+  *d = h;  // unified addressing: the same address on both sides
+  return cudaSuccess;
+}
+
+// Validates a copy; false (after a warning) when a side is not where `kind` says.
+static bool CheckCopy(const char* fn, void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  if (n == 0) return true;
+  const Alloc* ad = Find(dst, n);
+  const Alloc* as = Find(src, n);
+  const bool dst_dev = ad != nullptr, src_dev = as != nullptr;  // pinned counts as device-accessible
+  bool ok = true;
+  switch (kind) {
+    case cudaMemcpyHostToDevice: ok = dst_dev && (!as || as->kind == Kind::kPinned); break;
+    case cudaMemcpyDeviceToHost: ok = src_dev && (!ad || ad->kind == Kind::kPinned); break;
+    case cudaMemcpyDeviceToDevice: ok = dst_dev && src_dev; break;
+    default: ok = true;  // HostToHost, Default: anything goes
+  }
+  if (!ok) {
+    const bool d_in = Find(dst, 0) != nullptr, s_in = Find(src, 0) != nullptr;
+    Warn("%s(dst=%p%s, src=%p%s, %zu bytes, kind %d): a side is not in a valid allocation for this kind", fn, dst,
+         dst_dev ? "" : (d_in ? " [OUT OF RANGE]" : " [host]"), src, src_dev ? "" : (s_in ? " [OUT OF RANGE]" : " [host]"),
+         n, static_cast<int>(kind));
+  }
+  return ok;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  EMU_API;
+  if (!CheckCopy("cudaMemcpy", dst, src, n, kind)) return Err(cudaErrorInvalidValue);
+  // The legacy default stream: waits for blocking streams, not for cudaStreamNonBlocking ones.
+  FlushBlocking();
+  std::memcpy(dst, src, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t s) {
+  EMU_API;
+  if (!CheckCopy("cudaMemcpyAsync", dst, src, n, kind)) return Err(cudaErrorInvalidValue);
+  Stream* st = S(s);
+  if (st->destroyed) {
+    Warn("cudaMemcpyAsync on a destroyed stream");
+    return Err(cudaErrorInvalidResourceHandle);
+  }
+  const bool src_pageable = Find(src, n) == nullptr, dst_pageable = Find(dst, n) == nullptr;
+  if (src_pageable && !dst_pageable) {
+    // Pageable source: the data is staged at the call.
+    std::vector<char> snap(static_cast<const char*>(src), static_cast<const char*>(src) + n);
+    Enqueue(st, [dst, snap = std::move(snap)]() { std::memcpy(dst, snap.data(), snap.size()); });
+  } else if (dst_pageable && !src_pageable) {
+    // Pageable destination: synchronous.
+    Flush(st, UINT64_MAX);
+    std::memcpy(dst, src, n);
+  } else {
+    Enqueue(st, [dst, src, n]() { std::memcpy(dst, src, n); });
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* p, int v, size_t n) {
+  EMU_API;
+  if (n && !Find(p, n)) {
+    Warn("cudaMemset(%p, %zu): not device memory", p, n);
+    return Err(cudaErrorInvalidValue);
+  }
+  FlushBlocking();
+  std::memset(p, v, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s) {
+  EMU_API;
+  if (n && !Find(p, n)) {
+    Warn("cudaMemsetAsync(%p, %zu): not device memory", p, n);
+    return Err(cudaErrorInvalidValue);
+  }
+  Enqueue(S(s), [p, v, n]() { std::memset(p, v, n); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+  EMU_API;
+  auto* st = new Stream;
+  st->flags = flags;
+  st->eager = Rand() % 2 == 0;
+  g_streams.push_back(st);
+  *s = reinterpret_cast<cudaStream_t>(st);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  EMU_API;
+  Stream* st = S(s);
+  if (st == &g_legacy || st->destroyed) {
+    Warn("cudaStreamDestroy of an invalid / destroyed stream");
+    return Err(cudaErrorInvalidResourceHandle);
+  }
+  Flush(st, UINT64_MAX);  // pending work still completes
+  st->destroyed = true;   // kept (never freed) to catch later use
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  EMU_API;
+  Stream* st = S(s);
+  if (st->destroyed) {
+    Warn("cudaStreamSynchronize on a destroyed stream");
+    return Err(cudaErrorInvalidResourceHandle);
+  }
+  if (st == &g_legacy) FlushBlocking();
+  Flush(st, UINT64_MAX);
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() {
+  EMU_API;
+  FlushAll();
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+  EMU_API;
+  auto* ev = new Event;
+  ev->flags = flags;
+  *e = reinterpret_cast<cudaEvent_t>(ev);
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  EMU_API;
+  auto* ev = reinterpret_cast<Event*>(e);
+  if (!ev || ev->destroyed) {
+    Warn("cudaEventDestroy of an invalid / destroyed event");
+    return Err(cudaErrorInvalidResourceHandle);
+  }
+  ev->destroyed = true;  // kept (never freed) to catch later use
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  EMU_API;
+  auto* ev = reinterpret_cast<Event*>(e);
+  Stream* st = S(s);
+  if (!ev || ev->destroyed || st->destroyed) {
+    Warn("cudaEventRecord with a destroyed event or stream");
+    return Err(cudaErrorInvalidResourceHandle);
+  }
+  const std::uint64_t gen = ++ev->gen;
+  ev->recorded = true;
+  ev->completed = false;
+  ev->polls = 0;
+  ev->s = st;
+  ev->seq = Enqueue(st, [ev, gen]() {
+    if (ev->gen != gen) return;  // re-recorded since: the later record decides
+    ev->ns = NowNs();
+    ev->completed = true;
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int) { return cudaEventRecord(e, s); }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  EMU_API;
+  auto* ev = reinterpret_cast<Event*>(e);
+  if (!ev || ev->destroyed) {
+    Warn("cudaEventSynchronize on a destroyed event");
+    return Err(cudaErrorInvalidResourceHandle);
+  }
+  if (ev->recorded) Flush(ev->s, ev->seq);
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  EMU_API;
+  auto* ev = reinterpret_cast<Event*>(e);
+  if (!ev || ev->destroyed) {
+    Warn("cudaEventQuery on a destroyed event");
+    return Err(cudaErrorInvalidResourceHandle);
+  }
+  // Lazy streams make progress when polled: the first query of a pending record says not
+  // ready, the next one completes it (a polling loop ends, as on a GPU).
+  if (ev->recorded && !ev->completed && ev->polls++ > 0) Flush(ev->s, ev->seq);
+  return !ev->recorded || ev->completed ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  EMU_API;
+  auto* ea = reinterpret_cast<Event*>(a);
+  auto* eb = reinterpret_cast<Event*>(b);
+  if (!ea || !eb || ea->destroyed || eb->destroyed) {
+    Warn("cudaEventElapsedTime with a destroyed event");
+    return Err(cudaErrorInvalidResourceHandle);
+  }
+  if ((ea->flags & cudaEventDisableTiming) || (eb->flags & cudaEventDisableTiming)) return Err(cudaErrorInvalidResourceHandle);
+  if (!ea->recorded || !eb->recorded) return Err(cudaErrorInvalidResourceHandle);
+  if (!ea->completed || !eb->completed) return Err(cudaErrorNotReady);
+  *ms = static_cast<float>(static_cast<double>(eb->ns - ea->ns) / 1e6);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+  EMU_API;
+  (void)flags;
+  auto* ev = reinterpret_cast<Event*>(e);
+  Stream* st = S(s);
+  if (!ev || ev->destroyed || st->destroyed) {
+    Warn("cudaStreamWaitEvent with a destroyed event or stream");
+    return Err(cudaErrorInvalidResourceHandle);
+  }
+  if (!ev->recorded) return cudaSuccess;  // never recorded: a no-op, as in CUDA
+  Stream* es = ev->s;
+  const std::uint64_t seq = ev->seq;
+  if (es == st) return cudaSuccess;
+  Enqueue(st, [es, seq]() { Flush(es, seq); });
+  return cudaSuccess;
+}
+
+}  // extern "C"
+
+// ---------------- cuBLAS ----------------
+struct cublasContext {
+  cudaStream_t stream = nullptr;
+  cublasMath_t math = CUBLAS_DEFAULT_MATH;
+  void* ws = nullptr;
+  std::size_t ws_bytes = 0;
+  bool destroyed = false;
+};
+
+// f32 -> TF32 (10 mantissa bits), round to nearest, as the tensor cores take their inputs.
+static float Tf32(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;
+  u += 0x1000u;
+  u &= 0xffffe000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+extern "C" {
+cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
+  EMU_API;
+  *h = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
+  EMU_API;
+  if (!h || h->destroyed) {
+    Warn("cublasDestroy of an invalid / destroyed handle");
+    return CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  h->destroyed = true;  // kept (never freed) to catch later use
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s) {
+  EMU_API;
+  if (!h || h->destroyed) {
+    Warn("cublasSetStream on a destroyed handle");
+    return CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  h->stream = s;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void* ws, size_t bytes) {
+  EMU_API;
+  if (!h || h->destroyed) {
+    Warn("cublasSetWorkspace on a destroyed handle");
+    return CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  if (bytes > 0 && (!Find(ws, bytes) || reinterpret_cast<std::uintptr_t>(ws) % 256 != 0)) {
+    Warn("cublasSetWorkspace: workspace %p (%zu bytes) is not 256-byte aligned device memory", ws, bytes);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  h->ws = ws;
+  h->ws_bytes = bytes;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m) {
+  EMU_API;
+  if (!h || h->destroyed) {
+    Warn("cublasSetMathMode on a destroyed handle");
+    return CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  h->math = m;
+  return CUBLAS_STATUS_SUCCESS;
+}
+const char* cublasGetStatusString(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS (emulated)";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED (emulated)";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE (emulated)";
+    default: return "CUBLAS_STATUS_? (emulated)";
+  }
+}
+cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                              const float* alpha, const float* A, int lda, const float* B, int ldb, const float* beta,
+                              float* C, int ldc) {
+  EMU_API;
+  if (!h || h->destroyed) {
+    Warn("cublasSgemm on a destroyed handle");
+    return CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  const bool at = ta != CUBLAS_OP_N, bt = tb != CUBLAS_OP_N;
+  const int a_rows = at ? k : m, a_cols = at ? m : k;  // as stored (column-major)
+  const int b_rows = bt ? n : k, b_cols = bt ? k : n;
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) || ldc < std::max(1, m)) {
+    Warn("cublasSgemm: invalid dims m=%d n=%d k=%d lda=%d ldb=%d ldc=%d (ta %d tb %d)", m, n, k, lda, ldb, ldc,
+         static_cast<int>(ta), static_cast<int>(tb));
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  auto span = [](int ld, int rows, int cols) {
+    return (static_cast<std::size_t>(cols - 1) * static_cast<std::size_t>(ld) + static_cast<std::size_t>(rows)) *
+           sizeof(float);
+  };
+  if (k > 0 && (!Find(A, span(lda, a_rows, a_cols)) || !Find(B, span(ldb, b_rows, b_cols))))
+    Warn("cublasSgemm: A (%p) or B (%p) extends outside a device allocation", static_cast<const void*>(A),
+         static_cast<const void*>(B));
+  if (!Find(C, span(ldc, m, n))) Warn("cublasSgemm: C (%p) extends outside a device allocation", static_cast<void*>(C));
+  const float al = *alpha, be = *beta;  // host pointer mode
+  const bool tf32 = h->math == CUBLAS_TF32_TENSOR_OP_MATH;
+  Enqueue(S(h->stream), [=]() {
+    const std::int64_t t0 = NowNs();
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < m; ++i) {
+        float acc = 0.0f;
+        for (int l = 0; l < k; ++l) {
+          float a = at ? A[static_cast<std::size_t>(i) * lda + l] : A[static_cast<std::size_t>(l) * lda + i];
+          float b = bt ? B[static_cast<std::size_t>(l) * ldb + j] : B[static_cast<std::size_t>(j) * ldb + l];
+          if (tf32) {
+            a = Tf32(a);
+            b = Tf32(b);
+          }
+          acc += a * b;
+        }
+        float& c = C[static_cast<std::size_t>(j) * ldc + i];
+        c = be == 0.0f ? al * acc : al * acc + be * c;
+      }
+    AddStat("cublasSgemm", NowNs() - t0);
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---------------- NCCL (one device: no peers) ----------------
+const char* ncclGetErrorString(ncclResult_t r) {
+  return r == ncclSuccess ? "no error (emulated)" : "NCCL is not available under emulation (one device)";
+}
+ncclResult_t ncclCommInitAll(ncclComm_t* comms, int n, const int* devs) {
+  (void)devs;
+  if (n > 1) return ncclInvalidUsage;
+  for (int i = 0; i < n; ++i) comms[i] = nullptr;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommDestroy(ncclComm_t) { return ncclSuccess; }
+ncclResult_t ncclGroupStart() { return ncclSuccess; }
+ncclResult_t ncclGroupEnd() { return ncclSuccess; }
+ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return ncclInvalidUsage; }
+ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return ncclInvalidUsage; }
+}  // extern "C"
