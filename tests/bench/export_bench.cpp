@@ -140,7 +140,11 @@ class Reporter : public benchmark::ConsoleReporter {
 const ModelWeights& SmallModel() { return BenchSmallModel(false); }
 
 // Decode of 64 tokens: no observer vs an exporter with --export-windows none (trace only).
-void BM_Decode(benchmark::State& state, bool trace_only) {
+struct DecodeRun {
+  double tokens = 0;  // generated tokens (0: the run failed)
+  double secs = 0;    // decode time
+};
+DecodeRun DecodeOnce(bool trace_only) {
   EngineConfig c;
   c.threads = 2;
   c.max_new = 64;
@@ -148,28 +152,30 @@ void BM_Decode(benchmark::State& state, bool trace_only) {
   std::vector<std::int32_t> prompt(64);
   for (int i = 0; i < 64; ++i) prompt[static_cast<std::size_t>(i)] = (i * 37) % 4000;
   const std::string path = Dir() + "/lockstep-bench-trace-" + std::to_string(::getpid()) + ".h5";
+  auto e = Engine::Create(c, SmallModel());
+  std::unique_ptr<H5Exporter> ex;
+  GenerateHooks hooks;
+  if (trace_only) {
+    ExportOptions o;
+    o.path = path;
+    ex = std::move(H5Exporter::Create(o)).value();
+    hooks.observer = ex.get();
+  }
+  auto r = Generate(**e, prompt, &hooks);
+  if (!r.ok() || (ex && !ex->Finish(ExportRunInfo{}).ok())) return {};
+  std::filesystem::remove(path);
+  return {static_cast<double>(r->output.size()), static_cast<double>(r->decode_ns) * 1e-9};
+}
+
+void BM_Decode(benchmark::State& state, bool trace_only) {
   double tokens = 0, secs = 0;
   for (auto _ : state) {
-    auto e = Engine::Create(c, SmallModel());
-    std::unique_ptr<H5Exporter> ex;
-    GenerateHooks hooks;
-    if (trace_only) {
-      ExportOptions o;
-      o.path = path;
-      ex = std::move(H5Exporter::Create(o)).value();
-      hooks.observer = ex.get();
-    }
-    auto r = Generate(**e, prompt, &hooks);
-    if (!r.ok()) {
-      state.SkipWithError("generate");
-      break;
-    }
-    tokens += static_cast<double>(r->output.size());
-    secs += static_cast<double>(r->decode_ns) * 1e-9;
-    state.SetIterationTime(static_cast<double>(r->decode_ns) * 1e-9);
-    if (ex && !ex->Finish(ExportRunInfo{}).ok()) state.SkipWithError("finish");
+    const DecodeRun d = DecodeOnce(trace_only);
+    if (d.tokens <= 0) return state.SkipWithError("generate");
+    tokens += d.tokens;
+    secs += d.secs;
+    state.SetIterationTime(d.secs);
   }
-  std::filesystem::remove(path);
   state.counters["tokens_per_s"] = tokens / secs;
 }
 void BM_DecodeNoExport(benchmark::State& s) { BM_Decode(s, false); }
@@ -187,37 +193,12 @@ double Median(std::vector<double> v) {
 }
 std::map<std::string, double> g_paired;  // name -> median ratio
 
-// One decode of 64 tokens; returns decode tokens/s.
-double DecodeOnce(bool trace_only) {
-  EngineConfig c;
-  c.threads = 2;
-  c.max_new = 64;
-  c.ignore_eos = true;
-  std::vector<std::int32_t> prompt(64);
-  for (int i = 0; i < 64; ++i) prompt[static_cast<std::size_t>(i)] = (i * 37) % 4000;
-  const std::string path = Dir() + "/lockstep-bench-ptrace-" + std::to_string(::getpid()) + ".h5";
-  auto e = Engine::Create(c, SmallModel());
-  std::unique_ptr<H5Exporter> ex;
-  GenerateHooks hooks;
-  if (trace_only) {
-    ExportOptions o;
-    o.path = path;
-    ex = std::move(H5Exporter::Create(o)).value();
-    hooks.observer = ex.get();
-  }
-  auto r = Generate(**e, prompt, &hooks);
-  if (!r.ok()) return 0.0;
-  if (ex) (void)ex->Finish(ExportRunInfo{});
-  std::filesystem::remove(path);
-  return static_cast<double>(r->output.size()) / (static_cast<double>(r->decode_ns) * 1e-9);
-}
-
 void BM_PairedDecodeTraceOnly(benchmark::State& state) {
   std::vector<double> ratios;
   bool trace_first = false;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    double a, b;  // a: no export, b: trace only
+    DecodeRun a, b;  // a: no export, b: trace only
     if (trace_first) {
       b = DecodeOnce(true);
       a = DecodeOnce(false);
@@ -226,8 +207,8 @@ void BM_PairedDecodeTraceOnly(benchmark::State& state) {
       b = DecodeOnce(true);
     }
     trace_first = !trace_first;
-    if (a <= 0 || b <= 0) return state.SkipWithError("generate");
-    ratios.push_back(b / a);
+    if (a.tokens <= 0 || b.tokens <= 0) return state.SkipWithError("generate");
+    ratios.push_back((b.tokens / b.secs) / (a.tokens / a.secs));  // tokens/s, trace-only over none
     state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   state.counters["median_ratio"] = g_paired["decode"] = Median(ratios);
