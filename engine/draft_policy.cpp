@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 namespace lockstep {
 
@@ -32,6 +33,8 @@ class StaticPolicy final : public DraftPolicy {
 
 // Per-token acceptance of one draft source, as exponentially weighted success / trial counts.
 struct Rate {
+  Rate() = default;
+  Rate(double s, double t) : success(s), trials(t) {}
   double success = 1.0, trials = 2.0;  // prior: 1/2
   double value() const { return success / trials; }
   void Add(int accepted, int drafted) {
@@ -62,6 +65,30 @@ class AdaptivePolicy : public DraftPolicy {
   static constexpr double kSfxThreshold = 0.25;
   static constexpr int kProbeEvery = 16;
 
+  // Suffix acceptance is tracked per class of match length: short contexts (a few tokens, as
+  // natural text repeats them) are often followed differently than before, long ones (a repeated
+  // block, a loop) rarely. With one shared rate the misses of the first kind kept the second
+  // kind's drafts short or off (e.g. a loop that starts after a stretch of prose). A longer match
+  // is taken to be at least as reliable as a shorter one (a class's rate is the best of its own
+  // and the shorter classes'), and a match of >= 32 tokens starts at 8/9 instead of 1/2: as if
+  // eight of nine such tokens had been accepted, so the first window drafts the full budget
+  // (up to 11 tokens), as suffix decoding drafts in proportion to the match length. Misses
+  // shorten it like any other rate (one miss at the first token: 7.2 / 9.1, five tokens). Going
+  // straight to the longest window also pays the first-window costs of a new window size (the
+  // stages' scratch grows to the largest T seen) once instead of once per step of a ramp.
+  static constexpr int kMatchClassBounds[] = {8, 32};  // classes [3, 8), [8, 32), [32, inf)
+  static constexpr int kMatchClasses = static_cast<int>(std::size(kMatchClassBounds)) + 1;
+  static int MatchClass(int match_len) {
+    int c = 0;
+    for (int b : kMatchClassBounds) c += match_len >= b;
+    return c;
+  }
+  double SfxRate(int cls) const {
+    double r = 0;
+    for (int c = 0; c <= cls; ++c) r = std::max(r, sfx_[c].value());
+    return r;
+  }
+
   DraftPlan Plan(const SuffixProposal& sfx, bool mtp, int k, int max_suffix) override {
     ++windows_;
     k = Budget(k);
@@ -70,14 +97,16 @@ class AdaptivePolicy : public DraftPolicy {
     int n_mtp = mtp ? Length(mtp_.value(), kMtpThreshold, k) : 0;
     if (mtp && n_mtp == 0 && k > 0 && windows_ % kProbeEvery == 0) n_mtp = 1;  // keep measuring
     const int avail = std::min(static_cast<int>(sfx.tokens.size()), max_suffix);
-    int n_sfx = sfx.match_len >= kMinSuffixMatch ? Length(sfx_.value(), kSfxThreshold, avail) : 0;
+    sfx_class_ = MatchClass(sfx.match_len);
+    const double sfx_rate = SfxRate(sfx_class_);
+    int n_sfx = sfx.match_len >= kMinSuffixMatch ? Length(sfx_rate, kSfxThreshold, avail) : 0;
     if (sfx.match_len >= kMinSuffixMatch && avail > 0 && n_sfx == 0 && windows_ % kProbeEvery == 0) n_sfx = 1;
     auto expected = [](double r, int n) {
       double e = 0, pr = 1;
       for (int i = 0; i < n; ++i) e += (pr *= r);
       return e;
     };
-    if (n_sfx > 0 && expected(sfx_.value(), n_sfx) >= expected(mtp_.value(), n_mtp)) {
+    if (n_sfx > 0 && expected(sfx_rate, n_sfx) >= expected(mtp_.value(), n_mtp)) {
       plan.n_sfx = n_sfx;
       if (mtp && n_mtp > n_sfx) {
         plan.source = DraftSource::kMerged;
@@ -97,7 +126,7 @@ class AdaptivePolicy : public DraftPolicy {
     if (drafted <= 0) return;
     // Attribute accepted tokens to the source that drafted them (suffix tokens come first).
     const int n_sfx = drafted - r.T_mtp;
-    if (n_sfx > 0) sfx_.Add(std::min(r.accepted, n_sfx), n_sfx);
+    if (n_sfx > 0) sfx_[sfx_class_].Add(std::min(r.accepted, n_sfx), n_sfx);
     if (r.T_mtp > 0 && r.accepted >= n_sfx) mtp_.Add(r.accepted - n_sfx, r.T_mtp);
   }
   const char* name() const override { return "adaptive"; }
@@ -106,7 +135,9 @@ class AdaptivePolicy : public DraftPolicy {
   virtual int Budget(int k) const { return k; }
 
  private:
-  Rate mtp_, sfx_;
+  Rate mtp_;
+  Rate sfx_[kMatchClasses] = {Rate(), Rate(), Rate(8.0, 9.0)};
+  int sfx_class_ = 0;  // match class of the last plan: the window Observe sees next
   long windows_ = 0;
 };
 

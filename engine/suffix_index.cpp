@@ -99,7 +99,14 @@ SuffixProposal SuffixAutomaton::Propose(int max_len, int min_match) const {
   out.match_len = s.len;
   out.occurrences = s.count - 1;
   out.score = s.len * std::log2(1.0 + out.occurrences);
+  out.period = n - 1 - e;
   return out;
+}
+
+void ExtendPeriodic(SuffixProposal& p, int max_len) {
+  if (p.period <= 0 || static_cast<int>(p.tokens.size()) != p.period) return;
+  const std::size_t period = static_cast<std::size_t>(p.period);
+  while (static_cast<int>(p.tokens.size()) < max_len) p.tokens.push_back(p.tokens[p.tokens.size() - period]);
 }
 
 // ---- SuffixIndex ----

@@ -1,6 +1,7 @@
 #include "cpu/matmul.h"
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cstring>
 
 namespace lockstep::cpu {
@@ -71,13 +72,22 @@ float Dot(const float* a, const float* b, int n) {
 namespace {
 
 // Weight rows stream from memory once per call while the x rows stay in cache; x rows go four
-// at a time through DotRows<4> and the remainder through Dot: identical bits either way.
+// at a time through DotRows<4> and the remainder through Dot: identical bits either way. The
+// weight row ~4 KiB ahead is prefetched while the current one is used (measured on `small`, 2
+// threads: a T = 9 verify window ~8% faster, T = 1 unchanged; the many short per-expert
+// products start their streams cold, so the hardware prefetcher alone runs behind).
 void InvariantBlock(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
                     int ldy, int y_col0) {
   const int in = w.cols;
   const std::size_t sx = static_cast<std::size_t>(in), sy = static_cast<std::size_t>(ldy);
+  constexpr int kPrefetchBytes = 4096;
+  const int ahead = std::max(1, kPrefetchBytes / std::max(1, in * static_cast<int>(sizeof(float))));
   for (int o = o_begin; o < o_end; ++o) {
     const float* wr = w.row(o);
+    if (o + ahead < o_end) {
+      const float* nx = w.row(o + ahead);
+      for (int c = 0; c < in; c += 16) __builtin_prefetch(nx + c);
+    }
     float* yc = y + static_cast<std::size_t>(o - y_col0);
     int t = 0;
     for (; t + 4 <= n_rows; t += 4) {

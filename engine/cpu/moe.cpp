@@ -1,6 +1,7 @@
 #include "cpu/moe.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -95,25 +96,50 @@ void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T
   // Scratch per slot: gathered input [H], gate and up [I], output [H].
   const std::size_t per_slot = 2 * uh + 2 * U(inter);
   float* scratch = arena.Alloc(U(n_slots) * per_slot);
-  auto run = [&](std::size_t ab, std::size_t ae) {
-    for (std::size_t a = ab; a < ae; ++a) {
-      const int e = active[a], s0 = first[e], n = first[e + 1] - s0;
-      float* xin = scratch + U(s0) * per_slot;
-      float* g = xin + U(n) * uh;
-      float* u = g + U(n) * U(inter);
-      float* yout = u + U(n) * U(inter);
-      for (int i = 0; i < n; ++i) {
-        const int t = slot_of[s0 + i] / k;
-        std::memcpy(xin + U(i) * uh, x + U(t) * uh, uh * sizeof(float));
-      }
-      FfnInto(w.experts[U(e)], xin, n, kind, nullptr, g, u, yout);
-      for (int i = 0; i < n; ++i) std::memcpy(ranked + U(slot_of[s0 + i]) * uh, yout + U(i) * uh, uh * sizeof(float));
+  auto run_one = [&](std::size_t a) {
+    const int e = active[a], s0 = first[e], n = first[e + 1] - s0;
+    float* xin = scratch + U(s0) * per_slot;
+    float* g = xin + U(n) * uh;
+    float* u = g + U(n) * U(inter);
+    float* yout = u + U(n) * U(inter);
+    for (int i = 0; i < n; ++i) {
+      const int t = slot_of[s0 + i] / k;
+      std::memcpy(xin + U(i) * uh, x + U(t) * uh, uh * sizeof(float));
+    }
+    FfnInto(w.experts[U(e)], xin, n, kind, nullptr, g, u, yout);
+    for (int i = 0; i < n; ++i) std::memcpy(ranked + U(slot_of[s0 + i]) * uh, yout + U(i) * uh, uh * sizeof(float));
+  };
+  const bool shared = w.shared.gate.rows > 0;
+  const bool parallel = pool != nullptr && pool->size() > 1;
+  // In verify windows (kInvariant) the shared expert is one more work item beside the routed
+  // ones rather than three pool-wide products after them: fewer barriers, and its weights stream
+  // while the other thread works on routed experts. Its bits are the same either way (each output
+  // is one Dot whatever the split). Prefill (kGemm) keeps the pool-wide products.
+  const bool shared_item = shared && parallel && kind == MatmulKind::kInvariant;
+  float* sh = shared ? arena.Alloc(U(T) * uh) : nullptr;
+  float* sh_g = shared_item ? arena.Alloc(U(T) * U(w.shared.gate.rows)) : nullptr;
+  float* sh_u = shared_item ? arena.Alloc(U(T) * U(w.shared.gate.rows)) : nullptr;
+  const int n_items = n_active + (shared_item ? 1 : 0);
+  auto run_item = [&](int a) {
+    if (shared_item && a == 0) {
+      FfnInto(w.shared, x, T, kind, nullptr, sh_g, sh_u, sh);
+    } else {
+      run_one(U(a - (shared_item ? 1 : 0)));
     }
   };
-  if (pool && n_active > 1) {
-    pool->ParallelFor(U(n_active), run);
+  if (parallel && n_items > 1) {
+    // Work items are handed out one at a time, largest first (the shared expert, then routed
+    // experts by row count), to whichever thread is free: a fixed split of the expert list left
+    // one thread waiting while the other finished its share (a T = 9 window routes ~21 experts
+    // with 1 to 5 rows each). Which thread runs an item changes nothing in its rows' bits.
+    std::stable_sort(active, active + n_active, [&](int a, int b) { return first[a + 1] - first[a] > first[b + 1] - first[b]; });
+    std::atomic<int> next{0};
+    pool->ParallelFor(U(pool->size()), [&](std::size_t, std::size_t) {
+      for (int a = next.fetch_add(1, std::memory_order_relaxed); a < n_items; a = next.fetch_add(1, std::memory_order_relaxed))
+        run_item(a);
+    });
   } else {
-    run(0, U(n_active));
+    for (int a = 0; a < n_items; ++a) run_item(a);
   }
   // Combine in rank order, then the gated shared expert.
   for (int t = 0; t < T; ++t) {
@@ -125,9 +151,8 @@ void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T
       for (int i = 0; i < h; ++i) o[i] += wr * y[i];
     }
   }
-  if (w.shared.gate.rows > 0) {
-    float* sh = arena.Alloc(U(T) * uh);
-    FfnForward(w.shared, x, T, kind, pool, arena, sh);
+  if (shared) {
+    if (!shared_item) FfnForward(w.shared, x, T, kind, pool, arena, sh);
     for (int t = 0; t < T; ++t) {
       const float gate = Sigmoid(Dot(x + U(t) * uh, w.shared_gate, h));
       float* o = out + U(t) * uh;

@@ -6,9 +6,10 @@
 //   adaptive  per-source per-token acceptance rates (exponentially weighted counts, prior 1/2)
 //             set the draft lengths: token i is drafted while rate^i >= a threshold, so a drafter
 //             that keeps missing drafts nothing (with a 1-token probe every 16 windows). Suffix
-//             drafts keep one rate per class of match length ([3, 8), [8, 32), >= 32 tokens):
-//             long matches (repeated blocks, loops) lengthen to --spec-max-suffix within a few
-//             windows even after short natural-text matches kept missing.
+//             drafts keep one rate per class of match length ([3, 8), [8, 32), >= 32 tokens;
+//             a class uses the best of its rate and the shorter classes'; the >= 32 class starts
+//             at 8/9): long matches (repeated blocks, loops) draft up to --spec-max-suffix from
+//             their first window, even after short natural-text matches kept missing.
 //             Uses acceptance history only: deterministic.
 //   latency   adaptive, plus a back-off driven by measured verify latency: a verify slower than
 //             max(3 x its running mean, mean + 50 ms) (a stall) pauses drafting for the next 4
