@@ -1,6 +1,9 @@
 #include "lockstep/instrument/export_writer.h"
 
 #include <fcntl.h>
+#include <malloc.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,6 +11,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
+#include <mutex>
 
 #include "lockstep/instrument/h5_handles.h"
 
@@ -61,11 +66,49 @@ struct H5Exporter::File {
   H5Handle lcpl;               // link creation: intermediate groups on
   bool lz4 = false;            // chunked + LZ4 datasets (ExportOptions::compress)
   std::vector<IndexRow> index; // appended by the writer thread as items are written
+  int fd = -1;                 // the sec2 driver's descriptor (-1: unknown; no early writeback)
+  off_t writeback_to = 0;      // bytes before this offset were handed to the kernel's writeback
 };
 
 namespace {
 
 std::string SysError() { return errno ? std::string(" (") + std::strerror(errno) + ")" : std::string(); }
+
+// Rolling writeback: once 8 MiB more have reached the page cache, ask the kernel to start writing
+// them to the device now (SYNC_FILE_RANGE_WRITE starts the I/O and does not wait for it), so the
+// fsync in Finish has only the tail left instead of the whole file. Measured on the 256 MiB export
+// benchmark: Finish's fsync was ~60% of the export's time without it. Errors are not lost: a
+// failed write-out is reported by that fsync.
+void StartWriteback(int fd, off_t& writeback_to) {
+#ifdef __linux__
+  if (fd < 0) return;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_size - writeback_to < (off_t{8} << 20)) return;
+  ::sync_file_range(fd, writeback_to, st.st_size - writeback_to, SYNC_FILE_RANGE_WRITE);
+  writeback_to = st.st_size;
+#else
+  (void)fd;
+  (void)writeback_to;
+#endif
+}
+
+// HDF5's filter pipeline (--export-compress) allocates and frees a chunk-sized buffer or two for
+// every chunk. glibc hands such blocks back to the kernel (mmap'd blocks at free; the heap top
+// above the trim threshold), so every chunk faults its pages in again: measured 47,000 minor
+// faults per 256 MiB of LZ4 export, and 0.20x of a raw write instead of 0.86x. The exporting
+// process therefore keeps blocks under 4 MiB in the heap and up to 64 MiB of free heap top.
+// Process-wide and once; left alone when the user configures malloc through GLIBC_TUNABLES.
+void KeepFreedMemory() {
+#ifdef __GLIBC__
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* t = std::getenv("GLIBC_TUNABLES");
+    if (t && std::strstr(t, "glibc.malloc.")) return;
+    ::mallopt(M_MMAP_THRESHOLD, 4 << 20);
+    ::mallopt(M_TRIM_THRESHOLD, 64 << 20);
+  });
+#endif
+}
 
 Status H5Fail(const std::string& what) {
   return Status::IOError("export", "HDF5 failed writing '" + what + "'" + SysError());
@@ -133,9 +176,30 @@ Result<H5Handle> WriteDataset(hid_t file, hid_t lcpl, const std::string& path, D
   }
   H5Handle ds(H5Dcreate2(file, path.c_str(), FileType(dtype), sp.get(), lcpl, dcpl.get(), H5P_DEFAULT));
   if (!ds.valid()) return H5Fail(path);
-  hsize_t n = 1;
-  for (auto d : dims) n *= d;
-  if (n > 0 && H5Dwrite(ds.get(), MemType(dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) return H5Fail(path);
+  if (elems == 0) return ds;
+  // Uncompressed datasets over 1 MiB go out in pieces of whole rows of at most 1 MiB: a single
+  // multi-MiB write() into the page cache now and then stalls for 0.3-0.7 s on this ext4/kernel
+  // (measured: 4 MiB calls stalled about once in ten 256 MiB files, 1-2 MiB calls never), and
+  // the export's throughput with it. (Chunked datasets are written chunk by chunk anyway.)
+  const hsize_t row_elems = dims.empty() ? 1 : elems / std::max<hsize_t>(1, dims[0]);
+  const hsize_t row_bytes = row_elems * dtype_size(dtype);
+  const hsize_t piece_rows = std::max<hsize_t>(1, (hsize_t{1} << 20) / std::max<hsize_t>(1, row_bytes));
+  if (lz4 || dims.empty() || dims[0] <= piece_rows) {
+    if (H5Dwrite(ds.get(), MemType(dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) return H5Fail(path);
+    return ds;
+  }
+  H5Handle file_space(H5Dget_space(ds.get()));
+  std::vector<hsize_t> start(dims.size(), 0), count = dims;
+  for (hsize_t r = 0; r < dims[0]; r += piece_rows) {
+    start[0] = r;
+    count[0] = std::min(piece_rows, dims[0] - r);
+    H5Handle mem_space(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+    if (!file_space.valid() || !mem_space.valid() ||
+        H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0 ||
+        H5Dwrite(ds.get(), MemType(dtype), mem_space.get(), file_space.get(), H5P_DEFAULT,
+                 static_cast<const std::byte*>(data) + r * row_bytes) < 0)
+      return H5Fail(path);
+  }
   return ds;
 }
 
@@ -155,6 +219,7 @@ Result<std::unique_ptr<H5Exporter>> H5Exporter::Create(const ExportOptions& opts
     return Status::NotSupported("--export-compress lz4",
                                 "the LZ4 HDF5 filter plugin is not available (Debian: apt install hdf5-filter-plugin; "
                                 "or set HDF5_PLUGIN_PATH)");
+  KeepFreedMemory();
   std::unique_ptr<H5Exporter> e(new H5Exporter(opts));
   e->file_ = std::make_unique<File>();
   e->file_->lz4 = opts.compress == "lz4";
@@ -167,6 +232,8 @@ Result<std::unique_ptr<H5Exporter>> H5Exporter::Create(const ExportOptions& opts
   e->file_->file = H5Handle(H5Fcreate(e->partial_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
   if (!e->file_->file.valid())
     return Status::IOError("--export '" + opts.path + "'", "cannot create '" + e->partial_ + "'" + SysError());
+  void* vfd = nullptr;  // default (sec2) driver: the handle is the POSIX descriptor
+  if (H5Fget_vfd_handle(e->file_->file.get(), fapl.get(), &vfd) >= 0 && vfd) e->file_->fd = *static_cast<int*>(vfd);
   e->file_->lcpl = H5Handle(H5Pcreate(H5P_LINK_CREATE));
   H5Pset_create_intermediate_group(e->file_->lcpl.get(), 1);
   e->writer_ = std::thread([p = e.get()] { p->WriterLoop(); });
@@ -263,8 +330,24 @@ H5Exporter::Buffer H5Exporter::TakeBuffer(std::size_t bytes) {
       }
   }
   Buffer b;
-  b.data = std::shared_ptr<std::byte[]>(new std::byte[bytes == 0 ? 1 : bytes]);  // default-init: no zeroing
   b.capacity = bytes;
+#ifdef MADV_HUGEPAGE
+  // Buffers of 2 MiB and more are their own mappings, advised for transparent huge pages: the
+  // first touch then faults once per 2 MiB instead of once per 4 KiB. Each arm is a fresh process
+  // with a fresh exporter, so its first queue-full of buffers is always first-touch memory;
+  // measured on the 256 MiB export benchmark: ~30,000 page faults and 3-4x the export time.
+  constexpr std::size_t kHuge = std::size_t{2} << 20;
+  if (bytes >= kHuge) {
+    const std::size_t len = (bytes + kHuge - 1) / kHuge * kHuge;
+    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) {
+      ::madvise(p, len, MADV_HUGEPAGE);  // advice only: without THP this is an ordinary mapping
+      b.data = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(p), [len](std::byte* q) { ::munmap(q, len); });
+      return b;
+    }
+  }
+#endif
+  b.data = std::shared_ptr<std::byte[]>(new std::byte[bytes == 0 ? 1 : bytes]);  // default-init: no zeroing
   return b;
 }
 
@@ -332,6 +415,7 @@ void H5Exporter::OnState(const CheckpointInfo& info, const StateView& v) {
           row.scale_dims[1] = heads;
         }
         if (dims.size() <= 4) f->index.push_back(row);  // a rank above 4 is left to the full walk
+        StartWriteback(f->fd, f->writeback_to);
         return Status::Ok();
       },
       bytes);
