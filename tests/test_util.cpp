@@ -72,10 +72,17 @@ const std::string& ModelDir(const std::string& preset) {
   if (it != dirs.end()) return it->second;
   std::string d = ScratchDir() + "/model-" + preset;
   SyntheticOptions o;
-  // "<preset>-induction" selects the in-context-copying variant of a preset.
-  const std::string suffix = "-induction";
-  o.induction = preset.size() > suffix.size() && preset.compare(preset.size() - suffix.size(), suffix.size(), suffix) == 0;
-  o.preset = o.induction ? preset.substr(0, preset.size() - suffix.size()) : preset;
+  // "<preset>-induction" selects the in-context-copying variant of a preset, "<preset>-bf16" its
+  // matrices stored as bf16 (tiny is f32 by default).
+  auto strip = [](std::string& name, const std::string& suffix) {
+    const bool has = name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    if (has) name.resize(name.size() - suffix.size());
+    return has;
+  };
+  std::string base = preset;
+  if (strip(base, "-bf16")) o.dtype = DType::kBF16;
+  o.induction = strip(base, "-induction");
+  o.preset = base;
   o.seed = 7;
   Status s = WriteSyntheticModel(o, d);
   if (!s.ok()) throw std::runtime_error("model init failed: " + s.ToString());

@@ -20,7 +20,8 @@ const std::string& ScratchDir();
 std::string NewDir(const std::string& name);
 
 // Synthetic models written once per process (preset, seed 7) and their loaded weights.
-// "<preset>-induction" is the variant with induction heads (SyntheticOptions::induction).
+// "<preset>-induction" is the variant with induction heads (SyntheticOptions::induction),
+// "<preset>-bf16" the preset with its matrices stored as bf16 (both: "<preset>-induction-bf16").
 const std::string& ModelDir(const std::string& preset);
 const ModelWeights& Model(const std::string& preset);
 

@@ -12,12 +12,25 @@ Status Ctx::Mm(const float* x, int T, const DMat& w, float* y, int ldy) {
   if (ldy < 0) ldy = w.rows;
   const bool gemm = T > 1 && (mode == ForwardMode::kPrefill || !deterministic);
   if (!gemm) {
-    RowsMatmul(x, T, w.d, w.rows, w.cols, y, ldy, s);
+    RowsMm(x, T, w, y, ldy, s);
     return Status::Ok();
+  }
+  const float* wf = w.f32();
+  if (w.bf16) {
+    // cuBLAS has no bf16 x f32 product with f32 inputs kept whole: widen the matrix (exact) into
+    // the stage's scratch, stream-ordered before the GEMM that reads it.
+    if (d.widen.bytes() < w.elems() * sizeof(float)) {
+      const std::int64_t t0 = MonoNs();
+      LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(s));  // an earlier GEMM may still read the old one
+      LOCKSTEP_ASSIGN_OR_RETURN(d.widen, DeviceBuffer::Alloc(w.elems() * sizeof(float)));
+      *init_ns += MonoNs() - t0;
+    }
+    WidenBf16(w.bf16_bits(), static_cast<std::int64_t>(w.elems()), d.widen.as<float>(), s);
+    wf = d.widen.as<float>();
   }
   const float one = 1.0f, zero = 0.0f;
   // Row-major y[T, out] = x[T, in] W[out, in]^T is column-major y^T = W^T(op T) x^T.
-  LOCKSTEP_CUBLAS_CHECK(cublasSgemm(d.cublas.get(), CUBLAS_OP_T, CUBLAS_OP_N, w.rows, T, w.cols, &one, w.d, w.cols, x,
+  LOCKSTEP_CUBLAS_CHECK(cublasSgemm(d.cublas.get(), CUBLAS_OP_T, CUBLAS_OP_N, w.rows, T, w.cols, &one, wf, w.cols, x,
                                     w.cols, &zero, y, ldy));
   return Status::Ok();
 }
@@ -125,7 +138,11 @@ Status GdnForward(Ctx& x, const DLayer& L, const float* a, int T, DGdn& g, float
   } else {
     LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(g.conv.get(), win + ut * U(conv_dim), conv_floats * sizeof(float),
                                         cudaMemcpyDeviceToDevice, x.s));
-    GdnRecurrent(g.ssm.as<float>(), nullptr, qh, kh, Uc, gdec, beta, T, hk, hv, dk, dv, conv_dim, O, x.s);
+    // Chunked form (cpu::GatedDeltaChunked's twin), the checkpoint updated in place.
+    LOCKSTEP_ASSIGN_OR_RETURN(float* chunk_scratch,
+                              x.Alloc(GdnChunkedScratchFloats(hv, dk, dv, kGdnPrefillChunk)));
+    GdnChunked(g.ssm.as<float>(), qh, kh, Uc, gdec, beta, T, hk, hv, dk, dv, conv_dim, kGdnPrefillChunk,
+               chunk_scratch, O, x.s);
     g.position += T;
   }
   GatedRmsNorm(O, Z, T * hv, dv, L.norm, c.rms_norm_eps, On, x.s);
@@ -172,8 +189,9 @@ Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* c
   LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.router, logits));
   RouteTopK(logits, T, ne, k, c.norm_topk_prob, idx, wts, x.s);
   GroupByExpert(idx, T, k, ne, slot_of, first, active, n_active, x.s);
-  ExpertGateUp(a, h, inter, k, slot_of, first, active, n_active, max_active, L.gate_ptrs, L.up_ptrs, act, x.s);
-  ExpertDown(act, h, inter, slot_of, first, active, n_active, max_active, L.down_ptrs, ranked, x.s);
+  const bool bf16 = x.d.weights_bf16;
+  ExpertGateUp(a, h, inter, k, slot_of, first, active, n_active, max_active, L.gate_ptrs, L.up_ptrs, bf16, act, x.s);
+  ExpertDown(act, h, inter, slot_of, first, active, n_active, max_active, L.down_ptrs, bf16, ranked, x.s);
   MoeCombine(ranked, wts, T, k, h, out, x.s);
   if (L.shared.gate.rows > 0) {
     LOCKSTEP_ASSIGN_OR_RETURN(float* sh, x.Alloc(U(T) * U(h)));

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "cuda/cuda_stage_impl.h"
 #include "cuda/ops.h"
@@ -39,40 +41,70 @@ Result<StageSessionPtr> CudaStageSession::Create(const StageParams& params, Cuda
 }
 
 bool CudaStageSession::has_mtp() const { return d_->mtp_kv != nullptr; }
+bool CudaStageSession::weights_bf16() const { return d_->weights_bf16; }
 
 // ---- weights ----
 
 namespace {
 
 // Collects host tensors, then copies them into one device (or pinned) buffer and patches the
-// views. Offsets are 256-byte aligned.
+// views. Offsets are 256-byte aligned. Matrices go in as bf16 bits when the packer is told the
+// stage's matrices are all bf16 values (`bf16_matrices`: truncation to the high half is then
+// exact); vectors always stay f32.
 class Packer {
  public:
+  explicit Packer(bool bf16_matrices) : bf16_(bf16_matrices) {}
   void Add(const float* host, std::size_t n, const float** slot) {
-    items_.push_back({host, n, slot, total_});
-    total_ += (n + 63) & ~std::size_t{63};
+    Push(host, n, false, reinterpret_cast<const void**>(slot));
   }
+  // A matrix stored in the packer's matrix dtype; `slot` gets the device address.
+  void AddMatrix(const float* host, std::size_t n, const void** slot) { Push(host, n, bf16_, slot); }
   void Add(const Mat& m, DMat* out) {
     out->rows = m.rows;
     out->cols = m.cols;
-    Add(m.data, U(m.rows) * U(m.cols), &out->d);
+    out->bf16 = bf16_;
+    AddMatrix(m.data, U(m.rows) * U(m.cols), &out->d);
   }
-  std::size_t floats() const { return total_; }
-  // Device copy (synchronous: start-up only).
+  // The embedding table is read by row lookups, not products: always f32.
+  void AddF32(const Mat& m, DMat* out) {
+    out->rows = m.rows;
+    out->cols = m.cols;
+    out->bf16 = false;
+    Push(m.data, U(m.rows) * U(m.cols), false, &out->d);
+  }
+  std::size_t bytes() const { return total_; }
+  // Device copy (synchronous: start-up only), through a host buffer of at most 64 MiB.
   Result<DeviceBuffer> ToDevice() {
-    LOCKSTEP_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::Alloc(total_ * sizeof(float)));
+    LOCKSTEP_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::Alloc(std::max<std::size_t>(total_, 1)));
+    std::vector<std::uint16_t> narrow;
     for (const Item& it : items_) {
-      LOCKSTEP_CUDA_CHECK(cudaMemcpy(buf.as<float>() + it.offset, it.host, it.n * sizeof(float), cudaMemcpyHostToDevice));
-      *it.slot = buf.as<float>() + it.offset;
+      std::byte* dst = buf.as<std::byte>() + it.offset;
+      if (it.bf16) {
+        constexpr std::size_t kPiece = std::size_t{32} << 20;  // elements per host conversion
+        for (std::size_t i0 = 0; i0 < it.n; i0 += kPiece) {
+          const std::size_t m = std::min(kPiece, it.n - i0);
+          narrow.resize(m);
+          Narrow(it.host + i0, m, narrow.data());
+          LOCKSTEP_CUDA_CHECK(cudaMemcpy(dst + i0 * 2, narrow.data(), m * 2, cudaMemcpyHostToDevice));
+        }
+      } else {
+        LOCKSTEP_CUDA_CHECK(cudaMemcpy(dst, it.host, it.n * sizeof(float), cudaMemcpyHostToDevice));
+      }
+      *it.slot = dst;
     }
     return buf;
   }
   Result<PinnedBuffer> ToPinned() {
-    LOCKSTEP_ASSIGN_OR_RETURN(PinnedBuffer buf, PinnedBuffer::Alloc(total_ * sizeof(float)));
+    LOCKSTEP_ASSIGN_OR_RETURN(PinnedBuffer buf, PinnedBuffer::Alloc(std::max<std::size_t>(total_, 1)));
     LOCKSTEP_ASSIGN_OR_RETURN(void* dev, buf.device_ptr());
     for (const Item& it : items_) {
-      std::memcpy(buf.as<float>() + it.offset, it.host, it.n * sizeof(float));
-      *it.slot = static_cast<float*>(dev) + it.offset;
+      std::byte* host = buf.as<std::byte>() + it.offset;
+      if (it.bf16) {
+        Narrow(it.host, it.n, reinterpret_cast<std::uint16_t*>(host));
+      } else {
+        std::memcpy(host, it.host, it.n * sizeof(float));
+      }
+      *it.slot = static_cast<std::byte*>(dev) + it.offset;
     }
     return buf;
   }
@@ -81,16 +113,63 @@ class Packer {
   struct Item {
     const float* host;
     std::size_t n;
-    const float** slot;
-    std::size_t offset;
+    bool bf16;
+    const void** slot;
+    std::size_t offset;  // bytes
   };
+  void Push(const float* host, std::size_t n, bool bf16, const void** slot) {
+    items_.push_back({host, n, bf16, slot, total_});
+    total_ += (n * (bf16 ? 2 : 4) + 255) & ~std::size_t{255};
+  }
+  // High halves of bf16-valued floats (exact: their low halves are zero).
+  static void Narrow(const float* src, std::size_t n, std::uint16_t* dst) {
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint32_t u;
+      std::memcpy(&u, src + i, sizeof u);
+      dst[i] = static_cast<std::uint16_t>(u >> 16);
+    }
+  }
+  bool bf16_;
   std::vector<Item> items_;
   std::size_t total_ = 0;
 };
 
+// True when every value of every weight matrix this stage uploads (its layers' projections,
+// routers, shared and routed experts; lm_head and the MTP head where it holds them) is a bf16
+// value. One pass over the host weights at start-up.
+bool MatricesAreBf16(const ModelWeights& w, int layer_begin, int layer_end, bool last, bool mtp) {
+  auto exact = [](const Mat& m) {
+    const std::size_t n = U(m.rows) * U(m.cols);
+    std::uint32_t any = 0;  // OR of the low halves: zero iff all are bf16 values
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint32_t u;
+      std::memcpy(&u, m.data + i, sizeof u);
+      any |= u & 0xffffu;
+    }
+    return any == 0;
+  };
+  auto ffn = [&](const FfnWeights& f) { return f.gate.rows == 0 || (exact(f.gate) && exact(f.up) && exact(f.down)); };
+  auto layer = [&](const LayerWeights& lw) {
+    bool ok = lw.type == LayerType::kFullAttention
+                  ? exact(lw.attn.q_proj) && exact(lw.attn.k_proj) && exact(lw.attn.v_proj) && exact(lw.attn.o_proj)
+                  : exact(lw.gdn.in_proj_qkvz) && exact(lw.gdn.in_proj_ba) && exact(lw.gdn.out_proj);
+    if (!ok) return false;
+    if (!lw.moe) return ffn(lw.ffn_dense);
+    if (!exact(lw.ffn_moe.router) || !ffn(lw.ffn_moe.shared)) return false;
+    for (const FfnWeights& f : lw.ffn_moe.experts)
+      if (!ffn(f)) return false;
+    return true;
+  };
+  for (int il = layer_begin; il < layer_end; ++il)
+    if (!layer(w.layers[U(il)])) return false;
+  if (last && !exact(w.lm_head)) return false;
+  if (mtp && (!exact(w.mtp.fc) || !layer(w.mtp.layer))) return false;
+  return true;
+}
+
 // Host-side pointer tables, patched by the packers, uploaded after.
 struct ExpertTables {
-  std::vector<const float*> gate, up, down;  // [E]
+  std::vector<const void*> gate, up, down;  // [E]
 };
 
 void AddLayer(const LayerWeights& lw, const ModelConfig& c, const ExpertCache* cache, int cache_layer, Packer& dev,
@@ -131,9 +210,9 @@ void AddLayer(const LayerWeights& lw, const ModelConfig& c, const ExpertCache* c
     for (std::size_t e = 0; e < ne; ++e) {
       const FfnWeights& f = lw.ffn_moe.experts[e];
       Packer& p = cache->resident(cache_layer, static_cast<int>(e)) ? dev : host;
-      p.Add(f.gate.data, U(f.gate.rows) * U(f.gate.cols), &tables->gate[e]);
-      p.Add(f.up.data, U(f.up.rows) * U(f.up.cols), &tables->up[e]);
-      p.Add(f.down.data, U(f.down.rows) * U(f.down.cols), &tables->down[e]);
+      p.AddMatrix(f.gate.data, U(f.gate.rows) * U(f.gate.cols), &tables->gate[e]);
+      p.AddMatrix(f.up.data, U(f.up.rows) * U(f.up.cols), &tables->up[e]);
+      p.AddMatrix(f.down.data, U(f.down.rows) * U(f.down.cols), &tables->down[e]);
     }
   } else {
     dev.Add(lw.ffn_dense.gate, &out->dense.gate);
@@ -176,7 +255,12 @@ Status CudaStageSession::Init() {
     d.mtp_experts = std::make_unique<ExpertCache>(std::vector<int>{c_.n_layers}, n_exp, cfg_.ResidentExperts(n_exp),
                                                   expert_bytes);
 
-  Packer dev, host;
+  // LOCKSTEP_CUDA_F32_WEIGHTS=1 keeps f32 matrices even when bf16 would be lossless (to compare
+  // the two paths; they must agree bit for bit).
+  const char* force_f32 = std::getenv("LOCKSTEP_CUDA_F32_WEIGHTS");  // env: LOCKSTEP_CUDA_F32_WEIGHTS
+  d.weights_bf16 = !(force_f32 && std::string(force_f32) == "1") &&
+                   MatricesAreBf16(w_, layer_begin(), layer_end(), is_last(), mtp);
+  Packer dev(d.weights_bf16), host(d.weights_bf16);
   d.layers.resize(U(layer_end() - layer_begin()));
   std::vector<ExpertTables> tables(d.layers.size() + 1);
   int local_moe = 0;
@@ -186,7 +270,7 @@ Status CudaStageSession::Init() {
     AddLayer(lw, c_, d.experts.get(), lw.moe ? local_moe : -1, dev, host, &d.layers[l], &tables[l]);
     if (lw.moe) ++local_moe;
   }
-  if (is_first() || mtp) dev.Add(w_.embed, &d.embed);
+  if (is_first() || mtp) dev.AddF32(w_.embed, &d.embed);
   if (is_last()) {
     dev.Add(w_.lm_head, &d.lm_head);
     dev.Add(w_.final_norm, U(c_.n_embd), &d.final_norm);
@@ -203,7 +287,7 @@ Status CudaStageSession::Init() {
   LOCKSTEP_ASSIGN_OR_RETURN(d.host_experts, host.ToPinned());
 
   // Pointer tables: 3 x [E] per MoE layer (and the MTP layer), one device buffer.
-  std::vector<const float*> flat;
+  std::vector<const void*> flat;
   std::vector<std::size_t> table_offset(tables.size(), 0);
   for (std::size_t i = 0; i < tables.size(); ++i) {
     table_offset[i] = flat.size();
@@ -214,7 +298,7 @@ Status CudaStageSession::Init() {
   LOCKSTEP_ASSIGN_OR_RETURN(d.ptr_tables, DeviceBuffer::Alloc(std::max<std::size_t>(flat.size(), 1) * sizeof(void*)));
   if (!flat.empty())
     LOCKSTEP_CUDA_CHECK(cudaMemcpy(d.ptr_tables.get(), flat.data(), flat.size() * sizeof(void*), cudaMemcpyHostToDevice));
-  auto* base = d.ptr_tables.as<const float*>();
+  auto* base = d.ptr_tables.as<const void*>();
   auto patch = [&](DLayer& L, std::size_t ti) {
     if (!L.moe) return;
     const std::size_t ne = tables[ti].gate.size();
@@ -312,7 +396,7 @@ Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, A
       LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_up1.get(), d.s()));
       d.up_timed = true;
       LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_in.get(), d.s()));
-      EmbedRows(d.embed.d, d.tokens.as<int>(), T, h, d.hidden.as<float>(), d.s());
+      EmbedRows(d.embed.f32(), d.tokens.as<int>(), T, h, d.hidden.as<float>(), d.s());
     } else {
       const auto* in = dynamic_cast<const CudaActivation*>(act.device.get());
       if (in == nullptr) return Status::Runtime("cuda stage", "input activations are not on a CUDA device");
@@ -411,7 +495,7 @@ void CudaStageSession::Logits(const Activation& act, float* normed, float* logit
     LOCKSTEP_ASSIGN_OR_RETURN(float* nd, d.arena.Alloc(U(T) * U(h), &d.init_ns));
     LOCKSTEP_ASSIGN_OR_RETURN(float* ld, d.arena.Alloc(U(T) * U(V), &d.init_ns));
     RmsNormZc(d.hidden.as<float>(), h, T, h, d.final_norm, c_.rms_norm_eps, nd, h, d.s());
-    RowsMatmul(nd, T, d.lm_head.d, V, h, ld, V, d.s());  // always batch-invariant, as on the CPU
+    RowsMm(nd, T, d.lm_head, ld, V, d.s());  // always batch-invariant, as on the CPU
     LOCKSTEP_CUDA_CHECK(cudaGetLastError());
     LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_done.get(), d.s()));
     LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_copy0.get(), d.s()));
@@ -501,14 +585,14 @@ void CudaStageSession::MtpForward(const float* hid, const std::int32_t* next_tok
     LOCKSTEP_ASSIGN_OR_RETURN(float* ld, x.Alloc(U(std::max(nl, 1)) * U(V)));
     LOCKSTEP_RETURN_IF_ERROR(Upload(d, hd, hid, U(T) * U(h) * sizeof(float)));
     LOCKSTEP_RETURN_IF_ERROR(Upload(d, tok, next_tokens, U(T) * sizeof(int)));
-    EmbedRows(d.embed.d, reinterpret_cast<const int*>(tok), T, h, emb, d.s());
+    EmbedRows(d.embed.f32(), reinterpret_cast<const int*>(tok), T, h, emb, d.s());
     RmsNormZc(emb, h, T, h, d.mtp_pre_emb, c_.rms_norm_eps, cat, 2 * h, d.s());
     RmsNormZc(hd, h, T, h, d.mtp_pre_hid, c_.rms_norm_eps, cat + h, 2 * h, d.s());
     float* mh = d.mtp_hidden.as<float>();
     LOCKSTEP_RETURN_IF_ERROR(x.Mm(cat, T, d.mtp_fc, mh));
     LOCKSTEP_RETURN_IF_ERROR(LayerForward(x, d.mtp_layer, d.mtp_experts.get(), mh, T, p, d.mtp_kv.get(), nullptr));
     RmsNormZc(mh, h, T, h, d.mtp_norm, c_.rms_norm_eps, md, h, d.s());
-    if (nl > 0) RowsMatmul(md + U(T - nl) * U(h), nl, d.lm_head.d, V, h, ld, V, d.s());
+    if (nl > 0) RowsMm(md + U(T - nl) * U(h), nl, d.lm_head, ld, V, d.s());
     LOCKSTEP_CUDA_CHECK(cudaGetLastError());
     LOCKSTEP_RETURN_IF_ERROR(Download(d, m, md, U(T) * U(h) * sizeof(float)));
     if (nl > 0) LOCKSTEP_RETURN_IF_ERROR(Download(d, logits, ld, U(nl) * U(V) * sizeof(float)));

@@ -57,6 +57,8 @@ class CudaStageSession final : public StageSession {
   const ExpertCache& experts() const override;
 
   int device() const { return device_; }
+  // Matrices held as bf16 on the device (lossless: the stage's matrices are all bf16 values).
+  bool weights_bf16() const;
 
  private:
   CudaStageSession(const StageParams& params, CudaBackend* backend, int device);

@@ -31,11 +31,16 @@ inline std::int64_t MonoNs() {
 
 inline int KvDtypeCode(DType d) { return d == DType::kF32 ? 0 : d == DType::kBF16 ? 1 : 2; }
 
-// A device weight matrix view: f32 [rows=out, cols=in].
+// A device weight matrix view [rows=out, cols=in]: f32, or bf16 bits when the stage keeps its
+// matrices as bf16 (DeviceStageImpl::weights_bf16).
 struct DMat {
-  const float* d = nullptr;
+  const void* d = nullptr;
   int rows = 0;
   int cols = 0;
+  bool bf16 = false;
+  const float* f32() const { return static_cast<const float*>(d); }
+  const std::uint16_t* bf16_bits() const { return static_cast<const std::uint16_t*>(d); }
+  std::size_t elems() const { return U(rows) * U(cols); }
 };
 struct DFfn {
   DMat gate, up, down;
@@ -60,9 +65,10 @@ struct DLayer {
   DMat router;
   DFfn shared;
   const float* shared_gate = nullptr;    // f32 [H]
-  const float* const* gate_ptrs = nullptr;  // device array [E] of expert gate weights (device or host-mapped)
-  const float* const* up_ptrs = nullptr;
-  const float* const* down_ptrs = nullptr;
+  // Device arrays [E] of expert weights (device or host-mapped), f32 or bf16 bits as the stage's.
+  const void* const* gate_ptrs = nullptr;
+  const void* const* up_ptrs = nullptr;
+  const void* const* down_ptrs = nullptr;
   int cache_layer = -1;  // local index in the stage's (or the MTP's) ExpertCache
   // dense FFN
   DFfn dense;
@@ -143,6 +149,11 @@ struct DeviceStageImpl {
   bool copy_timed = false;
   std::int64_t init_ns = 0;  // set-up time spent in the current call
 
+  // Weight matrices (and experts) as bf16: every value of every matrix of the stage is a bf16
+  // value (the model's files are bf16), so bf16 storage is lossless and halves the bytes each
+  // decode step reads. Vectors (norms, biases) and the embedding table stay f32.
+  bool weights_bf16 = false;
+  DeviceBuffer widen;      // f32 scratch: a bf16 matrix widened for a cuBLAS GEMM (prefill)
   DeviceBuffer dense;      // every non-expert weight of the stage + resident experts
   PinnedBuffer host_experts;  // non-resident routed experts (host-mapped)
   DeviceBuffer ptr_tables;    // per MoE layer 3 x [E] expert pointers
@@ -185,6 +196,9 @@ struct DeviceStageImpl {
   cudaStream_t s() const { return stream.get(); }
 };
 
+// y[T, ldy] = x[T, n_in] . W^T with the batch-invariant RowsMatmul, for either weight dtype.
+inline void RowsMm(const float* x, int T, const DMat& w, float* y, int ldy, cudaStream_t s);
+
 // One forward's context: the session's device state, the mode and the stream.
 struct Ctx {
   const ModelConfig& c;
@@ -216,6 +230,22 @@ Status Download(DeviceStageImpl& d, void* dst, const void* src, std::size_t byte
 // Brings the host mirrors up to date with the device state (rows / states that changed).
 Status SyncKv(DeviceStageImpl& d, DKv& kv);
 Status SyncGdn(DeviceStageImpl& d, DGdn& g);
+
+}  // namespace detail
+}  // namespace lockstep::cuda
+
+#include "cuda/ops.h"
+
+namespace lockstep::cuda {
+namespace detail {
+
+inline void RowsMm(const float* x, int T, const DMat& w, float* y, int ldy, cudaStream_t s) {
+  if (w.bf16) {
+    RowsMatmul(x, T, w.bf16_bits(), w.rows, w.cols, y, ldy, s);
+  } else {
+    RowsMatmul(x, T, w.f32(), w.rows, w.cols, y, ldy, s);
+  }
+}
 
 }  // namespace detail
 }  // namespace lockstep::cuda

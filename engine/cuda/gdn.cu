@@ -1,10 +1,16 @@
 // Gated DeltaNet pieces (cpu/gdn.cpp GdnForward's device twins): projection split, causal conv +
-// SiLU, q/k l2 norms and the recurrent delta rule.
+// SiLU, q/k l2 norms, the recurrent delta rule (verify windows) and its chunked form (prefill,
+// cpu::GatedDeltaChunked's twin, chunk 64).
 //
 // Determinism: split and conv are pure per-element functions; the l2 norms use the batch-
 // invariant warp dot; the recurrence gives each thread one state column for all T steps and runs
-// the steps in order, with exactly cpu::GatedDeltaStep's operations for that column. No atomics,
-// no order that depends on T or the grid.
+// the steps in order, with exactly cpu::GatedDeltaStep's operations for that column. The chunked
+// form runs one block per value head and the chunks in order; inside a chunk every element of
+// every intermediate (Tm, W, Delta, O, the state) is computed by one thread with kernel_math.h's
+// sequential sums (index increasing), so the bits depend on the chunk size and the reduced
+// lengths only, never on the block size or the grid (the thread map only spreads elements). It
+// differs from the CPU's Eigen products in summation order (NRMSE ~1e-7), not in the algorithm.
+// No atomics, no order that depends on T or the grid.
 #include "cuda/kernel_math.h"
 #include "cuda/ops.h"
 
@@ -14,6 +20,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kRecThreads = 128;  // GdnRecurrent block: one thread per value column (Dv = 128)
+constexpr int kChunkThreads = 256;  // GdnChunked block (one per value head)
+// GdnChunked's dynamic shared memory, (2 C^2 + 5 C) floats, stays within the 48 KiB a launch gets
+// without cudaFuncSetAttribute for every chunk C <= kGdnMaxChunk.
+static_assert((2 * km::kGdnMaxChunk * km::kGdnMaxChunk + 5 * km::kGdnMaxChunk) * 4 <= 48 * 1024);
+static_assert(kGdnPrefillChunk >= 1 && kGdnPrefillChunk <= km::kGdnMaxChunk);
 
 unsigned GridFor(std::int64_t total) {
   const std::int64_t want = (total + kThreads - 1) / kThreads;
@@ -143,6 +154,112 @@ __global__ void __launch_bounds__(kRecThreads)
   }
 }
 
+// The chunked form (MODEL.md 3.7, cpu::GatedDeltaChunked): one block per value head j, its
+// chunks of C rows in order (the state is the only thing carried between chunks). Per chunk of
+// n rows, phases separated by __syncthreads (each output element is one thread's, computed with
+// the sequential sums of kernel_math.h's "gdn chunked" section; the element -> thread map only
+// spreads the work):
+//   1. gam = running sum of g (thread 0, in order); Gamma, beta*Gamma, exp(gam_last - gam);
+//      X = -A (strictly lower, <k_i, k_m> dots) and Tm's unit diagonal.
+//   2. forward substitution, row i = 1 .. n-1 after row i-1 (the CPU's recurrence).
+//   3. W = Tm diag(beta Gamma) K -> scratch; QKm = (Q K^T) .* D over X (no longer needed).
+//   4. Delta = Tm diag(beta) V - W S0 -> scratch.
+//   5. O = diag(Gamma) Q S0 + QKm Delta.
+//   6. S0 <- Gamma_last S0 + (K .* exp(gam_last - gam))^T Delta, in place.
+// Shared (dynamic): X and Tm [C, C] (row stride C), gam, beta*Gamma, Gamma, exp(gam_last - gam)
+// and beta [C]. Scratch of head j: W [C, Dk] then Delta [C, Dv].
+__global__ void __launch_bounds__(kChunkThreads)
+    ChunkedKernel(float* __restrict__ S0, const float* __restrict__ qh, const float* __restrict__ kh,
+                  const float* __restrict__ U, const float* __restrict__ g,
+                  const float* __restrict__ beta, int T, int hk, int hv, int dk, int dv,
+                  int conv_dim, int chunk, float* __restrict__ scratch, float* __restrict__ O) {
+  extern __shared__ float smem[];
+  const int C = chunk;
+  float* X = smem;        // -A, then the masked Q K^T
+  float* Tm = X + C * C;  // (I + A)^-1
+  float* gam = Tm + C * C;
+  float* bgam = gam + C;  // beta * Gamma
+  float* gmm = bgam + C;  // Gamma = exp(gam)
+  float* kdec = gmm + C;  // exp(gam_last - gam)
+  float* bet = kdec + C;  // beta
+  const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
+  const int j = static_cast<int>(blockIdx.x), gi = j / (hv / hk);
+  const std::ptrdiff_t ldk = static_cast<std::ptrdiff_t>(hk) * dk;  // row stride of qh / kh
+  const std::ptrdiff_t ldv = conv_dim, lds = dv;
+  float* S = S0 + static_cast<std::size_t>(j) * static_cast<std::size_t>(dk) * static_cast<std::size_t>(dv);
+  float* W = scratch + static_cast<std::size_t>(j) * static_cast<std::size_t>(C) *
+                           static_cast<std::size_t>(dk + dv);
+  float* Dl = W + static_cast<std::size_t>(C) * static_cast<std::size_t>(dk);
+  for (int c0 = 0; c0 < T; c0 += C) {
+    const int n = T - c0 < C ? T - c0 : C;
+    const float* Kc = kh + static_cast<std::ptrdiff_t>(c0) * ldk + static_cast<std::ptrdiff_t>(gi) * dk;
+    const float* Qc = qh + static_cast<std::ptrdiff_t>(c0) * ldk + static_cast<std::ptrdiff_t>(gi) * dk;
+    const float* Vc = U + static_cast<std::ptrdiff_t>(c0) * ldv + 2 * ldk + static_cast<std::ptrdiff_t>(j) * dv;
+    const float* gc = g + static_cast<std::ptrdiff_t>(c0) * hv + j;  // row i at gc[i * hv]
+    const float* bc = beta + static_cast<std::ptrdiff_t>(c0) * hv + j;
+    // 1. decays, -A, unit diagonal.
+    if (tid == 0) {
+      float acc = 0.0f;
+      for (int i = 0; i < n; ++i) gam[i] = (acc = acc + gc[static_cast<std::ptrdiff_t>(i) * hv]);
+    }
+    __syncthreads();
+    for (int i = tid; i < n; i += nt) {
+      const float b = bc[static_cast<std::ptrdiff_t>(i) * hv], G = ::expf(gam[i]);
+      bet[i] = b;
+      gmm[i] = G;
+      bgam[i] = b * G;
+      kdec[i] = ::expf(gam[n - 1] - gam[i]);
+      Tm[i * C + i] = 1.0f;
+    }
+    for (int e = tid; e < n * n; e += nt) {
+      const int i = e / n, m = e - i * n;
+      if (m < i)
+        X[i * C + m] = km::GdnChunkNegA(bc[static_cast<std::ptrdiff_t>(i) * hv], gam[i], gam[m],
+                                        km::GdnChunkDot(Kc + i * ldk, 1, Kc + m * ldk, 1, dk));
+    }
+    __syncthreads();
+    // 2. Tm rows below the diagonal, in order.
+    for (int i = 1; i < n; ++i) {
+      for (int m = tid; m < i; m += nt) Tm[i * C + m] = km::GdnChunkTmEntry(X + i * C, Tm, C, i, m);
+      __syncthreads();
+    }
+    // 3. W, masked Q K^T.
+    for (int e = tid; e < n * dk; e += nt) {
+      const int i = e / dk, kk = e - i * dk;
+      W[e] = km::GdnChunkTriApply(Tm + i * C, Kc + kk, ldk, bgam, i);
+    }
+    for (int e = tid; e < n * n; e += nt) {
+      const int i = e / n, m = e - i * n;
+      if (m <= i)
+        X[i * C + m] = km::GdnChunkMaskedQk(km::GdnChunkDot(Qc + i * ldk, 1, Kc + m * ldk, 1, dk),
+                                            gam[i], gam[m]);
+    }
+    __syncthreads();
+    // 4. Delta = U - W S0.
+    for (int e = tid; e < n * dv; e += nt) {
+      const int i = e / dv, c = e - i * dv;
+      const float u = km::GdnChunkTriApply(Tm + i * C, Vc + c, ldv, bet, i);
+      Dl[e] = km::GdnChunkDelta(u, W + static_cast<std::ptrdiff_t>(i) * dk, S + c, lds, dk);
+    }
+    __syncthreads();
+    // 5. Outputs of the chunk's rows.
+    for (int e = tid; e < n * dv; e += nt) {
+      const int i = e / dv, c = e - i * dv;
+      O[(static_cast<std::size_t>(c0 + i) * static_cast<std::size_t>(hv) + static_cast<std::size_t>(j)) *
+            static_cast<std::size_t>(dv) +
+        static_cast<std::size_t>(c)] =
+          km::GdnChunkOut(Qc + i * ldk, gmm[i], S + c, lds, dk, X + i * C, Dl + c, lds, i);
+    }
+    __syncthreads();  // every read of S0 is done
+    // 6. The state after the chunk's last row.
+    for (int e = tid; e < dk * dv; e += nt) {
+      const int kk = e / dv, c = e - kk * dv;
+      S[e] = km::GdnChunkState(S[e], gmm[n - 1], Kc + kk, ldk, kdec, Dl + c, lds, n);
+    }
+    __syncthreads();  // the next chunk reads S and overwrites the shared arrays and scratch
+  }
+}
+
 }  // namespace
 
 void GdnSplit(const float* P, const float* B, int T, int n_k_heads, int n_v_heads, int k_head_dim,
@@ -180,6 +297,24 @@ void GdnRecurrent(float* S0, float* steps, const float* qh, const float* kh, con
   const std::size_t smem = 2 * static_cast<std::size_t>(k_head_dim) * sizeof(float);
   RecurrentKernel<<<static_cast<unsigned>(n_v_heads), kRecThreads, smem, s>>>(
       S0, steps, qh, kh, U, g, beta, T, n_k_heads, n_v_heads, k_head_dim, v_head_dim, conv_dim, O);
+}
+
+std::size_t GdnChunkedScratchFloats(int n_v_heads, int k_head_dim, int v_head_dim, int chunk) {
+  return static_cast<std::size_t>(n_v_heads) * static_cast<std::size_t>(chunk) *
+         (static_cast<std::size_t>(k_head_dim) + static_cast<std::size_t>(v_head_dim));
+}
+
+void GdnChunked(float* S0, const float* qh, const float* kh, const float* U, const float* g,
+                const float* beta, int T, int n_k_heads, int n_v_heads, int k_head_dim,
+                int v_head_dim, int conv_dim, int chunk, float* scratch, float* O, cudaStream_t s) {
+  if (T <= 0 || n_v_heads <= 0) return;
+  const std::size_t smem =
+      (2 * static_cast<std::size_t>(chunk) * static_cast<std::size_t>(chunk) +
+       5 * static_cast<std::size_t>(chunk)) *
+      sizeof(float);
+  ChunkedKernel<<<static_cast<unsigned>(n_v_heads), kChunkThreads, smem, s>>>(
+      S0, qh, kh, U, g, beta, T, n_k_heads, n_v_heads, k_head_dim, v_head_dim, conv_dim, chunk,
+      scratch, O);
 }
 
 }  // namespace lockstep::cuda

@@ -80,6 +80,15 @@ LOCKSTEP_HD inline float Bf16ToF32(std::uint16_t b) {
   return BitsFloat(static_cast<std::uint32_t>(b) << 16);
 }
 
+// A weight element as f32. Weights live on the device as f32, or as bf16 (raw bits) when every
+// value of the stage's matrices is a bf16 value (cuda_stage.cpp): widening is exact, so a product
+// over bf16 weights runs the very same f32 operations on the very same values as over f32 ones.
+LOCKSTEP_HD inline float WeightF32(float w) { return w; }
+LOCKSTEP_HD inline float WeightF32(std::uint16_t w) { return Bf16ToF32(w); }
+// True when x is a bf16 value (its low 16 bits are zero; NaN and Inf included): then truncating
+// to its high half is exact and Bf16ToF32 gives back x's bits.
+LOCKSTEP_HD inline bool IsBf16Exact(float x) { return (FloatBits(x) & 0xffffu) == 0; }
+
 // ---- activations (cpu/norm.h) ----
 
 LOCKSTEP_HD inline float Sigmoid(float x) { return 1.0f / (1.0f + ::expf(-x)); }
@@ -149,16 +158,16 @@ LOCKSTEP_HD inline float LanePartial(const float* a, const float* b, int n, int 
   }
   return acc;
 }
-// R rows x[r] against one weight row w, lane `lane` (scalar path): each row's accumulator sees
-// exactly LanePartial's sequence whatever R is.
-template <int R>
-LOCKSTEP_HD inline void LaneAccumRows(const float* const* x, const float* w, int n, int lane,
+// R rows x[r] against one weight row w (f32, or bf16 bits widened exactly), lane `lane` (scalar
+// path): each row's accumulator sees exactly LanePartial's sequence whatever R is.
+template <int R, typename WT = float>
+LOCKSTEP_HD inline void LaneAccumRows(const float* const* x, const WT* w, int n, int lane,
                                       float* acc) {
   for (int r = 0; r < R; ++r) acc[r] = 0.0f;
   for (int base = kLaneVec * lane; base < n; base += kChunk) {
     const int m = n - base < kLaneVec ? n - base : kLaneVec;
     for (int c = 0; c < m; ++c) {
-      const float wv = w[base + c];
+      const float wv = WeightF32(w[base + c]);
       for (int r = 0; r < R; ++r) acc[r] = LaneStep(acc[r], x[r][base + c], wv);
     }
   }
@@ -319,23 +328,38 @@ __device__ __host__ inline bool Aligned(const void* p, std::size_t bytes) {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }
 
+// Weight elements [4g, 4g+4) as f32: one float4 load, or one 8-byte load of four bf16 values
+// (element 4g in the low half of .x: little-endian), each widened exactly.
+__device__ inline float4 LoadWeight4(const float* w, int g) { return reinterpret_cast<const float4*>(w)[g]; }
+__device__ inline float4 LoadWeight4(const std::uint16_t* w, int g) {
+  const uint2 b = reinterpret_cast<const uint2*>(w)[g];
+  float4 v;
+  v.x = Bf16ToF32(static_cast<std::uint16_t>(b.x & 0xffffu));
+  v.y = Bf16ToF32(static_cast<std::uint16_t>(b.x >> 16));
+  v.z = Bf16ToF32(static_cast<std::uint16_t>(b.y & 0xffffu));
+  v.w = Bf16ToF32(static_cast<std::uint16_t>(b.y >> 16));
+  return v;
+}
+// The byte alignment LoadWeight4 needs.
+template <typename WT>
+inline constexpr std::size_t kWeightVecAlign = 4 * sizeof(WT);
+
 // out[r] = x[r] . w (n elements) for R rows, all lanes of the calling warp participating; every
-// lane returns the results. vec: n % 4 == 0 and w and every x[r] 16-byte aligned, so each lane
-// loads one float4 per operand per chunk; the float4 path runs exactly LaneAccumRows' sequence.
-// w is read once for the R rows. Plain loads (no __ldg): x may alias the caller's output (norms in
-// place) and w may be host-mapped memory.
-template <int R>
-__device__ inline void WarpDotRows(const float* const* x, const float* w, int n, bool vec, int lane,
+// lane returns the results. vec: n % 4 == 0, every x[r] 16-byte aligned and w aligned to
+// kWeightVecAlign<WT>, so each lane loads four elements of each operand per chunk; that path runs
+// exactly LaneAccumRows' sequence. w (f32, or bf16 bits) is read once for the R rows. Plain loads
+// (no __ldg): x may alias the caller's output (norms in place) and w may be host-mapped memory.
+template <int R, typename WT = float>
+__device__ inline void WarpDotRows(const float* const* x, const WT* w, int n, bool vec, int lane,
                                    float* out) {
   float acc[R];
   if (vec) {
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    const float4* w4 = reinterpret_cast<const float4*>(w);
     const int n4 = n / kLaneVec;
 #pragma unroll 2
     for (int g = lane; g < n4; g += kWarp) {
-      const float4 wv = w4[g];
+      const float4 wv = LoadWeight4(w, g);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const float4 xv = reinterpret_cast<const float4*>(x[r])[g];
@@ -343,7 +367,7 @@ __device__ inline void WarpDotRows(const float* const* x, const float* w, int n,
       }
     }
   } else {
-    LaneAccumRows<R>(x, w, n, lane, acc);
+    LaneAccumRows<R, WT>(x, w, n, lane, acc);
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) out[r] = WarpCombine(acc[r]);
@@ -351,3 +375,74 @@ __device__ inline void WarpDotRows(const float* const* x, const float* w, int n,
 
 }  // namespace lockstep::cuda::km
 #endif  // __CUDACC__
+
+// ---- gdn chunked ----
+// The chunked form of the gated delta rule (gdn.cu GdnChunked; cpu::GatedDeltaChunked, MODEL.md
+// 3.7), one element at a time, for one chunk of n <= C rows of one value head. gam[i] is the
+// inclusive running sum of the chunk's log decays (in row order, from 0); Gamma = exp(gam). Each
+// sum below runs over its index in increasing order, one add per term, so a result depends only
+// on the reduced length (never on the launch). The per-row scalings are the CPU's: a row is
+// multiplied by its scale before the product, e.g. (k * (beta * Gamma)). Strides are in floats.
+namespace lockstep::cuda::km {
+
+inline constexpr int kGdnMaxChunk = 64;  // GdnChunked: chunk <= 64 (shared memory of 2 C x C tiles)
+
+// sum_{t < n} a[t * sa] * b[t * sb].
+LOCKSTEP_HD inline float GdnChunkDot(const float* a, std::ptrdiff_t sa, const float* b, std::ptrdiff_t sb,
+                                     int n) {
+  float s = 0.0f;
+  for (int t = 0; t < n; ++t) s = s + a[t * sa] * b[t * sb];
+  return s;
+}
+// -A[i][m] = -beta_i * exp(gam_i - gam_m) * <k_i, k_m> for m < i (strictly lower), kk = <k_i, k_m>.
+LOCKSTEP_HD inline float GdnChunkNegA(float beta_i, float gam_i, float gam_m, float kk) {
+  return -beta_i * ::expf(gam_i - gam_m) * kk;
+}
+// ((Q K^T) .* D)[i][m] = <q_i, k_m> * exp(gam_i - gam_m) for m <= i (0 above the diagonal).
+LOCKSTEP_HD inline float GdnChunkMaskedQk(float qk, float gam_i, float gam_m) {
+  return qk * ::expf(gam_i - gam_m);
+}
+// Forward substitution for Tm = (I + A)^-1, entry (i, m) with m < i, rows in increasing order:
+// x_row = row i of X = -A, tm = the rows < i of Tm (final; row l at tm + l * ld):
+//   Tm[i][m] = X[i][m] + sum_{l = m+1}^{i-1} X[i][l] * Tm[l][m]
+// (the CPU's row + row * Tm[:i, :i] without its zero terms: Tm[l][m] = 0 for l <= m there).
+LOCKSTEP_HD inline float GdnChunkTmEntry(const float* x_row, const float* tm, int ld, int i, int m) {
+  float s = 0.0f;
+  for (int l = m + 1; l < i; ++l) s = s + x_row[l] * tm[static_cast<std::ptrdiff_t>(l) * ld + m];
+  return x_row[m] + s;
+}
+// Row i of Tm diag(scale) X, one column: sum_{m <= i} tm_row[m] * (x[m * ldx] * scale[m]), with
+// Tm[i][i] = 1 in tm_row. U = Tm diag(beta) V (scale beta), W = Tm diag(beta Gamma) K (scale
+// beta * Gamma).
+LOCKSTEP_HD inline float GdnChunkTriApply(const float* tm_row, const float* x, std::ptrdiff_t ldx,
+                                          const float* scale, int i) {
+  float s = 0.0f;
+  for (int m = 0; m <= i; ++m) s = s + tm_row[m] * (x[m * ldx] * scale[m]);
+  return s;
+}
+// Delta[i][c] = U[i][c] - sum_kk W[i][kk] * S0[kk][c]; s_col = &S0[0][c], rows lds apart.
+LOCKSTEP_HD inline float GdnChunkDelta(float u, const float* w_row, const float* s_col, std::ptrdiff_t lds,
+                                       int dk) {
+  return u - GdnChunkDot(w_row, 1, s_col, lds, dk);
+}
+// O[i][c] = sum_kk (q_i[kk] * Gamma_i) * S0[kk][c] + sum_{m <= i} QKm[i][m] * Delta[m][c]
+// (the two sums formed separately, then added).
+LOCKSTEP_HD inline float GdnChunkOut(const float* q_row, float gamma_i, const float* s_col, std::ptrdiff_t lds,
+                                     int dk, const float* qk_row, const float* d_col, std::ptrdiff_t ldd,
+                                     int i) {
+  float a = 0.0f;
+  for (int kk = 0; kk < dk; ++kk) a = a + (q_row[kk] * gamma_i) * s_col[kk * lds];
+  float b = 0.0f;
+  for (int m = 0; m <= i; ++m) b = b + qk_row[m] * d_col[m * ldd];
+  return a + b;
+}
+// S_end[kk][c] = S0[kk][c] * Gamma_last + sum_{i < n} (k_i[kk] * kdec[i]) * Delta[i][c], with
+// kdec[i] = exp(gam_last - gam_i); k_col = &K[0][kk] (rows ldk apart), d_col = &Delta[0][c].
+LOCKSTEP_HD inline float GdnChunkState(float s, float gamma_last, const float* k_col, std::ptrdiff_t ldk,
+                                       const float* kdec, const float* d_col, std::ptrdiff_t ldd, int n) {
+  float acc = 0.0f;
+  for (int i = 0; i < n; ++i) acc = acc + (k_col[i * ldk] * kdec[i]) * d_col[i * ldd];
+  return s * gamma_last + acc;
+}
+
+}  // namespace lockstep::cuda::km

@@ -8,6 +8,9 @@
 //
 // Determinism: y[t, o] is LanePartial over n_in followed by the fixed butterfly, whatever T, the
 // pass the row lands in, the grid or the block size; no atomics. Bitwise batch-invariant.
+//
+// Weights are f32 or bf16 bits (a stage whose matrices are all bf16 values keeps them as bf16:
+// half the bytes, the same f32 operations on the same values, so the same bits).
 #include "cuda/kernel_math.h"
 #include "cuda/ops.h"
 
@@ -16,15 +19,15 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;  // 4 output rows per block: many blocks even for small n_out
 
-template <int R>
-__device__ inline void RowsPass(const float* x, int n_in, int t0, const float* w, bool vec,
+template <int R, typename WT>
+__device__ inline void RowsPass(const float* x, int n_in, int t0, const WT* w, bool vec,
                                 int lane, float* y, int ldy, int o) {
   const float* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)
     rows[r] = x + static_cast<std::size_t>(t0 + r) * static_cast<std::size_t>(n_in);
   float out[R];
-  km::WarpDotRows<R>(rows, w, n_in, vec, lane, out);
+  km::WarpDotRows<R, WT>(rows, w, n_in, vec, lane, out);
   // Lane r stores row r (every lane holds every result): R stores in parallel, not R from lane 0.
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -33,41 +36,68 @@ __device__ inline void RowsPass(const float* x, int n_in, int t0, const float* w
         static_cast<std::size_t>(o)] = out[r];
 }
 
-// x f32 [T, n_in], W f32 [n_out, n_in], y f32 [T, ldy]. Grid: ceil(n_out / kWarpsPerBlock).
+// x f32 [T, n_in], W f32 or bf16 [n_out, n_in], y f32 [T, ldy]. Grid: ceil(n_out / kWarpsPerBlock).
+template <typename WT>
 __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
-    RowsMatmulKernel(const float* __restrict__ x, int T, const float* __restrict__ W, int n_out,
+    RowsMatmulKernel(const float* __restrict__ x, int T, const WT* __restrict__ W, int n_out,
                      int n_in, float* __restrict__ y, int ldy, bool vec) {
   const int lane = static_cast<int>(threadIdx.x) % km::kWarp;
   const int o =
       static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x) / km::kWarp;
   if (o >= n_out) return;  // the whole warp leaves together (shuffles stay full-warp)
-  const float* w = W + static_cast<std::size_t>(o) * static_cast<std::size_t>(n_in);
+  const WT* w = W + static_cast<std::size_t>(o) * static_cast<std::size_t>(n_in);
   int t0 = 0;
   while (t0 < T) {
     const int g = km::RowGroupSize(T - t0);
     if (g == 8) {
-      RowsPass<8>(x, n_in, t0, w, vec, lane, y, ldy, o);
+      RowsPass<8, WT>(x, n_in, t0, w, vec, lane, y, ldy, o);
     } else if (g == 4) {
-      RowsPass<4>(x, n_in, t0, w, vec, lane, y, ldy, o);
+      RowsPass<4, WT>(x, n_in, t0, w, vec, lane, y, ldy, o);
     } else if (g == 2) {
-      RowsPass<2>(x, n_in, t0, w, vec, lane, y, ldy, o);
+      RowsPass<2, WT>(x, n_in, t0, w, vec, lane, y, ldy, o);
     } else {
-      RowsPass<1>(x, n_in, t0, w, vec, lane, y, ldy, o);
+      RowsPass<1, WT>(x, n_in, t0, w, vec, lane, y, ldy, o);
     }
     t0 += g;
   }
+}
+
+// bf16 bits [n] -> f32 [n] (exact); one thread per element.
+__global__ void __launch_bounds__(256)
+    WidenBf16Kernel(const std::uint16_t* __restrict__ src, std::int64_t n, float* __restrict__ dst) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = km::Bf16ToF32(src[i]);
+}
+
+template <typename WT>
+void LaunchRows(const float* x, int T, const WT* W, int n_out, int n_in, float* y, int ldy,
+                cudaStream_t s) {
+  if (T <= 0 || n_out <= 0 || n_in <= 0) return;
+  // Vector loads only when every row start is aligned; otherwise the scalar path (same bits,
+  // slower).
+  const bool vec =
+      n_in % 4 == 0 && km::Aligned(x, 16) && km::Aligned(W, km::kWeightVecAlign<WT>);
+  const unsigned blocks = static_cast<unsigned>((n_out + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  RowsMatmulKernel<WT><<<blocks, kWarpsPerBlock * km::kWarp, 0, s>>>(x, T, W, n_out, n_in, y, ldy, vec);
 }
 
 }  // namespace
 
 void RowsMatmul(const float* x, int T, const float* W, int n_out, int n_in, float* y, int ldy,
                 cudaStream_t s) {
-  if (T <= 0 || n_out <= 0 || n_in <= 0) return;
-  // float4 path only when every row start is 16-byte aligned; otherwise the scalar path (same
-  // bits, slower).
-  const bool vec = n_in % 4 == 0 && km::Aligned(x, 16) && km::Aligned(W, 16);
-  const unsigned blocks = static_cast<unsigned>((n_out + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  RowsMatmulKernel<<<blocks, kWarpsPerBlock * km::kWarp, 0, s>>>(x, T, W, n_out, n_in, y, ldy, vec);
+  LaunchRows(x, T, W, n_out, n_in, y, ldy, s);
+}
+
+void RowsMatmul(const float* x, int T, const std::uint16_t* W, int n_out, int n_in, float* y,
+                int ldy, cudaStream_t s) {
+  LaunchRows(x, T, W, n_out, n_in, y, ldy, s);
+}
+
+void WidenBf16(const std::uint16_t* src, std::int64_t n, float* dst, cudaStream_t s) {
+  if (n <= 0) return;
+  const std::int64_t want = (n + 255) / 256;
+  WidenBf16Kernel<<<static_cast<unsigned>(want < 65535 ? want : 65535), 256, 0, s>>>(src, n, dst);
 }
 
 }  // namespace lockstep::cuda

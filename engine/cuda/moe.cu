@@ -159,17 +159,17 @@ __device__ inline int BlockExpert(const int* active, const int* n_active) {
   return a < *n_active ? active[a] : -1;
 }
 
-template <int R>
+template <int R, typename WT>
 __device__ inline void GateUpPass(const float* x, int H, int I, int k, const int* slot_of, int i0,
-                                  const float* wg, const float* wu, bool vec, int lane, int o,
+                                  const WT* wg, const WT* wu, bool vec, int lane, int o,
                                   float* act) {
   const float* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)
     rows[r] = x + static_cast<std::size_t>(slot_of[i0 + r] / k) * static_cast<std::size_t>(H);
   float gv[R], uv[R];
-  km::WarpDotRows<R>(rows, wg, H, vec, lane, gv);
-  km::WarpDotRows<R>(rows, wu, H, vec, lane, uv);
+  km::WarpDotRows<R, WT>(rows, wg, H, vec, lane, gv);
+  km::WarpDotRows<R, WT>(rows, wu, H, vec, lane, uv);
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (lane == r)
@@ -177,47 +177,49 @@ __device__ inline void GateUpPass(const float* x, int H, int I, int k, const int
           static_cast<std::size_t>(o)] = km::SwiGlu(gv[r], uv[r]);
 }
 
-// x f32 [T, H]; gate_w / up_w [E] -> f32 [I, H]; act f32 [T*k, I] by slot position.
-// Grid (max_active, ceil(I / kMoeWarps)); warp per output row o.
+// x f32 [T, H]; gate_w / up_w [E] -> WT [I, H] (f32 or bf16 bits); act f32 [T*k, I] by slot
+// position. Grid (max_active, ceil(I / kMoeWarps)); warp per output row o.
+template <typename WT>
 __global__ void __launch_bounds__(kMoeWarps* km::kWarp)
     GateUpKernel(const float* __restrict__ x, int H, int I, int k, const int* __restrict__ slot_of,
                  const int* __restrict__ first, const int* __restrict__ active,
-                 const int* __restrict__ n_active, const float* const* __restrict__ gate_w,
-                 const float* const* __restrict__ up_w, float* __restrict__ act) {
+                 const int* __restrict__ n_active, const void* const* __restrict__ gate_w,
+                 const void* const* __restrict__ up_w, float* __restrict__ act) {
   const int e = BlockExpert(active, n_active);
   if (e < 0) return;
   const int lane = static_cast<int>(threadIdx.x) % km::kWarp;
   const int o =
       static_cast<int>(blockIdx.y) * kMoeWarps + static_cast<int>(threadIdx.x) / km::kWarp;
   if (o >= I) return;
-  const float* wg = gate_w[e] + static_cast<std::size_t>(o) * static_cast<std::size_t>(H);
-  const float* wu = up_w[e] + static_cast<std::size_t>(o) * static_cast<std::size_t>(H);
-  const bool vec = H % 4 == 0 && km::Aligned(x, 16) && km::Aligned(wg, 16) && km::Aligned(wu, 16);
+  const WT* wg = static_cast<const WT*>(gate_w[e]) + static_cast<std::size_t>(o) * static_cast<std::size_t>(H);
+  const WT* wu = static_cast<const WT*>(up_w[e]) + static_cast<std::size_t>(o) * static_cast<std::size_t>(H);
+  const bool vec = H % 4 == 0 && km::Aligned(x, 16) && km::Aligned(wg, km::kWeightVecAlign<WT>) &&
+                   km::Aligned(wu, km::kWeightVecAlign<WT>);
   const int s0 = first[e], s1 = first[e + 1];
   for (int i0 = s0; i0 < s1;) {
     const int g = km::RowGroupSize(s1 - i0);
     if (g == 8) {
-      GateUpPass<8>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
+      GateUpPass<8, WT>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
     } else if (g == 4) {
-      GateUpPass<4>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
+      GateUpPass<4, WT>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
     } else if (g == 2) {
-      GateUpPass<2>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
+      GateUpPass<2, WT>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
     } else {
-      GateUpPass<1>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
+      GateUpPass<1, WT>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
     }
     i0 += g;
   }
 }
 
-template <int R>
+template <int R, typename WT>
 __device__ inline void DownPass(const float* act, int H, int I, const int* slot_of, int i0,
-                                const float* wd, bool vec, int lane, int o, float* ranked) {
+                                const WT* wd, bool vec, int lane, int o, float* ranked) {
   const float* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)
     rows[r] = act + static_cast<std::size_t>(i0 + r) * static_cast<std::size_t>(I);
   float y[R];
-  km::WarpDotRows<R>(rows, wd, I, vec, lane, y);
+  km::WarpDotRows<R, WT>(rows, wd, I, vec, lane, y);
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (lane == r)
@@ -225,12 +227,13 @@ __device__ inline void DownPass(const float* act, int H, int I, const int* slot_
              static_cast<std::size_t>(o)] = y[r];
 }
 
-// act f32 [T*k, I] by slot position; down_w [E] -> f32 [H, I]; ranked f32 [T*k, H] by t*k + r.
+// act f32 [T*k, I] by slot position; down_w [E] -> WT [H, I]; ranked f32 [T*k, H] by t*k + r.
 // Grid (max_active, ceil(H / kMoeWarps)); warp per output row o.
+template <typename WT>
 __global__ void __launch_bounds__(kMoeWarps* km::kWarp)
     DownKernel(const float* __restrict__ act, int H, int I, const int* __restrict__ slot_of,
                const int* __restrict__ first, const int* __restrict__ active,
-               const int* __restrict__ n_active, const float* const* __restrict__ down_w,
+               const int* __restrict__ n_active, const void* const* __restrict__ down_w,
                float* __restrict__ ranked) {
   const int e = BlockExpert(active, n_active);
   if (e < 0) return;
@@ -238,19 +241,19 @@ __global__ void __launch_bounds__(kMoeWarps* km::kWarp)
   const int o =
       static_cast<int>(blockIdx.y) * kMoeWarps + static_cast<int>(threadIdx.x) / km::kWarp;
   if (o >= H) return;
-  const float* wd = down_w[e] + static_cast<std::size_t>(o) * static_cast<std::size_t>(I);
-  const bool vec = I % 4 == 0 && km::Aligned(act, 16) && km::Aligned(wd, 16);
+  const WT* wd = static_cast<const WT*>(down_w[e]) + static_cast<std::size_t>(o) * static_cast<std::size_t>(I);
+  const bool vec = I % 4 == 0 && km::Aligned(act, 16) && km::Aligned(wd, km::kWeightVecAlign<WT>);
   const int s0 = first[e], s1 = first[e + 1];
   for (int i0 = s0; i0 < s1;) {
     const int g = km::RowGroupSize(s1 - i0);
     if (g == 8) {
-      DownPass<8>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
+      DownPass<8, WT>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
     } else if (g == 4) {
-      DownPass<4>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
+      DownPass<4, WT>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
     } else if (g == 2) {
-      DownPass<2>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
+      DownPass<2, WT>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
     } else {
-      DownPass<1>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
+      DownPass<1, WT>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
     }
     i0 += g;
   }
@@ -317,23 +320,33 @@ void GroupByExpert(const int* idx, int T, int k, int n_experts, int* slot_of, in
 
 void ExpertGateUp(const float* x, int H, int I, int k, const int* slot_of, const int* first,
                   const int* active, const int* n_active, int max_active,
-                  const float* const* gate_w, const float* const* up_w, float* act,
+                  const void* const* gate_w, const void* const* up_w, bool bf16, float* act,
                   cudaStream_t s) {
   if (max_active <= 0 || H <= 0 || I <= 0) return;
   const dim3 grid(static_cast<unsigned>(max_active),
                   static_cast<unsigned>((I + kMoeWarps - 1) / kMoeWarps));
-  GateUpKernel<<<grid, kMoeWarps * km::kWarp, 0, s>>>(x, H, I, k, slot_of, first, active, n_active,
-                                                      gate_w, up_w, act);
+  if (bf16) {
+    GateUpKernel<std::uint16_t><<<grid, kMoeWarps * km::kWarp, 0, s>>>(x, H, I, k, slot_of, first, active,
+                                                                       n_active, gate_w, up_w, act);
+  } else {
+    GateUpKernel<float><<<grid, kMoeWarps * km::kWarp, 0, s>>>(x, H, I, k, slot_of, first, active,
+                                                               n_active, gate_w, up_w, act);
+  }
 }
 
 void ExpertDown(const float* act, int H, int I, const int* slot_of, const int* first,
-                const int* active, const int* n_active, int max_active, const float* const* down_w,
-                float* ranked, cudaStream_t s) {
+                const int* active, const int* n_active, int max_active, const void* const* down_w,
+                bool bf16, float* ranked, cudaStream_t s) {
   if (max_active <= 0 || H <= 0 || I <= 0) return;
   const dim3 grid(static_cast<unsigned>(max_active),
                   static_cast<unsigned>((H + kMoeWarps - 1) / kMoeWarps));
-  DownKernel<<<grid, kMoeWarps * km::kWarp, 0, s>>>(act, H, I, slot_of, first, active, n_active,
-                                                    down_w, ranked);
+  if (bf16) {
+    DownKernel<std::uint16_t><<<grid, kMoeWarps * km::kWarp, 0, s>>>(act, H, I, slot_of, first, active,
+                                                                     n_active, down_w, ranked);
+  } else {
+    DownKernel<float><<<grid, kMoeWarps * km::kWarp, 0, s>>>(act, H, I, slot_of, first, active,
+                                                             n_active, down_w, ranked);
+  }
 }
 
 void MoeCombine(const float* ranked, const float* wts, int T, int k, int H, float* out,

@@ -29,6 +29,13 @@ namespace lockstep::cuda {
 // the fixed lane layout of kernel_math.h (lane l accumulates elements i with (i / 4) % 32 == l in
 // increasing i, then a fixed xor-butterfly), whatever T is. T >= 1, any n_in >= 1.
 void RowsMatmul(const float* x, int T, const float* W, int n_out, int n_in, float* y, int ldy, cudaStream_t s);
+// The same with W as bf16 bits [n_out, n_in]: every weight widened exactly to f32 and the same
+// operations in the same order, so for bf16-valued weights the result is bitwise the f32 call's.
+void RowsMatmul(const float* x, int T, const std::uint16_t* W, int n_out, int n_in, float* y, int ldy,
+                cudaStream_t s);
+// dst[i] = src[i] as f32 (bf16 bits widened, exact), n elements: a bf16 weight matrix becomes the
+// f32 operand of a cuBLAS GEMM (prefill).
+void WidenBf16(const std::uint16_t* src, std::int64_t n, float* dst, cudaStream_t s);
 
 // ---- norm.cu ----
 
@@ -102,6 +109,17 @@ void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_di
 void GdnRecurrent(float* S0, float* steps, const float* qh, const float* kh, const float* U, const float* g,
                   const float* beta, int T, int n_k_heads, int n_v_heads, int k_head_dim, int v_head_dim,
                   int conv_dim, float* O, cudaStream_t s);
+// The same T steps in the chunked form (cpu::GatedDeltaChunked, MODEL.md 3.7), for prefill: S0,
+// qh, kh, U, g, beta and O as GdnRecurrent's prefill form (S0 updated in place to the state after
+// the last row). Rows are taken in chunks of `chunk` (1 <= chunk <= 64; the last one may be
+// shorter); one block per value head runs its chunks in order. Any Dk, Dv. scratch: device f32
+// [GdnChunkedScratchFloats(...)], per value head W [chunk, Dk] and Delta [chunk, Dv]; its contents
+// on entry are ignored. Equal to the recurrent form up to f32 rounding; deterministic run to run.
+inline constexpr int kGdnPrefillChunk = 64;  // the chunk of the prefill (as cpu::GatedDeltaChunked)
+std::size_t GdnChunkedScratchFloats(int n_v_heads, int k_head_dim, int v_head_dim, int chunk);
+void GdnChunked(float* S0, const float* qh, const float* kh, const float* U, const float* g, const float* beta,
+                int T, int n_k_heads, int n_v_heads, int k_head_dim, int v_head_dim, int conv_dim, int chunk,
+                float* scratch, float* O, cudaStream_t s);
 
 // ---- moe.cu ----
 
@@ -118,16 +136,18 @@ void GroupByExpert(const int* idx, int T, int k, int n_experts, int* slot_of, in
                    int* n_active, cudaStream_t s);
 // Routed experts, gate/up + SwiGLU: for every active expert a < max_active (blocks past n_active
 // exit) and each of its slots i: act[slot i] = silu(x[t] . Wg[e][o]) * (x[t] . Wu[e][o]) for
-// o < I, with t = slot_of[i] / k. gate_w, up_w: device arrays [E] of pointers to f32 [I, H]
-// (device or host-mapped pinned memory: non-resident experts are read over PCIe). Each dot uses
-// RowsMatmul's fixed order. act f32 [T*k, I], indexed by slot position (expert-major).
+// o < I, with t = slot_of[i] / k. gate_w, up_w: device arrays [E] of pointers to [I, H] weights,
+// f32, or bf16 bits when `bf16` (device or host-mapped pinned memory: non-resident experts are
+// read over PCIe). Each dot uses RowsMatmul's fixed order. act f32 [T*k, I], indexed by slot
+// position (expert-major).
 void ExpertGateUp(const float* x, int H, int I, int k, const int* slot_of, const int* first, const int* active,
-                  const int* n_active, int max_active, const float* const* gate_w, const float* const* up_w,
+                  const int* n_active, int max_active, const void* const* gate_w, const void* const* up_w, bool bf16,
                   float* act, cudaStream_t s);
 // Routed experts, down projection: ranked[slot_of[i]] = act[i] . Wd[e] rows, f32 [T*k, H] by
-// (t*k + r). down_w: [E] pointers to f32 [H, I].
+// (t*k + r). down_w: [E] pointers to [H, I] weights (f32, or bf16 bits when `bf16`).
 void ExpertDown(const float* act, int H, int I, const int* slot_of, const int* first, const int* active,
-                const int* n_active, int max_active, const float* const* down_w, float* ranked, cudaStream_t s);
+                const int* n_active, int max_active, const void* const* down_w, bool bf16, float* ranked,
+                cudaStream_t s);
 // out[t] = sum over r in rank order of wts[t, r] * ranked[t, r] (f32, starting from 0).
 void MoeCombine(const float* ranked, const float* wts, int T, int k, int H, float* out, cudaStream_t s);
 // Shared expert gate: out[t] += sigmoid(x[t] . gate_w) * sh[t]; x, sh, out f32 [T, H].

@@ -10,6 +10,9 @@
 #include <cstring>
 #include <span>
 
+#include <cstdlib>
+
+#include "cuda/cuda_stage.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine_cuda/register.h"
 #include "test_util.h"
@@ -181,6 +184,90 @@ TEST(CudaEngineExtra, MtpMatchesCpu) {
   cpu->MtpCommit(T + 1);
   gpu->MtpCommit(T + 1);
   EXPECT_EQ(cpu->mtp_position(), gpu->mtp_position());
+}
+
+// Lossless bf16 device weights: a model whose matrices are bf16 values keeps them as bf16 on the
+// device (half the bytes a decode step reads) and must give bitwise what the same stages give
+// with f32 matrices (LOCKSTEP_CUDA_F32_WEIGHTS=1): prefill (cuBLAS over the widened matrices),
+// verify windows and lm_head (RowsMatmul over bf16), routed experts, the MTP head, every state.
+TEST(CudaEngineExtra, Bf16DeviceWeightsAreBitwiseTheF32Path) {
+  EngineConfig c = Config("cuda");
+  c.model = test::ModelDir("tiny-bf16");
+  const ModelWeights& w = Model("tiny-bf16");
+  ::setenv("LOCKSTEP_CUDA_F32_WEIGHTS", "1", 1);
+  auto f32 = Engine::Create(c, w);
+  ::unsetenv("LOCKSTEP_CUDA_F32_WEIGHTS");
+  auto b16 = Engine::Create(c, w);
+  EngineConfig cc = c;
+  cc.backend = "cpu";
+  auto cpu = Engine::Create(cc, w);
+  ASSERT_TRUE(f32.ok() && b16.ok() && cpu.ok());
+  for (int is = 0; is < (*b16)->n_stages(); ++is) {
+    EXPECT_TRUE(dynamic_cast<cuda::CudaStageSession&>((*b16)->stage(is)).weights_bf16()) << "stage " << is;
+    EXPECT_FALSE(dynamic_cast<cuda::CudaStageSession&>((*f32)->stage(is)).weights_bf16()) << "stage " << is;
+  }
+  // The f32 "tiny" has matrices that are not bf16 values: it keeps f32 matrices.
+  auto tiny = Make(Config("cuda"));
+  ASSERT_TRUE(tiny);
+  EXPECT_FALSE(dynamic_cast<cuda::CudaStageSession&>(tiny->stage(0)).weights_bf16());
+
+  const std::size_t V = static_cast<std::size_t>(w.config.n_vocab), H = static_cast<std::size_t>(w.config.n_embd);
+  const auto prompt = Prompt(37);
+  std::vector<float> ha, hb, hc;
+  auto hook = [H](std::vector<float>* out) {
+    return [out, H](int, int T, const float* normed) {
+      out->insert(out->end(), normed, normed + static_cast<std::size_t>(T) * H);
+      return Status::Ok();
+    };
+  };
+  ASSERT_TRUE((*f32)->Prefill(prompt, hook(&ha)).ok());
+  ASSERT_TRUE((*b16)->Prefill(prompt, hook(&hb)).ok());
+  ASSERT_TRUE((*cpu)->Prefill(prompt, hook(&hc)).ok());
+  EXPECT_TRUE(test::BitwiseEqual(ha, hb)) << "prefill (cuBLAS over widened bf16 matrices)";
+  EXPECT_LT(Nrmse(hc, hb), 1e-4) << "prefill vs cpu";
+  auto states_equal = [](Engine& a, Engine& b, const std::string& where) {
+    for (int is = 0; is < a.n_stages(); ++is)
+      for (int il = a.stage(is).layer_begin(); il < a.stage(is).layer_end(); ++il) {
+        if (GdnState* ga = a.stage(is).gdn(il)) {
+          GdnState* gb = b.stage(is).gdn(il);
+          EXPECT_EQ(std::memcmp(ga->ssm(), gb->ssm(), ga->ssm_size() * 4), 0) << where << " ssm layer " << il;
+          EXPECT_EQ(std::memcmp(ga->conv(), gb->conv(), ga->conv_size() * 4), 0) << where << " conv layer " << il;
+        }
+        if (KvCache* ka = a.stage(is).kv(il)) {
+          KvCache* kb = b.stage(is).kv(il);
+          EXPECT_TRUE(test::BitwiseEqual(FlatK(*ka, ka->rows_written()), FlatK(*kb, kb->rows_written())))
+              << where << " kv layer " << il;
+        }
+      }
+  };
+  states_equal(**f32, **b16, "after prefill");
+  auto toks = Prompt(64, 99);
+  const std::vector<int> sizes = {4, 9, 1}, commits = {2, 9, 1};
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const int T = sizes[i];
+    std::vector<float> la(T * V), lb(T * V), lc(T * V);
+    std::span<const std::int32_t> tk(toks.data() + next, static_cast<std::size_t>(T));
+    ASSERT_TRUE((*f32)->Verify(tk, la.data()).ok());
+    ASSERT_TRUE((*b16)->Verify(tk, lb.data()).ok());
+    ASSERT_TRUE((*cpu)->Verify(tk, lc.data()).ok());
+    EXPECT_TRUE(test::BitwiseEqual(la, lb)) << "verify window " << i << " (T = " << T << ")";
+    EXPECT_LT(Nrmse(lc, lb), 1e-4) << "verify window " << i << " vs cpu";
+    states_equal(**f32, **b16, "window " + std::to_string(i));
+    ASSERT_TRUE((*f32)->Commit(commits[i]).ok() && (*b16)->Commit(commits[i]).ok() && (*cpu)->Commit(commits[i]).ok());
+    next += static_cast<std::size_t>(commits[i]);
+  }
+  // The MTP head (its fc and MoE layer): prefill-mode rows over the prompt's hidden states.
+  ASSERT_TRUE((*b16)->has_mtp());
+  std::vector<std::int32_t> nxt(prompt.begin() + 1, prompt.end());
+  nxt.push_back(7);
+  const int T = static_cast<int>(prompt.size());
+  std::vector<float> ma(T * H), mb(T * H), la(2 * V), lb(2 * V);
+  (*f32)->MtpForward(ha.data(), nxt.data(), 0, T, ForwardMode::kPrefill, ma.data(), la.data(), 2);
+  (*b16)->MtpForward(hb.data(), nxt.data(), 0, T, ForwardMode::kPrefill, mb.data(), lb.data(), 2);
+  ASSERT_TRUE((*b16)->stage(3).status().ok()) << (*b16)->stage(3).status().ToString();
+  EXPECT_TRUE(test::BitwiseEqual(ma, mb)) << "mtp hidden";
+  EXPECT_TRUE(test::BitwiseEqual(la, lb)) << "mtp logits";
 }
 
 }  // namespace

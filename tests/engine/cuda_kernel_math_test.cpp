@@ -321,6 +321,35 @@ TEST(CudaKernelMath, RowsMatmulBatchInvariantAndWithinBound) {
     }
 }
 
+// bf16 device weights: LaneAccumRows over bf16 bits is LaneAccumRows over the same values as f32,
+// bit for bit, for every row-pass size (the cuda stage's lossless bf16 matrices rest on this);
+// IsBf16Exact accepts exactly the floats whose low half is zero.
+TEST(CudaKernelMath, Bf16WeightsGiveTheF32Bits) {
+  const int n = 389;  // a partial chunk and a partial float4
+  std::mt19937 rng(11);
+  const FVec x = Random(rng, Z(8) * Z(n));
+  FVec w = Random(rng, Z(n));
+  std::vector<std::uint16_t> wb(Z(n));
+  for (int i = 0; i < n; ++i) {
+    wb[Z(i)] = static_cast<std::uint16_t>(km::FloatBits(w[Z(i)]) >> 16);
+    w[Z(i)] = km::Bf16ToF32(wb[Z(i)]);  // w now holds bf16 values
+    ASSERT_TRUE(km::IsBf16Exact(w[Z(i)]));
+  }
+  const auto rows = RowPtrs(x.data(), 8, n);
+  for (int l = 0; l < km::kWarp; ++l) {
+    float a8[8], b8[8], a1[1], b1[1];
+    km::LaneAccumRows<8>(rows.data(), w.data(), n, l, a8);
+    km::LaneAccumRows<8, std::uint16_t>(rows.data(), wb.data(), n, l, b8);
+    km::LaneAccumRows<1>(rows.data(), w.data(), n, l, a1);
+    km::LaneAccumRows<1, std::uint16_t>(rows.data(), wb.data(), n, l, b1);
+    for (int r = 0; r < 8; ++r) ASSERT_EQ(km::FloatBits(a8[r]), km::FloatBits(b8[r])) << "lane " << l << " row " << r;
+    ASSERT_EQ(km::FloatBits(a1[0]), km::FloatBits(b1[0])) << "lane " << l;
+  }
+  EXPECT_FALSE(km::IsBf16Exact(1.0f + 0x1p-20f));
+  EXPECT_TRUE(km::IsBf16Exact(-0.0f));
+  EXPECT_TRUE(km::IsBf16Exact(INFINITY));
+}
+
 // ---- norms ----
 
 // Relative bound of a norm output: the sum of squares (all terms positive) differs by DotTol, so

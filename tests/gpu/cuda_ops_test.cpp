@@ -450,16 +450,16 @@ TEST(CudaOps, GdnPipelineMatchesCpu) {
 // Runs routing, grouping and the experts for tokens x [T, H] on the device; returns ranked
 // [T*k, H]. gate/up/down: device pointer arrays [E].
 FVec RunExperts(const FVec& x, const FVec& logits, int T, int E, int k, int H, int I,
-                const float* const* gate, const float* const* up, const float* const* down,
-                std::vector<int>* idx_out, FVec* wts_out) {
+                const void* const* gate, const void* const* up, const void* const* down,
+                std::vector<int>* idx_out, FVec* wts_out, bool bf16 = false) {
   Dev<float> dx(x), dl(logits), dw(Z(T * k)), dact(Z(T * k) * Z(I)), dr(Z(T * k) * Z(H));
   Dev<int> didx(Z(T * k)), dslot(Z(T * k)), dfirst(Z(E) + 1), dact_e(Z(T * k)), dna(1);
   RouteTopK(dl.get(), T, E, k, true, didx.get(), dw.get(), nullptr);
   GroupByExpert(didx.get(), T, k, E, dslot.get(), dfirst.get(), dact_e.get(), dna.get(), nullptr);
   ExpertGateUp(dx.get(), H, I, k, dslot.get(), dfirst.get(), dact_e.get(), dna.get(), T * k, gate,
-               up, dact.get(), nullptr);
+               up, bf16, dact.get(), nullptr);
   ExpertDown(dact.get(), H, I, dslot.get(), dfirst.get(), dact_e.get(), dna.get(), T * k, down,
-             dr.get(), nullptr);
+             bf16, dr.get(), nullptr);
   EXPECT_TRUE(Sync());
   *idx_out = didx.Down();
   *wts_out = dw.Down();
@@ -494,7 +494,7 @@ TEST(CudaOps, MoeMatchesCpu) {
   }
   std::vector<FVec> wg(Z(E)), wu(Z(E)), wd(Z(E));
   std::vector<std::unique_ptr<Dev<float>>> dev_w;
-  std::vector<const float*> pg(Z(E)), pu(Z(E)), pd(Z(E));
+  std::vector<const void*> pg(Z(E)), pu(Z(E)), pd(Z(E));
   float* mapped = nullptr;  // expert 0's gate in host-mapped pinned memory (read over PCIe)
   for (int e = 0; e < E; ++e) {
     wg[Z(e)] = Random(rng, Z(I) * Z(H));
@@ -513,7 +513,7 @@ TEST(CudaOps, MoeMatchesCpu) {
     if (cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev_view), mapped, 0) == cudaSuccess)
       pg[0] = dev_view;
   }
-  Dev<const float*> dpg(pg), dpu(pu), dpd(pd);
+  Dev<const void*> dpg(pg), dpu(pu), dpd(pd);
   std::vector<int> idx;
   FVec wts;
   const FVec ranked =
