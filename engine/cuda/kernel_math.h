@@ -39,7 +39,7 @@ namespace lockstep::cuda::km {
 inline constexpr int kWarp = 32;
 inline constexpr int kLaneVec = 4;               // elements per lane per chunk (one float4)
 inline constexpr int kChunk = kWarp * kLaneVec;  // 128 elements per warp per chunk
-inline constexpr int kMaxRowsPerPass = 8;        // RowsMatmul / experts: rows per weight pass
+inline constexpr int kMaxRowsPerPass = 16;       // RowsMatmul / experts: rows per weight pass
 inline constexpr int kAttnThreads = 256;         // attention block (tree width of max / sum)
 inline constexpr int kAttnMaxDimsPerThread = 4;  // head_dim <= 4 * kAttnThreads
 inline constexpr int kRouteThreads = 256;        // router block (argmax tree width)
@@ -184,11 +184,15 @@ LOCKSTEP_HD inline float CombineLanes(float* v) {
   }
   return v[0];
 }
-// Rows per weight pass when `remaining` rows are left: 8, 4, 2, 1 (a row's bits do not depend on
-// the group it lands in; the grouping only sets how often a weight row is re-read).
+// Rows per weight pass when `remaining` rows are left: up to kMaxRowsPerPass, so a verify window
+// of T <= 16 rows reads each weight row once. A pass of n rows runs the kernel template of width
+// RowPassWidth(n) (1, 2, 4, 8 or 16 >= n); the extra slots repeat the pass's first row and are
+// not stored. A row's bits do not depend on the pass it lands in, its width or the padding: every
+// slot runs LanePartial's sequence on its own accumulator.
 LOCKSTEP_HD inline int RowGroupSize(int remaining) {
-  return remaining >= 8 ? 8 : remaining >= 4 ? 4 : remaining >= 2 ? 2 : 1;
+  return remaining < kMaxRowsPerPass ? remaining : kMaxRowsPerPass;
 }
+LOCKSTEP_HD inline int RowPassWidth(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : n <= 8 ? 8 : 16; }
 
 // ---- norms (cpu/norm.cpp), given the sum of squares ss from the dot product above ----
 

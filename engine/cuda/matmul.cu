@@ -1,10 +1,11 @@
 // RowsMatmul: the batch-invariant product of decode steps and verify windows (cpu::Matmul
 // kInvariant's device twin). See ops.h for the contract and kernel_math.h for the arithmetic.
 //
-// Layout: one warp per output row o. The warp walks the T input rows in passes of 8, 4, 2, 1 rows
-// (kernel_math.h RowGroupSize); in a pass each lane loads one float4 of W's row o per 128-element
-// chunk and applies it to every row of the pass, so the weight row is read once per pass (once in
-// total for T <= 8, the decode and small-verify case) and the memory traffic is W's bytes.
+// Layout: one warp per output row o. The warp walks the T input rows in passes of up to 16 rows
+// (kernel_math.h RowGroupSize / RowPassWidth); in a pass each lane loads four elements of W's row
+// o per 128-element chunk and applies them to every row of the pass, so the weight row is read
+// once per pass (once in total for T <= 16: decode and every verify window of the speculative
+// drafts) and the memory traffic is W's bytes.
 //
 // Determinism: y[t, o] is LanePartial over n_in followed by the fixed butterfly, whatever T, the
 // pass the row lands in, the grid or the block size; no atomics. Bitwise batch-invariant.
@@ -19,19 +20,20 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;  // 4 output rows per block: many blocks even for small n_out
 
+// One pass of n <= R rows starting at t0 (slots past n repeat row t0 and are not stored).
 template <int R, typename WT>
-__device__ inline void RowsPass(const float* x, int n_in, int t0, const WT* w, bool vec,
+__device__ inline void RowsPass(const float* x, int n_in, int t0, int n, const WT* w, bool vec,
                                 int lane, float* y, int ldy, int o) {
   const float* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    rows[r] = x + static_cast<std::size_t>(t0 + r) * static_cast<std::size_t>(n_in);
+    rows[r] = x + static_cast<std::size_t>(t0 + (r < n ? r : 0)) * static_cast<std::size_t>(n_in);
   float out[R];
   km::WarpDotRows<R, WT>(rows, w, n_in, vec, lane, out);
-  // Lane r stores row r (every lane holds every result): R stores in parallel, not R from lane 0.
+  // Lane r stores row r (every lane holds every result): n stores in parallel, not n from lane 0.
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    if (lane == r)
+    if (lane == r && r < n)
       y[static_cast<std::size_t>(t0 + r) * static_cast<std::size_t>(ldy) +
         static_cast<std::size_t>(o)] = out[r];
 }
@@ -46,19 +48,26 @@ __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
       static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x) / km::kWarp;
   if (o >= n_out) return;  // the whole warp leaves together (shuffles stay full-warp)
   const WT* w = W + static_cast<std::size_t>(o) * static_cast<std::size_t>(n_in);
-  int t0 = 0;
-  while (t0 < T) {
-    const int g = km::RowGroupSize(T - t0);
-    if (g == 8) {
-      RowsPass<8, WT>(x, n_in, t0, w, vec, lane, y, ldy, o);
-    } else if (g == 4) {
-      RowsPass<4, WT>(x, n_in, t0, w, vec, lane, y, ldy, o);
-    } else if (g == 2) {
-      RowsPass<2, WT>(x, n_in, t0, w, vec, lane, y, ldy, o);
-    } else {
-      RowsPass<1, WT>(x, n_in, t0, w, vec, lane, y, ldy, o);
+  for (int t0 = 0; t0 < T;) {
+    const int n = km::RowGroupSize(T - t0);
+    switch (km::RowPassWidth(n)) {
+      case 16:
+        RowsPass<16, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o);
+        break;
+      case 8:
+        RowsPass<8, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o);
+        break;
+      case 4:
+        RowsPass<4, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o);
+        break;
+      case 2:
+        RowsPass<2, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o);
+        break;
+      default:
+        RowsPass<1, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o);
+        break;
     }
-    t0 += g;
+    t0 += n;
   }
 }
 

@@ -159,20 +159,21 @@ __device__ inline int BlockExpert(const int* active, const int* n_active) {
   return a < *n_active ? active[a] : -1;
 }
 
+// One pass of n <= R slots starting at i0 (slots past n repeat slot i0 and are not stored).
 template <int R, typename WT>
-__device__ inline void GateUpPass(const float* x, int H, int I, int k, const int* slot_of, int i0,
+__device__ inline void GateUpPass(const float* x, int H, int I, int k, const int* slot_of, int i0, int n,
                                   const WT* wg, const WT* wu, bool vec, int lane, int o,
                                   float* act) {
   const float* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    rows[r] = x + static_cast<std::size_t>(slot_of[i0 + r] / k) * static_cast<std::size_t>(H);
+    rows[r] = x + static_cast<std::size_t>(slot_of[i0 + (r < n ? r : 0)] / k) * static_cast<std::size_t>(H);
   float gv[R], uv[R];
   km::WarpDotRows<R, WT>(rows, wg, H, vec, lane, gv);
   km::WarpDotRows<R, WT>(rows, wu, H, vec, lane, uv);
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    if (lane == r)
+    if (lane == r && r < n)
       act[static_cast<std::size_t>(i0 + r) * static_cast<std::size_t>(I) +
           static_cast<std::size_t>(o)] = km::SwiGlu(gv[r], uv[r]);
 }
@@ -197,32 +198,40 @@ __global__ void __launch_bounds__(kMoeWarps* km::kWarp)
                    km::Aligned(wu, km::kWeightVecAlign<WT>);
   const int s0 = first[e], s1 = first[e + 1];
   for (int i0 = s0; i0 < s1;) {
-    const int g = km::RowGroupSize(s1 - i0);
-    if (g == 8) {
-      GateUpPass<8, WT>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
-    } else if (g == 4) {
-      GateUpPass<4, WT>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
-    } else if (g == 2) {
-      GateUpPass<2, WT>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
-    } else {
-      GateUpPass<1, WT>(x, H, I, k, slot_of, i0, wg, wu, vec, lane, o, act);
+    const int n = km::RowGroupSize(s1 - i0);
+    switch (km::RowPassWidth(n)) {
+      case 16:
+        GateUpPass<16, WT>(x, H, I, k, slot_of, i0, n, wg, wu, vec, lane, o, act);
+        break;
+      case 8:
+        GateUpPass<8, WT>(x, H, I, k, slot_of, i0, n, wg, wu, vec, lane, o, act);
+        break;
+      case 4:
+        GateUpPass<4, WT>(x, H, I, k, slot_of, i0, n, wg, wu, vec, lane, o, act);
+        break;
+      case 2:
+        GateUpPass<2, WT>(x, H, I, k, slot_of, i0, n, wg, wu, vec, lane, o, act);
+        break;
+      default:
+        GateUpPass<1, WT>(x, H, I, k, slot_of, i0, n, wg, wu, vec, lane, o, act);
+        break;
     }
-    i0 += g;
+    i0 += n;
   }
 }
 
 template <int R, typename WT>
-__device__ inline void DownPass(const float* act, int H, int I, const int* slot_of, int i0,
+__device__ inline void DownPass(const float* act, int H, int I, const int* slot_of, int i0, int n,
                                 const WT* wd, bool vec, int lane, int o, float* ranked) {
   const float* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    rows[r] = act + static_cast<std::size_t>(i0 + r) * static_cast<std::size_t>(I);
+    rows[r] = act + static_cast<std::size_t>(i0 + (r < n ? r : 0)) * static_cast<std::size_t>(I);
   float y[R];
   km::WarpDotRows<R, WT>(rows, wd, I, vec, lane, y);
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    if (lane == r)
+    if (lane == r && r < n)
       ranked[static_cast<std::size_t>(slot_of[i0 + r]) * static_cast<std::size_t>(H) +
              static_cast<std::size_t>(o)] = y[r];
 }
@@ -245,17 +254,25 @@ __global__ void __launch_bounds__(kMoeWarps* km::kWarp)
   const bool vec = I % 4 == 0 && km::Aligned(act, 16) && km::Aligned(wd, km::kWeightVecAlign<WT>);
   const int s0 = first[e], s1 = first[e + 1];
   for (int i0 = s0; i0 < s1;) {
-    const int g = km::RowGroupSize(s1 - i0);
-    if (g == 8) {
-      DownPass<8, WT>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
-    } else if (g == 4) {
-      DownPass<4, WT>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
-    } else if (g == 2) {
-      DownPass<2, WT>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
-    } else {
-      DownPass<1, WT>(act, H, I, slot_of, i0, wd, vec, lane, o, ranked);
+    const int n = km::RowGroupSize(s1 - i0);
+    switch (km::RowPassWidth(n)) {
+      case 16:
+        DownPass<16, WT>(act, H, I, slot_of, i0, n, wd, vec, lane, o, ranked);
+        break;
+      case 8:
+        DownPass<8, WT>(act, H, I, slot_of, i0, n, wd, vec, lane, o, ranked);
+        break;
+      case 4:
+        DownPass<4, WT>(act, H, I, slot_of, i0, n, wd, vec, lane, o, ranked);
+        break;
+      case 2:
+        DownPass<2, WT>(act, H, I, slot_of, i0, n, wd, vec, lane, o, ranked);
+        break;
+      default:
+        DownPass<1, WT>(act, H, I, slot_of, i0, n, wd, vec, lane, o, ranked);
+        break;
     }
-    i0 += g;
+    i0 += n;
   }
 }
 

@@ -25,7 +25,8 @@ namespace lockstep::cuda {
 
 // Batch-invariant product for decode / verify windows: y[t, o] = x[t, :] . W[o, :] for t < T,
 // o < n_out. x f32 [T, n_in] (row stride n_in), W f32 [n_out, n_in] row-major, y f32 [T, ldy].
-// One warp per output row o: the weight row is read once for all T rows; each (t, o) sum uses
+// One warp per output row o: the weight row is read once per 16 rows of x (once for any verify
+// window of T <= 16); each (t, o) sum uses
 // the fixed lane layout of kernel_math.h (lane l accumulates elements i with (i / 4) % 32 == l in
 // increasing i, then a fixed xor-butterfly), whatever T is. T >= 1, any n_in >= 1.
 void RowsMatmul(const float* x, int T, const float* W, int n_out, int n_in, float* y, int ldy, cudaStream_t s);

@@ -85,29 +85,34 @@ double AbsDot(const float* a, const float* b, int n) {
 // Worst-case difference of the GPU and CPU summation orders (header comment).
 double DotTol(int n, double abs_sum) { return 2.0 * (n / 32.0 + 8.0) * kU * abs_sum; }
 
-// The RowsMatmul kernel (and the expert kernels) for one weight row: passes of RowGroupSize rows,
+// The RowsMatmul kernel (and the expert kernels) for one weight row: passes of RowGroupSize rows
+// run at width RowPassWidth (extra slots repeat the pass's first row and are dropped),
 // LaneAccumRows per lane, the butterfly per row.
-void EmulateRowsPass(const float* const* rows, int g, const float* w, int n, float* out) {
-  float lanes[km::kMaxRowsPerPass][km::kWarp];
+template <int W>
+void EmulateWidth(const float* const* rows, int n, const float* w, int n_in, float* out) {
+  const float* padded[W];
+  for (int r = 0; r < W; ++r) padded[r] = rows[r < n ? r : 0];
+  float lanes[W][km::kWarp];
   for (int l = 0; l < km::kWarp; ++l) {
-    float acc[km::kMaxRowsPerPass];
-    switch (g) {
-      case 8:
-        km::LaneAccumRows<8>(rows, w, n, l, acc);
-        break;
-      case 4:
-        km::LaneAccumRows<4>(rows, w, n, l, acc);
-        break;
-      case 2:
-        km::LaneAccumRows<2>(rows, w, n, l, acc);
-        break;
-      default:
-        km::LaneAccumRows<1>(rows, w, n, l, acc);
-        break;
-    }
-    for (int r = 0; r < g; ++r) lanes[r][l] = acc[r];
+    float acc[W];
+    km::LaneAccumRows<W>(padded, w, n_in, l, acc);
+    for (int r = 0; r < W; ++r) lanes[r][l] = acc[r];
   }
-  for (int r = 0; r < g; ++r) out[r] = km::CombineLanes(lanes[r]);
+  for (int r = 0; r < n; ++r) out[r] = km::CombineLanes(lanes[r]);
+}
+void EmulateRowsPass(const float* const* rows, int n, const float* w, int n_in, float* out) {
+  switch (km::RowPassWidth(n)) {
+    case 16:
+      return EmulateWidth<16>(rows, n, w, n_in, out);
+    case 8:
+      return EmulateWidth<8>(rows, n, w, n_in, out);
+    case 4:
+      return EmulateWidth<4>(rows, n, w, n_in, out);
+    case 2:
+      return EmulateWidth<2>(rows, n, w, n_in, out);
+    default:
+      return EmulateWidth<1>(rows, n, w, n_in, out);
+  }
 }
 // y[t, o] = x[t] . W[o] for the rows given by row pointers.
 void EmulateRows(const float* const* x, int T, const float* W, int n_out, int n_in, float* y,
@@ -292,14 +297,15 @@ TEST(CudaKernelMath, DotWithinOrderBound) {
 }
 
 TEST(CudaKernelMath, RowsMatmulBatchInvariantAndWithinBound) {
-  const int n_in = 389, n_out = 7, T_max = 17;  // n_in: a partial chunk and a partial float4
+  const int n_in = 389, n_out = 7, T_max = 37;  // n_in: a partial chunk and a partial float4
   std::mt19937 rng(6);
   const FVec x = Random(rng, Z(T_max) * Z(n_in)), W = Random(rng, Z(n_out) * Z(n_in));
   const auto rows = RowPtrs(x.data(), T_max, n_in);
   FVec ref(Z(T_max) * Z(n_out));
   EmulateRows(rows.data(), T_max, W.data(), n_out, n_in, ref.data(), n_out);
-  for (int T : {1, 3, 9, 17}) {
-    // Rows [T_max - T, T_max) as a batch of T (each row lands in different passes per T).
+  for (int T : {1, 3, 5, 9, 16, 17, 37}) {
+    // Rows [T_max - T, T_max) as a batch of T (each row lands in different passes and pass widths
+    // per T: 9 rows run a 16-wide pass with 7 padded slots).
     FVec y(Z(T) * Z(n_out));
     EmulateRows(rows.data() + (T_max - T), T, W.data(), n_out, n_in, y.data(), n_out);
     for (int t = 0; t < T; ++t)
