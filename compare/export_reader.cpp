@@ -19,37 +19,10 @@
 #include <unordered_map>
 #include <utility>
 
+#include "lockstep/h5/handle.h"
+
 namespace lockstep {
 namespace {
-
-// Owns one hid_t. Local rather than instrument's H5Handle so that compare/ depends on engine/
-// only (DESIGN.md: dependencies point one way).
-class Hid {
- public:
-  Hid() = default;
-  explicit Hid(hid_t id) : id_(id) {}
-  ~Hid() { reset(); }
-  Hid(const Hid&) = delete;
-  Hid& operator=(const Hid&) = delete;
-  Hid(Hid&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)) {}
-  Hid& operator=(Hid&& o) noexcept {
-    if (this != &o) {
-      reset();
-      id_ = std::exchange(o.id_, H5I_INVALID_HID);
-    }
-    return *this;
-  }
-  hid_t get() const { return id_; }
-  bool valid() const { return id_ >= 0; }
-  void reset() {
-    // H5Idec_ref closes any kind of handle when its count reaches zero (ours hold one reference).
-    if (id_ >= 0) H5Idec_ref(id_);
-    id_ = H5I_INVALID_HID;
-  }
-
- private:
-  hid_t id_ = H5I_INVALID_HID;
-};
 
 Status Bad(const std::string& path, const std::string& detail) {
   return Status::InvalidArgument(path, detail);
@@ -152,7 +125,7 @@ Result<std::vector<Link>> Children(hid_t group, const std::string& path, std::in
 
 // Opens the object at absolute `path`, checking that every component is a hard link and that the
 // object is of kind `want` (H5I_GROUP or H5I_DATASET).
-Result<Hid> OpenObject(hid_t file, const std::string& path, H5I_type_t want) {
+Result<H5Handle> OpenObject(hid_t file, const std::string& path, H5I_type_t want) {
   for (std::size_t slash = path.find('/', 1); path != "/"; slash = path.find('/', slash + 1)) {
     const std::string prefix = path.substr(0, slash);
     H5L_info_t li;
@@ -163,7 +136,7 @@ Result<Hid> OpenObject(hid_t file, const std::string& path, H5I_type_t want) {
       return Bad(prefix, "is a soft or external link (lockstep.export holds hard links only)");
     if (slash == std::string::npos) break;
   }
-  Hid obj(H5Oopen(file, path.c_str(), H5P_DEFAULT));
+  H5Handle obj(H5Oopen(file, path.c_str(), H5P_DEFAULT));
   if (!obj.valid()) return Bad(path, "cannot be opened (corrupt object header?)");
   if (H5Iget_type(obj.get()) != want)
     return Bad(path, want == H5I_GROUP ? "is not a group" : "is not a dataset");
@@ -173,11 +146,11 @@ Result<Hid> OpenObject(hid_t file, const std::string& path, H5I_type_t want) {
 // Opens `name`, a hard link of the already-open group `parent` whose links Children() checked,
 // without resolving and re-checking every prefix of the absolute `path` from the root again: with
 // thousands of items per export that walk was most of the time to open a file.
-Result<Hid> OpenChild(hid_t parent, const std::string& path, const std::string& name,
+Result<H5Handle> OpenChild(hid_t parent, const std::string& path, const std::string& name,
                       H5I_type_t want) {
   // H5Dopen2 / H5Gopen2 rather than H5Oopen: the generic open first works out the object's class
   // by probing its header, a second header pass per item.
-  Hid obj(want == H5I_DATASET ? H5Dopen2(parent, name.c_str(), H5P_DEFAULT)
+  H5Handle obj(want == H5I_DATASET ? H5Dopen2(parent, name.c_str(), H5P_DEFAULT)
                               : H5Gopen2(parent, name.c_str(), H5P_DEFAULT));
   if (!obj.valid()) return Bad(path, "cannot be opened (corrupt object header?)");
   if (H5Iget_type(obj.get()) != want)
@@ -188,12 +161,12 @@ Result<Hid> OpenChild(hid_t parent, const std::string& path, const std::string& 
 // One scalar string of an attribute or a dataset, fixed- or variable-length, at most `max_bytes`.
 Result<std::string> ReadString(hid_t id, bool is_attr, const std::string& what,
                                std::int64_t max_bytes) {
-  Hid ft(is_attr ? H5Aget_type(id) : H5Dget_type(id));
-  Hid sp(is_attr ? H5Aget_space(id) : H5Dget_space(id));
+  H5Handle ft(is_attr ? H5Aget_type(id) : H5Dget_type(id));
+  H5Handle sp(is_attr ? H5Aget_space(id) : H5Dget_space(id));
   if (!ft.valid() || H5Tget_class(ft.get()) != H5T_STRING) return Bad(what, "is not a string");
   if (!sp.valid() || H5Sget_simple_extent_npoints(sp.get()) != 1)
     return Bad(what, "expected exactly one string");
-  Hid mt(H5Tcopy(H5T_C_S1));
+  H5Handle mt(H5Tcopy(H5T_C_S1));
   H5Tset_cset(mt.get(), H5Tget_cset(ft.get()));  // HDF5 refuses ASCII <-> UTF-8 conversion
   const htri_t vlen = H5Tis_variable_str(ft.get());
   if (vlen < 0) return Bad(what, "string type unreadable");
@@ -224,17 +197,17 @@ Result<std::string> ReadString(hid_t id, bool is_attr, const std::string& what,
   return s;
 }
 
-Result<Hid> OpenAttr(hid_t obj, const std::string& path, const char* name) {
+Result<H5Handle> OpenAttr(hid_t obj, const std::string& path, const char* name) {
   // One lookup (H5Aopen fails cleanly on a missing name; error printing is off) instead of
   // H5Aexists + H5Aopen: attributes are most of the metadata an export holds.
-  Hid a(H5Aopen(obj, name, H5P_DEFAULT));
+  H5Handle a(H5Aopen(obj, name, H5P_DEFAULT));
   if (!a.valid()) return Bad(path, std::string("missing attribute '") + name + "' (or unreadable)");
   return a;
 }
 
 Result<std::int64_t> IntAttr(hid_t obj, const std::string& path, const char* name) {
-  LOCKSTEP_ASSIGN_OR_RETURN(Hid a, OpenAttr(obj, path, name));
-  Hid t(H5Aget_type(a.get())), sp(H5Aget_space(a.get()));
+  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle a, OpenAttr(obj, path, name));
+  H5Handle t(H5Aget_type(a.get())), sp(H5Aget_space(a.get()));
   if (H5Tget_class(t.get()) != H5T_INTEGER)
     return Bad(path, std::string("attribute '") + name + "' is not an integer");
   if (H5Sget_simple_extent_npoints(sp.get()) != 1)
@@ -254,14 +227,14 @@ Result<int> SmallIntAttr(hid_t obj, const std::string& path, const char* name) {
 
 Result<std::string> StrAttr(hid_t obj, const std::string& path, const char* name,
                             std::int64_t max_bytes) {
-  LOCKSTEP_ASSIGN_OR_RETURN(Hid a, OpenAttr(obj, path, name));
+  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle a, OpenAttr(obj, path, name));
   return ReadString(a.get(), true, path + " attribute '" + name + "'", max_bytes);
 }
 
 // Dimensions of a dataset, each checked against the limits.
 Result<std::vector<std::int64_t>> Shape(hid_t ds, const std::string& path,
                                         const ReaderLimits& lim) {
-  Hid sp(H5Dget_space(ds));
+  H5Handle sp(H5Dget_space(ds));
   if (!sp.valid()) return Bad(path, "dataspace unreadable (corrupt file?)");
   if (H5Sget_simple_extent_type(sp.get()) == H5S_NULL) return Bad(path, "has a null dataspace");
   const int rank = H5Sget_simple_extent_ndims(sp.get());
@@ -292,7 +265,7 @@ Result<std::vector<std::array<std::int64_t, N>>> ReadTable(hid_t ds, const std::
                                                            std::int64_t max_rows,
                                                            std::int64_t file_bytes) {
   using Row = std::array<std::int64_t, N>;
-  Hid ft(H5Dget_type(ds));
+  H5Handle ft(H5Dget_type(ds));
   if (!ft.valid() || H5Tget_class(ft.get()) != H5T_COMPOUND)
     return Bad(path, "holds " + (ft.valid() ? DescribeType(ft.get()) : std::string("?")) +
                          ", expected compound records");
@@ -311,7 +284,7 @@ Result<std::vector<std::array<std::int64_t, N>>> ReadTable(hid_t ds, const std::
   if (BytesWithin({n}, static_cast<std::int64_t>(H5Tget_size(ft.get())), file_bytes) < 0)
     return Bad(path,
                std::to_string(n) + " rows are larger than the file itself (truncated or corrupt)");
-  Hid mt(H5Tcreate(H5T_COMPOUND, sizeof(Row)));
+  H5Handle mt(H5Tcreate(H5T_COMPOUND, sizeof(Row)));
   for (std::size_t i = 0; i < N; ++i)
     H5Tinsert(mt.get(), fields[i], i * sizeof(std::int64_t), H5T_NATIVE_INT64);
   std::vector<Row> rows(static_cast<std::size_t>(n));
@@ -393,7 +366,7 @@ struct ExportReader::Impl {
   ReaderLimits limits;
   std::string file_path;
   int fd = -1;
-  Hid file;                  // kept open only when some dataset needs the H5Dread fallback
+  H5Handle file;                  // kept open only when some dataset needs the H5Dread fallback
   mutable std::mutex h5_mu;  // serialises the fallback (and its hyperslab selections)
   struct ItemLoc {
     Loc data, scale;
@@ -449,7 +422,7 @@ Status ExportReader::Impl::Locate(hid_t ds, const std::string& path, hid_t mem_t
   loc->dims.assign(shape.begin(), shape.end());
   loc->rows = shape.empty() ? 1 : shape[0];
   loc->row_bytes = loc->rows == 0 ? 0 : bytes / loc->rows;
-  Hid dcpl(H5Dget_create_plist(ds)), ft(H5Dget_type(ds));
+  H5Handle dcpl(H5Dget_create_plist(ds)), ft(H5Dget_type(ds));
   if (!dcpl.valid() || !ft.valid())
     return Bad(path, "creation properties unreadable (corrupt file?)");
   const H5D_layout_t layout = H5Pget_layout(dcpl.get());
@@ -503,14 +476,14 @@ Status ExportReader::Impl::Read(const Loc& loc, std::int64_t row0, std::int64_t 
   }
   std::lock_guard<std::mutex> lock(h5_mu);
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // per thread in thread-safe builds
-  Hid ds(H5Dopen2(file.get(), loc.path.c_str(), H5P_DEFAULT));
-  Hid fs(ds.valid() ? H5Dget_space(ds.get()) : H5I_INVALID_HID);
+  H5Handle ds(H5Dopen2(file.get(), loc.path.c_str(), H5P_DEFAULT));
+  H5Handle fs(ds.valid() ? H5Dget_space(ds.get()) : H5I_INVALID_HID);
   std::vector<hsize_t> start(loc.dims.size(), 0), count = loc.dims;
   if (!count.empty()) {
     start[0] = static_cast<hsize_t>(row0);
     count[0] = static_cast<hsize_t>(n);
   }
-  Hid ms(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+  H5Handle ms(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
   if (!fs.valid() || !ms.valid() ||
       (!count.empty() && H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, start.data(), nullptr,
                                              count.data(), nullptr) < 0) ||
@@ -524,7 +497,7 @@ Result<ExportItem> ExportReader::Impl::ReadItem(hid_t parent, const std::string&
                                                 int stage, int layer, const std::string& kind,
                                                 Loc* loc) {
   const std::string path = cp_path + "/" + rel;
-  LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenChild(parent, path, leaf, H5I_DATASET));
+  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenChild(parent, path, leaf, H5I_DATASET));
   if (++n_items > limits.max_items)
     return Bad("/checkpoints",
                "more than the limit of " + std::to_string(limits.max_items) + " items");
@@ -542,7 +515,7 @@ Result<ExportItem> ExportReader::Impl::ReadItem(hid_t parent, const std::string&
     return Bad(path, "stage/layer attributes " + std::to_string(it.stage) + "/" +
                          std::to_string(it.layer) + " but the path says " + std::to_string(stage) +
                          "/" + std::to_string(layer));
-  Hid ft(H5Dget_type(ds.get()));
+  H5Handle ft(H5Dget_type(ds.get()));
   if (!ft.valid()) return Bad(path, "datatype unreadable (corrupt file?)");
   const H5T_class_t cls = H5Tget_class(ft.get());
   const std::size_t size = H5Tget_size(ft.get());
@@ -580,10 +553,10 @@ Result<ExportItem> ExportReader::Impl::ReadItem(hid_t parent, const std::string&
 // `<item>_scale`: f32 [rows, heads] of an int8 item of shape [rows, heads, ...].
 Status ExportReader::Impl::ReadScale(hid_t parent, const std::string& leaf, const std::string& path,
                                      ExportItem* item, Loc* loc) {
-  LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenChild(parent, path, leaf, H5I_DATASET));
+  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenChild(parent, path, leaf, H5I_DATASET));
   if (item->dtype != "int8")
     return Bad(path, "scales of an item whose dtype is '" + item->dtype + "', not int8");
-  Hid ft(H5Dget_type(ds.get()));
+  H5Handle ft(H5Dget_type(ds.get()));
   if (!ft.valid() || H5Tget_class(ft.get()) != H5T_FLOAT || H5Tget_size(ft.get()) != 4)
     return Bad(path, "scales must be 4-byte floats, the dataset holds " +
                          (ft.valid() ? DescribeType(ft.get()) : "?"));
@@ -625,7 +598,7 @@ Status ExportReader::Impl::ReadCheckpointAttrs(hid_t group, const std::string& n
 
 Status ExportReader::Impl::ReadCheckpoint(const std::string& name) {
   const std::string path = "/checkpoints/" + name;
-  LOCKSTEP_ASSIGN_OR_RETURN(Hid g, OpenObject(file.get(), path, H5I_GROUP));
+  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle g, OpenObject(file.get(), path, H5I_GROUP));
   ExportCheckpoint cp;
   LOCKSTEP_RETURN_IF_ERROR(ReadCheckpointAttrs(g.get(), name, &cp));
   LOCKSTEP_ASSIGN_OR_RETURN(auto stages, Children(g.get(), path, limits.max_items));
@@ -633,7 +606,7 @@ Status ExportReader::Impl::ReadCheckpoint(const std::string& name) {
     const int s = ParseIndex(st.name, "stage");
     const std::string sp = path + "/" + st.name;
     if (s < 0) return Bad(sp, "unexpected entry (lockstep.export v1 has only stage{S} here)");
-    LOCKSTEP_ASSIGN_OR_RETURN(Hid sg, OpenChild(g.get(), sp, st.name, H5I_GROUP));
+    LOCKSTEP_ASSIGN_OR_RETURN(H5Handle sg, OpenChild(g.get(), sp, st.name, H5I_GROUP));
     LOCKSTEP_ASSIGN_OR_RETURN(auto entries, Children(sg.get(), sp, limits.max_items));
     for (const Link& e : entries) {
       const std::string rel_dir = st.name + "/" + e.name;
@@ -649,7 +622,7 @@ Status ExportReader::Impl::ReadCheckpoint(const std::string& name) {
       if (layer < 0 && e.name != "mtp")
         return Bad(sp + "/" + e.name,
                    "unexpected entry (expected layer{L}, mtp, hidden_out or logits)");
-      LOCKSTEP_ASSIGN_OR_RETURN(Hid lg, OpenChild(sg.get(), sp + "/" + e.name, e.name, H5I_GROUP));
+      LOCKSTEP_ASSIGN_OR_RETURN(H5Handle lg, OpenChild(sg.get(), sp + "/" + e.name, e.name, H5I_GROUP));
       LOCKSTEP_ASSIGN_OR_RETURN(auto names,
                                 Children(lg.get(), sp + "/" + e.name, limits.max_items));
       const std::size_t first = cp.items.size();
@@ -700,7 +673,7 @@ Status ExportReader::Impl::ReadSampler() {
   SamplerSummary& sm = meta.sampler;
   {
     const std::string path = "/trace/samples";
-    LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(f, path, H5I_DATASET));
+    LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenObject(f, path, H5I_DATASET));
     LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kHostFields, limits,
                                                    limits.max_windows, meta.file_bytes));
     LOCKSTEP_ASSIGN_OR_RETURN(sm.interval_min_ns, IntAttr(ds.get(), path, "interval_min_ns"));
@@ -722,7 +695,7 @@ Status ExportReader::Impl::ReadSampler() {
     if (sm.nvml != "read") meta.unknowns.push_back("nvml: " + sm.nvml);
   }
   const std::string path = "/trace/device_samples";
-  LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(f, path, H5I_DATASET));
+  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenObject(f, path, H5I_DATASET));
   LOCKSTEP_ASSIGN_OR_RETURN(auto dev, ReadTable(ds.get(), path, kDeviceFields, limits,
                                                 limits.max_windows, meta.file_bytes));
   sm.n_device_samples = static_cast<std::int64_t>(dev.size());
@@ -789,14 +762,14 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
   const std::string ipath = "/index/items";
   std::map<std::string, std::size_t> cp_at;
   for (const Link& l : names) {
-    LOCKSTEP_ASSIGN_OR_RETURN(Hid g, OpenChild(cps, "/checkpoints/" + l.name, l.name, H5I_GROUP));
+    LOCKSTEP_ASSIGN_OR_RETURN(H5Handle g, OpenChild(cps, "/checkpoints/" + l.name, l.name, H5I_GROUP));
     ExportCheckpoint cp;
     LOCKSTEP_RETURN_IF_ERROR(ReadCheckpointAttrs(g.get(), l.name, &cp));
     cp_at[l.name] = meta.checkpoints.size();
     meta.checkpoints.push_back(std::move(cp));
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(file.get(), ipath, H5I_DATASET));
-  Hid ft(H5Dget_type(ds.get()));
+  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenObject(file.get(), ipath, H5I_DATASET));
+  H5Handle ft(H5Dget_type(ds.get()));
   if (!ft.valid() || H5Tget_class(ft.get()) != H5T_COMPOUND)
     return Bad(ipath, "expected compound records");
   static const char* const kStr[] = {"checkpoint", "rel", "kind", "dtype"};
@@ -826,16 +799,16 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
   if (BytesWithin({n}, static_cast<std::int64_t>(H5Tget_size(ft.get())), meta.file_bytes) < 0)
     return Bad(ipath,
                std::to_string(n) + " rows are larger than the file itself (truncated or corrupt)");
-  Hid mt(H5Tcreate(H5T_COMPOUND, sizeof(IndexRowMem)));
+  H5Handle mt(H5Tcreate(H5T_COMPOUND, sizeof(IndexRowMem)));
   auto str = [](std::size_t len) {
-    Hid t(H5Tcopy(H5T_C_S1));
+    H5Handle t(H5Tcopy(H5T_C_S1));
     H5Tset_size(t.get(), len);
     H5Tset_strpad(t.get(), H5T_STR_NULLTERM);
     return t;
   };
   const hsize_t four = 4, two = 2;
-  Hid s32 = str(32), s64 = str(64), s16 = str(16), s8 = str(8);
-  Hid a4(H5Tarray_create2(H5T_NATIVE_INT64, 1, &four)),
+  H5Handle s32 = str(32), s64 = str(64), s16 = str(16), s8 = str(8);
+  H5Handle a4(H5Tarray_create2(H5T_NATIVE_INT64, 1, &four)),
       a2(H5Tarray_create2(H5T_NATIVE_INT64, 1, &two));
   H5Tinsert(mt.get(), "checkpoint", HOFFSET(IndexRowMem, checkpoint), s32.get());
   H5Tinsert(mt.get(), "rel", HOFFSET(IndexRowMem, rel), s64.get());
@@ -946,7 +919,7 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
     if (checked.insert(cp_name).second) {
       // Cross-check against the dataset itself (the full validation of the slow path).
       const auto slash = path.find_last_of('/');
-      LOCKSTEP_ASSIGN_OR_RETURN(Hid parent,
+      LOCKSTEP_ASSIGN_OR_RETURN(H5Handle parent,
                                 OpenObject(file.get(), path.substr(0, slash), H5I_GROUP));
       Loc loc;
       LOCKSTEP_ASSIGN_OR_RETURN(
@@ -972,7 +945,7 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
 
 Status ExportReader::Impl::ReadAll() {
   const hid_t f = file.get();
-  LOCKSTEP_ASSIGN_OR_RETURN(Hid root, OpenObject(f, "/", H5I_GROUP));
+  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle root, OpenObject(f, "/", H5I_GROUP));
   // The identity check comes first: anything else about a foreign file is noise.
   {
     auto schema = StrAttr(root.get(), "/", "schema", 256);
@@ -1000,13 +973,13 @@ Status ExportReader::Impl::ReadAll() {
   if (meta.executable_sha256.empty())
     meta.unknowns.push_back("executable_sha256: empty (the binary was unreadable)");
   {
-    LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(f, "/config", H5I_DATASET));
+    LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenObject(f, "/config", H5I_DATASET));
     LOCKSTEP_ASSIGN_OR_RETURN(meta.config_json, ReadString(ds.get(), false, "/config", max_str));
   }
   // Token ids: integers of at most 4 bytes, read as int32.
   const auto tokens = [&](const std::string& path, std::vector<std::int32_t>* out) -> Status {
-    LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(f, path, H5I_DATASET));
-    Hid ft(H5Dget_type(ds.get()));
+    LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenObject(f, path, H5I_DATASET));
+    H5Handle ft(H5Dget_type(ds.get()));
     if (!ft.valid() || H5Tget_class(ft.get()) != H5T_INTEGER || H5Tget_size(ft.get()) > 4)
       return Bad(path, "holds " + (ft.valid() ? DescribeType(ft.get()) : std::string("?")) +
                            ", expected int32 token ids");
@@ -1024,27 +997,27 @@ Status ExportReader::Impl::ReadAll() {
   };
   {
     LOCKSTEP_RETURN_IF_ERROR(tokens("/request/tokens", &meta.request_tokens));
-    LOCKSTEP_ASSIGN_OR_RETURN(Hid req, OpenObject(f, "/request", H5I_GROUP));
+    LOCKSTEP_ASSIGN_OR_RETURN(H5Handle req, OpenObject(f, "/request", H5I_GROUP));
     LOCKSTEP_ASSIGN_OR_RETURN(meta.max_new, IntAttr(req.get(), "/request", "max_new"));
     LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t req_seed, IntAttr(req.get(), "/request", "seed"));
     if (req_seed != meta.seed)
       return Bad("/request", "seed attribute " + std::to_string(req_seed) +
                                  " differs from the root's " + std::to_string(meta.seed));
     LOCKSTEP_RETURN_IF_ERROR(tokens("/output/tokens", &meta.output_tokens));
-    LOCKSTEP_ASSIGN_OR_RETURN(Hid out, OpenObject(f, "/output", H5I_GROUP));
+    LOCKSTEP_ASSIGN_OR_RETURN(H5Handle out, OpenObject(f, "/output", H5I_GROUP));
     LOCKSTEP_ASSIGN_OR_RETURN(meta.stop_reason,
                               StrAttr(out.get(), "/output", "stop_reason", max_str));
     LOCKSTEP_ASSIGN_OR_RETURN(meta.text_sha256,
                               StrAttr(out.get(), "/output", "text_sha256", max_str));
   }
   {
-    LOCKSTEP_ASSIGN_OR_RETURN(Hid counters, OpenObject(f, "/counters", H5I_GROUP));
+    LOCKSTEP_ASSIGN_OR_RETURN(H5Handle counters, OpenObject(f, "/counters", H5I_GROUP));
     LOCKSTEP_ASSIGN_OR_RETURN(auto stages, Children(counters.get(), "/counters", limits.max_items));
     for (const Link& st : stages) {
       const std::string path = "/counters/" + st.name;
       if (ParseIndex(st.name, "stage") < 0)
         return Bad(path, "unexpected entry (expected stage{S})");
-      LOCKSTEP_ASSIGN_OR_RETURN(Hid g, OpenObject(f, path, H5I_GROUP));
+      LOCKSTEP_ASSIGN_OR_RETURN(H5Handle g, OpenObject(f, path, H5I_GROUP));
       std::vector<std::string> names;
       if (H5Aiterate2(g.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, CollectAttrName, &names) != 0)
         return Bad(path, "attributes unreadable or too many of them");
@@ -1061,7 +1034,7 @@ Status ExportReader::Impl::ReadAll() {
   }
   {
     const std::string path = "/trace/windows";
-    LOCKSTEP_ASSIGN_OR_RETURN(Hid ds, OpenObject(f, path, H5I_DATASET));
+    LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenObject(f, path, H5I_DATASET));
     LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kWindowFields, limits,
                                                    limits.max_windows, meta.file_bytes));
     for (const auto& r : rows) {
@@ -1089,7 +1062,7 @@ Status ExportReader::Impl::ReadAll() {
   LOCKSTEP_RETURN_IF_ERROR(ReadSampler());
   // /checkpoints exists only when some window exported state (--export-windows none: trace only).
   if (H5Lexists(f, "/checkpoints", H5P_DEFAULT) > 0) {
-    LOCKSTEP_ASSIGN_OR_RETURN(Hid cps, OpenObject(f, "/checkpoints", H5I_GROUP));
+    LOCKSTEP_ASSIGN_OR_RETURN(H5Handle cps, OpenObject(f, "/checkpoints", H5I_GROUP));
     LOCKSTEP_ASSIGN_OR_RETURN(auto names, Children(cps.get(), "/checkpoints", limits.max_items));
     if (limits.use_index && H5Lexists(f, "/index", H5P_DEFAULT) > 0) {
       LOCKSTEP_RETURN_IF_ERROR(ReadIndexed(cps.get(), names));
@@ -1132,7 +1105,7 @@ Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& path
                                              : "not an HDF5 file (no HDF5 signature at offset 0)");
   // A metadata cache large enough for every object header of a big export: with the default (2 MiB
   // initial) HDF5 evicted and re-read headers while we walked thousands of items.
-  Hid fapl(H5Pcreate(H5P_FILE_ACCESS));
+  H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS));
   H5AC_cache_config_t mdc;
   mdc.version = H5AC__CURR_CACHE_CONFIG_VERSION;
   if (fapl.valid() && H5Pget_mdc_config(fapl.get(), &mdc) >= 0) {
@@ -1144,7 +1117,7 @@ Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& path
     mdc.flash_incr_mode = H5C_flash_incr__off;
     H5Pset_mdc_config(fapl.get(), &mdc);
   }
-  impl->file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.valid() ? fapl.get() : H5P_DEFAULT));
+  impl->file = H5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.valid() ? fapl.get() : H5P_DEFAULT));
   if (!impl->file.valid())
     return Status::InvalidArgument(
         path, "HDF5 cannot open it (truncated or corrupt; an unfinished export ends in .partial)");

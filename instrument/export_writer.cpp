@@ -14,7 +14,7 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "lockstep/instrument/h5_handles.h"
+#include "lockstep/h5/handle.h"
 
 namespace lockstep {
 

@@ -100,6 +100,16 @@ const ModelWeights& Model(const std::string& preset) {
   return *models.emplace(preset, std::move(w).value()).first->second;
 }
 
+std::vector<std::int32_t> Tokens(int n, std::uint64_t seed) {
+  std::vector<std::int32_t> t;
+  std::uint64_t s = seed;
+  for (int i = 0; i < n; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    t.push_back(static_cast<std::int32_t>((s >> 33) % 500));
+  }
+  return t;
+}
+
 std::vector<float> Random(std::size_t n, std::uint64_t seed, float lo, float hi) {
   std::vector<float> v(n);
   std::uint64_t s = seed * 0x9e3779b97f4a7c15ull + 12345;

@@ -25,6 +25,10 @@ std::string NewDir(const std::string& name);
 const std::string& ModelDir(const std::string& preset);
 const ModelWeights& Model(const std::string& preset);
 
+// n pseudo-random token ids in [0, 500) from `seed` (an LCG): prompts and verify windows of the
+// engine tests.
+std::vector<std::int32_t> Tokens(int n, std::uint64_t seed = 1);
+
 // Deterministic uniform values in [lo, hi) (SplitMix64 counter); nonzero with probability 1.
 std::vector<float> Random(std::size_t n, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f);
 

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "lockstep/engine/status.h"
 
@@ -88,56 +89,62 @@ using NcclCommPtr = std::unique_ptr<std::remove_pointer_t<ncclComm_t>, NcclDelet
 using DevicePtr = std::unique_ptr<void, DeviceFree>;
 using PinnedPtr = std::unique_ptr<void, HostFree>;
 
-// Device memory of n floats-or-bytes; `Bytes` is the size in bytes. Owned, non-copyable.
-class DeviceBuffer {
+// An owned, non-copyable allocation of `bytes` (contents uninitialised): device memory
+// (DeviceBuffer) or pinned, device-mapped host memory (PinnedBuffer).
+template <typename Ptr>
+class CudaBuffer {
  public:
-  DeviceBuffer() = default;
-  // Allocates `bytes` on the current device (contents uninitialised). kRuntime when out of memory.
-  static Result<DeviceBuffer> Alloc(std::size_t bytes) {
-    void* p = nullptr;
-    if (bytes > 0) LOCKSTEP_CUDA_CHECK(cudaMalloc(&p, bytes));
-    DeviceBuffer b;
-    b.ptr_.reset(p);
-    b.bytes_ = bytes;
-    return b;
-  }
+  CudaBuffer() = default;
   void* get() const { return ptr_.get(); }
   template <typename T>
   T* as() const { return static_cast<T*>(ptr_.get()); }
   std::size_t bytes() const { return bytes_; }
 
- private:
-  DevicePtr ptr_;
+ protected:
+  // Takes ownership of p (nullptr when bytes == 0).
+  static CudaBuffer Own(void* p, std::size_t bytes) {
+    CudaBuffer b;
+    b.ptr_.reset(p);
+    b.bytes_ = bytes;
+    return b;
+  }
+  Ptr ptr_;
   std::size_t bytes_ = 0;
+};
+
+class DeviceBuffer : public CudaBuffer<DevicePtr> {
+ public:
+  DeviceBuffer() = default;
+  // Allocates `bytes` on the current device. kRuntime when out of memory.
+  static Result<DeviceBuffer> Alloc(std::size_t bytes) {
+    void* p = nullptr;
+    if (bytes > 0) LOCKSTEP_CUDA_CHECK(cudaMalloc(&p, bytes));
+    return DeviceBuffer(Own(p, bytes));
+  }
+
+ private:
+  explicit DeviceBuffer(CudaBuffer b) : CudaBuffer(std::move(b)) {}
 };
 
 // Pinned, device-mapped host memory (cudaHostAllocMapped | Portable): readable by kernels over
 // PCIe through device_ptr() and by the host through get().
-class PinnedBuffer {
+class PinnedBuffer : public CudaBuffer<PinnedPtr> {
  public:
   PinnedBuffer() = default;
   static Result<PinnedBuffer> Alloc(std::size_t bytes) {
     void* p = nullptr;
     if (bytes > 0) LOCKSTEP_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-    PinnedBuffer b;
-    b.ptr_.reset(p);
-    b.bytes_ = bytes;
-    return b;
+    return PinnedBuffer(Own(p, bytes));
   }
-  void* get() const { return ptr_.get(); }
-  template <typename T>
-  T* as() const { return static_cast<T*>(ptr_.get()); }
   // The address kernels use (unified addressing: the same value on 64-bit Linux).
   Result<void*> device_ptr() const {
     void* d = nullptr;
     if (ptr_) LOCKSTEP_CUDA_CHECK(cudaHostGetDevicePointer(&d, ptr_.get(), 0));
     return d;
   }
-  std::size_t bytes() const { return bytes_; }
 
  private:
-  PinnedPtr ptr_;
-  std::size_t bytes_ = 0;
+  explicit PinnedBuffer(CudaBuffer b) : CudaBuffer(std::move(b)) {}
 };
 
 inline Result<StreamPtr> MakeStream() {

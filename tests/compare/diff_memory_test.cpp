@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "lockstep/compare/export_reader.h"
-#include "lockstep/instrument/h5_handles.h"
+#include "lockstep/h5/handle.h"
 #include "test_util.h"
 
 namespace lockstep {

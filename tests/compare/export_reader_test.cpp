@@ -19,7 +19,7 @@
 #include <sstream>
 #include <thread>
 
-#include "lockstep/instrument/h5_handles.h"
+#include "lockstep/h5/handle.h"
 #include "test_util.h"
 
 namespace lockstep {

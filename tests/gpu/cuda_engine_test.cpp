@@ -41,15 +41,7 @@ int Devices() {
                                       << " visible (no GPU on this machine)";              \
   } while (0)
 
-std::vector<std::int32_t> Prompt(int n, std::uint64_t seed = 1) {
-  std::vector<std::int32_t> t;
-  std::uint64_t s = seed;
-  for (int i = 0; i < n; ++i) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    t.push_back(static_cast<std::int32_t>((s >> 33) % 500));
-  }
-  return t;
-}
+std::vector<std::int32_t> Prompt(int n, std::uint64_t seed = 1) { return test::Tokens(n, seed); }
 
 EngineConfig Config(const std::string& backend) {
   cuda::RegisterCudaBackend();

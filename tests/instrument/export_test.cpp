@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "lockstep/instrument/export_writer.h"
-#include "lockstep/instrument/h5_handles.h"
+#include "lockstep/h5/handle.h"
 #include "test_util.h"
 
 namespace lockstep {

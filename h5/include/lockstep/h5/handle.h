@@ -1,6 +1,8 @@
 // RAII for HDF5 C handles (hid_t): one owning wrapper, closed with the function that matches the
-// handle's kind. Feature code never calls H5?close itself. Not thread-safe (HDF5 serial build):
-// handles live on the export writer thread only.
+// handle's kind. Feature code never calls H5?close itself. Shared by the export writer
+// (instrument/) and the export reader (compare/) through the lockstep::hdf5 target, so neither
+// library depends on the other. Not thread-safe (HDF5 serial build): a handle lives on one thread
+// (the writer thread; the reader's H5Dread path under its mutex).
 #pragma once
 
 #include <hdf5.h>
