@@ -193,6 +193,28 @@ LOCKSTEP_HD inline int RowGroupSize(int remaining) {
   return remaining < kMaxRowsPerPass ? remaining : kMaxRowsPerPass;
 }
 LOCKSTEP_HD inline int RowPassWidth(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : n <= 8 ? 8 : 16; }
+// Calls f.template operator()<R>() with R = RowPassWidth(n) as a compile-time width (the kernels
+// instantiate one pass template per width).
+template <typename F>
+LOCKSTEP_HD inline void WithPassWidth(int n, F&& f) {
+  switch (RowPassWidth(n)) {
+    case 16:
+      f.template operator()<16>();
+      break;
+    case 8:
+      f.template operator()<8>();
+      break;
+    case 4:
+      f.template operator()<4>();
+      break;
+    case 2:
+      f.template operator()<2>();
+      break;
+    default:
+      f.template operator()<1>();
+      break;
+  }
+}
 
 // ---- norms (cpu/norm.cpp), given the sum of squares ss from the dot product above ----
 

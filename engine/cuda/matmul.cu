@@ -50,23 +50,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
   const WT* w = W + static_cast<std::size_t>(o) * static_cast<std::size_t>(n_in);
   for (int t0 = 0; t0 < T;) {
     const int n = km::RowGroupSize(T - t0);
-    switch (km::RowPassWidth(n)) {
-      case 16:
-        RowsPass<16, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o);
-        break;
-      case 8:
-        RowsPass<8, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o);
-        break;
-      case 4:
-        RowsPass<4, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o);
-        break;
-      case 2:
-        RowsPass<2, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o);
-        break;
-      default:
-        RowsPass<1, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o);
-        break;
-    }
+    km::WithPassWidth(n, [&]<int R>() { RowsPass<R, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o); });
     t0 += n;
   }
 }

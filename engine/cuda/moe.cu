@@ -199,23 +199,7 @@ __global__ void __launch_bounds__(kMoeWarps* km::kWarp)
   const int s0 = first[e], s1 = first[e + 1];
   for (int i0 = s0; i0 < s1;) {
     const int n = km::RowGroupSize(s1 - i0);
-    switch (km::RowPassWidth(n)) {
-      case 16:
-        GateUpPass<16, WT>(x, H, I, k, slot_of, i0, n, wg, wu, vec, lane, o, act);
-        break;
-      case 8:
-        GateUpPass<8, WT>(x, H, I, k, slot_of, i0, n, wg, wu, vec, lane, o, act);
-        break;
-      case 4:
-        GateUpPass<4, WT>(x, H, I, k, slot_of, i0, n, wg, wu, vec, lane, o, act);
-        break;
-      case 2:
-        GateUpPass<2, WT>(x, H, I, k, slot_of, i0, n, wg, wu, vec, lane, o, act);
-        break;
-      default:
-        GateUpPass<1, WT>(x, H, I, k, slot_of, i0, n, wg, wu, vec, lane, o, act);
-        break;
-    }
+    km::WithPassWidth(n, [&]<int R>() { GateUpPass<R, WT>(x, H, I, k, slot_of, i0, n, wg, wu, vec, lane, o, act); });
     i0 += n;
   }
 }
@@ -255,23 +239,7 @@ __global__ void __launch_bounds__(kMoeWarps* km::kWarp)
   const int s0 = first[e], s1 = first[e + 1];
   for (int i0 = s0; i0 < s1;) {
     const int n = km::RowGroupSize(s1 - i0);
-    switch (km::RowPassWidth(n)) {
-      case 16:
-        DownPass<16, WT>(act, H, I, slot_of, i0, n, wd, vec, lane, o, ranked);
-        break;
-      case 8:
-        DownPass<8, WT>(act, H, I, slot_of, i0, n, wd, vec, lane, o, ranked);
-        break;
-      case 4:
-        DownPass<4, WT>(act, H, I, slot_of, i0, n, wd, vec, lane, o, ranked);
-        break;
-      case 2:
-        DownPass<2, WT>(act, H, I, slot_of, i0, n, wd, vec, lane, o, ranked);
-        break;
-      default:
-        DownPass<1, WT>(act, H, I, slot_of, i0, n, wd, vec, lane, o, ranked);
-        break;
-    }
+    km::WithPassWidth(n, [&]<int R>() { DownPass<R, WT>(act, H, I, slot_of, i0, n, wd, vec, lane, o, ranked); });
     i0 += n;
   }
 }

@@ -101,18 +101,7 @@ void EmulateWidth(const float* const* rows, int n, const float* w, int n_in, flo
   for (int r = 0; r < n; ++r) out[r] = km::CombineLanes(lanes[r]);
 }
 void EmulateRowsPass(const float* const* rows, int n, const float* w, int n_in, float* out) {
-  switch (km::RowPassWidth(n)) {
-    case 16:
-      return EmulateWidth<16>(rows, n, w, n_in, out);
-    case 8:
-      return EmulateWidth<8>(rows, n, w, n_in, out);
-    case 4:
-      return EmulateWidth<4>(rows, n, w, n_in, out);
-    case 2:
-      return EmulateWidth<2>(rows, n, w, n_in, out);
-    default:
-      return EmulateWidth<1>(rows, n, w, n_in, out);
-  }
+  km::WithPassWidth(n, [&]<int R>() { EmulateWidth<R>(rows, n, w, n_in, out); });
 }
 // y[t, o] = x[t] . W[o] for the rows given by row pointers.
 void EmulateRows(const float* const* x, int T, const float* W, int n_out, int n_in, float* y,
