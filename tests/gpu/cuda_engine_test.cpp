@@ -12,6 +12,7 @@
 
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine_cuda/register.h"
+#include "gpu/require_gpu.h"
 #include "test_util.h"
 
 namespace lockstep {
@@ -28,18 +29,6 @@ using test::Nrmse;
 constexpr double kCudaVsCpuLogitsNrmse = 1e-4;
 constexpr double kCudaVsCpuStateNrmse = 1e-4;
 
-int Devices() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-  cudaGetLastError();
-  return n;
-}
-
-#define REQUIRE_GPU(n)                                                                       \
-  do {                                                                                       \
-    if (Devices() < (n)) GTEST_SKIP() << "needs " << (n) << " CUDA device(s); " << Devices() \
-                                      << " visible (no GPU on this machine)";              \
-  } while (0)
 
 std::vector<std::int32_t> Prompt(int n, std::uint64_t seed = 1) { return test::Tokens(n, seed); }
 
@@ -89,7 +78,7 @@ std::vector<float> Flatten(const KvCache& kv) {
 }
 
 TEST(CudaEngine, MatchesCpuWithinThresholds) {
-  REQUIRE_GPU(1);
+  LOCKSTEP_REQUIRE_GPU(1);
   auto cpu = Make(Config("cpu"));
   auto gpu = Make(Config("cuda"));
   ASSERT_TRUE(cpu && gpu);
@@ -121,7 +110,7 @@ TEST(CudaEngine, MatchesCpuWithinThresholds) {
 }
 
 TEST(CudaEngine, DeterministicAaIsBitwiseIdentical) {
-  REQUIRE_GPU(1);
+  LOCKSTEP_REQUIRE_GPU(1);
   auto a = Make(Config("cuda"));
   auto b = Make(Config("cuda"));
   ASSERT_TRUE(a && b);
@@ -142,7 +131,7 @@ TEST(CudaEngine, DeterministicAaIsBitwiseIdentical) {
 }
 
 TEST(CudaEngine, VerifyRowsAreBatchInvariant) {
-  REQUIRE_GPU(1);
+  LOCKSTEP_REQUIRE_GPU(1);
   for (DType kv : {DType::kF32, DType::kBF16, DType::kI8}) {
     EngineConfig c = Config("cuda");
     c.kv_dtype = kv;
@@ -157,7 +146,7 @@ TEST(CudaEngine, VerifyRowsAreBatchInvariant) {
 // --deterministic off sends multi-row verify windows through cuBLAS (TF32): rows are no longer
 // T-invariant, and that difference is visible (while staying small).
 TEST(CudaEngine, NonDeterministicModeBreaksBatchInvariance) {
-  REQUIRE_GPU(1);
+  LOCKSTEP_REQUIRE_GPU(1);
   EngineConfig c = Config("cuda");
   c.deterministic = false;
   auto batched = Make(c);
@@ -170,7 +159,7 @@ TEST(CudaEngine, NonDeterministicModeBreaksBatchInvariance) {
 }
 
 TEST(CudaEngine, SeveralGpusHandOffThroughNccl) {
-  REQUIRE_GPU(2);
+  LOCKSTEP_REQUIRE_GPU(2);
   EngineConfig one = Config("cuda");
   EngineConfig two = Config("cuda");
   two.devices = {0, 1};
@@ -181,7 +170,7 @@ TEST(CudaEngine, SeveralGpusHandOffThroughNccl) {
 }
 
 TEST(CudaEngine, DeviceTimingsAreRecorded) {
-  REQUIRE_GPU(1);
+  LOCKSTEP_REQUIRE_GPU(1);
   auto e = Make(Config("cuda"));
   ASSERT_TRUE(e);
   RunWindows(*e, Prompt(10), {1, 2});

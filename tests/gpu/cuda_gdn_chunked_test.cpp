@@ -20,6 +20,7 @@
 
 #include "cpu/gdn.h"
 #include "cuda/ops.h"
+#include "gpu/require_gpu.h"
 #include "test_util.h"
 
 namespace lockstep::cuda {
@@ -146,8 +147,7 @@ void RunChunked(const Inputs& in, const DevInputs& d, int t0, int T, DevF& S, De
 }
 
 TEST(CudaOps, GdnChunkedMatchesCpuChunkedAndRecurrent) {
-  int n_dev = 0;
-  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) GTEST_SKIP() << "no CUDA device";
+  LOCKSTEP_REQUIRE_GPU(1);
   struct Case {
     int hk, hv, dk, dv, T;
   };

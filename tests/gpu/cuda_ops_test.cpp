@@ -34,6 +34,7 @@
 #include "cpu/rope.h"
 #include "cuda/kernel_math.h"
 #include "cuda/ops.h"
+#include "gpu/require_gpu.h"
 #include "lockstep/engine/arena.h"
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/kv_cache.h"
@@ -46,23 +47,6 @@ using FVec = std::vector<float>;
 constexpr double kU = 5.9604644775390625e-08;  // 2^-24
 
 inline std::size_t Z(int x) { return static_cast<std::size_t>(x); }
-
-bool HaveDevice(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    *why = cudaGetErrorString(e);
-    return false;
-  }
-  if (n == 0) *why = "cudaGetDeviceCount returned 0";
-  return n > 0;
-}
-
-#define LOCKSTEP_REQUIRE_CUDA()                                         \
-  do {                                                                  \
-    std::string why_;                                                   \
-    if (!HaveDevice(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
 
 // Launch errors, then execution errors.
 ::testing::AssertionResult Sync() {
@@ -124,7 +108,7 @@ float WarpDot(const float* a, const float* b, int n) {
 }
 
 TEST(CudaOps, RowsMatmulMatchesEmulationCpuAndIsBatchInvariant) {
-  LOCKSTEP_REQUIRE_CUDA();
+  LOCKSTEP_REQUIRE_GPU(1);
   std::mt19937 rng(1);
   for (int n_in : {389, 2048}) {  // scalar path (unaligned rows), float4 path
     const int n_out = 37, T = 9, ldy = 40;
@@ -154,7 +138,7 @@ TEST(CudaOps, RowsMatmulMatchesEmulationCpuAndIsBatchInvariant) {
 }
 
 TEST(CudaOps, NormsMatchCpu) {
-  LOCKSTEP_REQUIRE_CUDA();
+  LOCKSTEP_REQUIRE_GPU(1);
   std::mt19937 rng(2);
   const int rows = 5, n = 260, ld = 264;
   const FVec x = Random(rng, Z(rows) * Z(ld), -2.0f, 2.0f), w = Random(rng, Z(n)),
@@ -180,7 +164,7 @@ TEST(CudaOps, NormsMatchCpu) {
 }
 
 TEST(CudaOps, RopeMatchesCpu) {
-  LOCKSTEP_REQUIRE_CUDA();
+  LOCKSTEP_REQUIRE_GPU(1);
   const int R = 64, D = 256, heads = 4, T = 3, ld = heads * D + 8, p0 = 20000;
   const double theta = 1e7;
   cpu::Rope rope(R, theta);
@@ -306,20 +290,20 @@ void CheckAttention(DType dt, int kv_dtype) {
 }
 
 TEST(CudaOps, AttentionF32Cache) {
-  LOCKSTEP_REQUIRE_CUDA();
+  LOCKSTEP_REQUIRE_GPU(1);
   CheckAttention(DType::kF32, 0);
 }
 TEST(CudaOps, AttentionBf16Cache) {
-  LOCKSTEP_REQUIRE_CUDA();
+  LOCKSTEP_REQUIRE_GPU(1);
   CheckAttention(DType::kBF16, 1);
 }
 TEST(CudaOps, AttentionInt8Cache) {
-  LOCKSTEP_REQUIRE_CUDA();
+  LOCKSTEP_REQUIRE_GPU(1);
   CheckAttention(DType::kI8, 2);
 }
 
 TEST(CudaOps, SplitQGateCopiesBitwise) {
-  LOCKSTEP_REQUIRE_CUDA();
+  LOCKSTEP_REQUIRE_GPU(1);
   const int T = 3, hq = 5, D = 36;
   std::mt19937 rng(8);
   const FVec qg = Random(rng, Z(T) * Z(hq) * 2 * Z(D));
@@ -334,7 +318,7 @@ TEST(CudaOps, SplitQGateCopiesBitwise) {
 }
 
 TEST(CudaOps, GdnPipelineMatchesCpu) {
-  LOCKSTEP_REQUIRE_CUDA();
+  LOCKSTEP_REQUIRE_GPU(1);
   const int hk = 2, hv = 4, r = hv / hk, dk = 128, dv = 96, K = 4, T = 7;
   const int key_dim = hk * dk, conv_dim = 2 * key_dim + hv * dv, qkvz = 2 * key_dim + 2 * hv * dv;
   const int wg = 2 * dk + 2 * r * dv;
@@ -480,7 +464,7 @@ FVec RunExperts(const FVec& x, const FVec& logits, int T, int E, int k, int H, i
 }
 
 TEST(CudaOps, MoeMatchesCpu) {
-  LOCKSTEP_REQUIRE_CUDA();
+  LOCKSTEP_REQUIRE_GPU(1);
   const int T = 5, E = 16, k = 4, H = 256, I = 96;
   std::mt19937 rng(10);
   const FVec x = Random(rng, Z(T) * Z(H));
@@ -590,7 +574,7 @@ TEST(CudaOps, MoeMatchesCpu) {
 }
 
 TEST(CudaOps, ElementwiseMatchCpu) {
-  LOCKSTEP_REQUIRE_CUDA();
+  LOCKSTEP_REQUIRE_GPU(1);
   const int n = 100003, vocab = 50, H = 64, T = 7;
   std::mt19937 rng(11);
   const FVec a = Random(rng, Z(n), -20.0f, 20.0f), b = Random(rng, Z(n), -3.0f, 3.0f),

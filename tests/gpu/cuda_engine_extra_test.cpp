@@ -1,5 +1,6 @@
-// Engine-level checks of the CUDA backend beyond tests/gpu/cuda_engine_test.cpp, built only into
-// the emulator binary (tests/cuda_emu, which always reports one device): verify windows with
+// Engine-level checks of the CUDA backend beyond tests/gpu/cuda_engine_test.cpp, run by the
+// emulator binary (tests/cuda_emu, which always reports one device) and by cuda_tests on a real
+// GPU (skipped without one): verify windows with
 // partial commits for f32 / bf16 / int8 K/V, the MTP head (prefill and verify windows, its own
 // K/V cache), the CPU-layout state mirrors of the cuda stages (GDN ssm / conv, per-step
 // snapshots, K/V rows written and committed) and the expert-cache counters, all against the CPU
@@ -14,6 +15,7 @@
 
 #include "cuda/cuda_stage.h"
 #include "lockstep/engine/engine.h"
+#include "gpu/require_gpu.h"
 #include "lockstep/engine_cuda/register.h"
 #include "test_util.h"
 
@@ -91,6 +93,7 @@ void CompareStates(Engine& a, Engine& b, const std::string& where) {
 }
 
 void PartialCommits(DType kv) {
+  LOCKSTEP_REQUIRE_GPU(1);
   auto cpu = Make(Config("cpu", kv));
   auto gpu = Make(Config("cuda", kv));
   ASSERT_TRUE(cpu && gpu);
@@ -125,6 +128,7 @@ TEST(CudaEngineExtra, PartialCommitsMatchCpuBf16) { PartialCommits(DType::kBF16)
 TEST(CudaEngineExtra, PartialCommitsMatchCpuI8) { PartialCommits(DType::kI8); }
 
 TEST(CudaEngineExtra, MtpMatchesCpu) {
+  LOCKSTEP_REQUIRE_GPU(1);
   auto cpu = Make(Config("cpu"));
   auto gpu = Make(Config("cuda"));
   ASSERT_TRUE(cpu && gpu);
@@ -183,6 +187,7 @@ TEST(CudaEngineExtra, MtpMatchesCpu) {
 // with f32 matrices (LOCKSTEP_CUDA_F32_WEIGHTS=1): prefill (cuBLAS over the widened matrices),
 // verify windows and lm_head (RowsMatmul over bf16), routed experts, the MTP head, every state.
 TEST(CudaEngineExtra, Bf16DeviceWeightsAreBitwiseTheF32Path) {
+  LOCKSTEP_REQUIRE_GPU(1);
   EngineConfig c = Config("cuda");
   c.model = test::ModelDir("tiny-bf16");
   const ModelWeights& w = Model("tiny-bf16");
