@@ -54,11 +54,9 @@ namespace {
 class Packer {
  public:
   explicit Packer(bool bf16_matrices) : bf16_(bf16_matrices) {}
-  void Add(const float* host, std::size_t n, const float** slot) {
-    Push(host, n, false, reinterpret_cast<const void**>(slot));
-  }
+  void Add(const float* host, std::size_t n, const float** slot) { Push(host, n, false, slot, nullptr); }
   // A matrix stored in the packer's matrix dtype; `slot` gets the device address.
-  void AddMatrix(const float* host, std::size_t n, const void** slot) { Push(host, n, bf16_, slot); }
+  void AddMatrix(const float* host, std::size_t n, const void** slot) { Push(host, n, bf16_, nullptr, slot); }
   void Add(const Mat& m, DMat* out) {
     out->rows = m.rows;
     out->cols = m.cols;
@@ -70,7 +68,7 @@ class Packer {
     out->rows = m.rows;
     out->cols = m.cols;
     out->bf16 = false;
-    Push(m.data, U(m.rows) * U(m.cols), false, &out->d);
+    Push(m.data, U(m.rows) * U(m.cols), false, nullptr, &out->d);
   }
   std::size_t bytes() const { return total_; }
   // Device copy (synchronous: start-up only), through a host buffer of at most 64 MiB.
@@ -90,7 +88,7 @@ class Packer {
       } else {
         LOCKSTEP_CUDA_CHECK(cudaMemcpy(dst, it.host, it.n * sizeof(float), cudaMemcpyHostToDevice));
       }
-      *it.slot = dst;
+      it.Patch(dst);
     }
     return buf;
   }
@@ -104,7 +102,7 @@ class Packer {
       } else {
         std::memcpy(host, it.host, it.n * sizeof(float));
       }
-      *it.slot = static_cast<std::byte*>(dev) + it.offset;
+      it.Patch(static_cast<std::byte*>(dev) + it.offset);
     }
     return buf;
   }
@@ -114,11 +112,16 @@ class Packer {
     const float* host;
     std::size_t n;
     bool bf16;
-    const void** slot;
-    std::size_t offset;  // bytes
+    const float** f32_slot;  // a vector's view (always f32) ...
+    const void** slot;       // ... or a matrix's
+    std::size_t offset;      // bytes
+    void Patch(void* p) const {
+      if (f32_slot) *f32_slot = static_cast<const float*>(p);
+      if (slot) *slot = p;
+    }
   };
-  void Push(const float* host, std::size_t n, bool bf16, const void** slot) {
-    items_.push_back({host, n, bf16, slot, total_});
+  void Push(const float* host, std::size_t n, bool bf16, const float** f32_slot, const void** slot) {
+    items_.push_back({host, n, bf16, f32_slot, slot, total_});
     total_ += (n * (bf16 ? 2 : 4) + 255) & ~std::size_t{255};
   }
   // High halves of bf16-valued floats (exact: their low halves are zero).
