@@ -15,6 +15,7 @@
 
 #include "cuda/cuda_stage.h"
 #include "lockstep/engine/engine.h"
+#include "gpu/cuda_engine_util.h"
 #include "gpu/require_gpu.h"
 #include "lockstep/engine_cuda/register.h"
 #include "test_util.h"
@@ -25,22 +26,8 @@ using test::Model;
 using test::Nrmse;
 
 std::vector<std::int32_t> Prompt(int n, std::uint64_t seed = 1) { return test::Tokens(n, seed); }
-EngineConfig Config(const std::string& backend, DType kv = DType::kF32) {
-  cuda::RegisterCudaBackend();
-  EngineConfig c;
-  c.model = test::ModelDir("tiny");
-  c.backend = backend;
-  c.threads = 2;
-  c.stages = 4;
-  c.prefill_chunk = 8;
-  c.kv_dtype = kv;
-  return c;
-}
-std::unique_ptr<Engine> Make(const EngineConfig& c) {
-  auto e = Engine::Create(c, Model("tiny"));
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  return e.ok() ? std::move(*e) : nullptr;
-}
+using test::MakeTiny;
+using test::TinyConfig;
 std::vector<float> FlatK(const KvCache& kv, int rows) {
   std::vector<float> out, tmp(static_cast<std::size_t>(kv.head_dim()));
   for (int r = 0; r < rows; ++r)
@@ -94,8 +81,8 @@ void CompareStates(Engine& a, Engine& b, const std::string& where) {
 
 void PartialCommits(DType kv) {
   LOCKSTEP_REQUIRE_GPU(1);
-  auto cpu = Make(Config("cpu", kv));
-  auto gpu = Make(Config("cuda", kv));
+  auto cpu = MakeTiny(TinyConfig("cpu", kv));
+  auto gpu = MakeTiny(TinyConfig("cuda", kv));
   ASSERT_TRUE(cpu && gpu);
   const auto prompt = Prompt(37);
   ASSERT_TRUE(cpu->Prefill(prompt).ok());
@@ -129,8 +116,8 @@ TEST(CudaEngineExtra, PartialCommitsMatchCpuI8) { PartialCommits(DType::kI8); }
 
 TEST(CudaEngineExtra, MtpMatchesCpu) {
   LOCKSTEP_REQUIRE_GPU(1);
-  auto cpu = Make(Config("cpu"));
-  auto gpu = Make(Config("cuda"));
+  auto cpu = MakeTiny(TinyConfig("cpu"));
+  auto gpu = MakeTiny(TinyConfig("cuda"));
   ASSERT_TRUE(cpu && gpu);
   ASSERT_TRUE(cpu->has_mtp());
   ASSERT_TRUE(gpu->has_mtp());
@@ -188,7 +175,7 @@ TEST(CudaEngineExtra, MtpMatchesCpu) {
 // verify windows and lm_head (RowsMatmul over bf16), routed experts, the MTP head, every state.
 TEST(CudaEngineExtra, Bf16DeviceWeightsAreBitwiseTheF32Path) {
   LOCKSTEP_REQUIRE_GPU(1);
-  EngineConfig c = Config("cuda");
+  EngineConfig c = TinyConfig("cuda");
   c.model = test::ModelDir("tiny-bf16");
   const ModelWeights& w = Model("tiny-bf16");
   ::setenv("LOCKSTEP_CUDA_F32_WEIGHTS", "1", 1);
@@ -204,7 +191,7 @@ TEST(CudaEngineExtra, Bf16DeviceWeightsAreBitwiseTheF32Path) {
     EXPECT_FALSE(dynamic_cast<cuda::CudaStageSession&>((*f32)->stage(is)).weights_bf16()) << "stage " << is;
   }
   // The f32 "tiny" has matrices that are not bf16 values: it keeps f32 matrices.
-  auto tiny = Make(Config("cuda"));
+  auto tiny = MakeTiny(TinyConfig("cuda"));
   ASSERT_TRUE(tiny);
   EXPECT_FALSE(dynamic_cast<cuda::CudaStageSession&>(tiny->stage(0)).weights_bf16());
 

@@ -12,6 +12,7 @@
 
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine_cuda/register.h"
+#include "gpu/cuda_engine_util.h"
 #include "gpu/require_gpu.h"
 #include "test_util.h"
 
@@ -32,22 +33,8 @@ constexpr double kCudaVsCpuStateNrmse = 1e-4;
 
 std::vector<std::int32_t> Prompt(int n, std::uint64_t seed = 1) { return test::Tokens(n, seed); }
 
-EngineConfig Config(const std::string& backend) {
-  cuda::RegisterCudaBackend();
-  EngineConfig c;
-  c.model = test::ModelDir("tiny");
-  c.backend = backend;
-  c.threads = 2;
-  c.stages = 4;
-  c.prefill_chunk = 8;
-  return c;
-}
-
-std::unique_ptr<Engine> Make(const EngineConfig& c) {
-  auto e = Engine::Create(c, Model("tiny"));
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  return e.ok() ? std::move(*e) : nullptr;
-}
+using test::MakeTiny;
+using test::TinyConfig;
 
 // Runs prompt + windows of the given sizes; returns every window's logits.
 std::vector<float> RunWindows(Engine& e, const std::vector<std::int32_t>& prompt, const std::vector<int>& sizes) {
@@ -79,8 +66,8 @@ std::vector<float> Flatten(const KvCache& kv) {
 
 TEST(CudaEngine, MatchesCpuWithinThresholds) {
   LOCKSTEP_REQUIRE_GPU(1);
-  auto cpu = Make(Config("cpu"));
-  auto gpu = Make(Config("cuda"));
+  auto cpu = MakeTiny(TinyConfig("cpu"));
+  auto gpu = MakeTiny(TinyConfig("cuda"));
   ASSERT_TRUE(cpu && gpu);
   const std::vector<int> sizes = {1, 4, 1, 9, 2};
   auto a = RunWindows(*cpu, Prompt(37), sizes);
@@ -111,8 +98,8 @@ TEST(CudaEngine, MatchesCpuWithinThresholds) {
 
 TEST(CudaEngine, DeterministicAaIsBitwiseIdentical) {
   LOCKSTEP_REQUIRE_GPU(1);
-  auto a = Make(Config("cuda"));
-  auto b = Make(Config("cuda"));
+  auto a = MakeTiny(TinyConfig("cuda"));
+  auto b = MakeTiny(TinyConfig("cuda"));
   ASSERT_TRUE(a && b);
   const std::vector<int> sizes = {1, 5, 3, 9, 1, 1};
   EXPECT_TRUE(BitwiseEqual(RunWindows(*a, Prompt(50), sizes), RunWindows(*b, Prompt(50), sizes)));
@@ -133,10 +120,10 @@ TEST(CudaEngine, DeterministicAaIsBitwiseIdentical) {
 TEST(CudaEngine, VerifyRowsAreBatchInvariant) {
   LOCKSTEP_REQUIRE_GPU(1);
   for (DType kv : {DType::kF32, DType::kBF16, DType::kI8}) {
-    EngineConfig c = Config("cuda");
+    EngineConfig c = TinyConfig("cuda");
     c.kv_dtype = kv;
-    auto batched = Make(c);
-    auto single = Make(c);
+    auto batched = MakeTiny(c);
+    auto single = MakeTiny(c);
     ASSERT_TRUE(batched && single);
     EXPECT_TRUE(BitwiseEqual(RunWindows(*batched, Prompt(30), {9}), RunWindows(*single, Prompt(30), {1, 1, 1, 1, 1, 1, 1, 1, 1})))
         << dtype_name(kv);
@@ -147,10 +134,10 @@ TEST(CudaEngine, VerifyRowsAreBatchInvariant) {
 // T-invariant, and that difference is visible (while staying small).
 TEST(CudaEngine, NonDeterministicModeBreaksBatchInvariance) {
   LOCKSTEP_REQUIRE_GPU(1);
-  EngineConfig c = Config("cuda");
+  EngineConfig c = TinyConfig("cuda");
   c.deterministic = false;
-  auto batched = Make(c);
-  auto single = Make(c);
+  auto batched = MakeTiny(c);
+  auto single = MakeTiny(c);
   ASSERT_TRUE(batched && single);
   auto a = RunWindows(*batched, Prompt(30), {9});
   auto b = RunWindows(*single, Prompt(30), {1, 1, 1, 1, 1, 1, 1, 1, 1});
@@ -160,18 +147,18 @@ TEST(CudaEngine, NonDeterministicModeBreaksBatchInvariance) {
 
 TEST(CudaEngine, SeveralGpusHandOffThroughNccl) {
   LOCKSTEP_REQUIRE_GPU(2);
-  EngineConfig one = Config("cuda");
-  EngineConfig two = Config("cuda");
+  EngineConfig one = TinyConfig("cuda");
+  EngineConfig two = TinyConfig("cuda");
   two.devices = {0, 1};
-  auto a = Make(one);
-  auto b = Make(two);
+  auto a = MakeTiny(one);
+  auto b = MakeTiny(two);
   ASSERT_TRUE(a && b);
   EXPECT_TRUE(BitwiseEqual(RunWindows(*a, Prompt(20), {1, 3, 2}), RunWindows(*b, Prompt(20), {1, 3, 2})));
 }
 
 TEST(CudaEngine, DeviceTimingsAreRecorded) {
   LOCKSTEP_REQUIRE_GPU(1);
-  auto e = Make(Config("cuda"));
+  auto e = MakeTiny(TinyConfig("cuda"));
   ASSERT_TRUE(e);
   RunWindows(*e, Prompt(10), {1, 2});
   for (const StageTiming& t : e->stage_timings()) {
