@@ -394,7 +394,7 @@ void WireInduction(Builder& b, const ModelConfig& c, const std::vector<float>& d
 
 }  // namespace
 
-std::vector<std::string> SyntheticPresets() { return {"tiny", "small", "seed48"}; }
+std::vector<std::string> SyntheticPresets() { return {"tiny", "small", "seed48", "wide"}; }
 
 Result<ModelConfig> SyntheticConfig(const std::string& preset) {
   ModelConfig c = Base();
@@ -413,8 +413,16 @@ Result<ModelConfig> SyntheticConfig(const std::string& preset) {
     c.n_heads = 4, c.n_heads_kv = 2, c.head_dim = 32;
     c.n_k_heads = 2, c.n_v_heads = 4, c.k_head_dim = 32, c.v_head_dim = 32;
     c.n_experts = 16, c.n_experts_used = 4, c.moe_ffn = 64, c.shared_ffn = 64;
+  } else if (preset == "wide") {
+    // Bandwidth-bound decode (cuda_bench): Qwen3-Next-80B's widths (hidden 2048, GDN 16 key / 32
+    // value heads of 128, attention 16 / 2 heads of 256, experts 512 wide, top-10 + shared) in 8
+    // layers with 32 experts: ~1.2 GB of bf16 weights read per token, ~2.7 GB of files.
+    c.n_vocab = 32768, c.n_embd = 2048, c.n_layers = 8;
+    c.n_heads = 16, c.n_heads_kv = 2, c.head_dim = 256;
+    c.n_k_heads = 16, c.n_v_heads = 32, c.k_head_dim = 128, c.v_head_dim = 128;
+    c.n_experts = 32, c.n_experts_used = 10, c.moe_ffn = 512, c.shared_ffn = 512;
   } else {
-    return Status::InvalidArgument("--preset", "unknown preset '" + preset + "' (expected tiny, small or seed48)");
+    return Status::InvalidArgument("--preset", "unknown preset '" + preset + "' (expected tiny, small, seed48 or wide)");
   }
   Layout(c);
   LOCKSTEP_RETURN_IF_ERROR(c.Validate());

@@ -318,7 +318,7 @@ Status PlanParser::ParseModel(const toml::table& t, ModelSpec& m) {
     return Error(t.source(), path != nullptr
                                  ? "[model]: give exactly one of 'path' or 'preset', not both"
                                  : "[model]: give one of 'path' (a checkpoint folder) or 'preset' "
-                                   "(tiny | small | seed48)");
+                                   "(tiny | small | seed48 | wide)");
   if (preset != nullptr) {
     LOCKSTEP_ASSIGN_OR_RETURN(m.preset, String(*preset, "preset"));
     auto known = SyntheticConfig(m.preset);

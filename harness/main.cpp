@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
     lockstep::SyntheticOptions syn;
     std::string out_dir, dtype;
     bool no_mtp = false;
-    init->add_option("--preset", syn.preset, "tiny | small | seed48")->required();
+    init->add_option("--preset", syn.preset, "tiny | small | seed48 | wide")->required();
     init->add_option("--seed", syn.seed, "Weight seed (same seed, byte-identical files)");
     init->add_option("--out", out_dir, "Output folder")->required();
     init->add_option("--dtype", dtype, "Matrix storage dtype: f32 | bf16 | f16 (default: f32 tiny, bf16 others)");

@@ -1,8 +1,9 @@
 // CUDA backend benchmarks (issue "CUDA backend", Must show 3), on a lent GPU:
 //   BM_CopyBandwidth      device-to-device cudaMemcpy of 1 GiB: the measured memory bandwidth
 //                         (bytes read + written per second) that bounds decode
-//   BM_CudaDecode/<m>     plain decode tokens/s (one-row verify windows + commit) for seed48 and
-//                         the wider `small`; counter bound_ratio = (time per token) / (active weight
+//   BM_CudaDecode/<m>     plain decode tokens/s (one-row verify windows + commit) for seed48,
+//                         `small` and `wide` (80B widths, ~1.2 GB per token: the one whose bound is
+//                         not a few microseconds of launches); counter bound_ratio = (time per token) / (active weight
 //                         bytes per token / measured bandwidth). Goal: bound_ratio <= 3. The bytes
 //                         are the device's: half the f32 figure when the stages hold bf16 matrices
 //                         (bf16 model files; counter bf16 = 1), which also halves the small
@@ -44,8 +45,7 @@ const ModelWeights& Model(const std::string& preset) {
   if (it != cache.end()) return *it->second;
   const std::string dir = "/tmp/lockstep-cuda-bench-" + preset + "-" + std::to_string(::getpid());
   SyntheticOptions o;
-  o.preset = preset;
-  o.dtype = DType::kF32;
+  o.preset = preset;  // the preset's own dtype: bf16 files for seed48, small and wide
   if (!WriteSyntheticModel(o, dir).ok()) std::abort();
   auto r = ModelWeights::Load(dir);
   std::filesystem::remove_all(dir);
@@ -129,6 +129,7 @@ void BM_CudaDecode(benchmark::State& state, const std::string& preset) {
 }
 BENCHMARK_CAPTURE(BM_CudaDecode, seed48, std::string("seed48"))->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
 BENCHMARK_CAPTURE(BM_CudaDecode, small, std::string("small"))->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_CudaDecode, wide, std::string("wide"))->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
 
 void BM_CudaVerify(benchmark::State& state) {
   if (!HaveDevice()) return state.SkipWithError("no CUDA device");

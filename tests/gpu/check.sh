@@ -8,7 +8,8 @@
 #      `lockstep diff` with the documented thresholds (state NRMSE 1e-4, logits KL 1e-6), for
 #      `small` with f32 and with bf16 matrices
 #   4. the deterministic cuda A/A (bf16 `small`, diff at NRMSE 0) and campaign (campaigns/aa-cuda.toml)
-#   5. the GPU benchmarks (decode vs the measured bandwidth bound, verify T<=9 vs T=1)
+#   5. the GPU benchmarks (decode of seed48, small and wide vs the measured bandwidth bound;
+#      verify T<=9 vs T=1)
 # On the lent machine: run tests/gpu/pack-deps.sh here first and name `.gpu-deps` in `carry`:
 #   run(command="tests/gpu/check.sh", carry=[".gpu-deps"], timeout_s=540)
 # Logs and summary.md go to OUT_DIR (default $OUT, else out/gpu-check). Budget: < 8 minutes on
