@@ -241,7 +241,16 @@ Status CudaStageSession::Init() {
   LOCKSTEP_ASSIGN_OR_RETURN(d.ev_copy1, MakeEvent(true));
   LOCKSTEP_ASSIGN_OR_RETURN(d.ev_consumed, MakeEvent(false));
 
-  // Expert residency, as on the CPU (same logical map, so counters agree across backends).
+  const bool mtp = is_last() && w_.mtp.present;
+  // LOCKSTEP_CUDA_F32_WEIGHTS=1 keeps f32 matrices even when bf16 would be lossless (to compare
+  // the two paths; they must agree bit for bit).
+  const char* force_f32 = std::getenv("LOCKSTEP_CUDA_F32_WEIGHTS");  // env: LOCKSTEP_CUDA_F32_WEIGHTS
+  d.weights_bf16 = !(force_f32 && std::string(force_f32) == "1") &&
+                   MatricesAreBf16(w_, layer_begin(), layer_end(), is_last(), mtp);
+
+  // Expert residency, as on the CPU (the same logical map, so hits and misses agree across
+  // backends). Bytes fetched are the bytes a miss reads over PCIe here: half the CPU's f32
+  // figure when the experts are held as bf16.
   std::vector<int> moe_layers;
   std::uint64_t expert_bytes = 0;
   for (int il = layer_begin(); il < layer_end(); ++il) {
@@ -251,18 +260,13 @@ Status CudaStageSession::Init() {
       expert_bytes = lw.ffn_moe.experts.empty() ? 0 : lw.ffn_moe.experts[0].bytes();
     }
   }
+  if (d.weights_bf16) expert_bytes /= 2;
   const int n_exp = std::max(c_.n_experts, 0);
   d.experts = std::make_unique<ExpertCache>(moe_layers, n_exp, cfg_.ResidentExperts(n_exp), expert_bytes);
-  const bool mtp = is_last() && w_.mtp.present;
   if (mtp)
     d.mtp_experts = std::make_unique<ExpertCache>(std::vector<int>{c_.n_layers}, n_exp, cfg_.ResidentExperts(n_exp),
                                                   expert_bytes);
 
-  // LOCKSTEP_CUDA_F32_WEIGHTS=1 keeps f32 matrices even when bf16 would be lossless (to compare
-  // the two paths; they must agree bit for bit).
-  const char* force_f32 = std::getenv("LOCKSTEP_CUDA_F32_WEIGHTS");  // env: LOCKSTEP_CUDA_F32_WEIGHTS
-  d.weights_bf16 = !(force_f32 && std::string(force_f32) == "1") &&
-                   MatricesAreBf16(w_, layer_begin(), layer_end(), is_last(), mtp);
   Packer dev(d.weights_bf16), host(d.weights_bf16);
   d.layers.resize(U(layer_end() - layer_begin()));
   std::vector<ExpertTables> tables(d.layers.size() + 1);

@@ -177,6 +177,7 @@ TEST(CudaEngineExtra, Bf16DeviceWeightsAreBitwiseTheF32Path) {
   LOCKSTEP_REQUIRE_GPU(1);
   EngineConfig c = TinyConfig("cuda");
   c.model = test::ModelDir("tiny-bf16");
+  c.pcie_frac = 0.5;  // half the experts stay in host memory: the miss bytes are counted
   const ModelWeights& w = Model("tiny-bf16");
   ::setenv("LOCKSTEP_CUDA_F32_WEIGHTS", "1", 1);
   auto f32 = Engine::Create(c, w);
@@ -252,6 +253,19 @@ TEST(CudaEngineExtra, Bf16DeviceWeightsAreBitwiseTheF32Path) {
   ASSERT_TRUE((*b16)->stage(3).status().ok()) << (*b16)->stage(3).status().ToString();
   EXPECT_TRUE(test::BitwiseEqual(ma, mb)) << "mtp hidden";
   EXPECT_TRUE(test::BitwiseEqual(la, lb)) << "mtp logits";
+  // The same hits and misses as the cpu; a miss reads half the bytes over PCIe as bf16.
+  std::uint64_t fetched_b16 = 0;
+  for (int is = 0; is < (*b16)->n_stages(); ++is) {
+    const ExpertCounters& a = (*f32)->stage(is).experts().counters();
+    const ExpertCounters& b = (*b16)->stage(is).experts().counters();
+    const ExpertCounters& r = (*cpu)->stage(is).experts().counters();
+    EXPECT_EQ(b.hits, r.hits) << "stage " << is;
+    EXPECT_EQ(b.misses, r.misses) << "stage " << is;
+    EXPECT_EQ(a.bytes_fetched, r.bytes_fetched) << "stage " << is;
+    EXPECT_EQ(2 * b.bytes_fetched, a.bytes_fetched) << "stage " << is;
+    fetched_b16 += b.bytes_fetched;
+  }
+  EXPECT_GT(fetched_b16, 0u);
 }
 
 }  // namespace
