@@ -40,21 +40,19 @@
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/kv_cache.h"
 #include "lockstep/engine/weights.h"
+#include "kernel_test_math.h"
 
 namespace lockstep::cuda {
 namespace {
 
-using FVec = std::vector<float>;
-constexpr double kU = 5.9604644775390625e-08;  // 2^-24, the f32 unit roundoff
+using test::AbsDot;
+using test::DotTol;
+using test::FVec;
+using test::kU;
+using test::RandomVec;
+using test::Z;
 
-inline std::size_t Z(int x) { return static_cast<std::size_t>(x); }
 
-FVec Random(std::mt19937& rng, std::size_t n, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  FVec v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 // ---- emulated warp dot (kernel_math.h lane order + butterfly) ----
 
@@ -77,13 +75,6 @@ float WarpDotVec(const float* a, const float* b, int n) {
   }
   return km::CombineLanes(v);
 }
-double AbsDot(const float* a, const float* b, int n) {
-  double s = 0.0;
-  for (int i = 0; i < n; ++i) s += std::fabs(static_cast<double>(a[i]) * static_cast<double>(b[i]));
-  return s;
-}
-// Worst-case difference of the GPU and CPU summation orders (header comment).
-double DotTol(int n, double abs_sum) { return 2.0 * (n / 32.0 + 8.0) * kU * abs_sum; }
 
 // The RowsMatmul kernel (and the expert kernels) for one weight row: passes of RowGroupSize rows
 // run at width RowPassWidth (extra slots repeat the pass's first row and are dropped),
@@ -159,7 +150,7 @@ float EmulateInt8Slice(const float* x, int D, std::int8_t* codes) {
 // Rows for the cache tests: random, all-zero, exact ties (max 127 -> scale 1), tiny (scale
 // underflows to 0), mixed magnitudes.
 FVec CacheRows(std::mt19937& rng, int rows, int hkv, int D) {
-  FVec x = Random(rng, Z(rows) * Z(hkv) * Z(D), -3.0f, 3.0f);
+  FVec x = RandomVec(rng, Z(rows) * Z(hkv) * Z(D), -3.0f, 3.0f);
   auto slice = [&](int r, int h) { return x.data() + (Z(r) * Z(hkv) + Z(h)) * Z(D); };
   std::fill_n(slice(1, 0), D, 0.0f);
   float* t = slice(2, 0);
@@ -174,7 +165,7 @@ FVec CacheRows(std::mt19937& rng, int rows, int hkv, int D) {
 TEST(CudaKernelMath, KvStoreMatchesKvCacheBitwise) {
   const int hkv = 3, D = 72, rows = 6;
   std::mt19937 rng(2);
-  const FVec k = CacheRows(rng, rows, hkv, D), v = Random(rng, Z(rows) * Z(hkv) * Z(D));
+  const FVec k = CacheRows(rng, rows, hkv, D), v = RandomVec(rng, Z(rows) * Z(hkv) * Z(D));
   for (DType dt : {DType::kF32, DType::kBF16, DType::kI8}) {
     KvCache cache(hkv, D, dt, 4);
     cache.Write(0, rows, k.data(), v.data());
@@ -210,7 +201,7 @@ TEST(CudaKernelMath, KvStoreMatchesKvCacheBitwise) {
 TEST(CudaKernelMath, KvScaleRowsMatchesKvCacheBitwise) {
   const int hkv = 2, D = 20, rows = 5;
   std::mt19937 rng(3);
-  const FVec k = CacheRows(rng, rows, hkv, D), v = Random(rng, Z(rows) * Z(hkv) * Z(D));
+  const FVec k = CacheRows(rng, rows, hkv, D), v = RandomVec(rng, Z(rows) * Z(hkv) * Z(D));
   const float factor = 1.37f;
   for (DType dt : {DType::kF32, DType::kBF16, DType::kI8}) {
     KvCache cache(hkv, D, dt, 8);
@@ -253,7 +244,7 @@ TEST(CudaKernelMath, KvScaleRowsMatchesKvCacheBitwise) {
 
 TEST(CudaKernelMath, ElementwiseMatchCpuBitwise) {
   std::mt19937 rng(4);
-  const FVec a = Random(rng, 20000, -30.0f, 30.0f), b = Random(rng, 20000, -4.0f, 4.0f);
+  const FVec a = RandomVec(rng, 20000, -30.0f, 30.0f), b = RandomVec(rng, 20000, -4.0f, 4.0f);
   for (std::size_t i = 0; i < a.size(); ++i) {
     ASSERT_EQ(km::FloatBits(km::Sigmoid(a[i])), km::FloatBits(cpu::Sigmoid(a[i])));
     ASSERT_EQ(km::FloatBits(km::Silu(a[i])), km::FloatBits(cpu::Silu(a[i])));
@@ -275,7 +266,7 @@ TEST(CudaKernelMath, ElementwiseMatchCpuBitwise) {
 TEST(CudaKernelMath, DotWithinOrderBound) {
   std::mt19937 rng(5);
   for (int n : {1, 3, 4, 31, 33, 127, 128, 129, 500, 1000, 2048, 2051, 8192}) {
-    const FVec a = Random(rng, Z(n)), b = Random(rng, Z(n));
+    const FVec a = RandomVec(rng, Z(n)), b = RandomVec(rng, Z(n));
     const float g = WarpDot(a.data(), b.data(), n), c = cpu::Dot(a.data(), b.data(), n);
     EXPECT_LE(std::fabs(static_cast<double>(g) - c), DotTol(n, AbsDot(a.data(), b.data(), n))) << n;
     // The float4 path is the same sequence as the scalar path.
@@ -288,7 +279,7 @@ TEST(CudaKernelMath, DotWithinOrderBound) {
 TEST(CudaKernelMath, RowsMatmulBatchInvariantAndWithinBound) {
   const int n_in = 389, n_out = 7, T_max = 37;  // n_in: a partial chunk and a partial float4
   std::mt19937 rng(6);
-  const FVec x = Random(rng, Z(T_max) * Z(n_in)), W = Random(rng, Z(n_out) * Z(n_in));
+  const FVec x = RandomVec(rng, Z(T_max) * Z(n_in)), W = RandomVec(rng, Z(n_out) * Z(n_in));
   const auto rows = RowPtrs(x.data(), T_max, n_in);
   FVec ref(Z(T_max) * Z(n_out));
   EmulateRows(rows.data(), T_max, W.data(), n_out, n_in, ref.data(), n_out);
@@ -322,8 +313,8 @@ TEST(CudaKernelMath, RowsMatmulBatchInvariantAndWithinBound) {
 TEST(CudaKernelMath, Bf16WeightsGiveTheF32Bits) {
   const int n = 389;  // a partial chunk and a partial float4
   std::mt19937 rng(11);
-  const FVec x = Random(rng, Z(8) * Z(n));
-  FVec w = Random(rng, Z(n));
+  const FVec x = RandomVec(rng, Z(8) * Z(n));
+  FVec w = RandomVec(rng, Z(n));
   std::vector<std::uint16_t> wb(Z(n));
   for (int i = 0; i < n; ++i) {
     wb[Z(i)] = static_cast<std::uint16_t>(km::FloatBits(w[Z(i)]) >> 16);
@@ -354,8 +345,8 @@ double NormRelTol(int n) { return (n / 32.0 + 16.0) * kU; }
 TEST(CudaKernelMath, NormsWithinBoundAndBitwiseGivenCpuSum) {
   std::mt19937 rng(7);
   for (int n : {5, 96, 130, 2048}) {
-    const FVec x = Random(rng, Z(n), -2.0f, 2.0f), w = Random(rng, Z(n)),
-               z = Random(rng, Z(n), -4.0f, 4.0f);
+    const FVec x = RandomVec(rng, Z(n), -2.0f, 2.0f), w = RandomVec(rng, Z(n)),
+               z = RandomVec(rng, Z(n), -4.0f, 4.0f);
     FVec yc(Z(n)), gc(Z(n)), lc = x;
     cpu::RmsNormZc(x.data(), n, w.data(), 1e-6f, yc.data());
     cpu::GatedRmsNorm(x.data(), z.data(), n, w.data(), 1e-6f, gc.data());
@@ -389,7 +380,7 @@ TEST(CudaKernelMath, RopeMatchesCpuBitwise) {
                                 static_cast<float>(2 * i) / static_cast<float>(R));
   std::mt19937 rng(8);
   for (int p0 : {0, 7, 30000}) {
-    const FVec x = Random(rng, Z(T) * Z(heads) * Z(D));
+    const FVec x = RandomVec(rng, Z(T) * Z(heads) * Z(D));
     FVec c = x, g = x;
     for (int t = 0; t < T; ++t) rope.Apply(c.data() + Z(t) * Z(heads) * Z(D), heads, D, p0 + t);
     for (int t = 0; t < T; ++t)  // RopeKernel: one thread per (t, head, pair)
@@ -451,9 +442,9 @@ TEST(CudaKernelMath, AttentionWithinBound) {
   std::mt19937 rng(9);
   for (int D : {72, 256}) {
     const int rows = p + T;
-    const FVec k = Random(rng, Z(rows) * Z(hkv) * Z(D), -2.0f, 2.0f),
-               v = Random(rng, Z(rows) * Z(hkv) * Z(D));
-    const FVec q = Random(rng, Z(T) * Z(hq) * Z(D), -2.0f, 2.0f);
+    const FVec k = RandomVec(rng, Z(rows) * Z(hkv) * Z(D), -2.0f, 2.0f),
+               v = RandomVec(rng, Z(rows) * Z(hkv) * Z(D));
+    const FVec q = RandomVec(rng, Z(T) * Z(hq) * Z(D), -2.0f, 2.0f);
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     for (DType dt : {DType::kF32, DType::kBF16, DType::kI8}) {
       KvCache cache(hkv, D, dt, 64);
@@ -493,8 +484,8 @@ TEST(CudaKernelMath, GdnSplitMatchesCpuLayoutBitwise) {
   const int key_dim = hk * dk, conv_dim = 2 * key_dim + hv * dv, qkvz = 2 * key_dim + 2 * hv * dv,
             wg = 2 * dk + 2 * r * dv;
   std::mt19937 rng(10);
-  const FVec P = Random(rng, Z(T) * Z(qkvz)), B = Random(rng, Z(T) * Z(2 * hv), -3.0f, 3.0f);
-  const FVec a_log = Random(rng, Z(hv)), dt_bias = Random(rng, Z(hv));
+  const FVec P = RandomVec(rng, Z(T) * Z(qkvz)), B = RandomVec(rng, Z(T) * Z(2 * hv), -3.0f, 3.0f);
+  const FVec a_log = RandomVec(rng, Z(hv)), dt_bias = RandomVec(rng, Z(hv));
   const std::size_t n_win = Z(K - 1 + T) * Z(conv_dim);
   // The CPU's loop (cpu/gdn.cpp GdnForward), transcribed.
   FVec win_c(n_win, 0.0f), z_c(Z(T * hv * dv)), beta_c(Z(T * hv)), g_c(Z(T * hv));
@@ -542,7 +533,7 @@ TEST(CudaKernelMath, GdnSplitMatchesCpuLayoutBitwise) {
 TEST(CudaKernelMath, CausalConvMatchesCpuBitwise) {
   const int T = 5, C = 37, K = 4;
   std::mt19937 rng(11);
-  const FVec win = Random(rng, Z(K - 1 + T) * Z(C), -2.0f, 2.0f), w = Random(rng, Z(C) * Z(K));
+  const FVec win = RandomVec(rng, Z(K - 1 + T) * Z(C), -2.0f, 2.0f), w = RandomVec(rng, Z(C) * Z(K));
   FVec uc(Z(T) * Z(C));
   cpu::CausalConvSilu(win.data(), T, C, K, w.data(), uc.data());
   for (int t = 0; t < T; ++t)
@@ -554,7 +545,7 @@ TEST(CudaKernelMath, CausalConvMatchesCpuBitwise) {
 TEST(CudaKernelMath, GdnQkNormWithinBound) {
   const int T = 2, hk = 3, dk = 132, conv_dim = 2 * hk * dk + 40;
   std::mt19937 rng(12);
-  const FVec U = Random(rng, Z(T) * Z(conv_dim), -2.0f, 2.0f);
+  const FVec U = RandomVec(rng, Z(T) * Z(conv_dim), -2.0f, 2.0f);
   const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
   for (int t = 0; t < T; ++t)
     for (int item = 0; item < 2 * hk; ++item) {  // QkNormKernel: warp per (t, head, q or k)
@@ -577,10 +568,10 @@ TEST(CudaKernelMath, GdnRecurrentMatchesCpuStepsBitwise) {
   const int key_dim = hk * dk, conv_dim = 2 * key_dim + hv * dv;
   const std::size_t s_head = Z(dk) * Z(dv), s_all = Z(hv) * s_head;
   std::mt19937 rng(13);
-  const FVec S0 = Random(rng, s_all), qh = Random(rng, Z(T * hk * dk)),
-             kh = Random(rng, Z(T * hk * dk), -0.3f, 0.3f);
-  const FVec U = Random(rng, Z(T) * Z(conv_dim)), g = Random(rng, Z(T * hv), -2.0f, 0.0f),
-             beta = Random(rng, Z(T * hv), 0.0f, 1.0f);
+  const FVec S0 = RandomVec(rng, s_all), qh = RandomVec(rng, Z(T * hk * dk)),
+             kh = RandomVec(rng, Z(T * hk * dk), -0.3f, 0.3f);
+  const FVec U = RandomVec(rng, Z(T) * Z(conv_dim)), g = RandomVec(rng, Z(T * hv), -2.0f, 0.0f),
+             beta = RandomVec(rng, Z(T * hv), 0.0f, 1.0f);
   // CPU: GdnForward's verify loop (GatedDeltaStep on step slots).
   std::vector<float> steps_c(Z(T) * s_all), o_c(Z(T * hv * dv));
   for (int j = 0; j < hv; ++j)
@@ -667,7 +658,7 @@ TEST(CudaKernelMath, RouteTopKMatchesCpuBitwise) {
   for (int E : {37, 512, 4096})
     for (bool norm : {false, true})
       for (int trial = 0; trial < 6; ++trial) {
-        FVec lg = Random(rng, Z(E), -4.0f, 4.0f);
+        FVec lg = RandomVec(rng, Z(E), -4.0f, 4.0f);
         if (trial % 2 == 1)  // many exact ties: the lower id must win, as on the CPU
           for (float& x : lg) x = std::round(x * 2.0f) / 2.0f;
         const int k = std::min(E, 10);
@@ -711,7 +702,7 @@ void EmulateGroup(const std::vector<int>& idx, int E, std::vector<int>* slot_of,
 TEST(CudaKernelMath, GroupAndExpertsMatchCpu) {
   const int T = 11, E = 9, k = 3, H = 70, I = 44;
   std::mt19937 rng(15);
-  const FVec x = Random(rng, Z(T) * Z(H)), logits = Random(rng, Z(T) * Z(E), -2.0f, 2.0f);
+  const FVec x = RandomVec(rng, Z(T) * Z(H)), logits = RandomVec(rng, Z(T) * Z(E), -2.0f, 2.0f);
   std::vector<int> idx(Z(T * k));
   FVec wts(Z(T * k));
   for (int t = 0; t < T; ++t)
@@ -738,9 +729,9 @@ TEST(CudaKernelMath, GroupAndExpertsMatchCpu) {
   // CombineKernel; against cpu::FfnForward per slot and the CPU's combine loop.
   std::vector<FVec> wg(Z(E)), wu(Z(E)), wd(Z(E));
   for (int e = 0; e < E; ++e) {
-    wg[Z(e)] = Random(rng, Z(I) * Z(H));
-    wu[Z(e)] = Random(rng, Z(I) * Z(H));
-    wd[Z(e)] = Random(rng, Z(H) * Z(I));
+    wg[Z(e)] = RandomVec(rng, Z(I) * Z(H));
+    wu[Z(e)] = RandomVec(rng, Z(I) * Z(H));
+    wd[Z(e)] = RandomVec(rng, Z(H) * Z(I));
   }
   FVec act(Z(T * k) * Z(I)), ranked(Z(T * k) * Z(H));
   for (int a = 0; a < n_active; ++a) {
@@ -804,8 +795,8 @@ TEST(CudaKernelMath, GroupAndExpertsMatchCpu) {
 TEST(CudaKernelMath, SharedGateAddWithinBound) {
   const int H = 300;
   std::mt19937 rng(16);
-  const FVec x = Random(rng, Z(H)), gw = Random(rng, Z(H)), sh = Random(rng, Z(H)),
-             out0 = Random(rng, Z(H));
+  const FVec x = RandomVec(rng, Z(H)), gw = RandomVec(rng, Z(H)), sh = RandomVec(rng, Z(H)),
+             out0 = RandomVec(rng, Z(H));
   const float gate_c = cpu::Sigmoid(cpu::Dot(x.data(), gw.data(), H));
   const float gate_g = km::Sigmoid(WarpDot(x.data(), gw.data(), H));
   // sigmoid' <= 1/4: the gate differs by <= DotTol / 4 plus a few roundings.

@@ -35,6 +35,7 @@
 #include "cuda/kernel_math.h"
 #include "cuda/ops.h"
 #include "gpu/require_gpu.h"
+#include "kernel_test_math.h"
 #include "lockstep/engine/arena.h"
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/kv_cache.h"
@@ -43,10 +44,13 @@
 namespace lockstep::cuda {
 namespace {
 
-using FVec = std::vector<float>;
-constexpr double kU = 5.9604644775390625e-08;  // 2^-24
+using test::AbsDot;
+using test::DotTol;
+using test::FVec;
+using test::kU;
+using test::RandomVec;
+using test::Z;
 
-inline std::size_t Z(int x) { return static_cast<std::size_t>(x); }
 
 // Launch errors, then execution errors.
 ::testing::AssertionResult Sync() {
@@ -83,18 +87,6 @@ class Dev {
   std::size_t n_;
 };
 
-FVec Random(std::mt19937& rng, std::size_t n, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  FVec v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-double AbsDot(const float* a, const float* b, int n) {
-  double s = 0.0;
-  for (int i = 0; i < n; ++i) s += std::fabs(static_cast<double>(a[i]) * static_cast<double>(b[i]));
-  return s;
-}
-double DotTol(int n, double abs_sum) { return 2.0 * (n / 32.0 + 8.0) * kU * abs_sum; }
 double NormRelTol(int n) { return (n / 32.0 + 24.0) * kU; }  // host test's bound + device silu
 bool SameBits(const void* a, const void* b, std::size_t bytes) {
   return std::memcmp(a, b, bytes) == 0;
@@ -112,7 +104,7 @@ TEST(CudaOps, RowsMatmulMatchesEmulationCpuAndIsBatchInvariant) {
   std::mt19937 rng(1);
   for (int n_in : {389, 2048}) {  // scalar path (unaligned rows), float4 path
     const int n_out = 37, T = 9, ldy = 40;
-    const FVec x = Random(rng, Z(T) * Z(n_in)), W = Random(rng, Z(n_out) * Z(n_in));
+    const FVec x = RandomVec(rng, Z(T) * Z(n_in)), W = RandomVec(rng, Z(n_out) * Z(n_in));
     Dev<float> dx(x), dW(W), dy(Z(T) * Z(ldy)), d1(Z(ldy));
     RowsMatmul(dx.get(), T, dW.get(), n_out, n_in, dy.get(), ldy, nullptr);
     ASSERT_TRUE(Sync());
@@ -141,8 +133,8 @@ TEST(CudaOps, NormsMatchCpu) {
   LOCKSTEP_REQUIRE_GPU(1);
   std::mt19937 rng(2);
   const int rows = 5, n = 260, ld = 264;
-  const FVec x = Random(rng, Z(rows) * Z(ld), -2.0f, 2.0f), w = Random(rng, Z(n)),
-             z = Random(rng, Z(rows) * Z(n));
+  const FVec x = RandomVec(rng, Z(rows) * Z(ld), -2.0f, 2.0f), w = RandomVec(rng, Z(n)),
+             z = RandomVec(rng, Z(rows) * Z(n));
   Dev<float> dx(x), dw(w), dz(z), dg(Z(rows) * Z(n));
   RmsNormZc(dx.get(), ld, rows, n, dw.get(), 1e-6f, dx.get(), ld,
             nullptr);  // in place, strided rows
@@ -173,7 +165,7 @@ TEST(CudaOps, RopeMatchesCpu) {
     inv[Z(i)] = 1.0f / std::pow(static_cast<float>(theta),
                                 static_cast<float>(2 * i) / static_cast<float>(R));
   std::mt19937 rng(3);
-  const FVec x = Random(rng, Z(T) * Z(ld));
+  const FVec x = RandomVec(rng, Z(T) * Z(ld));
   Dev<float> dx(x), dinv(inv);
   RopeApply(dx.get(), T, ld, heads, D, R, dinv.get(), p0, nullptr);
   ASSERT_TRUE(Sync());
@@ -200,9 +192,9 @@ void CheckAttention(DType dt, int kv_dtype) {
   const int hq = 6, hkv = 2, group = hq / hkv, D = 256, p = 300, T = 4, rows = p + T,
             n_ctx_max = rows + 5;
   std::mt19937 rng(4 + static_cast<unsigned>(kv_dtype));
-  const FVec k = Random(rng, Z(rows) * Z(hkv) * Z(D), -2.0f, 2.0f),
-             v = Random(rng, Z(rows) * Z(hkv) * Z(D));
-  const FVec q = Random(rng, Z(T) * Z(hq) * Z(D), -2.0f, 2.0f);
+  const FVec k = RandomVec(rng, Z(rows) * Z(hkv) * Z(D), -2.0f, 2.0f),
+             v = RandomVec(rng, Z(rows) * Z(hkv) * Z(D));
+  const FVec q = RandomVec(rng, Z(T) * Z(hq) * Z(D), -2.0f, 2.0f);
   const std::size_t elem = kv_dtype == 0   ? 4
                            : kv_dtype == 1 ? 2
                                            : 1,
@@ -306,7 +298,7 @@ TEST(CudaOps, SplitQGateCopiesBitwise) {
   LOCKSTEP_REQUIRE_GPU(1);
   const int T = 3, hq = 5, D = 36;
   std::mt19937 rng(8);
-  const FVec qg = Random(rng, Z(T) * Z(hq) * 2 * Z(D));
+  const FVec qg = RandomVec(rng, Z(T) * Z(hq) * 2 * Z(D));
   Dev<float> dqg(qg), dq(Z(T * hq * D)), dg(Z(T * hq * D));
   SplitQGate(dqg.get(), T, hq, D, dq.get(), dg.get(), nullptr);
   ASSERT_TRUE(Sync());
@@ -324,11 +316,11 @@ TEST(CudaOps, GdnPipelineMatchesCpu) {
   const int wg = 2 * dk + 2 * r * dv;
   const std::size_t s_head = Z(dk) * Z(dv), s_all = Z(hv) * s_head;
   std::mt19937 rng(9);
-  const FVec P = Random(rng, Z(T) * Z(qkvz)), B = Random(rng, Z(T) * Z(2 * hv), -3.0f, 3.0f);
-  const FVec a_log = Random(rng, Z(hv)), dt_bias = Random(rng, Z(hv)),
-             conv_w = Random(rng, Z(conv_dim) * Z(K));
+  const FVec P = RandomVec(rng, Z(T) * Z(qkvz)), B = RandomVec(rng, Z(T) * Z(2 * hv), -3.0f, 3.0f);
+  const FVec a_log = RandomVec(rng, Z(hv)), dt_bias = RandomVec(rng, Z(hv)),
+             conv_w = RandomVec(rng, Z(conv_dim) * Z(K));
   FVec win(Z(K - 1 + T) * Z(conv_dim));
-  const FVec state = Random(rng, Z(K - 1) * Z(conv_dim));
+  const FVec state = RandomVec(rng, Z(K - 1) * Z(conv_dim));
   std::copy(state.begin(), state.end(), win.begin());
   Dev<float> dP(P), dB(B), dal(a_log), ddt(dt_bias), dwin(win), dZ(Z(T * hv * dv)),
       dbeta(Z(T * hv)), dg(Z(T * hv));
@@ -389,10 +381,10 @@ TEST(CudaOps, GdnPipelineMatchesCpu) {
       }
   // Recurrence: verify form vs prefill form (bitwise); vs the CPU steps, bitwise on the heads
   // whose decays are all exp(0) = 1, within a bound elsewhere (alpha within ~3 ulp).
-  FVec g = Random(rng, Z(T * hv), -1.0f, 0.0f);
+  FVec g = RandomVec(rng, Z(T * hv), -1.0f, 0.0f);
   for (int t = 0; t < T; ++t)
     for (int j = 0; j < hv; j += 2) g[Z(t * hv + j)] = 0.0f;
-  const FVec beta = Random(rng, Z(T * hv), 0.0f, 1.0f), S0 = Random(rng, s_all, -0.5f, 0.5f);
+  const FVec beta = RandomVec(rng, Z(T * hv), 0.0f, 1.0f), S0 = RandomVec(rng, s_all, -0.5f, 0.5f);
   Dev<float> dS(S0), dS2(S0), dsteps(Z(T) * s_all), dO(Z(T * hv * dv)), dO2(Z(T * hv * dv)), dgg(g),
       dbb(beta);
   GdnRecurrent(dS.get(), dsteps.get(), dq.get(), dkh.get(), dU.get(), dgg.get(), dbb.get(), T, hk,
@@ -467,7 +459,7 @@ TEST(CudaOps, MoeMatchesCpu) {
   LOCKSTEP_REQUIRE_GPU(1);
   const int T = 5, E = 16, k = 4, H = 256, I = 96;
   std::mt19937 rng(10);
-  const FVec x = Random(rng, Z(T) * Z(H));
+  const FVec x = RandomVec(rng, Z(T) * Z(H));
   // Distinct, well-separated logits per token, so the device's expf cannot reorder experts.
   FVec logits(Z(T * E));
   for (int t = 0; t < T; ++t) {
@@ -481,9 +473,9 @@ TEST(CudaOps, MoeMatchesCpu) {
   std::vector<const void*> pg(Z(E)), pu(Z(E)), pd(Z(E));
   float* mapped = nullptr;  // expert 0's gate in host-mapped pinned memory (read over PCIe)
   for (int e = 0; e < E; ++e) {
-    wg[Z(e)] = Random(rng, Z(I) * Z(H));
-    wu[Z(e)] = Random(rng, Z(I) * Z(H));
-    wd[Z(e)] = Random(rng, Z(H) * Z(I));
+    wg[Z(e)] = RandomVec(rng, Z(I) * Z(H));
+    wu[Z(e)] = RandomVec(rng, Z(I) * Z(H));
+    wd[Z(e)] = RandomVec(rng, Z(H) * Z(I));
     for (const FVec* w : {&wg[Z(e)], &wu[Z(e)], &wd[Z(e)]})
       dev_w.push_back(std::make_unique<Dev<float>>(*w));
     pg[Z(e)] = dev_w[dev_w.size() - 3]->get();
@@ -551,8 +543,8 @@ TEST(CudaOps, MoeMatchesCpu) {
   }
   if (mapped != nullptr) cudaFreeHost(mapped);
   // Combine (rank order from 0, bitwise) and the shared gate.
-  const FVec gate_w = Random(rng, Z(H)), sh = Random(rng, Z(T) * Z(H)),
-             out0 = Random(rng, Z(T) * Z(H));
+  const FVec gate_w = RandomVec(rng, Z(H)), sh = RandomVec(rng, Z(T) * Z(H)),
+             out0 = RandomVec(rng, Z(T) * Z(H));
   Dev<float> dr(ranked), dw(wts), dout(Z(T) * Z(H)), dx(x), dgw(gate_w), dsh(sh), dacc(out0);
   MoeCombine(dr.get(), dw.get(), T, k, H, dout.get(), nullptr);
   SharedGateAdd(dx.get(), dgw.get(), dsh.get(), T, H, dacc.get(), nullptr);
@@ -577,8 +569,8 @@ TEST(CudaOps, ElementwiseMatchCpu) {
   LOCKSTEP_REQUIRE_GPU(1);
   const int n = 100003, vocab = 50, H = 64, T = 7;
   std::mt19937 rng(11);
-  const FVec a = Random(rng, Z(n), -20.0f, 20.0f), b = Random(rng, Z(n), -3.0f, 3.0f),
-             emb = Random(rng, Z(vocab * H));
+  const FVec a = RandomVec(rng, Z(n), -20.0f, 20.0f), b = RandomVec(rng, Z(n), -3.0f, 3.0f),
+             emb = RandomVec(rng, Z(vocab * H));
   const std::vector<int> tok = {3, 0, 49, 3, 17, 8, 8};
   Dev<float> d_add(a), d_silu(a), d_sig(b), d_scale(a), db(b), dgate(a), demb(emb), dout(Z(T * H));
   Dev<int> dtok(tok);
