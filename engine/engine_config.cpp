@@ -37,6 +37,7 @@ std::string EngineConfig::ToJson() const {
   j["backend"] = backend;
   j["threads"] = threads;
   j["deterministic"] = deterministic;
+  j["cuda_graphs"] = cuda_graphs;
   j["devices"] = devices;
   j["stages"] = stages;
   j["split"] = split;
@@ -97,6 +98,9 @@ Result<EngineConfig> EngineConfig::FromJson(std::string_view text, const std::st
     } else if (k == "deterministic") {
       if (!v.is_boolean()) return type_err("true/false");
       c.deterministic = v.get<bool>();
+    } else if (k == "cuda_graphs") {
+      if (!v.is_boolean()) return type_err("true/false");
+      c.cuda_graphs = v.get<bool>();
     } else if (k == "devices") {
       if (!v.is_array()) return type_err("a list of integers");
       c.devices.clear();

@@ -144,11 +144,12 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
       ct.host_expert_tokens = static_cast<std::int64_t>(ec.counters().host_tokens);
       ct.verify_calls = res.n_windows;
       // The CPU backend does not separate first-call and graph-capture work from model work:
-      // those stay unknown (-1); the cuda backend measures them (and captures no graphs).
+      // those stay unknown (-1); the cuda backend measures them and counts its graphs.
       const StageInitCounters ic = engine->stage(is).init_counters();
       ct.first_calls = ic.first_calls;
       ct.first_call_ns = ic.first_call_ns;
       ct.graph_captures = ic.graph_captures;
+      ct.graph_launches = ic.graph_launches;
       meta.counters.push_back(ct);
     }
     TraceRing::Global().Disable();

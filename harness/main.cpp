@@ -25,7 +25,7 @@ int Fail(const lockstep::Status& s) {
 // Engine options shared by every command that runs the engine. Values land in `raw` first so a
 // `--config FILE` base can be overridden by exactly the flags given on the command line.
 struct EngineFlags {
-  std::string config_file, model, backend, split, kv, expert_cache, deterministic, devices;
+  std::string config_file, model, backend, split, kv, expert_cache, deterministic, cuda_graphs, devices;
   int threads = 0, stages = 0, prefill = 0, kv_page = 0, max_new = 0, top_k = 0;
   std::uint64_t seed = 0;
   double pcie_frac = 0, temperature = 0, top_p = 0;
@@ -48,6 +48,15 @@ struct EngineFlags {
           if (deterministic != "on" && deterministic != "off")
             return Status::InvalidArgument("--deterministic", "expected on or off, got '" + deterministic + "'");
           c.deterministic = deterministic == "on";
+          return Status::Ok();
+        });
+    opt(app->add_option("--cuda-graphs", cuda_graphs,
+                        "cuda: on (default; verify/decode steps replay a captured CUDA graph) | off (every kernel "
+                        "launched from the host)"),
+        [this](EngineConfig& c) {
+          if (cuda_graphs != "on" && cuda_graphs != "off")
+            return Status::InvalidArgument("--cuda-graphs", "expected on or off, got '" + cuda_graphs + "'");
+          c.cuda_graphs = cuda_graphs == "on";
           return Status::Ok();
         });
     opt(app->add_option("--devices", devices, "cuda: GPUs for the stages, e.g. 0,1,2,3 (default 0)"),

@@ -646,6 +646,7 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
                           AttrInt(g.get(), "host_expert_tokens", c.host_expert_tokens) &&
                           AttrInt(g.get(), "verify_calls", c.verify_calls) && AttrInt(g.get(), "first_calls", c.first_calls) &&
                           AttrInt(g.get(), "graph_captures", c.graph_captures) &&
+                          AttrInt(g.get(), "graph_launches", c.graph_launches) &&
                           AttrInt(g.get(), "first_call_ns", c.first_call_ns);
           if (!ok) return H5Fail(path);
         }

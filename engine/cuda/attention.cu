@@ -11,6 +11,9 @@
 //   4. output: thread i owns dims i, i + 256, ... and sums p_u * v_u[i] over u in increasing order
 //      from 0 (p_u = e_u * inv staged through shared memory 256 rows at a time): the CPU's order.
 //
+// The position p may be read from device memory when the kernel runs (Pos), so the launch shape
+// and the scores stride never depend on it.
+//
 // Determinism: every reduction order depends only on n_ctx = p + t + 1, D and the constant block
 // size, never on T, the number of heads or the grid; no atomics. So row t's output is bitwise
 // independent of how many rows are attended together.
@@ -63,7 +66,7 @@ __device__ inline void LoadKv4(const void* base, std::size_t idx, float scale, f
 // shared memory: (D + kAttnThreads) floats.
 template <int KvT, bool kVec>
 __global__ void __launch_bounds__(km::kAttnThreads)
-    AttentionKernel(const float* __restrict__ q, int p, int n_heads, int n_heads_kv, int D,
+    AttentionKernel(const float* __restrict__ q, Pos pos, int n_heads, int n_heads_kv, int D,
                     const void* __restrict__ k_cache, const void* __restrict__ v_cache,
                     const float* __restrict__ k_scales, const float* __restrict__ v_scales,
                     float scale, float* __restrict__ scores, int n_ctx_max, float* __restrict__ o) {
@@ -76,7 +79,7 @@ __global__ void __launch_bounds__(km::kAttnThreads)
   const int th = static_cast<int>(blockIdx.x);
   const int t = th / n_heads, h = th - t * n_heads;
   const int kvh = h / (n_heads / n_heads_kv);
-  const int n_ctx = p + t + 1;
+  const int n_ctx = pos.Get() + t + 1;
   const std::size_t ud = static_cast<std::size_t>(D);
   const std::size_t row_elems = static_cast<std::size_t>(n_heads_kv) * ud;
   const std::size_t head_off = static_cast<std::size_t>(kvh) * ud;
@@ -176,7 +179,7 @@ __global__ void __launch_bounds__(km::kAttnThreads)
 
 template <int KvT>
 void LaunchAttention(bool vec, unsigned blocks, std::size_t smem, cudaStream_t s, const float* q,
-                     int p, int n_heads, int n_heads_kv, int D, const void* k_cache,
+                     Pos p, int n_heads, int n_heads_kv, int D, const void* k_cache,
                      const void* v_cache, const float* k_scales, const float* v_scales, float scale,
                      float* scores, int n_ctx_max, float* o) {
   if (vec) {
@@ -216,7 +219,7 @@ void SplitQGate(const float* qg, int T, int n_heads, int head_dim, float* q, flo
   SplitQGateKernel<<<blocks, kSplitThreads, 0, s>>>(qg, n_rows, head_dim, q, gate);
 }
 
-void Attention(const float* q, int T, int p, int n_heads, int n_heads_kv, int head_dim,
+void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int head_dim,
                int kv_dtype, const void* k_cache, const void* v_cache, const float* k_scales,
                const float* v_scales, float scale, float* scores, int n_ctx_max, float* o,
                cudaStream_t s) {

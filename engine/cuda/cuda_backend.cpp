@@ -26,6 +26,7 @@ Result<BackendPtr> CudaBackend::Create(const EngineConfig& cfg, const ModelWeigh
                                                    std::to_string(n_visible) + " visible)");
   b->n_stages_ = cfg.stages;
   b->deterministic_ = cfg.deterministic;
+  b->graphs_ = cfg.cuda_graphs;
   // env: CUBLAS_WORKSPACE_CONFIG — cuBLAS is bitwise reproducible run to run only with a fixed
   // workspace configuration; we set it for the process unless the user already did.
   if (cfg.deterministic) setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
@@ -38,7 +39,8 @@ Result<BackendPtr> CudaBackend::Create(const EngineConfig& cfg, const ModelWeigh
   LOCKSTEP_CUDA_CHECK(cudaGetDeviceProperties(&prop, b->devices_[0]));
   b->describe_ = std::string("cuda, ") + prop.name + " x" + std::to_string(b->devices_.size()) +
                  (cfg.deterministic ? ", deterministic" : ", non-deterministic (--deterministic off)") +
-                 (b->devices_.size() > 1 ? ", NCCL hand-off" : ", stream/event hand-off");
+                 (b->devices_.size() > 1 ? ", NCCL hand-off" : ", stream/event hand-off") +
+                 (cfg.cuda_graphs ? ", CUDA graphs" : ", no CUDA graphs (--cuda-graphs off)");
   return BackendPtr(std::move(b));
 }
 

@@ -56,6 +56,7 @@ class CudaBackend final : public Backend {
   std::string Describe() const override { return describe_; }
 
   bool deterministic() const { return deterministic_; }
+  bool graphs() const { return graphs_; }
   int device_of_stage(int is) const;
   int rank_of_device(int device) const;
   // Brings src (a CudaActivation) into dst f32 [rows, cols] on `dst_device`, ordered on
@@ -68,6 +69,7 @@ class CudaBackend final : public Backend {
   std::vector<int> devices_;
   int n_stages_ = 1;
   bool deterministic_ = true;
+  bool graphs_ = true;
   std::vector<NcclCommPtr> comms_;  // [devices_.size()] when more than one device
   std::string describe_;
 };

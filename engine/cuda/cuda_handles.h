@@ -75,6 +75,12 @@ struct CublasDeleter {
 struct NcclDeleter {
   void operator()(ncclComm_t c) const { if (c) ncclCommDestroy(c); }
 };
+struct GraphDeleter {
+  void operator()(cudaGraph_t g) const { if (g) cudaGraphDestroy(g); }
+};
+struct GraphExecDeleter {
+  void operator()(cudaGraphExec_t g) const { if (g) cudaGraphExecDestroy(g); }
+};
 struct DeviceFree {
   void operator()(void* p) const { if (p) cudaFree(p); }
 };
@@ -86,6 +92,8 @@ using StreamPtr = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDel
 using EventPtr = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDeleter>;
 using CublasPtr = std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, CublasDeleter>;
 using NcclCommPtr = std::unique_ptr<std::remove_pointer_t<ncclComm_t>, NcclDeleter>;
+using GraphPtr = std::unique_ptr<std::remove_pointer_t<cudaGraph_t>, GraphDeleter>;
+using GraphExecPtr = std::unique_ptr<std::remove_pointer_t<cudaGraphExec_t>, GraphExecDeleter>;
 using DevicePtr = std::unique_ptr<void, DeviceFree>;
 using PinnedPtr = std::unique_ptr<void, HostFree>;
 

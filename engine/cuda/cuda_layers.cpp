@@ -5,6 +5,7 @@
 
 #include "cuda/cuda_stage_impl.h"
 #include "cuda/ops.h"
+#include "lockstep/engine/check.h"
 
 namespace lockstep::cuda::detail {
 
@@ -72,24 +73,28 @@ Status AttentionForward(Ctx& x, const DLayer& L, const float* a, int T, int p, D
   LOCKSTEP_ASSIGN_OR_RETURN(float* q, x.Alloc(ut * U(hq * hd)));
   LOCKSTEP_ASSIGN_OR_RETURN(float* gate, x.Alloc(ut * U(hq * hd)));
   LOCKSTEP_ASSIGN_OR_RETURN(float* o, x.Alloc(ut * U(hq * hd)));
-  LOCKSTEP_ASSIGN_OR_RETURN(float* scores, x.Alloc(ut * U(hq) * U(p + T)));
+  const bool int8 = kv.mirror->dtype() == DType::kI8;
+  const int code = KvDtypeCode(kv.mirror->dtype());
+  LOCKSTEP_RETURN_IF_ERROR(EnsureKvCapacity(kv, p + T, hkv, hd, int8, x.s, x.init_ns));
+  // Verify scratch is sized by the cache's capacity, not by p: the arena then hands out the same
+  // addresses at every position, as a replayed graph needs. Prefill (long T) keeps p + T.
+  const int n_ctx_max = x.mode == ForwardMode::kVerify ? kv.capacity : p + T;
+  LOCKSTEP_ASSIGN_OR_RETURN(float* scores, x.Alloc(ut * U(hq) * U(n_ctx_max)));
+  const Pos pos(0, x.pos);
   LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.q_proj, qg));
   LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.k_proj, k));
   LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.v_proj, v));
   SplitQGate(qg, T, hq, hd, q, gate, x.s);
   RmsNormZc(q, hd, T * hq, hd, L.q_norm, c.rms_norm_eps, q, hd, x.s);
-  RopeApply(q, T, hq * hd, hq, hd, c.rotary_dim, x.d.inv_freq.as<float>(), p, x.s);
+  RopeApply(q, T, hq * hd, hq, hd, c.rotary_dim, x.d.inv_freq.as<float>(), pos, x.s);
   RmsNormZc(k, hd, T * hkv, hd, L.k_norm, c.rms_norm_eps, k, hd, x.s);
-  RopeApply(k, T, hkv * hd, hkv, hd, c.rotary_dim, x.d.inv_freq.as<float>(), p, x.s);
-  const bool int8 = kv.mirror->dtype() == DType::kI8;
-  const int code = KvDtypeCode(kv.mirror->dtype());
-  LOCKSTEP_RETURN_IF_ERROR(EnsureKvCapacity(kv, p + T, hkv, hd, int8, x.s, x.init_ns));
-  KvStore(k, v, T, p, hkv, hd, code, kv.k.get(), kv.v.get(), int8 ? kv.ks.as<float>() : nullptr,
+  RopeApply(k, T, hkv * hd, hkv, hd, c.rotary_dim, x.d.inv_freq.as<float>(), pos, x.s);
+  KvStore(k, v, T, pos, hkv, hd, code, kv.k.get(), kv.v.get(), int8 ? kv.ks.as<float>() : nullptr,
           int8 ? kv.vs.as<float>() : nullptr, x.s);
   kv.written = p + T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  Attention(q, T, p, hq, hkv, hd, code, kv.k.get(), kv.v.get(), int8 ? kv.ks.as<float>() : nullptr,
-            int8 ? kv.vs.as<float>() : nullptr, scale, scores, p + T, o, x.s);
+  Attention(q, T, pos, hq, hkv, hd, code, kv.k.get(), kv.v.get(), int8 ? kv.ks.as<float>() : nullptr,
+            int8 ? kv.vs.as<float>() : nullptr, scale, scores, n_ctx_max, o, x.s);
   MulSigmoid(o, gate, static_cast<std::int64_t>(ut * U(hq * hd)), x.s);
   return x.Mm(o, T, L.o_proj, out);
 }
@@ -219,6 +224,7 @@ Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* c
 }
 
 Status LayerForward(Ctx& x, const DLayer& L, ExpertCache* cache, float* hid, int T, int p, DKv* kv, DGdn* g) {
+  LOCKSTEP_CHECK(x.pos != nullptr && x.pos_host == p) << "layer at position " << p << " without SetPosition";
   const ModelConfig& c = x.c;
   const int h = c.n_embd;
   const std::int64_t n = static_cast<std::int64_t>(T) * h;
@@ -319,6 +325,31 @@ Status SyncGdn(DeviceStageImpl& d, DGdn& g) {
   }
   if (g.position > m.position()) m.Advance(g.position - m.position());
   return Status::Ok();
+}
+
+std::vector<std::uintptr_t> LayoutKey(const DeviceStageImpl& d) {
+  std::vector<std::uintptr_t> key;
+  auto add = [&key](const void* p, std::size_t n) {
+    key.push_back(reinterpret_cast<std::uintptr_t>(p));
+    key.push_back(n);
+  };
+  add(d.hidden.get(), U(d.hidden_rows));
+  add(d.widen.get(), d.widen.bytes());
+  add(d.route_host.get(), d.route_cap);
+  add(d.pos.get(), d.arena.blocks());
+  for (const auto& kv : d.kv) {
+    if (!kv) continue;
+    add(kv->k.get(), U(kv->capacity));
+    add(kv->v.get(), 0);
+    add(kv->ks.get(), 0);
+    add(kv->vs.get(), 0);
+  }
+  for (const auto& g : d.gdn) {
+    if (!g) continue;
+    add(g->steps_conv.get(), U(g->steps_capacity));
+    add(g->steps_ssm.get(), 0);
+  }
+  return key;
 }
 
 }  // namespace lockstep::cuda::detail

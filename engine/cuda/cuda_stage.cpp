@@ -240,6 +240,8 @@ Status CudaStageSession::Init() {
   LOCKSTEP_ASSIGN_OR_RETURN(d.ev_copy0, MakeEvent(true));
   LOCKSTEP_ASSIGN_OR_RETURN(d.ev_copy1, MakeEvent(true));
   LOCKSTEP_ASSIGN_OR_RETURN(d.ev_consumed, MakeEvent(false));
+  LOCKSTEP_ASSIGN_OR_RETURN(d.pos, DeviceBuffer::Alloc(sizeof(int)));
+  LOCKSTEP_CUDA_CHECK(cudaMemset(d.pos.get(), 0, sizeof(int)));
 
   const bool mtp = is_last() && w_.mtp.present;
   // LOCKSTEP_CUDA_F32_WEIGHTS=1 keeps f32 matrices even when bf16 would be lossless (to compare
@@ -351,6 +353,106 @@ Status CudaStageSession::Init() {
   return Status::Ok();
 }
 
+// ---- the layer loop, eager or from a CUDA graph ----
+
+Status CudaStageSession::EagerLayers(Ctx& x, int T, int p) {
+  DeviceStageImpl& d = *d_;
+  for (int il = layer_begin(); il < layer_end(); ++il) {
+    const std::size_t l = U(il - layer_begin());
+    LOCKSTEP_RETURN_IF_ERROR(
+        LayerForward(x, d.layers[l], d.experts.get(), d.hidden.as<float>(), T, p, d.kv[l].get(), d.gdn[l].get()));
+  }
+  return Status::Ok();
+}
+
+void CudaStageSession::GraphsOff(const std::string& why) {
+  DeviceStageImpl& d = *d_;
+  d.graphs_off = why;
+  d.graphs.clear();
+  cudaGetLastError();  // the failed capture's error is handled here: the layers run eagerly
+  std::fprintf(stderr, "lockstep: warning: cuda stage %d: CUDA graphs off for this run (%s); kernels are launched one by one\n",
+               index(), why.c_str());
+}
+
+// Verify windows (decode is a window of one) are where launch overhead matters: a stage issues
+// ~25 kernels per layer for a few microseconds of work each. Their layer loop is captured once
+// per window size T into a CUDA graph and replayed; the kernels and arguments are the eager ones
+// (the position comes from device memory, ops.h Pos), so results are bitwise the same.
+//
+// A graph holds buffer addresses, so it is used only while nothing it points into has been
+// reallocated (LayoutKey). Nothing may grow during a capture either (an allocation or a sync
+// would invalidate it), so a size is captured only after an eager run with the same layout grew
+// nothing, and only when the K/V caches already hold p + T rows. Anything else runs eagerly,
+// which grows what it needs; capture and instantiation count as one-time set-up (init_ns).
+Status CudaStageSession::RunLayers(Ctx& x, int T, int p) {
+  DeviceStageImpl& d = *d_;
+  x.SetPosition(p);
+  if (!backend_->graphs() || x.mode != ForwardMode::kVerify || !d.graphs_off.empty()) return EagerLayers(x, T, p);
+  for (const auto& kv : d.kv)
+    if (kv && p + T > kv->capacity) return EagerLayers(x, T, p);
+  for (const auto& g : d.gdn)
+    if (g && T > g->steps_capacity) return EagerLayers(x, T, p);
+  // The graph's routing copies land at fixed offsets of route_host: those of an empty buffer
+  // (Forward flushes the previous window's routing first).
+  if (d.route_used != 0) return EagerLayers(x, T, p);
+  const std::vector<std::uintptr_t> key = LayoutKey(d);
+  DeviceStageImpl::Graph& gr = d.graphs[T];
+  if (!gr.exec || gr.layout != key) {
+    gr.exec.reset();
+    if (gr.warm != key) {
+      LOCKSTEP_RETURN_IF_ERROR(EagerLayers(x, T, p));
+      if (LayoutKey(d) == key) gr.warm = key;
+      return Status::Ok();
+    }
+    // Capture. The host bookkeeping of the layers (K/V rows written, GDN steps, routing copies)
+    // happens as the capture runs the loop; a replay redoes it below.
+    const std::int64_t t0 = MonoNs();
+    const DeviceArena::Mark arena0 = d.arena.Here();
+    cudaError_t e = cudaStreamBeginCapture(d.s(), cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+      GraphsOff(std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(e));
+      return EagerLayers(x, T, p);
+    }
+    const Status st = EagerLayers(x, T, p);
+    cudaGraph_t g = nullptr;
+    e = cudaStreamEndCapture(d.s(), &g);
+    GraphPtr graph(g);
+    cudaGraphExec_t exec = nullptr;
+    if (st.ok() && e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph.get(), 0);
+    if (!st.ok() || e != cudaSuccess) {
+      // Nothing of the capture ran: undo its bookkeeping and run the layers for real.
+      d.pending_routes.clear();
+      d.route_used = 0;
+      d.arena.Rewind(arena0);
+      GraphsOff(!st.ok() ? "capture: " + st.ToString() : std::string("capture: ") + cudaGetErrorString(e));
+      return EagerLayers(x, T, p);
+    }
+    gr.exec.reset(exec);
+    gr.layout = key;
+    gr.routes = d.pending_routes;
+    gr.route_used = d.route_used;
+    gr.arena_end = d.arena.Here();
+    ++d.graph_captures;
+    *x.init_ns += MonoNs() - t0;
+  } else {
+    // Replay: the bookkeeping EagerLayers does on the host for a verify window.
+    for (auto& kv : d.kv)
+      if (kv) kv->written = p + T;
+    for (auto& g : d.gdn)
+      if (g) g->n_steps = T;
+    d.pending_routes = gr.routes;
+    d.route_used = gr.route_used;
+    d.arena.Rewind(gr.arena_end);
+  }
+  LOCKSTEP_CUDA_CHECK(cudaGraphLaunch(gr.exec.get(), d.s()));
+  ++d.graph_launches;
+  return Status::Ok();
+}
+
+StageInitCounters CudaStageSession::init_counters() const {
+  return {first_calls_, first_call_ns_, d_->graph_captures, d_->graph_launches};
+}
+
 // ---- the StageSession calls (the layers are in cuda_layers.cpp) ----
 
 Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Activation& act) {
@@ -414,11 +516,7 @@ Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, A
     }
     LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_start.get(), d.s()));
     Ctx x{c_, d, mode, backend_->deterministic(), d.s(), &d.init_ns};
-    for (int il = layer_begin(); il < layer_end(); ++il) {
-      const std::size_t l = U(il - layer_begin());
-      LOCKSTEP_RETURN_IF_ERROR(
-          LayerForward(x, d.layers[l], d.experts.get(), d.hidden.as<float>(), T, act.p, d.kv[l].get(), d.gdn[l].get()));
-    }
+    LOCKSTEP_RETURN_IF_ERROR(RunLayers(x, T, act.p));
     LOCKSTEP_CUDA_CHECK(cudaGetLastError());
     LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_done.get(), d.s()));
     auto out = std::make_shared<CudaActivation>();
@@ -597,6 +695,7 @@ void CudaStageSession::MtpForward(const float* hid, const std::int32_t* next_tok
     RmsNormZc(hd, h, T, h, d.mtp_pre_hid, c_.rms_norm_eps, cat + h, 2 * h, d.s());
     float* mh = d.mtp_hidden.as<float>();
     LOCKSTEP_RETURN_IF_ERROR(x.Mm(cat, T, d.mtp_fc, mh));
+    x.SetPosition(p);
     LOCKSTEP_RETURN_IF_ERROR(LayerForward(x, d.mtp_layer, d.mtp_experts.get(), mh, T, p, d.mtp_kv.get(), nullptr));
     RmsNormZc(mh, h, T, h, d.mtp_norm, c_.rms_norm_eps, md, h, d.s());
     if (nl > 0) RowsMm(md + U(T - nl) * U(h), nl, d.lm_head, ld, V, d.s());

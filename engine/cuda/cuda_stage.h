@@ -9,8 +9,10 @@
 // counters, updated from the routing the device copies back each window.
 //
 // The math is the CPU reference's (engine/cpu), op for op; verify windows run the batch-
-// invariant kernels of ops.h, prefill runs cuBLAS GEMMs and the recurrent GDN form (the chunked
-// prefill form is CPU-only for now). Errors of void calls are kept in status().
+// invariant kernels of ops.h, prefill runs cuBLAS GEMMs and the chunked GDN form. With CUDA graphs
+// on (EngineConfig::cuda_graphs), a verify window's layer loop is captured once per window size
+// and replayed: same kernels and arguments, the position read from device memory (ops.h Pos).
+// Errors of void calls are kept in status().
 //
 // Borrowed: params.weights, params.cfg and `backend` outlive the session. One driver thread.
 #pragma once
@@ -27,6 +29,7 @@ namespace lockstep::cuda {
 
 namespace detail {
 struct DeviceStageImpl;  // device-side members (cuda_stage_impl.h)
+struct Ctx;
 }
 
 class CudaStageSession final : public StageSession {
@@ -43,7 +46,7 @@ class CudaStageSession final : public StageSession {
   void Perturb(const std::string& item, int layer, float factor, Activation& act) override;
   void FillDeviceTiming(StageTiming* t) override;
   Status status() const override { return error_; }
-  StageInitCounters init_counters() const override { return {first_calls_, first_call_ns_, 0}; }
+  StageInitCounters init_counters() const override;
 
   bool has_mtp() const override;
   void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode, float* m,
@@ -63,6 +66,12 @@ class CudaStageSession final : public StageSession {
  private:
   CudaStageSession(const StageParams& params, CudaBackend* backend, int device);
   Status Init();
+  // The stage's layers on x's rows at position p: launched one by one, or (verify windows, CUDA
+  // graphs on) replayed from / captured into the graph for this window size.
+  Status RunLayers(detail::Ctx& x, int T, int p);
+  Status EagerLayers(detail::Ctx& x, int T, int p);
+  // Stops using graphs for the rest of the session (a capture or instantiation failed).
+  void GraphsOff(const std::string& why);
   // Keeps the first failure; later calls become no-ops once an error is recorded.
   void Keep(const Status& s) {
     if (error_.ok() && !s.ok()) error_ = s;

@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_handles.h"
+#include "cuda/ops.h"
 #include "lockstep/engine/expert_cache.h"
 #include "lockstep/engine/gdn_state.h"
 #include "lockstep/engine/kv_cache.h"
@@ -124,6 +127,16 @@ class DeviceArena {
     block_ = 0;
     offset_ = 0;
   }
+  // Where the next allocation starts; Rewind(m) makes later allocations start there again.
+  struct Mark {
+    std::size_t block = 0, offset = 0;
+  };
+  Mark Here() const { return {block_, offset_}; }
+  void Rewind(Mark m) {
+    block_ = m.block;
+    offset_ = m.offset;
+  }
+  std::size_t blocks() const { return blocks_.size(); }
 
  private:
   struct Block {
@@ -193,8 +206,32 @@ struct DeviceStageImpl {
   std::vector<RouteRec> pending_routes;
   std::size_t route_used = 0;
 
+  // The position the kernels of a forward read (ops.h Pos): int32 [1], set on the stream before
+  // the layers run, so a graph captured at one position replays at any other.
+  DeviceBuffer pos;
+
+  // CUDA graphs of the verify / decode layer loop, one per window size T (see RunLayers in
+  // cuda_stage.cpp). A graph holds the addresses of every buffer its kernels touch, so it is
+  // only replayed while LayoutKey() (those addresses and capacities) is what it was at capture.
+  struct Graph {
+    GraphExecPtr exec;
+    std::vector<std::uintptr_t> layout;  // LayoutKey() at capture
+    std::vector<std::uintptr_t> warm;    // LayoutKey() of the last eager run that grew nothing
+    std::vector<RouteRec> routes;        // routing copies the graph makes (host bookkeeping)
+    std::size_t route_used = 0;
+    DeviceArena::Mark arena_end;  // the arena after the layers (later scratch starts there)
+  };
+  std::map<int, Graph> graphs;
+  std::string graphs_off;  // why this stage stopped using graphs ("" while it may)
+  std::int64_t graph_captures = 0;
+  std::int64_t graph_launches = 0;
+
   cudaStream_t s() const { return stream.get(); }
 };
+
+// The addresses and sizes of every reallocatable buffer a forward's kernels may use. Equal keys:
+// a graph captured under one is valid under the other.
+std::vector<std::uintptr_t> LayoutKey(const DeviceStageImpl& d);
 
 // y[T, ldy] = x[T, n_in] . W^T with the batch-invariant RowsMatmul, for either weight dtype.
 inline void RowsMm(const float* x, int T, const DMat& w, float* y, int ldy, cudaStream_t s);
@@ -207,6 +244,16 @@ struct Ctx {
   bool deterministic;
   cudaStream_t s;
   std::int64_t* init_ns;
+  const int* pos = nullptr;  // device int the kernels read the position from (SetPosition)
+  int pos_host = -1;         // the value SetPosition last put there
+
+  // Puts p in the device position the kernels read; every layer loop starts with it (outside any
+  // captured graph, so a replay sees the new position).
+  void SetPosition(int p) {
+    pos = d.pos.as<int>();
+    pos_host = p;
+    SetInt(d.pos.as<int>(), p, s);
+  }
 
   Result<float*> Alloc(std::size_t n) { return d.arena.Alloc(n, init_ns); }
 
@@ -230,14 +277,6 @@ Status Download(DeviceStageImpl& d, void* dst, const void* src, std::size_t byte
 // Brings the host mirrors up to date with the device state (rows / states that changed).
 Status SyncKv(DeviceStageImpl& d, DKv& kv);
 Status SyncGdn(DeviceStageImpl& d, DGdn& g);
-
-}  // namespace detail
-}  // namespace lockstep::cuda
-
-#include "cuda/ops.h"
-
-namespace lockstep::cuda {
-namespace detail {
 
 inline void RowsMm(const float* x, int T, const DMat& w, float* y, int ldy, cudaStream_t s) {
   if (w.bf16) {

@@ -17,7 +17,7 @@ constexpr int kThreads = 256;
 
 // k, v f32 [T, Hkv, D]; caches [rows, Hkv, D] of kv_dtype; scales f32 [rows, Hkv] (int8 only).
 __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
-    KvStoreKernel(const float* __restrict__ k, const float* __restrict__ v, int T, int row0,
+    KvStoreKernel(const float* __restrict__ k, const float* __restrict__ v, int T, Pos pos0,
                   int n_heads_kv, int D, int kv_dtype, void* __restrict__ k_cache,
                   void* __restrict__ v_cache, float* __restrict__ k_scales,
                   float* __restrict__ v_scales) {
@@ -25,6 +25,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
   const int item =
       static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x) / km::kWarp;
   if (item >= 2 * T * n_heads_kv) return;
+  const int row0 = pos0.Get();
   const int which = item % 2, th = item / 2;  // th = t * Hkv + h
   const int t = th / n_heads_kv, h = th - t * n_heads_kv;
   const std::size_t ud = static_cast<std::size_t>(D);
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void KvStore(const float* k, const float* v, int T, int row0, int n_heads_kv, int head_dim,
+void KvStore(const float* k, const float* v, int T, Pos row0, int n_heads_kv, int head_dim,
              int kv_dtype, void* k_cache, void* v_cache, float* k_scales, float* v_scales,
              cudaStream_t s) {
   if (T <= 0 || n_heads_kv <= 0 || head_dim <= 0) return;

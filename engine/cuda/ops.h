@@ -21,6 +21,18 @@
 
 namespace lockstep::cuda {
 
+// A sequence position as kernels read it: `base`, plus the int at `dev` (device memory, read when
+// the kernel runs) when `dev` is set. The engine keeps the step's position in device memory so a
+// captured CUDA graph, whose kernel arguments are fixed at capture, replays at each new position.
+// An int converts implicitly (a position fixed at launch).
+struct Pos {
+  int base = 0;
+  const int* dev = nullptr;
+  Pos(int b) : base(b) {}  // NOLINT(google-explicit-constructor): an int is a fixed position
+  Pos(int b, const int* d) : base(b), dev(d) {}
+  __host__ __device__ int Get() const { return dev != nullptr ? base + *dev : base; }  // device: kernels only
+};
+
 // ---- matmul.cu ----
 
 // Batch-invariant product for decode / verify windows: y[t, o] = x[t, :] . W[o, :] for t < T,
@@ -54,7 +66,7 @@ void GatedRmsNorm(const float* x, const float* z, int rows, int n, const float* 
 // Partial NeoX RoPE in place: x f32 [T, n_heads, head_dim] with row stride ld (floats between
 // rows t and t+1; heads contiguous, head_dim apart); row t is at position p0 + t. inv_freq f32
 // [rotary_dim/2] (computed on the host exactly as cpu::Rope does).
-void RopeApply(float* x, int T, int ld, int n_heads, int head_dim, int rotary_dim, const float* inv_freq, int p0,
+void RopeApply(float* x, int T, int ld, int n_heads, int head_dim, int rotary_dim, const float* inv_freq, Pos p0,
                cudaStream_t s);
 
 // ---- attention.cu ----
@@ -67,9 +79,10 @@ void SplitQGate(const float* qg, int T, int n_heads, int head_dim, float* q, flo
 // rows [0, p+t]). q f32 [T, Hq, D]; cache rows of `kv_dtype` (0 f32, 1 bf16 as uint16, 2 int8)
 // laid out k/v [rows, Hkv, D], scales f32 [rows, Hkv] (int8 only, else nullptr). Query head h
 // uses kv head h / (Hq/Hkv). Softmax with max subtraction, f64 sum of exp, f32 normaliser, as
-// cpu::AttendGroup. scores: f32 scratch [T, Hq, n_ctx_max] with n_ctx_max >= p + T.
+// cpu::AttendGroup. scores: f32 scratch [T, Hq, n_ctx_max] with n_ctx_max >= p + T (the launch
+// shape does not depend on p, so p may be a device-read position).
 // o f32 [T, Hq, D] (not yet gated).
-void Attention(const float* q, int T, int p, int n_heads, int n_heads_kv, int head_dim, int kv_dtype,
+void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int head_dim, int kv_dtype,
                const void* k_cache, const void* v_cache, const float* k_scales, const float* v_scales, float scale,
                float* scores, int n_ctx_max, float* o, cudaStream_t s);
 
@@ -78,7 +91,7 @@ void Attention(const float* q, int T, int p, int n_heads, int n_heads_kv, int he
 // Stores T rows [row0, row0+T) of f32 k, v [T, Hkv, D] into the cache arrays (layout as in
 // Attention), quantising per (row, head) exactly like KvCache::StoreRow (bf16 round-to-nearest-
 // even with quiet NaN; int8 symmetric scale = max|x| / 127, codes = nearbyint(x / scale)).
-void KvStore(const float* k, const float* v, int T, int row0, int n_heads_kv, int head_dim, int kv_dtype,
+void KvStore(const float* k, const float* v, int T, Pos row0, int n_heads_kv, int head_dim, int kv_dtype,
              void* k_cache, void* v_cache, float* k_scales, float* v_scales, cudaStream_t s);
 // Multiplies rows [row0, row0+n) of K (which == 0) or V (1) by `factor` (f32 exact, bf16
 // re-rounded, int8 through the scales): KvCache::ScaleRows on the device (fault injection).
@@ -162,5 +175,6 @@ void AddInPlace(float* x, const float* y, std::int64_t n, cudaStream_t s);      
 void SiluMul(float* g, const float* u, std::int64_t n, cudaStream_t s);               // g = silu(g) * u
 void MulSigmoid(float* x, const float* gate, std::int64_t n, cudaStream_t s);         // x *= sigmoid(gate)
 void Scale(float* x, std::int64_t n, float factor, cudaStream_t s);                   // x *= factor
+void SetInt(int* dst, int value, cudaStream_t s);                                     // *dst = value (one thread)
 
 }  // namespace lockstep::cuda

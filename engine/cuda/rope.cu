@@ -16,7 +16,8 @@ constexpr int kThreads = 256;
 // x f32 [T, n_heads, head_dim] with row stride ld; inv_freq f32 [half].
 __global__ void __launch_bounds__(kThreads)
     RopeKernel(float* __restrict__ x, int T, int ld, int n_heads, int head_dim, int half,
-               const float* __restrict__ inv_freq, int p0) {
+               const float* __restrict__ inv_freq, Pos pos) {
+  const int p0 = pos.Get();
   const std::int64_t total = static_cast<std::int64_t>(T) * n_heads * half;
   for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        idx < total; idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -38,7 +39,7 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void RopeApply(float* x, int T, int ld, int n_heads, int head_dim, int rotary_dim,
-               const float* inv_freq, int p0, cudaStream_t s) {
+               const float* inv_freq, Pos p0, cudaStream_t s) {
   const int half = rotary_dim / 2;
   if (T <= 0 || n_heads <= 0 || half <= 0) return;
   const std::int64_t total = static_cast<std::int64_t>(T) * n_heads * half;

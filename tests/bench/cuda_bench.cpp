@@ -8,6 +8,10 @@
 //                         are the device's: half the f32 figure when the stages hold bf16 matrices
 //                         (bf16 model files; counter bf16 = 1), which also halves the small
 //                         vectors (a conservative bound: it only makes the ratio larger).
+//                         The stages replay CUDA graphs (counter graphs/token: graph launches per
+//                         token over all stages, 4 when every stage replays); the `_eager` runs
+//                         are the same with --cuda-graphs off, and the graph speed-up is printed
+//                         at the end.
 //   BM_CudaVerify/<T>     one verify window of T rows on `small` (T = 1..9); the T=9 / T=1 ratio is
 //                         printed at the end. Goal: <= 1.3.
 // Without a device every benchmark reports "no CUDA device" and skips.
@@ -55,6 +59,7 @@ const ModelWeights& Model(const std::string& preset) {
 
 double g_bandwidth = 0;                    // bytes/s, from BM_CopyBandwidth
 std::map<int, double> g_verify_s;          // T -> seconds per window
+std::map<std::string, double> g_decode_s;  // "BM_CudaDecode/<preset>[_eager]" -> seconds per token
 
 void BM_CopyBandwidth(benchmark::State& state) {
   if (!HaveDevice()) return state.SkipWithError("no CUDA device");
@@ -76,13 +81,14 @@ void BM_CopyBandwidth(benchmark::State& state) {
 }
 BENCHMARK(BM_CopyBandwidth)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(20);
 
-std::unique_ptr<Engine> MakeEngine(const ModelWeights& w, const std::string& preset) {
+std::unique_ptr<Engine> MakeEngine(const ModelWeights& w, const std::string& preset, bool graphs = true) {
   cuda::RegisterCudaBackend();
   EngineConfig c;
   c.model = preset;
   c.backend = "cuda";
   c.stages = 4;
   c.threads = 1;
+  c.cuda_graphs = graphs;
   auto e = Engine::Create(c, w);
   if (!e.ok()) {
     std::fprintf(stderr, "%s\n", e.status().ToString().c_str());
@@ -91,10 +97,10 @@ std::unique_ptr<Engine> MakeEngine(const ModelWeights& w, const std::string& pre
   return std::move(*e);
 }
 
-void BM_CudaDecode(benchmark::State& state, const std::string& preset) {
+void BM_CudaDecode(benchmark::State& state, const std::string& preset, bool graphs) {
   if (!HaveDevice()) return state.SkipWithError("no CUDA device");
   const ModelWeights& w = Model(preset);
-  auto e = MakeEngine(w, preset);
+  auto e = MakeEngine(w, preset, graphs);
   if (!e) return state.SkipWithError("engine");
   std::vector<std::int32_t> prompt(64);
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>(7 + 13 * i) % w.config.n_vocab;
@@ -113,6 +119,9 @@ void BM_CudaDecode(benchmark::State& state, const std::string& preset) {
     ++n;
   }
   state.counters["tok/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsRate);
+  double launches = 0;
+  for (int is = 0; is < e->n_stages(); ++is) launches += static_cast<double>(e->stage(is).init_counters().graph_launches);
+  state.counters["graphs/token"] = launches / static_cast<double>(n + 8);
   bool bf16 = true;
   for (int is = 0; is < e->n_stages(); ++is)
     if (auto* st = dynamic_cast<cuda::CudaStageSession*>(&e->stage(is)); st == nullptr || !st->weights_bf16()) bf16 = false;
@@ -127,9 +136,11 @@ void BM_CudaDecode(benchmark::State& state, const std::string& preset) {
         benchmark::Counter(static_cast<double>(n) * bound_s, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   }
 }
-BENCHMARK_CAPTURE(BM_CudaDecode, seed48, std::string("seed48"))->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
-BENCHMARK_CAPTURE(BM_CudaDecode, small, std::string("small"))->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
-BENCHMARK_CAPTURE(BM_CudaDecode, wide, std::string("wide"))->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_CudaDecode, seed48, std::string("seed48"), true)->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_CudaDecode, seed48_eager, std::string("seed48"), false)->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_CudaDecode, small, std::string("small"), true)->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_CudaDecode, wide, std::string("wide"), true)->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_CudaDecode, wide_eager, std::string("wide"), false)->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
 
 void BM_CudaVerify(benchmark::State& state) {
   if (!HaveDevice()) return state.SkipWithError("no CUDA device");
@@ -162,6 +173,8 @@ class Reporter : public benchmark::ConsoleReporter {
         auto it = r.counters.find("GB/s");
         if (it != r.counters.end()) g_bandwidth = it->second.value * 1e9;
       }
+      // function_name: "BM_CudaDecode/<preset>[_eager]" without the min_time / real_time suffixes.
+      if (name.rfind("BM_CudaDecode/", 0) == 0) g_decode_s[r.run_name.function_name] = r.GetAdjustedRealTime() * 1e-6;
       if (name.rfind("BM_CudaVerify/", 0) == 0) {
         const int T = std::stoi(name.substr(std::string("BM_CudaVerify/").size()));
         g_verify_s[T] = r.GetAdjustedRealTime() * 1e-6;  // microseconds -> s
@@ -181,6 +194,12 @@ int main(int argc, char** argv) {
   auto& v = lockstep::g_verify_s;
   if (v.count(1) && v.count(9) && v[1] > 0)
     std::printf("verify T=9 / T=1 window time: %.3f (goal <= 1.3)\n", v[9] / v[1]);
+  for (const char* m : {"seed48", "wide"}) {
+    auto& d = lockstep::g_decode_s;
+    const std::string on = std::string("BM_CudaDecode/") + m, off = on + "_eager";
+    if (d.count(on) && d.count(off) && d[on] > 0)
+      std::printf("decode %s: CUDA graphs %.2fx the tokens/s of launching each kernel\n", m, d[off] / d[on]);
+  }
   if (lockstep::g_bandwidth > 0) std::printf("measured copy bandwidth: %.1f GB/s\n", lockstep::g_bandwidth / 1e9);
   benchmark::Shutdown();
   return 0;

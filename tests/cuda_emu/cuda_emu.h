@@ -91,7 +91,9 @@ void Launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t s, unsigned ma
             std::function<void()> body);
 
 // Launch-site check that every pointer argument is null or inside a live cudaMalloc /
-// cudaHostAlloc allocation (host pointers passed to a kernel are a crash on a GPU).
+// cudaHostAlloc allocation (host pointers passed to a kernel are a crash on a GPU). It also
+// collects the non-null ones for the Launch that follows: a launch captured into a CUDA graph
+// keeps them, and every replay re-checks them against the live allocations.
 void CheckPtr(const char* file, int line, const char* kern, int idx, const void* p);
 template <class T>
 inline void CheckOne(const char* file, int line, const char* kern, int idx, const T& v) {
@@ -102,6 +104,21 @@ inline void CheckArgs(const char* file, int line, const char* kern, const A&... 
   int i = 0;
   (CheckOne(file, line, kern, i++, a), ...);
 }
+
+// Test-only: while one exists, emulator findings are collected here instead of failing the
+// running test, for tests that provoke a finding on purpose (emu_graph_test.cpp).
+class ExpectWarnings {
+ public:
+  ExpectWarnings();
+  ~ExpectWarnings();
+  ExpectWarnings(const ExpectWarnings&) = delete;
+  ExpectWarnings& operator=(const ExpectWarnings&) = delete;
+  int Count() const;                 // findings since construction
+  bool Saw(const char* text) const;  // whether one of them contains `text`
+
+ private:
+  std::size_t first_;
+};
 
 }  // namespace emu
 

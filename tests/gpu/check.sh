@@ -7,7 +7,8 @@
 #   3. cuda-vs-cpu through the product: `lockstep generate --export` on both backends, then
 #      `lockstep diff` with the documented thresholds (state NRMSE 1e-4, logits KL 1e-6), for
 #      `small` with f32 and with bf16 matrices
-#   4. the deterministic cuda A/A (bf16 `small`, diff at NRMSE 0) and campaign (campaigns/aa-cuda.toml)
+#   4. the deterministic cuda A/A (bf16 `small`, diff at NRMSE 0; also against --cuda-graphs off)
+#      and campaign (campaigns/aa-cuda.toml)
 #   5. the GPU benchmarks (decode of seed48, small and wide vs the measured bandwidth bound;
 #      verify T<=9 vs T=1)
 # On the lent machine: run tests/gpu/pack-deps.sh here first and name `.gpu-deps` in `carry`:
@@ -97,7 +98,19 @@ step "cuda vs cpu diff, f32 weights (windows 0-2)" cuda_vs_cpu-f32.log cuda_vs_c
 step "cuda vs cpu diff, bf16 weights (windows 0-2)" cuda_vs_cpu-bf16.log cuda_vs_cpu bf16
 MODEL="$MODEL-bf16"
 
-step "deterministic cuda A/A (diff NRMSE 0 + campaign aa-cuda)" aa.log aa
+# Two fresh processes (CUDA graphs on, the default) must export bitwise the same state, and so must
+# a third with every kernel launched from the host (--cuda-graphs off): graphs change launches,
+# not arithmetic. Then the predeclared campaign.
+aa() {
+  local common="--model $MODEL --prompt-file campaigns/prompts/demo.txt --backend cuda --spec 4 --max-new 32"
+  "$LS" generate $common --export "$OUT_DIR/aa1.h5" >/dev/null &&
+  "$LS" generate $common --export "$OUT_DIR/aa2.h5" >/dev/null &&
+  "$LS" generate $common --cuda-graphs off --export "$OUT_DIR/aa-eager.h5" >/dev/null &&
+  "$LS" diff "$OUT_DIR/aa1.h5" "$OUT_DIR/aa2.h5" --nrmse-max 0 --kl-max 0 &&
+  "$LS" diff "$OUT_DIR/aa1.h5" "$OUT_DIR/aa-eager.h5" --nrmse-max 0 --kl-max 0 &&
+  rm -rf "$OUT_DIR/aa-cuda" && "$LS" run campaigns/aa-cuda.toml --out "$OUT_DIR/aa-cuda"
+}
+step "deterministic cuda A/A, graphs vs eager (diff NRMSE 0 + campaign aa-cuda)" aa.log aa
 
 # Google Benchmark exits 0 when a benchmark reports an error (e.g. "no CUDA device").
 bench() {
@@ -121,7 +134,7 @@ $(grep -c '^\[  SKIPPED \]' "$OUT_DIR/gpu_tests.log" 2>/dev/null) skipped lines"
   echo
   echo "## Benchmarks"
   echo '```'
-  grep -E "BM_|verify T=9|bandwidth" "$OUT_DIR/bench.log" 2>/dev/null || echo "(no benchmark output)"
+  grep -E "BM_|verify T=9|bandwidth|CUDA graphs" "$OUT_DIR/bench.log" 2>/dev/null || echo "(no benchmark output)"
   echo '```'
   echo
   echo "## cuda vs cpu"

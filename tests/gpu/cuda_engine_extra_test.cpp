@@ -268,5 +268,98 @@ TEST(CudaEngineExtra, Bf16DeviceWeightsAreBitwiseTheF32Path) {
   EXPECT_GT(fetched_b16, 0u);
 }
 
+// CUDA graphs (EngineConfig::cuda_graphs): verify windows replayed from a captured graph give
+// bitwise the logits, normed rows, states and expert counters of launching every kernel from the
+// host, through repeated and changing window sizes, partial commits and a K/V cache that grows
+// (256 -> 512 rows) mid-run, which must re-capture rather than replay a graph into freed memory.
+TEST(CudaEngineExtra, GraphsReplayBitwiseTheEagerPath) {
+  LOCKSTEP_REQUIRE_GPU(1);
+  EngineConfig c = TinyConfig("cuda", DType::kI8);
+  c.prefill_chunk = 64;
+  EngineConfig ce = c;
+  ce.cuda_graphs = false;
+  auto g = MakeTiny(c);
+  auto e = MakeTiny(ce);
+  ASSERT_TRUE(g && e);
+  const std::size_t V = static_cast<std::size_t>(g->weights().config.n_vocab);
+  const std::size_t H = static_cast<std::size_t>(g->weights().config.n_embd);
+  const auto prompt = Prompt(230);
+  ASSERT_TRUE(g->Prefill(prompt).ok());
+  ASSERT_TRUE(e->Prefill(prompt).ok());
+  auto counters = [](Engine& en, int is) { return en.stage(is).init_counters(); };
+  for (int is = 0; is < g->n_stages(); ++is) {
+    EXPECT_EQ(counters(*g, is).graph_captures, 0) << "prefill is never captured";
+    EXPECT_EQ(counters(*e, is).graph_launches, 0);
+  }
+  auto states_equal = [](Engine& a, Engine& b, const std::string& where) {
+    for (int is = 0; is < a.n_stages(); ++is) {
+      EXPECT_EQ(a.stage(is).position(), b.stage(is).position()) << where;
+      for (int il = a.stage(is).layer_begin(); il < a.stage(is).layer_end(); ++il) {
+        if (GdnState* ga = a.stage(is).gdn(il)) {
+          GdnState* gb = b.stage(is).gdn(il);
+          ASSERT_EQ(ga->n_steps(), gb->n_steps()) << where << " layer " << il;
+          EXPECT_EQ(std::memcmp(ga->ssm(), gb->ssm(), ga->ssm_size() * 4), 0) << where << " ssm layer " << il;
+          EXPECT_EQ(std::memcmp(ga->conv(), gb->conv(), ga->conv_size() * 4), 0) << where << " conv layer " << il;
+          for (int t = 0; t < ga->n_steps(); ++t)
+            EXPECT_EQ(std::memcmp(ga->step_ssm(t), gb->step_ssm(t), ga->ssm_size() * 4), 0)
+                << where << " step " << t << " layer " << il;
+        }
+        if (KvCache* ka = a.stage(is).kv(il)) {
+          KvCache* kb = b.stage(is).kv(il);
+          ASSERT_EQ(ka->rows_written(), kb->rows_written()) << where << " layer " << il;
+          EXPECT_EQ(ka->rows_committed(), kb->rows_committed()) << where << " layer " << il;
+          EXPECT_TRUE(test::BitwiseEqual(FlatK(*ka, ka->rows_written()), FlatK(*kb, kb->rows_written())))
+              << where << " kv layer " << il;
+        }
+      }
+      EXPECT_EQ(a.stage(is).experts().counters().hits, b.stage(is).experts().counters().hits) << where;
+      EXPECT_EQ(a.stage(is).experts().counters().misses, b.stage(is).experts().counters().misses) << where;
+    }
+  };
+  auto toks = Prompt(128, 5);
+  std::size_t next = 0;
+  auto window = [&](int T, int commit, const std::string& where) {
+    std::vector<float> la(T * V), lb(T * V), na(T * H), nb(T * H);
+    std::span<const std::int32_t> tk(toks.data() + next, static_cast<std::size_t>(T));
+    ASSERT_TRUE(g->Verify(tk, la.data(), na.data()).ok()) << where;
+    ASSERT_TRUE(e->Verify(tk, lb.data(), nb.data()).ok()) << where;
+    EXPECT_TRUE(test::BitwiseEqual(la, lb)) << where << " logits";
+    EXPECT_TRUE(test::BitwiseEqual(na, nb)) << where << " normed";
+    states_equal(*g, *e, where + " before commit");
+    ASSERT_TRUE(g->Commit(commit).ok() && e->Commit(commit).ok()) << where;
+    states_equal(*g, *e, where + " after commit");
+    next += static_cast<std::size_t>(commit);
+  };
+  // T = 1 four times: eager (the first verify window allocates the GDN per-step scratch), eager
+  // again with nothing to grow (the size is now known to fit), captured, replayed.
+  for (int i = 0; i < 4; ++i) window(1, 1, "decode " + std::to_string(i));
+  for (int is = 0; is < g->n_stages(); ++is) {
+    EXPECT_EQ(counters(*g, is).graph_captures, 1) << "stage " << is;
+    EXPECT_EQ(counters(*g, is).graph_launches, 2) << "stage " << is;
+    EXPECT_EQ(counters(*e, is).graph_captures, 0) << "stage " << is;
+    EXPECT_EQ(counters(*e, is).graph_launches, 0) << "stage " << is;
+  }
+  // Window sizes change and repeat, with partial commits (positions 234 .. 264: the K/V caches
+  // grow from 256 to 512 rows on the way, so the graphs of the old layout must not be replayed).
+  const std::vector<int> sizes = {4, 4, 4, 9, 9, 1, 9, 9, 1, 1, 1, 4}, commits = {2, 4, 1, 9, 3, 1, 2, 2, 1, 1, 1, 4};
+  for (std::size_t w = 0; w < sizes.size(); ++w)
+    window(sizes[w], commits[w], "window " + std::to_string(w) + " (T = " + std::to_string(sizes[w]) + ")");
+  ASSERT_EQ(g->stage(0).position(), 265);
+  for (int is = 0; is < g->n_stages(); ++is) {
+    bool attention = false;
+    for (int il = g->stage(is).layer_begin(); il < g->stage(is).layer_end(); ++il)
+      attention = attention || g->stage(is).kv(il) != nullptr;
+    // Each size runs eagerly once per layout (that run may grow buffers), is captured on its next
+    // window and replayed after. Stages with attention layers: the T = 9 window at p = 250 needs
+    // 259 rows, runs eagerly and grows the caches; T = 1 (at 253), 9 (at 254) and 4 (at 261) then
+    // run eagerly once more, and T = 9 (at 256) and 1 (at 258) are captured again. Captures
+    // T=1: 2, T=4: 1, T=9: 1; launches T=1: 2+3, T=4: 2, T=9: 1. Stages of GDN layers only never
+    // see a new layout: captures 1+1+1, launches T=1: 2+4, T=4: 3, T=9: 3.
+    EXPECT_EQ(counters(*g, is).graph_captures, attention ? 4 : 3) << "stage " << is;
+    EXPECT_EQ(counters(*g, is).graph_launches, attention ? 8 : 12) << "stage " << is;
+    EXPECT_EQ(counters(*e, is).graph_launches, 0) << "stage " << is;
+  }
+}
+
 }  // namespace
 }  // namespace lockstep

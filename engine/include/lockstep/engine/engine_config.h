@@ -22,6 +22,10 @@ struct EngineConfig {
   // lets verify windows use cuBLAS GEMMs (TF32, shape-dependent algorithms) and the MoE combine
   // any order: faster, not reproducible. The cpu backend is always deterministic.
   bool deterministic = true;
+  // cuda: each stage replays its verify / decode steps from a CUDA graph (captured once per
+  // window size, re-captured when a buffer it uses grows). Same kernels, same bits as without;
+  // fewer host launches. `false` launches every kernel from the host.
+  bool cuda_graphs = true;
   std::vector<int> devices;  // cuda: GPUs the stages run on (stage s on devices[s*n/stages]); empty = {0}
 
   // ---- pipeline ----

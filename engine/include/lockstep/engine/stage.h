@@ -42,6 +42,7 @@ struct StageInitCounters {
   std::int64_t first_calls = -1;     // calls that paid one-time set-up (handles, allocations)
   std::int64_t first_call_ns = -1;   // host ns spent in that set-up, summed
   std::int64_t graph_captures = -1;  // CUDA graph captures (0 when the backend uses none)
+  std::int64_t graph_launches = -1;  // forwards replayed from a captured graph
 };
 
 class StageSession {

@@ -69,6 +69,7 @@ struct ExportRunInfo {
     int stage = 0;
     std::int64_t expert_hits = 0, expert_misses = 0, expert_bytes_fetched = 0, host_expert_tokens = 0;
     std::int64_t verify_calls = 0, first_calls = -1, graph_captures = -1, first_call_ns = -1;
+    std::int64_t graph_launches = -1;
   };
   std::vector<Counters> counters;
   std::vector<TraceEvent> events;       // /trace/events: hot-path layer/stage events
