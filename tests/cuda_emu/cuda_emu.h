@@ -120,6 +120,13 @@ class ExpectWarnings {
   std::size_t first_;
 };
 
+// Test-only fault injection: makes CUDA graph captures fail the way a driver can refuse them, to
+// test a caller's fallback. kBegin: cudaStreamBeginCapture fails; kDuring: the capture's 5th
+// operation is refused and invalidates it (cudaStreamEndCapture then fails); kInstantiate:
+// cudaGraphInstantiate fails. None of these is reported as a finding.
+enum class CaptureFault { kNone, kBegin, kDuring, kInstantiate };
+void InjectCaptureFault(CaptureFault f);
+
 }  // namespace emu
 
 #define threadIdx emu::tIdx

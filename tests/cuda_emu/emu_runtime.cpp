@@ -384,6 +384,12 @@ static cudaError_t LegacyConflict(const Stream* s, const char* what) {
 // Stream work. While s captures it becomes a node (nothing runs: the closure holds its arguments
 // by value, as the graph does), with the allocation of each pointer it uses for the replay
 // check; otherwise it is queued / run (Enqueue).
+static CaptureFault g_capture_fault = CaptureFault::kNone;
+void InjectCaptureFault(CaptureFault f) {
+  EMU_API;
+  g_capture_fault = f;
+}
+
 static cudaError_t Submit(Stream* s, Node node) {
   if (!s->cap) {
     Enqueue(s, std::move(node.fn));
@@ -391,6 +397,10 @@ static cudaError_t Submit(Stream* s, Node node) {
   }
   // Work after a violation is dropped, as in CUDA (the violation itself was reported).
   if (s->cap->invalidated) return cudaErrorStreamCaptureInvalidated;
+  if (g_capture_fault == CaptureFault::kDuring && s->cap->nodes.size() == 4) {
+    s->cap->invalidated = true;  // injected: a refused operation, not a finding
+    return cudaErrorStreamCaptureInvalidated;
+  }
   // A pointer outside every allocation was reported at the call; it is not re-checked per replay.
   std::erase_if(node.refs, [](Node::Ref& r) {
     const Alloc* a = Find(r.p, r.n, &r.base);
@@ -1050,6 +1060,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
   if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
       mode != cudaStreamCaptureModeRelaxed)
     return Err(cudaErrorInvalidValue);
+  if (g_capture_fault == CaptureFault::kBegin) return Err(cudaErrorStreamCaptureUnsupported);  // injected
   // Work queued before stays queued (and runs before the graph's later launches); nothing runs.
   st->cap = std::make_unique<Capture>();
   st->cap->mode = mode;
@@ -1094,6 +1105,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
     Warn("cudaGraphInstantiate of a null / destroyed graph");
     return Err(cudaErrorInvalidValue);
   }
+  if (g_capture_fault == CaptureFault::kInstantiate) return Err(cudaErrorNotSupported);  // injected
   *exec = reinterpret_cast<cudaGraphExec_t>(new GraphExec{g->nodes});
   return cudaSuccess;
 }
