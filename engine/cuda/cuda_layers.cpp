@@ -36,6 +36,29 @@ Status Ctx::Mm(const float* x, int T, const DMat& w, float* y, int ldy) {
   return Status::Ok();
 }
 
+Status Ctx::MmShared(const float* x, int T, std::initializer_list<MmOut> outs) {
+  LOCKSTEP_CHECK(outs.size() >= 1 && outs.size() <= 3);
+  const DMat& w0 = *outs.begin()->w;
+  bool fused = !(T > 1 && (mode == ForwardMode::kPrefill || !deterministic));
+  for (const MmOut& o : outs) fused = fused && o.w->bf16 == w0.bf16 && o.w->cols == w0.cols;
+  if (!fused) {
+    for (const MmOut& o : outs) LOCKSTEP_RETURN_IF_ERROR(Mm(x, T, *o.w, o.y));
+    return Status::Ok();
+  }
+  auto launch = [&](auto tag) {
+    using WT = decltype(tag);
+    RowsProduct<WT> p[3];
+    int n = 0;
+    for (const MmOut& o : outs) p[n++] = {static_cast<const WT*>(o.w->d), o.w->rows, o.y, o.w->rows};
+    RowsMatmulMulti(x, T, w0.cols, p, n, s);
+  };
+  if (w0.bf16) {
+    launch(std::uint16_t{});
+  } else {
+    launch(float{});
+  }
+  return Status::Ok();
+}
 
 Status EnsureKvCapacity(DKv& kv, int rows, int hkv, int hd, bool int8, cudaStream_t s, std::int64_t* init_ns) {
   if (rows <= kv.capacity) return Status::Ok();
@@ -81,9 +104,7 @@ Status AttentionForward(Ctx& x, const DLayer& L, const float* a, int T, int p, D
   const int n_ctx_max = x.mode == ForwardMode::kVerify ? kv.capacity : p + T;
   LOCKSTEP_ASSIGN_OR_RETURN(float* scores, x.Alloc(ut * U(hq) * U(n_ctx_max)));
   const Pos pos(0, x.pos);
-  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.q_proj, qg));
-  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.k_proj, k));
-  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.v_proj, v));
+  LOCKSTEP_RETURN_IF_ERROR(x.MmShared(a, T, {{&L.q_proj, qg}, {&L.k_proj, k}, {&L.v_proj, v}}));
   SplitQGate(qg, T, hq, hd, q, gate, x.s);
   RmsNormZc(q, hd, T * hq, hd, L.q_norm, c.rms_norm_eps, q, hd, x.s);
   RopeApply(q, T, hq * hd, hq, hd, c.rotary_dim, x.d.inv_freq.as<float>(), pos, x.s);
@@ -126,8 +147,7 @@ Status GdnForward(Ctx& x, const DLayer& L, const float* a, int T, DGdn& g, float
   LOCKSTEP_ASSIGN_OR_RETURN(float* kh, x.Alloc(ut * U(hk) * U(dk)));
   LOCKSTEP_ASSIGN_OR_RETURN(float* O, x.Alloc(ut * U(hv) * U(dv)));
   LOCKSTEP_ASSIGN_OR_RETURN(float* On, x.Alloc(ut * U(hv) * U(dv)));
-  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.in_proj_qkvz, P));
-  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.in_proj_ba, B));
+  LOCKSTEP_RETURN_IF_ERROR(x.MmShared(a, T, {{&L.in_proj_qkvz, P}, {&L.in_proj_ba, B}}));
   LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(win, g.conv.get(), conv_floats * sizeof(float), cudaMemcpyDeviceToDevice, x.s));
   GdnSplit(P, B, T, hk, hv, dk, dv, kw, L.a_log, L.dt_bias, win, Z, beta, gdec, x.s);
   CausalConvSilu(win, T, conv_dim, kw, L.conv1d, Uc, x.s);
@@ -154,14 +174,18 @@ Status GdnForward(Ctx& x, const DLayer& L, const float* a, int T, DGdn& g, float
   return x.Mm(On, T, L.out_proj, out);
 }
 
+// The SwiGLU FFN after its gate and up products g, u f32 [T, I]: out = (silu(g) * u) . down^T.
+Status FfnDown(Ctx& x, const DFfn& f, float* g, const float* u, int T, float* out) {
+  SiluMul(g, u, static_cast<std::int64_t>(U(T) * U(f.gate.rows)), x.s);
+  return x.Mm(g, T, f.down, out);
+}
+
 Status FfnForward(Ctx& x, const DFfn& f, const float* a, int T, float* out) {
   const std::size_t n = U(T) * U(f.gate.rows);
   LOCKSTEP_ASSIGN_OR_RETURN(float* g, x.Alloc(n));
   LOCKSTEP_ASSIGN_OR_RETURN(float* u, x.Alloc(n));
-  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, f.gate, g));
-  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, f.up, u));
-  SiluMul(g, u, static_cast<std::int64_t>(n), x.s);
-  return x.Mm(g, T, f.down, out);
+  LOCKSTEP_RETURN_IF_ERROR(x.MmShared(a, T, {{&f.gate, g}, {&f.up, u}}));
+  return FfnDown(x, f, g, u, T, out);
 }
 
 // Host counters from the routing copied back (the stream must have synchronised).
@@ -191,16 +215,25 @@ Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* c
   int* n_active = first + ne + 1;
   LOCKSTEP_ASSIGN_OR_RETURN(float* act, x.Alloc(U(slots) * U(inter)));
   LOCKSTEP_ASSIGN_OR_RETURN(float* ranked, x.Alloc(U(slots) * U(h)));
-  LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.router, logits));
+  // The router and the shared expert's gate and up all read `a`: one launch when decoding.
+  const bool shared = L.shared.gate.rows > 0;
+  float *sg = nullptr, *su = nullptr;
+  if (shared) {
+    LOCKSTEP_ASSIGN_OR_RETURN(sg, x.Alloc(U(T) * U(L.shared.gate.rows)));
+    LOCKSTEP_ASSIGN_OR_RETURN(su, x.Alloc(U(T) * U(L.shared.gate.rows)));
+    LOCKSTEP_RETURN_IF_ERROR(x.MmShared(a, T, {{&L.router, logits}, {&L.shared.gate, sg}, {&L.shared.up, su}}));
+  } else {
+    LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.router, logits));
+  }
   RouteTopK(logits, T, ne, k, c.norm_topk_prob, idx, wts, x.s);
   GroupByExpert(idx, T, k, ne, slot_of, first, active, n_active, x.s);
   const bool bf16 = x.d.weights_bf16;
   ExpertGateUp(a, h, inter, k, slot_of, first, active, n_active, max_active, L.gate_ptrs, L.up_ptrs, bf16, act, x.s);
   ExpertDown(act, h, inter, slot_of, first, active, n_active, max_active, L.down_ptrs, bf16, ranked, x.s);
   MoeCombine(ranked, wts, T, k, h, out, x.s);
-  if (L.shared.gate.rows > 0) {
+  if (shared) {
     LOCKSTEP_ASSIGN_OR_RETURN(float* sh, x.Alloc(U(T) * U(h)));
-    LOCKSTEP_RETURN_IF_ERROR(FfnForward(x, L.shared, a, T, sh));
+    LOCKSTEP_RETURN_IF_ERROR(FfnDown(x, L.shared, sg, su, T, sh));
     SharedGateAdd(a, L.shared_gate, sh, T, h, out, x.s);
   }
   // Routing goes back to the host for the expert counters (read after the stream syncs).

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -261,6 +262,14 @@ struct Ctx {
   // use the batch-invariant RowsMatmul; prefill uses cuBLAS. Non-deterministic mode sends
   // verify windows of more than one row to cuBLAS too (TF32, shape-dependent algorithm).
   Status Mm(const float* x, int T, const DMat& w, float* y, int ldy = -1);
+  // y_i = x . W_i^T for up to three matrices over the same x (row stride = their common width):
+  // one launch where Mm would use RowsMatmul (RowsMatmulMulti, the same bits as one call each),
+  // one Mm per matrix where it would use cuBLAS.
+  struct MmOut {
+    const DMat* w;
+    float* y;
+  };
+  Status MmShared(const float* x, int T, std::initializer_list<MmOut> outs);
 };
 
 // One decoder layer in place on hid f32 [T, H] (device) at positions p..; kv for attention

@@ -55,6 +55,34 @@ __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
   }
 }
 
+// Up to three products of the same x in one launch (RowsMatmulMulti): block b belongs to product
+// j for b in [first1, first2) -> 1, [first2, ..) -> 2, else 0; within it the warp computes output
+// row o exactly as RowsMatmulKernel does (same passes, same order), so the bits are the same.
+template <typename WT>
+__global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
+    RowsMatmul3Kernel(const float* __restrict__ x, int T, int n_in, bool vec,
+                      const WT* __restrict__ W0, int n0, float* __restrict__ y0, int ldy0,
+                      const WT* __restrict__ W1, int n1, float* __restrict__ y1, int ldy1,
+                      const WT* __restrict__ W2, int n2, float* __restrict__ y2, int ldy2,
+                      int first1, int first2) {
+  const int lane = static_cast<int>(threadIdx.x) % km::kWarp;
+  const int b = static_cast<int>(blockIdx.x);
+  const int j = b >= first2 ? 2 : b >= first1 ? 1 : 0;
+  const WT* W = j == 0 ? W0 : j == 1 ? W1 : W2;
+  float* y = j == 0 ? y0 : j == 1 ? y1 : y2;
+  const int n_out = j == 0 ? n0 : j == 1 ? n1 : n2;
+  const int ldy = j == 0 ? ldy0 : j == 1 ? ldy1 : ldy2;
+  const int o = (b - (j == 0 ? 0 : j == 1 ? first1 : first2)) * kWarpsPerBlock +
+                static_cast<int>(threadIdx.x) / km::kWarp;
+  if (o >= n_out) return;  // the whole warp leaves together
+  const WT* w = W + static_cast<std::size_t>(o) * static_cast<std::size_t>(n_in);
+  for (int t0 = 0; t0 < T;) {
+    const int n = km::RowGroupSize(T - t0);
+    km::WithPassWidth(n, [&]<int R>() { RowsPass<R, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o); });
+    t0 += n;
+  }
+}
+
 // bf16 bits [n] -> f32 [n] (exact); one thread per element.
 __global__ void __launch_bounds__(256)
     WidenBf16Kernel(const std::uint16_t* __restrict__ src, std::int64_t n, float* __restrict__ dst) {
@@ -75,7 +103,31 @@ void LaunchRows(const float* x, int T, const WT* W, int n_out, int n_in, float* 
   RowsMatmulKernel<WT><<<blocks, kWarpsPerBlock * km::kWarp, 0, s>>>(x, T, W, n_out, n_in, y, ldy, vec);
 }
 
+unsigned BlocksFor(int n_out) { return static_cast<unsigned>((n_out + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+
+template <typename WT>
+void LaunchRows3(const float* x, int T, int n_in, const RowsProduct<WT>* p, int n, cudaStream_t s) {
+  if (T <= 0 || n_in <= 0 || n <= 0) return;
+  RowsProduct<WT> q[3] = {p[0], n > 1 ? p[1] : RowsProduct<WT>{}, n > 2 ? p[2] : RowsProduct<WT>{}};
+  bool vec = n_in % 4 == 0 && km::Aligned(x, 16);
+  for (int i = 0; i < n; ++i) vec = vec && km::Aligned(q[i].W, km::kWeightVecAlign<WT>);
+  const unsigned b0 = BlocksFor(q[0].n_out), b1 = BlocksFor(q[1].n_out), b2 = BlocksFor(q[2].n_out);
+  if (b0 + b1 + b2 == 0) return;
+  RowsMatmul3Kernel<WT><<<b0 + b1 + b2, kWarpsPerBlock * km::kWarp, 0, s>>>(
+      x, T, n_in, vec, q[0].W, q[0].n_out, q[0].y, q[0].ldy, q[1].W, q[1].n_out, q[1].y, q[1].ldy, q[2].W,
+      q[2].n_out, q[2].y, q[2].ldy, static_cast<int>(b0), static_cast<int>(b0 + b1));
+}
+
 }  // namespace
+
+void RowsMatmulMulti(const float* x, int T, int n_in, const RowsProduct<float>* p, int n, cudaStream_t s) {
+  LaunchRows3(x, T, n_in, p, n, s);
+}
+
+void RowsMatmulMulti(const float* x, int T, int n_in, const RowsProduct<std::uint16_t>* p, int n,
+                     cudaStream_t s) {
+  LaunchRows3(x, T, n_in, p, n, s);
+}
 
 void RowsMatmul(const float* x, int T, const float* W, int n_out, int n_in, float* y, int ldy,
                 cudaStream_t s) {

@@ -46,6 +46,18 @@ void RowsMatmul(const float* x, int T, const float* W, int n_out, int n_in, floa
 // operations in the same order, so for bf16-valued weights the result is bitwise the f32 call's.
 void RowsMatmul(const float* x, int T, const std::uint16_t* W, int n_out, int n_in, float* y, int ldy,
                 cudaStream_t s);
+// Up to three RowsMatmul products of the same x in one launch (decode issues ~25 launches a
+// layer; fewer launches, the same bits): product i is y_i[t, o] = x[t, :] . W_i[o, :] for
+// o < n_out_i, into y_i [T, ldy_i], computed exactly as RowsMatmul computes it. 1 <= n <= 3.
+template <typename WT>
+struct RowsProduct {
+  const WT* W = nullptr;
+  int n_out = 0;
+  float* y = nullptr;
+  int ldy = 0;
+};
+void RowsMatmulMulti(const float* x, int T, int n_in, const RowsProduct<float>* p, int n, cudaStream_t s);
+void RowsMatmulMulti(const float* x, int T, int n_in, const RowsProduct<std::uint16_t>* p, int n, cudaStream_t s);
 // dst[i] = src[i] as f32 (bf16 bits widened, exact), n elements: a bf16 weight matrix becomes the
 // f32 operand of a cuBLAS GEMM (prefill).
 void WidenBf16(const std::uint16_t* src, std::int64_t n, float* dst, cudaStream_t s);
