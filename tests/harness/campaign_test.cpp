@@ -526,6 +526,23 @@ TEST(Campaign, ReadmeExampleParses) {
   EXPECT_TRUE(r->arms.back().control);
   for (const ArmSpec& arm : r->arms) EXPECT_TRUE(EffectiveConfig(*r, arm, "/m").ok()) << arm.name;
 }
+
+TEST(Campaign, EveryShippedPlanParses) {
+  // The plans in campaigns/ (aa-cuda.toml included: CI has no GPU to run it, so this is its only
+  // check here): each parses and gives every arm a valid effective engine config.
+  int n = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(LOCKSTEP_SOURCE_DIR) / "campaigns")) {
+    if (entry.path().extension() != ".toml") continue;
+    ++n;
+    auto r = LoadCampaign(entry.path().string());
+    ASSERT_TRUE(r.ok()) << entry.path() << ": " << r.status().ToString();
+    for (const ArmSpec& arm : r->arms) {
+      auto e = EffectiveConfig(*r, arm, "/m");
+      EXPECT_TRUE(e.ok()) << entry.path() << " arm " << arm.name << ": " << e.status().ToString();
+    }
+  }
+  EXPECT_GE(n, 5);
+}
 #endif
 
 std::size_t CountOf(const std::string& text, const std::string& what) {
