@@ -154,9 +154,7 @@ Status GdnForward(Ctx& x, const DLayer& L, const float* a, int T, DGdn& g, float
   GdnQkNorm(Uc, T, hk, dk, conv_dim, qh, kh, x.s);
   if (x.mode == ForwardMode::kVerify) {
     LOCKSTEP_RETURN_IF_ERROR(EnsureSteps(g, T, conv_floats, ssm_floats, x.init_ns));
-    for (int t = 0; t < T; ++t)  // conv state after step t = the K-1 inputs ending at t
-      LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(g.steps_conv.as<float>() + U(t) * conv_floats, win + U(t + 1) * U(conv_dim),
-                                          conv_floats * sizeof(float), cudaMemcpyDeviceToDevice, x.s));
+    GdnConvSteps(win, T, conv_dim, kw, g.steps_conv.as<float>(), x.s);  // conv state after each step
     GdnRecurrent(g.ssm.as<float>(), g.steps_ssm.as<float>(), qh, kh, Uc, gdec, beta, T, hk, hv, dk, dv, conv_dim, O,
                  x.s);
     g.n_steps = T;

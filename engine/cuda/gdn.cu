@@ -70,6 +70,17 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // win f32 [K-1+T, C], weight f32 [C, K] -> U f32 [T, C]; one thread per output element.
+// steps [T, K-1, C]: row block t = win rows [t+1, t+K) (the conv state after step t); a copy.
+__global__ void __launch_bounds__(kThreads)
+    ConvStepsKernel(const float* __restrict__ win, int T, int C, int kr, float* __restrict__ steps) {
+  const std::int64_t per = static_cast<std::int64_t>(kr) * C, total = per * T;
+  for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       idx < total; idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t t = idx / per;
+    steps[idx] = win[(t + 1) * C + (idx - t * per)];
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     ConvKernel(const float* __restrict__ win, int T, int C, int K, const float* __restrict__ weight,
                float* __restrict__ U) {
@@ -278,6 +289,12 @@ void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, 
   if (T <= 0 || C <= 0) return;
   ConvKernel<<<GridFor(static_cast<std::int64_t>(T) * C), kThreads, 0, s>>>(win, T, C, K, weight,
                                                                             U);
+}
+
+void GdnConvSteps(const float* win, int T, int C, int K, float* steps, cudaStream_t s) {
+  if (T <= 0 || C <= 0 || K <= 1) return;
+  ConvStepsKernel<<<GridFor(static_cast<std::int64_t>(T) * (K - 1) * C), kThreads, 0, s>>>(win, T, C,
+                                                                                         K - 1, steps);
 }
 
 void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_dim, float* qh,

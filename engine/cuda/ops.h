@@ -122,6 +122,9 @@ void GdnSplit(const float* P, const float* B, int T, int n_k_heads, int n_v_head
               cudaStream_t s);
 // Causal depthwise conv + SiLU: win f32 [K-1+T, C], weight f32 [C, K] -> U f32 [T, C].
 void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, float* U, cudaStream_t s);
+// The conv state after each of T steps, for verify windows: steps f32 [T, K-1, C], block t =
+// win rows [t+1, t+K) of win f32 [K-1+T, C] (one launch for what would be T copies).
+void GdnConvSteps(const float* win, int T, int C, int K, float* steps, cudaStream_t s);
 // From U f32 [T, conv_dim]: l2-normalised q (then scaled by 1/sqrt(Dk)) and k per key head,
 // qh, kh f32 [T, Hk, Dk] (eps 1e-6 inside the sqrt, as cpu::L2NormInPlace).
 void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_dim, float* qh, float* kh,
