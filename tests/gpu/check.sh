@@ -26,6 +26,37 @@ START=$(date +%s)
 declare -a ROWS
 status=0
 
+# summary.md is rewritten after every step, so a run cut short by the time limit still leaves the
+# table of the steps that finished (and their logs) under OUT_DIR.
+write_summary() {
+  {
+    echo "# lockstep GPU check"
+    echo
+    echo "$(head -12 "$OUT_DIR/nvidia-smi.txt" | grep -m1 -E 'H200|H100|A100|NVIDIA' || echo 'GPU: see nvidia-smi.txt')"
+    echo
+    echo "cuda_tests: $(grep -c '^\[       OK \]' "$OUT_DIR/gpu_tests.log" 2>/dev/null) passed, \
+$(grep -c '^\[  FAILED  \]' "$OUT_DIR/gpu_tests.log" 2>/dev/null) failed lines, \
+$(grep -c '^\[  SKIPPED \]' "$OUT_DIR/gpu_tests.log" 2>/dev/null) skipped lines"
+    echo
+    echo "| step | result | time | log |"
+    echo "|---|---|---|---|"
+    for r in "${ROWS[@]}"; do echo "$r"; done
+    echo
+    echo "## Benchmarks"
+    echo '```'
+    grep -E "BM_|verify T=9|bandwidth|CUDA graphs" "$OUT_DIR/bench.log" 2>/dev/null || echo "(no benchmark output)"
+    echo '```'
+    echo
+    echo "## cuda vs cpu"
+    for d in f32 bf16; do
+      echo "$d weights:"
+      grep -m3 -iE "verdict|PASS|FAIL" "$OUT_DIR/cuda_vs_cpu-$d.log" 2>/dev/null || true
+    done
+    echo
+    echo "Total: $(( $(date +%s) - START )) s"
+  } >"$SUMMARY"
+}
+
 step() {  # step NAME LOGFILE COMMAND...
   local name="$1" log="$2"; shift 2
   local t0=$(date +%s)
@@ -33,6 +64,7 @@ step() {  # step NAME LOGFILE COMMAND...
   if "$@" >"$OUT_DIR/$log" 2>&1; then r=PASS; else r=FAIL; status=1; fi
   ROWS+=("| $name | $r | $(( $(date +%s) - t0 )) s | $log |")
   echo "   $r ($(( $(date +%s) - t0 )) s)" >&2
+  write_summary
 }
 
 nvidia-smi >"$OUT_DIR/nvidia-smi.txt" 2>&1 || echo "nvidia-smi not available" >>"$OUT_DIR/nvidia-smi.txt"
@@ -119,31 +151,5 @@ bench() {
 }
 step "GPU benchmarks" bench.log bench
 
-{
-  echo "# lockstep GPU check"
-  echo
-  echo "$(head -12 "$OUT_DIR/nvidia-smi.txt" | grep -m1 -E 'H200|H100|A100|NVIDIA' || echo 'GPU: see nvidia-smi.txt')"
-  echo
-  echo "cuda_tests: $(grep -c '^\[       OK \]' "$OUT_DIR/gpu_tests.log" 2>/dev/null) passed, \
-$(grep -c '^\[  FAILED  \]' "$OUT_DIR/gpu_tests.log" 2>/dev/null) failed lines, \
-$(grep -c '^\[  SKIPPED \]' "$OUT_DIR/gpu_tests.log" 2>/dev/null) skipped lines"
-  echo
-  echo "| step | result | time | log |"
-  echo "|---|---|---|---|"
-  for r in "${ROWS[@]}"; do echo "$r"; done
-  echo
-  echo "## Benchmarks"
-  echo '```'
-  grep -E "BM_|verify T=9|bandwidth|CUDA graphs" "$OUT_DIR/bench.log" 2>/dev/null || echo "(no benchmark output)"
-  echo '```'
-  echo
-  echo "## cuda vs cpu"
-  for d in f32 bf16; do
-    echo "$d weights:"
-    grep -m3 -iE "verdict|PASS|FAIL" "$OUT_DIR/cuda_vs_cpu-$d.log" 2>/dev/null || true
-  done
-  echo
-  echo "Total: $(( $(date +%s) - START )) s"
-} >"$SUMMARY"
 cat "$SUMMARY"
 exit $status
