@@ -267,8 +267,7 @@ Status LayerForward(Ctx& x, const DLayer& L, ExpertCache* cache, float* hid, int
   } else {
     LOCKSTEP_RETURN_IF_ERROR(GdnForward(x, L, a, T, *g, mix));
   }
-  AddInPlace(hid, mix, n, x.s);
-  RmsNormZc(hid, h, T, h, L.post_norm, c.rms_norm_eps, a, h, x.s);
+  AddRmsNormZc(hid, mix, T, h, L.post_norm, c.rms_norm_eps, a, x.s);
   if (L.moe) {
     LOCKSTEP_RETURN_IF_ERROR(MoeForward(x, L, a, T, cache, mix));
   } else {

@@ -68,6 +68,9 @@ void WidenBf16(const std::uint16_t* src, std::int64_t n, float* dst, cudaStream_
 // x + r*ldx, y row r at y + r*ldy (may alias x when ldx == ldy). w f32 [n].
 void RmsNormZc(const float* x, int ldx, int rows, int n, const float* w, float eps, float* y, int ldy,
                cudaStream_t s);
+// The residual add and the next norm in one launch: hid[r] += add[r], then y[r] = RmsNormZc(hid[r])
+// (bitwise AddInPlace followed by RmsNormZc). hid, add, y f32 [rows, n] contiguous; w f32 [n].
+void AddRmsNormZc(float* hid, const float* add, int rows, int n, const float* w, float eps, float* y, cudaStream_t s);
 // Gated RMSNorm per row (GDN output): y = x * rsqrt(mean(x^2) + eps) * w * silu(z). x, z, y f32
 // [rows, n] contiguous; w f32 [n] (plain weight).
 void GatedRmsNorm(const float* x, const float* z, int rows, int n, const float* w, float eps, float* y,

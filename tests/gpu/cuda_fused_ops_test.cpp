@@ -1,8 +1,11 @@
-// RowsMatmulMulti (up to three products of the same x in one launch) must give bitwise what one
-// RowsMatmul call per product gives: f32 and bf16 weights, 1-3 products with output widths that
-// are not multiples of the block's four rows, T = 1..17 (one and two passes), a row stride wider
-// than the output, and an unaligned x (the scalar path). Runs in cuda_tests on a GPU and in the
-// emulator (tests/cuda_emu) in CI.
+// The fused ops of the decode path must give bitwise what the ops they replace give:
+//   RowsMatmulMulti (up to three products of the same x in one launch) vs one RowsMatmul call per
+//   product: f32 and bf16 weights, 1-3 products with output widths that are not multiples of the
+//   block's four rows, T = 1..17 (one and two passes), a row stride wider than the output, and an
+//   unaligned x (the scalar path);
+//   AddRmsNormZc vs AddInPlace then RmsNormZc: the updated residual and the normed rows, widths
+//   on the vector and the scalar path.
+// Runs in cuda_tests on a GPU and in the emulator (tests/cuda_emu) in CI.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -92,6 +95,29 @@ TEST(CudaOps, RowsMatmulMultiIsBitwiseOneCallPerProduct) {
     Check<std::uint16_t>("bf16 x3", 132, {37, 6, 13}, T, true);
     Check<float>("f32 x2 unaligned x", 130, {9, 21}, T, false);
     Check<std::uint16_t>("bf16 x1", 64, {5}, T, true);
+  }
+}
+
+TEST(CudaOps, AddRmsNormZcIsBitwiseAddThenNorm) {
+  LOCKSTEP_REQUIRE_GPU(1);
+  for (int rows : {1, 3, 9}) {
+    for (int n : {64, 130, 512}) {
+      const std::size_t total = static_cast<std::size_t>(rows) * n;
+      const std::vector<float> h0 = test::Random(total, 21), add = test::Random(total, 22),
+                               w = test::Random(static_cast<std::size_t>(n), 23, -0.5f, 0.5f);
+      float *ha = DevCopy(h0), *hb = DevCopy(h0), *ad = DevCopy(add), *wd = DevCopy(w);
+      std::vector<float> zeros(total, 0.0f);
+      float *ya = DevCopy(zeros), *yb = DevCopy(zeros);
+      AddRmsNormZc(ha, ad, rows, n, wd, 1e-6f, ya, nullptr);
+      AddInPlace(hb, ad, static_cast<std::int64_t>(total), nullptr);
+      RmsNormZc(hb, n, rows, n, wd, 1e-6f, yb, n, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::string where = "rows " + std::to_string(rows) + " n " + std::to_string(n);
+      EXPECT_TRUE(test::BitwiseEqual(HostCopy(ha, total), HostCopy(hb, total))) << where << " residual";
+      EXPECT_TRUE(test::BitwiseEqual(HostCopy(ya, total), HostCopy(yb, total))) << where << " normed";
+      EXPECT_FALSE(test::BitwiseEqual(HostCopy(ha, total), h0)) << where << " the add happened";
+      for (float* p : {ha, hb, ad, wd, ya, yb}) cudaFree(p);
+    }
   }
 }
 
