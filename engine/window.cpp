@@ -42,6 +42,20 @@ std::int64_t OptionalNs(const nlohmann::json& j, const char* key) {
 
 }  // namespace
 
+const char* GraphUseName(GraphUse g) {
+  switch (g) {
+    case GraphUse::kNone:
+      return "none";
+    case GraphUse::kEager:
+      return "eager";
+    case GraphUse::kCapture:
+      return "capture";
+    case GraphUse::kReplay:
+      return "replay";
+  }
+  return "none";
+}
+
 const char* DraftSourceName(DraftSource s) {
   switch (s) {
     case DraftSource::kNone:
@@ -105,6 +119,7 @@ std::string WindowRecord::ToJsonLine() const {
       o["dev_compute_ns"] = ns(s.dev_compute_ns);
       o["dev_copy_ns"] = ns(s.dev_copy_ns);
       o["init_ns"] = ns(s.init_ns);
+      if (s.graph != GraphUse::kNone) o["graph"] = GraphUseName(s.graph);
     }
     st.push_back(o);
   }

@@ -144,6 +144,7 @@ class TraceBuilder {
         if (st.dev_wait_ns >= 0) sargs["dev_wait_ms"] = static_cast<double>(st.dev_wait_ns) / 1e6;
         if (st.dev_copy_ns >= 0) sargs["dev_copy_ms"] = static_cast<double>(st.dev_copy_ns) / 1e6;
         if (st.init_ns >= 0) sargs["init_ms"] = static_cast<double>(st.init_ns) / 1e6;
+        if (st.graph != GraphUse::kNone) sargs["graph"] = GraphUseName(st.graph);
       }
       Emit("compute", "stage", 1 + is, compute, compute.Len() != st.compute_ns, std::move(sargs));
     }

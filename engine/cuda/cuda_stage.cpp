@@ -387,6 +387,7 @@ void CudaStageSession::GraphsOff(const std::string& why) {
 Status CudaStageSession::RunLayers(Ctx& x, int T, int p) {
   DeviceStageImpl& d = *d_;
   x.SetPosition(p);
+  d.last_graph_use = GraphUse::kEager;
   if (!backend_->graphs() || x.mode != ForwardMode::kVerify || !d.graphs_off.empty()) return EagerLayers(x, T, p);
   for (const auto& kv : d.kv)
     if (kv && p + T > kv->capacity) return EagerLayers(x, T, p);
@@ -434,6 +435,7 @@ Status CudaStageSession::RunLayers(Ctx& x, int T, int p) {
     gr.arena_end = d.arena.Here();
     ++d.graph_captures;
     *x.init_ns += MonoNs() - t0;
+    d.last_graph_use = GraphUse::kCapture;
   } else {
     // Replay: the bookkeeping EagerLayers does on the host for a verify window.
     for (auto& kv : d.kv)
@@ -443,6 +445,7 @@ Status CudaStageSession::RunLayers(Ctx& x, int T, int p) {
     d.pending_routes = gr.routes;
     d.route_used = gr.route_used;
     d.arena.Rewind(gr.arena_end);
+    d.last_graph_use = GraphUse::kReplay;
   }
   LOCKSTEP_CUDA_CHECK(cudaGraphLaunch(gr.exec.get(), d.s()));
   ++d.graph_launches;
@@ -663,6 +666,7 @@ void CudaStageSession::FillDeviceTiming(StageTiming* t) {
     copy += ms_to_ns(ms);
   t->dev_copy_ns = copy;
   t->init_ns = d.init_ns;
+  t->graph = d.last_graph_use;
   cudaGetLastError();  // a failed elapsed-time query (event not recorded) is not an error of the run
 }
 

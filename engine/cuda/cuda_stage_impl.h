@@ -226,6 +226,7 @@ struct DeviceStageImpl {
   std::string graphs_off;  // why this stage stopped using graphs ("" while it may)
   std::int64_t graph_captures = 0;
   std::int64_t graph_launches = 0;
+  GraphUse last_graph_use = GraphUse::kEager;  // how the last Forward ran its layers
 
   cudaStream_t s() const { return stream.get(); }
 };

@@ -46,6 +46,7 @@ TEST(WindowRecord, DeviceStageTimingsOnlyWhenMeasured) {
   w.stages[1].dev_wait_ns = 200;
   w.stages[1].dev_copy_ns = 0;
   w.stages[1].init_ns = -1;
+  w.stages[1].graph = GraphUse::kReplay;
   const std::string line = w.ToJsonLine();
   const auto s0 = line.find("\"stages\":[{");
   ASSERT_NE(s0, std::string::npos) << line;
@@ -57,6 +58,8 @@ TEST(WindowRecord, DeviceStageTimingsOnlyWhenMeasured) {
   EXPECT_NE(second.find("\"dev_wait_ns\":200"), std::string::npos) << second;
   EXPECT_NE(second.find("\"dev_copy_ns\":0"), std::string::npos) << second;
   EXPECT_NE(second.find("\"init_ns\":null"), std::string::npos) << second;
+  EXPECT_NE(second.find("\"graph\":\"replay\""), std::string::npos) << second;
+  EXPECT_EQ(line.substr(s0, s1 - s0).find("graph"), std::string::npos) << "cpu stage: no graph key";
 }
 
 TEST(WindowRecord, OutOfRangeAndNonIntegerNumbersAreErrors) {

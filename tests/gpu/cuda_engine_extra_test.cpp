@@ -332,7 +332,15 @@ TEST(CudaEngineExtra, GraphsReplayBitwiseTheEagerPath) {
   };
   // T = 1 four times: eager (the first verify window allocates the GDN per-step scratch), eager
   // again with nothing to grow (the size is now known to fit), captured, replayed.
-  for (int i = 0; i < 4; ++i) window(1, 1, "decode " + std::to_string(i));
+  // The window records say which (StageTiming::graph, the "graph" key of each device stage).
+  const GraphUse expect[] = {GraphUse::kEager, GraphUse::kEager, GraphUse::kCapture, GraphUse::kReplay};
+  for (int i = 0; i < 4; ++i) {
+    window(1, 1, "decode " + std::to_string(i));
+    for (int is = 0; is < g->n_stages(); ++is) {
+      EXPECT_EQ(g->stage_timings()[static_cast<std::size_t>(is)].graph, expect[i]) << "decode " << i << " stage " << is;
+      EXPECT_EQ(e->stage_timings()[static_cast<std::size_t>(is)].graph, GraphUse::kEager) << "decode " << i;
+    }
+  }
   for (int is = 0; is < g->n_stages(); ++is) {
     EXPECT_EQ(counters(*g, is).graph_captures, 1) << "stage " << is;
     EXPECT_EQ(counters(*g, is).graph_launches, 2) << "stage " << is;

@@ -342,6 +342,27 @@ TEST(ChromeTrace, ArgsCarryThePathFields) {
   EXPECT_EQ(One(t, 0, "window 1", 1).at("args").at("verify_ns"), 30'000);
 }
 
+// Device stages carry their event split and how they ran the layers (graph use); cpu stages none.
+TEST(ChromeTrace, DeviceArgsOnlyOnDeviceStages) {
+  std::vector<WindowRecord> ws = ThreeWindows();
+  StageTiming& st = ws[0].stages[1];
+  st.dev_compute_ns = 2'500'000;
+  st.dev_wait_ns = 500'000;
+  st.dev_copy_ns = 0;
+  st.init_ns = 1'000'000;
+  st.graph = GraphUse::kCapture;
+  const json t = Trace(ws);
+  const json a = One(t, 2, "compute", 0).at("args");
+  ASSERT_EQ(a.at("stage"), 1);
+  EXPECT_EQ(a.at("dev_compute_ms").get<double>(), 2.5);
+  EXPECT_EQ(a.at("dev_wait_ms").get<double>(), 0.5);
+  EXPECT_EQ(a.at("init_ms").get<double>(), 1.0);
+  EXPECT_EQ(a.at("graph"), "capture");
+  const json cpu = One(t, 1, "compute", 0).at("args");
+  EXPECT_FALSE(cpu.contains("dev_compute_ms"));
+  EXPECT_FALSE(cpu.contains("graph"));
+}
+
 TEST(ChromeTrace, ArmNamesTheProcessAndOtherData) {
   ChromeTraceOptions opts;
   opts.arm = "spec4";

@@ -23,6 +23,15 @@ enum class DraftSource : std::uint8_t {
 const char* DraftSourceName(DraftSource s);
 Result<DraftSource> ParseDraftSource(std::string_view s);
 
+// How a device stage ran its layers in a window (CUDA graphs, cuda_stage.cpp RunLayers).
+enum class GraphUse : std::int8_t {
+  kNone = -1,  // not a device stage (cpu backend): no key in the record
+  kEager,      // every kernel launched from the host (prefill, a size's first windows, graphs off)
+  kCapture,    // captured into a graph, then launched (one-time set-up, counted in init_ns)
+  kReplay,     // replayed from the graph captured for this window size
+};
+const char* GraphUseName(GraphUse g);
+
 struct StageTiming {
   std::int64_t wait_ns = 0;     // from the window's verify start until this stage starts computing
   std::int64_t compute_ns = 0;  // wall time of this stage's forward (includes injected delays)
@@ -35,7 +44,8 @@ struct StageTiming {
   std::int64_t dev_compute_ns = -1;  // this stage's kernels, first to last (model work)
   std::int64_t dev_copy_ns = -1;     // host<->device copies of this stage in the window (tokens up, logits down); 0 = none
   std::int64_t init_ns = -1;         // host time in one-time set-up during this call (device allocations, cuBLAS handle
-                                     // and workspace); 0 = none happened
+                                     // and workspace, graph capture); 0 = none happened
+  GraphUse graph = GraphUse::kNone;  // the verify forward's layers: eager, captured or replayed
 };
 
 struct WindowRecord {
