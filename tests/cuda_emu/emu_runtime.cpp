@@ -381,15 +381,16 @@ static cudaError_t LegacyConflict(const Stream* s, const char* what) {
                         : cudaSuccess;
 }
 
-// Stream work. While s captures it becomes a node (nothing runs: the closure holds its arguments
-// by value, as the graph does), with the allocation of each pointer it uses for the replay
-// check; otherwise it is queued / run (Enqueue).
+// Test-only (cuda_emu.h): captures made to fail on purpose.
 static CaptureFault g_capture_fault = CaptureFault::kNone;
 void InjectCaptureFault(CaptureFault f) {
   EMU_API;
   g_capture_fault = f;
 }
 
+// Stream work. While s captures it becomes a node (nothing runs: the closure holds its arguments
+// by value, as the graph does), with the allocation of each pointer it uses for the replay
+// check; otherwise it is queued / run (Enqueue).
 static cudaError_t Submit(Stream* s, Node node) {
   if (!s->cap) {
     Enqueue(s, std::move(node.fn));
