@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <ostream>
 #include <span>
 #include <string>
 #include <vector>
@@ -13,6 +14,15 @@
 #include "gpu/cuda_engine_util.h"
 #include "lockstep/engine/engine.h"
 #include "test_util.h"
+
+namespace emu {
+// The fault's name in gtest's (and so CTest's) listing of the parameterised tests.
+void PrintTo(CaptureFault f, std::ostream* os) {
+  *os << (f == CaptureFault::kBegin ? "at cudaStreamBeginCapture"
+          : f == CaptureFault::kDuring ? "part-way through the capture"
+                                       : "at cudaGraphInstantiate");
+}
+}  // namespace emu
 
 namespace lockstep {
 namespace {
