@@ -148,8 +148,7 @@ Status GdnForward(Ctx& x, const DLayer& L, const float* a, int T, DGdn& g, float
   LOCKSTEP_ASSIGN_OR_RETURN(float* O, x.Alloc(ut * U(hv) * U(dv)));
   LOCKSTEP_ASSIGN_OR_RETURN(float* On, x.Alloc(ut * U(hv) * U(dv)));
   LOCKSTEP_RETURN_IF_ERROR(x.MmShared(a, T, {{&L.in_proj_qkvz, P}, {&L.in_proj_ba, B}}));
-  LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(win, g.conv.get(), conv_floats * sizeof(float), cudaMemcpyDeviceToDevice, x.s));
-  GdnSplit(P, B, T, hk, hv, dk, dv, kw, L.a_log, L.dt_bias, win, Z, beta, gdec, x.s);
+  GdnSplit(P, B, T, hk, hv, dk, dv, kw, L.a_log, L.dt_bias, g.conv.as<float>(), win, Z, beta, gdec, x.s);
   CausalConvSilu(win, T, conv_dim, kw, L.conv1d, Uc, x.s);
   GdnQkNorm(Uc, T, hk, dk, conv_dim, qh, kh, x.s);
   if (x.mode == ForwardMode::kVerify) {
@@ -186,12 +185,15 @@ Status FfnForward(Ctx& x, const DFfn& f, const float* a, int T, float* out) {
   return FfnDown(x, f, g, u, T, out);
 }
 
-// Host counters from the routing copied back (the stream must have synchronised).
+// Host counters from the routing the router kernels wrote (the stream must have synchronised).
 void FlushRoutes(DeviceStageImpl& d) {
   for (const auto& r : d.pending_routes) {
     const int* ids = d.route_host.as<int>() + r.offset;
     std::vector<int> count(U(r.cache->n_experts()), 0);
-    for (int i = 0; i < r.n; ++i) ++count[U(ids[i])];
+    for (int i = 0; i < r.n; ++i) {
+      LOCKSTEP_CHECK(ids[i] >= 0 && ids[i] < r.cache->n_experts()) << "routing id " << ids[i] << " (layer " << r.layer << ")";
+      ++count[U(ids[i])];
+    }
     for (int e = 0; e < r.cache->n_experts(); ++e)
       if (count[U(e)] > 0) r.cache->Record(r.layer, e, count[U(e)]);
   }
@@ -223,7 +225,27 @@ Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* c
   } else {
     LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.router, logits));
   }
-  RouteTopK(logits, T, ne, k, c.norm_topk_prob, idx, wts, x.s);
+  // The routing goes to the host for the expert counters: the router kernel writes the ids into
+  // host-mapped pinned memory as well (no copy; FlushRoutes reads them after the stream syncs).
+  DeviceStageImpl& d = x.d;
+  int* idx_host = nullptr;
+  if (cache != nullptr) {
+    if (d.route_used + U(slots) > d.route_cap) {
+      // Growing would free memory pending routing writes may still target: flush first.
+      LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(x.s));
+      FlushRoutes(d);
+      if (U(slots) * 64 > d.route_cap) {
+        d.route_cap = std::max<std::size_t>(U(slots) * 64, 1 << 16);
+        LOCKSTEP_ASSIGN_OR_RETURN(d.route_host, PinnedBuffer::Alloc(d.route_cap * sizeof(int)));
+        LOCKSTEP_ASSIGN_OR_RETURN(void* dev, d.route_host.device_ptr());
+        d.route_dev = static_cast<int*>(dev);
+      }
+    }
+    idx_host = d.route_dev + d.route_used;
+    d.pending_routes.push_back({cache, L.cache_layer, slots, d.route_used});
+    d.route_used += U(slots);
+  }
+  RouteTopK(logits, T, ne, k, c.norm_topk_prob, idx, wts, idx_host, x.s);
   GroupByExpert(idx, T, k, ne, slot_of, first, active, n_active, x.s);
   const bool bf16 = x.d.weights_bf16;
   ExpertGateUp(a, h, inter, k, slot_of, first, active, n_active, max_active, L.gate_ptrs, L.up_ptrs, bf16, act, x.s);
@@ -233,23 +255,6 @@ Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* c
     LOCKSTEP_ASSIGN_OR_RETURN(float* sh, x.Alloc(U(T) * U(h)));
     LOCKSTEP_RETURN_IF_ERROR(FfnDown(x, L.shared, sg, su, T, sh));
     SharedGateAdd(a, L.shared_gate, sh, T, h, out, x.s);
-  }
-  // Routing goes back to the host for the expert counters (read after the stream syncs).
-  DeviceStageImpl& d = x.d;
-  if (cache != nullptr) {
-    if (d.route_used + U(slots) > d.route_cap) {
-      // Growing would free memory a pending copy may still target: flush first.
-      LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(x.s));
-      FlushRoutes(d);
-      if (U(slots) * 64 > d.route_cap) {
-        d.route_cap = std::max<std::size_t>(U(slots) * 64, 1 << 16);
-        LOCKSTEP_ASSIGN_OR_RETURN(d.route_host, PinnedBuffer::Alloc(d.route_cap * sizeof(int)));
-      }
-    }
-    LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(d.route_host.as<int>() + d.route_used, idx, U(slots) * sizeof(int),
-                                        cudaMemcpyDeviceToHost, x.s));
-    d.pending_routes.push_back({cache, L.cache_layer, slots, d.route_used});
-    d.route_used += U(slots);
   }
   return Status::Ok();
 }

@@ -393,7 +393,7 @@ Status CudaStageSession::RunLayers(Ctx& x, int T, int p) {
     if (kv && p + T > kv->capacity) return EagerLayers(x, T, p);
   for (const auto& g : d.gdn)
     if (g && T > g->steps_capacity) return EagerLayers(x, T, p);
-  // The graph's routing copies land at fixed offsets of route_host: those of an empty buffer
+  // The graph's router kernels write the routing at fixed offsets of route_host: those of an empty buffer
   // (Forward flushes the previous window's routing first).
   if (d.route_used != 0) return EagerLayers(x, T, p);
   const std::vector<std::uintptr_t> key = LayoutKey(d);
@@ -405,7 +405,7 @@ Status CudaStageSession::RunLayers(Ctx& x, int T, int p) {
       if (LayoutKey(d) == key) gr.warm = key;
       return Status::Ok();
     }
-    // Capture. The host bookkeeping of the layers (K/V rows written, GDN steps, routing copies)
+    // Capture. The host bookkeeping of the layers (K/V rows written, GDN steps, routing records)
     // happens as the capture runs the loop; a replay redoes it below.
     const std::int64_t t0 = MonoNs();
     const DeviceArena::Mark arena0 = d.arena.Here();

@@ -195,8 +195,10 @@ struct DeviceStageImpl {
   PinnedBuffer staging;  // host staging for uploads / downloads
   DeviceArena arena;
 
-  // Routing copied back for the expert counters: int32 [calls][T*k] in `route_host`.
+  // Routing ids for the expert counters: int32 [calls][T*k] in `route_host` (host-mapped; the
+  // router kernel writes them through `route_dev`, its device address).
   PinnedBuffer route_host;
+  int* route_dev = nullptr;
   std::size_t route_cap = 0;  // ints
   struct RouteRec {
     ExpertCache* cache;
@@ -218,7 +220,7 @@ struct DeviceStageImpl {
     GraphExecPtr exec;
     std::vector<std::uintptr_t> layout;  // LayoutKey() at capture
     std::vector<std::uintptr_t> warm;    // LayoutKey() of the last eager run that grew nothing
-    std::vector<RouteRec> routes;        // routing copies the graph makes (host bookkeeping)
+    std::vector<RouteRec> routes;        // routing the graph writes to route_host (host bookkeeping)
     std::size_t route_used = 0;
     DeviceArena::Mark arena_end;  // the arena after the layers (later scratch starts there)
   };
@@ -276,7 +278,8 @@ struct Ctx {
 // One decoder layer in place on hid f32 [T, H] (device) at positions p..; kv for attention
 // layers, g for GDN layers; routing of MoE layers queued for `cache`'s counters.
 Status LayerForward(Ctx& x, const DLayer& L, ExpertCache* cache, float* hid, int T, int p, DKv* kv, DGdn* g);
-// Expert counters from the routing copied back (the stream must have synchronised).
+// Expert counters from the routing the router kernels wrote to route_host (the stream must have
+// synchronised).
 void FlushRoutes(DeviceStageImpl& d);
 // Grows buf to at least `need` rows of h floats (syncs the stream first; counts as init time).
 Status EnsureRows(DeviceBuffer& buf, int* rows, int need, int h, std::int64_t* init_ns, cudaStream_t s);

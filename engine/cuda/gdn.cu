@@ -37,14 +37,21 @@ unsigned GridFor(std::int64_t total) {
 __global__ void __launch_bounds__(kThreads)
     GdnSplitKernel(const float* __restrict__ P, const float* __restrict__ B, int T, int hk, int hv,
                    int dk, int dv, int conv_kernel, const float* __restrict__ a_log,
-                   const float* __restrict__ dt_bias, float* __restrict__ win,
-                   float* __restrict__ Z, float* __restrict__ beta, float* __restrict__ g) {
+                   const float* __restrict__ dt_bias, const float* __restrict__ conv_state,
+                   float* __restrict__ win, float* __restrict__ Z, float* __restrict__ beta,
+                   float* __restrict__ g) {
   const int r = hv / hk;
   const int qkvz = 2 * hk * dk + 2 * hv * dv, conv_dim = 2 * hk * dk + hv * dv;
   const int width = qkvz + hv;
-  const std::int64_t total = static_cast<std::int64_t>(T) * width;
+  const std::int64_t rows_total = static_cast<std::int64_t>(T) * width;
+  // Past the rows: win rows [0, K-1) = the conv state (a copy, one element per index).
+  const std::int64_t total = rows_total + static_cast<std::int64_t>(conv_kernel - 1) * conv_dim;
   for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        idx < total; idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    if (idx >= rows_total) {
+      win[idx - rows_total] = conv_state[idx - rows_total];
+      continue;
+    }
     const int t = static_cast<int>(idx / width),
               c = static_cast<int>(idx - static_cast<std::int64_t>(t) * width);
     if (c < qkvz) {
@@ -274,14 +281,16 @@ __global__ void __launch_bounds__(kChunkThreads)
 }  // namespace
 
 void GdnSplit(const float* P, const float* B, int T, int n_k_heads, int n_v_heads, int k_head_dim,
-              int v_head_dim, int conv_kernel, const float* a_log, const float* dt_bias, float* win,
-              float* Z, float* beta, float* g, cudaStream_t s) {
+              int v_head_dim, int conv_kernel, const float* a_log, const float* dt_bias,
+              const float* conv_state, float* win, float* Z, float* beta, float* g, cudaStream_t s) {
   if (T <= 0 || n_k_heads <= 0 || n_v_heads <= 0) return;
   const std::int64_t width = 2 * static_cast<std::int64_t>(n_k_heads) * k_head_dim +
                              2 * static_cast<std::int64_t>(n_v_heads) * v_head_dim + n_v_heads;
-  GdnSplitKernel<<<GridFor(T * width), kThreads, 0, s>>>(P, B, T, n_k_heads, n_v_heads, k_head_dim,
-                                                         v_head_dim, conv_kernel, a_log, dt_bias,
-                                                         win, Z, beta, g);
+  const std::int64_t conv_dim = 2 * static_cast<std::int64_t>(n_k_heads) * k_head_dim +
+                                static_cast<std::int64_t>(n_v_heads) * v_head_dim;
+  GdnSplitKernel<<<GridFor(T * width + (conv_kernel - 1) * conv_dim), kThreads, 0, s>>>(
+      P, B, T, n_k_heads, n_v_heads, k_head_dim, v_head_dim, conv_kernel, a_log, dt_bias, conv_state,
+      win, Z, beta, g);
 }
 
 void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, float* U,

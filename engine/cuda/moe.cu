@@ -19,7 +19,7 @@ constexpr int kMoeWarps = 4;  // output rows per expert block
 // logits f32 [T, E] -> idx int32 [T, k], wts f32 [T, k]; one block per token.
 __global__ void __launch_bounds__(km::kRouteThreads)
     RouteKernel(const float* __restrict__ logits, int E, int k, bool norm, int* __restrict__ idx,
-                float* __restrict__ wts) {
+                float* __restrict__ wts, int* __restrict__ idx_host) {
   __shared__ float probs[km::kMaxExperts];
   __shared__ unsigned char taken[km::kMaxExperts];
   __shared__ float red_p[km::kRouteThreads];
@@ -82,6 +82,7 @@ __global__ void __launch_bounds__(km::kRouteThreads)
       taken[best] = 1;
       out_i[r] = best;
       out_w[r] = probs[best];
+      if (idx_host != nullptr) idx_host[t * static_cast<std::size_t>(k) + static_cast<std::size_t>(r)] = best;
     }
     __syncthreads();
   }
@@ -289,10 +290,10 @@ unsigned GridFor(std::int64_t total) {
 }  // namespace
 
 void RouteTopK(const float* logits, int T, int n_experts, int k, bool norm, int* idx, float* wts,
-               cudaStream_t s) {
+               int* idx_host, cudaStream_t s) {
   if (T <= 0 || n_experts <= 0 || k <= 0) return;
   RouteKernel<<<static_cast<unsigned>(T), km::kRouteThreads, 0, s>>>(logits, n_experts, k, norm,
-                                                                     idx, wts);
+                                                                     idx, wts, idx_host);
 }
 
 void GroupByExpert(const int* idx, int T, int k, int n_experts, int* slot_of, int* first,

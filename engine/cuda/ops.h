@@ -117,12 +117,12 @@ void KvScaleRows(int which, int row0, int n, int n_heads_kv, int head_dim, int k
 
 // De-interleaves the GDN projections of T rows (as cpu::GdnForward): P f32 [T, qkvz_dim] grouped
 // per key head [q Dk | k Dk | v r*Dv | z r*Dv], B f32 [T, 2*Hv] grouped per key head [b r | a r].
-// Writes win rows [K-1, K-1+T) f32 [.., conv_dim] (q | k | v of every head; rows [0, K-1) are the
-// caller's conv state), Z f32 [T, Hv, Dv], beta = sigmoid(b) f32 [T, Hv] and
+// Writes win f32 [K-1+T, conv_dim]: rows [0, K-1) = conv_state f32 [K-1, conv_dim] (copied), rows
+// [K-1, K-1+T) = q | k | v of every head; Z f32 [T, Hv, Dv], beta = sigmoid(b) f32 [T, Hv] and
 // g = -exp(a_log) * softplus(a + dt_bias) f32 [T, Hv].
 void GdnSplit(const float* P, const float* B, int T, int n_k_heads, int n_v_heads, int k_head_dim, int v_head_dim,
-              int conv_kernel, const float* a_log, const float* dt_bias, float* win, float* Z, float* beta, float* g,
-              cudaStream_t s);
+              int conv_kernel, const float* a_log, const float* dt_bias, const float* conv_state, float* win, float* Z,
+              float* beta, float* g, cudaStream_t s);
 // Causal depthwise conv + SiLU: win f32 [K-1+T, C], weight f32 [C, K] -> U f32 [T, C].
 void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, float* U, cudaStream_t s);
 // The conv state after each of T steps, for verify windows: steps f32 [T, K-1, C], block t =
@@ -157,8 +157,10 @@ void GdnChunked(float* S0, const float* qh, const float* kh, const float* U, con
 
 // Router top-k per token (cpu::RouteToken): softmax over E logits, k passes of argmax with the
 // lower id winning ties, optional renormalisation. logits f32 [T, E] -> idx int32 [T, k],
-// wts f32 [T, k]. E <= 4096.
-void RouteTopK(const float* logits, int T, int n_experts, int k, bool norm, int* idx, float* wts, cudaStream_t s);
+// wts f32 [T, k]. E <= 4096. idx_host (may be null): host-mapped pinned int32 [T, k] that gets the
+// same ids, written by the kernel over PCIe (the expert counters read them after a sync; no copy).
+void RouteTopK(const float* logits, int T, int n_experts, int k, bool norm, int* idx, float* wts, int* idx_host,
+               cudaStream_t s);
 // Expert-major grouping of the T*k (token, rank) slots, in the order cpu::MoeForward uses
 // (experts ascending; within an expert, t then r ascending). Writes slot_of int32 [T*k]
 // (value t*k + r), first int32 [E+1] (slots of expert e: [first[e], first[e+1])), active int32

@@ -321,18 +321,20 @@ TEST(CudaOps, GdnPipelineMatchesCpu) {
              conv_w = RandomVec(rng, Z(conv_dim) * Z(K));
   FVec win(Z(K - 1 + T) * Z(conv_dim));
   const FVec state = RandomVec(rng, Z(K - 1) * Z(conv_dim));
-  std::copy(state.begin(), state.end(), win.begin());
-  Dev<float> dP(P), dB(B), dal(a_log), ddt(dt_bias), dwin(win), dZ(Z(T * hv * dv)),
-      dbeta(Z(T * hv)), dg(Z(T * hv));
+  std::copy(state.begin(), state.end(), win.begin());  // the host reference's window
+  // The device window starts as zeros: GdnSplit copies the state into rows [0, K-1).
+  Dev<float> dP(P), dB(B), dal(a_log), ddt(dt_bias), dstate(state), dwin(FVec(win.size(), 0.0f)),
+      dZ(Z(T * hv * dv)), dbeta(Z(T * hv)), dg(Z(T * hv));
   Dev<float> dcw(conv_w), dU(Z(T) * Z(conv_dim)), dq(Z(T * hk * dk)), dkh(Z(T * hk * dk));
-  GdnSplit(dP.get(), dB.get(), T, hk, hv, dk, dv, K, dal.get(), ddt.get(), dwin.get(), dZ.get(),
-           dbeta.get(), dg.get(), nullptr);
+  GdnSplit(dP.get(), dB.get(), T, hk, hv, dk, dv, K, dal.get(), ddt.get(), dstate.get(), dwin.get(),
+           dZ.get(), dbeta.get(), dg.get(), nullptr);
   CausalConvSilu(dwin.get(), T, conv_dim, K, dcw.get(), dU.get(), nullptr);
   GdnQkNorm(dU.get(), T, hk, dk, conv_dim, dq.get(), dkh.get(), nullptr);
   ASSERT_TRUE(Sync());
   const FVec gwin = dwin.Down(), gZ = dZ.Down(), gbeta = dbeta.Down(), gg = dg.Down(),
              gU = dU.Down();
   const FVec gq = dq.Down(), gk = dkh.Down();
+  ASSERT_TRUE(SameBits(gwin.data(), state.data(), state.size() * 4)) << "conv state rows of the window";
   // Split: copies bitwise (the CPU's loop, transcribed); gates within the device exp / log1p ulps.
   for (int t = 0; t < T; ++t)
     for (int gi = 0; gi < hk; ++gi) {
@@ -430,7 +432,10 @@ FVec RunExperts(const FVec& x, const FVec& logits, int T, int E, int k, int H, i
                 std::vector<int>* idx_out, FVec* wts_out, bool bf16 = false) {
   Dev<float> dx(x), dl(logits), dw(Z(T * k)), dact(Z(T * k) * Z(I)), dr(Z(T * k) * Z(H));
   Dev<int> didx(Z(T * k)), dslot(Z(T * k)), dfirst(Z(E) + 1), dact_e(Z(T * k)), dna(1);
-  RouteTopK(dl.get(), T, E, k, true, didx.get(), dw.get(), nullptr);
+  // The ids also go to host-mapped pinned memory (the engine's expert counters read them there).
+  int* mirror = nullptr;
+  EXPECT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&mirror), Z(T * k) * sizeof(int), cudaHostAllocMapped), cudaSuccess);
+  RouteTopK(dl.get(), T, E, k, true, didx.get(), dw.get(), mirror, nullptr);
   GroupByExpert(didx.get(), T, k, E, dslot.get(), dfirst.get(), dact_e.get(), dna.get(), nullptr);
   ExpertGateUp(dx.get(), H, I, k, dslot.get(), dfirst.get(), dact_e.get(), dna.get(), T * k, gate,
                up, bf16, dact.get(), nullptr);
@@ -439,6 +444,8 @@ FVec RunExperts(const FVec& x, const FVec& logits, int T, int E, int k, int H, i
   EXPECT_TRUE(Sync());
   *idx_out = didx.Down();
   *wts_out = dw.Down();
+  EXPECT_EQ(std::vector<int>(mirror, mirror + T * k), *idx_out) << "host-mapped routing ids";
+  cudaFreeHost(mirror);
   // Grouping: the CPU's expert-major slot order, bitwise.
   const std::vector<int> slot = dslot.Down(), first = dfirst.Down(), active = dact_e.Down(),
                          na = dna.Down();
