@@ -371,7 +371,7 @@ std::vector<std::uintptr_t> LayoutKey(const DeviceStageImpl& d) {
   add(d.hidden.get(), U(d.hidden_rows));
   add(d.widen.get(), d.widen.bytes());
   add(d.route_host.get(), d.route_cap);
-  add(d.pos.get(), d.arena.blocks());
+  key.push_back(d.arena.blocks());  // arena blocks are never freed: a new one is the only change
   for (const auto& kv : d.kv) {
     if (!kv) continue;
     add(kv->k.get(), U(kv->capacity));

@@ -52,8 +52,6 @@ using test::kU;
 using test::RandomVec;
 using test::Z;
 
-
-
 // ---- emulated warp dot (kernel_math.h lane order + butterfly) ----
 
 float WarpDot(const float* a, const float* b, int n) {

@@ -51,7 +51,6 @@ using test::kU;
 using test::RandomVec;
 using test::Z;
 
-
 // Launch errors, then execution errors.
 ::testing::AssertionResult Sync() {
   cudaError_t e = cudaGetLastError();
