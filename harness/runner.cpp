@@ -295,12 +295,15 @@ struct Runner {
     std::string failed;
     for (const auto& g : cr.gates)
       if (!g.passed) failed += (failed.empty() ? "" : ", ") + g.name;
+    // Name the gates that failed as gates ("caught (positive control: state within thresholds)"
+    // read as if the state had stayed within the thresholds).
+    const std::string by = failed.empty() ? "" : "failed gates: " + failed;
     if (arm.control)
       out << fmt::format("  {} vs {}: {} (positive control{})\n", arm.name, base_spec.name,
-                         cr.passed ? "NOT CAUGHT" : "caught", failed.empty() ? "" : ": " + failed);
+                         cr.passed ? "NOT CAUGHT" : "caught", by.empty() ? "" : "; " + by);
     else
-      out << fmt::format("  {} vs {}: {}{}\n", arm.name, base_spec.name,
-                         cr.passed ? "pass" : "FAIL", failed.empty() ? "" : " (" + failed + ")");
+      out << fmt::format("  {} vs {}: {}{}\n", arm.name, base_spec.name, cr.passed ? "pass" : "FAIL",
+                         by.empty() ? "" : " (" + by + ")");
     return Status::Ok();
   }
 

@@ -316,7 +316,6 @@ Status Download(DeviceStageImpl& d, void* dst, const void* src, std::size_t byte
   return Status::Ok();
 }
 
-
 Status SyncKv(DeviceStageImpl& d, DKv& kv) {
   KvCache& m = *kv.mirror;
   const int mc = m.rows_committed(), dc = kv.committed, dw = kv.written;

@@ -165,6 +165,9 @@ BENCHMARK(BM_CudaVerify)->DenseRange(1, 9)->UseRealTime()->Unit(benchmark::kMicr
 // Keeps the measured bandwidth and window times for the summary lines.
 class Reporter : public benchmark::ConsoleReporter {
  public:
+  // A reporter passed to RunSpecifiedBenchmarks ignores --benchmark_color: colour only on a
+  // terminal, so logs (tests/gpu/check.sh's bench.log, summary.md) carry no escape codes.
+  Reporter() : ConsoleReporter(isatty(STDOUT_FILENO) ? OO_ColorTabular : OO_Tabular) {}
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& r : runs) {
       if (r.error_occurred) continue;

@@ -15,11 +15,22 @@
 #   run(command="tests/gpu/check.sh", carry=[".gpu-deps"], timeout_s=540)
 # Logs and summary.md go to OUT_DIR (default $OUT, else out/gpu-check). Budget: < 8 minutes on
 # one H200 (the build is most of it). Exit status: 0 when every step passed.
+#
+# tests/gpu/check.sh --rehearse OUT_DIR: the same steps without a GPU, so that CI proves the
+# script and every product command it drives before a lent GPU's minutes are spent on it (CTest
+# `gpu_check_rehearsal`). `--backend cuda` runs on the CPU emulator's plugin
+# (tests/cuda_emu: LOCKSTEP_PLUGIN_DIR, lazy streams), on `tiny` instead of `small` and with a
+# shortened copy of campaigns/aa-cuda.toml; BUILD (default `build`) must already hold `lockstep`,
+# the emulator plugin and cuda_emu_tests (nothing is configured or built). The unit-test step runs
+# the emulator's CudaOps.* cases through the same skip rule, and the benchmark step must report
+# the missing device as a failure (the check that a benchmark error fails the step).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+REHEARSE=0
+if [ "${1:-}" = "--rehearse" ]; then REHEARSE=1; shift; fi
 OUT_DIR="${1:-${OUT:-out/gpu-check}}"
 mkdir -p "$OUT_DIR"
-BUILD="${BUILD:-build-gpu}"
+if [ $REHEARSE = 1 ]; then BUILD="${BUILD:-build}"; else BUILD="${BUILD:-build-gpu}"; fi
 JOBS="${JOBS:-$(nproc)}"
 SUMMARY="$OUT_DIR/summary.md"
 START=$(date +%s)
@@ -30,7 +41,11 @@ status=0
 # table of the steps that finished (and their logs) under OUT_DIR.
 write_summary() {
   {
-    echo "# lockstep GPU check"
+    if [ $REHEARSE = 1 ]; then
+      echo "# lockstep GPU check: REHEARSAL on the CPU emulator (no GPU; preset $PRESET; not a measurement)"
+    else
+      echo "# lockstep GPU check"
+    fi
     echo
     echo "$(head -12 "$OUT_DIR/nvidia-smi.txt" | grep -m1 -E 'H200|H100|A100|NVIDIA' || echo 'GPU: see nvidia-smi.txt')"
     echo
@@ -50,7 +65,7 @@ $(grep -c '^\[  SKIPPED \]' "$OUT_DIR/gpu_tests.log" 2>/dev/null) skipped lines"
     echo "## cuda vs cpu"
     for d in f32 bf16; do
       echo "$d weights:"
-      grep -m3 -iE "verdict|PASS|FAIL" "$OUT_DIR/cuda_vs_cpu-$d.log" 2>/dev/null || true
+      grep -E "^(thresholds|PASS|FAIL|First failing)" "$OUT_DIR/cuda_vs_cpu-$d.log" 2>/dev/null || true
     done
     echo
     echo "Total: $(( $(date +%s) - START )) s"
@@ -97,28 +112,46 @@ if [ -d .gpu-deps ] && ! [ -f /usr/include/eigen3/Eigen/Core ]; then
   echo "dependencies from .gpu-deps unpacked into $ROOT" >"$OUT_DIR/deps.txt"
 fi
 
+PRESET=small
+GPU_TESTS=("$BUILD/tests/cuda_tests" --gtest_brief=0)
+if [ $REHEARSE = 1 ]; then
+  PRESET=tiny
+  GPU_TESTS=("$BUILD/tests/cuda_emu/cuda_emu_tests" --gtest_brief=0 "--gtest_filter=CudaOps.*")
+  export LOCKSTEP_PLUGIN_DIR="$BUILD/tests/cuda_emu/plugin"  # env: read by the lockstep executable
+  export EMU_ASYNC="${EMU_ASYNC:-1}"  # lazy streams: a missing wait shows up as wrong data
+fi
+
 build() {
+  if [ $REHEARSE = 1 ]; then
+    ls -l "$BUILD/harness/lockstep" "$LOCKSTEP_PLUGIN_DIR/liblockstep_cuda.so" "${GPU_TESTS[0]}" \
+      "$BUILD/tests/bench/cuda_bench"
+    return
+  fi
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=ON -DLOCKSTEP_NATIVE=ON \
     -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc ${PKG_CONFIG:+-DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG} &&
   cmake --build "$BUILD" -j"$JOBS" --target lockstep cuda_tests cuda_bench
 }
-step "build (cuda, sm_80+sm_90)" build.log build
+if [ $REHEARSE = 1 ]; then
+  step "build (rehearsal: the binaries already in $BUILD)" build.log build
+else
+  step "build (cuda, sm_80+sm_90)" build.log build
+fi
 LS="$BUILD/harness/lockstep"
 
 # A test that skips (no device visible) must not count as a pass here: on the lent machine every
 # GPU test has to run, except the NCCL hand-off on a machine with a single GPU.
 gpu_tests() {
-  "$BUILD/tests/cuda_tests" --gtest_brief=0 || return 1
+  "${GPU_TESTS[@]}" || return 1
   ! grep "^\[  SKIPPED \]" "$OUT_DIR/gpu_tests.log" | grep -qv SeveralGpusHandOffThroughNccl
 }
 step "GPU unit tests (CudaOps, CudaEngine, CudaEngineExtra; none may skip but NCCL on 1 GPU)" gpu_tests.log gpu_tests
 
-MODEL="$OUT_DIR/model-small"
+MODEL="$OUT_DIR/model-$PRESET"
 # `small` twice: f32 matrices (the device keeps f32) and bf16 (the device keeps bf16 matrices,
 # the product of the same values: the same thresholds hold).
 cuda_vs_cpu() {
   local dtype="$1" model="$MODEL-$1"
-  rm -rf "$model" && "$LS" model init --preset small --dtype "$dtype" --out "$model" || return 1
+  rm -rf "$model" && "$LS" model init --preset "$PRESET" --dtype "$dtype" --out "$model" || return 1
   local common="--model $model --prompt-file campaigns/prompts/demo.txt --spec 0 --max-new 16 --export-windows 0-2"
   "$LS" generate $common --backend cpu --export "$OUT_DIR/cpu-$dtype.h5" --trace-jsonl "$OUT_DIR/cpu-$dtype.jsonl" || return 1
   "$LS" generate $common --backend cuda --export "$OUT_DIR/cuda-$dtype.h5" --trace-jsonl "$OUT_DIR/cuda-$dtype.jsonl" ||
@@ -132,15 +165,25 @@ MODEL="$MODEL-bf16"
 
 # Two fresh processes (CUDA graphs on, the default) must export bitwise the same state, and so must
 # a third with every kernel launched from the host (--cuda-graphs off): graphs change launches,
-# not arithmetic. Then the predeclared campaign.
+# not arithmetic. Then the predeclared campaign (in a rehearsal a copy on `tiny`, with fewer new
+# tokens and timing repeats, so the emulator finishes it in about a minute).
+PLAN=campaigns/aa-cuda.toml
+MAX_NEW=32
+if [ $REHEARSE = 1 ]; then
+  PLAN="$OUT_DIR/aa-cuda-rehearsal.toml"
+  MAX_NEW=12
+  sed -e "s|^preset = \"small\"|preset = \"$PRESET\"|" -e 's|^max_new = .*|max_new = 12|' \
+    -e 's|^repeat = .*|repeat = 2|' -e "s|^prompt_file = \"prompts/|prompt_file = \"$PWD/campaigns/prompts/|" \
+    campaigns/aa-cuda.toml >"$PLAN"
+fi
 aa() {
-  local common="--model $MODEL --prompt-file campaigns/prompts/demo.txt --backend cuda --spec 4 --max-new 32"
+  local common="--model $MODEL --prompt-file campaigns/prompts/demo.txt --backend cuda --spec 4 --max-new $MAX_NEW"
   "$LS" generate $common --export "$OUT_DIR/aa1.h5" >/dev/null &&
   "$LS" generate $common --export "$OUT_DIR/aa2.h5" >/dev/null &&
   "$LS" generate $common --cuda-graphs off --export "$OUT_DIR/aa-eager.h5" >/dev/null &&
   "$LS" diff "$OUT_DIR/aa1.h5" "$OUT_DIR/aa2.h5" --nrmse-max 0 --kl-max 0 &&
   "$LS" diff "$OUT_DIR/aa1.h5" "$OUT_DIR/aa-eager.h5" --nrmse-max 0 --kl-max 0 &&
-  rm -rf "$OUT_DIR/aa-cuda" && "$LS" run campaigns/aa-cuda.toml --out "$OUT_DIR/aa-cuda"
+  rm -rf "$OUT_DIR/aa-cuda" && "$LS" run "$PLAN" --out "$OUT_DIR/aa-cuda"
 }
 step "deterministic cuda A/A, graphs vs eager (diff NRMSE 0 + campaign aa-cuda)" aa.log aa
 
@@ -149,7 +192,13 @@ bench() {
   "$BUILD/tests/bench/cuda_bench" --benchmark_counters_tabular=true || return 1
   ! grep -q "ERROR OCCURRED" "$OUT_DIR/bench.log"
 }
-step "GPU benchmarks" bench.log bench
+if [ $REHEARSE = 1 ]; then
+  # No device: every benchmark reports it, and the step must say FAIL for that.
+  no_device_fails_bench() { ! bench && grep -q "no CUDA device" "$OUT_DIR/bench.log"; }
+  step "GPU benchmarks (rehearsal: the missing device must fail the step)" bench.log no_device_fails_bench
+else
+  step "GPU benchmarks" bench.log bench
+fi
 
 cat "$SUMMARY"
 exit $status
