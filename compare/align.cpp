@@ -35,15 +35,50 @@ const PathField* FindPathField(std::string_view name) {
 
 struct TimingField {
   const char* name;
-  std::int64_t WindowRecord::*ns;
+  std::int64_t (*ns)(const WindowRecord&);  // the window's interval; < 0 = unknown
 };
 
-// Same order as TimingIntervals(): AlignResult::timing is indexed alike.
+template <std::int64_t WindowRecord::*F>
+std::int64_t WindowField(const WindowRecord& w) {
+  return w.*F;
+}
+
+// A per-stage device interval summed over the window's stages; unknown (-1) when the window has no
+// stages or any stage did not measure it (the cpu backend records -1 for all of them).
+template <std::int64_t StageTiming::*F>
+std::int64_t StageSum(const WindowRecord& w) {
+  if (w.stages.empty()) return -1;
+  std::int64_t sum = 0;
+  for (const StageTiming& st : w.stages) {
+    if (st.*F < 0) return -1;
+    sum += st.*F;
+  }
+  return sum;
+}
+
+// Same order as TimingIntervals(): AlignResult::timing starts with these, indexed alike.
 const TimingField kTimingFields[] = {
-    {"verify", &WindowRecord::verify_ns},   {"wait", &WindowRecord::wait_ns},
-    {"compute", &WindowRecord::compute_ns}, {"draft", &WindowRecord::draft_ns},
-    {"commit", &WindowRecord::commit_ns},   {"export", &WindowRecord::export_ns},
+    {"verify", &WindowField<&WindowRecord::verify_ns>},   {"wait", &WindowField<&WindowRecord::wait_ns>},
+    {"compute", &WindowField<&WindowRecord::compute_ns>}, {"draft", &WindowField<&WindowRecord::draft_ns>},
+    {"commit", &WindowField<&WindowRecord::commit_ns>},   {"export", &WindowField<&WindowRecord::export_ns>},
 };
+
+// Same order as DeviceTimingIntervals(); appended to AlignResult::timing only when a trace has them.
+const TimingField kDeviceTimingFields[] = {
+    {"dev_wait", &StageSum<&StageTiming::dev_wait_ns>},
+    {"dev_compute", &StageSum<&StageTiming::dev_compute_ns>},
+    {"dev_copy", &StageSum<&StageTiming::dev_copy_ns>},
+    {"init", &StageSum<&StageTiming::init_ns>},
+};
+
+// Whether any window of either trace measured any device interval: a device backend ran one side.
+bool AnyDeviceTiming(const std::vector<WindowRecord>& a, const std::vector<WindowRecord>& b) {
+  for (const auto* side : {&a, &b})
+    for (const WindowRecord& w : *side)
+      for (const StageTiming& st : w.stages)
+        if (st.dev_wait_ns >= 0 || st.dev_compute_ns >= 0 || st.dev_copy_ns >= 0 || st.init_ns >= 0) return true;
+  return false;
+}
 
 constexpr double kNsPerMs = 1e6;
 
@@ -86,7 +121,7 @@ IntervalDiff DiffInterval(const TimingField& tf, const std::vector<WindowRecord>
   IntervalDiff d;
   d.name = tf.name;
   for (std::size_t i = 0; i < matched; ++i) {
-    if (!IsKnown(a[i].*tf.ns) || !IsKnown(b[i].*tf.ns)) {
+    if (!IsKnown(tf.ns(a[i])) || !IsKnown(tf.ns(b[i]))) {
       // Unknown is never zero (STYLE 17): a partial sum or median would look like a measurement.
       d.known = false;
       return d;
@@ -96,7 +131,7 @@ IntervalDiff DiffInterval(const TimingField& tf, const std::vector<WindowRecord>
   std::vector<double> abs_delta;
   abs_delta.reserve(matched);
   for (std::size_t i = 0; i < matched; ++i) {
-    const std::int64_t ns_a = a[i].*tf.ns, ns_b = b[i].*tf.ns;
+    const std::int64_t ns_a = tf.ns(a[i]), ns_b = tf.ns(b[i]);
     // Both are non-negative here, so the int64 difference cannot overflow and stays exact.
     const double delta = NsToMs(ns_b - ns_a);
     d.delta_ms.push_back(delta);
@@ -230,6 +265,15 @@ const std::vector<std::string>& TimingIntervals() {
   return kNames;
 }
 
+const std::vector<std::string>& DeviceTimingIntervals() {
+  static const std::vector<std::string> kNames = [] {
+    std::vector<std::string> v;
+    for (const TimingField& t : kDeviceTimingFields) v.emplace_back(t.name);
+    return v;
+  }();
+  return kNames;
+}
+
 AlignResult AlignWindows(const std::vector<WindowRecord>& a, const std::vector<WindowRecord>& b,
                          const AlignOptions& opts) {
   AlignResult r;
@@ -268,6 +312,8 @@ AlignResult AlignWindows(const std::vector<WindowRecord>& a, const std::vector<W
 
   // Timing only over [0, matched): past the divergence a per-index delta compares different work.
   for (const TimingField& tf : kTimingFields) r.timing.push_back(DiffInterval(tf, a, b, matched));
+  if (AnyDeviceTiming(a, b))
+    for (const TimingField& tf : kDeviceTimingFields) r.timing.push_back(DiffInterval(tf, a, b, matched));
 
   r.median_verify_ms_a = SideMedianVerifyMs(a);
   r.median_verify_ms_b = SideMedianVerifyMs(b);

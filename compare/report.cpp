@@ -609,6 +609,12 @@ std::string ConclusionSection(const ReportInput& in) {
   return s;
 }
 
+// How to read the device rows of a timing table (compare/align.h DeviceTimingIntervals()).
+constexpr const char* kDeviceIntervalsNote =
+    "dev_wait, dev_compute and dev_copy are CUDA-event intervals on each stage's stream (waiting for "
+    "the stage's input, its kernels, its host copies), summed over the stages; init is host time in "
+    "one-time set-up (allocations, handles, graph capture).";
+
 Sections BuildSections(const ReportInput& in) {
   Sections sec;
   sec.intro = fmt::format("A/A diagnostic comparing {} (reference) and {}.\n",
@@ -620,9 +626,12 @@ Sections BuildSections(const ReportInput& in) {
                    ? MarkdownTimingSection(*in.align, ArmName(in.a, "A"), ArmName(in.b, "B"))
                    : "Windows were not aligned in this report.\n";
   for (const std::string& l : Limitations(in)) sec.limitations += "- " + Md(l) + "\n";
-  sec.limitations +=
-      "- Timings are monotonic host-side intervals around the instrumented calls, not individual "
-      "kernel timings; there is no complete kernel-launch trace.\n";
+  const bool device = in.align != nullptr && in.align->timing.size() > TimingIntervals().size();
+  sec.limitations += device ? "- Timings are monotonic host-side intervals around the instrumented calls, and "
+                              "per-stage CUDA-event spans (dev_*), not individual kernel timings; there is no "
+                              "complete kernel-launch trace.\n"
+                            : "- Timings are monotonic host-side intervals around the instrumented calls, not "
+                              "individual kernel timings; there is no complete kernel-launch trace.\n";
   if (in.a.sampler.n_samples > 0) sec.limitations += ResourceLine(ArmName(in.a, "A"), in.a.sampler);
   if (in.b.sampler.n_samples > 0) sec.limitations += ResourceLine(ArmName(in.b, "B"), in.b.sampler);
   sec.conclusion = ConclusionSection(in);
@@ -882,6 +891,7 @@ std::string MarkdownTimingSection(const AlignResult& al, const std::string& name
                        Ms(t.max_abs_delta_ms), t.max_at >= 0 ? std::to_string(t.max_at) : "-");
     }
     s += fmt::format("\nDeltas are {} - {} over the matched prefix only.", nb, na);
+    if (al.timing.size() > TimingIntervals().size()) s += std::string(" ") + kDeviceIntervalsNote;
     for (const IntervalDiff& t : al.timing) {
       if (t.name != "verify" || !t.known || t.max_at < 0) continue;
       s += fmt::format(

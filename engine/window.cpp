@@ -40,6 +40,45 @@ std::int64_t OptionalNs(const nlohmann::json& j, const char* key) {
   return j.contains(key) ? CheckedInt<std::int64_t>(j.at(key), key) : 0;
 }
 
+// A device timing of a stage: absent or null = not measured (-1, as StageTiming defaults);
+// otherwise a non-negative integer.
+std::int64_t DeviceNs(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key) || j.at(key).is_null()) return -1;
+  const auto v = CheckedInt<std::int64_t>(j.at(key), key);
+  if (v < 0) throw std::out_of_range(std::string("'") + key + "': negative (" + std::to_string(v) + ")");
+  return v;
+}
+
+GraphUse ParseGraphUse(const nlohmann::json& j) {
+  if (!j.contains("graph")) return GraphUse::kNone;
+  const std::string g = j.at("graph").get<std::string>();
+  for (GraphUse u : {GraphUse::kNone, GraphUse::kEager, GraphUse::kCapture, GraphUse::kReplay})
+    if (g == GraphUseName(u)) return u;
+  throw std::invalid_argument("'graph': unknown value \"" + g + "\" (none, eager, capture, replay)");
+}
+
+// The per-stage records ToJsonLine writes; traces written before them have no "stages" key.
+std::vector<StageTiming> ParseStages(const nlohmann::json& j) {
+  std::vector<StageTiming> out;
+  if (!j.contains("stages")) return out;
+  const nlohmann::json& a = j.at("stages");
+  if (!a.is_array()) throw std::invalid_argument("'stages': expected an array of objects");
+  for (const auto& o : a) {
+    if (!o.is_object()) throw std::invalid_argument("'stages': expected an array of objects");
+    StageTiming st;
+    st.wait_ns = OptionalNs(o, "wait_ns");
+    st.compute_ns = OptionalNs(o, "compute_ns");
+    st.cpu_ns = OptionalNs(o, "cpu_ns");
+    st.dev_wait_ns = DeviceNs(o, "dev_wait_ns");
+    st.dev_compute_ns = DeviceNs(o, "dev_compute_ns");
+    st.dev_copy_ns = DeviceNs(o, "dev_copy_ns");
+    st.init_ns = DeviceNs(o, "init_ns");
+    st.graph = ParseGraphUse(o);
+    out.push_back(st);
+  }
+  return out;
+}
+
 }  // namespace
 
 const char* GraphUseName(GraphUse g) {
@@ -112,15 +151,16 @@ std::string WindowRecord::ToJsonLine() const {
   nlohmann::json st = nlohmann::json::array();
   for (const auto& s : stages) {
     nlohmann::json o = {{"wait_ns", s.wait_ns}, {"compute_ns", s.compute_ns}, {"cpu_ns", s.cpu_ns}};
-    // Device timings exist only on device backends; absent keys mean "not measured".
-    if (s.dev_compute_ns >= 0) {
+    // Device timings exist only on device backends; absent keys mean "not measured" (and read
+    // back as -1, so a record survives ToJsonLine -> FromJsonLine unchanged).
+    if (s.dev_wait_ns >= 0 || s.dev_compute_ns >= 0 || s.dev_copy_ns >= 0 || s.init_ns >= 0) {
       auto ns = [](std::int64_t v) { return v >= 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
       o["dev_wait_ns"] = ns(s.dev_wait_ns);
       o["dev_compute_ns"] = ns(s.dev_compute_ns);
       o["dev_copy_ns"] = ns(s.dev_copy_ns);
       o["init_ns"] = ns(s.init_ns);
-      if (s.graph != GraphUse::kNone) o["graph"] = GraphUseName(s.graph);
     }
+    if (s.graph != GraphUse::kNone) o["graph"] = GraphUseName(s.graph);
     st.push_back(o);
   }
   j["stages"] = st;
@@ -162,6 +202,7 @@ Result<WindowRecord> WindowRecord::FromJsonLine(std::string_view line, const std
                       ? CheckedInt<std::int64_t>(j["export_ns"], "export_ns")
                       : -1;
     r.first_call = j.value("first_call", false);
+    r.stages = ParseStages(j);
   } catch (const std::exception& e) {
     return Status::InvalidArgument(label, std::string("bad window record field: ") + e.what());
   }

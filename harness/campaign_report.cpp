@@ -320,7 +320,9 @@ std::string RenderMarkdownDoc(const Loaded& L) {
   // ---- timing and path ----
   md << "## Timing and execution-path observations\n\n";
   md << "Timings are CLOCK_MONOTONIC host-side intervals around the instrumented engine calls, not "
-        "kernel timings.\n\n";
+        "kernel timings. On a device backend the tables add dev_wait, dev_compute and dev_copy "
+        "(CUDA-event spans on each stage's stream, summed over the stages) and init (host time in "
+        "one-time set-up).\n\n";
   for (const auto& a : c.arms) {
     auto it = L.records.find(a.name);
     if (it == L.records.end() || !it->second.contains("report")) continue;

@@ -65,6 +65,81 @@ TEST(Align, FieldAndIntervalNames) {
             (std::vector<std::string>{"p", "T", "T_mtp", "merged", "from_sfx", "chain_n", "accepted"}));
   EXPECT_EQ(DefaultAlignFields(), (std::vector<std::string>{"p", "T", "T_mtp", "merged", "from_sfx", "chain_n"}));
   EXPECT_EQ(TimingIntervals(), (std::vector<std::string>{"verify", "wait", "compute", "draft", "commit", "export"}));
+  EXPECT_EQ(DeviceTimingIntervals(), (std::vector<std::string>{"dev_wait", "dev_compute", "dev_copy", "init"}));
+}
+
+// ---- device intervals (summed over stages; only when a trace has them) ----
+
+// Four stages as a device backend records them: stage s waits s ms, computes (s + 1) * c ms,
+// copies 0.5 ms on the last stage only, and spends init_ms in set-up on stage 0.
+void AddDeviceStages(WindowRecord& w, double c, double init_ms = 0.0) {
+  w.stages.clear();
+  for (int s = 0; s < 4; ++s) {
+    StageTiming st;
+    st.dev_wait_ns = MsToNs(s);
+    st.dev_compute_ns = MsToNs((s + 1) * c);
+    st.dev_copy_ns = s == 3 ? MsToNs(0.5) : 0;
+    st.init_ns = s == 0 ? MsToNs(init_ms) : 0;
+    w.stages.push_back(st);
+  }
+}
+
+// The cpu backend's stages: every device field -1 (not measured).
+void AddCpuStages(WindowRecord& w) {
+  w.stages.assign(4, StageTiming{});
+}
+
+TEST(Align, DeviceIntervalsAreStageSumsOverTheMatchedPrefix) {
+  auto a = MakeTrace(3), b = MakeTrace(3);
+  for (int i = 0; i < 3; ++i) {
+    AddDeviceStages(a[i], 1.0, i == 0 ? 8.0 : 0.0);
+    AddDeviceStages(b[i], i == 1 ? 2.0 : 1.0, i == 0 ? 6.0 : 0.0);
+  }
+  b[2].T = 3;  // diverges at window 2: only windows 0 and 1 are compared
+  b[2].T_mtp = 2;
+  const AlignResult r = AlignWindows(a, b);
+  ASSERT_EQ(r.matched, 2);
+  ASSERT_EQ(r.timing.size(), TimingIntervals().size() + DeviceTimingIntervals().size());
+  for (std::size_t i = 0; i < DeviceTimingIntervals().size(); ++i)
+    EXPECT_EQ(r.timing[TimingIntervals().size() + i].name, DeviceTimingIntervals()[i]);
+  const IntervalDiff& c = Interval(r, "dev_compute");  // (1 + 2 + 3 + 4) x c per window
+  ASSERT_TRUE(c.known);
+  ASSERT_EQ(c.delta_ms.size(), 2u);
+  EXPECT_DOUBLE_EQ(c.delta_ms[0], 0.0);
+  EXPECT_DOUBLE_EQ(c.delta_ms[1], 10.0);
+  EXPECT_DOUBLE_EQ(c.sum_a_ms, 20.0);
+  EXPECT_DOUBLE_EQ(c.sum_b_ms, 30.0);
+  EXPECT_EQ(c.max_at, 1);
+  const IntervalDiff& w = Interval(r, "dev_wait");  // 0 + 1 + 2 + 3 per window
+  EXPECT_DOUBLE_EQ(w.sum_a_ms, 12.0);
+  EXPECT_DOUBLE_EQ(w.max_abs_delta_ms, 0.0);
+  EXPECT_DOUBLE_EQ(Interval(r, "dev_copy").sum_b_ms, 1.0);
+  const IntervalDiff& init = Interval(r, "init");
+  EXPECT_DOUBLE_EQ(init.sum_a_ms, 8.0);
+  EXPECT_DOUBLE_EQ(init.delta_ms[0], -2.0);
+}
+
+TEST(Align, DeviceIntervalsAbsentForCpuTracesUnknownAgainstOne) {
+  auto a = MakeTrace(3), b = MakeTrace(3);
+  for (auto& w : a) AddCpuStages(w);
+  for (auto& w : b) AddCpuStages(w);
+  // Two cpu traces: no device rows at all (not four "unknown" rows in every cpu report).
+  EXPECT_EQ(AlignWindows(a, b).timing.size(), TimingIntervals().size());
+  // cuda against cpu: the rows are there and unknown (never a partial sum of one side).
+  for (auto& w : b) AddDeviceStages(w, 1.0);
+  const AlignResult r = AlignWindows(a, b);
+  ASSERT_EQ(r.timing.size(), TimingIntervals().size() + DeviceTimingIntervals().size());
+  for (const std::string& name : DeviceTimingIntervals()) {
+    EXPECT_FALSE(Interval(r, name).known) << name;
+    EXPECT_TRUE(Interval(r, name).delta_ms.empty()) << name;
+  }
+  EXPECT_TRUE(Interval(r, "verify").known);
+  // One stage that did not measure makes that window's sum unknown, so the interval is unknown.
+  auto c = b;
+  c[1].stages[2].dev_compute_ns = -1;
+  const AlignResult r2 = AlignWindows(b, c);
+  EXPECT_FALSE(Interval(r2, "dev_compute").known);
+  EXPECT_TRUE(Interval(r2, "dev_wait").known);
 }
 
 TEST(Align, ParseAlignFieldsAccepts) {

@@ -366,6 +366,35 @@ TEST(ReportMarkdownTest, NoDivergenceAndNothingCompared) {
   EXPECT_TRUE(md.ends_with("No fix is claimed.\n"));
 }
 
+// Device rows (a cuda trace) come with the note saying what they measure; host-only reports have
+// neither.
+TEST(ReportMarkdownTest, DeviceTimingRowsAndTheirNote) {
+  Fixture f;
+  std::string md = RenderMarkdown(f.in);
+  EXPECT_FALSE(Contains(md, "dev_compute")) << md;
+  EXPECT_FALSE(Contains(md, "CUDA-event"));
+  for (const std::string& name : DeviceTimingIntervals()) {
+    IntervalDiff d;
+    d.name = name;
+    d.delta_ms.assign(45, 0.25);
+    d.max_at = 3;
+    d.max_abs_delta_ms = 0.25;
+    d.sum_a_ms = 100.0;
+    d.sum_b_ms = 111.25;
+    d.rel_diff = 0.1125;
+    f.align.timing.push_back(d);
+  }
+  md = RenderMarkdown(f.in);
+  EXPECT_TRUE(Contains(md, "| dev_compute | 100.000 | 111.250 | +11.25% |")) << md;
+  EXPECT_TRUE(Contains(md, "| init | 100.000 |"));
+  EXPECT_TRUE(Contains(md, "dev_wait, dev_compute and dev_copy are CUDA-event intervals on each stage's stream"));
+  EXPECT_TRUE(Contains(md, "per-stage CUDA-event spans (dev_*)"));
+  const json j = json::parse(RenderJson(f.in));
+  ASSERT_EQ(j["alignment"]["timing"].size(), TimingIntervals().size() + DeviceTimingIntervals().size());
+  EXPECT_EQ(j["alignment"]["timing"][7]["name"], "dev_compute");
+  EXPECT_EQ(j["alignment"]["timing"][7]["sum_b_ms"], 111.25);
+}
+
 TEST(ReportMarkdownTest, ConfigurationTableMarksDifferences) {
   Fixture f;
   f.in.b = Arm("A2", 2);

@@ -259,6 +259,41 @@ TEST(AlignCli, SameRunsDoNotDivergeAndTracesWork) {
   EXPECT_NE(d.out.find("first path divergence at window"), std::string::npos) << d.out;
 }
 
+// Traces from a device backend carry per-stage CUDA-event timings; align compares their sums per
+// window (a cpu trace against it reads as unknown, never as a one-sided sum).
+TEST(AlignCli, DeviceTimingsOfJsonlTraces) {
+  const std::string dir = test::NewDir("align-dev");
+  auto trace = [&](const std::string& name, bool device, double compute_ms) {
+    std::string text;
+    for (int i = 0; i < 3; ++i) {
+      WindowRecord w;
+      w.idx = i, w.p = 10 + i, w.emitted = {7}, w.verify_ns = 4'000'000;
+      w.stages.resize(4);
+      for (StageTiming& st : w.stages)
+        if (device) {
+          st.dev_wait_ns = 0, st.dev_copy_ns = 0, st.init_ns = 0;
+          st.dev_compute_ns = static_cast<std::int64_t>(compute_ms * 1e6);
+          st.graph = GraphUse::kReplay;
+        }
+      text += w.ToJsonLine() + "\n";
+    }
+    EXPECT_TRUE(WriteFileAtomic(dir + "/" + name, text).ok());
+    return dir + "/" + name;
+  };
+  const std::string a = trace("a.jsonl", true, 1.0), b = trace("b.jsonl", true, 1.5), c = trace("c.jsonl", false, 0);
+  auto r = RunLockstep("align " + a + " " + b);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // 3 windows x 4 stages x 1.0 / 1.5 ms.
+  EXPECT_NE(r.out.find("  dev_compute       12.000       18.000    +50.0%"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dev_*: CUDA-event spans"), std::string::npos) << r.out;
+  auto m = RunLockstep("align " + c + " " + a);
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  EXPECT_NE(m.out.find("  dev_compute unknown (recorded as -1 on at least one side)"), std::string::npos) << m.out;
+  auto cpu = RunLockstep("align " + c + " " + c);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  EXPECT_EQ(cpu.out.find("dev_"), std::string::npos) << cpu.out;
+}
+
 TEST(SummarizeCli, ReportsCarryNoPathsOrPrompt) {
   const std::string dir = test::NewDir("summ");
   auto r = RunLockstep("summarize " + ArmA() + " " + ArmB() + " --md " + dir + "/s.md --html " +

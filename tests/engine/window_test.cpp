@@ -62,6 +62,52 @@ TEST(WindowRecord, DeviceStageTimingsOnlyWhenMeasured) {
   EXPECT_EQ(line.substr(s0, s1 - s0).find("graph"), std::string::npos) << "cpu stage: no graph key";
 }
 
+// The stage records read back as written (align's device intervals come from them); traces
+// without "stages" (older ones) read as no stages; bad stage fields are errors.
+TEST(WindowRecord, StagesRoundTrip) {
+  WindowRecord w;
+  w.emitted = {4};
+  w.stages.resize(3);
+  w.stages[0].wait_ns = 11, w.stages[0].compute_ns = 22, w.stages[0].cpu_ns = 33;
+  w.stages[1].dev_wait_ns = 200, w.stages[1].dev_compute_ns = 1500, w.stages[1].dev_copy_ns = 0;
+  w.stages[1].init_ns = 7, w.stages[1].graph = GraphUse::kCapture;
+  w.stages[2].dev_wait_ns = 5;  // measured alone: still written, not dropped with dev_compute
+  auto r = WindowRecord::FromJsonLine(w.ToJsonLine(), "t");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->stages.size(), 3u);
+  EXPECT_EQ(r->stages[0].wait_ns, 11);
+  EXPECT_EQ(r->stages[0].compute_ns, 22);
+  EXPECT_EQ(r->stages[0].cpu_ns, 33);
+  EXPECT_EQ(r->stages[0].dev_compute_ns, -1);
+  EXPECT_EQ(r->stages[0].init_ns, -1);
+  EXPECT_EQ(r->stages[0].graph, GraphUse::kNone);
+  EXPECT_EQ(r->stages[1].dev_wait_ns, 200);
+  EXPECT_EQ(r->stages[1].dev_compute_ns, 1500);
+  EXPECT_EQ(r->stages[1].dev_copy_ns, 0);
+  EXPECT_EQ(r->stages[1].init_ns, 7);
+  EXPECT_EQ(r->stages[1].graph, GraphUse::kCapture);
+  EXPECT_EQ(r->stages[2].dev_wait_ns, 5);
+  EXPECT_EQ(r->stages[2].dev_compute_ns, -1);
+  EXPECT_EQ(r->ToJsonLine(), w.ToJsonLine());
+
+  auto old = WindowRecord::FromJsonLine(Line().replace(Line().find(",\"stages\":[]"), 12, ""), "old");
+  ASSERT_TRUE(old.ok()) << old.status().message();
+  EXPECT_TRUE(old->stages.empty());
+
+  const std::string one = w.ToJsonLine();
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"dev_compute_ns\":1500", "\"dev_compute_ns\":-3"},
+           {"\"dev_compute_ns\":1500", "\"dev_compute_ns\":1.5"},
+           {"\"graph\":\"capture\"", "\"graph\":\"sometimes\""},
+           {"\"stages\":[", "\"stages\":[7,"}}) {
+    std::string bad = one;
+    bad.replace(bad.find(from), from.size(), to);
+    auto b = WindowRecord::FromJsonLine(bad, "bad");
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_NE(b.status().message().find("bad window record field"), std::string::npos) << b.status().message();
+  }
+}
+
 TEST(WindowRecord, OutOfRangeAndNonIntegerNumbersAreErrors) {
   for (const char* bad : {"4294967296", "1e300", "8.5", "-1e20", "\"7\""}) {
     auto r = WindowRecord::FromJsonLine(With(Line(), "p", bad), "t");

@@ -39,6 +39,13 @@ void CheckRecord(const lockstep::WindowRecord& r) {
           back->commit_ns == r.commit_ns && back->first_call == r.first_call);
   // -1 and any other negative value both mean "not measured" once written (as null).
   Require(back->export_ns == (r.export_ns >= 0 ? r.export_ns : -1));
+  Require(back->stages.size() == r.stages.size());
+  for (std::size_t i = 0; i < r.stages.size(); ++i) {
+    const lockstep::StageTiming &x = r.stages[i], &y = back->stages[i];
+    Require(x.wait_ns == y.wait_ns && x.compute_ns == y.compute_ns && x.cpu_ns == y.cpu_ns);
+    Require(x.dev_wait_ns == y.dev_wait_ns && x.dev_compute_ns == y.dev_compute_ns && x.dev_copy_ns == y.dev_copy_ns &&
+            x.init_ns == y.init_ns && x.graph == y.graph);
+  }
 }
 
 void CheckAlign(const std::vector<lockstep::WindowRecord>& a, const std::vector<lockstep::WindowRecord>& b,

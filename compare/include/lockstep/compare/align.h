@@ -30,9 +30,13 @@ std::string DescribeWindow(const WindowRecord& w, const std::vector<std::string>
 
 // Timing intervals compared per window (WindowRecord fields, ns -> ms).
 const std::vector<std::string>& TimingIntervals();  // verify, wait, compute, draft, commit, export
+// Device-backend intervals (StageTiming, summed over the window's stages): the CUDA-event split of
+// each stage's time line (dev_wait, dev_compute, dev_copy) and the host's one-time set-up (init).
+// Compared only when either trace recorded any of them; unknown when one side did not.
+const std::vector<std::string>& DeviceTimingIntervals();  // dev_wait, dev_compute, dev_copy, init
 
 struct IntervalDiff {
-  std::string name;              // verify | wait | compute | draft | commit | export
+  std::string name;              // TimingIntervals() or DeviceTimingIntervals()
   bool known = true;             // false when either side recorded it as unknown (-1) anywhere
   std::vector<double> delta_ms;  // per matched window: B - A (empty when unknown)
   double max_abs_delta_ms = 0.0; // largest |delta|
@@ -59,7 +63,9 @@ struct AlignResult {
   int div_idx = -1;         // first divergence index (== matched when diverged)
   std::optional<WindowRecord> div_a, div_b;  // the windows at div_idx (nullopt: that side ended)
   std::vector<std::string> differing_fields; // at div_idx (empty when one side ended)
-  std::vector<IntervalDiff> timing;          // one per TimingIntervals(), matched prefix only
+  // One per TimingIntervals(), then one per DeviceTimingIntervals() when either trace has device
+  // timing; matched prefix only.
+  std::vector<IntervalDiff> timing;
   std::vector<WindowRecord> rest_a, rest_b;  // windows after the divergence, per side (div_idx ..)
   std::vector<NotableWindow> notable_a, notable_b;  // per side, over the whole trace
   double median_verify_ms_a = 0.0, median_verify_ms_b = 0.0;  // each side, whole trace
