@@ -313,6 +313,12 @@ constexpr std::array<const char*, 17> kWindowFields = {
     "first_call", "chain_n",    "accepted", "begin_ns",  "end_ns",   "verify_ns",
     "wait_ns",    "compute_ns", "draft_ns", "commit_ns", "export_ns"};
 constexpr std::size_t kFirstWindowTiming = 9;
+// /trace/stages (optional: exports written before it have none; the windows then have no stages).
+constexpr std::array<const char*, 10> kStageFields = {
+    "window",      "stage",          "wait_ns",     "compute_ns", "cpu_ns",
+    "dev_wait_ns", "dev_compute_ns", "dev_copy_ns", "init_ns",    "graph"};
+// Stages per window the reader accepts (the engine has four; the limit only bounds the table).
+constexpr std::int64_t kMaxStagesPerWindow = 64;
 constexpr std::array<const char*, 5> kHostFields = {
     "t_ns", "host_available_bytes", "swap_used_bytes", "rss_bytes", "process_cpu_ns"};
 constexpr std::array<const char*, 8> kDeviceFields = {
@@ -382,6 +388,7 @@ struct ExportReader::Impl {
 
   Status ReadAll();
   Status ReadSampler();
+  Status ReadStages();
   Status ReadCheckpoint(const std::string& name);
   // An item's size in bytes, within the item limit and the file's length (else kInvalidArgument).
   Result<std::int64_t> ItemBytes(const std::string& path, const ExportItem& it) const {
@@ -665,6 +672,41 @@ Status ExportReader::Impl::ReadCheckpoint(const std::string& name) {
     return key(a) < key(b);
   });
   meta.checkpoints.push_back(std::move(cp));
+  return Status::Ok();
+}
+
+// /trace/stages into meta.windows[w].stages. Rows come in (window, stage) order, each window's
+// stages numbered from 0 without gaps; anything else is a damaged file, never silently reordered.
+Status ExportReader::Impl::ReadStages() {
+  const hid_t f = file.get();
+  const std::string path = "/trace/stages";
+  if (H5Lexists(f, path.c_str(), H5P_DEFAULT) <= 0) return Status::Ok();  // written before stages were
+  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenObject(f, path, H5I_DATASET));
+  const auto n_windows = static_cast<std::int64_t>(meta.windows.size());
+  LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kStageFields, limits,
+                                                 n_windows * kMaxStagesPerWindow, meta.file_bytes));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    const std::string at = path + " row " + std::to_string(i);
+    if (r[0] < 0 || r[0] >= n_windows)
+      return Bad(at, "window " + std::to_string(r[0]) + " is not one of the " + std::to_string(n_windows) +
+                         " windows of /trace/windows");
+    WindowRecord& w = meta.windows[static_cast<std::size_t>(r[0])];
+    const bool next_window = i == 0 || r[0] > rows[i - 1][0];
+    if ((!next_window && r[0] != rows[i - 1][0]) || r[1] != static_cast<std::int64_t>(w.stages.size()))
+      return Bad(at, "out of order (window " + std::to_string(r[0]) + ", stage " + std::to_string(r[1]) +
+                         "; rows go by window, then stage from 0)");
+    for (std::size_t k = 2; k <= 4; ++k)
+      if (r[k] < 0) return Bad(at, std::string("negative ") + kStageFields[k]);
+    for (std::size_t k = 5; k <= 8; ++k)
+      if (r[k] < -1) return Bad(at, std::string(kStageFields[k]) + " below -1 (the only unknown value)");
+    if (r[9] < 0 || r[9] > 3) return Bad(at, "graph " + std::to_string(r[9]) + " (0 none, 1 eager, 2 capture, 3 replay)");
+    StageTiming st;
+    st.wait_ns = r[2], st.compute_ns = r[3], st.cpu_ns = r[4];
+    st.dev_wait_ns = r[5], st.dev_compute_ns = r[6], st.dev_copy_ns = r[7], st.init_ns = r[8];
+    st.graph = static_cast<GraphUse>(r[9] - 1);
+    w.stages.push_back(st);
+  }
   return Status::Ok();
 }
 
@@ -1059,6 +1101,7 @@ Status ExportReader::Impl::ReadAll() {
     UnknownLines(rows, kWindowFields, kFirstWindowTiming, "trace/windows", "windows",
                  &meta.unknowns);
   }
+  LOCKSTEP_RETURN_IF_ERROR(ReadStages());
   LOCKSTEP_RETURN_IF_ERROR(ReadSampler());
   // /checkpoints exists only when some window exported state (--export-windows none: trace only).
   if (H5Lexists(f, "/checkpoints", H5P_DEFAULT) > 0) {

@@ -437,6 +437,54 @@ struct TraceRow {
   std::int64_t begin_ns, end_ns, verify_ns, wait_ns, compute_ns, draft_ns, commit_ns, export_ns;
 };
 
+// One row of /trace/stages: a window's per-stage timing (WindowRecord::stages, StageTiming).
+struct StageRow {
+  std::int32_t window, stage;
+  std::int64_t wait_ns, compute_ns, cpu_ns, dev_wait_ns, dev_compute_ns, dev_copy_ns, init_ns;
+  std::uint8_t graph, pad[7];
+};
+
+Status WriteStageTrace(hid_t file, hid_t lcpl, const std::vector<WindowRecord>& ws) {
+  H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(StageRow)));
+#define LOCKSTEP_FIELD_(name, type) H5Tinsert(t.get(), #name, HOFFSET(StageRow, name), type)
+  LOCKSTEP_FIELD_(window, H5T_NATIVE_INT32);
+  LOCKSTEP_FIELD_(stage, H5T_NATIVE_INT32);
+  LOCKSTEP_FIELD_(wait_ns, H5T_NATIVE_INT64);
+  LOCKSTEP_FIELD_(compute_ns, H5T_NATIVE_INT64);
+  LOCKSTEP_FIELD_(cpu_ns, H5T_NATIVE_INT64);
+  LOCKSTEP_FIELD_(dev_wait_ns, H5T_NATIVE_INT64);
+  LOCKSTEP_FIELD_(dev_compute_ns, H5T_NATIVE_INT64);
+  LOCKSTEP_FIELD_(dev_copy_ns, H5T_NATIVE_INT64);
+  LOCKSTEP_FIELD_(init_ns, H5T_NATIVE_INT64);
+  LOCKSTEP_FIELD_(graph, H5T_NATIVE_UINT8);
+#undef LOCKSTEP_FIELD_
+  std::vector<StageRow> rows;
+  for (const auto& w : ws)
+    for (std::size_t s = 0; s < w.stages.size(); ++s) {
+      const StageTiming& st = w.stages[s];
+      StageRow r{};
+      r.window = w.idx, r.stage = static_cast<std::int32_t>(s);
+      r.wait_ns = st.wait_ns, r.compute_ns = st.compute_ns, r.cpu_ns = st.cpu_ns;
+      // Any negative device value is "not measured": -1, as the reader expects.
+      auto dev = [](std::int64_t v) { return v >= 0 ? v : std::int64_t{-1}; };
+      r.dev_wait_ns = dev(st.dev_wait_ns), r.dev_compute_ns = dev(st.dev_compute_ns);
+      r.dev_copy_ns = dev(st.dev_copy_ns), r.init_ns = dev(st.init_ns);
+      r.graph = static_cast<std::uint8_t>(static_cast<int>(st.graph) + 1);  // GraphUse kNone (-1) .. kReplay (2)
+      rows.push_back(r);
+    }
+  hsize_t n = rows.size();
+  H5Handle sp(H5Screate_simple(1, &n, nullptr));
+  H5Handle ds(H5Dcreate2(file, "trace/stages", t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) < 0))
+    return H5Fail("trace/stages");
+  if (!AttrStr(ds.get(), "clock",
+               "ns; wait/compute/cpu: host (CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID); dev_*: CUDA events on the "
+               "stage's stream; init: host set-up; -1 = not measured (cpu backend); graph: 0 none, 1 eager, "
+               "2 capture, 3 replay"))
+    return H5Fail("trace/stages attributes");
+  return Status::Ok();
+}
+
 Status WriteTrace(hid_t file, hid_t lcpl, const std::vector<WindowRecord>& ws) {
   H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(TraceRow)));
 #define LOCKSTEP_FIELD_(name, type) H5Tinsert(t.get(), #name, HOFFSET(TraceRow, name), type)
@@ -475,7 +523,7 @@ Status WriteTrace(hid_t file, hid_t lcpl, const std::vector<WindowRecord>& ws) {
     return H5Fail("trace/windows");
   if (!AttrStr(ds.get(), "clock", "CLOCK_MONOTONIC ns around the instrumented calls; export_ns -1 = unknown"))
     return H5Fail("trace/windows attributes");
-  return Status::Ok();
+  return WriteStageTrace(file, lcpl, ws);
 }
 
 Status WriteString(hid_t file, hid_t lcpl, const std::string& path, const std::string& text) {

@@ -444,6 +444,87 @@ TEST(ExportReaderCorpus, SchemaIdentity) {
   ExpectRejected(Mutated("noversion", [](hid_t h) { H5Adelete(h, "schema_version"); }), "version (missing)");
 }
 
+// /trace/stages as the writer lays it out, with the given rows (window, stage, host ns x3, device
+// ns x4, graph code).
+struct StageRowT {
+  std::int32_t window, stage;
+  std::int64_t ns[7];
+  std::uint8_t graph;
+};
+void WriteStageRows(hid_t h, const std::vector<StageRowT>& rows) {
+  H5Ldelete(h, "/trace/stages", H5P_DEFAULT);
+  H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(StageRowT)));
+  H5Tinsert(t.get(), "window", HOFFSET(StageRowT, window), H5T_NATIVE_INT32);
+  H5Tinsert(t.get(), "stage", HOFFSET(StageRowT, stage), H5T_NATIVE_INT32);
+  const char* names[7] = {"wait_ns", "compute_ns", "cpu_ns", "dev_wait_ns", "dev_compute_ns", "dev_copy_ns", "init_ns"};
+  for (std::size_t i = 0; i < 7; ++i)
+    H5Tinsert(t.get(), names[i], HOFFSET(StageRowT, ns) + i * sizeof(std::int64_t), H5T_NATIVE_INT64);
+  H5Tinsert(t.get(), "graph", HOFFSET(StageRowT, graph), H5T_NATIVE_UINT8);
+  hsize_t n = rows.size();
+  H5Handle sp(H5Screate_simple(1, &n, nullptr));
+  H5Handle ds(H5Dcreate2(h, "/trace/stages", t.get(), sp.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  if (n > 0) H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data());
+}
+
+// The per-stage timings travel through the export (summarize aligns on them): a cpu run's stages
+// have host times and no device ones; exports written before /trace/stages read with no stages;
+// damaged rows are rejected, never reordered or guessed.
+TEST(ExportReaderCorpus, StageTimings) {
+  {
+    auto reader = OpenOk(F32().path);
+    ASSERT_TRUE(reader);
+    const auto& ws = reader->meta().windows;
+    ASSERT_FALSE(ws.empty());
+    for (const WindowRecord& w : ws) {
+      ASSERT_EQ(w.stages.size(), 4u) << "window " << w.idx;
+      for (const StageTiming& st : w.stages) {
+        EXPECT_GT(st.compute_ns, 0);
+        EXPECT_EQ(st.dev_compute_ns, -1);
+        EXPECT_EQ(st.init_ns, -1);
+        EXPECT_EQ(st.graph, GraphUse::kNone);
+      }
+    }
+  }
+  {
+    auto reader = OpenOk(Mutated("nostages", [](hid_t h) { H5Ldelete(h, "/trace/stages", H5P_DEFAULT); }));
+    ASSERT_TRUE(reader);
+    for (const WindowRecord& w : reader->meta().windows) EXPECT_TRUE(w.stages.empty());
+  }
+  const StageRowT dev0{0, 0, {1, 2, 3, 40, 500, 6, 7}, 3}, dev1{0, 1, {1, 2, 3, -1, 5, 0, 0}, 2};
+  {
+    auto reader = OpenOk(Mutated("devstages", [&](hid_t h) { WriteStageRows(h, {dev0, dev1}); }));
+    ASSERT_TRUE(reader);
+    const auto& w0 = reader->meta().windows[0];
+    ASSERT_EQ(w0.stages.size(), 2u);
+    EXPECT_EQ(w0.stages[0].dev_wait_ns, 40);
+    EXPECT_EQ(w0.stages[0].dev_compute_ns, 500);
+    EXPECT_EQ(w0.stages[0].init_ns, 7);
+    EXPECT_EQ(w0.stages[0].graph, GraphUse::kReplay);
+    EXPECT_EQ(w0.stages[1].dev_wait_ns, -1);
+    EXPECT_EQ(w0.stages[1].graph, GraphUse::kCapture);
+    EXPECT_TRUE(reader->meta().windows[1].stages.empty());
+  }
+  auto with = [&](StageRowT r) {
+    r.window = 0, r.stage = 0;
+    return r;
+  };
+  StageRowT bad_graph = with(dev0), bad_dev = with(dev0), bad_host = with(dev0), far = dev0;
+  bad_graph.graph = 9;
+  bad_dev.ns[4] = -5;
+  bad_host.ns[1] = -1;
+  far.window = 100000;
+  ExpectRejected(Mutated("stage-order", [&](hid_t h) { WriteStageRows(h, {dev1, dev0}); }),
+                 "/trace/stages row 0: out of order");
+  ExpectRejected(Mutated("stage-gap", [&](hid_t h) { WriteStageRows(h, {dev0, dev0}); }),
+                 "/trace/stages row 1: out of order");
+  ExpectRejected(Mutated("stage-graph", [&](hid_t h) { WriteStageRows(h, {bad_graph}); }), "graph 9");
+  ExpectRejected(Mutated("stage-dev", [&](hid_t h) { WriteStageRows(h, {bad_dev}); }),
+                 "dev_compute_ns below -1");
+  ExpectRejected(Mutated("stage-host", [&](hid_t h) { WriteStageRows(h, {bad_host}); }), "negative compute_ns");
+  ExpectRejected(Mutated("stage-window", [&](hid_t h) { WriteStageRows(h, {far}); }),
+                 "window 100000 is not one of the");
+}
+
 TEST(ExportReaderCorpus, MissingOrMistypedStructure) {
   ExpectRejected(Mutated("nowindows", [](hid_t h) { H5Ldelete(h, "/trace/windows", H5P_DEFAULT); }), "/trace/windows");
   ExpectRejected(Mutated("noconfig", [](hid_t h) { H5Ldelete(h, "/config", H5P_DEFAULT); }), "/config: missing");
