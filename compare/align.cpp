@@ -44,14 +44,15 @@ std::int64_t WindowField(const WindowRecord& w) {
 }
 
 // A per-stage device interval summed over the window's stages; unknown (-1) when the window has no
-// stages or any stage did not measure it (the cpu backend records -1 for all of them).
+// stages, any stage did not measure it (the cpu backend records -1 for all of them) or the sum
+// overflows.
 template <std::int64_t StageTiming::*F>
 std::int64_t StageSum(const WindowRecord& w) {
   if (w.stages.empty()) return -1;
   std::int64_t sum = 0;
   for (const StageTiming& st : w.stages) {
-    if (st.*F < 0) return -1;
-    sum += st.*F;
+    // A sum past int64 can only come from a damaged trace: unknown, not a wrapped duration.
+    if (st.*F < 0 || __builtin_add_overflow(sum, st.*F, &sum)) return -1;
   }
   return sum;
 }

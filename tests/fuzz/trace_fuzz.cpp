@@ -65,7 +65,9 @@ void CheckAlign(const std::vector<lockstep::WindowRecord>& a, const std::vector<
     Require(r.div_idx == -1 && r.matched == r.n_a && r.n_a == r.n_b);
     Require(r.rest_a.empty() && r.rest_b.empty() && r.differing_fields.empty());
   }
-  Require(r.timing.size() == lockstep::TimingIntervals().size());
+  // The host intervals always; the device ones too when either side has device stage timings.
+  const std::size_t n_host = lockstep::TimingIntervals().size();
+  Require(r.timing.size() == n_host || r.timing.size() == n_host + lockstep::DeviceTimingIntervals().size());
   for (const lockstep::IntervalDiff& d : r.timing) {
     Require(d.delta_ms.size() == (d.known ? static_cast<std::size_t>(r.matched) : 0));
     Require(d.max_at < r.matched && (d.max_at >= 0) == !d.delta_ms.empty());
