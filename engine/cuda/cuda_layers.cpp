@@ -300,20 +300,40 @@ Status EnsureStaging(DeviceStageImpl& d, std::size_t bytes) {
   return Status::Ok();
 }
 
-Status Upload(DeviceStageImpl& d, void* dst, const void* src, std::size_t bytes) {
+Status UploadParts(DeviceStageImpl& d, void* dst, std::initializer_list<HostPart<const void*>> parts) {
+  std::size_t bytes = 0;
+  for (const auto& part : parts) bytes += part.bytes;
   LOCKSTEP_RETURN_IF_ERROR(EnsureStaging(d, bytes));
   LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(d.s()));  // staging may still feed an earlier copy
-  std::memcpy(d.staging.get(), src, bytes);
+  auto* at = static_cast<char*>(d.staging.get());
+  for (const auto& part : parts) {
+    if (part.bytes > 0) std::memcpy(at, part.p, part.bytes);
+    at += part.bytes;
+  }
   LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(dst, d.staging.get(), bytes, cudaMemcpyHostToDevice, d.s()));
   return Status::Ok();
 }
 
-Status Download(DeviceStageImpl& d, void* dst, const void* src, std::size_t bytes) {
+Status Upload(DeviceStageImpl& d, void* dst, const void* src, std::size_t bytes) {
+  return UploadParts(d, dst, {{src, bytes}});
+}
+
+Status DownloadParts(DeviceStageImpl& d, const void* src, std::initializer_list<HostPart<void*>> parts) {
+  std::size_t bytes = 0;
+  for (const auto& part : parts) bytes += part.bytes;
   LOCKSTEP_RETURN_IF_ERROR(EnsureStaging(d, bytes));
   LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(d.staging.get(), src, bytes, cudaMemcpyDeviceToHost, d.s()));
   LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(d.s()));
-  std::memcpy(dst, d.staging.get(), bytes);
+  const auto* at = static_cast<const char*>(d.staging.get());
+  for (const auto& part : parts) {
+    if (part.bytes > 0) std::memcpy(part.p, at, part.bytes);
+    at += part.bytes;
+  }
   return Status::Ok();
+}
+
+Status Download(DeviceStageImpl& d, void* dst, const void* src, std::size_t bytes) {
+  return DownloadParts(d, src, {{dst, bytes}});
 }
 
 Status SyncKv(DeviceStageImpl& d, DKv& kv) {
@@ -361,12 +381,28 @@ Status SyncGdn(DeviceStageImpl& d, DGdn& g) {
   return Status::Ok();
 }
 
+namespace {
+void AddToKey(std::vector<std::uintptr_t>& key, const void* p, std::size_t n) {
+  key.push_back(reinterpret_cast<std::uintptr_t>(p));
+  key.push_back(n);
+}
+}  // namespace
+
+std::vector<std::uintptr_t> MtpLayoutKey(const DeviceStageImpl& d) {
+  std::vector<std::uintptr_t> key = LayoutKey(d);
+  AddToKey(key, d.mtp_hidden.get(), U(d.mtp_rows));
+  if (d.mtp_kv) {
+    AddToKey(key, d.mtp_kv->k.get(), U(d.mtp_kv->capacity));
+    AddToKey(key, d.mtp_kv->v.get(), 0);
+    AddToKey(key, d.mtp_kv->ks.get(), 0);
+    AddToKey(key, d.mtp_kv->vs.get(), 0);
+  }
+  return key;
+}
+
 std::vector<std::uintptr_t> LayoutKey(const DeviceStageImpl& d) {
   std::vector<std::uintptr_t> key;
-  auto add = [&key](const void* p, std::size_t n) {
-    key.push_back(reinterpret_cast<std::uintptr_t>(p));
-    key.push_back(n);
-  };
+  auto add = [&key](const void* p, std::size_t n) { AddToKey(key, p, n); };
   add(d.hidden.get(), U(d.hidden_rows));
   add(d.widen.get(), d.widen.bytes());
   add(d.route_host.get(), d.route_cap);

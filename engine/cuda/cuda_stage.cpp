@@ -369,21 +369,24 @@ void CudaStageSession::GraphsOff(const std::string& why) {
   DeviceStageImpl& d = *d_;
   d.graphs_off = why;
   d.graphs.clear();
+  d.mtp_graphs.clear();
   cudaGetLastError();  // the failed capture's error is handled here: the layers run eagerly
   std::fprintf(stderr, "lockstep: warning: cuda stage %d: CUDA graphs off for this run (%s); kernels are launched one by one\n",
                index(), why.c_str());
 }
 
 // Verify windows (decode is a window of one) are where launch overhead matters: a stage issues
-// ~25 kernels per layer for a few microseconds of work each. Their layer loop is captured once
+// ~21 kernels per layer for a few microseconds of work each. Their layer loop is captured once
 // per window size T into a CUDA graph and replayed; the kernels and arguments are the eager ones
-// (the position comes from device memory, ops.h Pos), so results are bitwise the same.
+// (the position comes from device memory, ops.h Pos), so results are bitwise the same. The MTP
+// head's draft steps are graphed the same way (MtpForward).
 //
 // A graph holds buffer addresses, so it is used only while nothing it points into has been
-// reallocated (LayoutKey). Nothing may grow during a capture either (an allocation or a sync
-// would invalidate it), so a size is captured only after an eager run with the same layout grew
-// nothing, and only when the K/V caches already hold p + T rows. Anything else runs eagerly,
-// which grows what it needs; capture and instantiation count as one-time set-up (init_ns).
+// reallocated (the section's layout key). Nothing may grow during a capture either (an allocation
+// or a sync would invalidate it), so a section is captured only after an eager run with the same
+// layout grew nothing, and only when the K/V caches already hold p + T rows. Anything else runs
+// eagerly, which grows what it needs; capture and instantiation count as one-time set-up
+// (init_ns).
 Status CudaStageSession::RunLayers(Ctx& x, int T, int p) {
   DeviceStageImpl& d = *d_;
   x.SetPosition(p);
@@ -393,40 +396,54 @@ Status CudaStageSession::RunLayers(Ctx& x, int T, int p) {
     if (kv && p + T > kv->capacity) return EagerLayers(x, T, p);
   for (const auto& g : d.gdn)
     if (g && T > g->steps_capacity) return EagerLayers(x, T, p);
-  // The graph's router kernels write the routing at fixed offsets of route_host: those of an empty buffer
-  // (Forward flushes the previous window's routing first).
-  if (d.route_used != 0) return EagerLayers(x, T, p);
-  const std::vector<std::uintptr_t> key = LayoutKey(d);
-  DeviceStageImpl::Graph& gr = d.graphs[T];
+  auto replay = [&] {  // the host bookkeeping EagerLayers does for a verify window
+    for (auto& kv : d.kv)
+      if (kv) kv->written = p + T;
+    for (auto& g : d.gdn)
+      if (g) g->n_steps = T;
+  };
+  return Graphed(
+      d.graphs[T], [&d] { return LayoutKey(d); }, [&] { return EagerLayers(x, T, p); }, replay, &d.last_graph_use);
+}
+
+Status CudaStageSession::Graphed(SectionGraph& gr, const std::function<std::vector<std::uintptr_t>()>& key_of,
+                                 const std::function<Status()>& body, const std::function<void()>& replay,
+                                 GraphUse* use) {
+  DeviceStageImpl& d = *d_;
+  *use = GraphUse::kEager;
+  // The graph's router kernels write the routing at fixed offsets of route_host: those of an empty
+  // buffer (Forward and MtpForward flush the previous call's routing first).
+  if (d.route_used != 0) return body();
+  const std::vector<std::uintptr_t> key = key_of();
   if (!gr.exec || gr.layout != key) {
     gr.exec.reset();
     if (gr.warm != key) {
-      LOCKSTEP_RETURN_IF_ERROR(EagerLayers(x, T, p));
-      if (LayoutKey(d) == key) gr.warm = key;
+      LOCKSTEP_RETURN_IF_ERROR(body());
+      if (key_of() == key) gr.warm = key;
       return Status::Ok();
     }
-    // Capture. The host bookkeeping of the layers (K/V rows written, GDN steps, routing records)
-    // happens as the capture runs the loop; a replay redoes it below.
+    // Capture. The host bookkeeping of the section (K/V rows written, GDN steps, routing records)
+    // happens as the capture runs it; a replay redoes it below.
     const std::int64_t t0 = MonoNs();
     const DeviceArena::Mark arena0 = d.arena.Here();
     cudaError_t e = cudaStreamBeginCapture(d.s(), cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) {
       GraphsOff(std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(e));
-      return EagerLayers(x, T, p);
+      return body();
     }
-    const Status st = EagerLayers(x, T, p);
+    const Status st = body();
     cudaGraph_t g = nullptr;
     e = cudaStreamEndCapture(d.s(), &g);
     GraphPtr graph(g);
     cudaGraphExec_t exec = nullptr;
     if (st.ok() && e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph.get(), 0);
     if (!st.ok() || e != cudaSuccess) {
-      // Nothing of the capture ran: undo its bookkeeping and run the layers for real.
+      // Nothing of the capture ran: undo its bookkeeping and run the section for real.
       d.pending_routes.clear();
       d.route_used = 0;
       d.arena.Rewind(arena0);
       GraphsOff(!st.ok() ? "capture: " + st.ToString() : std::string("capture: ") + cudaGetErrorString(e));
-      return EagerLayers(x, T, p);
+      return body();
     }
     gr.exec.reset(exec);
     gr.layout = key;
@@ -434,18 +451,14 @@ Status CudaStageSession::RunLayers(Ctx& x, int T, int p) {
     gr.route_used = d.route_used;
     gr.arena_end = d.arena.Here();
     ++d.graph_captures;
-    *x.init_ns += MonoNs() - t0;
-    d.last_graph_use = GraphUse::kCapture;
+    d.init_ns += MonoNs() - t0;
+    *use = GraphUse::kCapture;
   } else {
-    // Replay: the bookkeeping EagerLayers does on the host for a verify window.
-    for (auto& kv : d.kv)
-      if (kv) kv->written = p + T;
-    for (auto& g : d.gdn)
-      if (g) g->n_steps = T;
+    replay();
     d.pending_routes = gr.routes;
     d.route_used = gr.route_used;
     d.arena.Rewind(gr.arena_end);
-    d.last_graph_use = GraphUse::kReplay;
+    *use = GraphUse::kReplay;
   }
   LOCKSTEP_CUDA_CHECK(cudaGraphLaunch(gr.exec.get(), d.s()));
   ++d.graph_launches;
@@ -685,27 +698,42 @@ void CudaStageSession::MtpForward(const float* hid, const std::int32_t* next_tok
     }
     Ctx x{c_, d, mode, backend_->deterministic(), d.s(), &d.init_ns};
     LOCKSTEP_RETURN_IF_ERROR(EnsureRows(d.mtp_hidden, &d.mtp_rows, T, h, &d.init_ns, d.s()));
-    LOCKSTEP_ASSIGN_OR_RETURN(float* hd, x.Alloc(U(T) * U(h)));
+    const int nl = std::min(n_logits, T);
+    // In: hidden rows then token ids, one upload. Out: m rows then logits, one download.
+    LOCKSTEP_ASSIGN_OR_RETURN(float* in, x.Alloc(U(T) * U(h) + U(T)));
     LOCKSTEP_ASSIGN_OR_RETURN(float* emb, x.Alloc(U(T) * U(h)));
     LOCKSTEP_ASSIGN_OR_RETURN(float* cat, x.Alloc(U(T) * U(2 * h)));
-    LOCKSTEP_ASSIGN_OR_RETURN(float* tok, x.Alloc(U(T)));
-    LOCKSTEP_ASSIGN_OR_RETURN(float* md, x.Alloc(U(T) * U(h)));
-    const int nl = std::min(n_logits, T);
-    LOCKSTEP_ASSIGN_OR_RETURN(float* ld, x.Alloc(U(std::max(nl, 1)) * U(V)));
-    LOCKSTEP_RETURN_IF_ERROR(Upload(d, hd, hid, U(T) * U(h) * sizeof(float)));
-    LOCKSTEP_RETURN_IF_ERROR(Upload(d, tok, next_tokens, U(T) * sizeof(int)));
-    EmbedRows(d.embed.f32(), reinterpret_cast<const int*>(tok), T, h, emb, d.s());
-    RmsNormZc(emb, h, T, h, d.mtp_pre_emb, c_.rms_norm_eps, cat, 2 * h, d.s());
-    RmsNormZc(hd, h, T, h, d.mtp_pre_hid, c_.rms_norm_eps, cat + h, 2 * h, d.s());
-    float* mh = d.mtp_hidden.as<float>();
-    LOCKSTEP_RETURN_IF_ERROR(x.Mm(cat, T, d.mtp_fc, mh));
+    LOCKSTEP_ASSIGN_OR_RETURN(float* out, x.Alloc(U(T) * U(h) + U(std::max(nl, 1)) * U(V)));
+    float* hd = in;
+    const int* tok = reinterpret_cast<const int*>(in + U(T) * U(h));
+    float* md = out;
+    float* ld = out + U(T) * U(h);
+    LOCKSTEP_RETURN_IF_ERROR(UploadParts(d, in, {{hid, U(T) * U(h) * sizeof(float)}, {next_tokens, U(T) * sizeof(int)}}));
     x.SetPosition(p);
-    LOCKSTEP_RETURN_IF_ERROR(LayerForward(x, d.mtp_layer, d.mtp_experts.get(), mh, T, p, d.mtp_kv.get(), nullptr));
-    RmsNormZc(mh, h, T, h, d.mtp_norm, c_.rms_norm_eps, md, h, d.s());
-    if (nl > 0) RowsMm(md + U(T - nl) * U(h), nl, d.lm_head, ld, V, d.s());
-    LOCKSTEP_CUDA_CHECK(cudaGetLastError());
-    LOCKSTEP_RETURN_IF_ERROR(Download(d, m, md, U(T) * U(h) * sizeof(float)));
-    if (nl > 0) LOCKSTEP_RETURN_IF_ERROR(Download(d, logits, ld, U(nl) * U(V) * sizeof(float)));
+    float* mh = d.mtp_hidden.as<float>();
+    auto body = [&]() -> Status {
+      EmbedRows(d.embed.f32(), tok, T, h, emb, d.s());
+      RmsNormZc(emb, h, T, h, d.mtp_pre_emb, c_.rms_norm_eps, cat, 2 * h, d.s());
+      RmsNormZc(hd, h, T, h, d.mtp_pre_hid, c_.rms_norm_eps, cat + h, 2 * h, d.s());
+      LOCKSTEP_RETURN_IF_ERROR(x.Mm(cat, T, d.mtp_fc, mh));
+      LOCKSTEP_RETURN_IF_ERROR(LayerForward(x, d.mtp_layer, d.mtp_experts.get(), mh, T, p, d.mtp_kv.get(), nullptr));
+      RmsNormZc(mh, h, T, h, d.mtp_norm, c_.rms_norm_eps, md, h, d.s());
+      if (nl > 0) RowsMm(md + U(T - nl) * U(h), nl, d.lm_head, ld, V, d.s());
+      LOCKSTEP_CUDA_CHECK(cudaGetLastError());
+      return Status::Ok();
+    };
+    // Draft steps (verify mode) replay a graph per (T, logit rows) like the verify layers do; the
+    // MTP's K/V cache must already hold the rows (growing it syncs, which a capture cannot).
+    if (backend_->graphs() && mode == ForwardMode::kVerify && d.graphs_off.empty() && p + T <= d.mtp_kv->capacity) {
+      GraphUse use = GraphUse::kNone;  // not reported: window records describe the verify forward
+      LOCKSTEP_RETURN_IF_ERROR(Graphed(
+          d.mtp_graphs[{T, nl}], [&d] { return MtpLayoutKey(d); }, body,
+          [&] { d.mtp_kv->written = p + T; }, &use));
+    } else {
+      LOCKSTEP_RETURN_IF_ERROR(body());
+    }
+    const std::size_t m_bytes = U(T) * U(h) * sizeof(float), l_bytes = U(nl) * U(V) * sizeof(float);
+    LOCKSTEP_RETURN_IF_ERROR(DownloadParts(d, out, {{m, m_bytes}, {logits, l_bytes}}));
     FlushRoutes(d);
     return Status::Ok();
   };

@@ -11,12 +11,15 @@
 // The math is the CPU reference's (engine/cpu), op for op; verify windows run the batch-
 // invariant kernels of ops.h, prefill runs cuBLAS GEMMs and the chunked GDN form. With CUDA graphs
 // on (EngineConfig::cuda_graphs), a verify window's layer loop is captured once per window size
-// and replayed: same kernels and arguments, the position read from device memory (ops.h Pos).
+// and replayed, and so is the MTP head's draft step: same kernels and arguments, the position read
+// from device memory (ops.h Pos).
 // Errors of void calls are kept in status().
 //
 // Borrowed: params.weights, params.cfg and `backend` outlive the session. One driver thread.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +33,7 @@ namespace lockstep::cuda {
 namespace detail {
 struct DeviceStageImpl;  // device-side members (cuda_stage_impl.h)
 struct Ctx;
+struct SectionGraph;
 }
 
 class CudaStageSession final : public StageSession {
@@ -70,6 +74,11 @@ class CudaStageSession final : public StageSession {
   // graphs on) replayed from / captured into the graph for this window size.
   Status RunLayers(detail::Ctx& x, int T, int p);
   Status EagerLayers(detail::Ctx& x, int T, int p);
+  // Runs a section of a forward (`body`: launches and the host bookkeeping beside them) through
+  // `gr`: eagerly while its layout key (key_of) is new, captured on the next call with the same
+  // key, replayed after that (`replay` redoes the host bookkeeping); *use says which.
+  Status Graphed(detail::SectionGraph& gr, const std::function<std::vector<std::uintptr_t>()>& key_of,
+                 const std::function<Status()>& body, const std::function<void()>& replay, GraphUse* use);
   // Stops using graphs for the rest of the session (a capture or instantiation failed).
   void GraphsOff(const std::string& why);
   // Keeps the first failure; later calls become no-ops once an error is recorded.

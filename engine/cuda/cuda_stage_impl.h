@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -150,6 +151,24 @@ class DeviceArena {
 };
 
 
+// A captured section of a forward (CudaStageSession::Graphed). It holds the addresses of every
+// buffer its kernels touch, so it is only replayed while the section's layout key (those
+// addresses and capacities) is what it was at capture.
+struct SectionGraph {
+  struct RouteRec {
+    ExpertCache* cache;
+    int layer;
+    int n;  // T*k ints at offset
+    std::size_t offset;
+  };
+  GraphExecPtr exec;
+  std::vector<std::uintptr_t> layout;  // the layout key at capture
+  std::vector<std::uintptr_t> warm;    // the layout key of the last eager run that grew nothing
+  std::vector<RouteRec> routes;        // routing the graph writes to route_host (host bookkeeping)
+  std::size_t route_used = 0;
+  DeviceArena::Mark arena_end;  // the arena after the section (later scratch starts there)
+};
+
 // Everything a CudaStageSession owns on the device (and its host staging).
 struct DeviceStageImpl {
   StreamPtr stream;
@@ -200,12 +219,7 @@ struct DeviceStageImpl {
   PinnedBuffer route_host;
   int* route_dev = nullptr;
   std::size_t route_cap = 0;  // ints
-  struct RouteRec {
-    ExpertCache* cache;
-    int layer;
-    int n;  // T*k ints at offset
-    std::size_t offset;
-  };
+  using RouteRec = SectionGraph::RouteRec;
   std::vector<RouteRec> pending_routes;
   std::size_t route_used = 0;
 
@@ -214,17 +228,9 @@ struct DeviceStageImpl {
   DeviceBuffer pos;
 
   // CUDA graphs of the verify / decode layer loop, one per window size T (see RunLayers in
-  // cuda_stage.cpp). A graph holds the addresses of every buffer its kernels touch, so it is
-  // only replayed while LayoutKey() (those addresses and capacities) is what it was at capture.
-  struct Graph {
-    GraphExecPtr exec;
-    std::vector<std::uintptr_t> layout;  // LayoutKey() at capture
-    std::vector<std::uintptr_t> warm;    // LayoutKey() of the last eager run that grew nothing
-    std::vector<RouteRec> routes;        // routing the graph writes to route_host (host bookkeeping)
-    std::size_t route_used = 0;
-    DeviceArena::Mark arena_end;  // the arena after the layers (later scratch starts there)
-  };
-  std::map<int, Graph> graphs;
+  // cuda_stage.cpp), and of the MTP head's forward, one per (T, logit rows) (MtpForward).
+  std::map<int, SectionGraph> graphs;
+  std::map<std::pair<int, int>, SectionGraph> mtp_graphs;
   std::string graphs_off;  // why this stage stopped using graphs ("" while it may)
   std::int64_t graph_captures = 0;
   std::int64_t graph_launches = 0;
@@ -236,6 +242,8 @@ struct DeviceStageImpl {
 // The addresses and sizes of every reallocatable buffer a forward's kernels may use. Equal keys:
 // a graph captured under one is valid under the other.
 std::vector<std::uintptr_t> LayoutKey(const DeviceStageImpl& d);
+// LayoutKey plus the MTP head's own buffers (its residual rows and K/V cache).
+std::vector<std::uintptr_t> MtpLayoutKey(const DeviceStageImpl& d);
 
 // y[T, ldy] = x[T, n_in] . W^T with the batch-invariant RowsMatmul, for either weight dtype.
 inline void RowsMm(const float* x, int T, const DMat& w, float* y, int ldy, cudaStream_t s);
@@ -287,6 +295,15 @@ Status EnsureRows(DeviceBuffer& buf, int* rows, int need, int h, std::int64_t* i
 Status Upload(DeviceStageImpl& d, void* dst, const void* src, std::size_t bytes);
 // Device -> host through pinned staging; returns when the bytes are in dst (syncs the stream).
 Status Download(DeviceStageImpl& d, void* dst, const void* src, std::size_t bytes);
+// The same for several host pieces that lie back to back on the device: one copy and (download)
+// one sync for all of them.
+template <typename P>
+struct HostPart {
+  P p;
+  std::size_t bytes;
+};
+Status UploadParts(DeviceStageImpl& d, void* dst, std::initializer_list<HostPart<const void*>> parts);
+Status DownloadParts(DeviceStageImpl& d, const void* src, std::initializer_list<HostPart<void*>> parts);
 // Brings the host mirrors up to date with the device state (rows / states that changed).
 Status SyncKv(DeviceStageImpl& d, DKv& kv);
 Status SyncGdn(DeviceStageImpl& d, DGdn& g);

@@ -369,5 +369,97 @@ TEST(CudaEngineExtra, GraphsReplayBitwiseTheEagerPath) {
   }
 }
 
+// The MTP head's draft steps replay a graph per (T, logit rows) too: bitwise what launching each
+// kernel gives (m rows, logits, the MTP K/V cache), with verify windows of the stages between
+// them sharing the routing buffer and changing the stage's layout, the MTP K/V cache growing from
+// 256 to 512 rows on the way, and the captures / launches counted on the last stage.
+TEST(CudaEngineExtra, MtpGraphsReplayBitwiseTheEagerMtp) {
+  LOCKSTEP_REQUIRE_GPU(1);
+  EngineConfig c = TinyConfig("cuda");
+  EngineConfig ce = c;
+  ce.cuda_graphs = false;
+  auto g = MakeTiny(c);
+  auto e = MakeTiny(ce);
+  ASSERT_TRUE(g && e);
+  ASSERT_TRUE(g->has_mtp());
+  const std::size_t V = static_cast<std::size_t>(g->weights().config.n_vocab);
+  const std::size_t H = static_cast<std::size_t>(g->weights().config.n_embd);
+  const int last = g->n_stages() - 1;
+  const int n = 250;
+  const auto prompt = Prompt(n);
+  std::vector<float> hg, he;
+  auto hook = [H](std::vector<float>* out) {
+    return [out, H](int, int T, const float* normed) {
+      out->insert(out->end(), normed, normed + static_cast<std::size_t>(T) * H);
+      return Status::Ok();
+    };
+  };
+  ASSERT_TRUE(g->Prefill(prompt, hook(&hg)).ok());
+  ASSERT_TRUE(e->Prefill(prompt, hook(&he)).ok());
+  ASSERT_TRUE(test::BitwiseEqual(hg, he));
+  std::vector<std::int32_t> nxt(prompt.begin() + 1, prompt.end());
+  nxt.push_back(7);
+  std::vector<float> m(n * H), l(V);
+  g->MtpForward(hg.data(), nxt.data(), 0, n, ForwardMode::kPrefill, m.data(), l.data(), 1);
+  e->MtpForward(he.data(), nxt.data(), 0, n, ForwardMode::kPrefill, m.data(), l.data(), 1);
+  g->MtpCommit(n);
+  e->MtpCommit(n);
+  const auto base = g->stage(last).init_counters();
+  EXPECT_EQ(base.graph_captures, 0) << "MTP prefill is never captured";
+
+  // One MTP call on both engines; everything it returns and the MTP cache must be equal bits.
+  auto mtp = [&](const float* h, std::span<const std::int32_t> toks, int p, int n_logits, const std::string& where,
+                 std::vector<float>* m_out) {
+    const int T = static_cast<int>(toks.size());
+    std::vector<float> mg(T * H), me(T * H), lg(std::max(n_logits, 1) * V), le(std::max(n_logits, 1) * V);
+    g->MtpForward(h, toks.data(), p, T, ForwardMode::kVerify, mg.data(), lg.data(), n_logits);
+    e->MtpForward(h, toks.data(), p, T, ForwardMode::kVerify, me.data(), le.data(), n_logits);
+    ASSERT_TRUE(g->stage(last).status().ok()) << where << ": " << g->stage(last).status().ToString();
+    EXPECT_TRUE(test::BitwiseEqual(mg, me)) << where << " m";
+    EXPECT_TRUE(test::BitwiseEqual(lg, le)) << where << " logits";
+    KvCache* kg = g->stage(last).mtp_kv();
+    KvCache* ke = e->stage(last).mtp_kv();
+    ASSERT_EQ(kg->rows_written(), ke->rows_written()) << where;
+    EXPECT_TRUE(test::BitwiseEqual(FlatK(*kg, kg->rows_written()), FlatK(*ke, ke->rows_written()))) << where;
+    if (m_out != nullptr) *m_out = mg;
+  };
+  auto toks = Prompt(64, 3);
+  std::vector<float> row(hg.end() - static_cast<long>(H), hg.end());
+  int p = n;
+  // As the drafter runs it: extend over the committed row, then a speculative chain step on its m.
+  for (int i = 0; i < 8; ++i) {
+    const std::string at = "draft step " + std::to_string(i);
+    std::vector<float> mo;
+    mtp(row.data(), {toks.data() + 2 * i, 1}, p, 1, at + " extend", &mo);
+    g->MtpCommit(p + 1);
+    e->MtpCommit(p + 1);
+    mtp(mo.data(), {toks.data() + 2 * i + 1, 1}, p + 1, 1, at + " chain", &row);
+    ++p;
+    if (i % 2 == 1) {  // a verify window of the stages between draft steps (routing buffer shared)
+      std::vector<float> la(V), lb(V);
+      std::span<const std::int32_t> t1(toks.data() + 40 + i, 1);
+      ASSERT_TRUE(g->Verify(t1, la.data()).ok() && e->Verify(t1, lb.data()).ok()) << at;
+      EXPECT_TRUE(test::BitwiseEqual(la, lb)) << at << " verify logits";
+      ASSERT_TRUE(g->Commit(1).ok() && e->Commit(1).ok()) << at;
+    }
+  }
+  // A three-row extend with three logit rows: its own graph key, so eager at first.
+  std::vector<float> h3(hg.end() - 3 * static_cast<long>(H), hg.end());
+  mtp(h3.data(), {toks.data() + 50, 3}, p, 3, "extend T=3", nullptr);
+  EXPECT_EQ(g->stage(last).mtp_kv()->rows_written(), p + 3);
+  // (T=1, 1 logit row), 16 calls: eager (1), captured (2), replayed (3, 4). The first verify
+  // window then grows the stage's GDN step scratch, a new layout: the MTP graph must not be
+  // replayed, so call 5 runs eagerly, 6 is captured again and 7-11 replay. Call 12, the chain
+  // step at p = 256, needs a 257th MTP K/V row: eager, and the cache grows to 512 rows, another
+  // new layout: 13 eager, 14 captured, 15-16 replay. The T=3 extend is a new key: eager. The
+  // verify windows (T=1 at 250-253: eager, eager, captured, replayed) add one capture and two
+  // launches. Captures 3 + 1, launches (3 + 6 + 3) + 2.
+  const auto now = g->stage(last).init_counters();
+  EXPECT_EQ(now.graph_captures - base.graph_captures, 4);
+  EXPECT_EQ(now.graph_launches - base.graph_launches, 14);
+  EXPECT_EQ(e->stage(last).init_counters().graph_launches, 0);
+  EXPECT_EQ(g->stage(0).init_counters().graph_captures, 1) << "stage 0 has no MTP: its verify graph only";
+}
+
 }  // namespace
 }  // namespace lockstep
