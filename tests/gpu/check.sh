@@ -8,7 +8,7 @@
 #      `lockstep diff` with the documented thresholds (state NRMSE 1e-4, logits KL 1e-6), for
 #      `small` with f32 and with bf16 matrices
 #   4. the deterministic cuda A/A (bf16 `small`, diff at NRMSE 0; also against --cuda-graphs off)
-#      and campaign (campaigns/aa-cuda.toml)
+#      and campaign (campaigns/aa-cuda.toml); --deterministic off must differ (the exact diff fails)
 #   5. the GPU benchmarks (decode of seed48, small and wide vs the measured bandwidth bound;
 #      verify T<=9 vs T=1)
 # On the lent machine: run tests/gpu/pack-deps.sh here first and name `.gpu-deps` in `carry`:
@@ -61,6 +61,9 @@ $(grep -c '^\[  SKIPPED \]' "$OUT_DIR/gpu_tests.log" 2>/dev/null) skipped lines"
     echo '```'
     grep -E "BM_|verify T=9|bandwidth|CUDA graphs" "$OUT_DIR/bench.log" 2>/dev/null || echo "(no benchmark output)"
     echo '```'
+    echo
+    echo "## --deterministic off against on"
+    grep -E "^(PASS|FAIL|first failing)" "$OUT_DIR/nondet.log" 2>/dev/null || true
     echo
     echo "## cuda vs cpu"
     for d in f32 bf16; do
@@ -186,6 +189,16 @@ aa() {
   rm -rf "$OUT_DIR/aa-cuda" && "$LS" run "$PLAN" --out "$OUT_DIR/aa-cuda"
 }
 step "deterministic cuda A/A, graphs vs eager (diff NRMSE 0 + campaign aa-cuda)" aa.log aa
+
+# --deterministic off (cuBLAS TF32 GEMMs for verify windows of several rows) must differ from the
+# deterministic run, and the product must show it: the exact diff has to fail (exit 1, not 2).
+nondet() {
+  local common="--model $MODEL --prompt-file campaigns/prompts/demo.txt --backend cuda --spec 4 --max-new $MAX_NEW"
+  "$LS" generate $common --deterministic off --export "$OUT_DIR/nondet.h5" >/dev/null || return 1
+  "$LS" diff "$OUT_DIR/aa1.h5" "$OUT_DIR/nondet.h5" --nrmse-max 0 --kl-max 0
+  [ $? -eq 1 ]
+}
+step "--deterministic off differs from on (diff at NRMSE 0 must fail)" nondet.log nondet
 
 # Google Benchmark exits 0 when a benchmark reports an error (e.g. "no CUDA device").
 bench() {
