@@ -257,21 +257,22 @@ std::string DescribeWindow(const WindowRecord& w, const std::vector<std::string>
   return out;
 }
 
+namespace {
+template <std::size_t N>
+std::vector<std::string> NamesOf(const TimingField (&fields)[N]) {
+  std::vector<std::string> v;
+  for (const TimingField& t : fields) v.emplace_back(t.name);
+  return v;
+}
+}  // namespace
+
 const std::vector<std::string>& TimingIntervals() {
-  static const std::vector<std::string> kNames = [] {
-    std::vector<std::string> v;
-    for (const TimingField& t : kTimingFields) v.emplace_back(t.name);
-    return v;
-  }();
+  static const std::vector<std::string> kNames = NamesOf(kTimingFields);
   return kNames;
 }
 
 const std::vector<std::string>& DeviceTimingIntervals() {
-  static const std::vector<std::string> kNames = [] {
-    std::vector<std::string> v;
-    for (const TimingField& t : kDeviceTimingFields) v.emplace_back(t.name);
-    return v;
-  }();
+  static const std::vector<std::string> kNames = NamesOf(kDeviceTimingFields);
   return kNames;
 }
 
