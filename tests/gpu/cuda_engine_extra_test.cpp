@@ -457,6 +457,9 @@ TEST(CudaEngineExtra, MtpGraphsReplayBitwiseTheEagerMtp) {
   const auto now = g->stage(last).init_counters();
   EXPECT_EQ(now.graph_captures - base.graph_captures, 4);
   EXPECT_EQ(now.graph_launches - base.graph_launches, 14);
+  // Set-up is counted where it was paid: MTP calls 2, 6 and 14 (captures) and 12 (the MTP K/V
+  // cache grows); verify windows 1 (the GDN step scratch) and 3 (capture).
+  EXPECT_EQ(now.first_calls - base.first_calls, 4 + 2);
   EXPECT_EQ(e->stage(last).init_counters().graph_launches, 0);
   EXPECT_EQ(g->stage(0).init_counters().graph_captures, 1) << "stage 0 has no MTP: its verify graph only";
 }
