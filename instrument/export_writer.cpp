@@ -114,6 +114,15 @@ Status H5Fail(const std::string& what) {
   return Status::IOError("export", "HDF5 failed writing '" + what + "'" + SysError());
 }
 
+// A one-dimensional dataset of n records of type t from `rows`, open for its attributes.
+Result<H5Handle> WriteRecords(hid_t file, hid_t lcpl, const char* path, hid_t t, const void* rows, std::size_t n) {
+  const hsize_t dims = n;
+  H5Handle sp(H5Screate_simple(1, &dims, nullptr));
+  H5Handle ds(H5Dcreate2(file, path, t, sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), t, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows) < 0)) return H5Fail(path);
+  return ds;
+}
+
 hid_t FileType(DType t) {
   switch (t) {
     case DType::kF32:
@@ -472,11 +481,7 @@ Status WriteStageTrace(hid_t file, hid_t lcpl, const std::vector<WindowRecord>& 
       r.graph = static_cast<std::uint8_t>(static_cast<int>(st.graph) + 1);  // GraphUse kNone (-1) .. kReplay (2)
       rows.push_back(r);
     }
-  hsize_t n = rows.size();
-  H5Handle sp(H5Screate_simple(1, &n, nullptr));
-  H5Handle ds(H5Dcreate2(file, "trace/stages", t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
-  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) < 0))
-    return H5Fail("trace/stages");
+  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, WriteRecords(file, lcpl, "trace/stages", t.get(), rows.data(), rows.size()));
   if (!AttrStr(ds.get(), "clock",
                "ns; wait/compute/cpu: host (CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID); dev_*: CUDA events on the "
                "stage's stream; init: host set-up; -1 = not measured (cpu backend); graph: 0 none, 1 eager, "
@@ -516,11 +521,7 @@ Status WriteTrace(hid_t file, hid_t lcpl, const std::vector<WindowRecord>& ws) {
     r.compute_ns = w.compute_ns, r.draft_ns = w.draft_ns, r.commit_ns = w.commit_ns, r.export_ns = w.export_ns;
     rows.push_back(r);
   }
-  hsize_t n = rows.size();
-  H5Handle sp(H5Screate_simple(1, &n, nullptr));
-  H5Handle ds(H5Dcreate2(file, "trace/windows", t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
-  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) < 0))
-    return H5Fail("trace/windows");
+  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, WriteRecords(file, lcpl, "trace/windows", t.get(), rows.data(), rows.size()));
   if (!AttrStr(ds.get(), "clock", "CLOCK_MONOTONIC ns around the instrumented calls; export_ns -1 = unknown"))
     return H5Fail("trace/windows attributes");
   return WriteStageTrace(file, lcpl, ws);
@@ -570,11 +571,7 @@ Status WriteSamples(hid_t file, hid_t lcpl, const ExportRunInfo& meta) {
     H5Tinsert(t.get(), "swap_used_bytes", HOFFSET(HostRow, swap_used_bytes), H5T_NATIVE_INT64);
     H5Tinsert(t.get(), "rss_bytes", HOFFSET(HostRow, rss_bytes), H5T_NATIVE_INT64);
     H5Tinsert(t.get(), "process_cpu_ns", HOFFSET(HostRow, process_cpu_ns), H5T_NATIVE_INT64);
-    hsize_t n = host.size();
-    H5Handle sp(H5Screate_simple(1, &n, nullptr));
-    H5Handle ds(H5Dcreate2(file, "trace/samples", t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
-    if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()) < 0))
-      return H5Fail("trace/samples");
+    LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, WriteRecords(file, lcpl, "trace/samples", t.get(), host.data(), host.size()));
     const bool ok = AttrInt(ds.get(), "interval_min_ns", meta.sample_intervals.min_ns) &&
                     AttrInt(ds.get(), "interval_median_ns", meta.sample_intervals.median_ns) &&
                     AttrInt(ds.get(), "interval_max_ns", meta.sample_intervals.max_ns) &&
@@ -592,12 +589,7 @@ Status WriteSamples(hid_t file, hid_t lcpl, const ExportRunInfo& meta) {
   H5Tinsert(t.get(), "sm_clock_mhz", HOFFSET(DevRow, sm_clock_mhz), H5T_NATIVE_INT32);
   H5Tinsert(t.get(), "pcie_gen", HOFFSET(DevRow, pcie_gen), H5T_NATIVE_INT32);
   H5Tinsert(t.get(), "pcie_width", HOFFSET(DevRow, pcie_width), H5T_NATIVE_INT32);
-  hsize_t n = dev.size();
-  H5Handle sp(H5Screate_simple(1, &n, nullptr));
-  H5Handle ds(H5Dcreate2(file, "trace/device_samples", t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
-  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, dev.data()) < 0))
-    return H5Fail("trace/device_samples");
-  return Status::Ok();
+  return WriteRecords(file, lcpl, "trace/device_samples", t.get(), dev.data(), dev.size()).status();
 }
 
 Status WriteEvents(hid_t file, hid_t lcpl, const ExportRunInfo& meta) {
@@ -606,11 +598,8 @@ Status WriteEvents(hid_t file, hid_t lcpl, const ExportRunInfo& meta) {
   H5Tinsert(t.get(), "id", HOFFSET(TraceEvent, id), H5T_NATIVE_UINT16);
   H5Tinsert(t.get(), "b", HOFFSET(TraceEvent, b), H5T_NATIVE_UINT16);
   H5Tinsert(t.get(), "a", HOFFSET(TraceEvent, a), H5T_NATIVE_INT32);
-  hsize_t n = meta.events.size();
-  H5Handle sp(H5Screate_simple(1, &n, nullptr));
-  H5Handle ds(H5Dcreate2(file, "trace/events", t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
-  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, meta.events.data()) < 0))
-    return H5Fail("trace/events");
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      H5Handle ds, WriteRecords(file, lcpl, "trace/events", t.get(), meta.events.data(), meta.events.size()));
   const bool ok = AttrInt(ds.get(), "dropped", static_cast<std::int64_t>(meta.events_dropped)) &&
                   AttrStr(ds.get(), "ids", "1 layer_begin(a=layer,b=stage) 2 layer_end 3 stage_begin(a=stage,b=T) 4 stage_end");
   return ok ? Status::Ok() : H5Fail("trace/events attributes");
@@ -652,12 +641,7 @@ Status WriteIndex(hid_t file, hid_t lcpl, const std::vector<IndexRow>& rows) {
             H5Tinsert(t.get(), "scale_offset", HOFFSET(IndexRow, scale_offset), H5T_STD_I64LE) >= 0 &&
             H5Tinsert(t.get(), "scale_dims", HOFFSET(IndexRow, scale_dims), d2.get()) >= 0;
   if (!ok) return H5Fail("index/items type");
-  const hsize_t n = rows.size();
-  H5Handle sp(H5Screate_simple(1, &n, nullptr));
-  H5Handle ds(H5Dcreate2(file, "index/items", t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
-  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) < 0))
-    return H5Fail("index/items");
-  return Status::Ok();
+  return WriteRecords(file, lcpl, "index/items", t.get(), rows.data(), rows.size()).status();
 }
 
 }  // namespace
