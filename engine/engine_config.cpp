@@ -38,6 +38,7 @@ std::string EngineConfig::ToJson() const {
   j["threads"] = threads;
   j["deterministic"] = deterministic;
   j["cuda_graphs"] = cuda_graphs;
+  j["cuda_attn_split"] = cuda_attn_split;
   j["devices"] = devices;
   j["stages"] = stages;
   j["split"] = split;
@@ -101,6 +102,8 @@ Result<EngineConfig> EngineConfig::FromJson(std::string_view text, const std::st
     } else if (k == "cuda_graphs") {
       if (!v.is_boolean()) return type_err("true/false");
       c.cuda_graphs = v.get<bool>();
+    } else if (k == "cuda_attn_split") {
+      LOCKSTEP_RETURN_IF_ERROR(get_int(c.cuda_attn_split));
     } else if (k == "devices") {
       if (!v.is_array()) return type_err("a list of integers");
       c.devices.clear();
@@ -186,6 +189,8 @@ Status EngineConfig::Validate() const {
     return bad("--devices", std::to_string(devices.size()) + " devices for " + std::to_string(stages) +
                                 " stages (at most one device per stage)");
   if (backend == "cpu" && !devices.empty()) return bad("--devices", "only the cuda backend runs on devices");
+  if (cuda_attn_split < 0 || cuda_attn_split > (1 << 24))
+    return bad("--cuda-attn-split", "expected 0 (one block per row) .. 16777216 positions");
   if (stages < 1 || stages > 64) return bad("--stages", "expected 1 .. 64");
   if (!split.empty() && static_cast<int>(split.size()) != stages - 1)
     return bad("--split", "expected " + std::to_string(stages - 1) + " boundaries for " + std::to_string(stages) +

@@ -26,6 +26,7 @@ int Fail(const lockstep::Status& s) {
 // `--config FILE` base can be overridden by exactly the flags given on the command line.
 struct EngineFlags {
   std::string config_file, model, backend, split, kv, expert_cache, deterministic, cuda_graphs, devices;
+  int cuda_attn_split = 0;
   int threads = 0, stages = 0, prefill = 0, kv_page = 0, max_new = 0, top_k = 0;
   std::uint64_t seed = 0;
   double pcie_frac = 0, temperature = 0, top_p = 0;
@@ -59,6 +60,10 @@ struct EngineFlags {
           c.cuda_graphs = cuda_graphs == "on";
           return Status::Ok();
         });
+    opt(app->add_option("--cuda-attn-split", cuda_attn_split,
+                        "cuda: attention rows with a longer context run in blocks of this many positions and a "
+                        "combine (default 512; 0: one block per row). Changes the long rows' bits"),
+        [this](EngineConfig& c) { c.cuda_attn_split = cuda_attn_split; return Status::Ok(); });
     opt(app->add_option("--devices", devices, "cuda: GPUs for the stages, e.g. 0,1,2,3 (default 0)"),
         [this](EngineConfig& c) {
           auto r = lockstep::ParseIntList(devices, "--devices");

@@ -1,6 +1,8 @@
 // Causal attention over the K/V cache (cpu::AttendGroup's device twin) and the q / gate split.
 //
-// Attention layout: one block of km::kAttnThreads threads per (query row t, query head h).
+// Attention layout: one block of km::kAttnThreads threads per (query row t, query head h, context
+// split j). A row whose context n_ctx = p + t + 1 fits in one split (n_ctx <= split, or no split)
+// runs whole in its j = 0 block:
 //   1. q goes to shared memory; warp w computes the scores of cache rows u = w, w + 8, ... with the
 //      batch-invariant dot (kernel_math.h lane order over D, K dequantised on load), times scale,
 //      into the caller's global scratch.
@@ -10,13 +12,22 @@
 //      tree (order fixed by n_ctx and kAttnThreads only); inv = float(1 / sum).
 //   4. output: thread i owns dims i, i + 256, ... and sums p_u * v_u[i] over u in increasing order
 //      from 0 (p_u = e_u * inv staged through shared memory 256 rows at a time): the CPU's order.
+// A longer row (split-context, "flash decoding") is cut into ranges [j * split, (j + 1) * split):
+// block j runs steps 1-4 over its range only, relative to its own max m_j and with inv = 1 (so
+// p_u = e_u exactly), and leaves m_j, l_j (the f64 sum) and acc_j[D] in the partials scratch;
+// AttnCombineKernel, one block per (t, h), then rescales and adds them in increasing j
+// (km::AttnRescaledSum). One block per head reads the whole context serially, which leaves a
+// long-context decode (T * Hq blocks) on a handful of SMs; the splits spread it over
+// T * Hq * ceil(n_ctx / split) blocks.
 //
 // The position p may be read from device memory when the kernel runs (Pos), so the launch shape
-// and the scores stride never depend on it.
+// and the scores stride never depend on it: the grid has ceil(n_ctx_max / split) splits per
+// (t, h) and the blocks past a row's context return at once.
 //
-// Determinism: every reduction order depends only on n_ctx = p + t + 1, D and the constant block
-// size, never on T, the number of heads or the grid; no atomics. So row t's output is bitwise
-// independent of how many rows are attended together.
+// Determinism: every reduction order depends only on n_ctx = p + t + 1, D, the split and the
+// constant block size, never on T, the number of heads or the grid; no atomics. So row t's output
+// is bitwise independent of how many rows are attended together (the engine's split is
+// EngineConfig::cuda_attn_split, fixed for a run).
 #include "cuda/kernel_math.h"
 #include "cuda/ops.h"
 
@@ -61,25 +72,40 @@ __device__ inline void LoadKv4(const void* base, std::size_t idx, float scale, f
   }
 }
 
+// Floats per (t, h, split) partial: acc [D], m at [D], l (f64) in the last two floats (the stride
+// is a multiple of 4, so l is 8-byte aligned when the scratch is).
+__host__ __device__ inline std::size_t PartialStride(int D) {
+  return (static_cast<std::size_t>(D) + 4 + 3) / 4 * 4;
+}
+
 // q f32 [T, Hq, D]; k_cache / v_cache [rows, Hkv, D] of KvT; k_scales / v_scales f32 [rows, Hkv]
-// (int8 only); scores f32 [T, Hq, n_ctx_max]; o f32 [T, Hq, D]. Grid: T * Hq blocks. Dynamic
-// shared memory: (D + kAttnThreads) floats.
+// (int8 only); scores f32 [T, Hq, n_ctx_max]; o f32 [T, Hq, D]; partials f32
+// [T, Hq, n_split, PartialStride(D)] (unused when n_split == 1). Grid: T * Hq * n_split blocks.
+// Dynamic shared memory: (D + kAttnThreads) floats.
 template <int KvT, bool kVec>
 __global__ void __launch_bounds__(km::kAttnThreads)
     AttentionKernel(const float* __restrict__ q, Pos pos, int n_heads, int n_heads_kv, int D,
                     const void* __restrict__ k_cache, const void* __restrict__ v_cache,
                     const float* __restrict__ k_scales, const float* __restrict__ v_scales,
-                    float scale, float* __restrict__ scores, int n_ctx_max, float* __restrict__ o) {
+                    float scale, float* __restrict__ scores, int n_ctx_max, int split,
+                    int n_split, float* __restrict__ partials, float* __restrict__ o) {
   extern __shared__ float smem[];
   __shared__ float red_f[km::kAttnThreads];
   __shared__ double red_d[km::kAttnThreads];
   float* qs = smem;         // [D]
   float* ptile = smem + D;  // [kAttnThreads]
   const int tid = static_cast<int>(threadIdx.x), lane = tid % km::kWarp, warp = tid / km::kWarp;
-  const int th = static_cast<int>(blockIdx.x);
+  const int th = static_cast<int>(blockIdx.x) / n_split;
+  const int j = static_cast<int>(blockIdx.x) - th * n_split;
   const int t = th / n_heads, h = th - t * n_heads;
   const int kvh = h / (n_heads / n_heads_kv);
   const int n_ctx = pos.Get() + t + 1;
+  // Whole row in block 0, or this block's range of a long row (block-uniform: every thread of a
+  // block returns together, before any barrier).
+  const bool whole = n_split == 1 || n_ctx <= split;
+  if (whole ? j != 0 : j * split >= n_ctx) return;
+  const int u0 = whole ? 0 : j * split;
+  const int u1 = whole ? n_ctx : (n_ctx - u0 < split ? n_ctx : u0 + split);
   const std::size_t ud = static_cast<std::size_t>(D);
   const std::size_t row_elems = static_cast<std::size_t>(n_heads_kv) * ud;
   const std::size_t head_off = static_cast<std::size_t>(kvh) * ud;
@@ -90,7 +116,7 @@ __global__ void __launch_bounds__(km::kAttnThreads)
 
   // 1. scores
   float* sc = scores + static_cast<std::size_t>(th) * static_cast<std::size_t>(n_ctx_max);
-  for (int u = warp; u < n_ctx; u += kAttnWarps) {
+  for (int u = u0 + warp; u < u1; u += kAttnWarps) {
     const std::size_t base = static_cast<std::size_t>(u) * row_elems + head_off;
     const float ksc =
         KvT == 2 ? k_scales[static_cast<std::size_t>(u) * static_cast<std::size_t>(n_heads_kv) +
@@ -119,7 +145,7 @@ __global__ void __launch_bounds__(km::kAttnThreads)
 
   // 2. max
   float mx = -INFINITY;
-  for (int u = tid; u < n_ctx; u += km::kAttnThreads) mx = km::MaxStep(mx, sc[u]);
+  for (int u = u0 + tid; u < u1; u += km::kAttnThreads) mx = km::MaxStep(mx, sc[u]);
   red_f[tid] = mx;
   __syncthreads();
   for (int s = km::kAttnThreads / 2; s > 0; s >>= 1) {
@@ -130,7 +156,7 @@ __global__ void __launch_bounds__(km::kAttnThreads)
 
   // 3. exp and the f64 sum
   double sum = 0.0;
-  for (int u = tid; u < n_ctx; u += km::kAttnThreads) {
+  for (int u = u0 + tid; u < u1; u += km::kAttnThreads) {
     const float e = km::SoftmaxExp(sc[u], mx);
     sc[u] = e;
     sum = sum + static_cast<double>(e);
@@ -141,19 +167,20 @@ __global__ void __launch_bounds__(km::kAttnThreads)
     if (tid < s) red_d[tid] = red_d[tid] + red_d[tid + s];
     __syncthreads();
   }
-  const float inv = km::SoftmaxInv(red_d[0]);
+  // A split's p_u stays e_u (times 1.0f: exact); the combine normalises.
+  const float inv = whole ? km::SoftmaxInv(red_d[0]) : 1.0f;
 
   // 4. output, dims tid + j * kAttnThreads
   float acc[km::kAttnMaxDimsPerThread];
 #pragma unroll
-  for (int j = 0; j < km::kAttnMaxDimsPerThread; ++j) acc[j] = 0.0f;
-  for (int u0 = 0; u0 < n_ctx; u0 += km::kAttnThreads) {
-    const int nu = n_ctx - u0 < km::kAttnThreads ? n_ctx - u0 : km::kAttnThreads;
-    // Thread tid wrote e_{u0+tid} in step 3 itself, so only the tile's reuse needs a barrier.
-    if (tid < nu) ptile[tid] = sc[u0 + tid] * inv;
+  for (int r = 0; r < km::kAttnMaxDimsPerThread; ++r) acc[r] = 0.0f;
+  for (int b0 = u0; b0 < u1; b0 += km::kAttnThreads) {
+    const int nu = u1 - b0 < km::kAttnThreads ? u1 - b0 : km::kAttnThreads;
+    // Thread tid wrote e_{b0+tid} in step 3 itself, so only the tile's reuse needs a barrier.
+    if (tid < nu) ptile[tid] = sc[b0 + tid] * inv;
     __syncthreads();
     for (int uu = 0; uu < nu; ++uu) {
-      const int u = u0 + uu;
+      const int u = b0 + uu;
       const float pu = ptile[uu];
       const std::size_t base = static_cast<std::size_t>(u) * row_elems + head_off;
       const float vsc =
@@ -161,19 +188,59 @@ __global__ void __launch_bounds__(km::kAttnThreads)
                               static_cast<std::size_t>(kvh)]
                    : 0.0f;
 #pragma unroll
-      for (int j = 0; j < km::kAttnMaxDimsPerThread; ++j) {
-        const int i = tid + j * km::kAttnThreads;
+      for (int r = 0; r < km::kAttnMaxDimsPerThread; ++r) {
+        const int i = tid + r * km::kAttnThreads;
         if (i < D)
-          acc[j] = km::AttnAccum(acc[j], pu,
+          acc[r] = km::AttnAccum(acc[r], pu,
                                  LoadKv<KvT>(v_cache, base + static_cast<std::size_t>(i), vsc));
       }
     }
     __syncthreads();
   }
+  float* dst = whole ? o + static_cast<std::size_t>(th) * ud
+                    : partials + (static_cast<std::size_t>(th) * static_cast<std::size_t>(n_split) +
+                                  static_cast<std::size_t>(j)) *
+                                     PartialStride(D);
 #pragma unroll
-  for (int j = 0; j < km::kAttnMaxDimsPerThread; ++j) {
-    const int i = tid + j * km::kAttnThreads;
-    if (i < D) o[static_cast<std::size_t>(th) * ud + static_cast<std::size_t>(i)] = acc[j];
+  for (int r = 0; r < km::kAttnMaxDimsPerThread; ++r) {
+    const int i = tid + r * km::kAttnThreads;
+    if (i < D) dst[i] = acc[r];
+  }
+  if (!whole && tid == 0) {
+    dst[D] = mx;
+    *reinterpret_cast<double*>(dst + PartialStride(D) - 2) = red_d[0];
+  }
+}
+
+// One block per (t, h): the long rows' split partials into o (km::AttnRescaledSum's order). Every
+// thread folds m and L over the splits itself (the same sequence, so the same bits), then owns
+// dims tid, tid + kAttnThreads, ...
+__global__ void __launch_bounds__(km::kAttnThreads)
+    AttnCombineKernel(Pos pos, int n_heads, int D, int split, int n_split,
+                      const float* __restrict__ partials, float* __restrict__ o) {
+  const int th = static_cast<int>(blockIdx.x);
+  const int t = th / n_heads;
+  const int n_ctx = pos.Get() + t + 1;
+  if (n_ctx <= split) return;  // written whole by AttentionKernel
+  const int used = (n_ctx + split - 1) / split;
+  const std::size_t ps = PartialStride(D);
+  const float* part = partials + static_cast<std::size_t>(th) * static_cast<std::size_t>(n_split) * ps;
+  float M = -INFINITY;
+  for (int j = 0; j < used; ++j) M = km::MaxStep(M, part[static_cast<std::size_t>(j) * ps + static_cast<std::size_t>(D)]);
+  double L = 0.0;
+  for (int j = 0; j < used; ++j) {
+    const float* pj = part + static_cast<std::size_t>(j) * ps;
+    L = km::AttnRescaledSum(L, *reinterpret_cast<const double*>(pj + ps - 2),
+                            km::SoftmaxExp(pj[D], M));
+  }
+  const float inv = km::SoftmaxInv(L);
+  for (int i = static_cast<int>(threadIdx.x); i < D; i += km::kAttnThreads) {
+    float acc = 0.0f;
+    for (int j = 0; j < used; ++j) {
+      const float* pj = part + static_cast<std::size_t>(j) * ps;
+      acc = km::AttnAccum(acc, km::SoftmaxExp(pj[D], M) * inv, pj[i]);
+    }
+    o[static_cast<std::size_t>(th) * static_cast<std::size_t>(D) + static_cast<std::size_t>(i)] = acc;
   }
 }
 
@@ -181,15 +248,11 @@ template <int KvT>
 void LaunchAttention(bool vec, unsigned blocks, std::size_t smem, cudaStream_t s, const float* q,
                      Pos p, int n_heads, int n_heads_kv, int D, const void* k_cache,
                      const void* v_cache, const float* k_scales, const float* v_scales, float scale,
-                     float* scores, int n_ctx_max, float* o) {
+                     float* scores, int n_ctx_max, int split, int n_split, float* partials, float* o) {
   if (vec) {
-    AttentionKernel<KvT, true>
-        <<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache,
-                                                k_scales, v_scales, scale, scores, n_ctx_max, o);
+    AttentionKernel<KvT, true><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
   } else {
-    AttentionKernel<KvT, false>
-        <<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache,
-                                                k_scales, v_scales, scale, scores, n_ctx_max, o);
+    AttentionKernel<KvT, false><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
   }
 }
 
@@ -219,25 +282,41 @@ void SplitQGate(const float* qg, int T, int n_heads, int head_dim, float* q, flo
   SplitQGateKernel<<<blocks, kSplitThreads, 0, s>>>(qg, n_rows, head_dim, q, gate);
 }
 
+int AttentionSplits(int n_ctx_max, int split) {
+  return split > 0 && n_ctx_max > split ? (n_ctx_max + split - 1) / split : 1;
+}
+
+std::size_t AttentionPartialFloats(int T, int n_heads, int head_dim, int n_ctx_max, int split) {
+  const int n_split = AttentionSplits(n_ctx_max, split);
+  if (n_split == 1 || T <= 0 || n_heads <= 0 || head_dim <= 0) return 0;
+  return static_cast<std::size_t>(T) * static_cast<std::size_t>(n_heads) *
+         static_cast<std::size_t>(n_split) * PartialStride(head_dim);
+}
+
 void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int head_dim,
                int kv_dtype, const void* k_cache, const void* v_cache, const float* k_scales,
-               const float* v_scales, float scale, float* scores, int n_ctx_max, float* o,
-               cudaStream_t s) {
+               const float* v_scales, float scale, float* scores, int n_ctx_max, int split,
+               float* partials, float* o, cudaStream_t s) {
   if (T <= 0 || n_heads <= 0 || head_dim <= 0) return;
-  const unsigned blocks = static_cast<unsigned>(T) * static_cast<unsigned>(n_heads);
+  const int n_split = AttentionSplits(n_ctx_max, split);
+  const unsigned rows = static_cast<unsigned>(T) * static_cast<unsigned>(n_heads);
+  const unsigned blocks = rows * static_cast<unsigned>(n_split);
   const std::size_t smem = static_cast<std::size_t>(head_dim + km::kAttnThreads) * sizeof(float);
   // One load per 4 elements needs 4-element-aligned rows: D % 4 == 0 and an aligned base.
   const std::size_t elem = kv_dtype == 0 ? 4 : kv_dtype == 1 ? 2 : 1;
   const bool vec = head_dim % 4 == 0 && km::Aligned(k_cache, 4 * elem);
   if (kv_dtype == 0) {
     LaunchAttention<0>(vec, blocks, smem, s, q, p, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                       k_scales, v_scales, scale, scores, n_ctx_max, o);
+                       k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
   } else if (kv_dtype == 1) {
     LaunchAttention<1>(vec, blocks, smem, s, q, p, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                       k_scales, v_scales, scale, scores, n_ctx_max, o);
+                       k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
   } else {
     LaunchAttention<2>(vec, blocks, smem, s, q, p, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                       k_scales, v_scales, scale, scores, n_ctx_max, o);
+                       k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
+  }
+  if (n_split > 1) {
+    AttnCombineKernel<<<rows, km::kAttnThreads, 0, s>>>(p, n_heads, head_dim, split, n_split, partials, o);
   }
 }
 

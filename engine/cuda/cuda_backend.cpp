@@ -27,6 +27,7 @@ Result<BackendPtr> CudaBackend::Create(const EngineConfig& cfg, const ModelWeigh
   b->n_stages_ = cfg.stages;
   b->deterministic_ = cfg.deterministic;
   b->graphs_ = cfg.cuda_graphs;
+  b->attn_split_ = cfg.cuda_attn_split;
   // env: CUBLAS_WORKSPACE_CONFIG — cuBLAS is bitwise reproducible run to run only with a fixed
   // workspace configuration; we set it for the process unless the user already did.
   if (cfg.deterministic) setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
@@ -40,7 +41,9 @@ Result<BackendPtr> CudaBackend::Create(const EngineConfig& cfg, const ModelWeigh
   b->describe_ = std::string("cuda, ") + prop.name + " x" + std::to_string(b->devices_.size()) +
                  (cfg.deterministic ? ", deterministic" : ", non-deterministic (--deterministic off)") +
                  (b->devices_.size() > 1 ? ", NCCL hand-off" : ", stream/event hand-off") +
-                 (cfg.cuda_graphs ? ", CUDA graphs" : ", no CUDA graphs (--cuda-graphs off)");
+                 (cfg.cuda_graphs ? ", CUDA graphs" : ", no CUDA graphs (--cuda-graphs off)") +
+                 (cfg.cuda_attn_split > 0 ? ", attention split past " + std::to_string(cfg.cuda_attn_split) + " positions"
+                                          : ", one attention block per row (--cuda-attn-split 0)");
   return BackendPtr(std::move(b));
 }
 

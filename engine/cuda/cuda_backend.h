@@ -57,6 +57,7 @@ class CudaBackend final : public Backend {
 
   bool deterministic() const { return deterministic_; }
   bool graphs() const { return graphs_; }
+  int attn_split() const { return attn_split_; }  // EngineConfig::cuda_attn_split
   int device_of_stage(int is) const;
   int rank_of_device(int device) const;
   // Brings src (a CudaActivation) into dst f32 [rows, cols] on `dst_device`, ordered on
@@ -70,6 +71,7 @@ class CudaBackend final : public Backend {
   int n_stages_ = 1;
   bool deterministic_ = true;
   bool graphs_ = true;
+  int attn_split_ = 0;
   std::vector<NcclCommPtr> comms_;  // [devices_.size()] when more than one device
   std::string describe_;
 };

@@ -531,7 +531,7 @@ Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, A
       LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_in.get(), d.s()));
     }
     LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_start.get(), d.s()));
-    Ctx x{c_, d, mode, backend_->deterministic(), d.s(), &d.init_ns};
+    Ctx x{c_, d, mode, backend_->deterministic(), backend_->attn_split(), d.s(), &d.init_ns};
     LOCKSTEP_RETURN_IF_ERROR(RunLayers(x, T, act.p));
     LOCKSTEP_CUDA_CHECK(cudaGetLastError());
     LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_done.get(), d.s()));
@@ -696,7 +696,7 @@ void CudaStageSession::MtpForward(const float* hid, const std::int32_t* next_tok
       LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(d.s()));
       FlushRoutes(d);
     }
-    Ctx x{c_, d, mode, backend_->deterministic(), d.s(), &d.init_ns};
+    Ctx x{c_, d, mode, backend_->deterministic(), backend_->attn_split(), d.s(), &d.init_ns};
     LOCKSTEP_RETURN_IF_ERROR(EnsureRows(d.mtp_hidden, &d.mtp_rows, T, h, &d.init_ns, d.s()));
     const int nl = std::min(n_logits, T);
     // In: hidden rows then token ids, one upload. Out: m rows then logits, one download.

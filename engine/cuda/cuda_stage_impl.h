@@ -254,6 +254,7 @@ struct Ctx {
   DeviceStageImpl& d;
   ForwardMode mode;
   bool deterministic;
+  int attn_split;  // Attention's context split (EngineConfig::cuda_attn_split)
   cudaStream_t s;
   std::int64_t* init_ns;
   const int* pos = nullptr;  // device int the kernels read the position from (SetPosition)

@@ -247,6 +247,13 @@ LOCKSTEP_HD inline float MaxStep(float m, float x) { return m < x ? x : m; }
 LOCKSTEP_HD inline float SoftmaxExp(float s, float mx) { return ::expf(s - mx); }
 LOCKSTEP_HD inline float SoftmaxInv(double sum) { return static_cast<float>(1.0 / sum); }
 LOCKSTEP_HD inline float AttnAccum(float acc, float p, float v) { return acc + p * v; }
+// Split-context combine. Block j of a long row leaves m_j (its max score), l_j (f64 sum of
+// exp(s_u - m_j)) and acc_j[i] (sum of exp(s_u - m_j) v_u[i], increasing u). With M the max of
+// the m_j and w_j = exp(m_j - M): L = sum_j l_j w_j in f64 (increasing j), inv = 1 / L, and
+// o[i] = sum_j AttnAccum(o[i], w_j * inv, acc_j[i]) in increasing j.
+LOCKSTEP_HD inline double AttnRescaledSum(double sum, double l, float w) {
+  return sum + l * static_cast<double>(w);
+}
 
 // ---- gated DeltaNet (cpu/gdn.cpp) ----
 

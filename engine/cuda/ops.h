@@ -96,10 +96,17 @@ void SplitQGate(const float* qg, int T, int n_heads, int head_dim, float* q, flo
 // uses kv head h / (Hq/Hkv). Softmax with max subtraction, f64 sum of exp, f32 normaliser, as
 // cpu::AttendGroup. scores: f32 scratch [T, Hq, n_ctx_max] with n_ctx_max >= p + T (the launch
 // shape does not depend on p, so p may be a device-read position).
+// split > 0: a row whose context is longer than `split` positions is attended in blocks of
+// `split` positions and combined (split-context decode; attention.cu); rows up to `split` keep
+// the single-block order, bitwise. split <= 0: every row in one block. partials: f32 scratch of
+// AttentionPartialFloats(...) floats, 8-byte aligned (nullptr when that is 0).
 // o f32 [T, Hq, D] (not yet gated).
 void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int head_dim, int kv_dtype,
                const void* k_cache, const void* v_cache, const float* k_scales, const float* v_scales, float scale,
-               float* scores, int n_ctx_max, float* o, cudaStream_t s);
+               float* scores, int n_ctx_max, int split, float* partials, float* o, cudaStream_t s);
+// Context splits per (row, head) of a launch (1: no split) and the partials scratch it needs.
+int AttentionSplits(int n_ctx_max, int split);
+std::size_t AttentionPartialFloats(int T, int n_heads, int head_dim, int n_ctx_max, int split);
 
 // ---- kv.cu ----
 

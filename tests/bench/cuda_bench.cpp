@@ -14,6 +14,10 @@
 //                         at the end.
 //   BM_CudaVerify/<T>     one verify window of T rows on `small` (T = 1..9); the T=9 / T=1 ratio is
 //                         printed at the end. Goal: <= 1.3.
+//   BM_CudaLongDecode/<split>  plain decode on `small` after an 8192-token prompt, with the
+//                         attention's context split (--cuda-attn-split) at 512 (the default) and
+//                         0 (one block per row and head: 8 blocks for a decode step); the
+//                         speed-up of the split is printed at the end.
 // Without a device every benchmark reports "no CUDA device" and skips.
 //
 //   build/tests/bench/cuda_bench --benchmark_counters_tabular=true
@@ -60,6 +64,7 @@ const ModelWeights& Model(const std::string& preset) {
 double g_bandwidth = 0;                    // bytes/s, from BM_CopyBandwidth
 std::map<int, double> g_verify_s;          // T -> seconds per window
 std::map<std::string, double> g_decode_s;  // "BM_CudaDecode/<preset>[_eager]" -> seconds per token
+std::map<int, double> g_long_decode_s;     // split -> seconds per token (BM_CudaLongDecode)
 
 void BM_CopyBandwidth(benchmark::State& state) {
   if (!HaveDevice()) return state.SkipWithError("no CUDA device");
@@ -81,7 +86,8 @@ void BM_CopyBandwidth(benchmark::State& state) {
 }
 BENCHMARK(BM_CopyBandwidth)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(20);
 
-std::unique_ptr<Engine> MakeEngine(const ModelWeights& w, const std::string& preset, bool graphs = true) {
+std::unique_ptr<Engine> MakeEngine(const ModelWeights& w, const std::string& preset, bool graphs = true,
+                                   int attn_split = EngineConfig{}.cuda_attn_split) {
   cuda::RegisterCudaBackend();
   EngineConfig c;
   c.model = preset;
@@ -89,12 +95,35 @@ std::unique_ptr<Engine> MakeEngine(const ModelWeights& w, const std::string& pre
   c.stages = 4;
   c.threads = 1;
   c.cuda_graphs = graphs;
+  c.cuda_attn_split = attn_split;
   auto e = Engine::Create(c, w);
   if (!e.ok()) {
     std::fprintf(stderr, "%s\n", e.status().ToString().c_str());
     return nullptr;
   }
   return std::move(*e);
+}
+
+// Greedy plain decode (one-row verify window + commit per token) after 8 warm-up steps, whose
+// first calls pay initialisation; sets tok/s. Returns the timed tokens, -1 after an error.
+std::int64_t DecodeLoop(benchmark::State& state, Engine& e) {
+  std::vector<float> logits(static_cast<std::size_t>(e.weights().config.n_vocab));
+  std::int32_t tok = 1;
+  for (int i = 0; i < 8; ++i) {
+    (void)e.Verify(std::span<const std::int32_t>(&tok, 1), logits.data());
+    (void)e.Commit(1);
+  }
+  std::int64_t n = 0;
+  for (auto _ : state) {
+    if (!e.Verify(std::span<const std::int32_t>(&tok, 1), logits.data()).ok() || !e.Commit(1).ok()) {
+      state.SkipWithError("verify");
+      return -1;
+    }
+    tok = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    ++n;
+  }
+  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsRate);
+  return n;
 }
 
 void BM_CudaDecode(benchmark::State& state, const std::string& preset, bool graphs) {
@@ -105,20 +134,8 @@ void BM_CudaDecode(benchmark::State& state, const std::string& preset, bool grap
   std::vector<std::int32_t> prompt(64);
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>(7 + 13 * i) % w.config.n_vocab;
   if (!e->Prefill(prompt).ok()) return state.SkipWithError("prefill");
-  std::vector<float> logits(static_cast<std::size_t>(w.config.n_vocab));
-  std::int32_t tok = 1;
-  for (int i = 0; i < 8; ++i) {  // warm-up: first calls pay initialisation
-    (void)e->Verify(std::span<const std::int32_t>(&tok, 1), logits.data());
-    (void)e->Commit(1);
-  }
-  std::int64_t n = 0;
-  for (auto _ : state) {
-    if (!e->Verify(std::span<const std::int32_t>(&tok, 1), logits.data()).ok() || !e->Commit(1).ok())
-      return state.SkipWithError("verify");
-    tok = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    ++n;
-  }
-  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsRate);
+  const std::int64_t n = DecodeLoop(state, *e);
+  if (n < 0) return;
   double launches = 0;
   for (int is = 0; is < e->n_stages(); ++is) launches += static_cast<double>(e->stage(is).init_counters().graph_launches);
   state.counters["graphs/token"] = launches / static_cast<double>(n + 8);
@@ -162,6 +179,20 @@ void BM_CudaVerify(benchmark::State& state) {
 }
 BENCHMARK(BM_CudaVerify)->DenseRange(1, 9)->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(1.0);
 
+void BM_CudaLongDecode(benchmark::State& state) {
+  if (!HaveDevice()) return state.SkipWithError("no CUDA device");
+  const int split = static_cast<int>(state.range(0)), n_prompt = 8192;
+  const ModelWeights& w = Model("small");
+  auto e = MakeEngine(w, "small", true, split);
+  if (!e) return state.SkipWithError("engine");
+  std::vector<std::int32_t> prompt(static_cast<std::size_t>(n_prompt));
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>(7 + 13 * i) % w.config.n_vocab;
+  if (!e->Prefill(prompt).ok()) return state.SkipWithError("prefill");
+  if (DecodeLoop(state, *e) < 0) return;
+  state.counters["context"] = n_prompt + 8;
+}
+BENCHMARK(BM_CudaLongDecode)->Arg(512)->Arg(0)->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(1.0);
+
 // Keeps the measured bandwidth and window times for the summary lines.
 class Reporter : public benchmark::ConsoleReporter {
  public:
@@ -178,6 +209,8 @@ class Reporter : public benchmark::ConsoleReporter {
       }
       // function_name: "BM_CudaDecode/<preset>[_eager]" without the min_time / real_time suffixes.
       if (name.rfind("BM_CudaDecode/", 0) == 0) g_decode_s[r.run_name.function_name] = r.GetAdjustedRealTime() * 1e-6;
+      if (name.rfind("BM_CudaLongDecode/", 0) == 0)
+        g_long_decode_s[std::stoi(name.substr(std::string("BM_CudaLongDecode/").size()))] = r.GetAdjustedRealTime() * 1e-6;
       if (name.rfind("BM_CudaVerify/", 0) == 0) {
         const int T = std::stoi(name.substr(std::string("BM_CudaVerify/").size()));
         g_verify_s[T] = r.GetAdjustedRealTime() * 1e-6;  // microseconds -> s
@@ -203,6 +236,10 @@ int main(int argc, char** argv) {
     if (d.count(on) && d.count(off) && d[on] > 0)
       std::printf("decode %s: CUDA graphs %.2fx the tokens/s of launching each kernel\n", m, d[off] / d[on]);
   }
+  auto& l = lockstep::g_long_decode_s;
+  if (l.count(512) && l.count(0) && l[512] > 0)
+    std::printf("decode small at 8192 positions: attention split 512 %.2fx the tokens/s of one block per head\n",
+                l[0] / l[512]);
   if (lockstep::g_bandwidth > 0) std::printf("measured copy bandwidth: %.1f GB/s\n", lockstep::g_bandwidth / 1e9);
   benchmark::Shutdown();
   return 0;

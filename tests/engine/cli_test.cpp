@@ -53,6 +53,7 @@ TEST(Cli, PrintConfigIsCanonicalAndReloadable) {
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["kv_dtype"], "int8");
   EXPECT_EQ(j["split"], nlohmann::json({2, 4, 6}));
+  EXPECT_EQ(j["cuda_attn_split"], 512) << "the default context split, in every fingerprint";
   EXPECT_EQ(j.dump() + "\n", r.out) << "printed form is the canonical compact form";
   std::string f = test::NewDir("cfg") + "/c.json";
   ASSERT_TRUE(WriteFileAtomic(f, r.out).ok());
@@ -61,6 +62,8 @@ TEST(Cli, PrintConfigIsCanonicalAndReloadable) {
   auto over = test::RunLockstep("generate --print-config --config " + f + " --kv bf16");
   EXPECT_EQ(nlohmann::json::parse(over.out)["kv_dtype"], "bf16");
   EXPECT_EQ(nlohmann::json::parse(over.out)["split"], nlohmann::json({2, 4, 6}));
+  auto split0 = test::RunLockstep("generate --print-config --config " + f + " --cuda-attn-split 0");
+  EXPECT_EQ(nlohmann::json::parse(split0.out)["cuda_attn_split"], 0);
 }
 
 TEST(Cli, UsageAndInputErrorsExit2) {
@@ -73,6 +76,7 @@ TEST(Cli, UsageAndInputErrorsExit2) {
       {"generate --model " + m + " --prompt hi --stages 4 --split 1,2", "--split"},
       {"generate --model " + m + " --prompt hi --stages 9", "--stages"},
       {"generate --model " + m + " --prompt hi --top-p 0", "--top-p"},
+      {"generate --model " + m + " --prompt hi --cuda-attn-split -1", "--cuda-attn-split"},
       {"generate --model " + m + " --prompt hi --no-such-flag", "no-such-flag"},
       {"generate --model " + m, "prompt"},
       {"generate --model " + m + " --prompt-tokens /nonexistent/t.txt", "/nonexistent/t.txt"},

@@ -46,6 +46,7 @@ namespace lockstep::cuda {
 namespace {
 
 using test::AbsDot;
+using test::AttentionTol;
 using test::DotTol;
 using test::FVec;
 using test::kU;
@@ -395,17 +396,18 @@ TEST(CudaKernelMath, RopeMatchesCpuBitwise) {
 
 // ---- attention ----
 
-// AttentionKernel for one (t, h) block: scores by warp dots, strided max / f64 partials over
-// kAttnThreads threads with the shared-memory trees, output in increasing u. Returns the bound
-// on the score difference to the CPU (for the tolerance) through *score_tol.
+// AttentionKernel for one (t, h, split) block over cache rows [u0, u1): scores by warp dots,
+// strided max / f64 partials over kAttnThreads threads with the shared-memory trees, output in
+// increasing u. whole: normalised output (the row's only block, u0 = 0). Otherwise the split's
+// unnormalised sums (inv = 1) and its max *m and f64 sum *l, as the partials hold them.
+// Raises *score_tol to the bound on the score difference to the CPU (for the tolerance).
 // K / V elements are KvCache's dequantised values: the kernels' loads (km::Bf16ToF32,
 // km::Int8Dequant) give the same bits (KvStoreMatchesKvCacheBitwise).
-void EmulateAttention(const float* q, int n_ctx, int kvh, const KvCache& c, float scale, float* o,
-                      double* score_tol) {
+void EmulateAttentionBlock(const float* q, int u0, int u1, bool whole, int kvh, const KvCache& c,
+                           float scale, float* o, float* m, double* l, double* score_tol) {
   const int D = c.head_dim(), B = km::kAttnThreads;
-  FVec sc(Z(n_ctx)), tmp(Z(D));
-  *score_tol = 0.0;
-  for (int u = 0; u < n_ctx; ++u) {
+  FVec sc(Z(u1)), tmp(Z(D));
+  for (int u = u0; u < u1; ++u) {
     const float* kr = c.K(u, kvh, tmp.data());
     sc[Z(u)] = WarpDot(q, kr, D) * scale;
     *score_tol =
@@ -414,25 +416,59 @@ void EmulateAttention(const float* q, int n_ctx, int kvh, const KvCache& c, floa
   std::vector<float> rf(Z(B));
   for (int tid = 0; tid < B; ++tid) {
     rf[Z(tid)] = -INFINITY;
-    for (int u = tid; u < n_ctx; u += B) rf[Z(tid)] = km::MaxStep(rf[Z(tid)], sc[Z(u)]);
+    for (int u = u0 + tid; u < u1; u += B) rf[Z(tid)] = km::MaxStep(rf[Z(tid)], sc[Z(u)]);
   }
   for (int s = B / 2; s > 0; s >>= 1)
     for (int tid = 0; tid < s; ++tid) rf[Z(tid)] = km::MaxStep(rf[Z(tid)], rf[Z(tid + s)]);
   const float mx = rf[0];
   std::vector<double> rd(Z(B), 0.0);
   for (int tid = 0; tid < B; ++tid)
-    for (int u = tid; u < n_ctx; u += B) {
+    for (int u = u0 + tid; u < u1; u += B) {
       sc[Z(u)] = km::SoftmaxExp(sc[Z(u)], mx);
       rd[Z(tid)] = rd[Z(tid)] + static_cast<double>(sc[Z(u)]);
     }
   for (int s = B / 2; s > 0; s >>= 1)
     for (int tid = 0; tid < s; ++tid) rd[Z(tid)] = rd[Z(tid)] + rd[Z(tid + s)];
-  const float inv = km::SoftmaxInv(rd[0]);
+  const float inv = whole ? km::SoftmaxInv(rd[0]) : 1.0f;
   std::fill_n(o, D, 0.0f);  // thread i's accumulator for dim i, rows in increasing u
-  for (int u = 0; u < n_ctx; ++u) {
+  for (int u = u0; u < u1; ++u) {
     const float* vr = c.V(u, kvh, tmp.data());
     for (int i = 0; i < D; ++i) o[i] = km::AttnAccum(o[i], sc[Z(u)] * inv, vr[i]);
   }
+  *m = mx;
+  *l = rd[0];
+}
+
+// One (t, h) row of Attention with context split `split` (<= 0: none): the whole block, or the
+// split blocks and AttnCombineKernel's fold. *n_blocks: the blocks the row used.
+void EmulateAttention(const float* q, int n_ctx, int kvh, const KvCache& c, float scale,
+                      int split, float* o, double* score_tol, int* n_blocks) {
+  const int D = c.head_dim();
+  float m;
+  double l;
+  *score_tol = 0.0;
+  if (split <= 0 || n_ctx <= split) {
+    *n_blocks = 1;
+    EmulateAttentionBlock(q, 0, n_ctx, true, kvh, c, scale, o, &m, &l, score_tol);
+    return;
+  }
+  const int used = (n_ctx + split - 1) / split;
+  *n_blocks = used;
+  std::vector<FVec> acc(Z(used), FVec(Z(D)));
+  FVec ms(Z(used));
+  std::vector<double> ls(Z(used));
+  for (int j = 0; j < used; ++j)
+    EmulateAttentionBlock(q, j * split, std::min(n_ctx, (j + 1) * split), false, kvh, c, scale,
+                          acc[Z(j)].data(), &ms[Z(j)], &ls[Z(j)], score_tol);
+  float M = -INFINITY;
+  for (int j = 0; j < used; ++j) M = km::MaxStep(M, ms[Z(j)]);
+  double L = 0.0;
+  for (int j = 0; j < used; ++j) L = km::AttnRescaledSum(L, ls[Z(j)], km::SoftmaxExp(ms[Z(j)], M));
+  const float inv = km::SoftmaxInv(L);
+  std::fill_n(o, D, 0.0f);
+  for (int j = 0; j < used; ++j)
+    for (int i = 0; i < D; ++i)
+      o[i] = km::AttnAccum(o[i], km::SoftmaxExp(ms[Z(j)], M) * inv, acc[Z(j)][Z(i)]);
 }
 
 TEST(CudaKernelMath, AttentionWithinBound) {
@@ -444,35 +480,84 @@ TEST(CudaKernelMath, AttentionWithinBound) {
                v = RandomVec(rng, Z(rows) * Z(hkv) * Z(D));
     const FVec q = RandomVec(rng, Z(T) * Z(hq) * Z(D), -2.0f, 2.0f);
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    for (DType dt : {DType::kF32, DType::kBF16, DType::kI8}) {
-      KvCache cache(hkv, D, dt, 64);
-      cache.Write(0, rows, k.data(), v.data());
-      FVec scores(Z(group) * Z(rows)), tmp(2 * Z(D)), oc(Z(group) * Z(D)), og(Z(D));
-      for (int t = 0; t < T; ++t)
-        for (int j = 0; j < hkv; ++j) {
-          const int n_ctx = p + t + 1;
-          const float* qg = q.data() + (Z(t) * Z(hq) + Z(j * group)) * Z(D);
-          cpu::AttendGroup(qg, group, j, cache, n_ctx, scale, oc.data(), scores.data(), tmp.data());
-          for (int gi = 0; gi < group; ++gi) {
-            double ds;
-            EmulateAttention(qg + Z(gi) * Z(D), n_ctx, j, cache, scale, og.data(), &ds);
-            const float* pc = scores.data() + Z(gi) * Z(n_ctx);  // the CPU's normalised p
-            std::vector<double> pv(Z(D), 0.0);                   // sum_u p_u |v_u[i]|
-            for (int u = 0; u < n_ctx; ++u) {
-              const float* vr = cache.V(u, j, tmp.data());
-              for (int i = 0; i < D; ++i) pv[Z(i)] += static_cast<double>(pc[u]) * std::fabs(vr[i]);
-            }
-            for (int i = 0; i < D; ++i) {
-              // p_u differs by <= 4 ds relatively (score, max, normaliser); the value sums then
-              // round (n_ctx + 8) more times on different inputs.
-              const double tol = (4.0 * ds + (n_ctx + 8) * kU) * pv[Z(i)];
-              ASSERT_NEAR(og[Z(i)], oc[Z(gi) * Z(D) + Z(i)], tol)
-                  << "D=" << D << " t=" << t << " head " << j * group + gi;
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kI8})
+      for (int split : {0, 64, 100, 299}) {  // 299: row 0 whole, rows 1 and 2 in two blocks
+        KvCache cache(hkv, D, dt, 64);
+        cache.Write(0, rows, k.data(), v.data());
+        FVec scores(Z(group) * Z(rows)), tmp(2 * Z(D)), oc(Z(group) * Z(D)), og(Z(D));
+        for (int t = 0; t < T; ++t)
+          for (int j = 0; j < hkv; ++j) {
+            const int n_ctx = p + t + 1;
+            const float* qg = q.data() + (Z(t) * Z(hq) + Z(j * group)) * Z(D);
+            cpu::AttendGroup(qg, group, j, cache, n_ctx, scale, oc.data(), scores.data(), tmp.data());
+            for (int gi = 0; gi < group; ++gi) {
+              double ds;
+              int n_blocks;
+              EmulateAttention(qg + Z(gi) * Z(D), n_ctx, j, cache, scale, split, og.data(), &ds,
+                               &n_blocks);
+              ASSERT_EQ(n_blocks, split == 0 || n_ctx <= split ? 1 : (n_ctx + split - 1) / split);
+              const float* pc = scores.data() + Z(gi) * Z(n_ctx);  // the CPU's normalised p
+              std::vector<double> pv(Z(D), 0.0);                   // sum_u p_u |v_u[i]|
+              for (int u = 0; u < n_ctx; ++u) {
+                const float* vr = cache.V(u, j, tmp.data());
+                for (int i = 0; i < D; ++i) pv[Z(i)] += static_cast<double>(pc[u]) * std::fabs(vr[i]);
+              }
+              for (int i = 0; i < D; ++i)
+                ASSERT_NEAR(og[Z(i)], oc[Z(gi) * Z(D) + Z(i)],
+                            AttentionTol(ds, n_ctx, n_blocks, pv[Z(i)], 1.0))
+                    << "D=" << D << " split " << split << " t=" << t << " head " << j * group + gi;
             }
           }
-        }
-    }
+      }
   }
+}
+
+// A split that leaves out a block's last row, or weights a block by its own max instead of the
+// common one, is caught by the bound above (the test's own sensitivity, on one row).
+TEST(CudaKernelMath, AttentionSplitBoundCatchesAWrongCombine) {
+  const int hkv = 1, D = 64, n_ctx = 300, split = 64;
+  std::mt19937 rng(19);
+  const FVec k = RandomVec(rng, Z(n_ctx) * Z(D), -2.0f, 2.0f), v = RandomVec(rng, Z(n_ctx) * Z(D));
+  const FVec q = RandomVec(rng, Z(D), -2.0f, 2.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  KvCache cache(hkv, D, DType::kF32, 64);
+  cache.Write(0, n_ctx, k.data(), v.data());
+  FVec scores(Z(n_ctx)), tmp(2 * Z(D)), oc(Z(D));
+  cpu::AttendGroup(q.data(), 1, 0, cache, n_ctx, scale, oc.data(), scores.data(), tmp.data());
+  std::vector<double> pv(Z(D), 0.0);
+  for (int u = 0; u < n_ctx; ++u)
+    for (int i = 0; i < D; ++i)
+      pv[Z(i)] += static_cast<double>(scores[Z(u)]) * std::fabs(v[Z(u) * Z(D) + Z(i)]);
+  // Correct fold, then the two planted mistakes (block 2's range one row short; no rescale).
+  auto worst = [&](int variant) {
+    const int used = (n_ctx + split - 1) / split;
+    std::vector<FVec> acc(Z(used), FVec(Z(D)));
+    FVec ms(Z(used));
+    std::vector<double> ls(Z(used));
+    double ds = 0.0;
+    for (int j = 0; j < used; ++j) {
+      const int u1 = std::min(n_ctx, (j + 1) * split) - (variant == 1 && j == 2 ? 1 : 0);
+      EmulateAttentionBlock(q.data(), j * split, u1, false, 0, cache, scale, acc[Z(j)].data(),
+                            &ms[Z(j)], &ls[Z(j)], &ds);
+    }
+    float M = -INFINITY;
+    for (int j = 0; j < used; ++j) M = km::MaxStep(M, ms[Z(j)]);
+    double L = 0.0;
+    for (int j = 0; j < used; ++j)
+      L = km::AttnRescaledSum(L, ls[Z(j)], variant == 2 ? 1.0f : km::SoftmaxExp(ms[Z(j)], M));
+    const float inv = km::SoftmaxInv(L);
+    double ratio = 0.0;
+    for (int i = 0; i < D; ++i) {
+      float o = 0.0f;
+      for (int j = 0; j < used; ++j)
+        o = km::AttnAccum(o, (variant == 2 ? 1.0f : km::SoftmaxExp(ms[Z(j)], M)) * inv, acc[Z(j)][Z(i)]);
+      ratio = std::max(ratio, std::fabs(o - oc[Z(i)]) / AttentionTol(ds, n_ctx, used, pv[Z(i)], 1.0));
+    }
+    return ratio;
+  };
+  EXPECT_LE(worst(0), 1.0);
+  EXPECT_GT(worst(1), 1.0);
+  EXPECT_GT(worst(2), 1.0);
 }
 
 // ---- gated DeltaNet ----

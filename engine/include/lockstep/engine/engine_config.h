@@ -26,6 +26,11 @@ struct EngineConfig {
   // window size, re-captured when a buffer it uses grows). Same kernels, same bits as without;
   // fewer host launches. `false` launches every kernel from the host.
   bool cuda_graphs = true;
+  // cuda: attention rows whose context is longer than this many positions run in blocks of this
+  // many positions and a combine (split-context decode attention: a long context spreads over
+  // many SMs instead of one block per head). Rows up to it are unchanged. A row's bits depend on
+  // this value (never on T), so the two arms of an A/A must share it. 0 = one block per row.
+  int cuda_attn_split = 512;
   std::vector<int> devices;  // cuda: GPUs the stages run on (stage s on devices[s*n/stages]); empty = {0}
 
   // ---- pipeline ----
