@@ -5,7 +5,8 @@
 // runs whole in its j = 0 block:
 //   1. q goes to shared memory; warp w computes the scores of cache rows u = w, w + 8, ... with the
 //      batch-invariant dot (kernel_math.h lane order over D, K dequantised on load), times scale,
-//      into the caller's global scratch.
+//      into shared memory when the split bounds a block's range (split <= kSmemScoresMax), else
+//      into the caller's global scratch (split 0: a row's whole context).
 //   2. max over the scores: thread i folds rows u = i, i + 256, ... in increasing u, then a fixed
 //      shared-memory tree (offsets 128, 64, ..., 1). Max is exact, so this equals the CPU's.
 //   3. e_u = exp(s_u - max) written back; the f64 sum of e_u uses the same strided partials and
@@ -21,8 +22,12 @@
 // T * Hq * ceil(n_ctx / split) blocks.
 //
 // The position p may be read from device memory when the kernel runs (Pos), so the launch shape
-// and the scores stride never depend on it: the grid has ceil(n_ctx_max / split) splits per
-// (t, h) and the blocks past a row's context return at once.
+// and the scratch never depend on it: the grid has ceil(n_ctx_max / split) splits per (t, h) and
+// the blocks past a row's context return at once. The launcher runs the rows in groups whose
+// global scratch (partials, and scores when not in shared memory) fits in kScratchBudgetFloats:
+// a row's result does not depend on its group, and a long prefill chunk's scratch stays bounded
+// (without the groups, a 2048-row chunk at 130k positions wanted T * Hq * n_ctx floats: 1 GiB
+// per query head).
 //
 // Determinism: every reduction order depends only on n_ctx = p + t + 1, D, the split and the
 // constant block size, never on T, the number of heads or the grid; no atomics. So row t's output
@@ -35,6 +40,10 @@ namespace lockstep::cuda {
 namespace {
 
 constexpr int kAttnWarps = km::kAttnThreads / km::kWarp;
+// Splits up to this many positions keep a block's scores in shared memory (16 KiB).
+constexpr int kSmemScoresMax = 4096;
+// Global scratch of one launch (16 Mi floats, 64 MiB: one block of the stages' device arena).
+constexpr std::size_t kScratchBudgetFloats = std::size_t{16} << 20;
 
 // Element idx of a cache array of dtype KvT (0 f32, 1 bf16, 2 int8 with the (row, head) scale).
 template <int KvT>
@@ -79,9 +88,9 @@ __host__ __device__ inline std::size_t PartialStride(int D) {
 }
 
 // q f32 [T, Hq, D]; k_cache / v_cache [rows, Hkv, D] of KvT; k_scales / v_scales f32 [rows, Hkv]
-// (int8 only); scores f32 [T, Hq, n_ctx_max]; o f32 [T, Hq, D]; partials f32
-// [T, Hq, n_split, PartialStride(D)] (unused when n_split == 1). Grid: T * Hq * n_split blocks.
-// Dynamic shared memory: (D + kAttnThreads) floats.
+// (int8 only); scores f32 [T, Hq, n_ctx_max], or nullptr: in shared memory (split floats); o f32
+// [T, Hq, D]; partials f32 [T, Hq, n_split, PartialStride(D)] (unused when n_split == 1). Grid:
+// T * Hq * n_split blocks. Dynamic shared memory: (D + kAttnThreads [+ split]) floats.
 template <int KvT, bool kVec>
 __global__ void __launch_bounds__(km::kAttnThreads)
     AttentionKernel(const float* __restrict__ q, Pos pos, int n_heads, int n_heads_kv, int D,
@@ -114,8 +123,10 @@ __global__ void __launch_bounds__(km::kAttnThreads)
     qs[i] = q[static_cast<std::size_t>(th) * ud + static_cast<std::size_t>(i)];
   __syncthreads();
 
-  // 1. scores
-  float* sc = scores + static_cast<std::size_t>(th) * static_cast<std::size_t>(n_ctx_max);
+  // 1. scores: score u at sc[u - sc0] (global: the row's [n_ctx_max]; shared: this block's range)
+  float* sc = scores != nullptr ? scores + static_cast<std::size_t>(th) * static_cast<std::size_t>(n_ctx_max)
+                                : smem + D + km::kAttnThreads;
+  const int sc0 = scores != nullptr ? 0 : u0;
   for (int u = u0 + warp; u < u1; u += kAttnWarps) {
     const std::size_t base = static_cast<std::size_t>(u) * row_elems + head_off;
     const float ksc =
@@ -139,13 +150,13 @@ __global__ void __launch_bounds__(km::kAttnThreads)
       }
     }
     const float dot = km::WarpCombine(acc);
-    if (lane == 0) sc[u] = dot * scale;
+    if (lane == 0) sc[u - sc0] = dot * scale;
   }
   __syncthreads();
 
   // 2. max
   float mx = -INFINITY;
-  for (int u = u0 + tid; u < u1; u += km::kAttnThreads) mx = km::MaxStep(mx, sc[u]);
+  for (int u = u0 + tid; u < u1; u += km::kAttnThreads) mx = km::MaxStep(mx, sc[u - sc0]);
   red_f[tid] = mx;
   __syncthreads();
   for (int s = km::kAttnThreads / 2; s > 0; s >>= 1) {
@@ -157,8 +168,8 @@ __global__ void __launch_bounds__(km::kAttnThreads)
   // 3. exp and the f64 sum
   double sum = 0.0;
   for (int u = u0 + tid; u < u1; u += km::kAttnThreads) {
-    const float e = km::SoftmaxExp(sc[u], mx);
-    sc[u] = e;
+    const float e = km::SoftmaxExp(sc[u - sc0], mx);
+    sc[u - sc0] = e;
     sum = sum + static_cast<double>(e);
   }
   red_d[tid] = sum;
@@ -177,7 +188,7 @@ __global__ void __launch_bounds__(km::kAttnThreads)
   for (int b0 = u0; b0 < u1; b0 += km::kAttnThreads) {
     const int nu = u1 - b0 < km::kAttnThreads ? u1 - b0 : km::kAttnThreads;
     // Thread tid wrote e_{b0+tid} in step 3 itself, so only the tile's reuse needs a barrier.
-    if (tid < nu) ptile[tid] = sc[b0 + tid] * inv;
+    if (tid < nu) ptile[tid] = sc[b0 + tid - sc0] * inv;
     __syncthreads();
     for (int uu = 0; uu < nu; ++uu) {
       const int u = b0 + uu;
@@ -286,37 +297,79 @@ int AttentionSplits(int n_ctx_max, int split) {
   return split > 0 && n_ctx_max > split ? (n_ctx_max + split - 1) / split : 1;
 }
 
-std::size_t AttentionPartialFloats(int T, int n_heads, int head_dim, int n_ctx_max, int split) {
+namespace {
+
+// Global scratch floats of one row (all heads): its scores when they do not fit in shared memory
+// (rounded to 4 floats, so the partials after them stay 16-byte aligned), its split partials.
+struct RowScratch {
+  std::size_t scores = 0, partials = 0;
+  std::size_t total() const { return scores + partials; }
+};
+RowScratch RowScratchOf(int n_heads, int head_dim, int n_ctx_max, int split) {
+  RowScratch r;
+  const std::size_t hq = static_cast<std::size_t>(n_heads);
+  if (split <= 0 || split > kSmemScoresMax) r.scores = (hq * static_cast<std::size_t>(n_ctx_max) + 3) / 4 * 4;
   const int n_split = AttentionSplits(n_ctx_max, split);
-  if (n_split == 1 || T <= 0 || n_heads <= 0 || head_dim <= 0) return 0;
-  return static_cast<std::size_t>(T) * static_cast<std::size_t>(n_heads) *
-         static_cast<std::size_t>(n_split) * PartialStride(head_dim);
+  if (n_split > 1) r.partials = hq * static_cast<std::size_t>(n_split) * PartialStride(head_dim);
+  return r;
+}
+
+int RowsPerGroup(int T, const RowScratch& r) {
+  if (r.total() == 0) return T;
+  const std::size_t fit = kScratchBudgetFloats / r.total();
+  return fit < 1 ? 1 : fit >= static_cast<std::size_t>(T) ? T : static_cast<int>(fit);
+}
+
+}  // namespace
+
+std::size_t AttentionScratchFloats(int T, int n_heads, int head_dim, int n_ctx_max, int split) {
+  if (T <= 0 || n_heads <= 0 || head_dim <= 0) return 0;
+  const RowScratch r = RowScratchOf(n_heads, head_dim, n_ctx_max, split);
+  return static_cast<std::size_t>(RowsPerGroup(T, r)) * r.total();
 }
 
 void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int head_dim,
                int kv_dtype, const void* k_cache, const void* v_cache, const float* k_scales,
-               const float* v_scales, float scale, float* scores, int n_ctx_max, int split,
-               float* partials, float* o, cudaStream_t s) {
+               const float* v_scales, float scale, int n_ctx_max, int split, float* scratch,
+               std::size_t scratch_floats, float* o, cudaStream_t s) {
   if (T <= 0 || n_heads <= 0 || head_dim <= 0) return;
   const int n_split = AttentionSplits(n_ctx_max, split);
-  const unsigned rows = static_cast<unsigned>(T) * static_cast<unsigned>(n_heads);
-  const unsigned blocks = rows * static_cast<unsigned>(n_split);
-  const std::size_t smem = static_cast<std::size_t>(head_dim + km::kAttnThreads) * sizeof(float);
+  const RowScratch r = RowScratchOf(n_heads, head_dim, n_ctx_max, split);
+  // Rows per launch: what the caller's scratch holds (AttentionScratchFloats gives the budget's).
+  int group = T;
+  if (r.total() > 0) {
+    const std::size_t fit = scratch_floats / r.total();
+    group = fit >= static_cast<std::size_t>(T) ? T : static_cast<int>(fit < 1 ? 1 : fit);
+  }
+  const bool smem_scores = r.scores == 0;
+  const std::size_t smem =
+      static_cast<std::size_t>(head_dim + km::kAttnThreads + (smem_scores ? split : 0)) * sizeof(float);
   // One load per 4 elements needs 4-element-aligned rows: D % 4 == 0 and an aligned base.
   const std::size_t elem = kv_dtype == 0 ? 4 : kv_dtype == 1 ? 2 : 1;
   const bool vec = head_dim % 4 == 0 && km::Aligned(k_cache, 4 * elem);
-  if (kv_dtype == 0) {
-    LaunchAttention<0>(vec, blocks, smem, s, q, p, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                       k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
-  } else if (kv_dtype == 1) {
-    LaunchAttention<1>(vec, blocks, smem, s, q, p, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                       k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
-  } else {
-    LaunchAttention<2>(vec, blocks, smem, s, q, p, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                       k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
-  }
-  if (n_split > 1) {
-    AttnCombineKernel<<<rows, km::kAttnThreads, 0, s>>>(p, n_heads, head_dim, split, n_split, partials, o);
+  const std::size_t row_q = static_cast<std::size_t>(n_heads) * static_cast<std::size_t>(head_dim);
+  for (int t0 = 0; t0 < T; t0 += group) {
+    const int g = T - t0 < group ? T - t0 : group;
+    const Pos pg(p.base + t0, p.dev);
+    const float* qg = q + static_cast<std::size_t>(t0) * row_q;
+    float* og = o + static_cast<std::size_t>(t0) * row_q;
+    float* scores = smem_scores ? nullptr : scratch;
+    float* partials = n_split > 1 ? scratch + static_cast<std::size_t>(g) * r.scores : nullptr;
+    const unsigned rows = static_cast<unsigned>(g) * static_cast<unsigned>(n_heads);
+    const unsigned blocks = rows * static_cast<unsigned>(n_split);
+    if (kv_dtype == 0) {
+      LaunchAttention<0>(vec, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
+                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
+    } else if (kv_dtype == 1) {
+      LaunchAttention<1>(vec, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
+                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
+    } else {
+      LaunchAttention<2>(vec, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
+                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
+    }
+    if (n_split > 1) {
+      AttnCombineKernel<<<rows, km::kAttnThreads, 0, s>>>(pg, n_heads, head_dim, split, n_split, partials, og);
+    }
   }
 }
 

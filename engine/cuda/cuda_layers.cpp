@@ -102,12 +102,12 @@ Status AttentionForward(Ctx& x, const DLayer& L, const float* a, int T, int p, D
   // Verify scratch is sized by the cache's capacity, not by p: the arena then hands out the same
   // addresses at every position, as a replayed graph needs. Prefill (long T) keeps p + T.
   const int n_ctx_max = x.mode == ForwardMode::kVerify ? kv.capacity : p + T;
-  LOCKSTEP_ASSIGN_OR_RETURN(float* scores, x.Alloc(ut * U(hq) * U(n_ctx_max)));
-  // Split-context partials: sized by n_ctx_max too, so a graph's addresses hold at every position.
-  const std::size_t n_part = AttentionPartialFloats(T, hq, hd, n_ctx_max, x.attn_split);
-  float* partials = nullptr;
-  if (n_part > 0) {
-    LOCKSTEP_ASSIGN_OR_RETURN(partials, x.Alloc(n_part));
+  // Scores (when not in shared memory) and split partials, bounded: a long prefill chunk runs its
+  // rows in groups instead of asking for T * Hq * n_ctx floats.
+  const std::size_t n_scratch = AttentionScratchFloats(T, hq, hd, n_ctx_max, x.attn_split);
+  float* scratch = nullptr;
+  if (n_scratch > 0) {
+    LOCKSTEP_ASSIGN_OR_RETURN(scratch, x.Alloc(n_scratch));
   }
   const Pos pos(0, x.pos);
   LOCKSTEP_RETURN_IF_ERROR(x.MmShared(a, T, {{&L.q_proj, qg}, {&L.k_proj, k}, {&L.v_proj, v}}));
@@ -121,7 +121,7 @@ Status AttentionForward(Ctx& x, const DLayer& L, const float* a, int T, int p, D
   kv.written = p + T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   Attention(q, T, pos, hq, hkv, hd, code, kv.k.get(), kv.v.get(), int8 ? kv.ks.as<float>() : nullptr,
-            int8 ? kv.vs.as<float>() : nullptr, scale, scores, n_ctx_max, x.attn_split, partials, o, x.s);
+            int8 ? kv.vs.as<float>() : nullptr, scale, n_ctx_max, x.attn_split, scratch, n_scratch, o, x.s);
   MulSigmoid(o, gate, static_cast<std::int64_t>(ut * U(hq * hd)), x.s);
   return x.Mm(o, T, L.o_proj, out);
 }

@@ -94,19 +94,21 @@ void SplitQGate(const float* qg, int T, int n_heads, int head_dim, float* q, flo
 // rows [0, p+t]). q f32 [T, Hq, D]; cache rows of `kv_dtype` (0 f32, 1 bf16 as uint16, 2 int8)
 // laid out k/v [rows, Hkv, D], scales f32 [rows, Hkv] (int8 only, else nullptr). Query head h
 // uses kv head h / (Hq/Hkv). Softmax with max subtraction, f64 sum of exp, f32 normaliser, as
-// cpu::AttendGroup. scores: f32 scratch [T, Hq, n_ctx_max] with n_ctx_max >= p + T (the launch
-// shape does not depend on p, so p may be a device-read position).
+// cpu::AttendGroup. n_ctx_max >= p + T sizes the launch (which does not depend on p, so p may be
+// a device-read position).
 // split > 0: a row whose context is longer than `split` positions is attended in blocks of
 // `split` positions and combined (split-context decode; attention.cu); rows up to `split` keep
-// the single-block order, bitwise. split <= 0: every row in one block. partials: f32 scratch of
-// AttentionPartialFloats(...) floats, 8-byte aligned (nullptr when that is 0).
+// the single-block order, bitwise. split <= 0: every row in one block.
+// scratch: f32 device scratch of scratch_floats floats, 16-byte aligned; the rows run in as many
+// launches as it needs (a row's bits do not depend on that). AttentionScratchFloats gives the
+// size that runs all T rows at once within a fixed budget (64 MiB); 0 means none is needed.
 // o f32 [T, Hq, D] (not yet gated).
 void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int head_dim, int kv_dtype,
                const void* k_cache, const void* v_cache, const float* k_scales, const float* v_scales, float scale,
-               float* scores, int n_ctx_max, int split, float* partials, float* o, cudaStream_t s);
-// Context splits per (row, head) of a launch (1: no split) and the partials scratch it needs.
+               int n_ctx_max, int split, float* scratch, std::size_t scratch_floats, float* o, cudaStream_t s);
+// Context splits per (row, head) of a launch (1: no split) and the scratch Attention wants.
 int AttentionSplits(int n_ctx_max, int split);
-std::size_t AttentionPartialFloats(int T, int n_heads, int head_dim, int n_ctx_max, int split);
+std::size_t AttentionScratchFloats(int T, int n_heads, int head_dim, int n_ctx_max, int split);
 
 // ---- kv.cu ----
 

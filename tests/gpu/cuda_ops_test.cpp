@@ -226,17 +226,23 @@ void CheckAttention(DType dt, int kv_dtype, int split = 0) {
     }
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  Dev<float> scores(Z(T) * Z(hq) * Z(n_ctx_max)), dout(Z(T) * Z(hq) * Z(D)), dlast(Z(hq) * Z(D));
-  Dev<float> part(std::max<std::size_t>(1, AttentionPartialFloats(T, hq, D, n_ctx_max, split)));
-  Attention(dq.get(), T, p, hq, hkv, D, kv_dtype, kc.get(), vc.get(), ks, vs, scale, scores.get(),
-            n_ctx_max, split, part.get(), dout.get(), nullptr);
+  const std::size_t n_scratch = AttentionScratchFloats(T, hq, D, n_ctx_max, split),
+                    n_row = AttentionScratchFloats(1, hq, D, n_ctx_max, split);
+  ASSERT_EQ(n_scratch, Z(T) * n_row);
+  Dev<float> scratch(std::max<std::size_t>(1, n_scratch)), dout(Z(T) * Z(hq) * Z(D)),
+      dlast(Z(hq) * Z(D)), drows(Z(T) * Z(hq) * Z(D));
+  Attention(dq.get(), T, p, hq, hkv, D, kv_dtype, kc.get(), vc.get(), ks, vs, scale, n_ctx_max,
+            split, scratch.get(), n_scratch, dout.get(), nullptr);
   // The window's last row alone (T = 1 at position p + T - 1): identical bits.
   Attention(dq.get() + Z(T - 1) * Z(hq) * Z(D), 1, p + T - 1, hq, hkv, D, kv_dtype, kc.get(),
-            vc.get(), ks, vs, scale, scores.get(), n_ctx_max, split, part.get(), dlast.get(),
-            nullptr);
+            vc.get(), ks, vs, scale, n_ctx_max, split, scratch.get(), n_row, dlast.get(), nullptr);
+  // Scratch for one row: the launcher runs the window one row per launch, with identical bits.
+  Attention(dq.get(), T, p, hq, hkv, D, kv_dtype, kc.get(), vc.get(), ks, vs, scale, n_ctx_max,
+            split, scratch.get(), std::max<std::size_t>(1, n_row), drows.get(), nullptr);
   ASSERT_TRUE(Sync());
-  const FVec o = dout.Down(), last = dlast.Down();
+  const FVec o = dout.Down(), last = dlast.Down(), by_rows = drows.Down();
   ASSERT_TRUE(SameBits(last.data(), o.data() + Z(T - 1) * Z(hq) * Z(D), Z(hq) * Z(D) * 4));
+  ASSERT_TRUE(SameBits(by_rows.data(), o.data(), o.size() * 4));
   FVec sc(Z(group) * Z(rows)), tmp(2 * Z(D)), oc(Z(group) * Z(D)), kr(Z(D));
   for (int t = 0; t < T; ++t)
     for (int j = 0; j < hkv; ++j) {
@@ -325,13 +331,14 @@ TEST(CudaOps, AttentionSplitBoundaryIsBatchInvariant) {
   const float scale = 0.125f;
   ASSERT_EQ(AttentionSplits(n_ctx_max, split), 2);
   ASSERT_EQ(AttentionSplits(n_ctx_max, n_ctx_max), 1);
-  ASSERT_EQ(AttentionPartialFloats(T, hq, D, n_ctx_max, n_ctx_max), 0u);
-  Dev<float> scores(Z(T) * Z(hq) * Z(n_ctx_max)), part(AttentionPartialFloats(T, hq, D, n_ctx_max, split));
+  // No global scratch when the split bounds the scores (shared memory) and nothing is split.
+  ASSERT_EQ(AttentionScratchFloats(T, hq, D, n_ctx_max, n_ctx_max), 0u);
+  ASSERT_GT(AttentionScratchFloats(T, hq, D, n_ctx_max, 0), Z(T) * Z(hq) * Z(n_ctx_max) - 1);
   auto run = [&](int t0, int nt, int sp) {
-    Dev<float> out(Z(nt) * Z(hq) * Z(D));
+    const std::size_t n = AttentionScratchFloats(nt, hq, D, n_ctx_max, sp);
+    Dev<float> out(Z(nt) * Z(hq) * Z(D)), scratch(std::max<std::size_t>(1, n));
     Attention(dq.get() + Z(t0) * Z(hq) * Z(D), nt, p + t0, hq, hkv, D, 0, kc.get(), vc.get(), nullptr,
-              nullptr, scale, scores.get(), n_ctx_max, sp, sp > 0 && sp < n_ctx_max ? part.get() : nullptr,
-              out.get(), nullptr);
+              nullptr, scale, n_ctx_max, sp, scratch.get(), n, out.get(), nullptr);
     EXPECT_TRUE(Sync());
     return out.Down();
   };
@@ -345,6 +352,24 @@ TEST(CudaOps, AttentionSplitBoundaryIsBatchInvariant) {
     EXPECT_EQ(SameBits(window.data() + Z(t) * row, whole.data() + Z(t) * row, row * 4), fits)
         << "row " << t << " (n_ctx " << p + t + 1 << ")";
   }
+}
+
+// The attention scratch of a long-context prefill chunk stays within the launcher's 64 MiB budget
+// (rows run in groups). The scale: a 2048-row chunk at 130,658 positions, 16 query heads
+// of 256 (unbounded, its scores alone were 2048 * 16 * 130658 floats, 16 GiB).
+TEST(CudaOps, AttentionScratchIsBoundedAtLongContext) {
+  LOCKSTEP_REQUIRE_GPU(1);
+  const std::size_t budget = std::size_t{16} << 20;
+  for (int split : {512, 0, 100000})
+    for (int n_ctx : {4096, 130658, 1 << 20}) {
+      const std::size_t n = AttentionScratchFloats(2048, 16, 256, n_ctx, split);
+      const std::size_t one = AttentionScratchFloats(1, 16, 256, n_ctx, split);
+      EXPECT_LE(n, std::max(budget, one)) << "split " << split << " n_ctx " << n_ctx;
+      EXPECT_GE(n, one);
+      EXPECT_EQ(n % one, 0u) << "whole rows";
+    }
+  // A decode window that fits is one launch: all T rows' scratch.
+  EXPECT_EQ(AttentionScratchFloats(9, 16, 256, 4096, 512), 9 * AttentionScratchFloats(1, 16, 256, 4096, 512));
 }
 
 TEST(CudaOps, SplitQGateCopiesBitwise) {
