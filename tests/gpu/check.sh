@@ -6,11 +6,12 @@
 #      reference, deterministic A/A, batch invariance, multi-GPU NCCL hand-off (CudaEngine.*)
 #   3. cuda-vs-cpu through the product: `lockstep generate --export` on both backends, then
 #      `lockstep diff` with the documented thresholds (state NRMSE 1e-4, logits KL 1e-6), for
-#      `small` with f32 and with bf16 matrices
+#      `small` with f32 and with bf16 matrices, and on a ~760-token prompt (attention past its
+#      context split)
 #   4. the deterministic cuda A/A (bf16 `small`, diff at NRMSE 0; also against --cuda-graphs off)
 #      and campaign (campaigns/aa-cuda.toml); --deterministic off must differ (the exact diff fails)
 #   5. the GPU benchmarks (decode of seed48, small and wide vs the measured bandwidth bound;
-#      verify T<=9 vs T=1)
+#      verify T<=9 vs T=1; decode at 8k positions with and without the attention split)
 # On the lent machine: run tests/gpu/pack-deps.sh here first and name `.gpu-deps` in `carry`:
 #   run(command="tests/gpu/check.sh", carry=[".gpu-deps"], timeout_s=540)
 # Logs and summary.md go to OUT_DIR (default $OUT, else out/gpu-check). Budget: < 8 minutes on
@@ -66,8 +67,8 @@ $(grep -c '^\[  SKIPPED \]' "$OUT_DIR/gpu_tests.log" 2>/dev/null) skipped lines"
     grep -E "^(PASS|FAIL|first failing)" "$OUT_DIR/nondet.log" 2>/dev/null || true
     echo
     echo "## cuda vs cpu"
-    for d in f32 bf16; do
-      echo "$d weights:"
+    for d in f32 bf16 long; do
+      if [ $d = long ]; then echo "bf16 weights, long context (attention past its split):"; else echo "$d weights:"; fi
       grep -E "^(thresholds|PASS|FAIL|First failing)" "$OUT_DIR/cuda_vs_cpu-$d.log" 2>/dev/null || true
     done
     echo
@@ -165,6 +166,25 @@ cuda_vs_cpu() {
 step "cuda vs cpu diff, f32 weights (windows 0-2)" cuda_vs_cpu-f32.log cuda_vs_cpu f32
 step "cuda vs cpu diff, bf16 weights (windows 0-2)" cuda_vs_cpu-bf16.log cuda_vs_cpu bf16
 MODEL="$MODEL-bf16"
+
+# Attention rows longer than --cuda-attn-split (default 512) run in context ranges and a combine:
+# the same diff on a prompt of four copies of the demo text (~760 tokens). A rehearsal keeps the
+# short prompt (the emulator's prefill is slow) and splits at 64 positions instead.
+long_context() {
+  local prompt="$OUT_DIR/long-prompt.txt" split=""
+  if [ $REHEARSE = 1 ]; then
+    cp campaigns/prompts/demo.txt "$prompt"
+    split="--cuda-attn-split 64"
+  else
+    for i in 1 2 3 4; do cat campaigns/prompts/demo.txt; done >"$prompt"
+  fi
+  local common="--model $MODEL --prompt-file $prompt --spec 0 --max-new 8 --export-windows 0-2"
+  "$LS" generate $common --backend cpu --export "$OUT_DIR/cpu-long.h5" || return 1
+  "$LS" generate $common --backend cuda $split --export "$OUT_DIR/cuda-long.h5" || return 1
+  "$LS" diff "$OUT_DIR/cpu-long.h5" "$OUT_DIR/cuda-long.h5" --nrmse-max 1e-4 --kl-max 1e-6 \
+    --md "$OUT_DIR/cuda_vs_cpu-long.md" --json "$OUT_DIR/cuda_vs_cpu-long.json"
+}
+step "cuda vs cpu diff, long context past the attention split (windows 0-2)" cuda_vs_cpu-long.log long_context
 
 # Two fresh processes (CUDA graphs on, the default) must export bitwise the same state, and so must
 # a third with every kernel launched from the host (--cuda-graphs off): graphs change launches,
