@@ -33,6 +33,8 @@
 // constant block size, never on T, the number of heads or the grid; no atomics. So row t's output
 // is bitwise independent of how many rows are attended together (the engine's split is
 // EngineConfig::cuda_attn_split, fixed for a run).
+#include <type_traits>
+
 #include "cuda/kernel_math.h"
 #include "cuda/ops.h"
 
@@ -88,10 +90,13 @@ __host__ __device__ inline std::size_t PartialStride(int D) {
 }
 
 // q f32 [T, Hq, D]; k_cache / v_cache [rows, Hkv, D] of KvT; k_scales / v_scales f32 [rows, Hkv]
-// (int8 only); scores f32 [T, Hq, n_ctx_max], or nullptr: in shared memory (split floats); o f32
-// [T, Hq, D]; partials f32 [T, Hq, n_split, PartialStride(D)] (unused when n_split == 1). Grid:
-// T * Hq * n_split blocks. Dynamic shared memory: (D + kAttnThreads [+ split]) floats.
-template <int KvT, bool kVec>
+// (int8 only); scores f32 [T, Hq, n_ctx_max], or nullptr: in shared memory (kG * split floats);
+// o f32 [T, Hq, D]; partials f32 [T, Hq, n_split, PartialStride(D)] (unused when n_split == 1).
+// A block attends kG query heads of one kv head (kG = 1: one head; kG > 1 shares each K and V
+// element it loads between the heads, which the per-head layout reads kG times), with every
+// head's arithmetic exactly the one-head block's. Grid: T * (Hq / kG) * n_split blocks. Dynamic
+// shared memory: kG * (D + kAttnThreads [+ split]) floats.
+template <int KvT, bool kVec, int kG>
 __global__ void __launch_bounds__(km::kAttnThreads)
     AttentionKernel(const float* __restrict__ q, Pos pos, int n_heads, int n_heads_kv, int D,
                     const void* __restrict__ k_cache, const void* __restrict__ v_cache,
@@ -101,13 +106,16 @@ __global__ void __launch_bounds__(km::kAttnThreads)
   extern __shared__ float smem[];
   __shared__ float red_f[km::kAttnThreads];
   __shared__ double red_d[km::kAttnThreads];
-  float* qs = smem;         // [D]
-  float* ptile = smem + D;  // [kAttnThreads]
+  float* qs = smem;                   // [kG][D]
+  float* ptile = smem + kG * D;       // [kG][kAttnThreads]
+  float* ssc = ptile + kG * km::kAttnThreads;  // [kG][split] (shared-memory scores)
   const int tid = static_cast<int>(threadIdx.x), lane = tid % km::kWarp, warp = tid / km::kWarp;
-  const int th = static_cast<int>(blockIdx.x) / n_split;
-  const int j = static_cast<int>(blockIdx.x) - th * n_split;
-  const int t = th / n_heads, h = th - t * n_heads;
-  const int kvh = h / (n_heads / n_heads_kv);
+  const int tb = static_cast<int>(blockIdx.x) / n_split;  // (t, head block)
+  const int j = static_cast<int>(blockIdx.x) - tb * n_split;
+  const int blocks_per_row = n_heads / kG;
+  const int t = tb / blocks_per_row, h0 = (tb - t * blocks_per_row) * kG;
+  const int th0 = t * n_heads + h0;  // (t, h) index of the block's first head
+  const int kvh = h0 / (n_heads / n_heads_kv);
   const int n_ctx = pos.Get() + t + 1;
   // Whole row in block 0, or this block's range of a long row (block-uniform: every thread of a
   // block returns together, before any barrier).
@@ -119,80 +127,110 @@ __global__ void __launch_bounds__(km::kAttnThreads)
   const std::size_t row_elems = static_cast<std::size_t>(n_heads_kv) * ud;
   const std::size_t head_off = static_cast<std::size_t>(kvh) * ud;
 
-  for (int i = tid; i < D; i += km::kAttnThreads)
-    qs[i] = q[static_cast<std::size_t>(th) * ud + static_cast<std::size_t>(i)];
+  for (int i = tid; i < kG * D; i += km::kAttnThreads)
+    qs[i] = q[static_cast<std::size_t>(th0) * ud + static_cast<std::size_t>(i)];
   __syncthreads();
 
-  // 1. scores: score u at sc[u - sc0] (global: the row's [n_ctx_max]; shared: this block's range)
-  float* sc = scores != nullptr ? scores + static_cast<std::size_t>(th) * static_cast<std::size_t>(n_ctx_max)
-                                : smem + D + km::kAttnThreads;
+  // 1. scores: head g's score u at sc(g)[u - sc0] (global: the row's [n_ctx_max]; shared: this
+  //    block's range)
   const int sc0 = scores != nullptr ? 0 : u0;
+  auto sc = [&](int g) -> float* {
+    return scores != nullptr
+               ? scores + static_cast<std::size_t>(th0 + g) * static_cast<std::size_t>(n_ctx_max)
+               : ssc + static_cast<std::size_t>(g) * static_cast<std::size_t>(split);
+  };
   for (int u = u0 + warp; u < u1; u += kAttnWarps) {
     const std::size_t base = static_cast<std::size_t>(u) * row_elems + head_off;
     const float ksc =
         KvT == 2 ? k_scales[static_cast<std::size_t>(u) * static_cast<std::size_t>(n_heads_kv) +
                             static_cast<std::size_t>(kvh)]
                  : 0.0f;
-    float acc = 0.0f;
+    float acc[kG];
+#pragma unroll
+    for (int g = 0; g < kG; ++g) acc[g] = 0.0f;
     if constexpr (kVec) {
-      for (int g = lane; g < D / km::kLaneVec; g += km::kWarp) {
+      for (int c4 = lane; c4 < D / km::kLaneVec; c4 += km::kWarp) {
         float kv[4];
-        LoadKv4<KvT>(k_cache, base + static_cast<std::size_t>(4 * g), ksc, kv);
-        const float* qq = qs + 4 * g;
-        acc = km::LaneStep4(acc, qq[0], qq[1], qq[2], qq[3], kv[0], kv[1], kv[2], kv[3]);
+        LoadKv4<KvT>(k_cache, base + static_cast<std::size_t>(4 * c4), ksc, kv);
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          const float* qq = qs + g * D + 4 * c4;
+          acc[g] = km::LaneStep4(acc[g], qq[0], qq[1], qq[2], qq[3], kv[0], kv[1], kv[2], kv[3]);
+        }
       }
     } else {
       for (int b = km::kLaneVec * lane; b < D; b += km::kChunk) {
         const int m = D - b < km::kLaneVec ? D - b : km::kLaneVec;
-        for (int c = 0; c < m; ++c)
-          acc = km::LaneStep(acc, qs[b + c],
-                             LoadKv<KvT>(k_cache, base + static_cast<std::size_t>(b + c), ksc));
+        for (int c = 0; c < m; ++c) {
+          const float kv = LoadKv<KvT>(k_cache, base + static_cast<std::size_t>(b + c), ksc);
+#pragma unroll
+          for (int g = 0; g < kG; ++g) acc[g] = km::LaneStep(acc[g], qs[g * D + b + c], kv);
+        }
       }
     }
-    const float dot = km::WarpCombine(acc);
-    if (lane == 0) sc[u - sc0] = dot * scale;
-  }
-  __syncthreads();
-
-  // 2. max
-  float mx = -INFINITY;
-  for (int u = u0 + tid; u < u1; u += km::kAttnThreads) mx = km::MaxStep(mx, sc[u - sc0]);
-  red_f[tid] = mx;
-  __syncthreads();
-  for (int s = km::kAttnThreads / 2; s > 0; s >>= 1) {
-    if (tid < s) red_f[tid] = km::MaxStep(red_f[tid], red_f[tid + s]);
-    __syncthreads();
-  }
-  mx = red_f[0];
-
-  // 3. exp and the f64 sum
-  double sum = 0.0;
-  for (int u = u0 + tid; u < u1; u += km::kAttnThreads) {
-    const float e = km::SoftmaxExp(sc[u - sc0], mx);
-    sc[u - sc0] = e;
-    sum = sum + static_cast<double>(e);
-  }
-  red_d[tid] = sum;
-  __syncthreads();
-  for (int s = km::kAttnThreads / 2; s > 0; s >>= 1) {
-    if (tid < s) red_d[tid] = red_d[tid] + red_d[tid + s];
-    __syncthreads();
-  }
-  // A split's p_u stays e_u (times 1.0f: exact); the combine normalises.
-  const float inv = whole ? km::SoftmaxInv(red_d[0]) : 1.0f;
-
-  // 4. output, dims tid + j * kAttnThreads
-  float acc[km::kAttnMaxDimsPerThread];
 #pragma unroll
-  for (int r = 0; r < km::kAttnMaxDimsPerThread; ++r) acc[r] = 0.0f;
+    for (int g = 0; g < kG; ++g) {
+      const float dot = km::WarpCombine(acc[g]);
+      if (lane == 0) sc(g)[u - sc0] = dot * scale;
+    }
+  }
+  __syncthreads();
+
+  // 2. and 3., head by head: max, then exp and the f64 sum
+  float mx[kG], inv[kG];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    float* sg = sc(g);
+    float m = -INFINITY;
+    for (int u = u0 + tid; u < u1; u += km::kAttnThreads) m = km::MaxStep(m, sg[u - sc0]);
+    red_f[tid] = m;
+    __syncthreads();
+    for (int s = km::kAttnThreads / 2; s > 0; s >>= 1) {
+      if (tid < s) red_f[tid] = km::MaxStep(red_f[tid], red_f[tid + s]);
+      __syncthreads();
+    }
+    mx[g] = red_f[0];
+    double sum = 0.0;
+    for (int u = u0 + tid; u < u1; u += km::kAttnThreads) {
+      const float e = km::SoftmaxExp(sg[u - sc0], mx[g]);
+      sg[u - sc0] = e;
+      sum = sum + static_cast<double>(e);
+    }
+    red_d[tid] = sum;
+    __syncthreads();
+    for (int s = km::kAttnThreads / 2; s > 0; s >>= 1) {
+      if (tid < s) red_d[tid] = red_d[tid] + red_d[tid + s];
+      __syncthreads();
+    }
+    // A split's p_u stays e_u (times 1.0f: exact); the combine normalises.
+    inv[g] = whole ? km::SoftmaxInv(red_d[0]) : 1.0f;
+    if (!whole && tid == 0) {
+      float* dst = partials + (static_cast<std::size_t>(th0 + g) * static_cast<std::size_t>(n_split) +
+                               static_cast<std::size_t>(j)) *
+                                  PartialStride(D);
+      dst[D] = mx[g];
+      *reinterpret_cast<double*>(dst + PartialStride(D) - 2) = red_d[0];
+    }
+    // The next head may reuse red_f / red_d at once: every thread read red_f[0] before this
+    // head's first red_d barrier, and reads red_d[0] before the next head's first barrier.
+  }
+
+  // 4. output, dims tid + r * kAttnThreads of every head
+  float acc[kG][km::kAttnMaxDimsPerThread];
+#pragma unroll
+  for (int g = 0; g < kG; ++g)
+#pragma unroll
+    for (int r = 0; r < km::kAttnMaxDimsPerThread; ++r) acc[g][r] = 0.0f;
   for (int b0 = u0; b0 < u1; b0 += km::kAttnThreads) {
     const int nu = u1 - b0 < km::kAttnThreads ? u1 - b0 : km::kAttnThreads;
     // Thread tid wrote e_{b0+tid} in step 3 itself, so only the tile's reuse needs a barrier.
-    if (tid < nu) ptile[tid] = sc[b0 + tid - sc0] * inv;
+    if (tid < nu) {
+#pragma unroll
+      for (int g = 0; g < kG; ++g) ptile[g * km::kAttnThreads + tid] = sc(g)[b0 + tid - sc0] * inv[g];
+    }
     __syncthreads();
     for (int uu = 0; uu < nu; ++uu) {
       const int u = b0 + uu;
-      const float pu = ptile[uu];
       const std::size_t base = static_cast<std::size_t>(u) * row_elems + head_off;
       const float vsc =
           KvT == 2 ? v_scales[static_cast<std::size_t>(u) * static_cast<std::size_t>(n_heads_kv) +
@@ -201,25 +239,27 @@ __global__ void __launch_bounds__(km::kAttnThreads)
 #pragma unroll
       for (int r = 0; r < km::kAttnMaxDimsPerThread; ++r) {
         const int i = tid + r * km::kAttnThreads;
-        if (i < D)
-          acc[r] = km::AttnAccum(acc[r], pu,
-                                 LoadKv<KvT>(v_cache, base + static_cast<std::size_t>(i), vsc));
+        if (i < D) {
+          const float v = LoadKv<KvT>(v_cache, base + static_cast<std::size_t>(i), vsc);
+#pragma unroll
+          for (int g = 0; g < kG; ++g)
+            acc[g][r] = km::AttnAccum(acc[g][r], ptile[g * km::kAttnThreads + uu], v);
+        }
       }
     }
     __syncthreads();
   }
-  float* dst = whole ? o + static_cast<std::size_t>(th) * ud
-                    : partials + (static_cast<std::size_t>(th) * static_cast<std::size_t>(n_split) +
-                                  static_cast<std::size_t>(j)) *
-                                     PartialStride(D);
 #pragma unroll
-  for (int r = 0; r < km::kAttnMaxDimsPerThread; ++r) {
-    const int i = tid + r * km::kAttnThreads;
-    if (i < D) dst[i] = acc[r];
-  }
-  if (!whole && tid == 0) {
-    dst[D] = mx;
-    *reinterpret_cast<double*>(dst + PartialStride(D) - 2) = red_d[0];
+  for (int g = 0; g < kG; ++g) {
+    float* dst = whole ? o + static_cast<std::size_t>(th0 + g) * ud
+                       : partials + (static_cast<std::size_t>(th0 + g) * static_cast<std::size_t>(n_split) +
+                                     static_cast<std::size_t>(j)) *
+                                        PartialStride(D);
+#pragma unroll
+    for (int r = 0; r < km::kAttnMaxDimsPerThread; ++r) {
+      const int i = tid + r * km::kAttnThreads;
+      if (i < D) dst[i] = acc[g][r];
+    }
   }
 }
 
@@ -255,15 +295,23 @@ __global__ void __launch_bounds__(km::kAttnThreads)
   }
 }
 
-template <int KvT>
-void LaunchAttention(bool vec, unsigned blocks, std::size_t smem, cudaStream_t s, const float* q,
-                     Pos p, int n_heads, int n_heads_kv, int D, const void* k_cache,
+template <int KvT, bool kVec>
+void LaunchAttention(int heads_per_block, unsigned blocks, std::size_t smem, cudaStream_t s,
+                     const float* q, Pos p, int n_heads, int n_heads_kv, int D, const void* k_cache,
                      const void* v_cache, const float* k_scales, const float* v_scales, float scale,
                      float* scores, int n_ctx_max, int split, int n_split, float* partials, float* o) {
-  if (vec) {
-    AttentionKernel<KvT, true><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
-  } else {
-    AttentionKernel<KvT, false><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
+  switch (heads_per_block) {
+    case 8:
+      AttentionKernel<KvT, kVec, 8><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
+      break;
+    case 4:
+      AttentionKernel<KvT, kVec, 4><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
+      break;
+    case 2:
+      AttentionKernel<KvT, kVec, 2><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
+      break;
+    default:
+      AttentionKernel<KvT, kVec, 1><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
   }
 }
 
@@ -314,10 +362,17 @@ RowScratch RowScratchOf(int n_heads, int head_dim, int n_ctx_max, int split) {
   return r;
 }
 
-int RowsPerGroup(int T, const RowScratch& r) {
+// Rows of one launch: as many of T as `floats` of scratch hold, at least one.
+int RowsFitting(int T, const RowScratch& r, std::size_t floats) {
   if (r.total() == 0) return T;
-  const std::size_t fit = kScratchBudgetFloats / r.total();
+  const std::size_t fit = floats / r.total();
   return fit < 1 ? 1 : fit >= static_cast<std::size_t>(T) ? T : static_cast<int>(fit);
+}
+
+// Dynamic shared memory of a block of kG heads.
+std::size_t SmemBytes(int kG, int head_dim, bool smem_scores, int split) {
+  return static_cast<std::size_t>(kG) *
+         static_cast<std::size_t>(head_dim + km::kAttnThreads + (smem_scores ? split : 0)) * sizeof(float);
 }
 
 }  // namespace
@@ -325,47 +380,64 @@ int RowsPerGroup(int T, const RowScratch& r) {
 std::size_t AttentionScratchFloats(int T, int n_heads, int head_dim, int n_ctx_max, int split) {
   if (T <= 0 || n_heads <= 0 || head_dim <= 0) return 0;
   const RowScratch r = RowScratchOf(n_heads, head_dim, n_ctx_max, split);
-  return static_cast<std::size_t>(RowsPerGroup(T, r)) * r.total();
+  return static_cast<std::size_t>(RowsFitting(T, r, kScratchBudgetFloats)) * r.total();
+}
+
+int AttentionHeadsPerBlock(int n_heads, int n_heads_kv, int head_dim, int n_ctx_max, int split,
+                           AttnHeads heads) {
+  if (heads == AttnHeads::kOne || n_heads_kv <= 0 || n_heads % n_heads_kv != 0) return 1;
+  const int n_split = AttentionSplits(n_ctx_max, split);
+  // Auto: only where rows are long enough to split, i.e. where the repeated K / V reads of the
+  // one-head layout cost bandwidth; short rows keep the most blocks.
+  if (heads == AttnHeads::kAuto && n_split == 1) return 1;
+  const bool smem_scores = RowScratchOf(n_heads, head_dim, n_ctx_max, split).scores == 0;
+  const int group = n_heads / n_heads_kv;
+  for (int kg : {8, 4, 2})
+    if (group % kg == 0 && SmemBytes(kg, head_dim, smem_scores, split) <= 48 * 1024) return kg;
+  return 1;
 }
 
 void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int head_dim,
                int kv_dtype, const void* k_cache, const void* v_cache, const float* k_scales,
                const float* v_scales, float scale, int n_ctx_max, int split, float* scratch,
-               std::size_t scratch_floats, float* o, cudaStream_t s) {
+               std::size_t scratch_floats, float* o, cudaStream_t s, AttnHeads heads) {
   if (T <= 0 || n_heads <= 0 || head_dim <= 0) return;
   const int n_split = AttentionSplits(n_ctx_max, split);
   const RowScratch r = RowScratchOf(n_heads, head_dim, n_ctx_max, split);
   // Rows per launch: what the caller's scratch holds (AttentionScratchFloats gives the budget's).
-  int group = T;
-  if (r.total() > 0) {
-    const std::size_t fit = scratch_floats / r.total();
-    group = fit >= static_cast<std::size_t>(T) ? T : static_cast<int>(fit < 1 ? 1 : fit);
-  }
+  const int rows_per = RowsFitting(T, r, scratch_floats);
   const bool smem_scores = r.scores == 0;
-  const std::size_t smem =
-      static_cast<std::size_t>(head_dim + km::kAttnThreads + (smem_scores ? split : 0)) * sizeof(float);
+  const int kg = AttentionHeadsPerBlock(n_heads, n_heads_kv, head_dim, n_ctx_max, split, heads);
+  const std::size_t smem = SmemBytes(kg, head_dim, smem_scores, split);
   // One load per 4 elements needs 4-element-aligned rows: D % 4 == 0 and an aligned base.
   const std::size_t elem = kv_dtype == 0 ? 4 : kv_dtype == 1 ? 2 : 1;
   const bool vec = head_dim % 4 == 0 && km::Aligned(k_cache, 4 * elem);
   const std::size_t row_q = static_cast<std::size_t>(n_heads) * static_cast<std::size_t>(head_dim);
-  for (int t0 = 0; t0 < T; t0 += group) {
-    const int g = T - t0 < group ? T - t0 : group;
+  for (int t0 = 0; t0 < T; t0 += rows_per) {
+    const int nt = T - t0 < rows_per ? T - t0 : rows_per;
     const Pos pg(p.base + t0, p.dev);
     const float* qg = q + static_cast<std::size_t>(t0) * row_q;
     float* og = o + static_cast<std::size_t>(t0) * row_q;
     float* scores = smem_scores ? nullptr : scratch;
-    float* partials = n_split > 1 ? scratch + static_cast<std::size_t>(g) * r.scores : nullptr;
-    const unsigned rows = static_cast<unsigned>(g) * static_cast<unsigned>(n_heads);
-    const unsigned blocks = rows * static_cast<unsigned>(n_split);
+    float* partials = n_split > 1 ? scratch + static_cast<std::size_t>(nt) * r.scores : nullptr;
+    const unsigned rows = static_cast<unsigned>(nt) * static_cast<unsigned>(n_heads);
+    const unsigned blocks = rows / static_cast<unsigned>(kg) * static_cast<unsigned>(n_split);
+    auto launch = [&](auto kvt) {
+      constexpr int KvT = decltype(kvt)::value;
+      if (vec) {
+        LaunchAttention<KvT, true>(kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
+                                   k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
+      } else {
+        LaunchAttention<KvT, false>(kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
+                                    k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
+      }
+    };
     if (kv_dtype == 0) {
-      LaunchAttention<0>(vec, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
+      launch(std::integral_constant<int, 0>{});
     } else if (kv_dtype == 1) {
-      LaunchAttention<1>(vec, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
+      launch(std::integral_constant<int, 1>{});
     } else {
-      LaunchAttention<2>(vec, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
+      launch(std::integral_constant<int, 2>{});
     }
     if (n_split > 1) {
       AttnCombineKernel<<<rows, km::kAttnThreads, 0, s>>>(pg, n_heads, head_dim, split, n_split, partials, og);

@@ -103,9 +103,17 @@ void SplitQGate(const float* qg, int T, int n_heads, int head_dim, float* q, flo
 // launches as it needs (a row's bits do not depend on that). AttentionScratchFloats gives the
 // size that runs all T rows at once within a fixed budget (64 MiB); 0 means none is needed.
 // o f32 [T, Hq, D] (not yet gated).
+// heads: query heads per block. kOne: one (t, head) per block. kGrouped: up to 8 heads of one kv
+// head per block, which loads each K / V element once for all of them (the one-head layout reads
+// it once per head). The bits are the same either way; kAuto groups when rows are split (long
+// contexts, where those reads are the cost) and keeps one head per block otherwise.
+enum class AttnHeads { kAuto, kOne, kGrouped };
 void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int head_dim, int kv_dtype,
                const void* k_cache, const void* v_cache, const float* k_scales, const float* v_scales, float scale,
-               int n_ctx_max, int split, float* scratch, std::size_t scratch_floats, float* o, cudaStream_t s);
+               int n_ctx_max, int split, float* scratch, std::size_t scratch_floats, float* o, cudaStream_t s,
+               AttnHeads heads = AttnHeads::kAuto);
+// Query heads per block that Attention launches with (1, 2, 4 or 8).
+int AttentionHeadsPerBlock(int n_heads, int n_heads_kv, int head_dim, int n_ctx_max, int split, AttnHeads heads);
 // Context splits per (row, head) of a launch (1: no split) and the scratch Attention wants.
 int AttentionSplits(int n_ctx_max, int split);
 std::size_t AttentionScratchFloats(int T, int n_heads, int head_dim, int n_ctx_max, int split);

@@ -354,6 +354,45 @@ TEST(CudaOps, AttentionSplitBoundaryIsBatchInvariant) {
   }
 }
 
+// Blocks of several query heads of one kv head (each K / V element loaded once for all of them)
+// give bitwise the one-head blocks' output: for 2, 4 and 8 heads per block, every cache dtype, the
+// vectorised and the scalar loads (D = 64, 30), scores in shared memory (split 64) and in global
+// scratch (split 0), whole rows and split ones.
+TEST(CudaOps, AttentionGroupedHeadsAreBitwiseOneHeadPerBlock) {
+  LOCKSTEP_REQUIRE_GPU(1);
+  const int p = 90, T = 3, rows = p + T, n_ctx_max = 100;
+  std::mt19937 rng(41);
+  for (int hq : {4, 8, 16})
+    for (int D : {64, 30})
+      for (int kv_dtype : {0, 1, 2})
+        for (int split : {0, 64}) {
+          const int hkv = 2;
+          const std::string where = "hq " + std::to_string(hq) + " D " + std::to_string(D) + " kv " +
+                                    std::to_string(kv_dtype) + " split " + std::to_string(split);
+          ASSERT_EQ(AttentionHeadsPerBlock(hq, hkv, D, n_ctx_max, split, AttnHeads::kGrouped), hq / hkv) << where;
+          ASSERT_EQ(AttentionHeadsPerBlock(hq, hkv, D, n_ctx_max, split, AttnHeads::kOne), 1);
+          // Auto groups only the launches that split rows.
+          ASSERT_EQ(AttentionHeadsPerBlock(hq, hkv, D, n_ctx_max, split, AttnHeads::kAuto), split > 0 ? hq / hkv : 1);
+          const std::size_t elem = kv_dtype == 0 ? 4 : kv_dtype == 1 ? 2 : 1;
+          const FVec k = RandomVec(rng, Z(rows) * Z(hkv) * Z(D), -2.0f, 2.0f),
+                     v = RandomVec(rng, Z(rows) * Z(hkv) * Z(D));
+          const FVec q = RandomVec(rng, Z(T) * Z(hq) * Z(D), -2.0f, 2.0f);
+          Dev<float> dk(k), dv(v), dq(q), ks(Z(rows) * Z(hkv)), vs(Z(rows) * Z(hkv));
+          Dev<std::uint8_t> kc(Z(rows) * Z(hkv) * Z(D) * elem), vc(Z(rows) * Z(hkv) * Z(D) * elem);
+          float* kss = kv_dtype == 2 ? ks.get() : nullptr;
+          float* vss = kv_dtype == 2 ? vs.get() : nullptr;
+          KvStore(dk.get(), dv.get(), rows, 0, hkv, D, kv_dtype, kc.get(), vc.get(), kss, vss, nullptr);
+          const std::size_t n = AttentionScratchFloats(T, hq, D, n_ctx_max, split);
+          Dev<float> scratch(std::max<std::size_t>(1, n)), one(Z(T) * Z(hq) * Z(D)), grouped(Z(T) * Z(hq) * Z(D));
+          for (auto [heads, out] : {std::pair{AttnHeads::kOne, one.get()}, std::pair{AttnHeads::kGrouped, grouped.get()}})
+            Attention(dq.get(), T, p, hq, hkv, D, kv_dtype, kc.get(), vc.get(), kss, vss, 0.2f, n_ctx_max, split,
+                      scratch.get(), n, out, nullptr, heads);
+          ASSERT_TRUE(Sync());
+          const FVec a = one.Down(), b = grouped.Down();
+          ASSERT_TRUE(SameBits(a.data(), b.data(), a.size() * 4)) << where;
+        }
+}
+
 // The attention scratch of a long-context prefill chunk stays within the launcher's 64 MiB budget
 // (rows run in groups). The scale: a 2048-row chunk at 130,658 positions, 16 query heads
 // of 256 (unbounded, its scores alone were 2048 * 16 * 130658 floats, 16 GiB).
