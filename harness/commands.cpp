@@ -105,6 +105,11 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
   auto generated = Generate(*engine, prompt, &hooks);
   sampler.Stop();
   if (trace_fd >= 0) ::close(trace_fd);
+  if (!generated.ok() && exporter) {
+    // The export is not finished; what it holds stays in FILE.partial (SCHEMA.md), never FILE.
+    std::fprintf(stderr, "export: not written (the request failed); %s.partial keeps what was exported before\n",
+                 opts.export_path.c_str());
+  }
   LOCKSTEP_ASSIGN_OR_RETURN(GenerateResult res, std::move(generated));
   Status export_status;
   if (exporter) {

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "lockstep/engine/status.h"
@@ -34,6 +35,36 @@ template <typename E>
 Status VendorStatus(E e, const char* expr, const char* func, const char* file, int line) {
   return Status::Runtime(std::string(expr), std::string(VendorErrorString(e)) + " (in " + func + " at " + file +
                                                 ":" + std::to_string(line) + ")");
+}
+
+// A failed cudaMalloc / cudaHostAlloc of `bytes` for `what` ("stage scratch arena", ...): kRuntime
+// naming the allocation, its size, the device and what it has free, e.g.
+//   cuda: out of device memory: K/V cache of layer 3 to 1024 rows (1.0 MiB) on device 0
+//   (cudaMemGetInfo: 0.4 MiB free of 300.0 MiB)
+// The error is cleared (allocation failures are not sticky) so the engine can report it and
+// tear down.
+inline Status AllocError(cudaError_t e, std::size_t bytes, std::string_view what, bool pinned) {
+  cudaGetLastError();
+  auto mib = [](std::size_t b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / 1048576.0);
+    return std::string(buf);
+  };
+  int dev = -1;
+  if (cudaGetDevice(&dev) != cudaSuccess) cudaGetLastError();
+  std::size_t free_b = 0, total_b = 0;
+  std::string mem;
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+    mem = "; cudaMemGetInfo: " + mib(free_b) + " free of " + mib(total_b);
+  } else {
+    cudaGetLastError();
+  }
+  const std::string where = pinned ? "pinned host memory" : "device memory";
+  if (e != cudaErrorMemoryAllocation)
+    return Status::Runtime("cuda: allocating " + where + " for " + std::string(what),
+                           std::string(cudaGetErrorString(e)) + " (" + mib(bytes) + ")");
+  return Status::Runtime("cuda: out of " + where,
+                         std::string(what) + " (" + mib(bytes) + ") on device " + std::to_string(dev) + mem);
 }
 
 }  // namespace lockstep::cuda
@@ -123,10 +154,13 @@ class CudaBuffer {
 class DeviceBuffer : public CudaBuffer<DevicePtr> {
  public:
   DeviceBuffer() = default;
-  // Allocates `bytes` on the current device. kRuntime when out of memory.
-  static Result<DeviceBuffer> Alloc(std::size_t bytes) {
+  // Allocates `bytes` on the current device for `what` (named in the error). kRuntime when out
+  // of memory (AllocError).
+  static Result<DeviceBuffer> Alloc(std::size_t bytes, std::string_view what) {
     void* p = nullptr;
-    if (bytes > 0) LOCKSTEP_CUDA_CHECK(cudaMalloc(&p, bytes));
+    if (bytes > 0) {
+      if (cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) return AllocError(e, bytes, what, false);
+    }
     return DeviceBuffer(Own(p, bytes));
   }
 
@@ -139,9 +173,12 @@ class DeviceBuffer : public CudaBuffer<DevicePtr> {
 class PinnedBuffer : public CudaBuffer<PinnedPtr> {
  public:
   PinnedBuffer() = default;
-  static Result<PinnedBuffer> Alloc(std::size_t bytes) {
+  static Result<PinnedBuffer> Alloc(std::size_t bytes, std::string_view what) {
     void* p = nullptr;
-    if (bytes > 0) LOCKSTEP_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    if (bytes > 0) {
+      if (cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable); e != cudaSuccess)
+        return AllocError(e, bytes, what, true);
+    }
     return PinnedBuffer(Own(p, bytes));
   }
   // The address kernels use (unified addressing: the same value on 64-bit Linux).

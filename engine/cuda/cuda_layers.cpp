@@ -23,7 +23,7 @@ Status Ctx::Mm(const float* x, int T, const DMat& w, float* y, int ldy) {
     if (d.widen.bytes() < w.elems() * sizeof(float)) {
       const std::int64_t t0 = MonoNs();
       LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(s));  // an earlier GEMM may still read the old one
-      LOCKSTEP_ASSIGN_OR_RETURN(d.widen, DeviceBuffer::Alloc(w.elems() * sizeof(float)));
+      LOCKSTEP_ASSIGN_OR_RETURN(d.widen, DeviceBuffer::Alloc(w.elems() * sizeof(float), "f32 widening of a bf16 matrix for cuBLAS"));
       *init_ns += MonoNs() - t0;
     }
     WidenBf16(w.bf16_bits(), static_cast<std::int64_t>(w.elems()), d.widen.as<float>(), s);
@@ -67,7 +67,8 @@ Status EnsureKvCapacity(DKv& kv, int rows, int hkv, int hd, bool int8, cudaStrea
   while (cap < rows) cap *= 2;
   const std::size_t row_bytes = U(hkv) * U(hd) * kv.elem, srow = U(hkv) * sizeof(float);
   auto grow = [&](DeviceBuffer& buf, std::size_t per_row) -> Status {
-    LOCKSTEP_ASSIGN_OR_RETURN(DeviceBuffer nb, DeviceBuffer::Alloc(U(cap) * per_row));
+    LOCKSTEP_ASSIGN_OR_RETURN(DeviceBuffer nb,
+                              DeviceBuffer::Alloc(U(cap) * per_row, "K/V cache growth to " + std::to_string(cap) + " rows"));
     if (kv.written > 0)
       LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(nb.get(), buf.get(), U(kv.written) * per_row, cudaMemcpyDeviceToDevice, s));
     LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(s));  // the old buffer must not be freed under the copy
@@ -130,8 +131,8 @@ Status EnsureSteps(DGdn& g, int T, std::size_t conv_floats, std::size_t ssm_floa
   if (T <= g.steps_capacity) return Status::Ok();
   const std::int64_t t0 = MonoNs();
   const int cap = std::max(T, 16);
-  LOCKSTEP_ASSIGN_OR_RETURN(g.steps_conv, DeviceBuffer::Alloc(U(cap) * conv_floats * sizeof(float)));
-  LOCKSTEP_ASSIGN_OR_RETURN(g.steps_ssm, DeviceBuffer::Alloc(U(cap) * ssm_floats * sizeof(float)));
+  LOCKSTEP_ASSIGN_OR_RETURN(g.steps_conv, DeviceBuffer::Alloc(U(cap) * conv_floats * sizeof(float), "GDN per-step conv states"));
+  LOCKSTEP_ASSIGN_OR_RETURN(g.steps_ssm, DeviceBuffer::Alloc(U(cap) * ssm_floats * sizeof(float), "GDN per-step recurrent states"));
   g.steps_capacity = cap;
   *init_ns += MonoNs() - t0;
   return Status::Ok();
@@ -242,7 +243,7 @@ Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* c
       FlushRoutes(d);
       if (U(slots) * 64 > d.route_cap) {
         d.route_cap = std::max<std::size_t>(U(slots) * 64, 1 << 16);
-        LOCKSTEP_ASSIGN_OR_RETURN(d.route_host, PinnedBuffer::Alloc(d.route_cap * sizeof(int)));
+        LOCKSTEP_ASSIGN_OR_RETURN(d.route_host, PinnedBuffer::Alloc(d.route_cap * sizeof(int), "expert routing ids"));
         LOCKSTEP_ASSIGN_OR_RETURN(void* dev, d.route_host.device_ptr());
         d.route_dev = static_cast<int*>(dev);
       }
@@ -293,7 +294,7 @@ Status EnsureRows(DeviceBuffer& buf, int* rows, int need, int h, std::int64_t* i
   const std::int64_t t0 = MonoNs();
   LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(s));
   const int cap = std::max(need, 64);
-  LOCKSTEP_ASSIGN_OR_RETURN(buf, DeviceBuffer::Alloc(U(cap) * U(h) * sizeof(float)));
+  LOCKSTEP_ASSIGN_OR_RETURN(buf, DeviceBuffer::Alloc(U(cap) * U(h) * sizeof(float), "activation rows"));
   *rows = cap;
   *init_ns += MonoNs() - t0;
   return Status::Ok();
@@ -302,7 +303,7 @@ Status EnsureRows(DeviceBuffer& buf, int* rows, int need, int h, std::int64_t* i
 Status EnsureStaging(DeviceStageImpl& d, std::size_t bytes) {
   if (d.staging.bytes() >= bytes) return Status::Ok();
   LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(d.s()));
-  LOCKSTEP_ASSIGN_OR_RETURN(d.staging, PinnedBuffer::Alloc(std::max(bytes, std::size_t{1} << 20)));
+  LOCKSTEP_ASSIGN_OR_RETURN(d.staging, PinnedBuffer::Alloc(std::max(bytes, std::size_t{1} << 20), "host staging"));
   return Status::Ok();
 }
 

@@ -73,7 +73,7 @@ class Packer {
   std::size_t bytes() const { return total_; }
   // Device copy (synchronous: start-up only), through a host buffer of at most 64 MiB.
   Result<DeviceBuffer> ToDevice() {
-    LOCKSTEP_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::Alloc(std::max<std::size_t>(total_, 1)));
+    LOCKSTEP_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::Alloc(std::max<std::size_t>(total_, 1), "resident weights"));
     std::vector<std::uint16_t> narrow;
     for (const Item& it : items_) {
       std::byte* dst = buf.as<std::byte>() + it.offset;
@@ -93,7 +93,7 @@ class Packer {
     return buf;
   }
   Result<PinnedBuffer> ToPinned() {
-    LOCKSTEP_ASSIGN_OR_RETURN(PinnedBuffer buf, PinnedBuffer::Alloc(std::max<std::size_t>(total_, 1)));
+    LOCKSTEP_ASSIGN_OR_RETURN(PinnedBuffer buf, PinnedBuffer::Alloc(std::max<std::size_t>(total_, 1), "host-resident experts"));
     LOCKSTEP_ASSIGN_OR_RETURN(void* dev, buf.device_ptr());
     for (const Item& it : items_) {
       std::byte* host = buf.as<std::byte>() + it.offset;
@@ -240,7 +240,7 @@ Status CudaStageSession::Init() {
   LOCKSTEP_ASSIGN_OR_RETURN(d.ev_copy0, MakeEvent(true));
   LOCKSTEP_ASSIGN_OR_RETURN(d.ev_copy1, MakeEvent(true));
   LOCKSTEP_ASSIGN_OR_RETURN(d.ev_consumed, MakeEvent(false));
-  LOCKSTEP_ASSIGN_OR_RETURN(d.pos, DeviceBuffer::Alloc(sizeof(int)));
+  LOCKSTEP_ASSIGN_OR_RETURN(d.pos, DeviceBuffer::Alloc(sizeof(int), "position"));
   LOCKSTEP_CUDA_CHECK(cudaMemset(d.pos.get(), 0, sizeof(int)));
 
   const bool mtp = is_last() && w_.mtp.present;
@@ -304,7 +304,7 @@ Status CudaStageSession::Init() {
     flat.insert(flat.end(), tables[i].up.begin(), tables[i].up.end());
     flat.insert(flat.end(), tables[i].down.begin(), tables[i].down.end());
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(d.ptr_tables, DeviceBuffer::Alloc(std::max<std::size_t>(flat.size(), 1) * sizeof(void*)));
+  LOCKSTEP_ASSIGN_OR_RETURN(d.ptr_tables, DeviceBuffer::Alloc(std::max<std::size_t>(flat.size(), 1) * sizeof(void*), "expert pointer tables"));
   if (!flat.empty())
     LOCKSTEP_CUDA_CHECK(cudaMemcpy(d.ptr_tables.get(), flat.data(), flat.size() * sizeof(void*), cudaMemcpyHostToDevice));
   auto* base = d.ptr_tables.as<const void*>();
@@ -323,7 +323,7 @@ Status CudaStageSession::Init() {
   std::vector<float> inv(U(std::max(half, 1)), 0.0f);
   for (int i = 0; i < half; ++i)
     inv[U(i)] = 1.0f / std::pow(static_cast<float>(c_.rope_theta), static_cast<float>(2 * i) / static_cast<float>(c_.rotary_dim));
-  LOCKSTEP_ASSIGN_OR_RETURN(d.inv_freq, DeviceBuffer::Alloc(inv.size() * sizeof(float)));
+  LOCKSTEP_ASSIGN_OR_RETURN(d.inv_freq, DeviceBuffer::Alloc(inv.size() * sizeof(float), "RoPE frequencies"));
   LOCKSTEP_CUDA_CHECK(cudaMemcpy(d.inv_freq.get(), inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice));
 
   // State: K/V caches and GDN checkpoints (zeros, like the CPU's).
@@ -341,8 +341,8 @@ Status CudaStageSession::Init() {
       d.kv.push_back(nullptr);
       auto g = std::make_unique<DGdn>();
       g->mirror = std::make_unique<GdnState>(c_.conv_dim(), c_.conv_kernel, c_.n_v_heads, c_.k_head_dim, c_.v_head_dim);
-      LOCKSTEP_ASSIGN_OR_RETURN(g->conv, DeviceBuffer::Alloc(g->mirror->conv_size() * sizeof(float)));
-      LOCKSTEP_ASSIGN_OR_RETURN(g->ssm, DeviceBuffer::Alloc(g->mirror->ssm_size() * sizeof(float)));
+      LOCKSTEP_ASSIGN_OR_RETURN(g->conv, DeviceBuffer::Alloc(g->mirror->conv_size() * sizeof(float), "GDN conv state"));
+      LOCKSTEP_ASSIGN_OR_RETURN(g->ssm, DeviceBuffer::Alloc(g->mirror->ssm_size() * sizeof(float), "GDN recurrent state"));
       LOCKSTEP_CUDA_CHECK(cudaMemset(g->conv.get(), 0, g->conv.bytes()));
       LOCKSTEP_CUDA_CHECK(cudaMemset(g->ssm.get(), 0, g->ssm.bytes()));
       d.gdn.push_back(std::move(g));
@@ -489,7 +489,7 @@ Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, A
       LOCKSTEP_CUBLAS_CHECK(cublasCreate(&hnd));
       d.cublas.reset(hnd);
       LOCKSTEP_CUBLAS_CHECK(cublasSetStream(hnd, d.s()));
-      LOCKSTEP_ASSIGN_OR_RETURN(d.cublas_ws, DeviceBuffer::Alloc(std::size_t{32} << 20));
+      LOCKSTEP_ASSIGN_OR_RETURN(d.cublas_ws, DeviceBuffer::Alloc(std::size_t{32} << 20, "cuBLAS workspace"));
       LOCKSTEP_CUBLAS_CHECK(cublasSetWorkspace(hnd, d.cublas_ws.get(), d.cublas_ws.bytes()));
       LOCKSTEP_CUBLAS_CHECK(cublasSetMathMode(
           hnd, backend_->deterministic() ? CUBLAS_PEDANTIC_MATH : CUBLAS_TF32_TENSOR_OP_MATH));
@@ -514,7 +514,7 @@ Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, A
       if (T > d.token_cap) {
         LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(d.s()));
         d.token_cap = std::max(T, 1024);
-        LOCKSTEP_ASSIGN_OR_RETURN(d.tokens, DeviceBuffer::Alloc(U(d.token_cap) * sizeof(int)));
+        LOCKSTEP_ASSIGN_OR_RETURN(d.tokens, DeviceBuffer::Alloc(U(d.token_cap) * sizeof(int), "token ids"));
       }
       LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_up0.get(), d.s()));
       LOCKSTEP_RETURN_IF_ERROR(Upload(d, d.tokens.get(), tokens, U(T) * sizeof(int)));
@@ -563,7 +563,7 @@ Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, A
     first_call_ns_ += d.init_ns;
   }
   Keep(st);
-  return st;
+  return error_;  // st, with the stage named
 }
 
 void CudaStageSession::Commit(int n) {

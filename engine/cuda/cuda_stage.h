@@ -83,7 +83,7 @@ class CudaStageSession final : public StageSession {
   void GraphsOff(const std::string& why);
   // Keeps the first failure; later calls become no-ops once an error is recorded.
   void Keep(const Status& s) {
-    if (error_.ok() && !s.ok()) error_ = s;
+    if (error_.ok() && !s.ok()) error_ = s.WithContext("stage " + std::to_string(index()));
   }
 
   const ModelWeights& w_;

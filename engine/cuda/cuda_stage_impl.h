@@ -118,7 +118,7 @@ class DeviceArena {
     const std::int64_t t0 = MonoNs();
     Block b;
     b.floats = std::max<std::size_t>(n, std::size_t{16} << 20);  // 64 MiB blocks
-    LOCKSTEP_ASSIGN_OR_RETURN(b.buf, DeviceBuffer::Alloc(b.floats * sizeof(float)));
+    LOCKSTEP_ASSIGN_OR_RETURN(b.buf, DeviceBuffer::Alloc(b.floats * sizeof(float), "scratch arena block"));
     *alloc_ns += MonoNs() - t0;
     blocks_.push_back(std::move(b));
     block_ = blocks_.size() - 1;

@@ -63,6 +63,9 @@
 // env: EMU_FILL   fill byte of fresh allocations and shared memory (default 0xFF).
 // env: EMU_STATS  when set: per-kernel launch counts and host time, allocation and graph totals
 //                 at exit.
+// env: EMU_DEVICE_MIB  device memory of the emulated GPU in MiB (default 81920): a cudaMalloc
+//                 that would pass it fails with cudaErrorMemoryAllocation, as on a full device;
+//                 cudaMemGetInfo reports it and what is left.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #ifndef EMU_NO_GTEST
@@ -186,6 +189,15 @@ static struct {
   long count = 0;
   std::size_t bytes = 0, live = 0, peak = 0, largest = 0;
 } g_alloc_stats;
+static std::size_t g_device_live = 0;  // bytes of live cudaMalloc allocations
+static std::size_t DeviceBytes() {
+  static const std::size_t v = [] {
+    const char* e = std::getenv("EMU_DEVICE_MIB");
+    const unsigned long long mib = e ? std::strtoull(e, nullptr, 0) : 81920ull;
+    return static_cast<std::size_t>(mib) << 20;
+  }();
+  return v;
+}
 static void NoteAlloc(std::size_t n) {
   ++g_alloc_stats.count;
   g_alloc_stats.bytes += n;
@@ -759,9 +771,11 @@ cudaError_t cudaMalloc(void** p, size_t n) {
     *p = nullptr;
     return cudaSuccess;
   }
+  if (n > DeviceBytes() - g_device_live) return Err(cudaErrorMemoryAllocation);
   void* m = MemAlloc(n, 256);
   if (!m) return Err(cudaErrorMemoryAllocation);
   std::memset(m, FillByte(), n);
+  g_device_live += n;
   g_allocs[reinterpret_cast<std::uintptr_t>(m)] = {n, Kind::kDevice};
   NoteAlloc(n);
   *p = m;
@@ -778,8 +792,15 @@ cudaError_t cudaFree(void* p) {
     return Err(cudaErrorInvalidValue);
   }
   g_alloc_stats.live -= it->second.size;
+  g_device_live -= it->second.size;
   MemFree(p, it->second.size);
   g_allocs.erase(it);
+  return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  EMU_API;
+  *total_bytes = DeviceBytes();
+  *free_bytes = DeviceBytes() - g_device_live;
   return cudaSuccess;
 }
 cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int flags) {
