@@ -276,6 +276,10 @@ TEST(CudaEngineExtra, GraphsReplayBitwiseTheEagerPath) {
   LOCKSTEP_REQUIRE_GPU(1);
   EngineConfig c = TinyConfig("cuda", DType::kI8);
   c.prefill_chunk = 64;
+  // Attention split every 64 positions, so the captured windows run the split-context path (its
+  // partials scratch, grouped heads and the combine; 4 splits per row at 256 cache rows, 8 after
+  // the growth to 512). MtpGraphsReplayBitwiseTheEagerMtp keeps the default (no split below 512).
+  c.cuda_attn_split = 64;
   EngineConfig ce = c;
   ce.cuda_graphs = false;
   auto g = MakeTiny(c);
