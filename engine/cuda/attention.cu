@@ -33,8 +33,6 @@
 // constant block size, never on T, the number of heads or the grid; no atomics. So row t's output
 // is bitwise independent of how many rows are attended together (the engine's split is
 // EngineConfig::cuda_attn_split, fixed for a run).
-#include <type_traits>
-
 #include "cuda/kernel_math.h"
 #include "cuda/ops.h"
 
@@ -295,23 +293,29 @@ __global__ void __launch_bounds__(km::kAttnThreads)
   }
 }
 
-template <int KvT, bool kVec>
-void LaunchAttention(int heads_per_block, unsigned blocks, std::size_t smem, cudaStream_t s,
+// Grouped blocks (kG > 1) only with the one-load-per-4-elements path: every preset's head_dim is a
+// multiple of 4, and each variant costs compile time (nvcc, two architectures).
+template <int KvT>
+void LaunchAttention(bool vec, int heads_per_block, unsigned blocks, std::size_t smem, cudaStream_t s,
                      const float* q, Pos p, int n_heads, int n_heads_kv, int D, const void* k_cache,
                      const void* v_cache, const float* k_scales, const float* v_scales, float scale,
                      float* scores, int n_ctx_max, int split, int n_split, float* partials, float* o) {
+  if (!vec) {
+    AttentionKernel<KvT, false, 1><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
+    return;
+  }
   switch (heads_per_block) {
     case 8:
-      AttentionKernel<KvT, kVec, 8><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
+      AttentionKernel<KvT, true, 8><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
       break;
     case 4:
-      AttentionKernel<KvT, kVec, 4><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
+      AttentionKernel<KvT, true, 4><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
       break;
     case 2:
-      AttentionKernel<KvT, kVec, 2><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
+      AttentionKernel<KvT, true, 2><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
       break;
     default:
-      AttentionKernel<KvT, kVec, 1><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
+      AttentionKernel<KvT, true, 1><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
   }
 }
 
@@ -385,7 +389,9 @@ std::size_t AttentionScratchFloats(int T, int n_heads, int head_dim, int n_ctx_m
 
 int AttentionHeadsPerBlock(int n_heads, int n_heads_kv, int head_dim, int n_ctx_max, int split,
                            AttnHeads heads) {
-  if (heads == AttnHeads::kOne || n_heads_kv <= 0 || n_heads % n_heads_kv != 0) return 1;
+  // Grouped blocks need the 4-element loads (LaunchAttention): head_dim % 4 == 0 (and, at the
+  // launch, a 4-element-aligned cache).
+  if (heads == AttnHeads::kOne || n_heads_kv <= 0 || n_heads % n_heads_kv != 0 || head_dim % 4 != 0) return 1;
   const int n_split = AttentionSplits(n_ctx_max, split);
   // Auto: only where rows are long enough to split, i.e. where the repeated K / V reads of the
   // one-head layout cost bandwidth; short rows keep the most blocks.
@@ -407,11 +413,11 @@ void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int he
   // Rows per launch: what the caller's scratch holds (AttentionScratchFloats gives the budget's).
   const int rows_per = RowsFitting(T, r, scratch_floats);
   const bool smem_scores = r.scores == 0;
-  const int kg = AttentionHeadsPerBlock(n_heads, n_heads_kv, head_dim, n_ctx_max, split, heads);
-  const std::size_t smem = SmemBytes(kg, head_dim, smem_scores, split);
   // One load per 4 elements needs 4-element-aligned rows: D % 4 == 0 and an aligned base.
   const std::size_t elem = kv_dtype == 0 ? 4 : kv_dtype == 1 ? 2 : 1;
   const bool vec = head_dim % 4 == 0 && km::Aligned(k_cache, 4 * elem);
+  const int kg = vec ? AttentionHeadsPerBlock(n_heads, n_heads_kv, head_dim, n_ctx_max, split, heads) : 1;
+  const std::size_t smem = SmemBytes(kg, head_dim, smem_scores, split);
   const std::size_t row_q = static_cast<std::size_t>(n_heads) * static_cast<std::size_t>(head_dim);
   for (int t0 = 0; t0 < T; t0 += rows_per) {
     const int nt = T - t0 < rows_per ? T - t0 : rows_per;
@@ -422,22 +428,15 @@ void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int he
     float* partials = n_split > 1 ? scratch + static_cast<std::size_t>(nt) * r.scores : nullptr;
     const unsigned rows = static_cast<unsigned>(nt) * static_cast<unsigned>(n_heads);
     const unsigned blocks = rows / static_cast<unsigned>(kg) * static_cast<unsigned>(n_split);
-    auto launch = [&](auto kvt) {
-      constexpr int KvT = decltype(kvt)::value;
-      if (vec) {
-        LaunchAttention<KvT, true>(kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                                   k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
-      } else {
-        LaunchAttention<KvT, false>(kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                                    k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
-      }
-    };
     if (kv_dtype == 0) {
-      launch(std::integral_constant<int, 0>{});
+      LaunchAttention<0>(vec, kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
+                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
     } else if (kv_dtype == 1) {
-      launch(std::integral_constant<int, 1>{});
+      LaunchAttention<1>(vec, kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
+                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
     } else {
-      launch(std::integral_constant<int, 2>{});
+      LaunchAttention<2>(vec, kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
+                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
     }
     if (n_split > 1) {
       AttnCombineKernel<<<rows, km::kAttnThreads, 0, s>>>(pg, n_heads, head_dim, split, n_split, partials, og);

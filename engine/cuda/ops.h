@@ -112,7 +112,7 @@ void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int he
                const void* k_cache, const void* v_cache, const float* k_scales, const float* v_scales, float scale,
                int n_ctx_max, int split, float* scratch, std::size_t scratch_floats, float* o, cudaStream_t s,
                AttnHeads heads = AttnHeads::kAuto);
-// Query heads per block that Attention launches with (1, 2, 4 or 8).
+// Query heads per block that Attention launches with (1, 2, 4 or 8; 1 when head_dim % 4 != 0).
 int AttentionHeadsPerBlock(int n_heads, int n_heads_kv, int head_dim, int n_ctx_max, int split, AttnHeads heads);
 // Context splits per (row, head) of a launch (1: no split) and the scratch Attention wants.
 int AttentionSplits(int n_ctx_max, int split);

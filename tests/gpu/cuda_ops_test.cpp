@@ -188,9 +188,10 @@ TEST(CudaOps, RopeMatchesCpu) {
 }
 
 // KvStore / KvScaleRows / Attention against KvCache and cpu::AttendGroup for one cache dtype and
-// context split (0: none; 64: every row of the window in 5 blocks and the combine).
-void CheckAttention(DType dt, int kv_dtype, int split = 0) {
-  const int hq = 6, hkv = 2, group = hq / hkv, D = 256, p = 300, T = 4, rows = p + T,
+// context split (0: none; 64: every row of the window in 5 blocks and the combine) and head_dim
+// (a multiple of 4 takes the one-load-per-4-elements path, others the scalar loads).
+void CheckAttention(DType dt, int kv_dtype, int split = 0, int D = 256) {
+  const int hq = 6, hkv = 2, group = hq / hkv, p = 300, T = 4, rows = p + T,
             n_ctx_max = rows + 5;
   std::mt19937 rng(4 + static_cast<unsigned>(kv_dtype));
   const FVec k = RandomVec(rng, Z(rows) * Z(hkv) * Z(D), -2.0f, 2.0f),
@@ -312,6 +313,8 @@ TEST(CudaOps, AttentionSplitContext) {
   CheckAttention(DType::kF32, 0, 64);
   CheckAttention(DType::kBF16, 1, 64);
   CheckAttention(DType::kI8, 2, 64);
+  CheckAttention(DType::kBF16, 1, 64, 30);  // scalar loads
+  CheckAttention(DType::kF32, 0, 0, 30);
 }
 
 // Rows on both sides of the split (n_ctx 62..67 with split 64) in one window: each row bitwise the
@@ -355,9 +358,9 @@ TEST(CudaOps, AttentionSplitBoundaryIsBatchInvariant) {
 }
 
 // Blocks of several query heads of one kv head (each K / V element loaded once for all of them)
-// give bitwise the one-head blocks' output: for 2, 4 and 8 heads per block, every cache dtype, the
-// vectorised and the scalar loads (D = 64, 30), scores in shared memory (split 64) and in global
-// scratch (split 0), whole rows and split ones.
+// give bitwise the one-head blocks' output: for 2, 4 and 8 heads per block, every cache dtype,
+// scores in shared memory (split 64) and in global scratch (split 0), whole rows and split ones.
+// Grouped blocks use the 4-element loads only: D = 30 stays one head per block.
 TEST(CudaOps, AttentionGroupedHeadsAreBitwiseOneHeadPerBlock) {
   LOCKSTEP_REQUIRE_GPU(1);
   const int p = 90, T = 3, rows = p + T, n_ctx_max = 100;
@@ -369,10 +372,11 @@ TEST(CudaOps, AttentionGroupedHeadsAreBitwiseOneHeadPerBlock) {
           const int hkv = 2;
           const std::string where = "hq " + std::to_string(hq) + " D " + std::to_string(D) + " kv " +
                                     std::to_string(kv_dtype) + " split " + std::to_string(split);
-          ASSERT_EQ(AttentionHeadsPerBlock(hq, hkv, D, n_ctx_max, split, AttnHeads::kGrouped), hq / hkv) << where;
+          const int kg = D % 4 == 0 ? hq / hkv : 1;
+          ASSERT_EQ(AttentionHeadsPerBlock(hq, hkv, D, n_ctx_max, split, AttnHeads::kGrouped), kg) << where;
           ASSERT_EQ(AttentionHeadsPerBlock(hq, hkv, D, n_ctx_max, split, AttnHeads::kOne), 1);
           // Auto groups only the launches that split rows.
-          ASSERT_EQ(AttentionHeadsPerBlock(hq, hkv, D, n_ctx_max, split, AttnHeads::kAuto), split > 0 ? hq / hkv : 1);
+          ASSERT_EQ(AttentionHeadsPerBlock(hq, hkv, D, n_ctx_max, split, AttnHeads::kAuto), split > 0 ? kg : 1);
           const std::size_t elem = kv_dtype == 0 ? 4 : kv_dtype == 1 ? 2 : 1;
           const FVec k = RandomVec(rng, Z(rows) * Z(hkv) * Z(D), -2.0f, 2.0f),
                      v = RandomVec(rng, Z(rows) * Z(hkv) * Z(D));
