@@ -478,7 +478,7 @@ TEST(Campaign, EffectiveConfigMergesArmOverCampaignOverDefaults) {
   auto r = Parse(kHead + kModel + kRequest + "[engine]\nspec = 4\ndraft_policy = \"adaptive\"\nsplit = [2, 4, 6]\n" +
                  "inject = [\"delay:stage=2:window=5:ms=20\"]\n" + kArmA1 +
                  "[[arm]]\nname = \"B\"\nbaseline = \"A1\"\n" +
-                 "[arm.engine]\nspec = 2\nsplit = [3, 5, 7]\ninject = []\n");
+                 "[arm.engine]\nspec = 2\nsplit = [3, 5, 7]\ninject = []\ncuda_attn_split = 0\n");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const EngineConfig defaults;
   auto a1 = EffectiveConfig(*r, r->arms[0], "/models/tiny");
@@ -497,6 +497,8 @@ TEST(Campaign, EffectiveConfigMergesArmOverCampaignOverDefaults) {
   EXPECT_EQ(b->split, (std::vector<int>{3, 5, 7}));  // arrays replace
   EXPECT_TRUE(b->inject.empty());
   EXPECT_EQ(b->stages, defaults.stages);
+  EXPECT_EQ(a1->cuda_attn_split, 512);
+  EXPECT_EQ(b->cuda_attn_split, 0);
 
   Campaign c;
   ArmSpec bad;
