@@ -189,9 +189,9 @@ TEST(CudaOps, RopeMatchesCpu) {
 
 // KvStore / KvScaleRows / Attention against KvCache and cpu::AttendGroup for one cache dtype and
 // context split (0: none; 64: every row of the window in 5 blocks and the combine) and head_dim
-// (a multiple of 4 takes the one-load-per-4-elements path, others the scalar loads).
-void CheckAttention(DType dt, int kv_dtype, int split = 0, int D = 256) {
-  const int hq = 6, hkv = 2, group = hq / hkv, p = 300, T = 4, rows = p + T,
+// (a multiple of 4 takes the one-load-per-4-elements path, others the scalar loads) at position p.
+void CheckAttention(DType dt, int kv_dtype, int split = 0, int D = 256, int p = 300) {
+  const int hq = 6, hkv = 2, group = hq / hkv, T = 4, rows = p + T,
             n_ctx_max = rows + 5;
   std::mt19937 rng(4 + static_cast<unsigned>(kv_dtype));
   const FVec k = RandomVec(rng, Z(rows) * Z(hkv) * Z(D), -2.0f, 2.0f),
@@ -207,7 +207,7 @@ void CheckAttention(DType dt, int kv_dtype, int split = 0, int D = 256) {
   Dev<std::uint8_t> kc(Z(rows) * row_bytes), vc(Z(rows) * row_bytes);
   float* ks = kv_dtype == 2 ? dks.get() : nullptr;
   float* vs = kv_dtype == 2 ? dvs.get() : nullptr;
-  // Two stores (rows [0, 100) then [100, rows)): row bits must not depend on the split.
+  // Two stores (rows [0, 100) then [100, rows)): row bits must not depend on where they split.
   KvStore(dk.get(), dv.get(), 100, 0, hkv, D, kv_dtype, kc.get(), vc.get(), ks, vs, nullptr);
   KvStore(dk.get() + 100 * Z(hkv) * Z(D), dv.get() + 100 * Z(hkv) * Z(D), rows - 100, 100, hkv, D,
           kv_dtype, kc.get(), vc.get(), ks, vs, nullptr);
@@ -315,6 +315,10 @@ TEST(CudaOps, AttentionSplitContext) {
   CheckAttention(DType::kI8, 2, 64);
   CheckAttention(DType::kBF16, 1, 64, 30);  // scalar loads
   CheckAttention(DType::kF32, 0, 0, 30);
+  // A split past what shared memory holds (4096 positions): scores in global scratch, with the
+  // partials after them; rows of 4201..4204 positions in two blocks.
+  ASSERT_GT(AttentionScratchFloats(1, 6, 64, 4209, 4100), 6u * 4209u);
+  CheckAttention(DType::kF32, 0, 4100, 64, 4200);
 }
 
 // Rows on both sides of the split (n_ctx 62..67 with split 64) in one window: each row bitwise the
