@@ -60,11 +60,15 @@ Status Ctx::MmShared(const float* x, int T, std::initializer_list<MmOut> outs) {
   return Status::Ok();
 }
 
-Status EnsureKvCapacity(DKv& kv, int rows, int hkv, int hd, bool int8, cudaStream_t s, std::int64_t* init_ns) {
-  if (rows <= kv.capacity) return Status::Ok();
+// Grows kv (doubling) to hold `rows` plus `headroom` more (prefill: what the request's decode
+// will add, so that it never grows in decode).
+Status EnsureKvCapacity(DKv& kv, int rows, int headroom, int hkv, int hd, bool int8, cudaStream_t s,
+                        std::int64_t* init_ns) {
+  const std::int64_t want = static_cast<std::int64_t>(rows) + headroom;
+  if (want <= kv.capacity) return Status::Ok();
   const std::int64_t t0 = MonoNs();
   int cap = std::max(kv.capacity * 2, 256);
-  while (cap < rows) cap *= 2;
+  while (cap < want) cap *= 2;
   const std::size_t row_bytes = U(hkv) * U(hd) * kv.elem, srow = U(hkv) * sizeof(float);
   auto grow = [&](DeviceBuffer& buf, std::size_t per_row) -> Status {
     LOCKSTEP_ASSIGN_OR_RETURN(DeviceBuffer nb,
@@ -99,7 +103,7 @@ Status AttentionForward(Ctx& x, const DLayer& L, const float* a, int T, int p, D
   LOCKSTEP_ASSIGN_OR_RETURN(float* o, x.Alloc(ut * U(hq * hd)));
   const bool int8 = kv.mirror->dtype() == DType::kI8;
   const int code = KvDtypeCode(kv.mirror->dtype());
-  LOCKSTEP_RETURN_IF_ERROR(EnsureKvCapacity(kv, p + T, hkv, hd, int8, x.s, x.init_ns));
+  LOCKSTEP_RETURN_IF_ERROR(EnsureKvCapacity(kv, p + T, x.kv_headroom, hkv, hd, int8, x.s, x.init_ns));
   // Verify scratch is sized by the cache's capacity, not by p: the arena then hands out the same
   // addresses at every position, as a replayed graph needs. Prefill (long T) keeps p + T.
   const int n_ctx_max = x.mode == ForwardMode::kVerify ? kv.capacity : p + T;

@@ -471,6 +471,19 @@ StageInitCounters CudaStageSession::init_counters() const {
 
 // ---- the StageSession calls (the layers are in cuda_layers.cpp) ----
 
+namespace {
+
+// Rows the request can still add after its prompt: max_new tokens plus the overhang of the
+// largest verify window. A K/V cache that grows during prefill grows past them too, so the
+// request's decode never reallocates a cache (no copy, no graph re-capture, no allocation that
+// can fail mid-run); past them (an engine driven beyond max_new) the caches still double.
+int KvHeadroom(const EngineConfig& cfg) {
+  const int window = cfg.spec > 0 ? std::max(cfg.spec, cfg.spec_max_suffix) + 1 : 1;
+  return std::max(cfg.max_new, 0) + window;
+}
+
+}  // namespace
+
 Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Activation& act) {
   if (!error_.ok()) return error_;
   LOCKSTEP_CHECK_EQ(act.p, position_);
@@ -531,7 +544,8 @@ Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, A
       LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_in.get(), d.s()));
     }
     LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_start.get(), d.s()));
-    Ctx x{c_, d, mode, backend_->deterministic(), backend_->attn_split(), d.s(), &d.init_ns};
+    Ctx x{c_, d, mode, backend_->deterministic(), backend_->attn_split(),
+          mode == ForwardMode::kPrefill ? KvHeadroom(cfg_) : 0, d.s(), &d.init_ns};
     LOCKSTEP_RETURN_IF_ERROR(RunLayers(x, T, act.p));
     LOCKSTEP_CUDA_CHECK(cudaGetLastError());
     LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_done.get(), d.s()));
@@ -696,7 +710,8 @@ void CudaStageSession::MtpForward(const float* hid, const std::int32_t* next_tok
       LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(d.s()));
       FlushRoutes(d);
     }
-    Ctx x{c_, d, mode, backend_->deterministic(), backend_->attn_split(), d.s(), &d.init_ns};
+    Ctx x{c_, d, mode, backend_->deterministic(), backend_->attn_split(),
+          mode == ForwardMode::kPrefill ? KvHeadroom(cfg_) : 0, d.s(), &d.init_ns};
     LOCKSTEP_RETURN_IF_ERROR(EnsureRows(d.mtp_hidden, &d.mtp_rows, T, h, &d.init_ns, d.s()));
     const int nl = std::min(n_logits, T);
     // In: hidden rows then token ids, one upload. Out: m rows then logits, one download.

@@ -255,6 +255,7 @@ struct Ctx {
   ForwardMode mode;
   bool deterministic;
   int attn_split;  // Attention's context split (EngineConfig::cuda_attn_split)
+  int kv_headroom; // rows a K/V cache that grows in prefill reserves past p + T (KvHeadroom)
   cudaStream_t s;
   std::int64_t* init_ns;
   const int* pos = nullptr;  // device int the kernels read the position from (SetPosition)

@@ -280,6 +280,7 @@ TEST(CudaEngineExtra, GraphsReplayBitwiseTheEagerPath) {
   // partials scratch, grouped heads and the combine; 4 splits per row at 256 cache rows, 8 after
   // the growth to 512). MtpGraphsReplayBitwiseTheEagerMtp keeps the default (no split below 512).
   c.cuda_attn_split = 64;
+  c.max_new = 0;  // no decode headroom reserved in prefill: the caches grow during the windows
   EngineConfig ce = c;
   ce.cuda_graphs = false;
   auto g = MakeTiny(c);
@@ -373,6 +374,42 @@ TEST(CudaEngineExtra, GraphsReplayBitwiseTheEagerPath) {
   }
 }
 
+// A K/V cache that grows in prefill reserves the request's decode (max_new plus a window): a
+// 250-token prompt with max_new 16 never grows during its 9 decode steps (no reallocation, no
+// second capture: every window after the capture replays), where max_new 0 grows at row 257 and
+// captures again. The capacity changes no bit: both give the same logits.
+TEST(CudaEngineExtra, PrefillReservesTheDecodeRowsOfTheKvCache) {
+  LOCKSTEP_REQUIRE_GPU(1);
+  EngineConfig c = TinyConfig("cuda");
+  c.prefill_chunk = 256;
+  c.max_new = 16;
+  EngineConfig c0 = c;
+  c0.max_new = 0;
+  auto r = MakeTiny(c);
+  auto g = MakeTiny(c0);
+  ASSERT_TRUE(r && g);
+  const std::size_t V = static_cast<std::size_t>(r->weights().config.n_vocab);
+  const auto prompt = Prompt(250, 3);
+  ASSERT_TRUE(r->Prefill(prompt).ok() && g->Prefill(prompt).ok());
+  std::vector<float> lr(V), lg(V);
+  for (int i = 0; i < 9; ++i) {  // positions 250 .. 258
+    const std::int32_t tok = prompt[static_cast<std::size_t>(i)];
+    ASSERT_TRUE(r->Verify(std::span<const std::int32_t>(&tok, 1), lr.data()).ok() && r->Commit(1).ok());
+    ASSERT_TRUE(g->Verify(std::span<const std::int32_t>(&tok, 1), lg.data()).ok() && g->Commit(1).ok());
+    EXPECT_TRUE(test::BitwiseEqual(lr, lg)) << "step " << i;
+    if (i < 3) continue;  // eager, eager, capture
+    for (int is = 0; is < r->n_stages(); ++is)
+      EXPECT_EQ(r->stage_timings()[static_cast<std::size_t>(is)].graph, GraphUse::kReplay) << "step " << i;
+  }
+  for (int is = 0; is < r->n_stages(); ++is) {
+    bool attention = false;
+    for (int il = r->stage(is).layer_begin(); il < r->stage(is).layer_end(); ++il)
+      attention = attention || r->stage(is).kv(il) != nullptr;
+    EXPECT_EQ(r->stage(is).init_counters().graph_captures, 1) << "stage " << is;
+    EXPECT_EQ(g->stage(is).init_counters().graph_captures, attention ? 2 : 1) << "stage " << is;
+  }
+}
+
 // The MTP head's draft steps replay a graph per (T, logit rows) too: bitwise what launching each
 // kernel gives (m rows, logits, the MTP K/V cache), with verify windows of the stages between
 // them sharing the routing buffer and changing the stage's layout, the MTP K/V cache growing from
@@ -380,6 +417,7 @@ TEST(CudaEngineExtra, GraphsReplayBitwiseTheEagerPath) {
 TEST(CudaEngineExtra, MtpGraphsReplayBitwiseTheEagerMtp) {
   LOCKSTEP_REQUIRE_GPU(1);
   EngineConfig c = TinyConfig("cuda");
+  c.max_new = 0;  // no decode headroom reserved in prefill: the caches grow during the windows
   EngineConfig ce = c;
   ce.cuda_graphs = false;
   auto g = MakeTiny(c);
