@@ -61,10 +61,13 @@ Status Ctx::MmShared(const float* x, int T, std::initializer_list<MmOut> outs) {
 }
 
 // Grows kv (doubling) to hold `rows` plus `headroom` more (prefill: what the request's decode
-// will add, so that it never grows in decode).
+// will add, so that it never grows in decode). The headroom counts up to as many rows again as
+// `rows` (at least 256): a max_new far past the prompt (it may be 16M) must not reserve memory
+// the request will likely never use; such a decode grows later, by doubling.
 Status EnsureKvCapacity(DKv& kv, int rows, int headroom, int hkv, int hd, bool int8, cudaStream_t s,
                         std::int64_t* init_ns) {
-  const std::int64_t want = static_cast<std::int64_t>(rows) + headroom;
+  const std::int64_t want =
+      static_cast<std::int64_t>(rows) + std::min<std::int64_t>(headroom, std::max(rows, 256));
   if (want <= kv.capacity) return Status::Ok();
   const std::int64_t t0 = MonoNs();
   int cap = std::max(kv.capacity * 2, 256);
