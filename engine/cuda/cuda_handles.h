@@ -37,10 +37,10 @@ Status VendorStatus(E e, const char* expr, const char* func, const char* file, i
                                                 ":" + std::to_string(line) + ")");
 }
 
-// A failed cudaMalloc / cudaHostAlloc of `bytes` for `what` ("stage scratch arena", ...): kRuntime
+// A failed cudaMalloc / cudaHostAlloc of `bytes` for `what` ("scratch arena block", ...): kRuntime
 // naming the allocation, its size, the device and what it has free, e.g.
-//   cuda: out of device memory: K/V cache of layer 3 to 1024 rows (1.0 MiB) on device 0
-//   (cudaMemGetInfo: 0.4 MiB free of 300.0 MiB)
+//   cuda: out of device memory: K/V cache growth to 1024 rows (1.0 MiB) on device 0;
+//   cudaMemGetInfo: 0.4 MiB free of 300.0 MiB
 // The error is cleared (allocation failures are not sticky) so the engine can report it and
 // tear down.
 inline Status AllocError(cudaError_t e, std::size_t bytes, std::string_view what, bool pinned) {
