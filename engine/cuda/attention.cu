@@ -19,7 +19,9 @@
 // AttnCombineKernel, one block per (t, h), then rescales and adds them in increasing j
 // (km::AttnRescaledSum). One block per head reads the whole context serially, which leaves a
 // long-context decode (T * Hq blocks) on a handful of SMs; the splits spread it over
-// T * Hq * ceil(n_ctx / split) blocks.
+// T * Hq * ceil(n_ctx / split) blocks. Split launches also put the query heads of one kv head
+// (up to 8) in one block, which loads each K / V element once for all of them; each head's
+// arithmetic is the one-head block's, so the bits do not change (AttnHeads in ops.h).
 //
 // The position p may be read from device memory when the kernel runs (Pos), so the launch shape
 // and the scratch never depend on it: the grid has ceil(n_ctx_max / split) splits per (t, h) and
