@@ -33,11 +33,8 @@ class EmuGraphFallback : public ::testing::TestWithParam<emu::CaptureFault> {
 };
 
 TEST_P(EmuGraphFallback, FailedCaptureRunsEagerlyWithTheSameBits) {
-  EngineConfig c = test::TinyConfig("cuda");
-  EngineConfig ce = c;
-  ce.cuda_graphs = false;
-  auto g = test::MakeTiny(c);
-  auto e = test::MakeTiny(ce);
+  std::unique_ptr<Engine> g, e;
+  test::MakeGraphedAndEager(test::TinyConfig("cuda"), &g, &e);
   ASSERT_TRUE(g && e);
   const std::size_t V = static_cast<std::size_t>(g->weights().config.n_vocab);
   const auto prompt = test::Tokens(21);

@@ -153,15 +153,20 @@ step "GPU unit tests (CudaOps, CudaEngine, CudaEngineExtra; none may skip but NC
 MODEL="$OUT_DIR/model-$PRESET"
 # `small` twice: f32 matrices (the device keeps f32) and bf16 (the device keeps bf16 matrices,
 # the product of the same values: the same thresholds hold).
+# diff_backends NAME "GENERATE FLAGS" ["CUDA-ONLY FLAGS"]: the same request on cpu and on cuda
+# (exports cpu-NAME.h5 / cuda-NAME.h5 with their traces), then the diff at the documented thresholds.
+diff_backends() {
+  local name="$1" common="$2" cuda_only="${3:-}"
+  "$LS" generate $common --backend cpu --export "$OUT_DIR/cpu-$name.h5" --trace-jsonl "$OUT_DIR/cpu-$name.jsonl" || return 1
+  "$LS" generate $common --backend cuda $cuda_only --export "$OUT_DIR/cuda-$name.h5" \
+    --trace-jsonl "$OUT_DIR/cuda-$name.jsonl" || return 1
+  "$LS" diff "$OUT_DIR/cpu-$name.h5" "$OUT_DIR/cuda-$name.h5" --nrmse-max 1e-4 --kl-max 1e-6 \
+    --md "$OUT_DIR/cuda_vs_cpu-$name.md" --json "$OUT_DIR/cuda_vs_cpu-$name.json"
+}
 cuda_vs_cpu() {
   local dtype="$1" model="$MODEL-$1"
   rm -rf "$model" && "$LS" model init --preset "$PRESET" --dtype "$dtype" --out "$model" || return 1
-  local common="--model $model --prompt-file campaigns/prompts/demo.txt --spec 0 --max-new 16 --export-windows 0-2"
-  "$LS" generate $common --backend cpu --export "$OUT_DIR/cpu-$dtype.h5" --trace-jsonl "$OUT_DIR/cpu-$dtype.jsonl" || return 1
-  "$LS" generate $common --backend cuda --export "$OUT_DIR/cuda-$dtype.h5" --trace-jsonl "$OUT_DIR/cuda-$dtype.jsonl" ||
-    return 1
-  "$LS" diff "$OUT_DIR/cpu-$dtype.h5" "$OUT_DIR/cuda-$dtype.h5" --nrmse-max 1e-4 --kl-max 1e-6 \
-    --md "$OUT_DIR/cuda_vs_cpu-$dtype.md" --json "$OUT_DIR/cuda_vs_cpu-$dtype.json"
+  diff_backends "$dtype" "--model $model --prompt-file campaigns/prompts/demo.txt --spec 0 --max-new 16 --export-windows 0-2"
 }
 step "cuda vs cpu diff, f32 weights (windows 0-2)" cuda_vs_cpu-f32.log cuda_vs_cpu f32
 step "cuda vs cpu diff, bf16 weights (windows 0-2)" cuda_vs_cpu-bf16.log cuda_vs_cpu bf16
@@ -178,11 +183,7 @@ long_context() {
   else
     for i in 1 2 3 4; do cat campaigns/prompts/demo.txt; done >"$prompt"
   fi
-  local common="--model $MODEL --prompt-file $prompt --spec 0 --max-new 8 --export-windows 0-2"
-  "$LS" generate $common --backend cpu --export "$OUT_DIR/cpu-long.h5" || return 1
-  "$LS" generate $common --backend cuda $split --export "$OUT_DIR/cuda-long.h5" || return 1
-  "$LS" diff "$OUT_DIR/cpu-long.h5" "$OUT_DIR/cuda-long.h5" --nrmse-max 1e-4 --kl-max 1e-6 \
-    --md "$OUT_DIR/cuda_vs_cpu-long.md" --json "$OUT_DIR/cuda_vs_cpu-long.json"
+  diff_backends long "--model $MODEL --prompt-file $prompt --spec 0 --max-new 8 --export-windows 0-2" "$split"
 }
 step "cuda vs cpu diff, long context past the attention split (windows 0-2)" cuda_vs_cpu-long.log long_context
 

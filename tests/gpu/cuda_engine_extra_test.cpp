@@ -281,10 +281,8 @@ TEST(CudaEngineExtra, GraphsReplayBitwiseTheEagerPath) {
   // the growth to 512). MtpGraphsReplayBitwiseTheEagerMtp keeps the default (no split below 512).
   c.cuda_attn_split = 64;
   c.max_new = 0;  // no decode headroom reserved in prefill: the caches grow during the windows
-  EngineConfig ce = c;
-  ce.cuda_graphs = false;
-  auto g = MakeTiny(c);
-  auto e = MakeTiny(ce);
+  std::unique_ptr<Engine> g, e;
+  test::MakeGraphedAndEager(c, &g, &e);
   ASSERT_TRUE(g && e);
   const std::size_t V = static_cast<std::size_t>(g->weights().config.n_vocab);
   const std::size_t H = static_cast<std::size_t>(g->weights().config.n_embd);
@@ -418,10 +416,8 @@ TEST(CudaEngineExtra, MtpGraphsReplayBitwiseTheEagerMtp) {
   LOCKSTEP_REQUIRE_GPU(1);
   EngineConfig c = TinyConfig("cuda");
   c.max_new = 0;  // no decode headroom reserved in prefill: the caches grow during the windows
-  EngineConfig ce = c;
-  ce.cuda_graphs = false;
-  auto g = MakeTiny(c);
-  auto e = MakeTiny(ce);
+  std::unique_ptr<Engine> g, e;
+  test::MakeGraphedAndEager(c, &g, &e);
   ASSERT_TRUE(g && e);
   ASSERT_TRUE(g->has_mtp());
   const std::size_t V = static_cast<std::size_t>(g->weights().config.n_vocab);
