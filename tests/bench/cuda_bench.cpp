@@ -104,6 +104,13 @@ std::unique_ptr<Engine> MakeEngine(const ModelWeights& w, const std::string& pre
   return std::move(*e);
 }
 
+// n prompt tokens that vary (7, 20, 33, ... modulo the vocabulary).
+std::vector<std::int32_t> VariedPrompt(std::size_t n, int n_vocab) {
+  std::vector<std::int32_t> prompt(n);
+  for (std::size_t i = 0; i < n; ++i) prompt[i] = static_cast<std::int32_t>(7 + 13 * i) % n_vocab;
+  return prompt;
+}
+
 // Greedy plain decode (one-row verify window + commit per token) after 8 warm-up steps, whose
 // first calls pay initialisation; sets tok/s. Returns the timed tokens, -1 after an error.
 std::int64_t DecodeLoop(benchmark::State& state, Engine& e) {
@@ -131,9 +138,7 @@ void BM_CudaDecode(benchmark::State& state, const std::string& preset, bool grap
   const ModelWeights& w = Model(preset);
   auto e = MakeEngine(w, preset, graphs);
   if (!e) return state.SkipWithError("engine");
-  std::vector<std::int32_t> prompt(64);
-  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>(7 + 13 * i) % w.config.n_vocab;
-  if (!e->Prefill(prompt).ok()) return state.SkipWithError("prefill");
+  if (!e->Prefill(VariedPrompt(64, w.config.n_vocab)).ok()) return state.SkipWithError("prefill");
   const std::int64_t n = DecodeLoop(state, *e);
   if (n < 0) return;
   double launches = 0;
@@ -185,9 +190,7 @@ void BM_CudaLongDecode(benchmark::State& state) {
   const ModelWeights& w = Model("small");
   auto e = MakeEngine(w, "small", true, split);
   if (!e) return state.SkipWithError("engine");
-  std::vector<std::int32_t> prompt(static_cast<std::size_t>(n_prompt));
-  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>(7 + 13 * i) % w.config.n_vocab;
-  if (!e->Prefill(prompt).ok()) return state.SkipWithError("prefill");
+  if (!e->Prefill(VariedPrompt(n_prompt, w.config.n_vocab)).ok()) return state.SkipWithError("prefill");
   if (DecodeLoop(state, *e) < 0) return;
   state.counters["context"] = n_prompt + 8;
 }
