@@ -4,7 +4,8 @@
 //
 // Determinism: split and conv are pure per-element functions; the l2 norms use the batch-
 // invariant warp dot; the recurrence gives each thread one state column for all T steps and runs
-// the steps in order, with exactly cpu::GatedDeltaStep's operations for that column. The chunked
+// the steps in order, with exactly cpu::GatedDeltaStep's operations for that column (held in
+// registers for Dk <= 128, RecurrentHeldKernel; re-read from memory otherwise). The chunked
 // form runs one block per value head and the chunks in order; inside a chunk every element of
 // every intermediate (Tm, W, Delta, O, the state) is computed by one thread with kernel_math.h's
 // sequential sums (index increasing), so the bits depend on the chunk size and the reduced
@@ -20,6 +21,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kRecThreads = 128;  // GdnRecurrent block: one thread per value column (Dv = 128)
+constexpr int kHeldThreads = km::kWarp;  // GdnRecurrent held-column block: one warp of columns
 constexpr int kChunkThreads = 256;  // GdnChunked block (one per value head)
 // GdnChunked's dynamic shared memory, (2 C^2 + 5 C) floats, stays within the 48 KiB a launch gets
 // without cudaFuncSetAttribute for every chunk C <= kGdnMaxChunk.
@@ -172,6 +174,69 @@ __global__ void __launch_bounds__(kRecThreads)
   }
 }
 
+// The held-column form of RecurrentKernel for Dk in kGdnHeldDk (ops.h): thread x of block
+// (j, y) owns column y * kHeldThreads + x of S[j] and keeps it in kDk registers for all T steps,
+// so the state is read once per launch (RecurrentKernel reads it twice per step: a verify window
+// of T steps moved (2T + T) column loads and stores, now 1 + T) and stored once per step
+// (verify) or once after the last step (prefill, in place). One-warp blocks spread a head's
+// columns over Dv / 32 blocks (the generic kernel runs one block per head: 32 blocks on a
+// 132-SM device for Qwen3-Next's 32 value heads). Each column's operations are
+// DeltaColumnStep's (DeltaColumnStepHeld), so the bits are RecurrentKernel's.
+template <int kDk>
+__global__ void __launch_bounds__(kHeldThreads)
+    RecurrentHeldKernel(float* S0, float* steps, const float* __restrict__ qh,
+                        const float* __restrict__ kh, const float* __restrict__ U,
+                        const float* __restrict__ g, const float* __restrict__ beta, int T, int hk,
+                        int hv, int dv, int conv_dim, float* __restrict__ O) {
+  __shared__ float qs[kDk];
+  __shared__ float ks[kDk];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int j = static_cast<int>(blockIdx.x), gi = j / (hv / hk);
+  const int c = static_cast<int>(blockIdx.y) * kHeldThreads + tid;
+  const bool live = c < dv;
+  const std::size_t s_head = static_cast<std::size_t>(kDk) * static_cast<std::size_t>(dv);
+  const std::size_t s_all = static_cast<std::size_t>(hv) * s_head;
+  const std::size_t at = static_cast<std::size_t>(j) * s_head + static_cast<std::size_t>(c);
+  const std::size_t v_col = static_cast<std::size_t>(2 * hk * kDk) +
+                            static_cast<std::size_t>(j) * static_cast<std::size_t>(dv) +
+                            static_cast<std::size_t>(c);
+  float col[kDk];
+  if (live) {
+    LOCKSTEP_UNROLL
+    for (int kk = 0; kk < kDk; ++kk) col[kk] = S0[at + static_cast<std::size_t>(kk) * static_cast<std::size_t>(dv)];
+  }
+  for (int t = 0; t < T; ++t) {
+    const std::size_t tg = (static_cast<std::size_t>(t) * static_cast<std::size_t>(hk) +
+                            static_cast<std::size_t>(gi)) *
+                           static_cast<std::size_t>(kDk);
+    for (int i = tid; i < kDk; i += kHeldThreads) {
+      qs[i] = qh[tg + static_cast<std::size_t>(i)];
+      ks[i] = kh[tg + static_cast<std::size_t>(i)];
+    }
+    __syncthreads();
+    if (live) {
+      const std::size_t th =
+          static_cast<std::size_t>(t) * static_cast<std::size_t>(hv) + static_cast<std::size_t>(j);
+      float* cur = steps != nullptr ? steps + static_cast<std::size_t>(t) * s_all + at : nullptr;
+      const float v = U[static_cast<std::size_t>(t) * static_cast<std::size_t>(conv_dim) + v_col];
+      O[th * static_cast<std::size_t>(dv) + static_cast<std::size_t>(c)] =
+          km::DeltaColumnStepHeld<kDk>(col, cur, dv, qs, ks, v, km::GdnAlpha(g[th]), beta[th]);
+    }
+    __syncthreads();  // q / k of the next step overwrite the shared arrays
+  }
+  if (steps == nullptr && live) {
+    LOCKSTEP_UNROLL
+    for (int kk = 0; kk < kDk; ++kk) S0[at + static_cast<std::size_t>(kk) * static_cast<std::size_t>(dv)] = col[kk];
+  }
+}
+
+template <int kDk>
+void LaunchHeld(float* S0, float* steps, const float* qh, const float* kh, const float* U, const float* g,
+                const float* beta, int T, int hk, int hv, int dv, int conv_dim, float* O, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(hv), static_cast<unsigned>((dv + kHeldThreads - 1) / kHeldThreads));
+  RecurrentHeldKernel<kDk><<<grid, kHeldThreads, 0, s>>>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O);
+}
+
 // The chunked form (MODEL.md 3.7, cpu::GatedDeltaChunked): one block per value head j, its
 // chunks of C rows in order (the state is the only thing carried between chunks). Per chunk of
 // n rows, phases separated by __syncthreads (each output element is one thread's, computed with
@@ -318,11 +383,24 @@ void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_di
 
 void GdnRecurrent(float* S0, float* steps, const float* qh, const float* kh, const float* U,
                   const float* g, const float* beta, int T, int n_k_heads, int n_v_heads,
-                  int k_head_dim, int v_head_dim, int conv_dim, float* O, cudaStream_t s) {
+                  int k_head_dim, int v_head_dim, int conv_dim, float* O, cudaStream_t s, GdnForm form) {
   if (T <= 0 || n_v_heads <= 0) return;
+  if (form != GdnForm::kGeneric && GdnRecurrentHoldsColumns(k_head_dim)) {
+    const int hk = n_k_heads, hv = n_v_heads, dv = v_head_dim;
+    switch (k_head_dim) {
+      case 16: return LaunchHeld<16>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O, s);
+      case 32: return LaunchHeld<32>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O, s);
+      case 64: return LaunchHeld<64>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O, s);
+      default: return LaunchHeld<128>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O, s);
+    }
+  }
   const std::size_t smem = 2 * static_cast<std::size_t>(k_head_dim) * sizeof(float);
   RecurrentKernel<<<static_cast<unsigned>(n_v_heads), kRecThreads, smem, s>>>(
       S0, steps, qh, kh, U, g, beta, T, n_k_heads, n_v_heads, k_head_dim, v_head_dim, conv_dim, O);
+}
+
+bool GdnRecurrentHoldsColumns(int k_head_dim) {
+  return k_head_dim == 16 || k_head_dim == 32 || k_head_dim == 64 || k_head_dim == 128;
 }
 
 std::size_t GdnChunkedScratchFloats(int n_v_heads, int k_head_dim, int v_head_dim, int chunk) {

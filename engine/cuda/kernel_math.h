@@ -31,6 +31,13 @@
 #else
 #define LOCKSTEP_HD
 #endif
+// Unrolls the next loop in device code (so a register array stays in registers); nothing on the
+// host, whose compilers do not know the pragma.
+#if defined(__CUDA_ARCH__)
+#define LOCKSTEP_UNROLL _Pragma("unroll")
+#else
+#define LOCKSTEP_UNROLL
+#endif
 
 namespace lockstep::cuda::km {
 
@@ -317,6 +324,31 @@ LOCKSTEP_HD inline float DeltaColumnStep(const float* s_prev, float* s_cur, int 
     const std::ptrdiff_t at = static_cast<std::ptrdiff_t>(kk) * ld;
     const float s = s_prev[at] * alpha + k[kk] * delta;
     s_cur[at] = s;
+    o = o + s * q[kk];
+  }
+  return o;
+}
+
+// DeltaColumnStep with the entering column held in `col` (registers in the device kernel): the
+// same operations in the same order, so the same bits; col leaves holding the new column, and it
+// is also stored to s_cur (row stride ld) when s_cur != nullptr. Reading the state once per
+// window instead of twice per step is the point (GdnRecurrent, gdn.cu).
+template <int kDk>
+LOCKSTEP_HD inline float DeltaColumnStepHeld(float (&col)[kDk], float* s_cur, int ld, const float* q,
+                                             const float* k, float v, float alpha, float beta) {
+  float m = 0.0f;
+LOCKSTEP_UNROLL
+  for (int kk = 0; kk < kDk; ++kk) {
+    const float s = col[kk] * alpha;
+    m = m + s * k[kk];
+  }
+  const float delta = beta * (v - m);
+  float o = 0.0f;
+LOCKSTEP_UNROLL
+  for (int kk = 0; kk < kDk; ++kk) {
+    const float s = col[kk] * alpha + k[kk] * delta;
+    col[kk] = s;
+    if (s_cur != nullptr) s_cur[static_cast<std::ptrdiff_t>(kk) * ld] = s;
     o = o + s * q[kk];
   }
   return o;

@@ -155,9 +155,15 @@ void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_di
 //   steps != nullptr (verify): the state after step t goes to steps + t*Hv*Dk*Dv; S0 untouched.
 //   steps == nullptr (prefill): S0 is updated in place to the state after the last step.
 // O f32 [T, Hv, Dv].
+// form: kAuto, where GdnRecurrentHoldsColumns(Dk), keeps each state column in registers for the
+// whole window and reads the state once per launch; kGeneric (any Dk, kAuto's form elsewhere)
+// reads it twice per step. The bits are the same either way.
+enum class GdnForm { kAuto, kGeneric };
 void GdnRecurrent(float* S0, float* steps, const float* qh, const float* kh, const float* U, const float* g,
                   const float* beta, int T, int n_k_heads, int n_v_heads, int k_head_dim, int v_head_dim,
-                  int conv_dim, float* O, cudaStream_t s);
+                  int conv_dim, float* O, cudaStream_t s, GdnForm form = GdnForm::kAuto);
+// Whether GdnRecurrent's kAuto holds the state columns in registers: Dk in {16, 32, 64, 128}.
+bool GdnRecurrentHoldsColumns(int k_head_dim);
 // The same T steps in the chunked form (cpu::GatedDeltaChunked, MODEL.md 3.7), for prefill: S0,
 // qh, kh, U, g, beta and O as GdnRecurrent's prefill form (S0 updated in place to the state after
 // the last row). Rows are taken in chunks of `chunk` (1 <= chunk <= 64; the last one may be
