@@ -22,7 +22,10 @@ constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kRecThreads = 128;  // GdnRecurrent block: one thread per value column (Dv = 128)
 constexpr int kHeldThreads = km::kWarp;  // GdnRecurrent held-column block: one warp of columns
-constexpr int kChunkThreads = 256;  // GdnChunked block (one per value head)
+constexpr int kChunkThreads = 256;  // GdnChunked block
+// GdnChunked value columns per block (kAuto): Qwen3-Next's Dv = 128 gives a head 4 blocks, each
+// ~0.4 of the one-block chunk's work (phases 1-3 are repeated per block, 4-6 divided).
+constexpr int kChunkSlice = 32;
 // GdnChunked's dynamic shared memory, (2 C^2 + 5 C) floats, stays within the 48 KiB a launch gets
 // without cudaFuncSetAttribute for every chunk C <= kGdnMaxChunk.
 static_assert((2 * km::kGdnMaxChunk * km::kGdnMaxChunk + 5 * km::kGdnMaxChunk) * 4 <= 48 * 1024);
@@ -249,13 +252,16 @@ void LaunchHeld(float* S0, float* steps, const float* qh, const float* kh, const
 //   4. Delta = Tm diag(beta) V - W S0 -> scratch.
 //   5. O = diag(Gamma) Q S0 + QKm Delta.
 //   6. S0 <- Gamma_last S0 + (K .* exp(gam_last - gam))^T Delta, in place.
+// Block (j, y) owns value columns [y * slice, (y + 1) * slice) of head j in phases 4-6 (they
+// read and write those columns only); phases 1-3 do not involve the columns, and every block of
+// the head computes them, with the same bits.
 // Shared (dynamic): X and Tm [C, C] (row stride C), gam, beta*Gamma, Gamma, exp(gam_last - gam)
-// and beta [C]. Scratch of head j: W [C, Dk] then Delta [C, Dv].
+// and beta [C]. Scratch of block (j, y): W [C, Dk] then Delta [C, Dv] (columns of the slice).
 __global__ void __launch_bounds__(kChunkThreads)
     ChunkedKernel(float* __restrict__ S0, const float* __restrict__ qh, const float* __restrict__ kh,
                   const float* __restrict__ U, const float* __restrict__ g,
                   const float* __restrict__ beta, int T, int hk, int hv, int dk, int dv,
-                  int conv_dim, int chunk, float* __restrict__ scratch, float* __restrict__ O) {
+                  int conv_dim, int chunk, int slice, float* __restrict__ scratch, float* __restrict__ O) {
   extern __shared__ float smem[];
   const int C = chunk;
   float* X = smem;        // -A, then the masked Q K^T
@@ -270,8 +276,10 @@ __global__ void __launch_bounds__(kChunkThreads)
   const std::ptrdiff_t ldk = static_cast<std::ptrdiff_t>(hk) * dk;  // row stride of qh / kh
   const std::ptrdiff_t ldv = conv_dim, lds = dv;
   float* S = S0 + static_cast<std::size_t>(j) * static_cast<std::size_t>(dk) * static_cast<std::size_t>(dv);
-  float* W = scratch + static_cast<std::size_t>(j) * static_cast<std::size_t>(C) *
-                           static_cast<std::size_t>(dk + dv);
+  const int c_lo = static_cast<int>(blockIdx.y) * slice;
+  const int ns = dv - c_lo < slice ? dv - c_lo : slice;  // columns of this block
+  const std::size_t blk = static_cast<std::size_t>(j) * gridDim.y + blockIdx.y;
+  float* W = scratch + blk * static_cast<std::size_t>(C) * static_cast<std::size_t>(dk + dv);
   float* Dl = W + static_cast<std::size_t>(C) * static_cast<std::size_t>(dk);
   for (int c0 = 0; c0 < T; c0 += C) {
     const int n = T - c0 < C ? T - c0 : C;
@@ -319,15 +327,15 @@ __global__ void __launch_bounds__(kChunkThreads)
     }
     __syncthreads();
     // 4. Delta = U - W S0.
-    for (int e = tid; e < n * dv; e += nt) {
-      const int i = e / dv, c = e - i * dv;
+    for (int e = tid; e < n * ns; e += nt) {
+      const int i = e / ns, c = c_lo + (e - i * ns);
       const float u = km::GdnChunkTriApply(Tm + i * C, Vc + c, ldv, bet, i);
-      Dl[e] = km::GdnChunkDelta(u, W + static_cast<std::ptrdiff_t>(i) * dk, S + c, lds, dk);
+      Dl[i * dv + c] = km::GdnChunkDelta(u, W + static_cast<std::ptrdiff_t>(i) * dk, S + c, lds, dk);
     }
     __syncthreads();
     // 5. Outputs of the chunk's rows.
-    for (int e = tid; e < n * dv; e += nt) {
-      const int i = e / dv, c = e - i * dv;
+    for (int e = tid; e < n * ns; e += nt) {
+      const int i = e / ns, c = c_lo + (e - i * ns);
       O[(static_cast<std::size_t>(c0 + i) * static_cast<std::size_t>(hv) + static_cast<std::size_t>(j)) *
             static_cast<std::size_t>(dv) +
         static_cast<std::size_t>(c)] =
@@ -335,9 +343,10 @@ __global__ void __launch_bounds__(kChunkThreads)
     }
     __syncthreads();  // every read of S0 is done
     // 6. The state after the chunk's last row.
-    for (int e = tid; e < dk * dv; e += nt) {
-      const int kk = e / dv, c = e - kk * dv;
-      S[e] = km::GdnChunkState(S[e], gmm[n - 1], Kc + kk, ldk, kdec, Dl + c, lds, n);
+    for (int e = tid; e < dk * ns; e += nt) {
+      const int kk = e / ns, c = c_lo + (e - kk * ns);
+      float& s_kc = S[kk * dv + c];
+      s_kc = km::GdnChunkState(s_kc, gmm[n - 1], Kc + kk, ldk, kdec, Dl + c, lds, n);
     }
     __syncthreads();  // the next chunk reads S and overwrites the shared arrays and scratch
   }
@@ -383,9 +392,9 @@ void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_di
 
 void GdnRecurrent(float* S0, float* steps, const float* qh, const float* kh, const float* U,
                   const float* g, const float* beta, int T, int n_k_heads, int n_v_heads,
-                  int k_head_dim, int v_head_dim, int conv_dim, float* O, cudaStream_t s, GdnForm form) {
+                  int k_head_dim, int v_head_dim, int conv_dim, float* O, cudaStream_t s, GdnBlocks blocks) {
   if (T <= 0 || n_v_heads <= 0) return;
-  if (form != GdnForm::kGeneric && GdnRecurrentHoldsColumns(k_head_dim)) {
+  if (blocks == GdnBlocks::kAuto && GdnRecurrentHoldsColumns(k_head_dim)) {
     const int hk = n_k_heads, hv = n_v_heads, dv = v_head_dim;
     switch (k_head_dim) {
       case 16: return LaunchHeld<16>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O, s);
@@ -403,22 +412,30 @@ bool GdnRecurrentHoldsColumns(int k_head_dim) {
   return k_head_dim == 16 || k_head_dim == 32 || k_head_dim == 64 || k_head_dim == 128;
 }
 
-std::size_t GdnChunkedScratchFloats(int n_v_heads, int k_head_dim, int v_head_dim, int chunk) {
-  return static_cast<std::size_t>(n_v_heads) * static_cast<std::size_t>(chunk) *
-         (static_cast<std::size_t>(k_head_dim) + static_cast<std::size_t>(v_head_dim));
+int GdnChunkedSlices(int v_head_dim, GdnBlocks blocks) {
+  if (blocks == GdnBlocks::kOnePerHead || v_head_dim <= kChunkSlice) return 1;
+  return (v_head_dim + kChunkSlice - 1) / kChunkSlice;
+}
+
+std::size_t GdnChunkedScratchFloats(int n_v_heads, int k_head_dim, int v_head_dim, int chunk, GdnBlocks blocks) {
+  return static_cast<std::size_t>(n_v_heads) * static_cast<std::size_t>(GdnChunkedSlices(v_head_dim, blocks)) *
+         static_cast<std::size_t>(chunk) * (static_cast<std::size_t>(k_head_dim) + static_cast<std::size_t>(v_head_dim));
 }
 
 void GdnChunked(float* S0, const float* qh, const float* kh, const float* U, const float* g,
                 const float* beta, int T, int n_k_heads, int n_v_heads, int k_head_dim,
-                int v_head_dim, int conv_dim, int chunk, float* scratch, float* O, cudaStream_t s) {
+                int v_head_dim, int conv_dim, int chunk, float* scratch, float* O, cudaStream_t s,
+                GdnBlocks blocks) {
   if (T <= 0 || n_v_heads <= 0) return;
   const std::size_t smem =
       (2 * static_cast<std::size_t>(chunk) * static_cast<std::size_t>(chunk) +
        5 * static_cast<std::size_t>(chunk)) *
       sizeof(float);
-  ChunkedKernel<<<static_cast<unsigned>(n_v_heads), kChunkThreads, smem, s>>>(
-      S0, qh, kh, U, g, beta, T, n_k_heads, n_v_heads, k_head_dim, v_head_dim, conv_dim, chunk,
-      scratch, O);
+  const int slices = GdnChunkedSlices(v_head_dim, blocks);
+  const int slice = (v_head_dim + slices - 1) / slices;
+  const dim3 grid(static_cast<unsigned>(n_v_heads), static_cast<unsigned>(slices));
+  ChunkedKernel<<<grid, kChunkThreads, smem, s>>>(S0, qh, kh, U, g, beta, T, n_k_heads, n_v_heads, k_head_dim,
+                                                  v_head_dim, conv_dim, chunk, slice, scratch, O);
 }
 
 }  // namespace lockstep::cuda

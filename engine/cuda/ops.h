@@ -155,26 +155,34 @@ void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_di
 //   steps != nullptr (verify): the state after step t goes to steps + t*Hv*Dk*Dv; S0 untouched.
 //   steps == nullptr (prefill): S0 is updated in place to the state after the last step.
 // O f32 [T, Hv, Dv].
-// form: kAuto, where GdnRecurrentHoldsColumns(Dk), keeps each state column in registers for the
-// whole window and reads the state once per launch; kGeneric (any Dk, kAuto's form elsewhere)
-// reads it twice per step. The bits are the same either way.
-enum class GdnForm { kAuto, kGeneric };
+// blocks: kAuto, where GdnRecurrentHoldsColumns(Dk), keeps each state column in registers for
+// the whole window (one-warp blocks, Dv / 32 per head) and reads the state once per launch;
+// kOnePerHead (any Dk, kAuto's form elsewhere) runs one block per value head and reads the state
+// twice per step. The bits are the same either way.
+enum class GdnBlocks { kAuto, kOnePerHead };
 void GdnRecurrent(float* S0, float* steps, const float* qh, const float* kh, const float* U, const float* g,
                   const float* beta, int T, int n_k_heads, int n_v_heads, int k_head_dim, int v_head_dim,
-                  int conv_dim, float* O, cudaStream_t s, GdnForm form = GdnForm::kAuto);
+                  int conv_dim, float* O, cudaStream_t s, GdnBlocks blocks = GdnBlocks::kAuto);
 // Whether GdnRecurrent's kAuto holds the state columns in registers: Dk in {16, 32, 64, 128}.
 bool GdnRecurrentHoldsColumns(int k_head_dim);
 // The same T steps in the chunked form (cpu::GatedDeltaChunked, MODEL.md 3.7), for prefill: S0,
 // qh, kh, U, g, beta and O as GdnRecurrent's prefill form (S0 updated in place to the state after
 // the last row). Rows are taken in chunks of `chunk` (1 <= chunk <= 64; the last one may be
-// shorter); one block per value head runs its chunks in order. Any Dk, Dv. scratch: device f32
-// [GdnChunkedScratchFloats(...)], per value head W [chunk, Dk] and Delta [chunk, Dv]; its contents
-// on entry are ignored. Equal to the recurrent form up to f32 rounding; deterministic run to run.
+// shorter); each block runs its head's chunks in order. Any Dk, Dv. The value columns of a head
+// are independent (Delta, O and the state column c read column c only), so kAuto gives a head
+// GdnChunkedSlices(Dv) blocks of up to 32 columns each, every block computing the chunk's
+// column-free terms (decays, Tm, W, the masked Q K^T) itself; kOnePerHead runs one block per head.
+// The bits are the same either way (each element is one thread's, in the same order).
+// scratch: device f32 [GdnChunkedScratchFloats(...)], per block W [chunk, Dk] and Delta
+// [chunk, Dv]; its contents on entry are ignored. Equal to the recurrent form up to f32 rounding;
+// deterministic run to run.
 inline constexpr int kGdnPrefillChunk = 64;  // the chunk of the prefill (as cpu::GatedDeltaChunked)
-std::size_t GdnChunkedScratchFloats(int n_v_heads, int k_head_dim, int v_head_dim, int chunk);
+int GdnChunkedSlices(int v_head_dim, GdnBlocks blocks = GdnBlocks::kAuto);
+std::size_t GdnChunkedScratchFloats(int n_v_heads, int k_head_dim, int v_head_dim, int chunk,
+                                    GdnBlocks blocks = GdnBlocks::kAuto);
 void GdnChunked(float* S0, const float* qh, const float* kh, const float* U, const float* g, const float* beta,
                 int T, int n_k_heads, int n_v_heads, int k_head_dim, int v_head_dim, int conv_dim, int chunk,
-                float* scratch, float* O, cudaStream_t s);
+                float* scratch, float* O, cudaStream_t s, GdnBlocks blocks = GdnBlocks::kAuto);
 
 // ---- moe.cu ----
 

@@ -4,7 +4,8 @@
 // l2-normalised q / k, for T = 1, 5, 64, 65, 150 (empty, partial, exactly one and 1 + 1 chunks,
 // several chunks with a short tail) and Hv / Hk = 2, plus other head dims. Also: two runs give
 // the same bits, and T = 150 in one call equals 64 then 86 rows with the state handed over (the
-// chunk boundaries coincide, so the bits must too).
+// chunk boundaries coincide, so the bits must too), and kAuto's value-column slices give the bits
+// of one block per head.
 //
 // One file, two binaries: cuda_tests runs it on a real GPU (it skips without a device) and
 // tests/cuda_emu/CMakeLists.txt compiles it into the emulator binary (always one device).
@@ -138,12 +139,13 @@ struct DevInputs {
 
 // One GdnChunked call over rows [t0, t0 + T) of the inputs, the state in S (in place), outputs to
 // O rows [t0, t0 + T).
-void RunChunked(const Inputs& in, const DevInputs& d, int t0, int T, DevF& S, DevF& O, DevF& scratch) {
+void RunChunked(const Inputs& in, const DevInputs& d, int t0, int T, DevF& S, DevF& O, DevF& scratch,
+                GdnBlocks blocks = GdnBlocks::kAuto) {
   const std::size_t qk_row = Sz(in.hk) * Sz(in.dk), gb_row = Sz(in.hv);
   GdnChunked(S.get(), d.qh.get() + Sz(t0) * qk_row, d.kh.get() + Sz(t0) * qk_row,
              d.U.get() + Sz(t0) * Sz(in.conv_dim), d.g.get() + Sz(t0) * gb_row, d.beta.get() + Sz(t0) * gb_row, T,
              in.hk, in.hv, in.dk, in.dv, in.conv_dim, kGdnPrefillChunk, scratch.get(),
-             O.get() + Sz(t0) * Sz(in.hv) * Sz(in.dv), nullptr);
+             O.get() + Sz(t0) * Sz(in.hv) * Sz(in.dv), nullptr, blocks);
 }
 
 TEST(CudaOps, GdnChunkedMatchesCpuChunkedAndRecurrent) {
@@ -164,16 +166,22 @@ TEST(CudaOps, GdnChunkedMatchesCpuChunkedAndRecurrent) {
     const Inputs in = MakeInputs(cs.hk, cs.hv, cs.dk, cs.dv, cs.T, seed++);
     const DevInputs d(in);
     const std::size_t n_o = Sz(cs.T) * Sz(cs.hv) * Sz(cs.dv);
-    DevF S1(in.S0), S2(in.S0), S3(in.S0), Sr(in.S0), O1(n_o), O2(n_o), O3(n_o), Or(n_o),
+    DevF S1(in.S0), S2(in.S0), S3(in.S0), S4(in.S0), Sr(in.S0), O1(n_o), O2(n_o), O3(n_o), O4(n_o), Or(n_o),
         scratch(GdnChunkedScratchFloats(cs.hv, cs.dk, cs.dv, kGdnPrefillChunk));
     RunChunked(in, d, 0, cs.T, S1, O1, scratch);
     RunChunked(in, d, 0, cs.T, S2, O2, scratch);  // again, scratch holding the first run's data
+    // One block per head: the same elements, each by one thread in the same order, so the same bits
+    // as kAuto's column slices (GdnChunkedSlices(dv) blocks per head; 1 for dv <= 32).
+    RunChunked(in, d, 0, cs.T, S4, O4, scratch, GdnBlocks::kOnePerHead);
     GdnRecurrent(Sr.get(), nullptr, d.qh.get(), d.kh.get(), d.U.get(), d.g.get(), d.beta.get(), cs.T, cs.hk, cs.hv,
                  cs.dk, cs.dv, in.conv_dim, Or.get(), nullptr);
     ASSERT_TRUE(SyncOk());
     const FVec o1 = O1.Down(), o2 = O2.Down(), s1 = S1.Down(), s2 = S2.Down(), orec = Or.Down(), srec = Sr.Down();
     EXPECT_TRUE(test::BitwiseEqual(o1, o2)) << "outputs differ between two runs";
     EXPECT_TRUE(test::BitwiseEqual(s1, s2)) << "states differ between two runs";
+    EXPECT_EQ(GdnChunkedSlices(cs.dv), (cs.dv + 31) / 32);
+    EXPECT_TRUE(test::BitwiseEqual(O4.Down(), o1)) << "one block per head vs column slices: outputs";
+    EXPECT_TRUE(test::BitwiseEqual(S4.Down(), s1)) << "one block per head vs column slices: state";
     FVec oc, sc;
     CpuChunked(in, &oc, &sc);
     const double o_cpu = test::Nrmse(oc, o1), s_cpu = test::Nrmse(sc, s1);

@@ -582,7 +582,7 @@ TEST(CudaOps, GdnRecurrentHeldColumnsAreBitwiseTheGenericForm) {
                beta = RandomVec(rng, Z(cs.T * cs.hv), 0.0f, 1.0f), S0 = RandomVec(rng, s_all, -0.5f, 0.5f);
     const Dev<float> dq(qk), dk(kk), dU(Uv), dg(g), db(beta);
     std::vector<FVec> out;  // per form: O, steps, O in place, S in place
-    for (GdnForm form : {GdnForm::kAuto, GdnForm::kGeneric}) {
+    for (GdnBlocks form : {GdnBlocks::kAuto, GdnBlocks::kOnePerHead}) {
       Dev<float> dS(S0), dSi(S0), dsteps(Z(cs.T) * s_all), dO(n_o), dOi(n_o);
       GdnRecurrent(dS.get(), dsteps.get(), dq.get(), dk.get(), dU.get(), dg.get(), db.get(), cs.T, cs.hk, cs.hv,
                    cs.dk, cs.dv, conv_dim, dO.get(), nullptr, form);
