@@ -18,6 +18,13 @@
 //                         attention's context split (--cuda-attn-split) at 512 (the default) and
 //                         0 (one block per row and head: 8 blocks for a decode step); the
 //                         speed-up of the split is printed at the end.
+//   BM_GdnVerify/<held>   the GDN recurrence alone (cuda::GdnRecurrent) for a T=9 verify window at
+//                         Qwen3-Next's GDN widths (16 key / 32 value heads of 128): state columns
+//                         held in registers (1, the default) or one block per head re-reading the
+//                         state each step (0); the speed-up is printed at the end.
+//   BM_GdnPrefill/<sliced>  the chunked GDN prefill (cuda::GdnChunked) of a 2048-row chunk at the
+//                         same widths: value columns in blocks of 32 (1, the default) or one block
+//                         per head (0); the speed-up is printed at the end.
 // Without a device every benchmark reports "no CUDA device" and skips.
 //
 //   build/tests/bench/cuda_bench --benchmark_counters_tabular=true
@@ -26,13 +33,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "cuda/cuda_stage.h"
+#include "cuda/ops.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/synthetic.h"
 #include "lockstep/engine_cuda/register.h"
@@ -63,6 +73,7 @@ const ModelWeights& Model(const std::string& preset) {
 
 double g_bandwidth = 0;                    // bytes/s, from BM_CopyBandwidth
 std::map<int, double> g_verify_s;          // T -> seconds per window
+std::map<std::string, double> g_gdn_s;     // "BM_GdnVerify/1" ... -> seconds per launch
 std::map<std::string, double> g_decode_s;  // "BM_CudaDecode/<preset>[_eager]" -> seconds per token
 std::map<int, double> g_long_decode_s;     // split -> seconds per token (BM_CudaLongDecode)
 
@@ -196,6 +207,74 @@ void BM_CudaLongDecode(benchmark::State& state) {
 }
 BENCHMARK(BM_CudaLongDecode)->Arg(512)->Arg(0)->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(1.0);
 
+// Device inputs of a GDN layer at Qwen3-Next's widths for T rows: q / k rows of norm 1 (as
+// GdnQkNorm leaves them), small values, decays in (-1, 0]; the state S0, the outputs, the step
+// states of a verify window (T <= 16) and the chunked form's scratch.
+struct GdnBenchInputs {
+  static constexpr int hk = 16, hv = 32, dk = 128, dv = 128, conv_dim = 2 * hk * dk + hv * dv;
+  int T;
+  float *qh = nullptr, *kh = nullptr, *U = nullptr, *g = nullptr, *beta = nullptr, *S0 = nullptr, *O = nullptr;
+  float *steps = nullptr, *scratch = nullptr;
+  bool ok = true;
+
+  explicit GdnBenchInputs(int rows) : T(rows) {
+    const std::size_t t = static_cast<std::size_t>(T), s_all = std::size_t{hv} * dk * dv;
+    std::vector<float> qk(t * hk * dk, 1.0f / std::sqrt(static_cast<float>(dk)));
+    ok = Up(&qh, qk) && Up(&kh, qk) && Up(&U, std::vector<float>(t * conv_dim, 0.01f)) &&
+         Up(&g, std::vector<float>(t * hv, -0.05f)) && Up(&beta, std::vector<float>(t * hv, 0.5f)) &&
+         Up(&S0, std::vector<float>(s_all, 0.001f)) && Up(&O, std::vector<float>(t * hv * dv, 0.0f)) &&
+         (T > 16 || Up(&steps, std::vector<float>(t * s_all, 0.0f))) &&  // verify windows only
+         Up(&scratch, std::vector<float>(cuda::GdnChunkedScratchFloats(hv, dk, dv, cuda::kGdnPrefillChunk), 0.0f));
+  }
+  ~GdnBenchInputs() {
+    for (float* p : {qh, kh, U, g, beta, S0, O, steps, scratch}) cudaFree(p);
+  }
+  GdnBenchInputs(const GdnBenchInputs&) = delete;
+  GdnBenchInputs& operator=(const GdnBenchInputs&) = delete;
+
+  static bool Up(float** p, const std::vector<float>& h) {
+    return cudaMalloc(reinterpret_cast<void**>(p), h.size() * sizeof(float)) == cudaSuccess &&
+           cudaMemcpy(*p, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess;
+  }
+};
+
+// Times `launch` (one kernel launch on the default stream) per iteration, synchronising each.
+template <class F>
+void TimeLaunches(benchmark::State& state, F launch) {
+  launch();  // first call: module load
+  if (cudaDeviceSynchronize() != cudaSuccess) return state.SkipWithError("launch");
+  for (auto _ : state) {
+    launch();
+    if (cudaDeviceSynchronize() != cudaSuccess) return state.SkipWithError("launch");
+  }
+}
+
+void BM_GdnVerify(benchmark::State& state) {
+  if (!HaveDevice()) return state.SkipWithError("no CUDA device");
+  const auto blocks = state.range(0) ? cuda::GdnBlocks::kAuto : cuda::GdnBlocks::kOnePerHead;
+  GdnBenchInputs in(9);
+  if (!in.ok) return state.SkipWithError("cudaMalloc");
+  using I = GdnBenchInputs;
+  TimeLaunches(state, [&] {
+    cuda::GdnRecurrent(in.S0, in.steps, in.qh, in.kh, in.U, in.g, in.beta, in.T, I::hk, I::hv, I::dk, I::dv,
+                       I::conv_dim, in.O, nullptr, blocks);
+  });
+}
+BENCHMARK(BM_GdnVerify)->Arg(1)->Arg(0)->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+
+void BM_GdnPrefill(benchmark::State& state) {
+  if (!HaveDevice()) return state.SkipWithError("no CUDA device");
+  const auto blocks = state.range(0) ? cuda::GdnBlocks::kAuto : cuda::GdnBlocks::kOnePerHead;
+  GdnBenchInputs in(2048);
+  if (!in.ok) return state.SkipWithError("cudaMalloc");
+  using I = GdnBenchInputs;
+  TimeLaunches(state, [&] {
+    cuda::GdnChunked(in.S0, in.qh, in.kh, in.U, in.g, in.beta, in.T, I::hk, I::hv, I::dk, I::dv, I::conv_dim,
+                     cuda::kGdnPrefillChunk, in.scratch, in.O, nullptr, blocks);
+  });
+}
+BENCHMARK(BM_GdnPrefill)->Arg(1)->Arg(0)->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+
 // Keeps the measured bandwidth and window times for the summary lines.
 class Reporter : public benchmark::ConsoleReporter {
  public:
@@ -214,6 +293,7 @@ class Reporter : public benchmark::ConsoleReporter {
       if (name.rfind("BM_CudaDecode/", 0) == 0) g_decode_s[r.run_name.function_name] = r.GetAdjustedRealTime() * 1e-6;
       if (name.rfind("BM_CudaLongDecode/", 0) == 0)
         g_long_decode_s[std::stoi(name.substr(std::string("BM_CudaLongDecode/").size()))] = r.GetAdjustedRealTime() * 1e-6;
+      if (name.rfind("BM_Gdn", 0) == 0) g_gdn_s[r.run_name.function_name + "/" + r.run_name.args] = r.GetAdjustedRealTime() * 1e-6;
       if (name.rfind("BM_CudaVerify/", 0) == 0) {
         const int T = std::stoi(name.substr(std::string("BM_CudaVerify/").size()));
         g_verify_s[T] = r.GetAdjustedRealTime() * 1e-6;  // microseconds -> s
@@ -243,6 +323,13 @@ int main(int argc, char** argv) {
   if (l.count(512) && l.count(0) && l[512] > 0)
     std::printf("decode small at 8192 positions: attention split 512 %.2fx the tokens/s of one block per head\n",
                 l[0] / l[512]);
+  auto& gd = lockstep::g_gdn_s;
+  if (gd.count("BM_GdnVerify/1") && gd.count("BM_GdnVerify/0") && gd["BM_GdnVerify/1"] > 0)
+    std::printf("GDN verify T=9 (32 heads of 128): state columns in registers %.2fx the speed of one block per head\n",
+                gd["BM_GdnVerify/0"] / gd["BM_GdnVerify/1"]);
+  if (gd.count("BM_GdnPrefill/1") && gd.count("BM_GdnPrefill/0") && gd["BM_GdnPrefill/1"] > 0)
+    std::printf("GDN prefill of 2048 rows (32 heads of 128): column slices %.2fx the speed of one block per head\n",
+                gd["BM_GdnPrefill/0"] / gd["BM_GdnPrefill/1"]);
   if (lockstep::g_bandwidth > 0) std::printf("measured copy bandwidth: %.1f GB/s\n", lockstep::g_bandwidth / 1e9);
   benchmark::Shutdown();
   return 0;

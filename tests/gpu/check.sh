@@ -60,7 +60,7 @@ $(grep -c '^\[  SKIPPED \]' "$OUT_DIR/gpu_tests.log" 2>/dev/null) skipped lines"
     echo
     echo "## Benchmarks"
     echo '```'
-    grep -E "BM_|verify T=9|bandwidth|CUDA graphs|attention split" "$OUT_DIR/bench.log" 2>/dev/null || echo "(no benchmark output)"
+    grep -E "BM_|verify T=9|bandwidth|CUDA graphs|attention split|GDN " "$OUT_DIR/bench.log" 2>/dev/null || echo "(no benchmark output)"
     echo '```'
     echo
     echo "## --deterministic off against on"
