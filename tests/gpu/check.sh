@@ -11,7 +11,8 @@
 #   4. the deterministic cuda A/A (bf16 `small`, diff at NRMSE 0; also against --cuda-graphs off)
 #      and campaign (campaigns/aa-cuda.toml); --deterministic off must differ (the exact diff fails)
 #   5. the GPU benchmarks (decode of seed48, small and wide vs the measured bandwidth bound;
-#      verify T<=9 vs T=1; decode at 8k positions with and without the attention split)
+#      verify T<=9 vs T=1; decode at 8k positions with and without the attention split; the GDN
+#      recurrence and chunked prefill, each against its one-block-per-head form)
 # On the lent machine: run tests/gpu/pack-deps.sh here first and name `.gpu-deps` in `carry`:
 #   run(command="tests/gpu/check.sh", carry=[".gpu-deps"], timeout_s=540)
 # Logs and summary.md go to OUT_DIR (default $OUT, else out/gpu-check). Budget: < 8 minutes on
