@@ -163,11 +163,12 @@ Status GdnForward(Ctx& x, const DLayer& L, const float* a, int T, DGdn& g, float
   LOCKSTEP_ASSIGN_OR_RETURN(float* On, x.Alloc(ut * U(hv) * U(dv)));
   LOCKSTEP_RETURN_IF_ERROR(x.MmShared(a, T, {{&L.in_proj_qkvz, P}, {&L.in_proj_ba, B}}));
   GdnSplit(P, B, T, hk, hv, dk, dv, kw, L.a_log, L.dt_bias, g.conv.as<float>(), win, Z, beta, gdec, x.s);
-  CausalConvSilu(win, T, conv_dim, kw, L.conv1d, Uc, x.s);
+  const bool verify = x.mode == ForwardMode::kVerify;
+  if (verify) LOCKSTEP_RETURN_IF_ERROR(EnsureSteps(g, T, conv_floats, ssm_floats, x.init_ns));
+  // Verify windows also keep the conv state after each step (the conv kernel copies them).
+  CausalConvSilu(win, T, conv_dim, kw, L.conv1d, Uc, x.s, verify ? g.steps_conv.as<float>() : nullptr);
   GdnQkNorm(Uc, T, hk, dk, conv_dim, qh, kh, x.s);
-  if (x.mode == ForwardMode::kVerify) {
-    LOCKSTEP_RETURN_IF_ERROR(EnsureSteps(g, T, conv_floats, ssm_floats, x.init_ns));
-    GdnConvSteps(win, T, conv_dim, kw, g.steps_conv.as<float>(), x.s);  // conv state after each step
+  if (verify) {
     GdnRecurrent(g.ssm.as<float>(), g.steps_ssm.as<float>(), qh, kh, Uc, gdec, beta, T, hk, hv, dk, dv, conv_dim, O,
                  x.s);
     g.n_steps = T;
@@ -215,7 +216,10 @@ void FlushRoutes(DeviceStageImpl& d) {
   d.route_used = 0;
 }
 
-Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* cache, float* out) {
+// The MoE block of layer L on its normalised input a, added into the residual hid; with
+// next_norm, next_a gets the next layer's normalised input (MoeEpilogue's fused end).
+Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* cache, float* hid,
+                  const float* next_norm, float* next_a) {
   const ModelConfig& c = x.c;
   const int h = c.n_embd, ne = c.n_experts, k = c.n_experts_used, inter = c.moe_ffn;
   const int slots = T * k, max_active = std::min(slots, ne);
@@ -264,35 +268,48 @@ Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* c
   const bool bf16 = x.d.weights_bf16;
   ExpertGateUp(a, h, inter, k, slot_of, first, active, n_active, max_active, L.gate_ptrs, L.up_ptrs, bf16, act, x.s);
   ExpertDown(act, h, inter, slot_of, first, active, n_active, max_active, L.down_ptrs, bf16, ranked, x.s);
-  MoeCombine(ranked, wts, T, k, h, out, x.s);
+  float* sh = nullptr;
   if (shared) {
-    LOCKSTEP_ASSIGN_OR_RETURN(float* sh, x.Alloc(U(T) * U(h)));
+    LOCKSTEP_ASSIGN_OR_RETURN(sh, x.Alloc(U(T) * U(h)));
     LOCKSTEP_RETURN_IF_ERROR(FfnDown(x, L.shared, sg, su, T, sh));
-    SharedGateAdd(a, L.shared_gate, sh, T, h, out, x.s);
   }
+  // Combine, shared gate, residual add and the next norm: one launch instead of four.
+  MoeEpilogue(ranked, wts, T, k, h, a, L.shared_gate, sh, hid, next_norm, c.rms_norm_eps, next_a, x.s);
   return Status::Ok();
 }
 
-Status LayerForward(Ctx& x, const DLayer& L, ExpertCache* cache, float* hid, int T, int p, DKv* kv, DGdn* g) {
+Status LayerForward(Ctx& x, const DLayer& L, ExpertCache* cache, float* hid, int T, int p, DKv* kv, DGdn* g,
+                    LayerLink link) {
   LOCKSTEP_CHECK(x.pos != nullptr && x.pos_host == p) << "layer at position " << p << " without SetPosition";
   const ModelConfig& c = x.c;
   const int h = c.n_embd;
   const std::int64_t n = static_cast<std::int64_t>(T) * h;
-  LOCKSTEP_ASSIGN_OR_RETURN(float* a, x.Alloc(U(T) * U(h)));
+  const float* a = link.a;
+  if (a == nullptr) {
+    LOCKSTEP_ASSIGN_OR_RETURN(float* an, x.Alloc(U(T) * U(h)));
+    RmsNormZc(hid, h, T, h, L.input_norm, c.rms_norm_eps, an, h, x.s);
+    a = an;
+  }
   LOCKSTEP_ASSIGN_OR_RETURN(float* mix, x.Alloc(U(T) * U(h)));
-  RmsNormZc(hid, h, T, h, L.input_norm, c.rms_norm_eps, a, h, x.s);
+  LOCKSTEP_ASSIGN_OR_RETURN(float* b, x.Alloc(U(T) * U(h)));
   if (L.type == LayerType::kFullAttention) {
     LOCKSTEP_RETURN_IF_ERROR(AttentionForward(x, L, a, T, p, *kv, mix));
   } else {
     LOCKSTEP_RETURN_IF_ERROR(GdnForward(x, L, a, T, *g, mix));
   }
-  AddRmsNormZc(hid, mix, T, h, L.post_norm, c.rms_norm_eps, a, x.s);
-  if (L.moe) {
-    LOCKSTEP_RETURN_IF_ERROR(MoeForward(x, L, a, T, cache, mix));
-  } else {
-    LOCKSTEP_RETURN_IF_ERROR(FfnForward(x, L.dense, a, T, mix));
+  AddRmsNormZc(hid, mix, T, h, L.post_norm, c.rms_norm_eps, b, x.s);
+  float* next_a = nullptr;
+  if (link.next_norm != nullptr) {
+    LOCKSTEP_ASSIGN_OR_RETURN(next_a, x.Alloc(U(T) * U(h)));
+    *link.next_a = next_a;
   }
-  AddInPlace(hid, mix, n, x.s);
+  if (L.moe) return MoeForward(x, L, b, T, cache, hid, link.next_norm, next_a);
+  LOCKSTEP_RETURN_IF_ERROR(FfnForward(x, L.dense, b, T, mix));
+  if (next_a != nullptr) {
+    AddRmsNormZc(hid, mix, T, h, link.next_norm, c.rms_norm_eps, next_a, x.s);
+  } else {
+    AddInPlace(hid, mix, n, x.s);
+  }
   return Status::Ok();
 }
 

@@ -357,10 +357,19 @@ Status CudaStageSession::Init() {
 
 Status CudaStageSession::EagerLayers(Ctx& x, int T, int p) {
   DeviceStageImpl& d = *d_;
+  // Each layer's residual add also applies the next layer's input norm (one launch fewer per
+  // layer; bitwise the separate kernels). The stage's last layer ends with the add alone.
+  float* a = nullptr;
   for (int il = layer_begin(); il < layer_end(); ++il) {
     const std::size_t l = U(il - layer_begin());
-    LOCKSTEP_RETURN_IF_ERROR(
-        LayerForward(x, d.layers[l], d.experts.get(), d.hidden.as<float>(), T, p, d.kv[l].get(), d.gdn[l].get()));
+    LayerLink link;
+    link.a = a;
+    if (il + 1 < layer_end()) {
+      link.next_norm = d.layers[l + 1].input_norm;
+      link.next_a = &a;
+    }
+    LOCKSTEP_RETURN_IF_ERROR(LayerForward(x, d.layers[l], d.experts.get(), d.hidden.as<float>(), T, p,
+                                          d.kv[l].get(), d.gdn[l].get(), link));
   }
   return Status::Ok();
 }

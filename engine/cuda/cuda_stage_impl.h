@@ -285,9 +285,18 @@ struct Ctx {
   Status MmShared(const float* x, int T, std::initializer_list<MmOut> outs);
 };
 
+// How a layer meets its neighbours on the stage: the previous layer may have applied this layer's
+// input norm already (fused into its residual add), and this one may do the same for the next.
+struct LayerLink {
+  const float* a = nullptr;           // hid rows through L.input_norm; nullptr: normalised here
+  const float* next_norm = nullptr;   // the next layer's input_norm weight, or nullptr
+  float** next_a = nullptr;           // gets the next layer's normalised rows (with next_norm)
+};
 // One decoder layer in place on hid f32 [T, H] (device) at positions p..; kv for attention
-// layers, g for GDN layers; routing of MoE layers queued for `cache`'s counters.
-Status LayerForward(Ctx& x, const DLayer& L, ExpertCache* cache, float* hid, int T, int p, DKv* kv, DGdn* g);
+// layers, g for GDN layers; routing of MoE layers queued for `cache`'s counters. The fused norms
+// of `link` give the bits of the unfused layer loop.
+Status LayerForward(Ctx& x, const DLayer& L, ExpertCache* cache, float* hid, int T, int p, DKv* kv, DGdn* g,
+                    LayerLink link = {});
 // Expert counters from the routing the router kernels wrote to route_host (the stream must have
 // synchronised).
 void FlushRoutes(DeviceStageImpl& d);

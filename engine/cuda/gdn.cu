@@ -81,27 +81,23 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// win f32 [K-1+T, C], weight f32 [C, K] -> U f32 [T, C]; one thread per output element.
-// steps [T, K-1, C]: row block t = win rows [t+1, t+K) (the conv state after step t); a copy.
-__global__ void __launch_bounds__(kThreads)
-    ConvStepsKernel(const float* __restrict__ win, int T, int C, int kr, float* __restrict__ steps) {
-  const std::int64_t per = static_cast<std::int64_t>(kr) * C, total = per * T;
-  for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       idx < total; idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t t = idx / per;
-    steps[idx] = win[(t + 1) * C + (idx - t * per)];
-  }
-}
-
+// win f32 [K-1+T, C], weight f32 [C, K] -> U f32 [T, C]; one thread per output element. With
+// steps [T, K-1, C] (verify): the thread of (t, ch) also stores block t's column ch, win rows
+// [t+1, t+K) (the conv state after step t; rows its conv reads).
 __global__ void __launch_bounds__(kThreads)
     ConvKernel(const float* __restrict__ win, int T, int C, int K, const float* __restrict__ weight,
-               float* __restrict__ U) {
+               float* __restrict__ U, float* __restrict__ steps) {
   const std::int64_t total = static_cast<std::int64_t>(T) * C;
   for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        idx < total; idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int t = static_cast<int>(idx / C),
               ch = static_cast<int>(idx - static_cast<std::int64_t>(t) * C);
     U[idx] = km::ConvSiluAt(win, C, K, weight, t, ch);
+    if (steps != nullptr) {
+      float* st = steps + static_cast<std::int64_t>(t) * (K - 1) * C + ch;
+      for (int j = 0; j < K - 1; ++j)
+        st[static_cast<std::int64_t>(j) * C] = win[static_cast<std::int64_t>(t + 1 + j) * C + ch];
+    }
   }
 }
 
@@ -368,16 +364,10 @@ void GdnSplit(const float* P, const float* B, int T, int n_k_heads, int n_v_head
 }
 
 void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, float* U,
-                    cudaStream_t s) {
+                    cudaStream_t s, float* steps) {
   if (T <= 0 || C <= 0) return;
-  ConvKernel<<<GridFor(static_cast<std::int64_t>(T) * C), kThreads, 0, s>>>(win, T, C, K, weight,
-                                                                            U);
-}
-
-void GdnConvSteps(const float* win, int T, int C, int K, float* steps, cudaStream_t s) {
-  if (T <= 0 || C <= 0 || K <= 1) return;
-  ConvStepsKernel<<<GridFor(static_cast<std::int64_t>(T) * (K - 1) * C), kThreads, 0, s>>>(win, T, C,
-                                                                                         K - 1, steps);
+  if (K <= 1) steps = nullptr;  // no state rows
+  ConvKernel<<<GridFor(static_cast<std::int64_t>(T) * C), kThreads, 0, s>>>(win, T, C, K, weight, U, steps);
 }
 
 void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_dim, float* qh,

@@ -282,6 +282,56 @@ __global__ void __launch_bounds__(kThreads)
         out[row + static_cast<std::size_t>(i)], gate, sh[row + static_cast<std::size_t>(i)]);
 }
 
+// The end of an MoE layer in one launch, one block per row t: MoeCombine, SharedGateAdd (when
+// sh), AddInPlace into the residual and, when norm_w, the next layer's input RmsNormZc, each
+// with its kernel's operations in its order, so the bits are the four launches':
+//   o = sum_r wts[t, r] * ranked[t, r] (rank order, from 0); o += sigmoid(x[t] . gate_w) * sh[t];
+//   hid[t] += o; y[t] = RmsNormZc(hid[t]) with weight norm_w.
+// Warp 0 computes the gate dot and, after a barrier (the other threads' hid writes are then
+// visible to it), the row's sum of squares, both with RmsNormZc / SharedGateAdd's warp dot.
+__global__ void __launch_bounds__(kThreads)
+    MoeEpilogueKernel(const float* __restrict__ ranked, const float* __restrict__ wts, int k, int H,
+                      const float* __restrict__ x, const float* __restrict__ gate_w,
+                      const float* __restrict__ sh, float* hid, const float* __restrict__ norm_w,
+                      float eps, float* __restrict__ y, bool vec_gate, bool vec_norm) {
+  __shared__ float bcast;
+  const int tid = static_cast<int>(threadIdx.x);
+  const std::size_t t = blockIdx.x, row = t * static_cast<std::size_t>(H);
+  float gate = 0.0f;
+  if (sh != nullptr) {
+    if (tid < km::kWarp) {
+      const float* xr = x + row;
+      float dot;
+      km::WarpDotRows<1>(&xr, gate_w, H, vec_gate, tid, &dot);
+      if (tid == 0) bcast = km::Sigmoid(dot);
+    }
+    __syncthreads();
+    gate = bcast;
+  }
+  float* hr = hid + row;
+  for (int i = tid; i < H; i += kThreads) {
+    float acc = 0.0f;
+    for (int r = 0; r < k; ++r) {
+      const std::size_t tr = t * static_cast<std::size_t>(k) + static_cast<std::size_t>(r);
+      acc = km::CombineRank(acc, wts[tr], ranked[tr * static_cast<std::size_t>(H) + static_cast<std::size_t>(i)]);
+    }
+    if (sh != nullptr) acc = km::SharedGateAddElem(acc, gate, sh[row + static_cast<std::size_t>(i)]);
+    hr[i] = km::AddElem(hr[i], acc);
+  }
+  if (norm_w == nullptr) return;
+  __syncthreads();  // the whole row is written (and every thread has read the gate from bcast)
+  if (tid < km::kWarp) {
+    const float* xc = hr;
+    float ss;
+    km::WarpDotRows<1>(&xc, xc, H, vec_norm, tid, &ss);
+    if (tid == 0) bcast = km::RmsInv(ss, H, eps);
+  }
+  __syncthreads();
+  const float r = bcast;
+  for (int i = tid; i < H; i += kThreads)
+    y[row + static_cast<std::size_t>(i)] = km::RmsNormZcElem(hr[i], r, norm_w[i]);
+}
+
 unsigned GridFor(std::int64_t total) {
   const std::int64_t want = (total + kThreads - 1) / kThreads;
   return static_cast<unsigned>(want < 65535 ? want : 65535);
@@ -347,6 +397,15 @@ void SharedGateAdd(const float* x, const float* gate_w, const float* sh, int T, 
   if (T <= 0 || H <= 0) return;
   const bool vec = H % 4 == 0 && km::Aligned(x, 16) && km::Aligned(gate_w, 16);
   SharedGateKernel<<<static_cast<unsigned>(T), kThreads, 0, s>>>(x, gate_w, sh, H, out, vec);
+}
+
+void MoeEpilogue(const float* ranked, const float* wts, int T, int k, int H, const float* x, const float* gate_w,
+                 const float* sh, float* hid, const float* norm_w, float eps, float* y, cudaStream_t s) {
+  if (T <= 0 || H <= 0) return;
+  const bool vec_gate = sh != nullptr && H % 4 == 0 && km::Aligned(x, 16) && km::Aligned(gate_w, 16);
+  const bool vec_norm = H % 4 == 0 && km::Aligned(hid, 16);
+  MoeEpilogueKernel<<<static_cast<unsigned>(T), kThreads, 0, s>>>(ranked, wts, k, H, x, gate_w, sh, hid, norm_w,
+                                                                  eps, y, vec_gate, vec_norm);
 }
 
 }  // namespace lockstep::cuda

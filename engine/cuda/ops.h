@@ -141,10 +141,11 @@ void GdnSplit(const float* P, const float* B, int T, int n_k_heads, int n_v_head
               int conv_kernel, const float* a_log, const float* dt_bias, const float* conv_state, float* win, float* Z,
               float* beta, float* g, cudaStream_t s);
 // Causal depthwise conv + SiLU: win f32 [K-1+T, C], weight f32 [C, K] -> U f32 [T, C].
-void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, float* U, cudaStream_t s);
-// The conv state after each of T steps, for verify windows: steps f32 [T, K-1, C], block t =
-// win rows [t+1, t+K) of win f32 [K-1+T, C] (one launch for what would be T copies).
-void GdnConvSteps(const float* win, int T, int C, int K, float* steps, cudaStream_t s);
+// steps (verify windows; may be null): the conv state after each of the T steps, f32
+// [T, K-1, C], block t = win rows [t+1, t+K), copied by the threads that read those rows for the
+// conv (no launch of its own, no second read of the window).
+void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, float* U, cudaStream_t s,
+                    float* steps = nullptr);
 // From U f32 [T, conv_dim]: l2-normalised q (then scaled by 1/sqrt(Dk)) and k per key head,
 // qh, kh f32 [T, Hk, Dk] (eps 1e-6 inside the sqrt, as cpu::L2NormInPlace).
 void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_dim, float* qh, float* kh,
@@ -217,6 +218,12 @@ void ExpertDown(const float* act, int H, int I, const int* slot_of, const int* f
 void MoeCombine(const float* ranked, const float* wts, int T, int k, int H, float* out, cudaStream_t s);
 // Shared expert gate: out[t] += sigmoid(x[t] . gate_w) * sh[t]; x, sh, out f32 [T, H].
 void SharedGateAdd(const float* x, const float* gate_w, const float* sh, int T, int H, float* out, cudaStream_t s);
+// The end of an MoE layer in one launch (one block per row): MoeCombine, then SharedGateAdd with
+// x / gate_w / sh (skipped when sh is null), then hid += the result (AddInPlace), then, when
+// norm_w is not null, y = RmsNormZc(hid) with weight norm_w (the next layer's input norm). Bitwise
+// those launches in that order. hid, x, sh, y f32 [T, H]; norm_w, gate_w f32 [H].
+void MoeEpilogue(const float* ranked, const float* wts, int T, int k, int H, const float* x, const float* gate_w,
+                 const float* sh, float* hid, const float* norm_w, float eps, float* y, cudaStream_t s);
 
 // ---- elementwise.cu ----
 

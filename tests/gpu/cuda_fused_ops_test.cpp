@@ -4,7 +4,10 @@
 //   block's four rows, T = 1..17 (one and two passes), a row stride wider than the output, and an
 //   unaligned x (the scalar path);
 //   AddRmsNormZc vs AddInPlace then RmsNormZc: the updated residual and the normed rows, widths
-//   on the vector and the scalar path.
+//   on the vector and the scalar path;
+//   MoeEpilogue vs MoeCombine, SharedGateAdd, AddInPlace and RmsNormZc: with and without the
+//   shared expert and the next norm, k = 1 / 4 / 10, widths on the vector and the scalar path and
+//   past one block's threads.
 // Runs in cuda_tests on a GPU and in the emulator (tests/cuda_emu) in CI.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -117,6 +120,45 @@ TEST(CudaOps, AddRmsNormZcIsBitwiseAddThenNorm) {
       EXPECT_TRUE(test::BitwiseEqual(HostCopy(ya, total), HostCopy(yb, total))) << where << " normed";
       EXPECT_FALSE(test::BitwiseEqual(HostCopy(ha, total), h0)) << where << " the add happened";
       for (float* p : {ha, hb, ad, wd, ya, yb}) cudaFree(p);
+    }
+  }
+}
+
+TEST(CudaOps, MoeEpilogueIsBitwiseCombineGateAddNorm) {
+  LOCKSTEP_REQUIRE_GPU(1);
+  for (int T : {1, 9}) {
+    for (int k : {1, 4, 10}) {
+      for (int H : {64, 130, 2048}) {
+        for (int variant = 0; variant < 4; ++variant) {
+          const bool shared = variant & 1, norm = variant & 2;
+          const std::string where = "T " + std::to_string(T) + " k " + std::to_string(k) + " H " +
+                                    std::to_string(H) + (shared ? " shared" : "") + (norm ? " norm" : "");
+          const std::size_t th = static_cast<std::size_t>(T) * H, tk = static_cast<std::size_t>(T) * k;
+          const std::vector<float> ranked = test::Random(tk * H, 31), wts = test::Random(tk, 32, 0.0f, 1.0f),
+                                   x = test::Random(th, 33), gw = test::Random(static_cast<std::size_t>(H), 34),
+                                   sh = test::Random(th, 35), h0 = test::Random(th, 36),
+                                   nw = test::Random(static_cast<std::size_t>(H), 37, -0.5f, 0.5f);
+          const std::vector<float> zeros(th, 0.0f);
+          float *rd = DevCopy(ranked), *wd = DevCopy(wts), *xd = DevCopy(x), *gd = DevCopy(gw), *sd = DevCopy(sh),
+                *nd = DevCopy(nw), *ha = DevCopy(h0), *hb = DevCopy(h0), *ya = DevCopy(zeros), *yb = DevCopy(zeros),
+                *out = DevCopy(zeros);
+          MoeEpilogue(rd, wd, T, k, H, xd, gd, shared ? sd : nullptr, ha, norm ? nd : nullptr, 1e-6f,
+                      norm ? ya : nullptr, nullptr);
+          MoeCombine(rd, wd, T, k, H, out, nullptr);
+          if (shared) SharedGateAdd(xd, gd, sd, T, H, out, nullptr);
+          AddInPlace(hb, out, static_cast<std::int64_t>(th), nullptr);
+          if (norm) RmsNormZc(hb, H, T, H, nd, 1e-6f, yb, H, nullptr);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << where;
+          const std::vector<float> got_h = HostCopy(ha, th), got_y = HostCopy(ya, th);
+          EXPECT_TRUE(test::BitwiseEqual(got_h, HostCopy(hb, th))) << where << " residual";
+          EXPECT_TRUE(test::BitwiseEqual(got_y, HostCopy(yb, th))) << where << " normed";
+          EXPECT_FALSE(test::BitwiseEqual(got_h, h0)) << where << " the add happened";
+          if (norm) {
+            EXPECT_FALSE(test::BitwiseEqual(got_y, zeros)) << where << " the norm happened";
+          }
+          for (float* p : {rd, wd, xd, gd, sd, nd, ha, hb, ya, yb, out}) cudaFree(p);
+        }
+      }
     }
   }
 }

@@ -453,9 +453,20 @@ TEST(CudaOps, GdnPipelineMatchesCpu) {
   Dev<float> dcw(conv_w), dU(Z(T) * Z(conv_dim)), dq(Z(T * hk * dk)), dkh(Z(T * hk * dk));
   GdnSplit(dP.get(), dB.get(), T, hk, hv, dk, dv, K, dal.get(), ddt.get(), dstate.get(), dwin.get(),
            dZ.get(), dbeta.get(), dg.get(), nullptr);
+  Dev<float> dU2(Z(T) * Z(conv_dim)), dcs(Z(T) * Z(K - 1) * Z(conv_dim));
   CausalConvSilu(dwin.get(), T, conv_dim, K, dcw.get(), dU.get(), nullptr);
+  CausalConvSilu(dwin.get(), T, conv_dim, K, dcw.get(), dU2.get(), nullptr, dcs.get());  // + conv states
   GdnQkNorm(dU.get(), T, hk, dk, conv_dim, dq.get(), dkh.get(), nullptr);
   ASSERT_TRUE(Sync());
+  {
+    // The verify form's conv states: block t is window rows [t+1, t+K), copied; U is unchanged.
+    const FVec U1 = dU.Down(), U2 = dU2.Down(), cs = dcs.Down(), w = dwin.Down();
+    ASSERT_TRUE(SameBits(U1.data(), U2.data(), U1.size() * 4));
+    for (int t = 0; t < T; ++t)
+      ASSERT_TRUE(SameBits(cs.data() + Z(t) * Z(K - 1) * Z(conv_dim), w.data() + Z(t + 1) * Z(conv_dim),
+                           Z(K - 1) * Z(conv_dim) * 4))
+          << "conv state after step " << t;
+  }
   const FVec gwin = dwin.Down(), gZ = dZ.Down(), gbeta = dbeta.Down(), gg = dg.Down(),
              gU = dU.Down();
   const FVec gq = dq.Down(), gk = dkh.Down();
