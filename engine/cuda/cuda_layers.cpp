@@ -167,10 +167,12 @@ Status GdnForward(Ctx& x, const DLayer& L, const float* a, int T, DGdn& g, float
   if (verify) LOCKSTEP_RETURN_IF_ERROR(EnsureSteps(g, T, conv_floats, ssm_floats, x.init_ns));
   // Verify windows also keep the conv state after each step (the conv kernel copies them).
   CausalConvSilu(win, T, conv_dim, kw, L.conv1d, Uc, x.s, verify ? g.steps_conv.as<float>() : nullptr);
-  GdnQkNorm(Uc, T, hk, dk, conv_dim, qh, kh, x.s);
+  // The held recurrence normalises q / k itself (one launch fewer per verify window).
+  const bool qk_inside = verify && GdnRecurrentHoldsColumns(dk);
+  if (!qk_inside) GdnQkNorm(Uc, T, hk, dk, conv_dim, qh, kh, x.s);
   if (verify) {
-    GdnRecurrent(g.ssm.as<float>(), g.steps_ssm.as<float>(), qh, kh, Uc, gdec, beta, T, hk, hv, dk, dv, conv_dim, O,
-                 x.s);
+    GdnRecurrent(g.ssm.as<float>(), g.steps_ssm.as<float>(), qk_inside ? nullptr : qh, qk_inside ? nullptr : kh, Uc,
+                 gdec, beta, T, hk, hv, dk, dv, conv_dim, O, x.s);
     g.n_steps = T;
   } else {
     LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(g.conv.get(), win + ut * U(conv_dim), conv_floats * sizeof(float),

@@ -14,6 +14,7 @@
 // No atomics, no order that depends on T or the grid.
 #include "cuda/kernel_math.h"
 #include "cuda/ops.h"
+#include "lockstep/engine/check.h"
 
 namespace lockstep::cuda {
 namespace {
@@ -181,12 +182,17 @@ __global__ void __launch_bounds__(kRecThreads)
 // columns over Dv / 32 blocks (the generic kernel runs one block per head: 32 blocks on a
 // 132-SM device for Qwen3-Next's 32 value heads). Each column's operations are
 // DeltaColumnStep's (DeltaColumnStepHeld), so the bits are RecurrentKernel's.
+//
+// qh == nullptr: q and k come straight from the conv output U (columns gi * Dk and key_dim +
+// gi * Dk of row t) and the block normalises them per step exactly as QkNormKernel does (the
+// block is one warp: the same warp dot, the same element ops), so a verify window needs no
+// GdnQkNorm launch; every block of the key head repeats those 2 Dk-element norms.
 template <int kDk>
 __global__ void __launch_bounds__(kHeldThreads)
     RecurrentHeldKernel(float* S0, float* steps, const float* __restrict__ qh,
                         const float* __restrict__ kh, const float* __restrict__ U,
                         const float* __restrict__ g, const float* __restrict__ beta, int T, int hk,
-                        int hv, int dv, int conv_dim, float* __restrict__ O) {
+                        int hv, int dv, int conv_dim, float* __restrict__ O, bool vec_norm) {
   __shared__ float qs[kDk];
   __shared__ float ks[kDk];
   const int tid = static_cast<int>(threadIdx.x);
@@ -208,9 +214,26 @@ __global__ void __launch_bounds__(kHeldThreads)
     const std::size_t tg = (static_cast<std::size_t>(t) * static_cast<std::size_t>(hk) +
                             static_cast<std::size_t>(gi)) *
                            static_cast<std::size_t>(kDk);
-    for (int i = tid; i < kDk; i += kHeldThreads) {
-      qs[i] = qh[tg + static_cast<std::size_t>(i)];
-      ks[i] = kh[tg + static_cast<std::size_t>(i)];
+    if (qh != nullptr) {
+      for (int i = tid; i < kDk; i += kHeldThreads) {
+        qs[i] = qh[tg + static_cast<std::size_t>(i)];
+        ks[i] = kh[tg + static_cast<std::size_t>(i)];
+      }
+    } else {
+      const float* urow = U + static_cast<std::size_t>(t) * static_cast<std::size_t>(conv_dim) +
+                          static_cast<std::size_t>(gi) * static_cast<std::size_t>(kDk);
+      for (int is_k = 0; is_k < 2; ++is_k) {
+        const float* xr = urow + static_cast<std::size_t>(is_k * hk * kDk);
+        float ss;
+        km::WarpDotRows<1>(&xr, xr, kDk, vec_norm, tid, &ss);
+        const float r = km::L2Inv(ss, 1e-6f);
+        const float qscale = km::GdnQScale(kDk);
+        float* dst = is_k ? ks : qs;
+        for (int i = tid; i < kDk; i += kHeldThreads) {
+          const float y = km::L2NormElem(xr[i], r);
+          dst[i] = is_k ? y : y * qscale;
+        }
+      }
     }
     __syncthreads();
     if (live) {
@@ -233,7 +256,9 @@ template <int kDk>
 void LaunchHeld(float* S0, float* steps, const float* qh, const float* kh, const float* U, const float* g,
                 const float* beta, int T, int hk, int hv, int dv, int conv_dim, float* O, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(hv), static_cast<unsigned>((dv + kHeldThreads - 1) / kHeldThreads));
-  RecurrentHeldKernel<kDk><<<grid, kHeldThreads, 0, s>>>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O);
+  const bool vec_norm = conv_dim % 4 == 0 && km::Aligned(U, 16);  // GdnQkNorm's rule (Dk % 4 == 0 here)
+  RecurrentHeldKernel<kDk><<<grid, kHeldThreads, 0, s>>>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O,
+                                                         vec_norm);
 }
 
 // The chunked form (MODEL.md 3.7, cpu::GatedDeltaChunked): one block per value head j, its
@@ -393,6 +418,7 @@ void GdnRecurrent(float* S0, float* steps, const float* qh, const float* kh, con
       default: return LaunchHeld<128>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O, s);
     }
   }
+  LOCKSTEP_CHECK(qh != nullptr && kh != nullptr) << "GdnRecurrent: q / k from U need the held form (Dk 16-128)";
   const std::size_t smem = 2 * static_cast<std::size_t>(k_head_dim) * sizeof(float);
   RecurrentKernel<<<static_cast<unsigned>(n_v_heads), kRecThreads, smem, s>>>(
       S0, steps, qh, kh, U, g, beta, T, n_k_heads, n_v_heads, k_head_dim, v_head_dim, conv_dim, O);

@@ -164,6 +164,9 @@ enum class GdnBlocks { kAuto, kOnePerHead };
 void GdnRecurrent(float* S0, float* steps, const float* qh, const float* kh, const float* U, const float* g,
                   const float* beta, int T, int n_k_heads, int n_v_heads, int k_head_dim, int v_head_dim,
                   int conv_dim, float* O, cudaStream_t s, GdnBlocks blocks = GdnBlocks::kAuto);
+// qh == kh == nullptr (kAuto with GdnRecurrentHoldsColumns(Dk) only): q and k are taken from U's
+// columns [0, key_dim) and [key_dim, 2 key_dim) and l2-normalised inside, bitwise GdnQkNorm's qh
+// / kh, so a verify window skips that launch.
 // Whether GdnRecurrent's kAuto holds the state columns in registers: Dk in {16, 32, 64, 128}.
 bool GdnRecurrentHoldsColumns(int k_head_dim);
 // The same T steps in the chunked form (cpu::GatedDeltaChunked, MODEL.md 3.7), for prefill: S0,

@@ -564,7 +564,9 @@ TEST(CudaOps, GdnPipelineMatchesCpu) {
 // The held-column recurrence (registers, Dk in {16, 32, 64, 128}) is bitwise the generic
 // kernel: outputs, every verify step's state and the in-place state, across Dv that are not a
 // multiple of the one-warp block (idle threads), several value heads per key head, and T = 1
-// (decode) and 9 (a verify window). Dk = 48 has no held form: kAuto is the generic kernel.
+// (decode) and 9 (a verify window); and so is the held form that l2-normalises q / k from U
+// itself (qh = kh = nullptr, the engine's verify path) against GdnQkNorm's qh / kh. Dk = 48 has
+// no held form: kAuto is the generic kernel.
 TEST(CudaOps, GdnRecurrentHeldColumnsAreBitwiseTheGenericForm) {
   LOCKSTEP_REQUIRE_GPU(1);
   struct Case {
@@ -578,36 +580,41 @@ TEST(CudaOps, GdnRecurrentHeldColumnsAreBitwiseTheGenericForm) {
     const std::string where = "dk=" + std::to_string(cs.dk) + " dv=" + std::to_string(cs.dv) +
                               " hv=" + std::to_string(cs.hv) + " T=" + std::to_string(cs.T);
     SCOPED_TRACE(where);
-    EXPECT_EQ(GdnRecurrentHoldsColumns(cs.dk), cs.dk != 48);
+    const bool held = cs.dk != 48;
+    EXPECT_EQ(GdnRecurrentHoldsColumns(cs.dk), held);
     const int key_dim = cs.hk * cs.dk, conv_dim = 2 * key_dim + cs.hv * cs.dv;
-    const std::size_t s_all = Z(cs.hv) * Z(cs.dk) * Z(cs.dv), n_o = Z(cs.T * cs.hv * cs.dv);
-    // q / k of unit norm (as GdnQkNorm leaves them), so the states stay bounded over T steps.
-    FVec qk = RandomVec(rng, Z(cs.T * cs.hk) * Z(cs.dk));
-    FVec kk = RandomVec(rng, qk.size());
-    for (std::size_t r = 0; r < qk.size() / Z(cs.dk); ++r)
-      for (FVec* v : {&qk, &kk}) {
-        float* x = v->data() + r * Z(cs.dk);
-        cpu::L2NormInPlace(x, cs.dk, 1e-6f);
-      }
+    const std::size_t s_all = Z(cs.hv) * Z(cs.dk) * Z(cs.dv), n_o = Z(cs.T * cs.hv * cs.dv),
+                      n_qk = Z(cs.T * cs.hk) * Z(cs.dk);
     const FVec Uv = RandomVec(rng, Z(cs.T) * Z(conv_dim)), g = RandomVec(rng, Z(cs.T * cs.hv), -1.0f, 0.0f),
                beta = RandomVec(rng, Z(cs.T * cs.hv), 0.0f, 1.0f), S0 = RandomVec(rng, s_all, -0.5f, 0.5f);
-    const Dev<float> dq(qk), dk(kk), dU(Uv), dg(g), db(beta);
+    const Dev<float> dU(Uv), dg(g), db(beta), dq(n_qk), dk(n_qk);
+    GdnQkNorm(dU.get(), cs.T, cs.hk, cs.dk, conv_dim, dq.get(), dk.get(), nullptr);  // unit q / k rows
     std::vector<FVec> out;  // per form: O, steps, O in place, S in place
-    for (GdnBlocks form : {GdnBlocks::kAuto, GdnBlocks::kOnePerHead}) {
+    struct Form {
+      GdnBlocks blocks;
+      bool qk_from_u;
+    };
+    std::vector<Form> forms = {{GdnBlocks::kAuto, false}, {GdnBlocks::kOnePerHead, false}};
+    if (held) forms.push_back({GdnBlocks::kAuto, true});
+    for (const Form& f : forms) {
       Dev<float> dS(S0), dSi(S0), dsteps(Z(cs.T) * s_all), dO(n_o), dOi(n_o);
-      GdnRecurrent(dS.get(), dsteps.get(), dq.get(), dk.get(), dU.get(), dg.get(), db.get(), cs.T, cs.hk, cs.hv,
-                   cs.dk, cs.dv, conv_dim, dO.get(), nullptr, form);
-      GdnRecurrent(dSi.get(), nullptr, dq.get(), dk.get(), dU.get(), dg.get(), db.get(), cs.T, cs.hk, cs.hv,
-                   cs.dk, cs.dv, conv_dim, dOi.get(), nullptr, form);
+      const float* q = f.qk_from_u ? nullptr : dq.get();
+      const float* k = f.qk_from_u ? nullptr : dk.get();
+      GdnRecurrent(dS.get(), dsteps.get(), q, k, dU.get(), dg.get(), db.get(), cs.T, cs.hk, cs.hv, cs.dk, cs.dv,
+                   conv_dim, dO.get(), nullptr, f.blocks);
+      GdnRecurrent(dSi.get(), nullptr, q, k, dU.get(), dg.get(), db.get(), cs.T, cs.hk, cs.hv, cs.dk, cs.dv,
+                   conv_dim, dOi.get(), nullptr, f.blocks);
       ASSERT_TRUE(Sync());
       const FVec S_after = dS.Down();
       ASSERT_TRUE(SameBits(S_after.data(), S0.data(), s_all * 4)) << "verify form must not touch S0";
       for (const FVec& v : {dO.Down(), dsteps.Down(), dOi.Down(), dSi.Down()}) out.push_back(v);
     }
     const char* names[] = {"outputs", "step states", "in-place outputs", "in-place state"};
-    for (int i = 0; i < 4; ++i)
-      EXPECT_TRUE(SameBits(out[Z(i)].data(), out[Z(i + 4)].data(), out[Z(i)].size() * 4)) << names[i];
-    // Both moved the state (a kernel that wrote nothing would be bitwise equal to another).
+    for (std::size_t f = 1; f < forms.size(); ++f)
+      for (std::size_t i = 0; i < 4; ++i)
+        EXPECT_TRUE(SameBits(out[i].data(), out[4 * f + i].data(), out[i].size() * 4))
+            << names[i] << " of form " << f << (forms[f].qk_from_u ? " (q / k normalised inside)" : "");
+    // The state moved (a kernel that wrote nothing would be bitwise equal to another).
     EXPECT_FALSE(SameBits(out[3].data(), S0.data(), s_all * 4));
     EXPECT_TRUE(SameBits(out[3].data(), out[1].data() + Z(cs.T - 1) * s_all, s_all * 4)) << "last step";
   }
