@@ -385,7 +385,7 @@ void CudaStageSession::GraphsOff(const std::string& why) {
 }
 
 // Verify windows (decode is a window of one) are where launch overhead matters: a stage issues
-// ~21 kernels per layer for a few microseconds of work each. Their layer loop is captured once
+// ~17 kernels per layer for a few microseconds of work each. Their layer loop is captured once
 // per window size T into a CUDA graph and replayed; the kernels and arguments are the eager ones
 // (the position comes from device memory, ops.h Pos), so results are bitwise the same. The MTP
 // head's draft steps are graphed the same way (MtpForward).
