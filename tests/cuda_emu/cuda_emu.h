@@ -127,6 +127,10 @@ class ExpectWarnings {
 enum class CaptureFault { kNone, kBegin, kDuring, kInstantiate };
 void InjectCaptureFault(CaptureFault f);
 
+// Kernels run so far in this process (eager launches and graph nodes alike; cuBLAS calls not
+// counted): what a launch budget test measures.
+long KernelsRun();
+
 }  // namespace emu
 
 #define threadIdx emu::tIdx

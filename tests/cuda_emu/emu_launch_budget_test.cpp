@@ -1,0 +1,81 @@
+// The decode path's launch budget (emulator only: it counts the kernels that ran). Launch
+// overhead is most of a decode step's time on the small presets, so the fusions of the verify /
+// decode path (RowsMatmulMulti, AddRmsNormZc, MoeEpilogue, the conv kernel's state copies, the
+// held GDN recurrence's own q / k norms) are a budget: a change that adds a kernel per layer
+// fails here and says where, and the budget is then updated on purpose (README "Fewer
+// launches").
+#include <gtest/gtest.h>
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cuda/ops.h"
+#include "cuda_emu.h"
+#include "gpu/cuda_engine_util.h"
+#include "lockstep/engine/engine.h"
+#include "test_util.h"
+
+namespace lockstep {
+namespace {
+
+// Kernels of one verify window (a decode step is a window of one), by the model's layout:
+//   every layer:  RowsMatmulMulti (router + shared gate / up), RouteTopK, GroupByExpert,
+//                 ExpertGateUp, ExpertDown, SiluMul + RowsMatmul (shared down), MoeEpilogue,
+//                 AddRmsNormZc (post-attention)                                   = 9
+//   GDN layer:    RowsMatmulMulti (in_proj), GdnSplit, CausalConvSilu (+ conv states),
+//                 GdnRecurrent (held: + q / k norms), GatedRmsNorm, RowsMatmul (out_proj) = 6
+//   attention:    RowsMatmulMulti (q / k / v), SplitQGate, RmsNormZc x2, RopeApply x2,
+//                 KvStore, Attention, MulSigmoid, RowsMatmul (o_proj)            = 10
+//   every stage:  SetInt (the position) and the first layer's input RmsNormZc     = 2
+//   once:         EmbedRows, the final RmsNormZc, lm_head                         = 3
+long Budget(const ModelConfig& c, int stages) {
+  long n = 3 + 2L * stages;
+  for (int il = 0; il < c.n_layers; ++il) {
+    EXPECT_TRUE(c.is_moe(il)) << "layer " << il << ": the budget counts MoE layers";
+    n += 9 + (c.is_full_attention(il) ? 10 : 6);
+  }
+  return n;
+}
+
+TEST(EmuLaunchBudget, KernelsPerDecodeTokenAndVerifyWindow) {
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "graphs on" : "graphs off");
+    EngineConfig cfg = test::TinyConfig("cuda");
+    cfg.cuda_graphs = graphs;
+    auto e = test::MakeTiny(cfg);
+    ASSERT_TRUE(e);
+    const ModelConfig& c = e->weights().config;
+    ASSERT_TRUE(cuda::GdnRecurrentHoldsColumns(c.k_head_dim)) << "tiny's Dk takes the held recurrence";
+    const std::size_t V = static_cast<std::size_t>(c.n_vocab);
+    ASSERT_TRUE(e->Prefill(test::Tokens(21)).ok());
+    std::vector<float> logits(9 * V);
+    std::int32_t tok = 3;
+    for (int i = 0; i < 2; ++i) {  // first calls (and the captures) out of the count
+      ASSERT_TRUE(e->Verify(std::span<const std::int32_t>(&tok, 1), logits.data()).ok());
+      ASSERT_TRUE(e->Commit(1).ok());
+    }
+    const long want = Budget(c, e->n_stages());
+    const int n = 4;
+    const long k0 = emu::KernelsRun();
+    for (int i = 0; i < n; ++i) {
+      ASSERT_TRUE(e->Verify(std::span<const std::int32_t>(&tok, 1), logits.data()).ok());
+      ASSERT_TRUE(e->Commit(1).ok());
+    }
+    const long k1 = emu::KernelsRun();
+    EXPECT_EQ(k1 - k0, n * want) << "kernels per decode token: " << (k1 - k0) / n << ", budget " << want;
+    // A verify window of any T runs the same kernels (its rows share each launch).
+    const std::vector<std::int32_t> window = {3, 4, 5, 6, 7};
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(e->Verify(window, logits.data()).ok());
+      ASSERT_TRUE(e->Commit(1).ok());
+    }
+    const long k2 = emu::KernelsRun();
+    ASSERT_TRUE(e->Verify(window, logits.data()).ok());
+    ASSERT_TRUE(e->Commit(2).ok());
+    EXPECT_EQ(emu::KernelsRun() - k2, want) << "kernels of a T=5 verify window";
+  }
+}
+
+}  // namespace
+}  // namespace lockstep
