@@ -2,8 +2,9 @@
 // cuBLAS and NCCL (this file defines the C API functions the CUDA backend calls, with the
 // signatures of the toolkit's headers; the test binary is not linked with the real libraries), and
 // runs the kernels that conv.py converted from engine/cuda/*.cu: every CUDA thread of a block is
-// a fiber (cuda_emu.h), switched by a few lines of x86-64 assembly below. One emulated device
-// (cudaGetDeviceCount = 1, compute capability 9.0).
+// a fiber (cuda_emu.h), switched by a few lines of x86-64 assembly below. EMU_DEVICES emulated
+// devices (default 4, as `--devices 0,1,2,3`; compute capability 9.0), all in this process's
+// memory, with NCCL send / receive between them.
 //
 // What it checks (each problem is a failure of the running GoogleTest test, printed with
 // "[EMU WARN]"; a deadlock aborts the process):
@@ -24,6 +25,13 @@
 //     reaches; a shuffle reading an exited lane.
 //   * handle lifetimes: use of destroyed streams, events, cuBLAS handles, graphs and graph execs;
 //     cudaFree of a pointer that cudaMalloc did not return.
+//   * devices: a kernel launched on a stream of another device than the current
+//     one; a kernel argument in device memory of another device (no peer access is enabled, so
+//     a GPU would fault), or in pinned memory allocated on another device without
+//     cudaHostAllocPortable; an event recorded on a stream of another device than its own; NCCL
+//     sends / receives that do not pair up within a group (a hang on GPUs), pair with another
+//     size or type, use a stream or buffer of another device than their communicator's, or
+//     are issued while a stream captures.
 //   * CUDA graphs (stream capture): calls that are illegal while a stream captures (see
 //     CaptureConflict: synchronisation, allocation, synchronous copies, pageable async copies and
 //     event records on the capturing stream, waits on events recorded outside the capture, work on
@@ -43,7 +51,8 @@
 //     (<= 2 ulp apart); everything IEEE-exact (+ - * / sqrtf) gives the GPU's bits, since the
 //     kernels build with -ffp-contract=off here and --fmad=false under nvcc.
 //   * cuBLAS (cublasSgemm is a plain triple loop with TF32 rounding of the inputs when asked),
-//     multi-GPU NCCL (one device; ncclSend / ncclRecv fail), several host threads using the
+//     NCCL beyond ncclCommInitAll / ncclSend / ncclRecv in groups (no collectives; a send and
+//     its receive complete together, in stream order on both sides), several host threads using the
 //     device at once (every API call takes one lock).
 //   * graphs beyond one captured stream: the nodes are a chain in capture order, run in order
 //     (no node-level concurrency, no cross-stream fork / join in a capture, no event nodes, no
@@ -63,9 +72,10 @@
 // env: EMU_FILL   fill byte of fresh allocations and shared memory (default 0xFF).
 // env: EMU_STATS  when set: per-kernel launch counts and host time, allocation and graph totals
 //                 at exit.
-// env: EMU_DEVICE_MIB  device memory of the emulated GPU in MiB (default 81920): a cudaMalloc
+// env: EMU_DEVICE_MIB  device memory of each emulated GPU in MiB (default 81920): a cudaMalloc
 //                 that would pass it fails with cudaErrorMemoryAllocation, as on a full device;
-//                 cudaMemGetInfo reports it and what is left.
+//                 cudaMemGetInfo reports it and what is left on the current device.
+// env: EMU_DEVICES  emulated devices (default 4, at most 8).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #ifndef EMU_NO_GTEST
@@ -183,13 +193,25 @@ enum class Kind { kDevice, kPinned };
 struct Alloc {
   std::size_t size;
   Kind kind;
+  int device = 0;         // the device current at the allocation
+  bool portable = false;  // pinned: cudaHostAllocPortable (usable from every device)
 };
 static std::map<std::uintptr_t, Alloc> g_allocs;
 static struct {
   long count = 0;
   std::size_t bytes = 0, live = 0, peak = 0, largest = 0;
 } g_alloc_stats;
-static std::size_t g_device_live = 0;  // bytes of live cudaMalloc allocations
+static constexpr int kMaxDevices = 8;
+static std::size_t g_device_live[kMaxDevices] = {};  // bytes of live cudaMalloc allocations per device
+static int DeviceCount() {
+  static const int v = [] {
+    const char* e = std::getenv("EMU_DEVICES");
+    const int n = e ? std::atoi(e) : 4;
+    return n < 1 ? 1 : n > kMaxDevices ? kMaxDevices : n;
+  }();
+  return v;
+}
+static thread_local int t_device = 0;  // cudaSetDevice's device, per host thread as in CUDA
 static std::size_t DeviceBytes() {
   static const std::size_t v = [] {
     const char* e = std::getenv("EMU_DEVICE_MIB");
@@ -304,10 +326,12 @@ struct Stream {
   bool destroyed = false;
   bool eager = false;
   unsigned flags = 0;
+  int device = -1;  // the device current at creation; -1: the legacy stream (any device)
   std::unique_ptr<Capture> cap;  // from cudaStreamBeginCapture to cudaStreamEndCapture
 };
 struct Event {
   unsigned flags = 0;
+  int device = 0;  // the device current at creation
   Stream* s = nullptr;
   std::uint64_t seq = 0;
   std::uint64_t gen = 0;
@@ -696,6 +720,18 @@ void Launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t s, unsigned ma
     return;
   }
   if (Err(LegacyConflict(st, name)) != cudaSuccess) return;
+  const int dev = st->device >= 0 ? st->device : t_device;
+  if (dev != t_device) {
+    Warn("launch of %s on a stream of device %d while device %d is current", name, dev, t_device);
+    Err(cudaErrorInvalidResourceHandle);
+    return;
+  }
+  for (const auto& [i, p] : ptrs) {
+    const Alloc* a = Find(p, 0);
+    if (a == nullptr || a->device == dev || (a->kind == Kind::kPinned && a->portable)) continue;
+    Warn("launch of %s on device %d: argument %d (%p) is %s of device %d (no peer access: a GPU would fault)", name,
+         dev, i, p, a->kind == Kind::kDevice ? "device memory" : "pinned memory (not portable)", a->device);
+  }
   auto run = [grid, block, smem, name, body = std::move(body)]() {
     const std::int64_t t0 = NowNs();
     RunGrid(grid, block, smem, name, body);
@@ -714,21 +750,20 @@ using namespace emu;
 extern "C" {
 
 cudaError_t cudaGetDeviceCount(int* n) {
-  *n = 1;
+  *n = DeviceCount();
   return cudaSuccess;
 }
-static int g_device = 0;
 cudaError_t cudaSetDevice(int d) {
-  if (d != 0) return Err(cudaErrorInvalidDevice);
-  g_device = d;
+  if (d < 0 || d >= DeviceCount()) return Err(cudaErrorInvalidDevice);
+  t_device = d;
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* d) {
-  *d = g_device;
+  *d = t_device;
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
-  if (d != 0) return Err(cudaErrorInvalidDevice);
+  if (d < 0 || d >= DeviceCount()) return Err(cudaErrorInvalidDevice);
   std::memset(p, 0, sizeof(*p));
   std::snprintf(p->name, sizeof p->name, "%s", "CPU emulator (tests/cuda_emu)");
   p->totalGlobalMem = std::size_t{8} << 30;
@@ -777,12 +812,12 @@ cudaError_t cudaMalloc(void** p, size_t n) {
     *p = nullptr;
     return cudaSuccess;
   }
-  if (n > DeviceBytes() - g_device_live) return Err(cudaErrorMemoryAllocation);
+  if (n > DeviceBytes() - g_device_live[t_device]) return Err(cudaErrorMemoryAllocation);
   void* m = MemAlloc(n, 256);
   if (!m) return Err(cudaErrorMemoryAllocation);
   std::memset(m, FillByte(), n);
-  g_device_live += n;
-  g_allocs[reinterpret_cast<std::uintptr_t>(m)] = {n, Kind::kDevice};
+  g_device_live[t_device] += n;
+  g_allocs[reinterpret_cast<std::uintptr_t>(m)] = {n, Kind::kDevice, t_device, false};
   NoteAlloc(n);
   *p = m;
   return cudaSuccess;
@@ -798,7 +833,7 @@ cudaError_t cudaFree(void* p) {
     return Err(cudaErrorInvalidValue);
   }
   g_alloc_stats.live -= it->second.size;
-  g_device_live -= it->second.size;
+  g_device_live[it->second.device] -= it->second.size;
   MemFree(p, it->second.size);
   g_allocs.erase(it);
   return cudaSuccess;
@@ -806,17 +841,16 @@ cudaError_t cudaFree(void* p) {
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   EMU_API;
   *total_bytes = DeviceBytes();
-  *free_bytes = DeviceBytes() - g_device_live;
+  *free_bytes = DeviceBytes() - g_device_live[t_device];
   return cudaSuccess;
 }
 cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int flags) {
   EMU_API;
-  (void)flags;
   if (cudaError_t e = CaptureConflict(Conflict::kUnsafe, nullptr, "cudaHostAlloc")) return Err(e);
   void* m = MemAlloc(n, 4096);
   if (!m) return Err(cudaErrorMemoryAllocation);
   std::memset(m, FillByte(), n);
-  g_allocs[reinterpret_cast<std::uintptr_t>(m)] = {n, Kind::kPinned};
+  g_allocs[reinterpret_cast<std::uintptr_t>(m)] = {n, Kind::kPinned, t_device, (flags & cudaHostAllocPortable) != 0};
   NoteAlloc(n);
   *p = m;
   return cudaSuccess;
@@ -932,6 +966,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   EMU_API;
   auto* st = new Stream;
   st->flags = flags;
+  st->device = t_device;
   st->eager = Rand() % 2 == 0;
   g_streams.push_back(st);
   *s = reinterpret_cast<cudaStream_t>(st);
@@ -975,6 +1010,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
   EMU_API;
   auto* ev = new Event;
   ev->flags = flags;
+  ev->device = t_device;
   *e = reinterpret_cast<cudaEvent_t>(ev);
   return cudaSuccess;
 }
@@ -998,6 +1034,10 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     return Err(cudaErrorInvalidResourceHandle);
   }
   if (cudaError_t err = LegacyConflict(st, "cudaEventRecord")) return Err(err);
+  if (st->device >= 0 && st->device != ev->device) {
+    Warn("cudaEventRecord of an event of device %d on a stream of device %d", ev->device, st->device);
+    return Err(cudaErrorInvalidResourceHandle);
+  }
   // CUDA would capture the record as an event node; the emulator refuses it: the engine's events
   // (timings, hand-offs between streams) must stay out of its graphs.
   if (st->cap)
@@ -1323,19 +1363,185 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOper
   return CUBLAS_STATUS_SUCCESS;
 }
 
-// ---------------- NCCL (one device: no peers) ----------------
-const char* ncclGetErrorString(ncclResult_t r) {
-  return r == ncclSuccess ? "no error (emulated)" : "NCCL is not available under emulation (one device)";
+// ---------------- NCCL (point-to-point between the emulated devices) ----------------
+}  // extern "C"
+
+// A communicator of ncclCommInitAll: rank `rank` of a clique of `n`, on `device`.
+struct ncclComm {
+  int rank = 0, n = 0, device = 0;
+  std::uint64_t clique = 0;  // which ncclCommInitAll made it: ranks pair up within one
+  bool destroyed = false;
+};
+
+namespace emu {
+namespace {
+struct P2p {
+  bool send;
+  void* buf;
+  std::size_t count;
+  ncclDataType_t type;
+  int peer;
+  ncclComm* comm;
+  Stream* st;
+};
+std::vector<P2p> g_p2p;  // the sends / receives of the open group, in call order
+int g_group_depth = 0;
+std::uint64_t g_cliques = 0;
+
+std::size_t NcclTypeBytes(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    default: return 8;
+  }
 }
-ncclResult_t ncclCommInitAll(ncclComm_t* comms, int n, const int* devs) {
-  (void)devs;
-  if (n > 1) return ncclInvalidUsage;
-  for (int i = 0; i < n; ++i) comms[i] = nullptr;
+
+// One send and its receive: the receive's stream copies once the send's stream has reached the
+// send, and the send's stream goes on only after that copy (so the sender may then reuse its
+// buffer), as NCCL's point-to-point operations complete together.
+void RunPair(const P2p& snd, const P2p& rcv) {
+  const std::size_t bytes = snd.count * NcclTypeBytes(snd.type);
+  Stream* a = snd.st;
+  Stream* b = rcv.st;
+  const std::uint64_t reached = Enqueue(a, [] {});
+  void* dst = rcv.buf;
+  const void* src = snd.buf;
+  const std::uint64_t copied = Enqueue(b, [a, reached, dst, src, bytes] {
+    Flush(a, reached);
+    std::memcpy(dst, src, bytes);
+  });
+  Enqueue(a, [b, copied] { Flush(b, copied); });
+}
+
+ncclResult_t Queue(bool send, const void* buf, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                   cudaStream_t s) {
+  const char* fn = send ? "ncclSend" : "ncclRecv";
+  if (comm == nullptr || comm->destroyed) {
+    Warn("%s with a null / destroyed communicator", fn);
+    return ncclInvalidArgument;
+  }
+  if (peer < 0 || peer >= comm->n || peer == comm->rank) {
+    Warn("%s from rank %d to peer %d of %d", fn, comm->rank, peer, comm->n);
+    return ncclInvalidArgument;
+  }
+  Stream* st = S(s);
+  if (st->destroyed) {
+    Warn("%s on a destroyed stream", fn);
+    return ncclInvalidArgument;
+  }
+  if (st->cap) {
+    Warn("%s on a capturing stream (the emulator does not capture NCCL operations)", fn);
+    st->cap->invalidated = true;
+    return ncclInvalidUsage;
+  }
+  const int sdev = st->device >= 0 ? st->device : t_device;
+  if (sdev != comm->device)
+    Warn("%s of rank %d (device %d) on a stream of device %d", fn, comm->rank, comm->device, sdev);
+  const std::size_t bytes = count * NcclTypeBytes(type);
+  if (bytes > 0) {
+    const Alloc* a = Find(buf, bytes);
+    if (a == nullptr)
+      Warn("%s of rank %d: %zu bytes at %p are not inside one allocation", fn, comm->rank, bytes, buf);
+    else if (a->kind == Kind::kDevice && a->device != comm->device)
+      Warn("%s of rank %d (device %d): the buffer %p is device memory of device %d", fn, comm->rank, comm->device,
+           buf, a->device);
+  }
+  g_p2p.push_back({send, const_cast<void*>(buf), count, type, peer, comm, st});
   return ncclSuccess;
 }
-ncclResult_t ncclCommDestroy(ncclComm_t) { return ncclSuccess; }
-ncclResult_t ncclGroupStart() { return ncclSuccess; }
-ncclResult_t ncclGroupEnd() { return ncclSuccess; }
-ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return ncclInvalidUsage; }
-ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) { return ncclInvalidUsage; }
+
+// Pairs the group's sends with their receives (the k-th send from rank a to b with the k-th
+// receive of b from a) and runs them; anything left unpaired would hang on GPUs.
+ncclResult_t EndGroup() {
+  std::vector<P2p> ops;
+  ops.swap(g_p2p);
+  std::vector<bool> used(ops.size(), false);
+  ncclResult_t r = ncclSuccess;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (!ops[i].send) continue;
+    const P2p& snd = ops[i];
+    std::size_t j = 0;
+    for (; j < ops.size(); ++j)
+      if (!used[j] && !ops[j].send && ops[j].comm->clique == snd.comm->clique && ops[j].comm->rank == snd.peer &&
+          ops[j].peer == snd.comm->rank)
+        break;
+    if (j == ops.size()) continue;  // reported below
+    used[i] = used[j] = true;
+    const P2p& rcv = ops[j];
+    if (rcv.count != snd.count || rcv.type != snd.type) {
+      Warn("ncclSend of %zu elements (type %d) from rank %d met an ncclRecv of %zu (type %d) on rank %d", snd.count,
+           static_cast<int>(snd.type), snd.comm->rank, rcv.count, static_cast<int>(rcv.type), rcv.comm->rank);
+      r = ncclInvalidUsage;
+      continue;
+    }
+    RunPair(snd, rcv);
+  }
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    if (!used[i]) {
+      Warn("%s of rank %d %s peer %d has no matching %s in its group (it would hang on GPUs)",
+           ops[i].send ? "ncclSend" : "ncclRecv", ops[i].comm->rank, ops[i].send ? "to" : "from", ops[i].peer,
+           ops[i].send ? "ncclRecv" : "ncclSend");
+      r = ncclInvalidUsage;
+    }
+  return r;
+}
+}  // namespace
+}  // namespace emu
+
+extern "C" {
+const char* ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return "no error (emulated)";
+    case ncclInvalidArgument: return "invalid argument (emulated)";
+    case ncclInvalidUsage: return "invalid usage (emulated)";
+    default: return "NCCL error (emulated)";
+  }
+}
+ncclResult_t ncclCommInitAll(ncclComm_t* comms, int n, const int* devs) {
+  EMU_API;
+  if (n < 1 || comms == nullptr) return ncclInvalidArgument;
+  const std::uint64_t clique = ++g_cliques;
+  for (int i = 0; i < n; ++i) {
+    const int d = devs ? devs[i] : i;
+    if (d < 0 || d >= DeviceCount()) return ncclInvalidArgument;
+    for (int k = 0; k < i; ++k)
+      if ((devs ? devs[k] : k) == d) return ncclInvalidUsage;  // one rank per device
+  }
+  for (int i = 0; i < n; ++i) comms[i] = new ncclComm{i, n, devs ? devs[i] : i, clique, false};  // kept: use after destroy is reported
+  return ncclSuccess;
+}
+ncclResult_t ncclCommDestroy(ncclComm_t c) {
+  EMU_API;
+  if (c == nullptr || c->destroyed) {
+    Warn("ncclCommDestroy of a null / destroyed communicator");
+    return ncclInvalidArgument;
+  }
+  c->destroyed = true;
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupStart() {
+  EMU_API;
+  ++g_group_depth;
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+  EMU_API;
+  if (g_group_depth == 0) {
+    Warn("ncclGroupEnd without ncclGroupStart");
+    return ncclInvalidUsage;
+  }
+  return --g_group_depth == 0 ? EndGroup() : ncclSuccess;
+}
+// Outside a group an operation is a group of its own: a lone send or receive hangs on GPUs.
+ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t s) {
+  EMU_API;
+  const ncclResult_t r = Queue(true, buf, count, type, peer, comm, s);
+  return r != ncclSuccess || g_group_depth > 0 ? r : EndGroup();
+}
+ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t s) {
+  EMU_API;
+  const ncclResult_t r = Queue(false, buf, count, type, peer, comm, s);
+  return r != ncclSuccess || g_group_depth > 0 ? r : EndGroup();
+}
 }  // extern "C"
