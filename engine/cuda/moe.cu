@@ -262,6 +262,21 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The shared expert's gate of row xr, sigmoid(xr . gate_w), for every thread of the block: warp 0
+// computes the batch-invariant warp dot and passes the gate through *slot (shared memory).
+// Contains a barrier: every thread of the block calls it.
+__device__ inline float BlockRowGate(const float* xr, const float* __restrict__ gate_w, int H, bool vec,
+                                     float* slot) {
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < km::kWarp) {
+    float dot;
+    km::WarpDotRows<1>(&xr, gate_w, H, vec, tid, &dot);
+    if (tid == 0) *slot = km::Sigmoid(dot);
+  }
+  __syncthreads();
+  return *slot;
+}
+
 // x, sh, out f32 [T, H], gate_w f32 [H]; one block per row t.
 __global__ void __launch_bounds__(kThreads)
     SharedGateKernel(const float* __restrict__ x, const float* __restrict__ gate_w,
@@ -269,14 +284,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float gate_s;
   const int tid = static_cast<int>(threadIdx.x);
   const std::size_t row = static_cast<std::size_t>(blockIdx.x) * static_cast<std::size_t>(H);
-  if (tid < km::kWarp) {
-    const float* xr = x + row;
-    float dot;
-    km::WarpDotRows<1>(&xr, gate_w, H, vec, tid, &dot);
-    if (tid == 0) gate_s = km::Sigmoid(dot);
-  }
-  __syncthreads();
-  const float gate = gate_s;
+  const float gate = BlockRowGate(x + row, gate_w, H, vec, &gate_s);
   for (int i = tid; i < H; i += kThreads)
     out[row + static_cast<std::size_t>(i)] = km::SharedGateAddElem(
         out[row + static_cast<std::size_t>(i)], gate, sh[row + static_cast<std::size_t>(i)]);
@@ -287,8 +295,8 @@ __global__ void __launch_bounds__(kThreads)
 // with its kernel's operations in its order, so the bits are the four launches':
 //   o = sum_r wts[t, r] * ranked[t, r] (rank order, from 0); o += sigmoid(x[t] . gate_w) * sh[t];
 //   hid[t] += o; y[t] = RmsNormZc(hid[t]) with weight norm_w.
-// Warp 0 computes the gate dot and, after a barrier (the other threads' hid writes are then
-// visible to it), the row's sum of squares, both with RmsNormZc / SharedGateAdd's warp dot.
+// Warp 0 computes the gate dot (BlockRowGate, as SharedGateAdd) and, after a barrier (the other
+// threads' hid writes are then visible to it), the row's sum of squares (RmsNormZc's warp dot).
 __global__ void __launch_bounds__(kThreads)
     MoeEpilogueKernel(const float* __restrict__ ranked, const float* __restrict__ wts, int k, int H,
                       const float* __restrict__ x, const float* __restrict__ gate_w,
@@ -297,17 +305,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float bcast;
   const int tid = static_cast<int>(threadIdx.x);
   const std::size_t t = blockIdx.x, row = t * static_cast<std::size_t>(H);
-  float gate = 0.0f;
-  if (sh != nullptr) {
-    if (tid < km::kWarp) {
-      const float* xr = x + row;
-      float dot;
-      km::WarpDotRows<1>(&xr, gate_w, H, vec_gate, tid, &dot);
-      if (tid == 0) bcast = km::Sigmoid(dot);
-    }
-    __syncthreads();
-    gate = bcast;
-  }
+  const float gate = sh != nullptr ? BlockRowGate(x + row, gate_w, H, vec_gate, &bcast) : 0.0f;
   float* hr = hid + row;
   for (int i = tid; i < H; i += kThreads) {
     float acc = 0.0f;
