@@ -1,5 +1,5 @@
 // Engine-level checks of the CUDA backend beyond tests/gpu/cuda_engine_test.cpp, run by the
-// emulator binary (tests/cuda_emu, which always reports one device) and by cuda_tests on a real
+// emulator binary (tests/cuda_emu, four emulated devices by default) and by cuda_tests on a real
 // GPU (skipped without one): verify windows with
 // partial commits for f32 / bf16 / int8 K/V, the MTP head (prefill and verify windows, its own
 // K/V cache), the CPU-layout state mirrors of the cuda stages (GDN ssm / conv, per-step

@@ -8,7 +8,7 @@
 // of one block per head.
 //
 // One file, two binaries: cuda_tests runs it on a real GPU (it skips without a device) and
-// tests/cuda_emu/CMakeLists.txt compiles it into the emulator binary (always one device).
+// tests/cuda_emu/CMakeLists.txt compiles it into the emulator binary (four devices by default).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 

@@ -1,6 +1,7 @@
 // GPU tests skip (GTEST_SKIP: reported as skipped, never as passed) where fewer CUDA devices are
 // visible than they need: CI machines have the toolkit but no GPU. The emulator binary
-// (tests/cuda_emu) always reports one device, so the same tests run there.
+// (tests/cuda_emu) reports EMU_DEVICES devices (four by default), so the same tests run there, the
+// two-GPU NCCL hand-off included.
 #pragma once
 
 #include <cuda_runtime_api.h>
