@@ -161,7 +161,7 @@ struct Builder {
   }
   std::vector<float>& T(const std::string& name) { return tensors.at(name).second; }
 
-  void Layer(const std::string& p, const ModelConfig& c, LayerType t) {
+  void Layer(const std::string& p, const ModelConfig& c, LayerType t, bool moe) {
     NormZc(p + "input_layernorm.weight", c.n_embd);
     NormZc(p + "post_attention_layernorm.weight", c.n_embd);
     if (t == LayerType::kFullAttention) {
@@ -169,7 +169,11 @@ struct Builder {
     } else {
       Gdn(p + "linear_attn.", c);
     }
-    Moe(p + "mlp.", c);
+    if (moe) {
+      Moe(p + "mlp.", c);
+    } else {
+      Ffn(p + "mlp.", c.n_embd, c.dense_ffn);
+    }
   }
 };
 
@@ -435,6 +439,14 @@ Status WriteSyntheticModel(const SyntheticOptions& opts, const std::string& out_
   if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
     return Status::InvalidArgument("--dtype", "expected f32, bf16 or f16");
   if (!opts.with_mtp) c.n_mtp_layers = 0;
+  if (!opts.mlp_only_layers.empty()) {
+    for (int il : opts.mlp_only_layers)
+      if (il < 0 || il >= c.n_layers)
+        return Status::InvalidArgument("mlp_only_layers", "layer " + std::to_string(il) + " is not in [0, " + std::to_string(c.n_layers) + ")");
+    c.mlp_only_layers = opts.mlp_only_layers;
+    c.dense_ffn = 2 * c.moe_ffn;
+    LOCKSTEP_RETURN_IF_ERROR(c.Validate());
+  }
   Builder b{opts.seed, dt, {}, {}};
   const std::size_t H = static_cast<std::size_t>(c.n_embd);
   const std::vector<float> dc = opts.induction ? UnitVector(opts.seed, H) : std::vector<float>(H, 0.0f);
@@ -479,7 +491,7 @@ Status WriteSyntheticModel(const SyntheticOptions& opts, const std::string& out_
   }
   b.NormZc("model.norm.weight", c.n_embd);
   for (int il = 0; il < c.n_layers; ++il)
-    b.Layer("model.layers." + std::to_string(il) + ".", c, c.layer_types[static_cast<std::size_t>(il)]);
+    b.Layer("model.layers." + std::to_string(il) + ".", c, c.layer_types[static_cast<std::size_t>(il)], c.is_moe(il));
   if (opts.induction) WireInduction(b, c, dc, perm, sign, in_s);
   if (opts.with_mtp) {
     // fc [H, 2H]: near-identity on the embedding half plus fan-in noise everywhere.
@@ -492,7 +504,7 @@ Status WriteSyntheticModel(const SyntheticOptions& opts, const std::string& out_
     b.NormZc("mtp.pre_fc_norm_embedding.weight", c.n_embd);
     b.NormZc("mtp.pre_fc_norm_hidden.weight", c.n_embd);
     b.NormZc("mtp.norm.weight", c.n_embd);
-    b.Layer("mtp.layers.0.", c, LayerType::kFullAttention);
+    b.Layer("mtp.layers.0.", c, LayerType::kFullAttention, true);
   }
 
   // Serialise each tensor in its storage dtype.

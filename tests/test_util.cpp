@@ -73,7 +73,8 @@ const std::string& ModelDir(const std::string& preset) {
   std::string d = ScratchDir() + "/model-" + preset;
   SyntheticOptions o;
   // "<preset>-induction" selects the in-context-copying variant of a preset, "<preset>-bf16" its
-  // matrices stored as bf16 (tiny is f32 by default).
+  // matrices stored as bf16 (tiny is f32 by default), "<preset>-dense" dense SwiGLU FFNs instead
+  // of MoE in layers 2 and 3 (mlp_only_layers).
   auto strip = [](std::string& name, const std::string& suffix) {
     const bool has = name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
     if (has) name.resize(name.size() - suffix.size());
@@ -81,6 +82,7 @@ const std::string& ModelDir(const std::string& preset) {
   };
   std::string base = preset;
   if (strip(base, "-bf16")) o.dtype = DType::kBF16;
+  if (strip(base, "-dense")) o.mlp_only_layers = {2, 3};
   o.induction = strip(base, "-induction");
   o.preset = base;
   o.seed = 7;

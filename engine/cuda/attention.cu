@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(km::kAttnThreads)
                     const void* __restrict__ k_cache, const void* __restrict__ v_cache,
                     const float* __restrict__ k_scales, const float* __restrict__ v_scales,
                     float scale, float* __restrict__ scores, int n_ctx_max, int split,
-                    int n_split, float* __restrict__ partials, float* __restrict__ o) {
+                    int n_split, float* __restrict__ partials, float* __restrict__ o,
+                    const float* __restrict__ gate, int gate_ld) {
   extern __shared__ float smem[];
   __shared__ float red_f[km::kAttnThreads];
   __shared__ double red_d[km::kAttnThreads];
@@ -255,10 +256,14 @@ __global__ void __launch_bounds__(km::kAttnThreads)
                        : partials + (static_cast<std::size_t>(th0 + g) * static_cast<std::size_t>(n_split) +
                                      static_cast<std::size_t>(j)) *
                                         PartialStride(D);
+    // The layer's output gate on a whole row (a split row's is applied by the combine).
+    const float* gr = whole && gate != nullptr
+                          ? gate + static_cast<std::size_t>(th0 + g) * static_cast<std::size_t>(gate_ld)
+                          : nullptr;
 #pragma unroll
     for (int r = 0; r < km::kAttnMaxDimsPerThread; ++r) {
       const int i = tid + r * km::kAttnThreads;
-      if (i < D) dst[i] = acc[g][r];
+      if (i < D) dst[i] = gr != nullptr ? km::MulSigmoidElem(acc[g][r], gr[i]) : acc[g][r];
     }
   }
 }
@@ -268,7 +273,8 @@ __global__ void __launch_bounds__(km::kAttnThreads)
 // dims tid, tid + kAttnThreads, ...
 __global__ void __launch_bounds__(km::kAttnThreads)
     AttnCombineKernel(Pos pos, int n_heads, int D, int split, int n_split,
-                      const float* __restrict__ partials, float* __restrict__ o) {
+                      const float* __restrict__ partials, float* __restrict__ o,
+                      const float* __restrict__ gate, int gate_ld) {
   const int th = static_cast<int>(blockIdx.x);
   const int t = th / n_heads;
   const int n_ctx = pos.Get() + t + 1;
@@ -291,6 +297,9 @@ __global__ void __launch_bounds__(km::kAttnThreads)
       const float* pj = part + static_cast<std::size_t>(j) * ps;
       acc = km::AttnAccum(acc, km::SoftmaxExp(pj[D], M) * inv, pj[i]);
     }
+    if (gate != nullptr)
+      acc = km::MulSigmoidElem(acc, gate[static_cast<std::size_t>(th) * static_cast<std::size_t>(gate_ld) +
+                                         static_cast<std::size_t>(i)]);
     o[static_cast<std::size_t>(th) * static_cast<std::size_t>(D) + static_cast<std::size_t>(i)] = acc;
   }
 }
@@ -301,23 +310,24 @@ template <int KvT>
 void LaunchAttention(bool vec, int heads_per_block, unsigned blocks, std::size_t smem, cudaStream_t s,
                      const float* q, Pos p, int n_heads, int n_heads_kv, int D, const void* k_cache,
                      const void* v_cache, const float* k_scales, const float* v_scales, float scale,
-                     float* scores, int n_ctx_max, int split, int n_split, float* partials, float* o) {
+                     float* scores, int n_ctx_max, int split, int n_split, float* partials, float* o,
+                     const float* gate, int gate_ld) {
   if (!vec) {
-    AttentionKernel<KvT, false, 1><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
+    AttentionKernel<KvT, false, 1><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o, gate, gate_ld);
     return;
   }
   switch (heads_per_block) {
     case 8:
-      AttentionKernel<KvT, true, 8><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
+      AttentionKernel<KvT, true, 8><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o, gate, gate_ld);
       break;
     case 4:
-      AttentionKernel<KvT, true, 4><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
+      AttentionKernel<KvT, true, 4><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o, gate, gate_ld);
       break;
     case 2:
-      AttentionKernel<KvT, true, 2><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
+      AttentionKernel<KvT, true, 2><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o, gate, gate_ld);
       break;
     default:
-      AttentionKernel<KvT, true, 1><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o);
+      AttentionKernel<KvT, true, 1><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o, gate, gate_ld);
   }
 }
 
@@ -408,7 +418,7 @@ int AttentionHeadsPerBlock(int n_heads, int n_heads_kv, int head_dim, int n_ctx_
 void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int head_dim,
                int kv_dtype, const void* k_cache, const void* v_cache, const float* k_scales,
                const float* v_scales, float scale, int n_ctx_max, int split, float* scratch,
-               std::size_t scratch_floats, float* o, cudaStream_t s, AttnHeads heads) {
+               std::size_t scratch_floats, float* o, cudaStream_t s, AttnHeads heads, AttnGate gate) {
   if (T <= 0 || n_heads <= 0 || head_dim <= 0) return;
   const int n_split = AttentionSplits(n_ctx_max, split);
   const RowScratch r = RowScratchOf(n_heads, head_dim, n_ctx_max, split);
@@ -426,22 +436,25 @@ void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int he
     const Pos pg(p.base + t0, p.dev);
     const float* qg = q + static_cast<std::size_t>(t0) * row_q;
     float* og = o + static_cast<std::size_t>(t0) * row_q;
+    const float* gg = gate.g != nullptr ? gate.g + static_cast<std::size_t>(t0) * static_cast<std::size_t>(n_heads) *
+                                                       static_cast<std::size_t>(gate.ld)
+                                        : nullptr;
     float* scores = smem_scores ? nullptr : scratch;
     float* partials = n_split > 1 ? scratch + static_cast<std::size_t>(nt) * r.scores : nullptr;
     const unsigned rows = static_cast<unsigned>(nt) * static_cast<unsigned>(n_heads);
     const unsigned blocks = rows / static_cast<unsigned>(kg) * static_cast<unsigned>(n_split);
     if (kv_dtype == 0) {
       LaunchAttention<0>(vec, kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
+                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og, gg, gate.ld);
     } else if (kv_dtype == 1) {
       LaunchAttention<1>(vec, kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
+                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og, gg, gate.ld);
     } else {
       LaunchAttention<2>(vec, kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og);
+                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og, gg, gate.ld);
     }
     if (n_split > 1) {
-      AttnCombineKernel<<<rows, km::kAttnThreads, 0, s>>>(pg, n_heads, head_dim, split, n_split, partials, og);
+      AttnCombineKernel<<<rows, km::kAttnThreads, 0, s>>>(pg, n_heads, head_dim, split, n_split, partials, og, gg, gate.ld);
     }
   }
 }

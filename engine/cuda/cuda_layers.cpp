@@ -40,16 +40,28 @@ Status Ctx::MmShared(const float* x, int T, std::initializer_list<MmOut> outs) {
   LOCKSTEP_CHECK(outs.size() >= 1 && outs.size() <= 3);
   const DMat& w0 = *outs.begin()->w;
   bool fused = !(T > 1 && (mode == ForwardMode::kPrefill || !deterministic));
-  for (const MmOut& o : outs) fused = fused && o.w->bf16 == w0.bf16 && o.w->cols == w0.cols;
+  for (const MmOut& o : outs) {
+    LOCKSTEP_CHECK(o.up == nullptr || (o.up->rows == o.w->rows && o.up->cols == o.w->cols && o.up->bf16 == o.w->bf16));
+    fused = fused && o.w->bf16 == w0.bf16 && o.w->cols == w0.cols;
+  }
   if (!fused) {
-    for (const MmOut& o : outs) LOCKSTEP_RETURN_IF_ERROR(Mm(x, T, *o.w, o.y));
+    for (const MmOut& o : outs) {
+      LOCKSTEP_RETURN_IF_ERROR(Mm(x, T, *o.w, o.y));
+      if (o.up == nullptr) continue;
+      const std::size_t n = U(T) * U(o.w->rows);
+      LOCKSTEP_ASSIGN_OR_RETURN(float* u, Alloc(n));
+      LOCKSTEP_RETURN_IF_ERROR(Mm(x, T, *o.up, u));
+      SiluMul(o.y, u, static_cast<std::int64_t>(n), s);
+    }
     return Status::Ok();
   }
   auto launch = [&](auto tag) {
     using WT = decltype(tag);
     RowsProduct<WT> p[3];
     int n = 0;
-    for (const MmOut& o : outs) p[n++] = {static_cast<const WT*>(o.w->d), o.w->rows, o.y, o.w->rows};
+    for (const MmOut& o : outs)
+      p[n++] = {static_cast<const WT*>(o.w->d), o.w->rows, o.y, o.w->rows,
+                o.up != nullptr ? static_cast<const WT*>(o.up->d) : nullptr};
     RowsMatmulMulti(x, T, w0.cols, p, n, s);
   };
   if (w0.bf16) {
@@ -102,7 +114,6 @@ Status AttentionForward(Ctx& x, const DLayer& L, const float* a, int T, int p, D
   LOCKSTEP_ASSIGN_OR_RETURN(float* k, x.Alloc(ut * U(hkv * hd)));
   LOCKSTEP_ASSIGN_OR_RETURN(float* v, x.Alloc(ut * U(hkv * hd)));
   LOCKSTEP_ASSIGN_OR_RETURN(float* q, x.Alloc(ut * U(hq * hd)));
-  LOCKSTEP_ASSIGN_OR_RETURN(float* gate, x.Alloc(ut * U(hq * hd)));
   LOCKSTEP_ASSIGN_OR_RETURN(float* o, x.Alloc(ut * U(hq * hd)));
   const bool int8 = kv.mirror->dtype() == DType::kI8;
   const int code = KvDtypeCode(kv.mirror->dtype());
@@ -119,18 +130,16 @@ Status AttentionForward(Ctx& x, const DLayer& L, const float* a, int T, int p, D
   }
   const Pos pos(0, x.pos);
   LOCKSTEP_RETURN_IF_ERROR(x.MmShared(a, T, {{&L.q_proj, qg}, {&L.k_proj, k}, {&L.v_proj, v}}));
-  SplitQGate(qg, T, hq, hd, q, gate, x.s);
-  RmsNormZc(q, hd, T * hq, hd, L.q_norm, c.rms_norm_eps, q, hd, x.s);
-  RopeApply(q, T, hq * hd, hq, hd, c.rotary_dim, x.d.inv_freq.as<float>(), pos, x.s);
-  RmsNormZc(k, hd, T * hkv, hd, L.k_norm, c.rms_norm_eps, k, hd, x.s);
-  RopeApply(k, T, hkv * hd, hkv, hd, c.rotary_dim, x.d.inv_freq.as<float>(), pos, x.s);
-  KvStore(k, v, T, pos, hkv, hd, code, kv.k.get(), kv.v.get(), int8 ? kv.ks.as<float>() : nullptr,
-          int8 ? kv.vs.as<float>() : nullptr, x.s);
+  // q / gate split, q and k norms, RoPE and the K / V store: one launch (bitwise the five ops).
+  AttnPrep(qg, k, v, T, pos, hq, hkv, hd, c.rotary_dim, x.d.inv_freq.as<float>(), L.q_norm, L.k_norm,
+           c.rms_norm_eps, code, kv.k.get(), kv.v.get(), int8 ? kv.ks.as<float>() : nullptr,
+           int8 ? kv.vs.as<float>() : nullptr, q, x.s);
   kv.written = p + T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // The output gate (qg's gate half) is applied as attention stores its rows.
   Attention(q, T, pos, hq, hkv, hd, code, kv.k.get(), kv.v.get(), int8 ? kv.ks.as<float>() : nullptr,
-            int8 ? kv.vs.as<float>() : nullptr, scale, n_ctx_max, x.attn_split, scratch, n_scratch, o, x.s);
-  MulSigmoid(o, gate, static_cast<std::int64_t>(ut * U(hq * hd)), x.s);
+            int8 ? kv.vs.as<float>() : nullptr, scale, n_ctx_max, x.attn_split, scratch, n_scratch, o, x.s,
+            AttnHeads::kAuto, AttnGate{qg + hd, 2 * hd});
   return x.Mm(o, T, L.o_proj, out);
 }
 
@@ -188,18 +197,12 @@ Status GdnForward(Ctx& x, const DLayer& L, const float* a, int T, DGdn& g, float
   return x.Mm(On, T, L.out_proj, out);
 }
 
-// The SwiGLU FFN after its gate and up products g, u f32 [T, I]: out = (silu(g) * u) . down^T.
-Status FfnDown(Ctx& x, const DFfn& f, float* g, const float* u, int T, float* out) {
-  SiluMul(g, u, static_cast<std::int64_t>(U(T) * U(f.gate.rows)), x.s);
-  return x.Mm(g, T, f.down, out);
-}
-
+// The SwiGLU FFN: out = (silu(a . gate^T) * (a . up^T)) . down^T (the gate / up pair in one
+// launch when decoding).
 Status FfnForward(Ctx& x, const DFfn& f, const float* a, int T, float* out) {
-  const std::size_t n = U(T) * U(f.gate.rows);
-  LOCKSTEP_ASSIGN_OR_RETURN(float* g, x.Alloc(n));
-  LOCKSTEP_ASSIGN_OR_RETURN(float* u, x.Alloc(n));
-  LOCKSTEP_RETURN_IF_ERROR(x.MmShared(a, T, {{&f.gate, g}, {&f.up, u}}));
-  return FfnDown(x, f, g, u, T, out);
+  LOCKSTEP_ASSIGN_OR_RETURN(float* act, x.Alloc(U(T) * U(f.gate.rows)));
+  LOCKSTEP_RETURN_IF_ERROR(x.MmShared(a, T, {{&f.gate, act, &f.up}}));
+  return x.Mm(act, T, f.down, out);
 }
 
 // Host counters from the routing the router kernels wrote (the stream must have synchronised).
@@ -235,13 +238,13 @@ Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* c
   int* n_active = first + ne + 1;
   LOCKSTEP_ASSIGN_OR_RETURN(float* act, x.Alloc(U(slots) * U(inter)));
   LOCKSTEP_ASSIGN_OR_RETURN(float* ranked, x.Alloc(U(slots) * U(h)));
-  // The router and the shared expert's gate and up all read `a`: one launch when decoding.
+  // The router and the shared expert's gate / up pair (its SwiGLU activation) all read `a`: one
+  // launch when decoding.
   const bool shared = L.shared.gate.rows > 0;
-  float *sg = nullptr, *su = nullptr;
+  float* sact = nullptr;
   if (shared) {
-    LOCKSTEP_ASSIGN_OR_RETURN(sg, x.Alloc(U(T) * U(L.shared.gate.rows)));
-    LOCKSTEP_ASSIGN_OR_RETURN(su, x.Alloc(U(T) * U(L.shared.gate.rows)));
-    LOCKSTEP_RETURN_IF_ERROR(x.MmShared(a, T, {{&L.router, logits}, {&L.shared.gate, sg}, {&L.shared.up, su}}));
+    LOCKSTEP_ASSIGN_OR_RETURN(sact, x.Alloc(U(T) * U(L.shared.gate.rows)));
+    LOCKSTEP_RETURN_IF_ERROR(x.MmShared(a, T, {{&L.router, logits}, {&L.shared.gate, sact, &L.shared.up}}));
   } else {
     LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.router, logits));
   }
@@ -273,7 +276,7 @@ Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* c
   float* sh = nullptr;
   if (shared) {
     LOCKSTEP_ASSIGN_OR_RETURN(sh, x.Alloc(U(T) * U(h)));
-    LOCKSTEP_RETURN_IF_ERROR(FfnDown(x, L.shared, sg, su, T, sh));
+    LOCKSTEP_RETURN_IF_ERROR(x.Mm(sact, T, L.shared.down, sh));
   }
   // Combine, shared gate, residual add and the next norm: one launch instead of four.
   MoeEpilogue(ranked, wts, T, k, h, a, L.shared_gate, sh, hid, next_norm, c.rms_norm_eps, next_a, x.s);

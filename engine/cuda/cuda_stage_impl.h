@@ -277,10 +277,13 @@ struct Ctx {
   Status Mm(const float* x, int T, const DMat& w, float* y, int ldy = -1);
   // y_i = x . W_i^T for up to three matrices over the same x (row stride = their common width):
   // one launch where Mm would use RowsMatmul (RowsMatmulMulti, the same bits as one call each),
-  // one Mm per matrix where it would use cuBLAS.
+  // one Mm per matrix where it would use cuBLAS. With `up` (a SwiGLU pair, up shaped as w):
+  // y_i = silu(x . W_i^T) * (x . up^T), in the same launch (RowsProduct::W_up), or as two Mm and
+  // SiluMul: the same bits either way.
   struct MmOut {
     const DMat* w;
     float* y;
+    const DMat* up = nullptr;
   };
   Status MmShared(const float* x, int T, std::initializer_list<MmOut> outs);
 };

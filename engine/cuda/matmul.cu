@@ -21,15 +21,22 @@ namespace {
 constexpr int kWarpsPerBlock = 4;  // 4 output rows per block: many blocks even for small n_out
 
 // One pass of n <= R rows starting at t0 (slots past n repeat row t0 and are not stored).
+// wu (RowsMatmulMulti's SwiGLU pair, warp-uniform): y = silu(x . w) * (x . wu).
 template <int R, typename WT>
 __device__ inline void RowsPass(const float* x, int n_in, int t0, int n, const WT* w, bool vec,
-                                int lane, float* y, int ldy, int o) {
+                                int lane, float* y, int ldy, int o, const WT* wu = nullptr) {
   const float* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)
     rows[r] = x + static_cast<std::size_t>(t0 + (r < n ? r : 0)) * static_cast<std::size_t>(n_in);
   float out[R];
   km::WarpDotRows<R, WT>(rows, w, n_in, vec, lane, out);
+  if (wu != nullptr) {
+    float up[R];
+    km::WarpDotRows<R, WT>(rows, wu, n_in, vec, lane, up);
+#pragma unroll
+    for (int r = 0; r < R; ++r) out[r] = km::SiluMulElem(out[r], up[r]);
+  }
   // Lane r stores row r (every lane holds every result): n stores in parallel, not n from lane 0.
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -58,27 +65,32 @@ __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
 // Up to three products of the same x in one launch (RowsMatmulMulti): block b belongs to product
 // j for b in [first1, first2) -> 1, [first2, ..) -> 2, else 0; within it the warp computes output
 // row o exactly as RowsMatmulKernel does (same passes, same order), so the bits are the same.
+// Wu_j: product j is a SwiGLU pair (RowsProduct::W_up).
 template <typename WT>
 __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
     RowsMatmul3Kernel(const float* __restrict__ x, int T, int n_in, bool vec,
                       const WT* __restrict__ W0, int n0, float* __restrict__ y0, int ldy0,
                       const WT* __restrict__ W1, int n1, float* __restrict__ y1, int ldy1,
                       const WT* __restrict__ W2, int n2, float* __restrict__ y2, int ldy2,
-                      int first1, int first2) {
+                      int first1, int first2, const WT* __restrict__ Wu0, const WT* __restrict__ Wu1,
+                      const WT* __restrict__ Wu2) {
   const int lane = static_cast<int>(threadIdx.x) % km::kWarp;
   const int b = static_cast<int>(blockIdx.x);
   const int j = b >= first2 ? 2 : b >= first1 ? 1 : 0;
   const WT* W = j == 0 ? W0 : j == 1 ? W1 : W2;
+  const WT* Wu = j == 0 ? Wu0 : j == 1 ? Wu1 : Wu2;
   float* y = j == 0 ? y0 : j == 1 ? y1 : y2;
   const int n_out = j == 0 ? n0 : j == 1 ? n1 : n2;
   const int ldy = j == 0 ? ldy0 : j == 1 ? ldy1 : ldy2;
   const int o = (b - (j == 0 ? 0 : j == 1 ? first1 : first2)) * kWarpsPerBlock +
                 static_cast<int>(threadIdx.x) / km::kWarp;
   if (o >= n_out) return;  // the whole warp leaves together
-  const WT* w = W + static_cast<std::size_t>(o) * static_cast<std::size_t>(n_in);
+  const std::size_t row = static_cast<std::size_t>(o) * static_cast<std::size_t>(n_in);
+  const WT* w = W + row;
+  const WT* wu = Wu != nullptr ? Wu + row : nullptr;
   for (int t0 = 0; t0 < T;) {
     const int n = km::RowGroupSize(T - t0);
-    km::WithPassWidth(n, [&]<int R>() { RowsPass<R, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o); });
+    km::WithPassWidth(n, [&]<int R>() { RowsPass<R, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o, wu); });
     t0 += n;
   }
 }
@@ -110,12 +122,14 @@ void LaunchRows3(const float* x, int T, int n_in, const RowsProduct<WT>* p, int 
   if (T <= 0 || n_in <= 0 || n <= 0) return;
   RowsProduct<WT> q[3] = {p[0], n > 1 ? p[1] : RowsProduct<WT>{}, n > 2 ? p[2] : RowsProduct<WT>{}};
   bool vec = n_in % 4 == 0 && km::Aligned(x, 16);
-  for (int i = 0; i < n; ++i) vec = vec && km::Aligned(q[i].W, km::kWeightVecAlign<WT>);
+  for (int i = 0; i < n; ++i)
+    vec = vec && km::Aligned(q[i].W, km::kWeightVecAlign<WT>) && km::Aligned(q[i].W_up, km::kWeightVecAlign<WT>);
   const unsigned b0 = BlocksFor(q[0].n_out), b1 = BlocksFor(q[1].n_out), b2 = BlocksFor(q[2].n_out);
   if (b0 + b1 + b2 == 0) return;
   RowsMatmul3Kernel<WT><<<b0 + b1 + b2, kWarpsPerBlock * km::kWarp, 0, s>>>(
       x, T, n_in, vec, q[0].W, q[0].n_out, q[0].y, q[0].ldy, q[1].W, q[1].n_out, q[1].y, q[1].ldy, q[2].W,
-      q[2].n_out, q[2].y, q[2].ldy, static_cast<int>(b0), static_cast<int>(b0 + b1));
+      q[2].n_out, q[2].y, q[2].ldy, static_cast<int>(b0), static_cast<int>(b0 + b1), q[0].W_up, q[1].W_up,
+      q[2].W_up);
 }
 
 }  // namespace

@@ -55,6 +55,9 @@ struct RowsProduct {
   int n_out = 0;
   float* y = nullptr;
   int ldy = 0;
+  // When set (same shape as W): a SwiGLU pair, y = silu(x . W^T) * (x . W_up^T), bitwise the two
+  // products then SiluMul (the warp of row o runs both dots, then the element op).
+  const WT* W_up = nullptr;
 };
 void RowsMatmulMulti(const float* x, int T, int n_in, const RowsProduct<float>* p, int n, cudaStream_t s);
 void RowsMatmulMulti(const float* x, int T, int n_in, const RowsProduct<std::uint16_t>* p, int n, cudaStream_t s);
@@ -102,16 +105,22 @@ void SplitQGate(const float* qg, int T, int n_heads, int head_dim, float* q, flo
 // scratch: f32 device scratch of scratch_floats floats, 16-byte aligned; the rows run in as many
 // launches as it needs (a row's bits do not depend on that). AttentionScratchFloats gives the
 // size that runs all T rows at once within a fixed budget (64 MiB); 0 means none is needed.
-// o f32 [T, Hq, D] (not yet gated).
+// o f32 [T, Hq, D]; gated when gate.g is set: o[t, h, i] = attn * sigmoid(gate.g[(t * Hq + h) *
+// gate.ld + i]), bitwise Attention then MulSigmoid (the gated layer's output gate, applied as the
+// rows are stored; qg's gate half is gate.g = qg + D, gate.ld = 2 * D).
 // heads: query heads per block. kOne: one (t, head) per block. kGrouped: up to 8 heads of one kv
 // head per block, which loads each K / V element once for all of them (the one-head layout reads
 // it once per head). The bits are the same either way; kAuto groups when rows are split (long
 // contexts, where those reads are the cost) and keeps one head per block otherwise.
 enum class AttnHeads { kAuto, kOne, kGrouped };
+struct AttnGate {
+  const float* g = nullptr;  // nullptr: o is not gated
+  int ld = 0;                // floats between the gates of (t, h) and (t, h + 1)
+};
 void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int head_dim, int kv_dtype,
                const void* k_cache, const void* v_cache, const float* k_scales, const float* v_scales, float scale,
                int n_ctx_max, int split, float* scratch, std::size_t scratch_floats, float* o, cudaStream_t s,
-               AttnHeads heads = AttnHeads::kAuto);
+               AttnHeads heads = AttnHeads::kAuto, AttnGate gate = {});
 // Query heads per block that Attention launches with (1, 2, 4 or 8; 1 when head_dim % 4 != 0).
 int AttentionHeadsPerBlock(int n_heads, int n_heads_kv, int head_dim, int n_ctx_max, int split, AttnHeads heads);
 // Context splits per (row, head) of a launch (1: no split) and the scratch Attention wants.
@@ -125,6 +134,15 @@ std::size_t AttentionScratchFloats(int T, int n_heads, int head_dim, int n_ctx_m
 // even with quiet NaN; int8 symmetric scale = max|x| / 127, codes = nearbyint(x / scale)).
 void KvStore(const float* k, const float* v, int T, Pos row0, int n_heads_kv, int head_dim, int kv_dtype,
              void* k_cache, void* v_cache, float* k_scales, float* v_scales, cudaStream_t s);
+// The attention layer's inputs in one launch, bitwise SplitQGate, RmsNormZc of q and k per head
+// (q_norm, k_norm f32 [D]), RopeApply of both and KvStore: qg f32 [T, Hq, 2, D] (q_proj's output,
+// per head D query then D gate; the gate stays there for Attention's AttnGate) -> q f32 [T, Hq, D]
+// normed and rotated; k f32 [T, Hkv, D] normed, rotated and v f32 [T, Hkv, D] stored at cache rows
+// [row0, row0 + T) as KvStore stores them. One warp per (row, head) of q, of K and of V.
+void AttnPrep(const float* qg, const float* k, const float* v, int T, Pos row0, int n_heads, int n_heads_kv,
+              int head_dim, int rotary_dim, const float* inv_freq, const float* q_norm, const float* k_norm,
+              float eps, int kv_dtype, void* k_cache, void* v_cache, float* k_scales, float* v_scales, float* q,
+              cudaStream_t s);
 // Multiplies rows [row0, row0+n) of K (which == 0) or V (1) by `factor` (f32 exact, bf16
 // re-rounded, int8 through the scales): KvCache::ScaleRows on the device (fault injection).
 void KvScaleRows(int which, int row0, int n, int n_heads_kv, int head_dim, int kv_dtype, void* k_cache,

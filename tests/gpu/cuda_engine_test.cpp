@@ -130,6 +130,38 @@ TEST(CudaEngine, VerifyRowsAreBatchInvariant) {
   }
 }
 
+// Layers 2 and 3 of `tiny-dense` have a dense SwiGLU FFN (mlp_only_layers; no preset has one, so
+// this is the only run of that path): layer 2 ends in the fused residual add + next norm, layer 3
+// (its stage's last) in the plain add, and the gate / up pair is one launch when decoding. cuda vs
+// cpu within the thresholds; a T = 9 window bitwise nine decodes; graphs bitwise eager.
+TEST(CudaEngine, DenseFfnLayers) {
+  LOCKSTEP_REQUIRE_GPU(1);
+  const ModelWeights& w = Model("tiny-dense");
+  ASSERT_FALSE(w.config.is_moe(2));
+  ASSERT_FALSE(w.config.is_moe(3));
+  ASSERT_TRUE(w.config.is_moe(1));
+  auto make = [&](EngineConfig c) -> std::unique_ptr<Engine> {
+    c.model = test::ModelDir("tiny-dense");
+    auto e = Engine::Create(c, w);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return e.ok() ? std::move(*e) : nullptr;
+  };
+  EngineConfig eager_c = TinyConfig("cuda");
+  eager_c.cuda_graphs = false;
+  auto cpu = make(TinyConfig("cpu"));
+  auto gpu = make(TinyConfig("cuda"));
+  auto eager = make(eager_c);
+  auto single = make(TinyConfig("cuda"));
+  ASSERT_TRUE(cpu && gpu && eager && single);
+  const std::vector<int> sizes = {9, 1, 1, 1, 3, 3, 3};  // T = 1 and 3 reach graph replays
+  const std::vector<float> a = RunWindows(*cpu, Prompt(30), sizes), b = RunWindows(*gpu, Prompt(30), sizes);
+  EXPECT_LT(Nrmse(a, b), kCudaVsCpuLogitsNrmse);
+  EXPECT_TRUE(BitwiseEqual(b, RunWindows(*eager, Prompt(30), sizes))) << "graphs vs eager";
+  const std::vector<float> ones = RunWindows(*single, Prompt(30), std::vector<int>(9, 1));
+  EXPECT_TRUE(BitwiseEqual(ones, std::vector<float>(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(ones.size()))))
+      << "a T = 9 window against nine decodes";
+}
+
 // Rows with a context longer than EngineConfig::cuda_attn_split run their attention in context
 // splits and a combine (attention.cu). Here the split is 64 (the default 512 takes a 500-token
 // prompt, over a minute on the emulator): a 59-token prompt and a T = 9 window at n_ctx 60..68

@@ -2,16 +2,22 @@
 //   RowsMatmulMulti (up to three products of the same x in one launch) vs one RowsMatmul call per
 //   product: f32 and bf16 weights, 1-3 products with output widths that are not multiples of the
 //   block's four rows, T = 1..17 (one and two passes), a row stride wider than the output, and an
-//   unaligned x (the scalar path);
+//   unaligned x (the scalar path); a SwiGLU pair (RowsProduct::W_up) vs both products and SiluMul;
 //   AddRmsNormZc vs AddInPlace then RmsNormZc: the updated residual and the normed rows, widths
 //   on the vector and the scalar path;
 //   MoeEpilogue vs MoeCombine, SharedGateAdd, AddInPlace and RmsNormZc: with and without the
 //   shared expert and the next norm, k = 1 / 4 / 10, widths on the vector and the scalar path and
-//   past one block's threads.
+//   past one block's threads;
+//   AttnPrep vs SplitQGate, RmsNormZc (q and k per head), RopeApply (q and k) and KvStore: every
+//   cache dtype, full and partial rotation, head_dim on the vector and the scalar path, several
+//   query heads per kv head, the position on the device;
+//   Attention with its output gate vs Attention then MulSigmoid: whole rows and split rows (the
+//   combine kernel gates those), one head per block and grouped heads, rows in several launches.
 // Runs in cuda_tests on a GPU and in the emulator (tests/cuda_emu) in CI.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -49,14 +55,16 @@ std::vector<std::uint16_t> Bf16Bits(const std::vector<float>& v) {
   return out;
 }
 
+// glu: product 1 is a SwiGLU pair (W_up), against RowsMatmul of both matrices and SiluMul.
 template <typename WT>
-void Check(const std::string& what, int n_in, const std::vector<int>& n_out, int T, bool aligned_x) {
+void Check(const std::string& what, int n_in, const std::vector<int>& n_out, int T, bool aligned_x,
+           bool glu = false) {
   const int ldy_extra = 3;
   std::vector<float> xh = test::Random(static_cast<std::size_t>(T) * n_in + 1, 11);
   float* xbuf = DevCopy(xh);
   const float* x = xbuf + (aligned_x ? 0 : 1);  // +1 float: not 16-byte aligned
   std::vector<WT*> ws;
-  std::vector<float*> y_multi, y_single;
+  std::vector<float*> y_multi, y_single, ups;
   std::vector<RowsProduct<WT>> prods;
   for (std::size_t i = 0; i < n_out.size(); ++i) {
     const std::size_t n = static_cast<std::size_t>(n_out[i]) * n_in;
@@ -74,6 +82,21 @@ void Check(const std::string& what, int n_in, const std::vector<int>& n_out, int
     y_single.push_back(DevCopy(zeros));
     prods.push_back({w, n_out[i], y_multi.back(), ldy});
     RowsMatmul(x, T, w, n_out[i], n_in, y_single.back(), ldy, nullptr);
+    if (glu && i == 1) {
+      const std::vector<float> uf = test::Random(n, 200 + i);
+      WT* wu;
+      if constexpr (sizeof(WT) == 2) {
+        wu = DevCopy(Bf16Bits(uf));
+      } else {
+        wu = DevCopy(uf);
+      }
+      ws.push_back(wu);
+      prods.back().W_up = wu;
+      float* u = DevCopy(zeros);
+      ups.push_back(u);
+      RowsMatmul(x, T, wu, n_out[i], n_in, u, ldy, nullptr);
+      SiluMul(y_single[i], u, static_cast<std::int64_t>(T) * ldy, nullptr);
+    }
   }
   RowsMatmulMulti(x, T, n_in, prods.data(), static_cast<int>(prods.size()), nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -89,6 +112,7 @@ void Check(const std::string& what, int n_in, const std::vector<int>& n_out, int
   for (WT* w : ws) cudaFree(w);
   for (float* y : y_multi) cudaFree(y);
   for (float* y : y_single) cudaFree(y);
+  for (float* u : ups) cudaFree(u);
 }
 
 TEST(CudaOps, RowsMatmulMultiIsBitwiseOneCallPerProduct) {
@@ -98,6 +122,9 @@ TEST(CudaOps, RowsMatmulMultiIsBitwiseOneCallPerProduct) {
     Check<std::uint16_t>("bf16 x3", 132, {37, 6, 13}, T, true);
     Check<float>("f32 x2 unaligned x", 130, {9, 21}, T, false);
     Check<std::uint16_t>("bf16 x1", 64, {5}, T, true);
+    Check<float>("f32 x2, SwiGLU pair", 132, {37, 13}, T, true, true);
+    Check<std::uint16_t>("bf16 x3, SwiGLU pair", 132, {6, 37, 13}, T, true, true);
+    Check<float>("f32 x2, SwiGLU pair, unaligned x", 130, {9, 21}, T, false, true);
   }
 }
 
@@ -163,5 +190,114 @@ TEST(CudaOps, MoeEpilogueIsBitwiseCombineGateAddNorm) {
   }
 }
 
+
+// The prep of an attention layer's inputs, fused and as the five ops it replaces.
+void CheckAttnPrep(int kv_dtype, int hq, int hkv, int D, int rotary, int T, bool device_pos) {
+  const std::string where = "dtype " + std::to_string(kv_dtype) + " hq " + std::to_string(hq) + " hkv " +
+                            std::to_string(hkv) + " D " + std::to_string(D) + " rotary " + std::to_string(rotary) +
+                            " T " + std::to_string(T) + (device_pos ? " device pos" : "");
+  const int p = 7, rows = p + T + 2, half = rotary / 2;
+  const std::size_t nq = static_cast<std::size_t>(T) * hq * D, nkv = static_cast<std::size_t>(T) * hkv * D;
+  const std::size_t elem = kv_dtype == 0 ? 4 : kv_dtype == 1 ? 2 : 1;
+  const std::size_t cache_bytes = static_cast<std::size_t>(rows) * hkv * D * elem,
+                    n_scales = static_cast<std::size_t>(rows) * hkv;
+  std::vector<float> inv(static_cast<std::size_t>(half > 0 ? half : 1));
+  for (int i = 0; i < half; ++i) inv[static_cast<std::size_t>(i)] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(rotary));
+  const std::vector<float> qg = test::Random(2 * nq, 51, -2.0f, 2.0f), k = test::Random(nkv, 52, -2.0f, 2.0f),
+                           v = test::Random(nkv, 53), qw = test::Random(static_cast<std::size_t>(D), 54, -0.5f, 0.5f),
+                           kw = test::Random(static_cast<std::size_t>(D), 55, -0.5f, 0.5f);
+  const std::vector<std::uint8_t> cache0(cache_bytes, 0x5a);
+  const std::vector<float> scales0(n_scales, -1.0f), q0(nq, 0.0f);
+  float *dqg = DevCopy(qg), *dk = DevCopy(k), *dk2 = DevCopy(k), *dv = DevCopy(v), *dqw = DevCopy(qw),
+        *dkw = DevCopy(kw), *dinv = DevCopy(inv), *qa = DevCopy(q0), *qb = DevCopy(q0), *gb = DevCopy(q0);
+  std::uint8_t *kca = DevCopy(cache0), *vca = DevCopy(cache0), *kcb = DevCopy(cache0), *vcb = DevCopy(cache0);
+  float *ksa = DevCopy(scales0), *vsa = DevCopy(scales0), *ksb = DevCopy(scales0), *vsb = DevCopy(scales0);
+  int* dpos = DevCopy(std::vector<int>{p - 3});
+  const Pos pos = device_pos ? Pos(3, dpos) : Pos(p);
+  const bool i8 = kv_dtype == 2;
+  AttnPrep(dqg, dk, dv, T, pos, hq, hkv, D, rotary, dinv, dqw, dkw, 1e-6f, kv_dtype, kca, vca, i8 ? ksa : nullptr,
+           i8 ? vsa : nullptr, qa, nullptr);
+  SplitQGate(dqg, T, hq, D, qb, gb, nullptr);
+  RmsNormZc(qb, D, T * hq, D, dqw, 1e-6f, qb, D, nullptr);
+  RopeApply(qb, T, hq * D, hq, D, rotary, dinv, pos, nullptr);
+  RmsNormZc(dk2, D, T * hkv, D, dkw, 1e-6f, dk2, D, nullptr);
+  RopeApply(dk2, T, hkv * D, hkv, D, rotary, dinv, pos, nullptr);
+  KvStore(dk2, dv, T, pos, hkv, D, kv_dtype, kcb, vcb, i8 ? ksb : nullptr, i8 ? vsb : nullptr, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << where;
+  const std::vector<float> got_q = HostCopy(qa, nq);
+  EXPECT_TRUE(test::BitwiseEqual(got_q, HostCopy(qb, nq))) << where << " q";
+  EXPECT_FALSE(test::BitwiseEqual(got_q, q0)) << where << " q written";
+  const std::vector<std::uint8_t> got_k = HostCopy(kca, cache_bytes), got_v = HostCopy(vca, cache_bytes);
+  EXPECT_EQ(got_k, HostCopy(kcb, cache_bytes)) << where << " K cache";
+  EXPECT_EQ(got_v, HostCopy(vcb, cache_bytes)) << where << " V cache";
+  EXPECT_NE(got_k, cache0) << where << " K stored";
+  EXPECT_TRUE(test::BitwiseEqual(HostCopy(ksa, n_scales), HostCopy(ksb, n_scales))) << where << " K scales";
+  EXPECT_TRUE(test::BitwiseEqual(HostCopy(vsa, n_scales), HostCopy(vsb, n_scales))) << where << " V scales";
+  EXPECT_TRUE(test::BitwiseEqual(HostCopy(dk, nkv), k)) << where << " the input k is left alone";
+  for (float* f : {dqg, dk, dk2, dv, dqw, dkw, dinv, qa, qb, gb, ksa, vsa, ksb, vsb}) cudaFree(f);
+  for (std::uint8_t* c : {kca, vca, kcb, vcb}) cudaFree(c);
+  cudaFree(dpos);
+}
+
+TEST(CudaOps, AttnPrepIsBitwiseSplitNormRopeStore) {
+  LOCKSTEP_REQUIRE_GPU(1);
+  for (int dtype : {0, 1, 2}) {
+    for (int T : {1, 9}) {
+      CheckAttnPrep(dtype, 4, 2, 64, 16, T, false);   // partial rotation, vector loads
+      CheckAttnPrep(dtype, 8, 1, 64, 64, T, true);    // full rotation, one kv head
+      CheckAttnPrep(dtype, 2, 2, 30, 10, T, false);   // head_dim % 4 != 0: scalar loads
+      CheckAttnPrep(dtype, 6, 2, 128, 32, T, true);   // four elements per lane
+    }
+  }
+}
+
+// Attention's output gate against Attention then MulSigmoid (the gate half of a q_proj output).
+void CheckAttentionGate(int kv_dtype, int split, AttnHeads heads, std::size_t scratch_cap) {
+  const int hq = 8, hkv = 2, D = 64, p = 70, T = 5, rows = p + T, n_ctx_max = 96;
+  const std::string where = "dtype " + std::to_string(kv_dtype) + " split " + std::to_string(split) +
+                            (heads == AttnHeads::kGrouped ? " grouped" : " one head") +
+                            (scratch_cap > 0 ? " rows in several launches" : "");
+  const std::size_t kv_elems = static_cast<std::size_t>(rows) * hkv * D, nq = static_cast<std::size_t>(T) * hq * D;
+  const std::vector<float> k = test::Random(kv_elems, 61, -2.0f, 2.0f), v = test::Random(kv_elems, 62),
+                           qg = test::Random(2 * nq, 63, -2.0f, 2.0f), zeros(nq, 0.0f);
+  float *dk = DevCopy(k), *dv = DevCopy(v), *dqg = DevCopy(qg), *q = DevCopy(zeros), *gate = DevCopy(zeros),
+        *oa = DevCopy(zeros), *ob = DevCopy(zeros);
+  std::uint8_t *kc = DevCopy(std::vector<std::uint8_t>(kv_elems * 4)), *vc = DevCopy(std::vector<std::uint8_t>(kv_elems * 4));
+  float *ks = DevCopy(std::vector<float>(static_cast<std::size_t>(rows) * hkv)),
+        *vs = DevCopy(std::vector<float>(static_cast<std::size_t>(rows) * hkv));
+  const bool i8 = kv_dtype == 2;
+  KvStore(dk, dv, rows, 0, hkv, D, kv_dtype, kc, vc, i8 ? ks : nullptr, i8 ? vs : nullptr, nullptr);
+  SplitQGate(dqg, T, hq, D, q, gate, nullptr);
+  std::size_t n_scratch = AttentionScratchFloats(T, hq, D, n_ctx_max, split);
+  if (scratch_cap > 0 && n_scratch > scratch_cap) n_scratch = scratch_cap;
+  float* scratch = DevCopy(std::vector<float>(n_scratch > 0 ? n_scratch : 1));
+  auto attend = [&](float* o, AttnGate g) {
+    Attention(q, T, p, hq, hkv, D, kv_dtype, kc, vc, i8 ? ks : nullptr, i8 ? vs : nullptr, 0.125f, n_ctx_max,
+              split, scratch, n_scratch, o, nullptr, heads, g);
+  };
+  attend(oa, AttnGate{dqg + D, 2 * D});
+  attend(ob, AttnGate{});
+  MulSigmoid(ob, gate, static_cast<std::int64_t>(nq), nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << where;
+  const std::vector<float> got = HostCopy(oa, nq);
+  EXPECT_TRUE(test::BitwiseEqual(got, HostCopy(ob, nq))) << where;
+  EXPECT_FALSE(test::BitwiseEqual(got, zeros)) << where << " written";
+  for (float* f : {dk, dv, dqg, q, gate, oa, ob, ks, vs, scratch}) cudaFree(f);
+  for (std::uint8_t* c : {kc, vc}) cudaFree(c);
+}
+
+TEST(CudaOps, AttentionGateIsBitwiseMulSigmoid) {
+  LOCKSTEP_REQUIRE_GPU(1);
+  for (int dtype : {0, 1, 2}) {
+    CheckAttentionGate(dtype, 0, AttnHeads::kOne, 0);        // whole rows, scores in global scratch
+    CheckAttentionGate(dtype, 32, AttnHeads::kOne, 0);       // split rows: the combine gates them
+    CheckAttentionGate(dtype, 32, AttnHeads::kGrouped, 0);   // grouped heads, split
+    CheckAttentionGate(dtype, 128, AttnHeads::kGrouped, 0);  // grouped heads, whole rows in shared memory
+  }
+  // Rows in several launches: the gate pointer moves with the rows.
+  const std::size_t one_row = AttentionScratchFloats(1, 8, 64, 96, 32);
+  ASSERT_GT(one_row, 0u);
+  CheckAttentionGate(0, 32, AttnHeads::kOne, 2 * one_row);
+}
 }  // namespace
 }  // namespace lockstep::cuda

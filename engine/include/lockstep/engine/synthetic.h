@@ -31,6 +31,9 @@ struct SyntheticOptions {
   // (in-context copying), as trained models do; see README "The synthetic model". Off by
   // default: it makes greedy output loop and the MTP head much less accurate.
   bool induction = false;
+  // Layers with a dense SwiGLU FFN (intermediate_size = 2 x moe_intermediate_size) instead of the
+  // MoE block: Qwen's mlp_only_layers. Empty in every preset; the tests use it for the dense path.
+  std::vector<int> mlp_only_layers;
 };
 
 std::vector<std::string> SyntheticPresets();
