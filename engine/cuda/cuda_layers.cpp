@@ -161,7 +161,6 @@ Status GdnForward(Ctx& x, const DLayer& L, const float* a, int T, DGdn& g, float
   const std::size_t ut = U(T), conv_floats = U(kr) * U(conv_dim), ssm_floats = U(hv) * U(dk) * U(dv);
   LOCKSTEP_ASSIGN_OR_RETURN(float* P, x.Alloc(ut * U(c.qkvz_dim())));
   LOCKSTEP_ASSIGN_OR_RETURN(float* B, x.Alloc(ut * U(2 * hv)));
-  LOCKSTEP_ASSIGN_OR_RETURN(float* win, x.Alloc(U(kr + T) * U(conv_dim)));
   LOCKSTEP_ASSIGN_OR_RETURN(float* Z, x.Alloc(ut * U(hv) * U(dv)));
   LOCKSTEP_ASSIGN_OR_RETURN(float* beta, x.Alloc(ut * U(hv)));
   LOCKSTEP_ASSIGN_OR_RETURN(float* gdec, x.Alloc(ut * U(hv)));
@@ -171,11 +170,19 @@ Status GdnForward(Ctx& x, const DLayer& L, const float* a, int T, DGdn& g, float
   LOCKSTEP_ASSIGN_OR_RETURN(float* O, x.Alloc(ut * U(hv) * U(dv)));
   LOCKSTEP_ASSIGN_OR_RETURN(float* On, x.Alloc(ut * U(hv) * U(dv)));
   LOCKSTEP_RETURN_IF_ERROR(x.MmShared(a, T, {{&L.in_proj_qkvz, P}, {&L.in_proj_ba, B}}));
-  GdnSplit(P, B, T, hk, hv, dk, dv, kw, L.a_log, L.dt_bias, g.conv.as<float>(), win, Z, beta, gdec, x.s);
   const bool verify = x.mode == ForwardMode::kVerify;
-  if (verify) LOCKSTEP_RETURN_IF_ERROR(EnsureSteps(g, T, conv_floats, ssm_floats, x.init_ns));
-  // Verify windows also keep the conv state after each step (the conv kernel copies them).
-  CausalConvSilu(win, T, conv_dim, kw, L.conv1d, Uc, x.s, verify ? g.steps_conv.as<float>() : nullptr);
+  float* win = nullptr;
+  if (verify) {
+    // Split and conv in one launch; the conv states after each step go to the window's steps.
+    LOCKSTEP_RETURN_IF_ERROR(EnsureSteps(g, T, conv_floats, ssm_floats, x.init_ns));
+    GdnSplitConv(P, B, T, hk, hv, dk, dv, kw, L.a_log, L.dt_bias, g.conv.as<float>(), L.conv1d, Uc,
+                 g.steps_conv.as<float>(), Z, beta, gdec, x.s);
+  } else {
+    // Prefill writes the window, whose last K-1 rows become the conv state.
+    LOCKSTEP_ASSIGN_OR_RETURN(win, x.Alloc(U(kr + T) * U(conv_dim)));
+    GdnSplit(P, B, T, hk, hv, dk, dv, kw, L.a_log, L.dt_bias, g.conv.as<float>(), win, Z, beta, gdec, x.s);
+    CausalConvSilu(win, T, conv_dim, kw, L.conv1d, Uc, x.s);
+  }
   // The held recurrence normalises q / k itself (one launch fewer per verify window).
   const bool qk_inside = verify && GdnRecurrentHoldsColumns(dk);
   if (!qk_inside) GdnQkNorm(Uc, T, hk, dk, conv_dim, qh, kh, x.s);
@@ -268,8 +275,8 @@ Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* c
     d.pending_routes.push_back({cache, L.cache_layer, slots, d.route_used});
     d.route_used += U(slots);
   }
-  RouteTopK(logits, T, ne, k, c.norm_topk_prob, idx, wts, idx_host, x.s);
-  GroupByExpert(idx, T, k, ne, slot_of, first, active, n_active, x.s);
+  // Routing and expert-major grouping (one launch for a decode step).
+  RouteAndGroup(logits, T, ne, k, c.norm_topk_prob, idx, wts, idx_host, slot_of, first, active, n_active, x.s);
   const bool bf16 = x.d.weights_bf16;
   ExpertGateUp(a, h, inter, k, slot_of, first, active, n_active, max_active, L.gate_ptrs, L.up_ptrs, bf16, act, x.s);
   ExpertDown(act, h, inter, slot_of, first, active, n_active, max_active, L.down_ptrs, bf16, ranked, x.s);

@@ -102,6 +102,50 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// GdnSplitKernel and ConvKernel (with steps) in one launch, for verify windows: the conv reads
+// its window straight from the conv state (rows u < K-1) and from P (row u - (K-1), the column
+// km::GdnSplitSource maps the channel to), so no window is written. One thread per element of
+// the virtual row [conv_dim outputs | Hv*Dv Z values | Hv beta / g pairs] of each t; every stored
+// value is the two kernels' (the same element functions on the same values).
+__global__ void __launch_bounds__(kThreads)
+    GdnSplitConvKernel(const float* __restrict__ P, const float* __restrict__ B, int T, int hk, int hv,
+                       int dk, int dv, int K, const float* __restrict__ a_log,
+                       const float* __restrict__ dt_bias, const float* __restrict__ conv_state,
+                       const float* __restrict__ weight, float* __restrict__ U, float* __restrict__ steps,
+                       float* __restrict__ Z, float* __restrict__ beta, float* __restrict__ g) {
+  const int r = hv / hk;
+  const int qkvz = 2 * hk * dk + 2 * hv * dv, C = 2 * hk * dk + hv * dv, nz = hv * dv;
+  const int width = C + nz + hv;
+  const std::int64_t total = static_cast<std::int64_t>(T) * width;
+  for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       idx < total; idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int t = static_cast<int>(idx / width), c = static_cast<int>(idx - static_cast<std::int64_t>(t) * width);
+    const std::size_t prow = static_cast<std::size_t>(t) * static_cast<std::size_t>(qkvz);
+    if (c < C) {
+      const int src = km::GdnSplitSource(false, c, hk, dk, dv, r);
+      auto at = [&](int u) {
+        return u < K - 1 ? conv_state[static_cast<std::size_t>(u) * static_cast<std::size_t>(C) + static_cast<std::size_t>(c)]
+                         : P[static_cast<std::size_t>(u - (K - 1)) * static_cast<std::size_t>(qkvz) +
+                             static_cast<std::size_t>(src)];
+      };
+      U[static_cast<std::size_t>(t) * static_cast<std::size_t>(C) + static_cast<std::size_t>(c)] =
+          km::ConvSiluOf(weight + static_cast<std::size_t>(c) * static_cast<std::size_t>(K), K, t, at);
+      float* st = steps + static_cast<std::int64_t>(t) * (K - 1) * C + c;
+      for (int j = 0; j < K - 1; ++j) st[static_cast<std::int64_t>(j) * C] = at(t + 1 + j);
+    } else if (c < C + nz) {
+      const int zc = c - C;
+      Z[static_cast<std::size_t>(t) * static_cast<std::size_t>(nz) + static_cast<std::size_t>(zc)] =
+          P[prow + static_cast<std::size_t>(km::GdnSplitSource(true, zc, hk, dk, dv, r))];
+    } else {
+      const int j = c - C - nz;
+      const float* brow = B + static_cast<std::size_t>(t) * static_cast<std::size_t>(2 * hv);
+      const std::size_t th = static_cast<std::size_t>(t) * static_cast<std::size_t>(hv) + static_cast<std::size_t>(j);
+      beta[th] = km::GdnBeta(brow[km::GdnBaColumn(j, r, false)]);
+      g[th] = km::GdnDecay(brow[km::GdnBaColumn(j, r, true)], a_log[j], dt_bias[j]);
+    }
+  }
+}
+
 // U f32 [T, conv_dim] -> qh, kh f32 [T, Hk, Dk]; one warp per (t, key head, q or k).
 __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
     QkNormKernel(const float* __restrict__ U, int T, int hk, int dk, int conv_dim,
@@ -386,6 +430,18 @@ void GdnSplit(const float* P, const float* B, int T, int n_k_heads, int n_v_head
   GdnSplitKernel<<<GridFor(T * width + (conv_kernel - 1) * conv_dim), kThreads, 0, s>>>(
       P, B, T, n_k_heads, n_v_heads, k_head_dim, v_head_dim, conv_kernel, a_log, dt_bias, conv_state,
       win, Z, beta, g);
+}
+
+void GdnSplitConv(const float* P, const float* B, int T, int n_k_heads, int n_v_heads, int k_head_dim,
+                  int v_head_dim, int conv_kernel, const float* a_log, const float* dt_bias,
+                  const float* conv_state, const float* weight, float* U, float* steps, float* Z, float* beta,
+                  float* g, cudaStream_t s) {
+  if (T <= 0 || n_k_heads <= 0 || n_v_heads <= 0 || conv_kernel <= 0) return;
+  const std::int64_t width = 2 * static_cast<std::int64_t>(n_k_heads) * k_head_dim +
+                             2 * static_cast<std::int64_t>(n_v_heads) * v_head_dim + n_v_heads;
+  GdnSplitConvKernel<<<GridFor(T * width), kThreads, 0, s>>>(P, B, T, n_k_heads, n_v_heads, k_head_dim,
+                                                             v_head_dim, conv_kernel, a_log, dt_bias,
+                                                             conv_state, weight, U, steps, Z, beta, g);
 }
 
 void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, float* U,

@@ -286,6 +286,16 @@ LOCKSTEP_HD inline SplitDest GdnSplitDest(int c, int n_k_heads, int dk, int dv, 
   if (off < 2 * dk + r * dv) return {false, 2 * key_dim + gi * r * dv + (off - 2 * dk)};
   return {true, gi * r * dv + (off - 2 * dk - r * dv)};
 }
+// The inverse of GdnSplitDest: the qkvz column that conv channel ch (to_z false) or Z column
+// (to_z true) comes from.
+LOCKSTEP_HD inline int GdnSplitSource(bool to_z, int col, int n_k_heads, int dk, int dv, int r) {
+  const int wg = 2 * dk + 2 * r * dv, key_dim = n_k_heads * dk, rv = r * dv;
+  if (to_z) return (col / rv) * wg + 2 * dk + rv + col % rv;
+  if (col < key_dim) return (col / dk) * wg + col % dk;
+  if (col < 2 * key_dim) return ((col - key_dim) / dk) * wg + dk + (col - key_dim) % dk;
+  const int x = col - 2 * key_dim;
+  return (x / rv) * wg + 2 * dk + x % rv;
+}
 // Column of b (is_a false) or a (true) of value head j in a [2*Hv] in_proj_ba row, grouped per
 // key head as [b r | a r].
 LOCKSTEP_HD inline int GdnBaColumn(int j, int r, bool is_a) {
@@ -294,13 +304,18 @@ LOCKSTEP_HD inline int GdnBaColumn(int j, int r, bool is_a) {
 }
 
 // Causal depthwise conv of output (t, ch) + SiLU: sum_j weight[ch, j] * win[t + j, ch], j
-// ascending.
+// ascending. ConvSiluOf takes the channel's weights wc [K] and at(u), window row u's value of the
+// channel (GdnSplitConv reads it from the conv state or the projections); ConvSiluAt a window.
+template <typename At>
+LOCKSTEP_HD inline float ConvSiluOf(const float* wc, int K, int t, At at) {
+  float s = 0.0f;
+  for (int j = 0; j < K; ++j) s = s + wc[j] * at(t + j);
+  return Silu(s);
+}
 LOCKSTEP_HD inline float ConvSiluAt(const float* win, int C, int K, const float* weight, int t,
                                     int ch) {
-  const float* wc = weight + static_cast<std::ptrdiff_t>(ch) * K;
-  float s = 0.0f;
-  for (int j = 0; j < K; ++j) s = s + wc[j] * win[static_cast<std::ptrdiff_t>(t + j) * C + ch];
-  return Silu(s);
+  return ConvSiluOf(weight + static_cast<std::ptrdiff_t>(ch) * K, K, t,
+                    [&](int u) { return win[static_cast<std::ptrdiff_t>(u) * C + ch]; });
 }
 
 // One gated delta step for column j of one value head (cpu::GatedDeltaStep restricted to j; the

@@ -16,45 +16,44 @@ constexpr int kThreads = 256;
 constexpr int kGroupThreads = 512;
 constexpr int kMoeWarps = 4;  // output rows per expert block
 
-// logits f32 [T, E] -> idx int32 [T, k], wts f32 [T, k]; one block per token.
-__global__ void __launch_bounds__(km::kRouteThreads)
-    RouteKernel(const float* __restrict__ logits, int E, int k, bool norm, int* __restrict__ idx,
-                float* __restrict__ wts, int* __restrict__ idx_host) {
-  __shared__ float probs[km::kMaxExperts];
-  __shared__ unsigned char taken[km::kMaxExperts];
-  __shared__ float red_p[km::kRouteThreads];
-  __shared__ int red_i[km::kRouteThreads];
-  __shared__ float sum_s;
-  const int tid = static_cast<int>(threadIdx.x);
-  const std::size_t t = blockIdx.x;
-  const float* lg = logits + t * static_cast<std::size_t>(E);
-  int* out_i = idx + t * static_cast<std::size_t>(k);
-  float* out_w = wts + t * static_cast<std::size_t>(k);
+// Shared memory of one token's routing.
+struct RouteSmem {
+  float probs[km::kMaxExperts];
+  unsigned char taken[km::kMaxExperts];
+  float red_p[km::kRouteThreads];
+  int red_i[km::kRouteThreads];
+  float sum_s;
+};
 
+// Routes one token (logits row lg f32 [E]) into out_i int32 [k], out_w f32 [k] and, when set,
+// host_i [k]; a block of exactly kRouteThreads threads, all of which must call it.
+__device__ inline void RouteRow(const float* lg, int E, int k, bool norm, int* out_i, float* out_w, int* host_i,
+                                RouteSmem& sm) {
+  const int tid = static_cast<int>(threadIdx.x);
   // Max (exact in any order), then the exponentials.
   float mx = -INFINITY;
   for (int e = tid; e < E; e += km::kRouteThreads) mx = km::MaxStep(mx, lg[e]);
-  red_p[tid] = mx;
+  sm.red_p[tid] = mx;
   __syncthreads();
   for (int s = km::kRouteThreads / 2; s > 0; s >>= 1) {
-    if (tid < s) red_p[tid] = km::MaxStep(red_p[tid], red_p[tid + s]);
+    if (tid < s) sm.red_p[tid] = km::MaxStep(sm.red_p[tid], sm.red_p[tid + s]);
     __syncthreads();
   }
-  mx = red_p[0];
+  mx = sm.red_p[0];
   for (int e = tid; e < E; e += km::kRouteThreads) {
-    probs[e] = km::SoftmaxExp(lg[e], mx);
-    taken[e] = 0;
+    sm.probs[e] = km::SoftmaxExp(lg[e], mx);
+    sm.taken[e] = 0;
   }
   __syncthreads();
   // The f32 sum runs in expert order in one thread: the CPU's exact sequence (E <= 4096 adds).
   if (tid == 0) {
     float sum = 0.0f;
-    for (int e = 0; e < E; ++e) sum = sum + probs[e];
-    sum_s = sum;
+    for (int e = 0; e < E; ++e) sum = sum + sm.probs[e];
+    sm.sum_s = sum;
   }
   __syncthreads();
-  const float sum = sum_s;
-  for (int e = tid; e < E; e += km::kRouteThreads) probs[e] = probs[e] / sum;
+  const float sum = sm.sum_s;
+  for (int e = tid; e < E; e += km::kRouteThreads) sm.probs[e] = sm.probs[e] / sum;
   __syncthreads();
 
   // k argmax passes over the untaken experts; (prob desc, id asc) is a total order, so the tree
@@ -63,26 +62,26 @@ __global__ void __launch_bounds__(km::kRouteThreads)
     float bp = 0.0f;
     int bi = -1;
     for (int e = tid; e < E; e += km::kRouteThreads)
-      if (!taken[e] && km::RouteBetter(probs[e], e, bp, bi)) {
-        bp = probs[e];
+      if (!sm.taken[e] && km::RouteBetter(sm.probs[e], e, bp, bi)) {
+        bp = sm.probs[e];
         bi = e;
       }
-    red_p[tid] = bp;
-    red_i[tid] = bi;
+    sm.red_p[tid] = bp;
+    sm.red_i[tid] = bi;
     __syncthreads();
     for (int s = km::kRouteThreads / 2; s > 0; s >>= 1) {
-      if (tid < s && km::RouteBetter(red_p[tid + s], red_i[tid + s], red_p[tid], red_i[tid])) {
-        red_p[tid] = red_p[tid + s];
-        red_i[tid] = red_i[tid + s];
+      if (tid < s && km::RouteBetter(sm.red_p[tid + s], sm.red_i[tid + s], sm.red_p[tid], sm.red_i[tid])) {
+        sm.red_p[tid] = sm.red_p[tid + s];
+        sm.red_i[tid] = sm.red_i[tid + s];
       }
       __syncthreads();
     }
     if (tid == 0) {
-      const int best = red_i[0];
-      taken[best] = 1;
+      const int best = sm.red_i[0];
+      sm.taken[best] = 1;
       out_i[r] = best;
-      out_w[r] = probs[best];
-      if (idx_host != nullptr) idx_host[t * static_cast<std::size_t>(k) + static_cast<std::size_t>(r)] = best;
+      out_w[r] = sm.probs[best];
+      if (host_i != nullptr) host_i[r] = best;
     }
     __syncthreads();
   }
@@ -94,16 +93,25 @@ __global__ void __launch_bounds__(km::kRouteThreads)
   }
 }
 
-// One block of kGroupThreads. Dynamic shared memory: (E + 1) ints of counts.
-__global__ void __launch_bounds__(kGroupThreads)
-    GroupKernel(const int* __restrict__ idx, int n, int E, int* __restrict__ slot_of,
-                int* __restrict__ first, int* __restrict__ active, int* __restrict__ n_active) {
-  extern __shared__ int cnt[];  // [E + 1]
-  __shared__ int scan_c[kGroupThreads];
-  __shared__ int scan_a[kGroupThreads];
+// logits f32 [T, E] -> idx int32 [T, k], wts f32 [T, k]; one block per token.
+__global__ void __launch_bounds__(km::kRouteThreads)
+    RouteKernel(const float* __restrict__ logits, int E, int k, bool norm, int* __restrict__ idx,
+                float* __restrict__ wts, int* __restrict__ idx_host) {
+  __shared__ RouteSmem sm;
+  const std::size_t t = blockIdx.x, tk = t * static_cast<std::size_t>(k);
+  RouteRow(logits + t * static_cast<std::size_t>(E), E, k, norm, idx + tk, wts + tk,
+           idx_host != nullptr ? idx_host + tk : nullptr, sm);
+}
+
+// Expert-major grouping of the n slots in idx, by a block of NT threads (all of them call it);
+// cnt: (E + 1) ints, scan_c / scan_a: NT ints of shared memory. Integer counting and scans: the
+// same numbers for any NT.
+template <int NT>
+__device__ inline void GroupBody(const int* idx, int n, int E, int* slot_of, int* first, int* active, int* n_active,
+                                 int* cnt, int* scan_c, int* scan_a) {
   const int tid = static_cast<int>(threadIdx.x);
   // 1. Per-expert slot counts (thread e scans every slot: exact, no atomics).
-  for (int e = tid; e < E; e += kGroupThreads) {
+  for (int e = tid; e < E; e += NT) {
     int c = 0;
     for (int s = 0; s < n; ++s) c += idx[s] == e ? 1 : 0;
     cnt[e] = c;
@@ -112,7 +120,7 @@ __global__ void __launch_bounds__(kGroupThreads)
   // 2. Exclusive prefix sums of counts and of "expert is active" over contiguous segments of
   //    experts, one segment per thread, then a Hillis-Steele scan of the segment totals (integer:
   //    exact, so any scan order gives the same numbers).
-  const int seg = (E + kGroupThreads - 1) / kGroupThreads;
+  const int seg = (E + NT - 1) / NT;
   const int e0 = tid * seg < E ? tid * seg : E, e1 = e0 + seg < E ? e0 + seg : E;
   int tc = 0, ta = 0;
   for (int e = e0; e < e1; ++e) {
@@ -122,7 +130,7 @@ __global__ void __launch_bounds__(kGroupThreads)
   scan_c[tid] = tc;
   scan_a[tid] = ta;
   __syncthreads();
-  for (int off = 1; off < kGroupThreads; off <<= 1) {
+  for (int off = 1; off < NT; off <<= 1) {
     const int vc = tid >= off ? scan_c[tid - off] : 0, va = tid >= off ? scan_a[tid - off] : 0;
     __syncthreads();
     scan_c[tid] += vc;
@@ -136,22 +144,47 @@ __global__ void __launch_bounds__(kGroupThreads)
     if (c > 0) active[na++] = e;
     run += c;
   }
-  const int total_active = scan_a[kGroupThreads - 1];
-  if (tid == kGroupThreads - 1) {
-    first[E] = scan_c[kGroupThreads - 1];
+  const int total_active = scan_a[NT - 1];
+  if (tid == NT - 1) {
+    first[E] = scan_c[NT - 1];
     *n_active = total_active;
   }
-  for (int a = total_active + tid; a < n; a += kGroupThreads) active[a] = -1;
+  for (int a = total_active + tid; a < n; a += NT) active[a] = -1;
   __syncthreads();  // cnt is overwritten below with the segment starts
   for (int e = e0; e < e1; ++e) cnt[e] = first[e];
   __syncthreads();
   // 3. Slots of expert e in ascending slot order (t then r), like the CPU's loop.
-  for (int e = tid; e < E; e += kGroupThreads) {
+  for (int e = tid; e < E; e += NT) {
     int pos = cnt[e];
-    if (cnt[e] == (e + 1 < E ? cnt[e + 1] : scan_c[kGroupThreads - 1])) continue;
+    if (cnt[e] == (e + 1 < E ? cnt[e + 1] : scan_c[NT - 1])) continue;
     for (int s = 0; s < n; ++s)
       if (idx[s] == e) slot_of[pos++] = s;
   }
+}
+
+// One block of kGroupThreads. Dynamic shared memory: (E + 1) ints of counts.
+__global__ void __launch_bounds__(kGroupThreads)
+    GroupKernel(const int* __restrict__ idx, int n, int E, int* __restrict__ slot_of,
+                int* __restrict__ first, int* __restrict__ active, int* __restrict__ n_active) {
+  extern __shared__ int cnt[];  // [E + 1]
+  __shared__ int scan_c[kGroupThreads];
+  __shared__ int scan_a[kGroupThreads];
+  GroupBody<kGroupThreads>(idx, n, E, slot_of, first, active, n_active, cnt, scan_c, scan_a);
+}
+
+// A decode step's routing and grouping in one block (RouteRow, then GroupBody over its k slots):
+// the two launches' numbers. Dynamic shared memory: (E + 1) ints.
+__global__ void __launch_bounds__(km::kRouteThreads)
+    RouteGroupKernel(const float* __restrict__ logits, int E, int k, bool norm, int* __restrict__ idx,
+                     float* __restrict__ wts, int* __restrict__ idx_host, int* __restrict__ slot_of,
+                     int* __restrict__ first, int* __restrict__ active, int* __restrict__ n_active) {
+  __shared__ RouteSmem sm;
+  __shared__ int scan_c[km::kRouteThreads];
+  __shared__ int scan_a[km::kRouteThreads];
+  extern __shared__ int cnt[];  // [E + 1]
+  RouteRow(logits, E, k, norm, idx, wts, idx_host, sm);
+  __syncthreads();  // thread 0 wrote idx (global memory): visible to the block after the barrier
+  GroupBody<km::kRouteThreads>(idx, k, E, slot_of, first, active, n_active, cnt, scan_c, scan_a);
 }
 
 // The active expert of this block, or -1 when the block is past n_active.
@@ -350,6 +383,18 @@ void GroupByExpert(const int* idx, int T, int k, int n_experts, int* slot_of, in
   const int n = T > 0 && k > 0 ? T * k : 0;
   const std::size_t smem = (static_cast<std::size_t>(n_experts) + 1) * sizeof(int);
   GroupKernel<<<1, kGroupThreads, smem, s>>>(idx, n, n_experts, slot_of, first, active, n_active);
+}
+
+void RouteAndGroup(const float* logits, int T, int n_experts, int k, bool norm, int* idx, float* wts, int* idx_host,
+                   int* slot_of, int* first, int* active, int* n_active, cudaStream_t s) {
+  if (T != 1 || n_experts <= 0 || k <= 0) {
+    RouteTopK(logits, T, n_experts, k, norm, idx, wts, idx_host, s);
+    GroupByExpert(idx, T, k, n_experts, slot_of, first, active, n_active, s);
+    return;
+  }
+  const std::size_t smem = (static_cast<std::size_t>(n_experts) + 1) * sizeof(int);
+  RouteGroupKernel<<<1, km::kRouteThreads, smem, s>>>(logits, n_experts, k, norm, idx, wts, idx_host, slot_of, first,
+                                                      active, n_active);
 }
 
 void ExpertGateUp(const float* x, int H, int I, int k, const int* slot_of, const int* first,

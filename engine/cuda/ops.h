@@ -159,11 +159,18 @@ void GdnSplit(const float* P, const float* B, int T, int n_k_heads, int n_v_head
               int conv_kernel, const float* a_log, const float* dt_bias, const float* conv_state, float* win, float* Z,
               float* beta, float* g, cudaStream_t s);
 // Causal depthwise conv + SiLU: win f32 [K-1+T, C], weight f32 [C, K] -> U f32 [T, C].
-// steps (verify windows; may be null): the conv state after each of the T steps, f32
-// [T, K-1, C], block t = win rows [t+1, t+K), copied by the threads that read those rows for the
-// conv (no launch of its own, no second read of the window).
+// steps (may be null): the conv state after each of the T steps, f32 [T, K-1, C], block t = win
+// rows [t+1, t+K), copied by the threads that read those rows for the conv. The engine runs split
+// and conv as GdnSplitConv in verify windows; this form serves prefill (which needs the window
+// for the next conv state) and is GdnSplitConv's reference in the tests.
 void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, float* U, cudaStream_t s,
                     float* steps = nullptr);
+// Verify windows: GdnSplit and CausalConvSilu (with steps) in one launch, bitwise the two: U f32
+// [T, conv_dim], steps f32 [T, K-1, conv_dim], Z, beta and g as they write them. The window is
+// read from conv_state and P in place (not written); conv_state is left alone.
+void GdnSplitConv(const float* P, const float* B, int T, int n_k_heads, int n_v_heads, int k_head_dim,
+                  int v_head_dim, int conv_kernel, const float* a_log, const float* dt_bias, const float* conv_state,
+                  const float* weight, float* U, float* steps, float* Z, float* beta, float* g, cudaStream_t s);
 // From U f32 [T, conv_dim]: l2-normalised q (then scaled by 1/sqrt(Dk)) and k per key head,
 // qh, kh f32 [T, Hk, Dk] (eps 1e-6 inside the sqrt, as cpu::L2NormInPlace).
 void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_dim, float* qh, float* kh,
@@ -221,6 +228,11 @@ void RouteTopK(const float* logits, int T, int n_experts, int k, bool norm, int*
 // n_active int32 [1]. One block; no atomics.
 void GroupByExpert(const int* idx, int T, int k, int n_experts, int* slot_of, int* first, int* active,
                    int* n_active, cudaStream_t s);
+// RouteTopK then GroupByExpert, the same numbers: a decode step (T == 1) in one launch (one block
+// routes the token, then groups its k slots), longer windows as the two launches (one routing
+// block per token).
+void RouteAndGroup(const float* logits, int T, int n_experts, int k, bool norm, int* idx, float* wts, int* idx_host,
+                   int* slot_of, int* first, int* active, int* n_active, cudaStream_t s);
 // Routed experts, gate/up + SwiGLU: for every active expert a < max_active (blocks past n_active
 // exit) and each of its slots i: act[slot i] = silu(x[t] . Wg[e][o]) * (x[t] . Wu[e][o]) for
 // o < I, with t = slot_of[i] / k. gate_w, up_w: device arrays [E] of pointers to [I, H] weights,

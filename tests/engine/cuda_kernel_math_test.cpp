@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -611,6 +612,25 @@ TEST(CudaKernelMath, GdnSplitMatchesCpuLayoutBitwise) {
   EXPECT_TRUE(same(z_g, z_c));
   EXPECT_TRUE(same(beta_g, beta_c));
   EXPECT_TRUE(same(g_g, g_c));
+}
+
+// GdnSplitConv reads each conv channel and Z column from the qkvz column GdnSplitSource names:
+// the inverse of GdnSplitDest, for one and several value heads per key head.
+TEST(CudaKernelMath, GdnSplitSourceInvertsGdnSplitDest) {
+  for (const auto [hk, hv, dk, dv] : {std::array{2, 6, 5, 3}, std::array{4, 8, 64, 64}, std::array{3, 3, 4, 7}}) {
+    const int r = hv / hk, qkvz = 2 * hk * dk + 2 * hv * dv;
+    std::vector<int> seen(Z(qkvz), 0);
+    for (int c = 0; c < qkvz; ++c) {
+      const km::SplitDest d = km::GdnSplitDest(c, hk, dk, dv, r);
+      ASSERT_EQ(km::GdnSplitSource(d.to_z, d.col, hk, dk, dv, r), c) << "hk " << hk << " hv " << hv << " column " << c;
+      ++seen[Z(c)];
+    }
+    // every conv channel and Z column has a source, and no two share one
+    std::vector<int> hit(Z(qkvz), 0);
+    for (int ch = 0; ch < 2 * hk * dk + hv * dv; ++ch) ++hit[Z(km::GdnSplitSource(false, ch, hk, dk, dv, r))];
+    for (int zc = 0; zc < hv * dv; ++zc) ++hit[Z(km::GdnSplitSource(true, zc, hk, dk, dv, r))];
+    EXPECT_EQ(hit, seen);
+  }
 }
 
 TEST(CudaKernelMath, CausalConvMatchesCpuBitwise) {

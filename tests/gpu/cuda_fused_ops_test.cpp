@@ -12,7 +12,11 @@
 //   cache dtype, full and partial rotation, head_dim on the vector and the scalar path, several
 //   query heads per kv head, the position on the device;
 //   Attention with its output gate vs Attention then MulSigmoid: whole rows and split rows (the
-//   combine kernel gates those), one head per block and grouped heads, rows in several launches.
+//   combine kernel gates those), one head per block and grouped heads, rows in several launches;
+//   GdnSplitConv vs GdnSplit then CausalConvSilu with steps: one and several value heads per key
+//   head, T = 1 and 9, conv kernels 2 and 4;
+//   RouteAndGroup of a decode step (one launch) vs RouteTopK then GroupByExpert: 8 to 4096
+//   experts, top-1 to top-10, with and without renormalisation, ties in the logits.
 // Runs in cuda_tests on a GPU and in the emulator (tests/cuda_emu) in CI.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -298,6 +302,91 @@ TEST(CudaOps, AttentionGateIsBitwiseMulSigmoid) {
   const std::size_t one_row = AttentionScratchFloats(1, 8, 64, 96, 32);
   ASSERT_GT(one_row, 0u);
   CheckAttentionGate(0, 32, AttnHeads::kOne, 2 * one_row);
+}
+
+// The GDN split and causal conv of a verify window, fused and as the two ops it replaces.
+void CheckSplitConv(int hk, int hv, int dk, int dv, int K, int T) {
+  const std::string where = "hk " + std::to_string(hk) + " hv " + std::to_string(hv) + " dk " + std::to_string(dk) +
+                            " dv " + std::to_string(dv) + " K " + std::to_string(K) + " T " + std::to_string(T);
+  const int C = 2 * hk * dk + hv * dv, qkvz = 2 * hk * dk + 2 * hv * dv;
+  const std::size_t tc = static_cast<std::size_t>(T) * C, nz = static_cast<std::size_t>(T) * hv * dv,
+                    nh = static_cast<std::size_t>(T) * hv, n_steps = static_cast<std::size_t>(T) * (K - 1) * C,
+                    n_state = static_cast<std::size_t>(K - 1) * C;
+  const std::vector<float> P = test::Random(static_cast<std::size_t>(T) * qkvz, 71, -2.0f, 2.0f),
+                           B = test::Random(static_cast<std::size_t>(T) * 2 * hv, 72, -3.0f, 3.0f),
+                           a_log = test::Random(static_cast<std::size_t>(hv), 73),
+                           dt_bias = test::Random(static_cast<std::size_t>(hv), 74),
+                           state = test::Random(n_state, 75, -2.0f, 2.0f),
+                           weight = test::Random(static_cast<std::size_t>(C) * K, 76);
+  float *dP = DevCopy(P), *dB = DevCopy(B), *dal = DevCopy(a_log), *ddt = DevCopy(dt_bias), *dst = DevCopy(state),
+        *dw = DevCopy(weight);
+  auto zeros = [](std::size_t n) { return DevCopy(std::vector<float>(n, 0.0f)); };
+  float *ua = zeros(tc), *ub = zeros(tc), *sa = zeros(n_steps), *sb = zeros(n_steps), *za = zeros(nz), *zb = zeros(nz),
+        *ba = zeros(nh), *bb = zeros(nh), *ga = zeros(nh), *gb = zeros(nh),
+        *win = zeros(static_cast<std::size_t>(K - 1 + T) * C);
+  GdnSplitConv(dP, dB, T, hk, hv, dk, dv, K, dal, ddt, dst, dw, ua, sa, za, ba, ga, nullptr);
+  GdnSplit(dP, dB, T, hk, hv, dk, dv, K, dal, ddt, dst, win, zb, bb, gb, nullptr);
+  CausalConvSilu(win, T, C, K, dw, ub, nullptr, sb);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << where;
+  const std::vector<float> got_u = HostCopy(ua, tc);
+  EXPECT_TRUE(test::BitwiseEqual(got_u, HostCopy(ub, tc))) << where << " U";
+  EXPECT_FALSE(test::BitwiseEqual(got_u, std::vector<float>(tc, 0.0f))) << where << " U written";
+  EXPECT_TRUE(test::BitwiseEqual(HostCopy(sa, n_steps), HostCopy(sb, n_steps))) << where << " conv states";
+  EXPECT_TRUE(test::BitwiseEqual(HostCopy(za, nz), HostCopy(zb, nz))) << where << " Z";
+  EXPECT_TRUE(test::BitwiseEqual(HostCopy(ba, nh), HostCopy(bb, nh))) << where << " beta";
+  EXPECT_TRUE(test::BitwiseEqual(HostCopy(ga, nh), HostCopy(gb, nh))) << where << " g";
+  EXPECT_TRUE(test::BitwiseEqual(HostCopy(dst, n_state), state)) << where << " the conv state is left alone";
+  for (float* f : {dP, dB, dal, ddt, dst, dw, ua, ub, sa, sb, za, zb, ba, bb, ga, gb, win}) cudaFree(f);
+}
+
+TEST(CudaOps, GdnSplitConvIsBitwiseSplitThenConv) {
+  LOCKSTEP_REQUIRE_GPU(1);
+  for (int T : {1, 9}) {
+    CheckSplitConv(2, 4, 16, 16, 4, T);  // two value heads per key head (tiny)
+    CheckSplitConv(4, 8, 64, 64, 4, T);  // small
+    CheckSplitConv(3, 3, 5, 7, 2, T);    // one per key head, odd widths, a 2-tap conv
+  }
+}
+
+// A decode step's routing and grouping, fused and as the two launches.
+void CheckRouteGroup(int E, int k, bool norm, bool ties) {
+  const std::string where = "E " + std::to_string(E) + " k " + std::to_string(k) + (norm ? " norm" : "") +
+                            (ties ? " ties" : "");
+  std::vector<float> logits = test::Random(static_cast<std::size_t>(E), 81, -4.0f, 4.0f);
+  if (ties)  // equal logits: the lower id must win, in both forms
+    for (std::size_t e = 0; e < logits.size(); e += 3) logits[e] = 1.5f;
+  const auto ku = static_cast<std::size_t>(k), eu = static_cast<std::size_t>(E);
+  float* dl = DevCopy(logits);
+  auto ints = [](std::size_t n) { return DevCopy(std::vector<int>(n, -7)); };
+  int *ia = ints(ku), *ib = ints(ku), *ha = ints(ku), *hb = ints(ku), *sa = ints(ku), *sb = ints(ku),
+      *fa = ints(eu + 1), *fb = ints(eu + 1), *aa = ints(ku), *ab = ints(ku), *na = ints(1), *nb = ints(1);
+  float *wa = DevCopy(std::vector<float>(ku, 0.0f)), *wb = DevCopy(std::vector<float>(ku, 0.0f));
+  RouteAndGroup(dl, 1, E, k, norm, ia, wa, ha, sa, fa, aa, na, nullptr);
+  RouteTopK(dl, 1, E, k, norm, ib, wb, hb, nullptr);
+  GroupByExpert(ib, 1, k, E, sb, fb, ab, nb, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << where;
+  const std::vector<int> got = HostCopy(ia, ku);
+  EXPECT_EQ(got, HostCopy(ib, ku)) << where << " ids";
+  EXPECT_EQ(HostCopy(ha, ku), got) << where << " host ids";
+  EXPECT_EQ(HostCopy(hb, ku), got) << where << " host ids (two launches)";
+  EXPECT_TRUE(test::BitwiseEqual(HostCopy(wa, ku), HostCopy(wb, ku))) << where << " weights";
+  EXPECT_EQ(HostCopy(sa, ku), HostCopy(sb, ku)) << where << " slot_of";
+  EXPECT_EQ(HostCopy(fa, eu + 1), HostCopy(fb, eu + 1)) << where << " first";
+  EXPECT_EQ(HostCopy(aa, ku), HostCopy(ab, ku)) << where << " active";
+  EXPECT_EQ(HostCopy(na, 1), HostCopy(nb, 1)) << where << " n_active";
+  EXPECT_EQ(HostCopy(na, 1)[0], k) << where << " k distinct experts";
+  for (int* p : {ia, ib, ha, hb, sa, sb, fa, fb, aa, ab, na, nb}) cudaFree(p);
+  for (float* p : {dl, wa, wb}) cudaFree(p);
+}
+
+TEST(CudaOps, RouteAndGroupOfADecodeStepIsBitwiseTheTwoLaunches) {
+  LOCKSTEP_REQUIRE_GPU(1);
+  CheckRouteGroup(8, 2, true, false);      // tiny
+  CheckRouteGroup(32, 4, true, true);      // small
+  CheckRouteGroup(512, 10, true, false);   // Qwen3-Next
+  CheckRouteGroup(512, 10, false, true);
+  CheckRouteGroup(4096, 1, false, false);  // the limit: a thread's segment of several experts
+  CheckRouteGroup(300, 7, true, true);     // not a multiple of the block
 }
 }  // namespace
 }  // namespace lockstep::cuda
