@@ -11,8 +11,7 @@ namespace lockstep::cuda::detail {
 
 Status Ctx::Mm(const float* x, int T, const DMat& w, float* y, int ldy) {
   if (ldy < 0) ldy = w.rows;
-  const bool gemm = T > 1 && (mode == ForwardMode::kPrefill || !deterministic);
-  if (!gemm) {
+  if (RowsPath(T)) {
     RowsMm(x, T, w, y, ldy, s);
     return Status::Ok();
   }
@@ -39,7 +38,7 @@ Status Ctx::Mm(const float* x, int T, const DMat& w, float* y, int ldy) {
 Status Ctx::MmShared(const float* x, int T, std::initializer_list<MmOut> outs) {
   LOCKSTEP_CHECK(outs.size() >= 1 && outs.size() <= 3);
   const DMat& w0 = *outs.begin()->w;
-  bool fused = !(T > 1 && (mode == ForwardMode::kPrefill || !deterministic));
+  bool fused = RowsPath(T);
   for (const MmOut& o : outs) {
     LOCKSTEP_CHECK(o.up == nullptr || (o.up->rows == o.w->rows && o.up->cols == o.w->cols && o.up->bf16 == o.w->bf16));
     fused = fused && o.w->bf16 == w0.bf16 && o.w->cols == w0.cols;
@@ -279,12 +278,16 @@ Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* c
   RouteAndGroup(logits, T, ne, k, c.norm_topk_prob, idx, wts, idx_host, slot_of, first, active, n_active, x.s);
   const bool bf16 = x.d.weights_bf16;
   ExpertGateUp(a, h, inter, k, slot_of, first, active, n_active, max_active, L.gate_ptrs, L.up_ptrs, bf16, act, x.s);
-  ExpertDown(act, h, inter, slot_of, first, active, n_active, max_active, L.down_ptrs, bf16, ranked, x.s);
   float* sh = nullptr;
   if (shared) {
     LOCKSTEP_ASSIGN_OR_RETURN(sh, x.Alloc(U(T) * U(h)));
-    LOCKSTEP_RETURN_IF_ERROR(x.Mm(sact, T, L.shared.down, sh));
   }
+  // The shared expert's down projection rides along the routed one's launch where Mm would run
+  // RowsMatmul (the same bits); prefill (cuBLAS) keeps its own GEMM.
+  const bool shared_along = shared && x.RowsPath(T) && L.shared.down.bf16 == bf16;
+  ExpertDown(act, h, inter, slot_of, first, active, n_active, max_active, L.down_ptrs, bf16, ranked, x.s,
+             shared_along ? DenseDown{sact, T, L.shared.down.cols, L.shared.down.d, sh} : DenseDown{});
+  if (shared && !shared_along) LOCKSTEP_RETURN_IF_ERROR(x.Mm(sact, T, L.shared.down, sh));
   // Combine, shared gate, residual add and the next norm: one launch instead of four.
   MoeEpilogue(ranked, wts, T, k, h, a, L.shared_gate, sh, hid, next_norm, c.rms_norm_eps, next_a, x.s);
   return Status::Ok();

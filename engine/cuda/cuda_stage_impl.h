@@ -275,6 +275,8 @@ struct Ctx {
   // use the batch-invariant RowsMatmul; prefill uses cuBLAS. Non-deterministic mode sends
   // verify windows of more than one row to cuBLAS too (TF32, shape-dependent algorithm).
   Status Mm(const float* x, int T, const DMat& w, float* y, int ldy = -1);
+  // True when Mm of T rows runs RowsMatmul (not cuBLAS).
+  bool RowsPath(int T) const { return !(T > 1 && (mode == ForwardMode::kPrefill || !deterministic)); }
   // y_i = x . W_i^T for up to three matrices over the same x (row stride = their common width):
   // one launch where Mm would use RowsMatmul (RowsMatmulMulti, the same bits as one call each),
   // one Mm per matrix where it would use cuBLAS. With `up` (a SwiGLU pair, up shaped as w):

@@ -453,6 +453,44 @@ __device__ inline void WarpDotRows(const float* const* x, const WT* w, int n, bo
   for (int r = 0; r < R; ++r) out[r] = WarpCombine(acc[r]);
 }
 
+
+// One pass of n <= R rows starting at t0 (slots past n repeat row t0 and are not stored).
+// wu (RowsMatmulMulti's SwiGLU pair, warp-uniform): y = silu(x . w) * (x . wu).
+template <int R, typename WT>
+__device__ inline void RowsPass(const float* x, int n_in, int t0, int n, const WT* w, bool vec,
+                                int lane, float* y, int ldy, int o, const WT* wu = nullptr) {
+  const float* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    rows[r] = x + static_cast<std::size_t>(t0 + (r < n ? r : 0)) * static_cast<std::size_t>(n_in);
+  float out[R];
+  WarpDotRows<R, WT>(rows, w, n_in, vec, lane, out);
+  if (wu != nullptr) {
+    float up[R];
+    WarpDotRows<R, WT>(rows, wu, n_in, vec, lane, up);
+#pragma unroll
+    for (int r = 0; r < R; ++r) out[r] = SiluMulElem(out[r], up[r]);
+  }
+  // Lane r stores row r (every lane holds every result): n stores in parallel, not n from lane 0.
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (lane == r && r < n)
+      y[static_cast<std::size_t>(t0 + r) * static_cast<std::size_t>(ldy) +
+        static_cast<std::size_t>(o)] = out[r];
+}
+
+// Output row o of y[T, ldy] = x[T, n_in] . W^T (w = W's row o; with wu, the SwiGLU pair) for all
+// T rows: passes of RowGroupSize rows in order, so a row's bits never depend on T.
+template <typename WT>
+__device__ inline void RowsAllPasses(const float* x, int T, int n_in, const WT* w, bool vec, int lane, float* y,
+                                     int ldy, int o, const WT* wu = nullptr) {
+  for (int t0 = 0; t0 < T;) {
+    const int n = RowGroupSize(T - t0);
+    WithPassWidth(n, [&]<int R>() { RowsPass<R, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o, wu); });
+    t0 += n;
+  }
+}
+
 }  // namespace lockstep::cuda::km
 #endif  // __CUDACC__
 

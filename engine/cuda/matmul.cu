@@ -20,31 +20,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;  // 4 output rows per block: many blocks even for small n_out
 
-// One pass of n <= R rows starting at t0 (slots past n repeat row t0 and are not stored).
-// wu (RowsMatmulMulti's SwiGLU pair, warp-uniform): y = silu(x . w) * (x . wu).
-template <int R, typename WT>
-__device__ inline void RowsPass(const float* x, int n_in, int t0, int n, const WT* w, bool vec,
-                                int lane, float* y, int ldy, int o, const WT* wu = nullptr) {
-  const float* rows[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-    rows[r] = x + static_cast<std::size_t>(t0 + (r < n ? r : 0)) * static_cast<std::size_t>(n_in);
-  float out[R];
-  km::WarpDotRows<R, WT>(rows, w, n_in, vec, lane, out);
-  if (wu != nullptr) {
-    float up[R];
-    km::WarpDotRows<R, WT>(rows, wu, n_in, vec, lane, up);
-#pragma unroll
-    for (int r = 0; r < R; ++r) out[r] = km::SiluMulElem(out[r], up[r]);
-  }
-  // Lane r stores row r (every lane holds every result): n stores in parallel, not n from lane 0.
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-    if (lane == r && r < n)
-      y[static_cast<std::size_t>(t0 + r) * static_cast<std::size_t>(ldy) +
-        static_cast<std::size_t>(o)] = out[r];
-}
-
 // x f32 [T, n_in], W f32 or bf16 [n_out, n_in], y f32 [T, ldy]. Grid: ceil(n_out / kWarpsPerBlock).
 template <typename WT>
 __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
@@ -55,11 +30,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
       static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x) / km::kWarp;
   if (o >= n_out) return;  // the whole warp leaves together (shuffles stay full-warp)
   const WT* w = W + static_cast<std::size_t>(o) * static_cast<std::size_t>(n_in);
-  for (int t0 = 0; t0 < T;) {
-    const int n = km::RowGroupSize(T - t0);
-    km::WithPassWidth(n, [&]<int R>() { RowsPass<R, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o); });
-    t0 += n;
-  }
+  km::RowsAllPasses(x, T, n_in, w, vec, lane, y, ldy, o);
 }
 
 // Up to three products of the same x in one launch (RowsMatmulMulti): block b belongs to product
@@ -88,11 +59,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
   const std::size_t row = static_cast<std::size_t>(o) * static_cast<std::size_t>(n_in);
   const WT* w = W + row;
   const WT* wu = Wu != nullptr ? Wu + row : nullptr;
-  for (int t0 = 0; t0 < T;) {
-    const int n = km::RowGroupSize(T - t0);
-    km::WithPassWidth(n, [&]<int R>() { RowsPass<R, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o, wu); });
-    t0 += n;
-  }
+  km::RowsAllPasses(x, T, n_in, w, vec, lane, y, ldy, o, wu);
 }
 
 // bf16 bits [n] -> f32 [n] (exact); one thread per element.

@@ -261,12 +261,20 @@ __global__ void __launch_bounds__(kMoeWarps* km::kWarp)
     DownKernel(const float* __restrict__ act, int H, int I, const int* __restrict__ slot_of,
                const int* __restrict__ first, const int* __restrict__ active,
                const int* __restrict__ n_active, const void* const* __restrict__ down_w,
-               float* __restrict__ ranked) {
-  const int e = BlockExpert(active, n_active);
-  if (e < 0) return;
+               float* __restrict__ ranked, DenseDown dense) {
   const int lane = static_cast<int>(threadIdx.x) % km::kWarp;
   const int o =
       static_cast<int>(blockIdx.y) * kMoeWarps + static_cast<int>(threadIdx.x) / km::kWarp;
+  if (dense.w != nullptr && static_cast<int>(blockIdx.x) == static_cast<int>(gridDim.x) - 1) {
+    // The last column of blocks: the dense product, row o as RowsMatmulKernel computes it.
+    if (o >= H) return;
+    const WT* w = static_cast<const WT*>(dense.w) + static_cast<std::size_t>(o) * static_cast<std::size_t>(dense.I);
+    const bool vec = dense.I % 4 == 0 && km::Aligned(dense.act, 16) && km::Aligned(w, km::kWeightVecAlign<WT>);
+    km::RowsAllPasses(dense.act, dense.T, dense.I, w, vec, lane, dense.y, H, o);
+    return;
+  }
+  const int e = BlockExpert(active, n_active);
+  if (e < 0) return;
   if (o >= H) return;
   const WT* wd = static_cast<const WT*>(down_w[e]) + static_cast<std::size_t>(o) * static_cast<std::size_t>(I);
   const bool vec = I % 4 == 0 && km::Aligned(act, 16) && km::Aligned(wd, km::kWeightVecAlign<WT>);
@@ -415,16 +423,18 @@ void ExpertGateUp(const float* x, int H, int I, int k, const int* slot_of, const
 
 void ExpertDown(const float* act, int H, int I, const int* slot_of, const int* first,
                 const int* active, const int* n_active, int max_active, const void* const* down_w,
-                bool bf16, float* ranked, cudaStream_t s) {
-  if (max_active <= 0 || H <= 0 || I <= 0) return;
-  const dim3 grid(static_cast<unsigned>(max_active),
+                bool bf16, float* ranked, cudaStream_t s, DenseDown dense) {
+  if (dense.T <= 0 || dense.I <= 0) dense.w = nullptr;
+  if (max_active <= 0 || I <= 0) max_active = 0;  // no routed product; the dense one may remain
+  if (H <= 0 || (max_active == 0 && dense.w == nullptr)) return;
+  const dim3 grid(static_cast<unsigned>(max_active + (dense.w != nullptr ? 1 : 0)),
                   static_cast<unsigned>((H + kMoeWarps - 1) / kMoeWarps));
   if (bf16) {
     DownKernel<std::uint16_t><<<grid, kMoeWarps * km::kWarp, 0, s>>>(act, H, I, slot_of, first, active,
-                                                                     n_active, down_w, ranked);
+                                                                     n_active, down_w, ranked, dense);
   } else {
     DownKernel<float><<<grid, kMoeWarps * km::kWarp, 0, s>>>(act, H, I, slot_of, first, active,
-                                                             n_active, down_w, ranked);
+                                                             n_active, down_w, ranked, dense);
   }
 }
 

@@ -242,11 +242,23 @@ void RouteAndGroup(const float* logits, int T, int n_experts, int k, bool norm, 
 void ExpertGateUp(const float* x, int H, int I, int k, const int* slot_of, const int* first, const int* active,
                   const int* n_active, int max_active, const void* const* gate_w, const void* const* up_w, bool bf16,
                   float* act, cudaStream_t s);
+// A dense product riding along ExpertDown's launch (the shared expert's down projection):
+// y f32 [T, H] = act f32 [T, I] . w^T, w [H, I] of the experts' dtype, computed exactly as
+// RowsMatmul computes it (one more column of blocks). w == nullptr: none.
+struct DenseDown {
+  const float* act = nullptr;
+  int T = 0;
+  int I = 0;
+  const void* w = nullptr;
+  float* y = nullptr;
+};
 // Routed experts, down projection: ranked[slot_of[i]] = act[i] . Wd[e] rows, f32 [T*k, H] by
-// (t*k + r). down_w: [E] pointers to [H, I] weights (f32, or bf16 bits when `bf16`).
+// (t*k + r). down_w: [E] pointers to [H, I] weights (f32, or bf16 bits when `bf16`). dense: a
+// product of the same launch, bitwise RowsMatmul(dense.act, dense.T, dense.w, H, dense.I,
+// dense.y, H).
 void ExpertDown(const float* act, int H, int I, const int* slot_of, const int* first, const int* active,
                 const int* n_active, int max_active, const void* const* down_w, bool bf16, float* ranked,
-                cudaStream_t s);
+                cudaStream_t s, DenseDown dense = {});
 // out[t] = sum over r in rank order of wts[t, r] * ranked[t, r] (f32, starting from 0).
 void MoeCombine(const float* ranked, const float* wts, int T, int k, int H, float* out, cudaStream_t s);
 // Shared expert gate: out[t] += sigmoid(x[t] . gate_w) * sh[t]; x, sh, out f32 [T, H].

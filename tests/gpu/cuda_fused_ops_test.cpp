@@ -16,11 +16,14 @@
 //   GdnSplitConv vs GdnSplit then CausalConvSilu with steps: one and several value heads per key
 //   head, T = 1 and 9, conv kernels 2 and 4;
 //   RouteAndGroup of a decode step (one launch) vs RouteTopK then GroupByExpert: 8 to 4096
-//   experts, top-1 to top-10, with and without renormalisation, ties in the logits.
+//   experts, top-1 to top-10, with and without renormalisation, ties in the logits;
+//   ExpertDown with a dense product along (DenseDown: the shared expert's down projection) vs
+//   ExpertDown and RowsMatmul: f32 and bf16, T = 1 / 9 / 17, a dense width unlike the experts'.
 // Runs in cuda_tests on a GPU and in the emulator (tests/cuda_emu) in CI.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -387,6 +390,66 @@ TEST(CudaOps, RouteAndGroupOfADecodeStepIsBitwiseTheTwoLaunches) {
   CheckRouteGroup(512, 10, false, true);
   CheckRouteGroup(4096, 1, false, false);  // the limit: a thread's segment of several experts
   CheckRouteGroup(300, 7, true, true);     // not a multiple of the block
+}
+
+// The shared expert's down projection riding along ExpertDown, against the two launches.
+template <typename WT>
+void CheckDenseDown(int T, int k, int E, int H, int I, int I_dense) {
+  const std::string where = std::string(sizeof(WT) == 2 ? "bf16" : "f32") + " T " + std::to_string(T) + " k " +
+                            std::to_string(k) + " H " + std::to_string(H) + " I " + std::to_string(I) + " dense I " +
+                            std::to_string(I_dense);
+  const int slots = T * k;
+  const auto su = static_cast<std::size_t>(slots), hu = static_cast<std::size_t>(H), tu = static_cast<std::size_t>(T);
+  // Routing: slot i of token t to expert (t + r) % E, grouped on the device as the engine does.
+  std::vector<int> ids(su);
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < k; ++r) ids[static_cast<std::size_t>(t * k + r)] = (t + 2 * r) % E;
+  int* idx = DevCopy(ids);
+  auto ints = [](std::size_t n) { return DevCopy(std::vector<int>(n, 0)); };
+  int *slot_of = ints(su), *first = ints(static_cast<std::size_t>(E) + 1), *active = ints(su), *n_active = ints(1);
+  GroupByExpert(idx, T, k, E, slot_of, first, active, n_active, nullptr);
+  auto weights = [](std::size_t n, std::uint64_t seed) -> WT* {
+    const std::vector<float> f = test::Random(n, seed);
+    if constexpr (sizeof(WT) == 2) {
+      return DevCopy(Bf16Bits(f));
+    } else {
+      return DevCopy(f);
+    }
+  };
+  std::vector<WT*> experts;
+  for (int e = 0; e < E; ++e) experts.push_back(weights(hu * static_cast<std::size_t>(I), 90 + static_cast<std::uint64_t>(e)));
+  std::vector<const void*> ptrs(experts.begin(), experts.end());
+  const void** dptrs = DevCopy(ptrs);
+  WT* wd = weights(hu * static_cast<std::size_t>(I_dense), 99);
+  float *act = DevCopy(test::Random(su * static_cast<std::size_t>(I), 97)),
+        *dact = DevCopy(test::Random(tu * static_cast<std::size_t>(I_dense), 98));
+  const std::vector<float> zr(su * hu, 0.0f), zd(tu * hu, 0.0f);
+  float *ra = DevCopy(zr), *rb = DevCopy(zr), *ya = DevCopy(zd), *yb = DevCopy(zd);
+  const bool bf16 = sizeof(WT) == 2;
+  const int max_active = std::min(slots, E);
+  ExpertDown(act, H, I, slot_of, first, active, n_active, max_active, dptrs, bf16, ra, nullptr,
+             DenseDown{dact, T, I_dense, wd, ya});
+  ExpertDown(act, H, I, slot_of, first, active, n_active, max_active, dptrs, bf16, rb, nullptr);
+  RowsMatmul(dact, T, wd, H, I_dense, yb, H, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << where;
+  const std::vector<float> got = HostCopy(ya, tu * hu);
+  EXPECT_TRUE(test::BitwiseEqual(got, HostCopy(yb, tu * hu))) << where << " dense";
+  EXPECT_FALSE(test::BitwiseEqual(got, zd)) << where << " dense written";
+  EXPECT_TRUE(test::BitwiseEqual(HostCopy(ra, su * hu), HostCopy(rb, su * hu))) << where << " routed";
+  for (WT* w : experts) cudaFree(w);
+  for (int* p : {idx, slot_of, first, active, n_active}) cudaFree(p);
+  for (float* p : {act, dact, ra, rb, ya, yb}) cudaFree(p);
+  cudaFree(dptrs);
+  cudaFree(wd);
+}
+
+TEST(CudaOps, ExpertDownWithDenseAlongIsBitwiseTheTwoLaunches) {
+  LOCKSTEP_REQUIRE_GPU(1);
+  for (int T : {1, 9, 17}) {
+    CheckDenseDown<float>(T, 2, 8, 64, 32, 32);               // tiny
+    CheckDenseDown<std::uint16_t>(T, 4, 32, 130, 128, 256);  // small's widths, H past the block rows
+    CheckDenseDown<float>(T, 3, 5, 33, 30, 18);               // scalar loads (I % 4 != 0)
+  }
 }
 }  // namespace
 }  // namespace lockstep::cuda
