@@ -172,19 +172,78 @@ __global__ void __launch_bounds__(kGroupThreads)
   GroupBody<kGroupThreads>(idx, n, E, slot_of, first, active, n_active, cnt, scan_c, scan_a);
 }
 
-// A decode step's routing and grouping in one block (RouteRow, then GroupBody over its k slots):
-// the two launches' numbers. Dynamic shared memory: (E + 1) ints.
-__global__ void __launch_bounds__(km::kRouteThreads)
-    RouteGroupKernel(const float* __restrict__ logits, int E, int k, bool norm, int* __restrict__ idx,
+// Routing and grouping of a window of up to kRouteWarpRows tokens in one block, for E <=
+// kRouteWarpMaxExperts: warp w routes token w, then the block groups the T*k slots
+// (GroupBody). Each warp runs RouteRow's arithmetic with warp operations: the max (exact, any
+// order), the exponentials, the f32 sum in expert order (every lane runs the same sequence, so
+// no broadcast is needed), probs = e / sum, and k argmax passes under RouteBetter's total order,
+// so the picks, weights and ids are RouteRow's for any finite logits.
+constexpr int kRouteWarpRows = km::kMaxRowsPerPass;  // 16: any verify window
+constexpr int kRouteWarpMaxExperts = 512;           // a lane's experts fit a 16-bit taken mask
+constexpr int kRouteGroupThreads = kRouteWarpRows * km::kWarp;
+static_assert(kRouteWarpMaxExperts <= 32 * km::kWarp, "taken mask of 32 bits per lane");
+
+__device__ inline void RouteRowWarp(const float* lg, int E, int k, bool norm, int* out_i, float* out_w,
+                                    int* host_i, float* probs, int lane) {
+  float mx = -INFINITY;
+  for (int e = lane; e < E; e += km::kWarp) mx = km::MaxStep(mx, lg[e]);
+  for (int off = km::kWarp / 2; off > 0; off >>= 1) mx = km::MaxStep(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  for (int e = lane; e < E; e += km::kWarp) probs[e] = km::SoftmaxExp(lg[e], mx);
+  __syncwarp();  // every lane reads every exponential below
+  float sum = 0.0f;
+  for (int e = 0; e < E; ++e) sum = sum + probs[e];
+  // k passes: each lane's best untaken expert among its own (e = lane + 32 j), then a butterfly
+  // under the total order; the owner marks the pick taken (bit j of its mask).
+  unsigned taken = 0;
+  for (int r = 0; r < k; ++r) {
+    float bp = 0.0f;
+    int bi = -1;
+    for (int j = 0, e = lane; e < E; ++j, e += km::kWarp) {
+      const float p = probs[e] / sum;
+      if (!(taken >> j & 1u) && km::RouteBetter(p, e, bp, bi)) {
+        bp = p;
+        bi = e;
+      }
+    }
+    for (int off = km::kWarp / 2; off > 0; off >>= 1) {
+      const float op = __shfl_xor_sync(0xffffffffu, bp, off);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+      if (km::RouteBetter(op, oi, bp, bi)) {
+        bp = op;
+        bi = oi;
+      }
+    }
+    if (bi % km::kWarp == lane) taken |= 1u << (bi / km::kWarp);
+    if (lane == 0) {
+      out_i[r] = bi;
+      out_w[r] = bp;
+      if (host_i != nullptr) host_i[r] = bi;
+    }
+  }
+  if (lane == 0 && norm) {
+    float sel = 0.0f;
+    for (int r = 0; r < k; ++r) sel = sel + out_w[r];
+    for (int r = 0; r < k; ++r) out_w[r] = out_w[r] / sel;
+  }
+}
+
+// One block of kRouteGroupThreads. Dynamic shared memory: (E + 1) ints of counts.
+__global__ void __launch_bounds__(kRouteGroupThreads)
+    RouteGroupKernel(const float* __restrict__ logits, int T, int E, int k, bool norm, int* __restrict__ idx,
                      float* __restrict__ wts, int* __restrict__ idx_host, int* __restrict__ slot_of,
                      int* __restrict__ first, int* __restrict__ active, int* __restrict__ n_active) {
-  __shared__ RouteSmem sm;
-  __shared__ int scan_c[km::kRouteThreads];
-  __shared__ int scan_a[km::kRouteThreads];
+  __shared__ float probs[kRouteWarpRows * kRouteWarpMaxExperts];
+  __shared__ int scan_c[kRouteGroupThreads];
+  __shared__ int scan_a[kRouteGroupThreads];
   extern __shared__ int cnt[];  // [E + 1]
-  RouteRow(logits, E, k, norm, idx, wts, idx_host, sm);
-  __syncthreads();  // thread 0 wrote idx (global memory): visible to the block after the barrier
-  GroupBody<km::kRouteThreads>(idx, k, E, slot_of, first, active, n_active, cnt, scan_c, scan_a);
+  const int lane = static_cast<int>(threadIdx.x) % km::kWarp, w = static_cast<int>(threadIdx.x) / km::kWarp;
+  if (w < T) {
+    const std::size_t tk = static_cast<std::size_t>(w) * static_cast<std::size_t>(k);
+    RouteRowWarp(logits + static_cast<std::size_t>(w) * static_cast<std::size_t>(E), E, k, norm, idx + tk,
+                 wts + tk, idx_host != nullptr ? idx_host + tk : nullptr, probs + w * kRouteWarpMaxExperts, lane);
+  }
+  __syncthreads();  // lane 0 of each warp wrote its ids (global memory): visible after the barrier
+  GroupBody<kRouteGroupThreads>(idx, T * k, E, slot_of, first, active, n_active, cnt, scan_c, scan_a);
 }
 
 // The active expert of this block, or -1 when the block is past n_active.
@@ -255,9 +314,11 @@ __device__ inline void DownPass(const float* act, int H, int I, const int* slot_
 }
 
 // act f32 [T*k, I] by slot position; down_w [E] -> WT [H, I]; ranked f32 [T*k, H] by t*k + r.
-// Grid (max_active, ceil(H / kMoeWarps)); warp per output row o.
+// Grid (max_active [+ 1 for `dense`], ceil(H / kMoeWarps)); warp per output row o. Four blocks
+// per SM: the dense path's code took sm_90 from 128 to 150 registers (3 blocks); the bound keeps
+// the routed product's occupancy at the cost of ~30 bytes of spills (unmeasured trade).
 template <typename WT>
-__global__ void __launch_bounds__(kMoeWarps* km::kWarp)
+__global__ void __launch_bounds__(kMoeWarps* km::kWarp, 4)
     DownKernel(const float* __restrict__ act, int H, int I, const int* __restrict__ slot_of,
                const int* __restrict__ first, const int* __restrict__ active,
                const int* __restrict__ n_active, const void* const* __restrict__ down_w,
@@ -393,16 +454,21 @@ void GroupByExpert(const int* idx, int T, int k, int n_experts, int* slot_of, in
   GroupKernel<<<1, kGroupThreads, smem, s>>>(idx, n, n_experts, slot_of, first, active, n_active);
 }
 
+bool RouteAndGroupFused(int T, int n_experts, int k) {
+  return T >= 1 && T <= kRouteWarpRows && n_experts >= 1 && n_experts <= kRouteWarpMaxExperts && k >= 1 &&
+         k <= n_experts;
+}
+
 void RouteAndGroup(const float* logits, int T, int n_experts, int k, bool norm, int* idx, float* wts, int* idx_host,
                    int* slot_of, int* first, int* active, int* n_active, cudaStream_t s) {
-  if (T != 1 || n_experts <= 0 || k <= 0) {
+  if (!RouteAndGroupFused(T, n_experts, k)) {
     RouteTopK(logits, T, n_experts, k, norm, idx, wts, idx_host, s);
     GroupByExpert(idx, T, k, n_experts, slot_of, first, active, n_active, s);
     return;
   }
   const std::size_t smem = (static_cast<std::size_t>(n_experts) + 1) * sizeof(int);
-  RouteGroupKernel<<<1, km::kRouteThreads, smem, s>>>(logits, n_experts, k, norm, idx, wts, idx_host, slot_of, first,
-                                                      active, n_active);
+  RouteGroupKernel<<<1, kRouteGroupThreads, smem, s>>>(logits, T, n_experts, k, norm, idx, wts, idx_host, slot_of,
+                                                       first, active, n_active);
 }
 
 void ExpertGateUp(const float* x, int H, int I, int k, const int* slot_of, const int* first,

@@ -228,9 +228,11 @@ void RouteTopK(const float* logits, int T, int n_experts, int k, bool norm, int*
 // n_active int32 [1]. One block; no atomics.
 void GroupByExpert(const int* idx, int T, int k, int n_experts, int* slot_of, int* first, int* active,
                    int* n_active, cudaStream_t s);
-// RouteTopK then GroupByExpert, the same numbers: a decode step (T == 1) in one launch (one block
-// routes the token, then groups its k slots), longer windows as the two launches (one routing
-// block per token).
+// RouteTopK then GroupByExpert, the same numbers (for finite logits). Where RouteAndGroupFused
+// (T <= 16, E <= 512: decode steps and verify windows of every preset and of Qwen3-Next) one
+// launch: one block, a warp routes each token, then the block groups the slots. Otherwise the two
+// launches (one routing block per token).
+bool RouteAndGroupFused(int T, int n_experts, int k);
 void RouteAndGroup(const float* logits, int T, int n_experts, int k, bool norm, int* idx, float* wts, int* idx_host,
                    int* slot_of, int* first, int* active, int* n_active, cudaStream_t s);
 // Routed experts, gate/up + SwiGLU: for every active expert a < max_active (blocks past n_active

@@ -73,6 +73,7 @@ struct SharedSlot {
 };
 
 void BlockSync();
+void WarpSync();
 std::uint64_t ShflRaw(std::uint64_t v, int off);
 template <class T>
 inline T Shfl(T v, int off) {
@@ -138,5 +139,7 @@ long KernelsRun();
 #define blockDim emu::bDim
 #define gridDim emu::gDim
 #define __syncthreads() emu::BlockSync()
+// Full-warp masks only, like the shuffles: a barrier of the warp's live lanes.
+#define __syncwarp(...) emu::WarpSync()
 // Full-warp masks only (every kernel here uses 0xffffffff); a shuffle from an exited lane warns.
 #define __shfl_xor_sync(mask, v, off) emu::Shfl((v), (off))

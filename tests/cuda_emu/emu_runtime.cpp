@@ -559,6 +559,7 @@ static void Drop(Bar& b) {
   }
 }
 void BlockSync() { Wait(g_block_bar); }
+void WarpSync() { Wait(g_warp_bar[g_cur_idx / 32]); }
 // Two exchange buffers per warp, used alternately: a lane can only write buffer b again two
 // shuffles later, after every lane has passed the barrier of the shuffle in between (and so has
 // read b), so one barrier per shuffle suffices. Each slot carries the writer's shuffle count: a
