@@ -62,6 +62,17 @@ std::vector<std::uint16_t> Bf16Bits(const std::vector<float>& v) {
   return out;
 }
 
+// Random weights on the device: f32, or bf16 bits (WT = std::uint16_t).
+template <typename WT>
+WT* DevWeights(std::size_t n, std::uint64_t seed) {
+  const std::vector<float> f = test::Random(n, seed);
+  if constexpr (sizeof(WT) == 2) {
+    return DevCopy(Bf16Bits(f));
+  } else {
+    return DevCopy(f);
+  }
+}
+
 // glu: product 1 is a SwiGLU pair (W_up), against RowsMatmul of both matrices and SiluMul.
 template <typename WT>
 void Check(const std::string& what, int n_in, const std::vector<int>& n_out, int T, bool aligned_x,
@@ -75,13 +86,7 @@ void Check(const std::string& what, int n_in, const std::vector<int>& n_out, int
   std::vector<RowsProduct<WT>> prods;
   for (std::size_t i = 0; i < n_out.size(); ++i) {
     const std::size_t n = static_cast<std::size_t>(n_out[i]) * n_in;
-    std::vector<float> wf = test::Random(n, 100 + i);
-    WT* w;
-    if constexpr (sizeof(WT) == 2) {
-      w = DevCopy(Bf16Bits(wf));
-    } else {
-      w = DevCopy(wf);
-    }
+    WT* w = DevWeights<WT>(n, 100 + i);
     ws.push_back(w);
     const int ldy = n_out[i] + ldy_extra;
     std::vector<float> zeros(static_cast<std::size_t>(T) * ldy, 0.0f);
@@ -90,13 +95,7 @@ void Check(const std::string& what, int n_in, const std::vector<int>& n_out, int
     prods.push_back({w, n_out[i], y_multi.back(), ldy});
     RowsMatmul(x, T, w, n_out[i], n_in, y_single.back(), ldy, nullptr);
     if (glu && i == 1) {
-      const std::vector<float> uf = test::Random(n, 200 + i);
-      WT* wu;
-      if constexpr (sizeof(WT) == 2) {
-        wu = DevCopy(Bf16Bits(uf));
-      } else {
-        wu = DevCopy(uf);
-      }
+      WT* wu = DevWeights<WT>(n, 200 + i);
       ws.push_back(wu);
       prods.back().W_up = wu;
       float* u = DevCopy(zeros);
@@ -416,19 +415,11 @@ void CheckDenseDown(int T, int k, int E, int H, int I, int I_dense) {
   auto ints = [](std::size_t n) { return DevCopy(std::vector<int>(n, 0)); };
   int *slot_of = ints(su), *first = ints(static_cast<std::size_t>(E) + 1), *active = ints(su), *n_active = ints(1);
   GroupByExpert(idx, T, k, E, slot_of, first, active, n_active, nullptr);
-  auto weights = [](std::size_t n, std::uint64_t seed) -> WT* {
-    const std::vector<float> f = test::Random(n, seed);
-    if constexpr (sizeof(WT) == 2) {
-      return DevCopy(Bf16Bits(f));
-    } else {
-      return DevCopy(f);
-    }
-  };
   std::vector<WT*> experts;
-  for (int e = 0; e < E; ++e) experts.push_back(weights(hu * static_cast<std::size_t>(I), 90 + static_cast<std::uint64_t>(e)));
+  for (int e = 0; e < E; ++e) experts.push_back(DevWeights<WT>(hu * static_cast<std::size_t>(I), 90 + static_cast<std::uint64_t>(e)));
   std::vector<const void*> ptrs(experts.begin(), experts.end());
   const void** dptrs = DevCopy(ptrs);
-  WT* wd = weights(hu * static_cast<std::size_t>(I_dense), 99);
+  WT* wd = DevWeights<WT>(hu * static_cast<std::size_t>(I_dense), 99);
   float *act = DevCopy(test::Random(su * static_cast<std::size_t>(I), 97)),
         *dact = DevCopy(test::Random(tu * static_cast<std::size_t>(I_dense), 98));
   const std::vector<float> zr(su * hu, 0.0f), zd(tu * hu, 0.0f);
