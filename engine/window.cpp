@@ -212,17 +212,30 @@ Result<WindowRecord> WindowRecord::FromJsonLine(std::string_view line, const std
   return r;
 }
 
-Result<std::vector<WindowRecord>> ReadWindowRecords(const std::string& path) {
+Result<std::vector<WindowRecord>> ReadWindowRecords(const std::string& path, std::string* torn_tail) {
   LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(path, std::size_t{1} << 30));
   std::vector<WindowRecord> out;
   std::size_t start = 0, line_no = 0;
+  if (torn_tail != nullptr) torn_tail->clear();
   while (start < text.size()) {
     std::size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
+    const bool terminated = end != std::string::npos;
+    if (!terminated) end = text.size();
     ++line_no;
     std::string_view line(text.data() + start, end - start);
     if (!line.empty()) {
-      LOCKSTEP_ASSIGN_OR_RETURN(WindowRecord r, WindowRecord::FromJsonLine(line, path + ":" + std::to_string(line_no)));
+      const std::string label = path + ":" + std::to_string(line_no);
+      Result<WindowRecord> parsed = WindowRecord::FromJsonLine(line, label);
+      if (!parsed.ok() && !terminated) {
+        // The writer emits a record and its newline in one write(), but a write that SIGKILL
+        // interrupts can stop part-way (Linux checks for fatal signals between pages): an
+        // unterminated last line that does not parse is that record, torn. The whole lines
+        // before it stand; the tail is dropped and reported.
+        if (torn_tail != nullptr)
+          *torn_tail = label + ": " + std::to_string(line.size()) + " bytes of an unfinished record (no newline)";
+        break;
+      }
+      LOCKSTEP_ASSIGN_OR_RETURN(WindowRecord r, std::move(parsed));
       if (r.idx != static_cast<int>(out.size()))
         return Status::InvalidArgument(path + ":" + std::to_string(line_no),
                                        "window idx " + std::to_string(r.idx) + " out of order (expected " +

@@ -1,3 +1,4 @@
+#include <cstdio>
 #include "lockstep/harness/compare_commands.h"
 
 #include <fmt/format.h>
@@ -180,7 +181,12 @@ Result<std::vector<WindowRecord>> LoadWindows(const std::string& path, bool no_i
     if (!r->meta().arm.empty()) *arm = r->meta().arm;
     return r->meta().windows;
   }
-  return ReadWindowRecords(path);
+  std::string torn;
+  LOCKSTEP_ASSIGN_OR_RETURN(auto windows, ReadWindowRecords(path, &torn));
+  if (!torn.empty())
+    std::fprintf(stderr, "lockstep: warning: %s; the writer was killed mid-record, so the %zu whole windows before it are read\n",
+                 torn.c_str(), windows.size());
+  return windows;
 }
 
 Status AlignBody(const AlignCommandOptions& opts, std::ostream& out) {

@@ -292,6 +292,17 @@ TEST(AlignCli, DeviceTimingsOfJsonlTraces) {
   auto cpu = RunLockstep("align " + c + " " + c);
   ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
   EXPECT_EQ(cpu.out.find("dev_"), std::string::npos) << cpu.out;
+  // A trace whose writer was killed mid-record: its whole windows are aligned, and stderr says
+  // what was dropped.
+  auto whole = ReadFile(c);
+  ASSERT_TRUE(whole.ok());
+  const std::string torn = dir + "/torn.jsonl";
+  ASSERT_TRUE(WriteFileAtomic(torn, *whole + whole->substr(0, 40)).ok());
+  auto t = RunLockstep("align " + c + " " + torn);
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_NE(t.err.find("torn.jsonl:4: 40 bytes of an unfinished record"), std::string::npos) << t.err;
+  EXPECT_NE(t.err.find("the 3 whole windows before it are read"), std::string::npos) << t.err;
+  EXPECT_NE(t.out.find("no path divergence"), std::string::npos) << t.out;
 }
 
 TEST(SummarizeCli, ReportsCarryNoPathsOrPrompt) {

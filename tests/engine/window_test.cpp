@@ -3,6 +3,9 @@
 // tests/fuzz/trace_fuzz.cpp).
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <string>
+
 #include "lockstep/engine/window.h"
 
 namespace lockstep {
@@ -106,6 +109,44 @@ TEST(WindowRecord, StagesRoundTrip) {
     ASSERT_FALSE(b.ok()) << bad;
     EXPECT_NE(b.status().message().find("bad window record field"), std::string::npos) << b.status().message();
   }
+}
+
+// A trace whose writer was killed mid-record: the whole lines stand, the unterminated tail is
+// dropped and reported. A bad line that ends in a newline stays an error.
+TEST(WindowRecord, TraceWithATornLastLineKeepsItsWholeLines) {
+  const std::string dir = ::testing::TempDir();
+  auto record = [](int idx) {
+    WindowRecord w;
+    w.idx = idx;
+    w.p = 10 + idx;
+    w.T = 1;
+    w.emitted = {7};
+    return w.ToJsonLine() + "\n";
+  };
+  auto write = [&](const std::string& name, const std::string& text) {
+    const std::string path = dir + "/" + name;
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  };
+  const std::string whole = record(0) + record(1), third = record(2);
+  std::string torn;
+  auto r = ReadWindowRecords(write("torn.jsonl", whole + third.substr(0, third.size() / 2)), &torn);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->size(), 2u);
+  EXPECT_NE(torn.find("torn.jsonl:3"), std::string::npos) << torn;
+  EXPECT_NE(torn.find("unfinished record"), std::string::npos) << torn;
+  // Complete files report nothing, with or without the last newline.
+  r = ReadWindowRecords(write("whole.jsonl", whole + third), &torn);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->size(), 3u);
+  EXPECT_TRUE(torn.empty()) << torn;
+  r = ReadWindowRecords(write("no-newline.jsonl", whole + third.substr(0, third.size() - 1)), &torn);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->size(), 3u);
+  EXPECT_TRUE(torn.empty()) << torn;
+  // A cut line followed by a newline, or by more lines, is corruption, not a torn tail.
+  EXPECT_FALSE(ReadWindowRecords(write("cut.jsonl", whole + third.substr(0, third.size() / 2) + "\n"), &torn).ok());
+  EXPECT_FALSE(ReadWindowRecords(write("middle.jsonl", record(0) + "{\"idx\":1,\n" + record(1)), &torn).ok());
 }
 
 TEST(WindowRecord, OutOfRangeAndNonIntegerNumbersAreErrors) {

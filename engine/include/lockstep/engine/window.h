@@ -79,7 +79,9 @@ struct WindowRecord {
   static Result<WindowRecord> FromJsonLine(std::string_view line, const std::string& label);
 };
 
-// Reads a JSON-lines file of window records (e.g. written by --trace-jsonl).
-Result<std::vector<WindowRecord>> ReadWindowRecords(const std::string& path);
+// Reads a JSON-lines file of window records (e.g. written by --trace-jsonl). An unterminated
+// last line that does not parse is the torn record of a writer killed mid-write: it is dropped,
+// and described in *torn_tail when given (cleared otherwise); any other bad line is an error.
+Result<std::vector<WindowRecord>> ReadWindowRecords(const std::string& path, std::string* torn_tail = nullptr);
 
 }  // namespace lockstep
