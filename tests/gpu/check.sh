@@ -26,15 +26,39 @@
 # the emulator plugin and cuda_emu_tests (nothing is configured or built). The unit-test step runs
 # the emulator's CudaOps.* cases through the same skip rule, and the benchmark step must report
 # the missing device as a failure (the check that a benchmark error fails the step).
+#
+# tests/gpu/check.sh --sanitize [OUT_DIR]: a second, optional run for a session with device time
+# left after the check: builds as above (nothing to do on a warm machine), then runs CudaOps.*
+# under compute-sanitizer's racecheck (shared-memory hazards inside a block: what the emulator,
+# whose threads never run concurrently, cannot show) and synccheck (barriers in divergent code),
+# each cut at SANITIZE_S seconds (default 120; a cut run reports what it found so far as TIMEOUT).
+# Exit 2 when compute-sanitizer is not on the machine (COMPUTE_SANITIZER names another path).
+# `--rehearse --sanitize OUT_DIR` runs the same steps on the emulator through
+# tests/gpu/fake-compute-sanitizer.sh, on one CudaOps case (CTest `gpu_check_sanitize_rehearsal`).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 REHEARSE=0
+SANITIZE=0
 if [ "${1:-}" = "--rehearse" ]; then REHEARSE=1; shift; fi
+if [ "${1:-}" = "--sanitize" ]; then SANITIZE=1; shift; fi
 OUT_DIR="${1:-${OUT:-out/gpu-check}}"
 mkdir -p "$OUT_DIR"
 if [ $REHEARSE = 1 ]; then BUILD="${BUILD:-build}"; else BUILD="${BUILD:-build-gpu}"; fi
 JOBS="${JOBS:-$(nproc)}"
 SUMMARY="$OUT_DIR/summary.md"
+if [ $SANITIZE = 1 ]; then  # before any build time is spent
+  SANITIZE_FILTER="${SANITIZE_FILTER:-CudaOps.*}"
+  if [ $REHEARSE = 1 ]; then
+    COMPUTE_SANITIZER="${COMPUTE_SANITIZER:-$PWD/tests/gpu/fake-compute-sanitizer.sh}"
+    SANITIZE_FILTER=CudaOps.NormsMatchCpu
+  fi
+  SAN="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || true)}"
+  if [ -z "$SAN" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then SAN=/usr/local/cuda/bin/compute-sanitizer; fi
+  if [ -z "$SAN" ] || ! [ -x "$SAN" ]; then
+    echo "check.sh --sanitize: compute-sanitizer is not on this machine (${SAN:-PATH, /usr/local/cuda/bin})" >&2
+    exit 2
+  fi
+fi
 START=$(date +%s)
 declare -a ROWS
 status=0
@@ -43,21 +67,30 @@ status=0
 # table of the steps that finished (and their logs) under OUT_DIR.
 write_summary() {
   {
+    local mode=""
+    if [ $SANITIZE = 1 ]; then mode=" --sanitize"; fi
     if [ $REHEARSE = 1 ]; then
-      echo "# lockstep GPU check: REHEARSAL on the CPU emulator (no GPU; preset $PRESET; not a measurement)"
+      echo "# lockstep GPU check$mode: REHEARSAL on the CPU emulator (no GPU; preset $PRESET; not a measurement)"
     else
-      echo "# lockstep GPU check"
+      echo "# lockstep GPU check$mode"
     fi
     echo
     echo "$(head -12 "$OUT_DIR/nvidia-smi.txt" | grep -m1 -E 'H200|H100|A100|NVIDIA' || echo 'GPU: see nvidia-smi.txt')"
     echo
-    echo "cuda_tests: $(grep -c '^\[       OK \]' "$OUT_DIR/gpu_tests.log" 2>/dev/null) passed, \
+    [ $SANITIZE = 1 ] || echo "cuda_tests: $(grep -c '^\[       OK \]' "$OUT_DIR/gpu_tests.log" 2>/dev/null) passed, \
 $(grep -c '^\[  FAILED  \]' "$OUT_DIR/gpu_tests.log" 2>/dev/null) failed lines, \
 $(grep -c '^\[  SKIPPED \]' "$OUT_DIR/gpu_tests.log" 2>/dev/null) skipped lines"
     echo
     echo "| step | result | time | log |"
     echo "|---|---|---|---|"
     for r in "${ROWS[@]}"; do echo "$r"; done
+    if [ $SANITIZE = 1 ]; then
+      echo
+      grep -h "ERROR SUMMARY\|TIMEOUT" "$OUT_DIR/racecheck.log" "$OUT_DIR/synccheck.log" 2>/dev/null || true
+      echo
+      echo "Total: $(( $(date +%s) - START )) s"
+      return
+    fi
     echo
     echo "## Benchmarks"
     echo '```'
@@ -142,6 +175,22 @@ else
   step "build (cuda, sm_80+sm_90)" build.log build
 fi
 LS="$BUILD/harness/lockstep"
+
+if [ $SANITIZE = 1 ]; then
+  # sanitize TOOL: the CudaOps cases under the tool, cut at SANITIZE_S seconds; the tool's ERROR
+  # SUMMARY (or the cut) goes into summary.md.
+  sanitize() {
+    local tool="$1" rc=0
+    timeout "${SANITIZE_S:-120}" "$SAN" --tool "$tool" --error-exitcode 1 "${GPU_TESTS[@]}" \
+      --gtest_filter="$SANITIZE_FILTER" || rc=$?
+    if [ $rc -eq 124 ]; then echo "TIMEOUT after ${SANITIZE_S:-120} s: the tests that finished are above"; fi
+    return $rc
+  }
+  step "compute-sanitizer racecheck, $SANITIZE_FILTER" racecheck.log sanitize racecheck
+  step "compute-sanitizer synccheck, $SANITIZE_FILTER" synccheck.log sanitize synccheck
+  cat "$SUMMARY"
+  exit $status
+fi
 
 # A test that skips (no device visible) must not count as a pass here: on the lent machine every
 # GPU test has to run, except the NCCL hand-off on a machine with a single GPU.
