@@ -16,44 +16,45 @@ constexpr int kThreads = 256;
 constexpr int kGroupThreads = 512;
 constexpr int kMoeWarps = 4;  // output rows per expert block
 
-// Shared memory of one token's routing.
-struct RouteSmem {
-  float probs[km::kMaxExperts];
-  unsigned char taken[km::kMaxExperts];
-  float red_p[km::kRouteThreads];
-  int red_i[km::kRouteThreads];
-  float sum_s;
-};
-
-// Routes one token (logits row lg f32 [E]) into out_i int32 [k], out_w f32 [k] and, when set,
-// host_i [k]; a block of exactly kRouteThreads threads, all of which must call it.
-__device__ inline void RouteRow(const float* lg, int E, int k, bool norm, int* out_i, float* out_w, int* host_i,
-                                RouteSmem& sm) {
+// logits f32 [T, E] -> idx int32 [T, k], wts f32 [T, k]; one block per token.
+__global__ void __launch_bounds__(km::kRouteThreads)
+    RouteKernel(const float* __restrict__ logits, int E, int k, bool norm, int* __restrict__ idx,
+                float* __restrict__ wts, int* __restrict__ idx_host) {
+  __shared__ float probs[km::kMaxExperts];
+  __shared__ unsigned char taken[km::kMaxExperts];
+  __shared__ float red_p[km::kRouteThreads];
+  __shared__ int red_i[km::kRouteThreads];
+  __shared__ float sum_s;
   const int tid = static_cast<int>(threadIdx.x);
+  const std::size_t t = blockIdx.x;
+  const float* lg = logits + t * static_cast<std::size_t>(E);
+  int* out_i = idx + t * static_cast<std::size_t>(k);
+  float* out_w = wts + t * static_cast<std::size_t>(k);
+
   // Max (exact in any order), then the exponentials.
   float mx = -INFINITY;
   for (int e = tid; e < E; e += km::kRouteThreads) mx = km::MaxStep(mx, lg[e]);
-  sm.red_p[tid] = mx;
+  red_p[tid] = mx;
   __syncthreads();
   for (int s = km::kRouteThreads / 2; s > 0; s >>= 1) {
-    if (tid < s) sm.red_p[tid] = km::MaxStep(sm.red_p[tid], sm.red_p[tid + s]);
+    if (tid < s) red_p[tid] = km::MaxStep(red_p[tid], red_p[tid + s]);
     __syncthreads();
   }
-  mx = sm.red_p[0];
+  mx = red_p[0];
   for (int e = tid; e < E; e += km::kRouteThreads) {
-    sm.probs[e] = km::SoftmaxExp(lg[e], mx);
-    sm.taken[e] = 0;
+    probs[e] = km::SoftmaxExp(lg[e], mx);
+    taken[e] = 0;
   }
   __syncthreads();
   // The f32 sum runs in expert order in one thread: the CPU's exact sequence (E <= 4096 adds).
   if (tid == 0) {
     float sum = 0.0f;
-    for (int e = 0; e < E; ++e) sum = sum + sm.probs[e];
-    sm.sum_s = sum;
+    for (int e = 0; e < E; ++e) sum = sum + probs[e];
+    sum_s = sum;
   }
   __syncthreads();
-  const float sum = sm.sum_s;
-  for (int e = tid; e < E; e += km::kRouteThreads) sm.probs[e] = sm.probs[e] / sum;
+  const float sum = sum_s;
+  for (int e = tid; e < E; e += km::kRouteThreads) probs[e] = probs[e] / sum;
   __syncthreads();
 
   // k argmax passes over the untaken experts; (prob desc, id asc) is a total order, so the tree
@@ -62,26 +63,26 @@ __device__ inline void RouteRow(const float* lg, int E, int k, bool norm, int* o
     float bp = 0.0f;
     int bi = -1;
     for (int e = tid; e < E; e += km::kRouteThreads)
-      if (!sm.taken[e] && km::RouteBetter(sm.probs[e], e, bp, bi)) {
-        bp = sm.probs[e];
+      if (!taken[e] && km::RouteBetter(probs[e], e, bp, bi)) {
+        bp = probs[e];
         bi = e;
       }
-    sm.red_p[tid] = bp;
-    sm.red_i[tid] = bi;
+    red_p[tid] = bp;
+    red_i[tid] = bi;
     __syncthreads();
     for (int s = km::kRouteThreads / 2; s > 0; s >>= 1) {
-      if (tid < s && km::RouteBetter(sm.red_p[tid + s], sm.red_i[tid + s], sm.red_p[tid], sm.red_i[tid])) {
-        sm.red_p[tid] = sm.red_p[tid + s];
-        sm.red_i[tid] = sm.red_i[tid + s];
+      if (tid < s && km::RouteBetter(red_p[tid + s], red_i[tid + s], red_p[tid], red_i[tid])) {
+        red_p[tid] = red_p[tid + s];
+        red_i[tid] = red_i[tid + s];
       }
       __syncthreads();
     }
     if (tid == 0) {
-      const int best = sm.red_i[0];
-      sm.taken[best] = 1;
+      const int best = red_i[0];
+      taken[best] = 1;
       out_i[r] = best;
-      out_w[r] = sm.probs[best];
-      if (host_i != nullptr) host_i[r] = best;
+      out_w[r] = probs[best];
+      if (idx_host != nullptr) idx_host[t * static_cast<std::size_t>(k) + static_cast<std::size_t>(r)] = best;
     }
     __syncthreads();
   }
@@ -91,16 +92,6 @@ __device__ inline void RouteRow(const float* lg, int E, int k, bool norm, int* o
     for (int r = 0; r < k; ++r) sel = sel + out_w[r];
     for (int r = 0; r < k; ++r) out_w[r] = out_w[r] / sel;
   }
-}
-
-// logits f32 [T, E] -> idx int32 [T, k], wts f32 [T, k]; one block per token.
-__global__ void __launch_bounds__(km::kRouteThreads)
-    RouteKernel(const float* __restrict__ logits, int E, int k, bool norm, int* __restrict__ idx,
-                float* __restrict__ wts, int* __restrict__ idx_host) {
-  __shared__ RouteSmem sm;
-  const std::size_t t = blockIdx.x, tk = t * static_cast<std::size_t>(k);
-  RouteRow(logits + t * static_cast<std::size_t>(E), E, k, norm, idx + tk, wts + tk,
-           idx_host != nullptr ? idx_host + tk : nullptr, sm);
 }
 
 // Expert-major grouping of the n slots in idx, by a block of NT threads (all of them call it);
@@ -174,12 +165,12 @@ __global__ void __launch_bounds__(kGroupThreads)
 
 // Routing and grouping of a window of up to kRouteWarpRows tokens in one block, for E <=
 // kRouteWarpMaxExperts: warp w routes token w, then the block groups the T*k slots
-// (GroupBody). Each warp runs RouteRow's arithmetic with warp operations: the max (exact, any
+// (GroupBody). Each warp runs RouteKernel's arithmetic with warp operations: the max (exact, any
 // order), the exponentials, the f32 sum in expert order (every lane runs the same sequence, so
 // no broadcast is needed), probs = e / sum, and k argmax passes under RouteBetter's total order,
-// so the picks, weights and ids are RouteRow's for any finite logits.
+// so the picks, weights and ids are RouteKernel's for any finite logits.
 constexpr int kRouteWarpRows = km::kMaxRowsPerPass;  // 16: any verify window
-constexpr int kRouteWarpMaxExperts = 512;           // a lane's experts fit a 16-bit taken mask
+constexpr int kRouteWarpMaxExperts = 512;           // 16 experts per lane: its taken mask
 constexpr int kRouteGroupThreads = kRouteWarpRows * km::kWarp;
 static_assert(kRouteWarpMaxExperts <= 32 * km::kWarp, "taken mask of 32 bits per lane");
 
