@@ -181,16 +181,23 @@ LOCKSTEP_HD inline void LaneAccumRows(const float* const* x, const WT* w, int n,
 }
 // One butterfly step: lane `mine` adds its partner's value.
 LOCKSTEP_HD inline float CombineStep(float mine, float other) { return mine + other; }
+// Lane `lane`'s result of the shuffle butterfly `v = op(v, shfl_xor(v, off))` for off = 16 .. 1
+// over the 32 lane values v[0..31] (overwritten), every step with the kernels' operands in their
+// order (own value first): the host form of WarpCombine / WarpAbsMax. Only the lanes the result
+// depends on are computed: after the step of `off` those that differ from `lane` in bits below
+// off (16 + 8 + 4 + 2 + 1 operations). Their partners lie in the other half of the step's range,
+// which the step does not write, so it can update in place.
+template <typename Op>
+LOCKSTEP_HD inline float ButterflyLane(float* v, int lane, Op op) {
+  for (int off = kWarp / 2; off > 0; off >>= 1) {
+    const int base = lane & ~(off - 1);
+    for (int l = base; l < base + off; ++l) v[l] = op(v[l], v[l ^ off]);
+  }
+  return v[lane];
+}
 // The butterfly over 32 lane values (host emulation of the shuffle sequence); returns lane 0's
 // result (all lanes hold the same bits: addition is commutative).
-LOCKSTEP_HD inline float CombineLanes(float* v) {
-  for (int off = kWarp / 2; off > 0; off >>= 1) {
-    float nv[kWarp];
-    for (int l = 0; l < kWarp; ++l) nv[l] = CombineStep(v[l], v[l ^ off]);
-    for (int l = 0; l < kWarp; ++l) v[l] = nv[l];
-  }
-  return v[0];
-}
+LOCKSTEP_HD inline float CombineLanes(float* v) { return ButterflyLane(v, 0, CombineStep); }
 // Rows per weight pass when `remaining` rows are left: up to kMaxRowsPerPass, so a verify window
 // of T <= 16 rows reads each weight row once. A pass of n rows runs the kernel template of width
 // RowPassWidth(n) (1, 2, 4, 8 or 16 >= n); the extra slots repeat the pass's first row and are
@@ -389,6 +396,31 @@ LOCKSTEP_HD inline float SharedGateAddElem(float o, float gate, float s) { retur
 // ---- device-only helpers shared by the .cu files ----
 namespace lockstep::cuda::km {
 
+#if defined(LOCKSTEP_CUDA_EMU) && !defined(__CUDA_ARCH__)
+// On the CPU emulator (tests/cuda_emu, never a product build) a warp's lanes are fibers that
+// switch at every shuffle: the five shuffles of a butterfly were five switches per lane, most of
+// CI's emulated time. There the lanes' values are gathered at one warp barrier
+// (emu::WarpGather) and each lane runs the butterfly's steps on the host (ButterflyLane: the same
+// operations, operands in the same order), bitwise the shuffles
+// (EmuWarp.GatheredButterfliesAreBitwiseTheShuffles). The router's butterflies keep the shuffles.
+__device__ inline float WarpCombine(float v) {
+  float all[kWarp];
+  const int lane = emu::WarpGather(&v, 1, all);
+  return ButterflyLane(all, lane, CombineStep);
+}
+__device__ inline float WarpAbsMax(float v) {
+  float all[kWarp];
+  const int lane = emu::WarpGather(&v, 1, all);
+  return ButterflyLane(all, lane, AbsMaxCombine);
+}
+// out[r] = WarpCombine(acc[r]) for r < R, with one gather for all R.
+template <int R>
+__device__ inline void WarpCombineRows(const float* acc, float* out) {
+  float all[R * kWarp];
+  const int lane = emu::WarpGather(acc, R, all);
+  for (int r = 0; r < R; ++r) out[r] = ButterflyLane(all + r * kWarp, lane, CombineStep);
+}
+#else
 // The butterfly of CombineLanes on real lanes: every lane returns the same bits.
 __device__ inline float WarpCombine(float v) {
   for (int off = kWarp / 2; off > 0; off >>= 1)
@@ -402,6 +434,14 @@ __device__ inline float WarpAbsMax(float v) {
     v = AbsMaxCombine(v, __shfl_xor_sync(0xffffffffu, v, off));
   return v;
 }
+
+// out[r] = WarpCombine(acc[r]) for r < R.
+template <int R>
+__device__ inline void WarpCombineRows(const float* acc, float* out) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) out[r] = WarpCombine(acc[r]);
+}
+#endif
 
 // True when p is aligned to `bytes`.
 __device__ __host__ inline bool Aligned(const void* p, std::size_t bytes) {
@@ -449,8 +489,7 @@ __device__ inline void WarpDotRows(const float* const* x, const WT* w, int n, bo
   } else {
     LaneAccumRows<R, WT>(x, w, n, lane, acc);
   }
-#pragma unroll
-  for (int r = 0; r < R; ++r) out[r] = WarpCombine(acc[r]);
+  WarpCombineRows<R>(acc, out);
 }
 
 

@@ -43,6 +43,8 @@
 #ifndef __CUDACC__
 #define __CUDACC__ 1
 #endif
+// kernel_math.h's warp butterflies take their emulator form (emu::WarpGather) under this.
+#define LOCKSTEP_CUDA_EMU 1
 
 namespace emu {
 
@@ -75,6 +77,12 @@ struct SharedSlot {
 void BlockSync();
 void WarpSync();
 std::uint64_t ShflRaw(std::uint64_t v, int off);
+// The warp collective behind kernel_math.h's butterflies on the emulator: this lane's n floats
+// (n <= kMaxGather) go to the warp, one warp barrier, then all[i * 32 + l] = lane l's mine[i] for
+// the 32 lanes; returns this lane's index. A lane missing from it (exited or diverged) is
+// reported, like a shuffle from it.
+constexpr int kMaxGather = 16;
+int WarpGather(const float* mine, int n, float* all);
 template <class T>
 inline T Shfl(T v, int off) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);

@@ -527,6 +527,13 @@ struct Fiber {
   uint3 tid{};
 };
 static constexpr std::size_t kStack = 256 * 1024;
+// Each fiber's stack top is moved down by a different number of cache lines. Tops at the same
+// offset in equally sized mmap'd stacks map to the same cache sets, so a block's fibers (up to
+// 1024, each switched to once per barrier or shuffle) evicted each other's hot frames from
+// L1 / L2 on every switch. Stagger(t) spreads the tops over 509 distinct line offsets (~100 KB).
+static constexpr std::size_t kStaggerLine = 64 * 3 + 16;
+static constexpr std::size_t Stagger(unsigned t) { return (t % 509) * kStaggerLine; }
+static constexpr std::size_t kStackMapped = kStack + Stagger(508);
 static std::vector<Fiber> g_fibers;
 static Fiber* g_cur = nullptr;
 static unsigned g_cur_idx = 0;
@@ -578,6 +585,29 @@ std::uint64_t ShflRaw(std::uint64_t v, int off) {
          lane, src);
   return g_shfl[base + src % 32];
 }
+// [warps][2][kMaxGather][32]: value i of lane l at [i][l], so a lane reads the whole gather in
+// one copy; the two halves alternate with the shuffles' parity (ShflRaw).
+static std::vector<float> g_gather;
+int WarpGather(const float* mine, int n, float* all) {
+  if (n < 0 || n > kMaxGather) {
+    std::fprintf(stderr, "[EMU FATAL] %s: WarpGather of %d values (at most %d)\n", g_kernel, n, kMaxGather);
+    std::abort();
+  }
+  const unsigned w = g_cur_idx / 32, lane = g_cur_idx % 32;
+  Fiber& me = g_fibers[g_cur_idx];
+  const std::uint64_t c = me.shuffles++;  // one count with the shuffles: they share the parity
+  const std::size_t slot = w * 2 + (c & 1);
+  float* buf = &g_gather[slot * kMaxGather * 32];
+  for (int i = 0; i < n; ++i) buf[i * 32 + static_cast<int>(lane)] = mine[i];
+  g_shfl_stamp[slot * 32 + lane] = c;
+  Wait(g_warp_bar[w]);
+  for (unsigned l = 0; l < 32; ++l)
+    if (g_shfl_stamp[slot * 32 + l] != c)
+      Warn("%s: warp collective of lane %u reads lane %u, which is not in the same collective (exited or diverged)",
+           g_kernel, lane, l);
+  std::memcpy(all, buf, static_cast<std::size_t>(n) * 32 * sizeof(float));
+  return static_cast<int>(lane);
+}
 [[noreturn]] static void FiberMain() {
   (*g_body)();
   g_cur->done = true;
@@ -593,7 +623,7 @@ static void RunGrid(dim3 grid, dim3 block, std::size_t smem, const char* name, c
   const unsigned nw = (nt + 31) / 32;
   while (g_fibers.size() < nt) {
     Fiber f;
-    void* m = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* m = mmap(nullptr, kStackMapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) std::abort();
     mprotect(m, 4096, PROT_NONE);  // guard page: a stack overflow faults instead of corrupting
     f.stack = static_cast<char*>(m);
@@ -602,6 +632,7 @@ static void RunGrid(dim3 grid, dim3 block, std::size_t smem, const char* name, c
   g_warp_bar.assign(nw, Bar{});
   g_shfl.assign(nw * 2 * 32, 0);
   g_shfl_stamp.resize(nw * 2 * 32);
+  g_gather.resize(nw * 2 * 32 * kMaxGather);
   std::vector<char> sm(smem + 16);
   bDim = block;
   gDim = grid;
@@ -622,7 +653,7 @@ static void RunGrid(dim3 grid, dim3 block, std::size_t smem, const char* name, c
           f.done = false;
           f.shuffles = 0;
           f.tid = uint3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-          auto top = reinterpret_cast<std::uintptr_t>(f.stack + kStack) & ~std::uintptr_t{15};
+          auto top = reinterpret_cast<std::uintptr_t>(f.stack + kStackMapped - Stagger(t)) & ~std::uintptr_t{15};
           auto* w = reinterpret_cast<void**>(top);
           w[-1] = nullptr;                              // FiberMain's (never used) return address
           w[-2] = reinterpret_cast<void*>(&FiberMain);  // where emu_switch's `ret` goes

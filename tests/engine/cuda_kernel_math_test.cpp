@@ -23,10 +23,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -262,6 +264,57 @@ TEST(CudaKernelMath, ElementwiseMatchCpuBitwise) {
 }
 
 // ---- dot products, RowsMatmul ----
+
+// Values where the order of a butterfly's operands shows: NaNs with different payloads (x86
+// keeps the first operand's), signed zeros (AbsMaxCombine keeps its first on a tie), infinities
+// of both signs, subnormals, and ordinary numbers of mixed scale.
+std::array<float, km::kWarp> ButterflyInputs(std::mt19937& rng, int kind) {
+  std::array<float, km::kWarp> v{};
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  for (int l = 0; l < km::kWarp; ++l) v[Z(l)] = std::ldexp(u(rng), static_cast<int>(rng() % 40) - 20);
+  if (kind >= 1) {
+    auto nan = [](std::uint32_t payload) { return std::bit_cast<float>(0x7fc00000u | payload); };
+    v[3] = nan(1), v[17] = nan(2), v[20] = -0.0f, v[21] = 0.0f, v[5] = INFINITY;
+    v[9] = std::numeric_limits<float>::denorm_min();
+  }
+  if (kind >= 2) v[30] = -INFINITY, v[0] = -0.0f, v[16] = 0.0f;
+  return v;
+}
+
+// ButterflyLane (the emulator's form of WarpCombine / WarpAbsMax, and CombineLanes) computes only
+// the 31 operations one lane's result depends on: each lane's result must be the bits of the whole
+// 32-lane butterfly, op(own, partner) at every step.
+TEST(CudaKernelMath, ButterflyLaneIsTheWholeButterflyForEveryLane) {
+  std::mt19937 rng(11);
+  auto check = [&](auto op, const char* name) {
+    for (int kind = 0; kind < 3; ++kind) {
+      const std::array<float, km::kWarp> in = ButterflyInputs(rng, kind);
+      std::array<float, km::kWarp> whole = in;
+      for (int off = km::kWarp / 2; off > 0; off >>= 1) {
+        std::array<float, km::kWarp> nv{};
+        for (int l = 0; l < km::kWarp; ++l) nv[Z(l)] = op(whole[Z(l)], whole[Z(l ^ off)]);
+        whole = nv;
+      }
+      for (int lane = 0; lane < km::kWarp; ++lane) {
+        std::array<float, km::kWarp> v = in;
+        EXPECT_EQ(km::FloatBits(km::ButterflyLane(v.data(), lane, op)), km::FloatBits(whole[Z(lane)]))
+            << name << " kind " << kind << " lane " << lane;
+      }
+    }
+  };
+  check(km::CombineStep, "CombineStep");
+  check(km::AbsMaxCombine, "AbsMaxCombine");
+  // The operand order matters for these inputs (the test would not see a swapped op otherwise).
+  std::array<float, km::kWarp> v = ButterflyInputs(rng, 2), w = v;
+  int differ = 0;
+  for (int lane = 0; lane < km::kWarp; ++lane) {
+    v = w;
+    std::array<float, km::kWarp> x = w;
+    differ += km::FloatBits(km::ButterflyLane(v.data(), lane, km::AbsMaxCombine)) !=
+              km::FloatBits(km::ButterflyLane(x.data(), lane, [](float a, float b) { return km::AbsMaxCombine(b, a); }));
+  }
+  EXPECT_GT(differ, 0) << "inputs too tame to show a swapped operand order";
+}
 
 TEST(CudaKernelMath, DotWithinOrderBound) {
   std::mt19937 rng(5);
