@@ -439,6 +439,16 @@ Status WriteSyntheticModel(const SyntheticOptions& opts, const std::string& out_
   if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
     return Status::InvalidArgument("--dtype", "expected f32, bf16 or f16");
   if (!opts.with_mtp) c.n_mtp_layers = 0;
+  if (opts.n_layers < 0 || opts.n_experts < 0 || opts.n_experts_used < 0 || opts.n_vocab < 0)
+    return Status::InvalidArgument("synthetic model", "layer, expert and vocabulary counts must be positive (0: the preset's)");
+  if (opts.n_layers > 0 || opts.n_experts > 0 || opts.n_experts_used > 0 || opts.n_vocab > 0) {
+    if (opts.n_layers > 0) c.n_layers = opts.n_layers;
+    if (opts.n_experts > 0) c.n_experts = opts.n_experts;
+    if (opts.n_experts_used > 0) c.n_experts_used = opts.n_experts_used;
+    if (opts.n_vocab > 0) c.n_vocab = opts.n_vocab;
+    Layout(c);
+    LOCKSTEP_RETURN_IF_ERROR(c.Validate());
+  }
   if (!opts.mlp_only_layers.empty()) {
     for (int il : opts.mlp_only_layers)
       if (il < 0 || il >= c.n_layers)

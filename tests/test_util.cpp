@@ -74,7 +74,8 @@ const std::string& ModelDir(const std::string& preset) {
   SyntheticOptions o;
   // "<preset>-induction" selects the in-context-copying variant of a preset, "<preset>-bf16" its
   // matrices stored as bf16 (tiny is f32 by default), "<preset>-dense" dense SwiGLU FFNs instead
-  // of MoE in layers 2 and 3 (mlp_only_layers).
+  // of MoE in layers 2 and 3 (mlp_only_layers), "<preset>-lite" the preset's widths in 4 layers
+  // with 4 experts (top-2), a 4096-token vocabulary and no MTP head (`wide-lite`: ~360 MB of bf16).
   auto strip = [](std::string& name, const std::string& suffix) {
     const bool has = name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
     if (has) name.resize(name.size() - suffix.size());
@@ -83,6 +84,10 @@ const std::string& ModelDir(const std::string& preset) {
   std::string base = preset;
   if (strip(base, "-bf16")) o.dtype = DType::kBF16;
   if (strip(base, "-dense")) o.mlp_only_layers = {2, 3};
+  if (strip(base, "-lite")) {
+    o.n_layers = 4, o.n_experts = 4, o.n_experts_used = 2, o.n_vocab = 4096;
+    o.with_mtp = false;
+  }
   o.induction = strip(base, "-induction");
   o.preset = base;
   o.seed = 7;

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
   km::RowsAllPasses(x, T, n_in, w, vec, lane, y, ldy, o, wu);
 }
 
-// bf16 bits [n] -> f32 [n] (exact); one thread per element.
+// bf16 bits [n] -> f32 [n] (exact); a grid-stride loop.
 __global__ void __launch_bounds__(256)
     WidenBf16Kernel(const std::uint16_t* __restrict__ src, std::int64_t n, float* __restrict__ dst) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -120,10 +120,14 @@ void RowsMatmul(const float* x, int T, const std::uint16_t* W, int n_out, int n_
   LaunchRows(x, T, W, n_out, n_in, y, ldy, s);
 }
 
+// At most 1024 blocks of 256 threads: about one wave on an H200 (132 SMs x 8 blocks) or an A100,
+// each thread looping over its elements; a matrix of 25M elements had 65535 blocks before, which
+// only added block scheduling on a GPU and cost the CPU emulator one fiber per element (8 s of a
+// `wide-lite` test's prefill).
 void WidenBf16(const std::uint16_t* src, std::int64_t n, float* dst, cudaStream_t s) {
   if (n <= 0) return;
   const std::int64_t want = (n + 255) / 256;
-  WidenBf16Kernel<<<static_cast<unsigned>(want < 65535 ? want : 65535), 256, 0, s>>>(src, n, dst);
+  WidenBf16Kernel<<<static_cast<unsigned>(want < 1024 ? want : 1024), 256, 0, s>>>(src, n, dst);
 }
 
 }  // namespace lockstep::cuda

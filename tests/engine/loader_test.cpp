@@ -212,5 +212,40 @@ TEST(Loader, MtpIsOptional) {
   EXPECT_TRUE(test::BitwiseEqual(FirstLogits(**w), FirstLogits(test::Model("tiny"))));
 }
 
+// A preset cut in depth and breadth keeps its widths, follows the layer pattern (full attention
+// every 4th layer) and loads; counts the config cannot hold are errors, not models.
+TEST(Loader, PresetCutInDepthAndBreadthKeepsItsWidths) {
+  SyntheticOptions o;
+  o.preset = "small";
+  o.seed = 7;
+  o.n_layers = 5, o.n_experts = 6, o.n_experts_used = 3, o.n_vocab = 300;
+  o.with_mtp = false;
+  std::string d = test::NewDir("cut");
+  ASSERT_TRUE(WriteSyntheticModel(o, d).ok());
+  auto w = ModelWeights::Load(d);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const ModelConfig& c = (*w)->config;
+  const ModelConfig small = *SyntheticConfig("small");
+  EXPECT_EQ(c.n_layers, 5);
+  EXPECT_EQ(c.n_experts, 6);
+  EXPECT_EQ(c.n_experts_used, 3);
+  EXPECT_EQ(c.n_vocab, 300);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int>{299});
+  EXPECT_EQ(c.n_embd, small.n_embd);
+  EXPECT_EQ(c.head_dim, small.head_dim);
+  EXPECT_EQ(c.moe_ffn, small.moe_ffn);
+  ASSERT_EQ(c.layer_types.size(), 5u);
+  EXPECT_EQ(c.layer_types[3], LayerType::kFullAttention);
+  EXPECT_EQ(c.layer_types[4], LayerType::kLinearAttention);
+  EXPECT_EQ((*w)->layers[0].ffn_moe.experts.size(), 6u);
+  for (auto bad : {std::pair{0, -1}, std::pair{7, 0}}) {
+    SyntheticOptions b = o;
+    b.n_layers = bad.second;
+    b.n_experts_used = bad.first;
+    const Status st = WriteSyntheticModel(b, test::NewDir("cut-bad"));
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << st.ToString();
+  }
+}
+
 }  // namespace
 }  // namespace lockstep

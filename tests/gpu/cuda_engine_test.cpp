@@ -162,6 +162,60 @@ TEST(CudaEngine, DenseFfnLayers) {
       << "a T = 9 window against nine decodes";
 }
 
+// The kernels at Qwen3-Next-80B's widths (`wide`: hidden 2048, attention 16 / 2 heads of 256 with
+// a 64-wide rotation, GDN 16 key / 32 value heads of 128, experts 512 wide) in four layers
+// (`wide-lite`: three GDN layers and one attention layer, one per stage; 4 experts, top-2):
+// BM_CudaDecode/wide times these shapes on a GPU, and only this test checks what they compute.
+// An 8-row prefill chunk through cuBLAS (bf16 matrices widened to f32), a 1-row chunk, then
+// verify windows of 9 and 1 rows on the row kernels: logits, K/V and recurrent states against
+// the cpu backend within the thresholds. (Graphs, batch invariance and the K/V dtypes are the
+// tiny tests': nothing in them depends on the widths.)
+TEST(CudaEngine, WideWidthsMatchCpu) {
+  LOCKSTEP_REQUIRE_GPU(1);
+  const ModelWeights& w = Model("wide-lite");
+  ASSERT_EQ(w.config.n_embd, 2048);
+  ASSERT_EQ(w.config.head_dim, 256);
+  ASSERT_EQ(w.config.k_head_dim, 128);
+  ASSERT_EQ(w.config.moe_ffn, 512);
+  auto make = [&](EngineConfig c) -> std::unique_ptr<Engine> {
+    c.model = test::ModelDir("wide-lite");
+    auto e = Engine::Create(c, w);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return e.ok() ? std::move(*e) : nullptr;
+  };
+  auto cpu = make(TinyConfig("cpu"));
+  auto gpu = make(TinyConfig("cuda"));
+  ASSERT_TRUE(cpu && gpu);
+  const std::vector<int> sizes = {9, 1};
+  const auto prompt = Prompt(9, 3);
+  const double logits = Nrmse(RunWindows(*cpu, prompt, sizes), RunWindows(*gpu, prompt, sizes));
+  RecordProperty("logits_nrmse", std::to_string(logits));
+  EXPECT_LT(logits, kCudaVsCpuLogitsNrmse);
+  int gdn = 0, attn = 0;
+  for (int is = 0; is < 4; ++is) {
+    StageSession& sa = cpu->stage(is);
+    StageSession& sb = gpu->stage(is);
+    for (int il = sa.layer_begin(); il < sa.layer_end(); ++il) {
+      if (GdnState* ga = sa.gdn(il)) {
+        GdnState* gb = sb.gdn(il);
+        ASSERT_NE(gb, nullptr);
+        std::vector<float> x(ga->ssm(), ga->ssm() + ga->ssm_size()), y(gb->ssm(), gb->ssm() + gb->ssm_size());
+        EXPECT_LT(Nrmse(x, y), kCudaVsCpuStateNrmse) << "ssm layer " << il;
+        ++gdn;
+      }
+      if (KvCache* ka = sa.kv(il)) {
+        KvCache* kb = sb.kv(il);
+        ASSERT_NE(kb, nullptr);
+        EXPECT_EQ(ka->rows_committed(), kb->rows_committed());
+        EXPECT_LT(Nrmse(Flatten(*ka), Flatten(*kb)), kCudaVsCpuStateNrmse) << "k layer " << il;
+        ++attn;
+      }
+    }
+  }
+  EXPECT_EQ(gdn, 3);
+  EXPECT_EQ(attn, 1);
+}
+
 // Rows with a context longer than EngineConfig::cuda_attn_split run their attention in context
 // splits and a combine (attention.cu). Here the split is 64 (the default 512 takes a 500-token
 // prompt, over a minute on the emulator): a 59-token prompt and a T = 9 window at n_ctx 60..68

@@ -34,6 +34,14 @@ struct SyntheticOptions {
   // Layers with a dense SwiGLU FFN (intermediate_size = 2 x moe_intermediate_size) instead of the
   // MoE block: Qwen's mlp_only_layers. Empty in every preset; the tests use it for the dense path.
   std::vector<int> mlp_only_layers;
+  // A preset cut in depth and breadth with its widths kept (hidden size, heads, head and expert
+  // widths), e.g. `wide` in 4 layers for an emulated test of the kernels at its widths: layers,
+  // routed experts, experts per token, vocabulary. 0 keeps the preset's value. The layer pattern
+  // (full attention every 4th layer) follows n_layers.
+  int n_layers = 0;
+  int n_experts = 0;
+  int n_experts_used = 0;
+  int n_vocab = 0;
 };
 
 std::vector<std::string> SyntheticPresets();
