@@ -170,6 +170,14 @@ int main(int argc, char** argv) {
     init->add_option("--dtype", dtype, "Matrix storage dtype: f32 | bf16 | f16 (default: f32 tiny, bf16 others)");
     init->add_flag("--no-mtp", no_mtp, "Omit the mtp.* tensors");
     init->add_flag("--induction", syn.induction, "Wire induction heads: the model continues repeated text");
+    // The preset cut in depth and breadth, its widths kept (e.g. `wide` in 4 layers on a small GPU).
+    init->add_option("--layers", syn.n_layers, "Layers instead of the preset's (full attention every 4th)")
+        ->check(CLI::Range(1, 1 << 24));
+    init->add_option("--experts", syn.n_experts, "Routed experts per MoE layer instead of the preset's")
+        ->check(CLI::Range(1, 1 << 24));
+    init->add_option("--experts-used", syn.n_experts_used, "Experts per token instead of the preset's")
+        ->check(CLI::Range(1, 1 << 24));
+    init->add_option("--vocab", syn.n_vocab, "Vocabulary size instead of the preset's")->check(CLI::Range(1, 1 << 24));
 
     // ---- generate ----
     auto* gen = app.add_subcommand("generate", "Run one request on the engine and print the output");

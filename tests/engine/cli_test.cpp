@@ -23,6 +23,20 @@ TEST(Cli, ModelInitIsByteIdenticalForTheSameSeed) {
   auto bad = test::RunLockstep("model init --preset huge --out " + c);
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("unknown preset 'huge'"), std::string::npos) << bad.err;
+  // A preset cut in depth and breadth: the counts in config.json, the widths the preset's.
+  const std::string cut = test::NewDir("init-cut");
+  auto r = test::RunLockstep("model init --preset small --layers 4 --experts 6 --experts-used 2 --vocab 300 --no-mtp --out " + cut);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(*ReadFile(cut + "/config.json"));
+  EXPECT_EQ(j["num_hidden_layers"], 4);
+  EXPECT_EQ(j["num_experts"], 6);
+  EXPECT_EQ(j["num_experts_per_tok"], 2);
+  EXPECT_EQ(j["vocab_size"], 300);
+  EXPECT_EQ(j["hidden_size"], 512);
+  for (const char* flags : {"--experts 3 --experts-used 4", "--layers 0", "--vocab -5"}) {
+    auto e = test::RunLockstep(std::string("model init --preset small ") + flags + " --out " + test::NewDir("init-bad"));
+    EXPECT_EQ(e.exit_code, 2) << flags << ": " << e.err;
+  }
 }
 
 TEST(Cli, GenerateJsonAndText) {
