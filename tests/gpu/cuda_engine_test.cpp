@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <span>
+#include <utility>
 
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine_cuda/register.h"
@@ -64,6 +65,36 @@ std::vector<float> Flatten(const KvCache& kv) {
   return out;
 }
 
+// Every stage's GDN recurrent states and K caches of the cuda engine against the cpu engine's,
+// within the state threshold; returns the (GDN, attention) layers compared.
+std::pair<int, int> ExpectStatesWithinThresholds(Engine& cpu, Engine& gpu) {
+  int gdn = 0, attn = 0;
+  for (int is = 0; is < cpu.n_stages(); ++is) {
+    StageSession& sa = cpu.stage(is);
+    StageSession& sb = gpu.stage(is);
+    for (int il = sa.layer_begin(); il < sa.layer_end(); ++il) {
+      if (GdnState* ga = sa.gdn(il)) {
+        GdnState* gb = sb.gdn(il);
+        EXPECT_NE(gb, nullptr) << "layer " << il;
+        if (gb == nullptr) continue;
+        EXPECT_EQ(ga->position(), gb->position());
+        std::vector<float> x(ga->ssm(), ga->ssm() + ga->ssm_size()), y(gb->ssm(), gb->ssm() + gb->ssm_size());
+        EXPECT_LT(Nrmse(x, y), kCudaVsCpuStateNrmse) << "ssm layer " << il;
+        ++gdn;
+      }
+      if (KvCache* ka = sa.kv(il)) {
+        KvCache* kb = sb.kv(il);
+        EXPECT_NE(kb, nullptr) << "layer " << il;
+        if (kb == nullptr) continue;
+        EXPECT_EQ(ka->rows_committed(), kb->rows_committed());
+        EXPECT_LT(Nrmse(Flatten(*ka), Flatten(*kb)), kCudaVsCpuStateNrmse) << "k layer " << il;
+        ++attn;
+      }
+    }
+  }
+  return {gdn, attn};
+}
+
 TEST(CudaEngine, MatchesCpuWithinThresholds) {
   LOCKSTEP_REQUIRE_GPU(1);
   auto cpu = MakeTiny(TinyConfig("cpu"));
@@ -75,25 +106,7 @@ TEST(CudaEngine, MatchesCpuWithinThresholds) {
   const double logits = Nrmse(a, b);
   RecordProperty("logits_nrmse", std::to_string(logits));
   EXPECT_LT(logits, kCudaVsCpuLogitsNrmse);
-  for (int is = 0; is < 4; ++is) {
-    StageSession& sa = cpu->stage(is);
-    StageSession& sb = gpu->stage(is);
-    for (int il = sa.layer_begin(); il < sa.layer_end(); ++il) {
-      if (GdnState* ga = sa.gdn(il)) {
-        GdnState* gb = sb.gdn(il);
-        ASSERT_NE(gb, nullptr);
-        EXPECT_EQ(ga->position(), gb->position());
-        std::vector<float> x(ga->ssm(), ga->ssm() + ga->ssm_size()), y(gb->ssm(), gb->ssm() + gb->ssm_size());
-        EXPECT_LT(Nrmse(x, y), kCudaVsCpuStateNrmse) << "ssm layer " << il;
-      }
-      if (KvCache* ka = sa.kv(il)) {
-        KvCache* kb = sb.kv(il);
-        ASSERT_NE(kb, nullptr);
-        EXPECT_EQ(ka->rows_committed(), kb->rows_committed());
-        EXPECT_LT(Nrmse(Flatten(*ka), Flatten(*kb)), kCudaVsCpuStateNrmse) << "k layer " << il;
-      }
-    }
-  }
+  ExpectStatesWithinThresholds(*cpu, *gpu);
 }
 
 TEST(CudaEngine, DeterministicAaIsBitwiseIdentical) {
@@ -191,29 +204,7 @@ TEST(CudaEngine, WideWidthsMatchCpu) {
   const double logits = Nrmse(RunWindows(*cpu, prompt, sizes), RunWindows(*gpu, prompt, sizes));
   RecordProperty("logits_nrmse", std::to_string(logits));
   EXPECT_LT(logits, kCudaVsCpuLogitsNrmse);
-  int gdn = 0, attn = 0;
-  for (int is = 0; is < 4; ++is) {
-    StageSession& sa = cpu->stage(is);
-    StageSession& sb = gpu->stage(is);
-    for (int il = sa.layer_begin(); il < sa.layer_end(); ++il) {
-      if (GdnState* ga = sa.gdn(il)) {
-        GdnState* gb = sb.gdn(il);
-        ASSERT_NE(gb, nullptr);
-        std::vector<float> x(ga->ssm(), ga->ssm() + ga->ssm_size()), y(gb->ssm(), gb->ssm() + gb->ssm_size());
-        EXPECT_LT(Nrmse(x, y), kCudaVsCpuStateNrmse) << "ssm layer " << il;
-        ++gdn;
-      }
-      if (KvCache* ka = sa.kv(il)) {
-        KvCache* kb = sb.kv(il);
-        ASSERT_NE(kb, nullptr);
-        EXPECT_EQ(ka->rows_committed(), kb->rows_committed());
-        EXPECT_LT(Nrmse(Flatten(*ka), Flatten(*kb)), kCudaVsCpuStateNrmse) << "k layer " << il;
-        ++attn;
-      }
-    }
-  }
-  EXPECT_EQ(gdn, 3);
-  EXPECT_EQ(attn, 1);
+  EXPECT_EQ(ExpectStatesWithinThresholds(*cpu, *gpu), std::make_pair(3, 1)) << "GDN and attention layers compared";
 }
 
 // Rows with a context longer than EngineConfig::cuda_attn_split run their attention in context
