@@ -35,7 +35,7 @@ CLANG_DTYPE_BIN := $(BUILD)/dtype_test_clang
 test-clang-dtype:
 	@if command -v clang++ >/dev/null 2>&1; then \
 	  clang++ -std=c++20 -O2 -march=native -ffp-contract=off -Iengine/include -Itests -Iengine \
-	    engine/status.cpp engine/dtype.cpp tests/engine/dtype_test.cpp \
+	    engine/util/status.cpp engine/util/dtype.cpp tests/engine/dtype_test.cpp \
 	    -lgtest -lgtest_main -pthread -o $(CLANG_DTYPE_BIN) && $(CLANG_DTYPE_BIN) --gtest_brief=1; \
 	else echo "clang++ not installed: dtype tests ran under g++ only"; fi
 
@@ -46,8 +46,8 @@ FUZZ_FLAGS := -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitiz
 test-fuzz:
 	@if command -v clang++ >/dev/null 2>&1; then \
 	  mkdir -p $(FUZZ_BIN) && \
-	  clang++ $(FUZZ_FLAGS) tests/fuzz/trace_fuzz.cpp compare/align.cpp engine/window.cpp engine/status.cpp \
-	    engine/atomic_file.cpp -lfmt -o $(FUZZ_BIN)/trace_fuzz && \
+	  clang++ $(FUZZ_FLAGS) tests/fuzz/trace_fuzz.cpp compare/align.cpp engine/observe/window.cpp engine/util/status.cpp \
+	    engine/util/atomic_file.cpp -lfmt -o $(FUZZ_BIN)/trace_fuzz && \
 	  rm -rf $(FUZZ_BIN)/corpus && cp -r tests/fuzz/corpus/trace $(FUZZ_BIN)/corpus && \
 	  { $(FUZZ_BIN)/trace_fuzz -runs=10000 -seed=1 -max_len=4096 $(FUZZ_BIN)/corpus >$(FUZZ_BIN)/trace_fuzz.log 2>&1 \
 	    && tail -1 $(FUZZ_BIN)/trace_fuzz.log || { tail -40 $(FUZZ_BIN)/trace_fuzz.log; exit 1; }; }; \

@@ -8,7 +8,7 @@
 
 #include "cpu/matmul.h"
 #include "cpu/rope.h"
-#include "lockstep/engine/arena.h"
+#include "util/arena.h"
 #include "lockstep/engine/kv_cache.h"
 #include "lockstep/engine/model_config.h"
 #include "lockstep/engine/weights.h"

@@ -9,7 +9,7 @@
 #include "cpu/moe.h"
 #include "cpu/norm.h"
 #include "cpu/rope.h"
-#include "lockstep/engine/check.h"
+#include "util/check.h"
 #include "lockstep/engine/trace_ring.h"
 
 namespace lockstep {

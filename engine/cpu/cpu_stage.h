@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/engine/arena.h"
+#include "util/arena.h"
 #include "lockstep/engine/backend.h"
 #include "lockstep/engine/stage.h"
 

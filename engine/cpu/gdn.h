@@ -8,7 +8,7 @@
 #pragma once
 
 #include "cpu/matmul.h"
-#include "lockstep/engine/arena.h"
+#include "util/arena.h"
 #include "lockstep/engine/gdn_state.h"
 #include "lockstep/engine/model_config.h"
 #include "lockstep/engine/weights.h"

@@ -5,7 +5,7 @@
 
 #include "cuda/cuda_stage_impl.h"
 #include "cuda/ops.h"
-#include "lockstep/engine/check.h"
+#include "util/check.h"
 
 namespace lockstep::cuda::detail {
 

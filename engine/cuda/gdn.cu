@@ -14,7 +14,7 @@
 // No atomics, no order that depends on T or the grid.
 #include "cuda/kernel_math.h"
 #include "cuda/ops.h"
-#include "lockstep/engine/check.h"
+#include "util/check.h"
 
 namespace lockstep::cuda {
 namespace {

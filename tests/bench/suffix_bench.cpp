@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "lockstep/engine/suffix_index.h"
+#include "decode/suffix_index.h"
 
 namespace lockstep {
 namespace {

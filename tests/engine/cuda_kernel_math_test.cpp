@@ -39,7 +39,7 @@
 #include "cpu/norm.h"
 #include "cpu/rope.h"
 #include "cuda/kernel_math.h"
-#include "lockstep/engine/arena.h"
+#include "util/arena.h"
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/kv_cache.h"
 #include "lockstep/engine/weights.h"

@@ -41,7 +41,7 @@
 #include "cpu/moe.h"
 #include "cpu/norm.h"
 #include "cpu/rope.h"
-#include "lockstep/engine/arena.h"
+#include "util/arena.h"
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/engine_config.h"

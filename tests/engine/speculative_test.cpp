@@ -10,10 +10,10 @@
 #include <fstream>
 #include <map>
 
-#include "lockstep/engine/draft_policy.h"
+#include "decode/draft_policy.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/generate.h"
-#include "lockstep/engine/suffix_index.h"
+#include "decode/suffix_index.h"
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/instrument/fingerprint.h"
 #include "test_util.h"

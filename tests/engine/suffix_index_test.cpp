@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "lockstep/engine/suffix_index.h"
+#include "decode/suffix_index.h"
 
 namespace lockstep {
 namespace {

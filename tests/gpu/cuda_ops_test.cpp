@@ -36,7 +36,7 @@
 #include "cuda/ops.h"
 #include "gpu/require_gpu.h"
 #include "kernel_test_math.h"
-#include "lockstep/engine/arena.h"
+#include "util/arena.h"
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/kv_cache.h"
 #include "lockstep/engine/weights.h"

@@ -15,8 +15,8 @@
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/harness/campaign.h"
 #include "lockstep/harness/campaign_report.h"
-#include "lockstep/harness/child_process.h"
-#include "lockstep/harness/commands.h"
+#include "lockstep/harness/process.h"
+#include "lockstep/harness/generate_command.h"
 #include "lockstep/harness/gates.h"
 #include "lockstep/instrument/fingerprint.h"
 

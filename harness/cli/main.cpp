@@ -10,7 +10,7 @@
 #include <iostream>
 
 #include "lockstep/engine/atomic_file.h"
-#include "lockstep/harness/commands.h"
+#include "lockstep/harness/generate_command.h"
 #include "lockstep/harness/compare_commands.h"
 #include "lockstep/harness/runner.h"
 

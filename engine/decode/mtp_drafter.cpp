@@ -1,8 +1,8 @@
-#include "lockstep/engine/mtp_drafter.h"
+#include "decode/mtp_drafter.h"
 
 #include <algorithm>
 
-#include "lockstep/engine/check.h"
+#include "util/check.h"
 #include "lockstep/engine/sampler.h"
 
 namespace lockstep {

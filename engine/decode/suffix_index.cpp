@@ -1,4 +1,4 @@
-#include "lockstep/engine/suffix_index.h"
+#include "decode/suffix_index.h"
 
 #include <algorithm>
 #include <climits>
@@ -6,7 +6,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "lockstep/engine/check.h"
+#include "util/check.h"
 
 namespace lockstep {
 

@@ -20,7 +20,7 @@
 #include <memory>
 #include <string>
 
-#include "lockstep/engine/suffix_index.h"
+#include "decode/suffix_index.h"
 #include "lockstep/engine/window.h"
 
 namespace lockstep {

@@ -1,4 +1,4 @@
-#include "lockstep/harness/child_process.h"
+#include "lockstep/harness/process.h"
 
 #include <fcntl.h>
 #include <sys/prctl.h>

@@ -1,44 +1,6 @@
-#include "lockstep/engine/observe.h"
+#include "observe/checkpoint.h"
 
 namespace lockstep {
-
-const char* CheckpointPointName(CheckpointPoint p) {
-  switch (p) {
-    case CheckpointPoint::kPreVerify:
-      return "pre_verify";
-    case CheckpointPoint::kPostVerify:
-      return "post_verify";
-    case CheckpointPoint::kCommit:
-      return "commit";
-  }
-  return "?";
-}
-
-const char* ItemKindName(ItemKind k) {
-  switch (k) {
-    case ItemKind::kK:
-      return "k";
-    case ItemKind::kV:
-      return "v";
-    case ItemKind::kKSpec:
-      return "k_spec";
-    case ItemKind::kVSpec:
-      return "v_spec";
-    case ItemKind::kConvState:
-      return "conv_state";
-    case ItemKind::kSsmState:
-      return "ssm_state";
-    case ItemKind::kMtpK:
-      return "mtp_k";
-    case ItemKind::kMtpV:
-      return "mtp_v";
-    case ItemKind::kHiddenOut:
-      return "hidden_out";
-    case ItemKind::kLogits:
-      return "logits";
-  }
-  return "?";
-}
 
 namespace {
 

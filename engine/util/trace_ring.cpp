@@ -1,6 +1,6 @@
 #include "lockstep/engine/trace_ring.h"
 
-#include "lockstep/engine/check.h"
+#include "util/check.h"
 
 namespace lockstep {
 

@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "lockstep/engine/check.h"
+#include "util/check.h"
 
 namespace lockstep {
 

@@ -1,4 +1,4 @@
-#include "lockstep/harness/commands.h"
+#include "lockstep/harness/generate_command.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "lockstep/engine/check.h"
+#include "util/check.h"
 
 namespace lockstep {
 

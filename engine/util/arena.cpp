@@ -1,4 +1,4 @@
-#include "lockstep/engine/arena.h"
+#include "util/arena.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "lockstep/engine/draft_policy.h"
+#include "decode/draft_policy.h"
 
 #include <algorithm>
 #include <cmath>

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "lockstep/engine/check.h"
+#include "util/check.h"
 
 namespace lockstep {
 

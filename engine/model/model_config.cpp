@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lockstep/engine/atomic_file.h"
-#include "lockstep/engine/json_util.h"
+#include "util/json_util.h"
 
 namespace lockstep {
 

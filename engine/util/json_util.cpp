@@ -1,4 +1,4 @@
-#include "lockstep/engine/json_util.h"
+#include "util/json_util.h"
 
 #include <nlohmann/json.hpp>
 

@@ -7,11 +7,11 @@
 #include <set>
 
 #include "lockstep/engine/backend.h"
-#include "lockstep/engine/draft_policy.h"
+#include "decode/draft_policy.h"
 #include "lockstep/engine/gdn_state.h"
-#include "lockstep/engine/mtp_drafter.h"
-#include "lockstep/engine/observe.h"
-#include "lockstep/engine/suffix_index.h"
+#include "decode/mtp_drafter.h"
+#include "observe/checkpoint.h"
+#include "decode/suffix_index.h"
 
 namespace lockstep {
 
