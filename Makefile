@@ -1,6 +1,7 @@
 # Thin wrapper: the two set-up commands of README.md. Everything real lives in CMake.
 #   make demo   install deps, build Release, run the aa-demo campaign (the main job), print the report path
-#   make test   install deps, build, run the whole test suite (what CI runs)
+#   make test   install deps, build, run the whole test suite (what CI runs, after format-check)
+#   make format / make format-check   apply .clang-format to product and test code / fail on a diff
 BUILD ?= build
 JOBS ?= $(shell nproc)
 LOCKSTEP := $(BUILD)/harness/lockstep
@@ -9,7 +10,7 @@ ifeq ($(CI),true)
 CMAKE_FLAGS += -DLOCKSTEP_WERROR=ON
 endif
 
-.PHONY: deps build demo test test-clang-dtype test-fuzz bench clean
+.PHONY: deps build demo test test-clang-dtype test-fuzz bench clean format format-check
 
 deps:
 	@scripts/install-deps.sh
@@ -52,6 +53,18 @@ test-fuzz:
 	  { $(FUZZ_BIN)/trace_fuzz -runs=10000 -seed=1 -max_len=4096 $(FUZZ_BIN)/corpus >$(FUZZ_BIN)/trace_fuzz.log 2>&1 \
 	    && tail -1 $(FUZZ_BIN)/trace_fuzz.log || { tail -40 $(FUZZ_BIN)/trace_fuzz.log; exit 1; }; }; \
 	else echo "clang++ not installed: fuzz targets not run"; fi
+
+# Every C++ and CUDA source git tracks (product and tests) is formatted by .clang-format, with the
+# clang-format that scripts/install-deps.sh installs (Debian 12's, 14): another version may format
+# differently, so the check names the version it ran.
+FORMAT_FILES = $(shell git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
+format: deps
+	@clang-format -i $(FORMAT_FILES)
+format-check: deps
+	@bad=$$(clang-format --dry-run --Werror $(FORMAT_FILES) 2>&1 | grep -- '-Wclang-format-violations' | cut -d: -f1 | sort -u); \
+	  if [ -n "$$bad" ]; then echo "$$bad" | sed 's/^/  differs: /'; \
+	    echo "format-check: $$(echo "$$bad" | wc -l) files differ from .clang-format (run 'make format'; $$(clang-format --version))"; exit 1; \
+	  fi; echo "format-check: $(words $(FORMAT_FILES)) files match .clang-format ($$(clang-format --version))"
 
 bench: build
 	$(BUILD)/tests/bench/engine_bench --benchmark_counters_tabular=true
