@@ -262,59 +262,77 @@ bool NormalizeVec(float* v, std::size_t n) {
 //    carries x_s; o_proj block kCopyGain * A B^T (in S_out, then orthogonal to dc) maps it onto
 //    lm_head row A r_{x_s}, raising the token that followed the earlier occurrence. The head's
 //    output gate reads dc.
-void WireInduction(Builder& b, const ModelConfig& c, const std::vector<float>& dc, const std::vector<std::size_t>& perm,
-                   const std::vector<float>& sign, const std::vector<char>& in_s) {
-  const int H = c.n_embd, Dk = c.k_head_dim, Dv = c.v_head_dim, r = c.n_v_heads / c.n_k_heads;
-  const int D = c.head_dim, R = c.rotary_dim, Dn = D - R;
-  const int key_dim = c.key_dim(), K = c.conv_kernel;
-  const std::size_t uH = static_cast<std::size_t>(H), uD = static_cast<std::size_t>(D), uDv = static_cast<std::size_t>(Dv);
-  int first_attn = -1;
-  for (int il = 0; il < c.n_layers && first_attn < 0; ++il)
-    if (c.is_full_attention(il)) first_attn = il;
-  if (first_attn < 1 || c.is_full_attention(first_attn - 1) || Dn <= 0) return;
-  const std::string gp = "model.layers." + std::to_string(first_attn - 1) + ".linear_attn.";
-  const float inv_sqrt_h = 1.0f / std::sqrt(static_cast<float>(H));
-  // Readers keep their row norms when restricted to S_in (half of the coordinates).
-  const float in_scale = std::sqrt(2.0f);
-  auto restrict_in = [&](float* v) {
-    for (std::size_t h = 0; h < uH; ++h) v[h] = in_s[h] ? v[h] * in_scale : 0.0f;
-  };
-  // The S_in and S_out parts of dc, as unit vectors: a vector supported on one half is made
-  // orthogonal to dc by removing its component along that half's part.
-  std::vector<float> dc_in(uH, 0.0f), dc_out(uH, 0.0f);
-  for (std::size_t h = 0; h < uH; ++h) (in_s[h] ? dc_in : dc_out)[h] = dc[h];
-  NormalizeVec(dc_in.data(), uH);
-  NormalizeVec(dc_out.data(), uH);
+// The geometry both halves of the wiring share: the widths, the S_in restriction, dc's halves and
+// the directions that queries and values must not read.
+struct InductionSpace {
+  const ModelConfig& c;
+  const std::vector<float>& dc;
+  const std::vector<char>& in_s;
+  std::size_t uH;
+  float inv_sqrt_h;
+  std::vector<float> dc_in, dc_out;  // the S_in and S_out parts of dc, as unit vectors
   // Orthonormal directions of S_in that queries and values must not read: dc (a constant would
   // add a common offset to every match score) and span(G) (the previous-token features).
-  std::vector<std::vector<float>> no_read{dc_in};
+  std::vector<std::vector<float>> no_read;
 
-  // ---- previous-token head ----
+  InductionSpace(const ModelConfig& cfg, const std::vector<float>& d, const std::vector<char>& in)
+      : c(cfg), dc(d), in_s(in), uH(static_cast<std::size_t>(cfg.n_embd)),
+        inv_sqrt_h(1.0f / std::sqrt(static_cast<float>(cfg.n_embd))), dc_in(uH, 0.0f), dc_out(uH, 0.0f) {
+    // A vector supported on one half is made orthogonal to dc by removing its component along
+    // that half's part.
+    for (std::size_t h = 0; h < uH; ++h) (in_s[h] ? dc_in : dc_out)[h] = dc[h];
+    NormalizeVec(dc_in.data(), uH);
+    NormalizeVec(dc_out.data(), uH);
+    no_read.push_back(dc_in);
+  }
+  // Readers keep their row norms when restricted to S_in (half of the coordinates).
+  void RestrictIn(float* v) const {
+    const float in_scale = std::sqrt(2.0f);
+    for (std::size_t h = 0; h < uH; ++h) v[h] = in_s[h] ? v[h] * in_scale : 0.0f;
+  }
+};
+
+// What the previous-token head leaves for the induction heads: G^T [Dv, H] (its features in the
+// residual stream) and V0 [Dv, H] (the current token's features in the same space).
+struct PrevTokenHead {
+  std::vector<float> gt, v0;
+};
+
+// 1. The previous-token head in GDN layer `gp` (value head 0); extends s.no_read with span(G).
+PrevTokenHead WirePrevTokenHead(Builder& b, InductionSpace& s, const std::string& gp) {
+  const ModelConfig& c = s.c;
+  const std::vector<float>& dc = s.dc;
+  const int H = c.n_embd, Dk = c.k_head_dim, Dv = c.v_head_dim, r = c.n_v_heads / c.n_k_heads;
+  const int key_dim = c.key_dim(), K = c.conv_kernel;
+  const std::size_t uH = s.uH, uDv = static_cast<std::size_t>(Dv);
   auto& qkvz = b.T(gp + "in_proj_qkvz.weight");
   // out_proj block G [H, Dv] for value head 0: |y| ~ kPrevGain * |e| given |o_hat| ~ silu(z) sqrt(Dv).
   const float z_act = 3.0f;  // ~ silu(kZGain * kDcGain * ...) at the input scale (measured)
   const float g_sd = kPrevGain / (z_act * std::sqrt(static_cast<float>(Dv)));
   const std::vector<float> G = b.Block(gp + "induction.G", H, Dv, g_sd);
-  std::vector<float> gt(uDv * uH);  // G^T [Dv, H]: G's columns in S_in, orthogonal to dc
+  PrevTokenHead prev;
+  std::vector<float>& gt = prev.gt;  // G^T [Dv, H]: G's columns in S_in, orthogonal to dc
+  gt.resize(uDv * uH);
   for (std::size_t i = 0; i < uDv; ++i) {
     float* col = gt.data() + i * uH;
     for (std::size_t h = 0; h < uH; ++h) col[h] = G[h * uDv + i];
-    restrict_in(col);
-    OrthogonalizeTo(col, uH, {dc_in});
+    s.RestrictIn(col);
+    OrthogonalizeTo(col, uH, {s.dc_in});
   }
   for (std::size_t i = 0; i < uDv; ++i) {  // Gram-Schmidt: an orthonormal basis of span(G)
     std::vector<float> u(gt.begin() + static_cast<std::ptrdiff_t>(i * uH), gt.begin() + static_cast<std::ptrdiff_t>((i + 1) * uH));
-    OrthogonalizeTo(u.data(), uH, no_read);
-    if (NormalizeVec(u.data(), uH)) no_read.push_back(std::move(u));
+    OrthogonalizeTo(u.data(), uH, s.no_read);
+    if (NormalizeVec(u.data(), uH)) s.no_read.push_back(std::move(u));
   }
   // q and k of the head share rows (orthogonal to dc); with decay ~0 any direction works.
-  std::vector<float> qk = b.Block(gp + "induction.qk", Dk, H, inv_sqrt_h);
+  std::vector<float> qk = b.Block(gp + "induction.qk", Dk, H, s.inv_sqrt_h);
   for (int i = 0; i < Dk; ++i) OrthogonalizeTo(qk.data() + static_cast<std::size_t>(i) * uH, uH, {dc});
   // V0: the token's features, read from S_in away from dc and span(G).
-  std::vector<float> v0 = b.Block(gp + "induction.v", Dv, H, kPrevValueGain * inv_sqrt_h);
+  prev.v0 = b.Block(gp + "induction.v", Dv, H, kPrevValueGain * s.inv_sqrt_h);
+  std::vector<float>& v0 = prev.v0;
   for (std::size_t i = 0; i < uDv; ++i) {
-    restrict_in(v0.data() + i * uH);
-    OrthogonalizeTo(v0.data() + i * uH, uH, no_read);
+    s.RestrictIn(v0.data() + i * uH);
+    OrthogonalizeTo(v0.data() + i * uH, uH, s.no_read);
   }
   for (std::size_t i = 0; i < static_cast<std::size_t>(Dk); ++i)
     for (std::size_t h = 0; h < uH; ++h) {
@@ -343,8 +361,19 @@ void WireInduction(Builder& b, const ModelConfig& c, const std::vector<float>& d
   const std::size_t out_w = static_cast<std::size_t>(c.value_dim());
   for (std::size_t h = 0; h < uH; ++h)
     for (std::size_t i = 0; i < uDv; ++i) out[h * out_w + i] = gt[i * uH + h];
+  return prev;
+}
 
-  // ---- induction heads ----
+// 2. The induction heads of every full-attention layer from `first_attn` on.
+void WireInductionHeads(Builder& b, const InductionSpace& s, const PrevTokenHead& prev, int first_attn,
+                        const std::vector<std::size_t>& perm, const std::vector<float>& sign) {
+  const ModelConfig& c = s.c;
+  const std::vector<float>& dc = s.dc;
+  const std::vector<float>& gt = prev.gt;
+  const std::vector<float>& v0 = prev.v0;
+  const int H = c.n_embd, Dv = c.v_head_dim;
+  const int D = c.head_dim, R = c.rotary_dim, Dn = D - R;
+  const std::size_t uH = s.uH, uD = static_cast<std::size_t>(D), uDv = static_cast<std::size_t>(Dv);
   const int group = c.n_heads / c.n_heads_kv;
   const std::size_t o_w = static_cast<std::size_t>(c.n_heads) * uD;
   std::vector<float> col(uH);
@@ -359,10 +388,10 @@ void WireInduction(Builder& b, const ModelConfig& c, const std::vector<float>& d
       const std::size_t hq = static_cast<std::size_t>(j * group);
       const std::string tag = ap + "induction." + std::to_string(j);
       const std::vector<float> M = b.Block(tag + ".M", Dn, Dv, 1.0f / std::sqrt(static_cast<float>(Dv)));
-      std::vector<float> B = b.Block(tag + ".B", D, H, inv_sqrt_h);
+      std::vector<float> B = b.Block(tag + ".B", D, H, s.inv_sqrt_h);
       for (std::size_t d = 0; d < uD; ++d) {  // value rows: S_in, orthogonal to dc and span(G)
-        restrict_in(B.data() + d * uH);
-        OrthogonalizeTo(B.data() + d * uH, uH, no_read);
+        s.RestrictIn(B.data() + d * uH);
+        OrthogonalizeTo(B.data() + d * uH, uH, s.no_read);
       }
       for (std::size_t d = 0; d < uD; ++d)
         for (std::size_t h = 0; h < uH; ++h) {
@@ -386,7 +415,7 @@ void WireInduction(Builder& b, const ModelConfig& c, const std::vector<float>& d
       for (std::size_t d = 0; d < uD; ++d) {
         std::fill(col.begin(), col.end(), 0.0f);
         for (std::size_t i = 0; i < uH; ++i) col[perm[i]] = kCopyGain * sign[i] * B[d * uH + i];
-        OrthogonalizeTo(col.data(), uH, {dc_out});
+        OrthogonalizeTo(col.data(), uH, {s.dc_out});
         for (std::size_t h = 0; h < uH; ++h) o[h * o_w + hq * uD + d] = col[h];
       }
     }
@@ -394,6 +423,20 @@ void WireInduction(Builder& b, const ModelConfig& c, const std::vector<float>& d
     auto& kn = b.T(ap + "k_norm.weight");
     for (int d = R; d < D; ++d) qn[static_cast<std::size_t>(d)] = kn[static_cast<std::size_t>(d)] = kInductionNormW;
   }
+}
+
+// Wires the induction circuit into the model (the two parts above). Needs a GDN layer just before
+// the first full-attention layer and non-rotary head dimensions; otherwise leaves the model as is.
+void WireInduction(Builder& b, const ModelConfig& c, const std::vector<float>& dc, const std::vector<std::size_t>& perm,
+                   const std::vector<float>& sign, const std::vector<char>& in_s) {
+  int first_attn = -1;
+  for (int il = 0; il < c.n_layers && first_attn < 0; ++il)
+    if (c.is_full_attention(il)) first_attn = il;
+  if (first_attn < 1 || c.is_full_attention(first_attn - 1) || c.head_dim - c.rotary_dim <= 0) return;
+  const std::string gp = "model.layers." + std::to_string(first_attn - 1) + ".linear_attn.";
+  InductionSpace space(c, dc, in_s);
+  const PrevTokenHead prev = WirePrevTokenHead(b, space, gp);
+  WireInductionHeads(b, space, prev, first_attn, perm, sign);
 }
 
 }  // namespace

@@ -67,52 +67,51 @@ std::vector<std::vector<double>> VerifyMs(const std::vector<std::vector<WindowRe
 
 }  // namespace
 
-ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const ArmOutcome& base,
-                                    const ArmOutcome& out, const DiffResult* diff,
-                                    const AlignResult& al) {
-  ComparisonResult r;
-  r.arm = arm.name;
-  r.baseline = base.name;
-  r.control = arm.control;
-  const GateSpec& g = c.gates;
-  auto gate = [&](const std::string& name, bool passed, const std::string& msg) {
+namespace {
+
+// The gates of one comparison, recorded in order; the comparison passes when every gate does.
+struct GateSink {
+  ComparisonResult& r;
+  void operator()(const std::string& name, bool passed, const std::string& msg) const {
     r.gates.push_back(GateOutcome{name, passed, msg});
     r.passed = r.passed && passed;
-  };
-  if (!base.ok || !out.ok) {
-    gate("arms ran", false,
-         fmt::format("{} exited {}, {} exited {}", base.name, base.exit_code, out.name,
-                     out.exit_code));
   }
+};
 
-  // ---- output ----
-  const bool output_same = base.output_ids == out.output_ids && base.stop_reason == out.stop_reason;
+// The timing gates' inputs to the stop rules.
+struct TimingFlags {
+  bool aggregate_failed = false, window_unstable = false;
+};
+
+void GateOutput(const GateSpec& g, const ArmOutcome& base, const ArmOutcome& out, bool output_same,
+                const GateSink& gate) {
   if (g.output)
     gate("output identical", output_same,
          output_same ? fmt::format("{} tokens, stop {}", out.output_ids.size(), out.stop_reason)
                      : fmt::format("{}: {} tokens (stop {}), {}: {} tokens (stop {})", base.name,
                                    base.output_ids.size(), base.stop_reason, out.name,
                                    out.output_ids.size(), out.stop_reason));
+}
 
-  // ---- state ----
-  const bool state_ok = diff == nullptr || diff->Passed();
-  if (g.state) {
-    if (diff == nullptr) {
-      if (arm.mode == "state")
-        gate("state within thresholds", false, "no state diff (an arm failed or exported nothing)");
-    } else {
-      std::string msg = fmt::format("{} compared, {} passed, {} failed, {} skipped", diff->compared,
-                                    diff->passed, diff->failed, diff->skipped);
-      if (diff->first_failure >= 0) {
-        const ItemResult& f = diff->items[static_cast<std::size_t>(diff->first_failure)];
-        msg += fmt::format("; first failing: {} {} ({})", f.checkpoint, f.rel, f.reason);
-      }
-      if (diff->model_differs || diff->request_differs) msg += "; model or request differ";
-      gate("state within thresholds", diff->Passed(), msg);
-    }
+void GateState(const GateSpec& g, const ArmSpec& arm, const DiffResult* diff, const GateSink& gate) {
+  if (!g.state) return;
+  if (diff == nullptr) {
+    if (arm.mode == "state")
+      gate("state within thresholds", false, "no state diff (an arm failed or exported nothing)");
+    return;
   }
+  std::string msg = fmt::format("{} compared, {} passed, {} failed, {} skipped", diff->compared,
+                                diff->passed, diff->failed, diff->skipped);
+  if (diff->first_failure >= 0) {
+    const ItemResult& f = diff->items[static_cast<std::size_t>(diff->first_failure)];
+    msg += fmt::format("; first failing: {} {} ({})", f.checkpoint, f.rel, f.reason);
+  }
+  if (diff->model_differs || diff->request_differs) msg += "; model or request differ";
+  gate("state within thresholds", diff->Passed(), msg);
+}
 
-  // ---- path ----
+// Returns whether the paths diverged early (within the gate's window count, or at all).
+bool GatePath(const GateSpec& g, const AlignResult& al, const GateSink& gate) {
   const int within = g.path_within.value_or(0);
   const bool early = al.diverged && (within == 0 || al.div_idx < within);
   if (g.path_within) {
@@ -123,10 +122,19 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
                      : fmt::format("no path divergence in the first {} windows", within),
          !early, msg);
   }
+  return early;
+}
 
-  // ---- timing ----
+// Timing arms: repeats of both arms against each other (CompareTimingRepeats); other arms: the one
+// run's matched windows.
+TimingFlags GateTiming(const Campaign& c, const ArmSpec& arm, const ArmOutcome& base,
+                       const ArmOutcome& out, const AlignResult& al, ComparisonResult& r,
+                       const GateSink& gate) {
+  const GateSpec& g = c.gates;
   const bool timing_arm = arm.mode == "timing";
-  bool aggregate_failed = false, window_unstable = false;
+  TimingFlags f;
+  bool& aggregate_failed = f.aggregate_failed;
+  bool& window_unstable = f.window_unstable;
   int windows_over_band = 0;
   if (timing_arm) {
     r.timing_repeats_a = static_cast<int>(base.repeats.size());
@@ -192,26 +200,54 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
            over ? fmt::format("{} matched windows outside the band; worst: {}", over, worst)
                 : fmt::format("all {} matched windows within the band", al.matched));
   }
+  return f;
+}
 
-  // ---- resources ----
+void GateResources(const GateSpec& g, const ArmOutcome& base, const ArmOutcome& out, bool guard,
+                   bool swap, const GateSink& gate) {
+  if (!g.resources) return;
+  std::vector<std::string> why;
+  if (guard) why.push_back("resource guard tripped");
+  if (g.no_swap && swap) why.push_back("swap in use");
+  std::int64_t min_free = -1;
+  for (const ArmOutcome* o : {&base, &out})
+    if (o->min_host_available_bytes >= 0 &&
+        (min_free < 0 || o->min_host_available_bytes < min_free))
+      min_free = o->min_host_available_bytes;
+  if (g.min_free_mib >= 0 && min_free >= 0 && min_free < g.min_free_mib * 1048576)
+    why.push_back(fmt::format("host available memory fell to {} MiB", min_free / 1048576));
+  std::string msg =
+      why.empty() ? "no guard trip, no swap" : fmt::format("{}", fmt::join(why, "; "));
+  if (min_free < 0) msg += " (free memory unknown)";
+  gate("resources", why.empty(), msg);
+}
+
+}  // namespace
+
+ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const ArmOutcome& base,
+                                    const ArmOutcome& out, const DiffResult* diff,
+                                    const AlignResult& al) {
+  ComparisonResult r;
+  r.arm = arm.name;
+  r.baseline = base.name;
+  r.control = arm.control;
+  const GateSpec& g = c.gates;
+  const GateSink gate{r};
+  if (!base.ok || !out.ok) {
+    gate("arms ran", false,
+         fmt::format("{} exited {}, {} exited {}", base.name, base.exit_code, out.name,
+                     out.exit_code));
+  }
+  const bool output_same = base.output_ids == out.output_ids && base.stop_reason == out.stop_reason;
+  GateOutput(g, base, out, output_same, gate);
+  GateState(g, arm, diff, gate);
+  const bool state_ok = diff == nullptr || diff->Passed();
+  const bool early = GatePath(g, al, gate);
+  const TimingFlags tf = GateTiming(c, arm, base, out, al, r, gate);
+  const bool aggregate_failed = tf.aggregate_failed, window_unstable = tf.window_unstable;
   const bool guard = base.guard_tripped || out.guard_tripped;
   const bool swap = base.max_swap_used_bytes > 0 || out.max_swap_used_bytes > 0;
-  if (g.resources) {
-    std::vector<std::string> why;
-    if (guard) why.push_back("resource guard tripped");
-    if (g.no_swap && swap) why.push_back("swap in use");
-    std::int64_t min_free = -1;
-    for (const ArmOutcome* o : {&base, &out})
-      if (o->min_host_available_bytes >= 0 &&
-          (min_free < 0 || o->min_host_available_bytes < min_free))
-        min_free = o->min_host_available_bytes;
-    if (g.min_free_mib >= 0 && min_free >= 0 && min_free < g.min_free_mib * 1048576)
-      why.push_back(fmt::format("host available memory fell to {} MiB", min_free / 1048576));
-    std::string msg =
-        why.empty() ? "no guard trip, no swap" : fmt::format("{}", fmt::join(why, "; "));
-    if (min_free < 0) msg += " (free memory unknown)";
-    gate("resources", why.empty(), msg);
-  }
+  GateResources(g, base, out, guard, swap, gate);
 
   r.predicates["path_diverged"] = al.diverged;
   r.predicates["path_diverged_early"] = early;

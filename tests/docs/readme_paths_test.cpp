@@ -31,8 +31,8 @@ namespace fs = std::filesystem;
 
 constexpr std::array<std::string_view, 11> kExtensions{
     ".cpp", ".h", ".hpp", ".cu", ".cuh", ".md", ".toml", ".sh", ".txt", ".cmake", ".py"};
-constexpr std::array<std::string_view, 9> kTopFolders{
-    "engine", "harness", "compare", "instrument", "h5", "tests", "campaigns", "scripts", ".ci"};
+constexpr std::array<std::string_view, 10> kTopFolders{
+    "engine", "harness", "compare", "instrument", "h5", "tests", "campaigns", "scripts", ".ci", "docs"};
 constexpr std::array<std::string_view, 3> kGeneratedPrefixes{"out/", "build/", "DIR/"};
 
 bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
@@ -220,11 +220,11 @@ TEST(ReadmePathExtraction, KeepsPathsAndDropsCommandsFlagsAndPlaceholders) {
 
 TEST(ReadmePathExtraction, SkipsFencedBlocksAndFindsRelativeLinks) {
   const Scan s = ScanMarkdown(
-      "see `engine/a.h` and [b](engine/README.md#map), [c](https://x.org/y)\n"
+      "see `engine/a.h` and [b](docs/engine.md#map), [c](https://x.org/y)\n"
       "```sh\n`engine/in_fence.h` [d](in/fence.md)\n```\n"
       "``double `tick` span`` then `x/`\n");
   EXPECT_EQ(s.spans, (std::vector<std::string>{"engine/a.h", "double `tick` span", "x/"}));
-  EXPECT_EQ(s.link_targets, std::vector<std::string>{"engine/README.md"});
+  EXPECT_EQ(s.link_targets, std::vector<std::string>{"docs/engine.md"});
 }
 
 // ---- README.md ----
