@@ -92,7 +92,10 @@ def convert(path, src):
         return (f'{ind}{{ emu::CheckArgs("{fname}", __LINE__, "{name}"{arg_list}); '
                 f'emu::Launch({parts[0]}, {parts[1]}, {parts[2]}, {parts[3]}, {bound}, "{name}", '
                 f'[=]() {{ {kern}({args}); }}); }}' + '\n' * nl)
-    out, n = re.subn(r'^([ \t]*)([^\n;{}]+?)\s*<<<(.+?)>>>\s*\((.*?)\);', launch, out, flags=re.S | re.M)
+    # A launch starts a line, or follows the `{` of a one-line function (clang-format's
+    # AllowShortFunctionsOnASingleLine): `void F(...) { Kernel<<<1, 1, 0, s>>>(dst); }`.
+    out, n = re.subn(r'(^[ \t]*|(?<=\{)[ \t]*)([^\n;{}]+?)\s*<<<(.+?)>>>\s*\((.*?)\);', launch, out,
+                     flags=re.S | re.M)
     m = re.search(r'<<<', strip_comments(out))
     if m:
         fail(path, out, m.start(), 'kernel launch not understood (expected `kernel<<<cfg>>>(args);` on its own statement)')

@@ -3,7 +3,9 @@
 // result must be the bits of the shuffle butterfly those helpers run on a GPU, here run with the
 // emulator's shuffles in the same kernel; and a lane that is not in the collective is reported,
 // like a shuffle from it. Emulator-only.
+// clang-format off: include order matters here
 #include "cuda_emu.h"  // first, as in a converted kernel file: kernel_math.h's device helpers
+// clang-format on
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
