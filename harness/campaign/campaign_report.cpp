@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "lockstep/compare/align.h"
+#include "lockstep/compare/markdown_html.h"
 #include "lockstep/compare/report.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/harness/campaign.h"
@@ -529,86 +530,7 @@ std::string RenderJUnitDoc(const Loaded& L) {
       XmlEscape(L.c.name), tests, failures, skipped, cases.str());
 }
 
-std::string Inline(std::string_view s) {
-  // `code` and **bold** on already-escaped text.
-  std::string e = HtmlEscape(s), out;
-  bool code = false, bold = false;
-  for (std::size_t i = 0; i < e.size(); ++i) {
-    if (e[i] == '`') {
-      out += code ? "</code>" : "<code>";
-      code = !code;
-    } else if (e[i] == '*' && i + 1 < e.size() && e[i + 1] == '*') {
-      out += bold ? "</strong>" : "<strong>";
-      bold = !bold;
-      ++i;
-    } else {
-      out += e[i];
-    }
-  }
-  if (code) out += "</code>";
-  if (bold) out += "</strong>";
-  return out;
-}
-
 }  // namespace
-
-std::string MarkdownToHtml(const std::string& md) {
-  std::istringstream in(md);
-  std::string line, html;
-  bool in_list = false, in_table = false, table_head = false;
-  auto close = [&] {
-    if (in_list) html += "</ul>\n";
-    if (in_table) html += "</tbody></table>\n";
-    in_list = in_table = false;
-  };
-  while (std::getline(in, line)) {
-    if (line.rfind("# ", 0) == 0) {
-      close();
-      html += "<h1>" + Inline(line.substr(2)) + "</h1>\n";
-    } else if (line.rfind("## ", 0) == 0) {
-      close();
-      html += "<h2>" + Inline(line.substr(3)) + "</h2>\n";
-    } else if (line.rfind("- ", 0) == 0) {
-      if (in_table) close();
-      if (!in_list) html += "<ul>\n";
-      in_list = true;
-      html += "<li>" + Inline(line.substr(2)) + "</li>\n";
-    } else if (line.rfind("|", 0) == 0) {
-      if (in_list) close();
-      std::vector<std::string> cells;
-      std::string cell;
-      for (std::size_t i = 1; i < line.size(); ++i) {
-        if (line[i] == '|') {
-          cells.push_back(cell);
-          cell.clear();
-        } else {
-          cell += line[i];
-        }
-      }
-      if (line.find("|---") == 0) {
-        table_head = false;
-        continue;
-      }
-      if (!in_table) {
-        html += "<table><thead>";
-        in_table = true;
-        table_head = true;
-      }
-      html += "<tr>";
-      for (const auto& c : cells)
-        html += (table_head ? "<th>" : "<td>") + Inline(c) + (table_head ? "</th>" : "</td>");
-      html += "</tr>";
-      html += table_head ? "</thead><tbody>\n" : "\n";
-    } else if (line.empty()) {
-      close();
-    } else {
-      close();
-      html += "<p>" + Inline(line) + "</p>\n";
-    }
-  }
-  close();
-  return html;
-}
 
 Result<CampaignDocuments> RenderCampaign(const std::string& run_dir) {
   LOCKSTEP_ASSIGN_OR_RETURN(Loaded L, Load(run_dir));

@@ -20,8 +20,4 @@ struct CampaignDocuments {
 
 Result<CampaignDocuments> RenderCampaign(const std::string& run_dir);
 
-// Minimal Markdown -> HTML for the documents lockstep writes (headings, paragraphs, bullet
-// lists, pipe tables, `code`, **bold**), escaping everything else.
-std::string MarkdownToHtml(const std::string& md);
-
 }  // namespace lockstep
