@@ -3,7 +3,8 @@
 // path divergence marked, and an NRMSE heat map (item group x checkpoint).
 //
 // The page has an inline <style>, no scripts and no external references (the SVG elements carry
-// no namespace URL: HTML5 does not need one), so it stays self-contained. Every text is escaped.
+// no namespace URL: HTML5 does not need one), so it stays self-contained. Every text is escaped;
+// the Markdown becomes HTML through markdown_html.h, as the campaign report's does.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -11,112 +12,13 @@
 #include <cmath>
 #include <map>
 #include <tuple>
+#include <utility>
 
+#include "lockstep/compare/markdown_html.h"
 #include "lockstep/compare/report.h"
 
 namespace lockstep {
 namespace {
-
-// ---- Markdown -> HTML for the subset RenderMarkdown writes ----
-
-// Inline markup: backslash escapes, `code`, **strong**; everything else HTML-escaped.
-std::string InlineHtml(std::string_view s) {
-  std::string out;
-  bool strong = false;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (c == '\\' && i + 1 < s.size() && std::ispunct(static_cast<unsigned char>(s[i + 1]))) {
-      out += HtmlEscape(s.substr(++i, 1));
-    } else if (c == '`') {
-      const std::size_t e = s.find('`', i + 1);
-      if (e == std::string_view::npos) {
-        out += HtmlEscape("`");
-        continue;
-      }
-      out += "<code>" + HtmlEscape(s.substr(i + 1, e - i - 1)) + "</code>";
-      i = e;
-    } else if (c == '*' && i + 1 < s.size() && s[i + 1] == '*') {
-      out += strong ? "</strong>" : "<strong>";
-      strong = !strong;
-      ++i;
-    } else {
-      out += HtmlEscape(s.substr(i, 1));
-    }
-  }
-  if (strong) out += "</strong>";
-  return out;
-}
-
-std::vector<std::string> TableCells(std::string_view line) {
-  std::vector<std::string> cells;
-  std::string cur;
-  for (std::size_t i = 1; i < line.size(); ++i) {  // skip the leading '|'
-    if (line[i] == '\\' && i + 1 < line.size()) {
-      cur += line.substr(i, 2);
-      ++i;
-    } else if (line[i] == '|') {
-      cells.push_back(cur);
-      cur.clear();
-    } else {
-      cur += line[i];
-    }
-  }
-  for (std::string& c : cells) {
-    const auto b = c.find_first_not_of(' '), e = c.find_last_not_of(' ');
-    c = b == std::string::npos ? std::string() : c.substr(b, e - b + 1);
-  }
-  return cells;
-}
-
-std::string MarkdownToHtml(const std::string& md) {
-  std::string html, para;
-  bool in_list = false;
-  int table_row = -1;  // -1: not in a table
-  auto close = [&] {
-    if (!para.empty()) html += "<p>" + InlineHtml(para) + "</p>\n";
-    para.clear();
-    if (in_list) html += "</ul>\n";
-    in_list = false;
-    if (table_row >= 0) html += "</tbody></table>\n";
-    table_row = -1;
-  };
-  std::size_t pos = 0;
-  while (pos <= md.size()) {
-    std::size_t e = md.find('\n', pos);
-    if (e == std::string::npos) e = md.size();
-    const std::string_view line(md.data() + pos, e - pos);
-    pos = e + 1;
-    if (line.empty()) {
-      close();
-    } else if (line.starts_with("- ")) {
-      if (!in_list) {
-        close();
-        html += "<ul>\n";
-        in_list = true;
-      }
-      html += "<li>" + InlineHtml(line.substr(2)) + "</li>\n";
-    } else if (line.starts_with("|")) {
-      if (table_row < 0) {
-        close();
-        html += "<table>\n";
-        table_row = 0;
-      }
-      if (line.starts_with("|---")) continue;  // header separator
-      const bool head = table_row == 0;
-      html += head ? "<thead><tr>" : "<tr>";
-      for (const std::string& c : TableCells(line))
-        html += (head ? "<th>" : "<td>") + InlineHtml(c) + (head ? "</th>" : "</td>");
-      html += head ? "</tr></thead><tbody>\n" : "</tr>\n";
-      ++table_row;
-    } else {
-      if (in_list || table_row >= 0) close();
-      if (!para.empty()) para += ' ';
-      para += line;
-    }
-  }
-  close();
-  return html;
-}
 
 constexpr const char* kCss =
     R"(body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -247,6 +149,125 @@ std::string ColumnLabel(const CheckpointSummary& c) {
                             : c.point == "post_verify" ? "post"
                                                        : c.point;
   return fmt::format("{} {}", c.window, point);
+}
+
+// Beyond this many checkpoint columns cells are too thin to read; the JSON report has everything.
+constexpr std::size_t kMaxHeatmapColumns = 400;
+
+// The heat map's columns: the diff's checkpoints in order, then any checkpoint only items name,
+// cut to kMaxHeatmapColumns.
+struct HeatmapColumns {
+  std::vector<std::string> names, labels;
+  std::map<std::string, std::size_t> index;  // items are many: no linear search per item
+  bool truncated = false;
+};
+
+HeatmapColumns CollectColumns(const DiffResult& d) {
+  HeatmapColumns hc;
+  for (const CheckpointSummary& c : d.checkpoints) {
+    hc.names.push_back(c.name);
+    hc.labels.push_back(ColumnLabel(c));
+  }
+  for (std::size_t j = 0; j < hc.names.size(); ++j) hc.index.emplace(hc.names[j], j);
+  for (const ItemResult& it : d.items) {
+    if (hc.index.emplace(it.checkpoint, hc.names.size()).second) {
+      hc.names.push_back(it.checkpoint);
+      hc.labels.push_back(it.checkpoint);
+    }
+  }
+  hc.truncated = hc.names.size() > kMaxHeatmapColumns;
+  if (hc.truncated) hc.names.resize(kMaxHeatmapColumns);
+  return hc;
+}
+
+using HeatmapGrid = std::map<RowKey, std::map<std::size_t, Cell>>;  // row -> column index -> cell
+
+// Folds every item into the cell of its row group and checkpoint column.
+HeatmapGrid BuildGrid(const DiffResult& d, const HeatmapColumns& hc) {
+  const std::vector<std::string>& cols = hc.names;
+  HeatmapGrid grid;
+  for (const ItemResult& it : d.items) {
+    const std::size_t col = hc.index.at(it.checkpoint);
+    if (col >= cols.size()) continue;
+    Cell& c = grid[RowOf(it)][col];
+    ++c.n;
+    if (it.verdict == Verdict::kSkip) {
+      ++c.skipped;
+      continue;
+    }
+    if (it.verdict == Verdict::kFail) ++c.failed;
+    if (it.elements == 0) {  // failed before any value was compared (missing, shape or dtype)
+      c.failed_without_metric = c.failed_without_metric || it.verdict == Verdict::kFail;
+      continue;
+    }
+    if (it.stats.non_finite || (it.has_kl && it.kl.non_finite)) c.non_finite = true;
+    const double thr = ThresholdOf(d, it);
+    const double ratio = thr > 0.0 ? it.stats.nrmse / thr : (it.stats.nrmse > 0.0 ? INFINITY : 0.0);
+    if (std::isfinite(it.stats.nrmse) && ratio > c.worst_ratio) {
+      c.worst_ratio = ratio;
+      c.worst_nrmse = it.stats.nrmse;
+      c.worst_threshold = thr;
+      c.worst_rel = it.rel;
+    }
+  }
+  return grid;
+}
+
+// A cell's fill colour and the words its tooltip ends with.
+std::pair<std::string, std::string> CellStyle(const Cell& c) {
+  std::string fill, what;
+  if (c.non_finite) {
+    fill = kNonFiniteColour;
+    what = "non-finite values";
+  } else if (c.failed_without_metric) {
+    fill = ScaleColour(1.0);
+    what = "failed before any value was compared (reason in the report)";
+  } else if (c.skipped == c.n) {
+    fill = kSkippedColour;
+    what = "skipped (reason in the report)";
+  } else if (c.failed > 0 && c.worst_ratio <= 1.0) {  // failed on another metric (logits KL)
+    fill = ScaleColour(1.0);
+    what = fmt::format("failed (NRMSE {} within its threshold; another metric failed)",
+                       FormatMetric(c.worst_nrmse));
+  } else if (c.worst_ratio <= 0.0) {
+    fill = kEqualColour;
+    what = "NRMSE 0";
+  } else {
+    fill = ScaleColour(ScalePosition(c.worst_ratio));
+    what = fmt::format("worst NRMSE {} (threshold {}) in {}", FormatMetric(c.worst_nrmse),
+                       FormatMetric(c.worst_threshold), c.worst_rel);
+  }
+  return {fill, what};
+}
+
+// The legend below the grid (its top at y = ly): the continuous scale as swatches, then the
+// special colours.
+std::string HeatmapLegend(int left, int ly) {
+  std::string s;
+  s += fmt::format("<text x=\"{}\" y=\"{}\">NRMSE / threshold (log scale):</text>\n", left, ly - 4);
+  constexpr int kSwatches = 9, kSw = 22;
+  for (int i = 0; i < kSwatches; ++i) {
+    const double t = static_cast<double>(i) / (kSwatches - 1);
+    s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"10\" fill=\"{}\"/>",
+                     left + i * kSw, ly, kSw, ScaleColour(t));
+  }
+  s += fmt::format(
+      "\n<text x=\"{}\" y=\"{}\">&lt;=1e-6</text><text x=\"{}\" y=\"{}\" "
+      "text-anchor=\"middle\">threshold</text>"
+      "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">&gt;=100x</text>\n",
+      left, ly + 22, left + kSwatches * kSw / 2, ly + 22, left + kSwatches * kSw, ly + 22);
+  int lx = left + kSwatches * kSw + 24;
+  for (const auto& [colour, label] :
+       std::array<std::pair<const char*, const char*>, 3>{{{kEqualColour, "NRMSE 0 (equal)"},
+                                                           {kNonFiniteColour, "non-finite"},
+                                                           {kSkippedColour, "skipped"}}}) {
+    s += fmt::format(
+        "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{}\" "
+        "y=\"{}\">{}</text>\n",
+        lx, ly, colour, lx + 14, ly + 9, label);
+    lx += 130;
+  }
+  return s;
 }
 
 }  // namespace
@@ -393,51 +414,9 @@ std::string SvgVerifyChart(const AlignResult& al, const std::vector<WindowRecord
 std::string SvgNrmseHeatmap(const DiffResult& d) {
   const std::string title = "NRMSE per item group and checkpoint";
   if (d.items.empty()) return Placeholder(760, 80, title, "No state items to plot.");
-  constexpr std::size_t kMaxCols =
-      400;  // beyond this cells are too thin to read; JSON has everything
-
-  std::vector<std::string> cols;
-  std::vector<std::string> col_labels;
-  for (const CheckpointSummary& c : d.checkpoints) {
-    cols.push_back(c.name);
-    col_labels.push_back(ColumnLabel(c));
-  }
-  std::map<std::string, std::size_t> col_index;  // items are many: no linear search per item
-  for (std::size_t j = 0; j < cols.size(); ++j) col_index.emplace(cols[j], j);
-  for (const ItemResult& it : d.items) {
-    if (col_index.emplace(it.checkpoint, cols.size()).second) {
-      cols.push_back(it.checkpoint);
-      col_labels.push_back(it.checkpoint);
-    }
-  }
-  const bool truncated = cols.size() > kMaxCols;
-  if (truncated) cols.resize(kMaxCols);
-
-  std::map<RowKey, std::map<std::size_t, Cell>> grid;  // row -> column index -> cell
-  for (const ItemResult& it : d.items) {
-    const std::size_t col = col_index.at(it.checkpoint);
-    if (col >= cols.size()) continue;
-    Cell& c = grid[RowOf(it)][col];
-    ++c.n;
-    if (it.verdict == Verdict::kSkip) {
-      ++c.skipped;
-      continue;
-    }
-    if (it.verdict == Verdict::kFail) ++c.failed;
-    if (it.elements == 0) {  // failed before any value was compared (missing, shape or dtype)
-      c.failed_without_metric = c.failed_without_metric || it.verdict == Verdict::kFail;
-      continue;
-    }
-    if (it.stats.non_finite || (it.has_kl && it.kl.non_finite)) c.non_finite = true;
-    const double thr = ThresholdOf(d, it);
-    const double ratio = thr > 0.0 ? it.stats.nrmse / thr : (it.stats.nrmse > 0.0 ? INFINITY : 0.0);
-    if (std::isfinite(it.stats.nrmse) && ratio > c.worst_ratio) {
-      c.worst_ratio = ratio;
-      c.worst_nrmse = it.stats.nrmse;
-      c.worst_threshold = thr;
-      c.worst_rel = it.rel;
-    }
-  }
+  const HeatmapColumns hc = CollectColumns(d);
+  const std::vector<std::string>& cols = hc.names;
+  const HeatmapGrid grid = BuildGrid(d, hc);
 
   const int n_cols = static_cast<int>(cols.size()), n_rows = static_cast<int>(grid.size());
   const int cw = std::clamp(640 / std::max(1, n_cols), 4, 40), ch = 14;
@@ -454,11 +433,11 @@ std::string SvgNrmseHeatmap(const DiffResult& d) {
     for (int j = 0; j < n_cols; ++j) {
       const double x = left + j * cw + cw / 2.0, y = top - 6;
       s += fmt::format("<text x=\"{0}\" y=\"{1}\" transform=\"rotate(-60 {0} {1})\">{2}</text>\n",
-                       F(x), F(y), XmlEscape(col_labels[static_cast<std::size_t>(j)]));
+                       F(x), F(y), XmlEscape(hc.labels[static_cast<std::size_t>(j)]));
     }
   } else {
     s += fmt::format("<text x=\"{}\" y=\"16\">{} checkpoints{} (left to right)</text>\n", left,
-                     n_cols, truncated ? ", first ones only" : "");
+                     n_cols, hc.truncated ? ", first ones only" : "");
   }
   int row = 0;
   for (const auto& [key, cells] : grid) {
@@ -469,28 +448,7 @@ std::string SvgNrmseHeatmap(const DiffResult& d) {
       auto it = cells.find(static_cast<std::size_t>(j));
       if (it == cells.end()) continue;  // no item of this group at this checkpoint: left blank
       const Cell& c = it->second;
-      std::string fill, what;
-      if (c.non_finite) {
-        fill = kNonFiniteColour;
-        what = "non-finite values";
-      } else if (c.failed_without_metric) {
-        fill = ScaleColour(1.0);
-        what = "failed before any value was compared (reason in the report)";
-      } else if (c.skipped == c.n) {
-        fill = kSkippedColour;
-        what = "skipped (reason in the report)";
-      } else if (c.failed > 0 && c.worst_ratio <= 1.0) {  // failed on another metric (logits KL)
-        fill = ScaleColour(1.0);
-        what = fmt::format("failed (NRMSE {} within its threshold; another metric failed)",
-                           FormatMetric(c.worst_nrmse));
-      } else if (c.worst_ratio <= 0.0) {
-        fill = kEqualColour;
-        what = "NRMSE 0";
-      } else {
-        fill = ScaleColour(ScalePosition(c.worst_ratio));
-        what = fmt::format("worst NRMSE {} (threshold {}) in {}", FormatMetric(c.worst_nrmse),
-                           FormatMetric(c.worst_threshold), c.worst_rel);
-      }
+      const auto [fill, what] = CellStyle(c);
       const std::string tip =
           fmt::format("{} @ {}: {} items, {} failed, {} skipped; {}", RowLabel(key),
                       cols[static_cast<std::size_t>(j)], c.n, c.failed, c.skipped, what);
@@ -502,31 +460,7 @@ std::string SvgNrmseHeatmap(const DiffResult& d) {
     }
     ++row;
   }
-  // Legend: the continuous scale as swatches, then the special colours.
-  const int ly = top + n_rows * ch + 18;
-  s += fmt::format("<text x=\"{}\" y=\"{}\">NRMSE / threshold (log scale):</text>\n", left, ly - 4);
-  constexpr int kSwatches = 9, kSw = 22;
-  for (int i = 0; i < kSwatches; ++i) {
-    const double t = static_cast<double>(i) / (kSwatches - 1);
-    s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"10\" fill=\"{}\"/>",
-                     left + i * kSw, ly, kSw, ScaleColour(t));
-  }
-  s += fmt::format(
-      "\n<text x=\"{}\" y=\"{}\">&lt;=1e-6</text><text x=\"{}\" y=\"{}\" "
-      "text-anchor=\"middle\">threshold</text>"
-      "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">&gt;=100x</text>\n",
-      left, ly + 22, left + kSwatches * kSw / 2, ly + 22, left + kSwatches * kSw, ly + 22);
-  int lx = left + kSwatches * kSw + 24;
-  for (const auto& [colour, label] :
-       std::array<std::pair<const char*, const char*>, 3>{{{kEqualColour, "NRMSE 0 (equal)"},
-                                                           {kNonFiniteColour, "non-finite"},
-                                                           {kSkippedColour, "skipped"}}}) {
-    s += fmt::format(
-        "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{}\" "
-        "y=\"{}\">{}</text>\n",
-        lx, ly, colour, lx + 14, ly + 9, label);
-    lx += 130;
-  }
+  s += HeatmapLegend(left, top + n_rows * ch + 18);
   s += "</g>\n</svg>\n";
   return s;
 }

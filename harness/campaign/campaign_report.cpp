@@ -12,11 +12,11 @@
 #include <sstream>
 
 #include "lockstep/compare/align.h"
+#include "lockstep/compare/markdown_html.h"
 #include "lockstep/compare/report.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/harness/campaign.h"
 #include "lockstep/harness/ledger.h"
-#include "lockstep/harness/runner.h"
 
 namespace lockstep {
 
@@ -197,30 +197,62 @@ std::vector<std::string> CompactLimitations(const std::vector<std::string>& in) 
   return out;
 }
 
-std::string RenderMarkdownDoc(const Loaded& L) {
-  const Campaign& c = L.c;
-  std::ostringstream md;
+// Which arms were sent and how many generation requests ran: the summary and the stop decision
+// both say it.
+struct RunTally {
   std::vector<std::string> sent_arms, unsent_arms;
-  for (const auto& a : c.arms) {
-    const ArmFacts& f = L.arms.at(a.name);
-    (f.sent ? sent_arms : unsent_arms).push_back(a.name);
-  }
   int requests = 0;
+};
+
+RunTally Tally(const Loaded& L) {
+  RunTally t;
+  for (const auto& a : L.c.arms) {
+    const ArmFacts& f = L.arms.at(a.name);
+    (f.sent ? t.sent_arms : t.unsent_arms).push_back(a.name);
+  }
   for (const auto& e : L.entries)
-    if (e.event == "finished" || e.event == "failed") ++requests;
+    if (e.event == "finished" || e.event == "failed") ++t.requests;
+  return t;
+}
+
+// ---- the report's sections, in document order ----
+
+void SummarySection(std::ostream& md, const Loaded& L, const RunTally& t) {
+  const Campaign& c = L.c;
+  const std::vector<std::string>& sent_arms = t.sent_arms;
+  const std::vector<std::string>& unsent_arms = t.unsent_arms;
   md << "# " << c.name << ": predeclared A/A diagnostic campaign\n\n";
   md << "## Summary\n\n";
   md << "Question: " << c.question << "\n\n";
   if (!c.hypothesis.empty()) md << "Hypothesis: " << c.hypothesis << "\n\n";
-  md << fmt::format("{} generation requests were executed (arms sent: {}).", requests,
+  md << fmt::format("{} generation requests were executed (arms sent: {}).", t.requests,
                     sent_arms.empty() ? "none" : fmt::format("{}", fmt::join(sent_arms, ", ")));
   if (!unsent_arms.empty())
     md << fmt::format(" We stopped before the planned {} arm(s).", fmt::join(unsent_arms, ", "));
   md << " This is a bounded diagnostic observation, not a confirmed correctness bug, a root-cause "
         "claim, or a "
         "performance result.\n\n";
+}
 
-  // ---- configuration ----
+// One row per arm: mode, repeats, baseline, overrides and how far it got.
+void ArmTable(std::ostream& md, const Loaded& L) {
+  md << "| arm | mode | repeats | baseline | overrides | status |\n|---|---|---|---|---|---|\n";
+  for (const auto& a : L.c.arms) {
+    const ArmFacts& f = L.arms.at(a.name);
+    std::string status = !f.not_sent.empty() ? "not sent: " + f.not_sent
+                         : f.failed          ? "failed"
+                         : f.finished        ? "finished"
+                         : f.sent            ? "sent, not finished"
+                                             : "pending";
+    md << fmt::format("| {}{} | {} | {} | {} | {} | {} |\n", a.name,
+                      a.control ? " (positive control)" : "", a.mode, a.repeat,
+                      a.baseline.empty() ? "—" : a.baseline, Overrides(a), status);
+  }
+  md << "\n";
+}
+
+void ScopeSection(std::ostream& md, const Loaded& L) {
+  const Campaign& c = L.c;
   const json* first_report = nullptr;
   for (const auto& a : c.arms)
     if (auto it = L.records.find(a.name); it != L.records.end() && it->second.contains("report")) {
@@ -245,21 +277,43 @@ std::string RenderMarkdownDoc(const Loaded& L) {
      << c.export_plan.windows << "` at "
      << fmt::format("{}", fmt::join(c.export_plan.points, " / "))
      << "; timing arms recorded the trace only.\n\n";
-  md << "| arm | mode | repeats | baseline | overrides | status |\n|---|---|---|---|---|---|\n";
-  for (const auto& a : c.arms) {
-    const ArmFacts& f = L.arms.at(a.name);
-    std::string status = !f.not_sent.empty() ? "not sent: " + f.not_sent
-                         : f.failed          ? "failed"
-                         : f.finished        ? "finished"
-                         : f.sent            ? "sent, not finished"
-                                             : "pending";
-    md << fmt::format("| {}{} | {} | {} | {} | {} | {} |\n", a.name,
-                      a.control ? " (positive control)" : "", a.mode, a.repeat,
-                      a.baseline.empty() ? "—" : a.baseline, Overrides(a), status);
-  }
-  md << "\n";
+  ArmTable(md, L);
+}
 
-  // ---- state ----
+// The state comparison of one arm against its baseline (`st`: the report's "state" object).
+void ArmStateText(std::ostream& md, const ArmSpec& a, const json& st) {
+  std::vector<std::string> counts;
+  for (const auto& cp : st.value("checkpoints", json::array()))
+    if (cp.value("window", -1) == 0) counts.push_back(std::to_string(cp.value("compared", 0)));
+  md << fmt::format("**{} vs {}**{}: ", a.name, a.baseline,
+                    a.control ? " (positive control)" : "");
+  if (!counts.empty())
+    md << fmt::format("there were {} comparison items at the first window's checkpoints. ",
+                      fmt::join(counts, " / "));
+  md << fmt::format("{} items compared, {} passed, {} failed, {} skipped.\n\n",
+                    st.value("compared", 0), st.value("passed_items", 0), st.value("failed", 0),
+                    st.value("skipped", 0));
+  for (const auto& cp : st.value("checkpoints", json::array())) {
+    md << fmt::format("- `{}` (p={}, T={}): {} compared / {} passed / {} failed / {} skipped",
+                      cp.value("name", ""), cp.value("p", 0), cp.value("T", 0),
+                      cp.value("compared", 0), cp.value("passed", 0), cp.value("failed", 0),
+                      cp.value("skipped", 0));
+    if (cp.contains("skip_reasons") && !cp["skip_reasons"].empty())
+      for (auto r = cp["skip_reasons"].begin(); r != cp["skip_reasons"].end(); ++r)
+        md << fmt::format(" ({}: {})", r.key(), r.value().dump());
+    md << "\n";
+  }
+  const json& ff = st.contains("first_failure") ? st["first_failure"] : json();
+  if (ff.is_object())
+    md << fmt::format("\nFirst failing item: `{}` stage {} layer {} `{}` ({}).\n\n",
+                      ff.value("checkpoint", ""), ff.value("stage", -1), ff.value("layer", -1),
+                      ff.value("kind", ""), ff.value("reason", ""));
+  else
+    md << "\nAll compared items passed.\n\n";
+}
+
+void StateSection(std::ostream& md, const Loaded& L) {
+  const Campaign& c = L.c;
   md << "## Early state and output checks\n\n";
   md << fmt::format("Thresholds: NRMSE <= {}", FormatMetric(c.thresholds.nrmse_max));
   for (const auto& [k, v] : c.thresholds.nrmse_by_kind)
@@ -277,34 +331,7 @@ std::string RenderMarkdownDoc(const Loaded& L) {
     const json& st = rep.contains("state") ? rep["state"] : json();
     if (st.is_null()) continue;
     any_state = true;
-    std::vector<std::string> counts;
-    for (const auto& cp : st.value("checkpoints", json::array()))
-      if (cp.value("window", -1) == 0) counts.push_back(std::to_string(cp.value("compared", 0)));
-    md << fmt::format("**{} vs {}**{}: ", a.name, a.baseline,
-                      a.control ? " (positive control)" : "");
-    if (!counts.empty())
-      md << fmt::format("there were {} comparison items at the first window's checkpoints. ",
-                        fmt::join(counts, " / "));
-    md << fmt::format("{} items compared, {} passed, {} failed, {} skipped.\n\n",
-                      st.value("compared", 0), st.value("passed_items", 0), st.value("failed", 0),
-                      st.value("skipped", 0));
-    for (const auto& cp : st.value("checkpoints", json::array())) {
-      md << fmt::format("- `{}` (p={}, T={}): {} compared / {} passed / {} failed / {} skipped",
-                        cp.value("name", ""), cp.value("p", 0), cp.value("T", 0),
-                        cp.value("compared", 0), cp.value("passed", 0), cp.value("failed", 0),
-                        cp.value("skipped", 0));
-      if (cp.contains("skip_reasons") && !cp["skip_reasons"].empty())
-        for (auto r = cp["skip_reasons"].begin(); r != cp["skip_reasons"].end(); ++r)
-          md << fmt::format(" ({}: {})", r.key(), r.value().dump());
-      md << "\n";
-    }
-    const json& ff = st.contains("first_failure") ? st["first_failure"] : json();
-    if (ff.is_object())
-      md << fmt::format("\nFirst failing item: `{}` stage {} layer {} `{}` ({}).\n\n",
-                        ff.value("checkpoint", ""), ff.value("stage", -1), ff.value("layer", -1),
-                        ff.value("kind", ""), ff.value("reason", ""));
-    else
-      md << "\nAll compared items passed.\n\n";
+    ArmStateText(md, a, st);
   }
   if (!any_state) md << "No state comparison was made (no pair of state arms finished).\n\n";
   for (const auto& a : c.arms) {
@@ -316,100 +343,115 @@ std::string RenderMarkdownDoc(const Loaded& L) {
   md << "\nThese checks establish equality at the exported checkpoints only; they do not establish "
         "equality of all "
         "later hidden states.\n\n";
+}
 
-  // ---- timing and path ----
+// Where the paths of an arm and its baseline part (`al`: the report's "alignment" object).
+void ArmPathText(std::ostream& md, const ArmSpec& a, const json& al) {
+  const json fields = al.value("fields", json::array());
+  md << fmt::format("**{} vs {}**: ", a.name, a.baseline);
+  md << fmt::format("the first {} windows matched in the recorded execution fields ({}).",
+                    al.value("matched", 0),
+                    fmt::format("{}", fmt::join(fields.get<std::vector<std::string>>(), ", ")));
+  if (al.value("diverged", false)) {
+    const json& da = al.value("div_a", json());
+    const json& db = al.value("div_b", json());
+    const int p = da.is_object() ? da.value("p", -1) : db.is_object() ? db.value("p", -1) : -1;
+    md << fmt::format(
+        " The first recorded path difference occurred at zero-based window {}, p={}:\n\n",
+        al.value("div_idx", -1), p);
+    md << "- " << a.baseline << ": "
+       << (da.is_object() ? FieldsText(da, fields) : "(trace ended)") << ".\n";
+    md << "- " << a.name << ": " << (db.is_object() ? FieldsText(db, fields) : "(trace ended)")
+       << ".\n\n";
+    md << fmt::format(
+        "Windows after that point are not paired by index ({} ran {} more, {} ran {}).\n\n",
+        a.baseline, al.value("rest_a_count", 0), a.name, al.value("rest_b_count", 0));
+  } else {
+    md << fmt::format(" No path divergence over {} windows.\n\n", al.value("matched", 0));
+  }
+}
+
+// The matched prefix's interval table and each side's notable verify windows.
+void ArmIntervalText(std::ostream& md, const ArmSpec& a, const json& al) {
+  const json& timing = al.value("timing", json::array());
+  if (!timing.empty()) {
+    md << "| interval (matched prefix) | sum " << a.baseline << " ms | sum " << a.name
+       << " ms | rel diff | median delta ms | largest abs delta ms (window) "
+          "|\n|---|---|---|---|---|---|\n";
+    for (const auto& t : timing) {
+      if (!t.value("known", true)) {
+        md << fmt::format("| {} | unknown | unknown | | | |\n", t.value("name", ""));
+        continue;
+      }
+      md << fmt::format(
+          "| {} | {} | {} | {} | {} | {} ({}) |\n", t.value("name", ""), Num(t, "sum_a_ms"),
+          Num(t, "sum_b_ms"),
+          t["rel_diff"].is_number() ? fmt::format("{:+.1f}%", 100 * t["rel_diff"].get<double>())
+                                    : Cfg(t["rel_diff"]),
+          Num(t, "median_delta_ms"), Num(t, "max_abs_delta_ms"), t.value("max_at", -1));
+    }
+    md << "\n";
+  }
+  for (const char* side : {"notable_a", "notable_b"}) {
+    const std::string who = std::string(side) == "notable_a" ? a.baseline : a.name;
+    for (const auto& n : al.value(side, json::array()))
+      md << fmt::format(
+          "- {} had a {} ms T={} verify interval at its own zero-based window {}{}.\n", who,
+          Num(n, "verify_ms"), n.value("T", 0), n.value("idx", 0),
+          n.value("after_divergence", false) ? " (after the divergence: not a matched event)"
+                                             : "");
+  }
+}
+
+// The timing verdict over the fresh processes of a timing pair (`cmp`: the comparison record).
+void ArmTimingVerdictText(std::ostream& md, const ArmSpec& a, const json& cmp) {
+  if (!cmp.contains("timing")) return;
+  const json& t = cmp["timing"];
+  if (t.value("refused", false)) {
+    md << "\nTiming verdict refused: " << t.value("refused_reason", "") << ".\n";
+    return;
+  }
+  const json& ga = t["aggregate_a"];
+  const json& gb = t["aggregate_b"];
+  md << fmt::format(
+      "\nTiming over {} / {} fresh processes: summed verify median {} ms [95% {}, {}] vs {} "
+      "ms [95% {}, "
+      "{}] ({:+.1f}%){}.\n",
+      t["repeats"][0].get<int>(), t["repeats"][1].get<int>(), Num(ga, "median"),
+      Num(ga, "lo95"), Num(ga, "hi95"), Num(gb, "median"), Num(gb, "lo95"), Num(gb, "hi95"),
+      100 * t.value("aggregate_rel_diff", 0.0),
+      t.value("unstable", false) ? "; instability flags raised" : "");
+  md << "\n| window | median " << a.baseline << " ms [95%] | median " << a.name
+     << " ms [95%] |\n|---|---|---|\n";
+  const json& wa = t["window_a"];
+  const json& wb = t["window_b"];
+  for (std::size_t w = 0; w < std::min(wa.size(), wb.size()); ++w)
+    md << fmt::format("| {} | {} [{}, {}] | {} [{}, {}] |\n", w, Num(wa[w], "median"),
+                      Num(wa[w], "lo95"), Num(wa[w], "hi95"), Num(wb[w], "median"),
+                      Num(wb[w], "lo95"), Num(wb[w], "hi95"));
+}
+
+void TimingSection(std::ostream& md, const Loaded& L) {
   md << "## Timing and execution-path observations\n\n";
   md << "Timings are CLOCK_MONOTONIC host-side intervals around the instrumented engine calls, not "
         "kernel timings. On a device backend the tables add dev_wait, dev_compute and dev_copy "
         "(CUDA-event spans on each stage's stream, summed over the stages) and init (host time in "
         "one-time set-up).\n\n";
-  for (const auto& a : c.arms) {
+  for (const auto& a : L.c.arms) {
     auto it = L.records.find(a.name);
     if (it == L.records.end() || !it->second.contains("report")) continue;
     const json& al = it->second["report"].value("alignment", json());
     if (!al.is_object()) continue;
-    const json fields = al.value("fields", json::array());
-    md << fmt::format("**{} vs {}**: ", a.name, a.baseline);
-    md << fmt::format("the first {} windows matched in the recorded execution fields ({}).",
-                      al.value("matched", 0),
-                      fmt::format("{}", fmt::join(fields.get<std::vector<std::string>>(), ", ")));
-    if (al.value("diverged", false)) {
-      const json& da = al.value("div_a", json());
-      const json& db = al.value("div_b", json());
-      const int p = da.is_object() ? da.value("p", -1) : db.is_object() ? db.value("p", -1) : -1;
-      md << fmt::format(
-          " The first recorded path difference occurred at zero-based window {}, p={}:\n\n",
-          al.value("div_idx", -1), p);
-      md << "- " << a.baseline << ": "
-         << (da.is_object() ? FieldsText(da, fields) : "(trace ended)") << ".\n";
-      md << "- " << a.name << ": " << (db.is_object() ? FieldsText(db, fields) : "(trace ended)")
-         << ".\n\n";
-      md << fmt::format(
-          "Windows after that point are not paired by index ({} ran {} more, {} ran {}).\n\n",
-          a.baseline, al.value("rest_a_count", 0), a.name, al.value("rest_b_count", 0));
-    } else {
-      md << fmt::format(" No path divergence over {} windows.\n\n", al.value("matched", 0));
-    }
-    const json& timing = al.value("timing", json::array());
-    if (!timing.empty()) {
-      md << "| interval (matched prefix) | sum " << a.baseline << " ms | sum " << a.name
-         << " ms | rel diff | median delta ms | largest abs delta ms (window) "
-            "|\n|---|---|---|---|---|---|\n";
-      for (const auto& t : timing) {
-        if (!t.value("known", true)) {
-          md << fmt::format("| {} | unknown | unknown | | | |\n", t.value("name", ""));
-          continue;
-        }
-        md << fmt::format(
-            "| {} | {} | {} | {} | {} | {} ({}) |\n", t.value("name", ""), Num(t, "sum_a_ms"),
-            Num(t, "sum_b_ms"),
-            t["rel_diff"].is_number() ? fmt::format("{:+.1f}%", 100 * t["rel_diff"].get<double>())
-                                      : Cfg(t["rel_diff"]),
-            Num(t, "median_delta_ms"), Num(t, "max_abs_delta_ms"), t.value("max_at", -1));
-      }
-      md << "\n";
-    }
-    for (const char* side : {"notable_a", "notable_b"}) {
-      const std::string who = std::string(side) == "notable_a" ? a.baseline : a.name;
-      for (const auto& n : al.value(side, json::array()))
-        md << fmt::format(
-            "- {} had a {} ms T={} verify interval at its own zero-based window {}{}.\n", who,
-            Num(n, "verify_ms"), n.value("T", 0), n.value("idx", 0),
-            n.value("after_divergence", false) ? " (after the divergence: not a matched event)"
-                                               : "");
-    }
-    const json& cmp = it->second.value("comparison", json::object());
-    if (cmp.contains("timing")) {
-      const json& t = cmp["timing"];
-      if (t.value("refused", false)) {
-        md << "\nTiming verdict refused: " << t.value("refused_reason", "") << ".\n";
-      } else {
-        const json& ga = t["aggregate_a"];
-        const json& gb = t["aggregate_b"];
-        md << fmt::format(
-            "\nTiming over {} / {} fresh processes: summed verify median {} ms [95% {}, {}] vs {} "
-            "ms [95% {}, "
-            "{}] ({:+.1f}%){}.\n",
-            t["repeats"][0].get<int>(), t["repeats"][1].get<int>(), Num(ga, "median"),
-            Num(ga, "lo95"), Num(ga, "hi95"), Num(gb, "median"), Num(gb, "lo95"), Num(gb, "hi95"),
-            100 * t.value("aggregate_rel_diff", 0.0),
-            t.value("unstable", false) ? "; instability flags raised" : "");
-        md << "\n| window | median " << a.baseline << " ms [95%] | median " << a.name
-           << " ms [95%] |\n|---|---|---|\n";
-        const json& wa = t["window_a"];
-        const json& wb = t["window_b"];
-        for (std::size_t w = 0; w < std::min(wa.size(), wb.size()); ++w)
-          md << fmt::format("| {} | {} [{}, {}] | {} [{}, {}] |\n", w, Num(wa[w], "median"),
-                            Num(wa[w], "lo95"), Num(wa[w], "hi95"), Num(wb[w], "median"),
-                            Num(wb[w], "lo95"), Num(wb[w], "hi95"));
-      }
-    }
+    ArmPathText(md, a, al);
+    ArmIntervalText(md, a, al);
+    ArmTimingVerdictText(md, a, it->second.value("comparison", json::object()));
     md << "\n";
   }
+}
 
-  // ---- gates ----
+void GatesSection(std::ostream& md, const Loaded& L) {
   md << "## Gates\n\n| comparison | gate | result | detail |\n|---|---|---|---|\n";
-  for (const auto& a : c.arms) {
+  for (const auto& a : L.c.arms) {
     auto it = L.records.find(a.name);
     if (it == L.records.end()) continue;
     for (const auto& g : it->second["comparison"].value("gates", json::array()))
@@ -417,9 +459,12 @@ std::string RenderMarkdownDoc(const Loaded& L) {
                         g.value("passed", false) ? "pass" : "FAIL", Cell(g.value("message", "")));
   }
   md << "\n";
+}
 
-  // ---- stop decision and limitations ----
-  md << "## Stop decision and measurement limitations\n\n";
+// The stop rule that fired (or that none did) and what the positive control showed.
+void StopDecisionText(std::ostream& md, const Loaded& L, const RunTally& t) {
+  const std::vector<std::string>& sent_arms = t.sent_arms;
+  const std::vector<std::string>& unsent_arms = t.unsent_arms;
   if (L.stopped.is_object()) {
     md << fmt::format(
         "Before sending arm {}, the predeclared rule `{}` fired on {}: we stopped the campaign "
@@ -436,7 +481,7 @@ std::string RenderMarkdownDoc(const Loaded& L) {
     if (!unsent_arms.empty()) md << fmt::format(" Not sent: {}.", fmt::join(unsent_arms, ", "));
     md << "\n\n";
   }
-  if (!c.control.empty()) {
+  if (!L.c.control.empty()) {
     auto it = L.records.find("control");
     if (it == L.records.end()) {
       md << "The positive control was not run.\n\n";
@@ -450,6 +495,11 @@ std::string RenderMarkdownDoc(const Loaded& L) {
                       "can see a difference of that size.\n\n");
     }
   }
+}
+
+// Each sent arm's resources, the comparisons' limitations, and whether timing was characterised.
+void LimitationsText(std::ostream& md, const Loaded& L, const RunTally& t) {
+  const Campaign& c = L.c;
   std::vector<std::string> lims;
   for (const auto& a : c.arms) {
     if (L.arms.at(a.name).sent)
@@ -466,7 +516,16 @@ std::string RenderMarkdownDoc(const Loaded& L) {
     md << fmt::format(
         "- {} runs are not a statistical characterization: no timing arm with at least {} repeats "
         "ran.\n",
-        requests, c.min_timing_repeats);
+        t.requests, c.min_timing_repeats);
+}
+
+void StopSection(std::ostream& md, const Loaded& L, const RunTally& t) {
+  md << "## Stop decision and measurement limitations\n\n";
+  StopDecisionText(md, L, t);
+  LimitationsText(md, L, t);
+}
+
+void ConclusionSection(std::ostream& md, const Loaded& L) {
   md << "\n## Conclusion\n\n";
   md << "Verdict: **" << (L.verdict.empty() ? "not finished" : L.verdict) << "**"
      << (L.verdict_reason.empty() ? "" : " (" + L.verdict_reason + ")") << ".\n\n";
@@ -474,6 +533,18 @@ std::string RenderMarkdownDoc(const Loaded& L) {
         "included here. No "
         "hostnames, filesystem paths, user names or raw request text are published. No fix is "
         "claimed.\n";
+}
+
+std::string RenderMarkdownDoc(const Loaded& L) {
+  const RunTally tally = Tally(L);
+  std::ostringstream md;
+  SummarySection(md, L, tally);
+  ScopeSection(md, L);
+  StateSection(md, L);
+  TimingSection(md, L);
+  GatesSection(md, L);
+  StopSection(md, L, tally);
+  ConclusionSection(md, L);
   return md.str();
 }
 
@@ -529,86 +600,7 @@ std::string RenderJUnitDoc(const Loaded& L) {
       XmlEscape(L.c.name), tests, failures, skipped, cases.str());
 }
 
-std::string Inline(std::string_view s) {
-  // `code` and **bold** on already-escaped text.
-  std::string e = HtmlEscape(s), out;
-  bool code = false, bold = false;
-  for (std::size_t i = 0; i < e.size(); ++i) {
-    if (e[i] == '`') {
-      out += code ? "</code>" : "<code>";
-      code = !code;
-    } else if (e[i] == '*' && i + 1 < e.size() && e[i + 1] == '*') {
-      out += bold ? "</strong>" : "<strong>";
-      bold = !bold;
-      ++i;
-    } else {
-      out += e[i];
-    }
-  }
-  if (code) out += "</code>";
-  if (bold) out += "</strong>";
-  return out;
-}
-
 }  // namespace
-
-std::string MarkdownToHtml(const std::string& md) {
-  std::istringstream in(md);
-  std::string line, html;
-  bool in_list = false, in_table = false, table_head = false;
-  auto close = [&] {
-    if (in_list) html += "</ul>\n";
-    if (in_table) html += "</tbody></table>\n";
-    in_list = in_table = false;
-  };
-  while (std::getline(in, line)) {
-    if (line.rfind("# ", 0) == 0) {
-      close();
-      html += "<h1>" + Inline(line.substr(2)) + "</h1>\n";
-    } else if (line.rfind("## ", 0) == 0) {
-      close();
-      html += "<h2>" + Inline(line.substr(3)) + "</h2>\n";
-    } else if (line.rfind("- ", 0) == 0) {
-      if (in_table) close();
-      if (!in_list) html += "<ul>\n";
-      in_list = true;
-      html += "<li>" + Inline(line.substr(2)) + "</li>\n";
-    } else if (line.rfind("|", 0) == 0) {
-      if (in_list) close();
-      std::vector<std::string> cells;
-      std::string cell;
-      for (std::size_t i = 1; i < line.size(); ++i) {
-        if (line[i] == '|') {
-          cells.push_back(cell);
-          cell.clear();
-        } else {
-          cell += line[i];
-        }
-      }
-      if (line.find("|---") == 0) {
-        table_head = false;
-        continue;
-      }
-      if (!in_table) {
-        html += "<table><thead>";
-        in_table = true;
-        table_head = true;
-      }
-      html += "<tr>";
-      for (const auto& c : cells)
-        html += (table_head ? "<th>" : "<td>") + Inline(c) + (table_head ? "</th>" : "</td>");
-      html += "</tr>";
-      html += table_head ? "</thead><tbody>\n" : "\n";
-    } else if (line.empty()) {
-      close();
-    } else {
-      close();
-      html += "<p>" + Inline(line) + "</p>\n";
-    }
-  }
-  close();
-  return html;
-}
 
 Result<CampaignDocuments> RenderCampaign(const std::string& run_dir) {
   LOCKSTEP_ASSIGN_OR_RETURN(Loaded L, Load(run_dir));

@@ -12,6 +12,7 @@
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/harness/generate_command.h"
 #include "lockstep/harness/compare_commands.h"
+#include "lockstep/harness/campaign_report.h"
 #include "lockstep/harness/runner.h"
 
 namespace {

@@ -16,6 +16,7 @@
 #include "lockstep/compare/report.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/harness/compare_commands.h"
+#include "lockstep/harness/process.h"
 #include "test_util.h"
 
 namespace lockstep {

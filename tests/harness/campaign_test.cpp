@@ -593,6 +593,14 @@ TEST(Campaign, NeedleHaystackPromptIsPinned) {
   EXPECT_EQ(text.substr(0, 62), "The code of vault 67 is 69346. The code of vault 11 is 92203. ");
   EXPECT_EQ(text.substr(text.size() - 29), "What is the code of vault 67?");
   EXPECT_EQ(Sha256Hex(std::string_view(text)), "58791bd7ee14a557af27dcd552aefaee6318d5c8857aae6a0708862ba3756689");
+  // The shipped replica plan's request and the full-length one (many filler draws), recorded from
+  // the generator's own SplitMix64 before it was rebuilt on the engine's finaliser.
+  EXPECT_EQ(Sha256Hex(std::string_view(NeedleHaystackPrompt(NeedleSpec{4096, 6, 20261018}))),
+            "c381c6c1b0f59b81b5bdd29a02600257e6457d3934a7a201dd4d6b665c931ce4");
+  EXPECT_EQ(Sha256Hex(std::string_view(NeedleHaystackPrompt(NeedleSpec{130658, 6, 20261018}))),
+            "52736cec4f46a11fbf76f0c9035c837a56d30fde06e4b2acb1a39ff34810f9b7");
+  EXPECT_EQ(Sha256Hex(std::string_view(NeedleHaystackPrompt(NeedleSpec{97, 2, 0}))),
+            "cacd16fcea1d19ea5314710588fc920bfdf617075250e5df6671bf8860a12d15");
 }
 
 }  // namespace

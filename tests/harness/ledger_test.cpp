@@ -1,9 +1,10 @@
 // Tests for harness/ledger.{h,cpp}: line format and CRC, round trip, torn tails set aside, corrupt
-// ledgers refused, and a writer SIGKILLed mid-append.
+// ledgers refused, failed and short writes (a poisoned handle), and a writer SIGKILLed mid-append.
 #include "lockstep/harness/ledger.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -347,6 +349,65 @@ TEST_F(LedgerTest, MovedLedgerKeepsAppending) {
   Result<LedgerLoad> r = Ledger::Read(path);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->entries.size(), 2u);
+}
+
+// Runs `fn` with the file size limit at `limit` bytes and SIGXFSZ ignored, so a write past it is
+// cut short (or fails with EFBIG) the way a full disk cuts it; both are restored afterwards.
+void WithFileSizeLimit(std::size_t limit, const std::function<void()>& fn) {
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  struct sigaction ignore {}, prev {};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(::sigaction(SIGXFSZ, &ignore, &prev), 0);
+  struct rlimit cut = old;
+  cut.rlim_cur = static_cast<rlim_t>(limit);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &cut), 0);
+  fn();
+  EXPECT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  EXPECT_EQ(::sigaction(SIGXFSZ, &prev, nullptr), 0);
+}
+
+// ledger.h "How failures surface": a write() that writes nothing leaves the handle usable; a
+// short write leaves a torn last line and poisons the handle until Open() sets the tail aside.
+TEST_F(LedgerTest, FailedAndShortWritesSurfaceAsStated) {
+  const std::string path = Path("short.jsonl");
+  const std::string good = MakeThree(path);
+  Result<Ledger> l = Ledger::Open(path, nullptr);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+
+  const Status not_run = Status::Runtime("test", "not run");
+  Result<LedgerEntry> nothing = not_run;
+  WithFileSizeLimit(good.size(), [&] { nothing = l->Append("sent", "B", {{"n", 1}}, true); });
+  EXPECT_EQ(nothing.status().code(), Status::Code::kIOError) << nothing.status().ToString();
+  EXPECT_EQ(Slurp(path), good) << "a write of nothing leaves the file as it was";
+  Result<LedgerEntry> usable = l->Append("sent", "B", {{"n", 2}}, true);
+  ASSERT_TRUE(usable.ok()) << usable.status().ToString();
+  EXPECT_EQ(usable->seq, 3);
+  const std::string four = Slurp(path);
+
+  Result<LedgerEntry> cut = not_run, after = not_run;
+  WithFileSizeLimit(four.size() + 10, [&] {
+    cut = l->Append("finished", "B", {{"exit", 0}}, true);
+    after = l->Append("sent", "C", {}, true);
+  });
+  EXPECT_EQ(cut.status().code(), Status::Code::kIOError);
+  EXPECT_NE(cut.status().message().find("short write"), std::string::npos)
+      << cut.status().ToString();
+  EXPECT_EQ(after.status().code(), Status::Code::kIOError);
+  EXPECT_NE(after.status().message().find("reopen"), std::string::npos)
+      << after.status().ToString();
+  EXPECT_FALSE(l->Append("sent", "C", {}, true).ok()) << "poisoned until reopened, limit or not";
+  EXPECT_EQ(Slurp(path).size(), four.size() + 10);
+
+  LedgerLoad loaded;
+  Result<Ledger> reopened = Ledger::Open(path, &loaded);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  EXPECT_TRUE(loaded.torn);
+  EXPECT_EQ(loaded.torn_bytes, 10);
+  EXPECT_EQ(loaded.entries.size(), 4u);
+  Result<LedgerEntry> next = reopened->Append("finished", "B", {{"exit", 0}}, true);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(next->seq, 4);
 }
 
 // A writer killed at a random moment (SIGKILL: no cleanup, possibly in the middle of a write())

@@ -2,7 +2,8 @@
 // (campaigns/README.md documents every key). Parsing is strict: an unknown key, a wrong type, an
 // arm overriding an engine field that does not exist, a stop rule naming an unknown predicate, a
 // missing model or request is kInvalidArgument (exit 2) naming the file, line and column, before
-// anything runs.
+// anything runs. The parser is harness/campaign/plan.cpp (sections) and plan_values.cpp (typed
+// values); the needle prompt generator is harness/campaign/needle_prompt.cpp.
 #pragma once
 
 #include <cstdint>

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -47,12 +46,6 @@ struct SummarizeCommandOptions {
 Status RunDiff(const DiffCommandOptions& opts, std::ostream& out);
 Status RunAlign(const AlignCommandOptions& opts, std::ostream& out);
 Status RunSummarize(const SummarizeCommandOptions& opts, std::ostream& out);
-
-// Runs `fn` in a forked child process and returns its Status as seen from the parent: a child
-// killed by a signal (e.g. the HDF5 library crashing on a malformed file) becomes
-// kInvalidArgument naming `what` and the signal. What the child writes to its stream and its
-// Status travel back over a pipe; the files it writes are the child's own (atomic) writes.
-Status RunIsolated(const std::string& what, const std::function<Status(std::ostream&)>& fn, std::ostream& out);
 
 // Parses sizes like "1G", "512M", "1073741824" (bytes; K/M/G/T are binary multiples).
 Result<std::int64_t> ParseByteSize(std::string_view text, std::string_view option);

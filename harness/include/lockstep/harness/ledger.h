@@ -7,6 +7,24 @@
 // the file (decision points). On load, a torn last line (no newline, not JSON, or a CRC mismatch
 // in the last line) is reported and set aside (moved to `<ledger>.torn-<k>` and cut from the
 // ledger); a bad line anywhere else means the ledger is corrupt (kRuntime) and is never trusted.
+//
+// Thread safety: a Ledger is thread-compatible (no lock): one thread appends at a time. Nothing
+// locks the file either, so a ledger has one writer process: a second process appending to it
+// would repeat seq numbers, and Read() / Open() take a line with the wrong seq for corruption
+// (kRuntime), or for a torn tail when it is the last line. Read() may run while another process
+// appends: a line still being written reads as a torn last line (reported; only Open() moves it).
+// Crc32() and LedgerLine() are pure.
+//
+// How failures surface:
+//   - Append() that fails before writing (bad data, write() returning -1) leaves the file as it
+//     was and the handle usable; one that fails part-way (a short write, a failed fdatasync)
+//     leaves at most a torn last line and poisons the handle: every later Append() is kIOError
+//     until the ledger is opened again.
+//   - A crash during Append() leaves a torn last line. Open() saves its bytes to
+//     `<ledger>.torn-<k>`, cuts the ledger to its last good line and reports it in LedgerLoad
+//     (torn, torn_saved_as, torn_bytes, torn_reason); Read() reports it and changes nothing.
+//   - Damage anywhere before the last line is kRuntime ("ledger '...' is corrupt"): no entry of
+//     that file is returned.
 #pragma once
 
 #include <cstdint>

@@ -41,13 +41,6 @@ struct RunOptions {
 // was not caught: "insensitive"); kInvalidArgument (exit 2) for a bad plan or folder.
 Status RunCampaign(const RunOptions& opts, std::ostream& out);
 
-// `lockstep report DIR [--md F] [--html F] [--junit F]`: renders the campaign in DIR from its
-// ledger and comparison records (the files default to DIR/report.md etc.).
-struct ReportOptions {
-  std::string dir, md, html, junit;
-};
-Status RunCampaignReport(const ReportOptions& opts, std::ostream& out);
-
 // The ledger's decision content, for comparing runs: one line per entry with volatile fields
 // (times, attempts) removed, 'resumed' entries dropped, and sends that never finished (a killed
 // runner) dropped. Two runs of a deterministic campaign, interrupted or not, give equal digests.

@@ -1,21 +1,16 @@
+// The campaign plan parser (campaign.h: ParseCampaign, LoadCampaign, EffectiveConfig): TOML in,
+// a checked Campaign out, every error as file:line:column with the valid keys or values.
 #include "lockstep/harness/campaign.h"
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <limits>
 #include <map>
 #include <numeric>
 #include <sstream>
 
-// toml++ 3.3 asserts that a table header starts with a key character: malformed plans such as
-// `[[=arm]]` abort builds without NDEBUG, although its error path reports them correctly (as in
-// release builds). Plans are user input: such a file is a syntax error in every build type.
-#ifndef TOML_ASSERT
-#define TOML_ASSERT(expr) static_assert(true)
-#endif
-#include <toml++/toml.h>
-
+#include "campaign/needle_prompt.h"
+#include "campaign/plan_parser.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/inject.h"
 #include "lockstep/engine/model_config.h"
@@ -33,283 +28,9 @@ const std::vector<std::string>& StopPredicates() {
   return kPredicates;
 }
 
-namespace {
+namespace plan_internal {
 
 namespace fs = std::filesystem;
-
-constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
-constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
-
-// Needle prompts: "The code of vault KK is NNNNN. " (31 bytes) and "What is the code of vault KK?"
-// (29 bytes); vault numbers have two digits and codes five, so the sizes do not depend on the seed.
-constexpr std::size_t kNeedleBytes = 31;
-constexpr std::size_t kQuestionBytes = 29;
-constexpr int kMinNeedleTokens = 64;
-constexpr int kMaxNeedleTokens = 1 << 20;
-constexpr int kMaxNeedles = 64;
-
-std::int64_t NeedleMinTokens(std::int64_t needles) {
-  return static_cast<std::int64_t>(kQuestionBytes) +
-         needles * static_cast<std::int64_t>(kNeedleBytes);
-}
-
-std::string Join(const std::vector<std::string>& v, std::string_view sep = ", ") {
-  std::string out;
-  for (const std::string& s : v) {
-    if (!out.empty()) out += sep;
-    out += s;
-  }
-  return out;
-}
-
-bool Contains(const std::vector<std::string>& v, const std::string& s) {
-  return std::find(v.begin(), v.end(), s) != v.end();
-}
-
-// Arm, decision, campaign and stop-rule names: [A-Za-z0-9_.-]+.
-bool ValidName(std::string_view s) {
-  if (s.empty()) return false;
-  return std::all_of(s.begin(), s.end(), [](char ch) {
-    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-           ch == '_' || ch == '.' || ch == '-';
-  });
-}
-
-std::string TypeName(const toml::node& n) {
-  std::ostringstream os;
-  os << n.type();  // "string", "integer", "floating-point", "boolean", "table", "array",
-                   // "date-time", ...
-  return os.str();
-}
-
-// The engine keys a plan may set, with their JSON types: the canonical JSON of the defaults.
-const nlohmann::json& EngineDefaults() {
-  static const nlohmann::json kDefaults = nlohmann::json::parse(EngineConfig{}.ToJson());
-  return kDefaults;
-}
-
-std::string EngineKeyList() {
-  std::vector<std::string> keys;
-  for (auto it = EngineDefaults().begin(); it != EngineDefaults().end(); ++it)
-    if (it.key() != "model" && it.key() != "replay_path") keys.push_back(it.key());
-  return Join(keys);
-}
-
-using KeyLocations = std::map<std::string, toml::source_region>;
-
-class PlanParser {
- public:
-  PlanParser(std::string source, std::string plan_dir)
-      : source_(std::move(source)), plan_dir_(std::move(plan_dir)) {}
-
-  Result<Campaign> Parse(std::string_view text);
-
- private:
-  std::string At(const toml::source_region& r) const {
-    return source_ + ":" + std::to_string(r.begin.line) + ":" + std::to_string(r.begin.column);
-  }
-  Status Error(const toml::source_region& r, std::string_view detail) const {
-    return Status::InvalidArgument(At(r), detail);
-  }
-  Status TypeError(const toml::node& n, std::string_view key, std::string_view want) const {
-    return Error(n.source(), "'" + std::string(key) + "' must be " + std::string(want) + ", got " +
-                                 TypeName(n));
-  }
-
-  Status CheckKeys(const toml::table& t, std::string_view where,
-                   const std::vector<std::string>& allowed) const;
-  Result<const toml::table*> Table(const toml::node& n, std::string_view key) const;
-  // The table under `key` (nullptr when absent) with its keys checked; `where` names it
-  // ("[gates.path]").
-  Result<const toml::table*> OptTable(const toml::table& t, std::string_view key,
-                                      std::string_view where,
-                                      const std::vector<std::string>& allowed) const;
-  Result<const toml::node*> Required(const toml::table& t, std::string_view key,
-                                     std::string_view where) const {
-    const toml::node* n = t.get(key);
-    if (n == nullptr)
-      return Error(t.source(),
-                   std::string(where) + ": missing required key '" + std::string(key) + "'");
-    return n;
-  }
-  Result<std::string> String(const toml::node& n, std::string_view key,
-                             bool allow_empty = false) const;
-  Result<std::string> Name(const toml::node& n, std::string_view key) const;
-  Result<std::int64_t> Integer(const toml::node& n, std::string_view key, std::int64_t lo,
-                               std::int64_t hi) const;
-  Result<double> Number(const toml::node& n, std::string_view key, double lo) const;
-  Result<bool> Bool(const toml::node& n, std::string_view key) const;
-  Result<std::vector<std::string>> StringList(
-      const toml::node& n, std::string_view key,
-      std::vector<const toml::node*>* elements = nullptr) const;
-  Result<std::string> ExistingPath(const toml::node& n, std::string_view key, bool folder) const;
-  Result<nlohmann::json> EngineValue(const toml::node& n, const std::string& key,
-                                     const nlohmann::json& want) const;
-
-  // Optional keys of `t`: `out` keeps its default when the key is absent.
-  Status OptBool(const toml::table& t, std::string_view key, bool& out) const {
-    const toml::node* n = t.get(key);
-    if (n == nullptr) return Status::Ok();
-    LOCKSTEP_ASSIGN_OR_RETURN(out, Bool(*n, key));
-    return Status::Ok();
-  }
-  Status OptString(const toml::table& t, std::string_view key, std::string& out,
-                   bool allow_empty = false) const {
-    const toml::node* n = t.get(key);
-    if (n == nullptr) return Status::Ok();
-    LOCKSTEP_ASSIGN_OR_RETURN(out, String(*n, key, allow_empty));
-    return Status::Ok();
-  }
-  template <typename T>  // double | std::optional<double>
-  Status OptNumber(const toml::table& t, std::string_view key, double lo, T& out) const {
-    const toml::node* n = t.get(key);
-    if (n == nullptr) return Status::Ok();
-    LOCKSTEP_ASSIGN_OR_RETURN(out, Number(*n, key, lo));
-    return Status::Ok();
-  }
-  template <typename T>  // an integer type holding [lo, hi]
-  Status OptInteger(const toml::table& t, std::string_view key, std::int64_t lo, std::int64_t hi,
-                    T& out) const {
-    const toml::node* n = t.get(key);
-    if (n == nullptr) return Status::Ok();
-    LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t x, Integer(*n, key, lo, hi));
-    out = static_cast<T>(x);
-    return Status::Ok();
-  }
-
-  Status ParseModel(const toml::table& t, ModelSpec& m);
-  Status ParseRequest(const toml::table& t, RequestSpec& r) const;
-  Result<nlohmann::json> ParseEngine(const toml::table& t, const std::string& where,
-                                     KeyLocations& locs) const;
-  Status ParseExport(const toml::table& t, ExportPlan& e) const;
-  Status ParseThresholds(const toml::table& t, Thresholds& th) const;
-  Status ParseGates(const toml::table& t, GateSpec& g) const;
-  Status ParseArm(const toml::table& t, Campaign& c);
-  Status ParseStop(const toml::table& t, Campaign& c) const;
-  Status AddControlArm(Campaign& c, const toml::node& control_node);
-  Status ArmConfigStatus(const Campaign& c, const ArmSpec& arm) const;
-  Status CheckArmConfig(const Campaign& c, std::size_t index,
-                        const toml::source_region& fallback) const;
-
-  std::string source_, plan_dir_;
-  std::optional<ModelConfig>
-      model_config_;          // the plan's model (preset, or the folder's config.json)
-  KeyLocations engine_locs_;  // campaign [engine] keys -> where their values are
-  std::vector<KeyLocations> arm_engine_locs_;  // per declared arm: [arm.engine] keys
-};
-
-Status PlanParser::CheckKeys(const toml::table& t, std::string_view where,
-                             const std::vector<std::string>& allowed) const {
-  for (auto&& [key, node] : t) {
-    if (!Contains(allowed, std::string(key.str())))
-      return Error(key.source(), "unknown key '" + std::string(key.str()) + "' " +
-                                     std::string(where) + " (expected one of: " + Join(allowed) +
-                                     ")");
-  }
-  return Status::Ok();
-}
-
-Result<const toml::table*> PlanParser::Table(const toml::node& n, std::string_view key) const {
-  const toml::table* t = n.as_table();
-  if (t == nullptr) return TypeError(n, key, "a table");
-  return t;
-}
-
-Result<const toml::table*> PlanParser::OptTable(const toml::table& t, std::string_view key,
-                                                std::string_view where,
-                                                const std::vector<std::string>& allowed) const {
-  const toml::node* n = t.get(key);
-  if (n == nullptr) return static_cast<const toml::table*>(nullptr);
-  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* sub, Table(*n, key));
-  LOCKSTEP_RETURN_IF_ERROR(CheckKeys(*sub, "in " + std::string(where), allowed));
-  return sub;
-}
-
-Result<std::string> PlanParser::String(const toml::node& n, std::string_view key,
-                                       bool allow_empty) const {
-  const toml::value<std::string>* v = n.as_string();
-  if (v == nullptr) return TypeError(n, key, "a string");
-  if (!allow_empty && v->get().empty())
-    return Error(n.source(), "'" + std::string(key) + "' must not be empty");
-  return v->get();
-}
-
-Result<std::string> PlanParser::Name(const toml::node& n, std::string_view key) const {
-  LOCKSTEP_ASSIGN_OR_RETURN(std::string s, String(n, key));
-  if (!ValidName(s))
-    return Error(n.source(),
-                 "'" + std::string(key) + "' must match [A-Za-z0-9_.-]+, got '" + s + "'");
-  return s;
-}
-
-Result<std::int64_t> PlanParser::Integer(const toml::node& n, std::string_view key, std::int64_t lo,
-                                         std::int64_t hi) const {
-  const toml::value<std::int64_t>* v = n.as_integer();
-  if (v == nullptr) return TypeError(n, key, "an integer");
-  const std::int64_t x = v->get();
-  if (x < lo || x > hi) {
-    std::string range = hi == kInt64Max || hi == kIntMax
-                            ? ">= " + std::to_string(lo)
-                            : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-    return Error(n.source(),
-                 "'" + std::string(key) + "' must be " + range + ", got " + std::to_string(x));
-  }
-  return x;
-}
-
-Result<double> PlanParser::Number(const toml::node& n, std::string_view key, double lo) const {
-  double x = 0.0;
-  if (const auto* i = n.as_integer()) {
-    x = static_cast<double>(i->get());
-  } else if (const auto* f = n.as_floating_point()) {
-    x = f->get();
-  } else {
-    return TypeError(n, key, "a number");
-  }
-  if (!std::isfinite(x) || x < lo) {
-    std::ostringstream os;
-    os << "'" << key << "' must be a finite number >= " << lo << ", got " << x;
-    return Error(n.source(), os.str());
-  }
-  return x;
-}
-
-Result<bool> PlanParser::Bool(const toml::node& n, std::string_view key) const {
-  const toml::value<bool>* v = n.as_boolean();
-  if (v == nullptr) return TypeError(n, key, "true or false");
-  return v->get();
-}
-
-Result<std::vector<std::string>> PlanParser::StringList(
-    const toml::node& n, std::string_view key, std::vector<const toml::node*>* elements) const {
-  const toml::array* a = n.as_array();
-  if (a == nullptr) return TypeError(n, key, "an array of strings");
-  std::vector<std::string> out;
-  for (const toml::node& e : *a) {
-    if (!e.is_string())
-      return Error(e.source(), "'" + std::string(key) +
-                                   "' must be an array of strings, got an element of type " +
-                                   TypeName(e));
-    out.push_back(e.as_string()->get());
-    if (elements != nullptr) elements->push_back(&e);
-  }
-  return out;
-}
-
-Result<std::string> PlanParser::ExistingPath(const toml::node& n, std::string_view key,
-                                             bool folder) const {
-  LOCKSTEP_ASSIGN_OR_RETURN(std::string given, String(n, key));
-  fs::path p(given);
-  if (p.is_relative()) p = fs::path(plan_dir_) / p;
-  p = p.lexically_normal();
-  std::error_code ec;
-  const fs::file_status st = fs::status(p, ec);
-  const bool found = folder ? fs::is_directory(st) : fs::is_regular_file(st);
-  if (!found)
-    return Error(n.source(), "'" + std::string(key) + "': " + (folder ? "folder '" : "file '") +
-                                 given + "' not found (resolved to " + p.string() + ")");
-  return p.string();
-}
 
 Status PlanParser::ParseModel(const toml::table& t, ModelSpec& m) {
   const toml::node* path = t.get("path");
@@ -377,34 +98,6 @@ Status PlanParser::ParseRequest(const toml::table& t, RequestSpec& r) const {
     r.needle = spec;
   }
   return Status::Ok();
-}
-
-Result<nlohmann::json> PlanParser::EngineValue(const toml::node& n, const std::string& key,
-                                               const nlohmann::json& want) const {
-  if (want.is_boolean()) {
-    LOCKSTEP_ASSIGN_OR_RETURN(bool b, Bool(n, key));
-    return nlohmann::json(b);
-  }
-  if (want.is_number_integer()) {
-    const auto* v = n.as_integer();
-    if (v == nullptr) return TypeError(n, key, "an integer");
-    return nlohmann::json(v->get());
-  }
-  if (want.is_number_float()) {
-    if (const auto* v = n.as_integer()) return nlohmann::json(static_cast<double>(v->get()));
-    if (const auto* v = n.as_floating_point()) return nlohmann::json(v->get());
-    return TypeError(n, key, "a number");
-  }
-  if (want.is_string()) {
-    LOCKSTEP_ASSIGN_OR_RETURN(std::string s, String(n, key, /*allow_empty=*/true));
-    return nlohmann::json(s);
-  }
-  // null: any scalar (array elements of a list key this parser has no element type for).
-  if (const auto* v = n.as_integer()) return nlohmann::json(v->get());
-  if (const auto* v = n.as_floating_point()) return nlohmann::json(v->get());
-  if (const auto* v = n.as_boolean()) return nlohmann::json(v->get());
-  if (const auto* v = n.as_string()) return nlohmann::json(v->get());
-  return TypeError(n, key, "a string, number or boolean");
 }
 
 Result<nlohmann::json> PlanParser::ParseEngine(const toml::table& t, const std::string& where,
@@ -802,56 +495,11 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
   return c;
 }
 
-// SplitMix64 (Steele, Lea, Flood 2014): the same numbers on every platform and standard library.
-class SplitMix64 {
- public:
-  explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t Next() {
-    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  std::size_t Below(std::size_t n) { return static_cast<std::size_t>(Next() % n); }
+}  // namespace plan_internal
 
- private:
-  std::uint64_t state_;
-};
-
-// Filler words; every length 1..9 occurs, so a sentence of any length >= 3 can be built exactly.
-const std::vector<std::string>& FillerWords() {
-  static const std::vector<std::string> kWords{
-      "a",         "by",        "of",       "in",       "on",       "to",       "the",
-      "old",       "red",       "sea",      "day",      "way",      "mill",     "road",
-      "rain",      "town",      "wind",     "bell",     "gate",     "lamp",     "river",
-      "stone",     "field",     "light",    "quiet",    "green",    "north",    "garden",
-      "bridge",    "market",    "winter",   "silver",   "window",   "morning",  "village",
-      "harbour",   "lantern",   "orchard",  "mountain", "evenings", "windmill", "cottages",
-      "afternoon", "travelers", "carefully"};
-  return kWords;
-}
-
-// A filler sentence "Words like these. " of `len` bytes exactly (len 1..2: spaces).
-std::string FillerSentence(SplitMix64& rng, std::size_t len) {
-  if (len < 3) return std::string(len, ' ');
-  const std::vector<std::string>& words = FillerWords();
-  std::string s;
-  std::size_t body = len - 2;  // without ". "
-  while (body > 9) {           // any word and a space, leaving at least one byte
-    const std::string& w = words[rng.Below(words.size())];
-    if (w.size() + 2 > body) continue;
-    s += w + " ";
-    body -= w.size() + 1;
-  }
-  std::vector<const std::string*> fit;  // the last word fills the rest exactly
-  for (const std::string& w : words)
-    if (w.size() == body) fit.push_back(&w);
-  s += *fit[rng.Below(fit.size())];
-  s[0] = static_cast<char>(s[0] - 'a' + 'A');
-  return s + ". ";
-}
-
-}  // namespace
+namespace fs = std::filesystem;
+using plan_internal::EngineDefaults;
+using plan_internal::PlanParser;
 
 Result<Campaign> ParseCampaign(std::string_view text, const std::string& source,
                                const std::string& plan_dir) {
@@ -887,56 +535,6 @@ Result<EngineConfig> EffectiveConfig(const Campaign& c, const ArmSpec& arm,
   } catch (const nlohmann::json::exception& e) {
     return Status::InvalidArgument(label, std::string("engine overrides: ") + e.what());
   }
-}
-
-std::string NeedleHaystackPrompt(const NeedleSpec& spec) {
-  SplitMix64 rng(spec.seed);
-  const std::size_t total = spec.tokens > 0 ? static_cast<std::size_t>(spec.tokens) : 0;
-  // Distinct two-digit vault numbers and five-digit codes.
-  std::vector<int> vaults(90);
-  std::iota(vaults.begin(), vaults.end(), 10);
-  std::size_t n = static_cast<std::size_t>(std::clamp(spec.needles, 0, kMaxNeedles));
-  for (std::size_t i = 0; i < n; ++i)
-    std::swap(vaults[i], vaults[i + rng.Below(vaults.size() - i)]);
-  std::vector<std::string> needles;
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto code = 10000 + rng.Below(90000);
-    needles.push_back("The code of vault " + std::to_string(vaults[i]) + " is " +
-                      std::to_string(code) + ". ");
-  }
-  // Plans reject specs that cannot hold their needles; here the needles that do not fit are
-  // dropped.
-  while (n > 0 && kQuestionBytes + n * kNeedleBytes > total) --n;
-  needles.resize(n);
-  const std::string question =
-      "What is the code of vault " + std::to_string(vaults[n > 0 ? rng.Below(n) : 0]) + "?";
-  if (question.size() > total) return question.substr(question.size() - total);
-
-  // Filler sentences: random ones while plenty of room is left, then one of the exact remaining
-  // length.
-  std::size_t filler = total - question.size() - n * kNeedleBytes;
-  std::vector<std::string> pieces;
-  while (filler > 120) {
-    pieces.push_back(FillerSentence(rng, 30 + rng.Below(50)));
-    filler -= pieces.back().size();
-  }
-  if (filler > 0) pieces.push_back(FillerSentence(rng, filler));
-
-  // The needles go into seeded distinct slots among the pieces (filler order kept).
-  const std::size_t slots = pieces.size() + n;
-  std::vector<std::size_t> order(slots);
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  for (std::size_t i = 0; i < n; ++i) std::swap(order[i], order[i + rng.Below(slots - i)]);
-  std::vector<bool> is_needle(slots, false);
-  for (std::size_t i = 0; i < n; ++i) is_needle[order[i]] = true;
-
-  std::string out;
-  out.reserve(total);
-  std::size_t next_needle = 0, next_piece = 0;
-  for (std::size_t s = 0; s < slots; ++s)
-    out += is_needle[s] ? needles[next_needle++] : pieces[next_piece++];
-  out += question;
-  return out;
 }
 
 }  // namespace lockstep
