@@ -12,6 +12,7 @@
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/harness/generate_command.h"
 #include "lockstep/harness/compare_commands.h"
+#include "lockstep/harness/model_command.h"
 #include "lockstep/harness/runner.h"
 
 namespace {
@@ -290,10 +291,9 @@ int main(int argc, char** argv) {
 
     if (init->parsed()) {
       if (!dtype.empty()) {
-        if (dtype == "f32") syn.dtype = lockstep::DType::kF32;
-        else if (dtype == "bf16") syn.dtype = lockstep::DType::kBF16;
-        else if (dtype == "f16") syn.dtype = lockstep::DType::kF16;
-        else return Fail(lockstep::Status::InvalidArgument("--dtype", "expected f32, bf16 or f16, got '" + dtype + "'"));
+        auto d = lockstep::ParseModelDtype(dtype);
+        if (!d.ok()) return Fail(d.status());
+        syn.dtype = *d;
       }
       syn.with_mtp = !no_mtp;
       return Fail(lockstep::RunModelInit(syn, out_dir, std::cout));
@@ -302,7 +302,7 @@ int main(int argc, char** argv) {
       auto cfg = flags.Build();
       if (!cfg.ok()) return Fail(cfg.status());
       gopts.config = *cfg;
-      return Fail(lockstep::RunGenerate(gopts, std::cout));
+      return Fail(lockstep::RunGenerateCommand(gopts, std::cout));
     }
     if (diff->parsed() || summarize->parsed()) {
       auto mem = lockstep::ParseByteSize(mem_limit, "--mem-limit");
