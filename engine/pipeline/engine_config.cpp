@@ -1,7 +1,8 @@
 #include "lockstep/engine/engine_config.h"
 
-#include <cmath>
+#include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 namespace lockstep {
@@ -31,35 +32,348 @@ Result<std::vector<int>> ParseIntList(std::string_view s, std::string_view what)
   return out;
 }
 
+namespace {
+
+// ---- command-line spellings (EngineOption::parse / format) ----
+
+Status ParseOnOff(const EngineOption& o, std::string_view text, EngineConfig& c) {
+  if (text != "on" && text != "off")
+    return Status::InvalidArgument(o.flag, "expected on or off, got '" + std::string(text) + "'");
+  c.*std::get<bool EngineConfig::*>(o.field) = text == "on";
+  return Status::Ok();
+}
+std::string FormatOnOff(const EngineOption& o, const EngineConfig& c) {
+  return c.*std::get<bool EngineConfig::*>(o.field) ? "on" : "off";
+}
+
+// "0,1,2" (ParseIntList's syntax; "" is the empty list).
+Status ParseCommaList(const EngineOption& o, std::string_view text, EngineConfig& c) {
+  LOCKSTEP_ASSIGN_OR_RETURN(c.*std::get<std::vector<int> EngineConfig::*>(o.field),
+                            ParseIntList(text, o.flag));
+  return Status::Ok();
+}
+std::string FormatCommaList(const EngineOption& o, const EngineConfig& c) {
+  std::string s;
+  for (int v : c.*std::get<std::vector<int> EngineConfig::*>(o.field))
+    s += (s.empty() ? "" : ",") + std::to_string(v);
+  return s;
+}
+
+// auto | N, auto stored as -1.
+Status ParseAutoOrCount(const EngineOption& o, std::string_view text, EngineConfig& c) {
+  int& out = c.*std::get<int EngineConfig::*>(o.field);
+  if (text == "auto") {
+    out = -1;
+    return Status::Ok();
+  }
+  auto r = ParseIntList(text, o.flag);
+  if (!r.ok() || r->size() != 1 || (*r)[0] < 0)
+    return Status::InvalidArgument(
+        o.flag, "expected auto or a non-negative count, got '" + std::string(text) + "'");
+  out = (*r)[0];
+  return Status::Ok();
+}
+std::string FormatAutoOrCount(const EngineOption& o, const EngineConfig& c) {
+  const int v = c.*std::get<int EngineConfig::*>(o.field);
+  return v < 0 ? "auto" : std::to_string(v);
+}
+
+Status ParseKv(const EngineOption& o, std::string_view text, EngineConfig& c) {
+  LOCKSTEP_ASSIGN_OR_RETURN(c.*std::get<DType EngineConfig::*>(o.field), ParseKvDtype(text));
+  return Status::Ok();
+}
+
+// ---- checks (EngineOption::validate), one per option; the flag names the option ----
+
+Status Bad(std::string_view flag, const std::string& m) { return Status::InvalidArgument(flag, m); }
+
+Status CheckBackend(const EngineConfig& c) {
+  // Any registered backend name (backend.h); whether it is built here is CreateBackend's answer.
+  if (c.backend.empty() || c.backend.size() > 32 ||
+      c.backend.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
+    return Bad("--backend", "expected a backend name such as cpu or cuda, got '" + c.backend + "'");
+  return Status::Ok();
+}
+Status CheckThreads(const EngineConfig& c) {
+  if (c.threads < 0 || c.threads > 256) return Bad("--threads", "expected 0 (auto) .. 256");
+  return Status::Ok();
+}
+Status CheckCudaAttnSplit(const EngineConfig& c) {
+  if (c.cuda_attn_split < 0 || c.cuda_attn_split > (1 << 24))
+    return Bad("--cuda-attn-split", "expected 0 (one block per row) .. 16777216 positions");
+  return Status::Ok();
+}
+Status CheckDevices(const EngineConfig& c) {
+  const auto& d = c.devices;
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    if (d[i] < 0 || d[i] > 1023) return Bad("--devices", "expected device ordinals 0 .. 1023");
+    for (std::size_t j = 0; j < i; ++j)
+      if (d[j] == d[i]) return Bad("--devices", "device " + std::to_string(d[i]) + " listed twice");
+  }
+  if (static_cast<int>(d.size()) > c.stages)
+    return Bad("--devices", std::to_string(d.size()) + " devices for " + std::to_string(c.stages) +
+                                " stages (at most one device per stage)");
+  if (c.backend == "cpu" && !d.empty())
+    return Bad("--devices", "only the cuda backend runs on devices");
+  return Status::Ok();
+}
+Status CheckStages(const EngineConfig& c) {
+  if (c.stages < 1 || c.stages > 64) return Bad("--stages", "expected 1 .. 64");
+  return Status::Ok();
+}
+Status CheckSplit(const EngineConfig& c) {
+  if (!c.split.empty() && static_cast<int>(c.split.size()) != c.stages - 1)
+    return Bad("--split", "expected " + std::to_string(c.stages - 1) + " boundaries for " +
+                              std::to_string(c.stages) + " stages, got " +
+                              std::to_string(c.split.size()));
+  return Status::Ok();
+}
+Status CheckPrefill(const EngineConfig& c) {
+  if (c.prefill_chunk < 1 || c.prefill_chunk > (1 << 20))
+    return Bad("--prefill", "expected 1 .. 1048576 tokens per chunk");
+  return Status::Ok();
+}
+Status CheckKvPage(const EngineConfig& c) {
+  if (c.kv_page_rows < 1 || c.kv_page_rows > 4096)
+    return Bad("--kv-page", "expected 1 .. 4096 rows per page");
+  return Status::Ok();
+}
+Status CheckExpertCache(const EngineConfig& c) {
+  if (c.expert_cache < -1) return Bad("--expert-cache", "expected auto or a non-negative count");
+  return Status::Ok();
+}
+Status CheckPcieFrac(const EngineConfig& c) {
+  if (!(c.pcie_frac >= 0.0 && c.pcie_frac <= 1.0))
+    return Bad("--pcie-frac", "expected a fraction in [0, 1]");
+  return Status::Ok();
+}
+Status CheckMaxNew(const EngineConfig& c) {
+  if (c.max_new < 0 || c.max_new > (1 << 24)) return Bad("--max-new", "expected 0 .. 16777216");
+  return Status::Ok();
+}
+Status CheckTemperature(const EngineConfig& c) {
+  if (!(c.temperature >= 0.0 && std::isfinite(c.temperature)))
+    return Bad("--temperature", "expected >= 0");
+  return Status::Ok();
+}
+Status CheckTopK(const EngineConfig& c) {
+  if (c.top_k < 0) return Bad("--top-k", "expected >= 0");
+  return Status::Ok();
+}
+Status CheckTopP(const EngineConfig& c) {
+  if (!(c.top_p > 0.0 && c.top_p <= 1.0)) return Bad("--top-p", "expected a value in (0, 1]");
+  return Status::Ok();
+}
+Status CheckSpec(const EngineConfig& c) {
+  if (c.spec < 0 || c.spec > 64) return Bad("--spec", "expected 0 .. 64 draft tokens");
+  return Status::Ok();
+}
+Status CheckSpecMaxSuffix(const EngineConfig& c) {
+  if (c.spec_max_suffix < 0 || c.spec_max_suffix > 64)
+    return Bad("--spec-max-suffix", "expected 0 .. 64 tokens");
+  return Status::Ok();
+}
+Status CheckSuffixIndex(const EngineConfig& c) {
+  if (c.suffix_index != "sync" && c.suffix_index != "async")
+    return Bad("--suffix-index", "expected sync or async, got '" + c.suffix_index + "'");
+  return Status::Ok();
+}
+Status CheckDraftPolicy(const EngineConfig& c) {
+  if (c.draft_policy != "static" && c.draft_policy != "adaptive" && c.draft_policy != "latency")
+    return Bad("--draft-policy",
+               "expected static, adaptive or latency, got '" + c.draft_policy + "'");
+  return Status::Ok();
+}
+
+using C = EngineConfig;
+
+// The one list of engine options (engine_config.h). Docs are one line each, without the default:
+// help prints that from EngineConfig's initializers. Hand-aligned, one option per paragraph.
+// clang-format off
+const std::vector<EngineOption> kOptions = {
+    // ---- model and backend ----
+    {.key = "model", .flag = "--model", .field = &C::model,
+     .doc = "Checkpoint folder (config.json + *.safetensors)"},
+    {.key = "backend", .flag = "--backend", .field = &C::backend,
+     .doc = "cpu | cuda", .validate = CheckBackend},
+    {.key = "threads", .flag = "--threads", .field = &C::threads,
+     .doc = "Worker threads (0 = one per hardware thread)", .validate = CheckThreads},
+    {.key = "deterministic", .flag = "--deterministic", .field = &C::deterministic,
+     .doc = "cuda: on (bitwise reproducible) | off (faster paths)",
+     .parse = ParseOnOff, .format = FormatOnOff},
+    {.key = "cuda_graphs", .flag = "--cuda-graphs", .field = &C::cuda_graphs,
+     .doc = "cuda: on (verify/decode steps replay a captured CUDA graph) | off (every kernel "
+            "launched from the host)",
+     .parse = ParseOnOff, .format = FormatOnOff},
+    {.key = "cuda_attn_split", .flag = "--cuda-attn-split", .field = &C::cuda_attn_split,
+     .doc = "cuda: attention rows with a longer context run in blocks of this many positions "
+            "and a combine (0: one block per row). Changes the long rows' bits",
+     .validate = CheckCudaAttnSplit},
+    {.key = "devices", .flag = "--devices", .field = &C::devices,
+     .doc = "cuda: GPUs for the stages, e.g. 0,1,2,3 (empty: 0)",
+     .parse = ParseCommaList, .format = FormatCommaList, .validate = CheckDevices},
+    // ---- pipeline ----
+    {.key = "stages", .flag = "--stages", .field = &C::stages,
+     .doc = "Pipeline stages", .validate = CheckStages},
+    {.key = "split", .flag = "--split", .field = &C::split,
+     .doc = "Layer boundaries between stages, e.g. 12,24,36 (empty: even)",
+     .parse = ParseCommaList, .format = FormatCommaList, .validate = CheckSplit},
+    {.key = "prefill_chunk", .flag = "--prefill", .field = &C::prefill_chunk,
+     .doc = "Prefill chunk size in tokens", .validate = CheckPrefill},
+    // ---- caches ----
+    {.key = "kv_dtype", .flag = "--kv", .field = &C::kv_dtype,
+     .doc = "K/V cache dtype: f32 | bf16 | int8", .parse = ParseKv},
+    {.key = "kv_page_rows", .flag = "--kv-page", .field = &C::kv_page_rows,
+     .doc = "Rows per K/V page", .validate = CheckKvPage},
+    {.key = "expert_cache", .flag = "--expert-cache", .field = &C::expert_cache,
+     .doc = "Resident experts per MoE layer: auto (from --pcie-frac) | N",
+     .parse = ParseAutoOrCount, .format = FormatAutoOrCount, .validate = CheckExpertCache},
+    {.key = "pcie_frac", .flag = "--pcie-frac", .field = &C::pcie_frac,
+     .doc = "Fraction of experts served from host memory", .validate = CheckPcieFrac},
+    // ---- request / sampling ----
+    {.key = "max_new", .flag = "--max-new", .field = &C::max_new,
+     .doc = "Maximum output tokens", .validate = CheckMaxNew},
+    {.key = "seed", .flag = "--seed", .field = &C::seed,
+     .doc = "Sampling seed (counter RNG key)"},
+    {.key = "temperature", .flag = "--temperature", .field = &C::temperature,
+     .doc = "Sampling temperature (0 = greedy)", .validate = CheckTemperature},
+    {.key = "top_k", .flag = "--top-k", .field = &C::top_k,
+     .doc = "Top-k cut (0 = off)", .validate = CheckTopK},
+    {.key = "top_p", .flag = "--top-p", .field = &C::top_p,
+     .doc = "Top-p cut (1 = off)", .validate = CheckTopP},
+    {.key = "ignore_eos", .flag = "--ignore-eos", .field = &C::ignore_eos,
+     .doc = "Keep generating past EOS"},
+    // ---- speculative decoding ----
+    {.key = "spec", .flag = "--spec", .field = &C::spec,
+     .doc = "Draft budget K (0 = plain decoding, T = 1)", .validate = CheckSpec},
+    {.key = "mtp", .flag = "--mtp", .field = &C::mtp,
+     .doc = "MTP drafter: on | off", .parse = ParseOnOff, .format = FormatOnOff},
+    {.key = "spec_max_suffix", .flag = "--spec-max-suffix", .field = &C::spec_max_suffix,
+     .doc = "Longest suffix draft", .validate = CheckSpecMaxSuffix},
+    {.key = "suffix_index", .flag = "--suffix-index", .field = &C::suffix_index,
+     .doc = "sync | async (async: timing-dependent drafts)", .validate = CheckSuffixIndex},
+    {.key = "draft_policy", .flag = "--draft-policy", .field = &C::draft_policy,
+     .doc = "static | adaptive | latency (latency: timing-dependent)",
+     .validate = CheckDraftPolicy},
+    {.key = "replay_path", .flag = "--replay-path", .field = &C::replay_path,
+     .doc = "Replay the drafts of recorded window records (JSON lines)"},
+    // ---- fault injection (testing the harness) ----
+    {.key = "inject", .flag = "--inject", .field = &C::inject,
+     .doc = "Fault injection, e.g. delay:stage=2:window=5:ms=200 (repeatable)"},
+};
+// clang-format on
+
+// ---- JSON, by field type ----
+
+nlohmann::json FieldToJson(const EngineOptionField& f, const EngineConfig& c) {
+  return std::visit(
+      [&](auto m) -> nlohmann::json {
+        const auto& v = c.*m;
+        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, DType>) {
+          return std::string(dtype_name(v));
+        } else {
+          return v;
+        }
+      },
+      f);
+}
+
+// Reads `v` into `o`'s field of `c`. Errors name the key and the expected JSON type.
+Status FieldFromJson(const EngineOption& o, const nlohmann::json& v, const std::string& label,
+                     EngineConfig& c) {
+  auto type_err = [&](const char* want) {
+    return Status::InvalidArgument(
+        label, "key '" + std::string(o.key) + "': expected " + want + ", got " + v.type_name());
+  };
+  return std::visit(
+      [&](auto m) -> Status {
+        auto& out = c.*m;
+        using T = std::decay_t<decltype(out)>;
+        if constexpr (std::is_same_v<T, int>) {
+          if (!v.is_number_integer()) return type_err("an integer");
+          auto x = v.get<std::int64_t>();
+          if (x < -(std::int64_t{1} << 31) || x >= (std::int64_t{1} << 31))
+            return type_err("a 32-bit integer");
+          out = static_cast<int>(x);
+        } else if constexpr (std::is_same_v<T, std::uint64_t>) {
+          if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0))
+            return type_err("a non-negative integer");
+          out = v.get<std::uint64_t>();
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (!v.is_number()) return type_err("a number");
+          out = v.get<double>();
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (!v.is_boolean()) return type_err("true/false");
+          out = v.get<bool>();
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          if (!v.is_string()) return type_err("a string");
+          out = v.get<std::string>();
+        } else if constexpr (std::is_same_v<T, DType>) {
+          if (!v.is_string()) return type_err("a string");
+          auto d = ParseKvDtype(v.get<std::string>());
+          if (!d.ok())
+            return Status::InvalidArgument(label, "key '" + std::string(o.key) +
+                                                      "': expected f32, bf16 or int8, got '" +
+                                                      v.get<std::string>() + "'");
+          out = *d;
+        } else {
+          using E = typename T::value_type;  // std::vector<int> | std::vector<std::string>
+          constexpr bool kInts = std::is_same_v<E, int>;
+          const char* want = kInts ? "a list of integers" : "a list of strings";
+          if (!v.is_array()) return type_err(want);
+          out.clear();
+          for (const auto& e : v) {
+            if (kInts ? !e.is_number_integer() : !e.is_string()) return type_err(want);
+            out.push_back(e.template get<E>());
+          }
+        }
+        return Status::Ok();
+      },
+      o.field);
+}
+
+}  // namespace
+
+const std::vector<EngineOption>& EngineOptions() { return kOptions; }
+
+bool EngineConfig::operator==(const EngineConfig& other) const = default;
+
+std::string FormatEngineOption(const EngineOption& o, const EngineConfig& c) {
+  if (o.format) return o.format(o, c);
+  return std::visit(
+      [&](auto m) -> std::string {
+        const auto& v = c.*m;
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          return v;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          return v ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, DType>) {
+          return std::string(dtype_name(v));
+        } else if constexpr (std::is_same_v<T, double>) {
+          char buf[64];
+          auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);  // shortest round-trip form
+          return std::string(buf, end);
+        } else if constexpr (std::is_arithmetic_v<T>) {
+          return std::to_string(v);
+        } else {
+          std::string s;  // lists: comma-separated
+          for (const auto& e : v) {
+            if (!s.empty()) s += ",";
+            if constexpr (std::is_same_v<std::decay_t<decltype(e)>, std::string>)
+              s += e;
+            else
+              s += std::to_string(e);
+          }
+          return s;
+        }
+      },
+      o.field);
+}
+
 std::string EngineConfig::ToJson() const {
-  nlohmann::json j;  // std::map-backed: keys come out sorted
-  j["model"] = model;
-  j["backend"] = backend;
-  j["threads"] = threads;
-  j["deterministic"] = deterministic;
-  j["cuda_graphs"] = cuda_graphs;
-  j["cuda_attn_split"] = cuda_attn_split;
-  j["devices"] = devices;
-  j["stages"] = stages;
-  j["split"] = split;
-  j["prefill_chunk"] = prefill_chunk;
-  j["kv_dtype"] = std::string(dtype_name(kv_dtype));
-  j["kv_page_rows"] = kv_page_rows;
-  j["expert_cache"] = expert_cache;
-  j["pcie_frac"] = pcie_frac;
-  j["max_new"] = max_new;
-  j["seed"] = seed;
-  j["temperature"] = temperature;
-  j["top_k"] = top_k;
-  j["top_p"] = top_p;
-  j["ignore_eos"] = ignore_eos;
-  j["spec"] = spec;
-  j["mtp"] = mtp;
-  j["spec_max_suffix"] = spec_max_suffix;
-  j["suffix_index"] = suffix_index;
-  j["draft_policy"] = draft_policy;
-  j["replay_path"] = replay_path;
-  j["inject"] = inject;
+  nlohmann::json j;  // std::map-backed: keys come out sorted, whatever the table's order
+  for (const EngineOption& o : kOptions) j[std::string(o.key)] = FieldToJson(o.field, *this);
   return j.dump();
 }
 
@@ -73,142 +387,19 @@ Result<EngineConfig> EngineConfig::FromJson(std::string_view text, const std::st
   }
   if (!j.is_object()) return Status::InvalidArgument(label, "expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& k = it.key();
-    const auto& v = it.value();
-    auto type_err = [&](const char* want) {
-      return Status::InvalidArgument(label, "key '" + k + "': expected " + want + ", got " + v.type_name());
-    };
-    auto get_int = [&](int& out) -> Status {
-      if (!v.is_number_integer()) return type_err("an integer");
-      auto x = v.get<std::int64_t>();
-      if (x < -(std::int64_t{1} << 31) || x >= (std::int64_t{1} << 31)) return type_err("a 32-bit integer");
-      out = static_cast<int>(x);
-      return Status::Ok();
-    };
-    auto get_double = [&](double& out) -> Status {
-      if (!v.is_number()) return type_err("a number");
-      out = v.get<double>();
-      return Status::Ok();
-    };
-    if (k == "model") {
-      if (!v.is_string()) return type_err("a string");
-      c.model = v.get<std::string>();
-    } else if (k == "backend") {
-      if (!v.is_string()) return type_err("a string");
-      c.backend = v.get<std::string>();
-    } else if (k == "deterministic") {
-      if (!v.is_boolean()) return type_err("true/false");
-      c.deterministic = v.get<bool>();
-    } else if (k == "cuda_graphs") {
-      if (!v.is_boolean()) return type_err("true/false");
-      c.cuda_graphs = v.get<bool>();
-    } else if (k == "cuda_attn_split") {
-      LOCKSTEP_RETURN_IF_ERROR(get_int(c.cuda_attn_split));
-    } else if (k == "devices") {
-      if (!v.is_array()) return type_err("a list of integers");
-      c.devices.clear();
-      for (const auto& e : v) {
-        if (!e.is_number_integer()) return type_err("a list of integers");
-        c.devices.push_back(e.get<int>());
-      }
-    } else if (k == "threads") {
-      LOCKSTEP_RETURN_IF_ERROR(get_int(c.threads));
-    } else if (k == "stages") {
-      LOCKSTEP_RETURN_IF_ERROR(get_int(c.stages));
-    } else if (k == "split") {
-      if (!v.is_array()) return type_err("a list of integers");
-      c.split.clear();
-      for (const auto& e : v) {
-        if (!e.is_number_integer()) return type_err("a list of integers");
-        c.split.push_back(e.get<int>());
-      }
-    } else if (k == "prefill_chunk") {
-      LOCKSTEP_RETURN_IF_ERROR(get_int(c.prefill_chunk));
-    } else if (k == "kv_dtype") {
-      if (!v.is_string()) return type_err("a string");
-      LOCKSTEP_ASSIGN_OR_RETURN(c.kv_dtype, ParseKvDtype(v.get<std::string>()));
-    } else if (k == "kv_page_rows") {
-      LOCKSTEP_RETURN_IF_ERROR(get_int(c.kv_page_rows));
-    } else if (k == "expert_cache") {
-      LOCKSTEP_RETURN_IF_ERROR(get_int(c.expert_cache));
-    } else if (k == "pcie_frac") {
-      LOCKSTEP_RETURN_IF_ERROR(get_double(c.pcie_frac));
-    } else if (k == "max_new") {
-      LOCKSTEP_RETURN_IF_ERROR(get_int(c.max_new));
-    } else if (k == "seed") {
-      if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0))
-        return type_err("a non-negative integer");
-      c.seed = v.get<std::uint64_t>();
-    } else if (k == "temperature") {
-      LOCKSTEP_RETURN_IF_ERROR(get_double(c.temperature));
-    } else if (k == "top_k") {
-      LOCKSTEP_RETURN_IF_ERROR(get_int(c.top_k));
-    } else if (k == "top_p") {
-      LOCKSTEP_RETURN_IF_ERROR(get_double(c.top_p));
-    } else if (k == "ignore_eos") {
-      if (!v.is_boolean()) return type_err("true/false");
-      c.ignore_eos = v.get<bool>();
-    } else if (k == "spec") {
-      LOCKSTEP_RETURN_IF_ERROR(get_int(c.spec));
-    } else if (k == "mtp") {
-      if (!v.is_boolean()) return type_err("true/false");
-      c.mtp = v.get<bool>();
-    } else if (k == "spec_max_suffix") {
-      LOCKSTEP_RETURN_IF_ERROR(get_int(c.spec_max_suffix));
-    } else if (k == "suffix_index" || k == "draft_policy" || k == "replay_path") {
-      if (!v.is_string()) return type_err("a string");
-      (k == "suffix_index" ? c.suffix_index : k == "draft_policy" ? c.draft_policy : c.replay_path) = v.get<std::string>();
-    } else if (k == "inject") {
-      if (!v.is_array()) return type_err("a list of strings");
-      c.inject.clear();
-      for (const auto& e : v) {
-        if (!e.is_string()) return type_err("a list of strings");
-        c.inject.push_back(e.get<std::string>());
-      }
-    } else {
-      return Status::InvalidArgument(label, "unknown key '" + k + "'");
-    }
+    const auto row = std::find_if(kOptions.begin(), kOptions.end(),
+                                  [&](const EngineOption& o) { return o.key == it.key(); });
+    if (row == kOptions.end())
+      return Status::InvalidArgument(label, "unknown key '" + it.key() + "'");
+    LOCKSTEP_RETURN_IF_ERROR(FieldFromJson(*row, it.value(), label, c));
   }
   LOCKSTEP_RETURN_IF_ERROR(c.Validate().WithContext(label));
   return c;
 }
 
 Status EngineConfig::Validate() const {
-  auto bad = [](const std::string& opt, const std::string& m) { return Status::InvalidArgument(opt, m); };
-  // Any registered backend name (backend.h); whether it is built here is CreateBackend's answer.
-  if (backend.empty() || backend.size() > 32 ||
-      backend.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
-    return bad("--backend", "expected a backend name such as cpu or cuda, got '" + backend + "'");
-  if (threads < 0 || threads > 256) return bad("--threads", "expected 0 (auto) .. 256");
-  for (std::size_t i = 0; i < devices.size(); ++i) {
-    if (devices[i] < 0 || devices[i] > 1023) return bad("--devices", "expected device ordinals 0 .. 1023");
-    for (std::size_t j = 0; j < i; ++j)
-      if (devices[j] == devices[i]) return bad("--devices", "device " + std::to_string(devices[i]) + " listed twice");
-  }
-  if (static_cast<int>(devices.size()) > stages)
-    return bad("--devices", std::to_string(devices.size()) + " devices for " + std::to_string(stages) +
-                                " stages (at most one device per stage)");
-  if (backend == "cpu" && !devices.empty()) return bad("--devices", "only the cuda backend runs on devices");
-  if (cuda_attn_split < 0 || cuda_attn_split > (1 << 24))
-    return bad("--cuda-attn-split", "expected 0 (one block per row) .. 16777216 positions");
-  if (stages < 1 || stages > 64) return bad("--stages", "expected 1 .. 64");
-  if (!split.empty() && static_cast<int>(split.size()) != stages - 1)
-    return bad("--split", "expected " + std::to_string(stages - 1) + " boundaries for " + std::to_string(stages) +
-                              " stages, got " + std::to_string(split.size()));
-  if (prefill_chunk < 1 || prefill_chunk > (1 << 20)) return bad("--prefill", "expected 1 .. 1048576 tokens per chunk");
-  if (kv_page_rows < 1 || kv_page_rows > 4096) return bad("--kv-page", "expected 1 .. 4096 rows per page");
-  if (expert_cache < -1) return bad("--expert-cache", "expected auto or a non-negative count");
-  if (!(pcie_frac >= 0.0 && pcie_frac <= 1.0)) return bad("--pcie-frac", "expected a fraction in [0, 1]");
-  if (max_new < 0 || max_new > (1 << 24)) return bad("--max-new", "expected 0 .. 16777216");
-  if (!(temperature >= 0.0 && std::isfinite(temperature))) return bad("--temperature", "expected >= 0");
-  if (top_k < 0) return bad("--top-k", "expected >= 0");
-  if (!(top_p > 0.0 && top_p <= 1.0)) return bad("--top-p", "expected a value in (0, 1]");
-  if (spec < 0 || spec > 64) return bad("--spec", "expected 0 .. 64 draft tokens");
-  if (spec_max_suffix < 0 || spec_max_suffix > 64) return bad("--spec-max-suffix", "expected 0 .. 64 tokens");
-  if (suffix_index != "sync" && suffix_index != "async")
-    return bad("--suffix-index", "expected sync or async, got '" + suffix_index + "'");
-  if (draft_policy != "static" && draft_policy != "adaptive" && draft_policy != "latency")
-    return bad("--draft-policy", "expected static, adaptive or latency, got '" + draft_policy + "'");
+  for (const EngineOption& o : kOptions)
+    if (o.validate) LOCKSTEP_RETURN_IF_ERROR(o.validate(*this));
   return Status::Ok();
 }
 

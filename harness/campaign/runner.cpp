@@ -16,7 +16,7 @@
 #include "lockstep/harness/campaign.h"
 #include "lockstep/harness/campaign_report.h"
 #include "lockstep/harness/process.h"
-#include "lockstep/harness/generate_command.h"
+#include "lockstep/harness/model_command.h"
 #include "lockstep/harness/gates.h"
 #include "lockstep/instrument/fingerprint.h"
 

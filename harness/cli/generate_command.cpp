@@ -25,13 +25,6 @@
 
 namespace lockstep {
 
-Status RunModelInit(const SyntheticOptions& opts, const std::string& out_dir, std::ostream& out) {
-  LOCKSTEP_RETURN_IF_ERROR(WriteSyntheticModel(opts, out_dir));
-  out << "wrote " << out_dir << "/config.json and " << out_dir << "/model.safetensors (preset " << opts.preset
-      << ", seed " << opts.seed << ")\n";
-  return Status::Ok();
-}
-
 namespace {
 
 Result<std::vector<std::int32_t>> LoadPrompt(const GenerateOptions& o, int n_vocab) {
@@ -54,136 +47,244 @@ Result<std::vector<std::int32_t>> LoadPrompt(const GenerateOptions& o, int n_voc
   return ids;
 }
 
-}  // namespace
+// --trace-jsonl: the file window records stream to, closed when the request ends.
+struct TraceFile {
+  int fd = -1;
+  TraceFile() = default;
+  TraceFile(const TraceFile&) = delete;
+  TraceFile& operator=(const TraceFile&) = delete;
+  ~TraceFile() { Close(); }
+  void Close() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+};
 
-Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
-  EngineConfig cfg = opts.config;
-  LOCKSTEP_RETURN_IF_ERROR(cfg.Validate());
-  if (cfg.threads == 0) cfg.threads = ThreadPool::HardwareThreads();
-  if (opts.print_config) {
-    out << cfg.ToJson() << "\n";
+// ---- phase: the request's sinks (trace lines, export, progress, resource sampler) ----
+
+Status OpenTraceJsonl(const GenerateOptions& opts, TraceFile& trace, GenerateHooks& hooks) {
+  if (opts.trace_jsonl.empty()) return Status::Ok();
+  trace.fd =
+      ::open(opts.trace_jsonl.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  if (trace.fd < 0)
+    return Status::IOError("--trace-jsonl '" + opts.trace_jsonl + "'", std::strerror(errno));
+  // One write() per record: a killed run keeps every finished window's line whole.
+  hooks.on_record = [&trace, &opts](const WindowRecord& r) {
+    std::string line = r.ToJsonLine() + "\n";
+    if (::write(trace.fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+      return Status::IOError("--trace-jsonl '" + opts.trace_jsonl + "'", std::strerror(errno));
     return Status::Ok();
+  };
+  return Status::Ok();
+}
+
+// The exporter for --export (null without it), set as the request's observer.
+Result<std::unique_ptr<H5Exporter>> OpenExport(const GenerateOptions& opts, GenerateHooks& hooks) {
+  if (opts.export_path.empty()) return std::unique_ptr<H5Exporter>();
+  ExportOptions eo;
+  eo.path = opts.export_path;
+  LOCKSTEP_ASSIGN_OR_RETURN(eo.windows, WindowSelection::Parse(opts.export_windows));
+  LOCKSTEP_ASSIGN_OR_RETURN(eo.points, ParseExportPoints(opts.export_points));
+  eo.compress = opts.export_compress == "none" ? "" : opts.export_compress;
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<H5Exporter> exporter, H5Exporter::Create(eo));
+  hooks.observer = exporter.get();
+  TraceRing::Global().Clear();
+  TraceRing::Global().Enable();  // layer / stage events for /trace/events
+  return exporter;
+}
+
+// ---- phase: the export's run metadata and its finish ----
+
+// Per stage: expert residency and the counters the export's /run group records.
+void AddStageInfo(Engine& engine, const GenerateResult& res, ExportRunInfo& meta) {
+  for (int is = 0; is < engine.n_stages(); ++is) {
+    const ExpertCache& ec = engine.stage(is).experts();
+    ExportRunInfo::Residency r;
+    r.stage = is;
+    r.layers = ec.n_layers();
+    r.experts = ec.n_experts();
+    for (int il = 0; il < ec.n_layers(); ++il)
+      r.map.insert(r.map.end(), ec.map(il), ec.map(il) + ec.n_experts());
+    meta.residency.push_back(std::move(r));
+    ExportRunInfo::Counters ct;
+    ct.stage = is;
+    ct.expert_hits = static_cast<std::int64_t>(ec.counters().hits);
+    ct.expert_misses = static_cast<std::int64_t>(ec.counters().misses);
+    ct.expert_bytes_fetched = static_cast<std::int64_t>(ec.counters().bytes_fetched);
+    ct.host_expert_tokens = static_cast<std::int64_t>(ec.counters().host_tokens);
+    ct.verify_calls = res.n_windows;
+    // The CPU backend does not separate first-call and graph-capture work from model work:
+    // those stay unknown (-1); the cuda backend measures them and counts its graphs.
+    const StageInitCounters ic = engine.stage(is).init_counters();
+    ct.first_calls = ic.first_calls;
+    ct.first_call_ns = ic.first_call_ns;
+    ct.graph_captures = ic.graph_captures;
+    ct.graph_launches = ic.graph_launches;
+    meta.counters.push_back(ct);
   }
-  if (cfg.model.empty()) return Status::InvalidArgument("--model", "is required (a folder with config.json)");
-  LOCKSTEP_ASSIGN_OR_RETURN(ModelWeightsPtr weights, ModelWeights::Load(cfg.model));
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::int32_t> prompt, LoadPrompt(opts, weights->config.n_vocab));
-  LOCKSTEP_ASSIGN_OR_RETURN(EnginePtr engine, Engine::Create(cfg, *weights));
-  GenerateHooks hooks;
-  int trace_fd = -1;
-  if (!opts.trace_jsonl.empty()) {
-    trace_fd = ::open(opts.trace_jsonl.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-    if (trace_fd < 0) return Status::IOError("--trace-jsonl '" + opts.trace_jsonl + "'", std::strerror(errno));
-    // One write() per record: a killed run keeps every finished window's line whole.
-    hooks.on_record = [&](const WindowRecord& r) {
-      std::string line = r.ToJsonLine() + "\n";
-      if (::write(trace_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
-        return Status::IOError("--trace-jsonl '" + opts.trace_jsonl + "'", std::strerror(errno));
-      return Status::Ok();
-    };
+}
+
+// Everything the export records about the run besides the state items. Stops the trace ring.
+ExportRunInfo BuildRunInfo(const GenerateOptions& opts, Engine& engine, const ModelWeights& weights,
+                           const std::vector<std::int32_t>& prompt, const GenerateResult& res,
+                           const ResourceSampler& sampler) {
+  ExportRunInfo meta;
+  meta.arm = opts.arm;
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t tt = std::chrono::system_clock::to_time_t(now);
+  char ts[32];
+  std::strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&tt));
+  meta.created_utc = ts;
+  meta.run_id = Sha256Hex(std::string(ts) + "/" + std::to_string(::getpid()) + "/" +
+                          std::to_string(now.time_since_epoch().count()))
+                    .substr(0, 16);
+  meta.config_json = engine.config().ToJson();
+  meta.config_sha256 = Sha256Hex(meta.config_json);
+  if (auto exe = Sha256SelfExe(); exe.ok()) meta.executable_sha256 = *exe;
+  if (auto mh = Sha256Files(weights.files); mh.ok()) meta.model_sha256 = *mh;
+  meta.request_sha256 = Sha256Tokens(prompt);
+  meta.seed = engine.config().seed;
+  meta.max_new = engine.config().max_new;
+  meta.request_tokens = prompt;
+  meta.output_tokens = res.output;
+  meta.stop_reason = res.stop_reason;
+  meta.text_sha256 = Sha256Hex(DecodeTokens(res.output));
+  AddStageInfo(engine, res, meta);
+  TraceRing::Global().Disable();
+  meta.events = TraceRing::Global().Snapshot();
+  meta.events_dropped = TraceRing::Global().dropped();
+  meta.samples = sampler.Samples();
+  meta.sample_intervals = sampler.Intervals();
+  meta.nvml_unavailable = sampler.nvml_unavailable_reason();
+  if (auto trip = sampler.guard_trip())
+    meta.guard = "tripped: " + trip->source + " free " + std::to_string(trip->free_bytes) +
+                 " bytes at t_ns " + std::to_string(trip->t_ns);
+  return meta;
+}
+
+Status FinishExport(H5Exporter& exporter, const ExportRunInfo& meta, const std::string& path) {
+  LOCKSTEP_RETURN_IF_ERROR(exporter.Finish(meta));
+  // The seed's "93 / 94 / 93": items per checkpoint, for the first exported window.
+  std::string counts;
+  for (CheckpointPoint pt :
+       {CheckpointPoint::kPreVerify, CheckpointPoint::kPostVerify, CheckpointPoint::kCommit}) {
+    auto it = exporter.item_counts().find(pt);
+    counts +=
+        (counts.empty() ? "" : " / ") + (it == exporter.item_counts().end() || it->second.empty()
+                                             ? std::string("-")
+                                             : std::to_string(it->second.front()));
   }
-  std::unique_ptr<H5Exporter> exporter;
-  if (!opts.export_path.empty()) {
-    ExportOptions eo;
-    eo.path = opts.export_path;
-    LOCKSTEP_ASSIGN_OR_RETURN(eo.windows, WindowSelection::Parse(opts.export_windows));
-    LOCKSTEP_ASSIGN_OR_RETURN(eo.points, ParseExportPoints(opts.export_points));
-    eo.compress = opts.export_compress == "none" ? "" : opts.export_compress;
-    LOCKSTEP_ASSIGN_OR_RETURN(exporter, H5Exporter::Create(eo));
-    hooks.observer = exporter.get();
-    TraceRing::Global().Clear();
-    TraceRing::Global().Enable();  // layer / stage events for /trace/events
+  std::fprintf(stderr,
+               "export: wrote %s; items per checkpoint (pre_verify / post_verify / commit): %s\n",
+               path.c_str(), counts.c_str());
+  return Status::Ok();
+}
+
+// ---- phase: the --json object (schema lockstep.generate v1) ----
+
+// Speculation summary: tokens per window, drafts and acceptance per source.
+nlohmann::json SpeculationJson(const GenerateResult& res) {
+  std::map<std::string, std::pair<long, long>> by_source;  // drafted, accepted
+  long max_T = 0;
+  for (const auto& w : res.windows) {
+    auto& e = by_source[DraftSourceName(w.source)];
+    e.first += w.T - 1;
+    e.second += w.accepted;
+    max_T = std::max<long>(max_T, w.T);
   }
-  if (opts.progress) {
-    hooks.on_prefill = [](int done, int total) { std::fprintf(stderr, "progress: prefill %d/%d\n", done, total); };
+  nlohmann::json sj;
+  sj["tokens_per_window"] =
+      res.n_windows ? static_cast<double>(res.output.size()) / res.n_windows : 0.0;
+  sj["max_T"] = max_T;
+  for (const auto& [k, v] : by_source)
+    sj["sources"][k] = {{"drafted", v.first}, {"accepted", v.second}};
+  return sj;
+}
+
+nlohmann::json ExpertCacheJson(Engine& engine) {
+  nlohmann::json experts = nlohmann::json::array();
+  for (int is = 0; is < engine.n_stages(); ++is) {
+    const auto& ec = engine.stage(is).experts();
+    experts.push_back({{"stage", is},
+                       {"layers", {engine.stage(is).layer_begin(), engine.stage(is).layer_end()}},
+                       {"resident_per_layer", ec.n_resident()},
+                       {"hits", ec.counters().hits},
+                       {"misses", ec.counters().misses},
+                       {"bytes_fetched", ec.counters().bytes_fetched}});
   }
-  SamplerOptions so;
-  so.interval_ms = opts.sample_ms;
-  so.guard_min_free_mib = opts.guard_min_free_mib;
-  ResourceSampler sampler(so);
-  LOCKSTEP_RETURN_IF_ERROR(sampler.Start());
-  hooks.stop_check = [&sampler] { return sampler.guard_tripped() ? std::string("resource_guard") : std::string(); };
-  auto generated = Generate(*engine, prompt, &hooks);
-  sampler.Stop();
-  if (trace_fd >= 0) ::close(trace_fd);
-  if (!generated.ok() && exporter) {
-    // The export is not finished; what it holds stays in FILE.partial (SCHEMA.md), never FILE.
-    std::fprintf(stderr, "export: not written (the request failed); %s.partial keeps what was exported before\n",
-                 opts.export_path.c_str());
-  }
-  LOCKSTEP_ASSIGN_OR_RETURN(GenerateResult res, std::move(generated));
+  return experts;
+}
+
+nlohmann::json ResourcesJson(const ResourceSampler& sampler) {
+  const Extremes ex = sampler.Summary();
+  const IntervalStats iv = sampler.Intervals();
+  nlohmann::json r;  // -1 = unknown
+  r["samples"] = ex.n_samples;
+  r["min_host_available_bytes"] = ex.min_host_available_bytes;
+  r["max_swap_used_bytes"] = ex.max_swap_used_bytes;
+  r["max_rss_bytes"] = ex.max_rss_bytes;
+  r["interval_ms"] = {
+      {"min", iv.min_ns < 0 ? -1.0 : static_cast<double>(iv.min_ns) * 1e-6},
+      {"median", iv.median_ns < 0 ? -1.0 : static_cast<double>(iv.median_ns) * 1e-6},
+      {"max", iv.max_ns < 0 ? -1.0 : static_cast<double>(iv.max_ns) * 1e-6}};
+  r["nvml"] = sampler.nvml_unavailable_reason().empty()
+                  ? std::string("read")
+                  : "unknown: " + sampler.nvml_unavailable_reason();
+  nlohmann::json devs = nlohmann::json::array();
+  for (const auto& d : ex.devices)
+    devs.push_back({{"device", d.index},
+                    {"min_free_bytes", d.min_free_bytes},
+                    {"max_temperature_c", d.max_temperature_c},
+                    {"min_sm_clock_mhz", d.min_sm_clock_mhz},
+                    {"max_sm_clock_mhz", d.max_sm_clock_mhz}});
+  r["devices"] = devs;
+  if (auto trip = sampler.guard_trip())
+    r["guard"] = {{"tripped", true}, {"source", trip->source}, {"free_bytes", trip->free_bytes}};
+  return r;
+}
+
+nlohmann::json GenerateJson(const std::vector<std::int32_t>& prompt, const GenerateResult& res,
+                            Engine& engine, const ResourceSampler& sampler) {
+  nlohmann::json j;
+  j["schema"] = "lockstep.generate";
+  j["schema_version"] = 1;
+  j["prompt_tokens"] = prompt.size();
+  j["output_tokens"] = res.output.size();
+  j["output_ids"] = res.output;
+  j["text"] = DecodeTokens(res.output);
+  j["stop_reason"] = res.stop_reason;
+  j["windows"] = res.n_windows;
+  j["speculation"] = SpeculationJson(res);
+  j["config"] = nlohmann::json::parse(engine.config().ToJson());
+  j["config_sha256"] = Sha256Hex(engine.config().ToJson());
+  j["request_sha256"] = Sha256Tokens(prompt);
+  const double pre_s = static_cast<double>(res.prefill_ns) * 1e-9,
+               dec_s = static_cast<double>(res.decode_ns) * 1e-9;
+  const double n_pre = static_cast<double>(prompt.size() - 1),
+               n_dec = static_cast<double>(res.output.size());
+  j["timings"] = {{"prefill_ms", pre_s * 1e3},
+                  {"decode_ms", dec_s * 1e3},
+                  {"prefill_tokens_per_s", pre_s > 0 ? n_pre / pre_s : 0.0},
+                  {"decode_tokens_per_s", dec_s > 0 ? n_dec / dec_s : 0.0},
+                  {"clock", "CLOCK_MONOTONIC wall time around the engine calls"}};
+  j["expert_cache"] = ExpertCacheJson(engine);
+  j["resources"] = ResourcesJson(sampler);
+  return j;
+}
+
+// ---- phase: outputs of a finished request (export, Chrome trace, text or JSON) ----
+
+Status WriteOutputs(const GenerateOptions& opts, Engine& engine, const ModelWeights& weights,
+                    const std::vector<std::int32_t>& prompt, const GenerateResult& res,
+                    H5Exporter* exporter, const ResourceSampler& sampler, std::ostream& out) {
   Status export_status;
-  if (exporter) {
-    ExportRunInfo meta;
-    meta.arm = opts.arm;
-    const auto now = std::chrono::system_clock::now();
-    const std::time_t tt = std::chrono::system_clock::to_time_t(now);
-    char ts[32];
-    std::strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&tt));
-    meta.created_utc = ts;
-    meta.run_id = Sha256Hex(std::string(ts) + "/" + std::to_string(::getpid()) + "/" +
-                            std::to_string(now.time_since_epoch().count())).substr(0, 16);
-    meta.config_json = engine->config().ToJson();
-    meta.config_sha256 = Sha256Hex(meta.config_json);
-    if (auto exe = Sha256SelfExe(); exe.ok()) meta.executable_sha256 = *exe;
-    if (auto mh = Sha256Files(weights->files); mh.ok()) meta.model_sha256 = *mh;
-    meta.request_sha256 = Sha256Tokens(prompt);
-    meta.seed = cfg.seed;
-    meta.max_new = cfg.max_new;
-    meta.request_tokens = prompt;
-    meta.output_tokens = res.output;
-    meta.stop_reason = res.stop_reason;
-    meta.text_sha256 = Sha256Hex(DecodeTokens(res.output));
-    for (int is = 0; is < engine->n_stages(); ++is) {
-      const ExpertCache& ec = engine->stage(is).experts();
-      ExportRunInfo::Residency r;
-      r.stage = is;
-      r.layers = ec.n_layers();
-      r.experts = ec.n_experts();
-      for (int il = 0; il < ec.n_layers(); ++il) r.map.insert(r.map.end(), ec.map(il), ec.map(il) + ec.n_experts());
-      meta.residency.push_back(std::move(r));
-      ExportRunInfo::Counters ct;
-      ct.stage = is;
-      ct.expert_hits = static_cast<std::int64_t>(ec.counters().hits);
-      ct.expert_misses = static_cast<std::int64_t>(ec.counters().misses);
-      ct.expert_bytes_fetched = static_cast<std::int64_t>(ec.counters().bytes_fetched);
-      ct.host_expert_tokens = static_cast<std::int64_t>(ec.counters().host_tokens);
-      ct.verify_calls = res.n_windows;
-      // The CPU backend does not separate first-call and graph-capture work from model work:
-      // those stay unknown (-1); the cuda backend measures them and counts its graphs.
-      const StageInitCounters ic = engine->stage(is).init_counters();
-      ct.first_calls = ic.first_calls;
-      ct.first_call_ns = ic.first_call_ns;
-      ct.graph_captures = ic.graph_captures;
-      ct.graph_launches = ic.graph_launches;
-      meta.counters.push_back(ct);
-    }
-    TraceRing::Global().Disable();
-    meta.events = TraceRing::Global().Snapshot();
-    meta.events_dropped = TraceRing::Global().dropped();
-    meta.samples = sampler.Samples();
-    meta.sample_intervals = sampler.Intervals();
-    meta.nvml_unavailable = sampler.nvml_unavailable_reason();
-    if (auto trip = sampler.guard_trip())
-      meta.guard = "tripped: " + trip->source + " free " + std::to_string(trip->free_bytes) + " bytes at t_ns " +
-                   std::to_string(trip->t_ns);
-    export_status = exporter->Finish(meta);
-    if (export_status.ok()) {
-      // The seed's "93 / 94 / 93": items per checkpoint, for the first exported window.
-      std::string counts;
-      for (CheckpointPoint pt : {CheckpointPoint::kPreVerify, CheckpointPoint::kPostVerify, CheckpointPoint::kCommit}) {
-        auto it = exporter->item_counts().find(pt);
-        counts += (counts.empty() ? "" : " / ") + (it == exporter->item_counts().end() || it->second.empty()
-                                                       ? std::string("-")
-                                                       : std::to_string(it->second.front()));
-      }
-      std::fprintf(stderr, "export: wrote %s; items per checkpoint (pre_verify / post_verify / commit): %s\n",
-                   opts.export_path.c_str(), counts.c_str());
-    }
-  }
+  if (exporter)
+    export_status = FinishExport(
+        *exporter, BuildRunInfo(opts, engine, weights, prompt, res, sampler), opts.export_path);
   if (export_status.ok() && !opts.trace_json.empty()) {
     ChromeTraceOptions co;
     co.arm = opts.arm;
-    export_status = WriteChromeTrace(opts.trace_json, res.windows, engine->n_stages(), co);
+    export_status = WriteChromeTrace(opts.trace_json, res.windows, engine.n_stages(), co);
   }
   if (!export_status.ok()) {
     // The request finished: its output is printed before the export failure is reported.
@@ -195,75 +296,54 @@ Status RunGenerate(const GenerateOptions& opts, std::ostream& out) {
     out << DecodeTokens(res.output) << "\n";
     return Status::Ok();
   }
-  nlohmann::json j;
-  j["schema"] = "lockstep.generate";
-  j["schema_version"] = 1;
-  j["prompt_tokens"] = prompt.size();
-  j["output_tokens"] = res.output.size();
-  j["output_ids"] = res.output;
-  j["text"] = DecodeTokens(res.output);
-  j["stop_reason"] = res.stop_reason;
-  j["windows"] = res.n_windows;
-  {
-    // Speculation summary: tokens per window, drafts and acceptance per source.
-    std::map<std::string, std::pair<long, long>> by_source;  // drafted, accepted
-    long max_T = 0;
-    for (const auto& w : res.windows) {
-      auto& e = by_source[DraftSourceName(w.source)];
-      e.first += w.T - 1;
-      e.second += w.accepted;
-      max_T = std::max<long>(max_T, w.T);
-    }
-    nlohmann::json sj;
-    sj["tokens_per_window"] = res.n_windows ? static_cast<double>(res.output.size()) / res.n_windows : 0.0;
-    sj["max_T"] = max_T;
-    for (const auto& [k, v] : by_source) sj["sources"][k] = {{"drafted", v.first}, {"accepted", v.second}};
-    j["speculation"] = sj;
-  }
-  j["config"] = nlohmann::json::parse(engine->config().ToJson());
-  j["config_sha256"] = Sha256Hex(engine->config().ToJson());
-  j["request_sha256"] = Sha256Tokens(prompt);
-  const double pre_s = static_cast<double>(res.prefill_ns) * 1e-9, dec_s = static_cast<double>(res.decode_ns) * 1e-9;
-  const double n_pre = static_cast<double>(prompt.size() - 1), n_dec = static_cast<double>(res.output.size());
-  j["timings"] = {{"prefill_ms", pre_s * 1e3},
-                  {"decode_ms", dec_s * 1e3},
-                  {"prefill_tokens_per_s", pre_s > 0 ? n_pre / pre_s : 0.0},
-                  {"decode_tokens_per_s", dec_s > 0 ? n_dec / dec_s : 0.0},
-                  {"clock", "CLOCK_MONOTONIC wall time around the engine calls"}};
-  nlohmann::json experts = nlohmann::json::array();
-  for (int is = 0; is < engine->n_stages(); ++is) {
-    const auto& ec = engine->stage(is).experts();
-    experts.push_back({{"stage", is},
-                       {"layers", {engine->stage(is).layer_begin(), engine->stage(is).layer_end()}},
-                       {"resident_per_layer", ec.n_resident()},
-                       {"hits", ec.counters().hits},
-                       {"misses", ec.counters().misses},
-                       {"bytes_fetched", ec.counters().bytes_fetched}});
-  }
-  j["expert_cache"] = experts;
-  {
-    const Extremes ex = sampler.Summary();
-    const IntervalStats iv = sampler.Intervals();
-    nlohmann::json r;  // -1 = unknown
-    r["samples"] = ex.n_samples;
-    r["min_host_available_bytes"] = ex.min_host_available_bytes;
-    r["max_swap_used_bytes"] = ex.max_swap_used_bytes;
-    r["max_rss_bytes"] = ex.max_rss_bytes;
-    r["interval_ms"] = {{"min", iv.min_ns < 0 ? -1.0 : static_cast<double>(iv.min_ns) * 1e-6},
-                        {"median", iv.median_ns < 0 ? -1.0 : static_cast<double>(iv.median_ns) * 1e-6},
-                        {"max", iv.max_ns < 0 ? -1.0 : static_cast<double>(iv.max_ns) * 1e-6}};
-    r["nvml"] = sampler.nvml_unavailable_reason().empty() ? std::string("read") : "unknown: " + sampler.nvml_unavailable_reason();
-    nlohmann::json devs = nlohmann::json::array();
-    for (const auto& d : ex.devices)
-      devs.push_back({{"device", d.index}, {"min_free_bytes", d.min_free_bytes}, {"max_temperature_c", d.max_temperature_c},
-                      {"min_sm_clock_mhz", d.min_sm_clock_mhz}, {"max_sm_clock_mhz", d.max_sm_clock_mhz}});
-    r["devices"] = devs;
-    if (auto trip = sampler.guard_trip())
-      r["guard"] = {{"tripped", true}, {"source", trip->source}, {"free_bytes", trip->free_bytes}};
-    j["resources"] = r;
-  }
-  out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  out << GenerateJson(prompt, res, engine, sampler)
+             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+      << "\n";
   return Status::Ok();
+}
+
+}  // namespace
+
+Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
+  // ---- config, model, prompt, engine ----
+  EngineConfig cfg = opts.config;
+  LOCKSTEP_RETURN_IF_ERROR(cfg.Validate());
+  if (cfg.threads == 0) cfg.threads = ThreadPool::HardwareThreads();
+  if (opts.print_config) {
+    out << cfg.ToJson() << "\n";
+    return Status::Ok();
+  }
+  if (cfg.model.empty()) return Status::InvalidArgument("--model", "is required (a folder with config.json)");
+  LOCKSTEP_ASSIGN_OR_RETURN(ModelWeightsPtr weights, ModelWeights::Load(cfg.model));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::int32_t> prompt, LoadPrompt(opts, weights->config.n_vocab));
+  LOCKSTEP_ASSIGN_OR_RETURN(EnginePtr engine, Engine::Create(cfg, *weights));
+
+  // ---- sinks, then the request ----
+  GenerateHooks hooks;
+  TraceFile trace;
+  LOCKSTEP_RETURN_IF_ERROR(OpenTraceJsonl(opts, trace, hooks));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<H5Exporter> exporter, OpenExport(opts, hooks));
+  if (opts.progress) {
+    hooks.on_prefill = [](int done, int total) { std::fprintf(stderr, "progress: prefill %d/%d\n", done, total); };
+  }
+  SamplerOptions so;
+  so.interval_ms = opts.sample_ms;
+  so.guard_min_free_mib = opts.guard_min_free_mib;
+  ResourceSampler sampler(so);
+  LOCKSTEP_RETURN_IF_ERROR(sampler.Start());
+  hooks.stop_check = [&sampler] { return sampler.guard_tripped() ? std::string("resource_guard") : std::string(); };
+  auto generated = Generate(*engine, prompt, &hooks);
+  sampler.Stop();
+  trace.Close();
+  if (!generated.ok() && exporter) {
+    // The export is not finished; what it holds stays in FILE.partial (SCHEMA.md), never FILE.
+    std::fprintf(stderr, "export: not written (the request failed); %s.partial keeps what was exported before\n",
+                 opts.export_path.c_str());
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(GenerateResult res, std::move(generated));
+
+  // ---- outputs ----
+  return WriteOutputs(opts, *engine, *weights, prompt, res, exporter.get(), sampler, out);
 }
 
 }  // namespace lockstep

@@ -1,11 +1,15 @@
 // The `lockstep` executable: model init is byte-reproducible, generate prints text / JSON /
-// the canonical config, and usage or input errors exit 2 with a message.
+// the canonical config, every engine option of the table is a flag with its doc that round-trips
+// through JSON, and usage or input errors exit 2 with a message.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/engine_config.h"
 #include "test_util.h"
 
 namespace lockstep {
@@ -78,6 +82,121 @@ TEST(Cli, PrintConfigIsCanonicalAndReloadable) {
   EXPECT_EQ(nlohmann::json::parse(over.out)["split"], nlohmann::json({2, 4, 6}));
   auto split0 = test::RunLockstep("generate --print-config --config " + f + " --cuda-attn-split 0");
   EXPECT_EQ(nlohmann::json::parse(split0.out)["cuda_attn_split"], 0);
+}
+
+// A non-default value for each engine option, as its flag spells it, and the JSON value the
+// canonical config must then hold. `context` adds the other flags the value needs to be valid.
+// Every row of EngineOptions() needs an entry here (the test fails naming a missing one).
+struct FlagValue {
+  std::string text, json, context;
+};
+const std::map<std::string, FlagValue>& FlagValues() {
+  static const std::map<std::string, FlagValue> values = {
+      {"model", {"/some/model", R"("/some/model")", ""}},
+      {"backend", {"cuda", R"("cuda")", ""}},
+      {"threads", {"37", "37", ""}},
+      {"deterministic", {"off", "false", ""}},
+      {"cuda_graphs", {"off", "false", ""}},
+      {"cuda_attn_split", {"0", "0", ""}},
+      {"devices", {"1,0", "[1,0]", "--backend cuda"}},
+      {"stages", {"2", "2", ""}},
+      {"split", {"1,2,3", "[1,2,3]", ""}},
+      {"prefill_chunk", {"7", "7", ""}},
+      {"kv_dtype", {"int8", R"("int8")", ""}},
+      {"kv_page_rows", {"16", "16", ""}},
+      {"expert_cache", {"5", "5", ""}},
+      {"pcie_frac", {"0.55", "0.55", ""}},
+      {"max_new", {"9", "9", ""}},
+      {"seed", {"18446744073709551615", "18446744073709551615", ""}},
+      {"temperature", {"0.7", "0.7", ""}},
+      {"top_k", {"40", "40", ""}},
+      {"top_p", {"0.9", "0.9", ""}},
+      {"ignore_eos", {"", "true", ""}},  // a switch: the flag alone
+      {"spec", {"4", "4", ""}},
+      {"mtp", {"off", "false", ""}},
+      {"spec_max_suffix", {"3", "3", ""}},
+      {"suffix_index", {"async", R"("async")", ""}},
+      {"draft_policy", {"latency", R"("latency")", ""}},
+      {"replay_path", {"/x/windows.jsonl", R"("/x/windows.jsonl")", ""}},
+      {"inject", {"delay:stage=2:window=5:ms=200", R"(["delay:stage=2:window=5:ms=200"])", ""}},
+  };
+  return values;
+}
+
+TEST(Cli, EveryEngineOptionRoundTripsFlagConfigJson) {
+  const auto defaults = nlohmann::json::parse(EngineConfig{}.ToJson());
+  for (const EngineOption& o : EngineOptions()) {
+    const std::string key(o.key);
+    SCOPED_TRACE(std::string(o.flag));
+    const auto it = FlagValues().find(key);
+    if (it == FlagValues().end()) {
+      ADD_FAILURE() << "engine option '" << key << "' has no test value: add one to FlagValues()";
+      continue;
+    }
+    const FlagValue& v = it->second;
+    const auto want = nlohmann::json::parse(v.json);
+    ASSERT_NE(want, defaults[key]) << "the test value must differ from the default";
+    // flag -> config -> JSON, in the binary.
+    const auto base = test::RunLockstep("generate --print-config " + v.context);
+    ASSERT_EQ(base.exit_code, 0) << base.err;
+    const std::string arg = std::string(o.flag) + (v.text.empty() ? "" : " '" + v.text + "'");
+    const auto r = test::RunLockstep("generate --print-config " + v.context + " " + arg);
+    ASSERT_EQ(r.exit_code, 0) << arg << ": " << r.err;
+    auto got_json = nlohmann::json::parse(r.out);
+    EXPECT_EQ(got_json[key], want) << arg;
+    // Only this option moved: every other key as without the flag.
+    auto expected_json = nlohmann::json::parse(base.out);
+    expected_json[key] = want;
+    EXPECT_EQ(got_json, expected_json) << arg;
+    // JSON -> config -> JSON: the same config, the same canonical bytes.
+    auto got = EngineConfig::FromJson(r.out, "printed config");
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    auto expected = EngineConfig::FromJson(expected_json.dump(), "expected config");
+    ASSERT_TRUE(expected.ok()) << expected.status().ToString();
+    EXPECT_TRUE(*got == *expected) << arg;
+    EXPECT_EQ(got->ToJson() + "\n", r.out) << arg;
+    auto again = EngineConfig::FromJson(got->ToJson(), "round trip");
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_TRUE(*again == *got) << arg;
+  }
+}
+
+// Collapses runs of spaces (CLI11 pads the flag column).
+std::string Squeeze(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c != ' ' || out.empty() || out.back() != ' ') out += c;
+  }
+  return out;
+}
+
+TEST(Cli, GenerateHelpListsEveryEngineOptionWithItsDoc) {
+  const auto r = test::RunLockstep("generate --help");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::map<std::string, std::string> line_of_flag;  // "--kv" -> its help line
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    const std::string sq = Squeeze(line);
+    if (sq.rfind(" --", 0) != 0) continue;
+    line_of_flag[sq.substr(1, sq.find_first_of(" =", 1) - 1)] = sq;
+  }
+  const EngineConfig defaults;
+  for (const EngineOption& o : EngineOptions()) {
+    const std::string flag(o.flag);
+    auto it = line_of_flag.find(flag);
+    ASSERT_NE(it, line_of_flag.end()) << flag << " missing from:\n" << r.out;
+    const std::string& line = it->second;
+    EXPECT_TRUE(line.size() >= o.doc.size() &&
+                line.compare(line.size() - o.doc.size(), o.doc.size(), o.doc) == 0)
+        << flag << ": the help line does not end with the table's doc '" << o.doc << "':\n"
+        << line;
+    const std::string shown = FormatEngineOption(o, defaults);
+    const bool is_switch = std::holds_alternative<bool EngineConfig::*>(o.field) && !o.parse;
+    if (!shown.empty() && !is_switch) {
+      EXPECT_NE(line.find("=" + shown + " "), std::string::npos)
+          << flag << ": default " << shown << " not shown: " << line;
+    }
+  }
 }
 
 TEST(Cli, UsageAndInputErrorsExit2) {

@@ -1,6 +1,9 @@
 // ModelConfig (both HF config styles) and EngineConfig (canonical JSON, strict parsing).
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+#include <set>
+
 #include "lockstep/engine/engine_config.h"
 #include "lockstep/engine/model_config.h"
 #include "lockstep/engine/synthetic.h"
@@ -100,6 +103,65 @@ TEST(EngineConfig, CanonicalJsonRoundTripAndStrictKeys) {
   auto wrong = EngineConfig::FromJson(R"({"stages": "four"})", "cfg");
   ASSERT_FALSE(wrong.ok());
   EXPECT_NE(wrong.status().message().find("stages"), std::string::npos);
+}
+
+// The option table (EngineOptions()) is the one list: keys and flags unique, one-line docs, and
+// ToJson / FromJson cover exactly its keys.
+TEST(EngineConfig, OptionTableIsTheOneList) {
+  std::set<std::string> keys, flags;
+  for (const EngineOption& o : EngineOptions()) {
+    EXPECT_TRUE(keys.insert(std::string(o.key)).second) << "key listed twice: " << o.key;
+    EXPECT_TRUE(flags.insert(std::string(o.flag)).second) << "flag listed twice: " << o.flag;
+    EXPECT_EQ(o.flag.substr(0, 2), "--") << o.flag;
+    EXPECT_FALSE(o.doc.empty()) << o.key;
+    EXPECT_EQ(o.doc.find('\n'), std::string_view::npos) << o.key << ": docs are one line";
+  }
+  const auto j = nlohmann::json::parse(EngineConfig{}.ToJson());
+  std::set<std::string> json_keys;
+  for (auto it = j.begin(); it != j.end(); ++it) json_keys.insert(it.key());
+  EXPECT_EQ(json_keys, keys);
+}
+
+// Each special spelling reads back what it prints (help shows the default through `format`).
+TEST(EngineConfig, OptionParseReadsWhatFormatPrints) {
+  EngineConfig c;
+  c.devices = {2, 0};
+  c.split = {3, 6, 9};
+  c.expert_cache = 7;
+  c.kv_dtype = DType::kBF16;
+  c.mtp = false;
+  for (const EngineConfig& from : {EngineConfig{}, c}) {
+    for (const EngineOption& o : EngineOptions()) {
+      if (!o.parse) continue;
+      EngineConfig back;
+      const std::string text = FormatEngineOption(o, from);
+      ASSERT_TRUE(o.parse(o, text, back).ok()) << o.flag << " '" << text << "'";
+      EXPECT_EQ(FormatEngineOption(o, back), text) << o.flag;
+    }
+  }
+  const EngineOption* mtp = nullptr;
+  for (const EngineOption& o : EngineOptions())
+    if (o.key == "mtp") mtp = &o;
+  ASSERT_NE(mtp, nullptr);
+  EngineConfig d;
+  auto bad = mtp->parse(*mtp, "maybe", d);
+  EXPECT_EQ(bad.message(), "--mtp: expected on or off, got 'maybe'");
+}
+
+// FromJson names the key and the expected type for every option (an object fits none).
+TEST(EngineConfig, FromJsonNamesTheKeyOfEveryBadValue) {
+  for (const EngineOption& o : EngineOptions()) {
+    const std::string key(o.key);
+    auto r = EngineConfig::FromJson("{\"" + key + "\": {}}", "cfg.json");
+    ASSERT_FALSE(r.ok()) << key;
+    EXPECT_EQ(r.status().exit_code(), 2);
+    EXPECT_NE(r.status().message().find("cfg.json: key '" + key + "': expected "),
+              std::string::npos)
+        << r.status().message();
+  }
+  auto kv = EngineConfig::FromJson(R"({"kv_dtype": "int4"})", "cfg.json");
+  EXPECT_EQ(kv.status().message(),
+            "cfg.json: key 'kv_dtype': expected f32, bf16 or int8, got 'int4'");
 }
 
 TEST(EngineConfig, SplitValidation) {

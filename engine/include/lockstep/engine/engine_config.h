@@ -1,10 +1,13 @@
-// EngineConfig: every engine option in one struct. `lockstep generate --print-config` prints it
+// EngineConfig: every engine option in one struct, and EngineOptions(), the one table that names
+// each option for JSON and the command line. `lockstep generate --print-config` prints a config
 // as canonical JSON (sorted keys, resolved defaults); the harness hands it to child processes
-// with `--config FILE`, and its SHA-256 is the config fingerprint.
+// with `--config FILE`, and its SHA-256 is the config fingerprint (config_sha256 in exports).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include "lockstep/engine/dtype.h"
@@ -74,7 +77,51 @@ struct EngineConfig {
   Result<std::vector<int>> StageBoundaries(const ModelConfig& model) const;
   // Resident experts per MoE layer for `n_experts` (resolves auto from pcie_frac).
   int ResidentExperts(int n_experts) const;
+
+  // Field by field (tests compare a config with its JSON round trip). Defaulted in the .cpp:
+  // this header stays C++17 for the cuda plugin (engine/cuda/plugin.cpp).
+  bool operator==(const EngineConfig& other) const;
 };
+
+// ---- the option table ----
+//
+// Every engine option is one EngineOption row in EngineOptions() (engine_config.cpp): the row
+// drives ToJson, FromJson, Validate and the `lockstep generate` flags (harness/cli/engine_flags.h),
+// so adding an option is a field above plus one row there (and a test value in
+// tests/engine/cli_test.cpp's FlagValues(): the round-trip test fails naming an option without
+// one). Defaults are the field initializers above (help prints them through `format`).
+
+// The EngineConfig member an option reads and writes. Its type fixes the JSON form: int (a 32-bit
+// integer), uint64 (a non-negative integer), double (a number), bool (true/false), string, lists
+// of integers or strings, DType (its name, as ParseKvDtype reads it).
+using EngineOptionField =
+    std::variant<int EngineConfig::*, std::uint64_t EngineConfig::*, double EngineConfig::*,
+                 bool EngineConfig::*, std::string EngineConfig::*,
+                 std::vector<int> EngineConfig::*, std::vector<std::string> EngineConfig::*,
+                 DType EngineConfig::*>;
+
+struct EngineOption {
+  std::string_view key;   // JSON key ("prefill_chunk")
+  std::string_view flag;  // command-line flag ("--prefill")
+  EngineOptionField field;
+  std::string_view doc;  // one line; `lockstep generate --help` prints it next to the flag
+  // Command-line text -> field, for a value not spelled as its field type is (on|off, "0,1,2",
+  // auto|N, a dtype name). Errors are kInvalidArgument naming `self.flag`. Null: the CLI reads
+  // the field's own type (CLI11's integers and numbers; a bool is a switch without a value; a
+  // list of strings is a repeatable flag).
+  Status (*parse)(const EngineOption& self, std::string_view text, EngineConfig& c) = nullptr;
+  // Field -> the text `parse` accepts (null: the type's own spelling). Help shows the default.
+  std::string (*format)(const EngineOption& self, const EngineConfig& c) = nullptr;
+  // This option's checks (it may read other fields: --devices against --stages); the error
+  // names the flag. Null: every value is valid.
+  Status (*validate)(const EngineConfig& c) = nullptr;
+};
+
+// Every engine option, in EngineConfig's field order (also the order of --help and of Validate's
+// checks). Static storage, never modified; thread-safe.
+const std::vector<EngineOption>& EngineOptions();
+// `o`'s value in `c` as its flag spells it ("" for an empty string or list).
+std::string FormatEngineOption(const EngineOption& o, const EngineConfig& c);
 
 // Parses "f32" | "bf16" | "int8" (K/V cache dtypes).
 Result<DType> ParseKvDtype(std::string_view s);

@@ -1,6 +1,8 @@
-// The commands behind `lockstep <subcommand>`: each is one library call taking a plain options
-// struct, writing its normal output to `out` and returning a Status that main() maps to the exit
-// code (0 ok, 1 gate failed, 2 bad input, 3 runtime failure).
+// `lockstep generate`: one request in one process. This is the process each campaign arm runs
+// (the runner execs `lockstep generate ... --config FILE` once per arm and repeat), and the
+// command a user runs by hand. One library call taking a plain options struct, writing its
+// normal output to `out` and returning a Status that main() maps to the exit code (0 ok,
+// 2 bad input, 3 runtime failure).
 #pragma once
 
 #include <cstdint>
@@ -10,12 +12,8 @@
 
 #include "lockstep/engine/engine_config.h"
 #include "lockstep/engine/status.h"
-#include "lockstep/engine/synthetic.h"
 
 namespace lockstep {
-
-// `lockstep model init --preset P --seed N --out DIR [--dtype f32|bf16|f16] [--no-mtp]`
-Status RunModelInit(const SyntheticOptions& opts, const std::string& out_dir, std::ostream& out);
 
 struct GenerateOptions {
   EngineConfig config;
@@ -36,7 +34,12 @@ struct GenerateOptions {
   std::int64_t guard_min_free_mib = -1;  // end the request when free memory falls below (-1 off)
 };
 
-// `lockstep generate ...`: loads the model, runs one request, prints the text (or JSON).
-Status RunGenerate(const GenerateOptions& opts, std::ostream& out);
+// `lockstep generate ...`: validates the config (or prints it, with print_config, and stops),
+// loads the model and the prompt, builds the engine, runs one request and prints the text (or,
+// with json, one lockstep.generate object). With export_path it writes the state export, with
+// trace_jsonl / trace_json the window records. The request's output is printed even when an
+// export then fails (that Status is returned after). A failed request leaves FILE.partial, never
+// FILE. kInvalidArgument for bad options or inputs, kIOError / kRuntime from files and the engine.
+Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out);
 
 }  // namespace lockstep

@@ -1,0 +1,26 @@
+// `lockstep model init`: writes a seeded synthetic model (config.json + model.safetensors, the
+// Hugging Face layout) that the engine loads like a real checkpoint. The campaign runner calls
+// RunModelInit too, for plans that name a preset instead of a folder.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <string_view>
+
+#include "lockstep/engine/dtype.h"
+#include "lockstep/engine/status.h"
+#include "lockstep/engine/synthetic.h"
+
+namespace lockstep {
+
+// `lockstep model init --preset P --seed N --out DIR [--dtype f32|bf16|f16] [--no-mtp] ...`:
+// writes the model into `out_dir` (same options, byte-identical files) and one line naming what
+// was written on `out`. kInvalidArgument for an unknown preset or a bad cut; kIOError when the
+// folder cannot be written.
+Status RunModelInit(const SyntheticOptions& opts, const std::string& out_dir, std::ostream& out);
+
+// Parses `--dtype`, the matrices' storage dtype: "f32" | "bf16" | "f16". kInvalidArgument
+// naming --dtype otherwise.
+Result<DType> ParseModelDtype(std::string_view text);
+
+}  // namespace lockstep
