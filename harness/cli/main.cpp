@@ -16,7 +16,6 @@
 #include "engine_flags.h"
 #include "lockstep/harness/campaign_report.h"
 #include "lockstep/harness/compare_commands.h"
-#include "lockstep/harness/campaign_report.h"
 #include "lockstep/harness/generate_command.h"
 #include "lockstep/harness/model_command.h"
 #include "lockstep/harness/runner.h"
