@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <unordered_map>
@@ -36,15 +37,24 @@ bool HasHdf5Signature(int fd, ssize_t* got) {
   return *got == 8 && std::memcmp(sig, kSig, 8) == 0;
 }
 
-constexpr std::array<const char*, 10> kKinds = {"k",          "v",         "k_spec", "v_spec",
-                                                "conv_state", "ssm_state", "mtp_k",  "mtp_v",
-                                                "hidden_out", "logits"};
-constexpr std::array<const char*, 3> kPoints = {"pre_verify", "post_verify", "commit"};
+// The element types an export's items hold, by their `dtype` attribute (dtype_name spelling).
+std::optional<DType> ParseItemDtype(std::string_view name) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kI8})
+    if (name == dtype_name(t)) return t;
+  return std::nullopt;
+}
 
-int IndexOf(const auto& table, const std::string& s) {
-  for (std::size_t i = 0; i < table.size(); ++i)
-    if (s == table[i]) return static_cast<int>(i);
-  return -1;
+// The native type an item's elements are read as (bf16: its raw bits).
+hid_t ItemMemType(DType t) {
+  return t == DType::kBF16 ? H5T_NATIVE_UINT16 : t == DType::kI8 ? H5T_NATIVE_INT8 : H5T_NATIVE_FLOAT;
+}
+
+// Items sort by (stage, layer with -1 last, kind in schema order).
+bool ItemOrder(const ExportItem& a, const ExportItem& b) {
+  const auto key = [](const ExportItem& x) {
+    return std::make_tuple(x.stage, x.layer < 0 ? INT_MAX : x.layer, x.kind);
+  };
+  return key(a) < key(b);
 }
 
 // "stage12" -> 12 (digits only, no sign, fits an int); -1 otherwise.
@@ -365,7 +375,7 @@ std::int64_t ExportItem::row_elems() const {
   return n;
 }
 
-std::size_t ExportItem::elem_bytes() const { return dtype == "f32" ? 4 : dtype == "bf16" ? 2 : 1; }
+std::size_t ExportItem::elem_bytes() const { return dtype_size(dtype); }
 
 struct ExportReader::Impl {
   ExportMeta meta;
@@ -395,7 +405,7 @@ struct ExportReader::Impl {
     const std::int64_t bytes = BytesWithin(it.shape, static_cast<std::int64_t>(it.elem_bytes()),
                                            std::min(limits.max_item_bytes, meta.file_bytes));
     if (bytes < 0)
-      return Bad(path, "shape " + ShapeText(it.shape) + " of " + it.dtype +
+      return Bad(path, "shape " + ShapeText(it.shape) + " of " + std::string(dtype_name(it.dtype)) +
                            " is larger than the limit of " + std::to_string(limits.max_item_bytes) +
                            " bytes or the file's " + std::to_string(meta.file_bytes));
     return bytes;
@@ -403,7 +413,7 @@ struct ExportReader::Impl {
   Status ReadCheckpointAttrs(hid_t group, const std::string& name, ExportCheckpoint* out);
   Status ReadIndexed(hid_t cps, const std::vector<Link>& names);
   Result<ExportItem> ReadItem(hid_t parent, const std::string& leaf, const std::string& cp_path,
-                              const std::string& rel, int stage, int layer, const std::string& kind,
+                              const std::string& rel, int stage, int layer, ItemKind kind,
                               Loc* loc);
   Status ReadScale(hid_t parent, const std::string& leaf, const std::string& path, ExportItem* item,
                    Loc* loc);
@@ -501,7 +511,7 @@ Status ExportReader::Impl::Read(const Loc& loc, std::int64_t row0, std::int64_t 
 
 Result<ExportItem> ExportReader::Impl::ReadItem(hid_t parent, const std::string& leaf,
                                                 const std::string& cp_path, const std::string& rel,
-                                                int stage, int layer, const std::string& kind,
+                                                int stage, int layer, ItemKind kind,
                                                 Loc* loc) {
   const std::string path = cp_path + "/" + rel;
   LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenChild(parent, path, leaf, H5I_DATASET));
@@ -510,14 +520,16 @@ Result<ExportItem> ExportReader::Impl::ReadItem(hid_t parent, const std::string&
                "more than the limit of " + std::to_string(limits.max_items) + " items");
   ExportItem it;
   it.rel = rel;
-  LOCKSTEP_ASSIGN_OR_RETURN(it.kind, StrAttr(ds.get(), path, "kind", 64));
+  LOCKSTEP_ASSIGN_OR_RETURN(const std::string kind_attr, StrAttr(ds.get(), path, "kind", 64));
   LOCKSTEP_ASSIGN_OR_RETURN(it.stage, SmallIntAttr(ds.get(), path, "stage"));
   LOCKSTEP_ASSIGN_OR_RETURN(it.layer, SmallIntAttr(ds.get(), path, "layer"));
   LOCKSTEP_ASSIGN_OR_RETURN(it.valid_rows, IntAttr(ds.get(), path, "valid_rows"));
   LOCKSTEP_ASSIGN_OR_RETURN(it.capacity_rows, IntAttr(ds.get(), path, "capacity_rows"));
-  LOCKSTEP_ASSIGN_OR_RETURN(it.dtype, StrAttr(ds.get(), path, "dtype", 64));
-  if (it.kind != kind)
-    return Bad(path, "kind attribute '" + it.kind + "' but the path says '" + kind + "'");
+  LOCKSTEP_ASSIGN_OR_RETURN(const std::string dtype_attr, StrAttr(ds.get(), path, "dtype", 64));
+  if (ParseItemKind(kind_attr) != kind)
+    return Bad(path, "kind attribute '" + kind_attr + "' but the path says '" + ItemKindName(kind) +
+                         "'");
+  it.kind = kind;
   if (it.stage != stage || it.layer != layer)
     return Bad(path, "stage/layer attributes " + std::to_string(it.stage) + "/" +
                          std::to_string(it.layer) + " but the path says " + std::to_string(stage) +
@@ -527,23 +539,18 @@ Result<ExportItem> ExportReader::Impl::ReadItem(hid_t parent, const std::string&
   const H5T_class_t cls = H5Tget_class(ft.get());
   const std::size_t size = H5Tget_size(ft.get());
   const bool is_int = cls == H5T_INTEGER;
-  hid_t mem_type = H5I_INVALID_HID;
-  bool type_ok = false;
-  if (it.dtype == "f32") {
-    type_ok = cls == H5T_FLOAT && size == 4;
-    mem_type = H5T_NATIVE_FLOAT;
-  } else if (it.dtype == "bf16") {  // raw bf16 bits
-    type_ok = is_int && size == 2 && H5Tget_sign(ft.get()) == H5T_SGN_NONE;
-    mem_type = H5T_NATIVE_UINT16;
-  } else if (it.dtype == "int8") {
-    type_ok = is_int && size == 1 && H5Tget_sign(ft.get()) == H5T_SGN_2;
-    mem_type = H5T_NATIVE_INT8;
-  } else {
-    return Bad(path, "unknown dtype attribute '" + it.dtype + "' (expected f32, bf16 or int8)");
-  }
+  const std::optional<DType> dtype = ParseItemDtype(dtype_attr);
+  if (!dtype)
+    return Bad(path, "unknown dtype attribute '" + dtype_attr + "' (expected f32, bf16 or int8)");
+  it.dtype = *dtype;
+  const hid_t mem_type = ItemMemType(it.dtype);
+  const bool type_ok =
+      it.dtype == DType::kF32    ? cls == H5T_FLOAT && size == 4
+      : it.dtype == DType::kBF16 ? is_int && size == 2 && H5Tget_sign(ft.get()) == H5T_SGN_NONE
+                                 : is_int && size == 1 && H5Tget_sign(ft.get()) == H5T_SGN_2;
   if (!type_ok)
     return Bad(
-        path, "dtype attribute '" + it.dtype + "' but the dataset holds " + DescribeType(ft.get()));
+        path, "dtype attribute '" + dtype_attr + "' but the dataset holds " + DescribeType(ft.get()));
   LOCKSTEP_ASSIGN_OR_RETURN(it.shape, Shape(ds.get(), path, limits));
   if (it.shape.empty()) return Bad(path, "is a scalar; items are rows first (rank >= 1)");
   if (it.valid_rows != it.shape[0])
@@ -561,8 +568,9 @@ Result<ExportItem> ExportReader::Impl::ReadItem(hid_t parent, const std::string&
 Status ExportReader::Impl::ReadScale(hid_t parent, const std::string& leaf, const std::string& path,
                                      ExportItem* item, Loc* loc) {
   LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenChild(parent, path, leaf, H5I_DATASET));
-  if (item->dtype != "int8")
-    return Bad(path, "scales of an item whose dtype is '" + item->dtype + "', not int8");
+  if (item->dtype != DType::kI8)
+    return Bad(path, "scales of an item whose dtype is '" + std::string(dtype_name(item->dtype)) +
+                         "', not int8");
   H5Handle ft(H5Dget_type(ds.get()));
   if (!ft.valid() || H5Tget_class(ft.get()) != H5T_FLOAT || H5Tget_size(ft.get()) != 4)
     return Bad(path, "scales must be 4-byte floats, the dataset holds " +
@@ -587,19 +595,21 @@ Status ExportReader::Impl::ReadCheckpointAttrs(hid_t group, const std::string& n
   ExportCheckpoint& cp = *out;
   cp.name = name;
   LOCKSTEP_ASSIGN_OR_RETURN(cp.window, SmallIntAttr(group, path, "window"));
-  LOCKSTEP_ASSIGN_OR_RETURN(cp.point, StrAttr(group, path, "point", 64));
+  LOCKSTEP_ASSIGN_OR_RETURN(const std::string point, StrAttr(group, path, "point", 64));
   LOCKSTEP_ASSIGN_OR_RETURN(cp.p, IntAttr(group, path, "p"));
   LOCKSTEP_ASSIGN_OR_RETURN(cp.T, IntAttr(group, path, "T"));
   LOCKSTEP_ASSIGN_OR_RETURN(cp.committed_rows, IntAttr(group, path, "committed_rows"));
   LOCKSTEP_ASSIGN_OR_RETURN(cp.spec_rows, IntAttr(group, path, "spec_rows"));
   LOCKSTEP_ASSIGN_OR_RETURN(cp.recurrent_pos, IntAttr(group, path, "recurrent_pos"));
   char expect[64];
-  std::snprintf(expect, sizeof(expect), "%05d_%s", cp.window, cp.point.c_str());
-  if (IndexOf(kPoints, cp.point) < 0 || cp.window < 0 || name != expect)
+  std::snprintf(expect, sizeof(expect), "%05d_%s", cp.window, point.c_str());
+  const std::optional<CheckpointPoint> parsed = ParseCheckpointPoint(point);
+  if (!parsed || cp.window < 0 || name != expect)
     return Bad(
         path,
-        "attributes window " + std::to_string(cp.window) + ", point '" + cp.point +
+        "attributes window " + std::to_string(cp.window) + ", point '" + point +
             "' do not match the group name (expected {W:05d}_{pre_verify|post_verify|commit})");
+  cp.point = *parsed;
   return Status::Ok();
 }
 
@@ -617,10 +627,11 @@ Status ExportReader::Impl::ReadCheckpoint(const std::string& name) {
     LOCKSTEP_ASSIGN_OR_RETURN(auto entries, Children(sg.get(), sp, limits.max_items));
     for (const Link& e : entries) {
       const std::string rel_dir = st.name + "/" + e.name;
-      if (e.name == "hidden_out" || e.name == "logits") {
+      const std::optional<ItemKind> stage_item = ParseItemKind(e.name);
+      if (stage_item == ItemKind::kHiddenOut || stage_item == ItemKind::kLogits) {
         Loc loc;
-        LOCKSTEP_ASSIGN_OR_RETURN(ExportItem it,
-                                  ReadItem(sg.get(), e.name, path, rel_dir, s, -1, e.name, &loc));
+        LOCKSTEP_ASSIGN_OR_RETURN(
+            ExportItem it, ReadItem(sg.get(), e.name, path, rel_dir, s, -1, *stage_item, &loc));
         locs[name + "/" + rel_dir].data = std::move(loc);
         cp.items.push_back(std::move(it));
         continue;
@@ -640,14 +651,14 @@ Status ExportReader::Impl::ReadCheckpoint(const std::string& name) {
           scales.push_back(n.name);
           continue;
         }
-        std::string kind = layer >= 0 ? n.name : "mtp_" + n.name;
-        const int k = IndexOf(kKinds, kind);
-        if (layer >= 0 ? (k < 0 || k > 5) : (k != 6 && k != 7))
+        const std::optional<ItemKind> kind = ParseItemKind(layer >= 0 ? n.name : "mtp_" + n.name);
+        if (!kind || (layer >= 0 ? !IsLayerItem(*kind)
+                                 : *kind != ItemKind::kMtpK && *kind != ItemKind::kMtpV))
           return Bad(item_path, "unexpected entry (not an item of lockstep.export v1)");
         Loc loc;
         LOCKSTEP_ASSIGN_OR_RETURN(
             ExportItem it,
-            ReadItem(lg.get(), n.name, path, rel_dir + "/" + n.name, s, layer, kind, &loc));
+            ReadItem(lg.get(), n.name, path, rel_dir + "/" + n.name, s, layer, *kind, &loc));
         locs[name + "/" + it.rel].data = std::move(loc);
         cp.items.push_back(std::move(it));
       }
@@ -658,19 +669,15 @@ Status ExportReader::Impl::ReadCheckpoint(const std::string& name) {
             std::find_if(cp.items.begin() + static_cast<std::ptrdiff_t>(first), cp.items.end(),
                          [&](const ExportItem& it) { return it.rel == base_rel; });
         const std::string scale_path = sp + "/" + e.name + "/" + sc;
-        if (owner == cp.items.end() || owner->kind == "conv_state" || owner->kind == "ssm_state")
+        if (owner == cp.items.end() || owner->kind == ItemKind::kConvState ||
+            owner->kind == ItemKind::kSsmState)
           return Bad(scale_path, "scales without a K/V item of the same name");
         LOCKSTEP_RETURN_IF_ERROR(
             ReadScale(lg.get(), sc, scale_path, &*owner, &locs[name + "/" + base_rel].scale));
       }
     }
   }
-  std::sort(cp.items.begin(), cp.items.end(), [](const ExportItem& a, const ExportItem& b) {
-    const auto key = [](const ExportItem& x) {
-      return std::make_tuple(x.stage, x.layer < 0 ? INT_MAX : x.layer, IndexOf(kKinds, x.kind));
-    };
-    return key(a) < key(b);
-  });
+  std::sort(cp.items.begin(), cp.items.end(), ItemOrder);
   meta.checkpoints.push_back(std::move(cp));
   return Status::Ok();
 }
@@ -768,7 +775,7 @@ struct IndexRowMem {
 
 // "stage{S}/layer{L}/<k|v|k_spec|v_spec|conv_state|ssm_state>", "stage{S}/mtp/<k|v>",
 // "stage{S}/<hidden_out|logits>" -> stage, layer (-1), kind; false for anything else.
-bool ParseRel(const std::string& rel, int* stage, int* layer, std::string* kind) {
+bool ParseRel(const std::string& rel, int* stage, int* layer, ItemKind* kind) {
   const auto a = rel.find('/');
   if (a == std::string::npos) return false;
   *stage = ParseIndex(rel.substr(0, a), "stage");
@@ -777,19 +784,21 @@ bool ParseRel(const std::string& rel, int* stage, int* layer, std::string* kind)
   const auto b = rest.find('/');
   if (b == std::string::npos) {
     *layer = -1;
-    *kind = rest;
-    return rest == "hidden_out" || rest == "logits";
+    const std::optional<ItemKind> k = ParseItemKind(rest);
+    if (k) *kind = *k;
+    return k == ItemKind::kHiddenOut || k == ItemKind::kLogits;
   }
   const std::string dir = rest.substr(0, b), leaf = rest.substr(b + 1);
   if (dir == "mtp") {
     *layer = -1;
-    *kind = "mtp_" + leaf;
-    return leaf == "k" || leaf == "v";
+    const std::optional<ItemKind> k = ParseItemKind("mtp_" + leaf);
+    if (k) *kind = *k;
+    return k == ItemKind::kMtpK || k == ItemKind::kMtpV;
   }
   *layer = ParseIndex(dir, "layer");
-  *kind = leaf;
-  const int k = IndexOf(kKinds, leaf);
-  return *layer >= 0 && k >= 0 && k <= 5;
+  const std::optional<ItemKind> k = ParseItemKind(leaf);
+  if (k) *kind = *k;
+  return *layer >= 0 && k && IsLayerItem(*k);
 }
 
 }  // namespace
@@ -883,27 +892,23 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
     ExportCheckpoint& cp = meta.checkpoints[cpi->second];
     const std::string path = "/checkpoints/" + cp_name + "/" + rel;
     int stage = -1, layer = -1;
-    std::string kind;
+    ItemKind kind = ItemKind::kK;
     if (!ParseRel(rel, &stage, &layer, &kind))
       return Bad(where, "'" + rel + "' is not an item path of lockstep.export v1");
-    if (kind != r.kind || stage != r.stage || layer != r.layer)
+    if (ParseItemKind(r.kind) != kind || stage != r.stage || layer != r.layer)
       return Bad(path, "index row says kind " + std::string(r.kind) + " stage " +
                            std::to_string(r.stage) + " layer " + std::to_string(r.layer) +
-                           ", the path says " + kind + " " + std::to_string(stage) + " " +
+                           ", the path says " + ItemKindName(kind) + " " + std::to_string(stage) + " " +
                            std::to_string(layer));
     ExportItem it;
     it.rel = rel;
     it.kind = kind;
     it.stage = stage;
     it.layer = layer;
-    it.dtype = r.dtype;
-    hid_t mem_type = H5T_NATIVE_FLOAT;
-    if (it.dtype == "bf16")
-      mem_type = H5T_NATIVE_UINT16;
-    else if (it.dtype == "int8")
-      mem_type = H5T_NATIVE_INT8;
-    else if (it.dtype != "f32")
-      return Bad(path, "unknown dtype '" + it.dtype + "' in the index");
+    const std::optional<DType> dtype = ParseItemDtype(r.dtype);
+    if (!dtype) return Bad(path, "unknown dtype '" + std::string(r.dtype) + "' in the index");
+    it.dtype = *dtype;
+    const hid_t mem_type = ItemMemType(it.dtype);
     if (r.rank > limits.max_rank)
       return Bad(path, "rank " + std::to_string(r.rank) + " exceeds the limit of " +
                            std::to_string(limits.max_rank));
@@ -934,8 +939,8 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
     il.data.row_bytes = il.data.rows == 0 ? 0 : bytes / il.data.rows;
     il.data.offset = bytes == 0 ? 0 : r.offset;
     needs_fallback = needs_fallback || il.data.offset < 0;
-    if (r.scale_offset >= 0 || it.dtype == "int8") {
-      if (it.dtype != "int8" || it.shape.size() < 2 || r.scale_dims[0] != it.shape[0] ||
+    if (r.scale_offset >= 0 || it.dtype == DType::kI8) {
+      if (it.dtype != DType::kI8 || it.shape.size() < 2 || r.scale_dims[0] != it.shape[0] ||
           r.scale_dims[1] != it.shape[1])
         return Bad(path,
                    "index scales do not fit the item (expected int8 with scales [rows, heads])");
@@ -976,12 +981,7 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
     cp.items.push_back(std::move(it));
   }
   for (auto& cp : meta.checkpoints)
-    std::sort(cp.items.begin(), cp.items.end(), [](const ExportItem& a, const ExportItem& b) {
-      const auto key = [](const ExportItem& x) {
-        return std::make_tuple(x.stage, x.layer < 0 ? INT_MAX : x.layer, IndexOf(kKinds, x.kind));
-      };
-      return key(a) < key(b);
-    });
+    std::sort(cp.items.begin(), cp.items.end(), ItemOrder);
   return Status::Ok();
 }
 
@@ -1114,8 +1114,7 @@ Status ExportReader::Impl::ReadAll() {
     }
     std::sort(meta.checkpoints.begin(), meta.checkpoints.end(),
               [](const ExportCheckpoint& a, const ExportCheckpoint& b) {
-                return std::make_pair(a.window, IndexOf(kPoints, a.point)) <
-                       std::make_pair(b.window, IndexOf(kPoints, b.point));
+                return std::make_pair(a.window, a.point) < std::make_pair(b.window, b.point);
               });
   }
   return Status::Ok();
