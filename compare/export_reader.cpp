@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "lockstep/h5/handle.h"
+#include "lockstep/h5/rows.h"
 
 namespace lockstep {
 namespace {
@@ -270,7 +271,7 @@ Result<std::vector<std::int64_t>> Shape(hid_t ds, const std::string& path,
 // any extra members in the file do not matter. A missing or non-integer field is an error.
 template <std::size_t N>
 Result<std::vector<std::array<std::int64_t, N>>> ReadTable(hid_t ds, const std::string& path,
-                                                           const std::array<const char*, N>& fields,
+                                                           const std::array<RowField, N>& fields,
                                                            const ReaderLimits& lim,
                                                            std::int64_t max_rows,
                                                            std::int64_t file_bytes) {
@@ -279,7 +280,8 @@ Result<std::vector<std::array<std::int64_t, N>>> ReadTable(hid_t ds, const std::
   if (!ft.valid() || H5Tget_class(ft.get()) != H5T_COMPOUND)
     return Bad(path, "holds " + (ft.valid() ? DescribeType(ft.get()) : std::string("?")) +
                          ", expected compound records");
-  for (const char* f : fields) {
+  for (const RowField& field : fields) {
+    const char* f = field.name;
     const int idx = H5Tget_member_index(ft.get(), f);
     if (idx < 0) return Bad(path, std::string("compound has no field '") + f + "'");
     if (H5Tget_member_class(ft.get(), static_cast<unsigned>(idx)) != H5T_INTEGER)
@@ -296,7 +298,7 @@ Result<std::vector<std::array<std::int64_t, N>>> ReadTable(hid_t ds, const std::
                std::to_string(n) + " rows are larger than the file itself (truncated or corrupt)");
   H5Handle mt(H5Tcreate(H5T_COMPOUND, sizeof(Row)));
   for (std::size_t i = 0; i < N; ++i)
-    H5Tinsert(mt.get(), fields[i], i * sizeof(std::int64_t), H5T_NATIVE_INT64);
+    H5Tinsert(mt.get(), fields[i].name, i * sizeof(std::int64_t), H5T_NATIVE_INT64);
   std::vector<Row> rows(static_cast<std::size_t>(n));
   if (n > 0 && H5Dread(ds, mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) < 0)
     return Bad(path, "rows unreadable (corrupt file?)");
@@ -307,33 +309,22 @@ Result<std::vector<std::array<std::int64_t, N>>> ReadTable(hid_t ds, const std::
 // in 3 of 9 windows".
 template <std::size_t N>
 void UnknownLines(const std::vector<std::array<std::int64_t, N>>& rows,
-                  const std::array<const char*, N>& fields, std::size_t first,
+                  const std::array<RowField, N>& fields, std::size_t first,
                   const std::string& table, const char* unit, std::vector<std::string>* out) {
   for (std::size_t f = first; f < N; ++f) {
     const auto n =
         std::count_if(rows.begin(), rows.end(), [&](const auto& r) { return r[f] == -1; });
     if (n > 0)
-      out->push_back(table + " " + fields[f] + ": unknown in " + std::to_string(n) + " of " +
+      out->push_back(table + " " + fields[f].name + ": unknown in " + std::to_string(n) + " of " +
                      std::to_string(rows.size()) + " " + unit);
   }
 }
 
-constexpr std::array<const char*, 17> kWindowFields = {
-    "idx",        "p",          "T",        "T_mtp",     "merged",   "from_sfx",
-    "first_call", "chain_n",    "accepted", "begin_ns",  "end_ns",   "verify_ns",
-    "wait_ns",    "compute_ns", "draft_ns", "commit_ns", "export_ns"};
-constexpr std::size_t kFirstWindowTiming = 9;
-// /trace/stages (optional: exports written before it have none; the windows then have no stages).
-constexpr std::array<const char*, 10> kStageFields = {
-    "window",      "stage",          "wait_ns",     "compute_ns", "cpu_ns",
-    "dev_wait_ns", "dev_compute_ns", "dev_copy_ns", "init_ns",    "graph"};
+// /trace/windows fields before this one are path fields (ints and bools), the rest timings.
+constexpr std::size_t kFirstWindowTiming = RowFieldIndex(kTraceWindowFields, "begin_ns");
+// /trace/stages is optional: exports written before it have none; the windows then have no stages.
 // Stages per window the reader accepts (the engine has four; the limit only bounds the table).
 constexpr std::int64_t kMaxStagesPerWindow = 64;
-constexpr std::array<const char*, 5> kHostFields = {
-    "t_ns", "host_available_bytes", "swap_used_bytes", "rss_bytes", "process_cpu_ns"};
-constexpr std::array<const char*, 8> kDeviceFields = {
-    "t_ns",          "device",       "free_bytes", "total_bytes",
-    "temperature_c", "sm_clock_mhz", "pcie_gen",   "pcie_width"};
 constexpr std::array<const char*, 8> kCounterAttrs = {
     "expert_hits",  "expert_misses", "expert_bytes_fetched", "host_expert_tokens",
     "verify_calls", "first_calls",   "graph_captures",       "first_call_ns"};
@@ -690,7 +681,7 @@ Status ExportReader::Impl::ReadStages() {
   if (H5Lexists(f, path.c_str(), H5P_DEFAULT) <= 0) return Status::Ok();  // written before stages were
   LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenObject(f, path, H5I_DATASET));
   const auto n_windows = static_cast<std::int64_t>(meta.windows.size());
-  LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kStageFields, limits,
+  LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kTraceStageFields, limits,
                                                  n_windows * kMaxStagesPerWindow, meta.file_bytes));
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
@@ -704,9 +695,9 @@ Status ExportReader::Impl::ReadStages() {
       return Bad(at, "out of order (window " + std::to_string(r[0]) + ", stage " + std::to_string(r[1]) +
                          "; rows go by window, then stage from 0)");
     for (std::size_t k = 2; k <= 4; ++k)
-      if (r[k] < 0) return Bad(at, std::string("negative ") + kStageFields[k]);
+      if (r[k] < 0) return Bad(at, std::string("negative ") + kTraceStageFields[k].name);
     for (std::size_t k = 5; k <= 8; ++k)
-      if (r[k] < -1) return Bad(at, std::string(kStageFields[k]) + " below -1 (the only unknown value)");
+      if (r[k] < -1) return Bad(at, std::string(kTraceStageFields[k].name) + " below -1 (the only unknown value)");
     if (r[9] < 0 || r[9] > 3) return Bad(at, "graph " + std::to_string(r[9]) + " (0 none, 1 eager, 2 capture, 3 replay)");
     StageTiming st;
     st.wait_ns = r[2], st.compute_ns = r[3], st.cpu_ns = r[4];
@@ -723,7 +714,7 @@ Status ExportReader::Impl::ReadSampler() {
   {
     const std::string path = "/trace/samples";
     LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenObject(f, path, H5I_DATASET));
-    LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kHostFields, limits,
+    LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kHostSampleFields, limits,
                                                    limits.max_windows, meta.file_bytes));
     LOCKSTEP_ASSIGN_OR_RETURN(sm.interval_min_ns, IntAttr(ds.get(), path, "interval_min_ns"));
     LOCKSTEP_ASSIGN_OR_RETURN(sm.interval_median_ns, IntAttr(ds.get(), path, "interval_median_ns"));
@@ -734,7 +725,7 @@ Status ExportReader::Impl::ReadSampler() {
     sm.min_host_available_bytes = Extreme(rows, 1, false);
     sm.max_swap_used_bytes = Extreme(rows, 2, true);
     sm.max_rss_bytes = Extreme(rows, 3, true);
-    UnknownLines(rows, kHostFields, 0, "trace/samples", "samples", &meta.unknowns);
+    UnknownLines(rows, kHostSampleFields, 0, "trace/samples", "samples", &meta.unknowns);
     const std::pair<const char*, std::int64_t> intervals[] = {
         {"interval_min_ns", sm.interval_min_ns},
         {"interval_median_ns", sm.interval_median_ns},
@@ -745,7 +736,7 @@ Status ExportReader::Impl::ReadSampler() {
   }
   const std::string path = "/trace/device_samples";
   LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenObject(f, path, H5I_DATASET));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto dev, ReadTable(ds.get(), path, kDeviceFields, limits,
+  LOCKSTEP_ASSIGN_OR_RETURN(auto dev, ReadTable(ds.get(), path, kDeviceSampleFields, limits,
                                                 limits.max_windows, meta.file_bytes));
   sm.n_device_samples = static_cast<std::int64_t>(dev.size());
   sm.min_device_free_bytes = Extreme(dev, 2, false);
@@ -756,22 +747,11 @@ Status ExportReader::Impl::ReadSampler() {
     sm.pcie_gen = Clamp32(dev[0][6]);
     sm.pcie_width = Clamp32(dev[0][7]);
   }
-  UnknownLines(dev, kDeviceFields, 0, "trace/device_samples", "samples", &meta.unknowns);
+  UnknownLines(dev, kDeviceSampleFields, 0, "trace/device_samples", "samples", &meta.unknowns);
   return Status::Ok();
 }
 
 namespace {
-
-// One row of /index/items in memory (fields matched to the file by name; SCHEMA.md). The layout is
-// the exporter's own, so reading lockstep's exports needs no type conversion (HDF5's conversion
-// path allocates and clears buffers per read).
-struct IndexRowMem {
-  char checkpoint[32], rel[64], kind[16], dtype[8];
-  std::int32_t stage, layer, rank, pad;
-  std::int64_t dims[4];
-  std::int64_t valid_rows, capacity_rows, offset, scale_offset;
-  std::int64_t scale_dims[2];
-};
 
 // "stage{S}/layer{L}/<k|v|k_spec|v_spec|conv_state|ssm_state>", "stage{S}/mtp/<k|v>",
 // "stage{S}/<hidden_out|logits>" -> stage, layer (-1), kind; false for anything else.
@@ -823,23 +803,22 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
   H5Handle ft(H5Dget_type(ds.get()));
   if (!ft.valid() || H5Tget_class(ft.get()) != H5T_COMPOUND)
     return Bad(ipath, "expected compound records");
-  static const char* const kStr[] = {"checkpoint", "rel", "kind", "dtype"};
-  static const char* const kInt[] = {"stage",         "layer",  "rank",        "valid_rows",
-                                     "capacity_rows", "offset", "scale_offset"};
-  for (const char* f : kStr) {
-    const int idx = H5Tget_member_index(ft.get(), f);
-    if (idx < 0 || H5Tget_member_class(ft.get(), static_cast<unsigned>(idx)) != H5T_STRING)
-      return Bad(ipath, std::string("field '") + f + "' missing or not a string");
-  }
-  for (const char* f : kInt) {
-    const int idx = H5Tget_member_index(ft.get(), f);
-    if (idx < 0 || H5Tget_member_class(ft.get(), static_cast<unsigned>(idx)) != H5T_INTEGER)
-      return Bad(ipath, std::string("field '") + f + "' missing or not an integer");
-  }
-  for (const char* f : {"dims", "scale_dims"}) {
-    const int idx = H5Tget_member_index(ft.get(), f);
-    if (idx < 0 || H5Tget_member_class(ft.get(), static_cast<unsigned>(idx)) != H5T_ARRAY)
-      return Bad(ipath, std::string("field '") + f + "' missing or not an array");
+  // Rows are read in the exporter's own layout (rows.h), so reading lockstep's exports needs no
+  // type conversion (HDF5's conversion path allocates and clears buffers per read); the file's
+  // fields are matched to it by name.
+  H5Handle mt = IndexRowType();
+  if (!mt.valid()) return Bad(ipath, "HDF5 failed building the row type");
+  for (unsigned m = 0; m < static_cast<unsigned>(H5Tget_nmembers(mt.get())); ++m) {
+    char* name = H5Tget_member_name(mt.get(), m);
+    const std::string f = name != nullptr ? name : "";
+    H5free_memory(name);
+    const H5T_class_t want = H5Tget_member_class(mt.get(), m);
+    const int idx = H5Tget_member_index(ft.get(), f.c_str());
+    if (idx < 0 || H5Tget_member_class(ft.get(), static_cast<unsigned>(idx)) != want)
+      return Bad(ipath, "field '" + f + "' missing or not " +
+                            (want == H5T_STRING    ? "a string"
+                             : want == H5T_INTEGER ? "an integer"
+                                                   : "an array"));
   }
   LOCKSTEP_ASSIGN_OR_RETURN(auto shape, Shape(ds.get(), ipath, limits));
   if (shape.size() != 1)
@@ -850,37 +829,13 @@ Status ExportReader::Impl::ReadIndexed(hid_t cps, const std::vector<Link>& names
   if (BytesWithin({n}, static_cast<std::int64_t>(H5Tget_size(ft.get())), meta.file_bytes) < 0)
     return Bad(ipath,
                std::to_string(n) + " rows are larger than the file itself (truncated or corrupt)");
-  H5Handle mt(H5Tcreate(H5T_COMPOUND, sizeof(IndexRowMem)));
-  auto str = [](std::size_t len) {
-    H5Handle t(H5Tcopy(H5T_C_S1));
-    H5Tset_size(t.get(), len);
-    H5Tset_strpad(t.get(), H5T_STR_NULLTERM);
-    return t;
-  };
-  const hsize_t four = 4, two = 2;
-  H5Handle s32 = str(32), s64 = str(64), s16 = str(16), s8 = str(8);
-  H5Handle a4(H5Tarray_create2(H5T_NATIVE_INT64, 1, &four)),
-      a2(H5Tarray_create2(H5T_NATIVE_INT64, 1, &two));
-  H5Tinsert(mt.get(), "checkpoint", HOFFSET(IndexRowMem, checkpoint), s32.get());
-  H5Tinsert(mt.get(), "rel", HOFFSET(IndexRowMem, rel), s64.get());
-  H5Tinsert(mt.get(), "kind", HOFFSET(IndexRowMem, kind), s16.get());
-  H5Tinsert(mt.get(), "dtype", HOFFSET(IndexRowMem, dtype), s8.get());
-  H5Tinsert(mt.get(), "stage", HOFFSET(IndexRowMem, stage), H5T_NATIVE_INT32);
-  H5Tinsert(mt.get(), "layer", HOFFSET(IndexRowMem, layer), H5T_NATIVE_INT32);
-  H5Tinsert(mt.get(), "rank", HOFFSET(IndexRowMem, rank), H5T_NATIVE_INT32);
-  H5Tinsert(mt.get(), "dims", HOFFSET(IndexRowMem, dims), a4.get());
-  H5Tinsert(mt.get(), "valid_rows", HOFFSET(IndexRowMem, valid_rows), H5T_NATIVE_INT64);
-  H5Tinsert(mt.get(), "capacity_rows", HOFFSET(IndexRowMem, capacity_rows), H5T_NATIVE_INT64);
-  H5Tinsert(mt.get(), "offset", HOFFSET(IndexRowMem, offset), H5T_NATIVE_INT64);
-  H5Tinsert(mt.get(), "scale_offset", HOFFSET(IndexRowMem, scale_offset), H5T_NATIVE_INT64);
-  H5Tinsert(mt.get(), "scale_dims", HOFFSET(IndexRowMem, scale_dims), a2.get());
-  std::vector<IndexRowMem> rows(static_cast<std::size_t>(n));
+  std::vector<IndexRow> rows(static_cast<std::size_t>(n));
   if (n > 0 && H5Dread(ds.get(), mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()) < 0)
     return Bad(ipath, "rows unreadable (corrupt file?)");
 
   std::set<std::string> checked;  // checkpoints whose first item was cross-checked
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    IndexRowMem& r = rows[i];
+    IndexRow& r = rows[i];
     r.checkpoint[sizeof(r.checkpoint) - 1] = r.rel[sizeof(r.rel) - 1] = r.kind[sizeof(r.kind) - 1] =
         0;
     r.dtype[sizeof(r.dtype) - 1] = 0;
@@ -1077,12 +1032,12 @@ Status ExportReader::Impl::ReadAll() {
   {
     const std::string path = "/trace/windows";
     LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenObject(f, path, H5I_DATASET));
-    LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kWindowFields, limits,
+    LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kTraceWindowFields, limits,
                                                    limits.max_windows, meta.file_bytes));
     for (const auto& r : rows) {
       for (std::size_t i = 0; i < kFirstWindowTiming; ++i)
         if (r[i] < INT_MIN || r[i] > INT_MAX)
-          return Bad(path, std::string("field '") + kWindowFields[i] +
+          return Bad(path, std::string("field '") + kTraceWindowFields[i].name +
                                "' out of range: " + std::to_string(r[i]));
       WindowRecord w;
       w.idx = static_cast<int>(r[0]), w.p = static_cast<int>(r[1]), w.T = static_cast<int>(r[2]);
@@ -1098,7 +1053,7 @@ Status ExportReader::Impl::ReadAll() {
                               : DraftSource::kMtp;
       meta.windows.push_back(std::move(w));
     }
-    UnknownLines(rows, kWindowFields, kFirstWindowTiming, "trace/windows", "windows",
+    UnknownLines(rows, kTraceWindowFields, kFirstWindowTiming, "trace/windows", "windows",
                  &meta.unknowns);
   }
   LOCKSTEP_RETURN_IF_ERROR(ReadStages());
