@@ -1034,18 +1034,24 @@ Status ExportReader::Impl::ReadAll() {
     LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenObject(f, path, H5I_DATASET));
     LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kTraceWindowFields, limits,
                                                    limits.max_windows, meta.file_bytes));
+    // Each column is the WindowRecord field of its name (window.h's table).
+    std::array<const WindowField*, kTraceWindowFields.size()> fields{};
+    for (std::size_t i = 0; i < fields.size(); ++i) {
+      fields[i] = FindWindowField(kTraceWindowFields[i].name);
+      if (fields[i] == nullptr || fields[i]->kind == WindowFieldKind::kTokens)
+        return Status::Runtime(path, std::string("column '") + kTraceWindowFields[i].name +
+                                         "' is no scalar field of WindowRecord");
+    }
     for (const auto& r : rows) {
-      for (std::size_t i = 0; i < kFirstWindowTiming; ++i)
-        if (r[i] < INT_MIN || r[i] > INT_MAX)
+      WindowRecord w;
+      for (std::size_t i = 0; i < fields.size(); ++i) {
+        const bool narrow =
+            fields[i]->kind == WindowFieldKind::kInt || fields[i]->kind == WindowFieldKind::kBool;
+        if (narrow && (r[i] < INT_MIN || r[i] > INT_MAX))
           return Bad(path, std::string("field '") + kTraceWindowFields[i].name +
                                "' out of range: " + std::to_string(r[i]));
-      WindowRecord w;
-      w.idx = static_cast<int>(r[0]), w.p = static_cast<int>(r[1]), w.T = static_cast<int>(r[2]);
-      w.T_mtp = static_cast<int>(r[3]), w.merged = r[4] != 0, w.from_sfx = r[5] != 0,
-      w.first_call = r[6] != 0;
-      w.chain_n = static_cast<int>(r[7]), w.accepted = static_cast<int>(r[8]);
-      w.begin_ns = r[9], w.end_ns = r[10], w.verify_ns = r[11], w.wait_ns = r[12];
-      w.compute_ns = r[13], w.draft_ns = r[14], w.commit_ns = r[15], w.export_ns = r[16];
+        fields[i]->set(w, r[i]);
+      }
       // The trace has no `source` field; it follows from the path fields.
       w.source = w.T <= 1     ? DraftSource::kNone
                  : w.merged   ? DraftSource::kMerged

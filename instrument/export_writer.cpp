@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <csignal>
@@ -453,14 +454,18 @@ Status WriteStageTrace(hid_t file, hid_t lcpl, const std::vector<WindowRecord>& 
 Status WriteTrace(hid_t file, hid_t lcpl, const std::vector<WindowRecord>& ws) {
   H5Handle t = RowType(sizeof(TraceWindowRow), kTraceWindowFields);
   if (!t.valid()) return H5Fail("trace/windows type");
+  // Each column is the WindowRecord field of its name (window.h's table).
+  std::array<const WindowField*, kTraceWindowFields.size()> fields{};
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    fields[i] = FindWindowField(kTraceWindowFields[i].name);
+    if (fields[i] == nullptr || fields[i]->kind == WindowFieldKind::kTokens)
+      return Status::Runtime("trace/windows", std::string("column '") + kTraceWindowFields[i].name +
+                                                  "' is no scalar field of WindowRecord");
+  }
   std::vector<TraceWindowRow> rows;
   for (const auto& w : ws) {
     TraceWindowRow r{};
-    r.idx = w.idx, r.p = w.p, r.T = w.T, r.T_mtp = w.T_mtp;
-    r.merged = w.merged, r.from_sfx = w.from_sfx, r.first_call = w.first_call;
-    r.chain_n = w.chain_n, r.accepted = w.accepted;
-    r.begin_ns = w.begin_ns, r.end_ns = w.end_ns, r.verify_ns = w.verify_ns, r.wait_ns = w.wait_ns;
-    r.compute_ns = w.compute_ns, r.draft_ns = w.draft_ns, r.commit_ns = w.commit_ns, r.export_ns = w.export_ns;
+    for (std::size_t i = 0; i < kTraceWindowFields.size(); ++i) SetRowField(&r, kTraceWindowFields[i], fields[i]->get(w));
     rows.push_back(r);
   }
   LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, WriteRecords(file, lcpl, "trace/windows", t.get(), rows.data(), rows.size()));

@@ -159,6 +159,13 @@ TEST(Export, TablesHaveTheSharedRowLayouts) {
        {{"t_ns", 0}, {"device", 8}, {"free_bytes", 16}, {"total_bytes", 24}, {"temperature_c", 32},
         {"sm_clock_mhz", 36}, {"pcie_gen", 40}, {"pcie_width", 44}}},
   };
+  // /trace/windows' columns are WindowRecord's scalar fields of the same names (window.h).
+  for (const RowField& c : kTraceWindowFields) {
+    const WindowField* wf = FindWindowField(c.name);
+    ASSERT_NE(wf, nullptr) << c.name;
+    EXPECT_NE(wf->kind, WindowFieldKind::kTokens) << c.name;
+    EXPECT_NE(wf->kind, WindowFieldKind::kSource) << c.name;
+  }
   for (const Table& t : tables) {
     ASSERT_TRUE(t.type.valid()) << t.path;
     H5Handle ds(H5Dopen2(f.get(), t.path, H5P_DEFAULT));

@@ -21,6 +21,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 #include "lockstep/h5/handle.h"
@@ -111,6 +112,21 @@ constexpr std::size_t RowFieldIndex(const std::array<RowField, N>& fields, std::
   return N;
 }
 
+// Stores `v` into field `f` of the row struct at `row`, narrowed to the field's type (callers
+// range-check first).
+inline void SetRowField(void* row, const RowField& f, std::int64_t v) {
+  auto* at = static_cast<unsigned char*>(row) + f.offset;
+  if (f.type == RowFieldType::kU8) {
+    const auto x = static_cast<std::uint8_t>(v);
+    std::memcpy(at, &x, sizeof(x));
+  } else if (f.type == RowFieldType::kI32) {
+    const auto x = static_cast<std::int32_t>(v);
+    std::memcpy(at, &x, sizeof(x));
+  } else {
+    std::memcpy(at, &v, sizeof(v));
+  }
+}
+
 // The compound type of a row struct of `size` bytes holding `fields` (inserted in table order).
 // Invalid handle when HDF5 fails.
 template <std::size_t N>
@@ -122,8 +138,9 @@ H5Handle RowType(std::size_t size, const std::array<RowField, N>& fields) {
   return t;
 }
 
-// One row of /trace/windows: WindowRecord's path and timing fields (draft, emitted, source and the
-// per-stage timings are not in it; source follows from T, merged and from_sfx).
+// One row of /trace/windows: WindowRecord's path and timing fields, each column named as its
+// WindowField (window.h; draft, emitted, source and the per-stage timings are not in it; source
+// follows from T, merged and from_sfx).
 struct TraceWindowRow {
   std::int32_t idx, p, T, T_mtp;
   std::uint8_t merged, from_sfx, first_call, pad0;
