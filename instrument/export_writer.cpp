@@ -465,7 +465,8 @@ Status WriteTrace(hid_t file, hid_t lcpl, const std::vector<WindowRecord>& ws) {
   std::vector<TraceWindowRow> rows;
   for (const auto& w : ws) {
     TraceWindowRow r{};
-    for (std::size_t i = 0; i < kTraceWindowFields.size(); ++i) SetRowField(&r, kTraceWindowFields[i], fields[i]->get(w));
+    for (std::size_t i = 0; i < kTraceWindowFields.size(); ++i)
+      SetRowField(&r, kTraceWindowFields[i], fields[i]->get(w));
     rows.push_back(r);
   }
   LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, WriteRecords(file, lcpl, "trace/windows", t.get(), rows.data(), rows.size()));

@@ -91,8 +91,11 @@ void Set(WindowRecord& w, std::int64_t v) {
 
 using K = WindowFieldKind;
 using R = WindowFieldRole;
-#define LOCKSTEP_SCALAR_(name, kind, role, optional, nullable) \
-  WindowField { #name, kind, role, optional, nullable, &Get<&WindowRecord::name>, &Set<&WindowRecord::name>, nullptr }
+#define LOCKSTEP_SCALAR_(name, kind, role, optional, nullable)                                 \
+  WindowField {                                                                                \
+    #name, kind, role, optional, nullable, &Get<&WindowRecord::name>, &Set<&WindowRecord::name>, \
+        nullptr                                                                                \
+  }
 #define LOCKSTEP_TOKENS_(name) \
   WindowField { #name, K::kTokens, R::kPath, false, false, nullptr, nullptr, &WindowRecord::name }
 const WindowField kWindowFields[] = {
@@ -123,8 +126,8 @@ const WindowField kWindowFields[] = {
 // One field of `j` into `r` (throws on a bad value; FromJsonLine turns that into a Status).
 Status ReadJsonField(const nlohmann::json& j, const WindowField& f, WindowRecord& r) {
   if (f.nullable) {  // unknown (-1) unless a number
-    f.set(r, j.contains(f.name) && j[f.name].is_number() ? CheckedInt<std::int64_t>(j[f.name], f.name)
-                                                         : -1);
+    const bool known = j.contains(f.name) && j[f.name].is_number();
+    f.set(r, known ? CheckedInt<std::int64_t>(j[f.name], f.name) : -1);
     return Status::Ok();
   }
   if (f.optional && !j.contains(f.name)) {
@@ -204,8 +207,9 @@ Result<DraftSource> ParseDraftSource(std::string_view s) {
 bool WindowRecord::SamePath(const WindowRecord& o) const {
   for (const WindowField& f : kWindowFields) {
     if (f.role == WindowFieldRole::kTiming) continue;
-    if (f.kind == WindowFieldKind::kTokens ? this->*f.tokens != o.*f.tokens : f.get(*this) != f.get(o))
-      return false;
+    const bool same = f.kind == WindowFieldKind::kTokens ? this->*f.tokens == o.*f.tokens
+                                                         : f.get(*this) == f.get(o);
+    if (!same) return false;
   }
   return true;
 }

@@ -50,8 +50,8 @@ Result<std::set<CheckpointPoint>> ParseExportPoints(std::string_view text, std::
       std::string names;
       for (CheckpointPoint q : AllCheckpointPoints())
         names += (names.empty() ? "" : ", ") + std::string(CheckpointPointName(q));
-      return Status::InvalidArgument(option, "unknown point '" + std::string(part) + "' (expected " +
-                                                 names + ")");
+      return Status::InvalidArgument(
+          option, "unknown point '" + std::string(part) + "' (expected " + names + ")");
     }
     out.insert(*p);
     if (comma == std::string_view::npos) break;

@@ -48,7 +48,8 @@ Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& s
         if (!item || !IsPerturbable(*item)) {
           std::string names;
           for (ItemKind k : AllItemKinds())
-            if (IsPerturbable(k)) names += (names.empty() ? "" : ", ") + std::string(ItemKindName(k));
+            if (IsPerturbable(k))
+              names += (names.empty() ? "" : ", ") + std::string(ItemKindName(k));
           return bad("unknown item '" + std::string(val) + "' (expected " + names + ")");
         }
         inj.item = *item;
