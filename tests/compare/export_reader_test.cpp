@@ -635,6 +635,30 @@ TEST(ExportReaderCorpus, ItemAttributesAndShapes) {
       ks + ": scale shape [2, 5] does not fit");
 }
 
+// Kind names are checked against their place in the path grammar: a layer holds only layer kinds,
+// mtp/ only k and v, the stage itself only hidden_out and logits; kind attributes are the exact
+// spelling.
+TEST(ExportReaderCorpus, KindsOutsideTheirPlaceAreRejected) {
+  const std::string cp = "/checkpoints/00001_commit/stage1";
+  auto link_k_as = [](const std::string& dst) {
+    return [dst](hid_t h) {
+      H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE));
+      H5Pset_create_intermediate_group(lcpl.get(), 1);
+      ASSERT_GE(H5Lcreate_hard(h, kK.c_str(), h, dst.c_str(), lcpl.get(), H5P_DEFAULT), 0) << dst;
+    };
+  };
+  ExpectRejected(Mutated("layer_hidden", link_k_as(cp + "/layer3/hidden_out")),
+                 cp + "/layer3/hidden_out: unexpected entry (not an item of lockstep.export v1)");
+  ExpectRejected(Mutated("layer_mtp_k", link_k_as(cp + "/layer3/mtp_k")),
+                 cp + "/layer3/mtp_k: unexpected entry (not an item of lockstep.export v1)");
+  ExpectRejected(Mutated("mtp_conv", link_k_as(cp + "/mtp/conv_state")),
+                 cp + "/mtp/conv_state: unexpected entry (not an item of lockstep.export v1)");
+  ExpectRejected(Mutated("stage_kspec", link_k_as(cp + "/k_spec")),
+                 cp + "/k_spec: unexpected entry (expected layer{L}, mtp, hidden_out or logits)");
+  ExpectRejected(Mutated("kind_case", [](hid_t h) { SetStr(h, kK, "kind", "K"); }),
+                 kK + ": kind attribute 'K' but the path says 'k'");
+}
+
 TEST(ExportReaderCorpus, Limits) {
   ReaderLimits l;
   l.max_items = 5;
