@@ -9,27 +9,24 @@
 namespace lockstep {
 namespace {
 
-// One alignable path field. Values are read as integers (bools as 0/1) so the walk compares
-// without formatting text per window; FieldValue() formats only for reports.
-struct PathField {
-  const char* name;
-  bool is_bool;
-  int (*get)(const WindowRecord& w);
-};
+// The alignable path fields: WindowRecord's integer and bool path fields (window.h's table), read
+// as integers (bools as 0/1) so the walk compares without formatting text per window;
+// FieldValue() formats only for reports.
+const std::vector<const WindowField*>& PathFields() {
+  static const std::vector<const WindowField*> kFields = [] {
+    std::vector<const WindowField*> v;
+    for (const WindowField& f : WindowFields())
+      if (f.role == WindowFieldRole::kPath &&
+          (f.kind == WindowFieldKind::kInt || f.kind == WindowFieldKind::kBool))
+        v.push_back(&f);
+    return v;
+  }();
+  return kFields;
+}
 
-const PathField kPathFields[] = {
-    {"p", false, [](const WindowRecord& w) { return w.p; }},
-    {"T", false, [](const WindowRecord& w) { return w.T; }},
-    {"T_mtp", false, [](const WindowRecord& w) { return w.T_mtp; }},
-    {"merged", true, [](const WindowRecord& w) { return w.merged ? 1 : 0; }},
-    {"from_sfx", true, [](const WindowRecord& w) { return w.from_sfx ? 1 : 0; }},
-    {"chain_n", false, [](const WindowRecord& w) { return w.chain_n; }},
-    {"accepted", false, [](const WindowRecord& w) { return w.accepted; }},
-};
-
-const PathField* FindPathField(std::string_view name) {
-  for (const PathField& f : kPathFields)
-    if (name == f.name) return &f;
+const WindowField* FindPathField(std::string_view name) {
+  for (const WindowField* f : PathFields())
+    if (name == f->name) return f;
   return nullptr;
 }
 
@@ -39,7 +36,7 @@ struct TimingField {
 };
 
 template <std::int64_t WindowRecord::*F>
-std::int64_t WindowField(const WindowRecord& w) {
+std::int64_t RecordNs(const WindowRecord& w) {
   return w.*F;
 }
 
@@ -59,9 +56,9 @@ std::int64_t StageSum(const WindowRecord& w) {
 
 // Same order as TimingIntervals(): AlignResult::timing starts with these, indexed alike.
 const TimingField kTimingFields[] = {
-    {"verify", &WindowField<&WindowRecord::verify_ns>},   {"wait", &WindowField<&WindowRecord::wait_ns>},
-    {"compute", &WindowField<&WindowRecord::compute_ns>}, {"draft", &WindowField<&WindowRecord::draft_ns>},
-    {"commit", &WindowField<&WindowRecord::commit_ns>},   {"export", &WindowField<&WindowRecord::export_ns>},
+    {"verify", &RecordNs<&WindowRecord::verify_ns>},   {"wait", &RecordNs<&WindowRecord::wait_ns>},
+    {"compute", &RecordNs<&WindowRecord::compute_ns>}, {"draft", &RecordNs<&WindowRecord::draft_ns>},
+    {"commit", &RecordNs<&WindowRecord::commit_ns>},   {"export", &RecordNs<&WindowRecord::export_ns>},
 };
 
 // Same order as DeviceTimingIntervals(); appended to AlignResult::timing only when a trace has them.
@@ -200,7 +197,7 @@ std::vector<NotableWindow> SideNotable(const std::vector<WindowRecord>& w, doubl
 const std::vector<std::string>& AlignableFields() {
   static const std::vector<std::string> kFields = [] {
     std::vector<std::string> v;
-    for (const PathField& f : kPathFields) v.emplace_back(f.name);
+    for (const WindowField* f : PathFields()) v.emplace_back(f->name);
     return v;
   }();
   return kFields;
@@ -240,11 +237,11 @@ Result<std::vector<std::string>> ParseAlignFields(std::string_view csv) {
 }
 
 std::string FieldValue(const WindowRecord& w, const std::string& field) {
-  const PathField* f = FindPathField(field);
+  const WindowField* f = FindPathField(field);
   if (f == nullptr)
     return "";  // not a path field: nothing to show (ParseAlignFields rejects it earlier)
-  const int v = f->get(w);
-  if (f->is_bool) return v != 0 ? "true" : "false";
+  const std::int64_t v = f->get(w);
+  if (f->kind == WindowFieldKind::kBool) return v != 0 ? "true" : "false";
   return std::to_string(v);
 }
 
@@ -285,15 +282,15 @@ AlignResult AlignWindows(const std::vector<WindowRecord>& a, const std::vector<W
 
   // Resolve names once. A name that is not a path field (callers should have used
   // ParseAlignFields) has no value on either side, so it can never cause a divergence.
-  std::vector<const PathField*> fields;
+  std::vector<const WindowField*> fields;
   for (const std::string& name : opts.fields)
-    if (const PathField* f = FindPathField(name)) fields.push_back(f);
+    if (const WindowField* f = FindPathField(name)) fields.push_back(f);
 
   const std::size_t common = std::min(a.size(), b.size());
   std::size_t matched = 0;
   for (; matched < common; ++matched) {
     bool same = true;
-    for (const PathField* f : fields) same = same && f->get(a[matched]) == f->get(b[matched]);
+    for (const WindowField* f : fields) same = same && f->get(a[matched]) == f->get(b[matched]);
     if (!same) break;
   }
   r.matched = static_cast<int>(matched);
@@ -303,7 +300,7 @@ AlignResult AlignWindows(const std::vector<WindowRecord>& a, const std::vector<W
     if (matched < a.size()) r.div_a = a[matched];
     if (matched < b.size()) r.div_b = b[matched];
     if (r.div_a && r.div_b) {
-      for (const PathField* f : fields)
+      for (const WindowField* f : fields)
         if (f->get(*r.div_a) != f->get(*r.div_b)) r.differing_fields.emplace_back(f->name);
     }
     // Windows from the divergence on are listed per side, never paired by index: after a path

@@ -134,7 +134,8 @@ using RowKey = std::tuple<int, int, std::string>;
 
 RowKey RowOf(const ItemResult& it) {
   if (it.layer >= 0) return {it.stage, it.layer, fmt::format("L{}", it.layer)};
-  std::string group = it.kind.starts_with("mtp") ? "mtp" : it.kind;
+  const std::optional<ItemKind> kind = ParseItemKind(it.kind);
+  std::string group = kind == ItemKind::kMtpK || kind == ItemKind::kMtpV ? "mtp" : it.kind;
   return {it.stage, 1 << 20, group};
 }
 
@@ -145,9 +146,10 @@ std::string RowLabel(const RowKey& k) {
 
 std::string ColumnLabel(const CheckpointSummary& c) {
   if (c.point.empty()) return c.name;
-  const std::string point = c.point == "pre_verify"    ? "pre"
-                            : c.point == "post_verify" ? "post"
-                                                       : c.point;
+  const std::optional<CheckpointPoint> p = ParseCheckpointPoint(c.point);
+  const std::string point = p == CheckpointPoint::kPreVerify    ? "pre"
+                            : p == CheckpointPoint::kPostVerify ? "post"
+                                                                : c.point;
   return fmt::format("{} {}", c.window, point);
 }
 

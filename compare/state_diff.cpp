@@ -19,20 +19,25 @@ namespace {
 constexpr std::int64_t kBlockBytes = std::int64_t{4}
                                      << 20;  // per side per read: fits L2/L3 streaming well
 
-int PointOrder(const std::string& p) { return p == "pre_verify" ? 0 : p == "post_verify" ? 1 : 2; }
-
-int KindOrder(const std::string& k) {
-  const auto& kinds = ItemKinds();
-  auto it = std::find(kinds.begin(), kinds.end(), k);
-  return static_cast<int>(it - kinds.begin());
-}
-
-const char* LabelFor(const std::string& kind) {
-  if (kind == "k" || kind == "v") return "committed";
-  if (kind == "k_spec" || kind == "v_spec") return "speculative";
-  if (kind == "conv_state" || kind == "ssm_state") return "state";
-  if (kind == "mtp_k" || kind == "mtp_v") return "draft";
-  if (kind == "hidden_out") return "activations";
+const char* LabelFor(ItemKind kind) {
+  switch (kind) {
+    case ItemKind::kK:
+    case ItemKind::kV:
+      return "committed";
+    case ItemKind::kKSpec:
+    case ItemKind::kVSpec:
+      return "speculative";
+    case ItemKind::kConvState:
+    case ItemKind::kSsmState:
+      return "state";
+    case ItemKind::kMtpK:
+    case ItemKind::kMtpV:
+      return "draft";
+    case ItemKind::kHiddenOut:
+      return "activations";
+    case ItemKind::kLogits:
+      break;
+  }
   return "logits";
 }
 
@@ -121,7 +126,7 @@ Status CompareItem(const ExportReader& ra, const ExportReader& rb, const Job& jo
   float* sb = buf.sb.get();
   F32Accumulator acc;
   KlAccumulator kl;
-  const bool logits = ia.kind == "logits";
+  const bool logits = ia.kind == ItemKind::kLogits;
   const std::size_t elems = static_cast<std::size_t>(ia.row_elems());
   for (std::int64_t r0 = 0; r0 < rows; r0 += block_rows) {
     const std::int64_t n = std::min(block_rows, rows - r0);
@@ -129,12 +134,12 @@ Status CompareItem(const ExportReader& ra, const ExportReader& rb, const Job& jo
     LOCKSTEP_RETURN_IF_ERROR(rb.ReadRows(*job.cpb, ib, r0, n, bb));
     *bytes_read += static_cast<std::uint64_t>(2 * n * row_bytes);
     const std::size_t count = static_cast<std::size_t>(n) * elems;
-    if (ia.dtype == "f32") {
+    if (ia.dtype == DType::kF32) {
       const auto* fa = reinterpret_cast<const float*>(ba);
       const auto* fb = reinterpret_cast<const float*>(bb);
       acc.Add(fa, fb, count);
       if (logits) kl.AddRows(fa, fb, static_cast<std::size_t>(n), elems);
-    } else if (ia.dtype == "bf16") {
+    } else if (ia.dtype == DType::kBF16) {
       acc.AddBf16(reinterpret_cast<const std::uint16_t*>(ba),
                   reinterpret_cast<const std::uint16_t*>(bb), count);
     } else {  // int8 codes with per-row-per-head scales
@@ -180,17 +185,17 @@ ItemResult SkeletonFor(const ExportCheckpoint& cp, const ExportItem& it, const T
   ItemResult r;
   r.checkpoint = cp.name;
   r.window = cp.window;
-  r.point = cp.point;
+  r.point = CheckpointPointName(cp.point);
   r.rel = it.rel;
-  r.kind = it.kind;
+  r.kind = ItemKindName(it.kind);
   r.stage = it.stage;
   r.layer = it.layer;
-  r.dtype = it.dtype;
+  r.dtype = dtype_name(it.dtype);
   r.label = LabelFor(it.kind);
   r.capacity_rows = it.capacity_rows;
   r.rows = it.rows();
-  r.nrmse_max = th.NrmseFor(it.kind);
-  r.kl_max = it.kind == "logits" ? th.kl_max : 0.0;
+  r.nrmse_max = th.NrmseFor(r.kind);
+  r.kl_max = it.kind == ItemKind::kLogits ? th.kl_max : 0.0;
   return r;
 }
 
@@ -203,9 +208,11 @@ std::string ShapeText(const std::vector<std::int64_t>& s) {
 }  // namespace
 
 const std::vector<std::string>& ItemKinds() {
-  static const std::vector<std::string> kKinds{"k",          "v",         "k_spec", "v_spec",
-                                               "conv_state", "ssm_state", "mtp_k",  "mtp_v",
-                                               "hidden_out", "logits"};
+  static const std::vector<std::string> kKinds = [] {
+    std::vector<std::string> names;
+    for (ItemKind k : AllItemKinds()) names.emplace_back(ItemKindName(k));
+    return names;
+  }();
   return kKinds;
 }
 
@@ -229,12 +236,12 @@ double Thresholds::NrmseFor(const std::string& kind) const {
 Status Thresholds::SetKindOverride(std::string_view spec) {
   const auto eq = spec.find('=');
   const std::string kind(spec.substr(0, eq));
-  if (eq == std::string_view::npos ||
-      std::find(ItemKinds().begin(), ItemKinds().end(), kind) == ItemKinds().end())
-    return Status::InvalidArgument(
-        "--nrmse-kind '" + std::string(spec) + "'",
-        "expected KIND=VALUE with KIND one of k, v, k_spec, v_spec, conv_state, ssm_state, "
-        "mtp_k, mtp_v, hidden_out, logits");
+  if (eq == std::string_view::npos || !ParseItemKind(kind)) {
+    std::string names;
+    for (const std::string& k : ItemKinds()) names += (names.empty() ? "" : ", ") + k;
+    return Status::InvalidArgument("--nrmse-kind '" + std::string(spec) + "'",
+                                   "expected KIND=VALUE with KIND one of " + names);
+  }
   const std::string value(spec.substr(eq + 1));
   char* end = nullptr;
   const double v = std::strtod(value.c_str(), &end);
@@ -275,10 +282,7 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
     not_comparable = "the requests differ (request tokens)";
 
   auto selected = [&](const ExportCheckpoint& cp) {
-    CheckpointPoint pt = cp.point == "pre_verify"    ? CheckpointPoint::kPreVerify
-                         : cp.point == "post_verify" ? CheckpointPoint::kPostVerify
-                                                     : CheckpointPoint::kCommit;
-    return windows.Contains(cp.window) && points.count(pt) > 0;
+    return windows.Contains(cp.window) && points.count(cp.point) > 0;
   };
   std::map<std::string, const ExportCheckpoint*> by_a, by_b;
   for (const auto& cp : ma.checkpoints)
@@ -292,8 +296,7 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
   auto cp_of = [&](const std::string& n) { return by_a.count(n) ? by_a[n] : by_b[n]; };
   std::sort(names.begin(), names.end(), [&](const std::string& x, const std::string& y) {
     const ExportCheckpoint *cx = cp_of(x), *cy = cp_of(y);
-    return std::make_pair(cx->window, PointOrder(cx->point)) <
-           std::make_pair(cy->window, PointOrder(cy->point));
+    return std::make_pair(cx->window, cx->point) < std::make_pair(cy->window, cy->point);
   });
 
   std::vector<Job> jobs;
@@ -304,7 +307,7 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
     const ExportCheckpoint& any = ca ? *ca : *cb;
     cs.name = name;
     cs.window = any.window;
-    cs.point = any.point;
+    cs.point = CheckpointPointName(any.point);
     cs.p = any.p;
     cs.T = any.T;
     // Checkpoint-level reasons not to compare: the items are not the same state boundary.
@@ -330,8 +333,7 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
       if (!ia.count(rel)) order.push_back(it);
     std::sort(order.begin(), order.end(), [](const ExportItem* x, const ExportItem* y) {
       auto key = [](const ExportItem* i) {
-        return std::make_tuple(i->stage, i->layer < 0 ? 1 << 30 : i->layer, KindOrder(i->kind),
-                               i->rel);
+        return std::make_tuple(i->stage, i->layer < 0 ? 1 << 30 : i->layer, i->kind, i->rel);
       };
       return key(x) < key(y);
     });
@@ -347,8 +349,9 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
         r.reason = std::string("missing in ") + (xa ? "B" : "A");
       } else if (xa->kind != xb->kind || xa->dtype != xb->dtype) {
         r.verdict = Verdict::kFail;
-        r.reason = "kind/dtype differ: A " + xa->kind + "/" + xa->dtype + ", B " + xb->kind + "/" +
-                   xb->dtype;
+        r.reason = std::string("kind/dtype differ: A ") + ItemKindName(xa->kind) + "/" +
+                   std::string(dtype_name(xa->dtype)) + ", B " + ItemKindName(xb->kind) + "/" +
+                   std::string(dtype_name(xb->dtype));
       } else if (xa->shape != xb->shape) {
         r.verdict = Verdict::kFail;
         r.reason = "shape differs: A " + ShapeText(xa->shape) + ", B " + ShapeText(xb->shape);

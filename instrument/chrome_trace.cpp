@@ -56,17 +56,13 @@ struct Bounds {
 
 // The path fields every span carries (README "Window records").
 Json PathArgs(const WindowRecord& w) {
+  // Every scalar field but the timings (WindowFields order): idx, the path, source, first_call.
   Json a = Json::object();
-  a["idx"] = w.idx;
-  a["p"] = w.p;
-  a["T"] = w.T;
-  a["T_mtp"] = w.T_mtp;
-  a["merged"] = w.merged;
-  a["from_sfx"] = w.from_sfx;
-  a["chain_n"] = w.chain_n;
-  a["accepted"] = w.accepted;
-  a["source"] = DraftSourceName(w.source);
-  a["first_call"] = w.first_call;
+  for (const WindowField& f : WindowFields()) {
+    if (f.kind == WindowFieldKind::kInt) a[f.name] = static_cast<int>(f.get(w));
+    if (f.kind == WindowFieldKind::kBool) a[f.name] = f.get(w) != 0;
+    if (f.kind == WindowFieldKind::kSource) a[f.name] = DraftSourceName(w.source);
+  }
   return a;
 }
 

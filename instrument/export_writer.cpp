@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <csignal>
@@ -15,6 +16,7 @@
 #include <mutex>
 
 #include "lockstep/h5/handle.h"
+#include "lockstep/h5/rows.h"
 
 namespace lockstep {
 
@@ -45,21 +47,6 @@ std::string ItemPath(int window, CheckpointPoint point, int stage, int layer, It
 
 
 // ---- HDF5 helpers (writer thread only) ----
-
-// One row of /index/items (SCHEMA.md): where an item's bytes are and what they are, so a reader
-// can locate every item from one table instead of opening thousands of HDF5 objects.
-struct IndexRow {
-  char checkpoint[32];  // "00001_commit"
-  char rel[64];         // "stage1/layer3/k"
-  char kind[16];
-  char dtype[8];
-  std::int32_t stage, layer, rank, pad;
-  std::int64_t dims[4];
-  std::int64_t valid_rows, capacity_rows;
-  std::int64_t offset;        // file offset of the contiguous data (-1: no storage, e.g. 0 rows)
-  std::int64_t scale_offset;  // int8: offset of `<item>_scale` f32 [rows, heads] (-1: none)
-  std::int64_t scale_dims[2];
-};
 
 struct H5Exporter::File {
   H5Handle file;
@@ -438,40 +425,14 @@ void H5Exporter::OnWindow(const WindowRecord& rec) { windows_.push_back(rec); }
 
 namespace {
 
-// One row of /trace/windows (compound; field names as in SCHEMA.md).
-struct TraceRow {
-  std::int32_t idx, p, T, T_mtp;
-  std::uint8_t merged, from_sfx, first_call, pad0;
-  std::int32_t chain_n, accepted;
-  std::int64_t begin_ns, end_ns, verify_ns, wait_ns, compute_ns, draft_ns, commit_ns, export_ns;
-};
-
-// One row of /trace/stages: a window's per-stage timing (WindowRecord::stages, StageTiming).
-struct StageRow {
-  std::int32_t window, stage;
-  std::int64_t wait_ns, compute_ns, cpu_ns, dev_wait_ns, dev_compute_ns, dev_copy_ns, init_ns;
-  std::uint8_t graph, pad[7];
-};
-
 Status WriteStageTrace(hid_t file, hid_t lcpl, const std::vector<WindowRecord>& ws) {
-  H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(StageRow)));
-#define LOCKSTEP_FIELD_(name, type) H5Tinsert(t.get(), #name, HOFFSET(StageRow, name), type)
-  LOCKSTEP_FIELD_(window, H5T_NATIVE_INT32);
-  LOCKSTEP_FIELD_(stage, H5T_NATIVE_INT32);
-  LOCKSTEP_FIELD_(wait_ns, H5T_NATIVE_INT64);
-  LOCKSTEP_FIELD_(compute_ns, H5T_NATIVE_INT64);
-  LOCKSTEP_FIELD_(cpu_ns, H5T_NATIVE_INT64);
-  LOCKSTEP_FIELD_(dev_wait_ns, H5T_NATIVE_INT64);
-  LOCKSTEP_FIELD_(dev_compute_ns, H5T_NATIVE_INT64);
-  LOCKSTEP_FIELD_(dev_copy_ns, H5T_NATIVE_INT64);
-  LOCKSTEP_FIELD_(init_ns, H5T_NATIVE_INT64);
-  LOCKSTEP_FIELD_(graph, H5T_NATIVE_UINT8);
-#undef LOCKSTEP_FIELD_
-  std::vector<StageRow> rows;
+  H5Handle t = RowType(sizeof(TraceStageRow), kTraceStageFields);
+  if (!t.valid()) return H5Fail("trace/stages type");
+  std::vector<TraceStageRow> rows;
   for (const auto& w : ws)
     for (std::size_t s = 0; s < w.stages.size(); ++s) {
       const StageTiming& st = w.stages[s];
-      StageRow r{};
+      TraceStageRow r{};
       r.window = w.idx, r.stage = static_cast<std::int32_t>(s);
       r.wait_ns = st.wait_ns, r.compute_ns = st.compute_ns, r.cpu_ns = st.cpu_ns;
       // Any negative device value is "not measured": -1, as the reader expects.
@@ -491,34 +452,21 @@ Status WriteStageTrace(hid_t file, hid_t lcpl, const std::vector<WindowRecord>& 
 }
 
 Status WriteTrace(hid_t file, hid_t lcpl, const std::vector<WindowRecord>& ws) {
-  H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(TraceRow)));
-#define LOCKSTEP_FIELD_(name, type) H5Tinsert(t.get(), #name, HOFFSET(TraceRow, name), type)
-  LOCKSTEP_FIELD_(idx, H5T_NATIVE_INT32);
-  LOCKSTEP_FIELD_(p, H5T_NATIVE_INT32);
-  LOCKSTEP_FIELD_(T, H5T_NATIVE_INT32);
-  LOCKSTEP_FIELD_(T_mtp, H5T_NATIVE_INT32);
-  LOCKSTEP_FIELD_(merged, H5T_NATIVE_UINT8);
-  LOCKSTEP_FIELD_(from_sfx, H5T_NATIVE_UINT8);
-  LOCKSTEP_FIELD_(first_call, H5T_NATIVE_UINT8);
-  LOCKSTEP_FIELD_(chain_n, H5T_NATIVE_INT32);
-  LOCKSTEP_FIELD_(accepted, H5T_NATIVE_INT32);
-  LOCKSTEP_FIELD_(begin_ns, H5T_NATIVE_INT64);
-  LOCKSTEP_FIELD_(end_ns, H5T_NATIVE_INT64);
-  LOCKSTEP_FIELD_(verify_ns, H5T_NATIVE_INT64);
-  LOCKSTEP_FIELD_(wait_ns, H5T_NATIVE_INT64);
-  LOCKSTEP_FIELD_(compute_ns, H5T_NATIVE_INT64);
-  LOCKSTEP_FIELD_(draft_ns, H5T_NATIVE_INT64);
-  LOCKSTEP_FIELD_(commit_ns, H5T_NATIVE_INT64);
-  LOCKSTEP_FIELD_(export_ns, H5T_NATIVE_INT64);
-#undef LOCKSTEP_FIELD_
-  std::vector<TraceRow> rows;
+  H5Handle t = RowType(sizeof(TraceWindowRow), kTraceWindowFields);
+  if (!t.valid()) return H5Fail("trace/windows type");
+  // Each column is the WindowRecord field of its name (window.h's table).
+  std::array<const WindowField*, kTraceWindowFields.size()> fields{};
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    fields[i] = FindWindowField(kTraceWindowFields[i].name);
+    if (fields[i] == nullptr || fields[i]->kind == WindowFieldKind::kTokens)
+      return Status::Runtime("trace/windows", std::string("column '") + kTraceWindowFields[i].name +
+                                                  "' is no scalar field of WindowRecord");
+  }
+  std::vector<TraceWindowRow> rows;
   for (const auto& w : ws) {
-    TraceRow r{};
-    r.idx = w.idx, r.p = w.p, r.T = w.T, r.T_mtp = w.T_mtp;
-    r.merged = w.merged, r.from_sfx = w.from_sfx, r.first_call = w.first_call;
-    r.chain_n = w.chain_n, r.accepted = w.accepted;
-    r.begin_ns = w.begin_ns, r.end_ns = w.end_ns, r.verify_ns = w.verify_ns, r.wait_ns = w.wait_ns;
-    r.compute_ns = w.compute_ns, r.draft_ns = w.draft_ns, r.commit_ns = w.commit_ns, r.export_ns = w.export_ns;
+    TraceWindowRow r{};
+    for (std::size_t i = 0; i < kTraceWindowFields.size(); ++i)
+      SetRowField(&r, kTraceWindowFields[i], fields[i]->get(w));
     rows.push_back(r);
   }
   LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, WriteRecords(file, lcpl, "trace/windows", t.get(), rows.data(), rows.size()));
@@ -548,29 +496,16 @@ Status WriteTokens(hid_t file, hid_t lcpl, const std::string& path, const std::v
 }
 
 Status WriteSamples(hid_t file, hid_t lcpl, const ExportRunInfo& meta) {
-  struct HostRow {
-    std::int64_t t_ns, host_available_bytes, swap_used_bytes, rss_bytes, process_cpu_ns;
-  };
-  struct DevRow {
-    std::int64_t t_ns;
-    std::int32_t device;
-    std::int64_t free_bytes, total_bytes;
-    std::int32_t temperature_c, sm_clock_mhz, pcie_gen, pcie_width;
-  };
-  std::vector<HostRow> host;
-  std::vector<DevRow> dev;
+  std::vector<HostSampleRow> host;
+  std::vector<DeviceSampleRow> dev;
   for (const auto& s : meta.samples) {
     host.push_back({s.t_ns, s.host_available_bytes, s.swap_used_bytes, s.rss_bytes, s.process_cpu_ns});
     for (const auto& d : s.devices)
       dev.push_back({s.t_ns, d.index, d.free_bytes, d.total_bytes, d.temperature_c, d.sm_clock_mhz, d.pcie_gen, d.pcie_width});
   }
   {
-    H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(HostRow)));
-    H5Tinsert(t.get(), "t_ns", HOFFSET(HostRow, t_ns), H5T_NATIVE_INT64);
-    H5Tinsert(t.get(), "host_available_bytes", HOFFSET(HostRow, host_available_bytes), H5T_NATIVE_INT64);
-    H5Tinsert(t.get(), "swap_used_bytes", HOFFSET(HostRow, swap_used_bytes), H5T_NATIVE_INT64);
-    H5Tinsert(t.get(), "rss_bytes", HOFFSET(HostRow, rss_bytes), H5T_NATIVE_INT64);
-    H5Tinsert(t.get(), "process_cpu_ns", HOFFSET(HostRow, process_cpu_ns), H5T_NATIVE_INT64);
+    H5Handle t = RowType(sizeof(HostSampleRow), kHostSampleFields);
+    if (!t.valid()) return H5Fail("trace/samples type");
     LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, WriteRecords(file, lcpl, "trace/samples", t.get(), host.data(), host.size()));
     const bool ok = AttrInt(ds.get(), "interval_min_ns", meta.sample_intervals.min_ns) &&
                     AttrInt(ds.get(), "interval_median_ns", meta.sample_intervals.median_ns) &&
@@ -580,15 +515,8 @@ Status WriteSamples(hid_t file, hid_t lcpl, const ExportRunInfo& meta) {
                     AttrStr(ds.get(), "unknown", "-1 in any field means not measured");
     if (!ok) return H5Fail("trace/samples attributes");
   }
-  H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(DevRow)));
-  H5Tinsert(t.get(), "t_ns", HOFFSET(DevRow, t_ns), H5T_NATIVE_INT64);
-  H5Tinsert(t.get(), "device", HOFFSET(DevRow, device), H5T_NATIVE_INT32);
-  H5Tinsert(t.get(), "free_bytes", HOFFSET(DevRow, free_bytes), H5T_NATIVE_INT64);
-  H5Tinsert(t.get(), "total_bytes", HOFFSET(DevRow, total_bytes), H5T_NATIVE_INT64);
-  H5Tinsert(t.get(), "temperature_c", HOFFSET(DevRow, temperature_c), H5T_NATIVE_INT32);
-  H5Tinsert(t.get(), "sm_clock_mhz", HOFFSET(DevRow, sm_clock_mhz), H5T_NATIVE_INT32);
-  H5Tinsert(t.get(), "pcie_gen", HOFFSET(DevRow, pcie_gen), H5T_NATIVE_INT32);
-  H5Tinsert(t.get(), "pcie_width", HOFFSET(DevRow, pcie_width), H5T_NATIVE_INT32);
+  H5Handle t = RowType(sizeof(DeviceSampleRow), kDeviceSampleFields);
+  if (!t.valid()) return H5Fail("trace/device_samples type");
   return WriteRecords(file, lcpl, "trace/device_samples", t.get(), dev.data(), dev.size()).status();
 }
 
@@ -617,30 +545,8 @@ Status FsyncPath(const std::string& path, bool directory) {
 }
 
 Status WriteIndex(hid_t file, hid_t lcpl, const std::vector<IndexRow>& rows) {
-  H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(IndexRow)));
-  auto str = [](std::size_t n) {
-    H5Handle st(H5Tcopy(H5T_C_S1));
-    H5Tset_size(st.get(), n);
-    H5Tset_strpad(st.get(), H5T_STR_NULLTERM);
-    return st;
-  };
-  const hsize_t four = 4, two = 2;
-  H5Handle s32 = str(32), s64 = str(64), s16 = str(16), s8 = str(8);
-  H5Handle d4(H5Tarray_create2(H5T_STD_I64LE, 1, &four)), d2(H5Tarray_create2(H5T_STD_I64LE, 1, &two));
-  bool ok = H5Tinsert(t.get(), "checkpoint", HOFFSET(IndexRow, checkpoint), s32.get()) >= 0 &&
-            H5Tinsert(t.get(), "rel", HOFFSET(IndexRow, rel), s64.get()) >= 0 &&
-            H5Tinsert(t.get(), "kind", HOFFSET(IndexRow, kind), s16.get()) >= 0 &&
-            H5Tinsert(t.get(), "dtype", HOFFSET(IndexRow, dtype), s8.get()) >= 0 &&
-            H5Tinsert(t.get(), "stage", HOFFSET(IndexRow, stage), H5T_STD_I32LE) >= 0 &&
-            H5Tinsert(t.get(), "layer", HOFFSET(IndexRow, layer), H5T_STD_I32LE) >= 0 &&
-            H5Tinsert(t.get(), "rank", HOFFSET(IndexRow, rank), H5T_STD_I32LE) >= 0 &&
-            H5Tinsert(t.get(), "dims", HOFFSET(IndexRow, dims), d4.get()) >= 0 &&
-            H5Tinsert(t.get(), "valid_rows", HOFFSET(IndexRow, valid_rows), H5T_STD_I64LE) >= 0 &&
-            H5Tinsert(t.get(), "capacity_rows", HOFFSET(IndexRow, capacity_rows), H5T_STD_I64LE) >= 0 &&
-            H5Tinsert(t.get(), "offset", HOFFSET(IndexRow, offset), H5T_STD_I64LE) >= 0 &&
-            H5Tinsert(t.get(), "scale_offset", HOFFSET(IndexRow, scale_offset), H5T_STD_I64LE) >= 0 &&
-            H5Tinsert(t.get(), "scale_dims", HOFFSET(IndexRow, scale_dims), d2.get()) >= 0;
-  if (!ok) return H5Fail("index/items type");
+  H5Handle t = IndexRowType();
+  if (!t.valid()) return H5Fail("index/items type");
   return WriteRecords(file, lcpl, "index/items", t.get(), rows.data(), rows.size()).status();
 }
 

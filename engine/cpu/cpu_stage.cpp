@@ -177,18 +177,18 @@ void CpuStageSession::MtpForward(const float* hid, const std::int32_t* next_toke
 
 void CpuStageSession::MtpCommit(int rows) { mtp_kv_->Commit(rows); }
 
-void CpuStageSession::Perturb(const std::string& item, int layer, float factor, Activation& act) {
-  if (item == "k" || item == "v") {
-    kv(layer)->ScaleRows(item == "k" ? 0 : 1, act.p, act.T, factor);
-  } else if (item == "conv_state" || item == "ssm_state") {
+void CpuStageSession::Perturb(ItemKind item, int layer, float factor, Activation& act) {
+  if (item == ItemKind::kK || item == ItemKind::kV) {
+    kv(layer)->ScaleRows(item == ItemKind::kK ? 0 : 1, act.p, act.T, factor);
+  } else if (item == ItemKind::kConvState || item == ItemKind::kSsmState) {
     GdnState* g = gdn(layer);
-    const bool conv = item == "conv_state";
+    const bool conv = item == ItemKind::kConvState;
     const std::size_t n = conv ? g->conv_size() : g->ssm_size();
     for (int t = 0; t < g->n_steps(); ++t) {
       float* x = conv ? g->step_conv(t) : g->step_ssm(t);
       for (std::size_t i = 0; i < n; ++i) x[i] *= factor;
     }
-  } else if (item == "hidden_out") {
+  } else if (item == ItemKind::kHiddenOut) {
     for (float& x : act.hidden) x *= factor;
   }
 }

@@ -29,7 +29,7 @@ class CpuStageSession final : public StageSession {
   void Logits(const Activation& act, float* normed, float* logits) override;
   void FinalNorm(const Activation& act, float* normed) override;
   void HiddenToHost(const Activation& act, std::vector<float>* out) override { *out = act.hidden; }
-  void Perturb(const std::string& item, int layer, float factor, Activation& act) override;
+  void Perturb(ItemKind item, int layer, float factor, Activation& act) override;
 
   bool has_mtp() const override { return mtp_kv_ != nullptr; }
   void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode, float* m,

@@ -665,27 +665,27 @@ void CudaStageSession::HiddenToHost(const Activation& act, std::vector<float>* o
   Keep(Download(*d_, out->data(), in->data, out->size() * sizeof(float)));
 }
 
-void CudaStageSession::Perturb(const std::string& item, int layer, float factor, Activation& act) {
+void CudaStageSession::Perturb(ItemKind item, int layer, float factor, Activation& act) {
   if (!error_.ok()) return;
   DeviceScope scope(device_);
   DeviceStageImpl& d = *d_;
-  if (item == "k" || item == "v") {
+  if (item == ItemKind::kK || item == ItemKind::kV) {
     DKv& kv = *d.kv[U(layer - layer_begin())];
     const bool int8 = kv.mirror->dtype() == DType::kI8;
-    KvScaleRows(item == "k" ? 0 : 1, act.p, act.T, c_.n_heads_kv, c_.head_dim, KvDtypeCode(kv.mirror->dtype()),
+    KvScaleRows(item == ItemKind::kK ? 0 : 1, act.p, act.T, c_.n_heads_kv, c_.head_dim, KvDtypeCode(kv.mirror->dtype()),
                 kv.k.get(), kv.v.get(), int8 ? kv.ks.as<float>() : nullptr, int8 ? kv.vs.as<float>() : nullptr, factor,
                 d.s());
-  } else if (item == "conv_state" || item == "ssm_state") {
+  } else if (item == ItemKind::kConvState || item == ItemKind::kSsmState) {
     DGdn& g = *d.gdn[U(layer - layer_begin())];
-    const bool conv = item == "conv_state";
+    const bool conv = item == ItemKind::kConvState;
     const std::size_t per = conv ? g.mirror->conv_size() : g.mirror->ssm_size();
     Scale(conv ? g.steps_conv.as<float>() : g.steps_ssm.as<float>(), static_cast<std::int64_t>(per * U(g.n_steps)),
           factor, d.s());
-  } else if (item == "hidden_out") {
+  } else if (item == ItemKind::kHiddenOut) {
     Scale(d.hidden.as<float>(), static_cast<std::int64_t>(act.T) * c_.n_embd, factor, d.s());
   }
   const cudaError_t e = cudaGetLastError();
-  Keep(e == cudaSuccess ? Status::Ok() : Status::Runtime("cuda perturb " + item, cudaGetErrorString(e)));
+  Keep(e == cudaSuccess ? Status::Ok() : Status::Runtime(std::string("cuda perturb ") + ItemKindName(item), cudaGetErrorString(e)));
 }
 
 void CudaStageSession::FillDeviceTiming(StageTiming* t) {

@@ -47,7 +47,7 @@ class CudaStageSession final : public StageSession {
   void Logits(const Activation& act, float* normed, float* logits) override;
   void FinalNorm(const Activation& act, float* normed) override;
   void HiddenToHost(const Activation& act, std::vector<float>* out) override;
-  void Perturb(const std::string& item, int layer, float factor, Activation& act) override;
+  void Perturb(ItemKind item, int layer, float factor, Activation& act) override;
   void FillDeviceTiming(StageTiming* t) override;
   Status status() const override { return error_; }
   StageInitCounters init_counters() const override;

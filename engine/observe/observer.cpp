@@ -4,42 +4,39 @@
 
 namespace lockstep {
 
+namespace {
+
+// Indexed by the enum's value (the schema's order).
+constexpr std::array<const char*, kNumCheckpointPoints> kPointNames = {"pre_verify",
+                                                                       "post_verify", "commit"};
+constexpr std::array<const char*, kNumItemKinds> kKindNames = {
+    "k",         "v",     "k_spec", "v_spec",     "conv_state",
+    "ssm_state", "mtp_k", "mtp_v",  "hidden_out", "logits"};
+static_assert(static_cast<std::size_t>(CheckpointPoint::kCommit) + 1 == kNumCheckpointPoints);
+static_assert(static_cast<std::size_t>(ItemKind::kLogits) + 1 == kNumItemKinds);
+
+}  // namespace
+
 const char* CheckpointPointName(CheckpointPoint p) {
-  switch (p) {
-    case CheckpointPoint::kPreVerify:
-      return "pre_verify";
-    case CheckpointPoint::kPostVerify:
-      return "post_verify";
-    case CheckpointPoint::kCommit:
-      return "commit";
-  }
-  return "?";
+  const auto i = static_cast<std::size_t>(p);
+  return i < kPointNames.size() ? kPointNames[i] : "?";
+}
+
+std::optional<CheckpointPoint> ParseCheckpointPoint(std::string_view name) {
+  for (CheckpointPoint p : AllCheckpointPoints())
+    if (name == CheckpointPointName(p)) return p;
+  return std::nullopt;
 }
 
 const char* ItemKindName(ItemKind k) {
-  switch (k) {
-    case ItemKind::kK:
-      return "k";
-    case ItemKind::kV:
-      return "v";
-    case ItemKind::kKSpec:
-      return "k_spec";
-    case ItemKind::kVSpec:
-      return "v_spec";
-    case ItemKind::kConvState:
-      return "conv_state";
-    case ItemKind::kSsmState:
-      return "ssm_state";
-    case ItemKind::kMtpK:
-      return "mtp_k";
-    case ItemKind::kMtpV:
-      return "mtp_v";
-    case ItemKind::kHiddenOut:
-      return "hidden_out";
-    case ItemKind::kLogits:
-      return "logits";
-  }
-  return "?";
+  const auto i = static_cast<std::size_t>(k);
+  return i < kKindNames.size() ? kKindNames[i] : "?";
+}
+
+std::optional<ItemKind> ParseItemKind(std::string_view name) {
+  for (ItemKind k : AllItemKinds())
+    if (name == ItemKindName(k)) return k;
+  return std::nullopt;
 }
 
 }  // namespace lockstep

@@ -4,6 +4,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <type_traits>
 
 #include "lockstep/engine/atomic_file.h"
 
@@ -79,7 +80,95 @@ std::vector<StageTiming> ParseStages(const nlohmann::json& j) {
   return out;
 }
 
+template <auto M>
+std::int64_t Get(const WindowRecord& w) {
+  return static_cast<std::int64_t>(w.*M);
+}
+template <auto M>
+void Set(WindowRecord& w, std::int64_t v) {
+  w.*M = static_cast<std::remove_reference_t<decltype(w.*M)>>(v);
+}
+
+using K = WindowFieldKind;
+using R = WindowFieldRole;
+#define LOCKSTEP_SCALAR_(name, kind, role, optional, nullable)                                 \
+  WindowField {                                                                                \
+    #name, kind, role, optional, nullable, &Get<&WindowRecord::name>, &Set<&WindowRecord::name>, \
+        nullptr                                                                                \
+  }
+#define LOCKSTEP_TOKENS_(name) \
+  WindowField { #name, K::kTokens, R::kPath, false, false, nullptr, nullptr, &WindowRecord::name }
+const WindowField kWindowFields[] = {
+    LOCKSTEP_SCALAR_(idx, K::kInt, R::kIndex, false, false),
+    LOCKSTEP_SCALAR_(p, K::kInt, R::kPath, false, false),
+    LOCKSTEP_SCALAR_(T, K::kInt, R::kPath, false, false),
+    LOCKSTEP_SCALAR_(T_mtp, K::kInt, R::kPath, false, false),
+    LOCKSTEP_SCALAR_(merged, K::kBool, R::kPath, false, false),
+    LOCKSTEP_SCALAR_(from_sfx, K::kBool, R::kPath, false, false),
+    LOCKSTEP_SCALAR_(chain_n, K::kInt, R::kPath, false, false),
+    LOCKSTEP_SCALAR_(accepted, K::kInt, R::kPath, false, false),
+    LOCKSTEP_SCALAR_(source, K::kSource, R::kPath, false, false),
+    LOCKSTEP_TOKENS_(draft),
+    LOCKSTEP_TOKENS_(emitted),
+    LOCKSTEP_SCALAR_(begin_ns, K::kNs, R::kTiming, true, false),
+    LOCKSTEP_SCALAR_(end_ns, K::kNs, R::kTiming, true, false),
+    LOCKSTEP_SCALAR_(draft_ns, K::kNs, R::kTiming, true, false),
+    LOCKSTEP_SCALAR_(verify_ns, K::kNs, R::kTiming, true, false),
+    LOCKSTEP_SCALAR_(wait_ns, K::kNs, R::kTiming, true, false),
+    LOCKSTEP_SCALAR_(compute_ns, K::kNs, R::kTiming, true, false),
+    LOCKSTEP_SCALAR_(commit_ns, K::kNs, R::kTiming, true, false),
+    LOCKSTEP_SCALAR_(export_ns, K::kNs, R::kTiming, true, true),  // -1 = no observer
+    LOCKSTEP_SCALAR_(first_call, K::kBool, R::kTiming, true, false),
+};
+#undef LOCKSTEP_SCALAR_
+#undef LOCKSTEP_TOKENS_
+
+// One field of `j` into `r` (throws on a bad value; FromJsonLine turns that into a Status).
+Status ReadJsonField(const nlohmann::json& j, const WindowField& f, WindowRecord& r) {
+  if (f.nullable) {  // unknown (-1) unless a number
+    const bool known = j.contains(f.name) && j[f.name].is_number();
+    f.set(r, known ? CheckedInt<std::int64_t>(j[f.name], f.name) : -1);
+    return Status::Ok();
+  }
+  if (f.optional && !j.contains(f.name)) {
+    if (f.kind != K::kTokens) f.set(r, 0);
+    return Status::Ok();
+  }
+  const nlohmann::json& v = j.at(f.name);
+  switch (f.kind) {
+    case K::kInt:
+      f.set(r, CheckedInt<int>(v, f.name));
+      break;
+    case K::kBool:
+      f.set(r, v.get<bool>() ? 1 : 0);
+      break;
+    case K::kSource: {
+      LOCKSTEP_ASSIGN_OR_RETURN(DraftSource d, ParseDraftSource(v.get<std::string>()));
+      f.set(r, static_cast<std::int64_t>(d));
+      break;
+    }
+    case K::kTokens:
+      r.*f.tokens = CheckedIntArray<std::int32_t>(v, f.name);
+      break;
+    case K::kNs:
+      f.set(r, CheckedInt<std::int64_t>(v, f.name));
+      break;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+const std::vector<WindowField>& WindowFields() {
+  static const std::vector<WindowField> kFields(std::begin(kWindowFields), std::end(kWindowFields));
+  return kFields;
+}
+
+const WindowField* FindWindowField(std::string_view name) {
+  for (const WindowField& f : WindowFields())
+    if (name == f.name) return &f;
+  return nullptr;
+}
 
 const char* GraphUseName(GraphUse g) {
   switch (g) {
@@ -116,38 +205,42 @@ Result<DraftSource> ParseDraftSource(std::string_view s) {
 }
 
 bool WindowRecord::SamePath(const WindowRecord& o) const {
-  return idx == o.idx && p == o.p && T == o.T && T_mtp == o.T_mtp && merged == o.merged && from_sfx == o.from_sfx &&
-         chain_n == o.chain_n && accepted == o.accepted && source == o.source && draft == o.draft && emitted == o.emitted;
+  for (const WindowField& f : kWindowFields) {
+    if (f.role == WindowFieldRole::kTiming) continue;
+    const bool same = f.kind == WindowFieldKind::kTokens ? this->*f.tokens == o.*f.tokens
+                                                         : f.get(*this) == f.get(o);
+    if (!same) return false;
+  }
+  return true;
 }
 
 std::string WindowRecord::ToJsonLine() const {
   nlohmann::ordered_json j;
   j["schema"] = "lockstep.window";
   j["v"] = 1;
-  j["idx"] = idx;
-  j["p"] = p;
-  j["T"] = T;
-  j["T_mtp"] = T_mtp;
-  j["merged"] = merged;
-  j["from_sfx"] = from_sfx;
-  j["chain_n"] = chain_n;
-  j["accepted"] = accepted;
-  j["source"] = DraftSourceName(source);
-  j["draft"] = draft;
-  j["emitted"] = emitted;
-  j["begin_ns"] = begin_ns;
-  j["end_ns"] = end_ns;
-  j["draft_ns"] = draft_ns;
-  j["verify_ns"] = verify_ns;
-  j["wait_ns"] = wait_ns;
-  j["compute_ns"] = compute_ns;
-  j["commit_ns"] = commit_ns;
-  if (export_ns >= 0) {
-    j["export_ns"] = export_ns;
-  } else {
-    j["export_ns"] = nullptr;  // unknown, never zero
+  for (const WindowField& f : kWindowFields) {
+    switch (f.kind) {
+      case WindowFieldKind::kInt:
+        j[f.name] = static_cast<int>(f.get(*this));
+        break;
+      case WindowFieldKind::kBool:
+        j[f.name] = f.get(*this) != 0;
+        break;
+      case WindowFieldKind::kSource:
+        j[f.name] = DraftSourceName(source);
+        break;
+      case WindowFieldKind::kTokens:
+        j[f.name] = this->*f.tokens;
+        break;
+      case WindowFieldKind::kNs:
+        if (f.nullable && f.get(*this) < 0) {
+          j[f.name] = nullptr;  // unknown, never zero
+        } else {
+          j[f.name] = f.get(*this);
+        }
+        break;
+    }
   }
-  j["first_call"] = first_call;
   nlohmann::json st = nlohmann::json::array();
   for (const auto& s : stages) {
     nlohmann::json o = {{"wait_ns", s.wait_ns}, {"compute_ns", s.compute_ns}, {"cpu_ns", s.cpu_ns}};
@@ -180,28 +273,7 @@ Result<WindowRecord> WindowRecord::FromJsonLine(std::string_view line, const std
       return Status::InvalidArgument(label, "not a lockstep.window record (missing \"schema\": \"lockstep.window\")");
     if (!j.contains("v") || j.at("v") != 1)
       return Status::InvalidArgument(label, "unsupported lockstep.window version");
-    r.idx = CheckedInt<int>(j.at("idx"), "idx");
-    r.p = CheckedInt<int>(j.at("p"), "p");
-    r.T = CheckedInt<int>(j.at("T"), "T");
-    r.T_mtp = CheckedInt<int>(j.at("T_mtp"), "T_mtp");
-    r.merged = j.at("merged").get<bool>();
-    r.from_sfx = j.at("from_sfx").get<bool>();
-    r.chain_n = CheckedInt<int>(j.at("chain_n"), "chain_n");
-    r.accepted = CheckedInt<int>(j.at("accepted"), "accepted");
-    LOCKSTEP_ASSIGN_OR_RETURN(r.source, ParseDraftSource(j.at("source").get<std::string>()));
-    r.draft = CheckedIntArray<std::int32_t>(j.at("draft"), "draft");
-    r.emitted = CheckedIntArray<std::int32_t>(j.at("emitted"), "emitted");
-    r.begin_ns = OptionalNs(j, "begin_ns");
-    r.end_ns = OptionalNs(j, "end_ns");
-    r.draft_ns = OptionalNs(j, "draft_ns");
-    r.verify_ns = OptionalNs(j, "verify_ns");
-    r.wait_ns = OptionalNs(j, "wait_ns");
-    r.compute_ns = OptionalNs(j, "compute_ns");
-    r.commit_ns = OptionalNs(j, "commit_ns");
-    r.export_ns = j.contains("export_ns") && j["export_ns"].is_number()
-                      ? CheckedInt<std::int64_t>(j["export_ns"], "export_ns")
-                      : -1;
-    r.first_call = j.value("first_call", false);
+    for (const WindowField& f : kWindowFields) LOCKSTEP_RETURN_IF_ERROR(ReadJsonField(j, f, r));
     r.stages = ParseStages(j);
   } catch (const std::exception& e) {
     return Status::InvalidArgument(label, std::string("bad window record field: ") + e.what());

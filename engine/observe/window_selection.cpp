@@ -45,15 +45,15 @@ Result<std::set<CheckpointPoint>> ParseExportPoints(std::string_view text, std::
   while (start <= text.size()) {
     std::size_t comma = text.find(',', start);
     std::string_view part = text.substr(start, comma == std::string_view::npos ? text.size() - start : comma - start);
-    bool found = false;
-    for (CheckpointPoint p : {CheckpointPoint::kPreVerify, CheckpointPoint::kPostVerify, CheckpointPoint::kCommit})
-      if (part == CheckpointPointName(p)) {
-        out.insert(p);
-        found = true;
-      }
-    if (!found)
-      return Status::InvalidArgument(option, "unknown point '" + std::string(part) +
-                                                            "' (expected pre_verify, post_verify, commit)");
+    const std::optional<CheckpointPoint> p = ParseCheckpointPoint(part);
+    if (!p) {
+      std::string names;
+      for (CheckpointPoint q : AllCheckpointPoints())
+        names += (names.empty() ? "" : ", ") + std::string(CheckpointPointName(q));
+      return Status::InvalidArgument(
+          option, "unknown point '" + std::string(part) + "' (expected " + names + ")");
+    }
+    out.insert(*p);
     if (comma == std::string_view::npos) break;
     start = comma + 1;
   }

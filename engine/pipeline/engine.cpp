@@ -47,14 +47,14 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in, const
         return bad("layer " + std::to_string(inj.layer) + " belongs to stage " + std::to_string(owner));
       inj.stage = owner;
       const bool attention = weights.config.is_full_attention(inj.layer);
-      if ((inj.item == "k" || inj.item == "v") && !attention)
+      if ((inj.item == ItemKind::kK || inj.item == ItemKind::kV) && !attention)
         return bad("layer " + std::to_string(inj.layer) + " is a GDN layer (no K/V)");
-      if ((inj.item == "conv_state" || inj.item == "ssm_state") && attention)
+      if ((inj.item == ItemKind::kConvState || inj.item == ItemKind::kSsmState) && attention)
         return bad("layer " + std::to_string(inj.layer) + " is a full-attention layer (no recurrent state)");
-    } else if (inj.item == "logits") {
+    } else if (inj.item == ItemKind::kLogits) {
       if (inj.stage >= 0 && inj.stage != cfg.stages - 1) return bad("logits live on the last stage");
       inj.stage = cfg.stages - 1;
-    } else if (inj.item == "hidden_out") {
+    } else if (inj.item == ItemKind::kHiddenOut) {
       if (inj.stage < 0) return bad("hidden_out needs stage=S");
       if (inj.stage == cfg.stages - 1) return bad("the last stage hands no hidden_out on");
     }
@@ -110,7 +110,7 @@ Status Engine::RunPipeline(ForwardMode mode, std::span<const std::int32_t> token
 void Engine::ApplyPerturbations(int is, Activation& act) {
   for (const auto& inj : injections_) {
     if (inj.kind != Injection::Kind::kPerturb || inj.stage != is || (inj.window >= 0 && inj.window != window_) ||
-        inj.item == "logits")
+        inj.item == ItemKind::kLogits)
       continue;
     stage(is).Perturb(inj.item, inj.layer, static_cast<float>(1.0 + inj.eps), act);
   }
@@ -118,7 +118,7 @@ void Engine::ApplyPerturbations(int is, Activation& act) {
 
 void Engine::PerturbLogits(float* logits, std::size_t n) {
   for (const auto& inj : injections_) {
-    if (inj.kind != Injection::Kind::kPerturb || inj.item != "logits" || (inj.window >= 0 && inj.window != window_))
+    if (inj.kind != Injection::Kind::kPerturb || inj.item != ItemKind::kLogits || (inj.window >= 0 && inj.window != window_))
       continue;
     const float f = static_cast<float>(1.0 + inj.eps);
     for (std::size_t i = 0; i < n; ++i) logits[i] *= f;

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <optional>
 
 namespace lockstep {
 
@@ -34,7 +35,7 @@ Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& s
       return bad("unknown kind '" + std::string(kind) + "' (expected delay or perturb)");
     }
     const bool perturb = inj.kind == Injection::Kind::kPerturb;
-    bool have_ms = false, have_eps = false;
+    bool have_ms = false, have_eps = false, have_item = false;
     while (colon != std::string_view::npos) {
       s = s.substr(colon + 1);
       colon = s.find(':');
@@ -43,11 +44,16 @@ Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& s
       if (eq == std::string_view::npos) return bad("expected key=value, got '" + std::string(kv) + "'");
       std::string_view key = kv.substr(0, eq), val = kv.substr(eq + 1);
       if (perturb && key == "item") {
-        static const char* const kItems[] = {"k", "v", "conv_state", "ssm_state", "hidden_out", "logits"};
-        bool known = false;
-        for (const char* it : kItems) known = known || val == it;
-        if (!known) return bad("unknown item '" + std::string(val) + "' (expected k, v, conv_state, ssm_state, hidden_out, logits)");
-        inj.item = std::string(val);
+        const std::optional<ItemKind> item = ParseItemKind(val);
+        if (!item || !IsPerturbable(*item)) {
+          std::string names;
+          for (ItemKind k : AllItemKinds())
+            if (IsPerturbable(k))
+              names += (names.empty() ? "" : ", ") + std::string(ItemKindName(k));
+          return bad("unknown item '" + std::string(val) + "' (expected " + names + ")");
+        }
+        inj.item = *item;
+        have_item = true;
         continue;
       }
       LOCKSTEP_ASSIGN_OR_RETURN(double d, Number(val, text));
@@ -71,11 +77,11 @@ Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& s
     }
     if (!perturb && !have_ms) return bad("a delay needs ms=M");
     if (perturb) {
-      if (inj.item.empty()) return bad("a perturbation needs item=I");
+      if (!have_item) return bad("a perturbation needs item=I");
       if (!have_eps) return bad("a perturbation needs eps=E");
-      const bool layer_item = inj.item == "k" || inj.item == "v" || inj.item == "conv_state" || inj.item == "ssm_state";
-      if (layer_item && inj.layer < 0) return bad("item " + inj.item + " needs layer=L");
-      if (!layer_item && inj.layer >= 0) return bad("item " + inj.item + " takes no layer");
+      const std::string name = ItemKindName(inj.item);
+      if (IsLayerItem(inj.item) && inj.layer < 0) return bad("item " + name + " needs layer=L");
+      if (!IsLayerItem(inj.item) && inj.layer >= 0) return bad("item " + name + " takes no layer");
     }
     out.push_back(inj);
   }

@@ -71,7 +71,7 @@ void ReplaceWithBig(const std::string& file, const std::string& path, const Expo
   H5Handle sp(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
   H5Handle ds(H5Dcreate2(f.get(), path.c_str(), H5T_IEEE_F32LE, sp.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   ASSERT_TRUE(ds.valid()) << path;
-  SetStr(ds.get(), "kind", item.kind);
+  SetStr(ds.get(), "kind", ItemKindName(item.kind));
   SetInt(ds.get(), "stage", item.stage);
   SetInt(ds.get(), "layer", item.layer);
   SetInt(ds.get(), "valid_rows", rows);
@@ -173,7 +173,8 @@ TEST(DiffMemory, TwoBigExportsDiffUnderTheMemoryLimit) {
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     for (const auto& cp : (*r)->meta().checkpoints)
       for (const auto& it : cp.items)
-        if (path.empty() && cp.point == "commit" && it.kind == "k" && it.dtype == "f32") {
+        if (path.empty() && cp.point == CheckpointPoint::kCommit && it.kind == ItemKind::kK &&
+            it.dtype == DType::kF32) {
           cp_name = cp.name;
           path = "/checkpoints/" + cp.name + "/" + it.rel;
           item = it;

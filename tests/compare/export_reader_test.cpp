@@ -99,6 +99,11 @@ std::vector<char> ReadAllRows(const ExportReader& r, const ExportCheckpoint& cp,
   return out;
 }
 
+// The spellings of an item's kind and dtype and a checkpoint's point, as the file writes them.
+std::string Kind(const ExportItem& it) { return ItemKindName(it.kind); }
+std::string Dtype(const ExportItem& it) { return std::string(dtype_name(it.dtype)); }
+std::string Point(const ExportCheckpoint& cp) { return CheckpointPointName(cp.point); }
+
 int KindIndex(const std::string& k) {
   static const std::vector<std::string> kinds = {"k",         "v",     "k_spec", "v_spec",     "conv_state",
                                                  "ssm_state", "mtp_k", "mtp_v",  "hidden_out", "logits"};
@@ -152,34 +157,34 @@ TEST(ExportReader, MetaMatchesTraceAndCheckpoints) {
     std::snprintf(name, sizeof(name), "%05d_%s", w.idx, points[i % 3]);
     EXPECT_EQ(cp.name, name);
     EXPECT_EQ(cp.window, w.idx);
-    EXPECT_EQ(cp.point, points[i % 3]);
+    EXPECT_EQ(Point(cp), points[i % 3]);
     EXPECT_EQ(cp.p, w.p);
     EXPECT_EQ(cp.T, w.T);
-    if (cp.point == "commit") {
+    if (Point(cp) == "commit") {
       EXPECT_EQ(cp.committed_rows, w.p + w.accepted + 1);
       EXPECT_EQ(cp.recurrent_pos, w.p + w.accepted + 1);
     } else {
       EXPECT_EQ(cp.committed_rows, w.p);
       EXPECT_EQ(cp.recurrent_pos, w.p);
     }
-    EXPECT_EQ(cp.spec_rows, cp.point == "post_verify" ? w.T : 0);
+    EXPECT_EQ(cp.spec_rows, Point(cp) == "post_verify" ? w.T : 0);
     // Items sorted by (stage, layer with -1 last, kind order); valid rows only.
     for (std::size_t j = 0; j < cp.items.size(); ++j) {
       const ExportItem& it = cp.items[j];
-      EXPECT_EQ(it.dtype, "f32");
+      EXPECT_EQ(Dtype(it), "f32");
       EXPECT_EQ(it.valid_rows, it.rows());
       EXPECT_GE(it.capacity_rows, it.valid_rows);
       EXPECT_FALSE(it.has_scales);
-      if (it.kind == "k" || it.kind == "v") {
+      if (Kind(it) == "k" || Kind(it) == "v") {
         EXPECT_EQ(it.rows(), cp.committed_rows) << cp.name << " " << it.rel;
       }
-      if (it.kind == "k_spec" || it.kind == "hidden_out" || it.kind == "logits") {
+      if (Kind(it) == "k_spec" || Kind(it) == "hidden_out" || Kind(it) == "logits") {
         EXPECT_EQ(it.rows(), cp.T) << cp.name << " " << it.rel;
       }
       if (j == 0) continue;
       const ExportItem& prev = cp.items[j - 1];
       auto key = [](const ExportItem& x) {
-        return std::make_tuple(x.stage, x.layer < 0 ? 1 << 30 : x.layer, KindIndex(x.kind));
+        return std::make_tuple(x.stage, x.layer < 0 ? 1 << 30 : x.layer, KindIndex(Kind(x)));
       };
       EXPECT_LT(key(prev), key(it)) << cp.name << ": " << prev.rel << " before " << it.rel;
     }
@@ -271,11 +276,11 @@ TEST(ExportReader, Int8ItemsHaveScales) {
   int n_scaled = 0;
   for (const auto& cp : reader->meta().checkpoints)
     for (const auto& it : cp.items) {
-      const bool kv = it.kind == "k" || it.kind == "v" || it.kind == "k_spec" || it.kind == "v_spec" ||
-                      it.kind == "mtp_k" || it.kind == "mtp_v";
-      EXPECT_EQ(it.dtype, kv ? "int8" : "f32") << ItemPath(cp, it);
+      const bool kv = Kind(it) == "k" || Kind(it) == "v" || Kind(it) == "k_spec" || Kind(it) == "v_spec" ||
+                      Kind(it) == "mtp_k" || Kind(it) == "mtp_v";
+      EXPECT_EQ(Dtype(it), kv ? "int8" : "f32") << ItemPath(cp, it);
       EXPECT_EQ(it.has_scales, kv) << ItemPath(cp, it);
-      EXPECT_EQ(ReadAllRows(*reader, cp, it), H5Whole(g.path, ItemPath(cp, it), NativeType(it.dtype)))
+      EXPECT_EQ(ReadAllRows(*reader, cp, it), H5Whole(g.path, ItemPath(cp, it), NativeType(Dtype(it))))
           << ItemPath(cp, it);
       if (!it.has_scales) continue;
       ++n_scaled;
@@ -302,11 +307,11 @@ TEST(ExportReader, Bf16ItemsAreRawBits) {
   int n_bf16 = 0;
   for (const auto& cp : reader->meta().checkpoints)
     for (const auto& it : cp.items) {
-      if (it.dtype == "bf16") {
+      if (Dtype(it) == "bf16") {
         ++n_bf16;
         EXPECT_EQ(it.elem_bytes(), 2u);
       }
-      EXPECT_EQ(ReadAllRows(*reader, cp, it, 3), H5Whole(g.path, ItemPath(cp, it), NativeType(it.dtype)));
+      EXPECT_EQ(ReadAllRows(*reader, cp, it, 3), H5Whole(g.path, ItemPath(cp, it), NativeType(Dtype(it))));
     }
   EXPECT_GT(n_bf16, 10);
 }
@@ -628,6 +633,30 @@ TEST(ExportReaderCorpus, ItemAttributesAndShapes) {
           },
           Int8().path),
       ks + ": scale shape [2, 5] does not fit");
+}
+
+// Kind names are checked against their place in the path grammar: a layer holds only layer kinds,
+// mtp/ only k and v, the stage itself only hidden_out and logits; kind attributes are the exact
+// spelling.
+TEST(ExportReaderCorpus, KindsOutsideTheirPlaceAreRejected) {
+  const std::string cp = "/checkpoints/00001_commit/stage1";
+  auto link_k_as = [](const std::string& dst) {
+    return [dst](hid_t h) {
+      H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE));
+      H5Pset_create_intermediate_group(lcpl.get(), 1);
+      ASSERT_GE(H5Lcreate_hard(h, kK.c_str(), h, dst.c_str(), lcpl.get(), H5P_DEFAULT), 0) << dst;
+    };
+  };
+  ExpectRejected(Mutated("layer_hidden", link_k_as(cp + "/layer3/hidden_out")),
+                 cp + "/layer3/hidden_out: unexpected entry (not an item of lockstep.export v1)");
+  ExpectRejected(Mutated("layer_mtp_k", link_k_as(cp + "/layer3/mtp_k")),
+                 cp + "/layer3/mtp_k: unexpected entry (not an item of lockstep.export v1)");
+  ExpectRejected(Mutated("mtp_conv", link_k_as(cp + "/mtp/conv_state")),
+                 cp + "/mtp/conv_state: unexpected entry (not an item of lockstep.export v1)");
+  ExpectRejected(Mutated("stage_kspec", link_k_as(cp + "/k_spec")),
+                 cp + "/k_spec: unexpected entry (expected layer{L}, mtp, hidden_out or logits)");
+  ExpectRejected(Mutated("kind_case", [](hid_t h) { SetStr(h, kK, "kind", "K"); }),
+                 kK + ": kind attribute 'K' but the path says 'k'");
 }
 
 TEST(ExportReaderCorpus, Limits) {

@@ -8,6 +8,7 @@
 
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/generate.h"
+#include "lockstep/engine/inject.h"
 #include "lockstep/engine/observer.h"
 #include "lockstep/engine/tokenizer.h"
 #include "test_util.h"
@@ -50,6 +51,69 @@ class RecordingObserver final : public Observer {
   std::vector<WindowRecord> records;
   int begins = 0, ends = 0;
 };
+
+// The one spelling of every kind and point: the schema's (instrument/SCHEMA.md), in its order.
+TEST(ObserverNames, EveryKindAndPointRoundTripsInSchemaOrder) {
+  const std::vector<std::string> kinds = {"k",         "v",     "k_spec", "v_spec",     "conv_state",
+                                          "ssm_state", "mtp_k", "mtp_v",  "hidden_out", "logits"};
+  ASSERT_EQ(AllItemKinds().size(), kinds.size());
+  std::size_t i = 0;
+  for (ItemKind k : AllItemKinds()) {
+    EXPECT_EQ(static_cast<std::size_t>(k), i);
+    EXPECT_EQ(ItemKindName(k), kinds[i]);
+    EXPECT_EQ(ParseItemKind(ItemKindName(k)), k) << ItemKindName(k);
+    EXPECT_EQ(IsLayerItem(k), i <= 5) << ItemKindName(k);
+    ++i;
+  }
+  const std::vector<std::string> points = {"pre_verify", "post_verify", "commit"};
+  ASSERT_EQ(AllCheckpointPoints().size(), points.size());
+  i = 0;
+  for (CheckpointPoint p : AllCheckpointPoints()) {
+    EXPECT_EQ(static_cast<std::size_t>(p), i);
+    EXPECT_EQ(CheckpointPointName(p), points[i]);
+    EXPECT_EQ(ParseCheckpointPoint(CheckpointPointName(p)), p) << CheckpointPointName(p);
+    ++i;
+  }
+}
+
+TEST(ObserverNames, UnknownNamesAreRejected) {
+  for (const char* bad : {"", "K", "kv", "k ", "mtp", "mtp/k", "logit", "hidden", "?"})
+    EXPECT_FALSE(ParseItemKind(bad).has_value()) << "'" << bad << "'";
+  for (const char* bad : {"", "pre", "post", "Commit", "commit ", "?"})
+    EXPECT_FALSE(ParseCheckpointPoint(bad).has_value()) << "'" << bad << "'";
+  EXPECT_STREQ(ItemKindName(static_cast<ItemKind>(kNumItemKinds)), "?");
+  EXPECT_STREQ(CheckpointPointName(static_cast<CheckpointPoint>(kNumCheckpointPoints)), "?");
+}
+
+// --inject perturb:...:item=I takes the perturbable kinds by their schema names; the messages
+// list them.
+TEST(ObserverNames, InjectionItemsAreKindsByName) {
+  auto ok = ParseInjections({"perturb:layer=3:item=ssm_state:eps=0.1", "perturb:stage=1:item=hidden_out:eps=1",
+                             "perturb:item=logits:eps=0.5", "perturb:layer=0:item=v:eps=2"});
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  ASSERT_EQ(ok->size(), 4u);
+  EXPECT_EQ((*ok)[0].item, ItemKind::kSsmState);
+  EXPECT_EQ((*ok)[1].item, ItemKind::kHiddenOut);
+  EXPECT_EQ((*ok)[2].item, ItemKind::kLogits);
+  EXPECT_EQ((*ok)[3].item, ItemKind::kV);
+  for (const char* spec : {"perturb:layer=0:item=k_spec:eps=1", "perturb:item=mtp_k:eps=1", "perturb:item=K:eps=1"}) {
+    auto bad = ParseInjections({spec});
+    ASSERT_FALSE(bad.ok()) << spec;
+    EXPECT_NE(bad.status().ToString().find(
+                  "(expected k, v, conv_state, ssm_state, hidden_out, logits)"),
+              std::string::npos)
+        << bad.status().ToString();
+  }
+  auto no_layer = ParseInjections({"perturb:item=conv_state:eps=1"});
+  ASSERT_FALSE(no_layer.ok());
+  EXPECT_NE(no_layer.status().ToString().find("item conv_state needs layer=L"), std::string::npos);
+  auto with_layer = ParseInjections({"perturb:layer=1:item=logits:eps=1"});
+  ASSERT_FALSE(with_layer.ok());
+  EXPECT_NE(with_layer.status().ToString().find("item logits takes no layer"), std::string::npos);
+  auto no_item = ParseInjections({"perturb:layer=1:eps=1"});
+  ASSERT_FALSE(no_item.ok());
+  EXPECT_NE(no_item.status().ToString().find("a perturbation needs item=I"), std::string::npos);
+}
 
 TEST(Observer, CheckpointsHoldTheDocumentedState) {
   const auto& w = test::Model("tiny");

@@ -158,5 +158,67 @@ TEST(WindowRecord, OutOfRangeAndNonIntegerNumbersAreErrors) {
   }
 }
 
+// The JSON-lines bytes of a record with every field set, as lockstep.window v1 has always written
+// them (recorded from the writer before the field table): key order, null for an unknown
+// export_ns, the per-stage objects.
+TEST(WindowRecord, JsonLineBytesAreTheSchemas) {
+  WindowRecord w;
+  w.idx = 3, w.p = 120, w.T = 3, w.T_mtp = 2, w.merged = true, w.from_sfx = true, w.chain_n = 4;
+  w.accepted = 1, w.source = DraftSource::kMerged, w.draft = {5, 6}, w.emitted = {5, 9};
+  w.begin_ns = -5, w.end_ns = 1, w.draft_ns = 2, w.verify_ns = 1000, w.wait_ns = 3;
+  w.compute_ns = 4, w.commit_ns = 5, w.export_ns = 77, w.first_call = true;
+  StageTiming st;
+  st.wait_ns = 1, st.compute_ns = 2, st.cpu_ns = 3, st.dev_compute_ns = 9, st.graph = GraphUse::kReplay;
+  w.stages = {st, StageTiming{}};
+  EXPECT_EQ(w.ToJsonLine(),
+            R"({"schema":"lockstep.window","v":1,"idx":3,"p":120,"T":3,"T_mtp":2,"merged":true,)"
+            R"("from_sfx":true,"chain_n":4,"accepted":1,"source":"merged","draft":[5,6],"emitted":[5,9],)"
+            R"("begin_ns":-5,"end_ns":1,"draft_ns":2,"verify_ns":1000,"wait_ns":3,"compute_ns":4,)"
+            R"("commit_ns":5,"export_ns":77,"first_call":true,"stages":[{"compute_ns":2,"cpu_ns":3,)"
+            R"("dev_compute_ns":9,"dev_copy_ns":null,"dev_wait_ns":null,"graph":"replay",)"
+            R"("init_ns":null,"wait_ns":1},{"compute_ns":0,"cpu_ns":0,"wait_ns":0}]})");
+  EXPECT_EQ(WindowRecord{}.ToJsonLine(),
+            R"({"schema":"lockstep.window","v":1,"idx":0,"p":0,"T":1,"T_mtp":0,"merged":false,)"
+            R"("from_sfx":false,"chain_n":0,"accepted":0,"source":"none","draft":[],"emitted":[],)"
+            R"("begin_ns":0,"end_ns":0,"draft_ns":0,"verify_ns":0,"wait_ns":0,"compute_ns":0,)"
+            R"("commit_ns":0,"export_ns":null,"first_call":false,"stages":[]})");
+}
+
+// The field table is the record: every field by name, in JSON-lines order, each scalar's getter
+// and setter the member's, SamePath comparing exactly the non-timing fields.
+TEST(WindowRecord, FieldTableCoversEveryField) {
+  std::vector<std::string> names;
+  for (const WindowField& f : WindowFields()) {
+    names.emplace_back(f.name);
+    EXPECT_EQ(FindWindowField(f.name), &f);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"idx", "p", "T", "T_mtp", "merged", "from_sfx", "chain_n",
+                                             "accepted", "source", "draft", "emitted", "begin_ns", "end_ns",
+                                             "draft_ns", "verify_ns", "wait_ns", "compute_ns", "commit_ns",
+                                             "export_ns", "first_call"}));
+  EXPECT_EQ(FindWindowField("stages"), nullptr);
+  EXPECT_EQ(FindWindowField("P"), nullptr);
+  WindowRecord base;
+  base.T = 3, base.draft = {1, 2}, base.emitted = {1};
+  std::int64_t v = 2;
+  for (const WindowField& f : WindowFields()) {
+    WindowRecord w = base;
+    if (f.kind == WindowFieldKind::kTokens) {
+      (w.*f.tokens).push_back(7);
+    } else {
+      const std::int64_t x = f.kind == WindowFieldKind::kBool ? 1 : f.kind == WindowFieldKind::kSource ? 3 : v++;
+      f.set(w, x);
+      EXPECT_EQ(f.get(w), x) << f.name;
+      // The value lands in the member of that name: it shows in the JSON line under the key.
+      const std::string line = w.ToJsonLine();
+      const std::string shown = f.kind == WindowFieldKind::kBool     ? "true"
+                                : f.kind == WindowFieldKind::kSource ? "\"merged\""
+                                                                     : std::to_string(x);
+      EXPECT_NE(line.find("\"" + std::string(f.name) + "\":" + shown), std::string::npos) << line;
+    }
+    EXPECT_EQ(w.SamePath(base), f.role == WindowFieldRole::kTiming) << f.name;
+  }
+}
+
 }  // namespace
 }  // namespace lockstep

@@ -107,7 +107,7 @@ nlohmann::ordered_json Digest(const ExportReader& reader) {
       Status s = reader.ReadRows(cp, it, 0, it.rows(), bytes.data());
       if (!s.ok()) throw std::runtime_error(s.ToString());
       const std::string key = cp.name + "/" + it.rel;
-      items[key] = ShapeString(it.dtype, it.shape) + " " + Sha256(bytes.data(), bytes.size());
+      items[key] = ShapeString(std::string(dtype_name(it.dtype)), it.shape) + " " + Sha256(bytes.data(), bytes.size());
       if (it.has_scales) {
         std::vector<float> scales(static_cast<std::size_t>(it.rows() * it.scale_row_elems));
         s = reader.ReadScaleRows(cp, it, 0, it.rows(), scales.data());

@@ -21,6 +21,7 @@
 
 #include "lockstep/instrument/export_writer.h"
 #include "lockstep/h5/handle.h"
+#include "lockstep/h5/rows.h"
 #include "test_util.h"
 
 namespace lockstep {
@@ -118,6 +119,68 @@ TEST(Export, PathsMatchSchemaBothWays) {
   H5Sget_simple_extent_dims(esp.get(), &n_ev, nullptr);
   EXPECT_GT(n_ev, 0u);
   EXPECT_EQ(n_ev % 2, 0u) << "begin and end events come in pairs";
+}
+
+// The tables' row layouts (h5/rows.h) are the writer's and the reader's: each table of a written
+// export has exactly the shared compound type, and that type has the byte layout lockstep.export
+// v1 files have always had (sizes and member offsets as recorded before rows.h existed).
+TEST(Export, TablesHaveTheSharedRowLayouts) {
+  const std::string path = RunExport("rowlayouts", "--export-windows 0-1");
+  H5Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  ASSERT_TRUE(f.valid());
+  struct Member {
+    const char* name;
+    std::size_t offset;
+  };
+  struct Table {
+    const char* path;
+    H5Handle type;
+    std::size_t size;
+    std::vector<Member> members;
+  };
+  Table tables[] = {
+      {"/index/items", IndexRowType(), 216,
+       {{"checkpoint", 0}, {"rel", 32}, {"kind", 96}, {"dtype", 112}, {"stage", 120}, {"layer", 124},
+        {"rank", 128}, {"dims", 136}, {"valid_rows", 168}, {"capacity_rows", 176}, {"offset", 184},
+        {"scale_offset", 192}, {"scale_dims", 200}}},
+      {"/trace/windows", RowType(sizeof(TraceWindowRow), kTraceWindowFields), 96,
+       {{"idx", 0}, {"p", 4}, {"T", 8}, {"T_mtp", 12}, {"merged", 16}, {"from_sfx", 17},
+        {"first_call", 18}, {"chain_n", 20}, {"accepted", 24}, {"begin_ns", 32}, {"end_ns", 40},
+        {"verify_ns", 48}, {"wait_ns", 56}, {"compute_ns", 64}, {"draft_ns", 72}, {"commit_ns", 80},
+        {"export_ns", 88}}},
+      {"/trace/stages", RowType(sizeof(TraceStageRow), kTraceStageFields), 72,
+       {{"window", 0}, {"stage", 4}, {"wait_ns", 8}, {"compute_ns", 16}, {"cpu_ns", 24},
+        {"dev_wait_ns", 32}, {"dev_compute_ns", 40}, {"dev_copy_ns", 48}, {"init_ns", 56},
+        {"graph", 64}}},
+      {"/trace/samples", RowType(sizeof(HostSampleRow), kHostSampleFields), 40,
+       {{"t_ns", 0}, {"host_available_bytes", 8}, {"swap_used_bytes", 16}, {"rss_bytes", 24},
+        {"process_cpu_ns", 32}}},
+      {"/trace/device_samples", RowType(sizeof(DeviceSampleRow), kDeviceSampleFields), 48,
+       {{"t_ns", 0}, {"device", 8}, {"free_bytes", 16}, {"total_bytes", 24}, {"temperature_c", 32},
+        {"sm_clock_mhz", 36}, {"pcie_gen", 40}, {"pcie_width", 44}}},
+  };
+  // /trace/windows' columns are WindowRecord's scalar fields of the same names (window.h).
+  for (const RowField& c : kTraceWindowFields) {
+    const WindowField* wf = FindWindowField(c.name);
+    ASSERT_NE(wf, nullptr) << c.name;
+    EXPECT_NE(wf->kind, WindowFieldKind::kTokens) << c.name;
+    EXPECT_NE(wf->kind, WindowFieldKind::kSource) << c.name;
+  }
+  for (const Table& t : tables) {
+    ASSERT_TRUE(t.type.valid()) << t.path;
+    H5Handle ds(H5Dopen2(f.get(), t.path, H5P_DEFAULT));
+    ASSERT_TRUE(ds.valid()) << t.path;
+    H5Handle ft(H5Dget_type(ds.get()));
+    EXPECT_GT(H5Tequal(ft.get(), t.type.get()), 0) << t.path << ": not the rows.h type";
+    EXPECT_EQ(H5Tget_size(ft.get()), t.size) << t.path;
+    ASSERT_EQ(H5Tget_nmembers(ft.get()), static_cast<int>(t.members.size())) << t.path;
+    for (std::size_t i = 0; i < t.members.size(); ++i) {
+      const int idx = H5Tget_member_index(ft.get(), t.members[i].name);
+      ASSERT_EQ(idx, static_cast<int>(i)) << t.path << " " << t.members[i].name;
+      EXPECT_EQ(H5Tget_member_offset(ft.get(), static_cast<unsigned>(idx)), t.members[i].offset)
+          << t.path << " " << t.members[i].name;
+    }
+  }
 }
 
 TEST(Export, RowsCapacitiesAndCheckpointAttributes) {

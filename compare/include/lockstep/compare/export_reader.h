@@ -47,6 +47,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/engine/dtype.h"
+#include "lockstep/engine/observer.h"
 #include "lockstep/engine/status.h"
 #include "lockstep/engine/window.h"
 
@@ -69,10 +71,10 @@ struct ReaderLimits {
 // One checkpoint item (a dataset under /checkpoints/{W:05d}_{point}/...).
 struct ExportItem {
   std::string rel;           // path inside the checkpoint, the match key: "stage0/layer3/k"
-  std::string kind;          // attr `kind`: k, v, k_spec, v_spec, conv_state, ssm_state, mtp_k, mtp_v, hidden_out, logits
+  ItemKind kind = ItemKind::kK;  // attr `kind` (its name, observer.h), checked against the path
   int stage = -1;            // attr `stage`
   int layer = -1;            // attr `layer` (-1 for mtp / hidden_out / logits)
-  std::string dtype;         // attr `dtype`: "f32" | "bf16" | "int8", checked against the HDF5 type
+  DType dtype = DType::kF32; // attr `dtype`: "f32" | "bf16" | "int8", checked against the HDF5 type
   std::vector<std::int64_t> shape;  // dataset dims, rows first (rank >= 1)
   std::int64_t valid_rows = 0;      // attr `valid_rows` (== shape[0])
   std::int64_t capacity_rows = 0;   // attr `capacity_rows` (>= valid_rows)
@@ -86,7 +88,7 @@ struct ExportItem {
 struct ExportCheckpoint {
   std::string name;    // "00000_commit"
   int window = 0;      // attr `window`
-  std::string point;   // attr `point`: pre_verify | post_verify | commit
+  CheckpointPoint point = CheckpointPoint::kPreVerify;  // attr `point` (its name, observer.h)
   std::int64_t p = 0, T = 0, committed_rows = 0, spec_rows = 0, recurrent_pos = 0;
   std::vector<ExportItem> items;  // sorted by (stage, layer with -1 last, kind order of the schema)
 };

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/engine/observer.h"
 #include "lockstep/engine/status.h"
 
 namespace lockstep {
@@ -28,7 +29,7 @@ struct Injection {
   int window = -1;  // -1: any
   double ms = 0.0;  // delay
   int layer = -1;   // perturb: global layer index (layer items)
-  std::string item; // perturb: k | v | conv_state | ssm_state | hidden_out | logits
+  ItemKind item = ItemKind::kK;  // perturb: one of IsPerturbable (observer.h)
   double eps = 0.0; // perturb: relative size, the item is multiplied by (1 + eps)
   std::string text;  // as given
 };

@@ -16,12 +16,30 @@
 // full-attention layer; conv_state and ssm_state of every GDN layer; mtp k/v on the last stage
 // (when the model has MTP); hidden_out (post_verify, every stage but the last) and logits
 // (post_verify, last stage).
+//
+// Threading: every call comes from the thread that runs Generate() (decode/generate.cpp), one at
+// a time and in order (WantsCheckpoint, then OnCheckpointBegin / OnState... / OnCheckpointEnd,
+// then OnWindow after the window's commit): calls never overlap, and an observer used by one
+// request needs no lock. The engine waits while a call runs, so an implementation may block (the
+// exporter applies back-pressure when its queue is full: the time shows in export_ns) and may hand
+// copies to threads of its own, but must not touch the engine or keep a view or its row/scales
+// functions past OnState. WantsCheckpoint may be asked more than once per (window, point) and must
+// give the same answer each time.
+//
+// Failures: the calls return nothing and cannot stop the request; generation goes on whatever an
+// observer does. An observer that fails (a write error) keeps its first error and reports it
+// through its own interface once the request is over: H5Exporter::Finish returns it, and
+// `lockstep generate` prints the output tokens first and then exits with that Status's code
+// (kIOError: exit 3; the partial export stays as FILE.partial). No exception may leave a call.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lockstep/engine/dtype.h"
@@ -29,11 +47,46 @@
 
 namespace lockstep {
 
-enum class CheckpointPoint : std::uint8_t { kPreVerify, kPostVerify, kCommit };
-const char* CheckpointPointName(CheckpointPoint p);  // "pre_verify" | "post_verify" | "commit"
+// ---- names: the one spelling of each point and kind (export paths and attributes, the index,
+// --points / --export-points, --nrmse-kind, --inject item=, reports). Each enum's order is the
+// schema's order (checkpoints sort by point, items by kind in it); All*() iterates it. ----
 
-enum class ItemKind : std::uint8_t { kK, kV, kKSpec, kVSpec, kConvState, kSsmState, kMtpK, kMtpV, kHiddenOut, kLogits };
-const char* ItemKindName(ItemKind k);  // "k", "v", "k_spec", "v_spec", "conv_state", ... as in the schema
+enum class CheckpointPoint : std::uint8_t { kPreVerify, kPostVerify, kCommit };
+inline constexpr std::size_t kNumCheckpointPoints = 3;
+// "pre_verify" | "post_verify" | "commit"; "?" for a value outside the enum.
+const char* CheckpointPointName(CheckpointPoint p);
+// The point spelled `name` exactly (case-sensitive); nullopt for anything else.
+std::optional<CheckpointPoint> ParseCheckpointPoint(std::string_view name);
+// Every point in schema order.
+constexpr std::array<CheckpointPoint, kNumCheckpointPoints> AllCheckpointPoints() {
+  std::array<CheckpointPoint, kNumCheckpointPoints> a{};
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<CheckpointPoint>(i);
+  return a;
+}
+
+enum class ItemKind : std::uint8_t {
+  kK, kV, kKSpec, kVSpec, kConvState, kSsmState, kMtpK, kMtpV, kHiddenOut, kLogits
+};
+inline constexpr std::size_t kNumItemKinds = 10;
+// "k", "v", "k_spec", "v_spec", "conv_state", "ssm_state", "mtp_k", "mtp_v", "hidden_out",
+// "logits" (the schema's `kind` attribute); "?" for a value outside the enum.
+const char* ItemKindName(ItemKind k);
+// The kind spelled `name` exactly (case-sensitive); nullopt for anything else.
+std::optional<ItemKind> ParseItemKind(std::string_view name);
+// Every kind in schema order.
+constexpr std::array<ItemKind, kNumItemKinds> AllItemKinds() {
+  std::array<ItemKind, kNumItemKinds> a{};
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<ItemKind>(i);
+  return a;
+}
+// Kinds of one layer (k, v, k_spec, v_spec of an attention layer; conv_state, ssm_state of a GDN
+// layer): their StateView::layer is the global layer index; every other kind's is -1.
+constexpr bool IsLayerItem(ItemKind k) { return k <= ItemKind::kSsmState; }
+// The kinds `--inject perturb:...:item=I` accepts: k, v, conv_state, ssm_state, hidden_out, logits.
+constexpr bool IsPerturbable(ItemKind k) {
+  return k == ItemKind::kK || k == ItemKind::kV || k == ItemKind::kConvState ||
+         k == ItemKind::kSsmState || k == ItemKind::kHiddenOut || k == ItemKind::kLogits;
+}
 
 struct CheckpointInfo {
   int window = 0;

@@ -26,6 +26,7 @@
 #include "lockstep/engine/expert_cache.h"
 #include "lockstep/engine/gdn_state.h"
 #include "lockstep/engine/kv_cache.h"
+#include "lockstep/engine/observer.h"
 #include "lockstep/engine/status.h"
 #include "lockstep/engine/transport.h"
 #include "lockstep/engine/window.h"
@@ -76,9 +77,10 @@ class StageSession {
   // The activations this stage hands on, f32 [T, H] in host memory (a copy for observers).
   virtual void HiddenToHost(const Activation& act, std::vector<float>* out) = 0;
   // Fault injection (inject.h `perturb`), after this stage's verify forward: multiplies `item`
-  // ("k", "v", "conv_state", "ssm_state" of global layer `layer`, or "hidden_out" of act) by
-  // `factor`. K/V: the window's speculative rows; GDN: every per-step state of the window.
-  virtual void Perturb(const std::string& item, int layer, float factor, Activation& act) = 0;
+  // (kK, kV, kConvState, kSsmState of global layer `layer`, or kHiddenOut of act) by `factor`.
+  // K/V: the window's speculative rows; GDN: every per-step state of the window. Other kinds:
+  // no-op (logits are perturbed by the engine on the host).
+  virtual void Perturb(ItemKind item, int layer, float factor, Activation& act) = 0;
   // Device backends: overwrites the dev_* fields of `t` with the device-event timings of the
   // last verify forward (called after the window's logits reached the host). No-op on the CPU.
   virtual void FillDeviceTiming(StageTiming* t) { (void)t; }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lockstep/engine/status.h"
@@ -78,6 +79,44 @@ struct WindowRecord {
   std::string ToJsonLine() const;  // one line, no trailing newline
   static Result<WindowRecord> FromJsonLine(std::string_view line, const std::string& label);
 };
+
+// ---- fields: one table of WindowRecord's fields for every writer and reader of records ----
+// JSON lines (ToJsonLine / FromJsonLine), the HDF5 trace (instrument/ writes /trace/windows and
+// compare/ reads it, matching h5/rows.h's columns to these names), the Chrome trace's span args,
+// align's path fields and SamePath all go through WindowFields(). Order: the JSON-lines order.
+// `stages` (per-stage timings, nested) is not in the table.
+enum class WindowFieldKind : std::uint8_t {
+  kInt,     // int; JSON integer, required
+  kBool,    // bool; JSON true / false
+  kSource,  // DraftSource; JSON its DraftSourceName, required
+  kTokens,  // std::vector<std::int32_t>; JSON array of integers, required
+  kNs,      // std::int64_t nanoseconds; JSON integer
+};
+enum class WindowFieldRole : std::uint8_t {
+  kIndex,   // idx
+  kPath,    // what the comparator aligns on (SamePath compares these and idx)
+  kTiming,  // measured, never compared for equality
+};
+
+struct WindowField {
+  const char* name;  // the JSON key, HDF5 column and Chrome trace arg
+  WindowFieldKind kind;
+  WindowFieldRole role;
+  bool optional;  // JSON lines: may be absent (older traces); reads as 0 / false
+  bool nullable;  // kNs: -1 = unknown, written as null; absent, null or not a number read as -1
+  // Scalars (every kind but kTokens): the value as an integer (bools 0/1, source its enum value);
+  // set() takes it back unchecked (callers range-check first).
+  std::int64_t (*get)(const WindowRecord& w);
+  void (*set)(WindowRecord& w, std::int64_t v);
+  std::vector<std::int32_t> WindowRecord::*tokens;  // kTokens only, else null
+};
+
+// Every field in JSON-lines order (idx, p, T, T_mtp, merged, from_sfx, chain_n, accepted, source,
+// draft, emitted, begin_ns, end_ns, draft_ns, verify_ns, wait_ns, compute_ns, commit_ns,
+// export_ns, first_call). Static storage; thread-safe.
+const std::vector<WindowField>& WindowFields();
+// The field called `name`; null when there is none.
+const WindowField* FindWindowField(std::string_view name);
 
 // Reads a JSON-lines file of window records (e.g. written by --trace-jsonl). An unterminated
 // last line that does not parse is the torn record of a writer killed mid-write: it is dropped,
