@@ -252,12 +252,10 @@ Status Thresholds::SetKindOverride(std::string_view spec) {
   return Status::Ok();
 }
 
-Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
-                               const DiffOptions& opts) {
-  const auto t0 = std::chrono::steady_clock::now();
-  LOCKSTEP_ASSIGN_OR_RETURN(WindowSelection windows,
-                            WindowSelection::Parse(opts.windows, "--windows"));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto points, ParseExportPoints(opts.points, "--points"));
+namespace {
+
+// The options' errors, before anything is read.
+Status CheckDiffOptions(const DiffOptions& opts) {
   if (!(opts.thresholds.nrmse_max >= 0.0) || !(opts.thresholds.kl_max >= 0.0))
     return Status::InvalidArgument("thresholds", "NRMSE and KL thresholds must be numbers >= 0");
   const std::int64_t min_mem = std::int64_t{16} << 20;
@@ -265,109 +263,114 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
     return Status::InvalidArgument(
         "--mem-limit",
         "at least 16 MiB (" + std::to_string(opts.mem_limit_bytes) + " bytes given)");
+  return Status::Ok();
+}
 
-  const ExportMeta& ma = a.meta();
-  const ExportMeta& mb = b.meta();
-  DiffResult d;
-  d.thresholds = opts.thresholds;
-  d.config_differences = ConfigDifferences(ma.config_json, mb.config_json);
-  d.model_differs = ma.model_sha256 != mb.model_sha256;
-  d.request_differs =
-      ma.request_sha256 != mb.request_sha256 || ma.request_tokens != mb.request_tokens;
-  d.output_differs = ma.output_tokens != mb.output_tokens || ma.stop_reason != mb.stop_reason;
-  std::string not_comparable;
-  if (d.model_differs)
-    not_comparable = "the models differ (model_sha256)";
-  else if (d.request_differs)
-    not_comparable = "the requests differ (request tokens)";
+// A selected checkpoint by name, on side A and/or B (null where that side has none).
+struct CheckpointPair {
+  std::string name;
+  const ExportCheckpoint* a = nullptr;
+  const ExportCheckpoint* b = nullptr;
+  const ExportCheckpoint& any() const { return a ? *a : *b; }
+};
 
+// The checkpoints of either export in the selection, in (window, point) order.
+std::vector<CheckpointPair> PairCheckpoints(const ExportMeta& ma, const ExportMeta& mb,
+                                            const WindowSelection& windows,
+                                            const std::set<CheckpointPoint>& points) {
   auto selected = [&](const ExportCheckpoint& cp) {
     return windows.Contains(cp.window) && points.count(cp.point) > 0;
   };
-  std::map<std::string, const ExportCheckpoint*> by_a, by_b;
+  std::map<std::string, CheckpointPair> by_name;
   for (const auto& cp : ma.checkpoints)
-    if (selected(cp)) by_a[cp.name] = &cp;
+    if (selected(cp)) by_name[cp.name].a = &cp;
   for (const auto& cp : mb.checkpoints)
-    if (selected(cp)) by_b[cp.name] = &cp;
-  std::vector<std::string> names;
-  for (const auto& [n, cp] : by_a) names.push_back(n);
-  for (const auto& [n, cp] : by_b)
-    if (!by_a.count(n)) names.push_back(n);
-  auto cp_of = [&](const std::string& n) { return by_a.count(n) ? by_a[n] : by_b[n]; };
-  std::sort(names.begin(), names.end(), [&](const std::string& x, const std::string& y) {
-    const ExportCheckpoint *cx = cp_of(x), *cy = cp_of(y);
-    return std::make_pair(cx->window, cx->point) < std::make_pair(cy->window, cy->point);
-  });
-
-  std::vector<Job> jobs;
-  for (const auto& name : names) {
-    const ExportCheckpoint* ca = by_a.count(name) ? by_a[name] : nullptr;
-    const ExportCheckpoint* cb = by_b.count(name) ? by_b[name] : nullptr;
-    CheckpointSummary cs;
-    const ExportCheckpoint& any = ca ? *ca : *cb;
-    cs.name = name;
-    cs.window = any.window;
-    cs.point = CheckpointPointName(any.point);
-    cs.p = any.p;
-    cs.T = any.T;
-    // Checkpoint-level reasons not to compare: the items are not the same state boundary.
-    std::string skip;
-    if (!not_comparable.empty())
-      skip = not_comparable;
-    else if (!ca)
-      skip = "checkpoint exported by B only";
-    else if (!cb)
-      skip = "checkpoint exported by A only";
-    else if (ca->p != cb->p || ca->T != cb->T)
-      skip = "different windows at this index (A p=" + std::to_string(ca->p) +
-             " T=" + std::to_string(ca->T) + ", B p=" + std::to_string(cb->p) +
-             " T=" + std::to_string(cb->T) + "): not the same state boundary";
-    std::map<std::string, const ExportItem*> ia, ib;
-    if (ca)
-      for (const auto& it : ca->items) ia[it.rel] = &it;
-    if (cb)
-      for (const auto& it : cb->items) ib[it.rel] = &it;
-    std::vector<const ExportItem*> order;
-    for (const auto& [rel, it] : ia) order.push_back(it);
-    for (const auto& [rel, it] : ib)
-      if (!ia.count(rel)) order.push_back(it);
-    std::sort(order.begin(), order.end(), [](const ExportItem* x, const ExportItem* y) {
-      auto key = [](const ExportItem* i) {
-        return std::make_tuple(i->stage, i->layer < 0 ? 1 << 30 : i->layer, i->kind, i->rel);
-      };
-      return key(x) < key(y);
-    });
-    for (const ExportItem* it : order) {
-      const ExportItem* xa = ia.count(it->rel) ? ia[it->rel] : nullptr;
-      const ExportItem* xb = ib.count(it->rel) ? ib[it->rel] : nullptr;
-      ItemResult r = SkeletonFor(any, *it, opts.thresholds);
-      if (!skip.empty()) {
-        r.verdict = Verdict::kSkip;
-        r.reason = skip;
-      } else if (!xa || !xb) {
-        r.verdict = Verdict::kFail;
-        r.reason = std::string("missing in ") + (xa ? "B" : "A");
-      } else if (xa->kind != xb->kind || xa->dtype != xb->dtype) {
-        r.verdict = Verdict::kFail;
-        r.reason = std::string("kind/dtype differ: A ") + ItemKindName(xa->kind) + "/" +
-                   std::string(dtype_name(xa->dtype)) + ", B " + ItemKindName(xb->kind) + "/" +
-                   std::string(dtype_name(xb->dtype));
-      } else if (xa->shape != xb->shape) {
-        r.verdict = Verdict::kFail;
-        r.reason = "shape differs: A " + ShapeText(xa->shape) + ", B " + ShapeText(xb->shape);
-      } else if (xa->has_scales != xb->has_scales) {
-        r.verdict = Verdict::kFail;
-        r.reason = "int8 scales present on one side only";
-      } else {
-        jobs.push_back(Job{ca, cb, xa, xb, d.items.size()});
-      }
-      d.items.push_back(std::move(r));
-    }
-    d.checkpoints.push_back(std::move(cs));
+    if (selected(cp)) by_name[cp.name].b = &cp;
+  std::vector<CheckpointPair> pairs;
+  for (auto& [name, pair] : by_name) {
+    pair.name = name;
+    pairs.push_back(pair);
   }
+  std::stable_sort(pairs.begin(), pairs.end(), [](const CheckpointPair& x, const CheckpointPair& y) {
+    return std::make_pair(x.any().window, x.any().point) <
+           std::make_pair(y.any().window, y.any().point);
+  });
+  return pairs;
+}
 
-  // Parallel over items: workers pull the next job; each holds two read buffers of at most
-  // block bytes (plus scales), so the whole diff stays under mem_limit.
+// Why a whole checkpoint is not compared (empty: it is): the items are not the same state
+// boundary.
+std::string CheckpointSkipReason(const CheckpointPair& pair, const std::string& not_comparable) {
+  const ExportCheckpoint* ca = pair.a;
+  const ExportCheckpoint* cb = pair.b;
+  std::string skip;
+  if (!not_comparable.empty())
+    skip = not_comparable;
+  else if (!ca)
+    skip = "checkpoint exported by B only";
+  else if (!cb)
+    skip = "checkpoint exported by A only";
+  else if (ca->p != cb->p || ca->T != cb->T)
+    skip = "different windows at this index (A p=" + std::to_string(ca->p) +
+           " T=" + std::to_string(ca->T) + ", B p=" + std::to_string(cb->p) +
+           " T=" + std::to_string(cb->T) + "): not the same state boundary";
+  return skip;
+}
+
+// The item results of one checkpoint pair, in (stage, layer, kind) order, appended to d.items;
+// the items both sides hold with the same kind, dtype and shape become jobs.
+void PlanCheckpoint(const CheckpointPair& pair, const std::string& skip, const DiffOptions& opts,
+                    DiffResult& d, std::vector<Job>& jobs) {
+  const ExportCheckpoint* ca = pair.a;
+  const ExportCheckpoint* cb = pair.b;
+  const ExportCheckpoint& any = pair.any();
+  std::map<std::string, const ExportItem*> ia, ib;
+  if (ca)
+    for (const auto& it : ca->items) ia[it.rel] = &it;
+  if (cb)
+    for (const auto& it : cb->items) ib[it.rel] = &it;
+  std::vector<const ExportItem*> order;
+  for (const auto& [rel, it] : ia) order.push_back(it);
+  for (const auto& [rel, it] : ib)
+    if (!ia.count(rel)) order.push_back(it);
+  std::sort(order.begin(), order.end(), [](const ExportItem* x, const ExportItem* y) {
+    auto key = [](const ExportItem* i) {
+      return std::make_tuple(i->stage, i->layer < 0 ? 1 << 30 : i->layer, i->kind, i->rel);
+    };
+    return key(x) < key(y);
+  });
+  for (const ExportItem* it : order) {
+    const ExportItem* xa = ia.count(it->rel) ? ia[it->rel] : nullptr;
+    const ExportItem* xb = ib.count(it->rel) ? ib[it->rel] : nullptr;
+    ItemResult r = SkeletonFor(any, *it, opts.thresholds);
+    if (!skip.empty()) {
+      r.verdict = Verdict::kSkip;
+      r.reason = skip;
+    } else if (!xa || !xb) {
+      r.verdict = Verdict::kFail;
+      r.reason = std::string("missing in ") + (xa ? "B" : "A");
+    } else if (xa->kind != xb->kind || xa->dtype != xb->dtype) {
+      r.verdict = Verdict::kFail;
+      r.reason = std::string("kind/dtype differ: A ") + ItemKindName(xa->kind) + "/" +
+                 std::string(dtype_name(xa->dtype)) + ", B " + ItemKindName(xb->kind) + "/" +
+                 std::string(dtype_name(xb->dtype));
+    } else if (xa->shape != xb->shape) {
+      r.verdict = Verdict::kFail;
+      r.reason = "shape differs: A " + ShapeText(xa->shape) + ", B " + ShapeText(xb->shape);
+    } else if (xa->has_scales != xb->has_scales) {
+      r.verdict = Verdict::kFail;
+      r.reason = "int8 scales present on one side only";
+    } else {
+      jobs.push_back(Job{ca, cb, xa, xb, d.items.size()});
+    }
+    d.items.push_back(std::move(r));
+  }
+}
+
+// Compares every job's item pair, in parallel over items: workers pull the next job; each holds
+// two read buffers of at most block bytes (plus scales), so the whole diff stays under mem_limit.
+Status RunJobs(const ExportReader& a, const ExportReader& b, const std::vector<Job>& jobs,
+               const DiffOptions& opts, DiffResult& d) {
   int threads = opts.threads > 0
                     ? opts.threads
                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -399,6 +402,11 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
   for (const auto& s : errors) LOCKSTEP_RETURN_IF_ERROR(s);
   for (auto x : bytes) d.bytes_read += x;
 
+  return Status::Ok();
+}
+
+// Judges every item and counts the verdicts per checkpoint and in all.
+void Tally(DiffResult& d) {
   std::size_t ic = 0;
   for (auto& cs : d.checkpoints) {
     for (; ic < d.items.size() && d.items[ic].checkpoint == cs.name; ++ic) {
@@ -424,6 +432,47 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
     d.failed += cs.failed;
     d.skipped += cs.skipped;
   }
+}
+
+}  // namespace
+
+Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
+                               const DiffOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  LOCKSTEP_ASSIGN_OR_RETURN(WindowSelection windows,
+                            WindowSelection::Parse(opts.windows, "--windows"));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto points, ParseExportPoints(opts.points, "--points"));
+  LOCKSTEP_RETURN_IF_ERROR(CheckDiffOptions(opts));
+
+  const ExportMeta& ma = a.meta();
+  const ExportMeta& mb = b.meta();
+  DiffResult d;
+  d.thresholds = opts.thresholds;
+  d.config_differences = ConfigDifferences(ma.config_json, mb.config_json);
+  d.model_differs = ma.model_sha256 != mb.model_sha256;
+  d.request_differs =
+      ma.request_sha256 != mb.request_sha256 || ma.request_tokens != mb.request_tokens;
+  d.output_differs = ma.output_tokens != mb.output_tokens || ma.stop_reason != mb.stop_reason;
+  std::string not_comparable;
+  if (d.model_differs)
+    not_comparable = "the models differ (model_sha256)";
+  else if (d.request_differs)
+    not_comparable = "the requests differ (request tokens)";
+
+  std::vector<Job> jobs;
+  for (const CheckpointPair& pair : PairCheckpoints(ma, mb, windows, points)) {
+    const ExportCheckpoint& any = pair.any();
+    CheckpointSummary cs;
+    cs.name = pair.name;
+    cs.window = any.window;
+    cs.point = CheckpointPointName(any.point);
+    cs.p = any.p;
+    cs.T = any.T;
+    PlanCheckpoint(pair, CheckpointSkipReason(pair, not_comparable), opts, d, jobs);
+    d.checkpoints.push_back(std::move(cs));
+  }
+  LOCKSTEP_RETURN_IF_ERROR(RunJobs(a, b, jobs, opts, d));
+  Tally(d);
   d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return d;
 }
