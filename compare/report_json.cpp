@@ -26,19 +26,18 @@ Json Num(double v) { return std::isfinite(v) ? Json(v) : Json(FormatMetric(v)); 
 // -1 is the exports' "unknown" (STYLE 17): null in JSON, never a number.
 Json Known(std::int64_t v) { return v < 0 ? Json(nullptr) : Json(v); }
 
+// A window's scalar index and path fields (WindowFields(): idx, p, T, T_mtp, merged, from_sfx,
+// chain_n, accepted, in that order), then its verify time.
 Json WindowJson(const std::optional<WindowRecord>& w) {
   if (!w) return nullptr;
-  const Json verify_ms =
-      w->verify_ns < 0 ? Json(nullptr) : Num(static_cast<double>(w->verify_ns) / 1e6);
-  return Json{{"idx", w->idx},
-              {"p", w->p},
-              {"T", w->T},
-              {"T_mtp", w->T_mtp},
-              {"merged", w->merged},
-              {"from_sfx", w->from_sfx},
-              {"chain_n", w->chain_n},
-              {"accepted", w->accepted},
-              {"verify_ms", verify_ms}};
+  Json j = Json::object();
+  for (const WindowField& f : WindowFields()) {
+    if (f.role == WindowFieldRole::kTiming) continue;
+    if (f.kind == WindowFieldKind::kInt) j[f.name] = f.get(*w);
+    if (f.kind == WindowFieldKind::kBool) j[f.name] = f.get(*w) != 0;
+  }
+  j["verify_ms"] = w->verify_ns < 0 ? Json(nullptr) : Num(static_cast<double>(w->verify_ns) / 1e6);
+  return j;
 }
 
 Json NotableJson(const std::vector<NotableWindow>& v) {

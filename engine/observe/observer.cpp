@@ -28,6 +28,12 @@ std::optional<CheckpointPoint> ParseCheckpointPoint(std::string_view name) {
   return std::nullopt;
 }
 
+std::vector<std::string> AllCheckpointPointNames() {
+  std::vector<std::string> names;
+  for (CheckpointPoint p : AllCheckpointPoints()) names.emplace_back(CheckpointPointName(p));
+  return names;
+}
+
 const char* ItemKindName(ItemKind k) {
   const auto i = static_cast<std::size_t>(k);
   return i < kKindNames.size() ? kKindNames[i] : "?";

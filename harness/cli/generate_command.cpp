@@ -165,18 +165,17 @@ ExportRunInfo BuildRunInfo(const GenerateOptions& opts, Engine& engine, const Mo
 Status FinishExport(H5Exporter& exporter, const ExportRunInfo& meta, const std::string& path) {
   LOCKSTEP_RETURN_IF_ERROR(exporter.Finish(meta));
   // The seed's "93 / 94 / 93": items per checkpoint, for the first exported window.
-  std::string counts;
-  for (CheckpointPoint pt :
-       {CheckpointPoint::kPreVerify, CheckpointPoint::kPostVerify, CheckpointPoint::kCommit}) {
+  std::string names, counts;
+  for (CheckpointPoint pt : AllCheckpointPoints()) {
     auto it = exporter.item_counts().find(pt);
+    names += (names.empty() ? "" : " / ") + std::string(CheckpointPointName(pt));
     counts +=
         (counts.empty() ? "" : " / ") + (it == exporter.item_counts().end() || it->second.empty()
                                              ? std::string("-")
                                              : std::to_string(it->second.front()));
   }
-  std::fprintf(stderr,
-               "export: wrote %s; items per checkpoint (pre_verify / post_verify / commit): %s\n",
-               path.c_str(), counts.c_str());
+  std::fprintf(stderr, "export: wrote %s; items per checkpoint (%s): %s\n", path.c_str(),
+               names.c_str(), counts.c_str());
   return Status::Ok();
 }
 

@@ -63,6 +63,8 @@ constexpr std::array<CheckpointPoint, kNumCheckpointPoints> AllCheckpointPoints(
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<CheckpointPoint>(i);
   return a;
 }
+// Every point's name in schema order (the default of --export-points and of a plan's points).
+std::vector<std::string> AllCheckpointPointNames();
 
 enum class ItemKind : std::uint8_t {
   kK, kV, kKSpec, kVSpec, kConvState, kSsmState, kMtpK, kMtpV, kHiddenOut, kLogits

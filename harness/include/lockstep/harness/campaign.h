@@ -16,6 +16,7 @@
 
 #include "lockstep/compare/state_diff.h"
 #include "lockstep/engine/engine_config.h"
+#include "lockstep/engine/observer.h"
 #include "lockstep/engine/status.h"
 
 namespace lockstep {
@@ -44,7 +45,7 @@ struct RequestSpec {
 
 struct ExportPlan {
   std::string windows = "0-2";  // state arms: --export-windows
-  std::vector<std::string> points{"pre_verify", "post_verify", "commit"};
+  std::vector<std::string> points = AllCheckpointPointNames();  // state arms: --export-points
   int sample_ms = 100;
 };
 
