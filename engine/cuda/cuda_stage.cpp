@@ -433,7 +433,7 @@ Status CudaStageSession::Graphed(SectionGraph& gr, const std::function<std::vect
     }
     // Capture. The host bookkeeping of the section (K/V rows written, GDN steps, routing records)
     // happens as the capture runs it; a replay redoes it below.
-    const std::int64_t t0 = MonoNs();
+    const std::int64_t t0 = MonotonicNs();
     const DeviceArena::Mark arena0 = d.arena.Here();
     cudaError_t e = cudaStreamBeginCapture(d.s(), cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) {
@@ -460,7 +460,7 @@ Status CudaStageSession::Graphed(SectionGraph& gr, const std::function<std::vect
     gr.route_used = d.route_used;
     gr.arena_end = d.arena.Here();
     ++d.graph_captures;
-    d.init_ns += MonoNs() - t0;
+    d.init_ns += MonotonicNs() - t0;
     *use = GraphUse::kCapture;
   } else {
     replay();
@@ -506,7 +506,7 @@ Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, A
   auto run = [&]() -> Status {
     // One-time set-up on first use: the cuBLAS handle and its fixed workspace (counted as init).
     if (!d.cublas) {
-      const std::int64_t t0 = MonoNs();
+      const std::int64_t t0 = MonotonicNs();
       cublasHandle_t hnd = nullptr;
       LOCKSTEP_CUBLAS_CHECK(cublasCreate(&hnd));
       d.cublas.reset(hnd);
@@ -515,7 +515,7 @@ Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, A
       LOCKSTEP_CUBLAS_CHECK(cublasSetWorkspace(hnd, d.cublas_ws.get(), d.cublas_ws.bytes()));
       LOCKSTEP_CUBLAS_CHECK(cublasSetMathMode(
           hnd, backend_->deterministic() ? CUBLAS_PEDANTIC_MATH : CUBLAS_TF32_TENSOR_OP_MATH));
-      d.init_ns += MonoNs() - t0;
+      d.init_ns += MonotonicNs() - t0;
     }
     // Routing of the previous call is final once its work is done; our stream is in order, so
     // syncing on the previous done event is enough (normally long finished).

@@ -3,8 +3,6 @@
 // Not a public header: engine/cuda only.
 #pragma once
 
-#include <time.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -16,6 +14,7 @@
 
 #include "cuda/cuda_handles.h"
 #include "cuda/ops.h"
+#include "lockstep/engine/clock.h"
 #include "lockstep/engine/expert_cache.h"
 #include "lockstep/engine/gdn_state.h"
 #include "lockstep/engine/kv_cache.h"
@@ -27,12 +26,6 @@ namespace lockstep::cuda {
 namespace detail {
 
 inline std::size_t U(int x) { return static_cast<std::size_t>(x); }
-
-inline std::int64_t MonoNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
 
 inline int KvDtypeCode(DType d) { return d == DType::kF32 ? 0 : d == DType::kBF16 ? 1 : 2; }
 
@@ -115,11 +108,11 @@ class DeviceArena {
       ++block_;
       offset_ = 0;
     }
-    const std::int64_t t0 = MonoNs();
+    const std::int64_t t0 = MonotonicNs();
     Block b;
     b.floats = std::max<std::size_t>(n, std::size_t{16} << 20);  // 64 MiB blocks
     LOCKSTEP_ASSIGN_OR_RETURN(b.buf, DeviceBuffer::Alloc(b.floats * sizeof(float), "scratch arena block"));
-    *alloc_ns += MonoNs() - t0;
+    *alloc_ns += MonotonicNs() - t0;
     blocks_.push_back(std::move(b));
     block_ = blocks_.size() - 1;
     offset_ = n;
