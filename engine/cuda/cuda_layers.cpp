@@ -427,45 +427,4 @@ Status SyncGdn(DeviceStageImpl& d, DGdn& g) {
   return Status::Ok();
 }
 
-namespace {
-void AddToKey(std::vector<std::uintptr_t>& key, const void* p, std::size_t n) {
-  key.push_back(reinterpret_cast<std::uintptr_t>(p));
-  key.push_back(n);
-}
-}  // namespace
-
-std::vector<std::uintptr_t> MtpLayoutKey(const DeviceStageImpl& d) {
-  std::vector<std::uintptr_t> key = LayoutKey(d);
-  AddToKey(key, d.mtp_hidden.get(), U(d.mtp_rows));
-  if (d.mtp_kv) {
-    AddToKey(key, d.mtp_kv->k.get(), U(d.mtp_kv->capacity));
-    AddToKey(key, d.mtp_kv->v.get(), 0);
-    AddToKey(key, d.mtp_kv->ks.get(), 0);
-    AddToKey(key, d.mtp_kv->vs.get(), 0);
-  }
-  return key;
-}
-
-std::vector<std::uintptr_t> LayoutKey(const DeviceStageImpl& d) {
-  std::vector<std::uintptr_t> key;
-  auto add = [&key](const void* p, std::size_t n) { AddToKey(key, p, n); };
-  add(d.hidden.get(), U(d.hidden_rows));
-  add(d.widen.get(), d.widen.bytes());
-  add(d.route_host.get(), d.route_cap);
-  key.push_back(d.arena.blocks());  // arena blocks are never freed: a new one is the only change
-  for (const auto& kv : d.kv) {
-    if (!kv) continue;
-    add(kv->k.get(), U(kv->capacity));
-    add(kv->v.get(), 0);
-    add(kv->ks.get(), 0);
-    add(kv->vs.get(), 0);
-  }
-  for (const auto& g : d.gdn) {
-    if (!g) continue;
-    add(g->steps_conv.get(), U(g->steps_capacity));
-    add(g->steps_ssm.get(), 0);
-  }
-  return key;
-}
-
 }  // namespace lockstep::cuda::detail

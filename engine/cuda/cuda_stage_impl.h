@@ -1,5 +1,6 @@
-// Internals of the CUDA stage session shared by cuda_stage.cpp (the session: weights, state,
-// the StageSession calls) and cuda_layers.cpp (the forward op by op, host copies and mirrors).
+// Internals of the CUDA stage session shared by cuda_stage.cpp (the session: set-up, state, the
+// StageSession calls), cuda_weights.cpp (weight packing), cuda_graphs.cpp (CUDA graph capture and
+// replay, layout keys) and cuda_layers.cpp (the forward op by op, host copies and mirrors).
 // Not a public header: engine/cuda only.
 #pragma once
 
@@ -15,6 +16,7 @@
 #include "cuda/cuda_handles.h"
 #include "cuda/ops.h"
 #include "lockstep/engine/clock.h"
+#include "lockstep/engine/engine_config.h"
 #include "lockstep/engine/expert_cache.h"
 #include "lockstep/engine/gdn_state.h"
 #include "lockstep/engine/kv_cache.h"
@@ -221,7 +223,7 @@ struct DeviceStageImpl {
   DeviceBuffer pos;
 
   // CUDA graphs of the verify / decode layer loop, one per window size T (see RunLayers in
-  // cuda_stage.cpp), and of the MTP head's forward, one per (T, logit rows) (MtpForward).
+  // cuda_graphs.cpp), and of the MTP head's forward, one per (T, logit rows) (MtpForward).
   std::map<int, SectionGraph> graphs;
   std::map<std::pair<int, int>, SectionGraph> mtp_graphs;
   std::string graphs_off;  // why this stage stopped using graphs ("" while it may)
@@ -231,6 +233,26 @@ struct DeviceStageImpl {
 
   cudaStream_t s() const { return stream.get(); }
 };
+
+// ---- weights (cuda_weights.cpp) ----
+
+// What a stage holds: its layers [layer_begin, layer_end) and the model's ends.
+struct StageWeightsSpec {
+  int layer_begin = 0;
+  int layer_end = 0;
+  bool first = false;  // the embedding table
+  bool last = false;   // lm_head and the final norm
+  bool mtp = false;    // the MTP head (last stage of a model that has one; needs the embedding)
+};
+// Uploads the stage's weights into d (synchronous: start-up only). Sets weights_bf16 (matrices as
+// bf16 when every value is one, unless LOCKSTEP_CUDA_F32_WEIGHTS=1), makes the expert residency
+// maps (experts, mtp_experts: the CPU's map), packs every non-expert weight and the resident
+// experts into `dense` and the other routed experts into pinned `host_experts`, and uploads the
+// experts' pointer tables (ptr_tables). kRuntime on device errors.
+Status UploadWeights(const ModelWeights& w, const EngineConfig& cfg, const StageWeightsSpec& spec,
+                     DeviceStageImpl& d);
+
+// ---- CUDA graphs (cuda_graphs.cpp) ----
 
 // The addresses and sizes of every reallocatable buffer a forward's kernels may use. Equal keys:
 // a graph captured under one is valid under the other.
