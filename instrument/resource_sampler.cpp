@@ -14,6 +14,8 @@
 #include <system_error>
 #include <utility>
 
+#include "lockstep/engine/clock.h"
+
 namespace lockstep {
 namespace {
 
@@ -318,13 +320,13 @@ void ParseProcStatus(std::string_view text, ResourceSample* out) {
 
 ResourceSample ReadResourceSample(const NvmlHandle* nvml, const ProcPaths& paths) {
   ResourceSample s;
-  s.t_ns = ClockNs(CLOCK_MONOTONIC);
+  s.t_ns = MonotonicNs();
   std::string text;
   if (ReadSmallFile(paths.meminfo, &text)) ParseMeminfo(text, &s);
   if (ReadSmallFile(paths.self_status, &text)) ParseProcStatus(text, &s);
   s.process_cpu_ns = ClockNs(CLOCK_PROCESS_CPUTIME_ID);
   if (nvml != nullptr) s.devices = nvml->ReadDevices();
-  std::int64_t end = ClockNs(CLOCK_MONOTONIC);
+  std::int64_t end = MonotonicNs();
   if (s.t_ns >= 0 && end >= s.t_ns) s.read_ns = end - s.t_ns;
   return s;
 }

@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "lockstep/compare/metrics.h"
+#include "lockstep/engine/splitmix.h"
 #include "lockstep/engine/synthetic.h"
 
 namespace lockstep::test {
@@ -119,13 +120,10 @@ std::vector<std::int32_t> Tokens(int n, std::uint64_t seed) {
 
 std::vector<float> Random(std::size_t n, std::uint64_t seed, float lo, float hi) {
   std::vector<float> v(n);
-  std::uint64_t s = seed * 0x9e3779b97f4a7c15ull + 12345;
-  for (std::size_t i = 0; i < n; ++i) {
-    s += 0x9e3779b97f4a7c15ull;
-    std::uint64_t z = s;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
+  // SplitMix64's own stream: the state steps by the increment SplitMix64 adds before mixing.
+  std::uint64_t s = seed * kSplitMix64Gamma + 12345;
+  for (std::size_t i = 0; i < n; ++i, s += kSplitMix64Gamma) {
+    const std::uint64_t z = SplitMix64(s);
     double u = static_cast<double>(z >> 11) * 0x1.0p-53;
     v[i] = static_cast<float>(lo + (hi - lo) * u);
   }

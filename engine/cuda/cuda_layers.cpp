@@ -20,10 +20,10 @@ Status Ctx::Mm(const float* x, int T, const DMat& w, float* y, int ldy) {
     // cuBLAS has no bf16 x f32 product with f32 inputs kept whole: widen the matrix (exact) into
     // the stage's scratch, stream-ordered before the GEMM that reads it.
     if (d.widen.bytes() < w.elems() * sizeof(float)) {
-      const std::int64_t t0 = MonoNs();
+      const std::int64_t t0 = MonotonicNs();
       LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(s));  // an earlier GEMM may still read the old one
       LOCKSTEP_ASSIGN_OR_RETURN(d.widen, DeviceBuffer::Alloc(w.elems() * sizeof(float), "f32 widening of a bf16 matrix for cuBLAS"));
-      *init_ns += MonoNs() - t0;
+      *init_ns += MonotonicNs() - t0;
     }
     WidenBf16(w.bf16_bits(), static_cast<std::int64_t>(w.elems()), d.widen.as<float>(), s);
     wf = d.widen.as<float>();
@@ -80,7 +80,7 @@ Status EnsureKvCapacity(DKv& kv, int rows, int headroom, int hkv, int hd, bool i
   const std::int64_t want =
       static_cast<std::int64_t>(rows) + std::min<std::int64_t>(headroom, std::max(rows, 256));
   if (want <= kv.capacity) return Status::Ok();
-  const std::int64_t t0 = MonoNs();
+  const std::int64_t t0 = MonotonicNs();
   int cap = std::max(kv.capacity * 2, 256);
   while (cap < want) cap *= 2;
   const std::size_t row_bytes = U(hkv) * U(hd) * kv.elem, srow = U(hkv) * sizeof(float);
@@ -100,7 +100,7 @@ Status EnsureKvCapacity(DKv& kv, int rows, int headroom, int hkv, int hd, bool i
     LOCKSTEP_RETURN_IF_ERROR(grow(kv.vs, srow));
   }
   kv.capacity = cap;
-  *init_ns += MonoNs() - t0;
+  *init_ns += MonotonicNs() - t0;
   return Status::Ok();
 }
 
@@ -144,12 +144,12 @@ Status AttentionForward(Ctx& x, const DLayer& L, const float* a, int T, int p, D
 
 Status EnsureSteps(DGdn& g, int T, std::size_t conv_floats, std::size_t ssm_floats, std::int64_t* init_ns) {
   if (T <= g.steps_capacity) return Status::Ok();
-  const std::int64_t t0 = MonoNs();
+  const std::int64_t t0 = MonotonicNs();
   const int cap = std::max(T, 16);
   LOCKSTEP_ASSIGN_OR_RETURN(g.steps_conv, DeviceBuffer::Alloc(U(cap) * conv_floats * sizeof(float), "GDN per-step conv states"));
   LOCKSTEP_ASSIGN_OR_RETURN(g.steps_ssm, DeviceBuffer::Alloc(U(cap) * ssm_floats * sizeof(float), "GDN per-step recurrent states"));
   g.steps_capacity = cap;
-  *init_ns += MonoNs() - t0;
+  *init_ns += MonotonicNs() - t0;
   return Status::Ok();
 }
 
@@ -330,12 +330,12 @@ Status LayerForward(Ctx& x, const DLayer& L, ExpertCache* cache, float* hid, int
 
 Status EnsureRows(DeviceBuffer& buf, int* rows, int need, int h, std::int64_t* init_ns, cudaStream_t s) {
   if (need <= *rows) return Status::Ok();
-  const std::int64_t t0 = MonoNs();
+  const std::int64_t t0 = MonotonicNs();
   LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(s));
   const int cap = std::max(need, 64);
   LOCKSTEP_ASSIGN_OR_RETURN(buf, DeviceBuffer::Alloc(U(cap) * U(h) * sizeof(float), "activation rows"));
   *rows = cap;
-  *init_ns += MonoNs() - t0;
+  *init_ns += MonotonicNs() - t0;
   return Status::Ok();
 }
 
@@ -425,47 +425,6 @@ Status SyncGdn(DeviceStageImpl& d, DGdn& g) {
   }
   if (g.position > m.position()) m.Advance(g.position - m.position());
   return Status::Ok();
-}
-
-namespace {
-void AddToKey(std::vector<std::uintptr_t>& key, const void* p, std::size_t n) {
-  key.push_back(reinterpret_cast<std::uintptr_t>(p));
-  key.push_back(n);
-}
-}  // namespace
-
-std::vector<std::uintptr_t> MtpLayoutKey(const DeviceStageImpl& d) {
-  std::vector<std::uintptr_t> key = LayoutKey(d);
-  AddToKey(key, d.mtp_hidden.get(), U(d.mtp_rows));
-  if (d.mtp_kv) {
-    AddToKey(key, d.mtp_kv->k.get(), U(d.mtp_kv->capacity));
-    AddToKey(key, d.mtp_kv->v.get(), 0);
-    AddToKey(key, d.mtp_kv->ks.get(), 0);
-    AddToKey(key, d.mtp_kv->vs.get(), 0);
-  }
-  return key;
-}
-
-std::vector<std::uintptr_t> LayoutKey(const DeviceStageImpl& d) {
-  std::vector<std::uintptr_t> key;
-  auto add = [&key](const void* p, std::size_t n) { AddToKey(key, p, n); };
-  add(d.hidden.get(), U(d.hidden_rows));
-  add(d.widen.get(), d.widen.bytes());
-  add(d.route_host.get(), d.route_cap);
-  key.push_back(d.arena.blocks());  // arena blocks are never freed: a new one is the only change
-  for (const auto& kv : d.kv) {
-    if (!kv) continue;
-    add(kv->k.get(), U(kv->capacity));
-    add(kv->v.get(), 0);
-    add(kv->ks.get(), 0);
-    add(kv->vs.get(), 0);
-  }
-  for (const auto& g : d.gdn) {
-    if (!g) continue;
-    add(g->steps_conv.get(), U(g->steps_capacity));
-    add(g->steps_ssm.get(), 0);
-  }
-  return key;
 }
 
 }  // namespace lockstep::cuda::detail

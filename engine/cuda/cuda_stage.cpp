@@ -1,12 +1,9 @@
 #include "cuda/cuda_stage.h"
 
 #include <nvtx3/nvToolsExt.h>
-#include <time.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "cuda/cuda_stage_impl.h"
@@ -15,7 +12,7 @@
 
 namespace lockstep::cuda {
 
-using namespace detail;  // NOLINT: this file and cuda_layers.cpp are one component
+using namespace detail;  // NOLINT: this file and the other cuda_*.cpp are one component
 
 CudaStageSession::CudaStageSession(const StageParams& params, CudaBackend* backend, int device)
     : StageSession(params.index, params.n_stages, params.layer_begin, params.layer_end),
@@ -43,193 +40,12 @@ Result<StageSessionPtr> CudaStageSession::Create(const StageParams& params, Cuda
 bool CudaStageSession::has_mtp() const { return d_->mtp_kv != nullptr; }
 bool CudaStageSession::weights_bf16() const { return d_->weights_bf16; }
 
-// ---- weights ----
+// ---- set-up (the weights are packed in cuda_weights.cpp) ----
 
 namespace {
 
-// Collects host tensors, then copies them into one device (or pinned) buffer and patches the
-// views. Offsets are 256-byte aligned. Matrices go in as bf16 bits when the packer is told the
-// stage's matrices are all bf16 values (`bf16_matrices`: truncation to the high half is then
-// exact); vectors always stay f32.
-class Packer {
- public:
-  explicit Packer(bool bf16_matrices) : bf16_(bf16_matrices) {}
-  void Add(const float* host, std::size_t n, const float** slot) { Push(host, n, false, slot, nullptr); }
-  // A matrix stored in the packer's matrix dtype; `slot` gets the device address.
-  void AddMatrix(const float* host, std::size_t n, const void** slot) { Push(host, n, bf16_, nullptr, slot); }
-  void Add(const Mat& m, DMat* out) {
-    out->rows = m.rows;
-    out->cols = m.cols;
-    out->bf16 = bf16_;
-    AddMatrix(m.data, U(m.rows) * U(m.cols), &out->d);
-  }
-  // The embedding table is read by row lookups, not products: always f32.
-  void AddF32(const Mat& m, DMat* out) {
-    out->rows = m.rows;
-    out->cols = m.cols;
-    out->bf16 = false;
-    Push(m.data, U(m.rows) * U(m.cols), false, nullptr, &out->d);
-  }
-  std::size_t bytes() const { return total_; }
-  // Device copy (synchronous: start-up only), through a host buffer of at most 64 MiB.
-  Result<DeviceBuffer> ToDevice() {
-    LOCKSTEP_ASSIGN_OR_RETURN(DeviceBuffer buf, DeviceBuffer::Alloc(std::max<std::size_t>(total_, 1), "resident weights"));
-    std::vector<std::uint16_t> narrow;
-    for (const Item& it : items_) {
-      std::byte* dst = buf.as<std::byte>() + it.offset;
-      if (it.bf16) {
-        constexpr std::size_t kPiece = std::size_t{32} << 20;  // elements per host conversion
-        for (std::size_t i0 = 0; i0 < it.n; i0 += kPiece) {
-          const std::size_t m = std::min(kPiece, it.n - i0);
-          narrow.resize(m);
-          Narrow(it.host + i0, m, narrow.data());
-          LOCKSTEP_CUDA_CHECK(cudaMemcpy(dst + i0 * 2, narrow.data(), m * 2, cudaMemcpyHostToDevice));
-        }
-      } else {
-        LOCKSTEP_CUDA_CHECK(cudaMemcpy(dst, it.host, it.n * sizeof(float), cudaMemcpyHostToDevice));
-      }
-      it.Patch(dst);
-    }
-    return buf;
-  }
-  Result<PinnedBuffer> ToPinned() {
-    LOCKSTEP_ASSIGN_OR_RETURN(PinnedBuffer buf, PinnedBuffer::Alloc(std::max<std::size_t>(total_, 1), "host-resident experts"));
-    LOCKSTEP_ASSIGN_OR_RETURN(void* dev, buf.device_ptr());
-    for (const Item& it : items_) {
-      std::byte* host = buf.as<std::byte>() + it.offset;
-      if (it.bf16) {
-        Narrow(it.host, it.n, reinterpret_cast<std::uint16_t*>(host));
-      } else {
-        std::memcpy(host, it.host, it.n * sizeof(float));
-      }
-      it.Patch(static_cast<std::byte*>(dev) + it.offset);
-    }
-    return buf;
-  }
-
- private:
-  struct Item {
-    const float* host;
-    std::size_t n;
-    bool bf16;
-    const float** f32_slot;  // a vector's view (always f32) ...
-    const void** slot;       // ... or a matrix's
-    std::size_t offset;      // bytes
-    void Patch(void* p) const {
-      if (f32_slot) *f32_slot = static_cast<const float*>(p);
-      if (slot) *slot = p;
-    }
-  };
-  void Push(const float* host, std::size_t n, bool bf16, const float** f32_slot, const void** slot) {
-    items_.push_back({host, n, bf16, f32_slot, slot, total_});
-    total_ += (n * (bf16 ? 2 : 4) + 255) & ~std::size_t{255};
-  }
-  // High halves of bf16-valued floats (exact: their low halves are zero).
-  static void Narrow(const float* src, std::size_t n, std::uint16_t* dst) {
-    for (std::size_t i = 0; i < n; ++i) {
-      std::uint32_t u;
-      std::memcpy(&u, src + i, sizeof u);
-      dst[i] = static_cast<std::uint16_t>(u >> 16);
-    }
-  }
-  bool bf16_;
-  std::vector<Item> items_;
-  std::size_t total_ = 0;
-};
-
-// True when every value of every weight matrix this stage uploads (its layers' projections,
-// routers, shared and routed experts; lm_head and the MTP head where it holds them) is a bf16
-// value. One pass over the host weights at start-up.
-bool MatricesAreBf16(const ModelWeights& w, int layer_begin, int layer_end, bool last, bool mtp) {
-  auto exact = [](const Mat& m) {
-    const std::size_t n = U(m.rows) * U(m.cols);
-    std::uint32_t any = 0;  // OR of the low halves: zero iff all are bf16 values
-    for (std::size_t i = 0; i < n; ++i) {
-      std::uint32_t u;
-      std::memcpy(&u, m.data + i, sizeof u);
-      any |= u & 0xffffu;
-    }
-    return any == 0;
-  };
-  auto ffn = [&](const FfnWeights& f) { return f.gate.rows == 0 || (exact(f.gate) && exact(f.up) && exact(f.down)); };
-  auto layer = [&](const LayerWeights& lw) {
-    bool ok = lw.type == LayerType::kFullAttention
-                  ? exact(lw.attn.q_proj) && exact(lw.attn.k_proj) && exact(lw.attn.v_proj) && exact(lw.attn.o_proj)
-                  : exact(lw.gdn.in_proj_qkvz) && exact(lw.gdn.in_proj_ba) && exact(lw.gdn.out_proj);
-    if (!ok) return false;
-    if (!lw.moe) return ffn(lw.ffn_dense);
-    if (!exact(lw.ffn_moe.router) || !ffn(lw.ffn_moe.shared)) return false;
-    for (const FfnWeights& f : lw.ffn_moe.experts)
-      if (!ffn(f)) return false;
-    return true;
-  };
-  for (int il = layer_begin; il < layer_end; ++il)
-    if (!layer(w.layers[U(il)])) return false;
-  if (last && !exact(w.lm_head)) return false;
-  if (mtp && (!exact(w.mtp.fc) || !layer(w.mtp.layer))) return false;
-  return true;
-}
-
-// Host-side pointer tables, patched by the packers, uploaded after.
-struct ExpertTables {
-  std::vector<const void*> gate, up, down;  // [E]
-};
-
-void AddLayer(const LayerWeights& lw, const ModelConfig& c, const ExpertCache* cache, int cache_layer, Packer& dev,
-              Packer& host, DLayer* out, ExpertTables* tables) {
-  out->type = lw.type;
-  out->moe = lw.moe;
-  dev.Add(lw.input_norm, U(c.n_embd), &out->input_norm);
-  dev.Add(lw.post_norm, U(c.n_embd), &out->post_norm);
-  if (lw.type == LayerType::kFullAttention) {
-    dev.Add(lw.attn.q_proj, &out->q_proj);
-    dev.Add(lw.attn.k_proj, &out->k_proj);
-    dev.Add(lw.attn.v_proj, &out->v_proj);
-    dev.Add(lw.attn.o_proj, &out->o_proj);
-    dev.Add(lw.attn.q_norm, U(c.head_dim), &out->q_norm);
-    dev.Add(lw.attn.k_norm, U(c.head_dim), &out->k_norm);
-  } else {
-    dev.Add(lw.gdn.in_proj_qkvz, &out->in_proj_qkvz);
-    dev.Add(lw.gdn.in_proj_ba, &out->in_proj_ba);
-    dev.Add(lw.gdn.out_proj, &out->out_proj);
-    dev.Add(lw.gdn.conv1d, U(c.conv_dim()) * U(c.conv_kernel), &out->conv1d);
-    dev.Add(lw.gdn.dt_bias, U(c.n_v_heads), &out->dt_bias);
-    dev.Add(lw.gdn.a_log, U(c.n_v_heads), &out->a_log);
-    dev.Add(lw.gdn.norm, U(c.v_head_dim), &out->norm);
-  }
-  if (lw.moe) {
-    dev.Add(lw.ffn_moe.router, &out->router);
-    if (lw.ffn_moe.shared.gate.rows > 0) {
-      dev.Add(lw.ffn_moe.shared.gate, &out->shared.gate);
-      dev.Add(lw.ffn_moe.shared.up, &out->shared.up);
-      dev.Add(lw.ffn_moe.shared.down, &out->shared.down);
-      dev.Add(lw.ffn_moe.shared_gate, U(c.n_embd), &out->shared_gate);
-    }
-    const std::size_t ne = lw.ffn_moe.experts.size();
-    tables->gate.assign(ne, nullptr);
-    tables->up.assign(ne, nullptr);
-    tables->down.assign(ne, nullptr);
-    out->cache_layer = cache_layer;
-    for (std::size_t e = 0; e < ne; ++e) {
-      const FfnWeights& f = lw.ffn_moe.experts[e];
-      Packer& p = cache->resident(cache_layer, static_cast<int>(e)) ? dev : host;
-      p.AddMatrix(f.gate.data, U(f.gate.rows) * U(f.gate.cols), &tables->gate[e]);
-      p.AddMatrix(f.up.data, U(f.up.rows) * U(f.up.cols), &tables->up[e]);
-      p.AddMatrix(f.down.data, U(f.down.rows) * U(f.down.cols), &tables->down[e]);
-    }
-  } else {
-    dev.Add(lw.ffn_dense.gate, &out->dense.gate);
-    dev.Add(lw.ffn_dense.up, &out->dense.up);
-    dev.Add(lw.ffn_dense.down, &out->dense.down);
-  }
-}
-
-}  // namespace
-
-Status CudaStageSession::Init() {
-  DeviceScope scope(device_);
-  LOCKSTEP_CUDA_CHECK(cudaSetDevice(device_));
-  DeviceStageImpl& d = *d_;
+// The stage's stream, its timing events and the device position the kernels read (ops.h Pos).
+Status MakeStreamAndEvents(DeviceStageImpl& d) {
   LOCKSTEP_ASSIGN_OR_RETURN(d.stream, MakeStream());
   LOCKSTEP_ASSIGN_OR_RETURN(d.ev_begin, MakeEvent(true));
   LOCKSTEP_ASSIGN_OR_RETURN(d.ev_in, MakeEvent(true));
@@ -242,235 +58,73 @@ Status CudaStageSession::Init() {
   LOCKSTEP_ASSIGN_OR_RETURN(d.ev_consumed, MakeEvent(false));
   LOCKSTEP_ASSIGN_OR_RETURN(d.pos, DeviceBuffer::Alloc(sizeof(int), "position"));
   LOCKSTEP_CUDA_CHECK(cudaMemset(d.pos.get(), 0, sizeof(int)));
+  return Status::Ok();
+}
 
-  const bool mtp = is_last() && w_.mtp.present;
-  // LOCKSTEP_CUDA_F32_WEIGHTS=1 keeps f32 matrices even when bf16 would be lossless (to compare
-  // the two paths; they must agree bit for bit).
-  const char* force_f32 = std::getenv("LOCKSTEP_CUDA_F32_WEIGHTS");  // env: LOCKSTEP_CUDA_F32_WEIGHTS
-  d.weights_bf16 = !(force_f32 && std::string(force_f32) == "1") &&
-                   MatricesAreBf16(w_, layer_begin(), layer_end(), is_last(), mtp);
-
-  // Expert residency, as on the CPU (the same logical map, so hits and misses agree across
-  // backends). Bytes fetched are the bytes a miss reads over PCIe here: half the CPU's f32
-  // figure when the experts are held as bf16.
-  std::vector<int> moe_layers;
-  std::uint64_t expert_bytes = 0;
-  for (int il = layer_begin(); il < layer_end(); ++il) {
-    const LayerWeights& lw = w_.layers[U(il)];
-    if (lw.moe) {
-      moe_layers.push_back(il);
-      expert_bytes = lw.ffn_moe.experts.empty() ? 0 : lw.ffn_moe.experts[0].bytes();
-    }
-  }
-  if (d.weights_bf16) expert_bytes /= 2;
-  const int n_exp = std::max(c_.n_experts, 0);
-  d.experts = std::make_unique<ExpertCache>(moe_layers, n_exp, cfg_.ResidentExperts(n_exp), expert_bytes);
-  if (mtp)
-    d.mtp_experts = std::make_unique<ExpertCache>(std::vector<int>{c_.n_layers}, n_exp, cfg_.ResidentExperts(n_exp),
-                                                  expert_bytes);
-
-  Packer dev(d.weights_bf16), host(d.weights_bf16);
-  d.layers.resize(U(layer_end() - layer_begin()));
-  std::vector<ExpertTables> tables(d.layers.size() + 1);
-  int local_moe = 0;
-  for (int il = layer_begin(); il < layer_end(); ++il) {
-    const std::size_t l = U(il - layer_begin());
-    const LayerWeights& lw = w_.layers[U(il)];
-    AddLayer(lw, c_, d.experts.get(), lw.moe ? local_moe : -1, dev, host, &d.layers[l], &tables[l]);
-    if (lw.moe) ++local_moe;
-  }
-  if (is_first() || mtp) dev.AddF32(w_.embed, &d.embed);
-  if (is_last()) {
-    dev.Add(w_.lm_head, &d.lm_head);
-    dev.Add(w_.final_norm, U(c_.n_embd), &d.final_norm);
-  }
-  if (mtp) {
-    const MtpWeights& mw = w_.mtp;
-    dev.Add(mw.fc, &d.mtp_fc);
-    dev.Add(mw.pre_fc_norm_embedding, U(c_.n_embd), &d.mtp_pre_emb);
-    dev.Add(mw.pre_fc_norm_hidden, U(c_.n_embd), &d.mtp_pre_hid);
-    dev.Add(mw.norm, U(c_.n_embd), &d.mtp_norm);
-    AddLayer(mw.layer, c_, d.mtp_experts.get(), mw.layer.moe ? 0 : -1, dev, host, &d.mtp_layer, &tables.back());
-  }
-  LOCKSTEP_ASSIGN_OR_RETURN(d.dense, dev.ToDevice());
-  LOCKSTEP_ASSIGN_OR_RETURN(d.host_experts, host.ToPinned());
-
-  // Pointer tables: 3 x [E] per MoE layer (and the MTP layer), one device buffer.
-  std::vector<const void*> flat;
-  std::vector<std::size_t> table_offset(tables.size(), 0);
-  for (std::size_t i = 0; i < tables.size(); ++i) {
-    table_offset[i] = flat.size();
-    flat.insert(flat.end(), tables[i].gate.begin(), tables[i].gate.end());
-    flat.insert(flat.end(), tables[i].up.begin(), tables[i].up.end());
-    flat.insert(flat.end(), tables[i].down.begin(), tables[i].down.end());
-  }
-  LOCKSTEP_ASSIGN_OR_RETURN(d.ptr_tables, DeviceBuffer::Alloc(std::max<std::size_t>(flat.size(), 1) * sizeof(void*), "expert pointer tables"));
-  if (!flat.empty())
-    LOCKSTEP_CUDA_CHECK(cudaMemcpy(d.ptr_tables.get(), flat.data(), flat.size() * sizeof(void*), cudaMemcpyHostToDevice));
-  auto* base = d.ptr_tables.as<const void*>();
-  auto patch = [&](DLayer& L, std::size_t ti) {
-    if (!L.moe) return;
-    const std::size_t ne = tables[ti].gate.size();
-    L.gate_ptrs = base + table_offset[ti];
-    L.up_ptrs = base + table_offset[ti] + ne;
-    L.down_ptrs = base + table_offset[ti] + 2 * ne;
-  };
-  for (std::size_t l = 0; l < d.layers.size(); ++l) patch(d.layers[l], l);
-  if (mtp) patch(d.mtp_layer, tables.size() - 1);
-
-  // RoPE inverse frequencies, exactly as cpu::Rope computes them.
-  const int half = c_.rotary_dim / 2;
+// RoPE inverse frequencies, exactly as cpu::Rope computes them.
+Status UploadRopeFrequencies(const ModelConfig& c, DeviceStageImpl& d) {
+  const int half = c.rotary_dim / 2;
   std::vector<float> inv(U(std::max(half, 1)), 0.0f);
   for (int i = 0; i < half; ++i)
-    inv[U(i)] = 1.0f / std::pow(static_cast<float>(c_.rope_theta), static_cast<float>(2 * i) / static_cast<float>(c_.rotary_dim));
-  LOCKSTEP_ASSIGN_OR_RETURN(d.inv_freq, DeviceBuffer::Alloc(inv.size() * sizeof(float), "RoPE frequencies"));
-  LOCKSTEP_CUDA_CHECK(cudaMemcpy(d.inv_freq.get(), inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice));
+    inv[U(i)] = 1.0f / std::pow(static_cast<float>(c.rope_theta),
+                                static_cast<float>(2 * i) / static_cast<float>(c.rotary_dim));
+  LOCKSTEP_ASSIGN_OR_RETURN(d.inv_freq,
+                            DeviceBuffer::Alloc(inv.size() * sizeof(float), "RoPE frequencies"));
+  LOCKSTEP_CUDA_CHECK(
+      cudaMemcpy(d.inv_freq.get(), inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return Status::Ok();
+}
 
-  // State: K/V caches and GDN checkpoints (zeros, like the CPU's).
+// State: K/V caches and GDN checkpoints (zeros, like the CPU's).
+Status AllocState(const ModelWeights& w, const EngineConfig& cfg, const StageWeightsSpec& spec,
+                  DeviceStageImpl& d) {
+  const ModelConfig& c = w.config;
   auto make_kv = [&]() {
     auto kv = std::make_unique<DKv>();
-    kv->elem = dtype_size(cfg_.kv_dtype);
-    kv->mirror = std::make_unique<KvCache>(c_.n_heads_kv, c_.head_dim, cfg_.kv_dtype, cfg_.kv_page_rows);
+    kv->elem = dtype_size(cfg.kv_dtype);
+    kv->mirror =
+        std::make_unique<KvCache>(c.n_heads_kv, c.head_dim, cfg.kv_dtype, cfg.kv_page_rows);
     return kv;
   };
-  for (int il = layer_begin(); il < layer_end(); ++il) {
-    if (w_.layers[U(il)].type == LayerType::kFullAttention) {
+  for (int il = spec.layer_begin; il < spec.layer_end; ++il) {
+    if (w.layers[U(il)].type == LayerType::kFullAttention) {
       d.kv.push_back(make_kv());
       d.gdn.push_back(nullptr);
     } else {
       d.kv.push_back(nullptr);
       auto g = std::make_unique<DGdn>();
-      g->mirror = std::make_unique<GdnState>(c_.conv_dim(), c_.conv_kernel, c_.n_v_heads, c_.k_head_dim, c_.v_head_dim);
-      LOCKSTEP_ASSIGN_OR_RETURN(g->conv, DeviceBuffer::Alloc(g->mirror->conv_size() * sizeof(float), "GDN conv state"));
-      LOCKSTEP_ASSIGN_OR_RETURN(g->ssm, DeviceBuffer::Alloc(g->mirror->ssm_size() * sizeof(float), "GDN recurrent state"));
+      g->mirror = std::make_unique<GdnState>(c.conv_dim(), c.conv_kernel, c.n_v_heads, c.k_head_dim,
+                                             c.v_head_dim);
+      LOCKSTEP_ASSIGN_OR_RETURN(
+          g->conv, DeviceBuffer::Alloc(g->mirror->conv_size() * sizeof(float), "GDN conv state"));
+      LOCKSTEP_ASSIGN_OR_RETURN(g->ssm, DeviceBuffer::Alloc(g->mirror->ssm_size() * sizeof(float),
+                                                            "GDN recurrent state"));
       LOCKSTEP_CUDA_CHECK(cudaMemset(g->conv.get(), 0, g->conv.bytes()));
       LOCKSTEP_CUDA_CHECK(cudaMemset(g->ssm.get(), 0, g->ssm.bytes()));
       d.gdn.push_back(std::move(g));
     }
   }
-  if (mtp) d.mtp_kv = make_kv();
+  if (spec.mtp) d.mtp_kv = make_kv();
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CudaStageSession::Init() {
+  DeviceScope scope(device_);
+  LOCKSTEP_CUDA_CHECK(cudaSetDevice(device_));
+  DeviceStageImpl& d = *d_;
+  LOCKSTEP_RETURN_IF_ERROR(MakeStreamAndEvents(d));
+  StageWeightsSpec spec;
+  spec.layer_begin = layer_begin();
+  spec.layer_end = layer_end();
+  spec.first = is_first();
+  spec.last = is_last();
+  spec.mtp = is_last() && w_.mtp.present;
+  LOCKSTEP_RETURN_IF_ERROR(UploadWeights(w_, cfg_, spec, d));
+  LOCKSTEP_RETURN_IF_ERROR(UploadRopeFrequencies(c_, d));
+  LOCKSTEP_RETURN_IF_ERROR(AllocState(w_, cfg_, spec, d));
   LOCKSTEP_CUDA_CHECK(cudaDeviceSynchronize());
-  return Status::Ok();
-}
-
-// ---- the layer loop, eager or from a CUDA graph ----
-
-Status CudaStageSession::EagerLayers(Ctx& x, int T, int p) {
-  DeviceStageImpl& d = *d_;
-  // Each layer's residual add also applies the next layer's input norm (one launch fewer per
-  // layer; bitwise the separate kernels). The stage's last layer ends with the add alone.
-  float* a = nullptr;
-  for (int il = layer_begin(); il < layer_end(); ++il) {
-    const std::size_t l = U(il - layer_begin());
-    LayerLink link;
-    link.a = a;
-    if (il + 1 < layer_end()) {
-      link.next_norm = d.layers[l + 1].input_norm;
-      link.next_a = &a;
-    }
-    LOCKSTEP_RETURN_IF_ERROR(LayerForward(x, d.layers[l], d.experts.get(), d.hidden.as<float>(), T, p,
-                                          d.kv[l].get(), d.gdn[l].get(), link));
-  }
-  return Status::Ok();
-}
-
-void CudaStageSession::GraphsOff(const std::string& why) {
-  DeviceStageImpl& d = *d_;
-  d.graphs_off = why;
-  d.graphs.clear();
-  d.mtp_graphs.clear();
-  cudaGetLastError();  // the failed capture's error is handled here: the layers run eagerly
-  std::fprintf(stderr, "lockstep: warning: cuda stage %d: CUDA graphs off for this run (%s); kernels are launched one by one\n",
-               index(), why.c_str());
-}
-
-// Verify windows (decode is a window of one) are where launch overhead matters: a stage issues
-// ~17 kernels per layer for a few microseconds of work each. Their layer loop is captured once
-// per window size T into a CUDA graph and replayed; the kernels and arguments are the eager ones
-// (the position comes from device memory, ops.h Pos), so results are bitwise the same. The MTP
-// head's draft steps are graphed the same way (MtpForward).
-//
-// A graph holds buffer addresses, so it is used only while nothing it points into has been
-// reallocated (the section's layout key). Nothing may grow during a capture either (an allocation
-// or a sync would invalidate it), so a section is captured only after an eager run with the same
-// layout grew nothing, and only when the K/V caches already hold p + T rows. Anything else runs
-// eagerly, which grows what it needs; capture and instantiation count as one-time set-up
-// (init_ns).
-Status CudaStageSession::RunLayers(Ctx& x, int T, int p) {
-  DeviceStageImpl& d = *d_;
-  x.SetPosition(p);
-  d.last_graph_use = GraphUse::kEager;
-  if (!backend_->graphs() || x.mode != ForwardMode::kVerify || !d.graphs_off.empty()) return EagerLayers(x, T, p);
-  for (const auto& kv : d.kv)
-    if (kv && p + T > kv->capacity) return EagerLayers(x, T, p);
-  for (const auto& g : d.gdn)
-    if (g && T > g->steps_capacity) return EagerLayers(x, T, p);
-  auto replay = [&] {  // the host bookkeeping EagerLayers does for a verify window
-    for (auto& kv : d.kv)
-      if (kv) kv->written = p + T;
-    for (auto& g : d.gdn)
-      if (g) g->n_steps = T;
-  };
-  return Graphed(
-      d.graphs[T], [&d] { return LayoutKey(d); }, [&] { return EagerLayers(x, T, p); }, replay, &d.last_graph_use);
-}
-
-Status CudaStageSession::Graphed(SectionGraph& gr, const std::function<std::vector<std::uintptr_t>()>& key_of,
-                                 const std::function<Status()>& body, const std::function<void()>& replay,
-                                 GraphUse* use) {
-  DeviceStageImpl& d = *d_;
-  *use = GraphUse::kEager;
-  // The graph's router kernels write the routing at fixed offsets of route_host: those of an empty
-  // buffer (Forward and MtpForward flush the previous call's routing first).
-  if (d.route_used != 0) return body();
-  const std::vector<std::uintptr_t> key = key_of();
-  if (!gr.exec || gr.layout != key) {
-    gr.exec.reset();
-    if (gr.warm != key) {
-      LOCKSTEP_RETURN_IF_ERROR(body());
-      if (key_of() == key) gr.warm = key;
-      return Status::Ok();
-    }
-    // Capture. The host bookkeeping of the section (K/V rows written, GDN steps, routing records)
-    // happens as the capture runs it; a replay redoes it below.
-    const std::int64_t t0 = MonoNs();
-    const DeviceArena::Mark arena0 = d.arena.Here();
-    cudaError_t e = cudaStreamBeginCapture(d.s(), cudaStreamCaptureModeThreadLocal);
-    if (e != cudaSuccess) {
-      GraphsOff(std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(e));
-      return body();
-    }
-    const Status st = body();
-    cudaGraph_t g = nullptr;
-    e = cudaStreamEndCapture(d.s(), &g);
-    GraphPtr graph(g);
-    cudaGraphExec_t exec = nullptr;
-    if (st.ok() && e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph.get(), 0);
-    if (!st.ok() || e != cudaSuccess) {
-      // Nothing of the capture ran: undo its bookkeeping and run the section for real.
-      d.pending_routes.clear();
-      d.route_used = 0;
-      d.arena.Rewind(arena0);
-      GraphsOff(!st.ok() ? "capture: " + st.ToString() : std::string("capture: ") + cudaGetErrorString(e));
-      return body();
-    }
-    gr.exec.reset(exec);
-    gr.layout = key;
-    gr.routes = d.pending_routes;
-    gr.route_used = d.route_used;
-    gr.arena_end = d.arena.Here();
-    ++d.graph_captures;
-    d.init_ns += MonoNs() - t0;
-    *use = GraphUse::kCapture;
-  } else {
-    replay();
-    d.pending_routes = gr.routes;
-    d.route_used = gr.route_used;
-    d.arena.Rewind(gr.arena_end);
-    *use = GraphUse::kReplay;
-  }
-  LOCKSTEP_CUDA_CHECK(cudaGraphLaunch(gr.exec.get(), d.s()));
-  ++d.graph_launches;
   return Status::Ok();
 }
 
@@ -506,7 +160,7 @@ Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, A
   auto run = [&]() -> Status {
     // One-time set-up on first use: the cuBLAS handle and its fixed workspace (counted as init).
     if (!d.cublas) {
-      const std::int64_t t0 = MonoNs();
+      const std::int64_t t0 = MonotonicNs();
       cublasHandle_t hnd = nullptr;
       LOCKSTEP_CUBLAS_CHECK(cublasCreate(&hnd));
       d.cublas.reset(hnd);
@@ -515,7 +169,7 @@ Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, A
       LOCKSTEP_CUBLAS_CHECK(cublasSetWorkspace(hnd, d.cublas_ws.get(), d.cublas_ws.bytes()));
       LOCKSTEP_CUBLAS_CHECK(cublasSetMathMode(
           hnd, backend_->deterministic() ? CUBLAS_PEDANTIC_MATH : CUBLAS_TF32_TENSOR_OP_MATH));
-      d.init_ns += MonoNs() - t0;
+      d.init_ns += MonotonicNs() - t0;
     }
     // Routing of the previous call is final once its work is done; our stream is in order, so
     // syncing on the previous done event is enough (normally long finished).

@@ -69,7 +69,9 @@ class CudaStageSession final : public StageSession {
 
  private:
   CudaStageSession(const StageParams& params, CudaBackend* backend, int device);
+  // Stream, events, weights (cuda_weights.cpp), RoPE table and state: the device side of Create.
   Status Init();
+  // ---- CUDA graphs (cuda_graphs.cpp) ----
   // The stage's layers on x's rows at position p: launched one by one, or (verify windows, CUDA
   // graphs on) replayed from / captured into the graph for this window size.
   Status RunLayers(detail::Ctx& x, int T, int p);

@@ -1,9 +1,8 @@
-// Internals of the CUDA stage session shared by cuda_stage.cpp (the session: weights, state,
-// the StageSession calls) and cuda_layers.cpp (the forward op by op, host copies and mirrors).
+// Internals of the CUDA stage session shared by cuda_stage.cpp (the session: set-up, state, the
+// StageSession calls), cuda_weights.cpp (weight packing), cuda_graphs.cpp (CUDA graph capture and
+// replay, layout keys) and cuda_layers.cpp (the forward op by op, host copies and mirrors).
 // Not a public header: engine/cuda only.
 #pragma once
-
-#include <time.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -16,6 +15,8 @@
 
 #include "cuda/cuda_handles.h"
 #include "cuda/ops.h"
+#include "lockstep/engine/clock.h"
+#include "lockstep/engine/engine_config.h"
 #include "lockstep/engine/expert_cache.h"
 #include "lockstep/engine/gdn_state.h"
 #include "lockstep/engine/kv_cache.h"
@@ -27,12 +28,6 @@ namespace lockstep::cuda {
 namespace detail {
 
 inline std::size_t U(int x) { return static_cast<std::size_t>(x); }
-
-inline std::int64_t MonoNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
 
 inline int KvDtypeCode(DType d) { return d == DType::kF32 ? 0 : d == DType::kBF16 ? 1 : 2; }
 
@@ -115,11 +110,11 @@ class DeviceArena {
       ++block_;
       offset_ = 0;
     }
-    const std::int64_t t0 = MonoNs();
+    const std::int64_t t0 = MonotonicNs();
     Block b;
     b.floats = std::max<std::size_t>(n, std::size_t{16} << 20);  // 64 MiB blocks
     LOCKSTEP_ASSIGN_OR_RETURN(b.buf, DeviceBuffer::Alloc(b.floats * sizeof(float), "scratch arena block"));
-    *alloc_ns += MonoNs() - t0;
+    *alloc_ns += MonotonicNs() - t0;
     blocks_.push_back(std::move(b));
     block_ = blocks_.size() - 1;
     offset_ = n;
@@ -228,7 +223,7 @@ struct DeviceStageImpl {
   DeviceBuffer pos;
 
   // CUDA graphs of the verify / decode layer loop, one per window size T (see RunLayers in
-  // cuda_stage.cpp), and of the MTP head's forward, one per (T, logit rows) (MtpForward).
+  // cuda_graphs.cpp), and of the MTP head's forward, one per (T, logit rows) (MtpForward).
   std::map<int, SectionGraph> graphs;
   std::map<std::pair<int, int>, SectionGraph> mtp_graphs;
   std::string graphs_off;  // why this stage stopped using graphs ("" while it may)
@@ -238,6 +233,26 @@ struct DeviceStageImpl {
 
   cudaStream_t s() const { return stream.get(); }
 };
+
+// ---- weights (cuda_weights.cpp) ----
+
+// What a stage holds: its layers [layer_begin, layer_end) and the model's ends.
+struct StageWeightsSpec {
+  int layer_begin = 0;
+  int layer_end = 0;
+  bool first = false;  // the embedding table
+  bool last = false;   // lm_head and the final norm
+  bool mtp = false;    // the MTP head (last stage of a model that has one; needs the embedding)
+};
+// Uploads the stage's weights into d (synchronous: start-up only). Sets weights_bf16 (matrices as
+// bf16 when every value is one, unless LOCKSTEP_CUDA_F32_WEIGHTS=1), makes the expert residency
+// maps (experts, mtp_experts: the CPU's map), packs every non-expert weight and the resident
+// experts into `dense` and the other routed experts into pinned `host_experts`, and uploads the
+// experts' pointer tables (ptr_tables). kRuntime on device errors.
+Status UploadWeights(const ModelWeights& w, const EngineConfig& cfg, const StageWeightsSpec& spec,
+                     DeviceStageImpl& d);
+
+// ---- CUDA graphs (cuda_graphs.cpp) ----
 
 // The addresses and sizes of every reallocatable buffer a forward's kernels may use. Equal keys:
 // a graph captured under one is valid under the other.

@@ -88,7 +88,7 @@ LOCKSTEP_HD inline float Bf16ToF32(std::uint16_t b) {
 }
 
 // A weight element as f32. Weights live on the device as f32, or as bf16 (raw bits) when every
-// value of the stage's matrices is a bf16 value (cuda_stage.cpp): widening is exact, so a product
+// value of the stage's matrices is a bf16 value (cuda_weights.cpp): widening is exact, so a product
 // over bf16 weights runs the very same f32 operations on the very same values as over f32 ones.
 LOCKSTEP_HD inline float WeightF32(float w) { return w; }
 LOCKSTEP_HD inline float WeightF32(std::uint16_t w) { return Bf16ToF32(w); }

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -95,6 +96,247 @@ struct Range {
   const std::string* name;
 };
 
+// ---- SafetensorsFile::Parse's steps, in the order it runs them ----
+// Each returns the first error it finds. The steps that touch JSON may throw: they run inside
+// Parse's try, which turns anything thrown into a Status (STYLE C.13).
+
+// The 8-byte little-endian header length, checked against the bytes that follow and the limit.
+Status ReadHeaderLength(std::span<const std::byte> bytes, const std::string& what,
+                        std::uint64_t* n_out) {
+  // Assembled byte by byte (host-endian independent).
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) {
+    n = (n << 8) | static_cast<std::uint64_t>(bytes[static_cast<std::size_t>(i)]);
+  }
+  const std::uint64_t after_prefix = bytes.size() - 8;
+  if (n > after_prefix) {
+    return Status::Corruption(
+        what, fmt::format("header length {} (from the first 8 bytes) is larger than the {} bytes "
+                          "that follow (hint: the file may be truncated or not a safetensors "
+                          "file)",
+                          n, after_prefix));
+  }
+  if (n > kMaxHeaderBytes) {
+    return Status::Corruption(
+        what, fmt::format("header length {} is larger than the {} byte limit (hint: the length "
+                          "prefix is probably corrupt)",
+                          n, kMaxHeaderBytes));
+  }
+  *n_out = n;
+  return Status::Ok();
+}
+
+// The header text as a JSON object, refusing runaway nesting and repeated top-level keys.
+Status ParseHeaderJson(const char* begin, std::uint64_t n, const std::string& what,
+                       json* header_out) {
+  // JSON objects may repeat a key and nlohmann keeps the last one; a repeated tensor name
+  // would silently drop a tensor, so the parser callback records top-level duplicates.
+  std::set<std::string, std::less<>> seen;
+  std::string duplicate;
+  const json::parser_callback_t on_event = [&](int depth, json::parse_event_t event,
+                                               json& parsed) {
+    // A real header nests 3 deep (object, entry, shape); "[[[[..." would otherwise cost
+    // gigabytes of memory and seconds per 100 MiB header. Thrown, caught just below.
+    if (depth > kMaxHeaderDepth) throw HeaderTooDeep{};
+    if (event == json::parse_event_t::key && depth == 1 && duplicate.empty() &&
+        parsed.is_string()) {
+      const auto& key = parsed.get_ref<const std::string&>();
+      if (!seen.insert(key).second) duplicate = key;
+    }
+    return true;
+  };
+  json header;
+  try {
+    header = json::parse(begin, begin + n, on_event);
+  } catch (const HeaderTooDeep&) {
+    return Status::Corruption(
+        what, fmt::format("header JSON nests deeper than {} levels, expected tensor entries",
+                          kMaxHeaderDepth));
+  } catch (const json::parse_error& e) {
+    return Status::Corruption(what, fmt::format("header is not valid JSON: {} (hint: the file "
+                                                "may be truncated or not a safetensors file)",
+                                                e.what()));
+  }
+  if (!duplicate.empty()) {
+    return Status::Corruption(what, fmt::format("header lists '{}' twice", duplicate));
+  }
+  if (!header.is_object()) {
+    return Status::Corruption(
+        what, fmt::format("header is a JSON {}, expected an object of tensor entries",
+                          header.type_name()));
+  }
+  *header_out = std::move(header);
+  return Status::Ok();
+}
+
+// "__metadata__": an object of strings, added to *metadata.
+Status ReadMetadata(const json& entry, const std::string& what,
+                    std::map<std::string, std::string>* metadata) {
+  if (!entry.is_object()) {
+    return Status::Corruption(
+        what, fmt::format("__metadata__ is a JSON {}, expected an object of strings",
+                          entry.type_name()));
+  }
+  for (const auto& [mkey, mval] : entry.items()) {
+    if (!mval.is_string()) {
+      return Status::Corruption(
+          what, fmt::format("__metadata__ key '{}': value {} is a JSON {}, expected a "
+                            "string",
+                            mkey, Brief(mval), mval.type_name()));
+    }
+    (*metadata)[mkey] = mval.get<std::string>();
+  }
+  return Status::Ok();
+}
+
+// An entry's "dtype": a string naming a dtype we know. `tw` names the tensor in messages.
+Status ReadDtype(const json& entry, const std::string& what, const std::string& tw,
+                 DType* dtype_out, std::string* text_out) {
+  const auto dt_it = entry.find("dtype");
+  if (dt_it == entry.end() || !dt_it->is_string()) {
+    return Status::Corruption(
+        what, fmt::format("{}: \"dtype\" is {}, expected a string such as \"BF16\"", tw,
+                          dt_it == entry.end() ? std::string("missing") : Brief(*dt_it)));
+  }
+  const auto& dtype_text = dt_it->get_ref<const std::string&>();
+  const std::optional<DType> dtype = dtype_from_safetensors(dtype_text);
+  if (!dtype) {
+    return Status::Corruption(what, fmt::format("{}: unknown dtype '{}' (expected one of {})",
+                                                tw, dtype_text, KnownDtypes()));
+  }
+  *dtype_out = *dtype;
+  *text_out = dtype_text;
+  return Status::Ok();
+}
+
+// An entry's "shape": non-negative integers whose product (and byte size) fits in 63 bits.
+Status ReadShape(const json& entry, DType dtype, const std::string& what, const std::string& tw,
+                 std::vector<std::int64_t>* shape_out, std::uint64_t* nbytes_out) {
+  const auto sh_it = entry.find("shape");
+  if (sh_it == entry.end() || !sh_it->is_array()) {
+    return Status::Corruption(
+        what, fmt::format("{}: \"shape\" is {}, expected an array of non-negative integers", tw,
+                          sh_it == entry.end() ? std::string("missing") : Brief(*sh_it)));
+  }
+  std::vector<std::int64_t> shape;
+  shape.reserve(sh_it->size());
+  std::uint64_t numel = 1;
+  bool too_big = false;
+  constexpr auto kI64Max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  for (std::size_t i = 0; i < sh_it->size(); ++i) {
+    const json& d = (*sh_it)[i];
+    const std::optional<std::uint64_t> v = NonNegativeInt(d);
+    if (!v || *v > kI64Max) {
+      return Status::Corruption(
+          what, fmt::format("{}: shape[{}] is {}, expected a non-negative integer (shape {})",
+                            tw, i, Brief(d), Brief(*sh_it)));
+    }
+    shape.push_back(static_cast<std::int64_t>(*v));
+    if (__builtin_mul_overflow(numel, *v, &numel) || numel > kI64Max) too_big = true;
+  }
+  std::uint64_t nbytes = 0;
+  if (too_big || __builtin_mul_overflow(numel, dtype_size(dtype), &nbytes) ||
+      nbytes > kI64Max) {
+    return Status::Corruption(
+        what,
+        fmt::format("{}: shape {} has more elements than can be addressed", tw, Brief(*sh_it)));
+  }
+  *shape_out = std::move(shape);
+  *nbytes_out = nbytes;
+  return Status::Ok();
+}
+
+// An entry's "data_offsets": [begin, end) inside the data section (data_size bytes), exactly
+// nbytes long. dtype_text and shape only describe the tensor in the message.
+Status ReadOffsets(const json& entry, std::uint64_t data_size, std::uint64_t nbytes,
+                   const std::string& dtype_text, const std::vector<std::int64_t>& shape,
+                   const std::string& what, const std::string& tw, Range* range_out) {
+  const auto off_it = entry.find("data_offsets");
+  std::optional<std::uint64_t> begin;
+  std::optional<std::uint64_t> end;
+  if (off_it != entry.end() && off_it->is_array() && off_it->size() == 2) {
+    begin = NonNegativeInt((*off_it)[0]);
+    end = NonNegativeInt((*off_it)[1]);
+  }
+  if (!begin || !end) {
+    return Status::Corruption(
+        what, fmt::format("{}: \"data_offsets\" is {}, expected [begin, end] with two "
+                          "non-negative integers",
+                          tw, off_it == entry.end() ? std::string("missing") : Brief(*off_it)));
+  }
+  if (*begin > *end) {
+    return Status::Corruption(
+        what, fmt::format("{}: data_offsets [{}, {}) has begin after end", tw, *begin, *end));
+  }
+  if (*end > data_size) {
+    return Status::Corruption(
+        what, fmt::format("{}: data_offsets [{}, {}) past the end of the data section (size "
+                          "{}) (hint: the file may be truncated)",
+                          tw, *begin, *end, data_size));
+  }
+  if (*end - *begin != nbytes) {
+    return Status::Corruption(
+        what,
+        fmt::format("{}: data_offsets [{}, {}) span {} bytes, expected {} bytes for "
+                    "{} {}",
+                    tw, *begin, *end, *end - *begin, nbytes, dtype_text, ShapeText(shape)));
+  }
+  *range_out = Range{*begin, *end, nullptr};
+  return Status::Ok();
+}
+
+// One tensor entry (everything but "__metadata__"): dtype, shape, then offsets into `data`.
+Status ReadTensorEntry(const std::string& key, const json& entry, const std::byte* data,
+                       std::uint64_t data_size, const std::string& file, const std::string& what,
+                       TensorInfo* info_out, Range* range_out) {
+  const std::string tw = fmt::format("tensor '{}'", key);
+  if (!entry.is_object()) {
+    return Status::Corruption(
+        what, fmt::format("{}: entry is a JSON {}, expected an object with dtype, shape and "
+                          "data_offsets",
+                          tw, entry.type_name()));
+  }
+  DType dtype{};
+  std::string dtype_text;
+  LOCKSTEP_RETURN_IF_ERROR(ReadDtype(entry, what, tw, &dtype, &dtype_text));
+  std::vector<std::int64_t> shape;
+  std::uint64_t nbytes = 0;
+  LOCKSTEP_RETURN_IF_ERROR(ReadShape(entry, dtype, what, tw, &shape, &nbytes));
+  Range range{};
+  LOCKSTEP_RETURN_IF_ERROR(
+      ReadOffsets(entry, data_size, nbytes, dtype_text, shape, what, tw, &range));
+
+  TensorInfo info;
+  info.name = key;
+  info.dtype = dtype;
+  info.shape = std::move(shape);
+  info.data = data + range.begin;
+  info.nbytes = static_cast<std::size_t>(nbytes);
+  info.file = file;
+  *info_out = std::move(info);
+  *range_out = range;
+  return Status::Ok();
+}
+
+// Overlap check: sorted by begin, each non-empty range must start at or after the end of the
+// previous non-empty one. Empty tensors occupy no bytes and may sit anywhere.
+Status CheckNoOverlap(std::vector<Range> ranges, const std::string& what) {
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const Range* prev = nullptr;
+  for (const Range& r : ranges) {
+    if (r.begin == r.end) continue;
+    if (prev != nullptr && r.begin < prev->end) {
+      return Status::Corruption(
+          what, fmt::format("tensor '{}': data_offsets [{}, {}) overlap tensor '{}' [{}, {})",
+                            *r.name, r.begin, r.end, *prev->name, prev->begin, prev->end));
+    }
+    prev = &r;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 // ---- TensorInfo ----
@@ -164,205 +406,36 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromMemory(
 Status SafetensorsFile::Parse(std::span<const std::byte> bytes) {
   const std::string what = FileWhat(path_);
   if (bytes.size() < 8) return TooShort(path_, bytes.size());
-
-  // 8-byte little-endian header length, assembled byte by byte (host-endian independent).
   std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) {
-    n = (n << 8) | static_cast<std::uint64_t>(bytes[static_cast<std::size_t>(i)]);
-  }
-  const std::uint64_t after_prefix = bytes.size() - 8;
-  if (n > after_prefix) {
-    return Status::Corruption(
-        what, fmt::format("header length {} (from the first 8 bytes) is larger than the {} bytes "
-                          "that follow (hint: the file may be truncated or not a safetensors "
-                          "file)",
-                          n, after_prefix));
-  }
-  if (n > kMaxHeaderBytes) {
-    return Status::Corruption(
-        what, fmt::format("header length {} is larger than the {} byte limit (hint: the length "
-                          "prefix is probably corrupt)",
-                          n, kMaxHeaderBytes));
-  }
+  LOCKSTEP_RETURN_IF_ERROR(ReadHeaderLength(bytes, what, &n));
   const auto* header_begin = reinterpret_cast<const char*>(bytes.data() + 8);
   const std::byte* data = bytes.data() + 8 + n;
-  const std::uint64_t data_size = after_prefix - n;
+  const std::uint64_t data_size = bytes.size() - 8 - n;
 
   // nlohmann::json throws; nothing thrown may leave this function (STYLE C.13). The whole
   // validation sits in the try so that a surprise (e.g. a type_error) is still a Status.
   try {
-    // JSON objects may repeat a key and nlohmann keeps the last one; a repeated tensor name
-    // would silently drop a tensor, so the parser callback records top-level duplicates.
-    std::set<std::string, std::less<>> seen;
-    std::string duplicate;
-    const json::parser_callback_t on_event = [&](int depth, json::parse_event_t event,
-                                                 json& parsed) {
-      // A real header nests 3 deep (object, entry, shape); "[[[[..." would otherwise cost
-      // gigabytes of memory and seconds per 100 MiB header. Thrown, caught just below.
-      if (depth > kMaxHeaderDepth) throw HeaderTooDeep{};
-      if (event == json::parse_event_t::key && depth == 1 && duplicate.empty() &&
-          parsed.is_string()) {
-        const auto& key = parsed.get_ref<const std::string&>();
-        if (!seen.insert(key).second) duplicate = key;
-      }
-      return true;
-    };
     json header;
-    try {
-      header = json::parse(header_begin, header_begin + n, on_event);
-    } catch (const HeaderTooDeep&) {
-      return Status::Corruption(
-          what, fmt::format("header JSON nests deeper than {} levels, expected tensor entries",
-                            kMaxHeaderDepth));
-    } catch (const json::parse_error& e) {
-      return Status::Corruption(what, fmt::format("header is not valid JSON: {} (hint: the file "
-                                                  "may be truncated or not a safetensors file)",
-                                                  e.what()));
-    }
-    if (!duplicate.empty()) {
-      return Status::Corruption(what, fmt::format("header lists '{}' twice", duplicate));
-    }
-    if (!header.is_object()) {
-      return Status::Corruption(
-          what, fmt::format("header is a JSON {}, expected an object of tensor entries",
-                            header.type_name()));
-    }
-
+    LOCKSTEP_RETURN_IF_ERROR(ParseHeaderJson(header_begin, n, what, &header));
     std::vector<TensorInfo> tensors;
     std::vector<Range> ranges;
     tensors.reserve(header.size());
     ranges.reserve(header.size());
     for (const auto& [key, entry] : header.items()) {
       if (key == "__metadata__") {
-        if (!entry.is_object()) {
-          return Status::Corruption(
-              what, fmt::format("__metadata__ is a JSON {}, expected an object of strings",
-                                entry.type_name()));
-        }
-        for (const auto& [mkey, mval] : entry.items()) {
-          if (!mval.is_string()) {
-            return Status::Corruption(
-                what, fmt::format("__metadata__ key '{}': value {} is a JSON {}, expected a "
-                                  "string",
-                                  mkey, Brief(mval), mval.type_name()));
-          }
-          metadata_[mkey] = mval.get<std::string>();
-        }
+        LOCKSTEP_RETURN_IF_ERROR(ReadMetadata(entry, what, &metadata_));
         continue;
       }
-      const std::string tw = fmt::format("tensor '{}'", key);
-      if (!entry.is_object()) {
-        return Status::Corruption(
-            what, fmt::format("{}: entry is a JSON {}, expected an object with dtype, shape and "
-                              "data_offsets",
-                              tw, entry.type_name()));
-      }
-
-      // dtype
-      const auto dt_it = entry.find("dtype");
-      if (dt_it == entry.end() || !dt_it->is_string()) {
-        return Status::Corruption(
-            what, fmt::format("{}: \"dtype\" is {}, expected a string such as \"BF16\"", tw,
-                              dt_it == entry.end() ? std::string("missing") : Brief(*dt_it)));
-      }
-      const auto& dtype_text = dt_it->get_ref<const std::string&>();
-      const std::optional<DType> dtype = dtype_from_safetensors(dtype_text);
-      if (!dtype) {
-        return Status::Corruption(what, fmt::format("{}: unknown dtype '{}' (expected one of {})",
-                                                    tw, dtype_text, KnownDtypes()));
-      }
-
-      // shape: non-negative integers whose product (and byte size) fits in 63 bits
-      const auto sh_it = entry.find("shape");
-      if (sh_it == entry.end() || !sh_it->is_array()) {
-        return Status::Corruption(
-            what, fmt::format("{}: \"shape\" is {}, expected an array of non-negative integers", tw,
-                              sh_it == entry.end() ? std::string("missing") : Brief(*sh_it)));
-      }
-      std::vector<std::int64_t> shape;
-      shape.reserve(sh_it->size());
-      std::uint64_t numel = 1;
-      bool too_big = false;
-      constexpr auto kI64Max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
-      for (std::size_t i = 0; i < sh_it->size(); ++i) {
-        const json& d = (*sh_it)[i];
-        const std::optional<std::uint64_t> v = NonNegativeInt(d);
-        if (!v || *v > kI64Max) {
-          return Status::Corruption(
-              what, fmt::format("{}: shape[{}] is {}, expected a non-negative integer (shape {})",
-                                tw, i, Brief(d), Brief(*sh_it)));
-        }
-        shape.push_back(static_cast<std::int64_t>(*v));
-        if (__builtin_mul_overflow(numel, *v, &numel) || numel > kI64Max) too_big = true;
-      }
-      std::uint64_t nbytes = 0;
-      if (too_big || __builtin_mul_overflow(numel, dtype_size(*dtype), &nbytes) ||
-          nbytes > kI64Max) {
-        return Status::Corruption(
-            what,
-            fmt::format("{}: shape {} has more elements than can be addressed", tw, Brief(*sh_it)));
-      }
-
-      // data_offsets: [begin, end) inside the data section, exactly numel x dtype_size long
-      const auto off_it = entry.find("data_offsets");
-      std::optional<std::uint64_t> begin;
-      std::optional<std::uint64_t> end;
-      if (off_it != entry.end() && off_it->is_array() && off_it->size() == 2) {
-        begin = NonNegativeInt((*off_it)[0]);
-        end = NonNegativeInt((*off_it)[1]);
-      }
-      if (!begin || !end) {
-        return Status::Corruption(
-            what, fmt::format("{}: \"data_offsets\" is {}, expected [begin, end] with two "
-                              "non-negative integers",
-                              tw, off_it == entry.end() ? std::string("missing") : Brief(*off_it)));
-      }
-      if (*begin > *end) {
-        return Status::Corruption(
-            what, fmt::format("{}: data_offsets [{}, {}) has begin after end", tw, *begin, *end));
-      }
-      if (*end > data_size) {
-        return Status::Corruption(
-            what, fmt::format("{}: data_offsets [{}, {}) past the end of the data section (size "
-                              "{}) (hint: the file may be truncated)",
-                              tw, *begin, *end, data_size));
-      }
-      if (*end - *begin != nbytes) {
-        return Status::Corruption(
-            what,
-            fmt::format("{}: data_offsets [{}, {}) span {} bytes, expected {} bytes for "
-                        "{} {}",
-                        tw, *begin, *end, *end - *begin, nbytes, dtype_text, ShapeText(shape)));
-      }
-
       TensorInfo info;
-      info.name = key;
-      info.dtype = *dtype;
-      info.shape = std::move(shape);
-      info.data = data + *begin;
-      info.nbytes = static_cast<std::size_t>(nbytes);
-      info.file = path_;
+      Range range{};
+      LOCKSTEP_RETURN_IF_ERROR(
+          ReadTensorEntry(key, entry, data, data_size, path_, what, &info, &range));
       tensors.push_back(std::move(info));
-      ranges.push_back(Range{*begin, *end, nullptr});
+      ranges.push_back(range);
     }
-
     // Names point into `tensors`, which no longer grows.
     for (std::size_t i = 0; i < ranges.size(); ++i) ranges[i].name = &tensors[i].name;
-    // Overlap check: sorted by begin, each non-empty range must start at or after the end of
-    // the previous non-empty one. Empty tensors occupy no bytes and may sit anywhere.
-    std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
-      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-    });
-    const Range* prev = nullptr;
-    for (const Range& r : ranges) {
-      if (r.begin == r.end) continue;
-      if (prev != nullptr && r.begin < prev->end) {
-        return Status::Corruption(
-            what, fmt::format("tensor '{}': data_offsets [{}, {}) overlap tensor '{}' [{}, {})",
-                              *r.name, r.begin, r.end, *prev->name, prev->begin, prev->end));
-      }
-      prev = &r;
-    }
+    LOCKSTEP_RETURN_IF_ERROR(CheckNoOverlap(std::move(ranges), what));
 
     std::sort(tensors.begin(), tensors.end(),
               [](const TensorInfo& a, const TensorInfo& b) { return a.name < b.name; });

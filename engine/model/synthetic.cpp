@@ -10,7 +10,7 @@
 
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/safetensors.h"
-#include "lockstep/engine/sampler.h"
+#include "lockstep/engine/splitmix.h"
 
 namespace lockstep {
 

@@ -2,8 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <thread>
+
+#include "lockstep/engine/clock.h"
 
 namespace lockstep {
 
@@ -64,30 +65,17 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in, const
   return e;
 }
 
-namespace {
-std::int64_t MonoNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-std::int64_t ThreadCpuNs() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-}  // namespace
-
 Status Engine::RunPipeline(ForwardMode mode, std::span<const std::int32_t> tokens, Activation& out) {
   Activation act;
   act.p = position_;
   act.T = static_cast<int>(tokens.size());
-  const std::int64_t t0 = MonoNs();
+  const std::int64_t t0 = MonotonicNs();
   for (int is = 0; is < n_stages(); ++is) {
     if (is > 0) {
       LOCKSTEP_ASSIGN_OR_RETURN(act, transport_->Recv(is));
     }
     StageTiming& tm = timings_[static_cast<std::size_t>(is)];
-    const std::int64_t c0 = MonoNs(), u0 = ThreadCpuNs();
+    const std::int64_t c0 = MonotonicNs(), u0 = ThreadCpuNs();
     tm.wait_ns = c0 - t0;  // in-process pipeline: stage is waits while stages < is compute
     if (mode == ForwardMode::kVerify) {
       for (const auto& inj : injections_)
@@ -97,7 +85,7 @@ Status Engine::RunPipeline(ForwardMode mode, std::span<const std::int32_t> token
     }
     LOCKSTEP_RETURN_IF_ERROR(stage(is).Forward(mode, tokens.data(), act));
     if (mode == ForwardMode::kVerify) ApplyPerturbations(is, act);
-    tm.compute_ns = MonoNs() - c0;
+    tm.compute_ns = MonotonicNs() - c0;
     tm.cpu_ns = ThreadCpuNs() - u0;
     if (capture_hidden_ && mode == ForwardMode::kVerify && is + 1 < n_stages())
       stage(is).HiddenToHost(act, &hidden_out_[static_cast<std::size_t>(is)]);

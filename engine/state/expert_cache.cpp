@@ -1,6 +1,6 @@
 #include "lockstep/engine/expert_cache.h"
 
-#include "lockstep/engine/sampler.h"
+#include "lockstep/engine/splitmix.h"
 
 #include <numeric>
 

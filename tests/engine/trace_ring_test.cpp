@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "lockstep/engine/clock.h"
+
 namespace lockstep {
 namespace {
 
@@ -33,6 +35,18 @@ TEST(TraceRing, OrderTimestampsAndOverflow) {
   r.Record(TraceEventId::kStageBegin, 3, 9);
   ASSERT_EQ(r.Snapshot().size(), 1u);
   EXPECT_EQ(r.Snapshot()[0].b, 9);
+}
+
+// Events carry MonotonicNs (clock.h), the clock of the window records they are drawn beside.
+TEST(TraceRing, StampsWithTheMonotonicClock) {
+  TraceRing r(8);
+  r.Enable();
+  const std::int64_t before = MonotonicNs();
+  r.Record(TraceEventId::kLayerBegin, 0, 0);
+  const std::int64_t after = MonotonicNs();
+  ASSERT_EQ(r.Snapshot().size(), 1u);
+  EXPECT_GE(r.Snapshot()[0].t_ns, before);
+  EXPECT_LE(r.Snapshot()[0].t_ns, after);
 }
 
 }  // namespace

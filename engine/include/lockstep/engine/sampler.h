@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "lockstep/engine/splitmix.h"  // SplitMix64, which CounterHash is built on
+
 namespace lockstep {
 
 struct SamplingParams {
@@ -15,15 +17,6 @@ struct SamplingParams {
   std::uint64_t seed = 0;
   bool greedy() const { return temperature <= 0.0; }
 };
-
-// SplitMix64 finaliser: the one bit mixer every seeded structure in lockstep uses (counter RNG,
-// synthetic weights, expert residency permutations).
-inline std::uint64_t SplitMix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // SplitMix64-keyed hash of (seed, position, stream): the counter RNG.
 std::uint64_t CounterHash(std::uint64_t seed, std::uint64_t position, std::uint64_t stream = 0);

@@ -11,12 +11,12 @@
 // last `capacity` events (older ones are overwritten, counted by dropped()).
 #pragma once
 
-#include <time.h>
-
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
+
+#include "lockstep/engine/clock.h"
 
 namespace lockstep {
 
@@ -50,11 +50,9 @@ class TraceRing {
   // Records one event when enabled.
   inline void Record(TraceEventId id, std::int32_t a, std::uint16_t b) {
     if (!enabled_.load(std::memory_order_relaxed)) return;
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const std::int64_t t_ns = MonotonicNs();
     const std::uint64_t h = head_.load(std::memory_order_relaxed);
-    buf_[h & mask_] = TraceEvent{static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec,
-                                 static_cast<std::uint16_t>(id), b, a};
+    buf_[h & mask_] = TraceEvent{t_ns, static_cast<std::uint16_t>(id), b, a};
     head_.store(h + 1, std::memory_order_release);
   }
 
