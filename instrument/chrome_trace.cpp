@@ -54,7 +54,7 @@ struct Bounds {
   std::int64_t Clamp(std::int64_t x) const { return std::clamp(x, lo, hi); }
 };
 
-// The path fields every span carries (README "Window records").
+// The path fields every span carries (docs/engine.md, "Window records").
 Json PathArgs(const WindowRecord& w) {
   // Every scalar field but the timings (WindowFields order): idx, the path, source, first_call.
   Json a = Json::object();

@@ -16,7 +16,7 @@ namespace lockstep {
 
 namespace {
 
-// ---- initialisation constants (see README "The synthetic model") ----
+// ---- initialisation constants (see docs/engine.md, "The synthetic model") ----
 // Output projections of every block (o_proj, out_proj, down_proj) are damped by this factor
 // relative to fan-in scaling: each block still moves the residual stream visibly, but the
 // token embedding stays the dominant direction, which is what lets the MTP head (whose fc is

@@ -4,7 +4,7 @@
 // expert's down projection in ExpertDown's launch, AddRmsNormZc, MoeEpilogue, GdnSplitConv, the
 // held GDN recurrence's own q / k norms, AttnPrep, the gated attention output and a window's
 // routing and grouping in one launch. A change that adds a kernel per layer fails here
-// and says where, and the budget is then updated on purpose (README "Fewer launches").
+// and says where, and the budget is then updated on purpose (engine/cuda/README.md, "Fewer launches").
 #include <gtest/gtest.h>
 
 #include <span>

@@ -27,7 +27,7 @@ using test::Nrmse;
 // Thresholds of a cuda export against a cpu export of the same request (f32 weights, f32 K/V):
 // the backends differ only in reduction order and in expf/sinf/cosf ulps, so NRMSE stays near
 // f32 rounding (~1e-7 per op), growing through the layers. 1e-4 leaves two orders of margin
-// over that estimate; the measured figure is recorded by tests/gpu/check.sh in README.
+// over that estimate; the measured figure is recorded by tests/gpu/check.sh in engine/cuda/README.md.
 constexpr double kCudaVsCpuLogitsNrmse = 1e-4;
 constexpr double kCudaVsCpuStateNrmse = 1e-4;
 

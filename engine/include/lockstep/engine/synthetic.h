@@ -6,7 +6,7 @@
 //   small   16 layers, hidden 512, 32 experts top-4, vocab 4096 (demo, benchmarks; bf16)
 //   seed48  48 layers, hidden 128, 16 experts top-4, vocab 2048 (layout of the seed; bf16)
 // The same (preset, seed, dtype) gives byte-identical files. How the weights are initialised
-// (and why) is described in README.md, "The synthetic model".
+// (and why) is described in docs/engine.md, "The synthetic model".
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,7 @@ struct SyntheticOptions {
   std::optional<DType> dtype;
   bool with_mtp = true;
   // Wire a previous-token head and induction heads so the model continues repeated text
-  // (in-context copying), as trained models do; see README "The synthetic model". Off by
+  // (in-context copying), as trained models do; see docs/engine.md, "The synthetic model". Off by
   // default: it makes greedy output loop and the MTP head much less accurate.
   bool induction = false;
   // Layers with a dense SwiGLU FFN (intermediate_size = 2 x moe_intermediate_size) instead of the

@@ -1,4 +1,4 @@
-// WindowRecord: what happened in one verify window (README "Window records" defines every field).
+// WindowRecord: what happened in one verify window (docs/engine.md, "Window records", defines every field).
 //
 // Path fields (p, T, T_mtp, merged, from_sfx, chain_n, accepted, source, draft) are what the
 // comparator aligns on; timing fields are CLOCK_MONOTONIC nanoseconds around the instrumented
@@ -24,7 +24,7 @@ enum class DraftSource : std::uint8_t {
 const char* DraftSourceName(DraftSource s);
 Result<DraftSource> ParseDraftSource(std::string_view s);
 
-// How a device stage ran its layers in a window (CUDA graphs, cuda_stage.cpp RunLayers).
+// How a device stage ran its layers in a window (CUDA graphs, cuda_graphs.cpp RunLayers).
 enum class GraphUse : std::int8_t {
   kNone = -1,  // not a device stage (cpu backend): no key in the record
   kEager,      // every kernel launched from the host (prefill, a size's first windows, graphs off)

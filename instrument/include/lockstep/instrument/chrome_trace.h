@@ -25,7 +25,7 @@
 // values begin_ns, end_ns, draft_ns, verify_ns, commit_ns, wait_ns, compute_ns and export_ns
 // (null when unknown).
 //
-// ---- how a window is laid out (README "Window records") ----
+// ---- how a window is laid out (docs/engine.md, "Window records") ----
 //
 //   begin_ns | draft | (pre_verify export) | verify | (post_verify export) | commit (+ commit
 //   export, subtracted from commit_ns) | end_ns
