@@ -13,8 +13,8 @@ namespace {
 inline std::size_t U(int x) { return static_cast<std::size_t>(x); }
 }  // namespace
 
-void GatedDeltaStep(float* S, const float* q, const float* k, const float* v, float alpha, float beta, int dk,
-                    int dv, float* o) {
+void GatedDeltaStep(float* S, const float* q, const float* k, const float* v, float alpha,
+                    float beta, int dk, int dv, float* o) {
   // Pass 1: decay and m = S^T k, accumulating over kappa in increasing order (vectorised over v).
   float m[1024];
   std::fill_n(m, dv, 0.0f);
@@ -40,8 +40,8 @@ void GatedDeltaStep(float* S, const float* q, const float* k, const float* v, fl
   }
 }
 
-void GatedDeltaChunked(float* S, const float* Q, const float* K, const float* V, const float* g, const float* beta,
-                       int T, int dk, int dv, float* O, int chunk) {
+void GatedDeltaChunked(float* S, const float* Q, const float* K, const float* V, const float* g,
+                       const float* beta, int T, int dk, int dv, float* O, int chunk) {
   using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   Eigen::Map<RowMat> Sm(S, dk, dv);
   RowMat A, Tm, KK, QK, Wm, Um, Delta, Kg, Qg, Vb, Kb;
@@ -59,7 +59,8 @@ void GatedDeltaChunked(float* S, const float* Q, const float* K, const float* V,
     // A (strictly lower): beta_i exp(gam_i - gam_m) <k_i, k_m>; forward substitution for (I+A)^-1.
     Tm.setZero(n, n);
     for (int i = 0; i < n; ++i)
-      for (int m = 0; m < i; ++m) Tm(i, m) = -beta[c0 + i] * std::exp(gam[U(i)] - gam[U(m)]) * KK(i, m);
+      for (int m = 0; m < i; ++m)
+        Tm(i, m) = -beta[c0 + i] * std::exp(gam[U(i)] - gam[U(m)]) * KK(i, m);
     for (int i = 1; i < n; ++i) {
       // X[i, :i] += X[i, :i] * X[:i, :i]  (rows < i are already final)
       Eigen::Matrix<float, 1, Eigen::Dynamic> row = Tm.block(i, 0, 1, i);
@@ -72,16 +73,17 @@ void GatedDeltaChunked(float* S, const float* Q, const float* K, const float* V,
       Vb.row(i) *= beta[c0 + i];
       Kb.row(i) *= beta[c0 + i] * std::exp(gam[U(i)]);
     }
-    Um.noalias() = Tm * Vb;          // U = Tm diag(beta) V
-    Wm.noalias() = Tm * Kb;          // W = Tm diag(beta Gamma) K
+    Um.noalias() = Tm * Vb;  // U = Tm diag(beta) V
+    Wm.noalias() = Tm * Kb;  // W = Tm diag(beta Gamma) K
     Delta = Um;
-    Delta.noalias() -= Wm * Sm;      // Delta = U - W S0
+    Delta.noalias() -= Wm * Sm;  // Delta = U - W S0
     // O = diag(Gamma) Q S0 + ((Q K^T) .* D) Delta, with D incl. the diagonal.
     Qg = Qc;
     for (int i = 0; i < n; ++i) Qg.row(i) *= std::exp(gam[U(i)]);
     QK.noalias() = Qc * Kc.transpose();
     for (int i = 0; i < n; ++i)
-      for (int m = 0; m < n; ++m) QK(i, m) = m <= i ? QK(i, m) * std::exp(gam[U(i)] - gam[U(m)]) : 0.0f;
+      for (int m = 0; m < n; ++m)
+        QK(i, m) = m <= i ? QK(i, m) * std::exp(gam[U(i)] - gam[U(m)]) : 0.0f;
     Oc.noalias() = Qg * Sm;
     Oc.noalias() += QK * Delta;
     // S_end = Gamma_last S0 + sum_i exp(gam_last - gam_i) k_i (x) Delta_i.
@@ -105,8 +107,109 @@ void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, 
   }
 }
 
-void GdnForward(const GdnWeights& w, const ModelConfig& c, const float* a, int T, GdnState& state, GdnMode mode,
-                MatmulKind kind, ThreadPool* pool, Arena& arena, float* out) {
+namespace {
+
+// The per-row inputs of the recurrence (arena views).
+struct GdnInputs {
+  const ModelConfig& c;
+  int T;
+  const float* win;   // f32 [K-1+T, conv_dim]: the conv window (previous inputs, then the rows)
+  const float* Uc;    // f32 [T, conv_dim]: conv + SiLU output (v is read from it)
+  const float* qh;    // f32 [T, Hk, Dk]: l2-normalised, scaled q
+  const float* kh;    // f32 [T, Hk, Dk]: l2-normalised k
+  const float* beta;  // f32 [T, Hv]
+  const float* gdec;  // f32 [T, Hv]: log decay
+};
+
+// Verify: one step per row into the per-step scratch (the checkpoint stays until commit), parallel
+// over value heads.
+void RecurVerify(const GdnInputs& in, GdnState& state, ThreadPool* pool, float* O) {
+  const ModelConfig& c = in.c;
+  const int T = in.T;
+  const int hk = c.n_k_heads, hv = c.n_v_heads, dk = c.k_head_dim, dv = c.v_head_dim, r = hv / hk;
+  const int key_dim = c.key_dim(), conv_dim = c.conv_dim(), kr = c.conv_kernel - 1;
+  const std::size_t s_head = U(dk) * U(dv);
+  const float *win = in.win, *Uc = in.Uc, *qh = in.qh, *kh = in.kh, *beta = in.beta,
+              *gdec = in.gdec;
+  state.BeginSteps(T);
+  for (int t = 0; t < T; ++t) {  // conv state after step t = last K-1 inputs ending at t
+    std::memcpy(state.step_conv(t), win + U(t + 1) * U(conv_dim),
+                U(kr) * U(conv_dim) * sizeof(float));
+  }
+  auto heads = [&](std::size_t jb, std::size_t je) {
+    for (std::size_t j = jb; j < je; ++j) {
+      const int gi = static_cast<int>(j) / r;
+      for (int t = 0; t < T; ++t) {
+        const float* prev = t == 0 ? state.ssm() : state.step_ssm(t - 1);
+        float* S = state.step_ssm(t) + j * s_head;
+        std::memcpy(S, prev + j * s_head, s_head * sizeof(float));
+        const std::size_t th = U(t) * U(hv) + j;
+        GatedDeltaStep(S, qh + (U(t) * U(hk) + U(gi)) * U(dk), kh + (U(t) * U(hk) + U(gi)) * U(dk),
+                       Uc + U(t) * U(conv_dim) + U(2 * key_dim) + j * U(dv), std::exp(gdec[th]),
+                       beta[th], dk, dv, O + th * U(dv));
+      }
+    }
+  };
+  if (pool)
+    pool->ParallelFor(U(hv), heads);
+  else
+    heads(0, U(hv));
+}
+
+// Prefill: chunked form per value head, in place on the checkpoint; value heads in slices, one
+// per worker.
+void RecurPrefill(const GdnInputs& in, GdnState& state, ThreadPool* pool, Arena& arena, float* O) {
+  const ModelConfig& c = in.c;
+  const int T = in.T;
+  const int hk = c.n_k_heads, hv = c.n_v_heads, dk = c.k_head_dim, dv = c.v_head_dim, r = hv / hk;
+  const int key_dim = c.key_dim(), conv_dim = c.conv_dim(), kr = c.conv_kernel - 1;
+  const std::size_t ut = U(T);
+  const std::size_t s_head = U(dk) * U(dv);
+  const float *win = in.win, *Uc = in.Uc, *qh = in.qh, *kh = in.kh, *beta = in.beta,
+              *gdec = in.gdec;
+  // Prefill: chunked form per value head, in place on the checkpoint.
+  std::memcpy(state.conv(), win + ut * U(conv_dim), U(kr) * U(conv_dim) * sizeof(float));
+  const int n_slices = pool ? std::min(pool->size(), hv) : 1;
+  const std::size_t per = ut * U(2 * dk + 2 * dv + 2);
+  float* scratch = arena.Alloc(U(n_slices) * per);
+  auto slices = [&](std::size_t sb, std::size_t se) {
+    for (std::size_t s = sb; s < se; ++s) {
+      float* Qj = scratch + s * per;
+      float* Kj = Qj + ut * U(dk);
+      float* Vj = Kj + ut * U(dk);
+      float* gj = Vj + ut * U(dv);
+      float* bj = gj + ut;
+      float* Oj = bj + ut;
+      int jb = static_cast<int>(s) * hv / n_slices, je = (static_cast<int>(s) + 1) * hv / n_slices;
+      for (int j = jb; j < je; ++j) {
+        const int gi = j / r;
+        for (int t = 0; t < T; ++t) {
+          std::memcpy(Qj + U(t) * U(dk), qh + (U(t) * U(hk) + U(gi)) * U(dk),
+                      U(dk) * sizeof(float));
+          std::memcpy(Kj + U(t) * U(dk), kh + (U(t) * U(hk) + U(gi)) * U(dk),
+                      U(dk) * sizeof(float));
+          std::memcpy(Vj + U(t) * U(dv), Uc + U(t) * U(conv_dim) + U(2 * key_dim) + U(j) * U(dv),
+                      U(dv) * sizeof(float));
+          gj[t] = gdec[U(t) * U(hv) + U(j)];
+          bj[t] = beta[U(t) * U(hv) + U(j)];
+        }
+        GatedDeltaChunked(state.ssm() + U(j) * s_head, Qj, Kj, Vj, gj, bj, T, dk, dv, Oj);
+        for (int t = 0; t < T; ++t)
+          std::memcpy(O + (U(t) * U(hv) + U(j)) * U(dv), Oj + U(t) * U(dv), U(dv) * sizeof(float));
+      }
+    }
+  };
+  if (pool && n_slices > 1)
+    pool->ParallelFor(U(n_slices), slices);
+  else
+    slices(0, 1);
+  state.Advance(T);
+}
+
+}  // namespace
+
+void GdnForward(const GdnWeights& w, const ModelConfig& c, const float* a, int T, GdnState& state,
+                GdnMode mode, MatmulKind kind, ThreadPool* pool, Arena& arena, float* out) {
   Arena::Scope scope(arena);
   const int hk = c.n_k_heads, hv = c.n_v_heads, dk = c.k_head_dim, dv = c.v_head_dim, r = hv / hk;
   const int key_dim = c.key_dim(), conv_dim = c.conv_dim(), kw = c.conv_kernel, kr = kw - 1;
@@ -133,8 +236,10 @@ void GdnForward(const GdnWeights& w, const ModelConfig& c, const float* a, int T
       std::memcpy(x + U(key_dim) + U(gi) * U(dk), grp + dk, U(dk) * sizeof(float));
       for (int i = 0; i < r; ++i) {
         const int j = gi * r + i;
-        std::memcpy(x + U(2 * key_dim) + U(j) * U(dv), grp + 2 * dk + i * dv, U(dv) * sizeof(float));
-        std::memcpy(Z + (U(t) * U(hv) + U(j)) * U(dv), grp + 2 * dk + r * dv + i * dv, U(dv) * sizeof(float));
+        std::memcpy(x + U(2 * key_dim) + U(j) * U(dv), grp + 2 * dk + i * dv,
+                    U(dv) * sizeof(float));
+        std::memcpy(Z + (U(t) * U(hv) + U(j)) * U(dv), grp + 2 * dk + r * dv + i * dv,
+                    U(dv) * sizeof(float));
         const float bb = B[U(t) * U(2 * hv) + U(gi * 2 * r + i)];
         const float aa = B[U(t) * U(2 * hv) + U(gi * 2 * r + r + i)];
         beta[U(t) * U(hv) + U(j)] = Sigmoid(bb);
@@ -163,60 +268,11 @@ void GdnForward(const GdnWeights& w, const ModelConfig& c, const float* a, int T
   }
 
   float* O = arena.Alloc(ut * U(hv) * U(dv));  // [T, Hv, Dv]
-  const std::size_t s_head = U(dk) * U(dv);
-  if (mode == GdnMode::kVerify) {
-    state.BeginSteps(T);
-    for (int t = 0; t < T; ++t) {  // conv state after step t = last K-1 inputs ending at t
-      std::memcpy(state.step_conv(t), win + U(t + 1) * U(conv_dim), U(kr) * U(conv_dim) * sizeof(float));
-    }
-    auto heads = [&](std::size_t jb, std::size_t je) {
-      for (std::size_t j = jb; j < je; ++j) {
-        const int gi = static_cast<int>(j) / r;
-        for (int t = 0; t < T; ++t) {
-          const float* prev = t == 0 ? state.ssm() : state.step_ssm(t - 1);
-          float* S = state.step_ssm(t) + j * s_head;
-          std::memcpy(S, prev + j * s_head, s_head * sizeof(float));
-          const std::size_t th = U(t) * U(hv) + j;
-          GatedDeltaStep(S, qh + (U(t) * U(hk) + U(gi)) * U(dk), kh + (U(t) * U(hk) + U(gi)) * U(dk),
-                         Uc + U(t) * U(conv_dim) + U(2 * key_dim) + j * U(dv), std::exp(gdec[th]), beta[th], dk, dv,
-                         O + th * U(dv));
-        }
-      }
-    };
-    if (pool) pool->ParallelFor(U(hv), heads); else heads(0, U(hv));
-  } else {
-    // Prefill: chunked form per value head, in place on the checkpoint.
-    std::memcpy(state.conv(), win + ut * U(conv_dim), U(kr) * U(conv_dim) * sizeof(float));
-    const int n_slices = pool ? std::min(pool->size(), hv) : 1;
-    const std::size_t per = ut * U(2 * dk + 2 * dv + 2);
-    float* scratch = arena.Alloc(U(n_slices) * per);
-    auto slices = [&](std::size_t sb, std::size_t se) {
-      for (std::size_t s = sb; s < se; ++s) {
-        float* Qj = scratch + s * per;
-        float* Kj = Qj + ut * U(dk);
-        float* Vj = Kj + ut * U(dk);
-        float* gj = Vj + ut * U(dv);
-        float* bj = gj + ut;
-        float* Oj = bj + ut;
-        int jb = static_cast<int>(s) * hv / n_slices, je = (static_cast<int>(s) + 1) * hv / n_slices;
-        for (int j = jb; j < je; ++j) {
-          const int gi = j / r;
-          for (int t = 0; t < T; ++t) {
-            std::memcpy(Qj + U(t) * U(dk), qh + (U(t) * U(hk) + U(gi)) * U(dk), U(dk) * sizeof(float));
-            std::memcpy(Kj + U(t) * U(dk), kh + (U(t) * U(hk) + U(gi)) * U(dk), U(dk) * sizeof(float));
-            std::memcpy(Vj + U(t) * U(dv), Uc + U(t) * U(conv_dim) + U(2 * key_dim) + U(j) * U(dv), U(dv) * sizeof(float));
-            gj[t] = gdec[U(t) * U(hv) + U(j)];
-            bj[t] = beta[U(t) * U(hv) + U(j)];
-          }
-          GatedDeltaChunked(state.ssm() + U(j) * s_head, Qj, Kj, Vj, gj, bj, T, dk, dv, Oj);
-          for (int t = 0; t < T; ++t)
-            std::memcpy(O + (U(t) * U(hv) + U(j)) * U(dv), Oj + U(t) * U(dv), U(dv) * sizeof(float));
-        }
-      }
-    };
-    if (pool && n_slices > 1) pool->ParallelFor(U(n_slices), slices); else slices(0, 1);
-    state.Advance(T);
-  }
+  const GdnInputs in{c, T, win, Uc, qh, kh, beta, gdec};
+  if (mode == GdnMode::kVerify)
+    RecurVerify(in, state, pool, O);
+  else
+    RecurPrefill(in, state, pool, arena, O);
 
   // Gated RMSNorm per (t, value head), then out_proj.
   float* On = arena.Alloc(ut * U(hv) * U(dv));

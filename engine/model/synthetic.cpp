@@ -59,7 +59,6 @@ constexpr float kInductionNormW = 3.0f;
 // earlier shared-coordinate wiring at 4 (where larger gains made copying worse).
 constexpr float kCopyGain = 16.0f;
 
-
 std::uint64_t HashName(const std::string& s) {
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
@@ -72,7 +71,8 @@ class Stream {
  public:
   Stream(std::uint64_t seed, const std::string& name) : key_(SplitMix64(seed ^ HashName(name))) {}
   float Uniform(std::uint64_t i) const {
-    return static_cast<float>(static_cast<double>(SplitMix64(key_ ^ SplitMix64(i)) >> 40) * 0x1.0p-23 - 1.0);
+    return static_cast<float>(
+        static_cast<double>(SplitMix64(key_ ^ SplitMix64(i)) >> 40) * 0x1.0p-23 - 1.0);
   }
   // Uniform with standard deviation `std` (width sqrt(3) * std each side).
   float Sym(std::uint64_t i, float std_dev) const { return Uniform(i) * std_dev * 1.7320508f; }
@@ -148,7 +148,8 @@ struct Builder {
   }
   void Moe(const std::string& p, const ModelConfig& c) {
     Matrix(p + "gate.weight", c.n_experts, c.n_embd, kRouterGain);
-    for (int e = 0; e < c.n_experts; ++e) Ffn(p + "experts." + std::to_string(e) + ".", c.n_embd, c.moe_ffn);
+    for (int e = 0; e < c.n_experts; ++e)
+      Ffn(p + "experts." + std::to_string(e) + ".", c.n_embd, c.moe_ffn);
     Ffn(p + "shared_expert.", c.n_embd, c.shared_ffn);
     Matrix(p + "shared_expert_gate.weight", 1, c.n_embd, 1.0f);
   }
@@ -205,7 +206,8 @@ void Layout(ModelConfig& c) {
   c.rotary_dim = static_cast<int>(c.head_dim * c.partial_rotary_factor);
   c.layer_types.clear();
   for (int il = 0; il < c.n_layers; ++il)
-    c.layer_types.push_back((il + 1) % 4 == 0 ? LayerType::kFullAttention : LayerType::kLinearAttention);
+    c.layer_types.push_back((il + 1) % 4 == 0 ? LayerType::kFullAttention
+                                              : LayerType::kLinearAttention);
   c.eos_token_ids = {c.n_vocab - 1};
 }
 
@@ -276,8 +278,13 @@ struct InductionSpace {
   std::vector<std::vector<float>> no_read;
 
   InductionSpace(const ModelConfig& cfg, const std::vector<float>& d, const std::vector<char>& in)
-      : c(cfg), dc(d), in_s(in), uH(static_cast<std::size_t>(cfg.n_embd)),
-        inv_sqrt_h(1.0f / std::sqrt(static_cast<float>(cfg.n_embd))), dc_in(uH, 0.0f), dc_out(uH, 0.0f) {
+      : c(cfg),
+        dc(d),
+        in_s(in),
+        uH(static_cast<std::size_t>(cfg.n_embd)),
+        inv_sqrt_h(1.0f / std::sqrt(static_cast<float>(cfg.n_embd))),
+        dc_in(uH, 0.0f),
+        dc_out(uH, 0.0f) {
     // A vector supported on one half is made orthogonal to dc by removing its component along
     // that half's part.
     for (std::size_t h = 0; h < uH; ++h) (in_s[h] ? dc_in : dc_out)[h] = dc[h];
@@ -306,7 +313,8 @@ PrevTokenHead WirePrevTokenHead(Builder& b, InductionSpace& s, const std::string
   const int key_dim = c.key_dim(), K = c.conv_kernel;
   const std::size_t uH = s.uH, uDv = static_cast<std::size_t>(Dv);
   auto& qkvz = b.T(gp + "in_proj_qkvz.weight");
-  // out_proj block G [H, Dv] for value head 0: |y| ~ kPrevGain * |e| given |o_hat| ~ silu(z) sqrt(Dv).
+  // out_proj block G [H, Dv] for value head 0: |y| ~ kPrevGain * |e| given |o_hat| ~ silu(z)
+  // sqrt(Dv).
   const float z_act = 3.0f;  // ~ silu(kZGain * kDcGain * ...) at the input scale (measured)
   const float g_sd = kPrevGain / (z_act * std::sqrt(static_cast<float>(Dv)));
   const std::vector<float> G = b.Block(gp + "induction.G", H, Dv, g_sd);
@@ -320,13 +328,15 @@ PrevTokenHead WirePrevTokenHead(Builder& b, InductionSpace& s, const std::string
     OrthogonalizeTo(col, uH, {s.dc_in});
   }
   for (std::size_t i = 0; i < uDv; ++i) {  // Gram-Schmidt: an orthonormal basis of span(G)
-    std::vector<float> u(gt.begin() + static_cast<std::ptrdiff_t>(i * uH), gt.begin() + static_cast<std::ptrdiff_t>((i + 1) * uH));
+    std::vector<float> u(gt.begin() + static_cast<std::ptrdiff_t>(i * uH),
+                         gt.begin() + static_cast<std::ptrdiff_t>((i + 1) * uH));
     OrthogonalizeTo(u.data(), uH, s.no_read);
     if (NormalizeVec(u.data(), uH)) s.no_read.push_back(std::move(u));
   }
   // q and k of the head share rows (orthogonal to dc); with decay ~0 any direction works.
   std::vector<float> qk = b.Block(gp + "induction.qk", Dk, H, s.inv_sqrt_h);
-  for (int i = 0; i < Dk; ++i) OrthogonalizeTo(qk.data() + static_cast<std::size_t>(i) * uH, uH, {dc});
+  for (int i = 0; i < Dk; ++i)
+    OrthogonalizeTo(qk.data() + static_cast<std::size_t>(i) * uH, uH, {dc});
   // V0: the token's features, read from S_in away from dc and span(G).
   prev.v0 = b.Block(gp + "induction.v", Dv, H, kPrevValueGain * s.inv_sqrt_h);
   std::vector<float>& v0 = prev.v0;
@@ -336,8 +346,8 @@ PrevTokenHead WirePrevTokenHead(Builder& b, InductionSpace& s, const std::string
   }
   for (std::size_t i = 0; i < static_cast<std::size_t>(Dk); ++i)
     for (std::size_t h = 0; h < uH; ++h) {
-      qkvz[i * uH + h] = qk[i * uH + h];                                    // q row i
-      qkvz[(static_cast<std::size_t>(Dk) + i) * uH + h] = qk[i * uH + h];   // k row i
+      qkvz[i * uH + h] = qk[i * uH + h];                                   // q row i
+      qkvz[(static_cast<std::size_t>(Dk) + i) * uH + h] = qk[i * uH + h];  // k row i
     }
   for (std::size_t i = 0; i < uDv; ++i)
     for (std::size_t h = 0; h < uH; ++h) {
@@ -353,7 +363,9 @@ PrevTokenHead WirePrevTokenHead(Builder& b, InductionSpace& s, const std::string
   b.T(gp + "dt_bias")[0] = 3.0f;
   auto& conv = b.T(gp + "conv1d.weight");  // [conv_dim, 1, K]
   auto taps = [&](int ch, int tap) {
-    for (int j = 0; j < K; ++j) conv[static_cast<std::size_t>(ch) * static_cast<std::size_t>(K) + static_cast<std::size_t>(j)] = j == tap ? 1.0f : 0.0f;
+    for (int j = 0; j < K; ++j)
+      conv[static_cast<std::size_t>(ch) * static_cast<std::size_t>(K) +
+           static_cast<std::size_t>(j)] = j == tap ? 1.0f : 0.0f;
   };
   for (int i = 0; i < Dk; ++i) taps(i, K - 1), taps(key_dim + i, K - 1);
   for (int i = 0; i < Dv; ++i) taps(2 * key_dim + i, K - 2);
@@ -365,8 +377,9 @@ PrevTokenHead WirePrevTokenHead(Builder& b, InductionSpace& s, const std::string
 }
 
 // 2. The induction heads of every full-attention layer from `first_attn` on.
-void WireInductionHeads(Builder& b, const InductionSpace& s, const PrevTokenHead& prev, int first_attn,
-                        const std::vector<std::size_t>& perm, const std::vector<float>& sign) {
+void WireInductionHeads(Builder& b, const InductionSpace& s, const PrevTokenHead& prev,
+                        int first_attn, const std::vector<std::size_t>& perm,
+                        const std::vector<float>& sign) {
   const ModelConfig& c = s.c;
   const std::vector<float>& dc = s.dc;
   const std::vector<float>& gt = prev.gt;
@@ -380,14 +393,16 @@ void WireInductionHeads(Builder& b, const InductionSpace& s, const PrevTokenHead
   for (int il = first_attn; il < c.n_layers; ++il) {
     if (!c.is_full_attention(il)) continue;
     const std::string ap = "model.layers." + std::to_string(il) + ".self_attn.";
-    auto& q = b.T(ap + "q_proj.weight");  // per query head h: rows [2hD, 2hD+D) query, then its gate
+    auto& q =
+        b.T(ap + "q_proj.weight");  // per query head h: rows [2hD, 2hD+D) query, then its gate
     auto& k = b.T(ap + "k_proj.weight");  // rows [jD, (j+1)D) kv head j
     auto& v = b.T(ap + "v_proj.weight");
-    auto& o = b.T(ap + "o_proj.weight");  // [H, Hq*D], columns [hD, (h+1)D) query head h
+    auto& o = b.T(ap + "o_proj.weight");      // [H, Hq*D], columns [hD, (h+1)D) query head h
     for (int j = 0; j < c.n_heads_kv; ++j) {  // one induction head per kv head: query head j*group
       const std::size_t hq = static_cast<std::size_t>(j * group);
       const std::string tag = ap + "induction." + std::to_string(j);
-      const std::vector<float> M = b.Block(tag + ".M", Dn, Dv, 1.0f / std::sqrt(static_cast<float>(Dv)));
+      const std::vector<float> M =
+          b.Block(tag + ".M", Dn, Dv, 1.0f / std::sqrt(static_cast<float>(Dv)));
       std::vector<float> B = b.Block(tag + ".B", D, H, s.inv_sqrt_h);
       for (std::size_t d = 0; d < uD; ++d) {  // value rows: S_in, orthogonal to dc and span(G)
         s.RestrictIn(B.data() + d * uH);
@@ -421,18 +436,21 @@ void WireInductionHeads(Builder& b, const InductionSpace& s, const PrevTokenHead
     }
     auto& qn = b.T(ap + "q_norm.weight");
     auto& kn = b.T(ap + "k_norm.weight");
-    for (int d = R; d < D; ++d) qn[static_cast<std::size_t>(d)] = kn[static_cast<std::size_t>(d)] = kInductionNormW;
+    for (int d = R; d < D; ++d)
+      qn[static_cast<std::size_t>(d)] = kn[static_cast<std::size_t>(d)] = kInductionNormW;
   }
 }
 
 // Wires the induction circuit into the model (the two parts above). Needs a GDN layer just before
 // the first full-attention layer and non-rotary head dimensions; otherwise leaves the model as is.
-void WireInduction(Builder& b, const ModelConfig& c, const std::vector<float>& dc, const std::vector<std::size_t>& perm,
-                   const std::vector<float>& sign, const std::vector<char>& in_s) {
+void WireInduction(Builder& b, const ModelConfig& c, const std::vector<float>& dc,
+                   const std::vector<std::size_t>& perm, const std::vector<float>& sign,
+                   const std::vector<char>& in_s) {
   int first_attn = -1;
   for (int il = 0; il < c.n_layers && first_attn < 0; ++il)
     if (c.is_full_attention(il)) first_attn = il;
-  if (first_attn < 1 || c.is_full_attention(first_attn - 1) || c.head_dim - c.rotary_dim <= 0) return;
+  if (first_attn < 1 || c.is_full_attention(first_attn - 1) || c.head_dim - c.rotary_dim <= 0)
+    return;
   const std::string gp = "model.layers." + std::to_string(first_attn - 1) + ".linear_attn.";
   InductionSpace space(c, dc, in_s);
   const PrevTokenHead prev = WirePrevTokenHead(b, space, gp);
@@ -469,21 +487,23 @@ Result<ModelConfig> SyntheticConfig(const std::string& preset) {
     c.n_k_heads = 16, c.n_v_heads = 32, c.k_head_dim = 128, c.v_head_dim = 128;
     c.n_experts = 32, c.n_experts_used = 10, c.moe_ffn = 512, c.shared_ffn = 512;
   } else {
-    return Status::InvalidArgument("--preset", "unknown preset '" + preset + "' (expected tiny, small, seed48 or wide)");
+    return Status::InvalidArgument(
+        "--preset", "unknown preset '" + preset + "' (expected tiny, small, seed48 or wide)");
   }
   Layout(c);
   LOCKSTEP_RETURN_IF_ERROR(c.Validate());
   return c;
 }
 
-Status WriteSyntheticModel(const SyntheticOptions& opts, const std::string& out_dir) {
-  LOCKSTEP_ASSIGN_OR_RETURN(ModelConfig c, SyntheticConfig(opts.preset));
-  DType dt = opts.dtype.value_or(opts.preset == "tiny" ? DType::kF32 : DType::kBF16);
-  if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
-    return Status::InvalidArgument("--dtype", "expected f32, bf16 or f16");
+namespace {
+
+// The preset's config `c` cut as the options ask (MTP, layers, experts, vocabulary, dense layers).
+Status CutConfig(const SyntheticOptions& opts, ModelConfig& c) {
   if (!opts.with_mtp) c.n_mtp_layers = 0;
   if (opts.n_layers < 0 || opts.n_experts < 0 || opts.n_experts_used < 0 || opts.n_vocab < 0)
-    return Status::InvalidArgument("synthetic model", "layer, expert and vocabulary counts must be positive (0: the preset's)");
+    return Status::InvalidArgument(
+        "synthetic model",
+        "layer, expert and vocabulary counts must be positive (0: the preset's)");
   if (opts.n_layers > 0 || opts.n_experts > 0 || opts.n_experts_used > 0 || opts.n_vocab > 0) {
     if (opts.n_layers > 0) c.n_layers = opts.n_layers;
     if (opts.n_experts > 0) c.n_experts = opts.n_experts;
@@ -495,72 +515,20 @@ Status WriteSyntheticModel(const SyntheticOptions& opts, const std::string& out_
   if (!opts.mlp_only_layers.empty()) {
     for (int il : opts.mlp_only_layers)
       if (il < 0 || il >= c.n_layers)
-        return Status::InvalidArgument("mlp_only_layers", "layer " + std::to_string(il) + " is not in [0, " + std::to_string(c.n_layers) + ")");
+        return Status::InvalidArgument(
+            "mlp_only_layers",
+            "layer " + std::to_string(il) + " is not in [0, " + std::to_string(c.n_layers) + ")");
     c.mlp_only_layers = opts.mlp_only_layers;
     c.dense_ffn = 2 * c.moe_ffn;
     LOCKSTEP_RETURN_IF_ERROR(c.Validate());
   }
-  Builder b{opts.seed, dt, {}, {}};
-  const std::size_t H = static_cast<std::size_t>(c.n_embd);
-  const std::vector<float> dc = opts.induction ? UnitVector(opts.seed, H) : std::vector<float>(H, 0.0f);
-  std::vector<std::size_t> perm(H);
-  std::vector<float> sign(H, 1.0f);
-  std::vector<char> in_s(H, 0);  // S_in membership (induction only)
-  if (!opts.induction) {
-    auto& e = b.Add("model.embed_tokens.weight", {c.n_vocab, c.n_embd}, dt);
-    Stream s(opts.seed, "model.embed_tokens.weight");
-    for (std::size_t i = 0; i < e.size(); ++i) e[i] = s.Sym(i, 1.0f);
-    b.Matrix("lm_head.weight", c.n_vocab, c.n_embd, 1.0f);
-  } else {
-    // lm_head row u = A r_u, A a seeded signed permutation (orthogonal), r_u the random part of
-    // embedding u: a direction the induction heads can write to raise exactly token u, while
-    // lm_head stays unrelated to the token's own embedding (no built-in "repeat me" bias).
-    // A also swaps two seeded halves of the coordinates, S_in and S_out (see WireInduction).
-    Stream sp(opts.seed, "lockstep.lm_head.perm");
-    std::vector<std::size_t> order(H);
-    for (std::size_t i = 0; i < H; ++i) order[i] = i;
-    for (std::size_t i = H - 1; i > 0; --i)
-      std::swap(order[i], order[static_cast<std::size_t>((sp.Uniform(i) + 1.0f) * 0.5f * static_cast<float>(i + 1)) % (i + 1)]);
-    for (std::size_t j = 0; j < H / 2; ++j) {
-      in_s[order[j]] = 1;
-      perm[order[j]] = order[H / 2 + j];
-      perm[order[H / 2 + j]] = order[j];
-    }
-    for (std::size_t i = 0; i < H; ++i) sign[i] = sp.Uniform(H + i) < 0 ? -1.0f : 1.0f;
-    auto& e = b.Add("model.embed_tokens.weight", {c.n_vocab, c.n_embd}, dt);
-    auto& lm = b.Add("lm_head.weight", {c.n_vocab, c.n_embd}, dt);
-    Stream s(opts.seed, "model.embed_tokens.weight");
-    const float lm_sd = 1.0f / std::sqrt(static_cast<float>(H));
-    std::vector<float> ru(H);
-    for (std::size_t u = 0; u < static_cast<std::size_t>(c.n_vocab); ++u) {
-      double along_dc = 0;
-      for (std::size_t i = 0; i < H; ++i) along_dc += static_cast<double>(ru[i] = s.Sym(u * H + i, 1.0f)) * dc[i];
-      for (std::size_t i = 0; i < H; ++i) {
-        const float r = ru[i] - static_cast<float>(along_dc) * dc[i];  // r_u orthogonal to dc
-        e[u * H + i] = r + kDcGain * dc[i];
-        lm[u * H + perm[i]] = sign[i] * r * lm_sd;
-      }
-    }
-  }
-  b.NormZc("model.norm.weight", c.n_embd);
-  for (int il = 0; il < c.n_layers; ++il)
-    b.Layer("model.layers." + std::to_string(il) + ".", c, c.layer_types[static_cast<std::size_t>(il)], c.is_moe(il));
-  if (opts.induction) WireInduction(b, c, dc, perm, sign, in_s);
-  if (opts.with_mtp) {
-    // fc [H, 2H]: near-identity on the embedding half plus fan-in noise everywhere.
-    auto& fc = b.Add("mtp.fc.weight", {c.n_embd, 2 * c.n_embd}, dt);
-    Stream s(opts.seed, "mtp.fc.weight");
-    const float sd = kMtpNoise / std::sqrt(static_cast<float>(2 * c.n_embd));
-    const std::size_t w2 = 2 * static_cast<std::size_t>(c.n_embd);
-    for (std::size_t i = 0; i < fc.size(); ++i) fc[i] = s.Sym(i, sd);
-    for (int r = 0; r < c.n_embd; ++r) fc[static_cast<std::size_t>(r) * w2 + static_cast<std::size_t>(r)] += kMtpEmbedGain;
-    b.NormZc("mtp.pre_fc_norm_embedding.weight", c.n_embd);
-    b.NormZc("mtp.pre_fc_norm_hidden.weight", c.n_embd);
-    b.NormZc("mtp.norm.weight", c.n_embd);
-    b.Layer("mtp.layers.0.", c, LayerType::kFullAttention, true);
-  }
+  return Status::Ok();
+}
 
-  // Serialise each tensor in its storage dtype.
+// Writes config.json and model.safetensors (each tensor in its storage dtype) into out_dir; frees
+// the builder's f32 values as it goes.
+Status WriteModelFiles(Builder& b, const ModelConfig& c, const SyntheticOptions& opts,
+                       const std::string& out_dir) {
   std::vector<std::vector<std::byte>> bytes;
   std::vector<TensorToWrite> out;
   bytes.reserve(b.tensors.size());
@@ -587,6 +555,83 @@ Status WriteSyntheticModel(const SyntheticOptions& opts, const std::string& out_
                                           {"lockstep.seed", std::to_string(opts.seed)},
                                           {"lockstep.induction", opts.induction ? "1" : "0"}};
   return WriteSafetensors(out_dir + "/model.safetensors", out, meta);
+}
+
+}  // namespace
+
+Status WriteSyntheticModel(const SyntheticOptions& opts, const std::string& out_dir) {
+  LOCKSTEP_ASSIGN_OR_RETURN(ModelConfig c, SyntheticConfig(opts.preset));
+  DType dt = opts.dtype.value_or(opts.preset == "tiny" ? DType::kF32 : DType::kBF16);
+  if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
+    return Status::InvalidArgument("--dtype", "expected f32, bf16 or f16");
+  LOCKSTEP_RETURN_IF_ERROR(CutConfig(opts, c));
+  Builder b{opts.seed, dt, {}, {}};
+  const std::size_t H = static_cast<std::size_t>(c.n_embd);
+  const std::vector<float> dc =
+      opts.induction ? UnitVector(opts.seed, H) : std::vector<float>(H, 0.0f);
+  std::vector<std::size_t> perm(H);
+  std::vector<float> sign(H, 1.0f);
+  std::vector<char> in_s(H, 0);  // S_in membership (induction only)
+  if (!opts.induction) {
+    auto& e = b.Add("model.embed_tokens.weight", {c.n_vocab, c.n_embd}, dt);
+    Stream s(opts.seed, "model.embed_tokens.weight");
+    for (std::size_t i = 0; i < e.size(); ++i) e[i] = s.Sym(i, 1.0f);
+    b.Matrix("lm_head.weight", c.n_vocab, c.n_embd, 1.0f);
+  } else {
+    // lm_head row u = A r_u, A a seeded signed permutation (orthogonal), r_u the random part of
+    // embedding u: a direction the induction heads can write to raise exactly token u, while
+    // lm_head stays unrelated to the token's own embedding (no built-in "repeat me" bias).
+    // A also swaps two seeded halves of the coordinates, S_in and S_out (see WireInduction).
+    Stream sp(opts.seed, "lockstep.lm_head.perm");
+    std::vector<std::size_t> order(H);
+    for (std::size_t i = 0; i < H; ++i) order[i] = i;
+    for (std::size_t i = H - 1; i > 0; --i)
+      std::swap(order[i], order[static_cast<std::size_t>((sp.Uniform(i) + 1.0f) * 0.5f *
+                                                         static_cast<float>(i + 1)) %
+                                (i + 1)]);
+    for (std::size_t j = 0; j < H / 2; ++j) {
+      in_s[order[j]] = 1;
+      perm[order[j]] = order[H / 2 + j];
+      perm[order[H / 2 + j]] = order[j];
+    }
+    for (std::size_t i = 0; i < H; ++i) sign[i] = sp.Uniform(H + i) < 0 ? -1.0f : 1.0f;
+    auto& e = b.Add("model.embed_tokens.weight", {c.n_vocab, c.n_embd}, dt);
+    auto& lm = b.Add("lm_head.weight", {c.n_vocab, c.n_embd}, dt);
+    Stream s(opts.seed, "model.embed_tokens.weight");
+    const float lm_sd = 1.0f / std::sqrt(static_cast<float>(H));
+    std::vector<float> ru(H);
+    for (std::size_t u = 0; u < static_cast<std::size_t>(c.n_vocab); ++u) {
+      double along_dc = 0;
+      for (std::size_t i = 0; i < H; ++i)
+        along_dc += static_cast<double>(ru[i] = s.Sym(u * H + i, 1.0f)) * dc[i];
+      for (std::size_t i = 0; i < H; ++i) {
+        const float r = ru[i] - static_cast<float>(along_dc) * dc[i];  // r_u orthogonal to dc
+        e[u * H + i] = r + kDcGain * dc[i];
+        lm[u * H + perm[i]] = sign[i] * r * lm_sd;
+      }
+    }
+  }
+  b.NormZc("model.norm.weight", c.n_embd);
+  for (int il = 0; il < c.n_layers; ++il)
+    b.Layer("model.layers." + std::to_string(il) + ".", c,
+            c.layer_types[static_cast<std::size_t>(il)], c.is_moe(il));
+  if (opts.induction) WireInduction(b, c, dc, perm, sign, in_s);
+  if (opts.with_mtp) {
+    // fc [H, 2H]: near-identity on the embedding half plus fan-in noise everywhere.
+    auto& fc = b.Add("mtp.fc.weight", {c.n_embd, 2 * c.n_embd}, dt);
+    Stream s(opts.seed, "mtp.fc.weight");
+    const float sd = kMtpNoise / std::sqrt(static_cast<float>(2 * c.n_embd));
+    const std::size_t w2 = 2 * static_cast<std::size_t>(c.n_embd);
+    for (std::size_t i = 0; i < fc.size(); ++i) fc[i] = s.Sym(i, sd);
+    for (int r = 0; r < c.n_embd; ++r)
+      fc[static_cast<std::size_t>(r) * w2 + static_cast<std::size_t>(r)] += kMtpEmbedGain;
+    b.NormZc("mtp.pre_fc_norm_embedding.weight", c.n_embd);
+    b.NormZc("mtp.pre_fc_norm_hidden.weight", c.n_embd);
+    b.NormZc("mtp.norm.weight", c.n_embd);
+    b.Layer("mtp.layers.0.", c, LayerType::kFullAttention, true);
+  }
+
+  return WriteModelFiles(b, c, opts, out_dir);
 }
 
 }  // namespace lockstep
