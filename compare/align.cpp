@@ -56,12 +56,16 @@ std::int64_t StageSum(const WindowRecord& w) {
 
 // Same order as TimingIntervals(): AlignResult::timing starts with these, indexed alike.
 const TimingField kTimingFields[] = {
-    {"verify", &RecordNs<&WindowRecord::verify_ns>},   {"wait", &RecordNs<&WindowRecord::wait_ns>},
-    {"compute", &RecordNs<&WindowRecord::compute_ns>}, {"draft", &RecordNs<&WindowRecord::draft_ns>},
-    {"commit", &RecordNs<&WindowRecord::commit_ns>},   {"export", &RecordNs<&WindowRecord::export_ns>},
+    {"verify", &RecordNs<&WindowRecord::verify_ns>},
+    {"wait", &RecordNs<&WindowRecord::wait_ns>},
+    {"compute", &RecordNs<&WindowRecord::compute_ns>},
+    {"draft", &RecordNs<&WindowRecord::draft_ns>},
+    {"commit", &RecordNs<&WindowRecord::commit_ns>},
+    {"export", &RecordNs<&WindowRecord::export_ns>},
 };
 
-// Same order as DeviceTimingIntervals(); appended to AlignResult::timing only when a trace has them.
+// Same order as DeviceTimingIntervals(); appended to AlignResult::timing only when a trace has
+// them.
 const TimingField kDeviceTimingFields[] = {
     {"dev_wait", &StageSum<&StageTiming::dev_wait_ns>},
     {"dev_compute", &StageSum<&StageTiming::dev_compute_ns>},
@@ -74,7 +78,8 @@ bool AnyDeviceTiming(const std::vector<WindowRecord>& a, const std::vector<Windo
   for (const auto* side : {&a, &b})
     for (const WindowRecord& w : *side)
       for (const StageTiming& st : w.stages)
-        if (st.dev_wait_ns >= 0 || st.dev_compute_ns >= 0 || st.dev_copy_ns >= 0 || st.init_ns >= 0) return true;
+        if (st.dev_wait_ns >= 0 || st.dev_compute_ns >= 0 || st.dev_copy_ns >= 0 || st.init_ns >= 0)
+          return true;
   return false;
 }
 
@@ -312,7 +317,8 @@ AlignResult AlignWindows(const std::vector<WindowRecord>& a, const std::vector<W
   // Timing only over [0, matched): past the divergence a per-index delta compares different work.
   for (const TimingField& tf : kTimingFields) r.timing.push_back(DiffInterval(tf, a, b, matched));
   if (AnyDeviceTiming(a, b))
-    for (const TimingField& tf : kDeviceTimingFields) r.timing.push_back(DiffInterval(tf, a, b, matched));
+    for (const TimingField& tf : kDeviceTimingFields)
+      r.timing.push_back(DiffInterval(tf, a, b, matched));
 
   r.median_verify_ms_a = SideMedianVerifyMs(a);
   r.median_verify_ms_b = SideMedianVerifyMs(b);

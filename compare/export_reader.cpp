@@ -112,7 +112,8 @@ Status ExportReader::Impl::Read(const Loc& loc, std::int64_t row0, std::int64_t 
 Status ExportReader::Impl::ReadStages() {
   const hid_t f = file.get();
   const std::string path = "/trace/stages";
-  if (H5Lexists(f, path.c_str(), H5P_DEFAULT) <= 0) return Status::Ok();  // written before stages were
+  if (H5Lexists(f, path.c_str(), H5P_DEFAULT) <= 0)
+    return Status::Ok();  // written before stages were
   LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenObject(f, path, H5I_DATASET));
   const auto n_windows = static_cast<std::int64_t>(meta.windows.size());
   LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kTraceStageFields, limits,
@@ -121,18 +122,22 @@ Status ExportReader::Impl::ReadStages() {
     const auto& r = rows[i];
     const std::string at = path + " row " + std::to_string(i);
     if (r[0] < 0 || r[0] >= n_windows)
-      return Bad(at, "window " + std::to_string(r[0]) + " is not one of the " + std::to_string(n_windows) +
-                         " windows of /trace/windows");
+      return Bad(at, "window " + std::to_string(r[0]) + " is not one of the " +
+                         std::to_string(n_windows) + " windows of /trace/windows");
     WindowRecord& w = meta.windows[static_cast<std::size_t>(r[0])];
     const bool next_window = i == 0 || r[0] > rows[i - 1][0];
-    if ((!next_window && r[0] != rows[i - 1][0]) || r[1] != static_cast<std::int64_t>(w.stages.size()))
-      return Bad(at, "out of order (window " + std::to_string(r[0]) + ", stage " + std::to_string(r[1]) +
-                         "; rows go by window, then stage from 0)");
+    if ((!next_window && r[0] != rows[i - 1][0]) ||
+        r[1] != static_cast<std::int64_t>(w.stages.size()))
+      return Bad(at, "out of order (window " + std::to_string(r[0]) + ", stage " +
+                         std::to_string(r[1]) + "; rows go by window, then stage from 0)");
     for (std::size_t k = 2; k <= 4; ++k)
       if (r[k] < 0) return Bad(at, std::string("negative ") + kTraceStageFields[k].name);
     for (std::size_t k = 5; k <= 8; ++k)
-      if (r[k] < -1) return Bad(at, std::string(kTraceStageFields[k].name) + " below -1 (the only unknown value)");
-    if (r[9] < 0 || r[9] > 3) return Bad(at, "graph " + std::to_string(r[9]) + " (0 none, 1 eager, 2 capture, 3 replay)");
+      if (r[k] < -1)
+        return Bad(at,
+                   std::string(kTraceStageFields[k].name) + " below -1 (the only unknown value)");
+    if (r[9] < 0 || r[9] > 3)
+      return Bad(at, "graph " + std::to_string(r[9]) + " (0 none, 1 eager, 2 capture, 3 replay)");
     StageTiming st;
     st.wait_ns = r[2], st.compute_ns = r[3], st.cpu_ns = r[4];
     st.dev_wait_ns = r[5], st.dev_compute_ns = r[6], st.dev_copy_ns = r[7], st.init_ns = r[8];
@@ -241,8 +246,7 @@ Status ExportReader::Impl::ReadTokens(const std::string& path, std::vector<std::
     return Bad(path, "holds " + (ft.valid() ? DescribeType(ft.get()) : std::string("?")) +
                          ", expected int32 token ids");
   LOCKSTEP_ASSIGN_OR_RETURN(auto shape, Shape(ds.get(), path, limits));
-  if (shape.size() != 1)
-    return Bad(path, "expected one dimension, got shape " + ShapeText(shape));
+  if (shape.size() != 1) return Bad(path, "expected one dimension, got shape " + ShapeText(shape));
   if (shape[0] > limits.max_tokens || BytesWithin(shape, 4, meta.file_bytes) < 0)
     return Bad(path, std::to_string(shape[0]) + " token ids exceed the limit of " +
                          std::to_string(limits.max_tokens) + " or the file's size");
@@ -280,8 +284,7 @@ Status ExportReader::Impl::ReadCounters() {
   LOCKSTEP_ASSIGN_OR_RETURN(auto stages, Children(counters.get(), "/counters", limits.max_items));
   for (const Link& st : stages) {
     const std::string path = "/counters/" + st.name;
-    if (ParseIndex(st.name, "stage") < 0)
-      return Bad(path, "unexpected entry (expected stage{S})");
+    if (ParseIndex(st.name, "stage") < 0) return Bad(path, "unexpected entry (expected stage{S})");
     LOCKSTEP_ASSIGN_OR_RETURN(H5Handle g, OpenObject(f, path, H5I_GROUP));
     std::vector<std::string> names;
     if (H5Aiterate2(g.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, CollectAttrName, &names) != 0)
@@ -396,7 +399,8 @@ Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& path
     mdc.flash_incr_mode = H5C_flash_incr__off;
     H5Pset_mdc_config(fapl.get(), &mdc);
   }
-  impl->file = H5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.valid() ? fapl.get() : H5P_DEFAULT));
+  impl->file =
+      H5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.valid() ? fapl.get() : H5P_DEFAULT));
   if (!impl->file.valid())
     return Status::InvalidArgument(
         path, "HDF5 cannot open it (truncated or corrupt; an unfinished export ends in .partial)");
@@ -451,4 +455,3 @@ bool LooksLikeHdf5(const std::string& path) {
 }
 
 }  // namespace lockstep
-

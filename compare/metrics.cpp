@@ -90,8 +90,10 @@ template <class V, class T>
   const auto v = std::bit_cast<__m512i>(m);
   return _mm512_test_epi32_mask(v, v);
 #elif defined(__AVX2__)
-  const auto lo = static_cast<unsigned>(_mm256_movemask_ps(std::bit_cast<__m256>(Lo(std::bit_cast<F32x16>(m)))));
-  const auto hi = static_cast<unsigned>(_mm256_movemask_ps(std::bit_cast<__m256>(Hi(std::bit_cast<F32x16>(m)))));
+  const auto lo = static_cast<unsigned>(
+      _mm256_movemask_ps(std::bit_cast<__m256>(Lo(std::bit_cast<F32x16>(m)))));
+  const auto hi = static_cast<unsigned>(
+      _mm256_movemask_ps(std::bit_cast<__m256>(Hi(std::bit_cast<F32x16>(m)))));
   return lo | hi << 8;
 #else
   unsigned bits = 0;
@@ -109,8 +111,9 @@ void KeepFirst(std::int64_t& first, std::int64_t candidate) {
 
 // ---- F32: sum (a-b)^2, sum a^2, max |a-b|, bitwise differences ----
 
-constexpr std::size_t kStep = 16;     // elements per iteration: two 8-lane f64 halves
-constexpr std::size_t kChunk = 4096;  // elements per partial sum (and per read of the diff counters)
+constexpr std::size_t kStep = 16;  // elements per iteration: two 8-lane f64 halves
+constexpr std::size_t kChunk =
+    4096;  // elements per partial sum (and per read of the diff counters)
 
 // Element sources: 8 f32 bit patterns at a time (plus one, for scans). A bf16 code widens to f32
 // exactly by << 16, and two codes differ exactly when their widened patterns do.
@@ -141,7 +144,8 @@ class F32Lanes {
       const std::size_t begin = i, end = std::min(n_vec, i + (kChunk - (n_ + i) % kChunk));
       // Locals, so that the lanes stay in registers (the loads could alias the members).
       I32x8 diff = {};  // minus the count of differing elements, per lane
-      F64x8 d0 = chunk_sq_diff_[0], d1 = chunk_sq_diff_[1], r0 = chunk_sq_ref_[0], r1 = chunk_sq_ref_[1];
+      F64x8 d0 = chunk_sq_diff_[0], d1 = chunk_sq_diff_[1], r0 = chunk_sq_ref_[0],
+            r1 = chunk_sq_ref_[1];
       F64x8 m = max_abs_;
       for (; i < end; i += kStep) {
         Step(a.Bits8(i), b.Bits8(i), d0, r0, m, diff);
@@ -170,7 +174,8 @@ class F32Lanes {
       }
       I32x8 diff = {};
       Step(Load<U32x8>(ta), Load<U32x8>(tb), chunk_sq_diff_[0], chunk_sq_ref_[0], max_abs_, diff);
-      Step(Load<U32x8>(ta + 8), Load<U32x8>(tb + 8), chunk_sq_diff_[1], chunk_sq_ref_[1], max_abs_, diff);
+      Step(Load<U32x8>(ta + 8), Load<U32x8>(tb + 8), chunk_sq_diff_[1], chunk_sq_ref_[1], max_abs_,
+           diff);
       CountDiffs(diff, a, b, i, n);
     }
     n_ += n;
@@ -191,8 +196,8 @@ class F32Lanes {
   }
 
  private:
-  [[gnu::always_inline]] static void Step(const U32x8& ua, const U32x8& ub, F64x8& sq_diff, F64x8& sq_ref,
-                                          F64x8& max_abs, I32x8& diff) {
+  [[gnu::always_inline]] static void Step(const U32x8& ua, const U32x8& ub, F64x8& sq_diff,
+                                          F64x8& sq_ref, F64x8& max_abs, I32x8& diff) {
     diff += ua != ub;
     const F64x8 da = Widen(std::bit_cast<F32x8>(ua));
     const F64x8 db = Widen(std::bit_cast<F32x8>(ub));
@@ -204,7 +209,8 @@ class F32Lanes {
   }
 
   template <class Src>
-  void CountDiffs(const I32x8& diff, const Src& a, const Src& b, std::size_t begin, std::size_t end) {
+  void CountDiffs(const I32x8& diff, const Src& a, const Src& b, std::size_t begin,
+                  std::size_t end) {
     std::int64_t count = 0;
     for (int k = 0; k < 8; ++k) count -= diff[k];
     n_diff_ += static_cast<std::uint64_t>(count);
@@ -245,7 +251,8 @@ double MaxAbsFinite(std::size_t n, Pair pair) {
   return m;
 }
 
-constexpr std::size_t kDequantChunk = 2048;  // int8 values dequantized at a time (a multiple of kStep)
+constexpr std::size_t kDequantChunk =
+    2048;  // int8 values dequantized at a time (a multiple of kStep)
 
 // ---- KL ----
 //
@@ -270,8 +277,9 @@ constexpr std::size_t kDequantChunk = 2048;  // int8 values dequantized at a tim
 // f64 lanes. The f32 exp (16 lanes), these blocks, and skipping the polynomial or the second exp
 // when no lane needs it keep the cost near 1 ns per column on one core (~6,000 rows/s of 151,936).
 
-constexpr float kExpLo = -87.0f;  // below: exp() taken as 0 (e^-87 = 1.6e-38; normal f32 ends at 1.2e-38)
-constexpr float kTau = 0.5f;      // |delta| below: r(delta) by its series
+constexpr float kExpLo =
+    -87.0f;  // below: exp() taken as 0 (e^-87 = 1.6e-38; normal f32 ends at 1.2e-38)
+constexpr float kTau = 0.5f;  // |delta| below: r(delta) by its series
 constexpr std::size_t kKlBlock = 8;
 
 // exp(x) in f32 for x <= 88, Cephes expf: x = n ln2 + r, |r| <= ln2/2, degree-7 polynomial;
@@ -317,7 +325,8 @@ struct KlBlock {
 
 // One 16-element step of the KL sums. kTail: lanes at and after `valid` contribute +0.
 template <bool kTail>
-[[gnu::always_inline]] inline void KlStep(const F32x16& x, const F32x16& y, float mx, float c, int valid, KlBlock& s) {
+[[gnu::always_inline]] inline void KlStep(const F32x16& x, const F32x16& y, float mx, float c,
+                                          int valid, KlBlock& s) {
   const F32x16 zero = {};
   const F32x16 u = x - mx;
   // delta = (x - y) - c with x - y as an exact sum (TwoSum); delta ~ 0 makes x - y ~ c, and then
@@ -366,11 +375,14 @@ template <bool kTail>
   s.w += w;
 }
 
-double Reduce8(const F64x8& v) { return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])); }
+double Reduce8(const F64x8& v) {
+  return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
 
 // log1p(t) - t without cancellation for small t.
 double Log1pMinusX(double t) {
-  if (std::fabs(t) < 1e-3) return t * t * (-0.5 + t * (1.0 / 3.0 + t * (-0.25 + t * (0.2 + t * (-1.0 / 6.0)))));
+  if (std::fabs(t) < 1e-3)
+    return t * t * (-0.5 + t * (1.0 / 3.0 + t * (-0.25 + t * (0.2 + t * (-1.0 / 6.0)))));
   return std::log1p(t) - t;
 }
 
@@ -465,11 +477,13 @@ RowKl KlRow(const float* x, const float* y, std::size_t cols) {
       std::copy(x + n_vec, x + cols, tx);
       std::copy(y + n_vec, y + cols, ty);
       KlBlock blk;
-      KlStep<true>(Load<F32x16>(tx), Load<F32x16>(ty), mx.m, c, static_cast<int>(cols - n_vec), blk);
+      KlStep<true>(Load<F32x16>(tx), Load<F32x16>(ty), mx.m, c, static_cast<int>(cols - n_vec),
+                   blk);
       blk.AddTo(s);
     }
     const double zx = Reduce8(s.zx), s1 = Reduce8(s.s1), r = Reduce8(s.r), w = Reduce8(s.w);
-    if (!std::isfinite(zx + s1 + r + w) || !(zx >= 1.0) || !(w > 0.0)) break;  // kl stays NaN: slow path
+    if (!std::isfinite(zx + s1 + r + w) || !(zx >= 1.0) || !(w > 0.0))
+      break;  // kl stays NaN: slow path
     const double d1 = s1 / zx;
     const double t = (r - s1) / zx;
     kl = std::fabs(t) < 0.5 ? r / zx + Log1pMinusX(t) : d1 + std::log(w / zx);
@@ -489,7 +503,8 @@ void F32Accumulator::Add(const float* a, const float* b, std::size_t n) {
   F32Lanes lanes;
   lanes.Feed(F32Src{a}, F32Src{b}, n);
   detail::F32BlockSums s = lanes.Sums();
-  if (s.non_finite) s.max_abs = MaxAbsFinite(n, [&](std::size_t i) { return std::pair{a[i], b[i]}; });
+  if (s.non_finite)
+    s.max_abs = MaxAbsFinite(n, [&](std::size_t i) { return std::pair{a[i], b[i]}; });
   Commit(s);
 }
 
@@ -506,8 +521,9 @@ void F32Accumulator::AddBf16(const std::uint16_t* a, const std::uint16_t* b, std
   Commit(s);
 }
 
-void F32Accumulator::AddInt8(const std::int8_t* a, const float* a_scale, const std::int8_t* b, const float* b_scale,
-                             std::size_t rows, std::size_t heads, std::size_t head_dim) {
+void F32Accumulator::AddInt8(const std::int8_t* a, const float* a_scale, const std::int8_t* b,
+                             const float* b_scale, std::size_t rows, std::size_t heads,
+                             std::size_t head_dim) {
   const std::size_t segments = rows * heads;
   F32Lanes lanes;
   std::uint64_t code_diff = 0;
@@ -548,7 +564,8 @@ void F32Accumulator::AddInt8(const std::int8_t* a, const float* a_scale, const s
   if (s.non_finite) {
     s.max_abs = MaxAbsFinite(segments * head_dim, [&](std::size_t i) {
       const std::size_t g = i / head_dim;
-      return std::pair{static_cast<float>(a[i]) * a_scale[g], static_cast<float>(b[i]) * b_scale[g]};
+      return std::pair{static_cast<float>(a[i]) * a_scale[g],
+                       static_cast<float>(b[i]) * b_scale[g]};
     });
   }
   Commit(s);

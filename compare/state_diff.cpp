@@ -291,10 +291,11 @@ std::vector<CheckpointPair> PairCheckpoints(const ExportMeta& ma, const ExportMe
     pair.name = name;
     pairs.push_back(pair);
   }
-  std::stable_sort(pairs.begin(), pairs.end(), [](const CheckpointPair& x, const CheckpointPair& y) {
-    return std::make_pair(x.any().window, x.any().point) <
-           std::make_pair(y.any().window, y.any().point);
-  });
+  std::stable_sort(pairs.begin(), pairs.end(),
+                   [](const CheckpointPair& x, const CheckpointPair& y) {
+                     return std::make_pair(x.any().window, x.any().point) <
+                            std::make_pair(y.any().window, y.any().point);
+                   });
   return pairs;
 }
 

@@ -11,8 +11,8 @@
 #include <charconv>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "lockstep/h5/handle.h"
@@ -45,21 +45,22 @@ std::string ItemPath(int window, CheckpointPoint point, int stage, int layer, It
 
 // ---- selections ----
 
-
 // ---- HDF5 helpers (writer thread only) ----
 
 struct H5Exporter::File {
   H5Handle file;
-  H5Handle lcpl;               // link creation: intermediate groups on
-  bool lz4 = false;            // chunked + LZ4 datasets (ExportOptions::compress)
-  std::vector<IndexRow> index; // appended by the writer thread as items are written
-  int fd = -1;                 // the sec2 driver's descriptor (-1: unknown; no early writeback)
-  off_t writeback_to = 0;      // bytes before this offset were handed to the kernel's writeback
+  H5Handle lcpl;                // link creation: intermediate groups on
+  bool lz4 = false;             // chunked + LZ4 datasets (ExportOptions::compress)
+  std::vector<IndexRow> index;  // appended by the writer thread as items are written
+  int fd = -1;                  // the sec2 driver's descriptor (-1: unknown; no early writeback)
+  off_t writeback_to = 0;       // bytes before this offset were handed to the kernel's writeback
 };
 
 namespace {
 
-std::string SysError() { return errno ? std::string(" (") + std::strerror(errno) + ")" : std::string(); }
+std::string SysError() {
+  return errno ? std::string(" (") + std::strerror(errno) + ")" : std::string();
+}
 
 // Rolling writeback: once 8 MiB more have reached the page cache, ask the kernel to start writing
 // them to the device now (SYNC_FILE_RANGE_WRITE starts the I/O and does not wait for it), so the
@@ -102,11 +103,13 @@ Status H5Fail(const std::string& what) {
 }
 
 // A one-dimensional dataset of n records of type t from `rows`, open for its attributes.
-Result<H5Handle> WriteRecords(hid_t file, hid_t lcpl, const char* path, hid_t t, const void* rows, std::size_t n) {
+Result<H5Handle> WriteRecords(hid_t file, hid_t lcpl, const char* path, hid_t t, const void* rows,
+                              std::size_t n) {
   const hsize_t dims = n;
   H5Handle sp(H5Screate_simple(1, &dims, nullptr));
   H5Handle ds(H5Dcreate2(file, path, t, sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
-  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), t, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows) < 0)) return H5Fail(path);
+  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), t, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows) < 0))
+    return H5Fail(path);
   return ds;
 }
 
@@ -155,7 +158,8 @@ bool AttrStr(hid_t obj, const char* name, const std::string& v) {
 // `lz4`, non-empty datasets are chunked by whole rows (about 1 MiB per chunk, the rows the engine
 // appends) and compressed; written whole in one call, so HDF5's chunk cache never re-reads a chunk.
 Result<H5Handle> WriteDataset(hid_t file, hid_t lcpl, const std::string& path, DType dtype,
-                              const std::vector<hsize_t>& dims, const void* data, bool lz4 = false) {
+                              const std::vector<hsize_t>& dims, const void* data,
+                              bool lz4 = false) {
   H5Handle sp(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
   if (!sp.valid()) return H5Fail(path);
   H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE));
@@ -164,13 +168,15 @@ Result<H5Handle> WriteDataset(hid_t file, hid_t lcpl, const std::string& path, D
   if (lz4 && elems > 0 && !dims.empty()) {
     std::vector<hsize_t> chunk = dims;
     const hsize_t row_bytes = elems / dims[0] * dtype_size(dtype);
-    chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], (hsize_t{1} << 20) / std::max<hsize_t>(1, row_bytes)));
+    chunk[0] = std::max<hsize_t>(
+        1, std::min<hsize_t>(dims[0], (hsize_t{1} << 20) / std::max<hsize_t>(1, row_bytes)));
     const unsigned cd[1] = {0};  // 0: the plugin's default block size
     if (H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()) < 0 ||
         H5Pset_filter(dcpl.get(), kH5FilterLz4, H5Z_FLAG_MANDATORY, 1, cd) < 0)
       return H5Fail(path + " (LZ4 chunking)");
   }
-  H5Handle ds(H5Dcreate2(file, path.c_str(), FileType(dtype), sp.get(), lcpl, dcpl.get(), H5P_DEFAULT));
+  H5Handle ds(
+      H5Dcreate2(file, path.c_str(), FileType(dtype), sp.get(), lcpl, dcpl.get(), H5P_DEFAULT));
   if (!ds.valid()) return H5Fail(path);
   if (elems == 0) return ds;
   // Uncompressed datasets over 1 MiB go out in pieces of whole rows of at most 1 MiB: a single
@@ -179,9 +185,11 @@ Result<H5Handle> WriteDataset(hid_t file, hid_t lcpl, const std::string& path, D
   // the export's throughput with it. (Chunked datasets are written chunk by chunk anyway.)
   const hsize_t row_elems = dims.empty() ? 1 : elems / std::max<hsize_t>(1, dims[0]);
   const hsize_t row_bytes = row_elems * dtype_size(dtype);
-  const hsize_t piece_rows = std::max<hsize_t>(1, (hsize_t{1} << 20) / std::max<hsize_t>(1, row_bytes));
+  const hsize_t piece_rows =
+      std::max<hsize_t>(1, (hsize_t{1} << 20) / std::max<hsize_t>(1, row_bytes));
   if (lz4 || dims.empty() || dims[0] <= piece_rows) {
-    if (H5Dwrite(ds.get(), MemType(dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) return H5Fail(path);
+    if (H5Dwrite(ds.get(), MemType(dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+      return H5Fail(path);
     return ds;
   }
   H5Handle file_space(H5Dget_space(ds.get()));
@@ -191,7 +199,8 @@ Result<H5Handle> WriteDataset(hid_t file, hid_t lcpl, const std::string& path, D
     count[0] = std::min(piece_rows, dims[0] - r);
     H5Handle mem_space(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
     if (!file_space.valid() || !mem_space.valid() ||
-        H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0 ||
+        H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                            nullptr) < 0 ||
         H5Dwrite(ds.get(), MemType(dtype), mem_space.get(), file_space.get(), H5P_DEFAULT,
                  static_cast<const std::byte*>(data) + r * row_bytes) < 0)
       return H5Fail(path);
@@ -210,11 +219,13 @@ Result<std::unique_ptr<H5Exporter>> H5Exporter::Create(const ExportOptions& opts
   std::signal(SIGXFSZ, SIG_IGN);
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors become Status, not stderr noise
   if (!opts.compress.empty() && opts.compress != "lz4")
-    return Status::InvalidArgument("--export-compress", "expected none or lz4, got '" + opts.compress + "'");
+    return Status::InvalidArgument("--export-compress",
+                                   "expected none or lz4, got '" + opts.compress + "'");
   if (opts.compress == "lz4" && H5Zfilter_avail(kH5FilterLz4) <= 0)
-    return Status::NotSupported("--export-compress lz4",
-                                "the LZ4 HDF5 filter plugin is not available (Debian: apt install hdf5-filter-plugin; "
-                                "or set HDF5_PLUGIN_PATH)");
+    return Status::NotSupported(
+        "--export-compress lz4",
+        "the LZ4 HDF5 filter plugin is not available (Debian: apt install hdf5-filter-plugin; "
+        "or set HDF5_PLUGIN_PATH)");
   KeepFreedMemory();
   std::unique_ptr<H5Exporter> e(new H5Exporter(opts));
   e->file_ = std::make_unique<File>();
@@ -227,9 +238,11 @@ Result<std::unique_ptr<H5Exporter>> H5Exporter::Create(const ExportOptions& opts
   H5Pset_alignment(fapl.get(), 64 * 1024, 4096);
   e->file_->file = H5Handle(H5Fcreate(e->partial_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
   if (!e->file_->file.valid())
-    return Status::IOError("--export '" + opts.path + "'", "cannot create '" + e->partial_ + "'" + SysError());
+    return Status::IOError("--export '" + opts.path + "'",
+                           "cannot create '" + e->partial_ + "'" + SysError());
   void* vfd = nullptr;  // default (sec2) driver: the handle is the POSIX descriptor
-  if (H5Fget_vfd_handle(e->file_->file.get(), fapl.get(), &vfd) >= 0 && vfd) e->file_->fd = *static_cast<int*>(vfd);
+  if (H5Fget_vfd_handle(e->file_->file.get(), fapl.get(), &vfd) >= 0 && vfd)
+    e->file_->fd = *static_cast<int*>(vfd);
   e->file_->lcpl = H5Handle(H5Pcreate(H5P_LINK_CREATE));
   H5Pset_create_intermediate_group(e->file_->lcpl.get(), 1);
   e->writer_ = std::thread([p = e.get()] { p->WriterLoop(); });
@@ -252,14 +265,17 @@ H5Exporter::~H5Exporter() {
 void H5Exporter::Enqueue(Job job, std::size_t bytes) {
   std::unique_lock<std::mutex> lock(mu_);
   // Bounded: wait while the queue holds more than the budget (one oversized job may pass alone).
-  cv_.wait(lock, [&] { return queued_bytes_ == 0 || queued_bytes_ + bytes <= opts_.max_queue_bytes || stop_; });
+  cv_.wait(lock, [&] {
+    return queued_bytes_ == 0 || queued_bytes_ + bytes <= opts_.max_queue_bytes || stop_;
+  });
   queued_bytes_ += bytes;
   queue_.emplace_back(std::move(job), bytes);
   cv_.notify_all();
 }
 
 void H5Exporter::WriterLoop() {
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // per-thread in thread-safe builds: silence here too
+  H5Eset_auto2(H5E_DEFAULT, nullptr,
+               nullptr);  // per-thread in thread-safe builds: silence here too
   for (;;) {
     std::pair<Job, std::size_t> item;
     {
@@ -304,11 +320,14 @@ void H5Exporter::OnCheckpointBegin(const CheckpointInfo& info) {
   Enqueue(
       [f, info] {
         const std::string name = CheckpointGroupName(info.window, info.point);
-        H5Handle g(H5Gcreate2(f->file.get(), name.c_str(), f->lcpl.get(), H5P_DEFAULT, H5P_DEFAULT));
+        H5Handle g(
+            H5Gcreate2(f->file.get(), name.c_str(), f->lcpl.get(), H5P_DEFAULT, H5P_DEFAULT));
         if (!g.valid()) return H5Fail(name);
         bool ok = AttrInt(g.get(), "window", info.window) && AttrInt(g.get(), "p", info.p) &&
-                  AttrInt(g.get(), "T", info.T) && AttrInt(g.get(), "committed_rows", info.committed_rows) &&
-                  AttrInt(g.get(), "spec_rows", info.spec_rows) && AttrInt(g.get(), "recurrent_pos", info.recurrent_pos) &&
+                  AttrInt(g.get(), "T", info.T) &&
+                  AttrInt(g.get(), "committed_rows", info.committed_rows) &&
+                  AttrInt(g.get(), "spec_rows", info.spec_rows) &&
+                  AttrInt(g.get(), "recurrent_pos", info.recurrent_pos) &&
                   AttrStr(g.get(), "point", CheckpointPointName(info.point));
         return ok ? Status::Ok() : H5Fail(name + " attributes");
       },
@@ -338,12 +357,14 @@ H5Exporter::Buffer H5Exporter::TakeBuffer(std::size_t bytes) {
     void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p != MAP_FAILED) {
       ::madvise(p, len, MADV_HUGEPAGE);  // advice only: without THP this is an ordinary mapping
-      b.data = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(p), [len](std::byte* q) { ::munmap(q, len); });
+      b.data = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(p),
+                                            [len](std::byte* q) { ::munmap(q, len); });
       return b;
     }
   }
 #endif
-  b.data = std::shared_ptr<std::byte[]>(new std::byte[bytes == 0 ? 1 : bytes]);  // default-init: no zeroing
+  b.data = std::shared_ptr<std::byte[]>(
+      new std::byte[bytes == 0 ? 1 : bytes]);  // default-init: no zeroing
   return b;
 }
 
@@ -356,15 +377,16 @@ void H5Exporter::OnState(const CheckpointInfo& info, const StateView& v) {
   // Copy now (the view points into live engine memory); the writer thread does the I/O.
   const std::size_t n_bytes = static_cast<std::size_t>(v.rows) * v.row_bytes;
   Buffer data = TakeBuffer(n_bytes);
-  for (int r = 0; r < v.rows; ++r) std::memcpy(data.data.get() + static_cast<std::size_t>(r) * v.row_bytes, v.row(r), v.row_bytes);
+  for (int r = 0; r < v.rows; ++r)
+    std::memcpy(data.data.get() + static_cast<std::size_t>(r) * v.row_bytes, v.row(r), v.row_bytes);
   std::vector<float> scales;
   int heads = 0;
   if (v.scales && v.shape.size() >= 2) {
     heads = static_cast<int>(v.shape[1]);
     scales.resize(static_cast<std::size_t>(v.rows) * static_cast<std::size_t>(heads));
     for (int r = 0; r < v.rows; ++r)
-      std::memcpy(scales.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(heads), v.scales(r),
-                  static_cast<std::size_t>(heads) * sizeof(float));
+      std::memcpy(scales.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(heads),
+                  v.scales(r), static_cast<std::size_t>(heads) * sizeof(float));
   }
   ++items_in_checkpoint_;
   const std::size_t bytes = n_bytes + scales.size() * sizeof(float);
@@ -373,29 +395,37 @@ void H5Exporter::OnState(const CheckpointInfo& info, const StateView& v) {
   meta.row = nullptr;
   meta.scales = nullptr;
   Enqueue(
-      [this, f, info, meta, d = std::move(data), sc = std::move(scales), heads]() mutable -> Status {
-        const std::string path = ItemPath(info.window, info.point, meta.stage, meta.layer, meta.kind);
+      [this, f, info, meta, d = std::move(data), sc = std::move(scales),
+       heads]() mutable -> Status {
+        const std::string path =
+            ItemPath(info.window, info.point, meta.stage, meta.layer, meta.kind);
         std::vector<hsize_t> dims;
         for (auto x : meta.shape) dims.push_back(static_cast<hsize_t>(x));
-        auto written = WriteDataset(f->file.get(), f->lcpl.get(), path, meta.dtype, dims, d.data.get(), f->lz4);
+        auto written = WriteDataset(f->file.get(), f->lcpl.get(), path, meta.dtype, dims,
+                                    d.data.get(), f->lz4);
         ReturnBuffer(std::move(d));
         LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, std::move(written));
-        bool ok = AttrStr(ds.get(), "kind", ItemKindName(meta.kind)) && AttrInt(ds.get(), "stage", meta.stage) &&
-                  AttrInt(ds.get(), "layer", meta.layer) && AttrInt(ds.get(), "valid_rows", meta.rows) &&
+        bool ok = AttrStr(ds.get(), "kind", ItemKindName(meta.kind)) &&
+                  AttrInt(ds.get(), "stage", meta.stage) &&
+                  AttrInt(ds.get(), "layer", meta.layer) &&
+                  AttrInt(ds.get(), "valid_rows", meta.rows) &&
                   AttrInt(ds.get(), "capacity_rows", meta.rows_capacity) &&
                   AttrStr(ds.get(), "dtype", std::string(dtype_name(meta.dtype)));
         if (!ok) return H5Fail(path + " attributes");
         IndexRow row{};
-        const std::string cp = CheckpointGroupName(info.window, info.point).substr(std::strlen("checkpoints/"));
+        const std::string cp =
+            CheckpointGroupName(info.window, info.point).substr(std::strlen("checkpoints/"));
         const std::string rel = path.substr(std::strlen("checkpoints/") + cp.size() + 1);
         std::snprintf(row.checkpoint, sizeof(row.checkpoint), "%s", cp.c_str());
         std::snprintf(row.rel, sizeof(row.rel), "%s", rel.c_str());
         std::snprintf(row.kind, sizeof(row.kind), "%s", ItemKindName(meta.kind));
-        std::snprintf(row.dtype, sizeof(row.dtype), "%s", std::string(dtype_name(meta.dtype)).c_str());
+        std::snprintf(row.dtype, sizeof(row.dtype), "%s",
+                      std::string(dtype_name(meta.dtype)).c_str());
         row.stage = meta.stage;
         row.layer = meta.layer;
         row.rank = static_cast<std::int32_t>(std::min<std::size_t>(dims.size(), 4));
-        for (std::size_t i = 0; i < 4; ++i) row.dims[i] = i < dims.size() ? static_cast<std::int64_t>(dims[i]) : 0;
+        for (std::size_t i = 0; i < 4; ++i)
+          row.dims[i] = i < dims.size() ? static_cast<std::int64_t>(dims[i]) : 0;
         row.valid_rows = meta.rows;
         row.capacity_rows = meta.rows_capacity;
         const haddr_t off = H5Dget_offset(ds.get());
@@ -403,8 +433,9 @@ void H5Exporter::OnState(const CheckpointInfo& info, const StateView& v) {
         row.scale_offset = -1;
         if (!sc.empty() || (meta.dtype == DType::kI8 && heads > 0)) {
           std::vector<hsize_t> sdims{static_cast<hsize_t>(meta.rows), static_cast<hsize_t>(heads)};
-          LOCKSTEP_ASSIGN_OR_RETURN(H5Handle sds, WriteDataset(f->file.get(), f->lcpl.get(), path + "_scale",
-                                                               DType::kF32, sdims, sc.data(), f->lz4));
+          LOCKSTEP_ASSIGN_OR_RETURN(
+              H5Handle sds, WriteDataset(f->file.get(), f->lcpl.get(), path + "_scale", DType::kF32,
+                                         sdims, sc.data(), f->lz4));
           const haddr_t soff = H5Dget_offset(sds.get());
           row.scale_offset = soff == HADDR_UNDEF ? -1 : static_cast<std::int64_t>(soff);
           row.scale_dims[0] = meta.rows;
@@ -417,7 +448,9 @@ void H5Exporter::OnState(const CheckpointInfo& info, const StateView& v) {
       bytes);
 }
 
-void H5Exporter::OnCheckpointEnd(const CheckpointInfo& info) { counts_[info.point].push_back(items_in_checkpoint_); }
+void H5Exporter::OnCheckpointEnd(const CheckpointInfo& info) {
+  counts_[info.point].push_back(items_in_checkpoint_);
+}
 
 void H5Exporter::OnWindow(const WindowRecord& rec) { windows_.push_back(rec); }
 
@@ -439,13 +472,17 @@ Status WriteStageTrace(hid_t file, hid_t lcpl, const std::vector<WindowRecord>& 
       auto dev = [](std::int64_t v) { return v >= 0 ? v : std::int64_t{-1}; };
       r.dev_wait_ns = dev(st.dev_wait_ns), r.dev_compute_ns = dev(st.dev_compute_ns);
       r.dev_copy_ns = dev(st.dev_copy_ns), r.init_ns = dev(st.init_ns);
-      r.graph = static_cast<std::uint8_t>(static_cast<int>(st.graph) + 1);  // GraphUse kNone (-1) .. kReplay (2)
+      r.graph = static_cast<std::uint8_t>(static_cast<int>(st.graph) +
+                                          1);  // GraphUse kNone (-1) .. kReplay (2)
       rows.push_back(r);
     }
-  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, WriteRecords(file, lcpl, "trace/stages", t.get(), rows.data(), rows.size()));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      H5Handle ds, WriteRecords(file, lcpl, "trace/stages", t.get(), rows.data(), rows.size()));
   if (!AttrStr(ds.get(), "clock",
-               "ns; wait/compute/cpu: host (CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID); dev_*: CUDA events on the "
-               "stage's stream; init: host set-up; -1 = not measured (cpu backend); graph: 0 none, 1 eager, "
+               "ns; wait/compute/cpu: host (CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID); dev_*: CUDA "
+               "events on the "
+               "stage's stream; init: host set-up; -1 = not measured (cpu backend); graph: 0 none, "
+               "1 eager, "
                "2 capture, 3 replay"))
     return H5Fail("trace/stages attributes");
   return Status::Ok();
@@ -469,8 +506,10 @@ Status WriteTrace(hid_t file, hid_t lcpl, const std::vector<WindowRecord>& ws) {
       SetRowField(&r, kTraceWindowFields[i], fields[i]->get(w));
     rows.push_back(r);
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, WriteRecords(file, lcpl, "trace/windows", t.get(), rows.data(), rows.size()));
-  if (!AttrStr(ds.get(), "clock", "CLOCK_MONOTONIC ns around the instrumented calls; export_ns -1 = unknown"))
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      H5Handle ds, WriteRecords(file, lcpl, "trace/windows", t.get(), rows.data(), rows.size()));
+  if (!AttrStr(ds.get(), "clock",
+               "CLOCK_MONOTONIC ns around the instrumented calls; export_ns -1 = unknown"))
     return H5Fail("trace/windows attributes");
   return WriteStageTrace(file, lcpl, ws);
 }
@@ -481,16 +520,20 @@ Status WriteString(hid_t file, hid_t lcpl, const std::string& path, const std::s
   H5Handle sp(H5Screate(H5S_SCALAR));
   H5Handle ds(H5Dcreate2(file, path.c_str(), t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
   const char zero = 0;
-  if (!ds.valid() || H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, text.empty() ? &zero : text.data()) < 0)
+  if (!ds.valid() || H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                              text.empty() ? &zero : text.data()) < 0)
     return H5Fail(path);
   return Status::Ok();
 }
 
-Status WriteTokens(hid_t file, hid_t lcpl, const std::string& path, const std::vector<std::int32_t>& ids) {
+Status WriteTokens(hid_t file, hid_t lcpl, const std::string& path,
+                   const std::vector<std::int32_t>& ids) {
   hsize_t n = ids.size();
   H5Handle sp(H5Screate_simple(1, &n, nullptr));
-  H5Handle ds(H5Dcreate2(file, path.c_str(), H5T_STD_I32LE, sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
-  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, ids.data()) < 0))
+  H5Handle ds(
+      H5Dcreate2(file, path.c_str(), H5T_STD_I32LE, sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+  if (!ds.valid() || (n > 0 && H5Dwrite(ds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                        ids.data()) < 0))
     return H5Fail(path);
   return Status::Ok();
 }
@@ -499,20 +542,25 @@ Status WriteSamples(hid_t file, hid_t lcpl, const ExportRunInfo& meta) {
   std::vector<HostSampleRow> host;
   std::vector<DeviceSampleRow> dev;
   for (const auto& s : meta.samples) {
-    host.push_back({s.t_ns, s.host_available_bytes, s.swap_used_bytes, s.rss_bytes, s.process_cpu_ns});
+    host.push_back(
+        {s.t_ns, s.host_available_bytes, s.swap_used_bytes, s.rss_bytes, s.process_cpu_ns});
     for (const auto& d : s.devices)
-      dev.push_back({s.t_ns, d.index, d.free_bytes, d.total_bytes, d.temperature_c, d.sm_clock_mhz, d.pcie_gen, d.pcie_width});
+      dev.push_back({s.t_ns, d.index, d.free_bytes, d.total_bytes, d.temperature_c, d.sm_clock_mhz,
+                     d.pcie_gen, d.pcie_width});
   }
   {
     H5Handle t = RowType(sizeof(HostSampleRow), kHostSampleFields);
     if (!t.valid()) return H5Fail("trace/samples type");
-    LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, WriteRecords(file, lcpl, "trace/samples", t.get(), host.data(), host.size()));
-    const bool ok = AttrInt(ds.get(), "interval_min_ns", meta.sample_intervals.min_ns) &&
-                    AttrInt(ds.get(), "interval_median_ns", meta.sample_intervals.median_ns) &&
-                    AttrInt(ds.get(), "interval_max_ns", meta.sample_intervals.max_ns) &&
-                    AttrStr(ds.get(), "nvml", meta.nvml_unavailable.empty() ? "read" : "unknown: " + meta.nvml_unavailable) &&
-                    AttrStr(ds.get(), "guard", meta.guard) &&
-                    AttrStr(ds.get(), "unknown", "-1 in any field means not measured");
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        H5Handle ds, WriteRecords(file, lcpl, "trace/samples", t.get(), host.data(), host.size()));
+    const bool ok =
+        AttrInt(ds.get(), "interval_min_ns", meta.sample_intervals.min_ns) &&
+        AttrInt(ds.get(), "interval_median_ns", meta.sample_intervals.median_ns) &&
+        AttrInt(ds.get(), "interval_max_ns", meta.sample_intervals.max_ns) &&
+        AttrStr(ds.get(), "nvml",
+                meta.nvml_unavailable.empty() ? "read" : "unknown: " + meta.nvml_unavailable) &&
+        AttrStr(ds.get(), "guard", meta.guard) &&
+        AttrStr(ds.get(), "unknown", "-1 in any field means not measured");
     if (!ok) return H5Fail("trace/samples attributes");
   }
   H5Handle t = RowType(sizeof(DeviceSampleRow), kDeviceSampleFields);
@@ -526,16 +574,20 @@ Status WriteEvents(hid_t file, hid_t lcpl, const ExportRunInfo& meta) {
   H5Tinsert(t.get(), "id", HOFFSET(TraceEvent, id), H5T_NATIVE_UINT16);
   H5Tinsert(t.get(), "b", HOFFSET(TraceEvent, b), H5T_NATIVE_UINT16);
   H5Tinsert(t.get(), "a", HOFFSET(TraceEvent, a), H5T_NATIVE_INT32);
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      H5Handle ds, WriteRecords(file, lcpl, "trace/events", t.get(), meta.events.data(), meta.events.size()));
-  const bool ok = AttrInt(ds.get(), "dropped", static_cast<std::int64_t>(meta.events_dropped)) &&
-                  AttrStr(ds.get(), "ids", "1 layer_begin(a=layer,b=stage) 2 layer_end 3 stage_begin(a=stage,b=T) 4 stage_end");
+  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, WriteRecords(file, lcpl, "trace/events", t.get(),
+                                                      meta.events.data(), meta.events.size()));
+  const bool ok =
+      AttrInt(ds.get(), "dropped", static_cast<std::int64_t>(meta.events_dropped)) &&
+      AttrStr(ds.get(), "ids",
+              "1 layer_begin(a=layer,b=stage) 2 layer_end 3 stage_begin(a=stage,b=T) 4 stage_end");
   return ok ? Status::Ok() : H5Fail("trace/events attributes");
 }
 
 Status FsyncPath(const std::string& path, bool directory) {
   int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) return Status::IOError("export", "cannot open '" + path + "' to fsync: " + std::strerror(errno));
+  if (fd < 0)
+    return Status::IOError("export",
+                           "cannot open '" + path + "' to fsync: " + std::strerror(errno));
   int r = ::fsync(fd);
   int e = errno;
   ::close(fd);
@@ -571,8 +623,10 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
           const std::string path = "residency/stage" + std::to_string(r.stage);
           hsize_t dims[2] = {static_cast<hsize_t>(r.layers), static_cast<hsize_t>(r.experts)};
           H5Handle sp(H5Screate_simple(2, dims, nullptr));
-          H5Handle ds(H5Dcreate2(file, path.c_str(), H5T_STD_U8LE, sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
-          if (!ds.valid() || (!r.map.empty() && H5Dwrite(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, r.map.data()) < 0))
+          H5Handle ds(H5Dcreate2(file, path.c_str(), H5T_STD_U8LE, sp.get(), lcpl, H5P_DEFAULT,
+                                 H5P_DEFAULT));
+          if (!ds.valid() || (!r.map.empty() && H5Dwrite(ds.get(), H5T_NATIVE_UINT8, H5S_ALL,
+                                                         H5S_ALL, H5P_DEFAULT, r.map.data()) < 0))
             return H5Fail(path);
         }
         for (const auto& c : meta.counters) {
@@ -582,18 +636,24 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
                           AttrInt(g.get(), "expert_misses", c.expert_misses) &&
                           AttrInt(g.get(), "expert_bytes_fetched", c.expert_bytes_fetched) &&
                           AttrInt(g.get(), "host_expert_tokens", c.host_expert_tokens) &&
-                          AttrInt(g.get(), "verify_calls", c.verify_calls) && AttrInt(g.get(), "first_calls", c.first_calls) &&
+                          AttrInt(g.get(), "verify_calls", c.verify_calls) &&
+                          AttrInt(g.get(), "first_calls", c.first_calls) &&
                           AttrInt(g.get(), "graph_captures", c.graph_captures) &&
                           AttrInt(g.get(), "graph_launches", c.graph_launches) &&
                           AttrInt(g.get(), "first_call_ns", c.first_call_ns);
           if (!ok) return H5Fail(path);
         }
-        H5Handle req(H5Oopen(file, "request", H5P_DEFAULT)), out(H5Oopen(file, "output", H5P_DEFAULT));
+        H5Handle req(H5Oopen(file, "request", H5P_DEFAULT)),
+            out(H5Oopen(file, "output", H5P_DEFAULT));
         H5Handle root(H5Gopen2(file, "/", H5P_DEFAULT));
-        bool ok = AttrInt(req.get(), "max_new", meta.max_new) && AttrInt(req.get(), "seed", static_cast<std::int64_t>(meta.seed)) &&
-                  AttrStr(out.get(), "stop_reason", meta.stop_reason) && AttrStr(out.get(), "text_sha256", meta.text_sha256) &&
-                  AttrStr(root.get(), "schema", "lockstep.export") && AttrInt(root.get(), "schema_version", 1) &&
-                  AttrStr(root.get(), "arm", meta.arm) && AttrStr(root.get(), "run_id", meta.run_id) &&
+        bool ok = AttrInt(req.get(), "max_new", meta.max_new) &&
+                  AttrInt(req.get(), "seed", static_cast<std::int64_t>(meta.seed)) &&
+                  AttrStr(out.get(), "stop_reason", meta.stop_reason) &&
+                  AttrStr(out.get(), "text_sha256", meta.text_sha256) &&
+                  AttrStr(root.get(), "schema", "lockstep.export") &&
+                  AttrInt(root.get(), "schema_version", 1) &&
+                  AttrStr(root.get(), "arm", meta.arm) &&
+                  AttrStr(root.get(), "run_id", meta.run_id) &&
                   AttrStr(root.get(), "created_utc", meta.created_utc) &&
                   AttrStr(root.get(), "executable_sha256", meta.executable_sha256) &&
                   AttrStr(root.get(), "config_sha256", meta.config_sha256) &&
@@ -618,9 +678,11 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
   if (!closed) return Status::IOError("export", "closing '" + partial_ + "' failed" + SysError());
   LOCKSTEP_RETURN_IF_ERROR(FsyncPath(partial_, false));
   if (::rename(partial_.c_str(), opts_.path.c_str()) != 0)
-    return Status::IOError("export", "rename '" + partial_ + "' -> '" + opts_.path + "': " + std::strerror(errno));
+    return Status::IOError(
+        "export", "rename '" + partial_ + "' -> '" + opts_.path + "': " + std::strerror(errno));
   const auto slash = opts_.path.find_last_of('/');
-  return FsyncPath(slash == std::string::npos ? "." : opts_.path.substr(0, slash == 0 ? 1 : slash), true);
+  return FsyncPath(slash == std::string::npos ? "." : opts_.path.substr(0, slash == 0 ? 1 : slash),
+                   true);
 }
 
 }  // namespace lockstep

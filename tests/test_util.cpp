@@ -78,7 +78,8 @@ const std::string& ModelDir(const std::string& preset) {
   // of MoE in layers 2 and 3 (mlp_only_layers), "<preset>-lite" the preset's widths in 4 layers
   // with 4 experts (top-2), a 4096-token vocabulary and no MTP head (`wide-lite`: ~360 MB of bf16).
   auto strip = [](std::string& name, const std::string& suffix) {
-    const bool has = name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    const bool has = name.size() > suffix.size() &&
+                     name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
     if (has) name.resize(name.size() - suffix.size());
     return has;
   };
@@ -133,7 +134,8 @@ std::vector<float> Random(std::size_t n, std::uint64_t seed, float lo, float hi)
 CmdResult RunLockstep(const std::string& args) {
   CmdResult r;
   std::string out_path = NewDir("cmd") + "/out", err_path = out_path + ".err";
-  std::string cmd = std::string(LOCKSTEP_BIN_PATH) + " " + args + " >" + out_path + " 2>" + err_path + " </dev/null";
+  std::string cmd = std::string(LOCKSTEP_BIN_PATH) + " " + args + " >" + out_path + " 2>" +
+                    err_path + " </dev/null";
   int st = std::system(cmd.c_str());
   r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
   auto slurp = [](const std::string& p) {

@@ -8,15 +8,16 @@
 
 namespace lockstep::cpu {
 
-void AttendGroup(const float* q, int n_group, int kv_head, const KvCache& cache, int n_ctx, float scale,
-                 float* o, float* scores, float* tmp) {
+void AttendGroup(const float* q, int n_group, int kv_head, const KvCache& cache, int n_ctx,
+                 float scale, float* o, float* scores, float* tmp) {
   const int d = cache.head_dim();
   const std::size_t ud = static_cast<std::size_t>(d);
   const std::size_t uctx = static_cast<std::size_t>(n_ctx);
   for (int u = 0; u < n_ctx; ++u) {
     const float* k = cache.K(u, kv_head, tmp);
     for (int g = 0; g < n_group; ++g)
-      scores[static_cast<std::size_t>(g) * uctx + static_cast<std::size_t>(u)] = Dot(q + static_cast<std::size_t>(g) * ud, k, d) * scale;
+      scores[static_cast<std::size_t>(g) * uctx + static_cast<std::size_t>(u)] =
+          Dot(q + static_cast<std::size_t>(g) * ud, k, d) * scale;
   }
   for (int g = 0; g < n_group; ++g) {
     float* s = scores + static_cast<std::size_t>(g) * uctx;
@@ -41,12 +42,14 @@ void AttendGroup(const float* q, int n_group, int kv_head, const KvCache& cache,
   }
 }
 
-void AttentionForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rope, const float* a, int T,
-                      int p, KvCache& cache, MatmulKind kind, ThreadPool* pool, Arena& arena, float* out) {
+void AttentionForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rope,
+                      const float* a, int T, int p, KvCache& cache, MatmulKind kind,
+                      ThreadPool* pool, Arena& arena, float* out) {
   Arena::Scope scope(arena);
   const int hq = c.n_heads, hkv = c.n_heads_kv, d = c.head_dim, group = hq / hkv;
   const std::size_t ud = static_cast<std::size_t>(d), ut = static_cast<std::size_t>(T);
-  const std::size_t qg_w = 2 * static_cast<std::size_t>(hq) * ud, kv_w = static_cast<std::size_t>(hkv) * ud;
+  const std::size_t qg_w = 2 * static_cast<std::size_t>(hq) * ud,
+                    kv_w = static_cast<std::size_t>(hkv) * ud;
   float* qg = arena.Alloc(ut * qg_w);
   float* k = arena.Alloc(ut * kv_w);
   float* v = arena.Alloc(ut * kv_w);
@@ -63,7 +66,8 @@ void AttentionForward(const AttentionWeights& w, const ModelConfig& c, const Rop
       const float* src = qg + ut_ * qg_w + 2 * static_cast<std::size_t>(h) * ud;
       float* qd = q + (ut_ * static_cast<std::size_t>(hq) + static_cast<std::size_t>(h)) * ud;
       RmsNormZc(src, d, w.q_norm, c.rms_norm_eps, qd);
-      std::memcpy(gate + (ut_ * static_cast<std::size_t>(hq) + static_cast<std::size_t>(h)) * ud, src + ud, ud * sizeof(float));
+      std::memcpy(gate + (ut_ * static_cast<std::size_t>(hq) + static_cast<std::size_t>(h)) * ud,
+                  src + ud, ud * sizeof(float));
     }
     rope.Apply(q + ut_ * static_cast<std::size_t>(hq) * ud, hq, d, p + t);
     for (int j = 0; j < hkv; ++j) {
@@ -85,11 +89,15 @@ void AttentionForward(const AttentionWeights& w, const ModelConfig& c, const Rop
   auto slice_fn = [&](std::size_t sb, std::size_t se) {
     for (std::size_t s = sb; s < se; ++s) {
       float* sc = scratch + s * scratch_w;
-      int ib = static_cast<int>(s) * n_items / n_slices, ie = (static_cast<int>(s) + 1) * n_items / n_slices;
+      int ib = static_cast<int>(s) * n_items / n_slices,
+          ie = (static_cast<int>(s) + 1) * n_items / n_slices;
       for (int item = ib; item < ie; ++item) {
         int t = item / hkv, j = item % hkv;
-        std::size_t qoff = (static_cast<std::size_t>(t) * static_cast<std::size_t>(hq) + static_cast<std::size_t>(j * group)) * ud;
-        AttendGroup(q + qoff, group, j, cache, p + t + 1, scale, o + qoff, sc, sc + static_cast<std::size_t>(group) * max_ctx);
+        std::size_t qoff = (static_cast<std::size_t>(t) * static_cast<std::size_t>(hq) +
+                            static_cast<std::size_t>(j * group)) *
+                           ud;
+        AttendGroup(q + qoff, group, j, cache, p + t + 1, scale, o + qoff, sc,
+                    sc + static_cast<std::size_t>(group) * max_ctx);
       }
     }
   };

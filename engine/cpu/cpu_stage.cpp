@@ -9,8 +9,8 @@
 #include "cpu/moe.h"
 #include "cpu/norm.h"
 #include "cpu/rope.h"
-#include "util/check.h"
 #include "lockstep/engine/trace_ring.h"
+#include "util/check.h"
 
 namespace lockstep {
 
@@ -34,12 +34,13 @@ CpuStageSession::CpuStageSession(const StageParams& params)
   for (int il = layer_begin; il < layer_end; ++il) {
     const LayerWeights& lw = w_.layers[U(il)];
     if (lw.type == LayerType::kFullAttention) {
-      kv_.push_back(std::make_unique<KvCache>(c_.n_heads_kv, c_.head_dim, cfg.kv_dtype, cfg.kv_page_rows));
+      kv_.push_back(
+          std::make_unique<KvCache>(c_.n_heads_kv, c_.head_dim, cfg.kv_dtype, cfg.kv_page_rows));
       gdn_.push_back(nullptr);
     } else {
       kv_.push_back(nullptr);
-      gdn_.push_back(std::make_unique<GdnState>(c_.conv_dim(), c_.conv_kernel, c_.n_v_heads, c_.k_head_dim,
-                                                c_.v_head_dim));
+      gdn_.push_back(std::make_unique<GdnState>(c_.conv_dim(), c_.conv_kernel, c_.n_v_heads,
+                                                c_.k_head_dim, c_.v_head_dim));
     }
     if (lw.moe) {
       moe_local_.push_back(static_cast<int>(moe_layers.size()));
@@ -50,12 +51,13 @@ CpuStageSession::CpuStageSession(const StageParams& params)
     }
   }
   const int n_exp = std::max(c_.n_experts, 0);
-  experts_ = std::make_unique<ExpertCache>(moe_layers, n_exp, cfg.ResidentExperts(n_exp), expert_bytes);
+  experts_ =
+      std::make_unique<ExpertCache>(moe_layers, n_exp, cfg.ResidentExperts(n_exp), expert_bytes);
   if (is_last() && w_.mtp.present) {
     mtp_kv_ = std::make_unique<KvCache>(c_.n_heads_kv, c_.head_dim, cfg.kv_dtype, cfg.kv_page_rows);
     // The MTP layer's experts count in their own map, keyed after the main layers.
-    mtp_experts_ = std::make_unique<ExpertCache>(std::vector<int>{c_.n_layers}, n_exp, cfg.ResidentExperts(n_exp),
-                                                 expert_bytes);
+    mtp_experts_ = std::make_unique<ExpertCache>(std::vector<int>{c_.n_layers}, n_exp,
+                                                 cfg.ResidentExperts(n_exp), expert_bytes);
   }
 }
 
@@ -71,26 +73,31 @@ GdnState* CpuStageSession::gdn(int il) {
   return gdn_[U(il - layer_begin())].get();
 }
 
-void CpuStageSession::LayerForward(const LayerWeights& lw, int local_moe, Activation& act, ForwardMode mode, KvCache* kv, GdnState* gdn) {
+void CpuStageSession::LayerForward(const LayerWeights& lw, int local_moe, Activation& act,
+                                   ForwardMode mode, KvCache* kv, GdnState* gdn) {
   Arena::Scope scope(arena_);
   const int T = act.T, h = c_.n_embd;
   const std::size_t n = U(T) * U(h);
   float* x = act.hidden.data();
   float* a = arena_.Alloc(n);
   float* mix = arena_.Alloc(n);
-  for (int t = 0; t < T; ++t) cpu::RmsNormZc(x + U(t) * U(h), h, lw.input_norm, c_.rms_norm_eps, a + U(t) * U(h));
+  for (int t = 0; t < T; ++t)
+    cpu::RmsNormZc(x + U(t) * U(h), h, lw.input_norm, c_.rms_norm_eps, a + U(t) * U(h));
   const auto kind = KindOf(mode);
   if (lw.type == LayerType::kFullAttention) {
     cpu::AttentionForward(lw.attn, c_, *rope_, a, T, act.p, *kv, kind, pool_, arena_, mix);
   } else {
-    cpu::GdnForward(lw.gdn, c_, a, T, *gdn, mode == ForwardMode::kPrefill ? cpu::GdnMode::kPrefill : cpu::GdnMode::kVerify,
+    cpu::GdnForward(lw.gdn, c_, a, T, *gdn,
+                    mode == ForwardMode::kPrefill ? cpu::GdnMode::kPrefill : cpu::GdnMode::kVerify,
                     kind, pool_, arena_, mix);
   }
   for (std::size_t i = 0; i < n; ++i) x[i] += mix[i];
-  for (int t = 0; t < T; ++t) cpu::RmsNormZc(x + U(t) * U(h), h, lw.post_norm, c_.rms_norm_eps, a + U(t) * U(h));
+  for (int t = 0; t < T; ++t)
+    cpu::RmsNormZc(x + U(t) * U(h), h, lw.post_norm, c_.rms_norm_eps, a + U(t) * U(h));
   if (lw.moe) {
     ExpertCache* cache = local_moe >= 0 ? experts_.get() : mtp_experts_.get();
-    cpu::MoeForward(lw.ffn_moe, c_, a, T, kind, pool_, arena_, cache, local_moe >= 0 ? local_moe : 0, mix);
+    cpu::MoeForward(lw.ffn_moe, c_, a, T, kind, pool_, arena_, cache,
+                    local_moe >= 0 ? local_moe : 0, mix);
   } else {
     cpu::FfnForward(lw.ffn_dense, a, T, kind, pool_, arena_, mix);
   }
@@ -104,7 +111,8 @@ Status CpuStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Ac
     act.hidden.resize(U(T) * U(h));
     for (int t = 0; t < T; ++t) {
       if (tokens[t] < 0 || tokens[t] >= c_.n_vocab)
-        return Status::InvalidArgument("token", "id " + std::to_string(tokens[t]) + " outside the vocabulary (size " +
+        return Status::InvalidArgument("token", "id " + std::to_string(tokens[t]) +
+                                                    " outside the vocabulary (size " +
                                                     std::to_string(c_.n_vocab) + ")");
       std::memcpy(act.hidden.data() + U(t) * U(h), w_.embed.row(tokens[t]), U(h) * sizeof(float));
     }
@@ -143,7 +151,8 @@ void CpuStageSession::FinalNorm(const Activation& act, float* normed) {
   LOCKSTEP_CHECK(is_last());
   const int h = c_.n_embd;
   for (int t = 0; t < act.T; ++t)
-    cpu::RmsNormZc(act.hidden.data() + U(t) * U(h), h, w_.final_norm, c_.rms_norm_eps, normed + U(t) * U(h));
+    cpu::RmsNormZc(act.hidden.data() + U(t) * U(h), h, w_.final_norm, c_.rms_norm_eps,
+                   normed + U(t) * U(h));
 }
 
 void CpuStageSession::Logits(const Activation& act, float* normed, float* logits) {
@@ -151,8 +160,8 @@ void CpuStageSession::Logits(const Activation& act, float* normed, float* logits
   cpu::Matmul(cpu::MatmulKind::kInvariant, normed, act.T, w_.lm_head, logits, pool_);
 }
 
-void CpuStageSession::MtpForward(const float* hid, const std::int32_t* next_tokens, int p, int T, ForwardMode mode,
-                              float* m, float* logits, int n_logits) {
+void CpuStageSession::MtpForward(const float* hid, const std::int32_t* next_tokens, int p, int T,
+                                 ForwardMode mode, float* m, float* logits, int n_logits) {
   LOCKSTEP_CHECK(has_mtp());
   Arena::Scope scope(arena_);
   const int h = c_.n_embd;
@@ -172,7 +181,8 @@ void CpuStageSession::MtpForward(const float* hid, const std::int32_t* next_toke
   for (int t = 0; t < T; ++t)
     cpu::RmsNormZc(act.hidden.data() + U(t) * U(h), h, mw.norm, c_.rms_norm_eps, m + U(t) * U(h));
   n_logits = std::min(n_logits, T);
-  cpu::Matmul(cpu::MatmulKind::kInvariant, m + U(T - n_logits) * U(h), n_logits, w_.lm_head, logits, pool_);
+  cpu::Matmul(cpu::MatmulKind::kInvariant, m + U(T - n_logits) * U(h), n_logits, w_.lm_head, logits,
+              pool_);
 }
 
 void CpuStageSession::MtpCommit(int rows) { mtp_kv_->Commit(rows); }

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "util/arena.h"
 #include "lockstep/engine/backend.h"
 #include "lockstep/engine/stage.h"
+#include "util/arena.h"
 
 namespace lockstep {
 
@@ -32,8 +32,8 @@ class CpuStageSession final : public StageSession {
   void Perturb(ItemKind item, int layer, float factor, Activation& act) override;
 
   bool has_mtp() const override { return mtp_kv_ != nullptr; }
-  void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode, float* m,
-                  float* logits, int n_logits) override;
+  void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode,
+                  float* m, float* logits, int n_logits) override;
   void MtpCommit(int rows) override;
   KvCache* mtp_kv() override { return mtp_kv_.get(); }
 
@@ -44,8 +44,8 @@ class CpuStageSession final : public StageSession {
 
  private:
   // One decoder layer in place on act.hidden; local_moe < 0 selects the MTP expert map.
-  void LayerForward(const LayerWeights& lw, int local_moe, Activation& act, ForwardMode mode, KvCache* kv,
-                    GdnState* gdn);
+  void LayerForward(const LayerWeights& lw, int local_moe, Activation& act, ForwardMode mode,
+                    KvCache* kv, GdnState* gdn);
 
   const ModelWeights& w_;
   const ModelConfig& c_;
@@ -53,13 +53,13 @@ class CpuStageSession final : public StageSession {
   std::unique_ptr<cpu::Rope> rope_;
   std::vector<std::unique_ptr<KvCache>> kv_;    // [layers in stage], null for GDN layers
   std::vector<std::unique_ptr<GdnState>> gdn_;  // [layers in stage], null for attention layers
-  std::vector<int> moe_local_;                  // [layers in stage] index into the expert cache or -1
+  std::vector<int> moe_local_;  // [layers in stage] index into the expert cache or -1
   std::unique_ptr<ExpertCache> experts_;
   std::unique_ptr<KvCache> mtp_kv_;
   std::unique_ptr<ExpertCache> mtp_experts_;
   Arena arena_;
-  int position_ = 0;       // committed rows
-  int pending_rows_ = 0;   // rows of the current verify window
+  int position_ = 0;      // committed rows
+  int pending_rows_ = 0;  // rows of the current verify window
 };
 
 // The `cpu` backend: stages are CpuStageSessions sharing the engine's thread pool; the transport

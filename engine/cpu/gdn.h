@@ -8,10 +8,10 @@
 #pragma once
 
 #include "cpu/matmul.h"
-#include "util/arena.h"
 #include "lockstep/engine/gdn_state.h"
 #include "lockstep/engine/model_config.h"
 #include "lockstep/engine/weights.h"
+#include "util/arena.h"
 
 namespace lockstep::cpu {
 
@@ -24,14 +24,14 @@ enum class GdnMode {
 
 // One recurrent step for one value head (state S f32 [Dk, Dv], updated in place):
 //   S <- alpha*S; m = S^T k; delta = beta*(v - m); S += k (x) delta; o = S^T q.
-void GatedDeltaStep(float* S, const float* q, const float* k, const float* v, float alpha, float beta, int dk,
-                    int dv, float* o);
+void GatedDeltaStep(float* S, const float* q, const float* k, const float* v, float alpha,
+                    float beta, int dk, int dv, float* o);
 
 // Chunked form over T tokens for one value head: Q, K f32 [T, Dk], V f32 [T, Dv], g (log
 // decay, <= 0) and beta f32 [T]; S f32 [Dk, Dv] is the entering state and is replaced by the
 // state after token T-1; O f32 [T, Dv].
-void GatedDeltaChunked(float* S, const float* Q, const float* K, const float* V, const float* g, const float* beta,
-                       int T, int dk, int dv, float* O, int chunk = 64);
+void GatedDeltaChunked(float* S, const float* Q, const float* K, const float* V, const float* g,
+                       const float* beta, int T, int dk, int dv, float* O, int chunk = 64);
 
 // Causal depthwise conv + SiLU for T rows: `win` f32 [K-1+T, C] holds the K-1 previous inputs
 // followed by the T new ones; weight f32 [C, K]; U f32 [T, C].
@@ -42,7 +42,7 @@ void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, 
 // The whole mixer for T rows starting at the state's committed position: projections, conv,
 // gates, l2 norms, the delta rule (form per `mode`), gated RMSNorm, out_proj.
 // a, out f32 [T, H].
-void GdnForward(const GdnWeights& w, const ModelConfig& c, const float* a, int T, GdnState& state, GdnMode mode,
-                MatmulKind kind, ThreadPool* pool, Arena& arena, float* out);
+void GdnForward(const GdnWeights& w, const ModelConfig& c, const float* a, int T, GdnState& state,
+                GdnMode mode, MatmulKind kind, ThreadPool* pool, Arena& arena, float* out);
 
 }  // namespace lockstep::cpu

@@ -40,7 +40,8 @@ inline void DotRows(const float* const* x, const float* b, int n, float* out) {
     for (int k = 0; k < 4; ++k) acc[r][k] = v8f{0, 0, 0, 0, 0, 0, 0, 0};
   int i = 0;
   for (; i + 32 <= n; i += 32) {
-    const v8f b0 = Load8(b + i), b1 = Load8(b + i + 8), b2 = Load8(b + i + 16), b3 = Load8(b + i + 24);
+    const v8f b0 = Load8(b + i), b1 = Load8(b + i + 8), b2 = Load8(b + i + 16),
+              b3 = Load8(b + i + 24);
     for (int r = 0; r < R; ++r) {
       acc[r][0] += Load8(x[r] + i) * b0;
       acc[r][1] += Load8(x[r] + i + 8) * b1;
@@ -97,17 +98,20 @@ void InvariantBlock(const float* x, int n_rows, const Mat& w, int o_begin, int o
       DotRows<4>(rows, wr, in, r);
       for (int j = 0; j < 4; ++j) yc[static_cast<std::size_t>(t + j) * sy] = r[j];
     }
-    for (; t < n_rows; ++t) yc[static_cast<std::size_t>(t) * sy] = Dot(x + static_cast<std::size_t>(t) * sx, wr, in);
+    for (; t < n_rows; ++t)
+      yc[static_cast<std::size_t>(t) * sy] = Dot(x + static_cast<std::size_t>(t) * sx, wr, in);
   }
 }
 
 }  // namespace
 
-void MatmulRowsRange(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y, int ldy) {
+void MatmulRowsRange(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
+                     int ldy) {
   InvariantBlock(x, n_rows, w, o_begin, o_end, y, ldy, o_begin);
 }
 
-void Matmul(MatmulKind kind, const float* x, int n_rows, const Mat& w, float* y, ThreadPool* pool, int ldy) {
+void Matmul(MatmulKind kind, const float* x, int n_rows, const Mat& w, float* y, ThreadPool* pool,
+            int ldy) {
   if (ldy < 0) ldy = w.rows;
   if (n_rows <= 0 || w.rows <= 0) return;
   if (kind == MatmulKind::kInvariant) {
@@ -128,7 +132,8 @@ void Matmul(MatmulKind kind, const float* x, int n_rows, const Mat& w, float* y,
   auto body = [&](std::size_t b, std::size_t e) {
     const int ob = static_cast<int>(b), oe = static_cast<int>(e);
     Eigen::Map<const RowMat> W(w.row(ob), oe - ob, w.cols);
-    Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y + ob, n_rows, oe - ob, Eigen::OuterStride<>(ldy));
+    Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y + ob, n_rows, oe - ob,
+                                                  Eigen::OuterStride<>(ldy));
     Y.noalias() = X * W.transpose();
   };
   if (pool) {

@@ -28,6 +28,7 @@ void Matmul(MatmulKind kind, const float* x, int n_rows, const Mat& w, float* y,
 
 // Same product, kInvariant, for a contiguous subset of W's rows [o_begin, o_end): writes
 // y[t, o - o_begin]. Used to split one weight (e.g. per-head projections) without copying.
-void MatmulRowsRange(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y, int ldy);
+void MatmulRowsRange(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
+                     int ldy);
 
 }  // namespace lockstep::cpu

@@ -38,8 +38,8 @@ void RouteToken(const float* logits, int n_experts, int k, bool norm, int* idx, 
 
 namespace {
 // SwiGLU with caller-provided scratch g, u f32 [T, I] (no arena: callable from pool workers).
-void FfnInto(const FfnWeights& f, const float* x, int T, MatmulKind kind, ThreadPool* pool, float* g, float* u,
-             float* out) {
+void FfnInto(const FfnWeights& f, const float* x, int T, MatmulKind kind, ThreadPool* pool,
+             float* g, float* u, float* out) {
   const int inter = f.gate.rows;
   Matmul(kind, x, T, f.gate, g, pool);
   Matmul(kind, x, T, f.up, u, pool);
@@ -48,8 +48,8 @@ void FfnInto(const FfnWeights& f, const float* x, int T, MatmulKind kind, Thread
 }
 }  // namespace
 
-void FfnForward(const FfnWeights& f, const float* x, int T, MatmulKind kind, ThreadPool* pool, Arena& arena,
-                float* out) {
+void FfnForward(const FfnWeights& f, const float* x, int T, MatmulKind kind, ThreadPool* pool,
+                Arena& arena, float* out) {
   Arena::Scope scope(arena);
   const int inter = f.gate.rows;
   float* g = arena.Alloc(U(T) * U(inter));
@@ -57,8 +57,8 @@ void FfnForward(const FfnWeights& f, const float* x, int T, MatmulKind kind, Thr
   FfnInto(f, x, T, kind, pool, g, u, out);
 }
 
-void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T, MatmulKind kind, ThreadPool* pool,
-                Arena& arena, ExpertCache* cache, int cache_layer, float* out) {
+void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T, MatmulKind kind,
+                ThreadPool* pool, Arena& arena, ExpertCache* cache, int cache_layer, float* out) {
   Arena::Scope scope(arena);
   const int h = c.n_embd, ne = c.n_experts, k = c.n_experts_used;
   const std::size_t uh = U(h);
@@ -67,14 +67,15 @@ void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T
   int* idx = arena.AllocAs<int>(U(T) * U(k));
   float* wts = arena.Alloc(U(T) * U(k));
   for (int t = 0; t < T; ++t)
-    RouteToken(logits + U(t) * U(ne), ne, k, c.norm_topk_prob, idx + U(t) * U(k), wts + U(t) * U(k));
+    RouteToken(logits + U(t) * U(ne), ne, k, c.norm_topk_prob, idx + U(t) * U(k),
+               wts + U(t) * U(k));
 
   // Per (token, rank) expert outputs, gathered per expert so each expert's weights are read once.
   // The active experts run in parallel, one expert per worker at a time with single-threaded
   // products (a verify window of T rows activates up to T*k experts, and splitting each small
   // product over the pool costs more in dispatch than it computes). Each expert's rows see the
   // same kernel whatever the partition: results are independent of the thread count.
-  float* ranked = arena.Alloc(U(T) * U(k) * uh);  // [T, k, H]
+  float* ranked = arena.Alloc(U(T) * U(k) * uh);   // [T, k, H]
   int* slot_of = arena.AllocAs<int>(U(T) * U(k));  // expert-major list of (t*k + r) slots
   int* first = arena.AllocAs<int>(U(ne) + 1);      // slots of expert e: [first[e], first[e+1])
   int n_slots = 0;
@@ -107,7 +108,8 @@ void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T
       std::memcpy(xin + U(i) * uh, x + U(t) * uh, uh * sizeof(float));
     }
     FfnInto(w.experts[U(e)], xin, n, kind, nullptr, g, u, yout);
-    for (int i = 0; i < n; ++i) std::memcpy(ranked + U(slot_of[s0 + i]) * uh, yout + U(i) * uh, uh * sizeof(float));
+    for (int i = 0; i < n; ++i)
+      std::memcpy(ranked + U(slot_of[s0 + i]) * uh, yout + U(i) * uh, uh * sizeof(float));
   };
   const bool shared = w.shared.gate.rows > 0;
   const bool parallel = pool != nullptr && pool->size() > 1;
@@ -132,10 +134,13 @@ void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T
     // experts by row count), to whichever thread is free: a fixed split of the expert list left
     // one thread waiting while the other finished its share (a T = 9 window routes ~21 experts
     // with 1 to 5 rows each). Which thread runs an item changes nothing in its rows' bits.
-    std::stable_sort(active, active + n_active, [&](int a, int b) { return first[a + 1] - first[a] > first[b + 1] - first[b]; });
+    std::stable_sort(active, active + n_active, [&](int a, int b) {
+      return first[a + 1] - first[a] > first[b + 1] - first[b];
+    });
     std::atomic<int> next{0};
     pool->ParallelFor(U(pool->size()), [&](std::size_t, std::size_t) {
-      for (int a = next.fetch_add(1, std::memory_order_relaxed); a < n_items; a = next.fetch_add(1, std::memory_order_relaxed))
+      for (int a = next.fetch_add(1, std::memory_order_relaxed); a < n_items;
+           a = next.fetch_add(1, std::memory_order_relaxed))
         run_item(a);
     });
   } else {

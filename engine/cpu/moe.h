@@ -9,10 +9,10 @@
 #pragma once
 
 #include "cpu/matmul.h"
-#include "util/arena.h"
 #include "lockstep/engine/expert_cache.h"
 #include "lockstep/engine/model_config.h"
 #include "lockstep/engine/weights.h"
+#include "util/arena.h"
 
 namespace lockstep::cpu {
 
@@ -21,11 +21,11 @@ namespace lockstep::cpu {
 void RouteToken(const float* logits, int n_experts, int k, bool norm, int* idx, float* weights);
 
 // SwiGLU: out = (silu(x G^T) * (x U^T)) D^T for T rows. x f32 [T, H], out f32 [T, H].
-void FfnForward(const FfnWeights& f, const float* x, int T, MatmulKind kind, ThreadPool* pool, Arena& arena,
-                float* out);
+void FfnForward(const FfnWeights& f, const float* x, int T, MatmulKind kind, ThreadPool* pool,
+                Arena& arena, float* out);
 
 // The MoE block for T rows. `cache` may be null; `cache_layer` is the stage-local MoE index.
-void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T, MatmulKind kind, ThreadPool* pool,
-                Arena& arena, ExpertCache* cache, int cache_layer, float* out);
+void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T, MatmulKind kind,
+                ThreadPool* pool, Arena& arena, ExpertCache* cache, int cache_layer, float* out);
 
 }  // namespace lockstep::cpu

@@ -101,14 +101,14 @@ __global__ void __launch_bounds__(km::kAttnThreads)
     AttentionKernel(const float* __restrict__ q, Pos pos, int n_heads, int n_heads_kv, int D,
                     const void* __restrict__ k_cache, const void* __restrict__ v_cache,
                     const float* __restrict__ k_scales, const float* __restrict__ v_scales,
-                    float scale, float* __restrict__ scores, int n_ctx_max, int split,
-                    int n_split, float* __restrict__ partials, float* __restrict__ o,
+                    float scale, float* __restrict__ scores, int n_ctx_max, int split, int n_split,
+                    float* __restrict__ partials, float* __restrict__ o,
                     const float* __restrict__ gate, int gate_ld) {
   extern __shared__ float smem[];
   __shared__ float red_f[km::kAttnThreads];
   __shared__ double red_d[km::kAttnThreads];
-  float* qs = smem;                   // [kG][D]
-  float* ptile = smem + kG * D;       // [kG][kAttnThreads]
+  float* qs = smem;                            // [kG][D]
+  float* ptile = smem + kG * D;                // [kG][kAttnThreads]
   float* ssc = ptile + kG * km::kAttnThreads;  // [kG][split] (shared-memory scores)
   const int tid = static_cast<int>(threadIdx.x), lane = tid % km::kWarp, warp = tid / km::kWarp;
   const int tb = static_cast<int>(blockIdx.x) / n_split;  // (t, head block)
@@ -206,9 +206,10 @@ __global__ void __launch_bounds__(km::kAttnThreads)
     // A split's p_u stays e_u (times 1.0f: exact); the combine normalises.
     inv[g] = whole ? km::SoftmaxInv(red_d[0]) : 1.0f;
     if (!whole && tid == 0) {
-      float* dst = partials + (static_cast<std::size_t>(th0 + g) * static_cast<std::size_t>(n_split) +
-                               static_cast<std::size_t>(j)) *
-                                  PartialStride(D);
+      float* dst =
+          partials + (static_cast<std::size_t>(th0 + g) * static_cast<std::size_t>(n_split) +
+                      static_cast<std::size_t>(j)) *
+                         PartialStride(D);
       dst[D] = mx[g];
       *reinterpret_cast<double*>(dst + PartialStride(D) - 2) = red_d[0];
     }
@@ -227,7 +228,8 @@ __global__ void __launch_bounds__(km::kAttnThreads)
     // Thread tid wrote e_{b0+tid} in step 3 itself, so only the tile's reuse needs a barrier.
     if (tid < nu) {
 #pragma unroll
-      for (int g = 0; g < kG; ++g) ptile[g * km::kAttnThreads + tid] = sc(g)[b0 + tid - sc0] * inv[g];
+      for (int g = 0; g < kG; ++g)
+        ptile[g * km::kAttnThreads + tid] = sc(g)[b0 + tid - sc0] * inv[g];
     }
     __syncthreads();
     for (int uu = 0; uu < nu; ++uu) {
@@ -252,14 +254,15 @@ __global__ void __launch_bounds__(km::kAttnThreads)
   }
 #pragma unroll
   for (int g = 0; g < kG; ++g) {
-    float* dst = whole ? o + static_cast<std::size_t>(th0 + g) * ud
-                       : partials + (static_cast<std::size_t>(th0 + g) * static_cast<std::size_t>(n_split) +
-                                     static_cast<std::size_t>(j)) *
-                                        PartialStride(D);
+    float* dst =
+        whole ? o + static_cast<std::size_t>(th0 + g) * ud
+              : partials + (static_cast<std::size_t>(th0 + g) * static_cast<std::size_t>(n_split) +
+                            static_cast<std::size_t>(j)) *
+                               PartialStride(D);
     // The layer's output gate on a whole row (a split row's is applied by the combine).
-    const float* gr = whole && gate != nullptr
-                          ? gate + static_cast<std::size_t>(th0 + g) * static_cast<std::size_t>(gate_ld)
-                          : nullptr;
+    const float* gr = whole && gate != nullptr ? gate + static_cast<std::size_t>(th0 + g) *
+                                                            static_cast<std::size_t>(gate_ld)
+                                               : nullptr;
 #pragma unroll
     for (int r = 0; r < km::kAttnMaxDimsPerThread; ++r) {
       const int i = tid + r * km::kAttnThreads;
@@ -281,9 +284,11 @@ __global__ void __launch_bounds__(km::kAttnThreads)
   if (n_ctx <= split) return;  // written whole by AttentionKernel
   const int used = (n_ctx + split - 1) / split;
   const std::size_t ps = PartialStride(D);
-  const float* part = partials + static_cast<std::size_t>(th) * static_cast<std::size_t>(n_split) * ps;
+  const float* part =
+      partials + static_cast<std::size_t>(th) * static_cast<std::size_t>(n_split) * ps;
   float M = -INFINITY;
-  for (int j = 0; j < used; ++j) M = km::MaxStep(M, part[static_cast<std::size_t>(j) * ps + static_cast<std::size_t>(D)]);
+  for (int j = 0; j < used; ++j)
+    M = km::MaxStep(M, part[static_cast<std::size_t>(j) * ps + static_cast<std::size_t>(D)]);
   double L = 0.0;
   for (int j = 0; j < used; ++j) {
     const float* pj = part + static_cast<std::size_t>(j) * ps;
@@ -298,36 +303,48 @@ __global__ void __launch_bounds__(km::kAttnThreads)
       acc = km::AttnAccum(acc, km::SoftmaxExp(pj[D], M) * inv, pj[i]);
     }
     if (gate != nullptr)
-      acc = km::MulSigmoidElem(acc, gate[static_cast<std::size_t>(th) * static_cast<std::size_t>(gate_ld) +
-                                         static_cast<std::size_t>(i)]);
-    o[static_cast<std::size_t>(th) * static_cast<std::size_t>(D) + static_cast<std::size_t>(i)] = acc;
+      acc = km::MulSigmoidElem(
+          acc, gate[static_cast<std::size_t>(th) * static_cast<std::size_t>(gate_ld) +
+                    static_cast<std::size_t>(i)]);
+    o[static_cast<std::size_t>(th) * static_cast<std::size_t>(D) + static_cast<std::size_t>(i)] =
+        acc;
   }
 }
 
 // Grouped blocks (kG > 1) only with the one-load-per-4-elements path: every preset's head_dim is a
 // multiple of 4, and each variant costs compile time (nvcc, two architectures).
 template <int KvT>
-void LaunchAttention(bool vec, int heads_per_block, unsigned blocks, std::size_t smem, cudaStream_t s,
-                     const float* q, Pos p, int n_heads, int n_heads_kv, int D, const void* k_cache,
-                     const void* v_cache, const float* k_scales, const float* v_scales, float scale,
-                     float* scores, int n_ctx_max, int split, int n_split, float* partials, float* o,
-                     const float* gate, int gate_ld) {
+void LaunchAttention(bool vec, int heads_per_block, unsigned blocks, std::size_t smem,
+                     cudaStream_t s, const float* q, Pos p, int n_heads, int n_heads_kv, int D,
+                     const void* k_cache, const void* v_cache, const float* k_scales,
+                     const float* v_scales, float scale, float* scores, int n_ctx_max, int split,
+                     int n_split, float* partials, float* o, const float* gate, int gate_ld) {
   if (!vec) {
-    AttentionKernel<KvT, false, 1><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o, gate, gate_ld);
+    AttentionKernel<KvT, false, 1><<<blocks, km::kAttnThreads, smem, s>>>(
+        q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores,
+        n_ctx_max, split, n_split, partials, o, gate, gate_ld);
     return;
   }
   switch (heads_per_block) {
     case 8:
-      AttentionKernel<KvT, true, 8><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o, gate, gate_ld);
+      AttentionKernel<KvT, true, 8><<<blocks, km::kAttnThreads, smem, s>>>(
+          q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores,
+          n_ctx_max, split, n_split, partials, o, gate, gate_ld);
       break;
     case 4:
-      AttentionKernel<KvT, true, 4><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o, gate, gate_ld);
+      AttentionKernel<KvT, true, 4><<<blocks, km::kAttnThreads, smem, s>>>(
+          q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores,
+          n_ctx_max, split, n_split, partials, o, gate, gate_ld);
       break;
     case 2:
-      AttentionKernel<KvT, true, 2><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o, gate, gate_ld);
+      AttentionKernel<KvT, true, 2><<<blocks, km::kAttnThreads, smem, s>>>(
+          q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores,
+          n_ctx_max, split, n_split, partials, o, gate, gate_ld);
       break;
     default:
-      AttentionKernel<KvT, true, 1><<<blocks, km::kAttnThreads, smem, s>>>(q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, o, gate, gate_ld);
+      AttentionKernel<KvT, true, 1><<<blocks, km::kAttnThreads, smem, s>>>(
+          q, p, n_heads, n_heads_kv, D, k_cache, v_cache, k_scales, v_scales, scale, scores,
+          n_ctx_max, split, n_split, partials, o, gate, gate_ld);
   }
 }
 
@@ -372,7 +389,8 @@ struct RowScratch {
 RowScratch RowScratchOf(int n_heads, int head_dim, int n_ctx_max, int split) {
   RowScratch r;
   const std::size_t hq = static_cast<std::size_t>(n_heads);
-  if (split <= 0 || split > kSmemScoresMax) r.scores = (hq * static_cast<std::size_t>(n_ctx_max) + 3) / 4 * 4;
+  if (split <= 0 || split > kSmemScoresMax)
+    r.scores = (hq * static_cast<std::size_t>(n_ctx_max) + 3) / 4 * 4;
   const int n_split = AttentionSplits(n_ctx_max, split);
   if (n_split > 1) r.partials = hq * static_cast<std::size_t>(n_split) * PartialStride(head_dim);
   return r;
@@ -388,7 +406,8 @@ int RowsFitting(int T, const RowScratch& r, std::size_t floats) {
 // Dynamic shared memory of a block of kG heads.
 std::size_t SmemBytes(int kG, int head_dim, bool smem_scores, int split) {
   return static_cast<std::size_t>(kG) *
-         static_cast<std::size_t>(head_dim + km::kAttnThreads + (smem_scores ? split : 0)) * sizeof(float);
+         static_cast<std::size_t>(head_dim + km::kAttnThreads + (smem_scores ? split : 0)) *
+         sizeof(float);
 }
 
 }  // namespace
@@ -403,7 +422,8 @@ int AttentionHeadsPerBlock(int n_heads, int n_heads_kv, int head_dim, int n_ctx_
                            AttnHeads heads) {
   // Grouped blocks need the 4-element loads (LaunchAttention): head_dim % 4 == 0 (and, at the
   // launch, a 4-element-aligned cache).
-  if (heads == AttnHeads::kOne || n_heads_kv <= 0 || n_heads % n_heads_kv != 0 || head_dim % 4 != 0) return 1;
+  if (heads == AttnHeads::kOne || n_heads_kv <= 0 || n_heads % n_heads_kv != 0 || head_dim % 4 != 0)
+    return 1;
   const int n_split = AttentionSplits(n_ctx_max, split);
   // Auto: only where rows are long enough to split, i.e. where the repeated K / V reads of the
   // one-head layout cost bandwidth; short rows keep the most blocks.
@@ -418,7 +438,8 @@ int AttentionHeadsPerBlock(int n_heads, int n_heads_kv, int head_dim, int n_ctx_
 void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int head_dim,
                int kv_dtype, const void* k_cache, const void* v_cache, const float* k_scales,
                const float* v_scales, float scale, int n_ctx_max, int split, float* scratch,
-               std::size_t scratch_floats, float* o, cudaStream_t s, AttnHeads heads, AttnGate gate) {
+               std::size_t scratch_floats, float* o, cudaStream_t s, AttnHeads heads,
+               AttnGate gate) {
   if (T <= 0 || n_heads <= 0 || head_dim <= 0) return;
   const int n_split = AttentionSplits(n_ctx_max, split);
   const RowScratch r = RowScratchOf(n_heads, head_dim, n_ctx_max, split);
@@ -428,7 +449,8 @@ void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int he
   // One load per 4 elements needs 4-element-aligned rows: D % 4 == 0 and an aligned base.
   const std::size_t elem = kv_dtype == 0 ? 4 : kv_dtype == 1 ? 2 : 1;
   const bool vec = head_dim % 4 == 0 && km::Aligned(k_cache, 4 * elem);
-  const int kg = vec ? AttentionHeadsPerBlock(n_heads, n_heads_kv, head_dim, n_ctx_max, split, heads) : 1;
+  const int kg =
+      vec ? AttentionHeadsPerBlock(n_heads, n_heads_kv, head_dim, n_ctx_max, split, heads) : 1;
   const std::size_t smem = SmemBytes(kg, head_dim, smem_scores, split);
   const std::size_t row_q = static_cast<std::size_t>(n_heads) * static_cast<std::size_t>(head_dim);
   for (int t0 = 0; t0 < T; t0 += rows_per) {
@@ -436,7 +458,8 @@ void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int he
     const Pos pg(p.base + t0, p.dev);
     const float* qg = q + static_cast<std::size_t>(t0) * row_q;
     float* og = o + static_cast<std::size_t>(t0) * row_q;
-    const float* gg = gate.g != nullptr ? gate.g + static_cast<std::size_t>(t0) * static_cast<std::size_t>(n_heads) *
+    const float* gg = gate.g != nullptr ? gate.g + static_cast<std::size_t>(t0) *
+                                                       static_cast<std::size_t>(n_heads) *
                                                        static_cast<std::size_t>(gate.ld)
                                         : nullptr;
     float* scores = smem_scores ? nullptr : scratch;
@@ -444,17 +467,21 @@ void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int he
     const unsigned rows = static_cast<unsigned>(nt) * static_cast<unsigned>(n_heads);
     const unsigned blocks = rows / static_cast<unsigned>(kg) * static_cast<unsigned>(n_split);
     if (kv_dtype == 0) {
-      LaunchAttention<0>(vec, kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og, gg, gate.ld);
+      LaunchAttention<0>(vec, kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache,
+                         v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split,
+                         partials, og, gg, gate.ld);
     } else if (kv_dtype == 1) {
-      LaunchAttention<1>(vec, kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og, gg, gate.ld);
+      LaunchAttention<1>(vec, kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache,
+                         v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split,
+                         partials, og, gg, gate.ld);
     } else {
-      LaunchAttention<2>(vec, kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache, v_cache,
-                         k_scales, v_scales, scale, scores, n_ctx_max, split, n_split, partials, og, gg, gate.ld);
+      LaunchAttention<2>(vec, kg, blocks, smem, s, qg, pg, n_heads, n_heads_kv, head_dim, k_cache,
+                         v_cache, k_scales, v_scales, scale, scores, n_ctx_max, split, n_split,
+                         partials, og, gg, gate.ld);
     }
     if (n_split > 1) {
-      AttnCombineKernel<<<rows, km::kAttnThreads, 0, s>>>(pg, n_heads, head_dim, split, n_split, partials, og, gg, gate.ld);
+      AttnCombineKernel<<<rows, km::kAttnThreads, 0, s>>>(pg, n_heads, head_dim, split, n_split,
+                                                          partials, og, gg, gate.ld);
     }
   }
 }

@@ -7,7 +7,9 @@
 namespace lockstep::cuda {
 
 void RegisterCudaBackend() {
-  RegisterBackend("cuda", [](const EngineConfig& cfg, const ModelWeights& w) { return CudaBackend::Create(cfg, w); });
+  RegisterBackend("cuda", [](const EngineConfig& cfg, const ModelWeights& w) {
+    return CudaBackend::Create(cfg, w);
+  });
 }
 
 Result<BackendPtr> CudaBackend::Create(const EngineConfig& cfg, const ModelWeights& weights) {
@@ -15,9 +17,10 @@ Result<BackendPtr> CudaBackend::Create(const EngineConfig& cfg, const ModelWeigh
   int n_visible = 0;
   const cudaError_t e = cudaGetDeviceCount(&n_visible);
   if (e != cudaSuccess || n_visible == 0)
-    return Status::NotSupported("--backend cuda", std::string("no CUDA device is visible (") +
-                                                      (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") +
-                                                      "); use --backend cpu");
+    return Status::NotSupported("--backend cuda",
+                                std::string("no CUDA device is visible (") +
+                                    (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") +
+                                    "); use --backend cpu");
   std::unique_ptr<CudaBackend> b(new CudaBackend);
   b->devices_ = cfg.devices.empty() ? std::vector<int>{0} : cfg.devices;
   for (int d : b->devices_)
@@ -33,17 +36,20 @@ Result<BackendPtr> CudaBackend::Create(const EngineConfig& cfg, const ModelWeigh
   if (cfg.deterministic) setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
   if (b->devices_.size() > 1) {
     std::vector<ncclComm_t> comms(b->devices_.size(), nullptr);
-    LOCKSTEP_NCCL_CHECK(ncclCommInitAll(comms.data(), static_cast<int>(comms.size()), b->devices_.data()));
+    LOCKSTEP_NCCL_CHECK(
+        ncclCommInitAll(comms.data(), static_cast<int>(comms.size()), b->devices_.data()));
     for (ncclComm_t c : comms) b->comms_.emplace_back(c);
   }
   cudaDeviceProp prop{};
   LOCKSTEP_CUDA_CHECK(cudaGetDeviceProperties(&prop, b->devices_[0]));
-  b->describe_ = std::string("cuda, ") + prop.name + " x" + std::to_string(b->devices_.size()) +
-                 (cfg.deterministic ? ", deterministic" : ", non-deterministic (--deterministic off)") +
-                 (b->devices_.size() > 1 ? ", NCCL hand-off" : ", stream/event hand-off") +
-                 (cfg.cuda_graphs ? ", CUDA graphs" : ", no CUDA graphs (--cuda-graphs off)") +
-                 (cfg.cuda_attn_split > 0 ? ", attention split past " + std::to_string(cfg.cuda_attn_split) + " positions"
-                                          : ", one attention block per row (--cuda-attn-split 0)");
+  b->describe_ =
+      std::string("cuda, ") + prop.name + " x" + std::to_string(b->devices_.size()) +
+      (cfg.deterministic ? ", deterministic" : ", non-deterministic (--deterministic off)") +
+      (b->devices_.size() > 1 ? ", NCCL hand-off" : ", stream/event hand-off") +
+      (cfg.cuda_graphs ? ", CUDA graphs" : ", no CUDA graphs (--cuda-graphs off)") +
+      (cfg.cuda_attn_split > 0
+           ? ", attention split past " + std::to_string(cfg.cuda_attn_split) + " positions"
+           : ", one attention block per row (--cuda-attn-split 0)");
   return BackendPtr(std::move(b));
 }
 
@@ -70,30 +76,33 @@ Result<TransportPtr> CudaBackend::CreateTransport(int n_stages) {
   return TransportPtr(std::make_unique<InProcessTransport>(n_stages));
 }
 
-Status CudaBackend::HandOff(const CudaActivation& src, int dst_device, cudaStream_t dst_stream, float* dst) {
+Status CudaBackend::HandOff(const CudaActivation& src, int dst_device, cudaStream_t dst_stream,
+                            float* dst) {
   const std::size_t n = static_cast<std::size_t>(src.rows) * static_cast<std::size_t>(src.cols);
   if (src.device == dst_device) {
     DeviceScope scope(dst_device);
     LOCKSTEP_CUDA_CHECK(cudaStreamWaitEvent(dst_stream, src.ready, 0));
-    LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, n * sizeof(float), cudaMemcpyDeviceToDevice, dst_stream));
+    LOCKSTEP_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src.data, n * sizeof(float), cudaMemcpyDeviceToDevice, dst_stream));
     LOCKSTEP_CUDA_CHECK(cudaEventRecord(src.consumed, dst_stream));
     return Status::Ok();
   }
   const int src_rank = src.rank, dst_rank = rank_of_device(dst_device);
   if (dst_rank < 0 || comms_.empty())
-    return Status::Runtime("cuda hand-off", "device " + std::to_string(dst_device) + " has no NCCL communicator");
+    return Status::Runtime("cuda hand-off",
+                           "device " + std::to_string(dst_device) + " has no NCCL communicator");
   // The send is ordered after the producer's kernels by its own stream; the receive lands on the
   // consumer's stream. Both calls in one group so a single thread can drive both ranks.
   LOCKSTEP_NCCL_CHECK(ncclGroupStart());
   {
     DeviceScope s1(src.device);
-    LOCKSTEP_NCCL_CHECK(ncclSend(src.data, n, ncclFloat32, dst_rank, comms_[static_cast<std::size_t>(src_rank)].get(),
-                                 src.stream));
+    LOCKSTEP_NCCL_CHECK(ncclSend(src.data, n, ncclFloat32, dst_rank,
+                                 comms_[static_cast<std::size_t>(src_rank)].get(), src.stream));
   }
   {
     DeviceScope s2(dst_device);
-    LOCKSTEP_NCCL_CHECK(ncclRecv(dst, n, ncclFloat32, src_rank, comms_[static_cast<std::size_t>(dst_rank)].get(),
-                                 dst_stream));
+    LOCKSTEP_NCCL_CHECK(ncclRecv(dst, n, ncclFloat32, src_rank,
+                                 comms_[static_cast<std::size_t>(dst_rank)].get(), dst_stream));
   }
   LOCKSTEP_NCCL_CHECK(ncclGroupEnd());
   {

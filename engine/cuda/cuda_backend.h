@@ -36,11 +36,13 @@ struct CudaActivation final : DeviceActivation {
   int device = 0;
   int rows = 0;
   int cols = 0;
-  cudaStream_t stream = nullptr;    // producer's stream
-  cudaEvent_t ready = nullptr;      // recorded after the producer's last kernel
-  cudaEvent_t consumed = nullptr;   // recorded by the consumer once it has its copy
-  int rank = 0;                     // producer's index in the backend's device list
-  std::size_t bytes() const override { return static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) * sizeof(float); }
+  cudaStream_t stream = nullptr;   // producer's stream
+  cudaEvent_t ready = nullptr;     // recorded after the producer's last kernel
+  cudaEvent_t consumed = nullptr;  // recorded by the consumer once it has its copy
+  int rank = 0;                    // producer's index in the backend's device list
+  std::size_t bytes() const override {
+    return static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) * sizeof(float);
+  }
 };
 
 class CudaBackend final : public Backend {

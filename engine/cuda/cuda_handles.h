@@ -33,8 +33,8 @@ inline bool VendorOk(ncclResult_t e) { return e == ncclSuccess; }
 
 template <typename E>
 Status VendorStatus(E e, const char* expr, const char* func, const char* file, int line) {
-  return Status::Runtime(std::string(expr), std::string(VendorErrorString(e)) + " (in " + func + " at " + file +
-                                                ":" + std::to_string(line) + ")");
+  return Status::Runtime(std::string(expr), std::string(VendorErrorString(e)) + " (in " + func +
+                                                " at " + file + ":" + std::to_string(line) + ")");
 }
 
 // A failed cudaMalloc / cudaHostAlloc of `bytes` for `what` ("scratch arena block", ...): kRuntime
@@ -63,26 +63,27 @@ inline Status AllocError(cudaError_t e, std::size_t bytes, std::string_view what
   if (e != cudaErrorMemoryAllocation)
     return Status::Runtime("cuda: allocating " + where + " for " + std::string(what),
                            std::string(cudaGetErrorString(e)) + " (" + mib(bytes) + ")");
-  return Status::Runtime("cuda: out of " + where,
-                         std::string(what) + " (" + mib(bytes) + ") on device " + std::to_string(dev) + mem);
+  return Status::Runtime("cuda: out of " + where, std::string(what) + " (" + mib(bytes) +
+                                                      ") on device " + std::to_string(dev) + mem);
 }
 
 }  // namespace lockstep::cuda
 
-#define LOCKSTEP_VENDOR_CHECK_IMPL(expr)                                                            \
-  do {                                                                                              \
-    auto lockstep_vendor_e_ = (expr);                                                               \
-    if (!::lockstep::cuda::VendorOk(lockstep_vendor_e_))                                            \
-      return ::lockstep::cuda::VendorStatus(lockstep_vendor_e_, #expr, __func__, __FILE__, __LINE__); \
+#define LOCKSTEP_VENDOR_CHECK_IMPL(expr)                                                   \
+  do {                                                                                     \
+    auto lockstep_vendor_e_ = (expr);                                                      \
+    if (!::lockstep::cuda::VendorOk(lockstep_vendor_e_))                                   \
+      return ::lockstep::cuda::VendorStatus(lockstep_vendor_e_, #expr, __func__, __FILE__, \
+                                            __LINE__);                                     \
   } while (0)
-#define LOCKSTEP_VENDOR_FATAL_IMPL(expr)                                                              \
-  do {                                                                                                \
-    auto lockstep_vendor_e_ = (expr);                                                                 \
-    if (!::lockstep::cuda::VendorOk(lockstep_vendor_e_)) {                                            \
-      std::fprintf(stderr, "%s:%d %s: %s failed: %s\n", __FILE__, __LINE__, __func__, #expr,          \
-                   ::lockstep::cuda::VendorErrorString(lockstep_vendor_e_));                          \
-      std::abort();                                                                                   \
-    }                                                                                                 \
+#define LOCKSTEP_VENDOR_FATAL_IMPL(expr)                                                     \
+  do {                                                                                       \
+    auto lockstep_vendor_e_ = (expr);                                                        \
+    if (!::lockstep::cuda::VendorOk(lockstep_vendor_e_)) {                                   \
+      std::fprintf(stderr, "%s:%d %s: %s failed: %s\n", __FILE__, __LINE__, __func__, #expr, \
+                   ::lockstep::cuda::VendorErrorString(lockstep_vendor_e_));                 \
+      std::abort();                                                                          \
+    }                                                                                        \
   } while (0)
 
 #define LOCKSTEP_CUDA_CHECK(expr) LOCKSTEP_VENDOR_CHECK_IMPL(static_cast<cudaError_t>(expr))
@@ -95,28 +96,44 @@ namespace lockstep::cuda {
 
 // ---- deleters: errors at teardown are reported but cannot be returned ----
 struct StreamDeleter {
-  void operator()(cudaStream_t s) const { if (s) cudaStreamDestroy(s); }
+  void operator()(cudaStream_t s) const {
+    if (s) cudaStreamDestroy(s);
+  }
 };
 struct EventDeleter {
-  void operator()(cudaEvent_t e) const { if (e) cudaEventDestroy(e); }
+  void operator()(cudaEvent_t e) const {
+    if (e) cudaEventDestroy(e);
+  }
 };
 struct CublasDeleter {
-  void operator()(cublasHandle_t h) const { if (h) cublasDestroy(h); }
+  void operator()(cublasHandle_t h) const {
+    if (h) cublasDestroy(h);
+  }
 };
 struct NcclDeleter {
-  void operator()(ncclComm_t c) const { if (c) ncclCommDestroy(c); }
+  void operator()(ncclComm_t c) const {
+    if (c) ncclCommDestroy(c);
+  }
 };
 struct GraphDeleter {
-  void operator()(cudaGraph_t g) const { if (g) cudaGraphDestroy(g); }
+  void operator()(cudaGraph_t g) const {
+    if (g) cudaGraphDestroy(g);
+  }
 };
 struct GraphExecDeleter {
-  void operator()(cudaGraphExec_t g) const { if (g) cudaGraphExecDestroy(g); }
+  void operator()(cudaGraphExec_t g) const {
+    if (g) cudaGraphExecDestroy(g);
+  }
 };
 struct DeviceFree {
-  void operator()(void* p) const { if (p) cudaFree(p); }
+  void operator()(void* p) const {
+    if (p) cudaFree(p);
+  }
 };
 struct HostFree {
-  void operator()(void* p) const { if (p) cudaFreeHost(p); }
+  void operator()(void* p) const {
+    if (p) cudaFreeHost(p);
+  }
 };
 
 using StreamPtr = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter>;
@@ -136,7 +153,9 @@ class CudaBuffer {
   CudaBuffer() = default;
   void* get() const { return ptr_.get(); }
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_.get()); }
+  T* as() const {
+    return static_cast<T*>(ptr_.get());
+  }
   std::size_t bytes() const { return bytes_; }
 
  protected:
@@ -159,7 +178,8 @@ class DeviceBuffer : public CudaBuffer<DevicePtr> {
   static Result<DeviceBuffer> Alloc(std::size_t bytes, std::string_view what) {
     void* p = nullptr;
     if (bytes > 0) {
-      if (cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) return AllocError(e, bytes, what, false);
+      if (cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess)
+        return AllocError(e, bytes, what, false);
     }
     return DeviceBuffer(Own(p, bytes));
   }
@@ -176,7 +196,8 @@ class PinnedBuffer : public CudaBuffer<PinnedPtr> {
   static Result<PinnedBuffer> Alloc(std::size_t bytes, std::string_view what) {
     void* p = nullptr;
     if (bytes > 0) {
-      if (cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable); e != cudaSuccess)
+      if (cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+          e != cudaSuccess)
         return AllocError(e, bytes, what, true);
     }
     return PinnedBuffer(Own(p, bytes));
@@ -200,7 +221,8 @@ inline Result<StreamPtr> MakeStream() {
 // Timing events (cudaEventDefault) or synchronisation-only events (disable_timing).
 inline Result<EventPtr> MakeEvent(bool timing) {
   cudaEvent_t e = nullptr;
-  LOCKSTEP_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+  LOCKSTEP_CUDA_CHECK(
+      cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
   return EventPtr(e);
 }
 

@@ -22,7 +22,9 @@ Status Ctx::Mm(const float* x, int T, const DMat& w, float* y, int ldy) {
     if (d.widen.bytes() < w.elems() * sizeof(float)) {
       const std::int64_t t0 = MonotonicNs();
       LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(s));  // an earlier GEMM may still read the old one
-      LOCKSTEP_ASSIGN_OR_RETURN(d.widen, DeviceBuffer::Alloc(w.elems() * sizeof(float), "f32 widening of a bf16 matrix for cuBLAS"));
+      LOCKSTEP_ASSIGN_OR_RETURN(d.widen,
+                                DeviceBuffer::Alloc(w.elems() * sizeof(float),
+                                                    "f32 widening of a bf16 matrix for cuBLAS"));
       *init_ns += MonotonicNs() - t0;
     }
     WidenBf16(w.bf16_bits(), static_cast<std::int64_t>(w.elems()), d.widen.as<float>(), s);
@@ -30,8 +32,8 @@ Status Ctx::Mm(const float* x, int T, const DMat& w, float* y, int ldy) {
   }
   const float one = 1.0f, zero = 0.0f;
   // Row-major y[T, out] = x[T, in] W[out, in]^T is column-major y^T = W^T(op T) x^T.
-  LOCKSTEP_CUBLAS_CHECK(cublasSgemm(d.cublas.get(), CUBLAS_OP_T, CUBLAS_OP_N, w.rows, T, w.cols, &one, wf, w.cols, x,
-                                    w.cols, &zero, y, ldy));
+  LOCKSTEP_CUBLAS_CHECK(cublasSgemm(d.cublas.get(), CUBLAS_OP_T, CUBLAS_OP_N, w.rows, T, w.cols,
+                                    &one, wf, w.cols, x, w.cols, &zero, y, ldy));
   return Status::Ok();
 }
 
@@ -40,7 +42,8 @@ Status Ctx::MmShared(const float* x, int T, std::initializer_list<MmOut> outs) {
   const DMat& w0 = *outs.begin()->w;
   bool fused = RowsPath(T);
   for (const MmOut& o : outs) {
-    LOCKSTEP_CHECK(o.up == nullptr || (o.up->rows == o.w->rows && o.up->cols == o.w->cols && o.up->bf16 == o.w->bf16));
+    LOCKSTEP_CHECK(o.up == nullptr ||
+                   (o.up->rows == o.w->rows && o.up->cols == o.w->cols && o.up->bf16 == o.w->bf16));
     fused = fused && o.w->bf16 == w0.bf16 && o.w->cols == w0.cols;
   }
   if (!fused) {
@@ -85,11 +88,14 @@ Status EnsureKvCapacity(DKv& kv, int rows, int headroom, int hkv, int hd, bool i
   while (cap < want) cap *= 2;
   const std::size_t row_bytes = U(hkv) * U(hd) * kv.elem, srow = U(hkv) * sizeof(float);
   auto grow = [&](DeviceBuffer& buf, std::size_t per_row) -> Status {
-    LOCKSTEP_ASSIGN_OR_RETURN(DeviceBuffer nb,
-                              DeviceBuffer::Alloc(U(cap) * per_row, "K/V cache growth to " + std::to_string(cap) + " rows"));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        DeviceBuffer nb, DeviceBuffer::Alloc(U(cap) * per_row, "K/V cache growth to " +
+                                                                   std::to_string(cap) + " rows"));
     if (kv.written > 0)
-      LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(nb.get(), buf.get(), U(kv.written) * per_row, cudaMemcpyDeviceToDevice, s));
-    LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(s));  // the old buffer must not be freed under the copy
+      LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(nb.get(), buf.get(), U(kv.written) * per_row,
+                                          cudaMemcpyDeviceToDevice, s));
+    LOCKSTEP_CUDA_CHECK(
+        cudaStreamSynchronize(s));  // the old buffer must not be freed under the copy
     buf = std::move(nb);
     return Status::Ok();
   };
@@ -105,7 +111,8 @@ Status EnsureKvCapacity(DKv& kv, int rows, int headroom, int hkv, int hd, bool i
 }
 
 // a f32 [T, H] (normed input) -> out f32 [T, H].
-Status AttentionForward(Ctx& x, const DLayer& L, const float* a, int T, int p, DKv& kv, float* out) {
+Status AttentionForward(Ctx& x, const DLayer& L, const float* a, int T, int p, DKv& kv,
+                        float* out) {
   const ModelConfig& c = x.c;
   const int hq = c.n_heads, hkv = c.n_heads_kv, hd = c.head_dim;
   const std::size_t ut = U(T);
@@ -116,7 +123,8 @@ Status AttentionForward(Ctx& x, const DLayer& L, const float* a, int T, int p, D
   LOCKSTEP_ASSIGN_OR_RETURN(float* o, x.Alloc(ut * U(hq * hd)));
   const bool int8 = kv.mirror->dtype() == DType::kI8;
   const int code = KvDtypeCode(kv.mirror->dtype());
-  LOCKSTEP_RETURN_IF_ERROR(EnsureKvCapacity(kv, p + T, x.kv_headroom, hkv, hd, int8, x.s, x.init_ns));
+  LOCKSTEP_RETURN_IF_ERROR(
+      EnsureKvCapacity(kv, p + T, x.kv_headroom, hkv, hd, int8, x.s, x.init_ns));
   // Verify scratch is sized by the cache's capacity, not by p: the arena then hands out the same
   // addresses at every position, as a replayed graph needs. Prefill (long T) keeps p + T.
   const int n_ctx_max = x.mode == ForwardMode::kVerify ? kv.capacity : p + T;
@@ -130,24 +138,28 @@ Status AttentionForward(Ctx& x, const DLayer& L, const float* a, int T, int p, D
   const Pos pos(0, x.pos);
   LOCKSTEP_RETURN_IF_ERROR(x.MmShared(a, T, {{&L.q_proj, qg}, {&L.k_proj, k}, {&L.v_proj, v}}));
   // q / gate split, q and k norms, RoPE and the K / V store: one launch (bitwise the five ops).
-  AttnPrep(qg, k, v, T, pos, hq, hkv, hd, c.rotary_dim, x.d.inv_freq.as<float>(), L.q_norm, L.k_norm,
-           c.rms_norm_eps, code, kv.k.get(), kv.v.get(), int8 ? kv.ks.as<float>() : nullptr,
-           int8 ? kv.vs.as<float>() : nullptr, q, x.s);
+  AttnPrep(qg, k, v, T, pos, hq, hkv, hd, c.rotary_dim, x.d.inv_freq.as<float>(), L.q_norm,
+           L.k_norm, c.rms_norm_eps, code, kv.k.get(), kv.v.get(),
+           int8 ? kv.ks.as<float>() : nullptr, int8 ? kv.vs.as<float>() : nullptr, q, x.s);
   kv.written = p + T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // The output gate (qg's gate half) is applied as attention stores its rows.
-  Attention(q, T, pos, hq, hkv, hd, code, kv.k.get(), kv.v.get(), int8 ? kv.ks.as<float>() : nullptr,
-            int8 ? kv.vs.as<float>() : nullptr, scale, n_ctx_max, x.attn_split, scratch, n_scratch, o, x.s,
-            AttnHeads::kAuto, AttnGate{qg + hd, 2 * hd});
+  Attention(q, T, pos, hq, hkv, hd, code, kv.k.get(), kv.v.get(),
+            int8 ? kv.ks.as<float>() : nullptr, int8 ? kv.vs.as<float>() : nullptr, scale,
+            n_ctx_max, x.attn_split, scratch, n_scratch, o, x.s, AttnHeads::kAuto,
+            AttnGate{qg + hd, 2 * hd});
   return x.Mm(o, T, L.o_proj, out);
 }
 
-Status EnsureSteps(DGdn& g, int T, std::size_t conv_floats, std::size_t ssm_floats, std::int64_t* init_ns) {
+Status EnsureSteps(DGdn& g, int T, std::size_t conv_floats, std::size_t ssm_floats,
+                   std::int64_t* init_ns) {
   if (T <= g.steps_capacity) return Status::Ok();
   const std::int64_t t0 = MonotonicNs();
   const int cap = std::max(T, 16);
-  LOCKSTEP_ASSIGN_OR_RETURN(g.steps_conv, DeviceBuffer::Alloc(U(cap) * conv_floats * sizeof(float), "GDN per-step conv states"));
-  LOCKSTEP_ASSIGN_OR_RETURN(g.steps_ssm, DeviceBuffer::Alloc(U(cap) * ssm_floats * sizeof(float), "GDN per-step recurrent states"));
+  LOCKSTEP_ASSIGN_OR_RETURN(g.steps_conv, DeviceBuffer::Alloc(U(cap) * conv_floats * sizeof(float),
+                                                              "GDN per-step conv states"));
+  LOCKSTEP_ASSIGN_OR_RETURN(g.steps_ssm, DeviceBuffer::Alloc(U(cap) * ssm_floats * sizeof(float),
+                                                             "GDN per-step recurrent states"));
   g.steps_capacity = cap;
   *init_ns += MonotonicNs() - t0;
   return Status::Ok();
@@ -157,7 +169,8 @@ Status GdnForward(Ctx& x, const DLayer& L, const float* a, int T, DGdn& g, float
   const ModelConfig& c = x.c;
   const int hk = c.n_k_heads, hv = c.n_v_heads, dk = c.k_head_dim, dv = c.v_head_dim;
   const int conv_dim = c.conv_dim(), kw = c.conv_kernel, kr = kw - 1;
-  const std::size_t ut = U(T), conv_floats = U(kr) * U(conv_dim), ssm_floats = U(hv) * U(dk) * U(dv);
+  const std::size_t ut = U(T), conv_floats = U(kr) * U(conv_dim),
+                    ssm_floats = U(hv) * U(dk) * U(dv);
   LOCKSTEP_ASSIGN_OR_RETURN(float* P, x.Alloc(ut * U(c.qkvz_dim())));
   LOCKSTEP_ASSIGN_OR_RETURN(float* B, x.Alloc(ut * U(2 * hv)));
   LOCKSTEP_ASSIGN_OR_RETURN(float* Z, x.Alloc(ut * U(hv) * U(dv)));
@@ -179,24 +192,26 @@ Status GdnForward(Ctx& x, const DLayer& L, const float* a, int T, DGdn& g, float
   } else {
     // Prefill writes the window, whose last K-1 rows become the conv state.
     LOCKSTEP_ASSIGN_OR_RETURN(win, x.Alloc(U(kr + T) * U(conv_dim)));
-    GdnSplit(P, B, T, hk, hv, dk, dv, kw, L.a_log, L.dt_bias, g.conv.as<float>(), win, Z, beta, gdec, x.s);
+    GdnSplit(P, B, T, hk, hv, dk, dv, kw, L.a_log, L.dt_bias, g.conv.as<float>(), win, Z, beta,
+             gdec, x.s);
     CausalConvSilu(win, T, conv_dim, kw, L.conv1d, Uc, x.s);
   }
   // The held recurrence normalises q / k itself (one launch fewer per verify window).
   const bool qk_inside = verify && GdnRecurrentHoldsColumns(dk);
   if (!qk_inside) GdnQkNorm(Uc, T, hk, dk, conv_dim, qh, kh, x.s);
   if (verify) {
-    GdnRecurrent(g.ssm.as<float>(), g.steps_ssm.as<float>(), qk_inside ? nullptr : qh, qk_inside ? nullptr : kh, Uc,
-                 gdec, beta, T, hk, hv, dk, dv, conv_dim, O, x.s);
+    GdnRecurrent(g.ssm.as<float>(), g.steps_ssm.as<float>(), qk_inside ? nullptr : qh,
+                 qk_inside ? nullptr : kh, Uc, gdec, beta, T, hk, hv, dk, dv, conv_dim, O, x.s);
     g.n_steps = T;
   } else {
-    LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(g.conv.get(), win + ut * U(conv_dim), conv_floats * sizeof(float),
-                                        cudaMemcpyDeviceToDevice, x.s));
+    LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(g.conv.get(), win + ut * U(conv_dim),
+                                        conv_floats * sizeof(float), cudaMemcpyDeviceToDevice,
+                                        x.s));
     // Chunked form (cpu::GatedDeltaChunked's twin), the checkpoint updated in place.
     LOCKSTEP_ASSIGN_OR_RETURN(float* chunk_scratch,
                               x.Alloc(GdnChunkedScratchFloats(hv, dk, dv, kGdnPrefillChunk)));
-    GdnChunked(g.ssm.as<float>(), qh, kh, Uc, gdec, beta, T, hk, hv, dk, dv, conv_dim, kGdnPrefillChunk,
-               chunk_scratch, O, x.s);
+    GdnChunked(g.ssm.as<float>(), qh, kh, Uc, gdec, beta, T, hk, hv, dk, dv, conv_dim,
+               kGdnPrefillChunk, chunk_scratch, O, x.s);
     g.position += T;
   }
   GatedRmsNorm(O, Z, T * hv, dv, L.norm, c.rms_norm_eps, On, x.s);
@@ -217,7 +232,8 @@ void FlushRoutes(DeviceStageImpl& d) {
     const int* ids = d.route_host.as<int>() + r.offset;
     std::vector<int> count(U(r.cache->n_experts()), 0);
     for (int i = 0; i < r.n; ++i) {
-      LOCKSTEP_CHECK(ids[i] >= 0 && ids[i] < r.cache->n_experts()) << "routing id " << ids[i] << " (layer " << r.layer << ")";
+      LOCKSTEP_CHECK(ids[i] >= 0 && ids[i] < r.cache->n_experts())
+          << "routing id " << ids[i] << " (layer " << r.layer << ")";
       ++count[U(ids[i])];
     }
     for (int e = 0; e < r.cache->n_experts(); ++e)
@@ -250,7 +266,8 @@ Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* c
   float* sact = nullptr;
   if (shared) {
     LOCKSTEP_ASSIGN_OR_RETURN(sact, x.Alloc(U(T) * U(L.shared.gate.rows)));
-    LOCKSTEP_RETURN_IF_ERROR(x.MmShared(a, T, {{&L.router, logits}, {&L.shared.gate, sact, &L.shared.up}}));
+    LOCKSTEP_RETURN_IF_ERROR(
+        x.MmShared(a, T, {{&L.router, logits}, {&L.shared.gate, sact, &L.shared.up}}));
   } else {
     LOCKSTEP_RETURN_IF_ERROR(x.Mm(a, T, L.router, logits));
   }
@@ -265,7 +282,8 @@ Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* c
       FlushRoutes(d);
       if (U(slots) * 64 > d.route_cap) {
         d.route_cap = std::max<std::size_t>(U(slots) * 64, 1 << 16);
-        LOCKSTEP_ASSIGN_OR_RETURN(d.route_host, PinnedBuffer::Alloc(d.route_cap * sizeof(int), "expert routing ids"));
+        LOCKSTEP_ASSIGN_OR_RETURN(
+            d.route_host, PinnedBuffer::Alloc(d.route_cap * sizeof(int), "expert routing ids"));
         LOCKSTEP_ASSIGN_OR_RETURN(void* dev, d.route_host.device_ptr());
         d.route_dev = static_cast<int*>(dev);
       }
@@ -275,9 +293,11 @@ Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* c
     d.route_used += U(slots);
   }
   // Routing and expert-major grouping (one launch for a decode step).
-  RouteAndGroup(logits, T, ne, k, c.norm_topk_prob, idx, wts, idx_host, slot_of, first, active, n_active, x.s);
+  RouteAndGroup(logits, T, ne, k, c.norm_topk_prob, idx, wts, idx_host, slot_of, first, active,
+                n_active, x.s);
   const bool bf16 = x.d.weights_bf16;
-  ExpertGateUp(a, h, inter, k, slot_of, first, active, n_active, max_active, L.gate_ptrs, L.up_ptrs, bf16, act, x.s);
+  ExpertGateUp(a, h, inter, k, slot_of, first, active, n_active, max_active, L.gate_ptrs, L.up_ptrs,
+               bf16, act, x.s);
   float* sh = nullptr;
   if (shared) {
     LOCKSTEP_ASSIGN_OR_RETURN(sh, x.Alloc(U(T) * U(h)));
@@ -285,17 +305,20 @@ Status MoeForward(Ctx& x, const DLayer& L, const float* a, int T, ExpertCache* c
   // The shared expert's down projection rides along the routed one's launch where Mm would run
   // RowsMatmul (the same bits); prefill (cuBLAS) keeps its own GEMM.
   const bool shared_along = shared && x.RowsPath(T) && L.shared.down.bf16 == bf16;
-  ExpertDown(act, h, inter, slot_of, first, active, n_active, max_active, L.down_ptrs, bf16, ranked, x.s,
-             shared_along ? DenseDown{sact, T, L.shared.down.cols, L.shared.down.d, sh} : DenseDown{});
+  ExpertDown(
+      act, h, inter, slot_of, first, active, n_active, max_active, L.down_ptrs, bf16, ranked, x.s,
+      shared_along ? DenseDown{sact, T, L.shared.down.cols, L.shared.down.d, sh} : DenseDown{});
   if (shared && !shared_along) LOCKSTEP_RETURN_IF_ERROR(x.Mm(sact, T, L.shared.down, sh));
   // Combine, shared gate, residual add and the next norm: one launch instead of four.
-  MoeEpilogue(ranked, wts, T, k, h, a, L.shared_gate, sh, hid, next_norm, c.rms_norm_eps, next_a, x.s);
+  MoeEpilogue(ranked, wts, T, k, h, a, L.shared_gate, sh, hid, next_norm, c.rms_norm_eps, next_a,
+              x.s);
   return Status::Ok();
 }
 
-Status LayerForward(Ctx& x, const DLayer& L, ExpertCache* cache, float* hid, int T, int p, DKv* kv, DGdn* g,
-                    LayerLink link) {
-  LOCKSTEP_CHECK(x.pos != nullptr && x.pos_host == p) << "layer at position " << p << " without SetPosition";
+Status LayerForward(Ctx& x, const DLayer& L, ExpertCache* cache, float* hid, int T, int p, DKv* kv,
+                    DGdn* g, LayerLink link) {
+  LOCKSTEP_CHECK(x.pos != nullptr && x.pos_host == p)
+      << "layer at position " << p << " without SetPosition";
   const ModelConfig& c = x.c;
   const int h = c.n_embd;
   const std::int64_t n = static_cast<std::int64_t>(T) * h;
@@ -328,12 +351,14 @@ Status LayerForward(Ctx& x, const DLayer& L, ExpertCache* cache, float* hid, int
   return Status::Ok();
 }
 
-Status EnsureRows(DeviceBuffer& buf, int* rows, int need, int h, std::int64_t* init_ns, cudaStream_t s) {
+Status EnsureRows(DeviceBuffer& buf, int* rows, int need, int h, std::int64_t* init_ns,
+                  cudaStream_t s) {
   if (need <= *rows) return Status::Ok();
   const std::int64_t t0 = MonotonicNs();
   LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(s));
   const int cap = std::max(need, 64);
-  LOCKSTEP_ASSIGN_OR_RETURN(buf, DeviceBuffer::Alloc(U(cap) * U(h) * sizeof(float), "activation rows"));
+  LOCKSTEP_ASSIGN_OR_RETURN(buf,
+                            DeviceBuffer::Alloc(U(cap) * U(h) * sizeof(float), "activation rows"));
   *rows = cap;
   *init_ns += MonotonicNs() - t0;
   return Status::Ok();
@@ -342,11 +367,13 @@ Status EnsureRows(DeviceBuffer& buf, int* rows, int need, int h, std::int64_t* i
 Status EnsureStaging(DeviceStageImpl& d, std::size_t bytes) {
   if (d.staging.bytes() >= bytes) return Status::Ok();
   LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(d.s()));
-  LOCKSTEP_ASSIGN_OR_RETURN(d.staging, PinnedBuffer::Alloc(std::max(bytes, std::size_t{1} << 20), "host staging"));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      d.staging, PinnedBuffer::Alloc(std::max(bytes, std::size_t{1} << 20), "host staging"));
   return Status::Ok();
 }
 
-Status UploadParts(DeviceStageImpl& d, void* dst, std::initializer_list<HostPart<const void*>> parts) {
+Status UploadParts(DeviceStageImpl& d, void* dst,
+                   std::initializer_list<HostPart<const void*>> parts) {
   std::size_t bytes = 0;
   for (const auto& part : parts) bytes += part.bytes;
   LOCKSTEP_RETURN_IF_ERROR(EnsureStaging(d, bytes));
@@ -364,7 +391,8 @@ Status Upload(DeviceStageImpl& d, void* dst, const void* src, std::size_t bytes)
   return UploadParts(d, dst, {{src, bytes}});
 }
 
-Status DownloadParts(DeviceStageImpl& d, const void* src, std::initializer_list<HostPart<void*>> parts) {
+Status DownloadParts(DeviceStageImpl& d, const void* src,
+                     std::initializer_list<HostPart<void*>> parts) {
   std::size_t bytes = 0;
   for (const auto& part : parts) bytes += part.bytes;
   LOCKSTEP_RETURN_IF_ERROR(EnsureStaging(d, bytes));
@@ -395,16 +423,18 @@ Status SyncKv(DeviceStageImpl& d, DKv& kv) {
     LOCKSTEP_RETURN_IF_ERROR(Download(d, k.data(), kv.k.as<std::byte>() + U(mc) * rb, U(n) * rb));
     LOCKSTEP_RETURN_IF_ERROR(Download(d, v.data(), kv.v.as<std::byte>() + U(mc) * rb, U(n) * rb));
     if (int8) {
-      LOCKSTEP_RETURN_IF_ERROR(Download(d, ks.data(), kv.ks.as<std::byte>() + U(mc) * sb, U(n) * sb));
-      LOCKSTEP_RETURN_IF_ERROR(Download(d, vs.data(), kv.vs.as<std::byte>() + U(mc) * sb, U(n) * sb));
+      LOCKSTEP_RETURN_IF_ERROR(
+          Download(d, ks.data(), kv.ks.as<std::byte>() + U(mc) * sb, U(n) * sb));
+      LOCKSTEP_RETURN_IF_ERROR(
+          Download(d, vs.data(), kv.vs.as<std::byte>() + U(mc) * sb, U(n) * sb));
     }
   }
   const int nc = dc - mc;  // newly committed rows first, then the speculative ones
   m.WriteRaw(mc, nc, k.data(), v.data(), int8 ? ks.data() : nullptr, int8 ? vs.data() : nullptr);
   if (dc > mc) m.Commit(dc);
   const std::size_t hk = U(m.n_heads_kv());
-  m.WriteRaw(dc, dw - dc, k.data() + U(nc) * rb, v.data() + U(nc) * rb, int8 ? ks.data() + U(nc) * hk : nullptr,
-             int8 ? vs.data() + U(nc) * hk : nullptr);
+  m.WriteRaw(dc, dw - dc, k.data() + U(nc) * rb, v.data() + U(nc) * rb,
+             int8 ? ks.data() + U(nc) * hk : nullptr, int8 ? vs.data() + U(nc) * hk : nullptr);
   return Status::Ok();
 }
 
@@ -415,10 +445,12 @@ Status SyncGdn(DeviceStageImpl& d, DGdn& g) {
   if (g.n_steps > 0) {
     m.BeginSteps(g.n_steps);
     for (int t = 0; t < g.n_steps; ++t) {
-      LOCKSTEP_RETURN_IF_ERROR(
-          Download(d, m.step_conv(t), g.steps_conv.as<float>() + U(t) * m.conv_size(), m.conv_size() * sizeof(float)));
-      LOCKSTEP_RETURN_IF_ERROR(
-          Download(d, m.step_ssm(t), g.steps_ssm.as<float>() + U(t) * m.ssm_size(), m.ssm_size() * sizeof(float)));
+      LOCKSTEP_RETURN_IF_ERROR(Download(d, m.step_conv(t),
+                                        g.steps_conv.as<float>() + U(t) * m.conv_size(),
+                                        m.conv_size() * sizeof(float)));
+      LOCKSTEP_RETURN_IF_ERROR(Download(d, m.step_ssm(t),
+                                        g.steps_ssm.as<float>() + U(t) * m.ssm_size(),
+                                        m.ssm_size() * sizeof(float)));
     }
   } else {
     m.DiscardSteps();

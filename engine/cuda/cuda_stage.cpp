@@ -30,10 +30,11 @@ CudaStageSession::~CudaStageSession() {
   }
 }
 
-Result<StageSessionPtr> CudaStageSession::Create(const StageParams& params, CudaBackend* backend, int device) {
+Result<StageSessionPtr> CudaStageSession::Create(const StageParams& params, CudaBackend* backend,
+                                                 int device) {
   std::unique_ptr<CudaStageSession> st(new CudaStageSession(params, backend, device));
-  LOCKSTEP_RETURN_IF_ERROR(st->Init().WithContext("cuda stage " + std::to_string(params.index) + " on device " +
-                                                  std::to_string(device)));
+  LOCKSTEP_RETURN_IF_ERROR(st->Init().WithContext("cuda stage " + std::to_string(params.index) +
+                                                  " on device " + std::to_string(device)));
   return StageSessionPtr(std::move(st));
 }
 
@@ -165,7 +166,8 @@ Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, A
       LOCKSTEP_CUBLAS_CHECK(cublasCreate(&hnd));
       d.cublas.reset(hnd);
       LOCKSTEP_CUBLAS_CHECK(cublasSetStream(hnd, d.s()));
-      LOCKSTEP_ASSIGN_OR_RETURN(d.cublas_ws, DeviceBuffer::Alloc(std::size_t{32} << 20, "cuBLAS workspace"));
+      LOCKSTEP_ASSIGN_OR_RETURN(d.cublas_ws,
+                                DeviceBuffer::Alloc(std::size_t{32} << 20, "cuBLAS workspace"));
       LOCKSTEP_CUBLAS_CHECK(cublasSetWorkspace(hnd, d.cublas_ws.get(), d.cublas_ws.bytes()));
       LOCKSTEP_CUBLAS_CHECK(cublasSetMathMode(
           hnd, backend_->deterministic() ? CUBLAS_PEDANTIC_MATH : CUBLAS_TF32_TENSOR_OP_MATH));
@@ -186,11 +188,13 @@ Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, A
       for (int t = 0; t < T; ++t)
         if (tokens[t] < 0 || tokens[t] >= c_.n_vocab)
           return Status::InvalidArgument("token", "id " + std::to_string(tokens[t]) +
-                                                      " outside the vocabulary (size " + std::to_string(c_.n_vocab) + ")");
+                                                      " outside the vocabulary (size " +
+                                                      std::to_string(c_.n_vocab) + ")");
       if (T > d.token_cap) {
         LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(d.s()));
         d.token_cap = std::max(T, 1024);
-        LOCKSTEP_ASSIGN_OR_RETURN(d.tokens, DeviceBuffer::Alloc(U(d.token_cap) * sizeof(int), "token ids"));
+        LOCKSTEP_ASSIGN_OR_RETURN(d.tokens,
+                                  DeviceBuffer::Alloc(U(d.token_cap) * sizeof(int), "token ids"));
       }
       LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_up0.get(), d.s()));
       LOCKSTEP_RETURN_IF_ERROR(Upload(d, d.tokens.get(), tokens, U(T) * sizeof(int)));
@@ -200,15 +204,22 @@ Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, A
       EmbedRows(d.embed.f32(), d.tokens.as<int>(), T, h, d.hidden.as<float>(), d.s());
     } else {
       const auto* in = dynamic_cast<const CudaActivation*>(act.device.get());
-      if (in == nullptr) return Status::Runtime("cuda stage", "input activations are not on a CUDA device");
+      if (in == nullptr)
+        return Status::Runtime("cuda stage", "input activations are not on a CUDA device");
       // Start of the hand-off: the time between this and ev_in is the synchronisation.
       LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_begin.get(), d.s()));
       LOCKSTEP_RETURN_IF_ERROR(backend_->HandOff(*in, device_, d.s(), d.hidden.as<float>()));
       LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_in.get(), d.s()));
     }
     LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_start.get(), d.s()));
-    Ctx x{c_, d, mode, backend_->deterministic(), backend_->attn_split(),
-          mode == ForwardMode::kPrefill ? KvHeadroom(cfg_) : 0, d.s(), &d.init_ns};
+    Ctx x{c_,
+          d,
+          mode,
+          backend_->deterministic(),
+          backend_->attn_split(),
+          mode == ForwardMode::kPrefill ? KvHeadroom(cfg_) : 0,
+          d.s(),
+          &d.init_ns};
     LOCKSTEP_RETURN_IF_ERROR(RunLayers(x, T, act.p));
     LOCKSTEP_CUDA_CHECK(cudaGetLastError());
     LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_done.get(), d.s()));
@@ -255,10 +266,12 @@ void CudaStageSession::Commit(int n) {
     const std::size_t ssm_floats = U(c_.n_v_heads) * U(c_.k_head_dim) * U(c_.v_head_dim);
     for (auto& g : d.gdn) {
       if (!g) continue;
-      LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(g->conv.get(), g->steps_conv.as<float>() + U(n - 1) * conv_floats,
-                                          conv_floats * sizeof(float), cudaMemcpyDeviceToDevice, d.s()));
-      LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(g->ssm.get(), g->steps_ssm.as<float>() + U(n - 1) * ssm_floats,
-                                          ssm_floats * sizeof(float), cudaMemcpyDeviceToDevice, d.s()));
+      LOCKSTEP_CUDA_CHECK(
+          cudaMemcpyAsync(g->conv.get(), g->steps_conv.as<float>() + U(n - 1) * conv_floats,
+                          conv_floats * sizeof(float), cudaMemcpyDeviceToDevice, d.s()));
+      LOCKSTEP_CUDA_CHECK(
+          cudaMemcpyAsync(g->ssm.get(), g->steps_ssm.as<float>() + U(n - 1) * ssm_floats,
+                          ssm_floats * sizeof(float), cudaMemcpyDeviceToDevice, d.s()));
       g->position += n;
       g->n_steps = 0;
     }
@@ -326,20 +339,23 @@ void CudaStageSession::Perturb(ItemKind item, int layer, float factor, Activatio
   if (item == ItemKind::kK || item == ItemKind::kV) {
     DKv& kv = *d.kv[U(layer - layer_begin())];
     const bool int8 = kv.mirror->dtype() == DType::kI8;
-    KvScaleRows(item == ItemKind::kK ? 0 : 1, act.p, act.T, c_.n_heads_kv, c_.head_dim, KvDtypeCode(kv.mirror->dtype()),
-                kv.k.get(), kv.v.get(), int8 ? kv.ks.as<float>() : nullptr, int8 ? kv.vs.as<float>() : nullptr, factor,
+    KvScaleRows(item == ItemKind::kK ? 0 : 1, act.p, act.T, c_.n_heads_kv, c_.head_dim,
+                KvDtypeCode(kv.mirror->dtype()), kv.k.get(), kv.v.get(),
+                int8 ? kv.ks.as<float>() : nullptr, int8 ? kv.vs.as<float>() : nullptr, factor,
                 d.s());
   } else if (item == ItemKind::kConvState || item == ItemKind::kSsmState) {
     DGdn& g = *d.gdn[U(layer - layer_begin())];
     const bool conv = item == ItemKind::kConvState;
     const std::size_t per = conv ? g.mirror->conv_size() : g.mirror->ssm_size();
-    Scale(conv ? g.steps_conv.as<float>() : g.steps_ssm.as<float>(), static_cast<std::int64_t>(per * U(g.n_steps)),
-          factor, d.s());
+    Scale(conv ? g.steps_conv.as<float>() : g.steps_ssm.as<float>(),
+          static_cast<std::int64_t>(per * U(g.n_steps)), factor, d.s());
   } else if (item == ItemKind::kHiddenOut) {
     Scale(d.hidden.as<float>(), static_cast<std::int64_t>(act.T) * c_.n_embd, factor, d.s());
   }
   const cudaError_t e = cudaGetLastError();
-  Keep(e == cudaSuccess ? Status::Ok() : Status::Runtime(std::string("cuda perturb ") + ItemKindName(item), cudaGetErrorString(e)));
+  Keep(e == cudaSuccess ? Status::Ok()
+                        : Status::Runtime(std::string("cuda perturb ") + ItemKindName(item),
+                                          cudaGetErrorString(e)));
 }
 
 void CudaStageSession::FillDeviceTiming(StageTiming* t) {
@@ -348,20 +364,24 @@ void CudaStageSession::FillDeviceTiming(StageTiming* t) {
   DeviceStageImpl& d = *d_;
   auto ms_to_ns = [](float ms) { return static_cast<std::int64_t>(static_cast<double>(ms) * 1e6); };
   float ms = 0;
-  if (cudaEventElapsedTime(&ms, d.ev_start.get(), d.ev_done.get()) == cudaSuccess) t->dev_compute_ns = ms_to_ns(ms);
-  if (cudaEventElapsedTime(&ms, d.ev_begin.get(), d.ev_in.get()) == cudaSuccess) t->dev_wait_ns = ms_to_ns(ms);
+  if (cudaEventElapsedTime(&ms, d.ev_start.get(), d.ev_done.get()) == cudaSuccess)
+    t->dev_compute_ns = ms_to_ns(ms);
+  if (cudaEventElapsedTime(&ms, d.ev_begin.get(), d.ev_in.get()) == cudaSuccess)
+    t->dev_wait_ns = ms_to_ns(ms);
   std::int64_t copy = 0;  // measured: 0 when this stage copied nothing to or from the host
-  if (d.up_timed && cudaEventElapsedTime(&ms, d.ev_up0.get(), d.ev_up1.get()) == cudaSuccess) copy += ms_to_ns(ms);
+  if (d.up_timed && cudaEventElapsedTime(&ms, d.ev_up0.get(), d.ev_up1.get()) == cudaSuccess)
+    copy += ms_to_ns(ms);
   if (d.copy_timed && cudaEventElapsedTime(&ms, d.ev_copy0.get(), d.ev_copy1.get()) == cudaSuccess)
     copy += ms_to_ns(ms);
   t->dev_copy_ns = copy;
   t->init_ns = d.init_ns;
   t->graph = d.last_graph_use;
-  cudaGetLastError();  // a failed elapsed-time query (event not recorded) is not an error of the run
+  cudaGetLastError();  // a failed elapsed-time query (event not recorded) is not an error of the
+                       // run
 }
 
-void CudaStageSession::MtpForward(const float* hid, const std::int32_t* next_tokens, int p, int T, ForwardMode mode,
-                                  float* m, float* logits, int n_logits) {
+void CudaStageSession::MtpForward(const float* hid, const std::int32_t* next_tokens, int p, int T,
+                                  ForwardMode mode, float* m, float* logits, int n_logits) {
   LOCKSTEP_CHECK(has_mtp());
   if (!error_.ok()) return;
   DeviceScope scope(device_);
@@ -373,8 +393,14 @@ void CudaStageSession::MtpForward(const float* hid, const std::int32_t* next_tok
       LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(d.s()));
       FlushRoutes(d);
     }
-    Ctx x{c_, d, mode, backend_->deterministic(), backend_->attn_split(),
-          mode == ForwardMode::kPrefill ? KvHeadroom(cfg_) : 0, d.s(), &d.init_ns};
+    Ctx x{c_,
+          d,
+          mode,
+          backend_->deterministic(),
+          backend_->attn_split(),
+          mode == ForwardMode::kPrefill ? KvHeadroom(cfg_) : 0,
+          d.s(),
+          &d.init_ns};
     LOCKSTEP_RETURN_IF_ERROR(EnsureRows(d.mtp_hidden, &d.mtp_rows, T, h, &d.init_ns, d.s()));
     const int nl = std::min(n_logits, T);
     // In: hidden rows then token ids, one upload. Out: m rows then logits, one download.
@@ -386,7 +412,8 @@ void CudaStageSession::MtpForward(const float* hid, const std::int32_t* next_tok
     const int* tok = reinterpret_cast<const int*>(in + U(T) * U(h));
     float* md = out;
     float* ld = out + U(T) * U(h);
-    LOCKSTEP_RETURN_IF_ERROR(UploadParts(d, in, {{hid, U(T) * U(h) * sizeof(float)}, {next_tokens, U(T) * sizeof(int)}}));
+    LOCKSTEP_RETURN_IF_ERROR(UploadParts(
+        d, in, {{hid, U(T) * U(h) * sizeof(float)}, {next_tokens, U(T) * sizeof(int)}}));
     x.SetPosition(p);
     float* mh = d.mtp_hidden.as<float>();
     auto body = [&]() -> Status {
@@ -394,7 +421,8 @@ void CudaStageSession::MtpForward(const float* hid, const std::int32_t* next_tok
       RmsNormZc(emb, h, T, h, d.mtp_pre_emb, c_.rms_norm_eps, cat, 2 * h, d.s());
       RmsNormZc(hd, h, T, h, d.mtp_pre_hid, c_.rms_norm_eps, cat + h, 2 * h, d.s());
       LOCKSTEP_RETURN_IF_ERROR(x.Mm(cat, T, d.mtp_fc, mh));
-      LOCKSTEP_RETURN_IF_ERROR(LayerForward(x, d.mtp_layer, d.mtp_experts.get(), mh, T, p, d.mtp_kv.get(), nullptr));
+      LOCKSTEP_RETURN_IF_ERROR(
+          LayerForward(x, d.mtp_layer, d.mtp_experts.get(), mh, T, p, d.mtp_kv.get(), nullptr));
       RmsNormZc(mh, h, T, h, d.mtp_norm, c_.rms_norm_eps, md, h, d.s());
       if (nl > 0) RowsMm(md + U(T - nl) * U(h), nl, d.lm_head, ld, V, d.s());
       LOCKSTEP_CUDA_CHECK(cudaGetLastError());
@@ -402,7 +430,8 @@ void CudaStageSession::MtpForward(const float* hid, const std::int32_t* next_tok
     };
     // Draft steps (verify mode) replay a graph per (T, logit rows) like the verify layers do; the
     // MTP's K/V cache must already hold the rows (growing it syncs, which a capture cannot).
-    if (backend_->graphs() && mode == ForwardMode::kVerify && d.graphs_off.empty() && p + T <= d.mtp_kv->capacity) {
+    if (backend_->graphs() && mode == ForwardMode::kVerify && d.graphs_off.empty() &&
+        p + T <= d.mtp_kv->capacity) {
       GraphUse use = GraphUse::kNone;  // not reported: window records describe the verify forward
       LOCKSTEP_RETURN_IF_ERROR(Graphed(
           d.mtp_graphs[{T, nl}], [&d] { return MtpLayoutKey(d); }, body,

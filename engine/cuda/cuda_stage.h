@@ -34,12 +34,13 @@ namespace detail {
 struct DeviceStageImpl;  // device-side members (cuda_stage_impl.h)
 struct Ctx;
 struct SectionGraph;
-}
+}  // namespace detail
 
 class CudaStageSession final : public StageSession {
  public:
   // Uploads the stage's weights to `device` and allocates its state. kRuntime on device errors.
-  static Result<StageSessionPtr> Create(const StageParams& params, CudaBackend* backend, int device);
+  static Result<StageSessionPtr> Create(const StageParams& params, CudaBackend* backend,
+                                        int device);
   ~CudaStageSession() override;
 
   Status Forward(ForwardMode mode, const std::int32_t* tokens, Activation& act) override;
@@ -53,8 +54,8 @@ class CudaStageSession final : public StageSession {
   StageInitCounters init_counters() const override;
 
   bool has_mtp() const override;
-  void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode, float* m,
-                  float* logits, int n_logits) override;
+  void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode,
+                  float* m, float* logits, int n_logits) override;
   void MtpCommit(int rows) override;
   KvCache* mtp_kv() override;
 
@@ -79,8 +80,10 @@ class CudaStageSession final : public StageSession {
   // Runs a section of a forward (`body`: launches and the host bookkeeping beside them) through
   // `gr`: eagerly while its layout key (key_of) is new, captured on the next call with the same
   // key, replayed after that (`replay` redoes the host bookkeeping); *use says which.
-  Status Graphed(detail::SectionGraph& gr, const std::function<std::vector<std::uintptr_t>()>& key_of,
-                 const std::function<Status()>& body, const std::function<void()>& replay, GraphUse* use);
+  Status Graphed(detail::SectionGraph& gr,
+                 const std::function<std::vector<std::uintptr_t>()>& key_of,
+                 const std::function<Status()>& body, const std::function<void()>& replay,
+                 GraphUse* use);
   // Stops using graphs for the rest of the session (a capture or instantiation failed).
   void GraphsOff(const std::string& why);
   // Keeps the first failure; later calls become no-ops once an error is recorded.

@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
-#include <utility>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/cuda_handles.h"
@@ -64,7 +64,7 @@ struct DLayer {
   // MoE
   DMat router;
   DFfn shared;
-  const float* shared_gate = nullptr;    // f32 [H]
+  const float* shared_gate = nullptr;  // f32 [H]
   // Device arrays [E] of expert weights (device or host-mapped), f32 or bf16 bits as the stage's.
   const void* const* gate_ptrs = nullptr;
   const void* const* up_ptrs = nullptr;
@@ -113,7 +113,8 @@ class DeviceArena {
     const std::int64_t t0 = MonotonicNs();
     Block b;
     b.floats = std::max<std::size_t>(n, std::size_t{16} << 20);  // 64 MiB blocks
-    LOCKSTEP_ASSIGN_OR_RETURN(b.buf, DeviceBuffer::Alloc(b.floats * sizeof(float), "scratch arena block"));
+    LOCKSTEP_ASSIGN_OR_RETURN(b.buf,
+                              DeviceBuffer::Alloc(b.floats * sizeof(float), "scratch arena block"));
     *alloc_ns += MonotonicNs() - t0;
     blocks_.push_back(std::move(b));
     block_ = blocks_.size() - 1;
@@ -144,7 +145,6 @@ class DeviceArena {
   std::size_t block_ = 0;
   std::size_t offset_ = 0;
 };
-
 
 // A captured section of a forward (CudaStageSession::Graphed). It holds the addresses of every
 // buffer its kernels touch, so it is only replayed while the section's layout key (those
@@ -181,12 +181,12 @@ struct DeviceStageImpl {
   // value (the model's files are bf16), so bf16 storage is lossless and halves the bytes each
   // decode step reads. Vectors (norms, biases) and the embedding table stay f32.
   bool weights_bf16 = false;
-  DeviceBuffer widen;      // f32 scratch: a bf16 matrix widened for a cuBLAS GEMM (prefill)
-  DeviceBuffer dense;      // every non-expert weight of the stage + resident experts
-  PinnedBuffer host_experts;  // non-resident routed experts (host-mapped)
-  DeviceBuffer ptr_tables;    // per MoE layer 3 x [E] expert pointers
-  DeviceBuffer inv_freq;      // f32 [R/2]
-  std::vector<DLayer> layers; // [layers in stage]
+  DeviceBuffer widen;          // f32 scratch: a bf16 matrix widened for a cuBLAS GEMM (prefill)
+  DeviceBuffer dense;          // every non-expert weight of the stage + resident experts
+  PinnedBuffer host_experts;   // non-resident routed experts (host-mapped)
+  DeviceBuffer ptr_tables;     // per MoE layer 3 x [E] expert pointers
+  DeviceBuffer inv_freq;       // f32 [R/2]
+  std::vector<DLayer> layers;  // [layers in stage]
   DLayer mtp_layer;
   DMat embed, lm_head, mtp_fc;
   const float* final_norm = nullptr;
@@ -269,8 +269,8 @@ struct Ctx {
   DeviceStageImpl& d;
   ForwardMode mode;
   bool deterministic;
-  int attn_split;  // Attention's context split (EngineConfig::cuda_attn_split)
-  int kv_headroom; // rows a K/V cache that grows in prefill reserves past p + T (KvHeadroom)
+  int attn_split;   // Attention's context split (EngineConfig::cuda_attn_split)
+  int kv_headroom;  // rows a K/V cache that grows in prefill reserves past p + T (KvHeadroom)
   cudaStream_t s;
   std::int64_t* init_ns;
   const int* pos = nullptr;  // device int the kernels read the position from (SetPosition)
@@ -291,7 +291,9 @@ struct Ctx {
   // verify windows of more than one row to cuBLAS too (TF32, shape-dependent algorithm).
   Status Mm(const float* x, int T, const DMat& w, float* y, int ldy = -1);
   // True when Mm of T rows runs RowsMatmul (not cuBLAS).
-  bool RowsPath(int T) const { return !(T > 1 && (mode == ForwardMode::kPrefill || !deterministic)); }
+  bool RowsPath(int T) const {
+    return !(T > 1 && (mode == ForwardMode::kPrefill || !deterministic));
+  }
   // y_i = x . W_i^T for up to three matrices over the same x (row stride = their common width):
   // one launch where Mm would use RowsMatmul (RowsMatmulMulti, the same bits as one call each),
   // one Mm per matrix where it would use cuBLAS. With `up` (a SwiGLU pair, up shaped as w):
@@ -308,20 +310,21 @@ struct Ctx {
 // How a layer meets its neighbours on the stage: the previous layer may have applied this layer's
 // input norm already (fused into its residual add), and this one may do the same for the next.
 struct LayerLink {
-  const float* a = nullptr;           // hid rows through L.input_norm; nullptr: normalised here
-  const float* next_norm = nullptr;   // the next layer's input_norm weight, or nullptr
-  float** next_a = nullptr;           // gets the next layer's normalised rows (with next_norm)
+  const float* a = nullptr;          // hid rows through L.input_norm; nullptr: normalised here
+  const float* next_norm = nullptr;  // the next layer's input_norm weight, or nullptr
+  float** next_a = nullptr;          // gets the next layer's normalised rows (with next_norm)
 };
 // One decoder layer in place on hid f32 [T, H] (device) at positions p..; kv for attention
 // layers, g for GDN layers; routing of MoE layers queued for `cache`'s counters. The fused norms
 // of `link` give the bits of the unfused layer loop.
-Status LayerForward(Ctx& x, const DLayer& L, ExpertCache* cache, float* hid, int T, int p, DKv* kv, DGdn* g,
-                    LayerLink link = {});
+Status LayerForward(Ctx& x, const DLayer& L, ExpertCache* cache, float* hid, int T, int p, DKv* kv,
+                    DGdn* g, LayerLink link = {});
 // Expert counters from the routing the router kernels wrote to route_host (the stream must have
 // synchronised).
 void FlushRoutes(DeviceStageImpl& d);
 // Grows buf to at least `need` rows of h floats (syncs the stream first; counts as init time).
-Status EnsureRows(DeviceBuffer& buf, int* rows, int need, int h, std::int64_t* init_ns, cudaStream_t s);
+Status EnsureRows(DeviceBuffer& buf, int* rows, int need, int h, std::int64_t* init_ns,
+                  cudaStream_t s);
 // Host -> device through pinned staging, ordered on the session's stream.
 Status Upload(DeviceStageImpl& d, void* dst, const void* src, std::size_t bytes);
 // Device -> host through pinned staging; returns when the bytes are in dst (syncs the stream).
@@ -333,8 +336,10 @@ struct HostPart {
   P p;
   std::size_t bytes;
 };
-Status UploadParts(DeviceStageImpl& d, void* dst, std::initializer_list<HostPart<const void*>> parts);
-Status DownloadParts(DeviceStageImpl& d, const void* src, std::initializer_list<HostPart<void*>> parts);
+Status UploadParts(DeviceStageImpl& d, void* dst,
+                   std::initializer_list<HostPart<const void*>> parts);
+Status DownloadParts(DeviceStageImpl& d, const void* src,
+                     std::initializer_list<HostPart<void*>> parts);
 // Brings the host mirrors up to date with the device state (rows / states that changed).
 Status SyncKv(DeviceStageImpl& d, DKv& kv);
 Status SyncGdn(DeviceStageImpl& d, DGdn& g);

@@ -58,7 +58,9 @@ __global__ void __launch_bounds__(kThreads)
 
 // *dst = value: the step's position written on the stream, in order with the kernels that read it
 // (a stream-ordered host copy would need its own pinned slot per step).
-__global__ void __launch_bounds__(1) SetIntKernel(int* __restrict__ dst, int value) { *dst = value; }
+__global__ void __launch_bounds__(1) SetIntKernel(int* __restrict__ dst, int value) {
+  *dst = value;
+}
 
 #undef LOCKSTEP_GRID_STRIDE
 
@@ -90,8 +92,6 @@ void Scale(float* x, std::int64_t n, float factor, cudaStream_t s) {
   ScaleKernel<<<GridFor(n), kThreads, 0, s>>>(x, n, factor);
 }
 
-void SetInt(int* dst, int value, cudaStream_t s) {
-  SetIntKernel<<<1, 1, 0, s>>>(dst, value);
-}
+void SetInt(int* dst, int value, cudaStream_t s) { SetIntKernel<<<1, 1, 0, s>>>(dst, value); }
 
 }  // namespace lockstep::cuda

@@ -23,7 +23,7 @@ constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kRecThreads = 128;  // GdnRecurrent block: one thread per value column (Dv = 128)
 constexpr int kHeldThreads = km::kWarp;  // GdnRecurrent held-column block: one warp of columns
-constexpr int kChunkThreads = 256;  // GdnChunked block
+constexpr int kChunkThreads = 256;       // GdnChunked block
 // GdnChunked value columns per block (kAuto): Qwen3-Next's Dv = 128 gives a head 4 blocks, each
 // ~0.4 of the one-block chunk's work (phases 1-3 are repeated per block, 4-6 divided).
 constexpr int kChunkSlice = 32;
@@ -108,28 +108,33 @@ __global__ void __launch_bounds__(kThreads)
 // the virtual row [conv_dim outputs | Hv*Dv Z values | Hv beta / g pairs] of each t; every stored
 // value is the two kernels' (the same element functions on the same values).
 __global__ void __launch_bounds__(kThreads)
-    GdnSplitConvKernel(const float* __restrict__ P, const float* __restrict__ B, int T, int hk, int hv,
-                       int dk, int dv, int K, const float* __restrict__ a_log,
+    GdnSplitConvKernel(const float* __restrict__ P, const float* __restrict__ B, int T, int hk,
+                       int hv, int dk, int dv, int K, const float* __restrict__ a_log,
                        const float* __restrict__ dt_bias, const float* __restrict__ conv_state,
-                       const float* __restrict__ weight, float* __restrict__ U, float* __restrict__ steps,
-                       float* __restrict__ Z, float* __restrict__ beta, float* __restrict__ g) {
+                       const float* __restrict__ weight, float* __restrict__ U,
+                       float* __restrict__ steps, float* __restrict__ Z, float* __restrict__ beta,
+                       float* __restrict__ g) {
   const int r = hv / hk;
   const int qkvz = 2 * hk * dk + 2 * hv * dv, C = 2 * hk * dk + hv * dv, nz = hv * dv;
   const int width = C + nz + hv;
   const std::int64_t total = static_cast<std::int64_t>(T) * width;
   for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        idx < total; idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int t = static_cast<int>(idx / width), c = static_cast<int>(idx - static_cast<std::int64_t>(t) * width);
+    const int t = static_cast<int>(idx / width),
+              c = static_cast<int>(idx - static_cast<std::int64_t>(t) * width);
     const std::size_t prow = static_cast<std::size_t>(t) * static_cast<std::size_t>(qkvz);
     if (c < C) {
       const int src = km::GdnSplitSource(false, c, hk, dk, dv, r);
       auto at = [&](int u) {
-        return u < K - 1 ? conv_state[static_cast<std::size_t>(u) * static_cast<std::size_t>(C) + static_cast<std::size_t>(c)]
-                         : P[static_cast<std::size_t>(u - (K - 1)) * static_cast<std::size_t>(qkvz) +
-                             static_cast<std::size_t>(src)];
+        return u < K - 1
+                   ? conv_state[static_cast<std::size_t>(u) * static_cast<std::size_t>(C) +
+                                static_cast<std::size_t>(c)]
+                   : P[static_cast<std::size_t>(u - (K - 1)) * static_cast<std::size_t>(qkvz) +
+                       static_cast<std::size_t>(src)];
       };
       U[static_cast<std::size_t>(t) * static_cast<std::size_t>(C) + static_cast<std::size_t>(c)] =
-          km::ConvSiluOf(weight + static_cast<std::size_t>(c) * static_cast<std::size_t>(K), K, t, at);
+          km::ConvSiluOf(weight + static_cast<std::size_t>(c) * static_cast<std::size_t>(K), K, t,
+                         at);
       float* st = steps + static_cast<std::int64_t>(t) * (K - 1) * C + c;
       for (int j = 0; j < K - 1; ++j) st[static_cast<std::int64_t>(j) * C] = at(t + 1 + j);
     } else if (c < C + nz) {
@@ -139,7 +144,8 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       const int j = c - C - nz;
       const float* brow = B + static_cast<std::size_t>(t) * static_cast<std::size_t>(2 * hv);
-      const std::size_t th = static_cast<std::size_t>(t) * static_cast<std::size_t>(hv) + static_cast<std::size_t>(j);
+      const std::size_t th =
+          static_cast<std::size_t>(t) * static_cast<std::size_t>(hv) + static_cast<std::size_t>(j);
       beta[th] = km::GdnBeta(brow[km::GdnBaColumn(j, r, false)]);
       g[th] = km::GdnDecay(brow[km::GdnBaColumn(j, r, true)], a_log[j], dt_bias[j]);
     }
@@ -252,7 +258,8 @@ __global__ void __launch_bounds__(kHeldThreads)
   float col[kDk];
   if (live) {
     LOCKSTEP_UNROLL
-    for (int kk = 0; kk < kDk; ++kk) col[kk] = S0[at + static_cast<std::size_t>(kk) * static_cast<std::size_t>(dv)];
+    for (int kk = 0; kk < kDk; ++kk)
+      col[kk] = S0[at + static_cast<std::size_t>(kk) * static_cast<std::size_t>(dv)];
   }
   for (int t = 0; t < T; ++t) {
     const std::size_t tg = (static_cast<std::size_t>(t) * static_cast<std::size_t>(hk) +
@@ -292,17 +299,21 @@ __global__ void __launch_bounds__(kHeldThreads)
   }
   if (steps == nullptr && live) {
     LOCKSTEP_UNROLL
-    for (int kk = 0; kk < kDk; ++kk) S0[at + static_cast<std::size_t>(kk) * static_cast<std::size_t>(dv)] = col[kk];
+    for (int kk = 0; kk < kDk; ++kk)
+      S0[at + static_cast<std::size_t>(kk) * static_cast<std::size_t>(dv)] = col[kk];
   }
 }
 
 template <int kDk>
-void LaunchHeld(float* S0, float* steps, const float* qh, const float* kh, const float* U, const float* g,
-                const float* beta, int T, int hk, int hv, int dv, int conv_dim, float* O, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(hv), static_cast<unsigned>((dv + kHeldThreads - 1) / kHeldThreads));
-  const bool vec_norm = conv_dim % 4 == 0 && km::Aligned(U, 16);  // GdnQkNorm's rule (Dk % 4 == 0 here)
-  RecurrentHeldKernel<kDk><<<grid, kHeldThreads, 0, s>>>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O,
-                                                         vec_norm);
+void LaunchHeld(float* S0, float* steps, const float* qh, const float* kh, const float* U,
+                const float* g, const float* beta, int T, int hk, int hv, int dv, int conv_dim,
+                float* O, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(hv),
+                  static_cast<unsigned>((dv + kHeldThreads - 1) / kHeldThreads));
+  const bool vec_norm =
+      conv_dim % 4 == 0 && km::Aligned(U, 16);  // GdnQkNorm's rule (Dk % 4 == 0 here)
+  RecurrentHeldKernel<kDk><<<grid, kHeldThreads, 0, s>>>(S0, steps, qh, kh, U, g, beta, T, hk, hv,
+                                                         dv, conv_dim, O, vec_norm);
 }
 
 // The chunked form (MODEL.md 3.7, cpu::GatedDeltaChunked): one block per value head j, its
@@ -323,10 +334,11 @@ void LaunchHeld(float* S0, float* steps, const float* qh, const float* kh, const
 // Shared (dynamic): X and Tm [C, C] (row stride C), gam, beta*Gamma, Gamma, exp(gam_last - gam)
 // and beta [C]. Scratch of block (j, y): W [C, Dk] then Delta [C, Dv] (columns of the slice).
 __global__ void __launch_bounds__(kChunkThreads)
-    ChunkedKernel(float* __restrict__ S0, const float* __restrict__ qh, const float* __restrict__ kh,
-                  const float* __restrict__ U, const float* __restrict__ g,
-                  const float* __restrict__ beta, int T, int hk, int hv, int dk, int dv,
-                  int conv_dim, int chunk, int slice, float* __restrict__ scratch, float* __restrict__ O) {
+    ChunkedKernel(float* __restrict__ S0, const float* __restrict__ qh,
+                  const float* __restrict__ kh, const float* __restrict__ U,
+                  const float* __restrict__ g, const float* __restrict__ beta, int T, int hk,
+                  int hv, int dk, int dv, int conv_dim, int chunk, int slice,
+                  float* __restrict__ scratch, float* __restrict__ O) {
   extern __shared__ float smem[];
   const int C = chunk;
   float* X = smem;        // -A, then the masked Q K^T
@@ -340,7 +352,8 @@ __global__ void __launch_bounds__(kChunkThreads)
   const int j = static_cast<int>(blockIdx.x), gi = j / (hv / hk);
   const std::ptrdiff_t ldk = static_cast<std::ptrdiff_t>(hk) * dk;  // row stride of qh / kh
   const std::ptrdiff_t ldv = conv_dim, lds = dv;
-  float* S = S0 + static_cast<std::size_t>(j) * static_cast<std::size_t>(dk) * static_cast<std::size_t>(dv);
+  float* S = S0 + static_cast<std::size_t>(j) * static_cast<std::size_t>(dk) *
+                      static_cast<std::size_t>(dv);
   const int c_lo = static_cast<int>(blockIdx.y) * slice;
   const int ns = dv - c_lo < slice ? dv - c_lo : slice;  // columns of this block
   const std::size_t blk = static_cast<std::size_t>(j) * gridDim.y + blockIdx.y;
@@ -348,9 +361,12 @@ __global__ void __launch_bounds__(kChunkThreads)
   float* Dl = W + static_cast<std::size_t>(C) * static_cast<std::size_t>(dk);
   for (int c0 = 0; c0 < T; c0 += C) {
     const int n = T - c0 < C ? T - c0 : C;
-    const float* Kc = kh + static_cast<std::ptrdiff_t>(c0) * ldk + static_cast<std::ptrdiff_t>(gi) * dk;
-    const float* Qc = qh + static_cast<std::ptrdiff_t>(c0) * ldk + static_cast<std::ptrdiff_t>(gi) * dk;
-    const float* Vc = U + static_cast<std::ptrdiff_t>(c0) * ldv + 2 * ldk + static_cast<std::ptrdiff_t>(j) * dv;
+    const float* Kc =
+        kh + static_cast<std::ptrdiff_t>(c0) * ldk + static_cast<std::ptrdiff_t>(gi) * dk;
+    const float* Qc =
+        qh + static_cast<std::ptrdiff_t>(c0) * ldk + static_cast<std::ptrdiff_t>(gi) * dk;
+    const float* Vc =
+        U + static_cast<std::ptrdiff_t>(c0) * ldv + 2 * ldk + static_cast<std::ptrdiff_t>(j) * dv;
     const float* gc = g + static_cast<std::ptrdiff_t>(c0) * hv + j;  // row i at gc[i * hv]
     const float* bc = beta + static_cast<std::ptrdiff_t>(c0) * hv + j;
     // 1. decays, -A, unit diagonal.
@@ -395,13 +411,15 @@ __global__ void __launch_bounds__(kChunkThreads)
     for (int e = tid; e < n * ns; e += nt) {
       const int i = e / ns, c = c_lo + (e - i * ns);
       const float u = km::GdnChunkTriApply(Tm + i * C, Vc + c, ldv, bet, i);
-      Dl[i * dv + c] = km::GdnChunkDelta(u, W + static_cast<std::ptrdiff_t>(i) * dk, S + c, lds, dk);
+      Dl[i * dv + c] =
+          km::GdnChunkDelta(u, W + static_cast<std::ptrdiff_t>(i) * dk, S + c, lds, dk);
     }
     __syncthreads();
     // 5. Outputs of the chunk's rows.
     for (int e = tid; e < n * ns; e += nt) {
       const int i = e / ns, c = c_lo + (e - i * ns);
-      O[(static_cast<std::size_t>(c0 + i) * static_cast<std::size_t>(hv) + static_cast<std::size_t>(j)) *
+      O[(static_cast<std::size_t>(c0 + i) * static_cast<std::size_t>(hv) +
+         static_cast<std::size_t>(j)) *
             static_cast<std::size_t>(dv) +
         static_cast<std::size_t>(c)] =
           km::GdnChunkOut(Qc + i * ldk, gmm[i], S + c, lds, dk, X + i * C, Dl + c, lds, i);
@@ -421,34 +439,36 @@ __global__ void __launch_bounds__(kChunkThreads)
 
 void GdnSplit(const float* P, const float* B, int T, int n_k_heads, int n_v_heads, int k_head_dim,
               int v_head_dim, int conv_kernel, const float* a_log, const float* dt_bias,
-              const float* conv_state, float* win, float* Z, float* beta, float* g, cudaStream_t s) {
+              const float* conv_state, float* win, float* Z, float* beta, float* g,
+              cudaStream_t s) {
   if (T <= 0 || n_k_heads <= 0 || n_v_heads <= 0) return;
   const std::int64_t width = 2 * static_cast<std::int64_t>(n_k_heads) * k_head_dim +
                              2 * static_cast<std::int64_t>(n_v_heads) * v_head_dim + n_v_heads;
   const std::int64_t conv_dim = 2 * static_cast<std::int64_t>(n_k_heads) * k_head_dim +
                                 static_cast<std::int64_t>(n_v_heads) * v_head_dim;
   GdnSplitKernel<<<GridFor(T * width + (conv_kernel - 1) * conv_dim), kThreads, 0, s>>>(
-      P, B, T, n_k_heads, n_v_heads, k_head_dim, v_head_dim, conv_kernel, a_log, dt_bias, conv_state,
-      win, Z, beta, g);
+      P, B, T, n_k_heads, n_v_heads, k_head_dim, v_head_dim, conv_kernel, a_log, dt_bias,
+      conv_state, win, Z, beta, g);
 }
 
-void GdnSplitConv(const float* P, const float* B, int T, int n_k_heads, int n_v_heads, int k_head_dim,
-                  int v_head_dim, int conv_kernel, const float* a_log, const float* dt_bias,
-                  const float* conv_state, const float* weight, float* U, float* steps, float* Z, float* beta,
-                  float* g, cudaStream_t s) {
+void GdnSplitConv(const float* P, const float* B, int T, int n_k_heads, int n_v_heads,
+                  int k_head_dim, int v_head_dim, int conv_kernel, const float* a_log,
+                  const float* dt_bias, const float* conv_state, const float* weight, float* U,
+                  float* steps, float* Z, float* beta, float* g, cudaStream_t s) {
   if (T <= 0 || n_k_heads <= 0 || n_v_heads <= 0 || conv_kernel <= 0) return;
   const std::int64_t width = 2 * static_cast<std::int64_t>(n_k_heads) * k_head_dim +
                              2 * static_cast<std::int64_t>(n_v_heads) * v_head_dim + n_v_heads;
-  GdnSplitConvKernel<<<GridFor(T * width), kThreads, 0, s>>>(P, B, T, n_k_heads, n_v_heads, k_head_dim,
-                                                             v_head_dim, conv_kernel, a_log, dt_bias,
-                                                             conv_state, weight, U, steps, Z, beta, g);
+  GdnSplitConvKernel<<<GridFor(T * width), kThreads, 0, s>>>(
+      P, B, T, n_k_heads, n_v_heads, k_head_dim, v_head_dim, conv_kernel, a_log, dt_bias,
+      conv_state, weight, U, steps, Z, beta, g);
 }
 
 void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, float* U,
                     cudaStream_t s, float* steps) {
   if (T <= 0 || C <= 0) return;
   if (K <= 1) steps = nullptr;  // no state rows
-  ConvKernel<<<GridFor(static_cast<std::int64_t>(T) * C), kThreads, 0, s>>>(win, T, C, K, weight, U, steps);
+  ConvKernel<<<GridFor(static_cast<std::int64_t>(T) * C), kThreads, 0, s>>>(win, T, C, K, weight, U,
+                                                                            steps);
 }
 
 void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_dim, float* qh,
@@ -463,18 +483,24 @@ void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_di
 
 void GdnRecurrent(float* S0, float* steps, const float* qh, const float* kh, const float* U,
                   const float* g, const float* beta, int T, int n_k_heads, int n_v_heads,
-                  int k_head_dim, int v_head_dim, int conv_dim, float* O, cudaStream_t s, GdnBlocks blocks) {
+                  int k_head_dim, int v_head_dim, int conv_dim, float* O, cudaStream_t s,
+                  GdnBlocks blocks) {
   if (T <= 0 || n_v_heads <= 0) return;
   if (blocks == GdnBlocks::kAuto && GdnRecurrentHoldsColumns(k_head_dim)) {
     const int hk = n_k_heads, hv = n_v_heads, dv = v_head_dim;
     switch (k_head_dim) {
-      case 16: return LaunchHeld<16>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O, s);
-      case 32: return LaunchHeld<32>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O, s);
-      case 64: return LaunchHeld<64>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O, s);
-      default: return LaunchHeld<128>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O, s);
+      case 16:
+        return LaunchHeld<16>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O, s);
+      case 32:
+        return LaunchHeld<32>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O, s);
+      case 64:
+        return LaunchHeld<64>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O, s);
+      default:
+        return LaunchHeld<128>(S0, steps, qh, kh, U, g, beta, T, hk, hv, dv, conv_dim, O, s);
     }
   }
-  LOCKSTEP_CHECK(qh != nullptr && kh != nullptr) << "GdnRecurrent: q / k from U need the held form (Dk 16-128)";
+  LOCKSTEP_CHECK(qh != nullptr && kh != nullptr)
+      << "GdnRecurrent: q / k from U need the held form (Dk 16-128)";
   const std::size_t smem = 2 * static_cast<std::size_t>(k_head_dim) * sizeof(float);
   RecurrentKernel<<<static_cast<unsigned>(n_v_heads), kRecThreads, smem, s>>>(
       S0, steps, qh, kh, U, g, beta, T, n_k_heads, n_v_heads, k_head_dim, v_head_dim, conv_dim, O);
@@ -489,9 +515,12 @@ int GdnChunkedSlices(int v_head_dim, GdnBlocks blocks) {
   return (v_head_dim + kChunkSlice - 1) / kChunkSlice;
 }
 
-std::size_t GdnChunkedScratchFloats(int n_v_heads, int k_head_dim, int v_head_dim, int chunk, GdnBlocks blocks) {
-  return static_cast<std::size_t>(n_v_heads) * static_cast<std::size_t>(GdnChunkedSlices(v_head_dim, blocks)) *
-         static_cast<std::size_t>(chunk) * (static_cast<std::size_t>(k_head_dim) + static_cast<std::size_t>(v_head_dim));
+std::size_t GdnChunkedScratchFloats(int n_v_heads, int k_head_dim, int v_head_dim, int chunk,
+                                    GdnBlocks blocks) {
+  return static_cast<std::size_t>(n_v_heads) *
+         static_cast<std::size_t>(GdnChunkedSlices(v_head_dim, blocks)) *
+         static_cast<std::size_t>(chunk) *
+         (static_cast<std::size_t>(k_head_dim) + static_cast<std::size_t>(v_head_dim));
 }
 
 void GdnChunked(float* S0, const float* qh, const float* kh, const float* U, const float* g,
@@ -499,15 +528,15 @@ void GdnChunked(float* S0, const float* qh, const float* kh, const float* U, con
                 int v_head_dim, int conv_dim, int chunk, float* scratch, float* O, cudaStream_t s,
                 GdnBlocks blocks) {
   if (T <= 0 || n_v_heads <= 0) return;
-  const std::size_t smem =
-      (2 * static_cast<std::size_t>(chunk) * static_cast<std::size_t>(chunk) +
-       5 * static_cast<std::size_t>(chunk)) *
-      sizeof(float);
+  const std::size_t smem = (2 * static_cast<std::size_t>(chunk) * static_cast<std::size_t>(chunk) +
+                            5 * static_cast<std::size_t>(chunk)) *
+                           sizeof(float);
   const int slices = GdnChunkedSlices(v_head_dim, blocks);
   const int slice = (v_head_dim + slices - 1) / slices;
   const dim3 grid(static_cast<unsigned>(n_v_heads), static_cast<unsigned>(slices));
-  ChunkedKernel<<<grid, kChunkThreads, smem, s>>>(S0, qh, kh, U, g, beta, T, n_k_heads, n_v_heads, k_head_dim,
-                                                  v_head_dim, conv_dim, chunk, slice, scratch, O);
+  ChunkedKernel<<<grid, kChunkThreads, smem, s>>>(S0, qh, kh, U, g, beta, T, n_k_heads, n_v_heads,
+                                                  k_head_dim, v_head_dim, conv_dim, chunk, slice,
+                                                  scratch, O);
 }
 
 }  // namespace lockstep::cuda

@@ -206,7 +206,9 @@ LOCKSTEP_HD inline float CombineLanes(float* v) { return ButterflyLane(v, 0, Com
 LOCKSTEP_HD inline int RowGroupSize(int remaining) {
   return remaining < kMaxRowsPerPass ? remaining : kMaxRowsPerPass;
 }
-LOCKSTEP_HD inline int RowPassWidth(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : n <= 8 ? 8 : 16; }
+LOCKSTEP_HD inline int RowPassWidth(int n) {
+  return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : n <= 8 ? 8 : 16;
+}
 // Calls f.template operator()<R>() with R = RowPassWidth(n) as a compile-time width (the kernels
 // instantiate one pass template per width).
 template <typename F>
@@ -356,17 +358,18 @@ LOCKSTEP_HD inline float DeltaColumnStep(const float* s_prev, float* s_cur, int 
 // is also stored to s_cur (row stride ld) when s_cur != nullptr. Reading the state once per
 // window instead of twice per step is the point (GdnRecurrent, gdn.cu).
 template <int kDk>
-LOCKSTEP_HD inline float DeltaColumnStepHeld(float (&col)[kDk], float* s_cur, int ld, const float* q,
-                                             const float* k, float v, float alpha, float beta) {
+LOCKSTEP_HD inline float DeltaColumnStepHeld(float (&col)[kDk], float* s_cur, int ld,
+                                             const float* q, const float* k, float v, float alpha,
+                                             float beta) {
   float m = 0.0f;
-LOCKSTEP_UNROLL
+  LOCKSTEP_UNROLL
   for (int kk = 0; kk < kDk; ++kk) {
     const float s = col[kk] * alpha;
     m = m + s * k[kk];
   }
   const float delta = beta * (v - m);
   float o = 0.0f;
-LOCKSTEP_UNROLL
+  LOCKSTEP_UNROLL
   for (int kk = 0; kk < kDk; ++kk) {
     const float s = col[kk] * alpha + k[kk] * delta;
     col[kk] = s;
@@ -450,7 +453,9 @@ __device__ __host__ inline bool Aligned(const void* p, std::size_t bytes) {
 
 // Weight elements [4g, 4g+4) as f32: one float4 load, or one 8-byte load of four bf16 values
 // (element 4g in the low half of .x: little-endian), each widened exactly.
-__device__ inline float4 LoadWeight4(const float* w, int g) { return reinterpret_cast<const float4*>(w)[g]; }
+__device__ inline float4 LoadWeight4(const float* w, int g) {
+  return reinterpret_cast<const float4*>(w)[g];
+}
 __device__ inline float4 LoadWeight4(const std::uint16_t* w, int g) {
   const uint2 b = reinterpret_cast<const uint2*>(w)[g];
   float4 v;
@@ -492,7 +497,6 @@ __device__ inline void WarpDotRows(const float* const* x, const WT* w, int n, bo
   WarpCombineRows<R>(acc, out);
 }
 
-
 // One pass of n <= R rows starting at t0 (slots past n repeat row t0 and are not stored).
 // wu (RowsMatmulMulti's SwiGLU pair, warp-uniform): y = silu(x . w) * (x . wu).
 template <int R, typename WT>
@@ -521,11 +525,12 @@ __device__ inline void RowsPass(const float* x, int n_in, int t0, int n, const W
 // Output row o of y[T, ldy] = x[T, n_in] . W^T (w = W's row o; with wu, the SwiGLU pair) for all
 // T rows: passes of RowGroupSize rows in order, so a row's bits never depend on T.
 template <typename WT>
-__device__ inline void RowsAllPasses(const float* x, int T, int n_in, const WT* w, bool vec, int lane, float* y,
-                                     int ldy, int o, const WT* wu = nullptr) {
+__device__ inline void RowsAllPasses(const float* x, int T, int n_in, const WT* w, bool vec,
+                                     int lane, float* y, int ldy, int o, const WT* wu = nullptr) {
   for (int t0 = 0; t0 < T;) {
     const int n = RowGroupSize(T - t0);
-    WithPassWidth(n, [&]<int R>() { RowsPass<R, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o, wu); });
+    WithPassWidth(n,
+                  [&]<int R>() { RowsPass<R, WT>(x, n_in, t0, n, w, vec, lane, y, ldy, o, wu); });
     t0 += n;
   }
 }
@@ -545,8 +550,8 @@ namespace lockstep::cuda::km {
 inline constexpr int kGdnMaxChunk = 64;  // GdnChunked: chunk <= 64 (shared memory of 2 C x C tiles)
 
 // sum_{t < n} a[t * sa] * b[t * sb].
-LOCKSTEP_HD inline float GdnChunkDot(const float* a, std::ptrdiff_t sa, const float* b, std::ptrdiff_t sb,
-                                     int n) {
+LOCKSTEP_HD inline float GdnChunkDot(const float* a, std::ptrdiff_t sa, const float* b,
+                                     std::ptrdiff_t sb, int n) {
   float s = 0.0f;
   for (int t = 0; t < n; ++t) s = s + a[t * sa] * b[t * sb];
   return s;
@@ -563,7 +568,8 @@ LOCKSTEP_HD inline float GdnChunkMaskedQk(float qk, float gam_i, float gam_m) {
 // x_row = row i of X = -A, tm = the rows < i of Tm (final; row l at tm + l * ld):
 //   Tm[i][m] = X[i][m] + sum_{l = m+1}^{i-1} X[i][l] * Tm[l][m]
 // (the CPU's row + row * Tm[:i, :i] without its zero terms: Tm[l][m] = 0 for l <= m there).
-LOCKSTEP_HD inline float GdnChunkTmEntry(const float* x_row, const float* tm, int ld, int i, int m) {
+LOCKSTEP_HD inline float GdnChunkTmEntry(const float* x_row, const float* tm, int ld, int i,
+                                         int m) {
   float s = 0.0f;
   for (int l = m + 1; l < i; ++l) s = s + x_row[l] * tm[static_cast<std::ptrdiff_t>(l) * ld + m];
   return x_row[m] + s;
@@ -578,15 +584,15 @@ LOCKSTEP_HD inline float GdnChunkTriApply(const float* tm_row, const float* x, s
   return s;
 }
 // Delta[i][c] = U[i][c] - sum_kk W[i][kk] * S0[kk][c]; s_col = &S0[0][c], rows lds apart.
-LOCKSTEP_HD inline float GdnChunkDelta(float u, const float* w_row, const float* s_col, std::ptrdiff_t lds,
-                                       int dk) {
+LOCKSTEP_HD inline float GdnChunkDelta(float u, const float* w_row, const float* s_col,
+                                       std::ptrdiff_t lds, int dk) {
   return u - GdnChunkDot(w_row, 1, s_col, lds, dk);
 }
 // O[i][c] = sum_kk (q_i[kk] * Gamma_i) * S0[kk][c] + sum_{m <= i} QKm[i][m] * Delta[m][c]
 // (the two sums formed separately, then added).
-LOCKSTEP_HD inline float GdnChunkOut(const float* q_row, float gamma_i, const float* s_col, std::ptrdiff_t lds,
-                                     int dk, const float* qk_row, const float* d_col, std::ptrdiff_t ldd,
-                                     int i) {
+LOCKSTEP_HD inline float GdnChunkOut(const float* q_row, float gamma_i, const float* s_col,
+                                     std::ptrdiff_t lds, int dk, const float* qk_row,
+                                     const float* d_col, std::ptrdiff_t ldd, int i) {
   float a = 0.0f;
   for (int kk = 0; kk < dk; ++kk) a = a + (q_row[kk] * gamma_i) * s_col[kk * lds];
   float b = 0.0f;
@@ -595,8 +601,9 @@ LOCKSTEP_HD inline float GdnChunkOut(const float* q_row, float gamma_i, const fl
 }
 // S_end[kk][c] = S0[kk][c] * Gamma_last + sum_{i < n} (k_i[kk] * kdec[i]) * Delta[i][c], with
 // kdec[i] = exp(gam_last - gam_i); k_col = &K[0][kk] (rows ldk apart), d_col = &Delta[0][c].
-LOCKSTEP_HD inline float GdnChunkState(float s, float gamma_last, const float* k_col, std::ptrdiff_t ldk,
-                                       const float* kdec, const float* d_col, std::ptrdiff_t ldd, int n) {
+LOCKSTEP_HD inline float GdnChunkState(float s, float gamma_last, const float* k_col,
+                                       std::ptrdiff_t ldk, const float* kdec, const float* d_col,
+                                       std::ptrdiff_t ldd, int n) {
   float acc = 0.0f;
   for (int i = 0; i < n; ++i) acc = acc + (k_col[i * ldk] * kdec[i]) * d_col[i * ldd];
   return s * gamma_last + acc;

@@ -21,8 +21,8 @@ constexpr int kThreads = 256;
 // codes). The element-to-lane layout is free: every stored element is a function of itself and,
 // for int8, of the slice's max |x|, which is exact in any order.
 template <typename Value>
-__device__ inline void StoreHead(int D, int kv_dtype, void* cache, float* scales, std::size_t rh, int lane,
-                                 Value value) {
+__device__ inline void StoreHead(int D, int kv_dtype, void* cache, float* scales, std::size_t rh,
+                                 int lane, Value value) {
   const std::size_t dst = rh * static_cast<std::size_t>(D);
   if (kv_dtype == 0) {
     float* d = static_cast<float*>(cache) + dst;
@@ -73,8 +73,8 @@ __device__ inline float NormRopeElem(const float* src, int i, int half, float r,
   const float phi = km::RopeAngle(pos, inv_freq[a]);
   const float cs = ::cosf(phi), sn = ::sinf(phi);
   float ra, rb;
-  km::RopeRotate(km::RmsNormZcElem(src[a], r, w[a]), km::RmsNormZcElem(src[a + half], r, w[a + half]), cs,
-                 sn, &ra, &rb);
+  km::RopeRotate(km::RmsNormZcElem(src[a], r, w[a]),
+                 km::RmsNormZcElem(src[a + half], r, w[a + half]), cs, sn, &ra, &rb);
   return i < half ? ra : rb;
 }
 
@@ -83,11 +83,13 @@ __device__ inline float NormRopeElem(const float* src, int i, int half, float r,
 // kv head h V (the last Hkv items): stored. qg f32 [T, Hq, 2, D]; k, v f32 [T, Hkv, D]; q f32
 // [T, Hq, D]. vec: D % 4 == 0 and qg, k 16-byte aligned (WarpDotRows' loads).
 __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
-    AttnPrepKernel(const float* __restrict__ qg, const float* __restrict__ k, const float* __restrict__ v, int T,
-                   Pos pos0, int n_heads, int n_heads_kv, int D, int half, const float* __restrict__ inv_freq,
-                   const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps, int kv_dtype,
-                   void* __restrict__ k_cache, void* __restrict__ v_cache, float* __restrict__ k_scales,
-                   float* __restrict__ v_scales, float* __restrict__ q, bool vec) {
+    AttnPrepKernel(const float* __restrict__ qg, const float* __restrict__ k,
+                   const float* __restrict__ v, int T, Pos pos0, int n_heads, int n_heads_kv, int D,
+                   int half, const float* __restrict__ inv_freq, const float* __restrict__ q_norm,
+                   const float* __restrict__ k_norm, float eps, int kv_dtype,
+                   void* __restrict__ k_cache, void* __restrict__ v_cache,
+                   float* __restrict__ k_scales, float* __restrict__ v_scales,
+                   float* __restrict__ q, bool vec) {
   const int lane = static_cast<int>(threadIdx.x) % km::kWarp;
   const int item =
       static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x) / km::kWarp;
@@ -99,15 +101,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
   const bool is_q = sub < n_heads, is_v = sub >= n_heads + n_heads_kv;
   // kv head of a K / V item; its slice of the input rows and of the cache
   const int kvh = is_q ? 0 : is_v ? sub - n_heads - n_heads_kv : sub - n_heads;
-  const std::size_t tkv = static_cast<std::size_t>(t) * static_cast<std::size_t>(n_heads_kv) + static_cast<std::size_t>(kvh);
-  const std::size_t rh = static_cast<std::size_t>(pos) * static_cast<std::size_t>(n_heads_kv) + static_cast<std::size_t>(kvh);
+  const std::size_t tkv = static_cast<std::size_t>(t) * static_cast<std::size_t>(n_heads_kv) +
+                          static_cast<std::size_t>(kvh);
+  const std::size_t rh = static_cast<std::size_t>(pos) * static_cast<std::size_t>(n_heads_kv) +
+                         static_cast<std::size_t>(kvh);
   if (is_v) {
     const float* src = v + tkv * ud;
     StoreHead(D, kv_dtype, v_cache, v_scales, rh, lane, [&](int i) { return src[i]; });
     return;
   }
   const float* src = is_q ? qg + (static_cast<std::size_t>(t) * static_cast<std::size_t>(n_heads) +
-                                  static_cast<std::size_t>(sub)) * 2 * ud
+                                  static_cast<std::size_t>(sub)) *
+                                     2 * ud
                           : k + tkv * ud;
   const float* w = is_q ? q_norm : k_norm;
   float ss;
@@ -116,7 +121,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
   auto value = [&](int i) { return NormRopeElem(src, i, half, r, w, inv_freq, pos); };
   if (is_q) {
     float* dst = q + (static_cast<std::size_t>(t) * static_cast<std::size_t>(n_heads) +
-                      static_cast<std::size_t>(sub)) * ud;
+                      static_cast<std::size_t>(sub)) *
+                         ud;
     for (int i = lane; i < D; i += km::kWarp) dst[i] = value(i);
   } else {
     StoreHead(D, kv_dtype, k_cache, k_scales, rh, lane, value);
@@ -155,17 +161,17 @@ void KvStore(const float* k, const float* v, int T, Pos row0, int n_heads_kv, in
       k, v, T, row0, n_heads_kv, head_dim, kv_dtype, k_cache, v_cache, k_scales, v_scales);
 }
 
-void AttnPrep(const float* qg, const float* k, const float* v, int T, Pos row0, int n_heads, int n_heads_kv,
-              int head_dim, int rotary_dim, const float* inv_freq, const float* q_norm, const float* k_norm,
-              float eps, int kv_dtype, void* k_cache, void* v_cache, float* k_scales, float* v_scales, float* q,
-              cudaStream_t s) {
+void AttnPrep(const float* qg, const float* k, const float* v, int T, Pos row0, int n_heads,
+              int n_heads_kv, int head_dim, int rotary_dim, const float* inv_freq,
+              const float* q_norm, const float* k_norm, float eps, int kv_dtype, void* k_cache,
+              void* v_cache, float* k_scales, float* v_scales, float* q, cudaStream_t s) {
   if (T <= 0 || n_heads <= 0 || head_dim <= 0) return;
   const int items = T * (n_heads + 2 * n_heads_kv);
   const unsigned blocks = static_cast<unsigned>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
   const bool vec = head_dim % 4 == 0 && km::Aligned(qg, 16) && km::Aligned(k, 16);
   AttnPrepKernel<<<blocks, kWarpsPerBlock * km::kWarp, 0, s>>>(
-      qg, k, v, T, row0, n_heads, n_heads_kv, head_dim, rotary_dim / 2, inv_freq, q_norm, k_norm, eps, kv_dtype,
-      k_cache, v_cache, k_scales, v_scales, q, vec);
+      qg, k, v, T, row0, n_heads, n_heads_kv, head_dim, rotary_dim / 2, inv_freq, q_norm, k_norm,
+      eps, kv_dtype, k_cache, v_cache, k_scales, v_scales, q, vec);
 }
 
 void KvScaleRows(int which, int row0, int n, int n_heads_kv, int head_dim, int kv_dtype,

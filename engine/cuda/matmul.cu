@@ -43,8 +43,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
                       const WT* __restrict__ W0, int n0, float* __restrict__ y0, int ldy0,
                       const WT* __restrict__ W1, int n1, float* __restrict__ y1, int ldy1,
                       const WT* __restrict__ W2, int n2, float* __restrict__ y2, int ldy2,
-                      int first1, int first2, const WT* __restrict__ Wu0, const WT* __restrict__ Wu1,
-                      const WT* __restrict__ Wu2) {
+                      int first1, int first2, const WT* __restrict__ Wu0,
+                      const WT* __restrict__ Wu1, const WT* __restrict__ Wu2) {
   const int lane = static_cast<int>(threadIdx.x) % km::kWarp;
   const int b = static_cast<int>(blockIdx.x);
   const int j = b >= first2 ? 2 : b >= first1 ? 1 : 0;
@@ -53,7 +53,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
   float* y = j == 0 ? y0 : j == 1 ? y1 : y2;
   const int n_out = j == 0 ? n0 : j == 1 ? n1 : n2;
   const int ldy = j == 0 ? ldy0 : j == 1 ? ldy1 : ldy2;
-  const int o = (b - (j == 0 ? 0 : j == 1 ? first1 : first2)) * kWarpsPerBlock +
+  const int o = (b - (j == 0   ? 0
+                      : j == 1 ? first1
+                               : first2)) *
+                    kWarpsPerBlock +
                 static_cast<int>(threadIdx.x) / km::kWarp;
   if (o >= n_out) return;  // the whole warp leaves together
   const std::size_t row = static_cast<std::size_t>(o) * static_cast<std::size_t>(n_in);
@@ -63,8 +66,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
 }
 
 // bf16 bits [n] -> f32 [n] (exact); a grid-stride loop.
-__global__ void __launch_bounds__(256)
-    WidenBf16Kernel(const std::uint16_t* __restrict__ src, std::int64_t n, float* __restrict__ dst) {
+__global__ void __launch_bounds__(256) WidenBf16Kernel(const std::uint16_t* __restrict__ src,
+                                                       std::int64_t n, float* __restrict__ dst) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     dst[i] = km::Bf16ToF32(src[i]);
@@ -76,13 +79,15 @@ void LaunchRows(const float* x, int T, const WT* W, int n_out, int n_in, float* 
   if (T <= 0 || n_out <= 0 || n_in <= 0) return;
   // Vector loads only when every row start is aligned; otherwise the scalar path (same bits,
   // slower).
-  const bool vec =
-      n_in % 4 == 0 && km::Aligned(x, 16) && km::Aligned(W, km::kWeightVecAlign<WT>);
+  const bool vec = n_in % 4 == 0 && km::Aligned(x, 16) && km::Aligned(W, km::kWeightVecAlign<WT>);
   const unsigned blocks = static_cast<unsigned>((n_out + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  RowsMatmulKernel<WT><<<blocks, kWarpsPerBlock * km::kWarp, 0, s>>>(x, T, W, n_out, n_in, y, ldy, vec);
+  RowsMatmulKernel<WT>
+      <<<blocks, kWarpsPerBlock * km::kWarp, 0, s>>>(x, T, W, n_out, n_in, y, ldy, vec);
 }
 
-unsigned BlocksFor(int n_out) { return static_cast<unsigned>((n_out + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+unsigned BlocksFor(int n_out) {
+  return static_cast<unsigned>((n_out + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
 
 template <typename WT>
 void LaunchRows3(const float* x, int T, int n_in, const RowsProduct<WT>* p, int n, cudaStream_t s) {
@@ -90,18 +95,20 @@ void LaunchRows3(const float* x, int T, int n_in, const RowsProduct<WT>* p, int 
   RowsProduct<WT> q[3] = {p[0], n > 1 ? p[1] : RowsProduct<WT>{}, n > 2 ? p[2] : RowsProduct<WT>{}};
   bool vec = n_in % 4 == 0 && km::Aligned(x, 16);
   for (int i = 0; i < n; ++i)
-    vec = vec && km::Aligned(q[i].W, km::kWeightVecAlign<WT>) && km::Aligned(q[i].W_up, km::kWeightVecAlign<WT>);
+    vec = vec && km::Aligned(q[i].W, km::kWeightVecAlign<WT>) &&
+          km::Aligned(q[i].W_up, km::kWeightVecAlign<WT>);
   const unsigned b0 = BlocksFor(q[0].n_out), b1 = BlocksFor(q[1].n_out), b2 = BlocksFor(q[2].n_out);
   if (b0 + b1 + b2 == 0) return;
   RowsMatmul3Kernel<WT><<<b0 + b1 + b2, kWarpsPerBlock * km::kWarp, 0, s>>>(
-      x, T, n_in, vec, q[0].W, q[0].n_out, q[0].y, q[0].ldy, q[1].W, q[1].n_out, q[1].y, q[1].ldy, q[2].W,
-      q[2].n_out, q[2].y, q[2].ldy, static_cast<int>(b0), static_cast<int>(b0 + b1), q[0].W_up, q[1].W_up,
-      q[2].W_up);
+      x, T, n_in, vec, q[0].W, q[0].n_out, q[0].y, q[0].ldy, q[1].W, q[1].n_out, q[1].y, q[1].ldy,
+      q[2].W, q[2].n_out, q[2].y, q[2].ldy, static_cast<int>(b0), static_cast<int>(b0 + b1),
+      q[0].W_up, q[1].W_up, q[2].W_up);
 }
 
 }  // namespace
 
-void RowsMatmulMulti(const float* x, int T, int n_in, const RowsProduct<float>* p, int n, cudaStream_t s) {
+void RowsMatmulMulti(const float* x, int T, int n_in, const RowsProduct<float>* p, int n,
+                     cudaStream_t s) {
   LaunchRows3(x, T, n_in, p, n, s);
 }
 

@@ -82,7 +82,8 @@ __global__ void __launch_bounds__(km::kRouteThreads)
       taken[best] = 1;
       out_i[r] = best;
       out_w[r] = probs[best];
-      if (idx_host != nullptr) idx_host[t * static_cast<std::size_t>(k) + static_cast<std::size_t>(r)] = best;
+      if (idx_host != nullptr)
+        idx_host[t * static_cast<std::size_t>(k) + static_cast<std::size_t>(r)] = best;
     }
     __syncthreads();
   }
@@ -98,8 +99,8 @@ __global__ void __launch_bounds__(km::kRouteThreads)
 // cnt: (E + 1) ints, scan_c / scan_a: NT ints of shared memory. Integer counting and scans: the
 // same numbers for any NT.
 template <int NT>
-__device__ inline void GroupBody(const int* idx, int n, int E, int* slot_of, int* first, int* active, int* n_active,
-                                 int* cnt, int* scan_c, int* scan_a) {
+__device__ inline void GroupBody(const int* idx, int n, int E, int* slot_of, int* first,
+                                 int* active, int* n_active, int* cnt, int* scan_c, int* scan_a) {
   const int tid = static_cast<int>(threadIdx.x);
   // 1. Per-expert slot counts (thread e scans every slot: exact, no atomics).
   for (int e = tid; e < E; e += NT) {
@@ -170,15 +171,16 @@ __global__ void __launch_bounds__(kGroupThreads)
 // no broadcast is needed), probs = e / sum, and k argmax passes under RouteBetter's total order,
 // so the picks, weights and ids are RouteKernel's for any finite logits.
 constexpr int kRouteWarpRows = km::kMaxRowsPerPass;  // 16: any verify window
-constexpr int kRouteWarpMaxExperts = 512;           // 16 experts per lane: its taken mask
+constexpr int kRouteWarpMaxExperts = 512;            // 16 experts per lane: its taken mask
 constexpr int kRouteGroupThreads = kRouteWarpRows * km::kWarp;
 static_assert(kRouteWarpMaxExperts <= 32 * km::kWarp, "taken mask of 32 bits per lane");
 
-__device__ inline void RouteRowWarp(const float* lg, int E, int k, bool norm, int* out_i, float* out_w,
-                                    int* host_i, float* probs, int lane) {
+__device__ inline void RouteRowWarp(const float* lg, int E, int k, bool norm, int* out_i,
+                                    float* out_w, int* host_i, float* probs, int lane) {
   float mx = -INFINITY;
   for (int e = lane; e < E; e += km::kWarp) mx = km::MaxStep(mx, lg[e]);
-  for (int off = km::kWarp / 2; off > 0; off >>= 1) mx = km::MaxStep(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  for (int off = km::kWarp / 2; off > 0; off >>= 1)
+    mx = km::MaxStep(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   for (int e = lane; e < E; e += km::kWarp) probs[e] = km::SoftmaxExp(lg[e], mx);
   __syncwarp();  // every lane reads every exponential below
   float sum = 0.0f;
@@ -220,21 +222,25 @@ __device__ inline void RouteRowWarp(const float* lg, int E, int k, bool norm, in
 
 // One block of kRouteGroupThreads. Dynamic shared memory: (E + 1) ints of counts.
 __global__ void __launch_bounds__(kRouteGroupThreads)
-    RouteGroupKernel(const float* __restrict__ logits, int T, int E, int k, bool norm, int* __restrict__ idx,
-                     float* __restrict__ wts, int* __restrict__ idx_host, int* __restrict__ slot_of,
-                     int* __restrict__ first, int* __restrict__ active, int* __restrict__ n_active) {
+    RouteGroupKernel(const float* __restrict__ logits, int T, int E, int k, bool norm,
+                     int* __restrict__ idx, float* __restrict__ wts, int* __restrict__ idx_host,
+                     int* __restrict__ slot_of, int* __restrict__ first, int* __restrict__ active,
+                     int* __restrict__ n_active) {
   __shared__ float probs[kRouteWarpRows * kRouteWarpMaxExperts];
   __shared__ int scan_c[kRouteGroupThreads];
   __shared__ int scan_a[kRouteGroupThreads];
   extern __shared__ int cnt[];  // [E + 1]
-  const int lane = static_cast<int>(threadIdx.x) % km::kWarp, w = static_cast<int>(threadIdx.x) / km::kWarp;
+  const int lane = static_cast<int>(threadIdx.x) % km::kWarp,
+            w = static_cast<int>(threadIdx.x) / km::kWarp;
   if (w < T) {
     const std::size_t tk = static_cast<std::size_t>(w) * static_cast<std::size_t>(k);
-    RouteRowWarp(logits + static_cast<std::size_t>(w) * static_cast<std::size_t>(E), E, k, norm, idx + tk,
-                 wts + tk, idx_host != nullptr ? idx_host + tk : nullptr, probs + w * kRouteWarpMaxExperts, lane);
+    RouteRowWarp(logits + static_cast<std::size_t>(w) * static_cast<std::size_t>(E), E, k, norm,
+                 idx + tk, wts + tk, idx_host != nullptr ? idx_host + tk : nullptr,
+                 probs + w * kRouteWarpMaxExperts, lane);
   }
   __syncthreads();  // lane 0 of each warp wrote its ids (global memory): visible after the barrier
-  GroupBody<kRouteGroupThreads>(idx, T * k, E, slot_of, first, active, n_active, cnt, scan_c, scan_a);
+  GroupBody<kRouteGroupThreads>(idx, T * k, E, slot_of, first, active, n_active, cnt, scan_c,
+                                scan_a);
 }
 
 // The active expert of this block, or -1 when the block is past n_active.
@@ -245,13 +251,14 @@ __device__ inline int BlockExpert(const int* active, const int* n_active) {
 
 // One pass of n <= R slots starting at i0 (slots past n repeat slot i0 and are not stored).
 template <int R, typename WT>
-__device__ inline void GateUpPass(const float* x, int H, int I, int k, const int* slot_of, int i0, int n,
-                                  const WT* wg, const WT* wu, bool vec, int lane, int o,
+__device__ inline void GateUpPass(const float* x, int H, int I, int k, const int* slot_of, int i0,
+                                  int n, const WT* wg, const WT* wu, bool vec, int lane, int o,
                                   float* act) {
   const float* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    rows[r] = x + static_cast<std::size_t>(slot_of[i0 + (r < n ? r : 0)] / k) * static_cast<std::size_t>(H);
+    rows[r] = x + static_cast<std::size_t>(slot_of[i0 + (r < n ? r : 0)] / k) *
+                      static_cast<std::size_t>(H);
   float gv[R], uv[R];
   km::WarpDotRows<R, WT>(rows, wg, H, vec, lane, gv);
   km::WarpDotRows<R, WT>(rows, wu, H, vec, lane, uv);
@@ -276,14 +283,18 @@ __global__ void __launch_bounds__(kMoeWarps* km::kWarp)
   const int o =
       static_cast<int>(blockIdx.y) * kMoeWarps + static_cast<int>(threadIdx.x) / km::kWarp;
   if (o >= I) return;
-  const WT* wg = static_cast<const WT*>(gate_w[e]) + static_cast<std::size_t>(o) * static_cast<std::size_t>(H);
-  const WT* wu = static_cast<const WT*>(up_w[e]) + static_cast<std::size_t>(o) * static_cast<std::size_t>(H);
+  const WT* wg =
+      static_cast<const WT*>(gate_w[e]) + static_cast<std::size_t>(o) * static_cast<std::size_t>(H);
+  const WT* wu =
+      static_cast<const WT*>(up_w[e]) + static_cast<std::size_t>(o) * static_cast<std::size_t>(H);
   const bool vec = H % 4 == 0 && km::Aligned(x, 16) && km::Aligned(wg, km::kWeightVecAlign<WT>) &&
                    km::Aligned(wu, km::kWeightVecAlign<WT>);
   const int s0 = first[e], s1 = first[e + 1];
   for (int i0 = s0; i0 < s1;) {
     const int n = km::RowGroupSize(s1 - i0);
-    km::WithPassWidth(n, [&]<int R>() { GateUpPass<R, WT>(x, H, I, k, slot_of, i0, n, wg, wu, vec, lane, o, act); });
+    km::WithPassWidth(n, [&]<int R>() {
+      GateUpPass<R, WT>(x, H, I, k, slot_of, i0, n, wg, wu, vec, lane, o, act);
+    });
     i0 += n;
   }
 }
@@ -320,20 +331,24 @@ __global__ void __launch_bounds__(kMoeWarps* km::kWarp, 4)
   if (dense.w != nullptr && static_cast<int>(blockIdx.x) == static_cast<int>(gridDim.x) - 1) {
     // The last column of blocks: the dense product, row o as RowsMatmulKernel computes it.
     if (o >= H) return;
-    const WT* w = static_cast<const WT*>(dense.w) + static_cast<std::size_t>(o) * static_cast<std::size_t>(dense.I);
-    const bool vec = dense.I % 4 == 0 && km::Aligned(dense.act, 16) && km::Aligned(w, km::kWeightVecAlign<WT>);
+    const WT* w = static_cast<const WT*>(dense.w) +
+                  static_cast<std::size_t>(o) * static_cast<std::size_t>(dense.I);
+    const bool vec =
+        dense.I % 4 == 0 && km::Aligned(dense.act, 16) && km::Aligned(w, km::kWeightVecAlign<WT>);
     km::RowsAllPasses(dense.act, dense.T, dense.I, w, vec, lane, dense.y, H, o);
     return;
   }
   const int e = BlockExpert(active, n_active);
   if (e < 0) return;
   if (o >= H) return;
-  const WT* wd = static_cast<const WT*>(down_w[e]) + static_cast<std::size_t>(o) * static_cast<std::size_t>(I);
+  const WT* wd =
+      static_cast<const WT*>(down_w[e]) + static_cast<std::size_t>(o) * static_cast<std::size_t>(I);
   const bool vec = I % 4 == 0 && km::Aligned(act, 16) && km::Aligned(wd, km::kWeightVecAlign<WT>);
   const int s0 = first[e], s1 = first[e + 1];
   for (int i0 = s0; i0 < s1;) {
     const int n = km::RowGroupSize(s1 - i0);
-    km::WithPassWidth(n, [&]<int R>() { DownPass<R, WT>(act, H, I, slot_of, i0, n, wd, vec, lane, o, ranked); });
+    km::WithPassWidth(
+        n, [&]<int R>() { DownPass<R, WT>(act, H, I, slot_of, i0, n, wd, vec, lane, o, ranked); });
     i0 += n;
   }
 }
@@ -358,8 +373,8 @@ __global__ void __launch_bounds__(kThreads)
 // The shared expert's gate of row xr, sigmoid(xr . gate_w), for every thread of the block: warp 0
 // computes the batch-invariant warp dot and passes the gate through *slot (shared memory).
 // Contains a barrier: every thread of the block calls it.
-__device__ inline float BlockRowGate(const float* xr, const float* __restrict__ gate_w, int H, bool vec,
-                                     float* slot) {
+__device__ inline float BlockRowGate(const float* xr, const float* __restrict__ gate_w, int H,
+                                     bool vec, float* slot) {
   const int tid = static_cast<int>(threadIdx.x);
   if (tid < km::kWarp) {
     float dot;
@@ -404,9 +419,11 @@ __global__ void __launch_bounds__(kThreads)
     float acc = 0.0f;
     for (int r = 0; r < k; ++r) {
       const std::size_t tr = t * static_cast<std::size_t>(k) + static_cast<std::size_t>(r);
-      acc = km::CombineRank(acc, wts[tr], ranked[tr * static_cast<std::size_t>(H) + static_cast<std::size_t>(i)]);
+      acc = km::CombineRank(acc, wts[tr],
+                            ranked[tr * static_cast<std::size_t>(H) + static_cast<std::size_t>(i)]);
     }
-    if (sh != nullptr) acc = km::SharedGateAddElem(acc, gate, sh[row + static_cast<std::size_t>(i)]);
+    if (sh != nullptr)
+      acc = km::SharedGateAddElem(acc, gate, sh[row + static_cast<std::size_t>(i)]);
     hr[i] = km::AddElem(hr[i], acc);
   }
   if (norm_w == nullptr) return;
@@ -446,32 +463,32 @@ void GroupByExpert(const int* idx, int T, int k, int n_experts, int* slot_of, in
 }
 
 bool RouteAndGroupFused(int T, int n_experts, int k) {
-  return T >= 1 && T <= kRouteWarpRows && n_experts >= 1 && n_experts <= kRouteWarpMaxExperts && k >= 1 &&
-         k <= n_experts;
+  return T >= 1 && T <= kRouteWarpRows && n_experts >= 1 && n_experts <= kRouteWarpMaxExperts &&
+         k >= 1 && k <= n_experts;
 }
 
-void RouteAndGroup(const float* logits, int T, int n_experts, int k, bool norm, int* idx, float* wts, int* idx_host,
-                   int* slot_of, int* first, int* active, int* n_active, cudaStream_t s) {
+void RouteAndGroup(const float* logits, int T, int n_experts, int k, bool norm, int* idx,
+                   float* wts, int* idx_host, int* slot_of, int* first, int* active, int* n_active,
+                   cudaStream_t s) {
   if (!RouteAndGroupFused(T, n_experts, k)) {
     RouteTopK(logits, T, n_experts, k, norm, idx, wts, idx_host, s);
     GroupByExpert(idx, T, k, n_experts, slot_of, first, active, n_active, s);
     return;
   }
   const std::size_t smem = (static_cast<std::size_t>(n_experts) + 1) * sizeof(int);
-  RouteGroupKernel<<<1, kRouteGroupThreads, smem, s>>>(logits, T, n_experts, k, norm, idx, wts, idx_host, slot_of,
-                                                       first, active, n_active);
+  RouteGroupKernel<<<1, kRouteGroupThreads, smem, s>>>(logits, T, n_experts, k, norm, idx, wts,
+                                                       idx_host, slot_of, first, active, n_active);
 }
 
 void ExpertGateUp(const float* x, int H, int I, int k, const int* slot_of, const int* first,
-                  const int* active, const int* n_active, int max_active,
-                  const void* const* gate_w, const void* const* up_w, bool bf16, float* act,
-                  cudaStream_t s) {
+                  const int* active, const int* n_active, int max_active, const void* const* gate_w,
+                  const void* const* up_w, bool bf16, float* act, cudaStream_t s) {
   if (max_active <= 0 || H <= 0 || I <= 0) return;
   const dim3 grid(static_cast<unsigned>(max_active),
                   static_cast<unsigned>((I + kMoeWarps - 1) / kMoeWarps));
   if (bf16) {
-    GateUpKernel<std::uint16_t><<<grid, kMoeWarps * km::kWarp, 0, s>>>(x, H, I, k, slot_of, first, active,
-                                                                       n_active, gate_w, up_w, act);
+    GateUpKernel<std::uint16_t><<<grid, kMoeWarps * km::kWarp, 0, s>>>(
+        x, H, I, k, slot_of, first, active, n_active, gate_w, up_w, act);
   } else {
     GateUpKernel<float><<<grid, kMoeWarps * km::kWarp, 0, s>>>(x, H, I, k, slot_of, first, active,
                                                                n_active, gate_w, up_w, act);
@@ -487,8 +504,8 @@ void ExpertDown(const float* act, int H, int I, const int* slot_of, const int* f
   const dim3 grid(static_cast<unsigned>(max_active + (dense.w != nullptr ? 1 : 0)),
                   static_cast<unsigned>((H + kMoeWarps - 1) / kMoeWarps));
   if (bf16) {
-    DownKernel<std::uint16_t><<<grid, kMoeWarps * km::kWarp, 0, s>>>(act, H, I, slot_of, first, active,
-                                                                     n_active, down_w, ranked, dense);
+    DownKernel<std::uint16_t><<<grid, kMoeWarps * km::kWarp, 0, s>>>(
+        act, H, I, slot_of, first, active, n_active, down_w, ranked, dense);
   } else {
     DownKernel<float><<<grid, kMoeWarps * km::kWarp, 0, s>>>(act, H, I, slot_of, first, active,
                                                              n_active, down_w, ranked, dense);
@@ -509,13 +526,15 @@ void SharedGateAdd(const float* x, const float* gate_w, const float* sh, int T, 
   SharedGateKernel<<<static_cast<unsigned>(T), kThreads, 0, s>>>(x, gate_w, sh, H, out, vec);
 }
 
-void MoeEpilogue(const float* ranked, const float* wts, int T, int k, int H, const float* x, const float* gate_w,
-                 const float* sh, float* hid, const float* norm_w, float eps, float* y, cudaStream_t s) {
+void MoeEpilogue(const float* ranked, const float* wts, int T, int k, int H, const float* x,
+                 const float* gate_w, const float* sh, float* hid, const float* norm_w, float eps,
+                 float* y, cudaStream_t s) {
   if (T <= 0 || H <= 0) return;
-  const bool vec_gate = sh != nullptr && H % 4 == 0 && km::Aligned(x, 16) && km::Aligned(gate_w, 16);
+  const bool vec_gate =
+      sh != nullptr && H % 4 == 0 && km::Aligned(x, 16) && km::Aligned(gate_w, 16);
   const bool vec_norm = H % 4 == 0 && km::Aligned(hid, 16);
-  MoeEpilogueKernel<<<static_cast<unsigned>(T), kThreads, 0, s>>>(ranked, wts, k, H, x, gate_w, sh, hid, norm_w,
-                                                                  eps, y, vec_gate, vec_norm);
+  MoeEpilogueKernel<<<static_cast<unsigned>(T), kThreads, 0, s>>>(
+      ranked, wts, k, H, x, gate_w, sh, hid, norm_w, eps, y, vec_gate, vec_norm);
 }
 
 }  // namespace lockstep::cuda

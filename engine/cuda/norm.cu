@@ -44,7 +44,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* km::kWarp)
   const std::size_t off = static_cast<std::size_t>(row) * static_cast<std::size_t>(n);
   float* xr = hid + off;
   for (int b = km::kLaneVec * lane; b < n; b += km::kChunk)
-    for (int c = 0; c < km::kLaneVec && b + c < n; ++c) xr[b + c] = km::AddElem(xr[b + c], add[off + b + c]);
+    for (int c = 0; c < km::kLaneVec && b + c < n; ++c)
+      xr[b + c] = km::AddElem(xr[b + c], add[off + b + c]);
   const float* xc = xr;
   float ss;
   km::WarpDotRows<1>(&xc, xc, n, vec, lane, &ss);
@@ -86,8 +87,8 @@ void RmsNormZc(const float* x, int ldx, int rows, int n, const float* w, float e
                                                                       ldy, vec);
 }
 
-void AddRmsNormZc(float* hid, const float* add, int rows, int n, const float* w, float eps, float* y,
-                  cudaStream_t s) {
+void AddRmsNormZc(float* hid, const float* add, int rows, int n, const float* w, float eps,
+                  float* y, cudaStream_t s) {
   if (rows <= 0 || n <= 0) return;
   const bool vec = n % 4 == 0 && km::Aligned(hid, 16);
   AddRmsNormZcKernel<<<Blocks(rows), kWarpsPerBlock * km::kWarp, 0, s>>>(hid, add, rows, n, w, eps,

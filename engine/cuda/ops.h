@@ -30,7 +30,9 @@ struct Pos {
   const int* dev = nullptr;
   Pos(int b) : base(b) {}  // NOLINT(google-explicit-constructor): an int is a fixed position
   Pos(int b, const int* d) : base(b), dev(d) {}
-  __host__ __device__ int Get() const { return dev != nullptr ? base + *dev : base; }  // device: kernels only
+  __host__ __device__ int Get() const {
+    return dev != nullptr ? base + *dev : base;
+  }  // device: kernels only
 };
 
 // ---- matmul.cu ----
@@ -41,11 +43,12 @@ struct Pos {
 // window of T <= 16); each (t, o) sum uses
 // the fixed lane layout of kernel_math.h (lane l accumulates elements i with (i / 4) % 32 == l in
 // increasing i, then a fixed xor-butterfly), whatever T is. T >= 1, any n_in >= 1.
-void RowsMatmul(const float* x, int T, const float* W, int n_out, int n_in, float* y, int ldy, cudaStream_t s);
+void RowsMatmul(const float* x, int T, const float* W, int n_out, int n_in, float* y, int ldy,
+                cudaStream_t s);
 // The same with W as bf16 bits [n_out, n_in]: every weight widened exactly to f32 and the same
 // operations in the same order, so for bf16-valued weights the result is bitwise the f32 call's.
-void RowsMatmul(const float* x, int T, const std::uint16_t* W, int n_out, int n_in, float* y, int ldy,
-                cudaStream_t s);
+void RowsMatmul(const float* x, int T, const std::uint16_t* W, int n_out, int n_in, float* y,
+                int ldy, cudaStream_t s);
 // Up to three RowsMatmul products of the same x in one launch (decode issues ~25 launches a
 // layer; fewer launches, the same bits): product i is y_i[t, o] = x[t, :] . W_i[o, :] for
 // o < n_out_i, into y_i [T, ldy_i], computed exactly as RowsMatmul computes it. 1 <= n <= 3.
@@ -59,8 +62,10 @@ struct RowsProduct {
   // products then SiluMul (the warp of row o runs both dots, then the element op).
   const WT* W_up = nullptr;
 };
-void RowsMatmulMulti(const float* x, int T, int n_in, const RowsProduct<float>* p, int n, cudaStream_t s);
-void RowsMatmulMulti(const float* x, int T, int n_in, const RowsProduct<std::uint16_t>* p, int n, cudaStream_t s);
+void RowsMatmulMulti(const float* x, int T, int n_in, const RowsProduct<float>* p, int n,
+                     cudaStream_t s);
+void RowsMatmulMulti(const float* x, int T, int n_in, const RowsProduct<std::uint16_t>* p, int n,
+                     cudaStream_t s);
 // dst[i] = src[i] as f32 (bf16 bits widened, exact), n elements: a bf16 weight matrix becomes the
 // f32 operand of a cuBLAS GEMM (prefill).
 void WidenBf16(const std::uint16_t* src, std::int64_t n, float* dst, cudaStream_t s);
@@ -69,29 +74,31 @@ void WidenBf16(const std::uint16_t* src, std::int64_t n, float* dst, cudaStream_
 
 // Zero-centred RMSNorm per row: y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (1 + w). x row r at
 // x + r*ldx, y row r at y + r*ldy (may alias x when ldx == ldy). w f32 [n].
-void RmsNormZc(const float* x, int ldx, int rows, int n, const float* w, float eps, float* y, int ldy,
-               cudaStream_t s);
+void RmsNormZc(const float* x, int ldx, int rows, int n, const float* w, float eps, float* y,
+               int ldy, cudaStream_t s);
 // The residual add and the next norm in one launch: hid[r] += add[r], then y[r] = RmsNormZc(hid[r])
 // (bitwise AddInPlace followed by RmsNormZc). hid, add, y f32 [rows, n] contiguous; w f32 [n].
-void AddRmsNormZc(float* hid, const float* add, int rows, int n, const float* w, float eps, float* y, cudaStream_t s);
+void AddRmsNormZc(float* hid, const float* add, int rows, int n, const float* w, float eps,
+                  float* y, cudaStream_t s);
 // Gated RMSNorm per row (GDN output): y = x * rsqrt(mean(x^2) + eps) * w * silu(z). x, z, y f32
 // [rows, n] contiguous; w f32 [n] (plain weight).
-void GatedRmsNorm(const float* x, const float* z, int rows, int n, const float* w, float eps, float* y,
-                  cudaStream_t s);
+void GatedRmsNorm(const float* x, const float* z, int rows, int n, const float* w, float eps,
+                  float* y, cudaStream_t s);
 
 // ---- rope.cu ----
 
 // Partial NeoX RoPE in place: x f32 [T, n_heads, head_dim] with row stride ld (floats between
 // rows t and t+1; heads contiguous, head_dim apart); row t is at position p0 + t. inv_freq f32
 // [rotary_dim/2] (computed on the host exactly as cpu::Rope does).
-void RopeApply(float* x, int T, int ld, int n_heads, int head_dim, int rotary_dim, const float* inv_freq, Pos p0,
-               cudaStream_t s);
+void RopeApply(float* x, int T, int ld, int n_heads, int head_dim, int rotary_dim,
+               const float* inv_freq, Pos p0, cudaStream_t s);
 
 // ---- attention.cu ----
 
 // Splits q_proj's output qg f32 [T, Hq, 2, D] (per head: D query then D gate) into
 // q f32 [T, Hq, D] and gate f32 [T, Hq, D].
-void SplitQGate(const float* qg, int T, int n_heads, int head_dim, float* q, float* gate, cudaStream_t s);
+void SplitQGate(const float* qg, int T, int n_heads, int head_dim, float* q, float* gate,
+                cudaStream_t s);
 
 // Causal attention of T query rows at positions p..p+T-1 over the K/V cache (row t sees cache
 // rows [0, p+t]). q f32 [T, Hq, D]; cache rows of `kv_dtype` (0 f32, 1 bf16 as uint16, 2 int8)
@@ -117,12 +124,14 @@ struct AttnGate {
   const float* g = nullptr;  // nullptr: o is not gated
   int ld = 0;                // floats between the gates of (t, h) and (t, h + 1)
 };
-void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int head_dim, int kv_dtype,
-               const void* k_cache, const void* v_cache, const float* k_scales, const float* v_scales, float scale,
-               int n_ctx_max, int split, float* scratch, std::size_t scratch_floats, float* o, cudaStream_t s,
+void Attention(const float* q, int T, Pos p, int n_heads, int n_heads_kv, int head_dim,
+               int kv_dtype, const void* k_cache, const void* v_cache, const float* k_scales,
+               const float* v_scales, float scale, int n_ctx_max, int split, float* scratch,
+               std::size_t scratch_floats, float* o, cudaStream_t s,
                AttnHeads heads = AttnHeads::kAuto, AttnGate gate = {});
 // Query heads per block that Attention launches with (1, 2, 4 or 8; 1 when head_dim % 4 != 0).
-int AttentionHeadsPerBlock(int n_heads, int n_heads_kv, int head_dim, int n_ctx_max, int split, AttnHeads heads);
+int AttentionHeadsPerBlock(int n_heads, int n_heads_kv, int head_dim, int n_ctx_max, int split,
+                           AttnHeads heads);
 // Context splits per (row, head) of a launch (1: no split) and the scratch Attention wants.
 int AttentionSplits(int n_ctx_max, int split);
 std::size_t AttentionScratchFloats(int T, int n_heads, int head_dim, int n_ctx_max, int split);
@@ -132,21 +141,23 @@ std::size_t AttentionScratchFloats(int T, int n_heads, int head_dim, int n_ctx_m
 // Stores T rows [row0, row0+T) of f32 k, v [T, Hkv, D] into the cache arrays (layout as in
 // Attention), quantising per (row, head) exactly like KvCache::StoreRow (bf16 round-to-nearest-
 // even with quiet NaN; int8 symmetric scale = max|x| / 127, codes = nearbyint(x / scale)).
-void KvStore(const float* k, const float* v, int T, Pos row0, int n_heads_kv, int head_dim, int kv_dtype,
-             void* k_cache, void* v_cache, float* k_scales, float* v_scales, cudaStream_t s);
+void KvStore(const float* k, const float* v, int T, Pos row0, int n_heads_kv, int head_dim,
+             int kv_dtype, void* k_cache, void* v_cache, float* k_scales, float* v_scales,
+             cudaStream_t s);
 // The attention layer's inputs in one launch, bitwise SplitQGate, RmsNormZc of q and k per head
 // (q_norm, k_norm f32 [D]), RopeApply of both and KvStore: qg f32 [T, Hq, 2, D] (q_proj's output,
 // per head D query then D gate; the gate stays there for Attention's AttnGate) -> q f32 [T, Hq, D]
 // normed and rotated; k f32 [T, Hkv, D] normed, rotated and v f32 [T, Hkv, D] stored at cache rows
 // [row0, row0 + T) as KvStore stores them. One warp per (row, head) of q, of K and of V.
-void AttnPrep(const float* qg, const float* k, const float* v, int T, Pos row0, int n_heads, int n_heads_kv,
-              int head_dim, int rotary_dim, const float* inv_freq, const float* q_norm, const float* k_norm,
-              float eps, int kv_dtype, void* k_cache, void* v_cache, float* k_scales, float* v_scales, float* q,
-              cudaStream_t s);
+void AttnPrep(const float* qg, const float* k, const float* v, int T, Pos row0, int n_heads,
+              int n_heads_kv, int head_dim, int rotary_dim, const float* inv_freq,
+              const float* q_norm, const float* k_norm, float eps, int kv_dtype, void* k_cache,
+              void* v_cache, float* k_scales, float* v_scales, float* q, cudaStream_t s);
 // Multiplies rows [row0, row0+n) of K (which == 0) or V (1) by `factor` (f32 exact, bf16
 // re-rounded, int8 through the scales): KvCache::ScaleRows on the device (fault injection).
-void KvScaleRows(int which, int row0, int n, int n_heads_kv, int head_dim, int kv_dtype, void* k_cache,
-                 void* v_cache, float* k_scales, float* v_scales, float factor, cudaStream_t s);
+void KvScaleRows(int which, int row0, int n, int n_heads_kv, int head_dim, int kv_dtype,
+                 void* k_cache, void* v_cache, float* k_scales, float* v_scales, float factor,
+                 cudaStream_t s);
 
 // ---- gdn.cu ----
 
@@ -155,26 +166,27 @@ void KvScaleRows(int which, int row0, int n, int n_heads_kv, int head_dim, int k
 // Writes win f32 [K-1+T, conv_dim]: rows [0, K-1) = conv_state f32 [K-1, conv_dim] (copied), rows
 // [K-1, K-1+T) = q | k | v of every head; Z f32 [T, Hv, Dv], beta = sigmoid(b) f32 [T, Hv] and
 // g = -exp(a_log) * softplus(a + dt_bias) f32 [T, Hv].
-void GdnSplit(const float* P, const float* B, int T, int n_k_heads, int n_v_heads, int k_head_dim, int v_head_dim,
-              int conv_kernel, const float* a_log, const float* dt_bias, const float* conv_state, float* win, float* Z,
-              float* beta, float* g, cudaStream_t s);
+void GdnSplit(const float* P, const float* B, int T, int n_k_heads, int n_v_heads, int k_head_dim,
+              int v_head_dim, int conv_kernel, const float* a_log, const float* dt_bias,
+              const float* conv_state, float* win, float* Z, float* beta, float* g, cudaStream_t s);
 // Causal depthwise conv + SiLU: win f32 [K-1+T, C], weight f32 [C, K] -> U f32 [T, C].
 // steps (may be null): the conv state after each of the T steps, f32 [T, K-1, C], block t = win
 // rows [t+1, t+K), copied by the threads that read those rows for the conv. The engine runs split
 // and conv as GdnSplitConv in verify windows; this form serves prefill (which needs the window
 // for the next conv state) and is GdnSplitConv's reference in the tests.
-void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, float* U, cudaStream_t s,
-                    float* steps = nullptr);
+void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, float* U,
+                    cudaStream_t s, float* steps = nullptr);
 // Verify windows: GdnSplit and CausalConvSilu (with steps) in one launch, bitwise the two: U f32
 // [T, conv_dim], steps f32 [T, K-1, conv_dim], Z, beta and g as they write them. The window is
 // read from conv_state and P in place (not written); conv_state is left alone.
-void GdnSplitConv(const float* P, const float* B, int T, int n_k_heads, int n_v_heads, int k_head_dim,
-                  int v_head_dim, int conv_kernel, const float* a_log, const float* dt_bias, const float* conv_state,
-                  const float* weight, float* U, float* steps, float* Z, float* beta, float* g, cudaStream_t s);
+void GdnSplitConv(const float* P, const float* B, int T, int n_k_heads, int n_v_heads,
+                  int k_head_dim, int v_head_dim, int conv_kernel, const float* a_log,
+                  const float* dt_bias, const float* conv_state, const float* weight, float* U,
+                  float* steps, float* Z, float* beta, float* g, cudaStream_t s);
 // From U f32 [T, conv_dim]: l2-normalised q (then scaled by 1/sqrt(Dk)) and k per key head,
 // qh, kh f32 [T, Hk, Dk] (eps 1e-6 inside the sqrt, as cpu::L2NormInPlace).
-void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_dim, float* qh, float* kh,
-               cudaStream_t s);
+void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_dim, float* qh,
+               float* kh, cudaStream_t s);
 // The gated delta rule, recurrent form, T steps for every value head (head j uses key head
 // j / (Hv/Hk)); each step is cpu::GatedDeltaStep with alpha = exp(g). v of head j is read from U
 // at column 2*key_dim + j*Dv. S0 f32 [Hv, Dk, Dv] is the entering state.
@@ -186,9 +198,10 @@ void GdnQkNorm(const float* U, int T, int n_k_heads, int k_head_dim, int conv_di
 // kOnePerHead (any Dk, kAuto's form elsewhere) runs one block per value head and reads the state
 // twice per step. The bits are the same either way.
 enum class GdnBlocks { kAuto, kOnePerHead };
-void GdnRecurrent(float* S0, float* steps, const float* qh, const float* kh, const float* U, const float* g,
-                  const float* beta, int T, int n_k_heads, int n_v_heads, int k_head_dim, int v_head_dim,
-                  int conv_dim, float* O, cudaStream_t s, GdnBlocks blocks = GdnBlocks::kAuto);
+void GdnRecurrent(float* S0, float* steps, const float* qh, const float* kh, const float* U,
+                  const float* g, const float* beta, int T, int n_k_heads, int n_v_heads,
+                  int k_head_dim, int v_head_dim, int conv_dim, float* O, cudaStream_t s,
+                  GdnBlocks blocks = GdnBlocks::kAuto);
 // qh == kh == nullptr (kAuto with GdnRecurrentHoldsColumns(Dk) only): q and k are taken from U's
 // columns [0, key_dim) and [key_dim, 2 key_dim) and l2-normalised inside, bitwise GdnQkNorm's qh
 // / kh, so a verify window skips that launch.
@@ -209,9 +222,10 @@ inline constexpr int kGdnPrefillChunk = 64;  // the chunk of the prefill (as cpu
 int GdnChunkedSlices(int v_head_dim, GdnBlocks blocks = GdnBlocks::kAuto);
 std::size_t GdnChunkedScratchFloats(int n_v_heads, int k_head_dim, int v_head_dim, int chunk,
                                     GdnBlocks blocks = GdnBlocks::kAuto);
-void GdnChunked(float* S0, const float* qh, const float* kh, const float* U, const float* g, const float* beta,
-                int T, int n_k_heads, int n_v_heads, int k_head_dim, int v_head_dim, int conv_dim, int chunk,
-                float* scratch, float* O, cudaStream_t s, GdnBlocks blocks = GdnBlocks::kAuto);
+void GdnChunked(float* S0, const float* qh, const float* kh, const float* U, const float* g,
+                const float* beta, int T, int n_k_heads, int n_v_heads, int k_head_dim,
+                int v_head_dim, int conv_dim, int chunk, float* scratch, float* O, cudaStream_t s,
+                GdnBlocks blocks = GdnBlocks::kAuto);
 
 // ---- moe.cu ----
 
@@ -219,31 +233,32 @@ void GdnChunked(float* S0, const float* qh, const float* kh, const float* U, con
 // lower id winning ties, optional renormalisation. logits f32 [T, E] -> idx int32 [T, k],
 // wts f32 [T, k]. E <= 4096. idx_host (may be null): host-mapped pinned int32 [T, k] that gets the
 // same ids, written by the kernel over PCIe (the expert counters read them after a sync; no copy).
-void RouteTopK(const float* logits, int T, int n_experts, int k, bool norm, int* idx, float* wts, int* idx_host,
-               cudaStream_t s);
+void RouteTopK(const float* logits, int T, int n_experts, int k, bool norm, int* idx, float* wts,
+               int* idx_host, cudaStream_t s);
 // Expert-major grouping of the T*k (token, rank) slots, in the order cpu::MoeForward uses
 // (experts ascending; within an expert, t then r ascending). Writes slot_of int32 [T*k]
 // (value t*k + r), first int32 [E+1] (slots of expert e: [first[e], first[e+1])), active int32
 // [T*k] (the distinct experts in ascending order; entries past n_active are -1) and
 // n_active int32 [1]. One block; no atomics.
-void GroupByExpert(const int* idx, int T, int k, int n_experts, int* slot_of, int* first, int* active,
-                   int* n_active, cudaStream_t s);
+void GroupByExpert(const int* idx, int T, int k, int n_experts, int* slot_of, int* first,
+                   int* active, int* n_active, cudaStream_t s);
 // RouteTopK then GroupByExpert, the same numbers (for finite logits). Where RouteAndGroupFused
 // (T <= 16, E <= 512: decode steps and verify windows of every preset and of Qwen3-Next) one
 // launch: one block, a warp routes each token, then the block groups the slots. Otherwise the two
 // launches (one routing block per token).
 bool RouteAndGroupFused(int T, int n_experts, int k);
-void RouteAndGroup(const float* logits, int T, int n_experts, int k, bool norm, int* idx, float* wts, int* idx_host,
-                   int* slot_of, int* first, int* active, int* n_active, cudaStream_t s);
+void RouteAndGroup(const float* logits, int T, int n_experts, int k, bool norm, int* idx,
+                   float* wts, int* idx_host, int* slot_of, int* first, int* active, int* n_active,
+                   cudaStream_t s);
 // Routed experts, gate/up + SwiGLU: for every active expert a < max_active (blocks past n_active
 // exit) and each of its slots i: act[slot i] = silu(x[t] . Wg[e][o]) * (x[t] . Wu[e][o]) for
 // o < I, with t = slot_of[i] / k. gate_w, up_w: device arrays [E] of pointers to [I, H] weights,
 // f32, or bf16 bits when `bf16` (device or host-mapped pinned memory: non-resident experts are
 // read over PCIe). Each dot uses RowsMatmul's fixed order. act f32 [T*k, I], indexed by slot
 // position (expert-major).
-void ExpertGateUp(const float* x, int H, int I, int k, const int* slot_of, const int* first, const int* active,
-                  const int* n_active, int max_active, const void* const* gate_w, const void* const* up_w, bool bf16,
-                  float* act, cudaStream_t s);
+void ExpertGateUp(const float* x, int H, int I, int k, const int* slot_of, const int* first,
+                  const int* active, const int* n_active, int max_active, const void* const* gate_w,
+                  const void* const* up_w, bool bf16, float* act, cudaStream_t s);
 // A dense product riding along ExpertDown's launch (the shared expert's down projection):
 // y f32 [T, H] = act f32 [T, I] . w^T, w [H, I] of the experts' dtype, computed exactly as
 // RowsMatmul computes it (one more column of blocks). w == nullptr: none.
@@ -258,28 +273,31 @@ struct DenseDown {
 // (t*k + r). down_w: [E] pointers to [H, I] weights (f32, or bf16 bits when `bf16`). dense: a
 // product of the same launch, bitwise RowsMatmul(dense.act, dense.T, dense.w, H, dense.I,
 // dense.y, H).
-void ExpertDown(const float* act, int H, int I, const int* slot_of, const int* first, const int* active,
-                const int* n_active, int max_active, const void* const* down_w, bool bf16, float* ranked,
-                cudaStream_t s, DenseDown dense = {});
+void ExpertDown(const float* act, int H, int I, const int* slot_of, const int* first,
+                const int* active, const int* n_active, int max_active, const void* const* down_w,
+                bool bf16, float* ranked, cudaStream_t s, DenseDown dense = {});
 // out[t] = sum over r in rank order of wts[t, r] * ranked[t, r] (f32, starting from 0).
-void MoeCombine(const float* ranked, const float* wts, int T, int k, int H, float* out, cudaStream_t s);
+void MoeCombine(const float* ranked, const float* wts, int T, int k, int H, float* out,
+                cudaStream_t s);
 // Shared expert gate: out[t] += sigmoid(x[t] . gate_w) * sh[t]; x, sh, out f32 [T, H].
-void SharedGateAdd(const float* x, const float* gate_w, const float* sh, int T, int H, float* out, cudaStream_t s);
+void SharedGateAdd(const float* x, const float* gate_w, const float* sh, int T, int H, float* out,
+                   cudaStream_t s);
 // The end of an MoE layer in one launch (one block per row): MoeCombine, then SharedGateAdd with
 // x / gate_w / sh (skipped when sh is null), then hid += the result (AddInPlace), then, when
 // norm_w is not null, y = RmsNormZc(hid) with weight norm_w (the next layer's input norm). Bitwise
 // those launches in that order. hid, x, sh, y f32 [T, H]; norm_w, gate_w f32 [H].
-void MoeEpilogue(const float* ranked, const float* wts, int T, int k, int H, const float* x, const float* gate_w,
-                 const float* sh, float* hid, const float* norm_w, float eps, float* y, cudaStream_t s);
+void MoeEpilogue(const float* ranked, const float* wts, int T, int k, int H, const float* x,
+                 const float* gate_w, const float* sh, float* hid, const float* norm_w, float eps,
+                 float* y, cudaStream_t s);
 
 // ---- elementwise.cu ----
 
 // out[t] = embed[tokens[t]] (rows of H floats). Token ids were validated on the host.
 void EmbedRows(const float* embed, const int* tokens, int T, int H, float* out, cudaStream_t s);
-void AddInPlace(float* x, const float* y, std::int64_t n, cudaStream_t s);           // x += y
-void SiluMul(float* g, const float* u, std::int64_t n, cudaStream_t s);               // g = silu(g) * u
-void MulSigmoid(float* x, const float* gate, std::int64_t n, cudaStream_t s);         // x *= sigmoid(gate)
-void Scale(float* x, std::int64_t n, float factor, cudaStream_t s);                   // x *= factor
-void SetInt(int* dst, int value, cudaStream_t s);                                     // *dst = value (one thread)
+void AddInPlace(float* x, const float* y, std::int64_t n, cudaStream_t s);     // x += y
+void SiluMul(float* g, const float* u, std::int64_t n, cudaStream_t s);        // g = silu(g) * u
+void MulSigmoid(float* x, const float* gate, std::int64_t n, cudaStream_t s);  // x *= sigmoid(gate)
+void Scale(float* x, std::int64_t n, float factor, cudaStream_t s);            // x *= factor
+void SetInt(int* dst, int value, cudaStream_t s);  // *dst = value (one thread)
 
 }  // namespace lockstep::cuda

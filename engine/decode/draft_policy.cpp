@@ -100,7 +100,8 @@ class AdaptivePolicy : public DraftPolicy {
     sfx_class_ = MatchClass(sfx.match_len);
     const double sfx_rate = SfxRate(sfx_class_);
     int n_sfx = sfx.match_len >= kMinSuffixMatch ? Length(sfx_rate, kSfxThreshold, avail) : 0;
-    if (sfx.match_len >= kMinSuffixMatch && avail > 0 && n_sfx == 0 && windows_ % kProbeEvery == 0) n_sfx = 1;
+    if (sfx.match_len >= kMinSuffixMatch && avail > 0 && n_sfx == 0 && windows_ % kProbeEvery == 0)
+      n_sfx = 1;
     auto expected = [](double r, int n) {
       double e = 0, pr = 1;
       for (int i = 0; i < n; ++i) e += (pr *= r);

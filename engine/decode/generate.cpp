@@ -5,13 +5,13 @@
 #include <mutex>
 #include <set>
 
+#include "decode/draft_policy.h"
+#include "decode/mtp_drafter.h"
+#include "decode/suffix_index.h"
 #include "lockstep/engine/backend.h"
 #include "lockstep/engine/clock.h"
-#include "decode/draft_policy.h"
 #include "lockstep/engine/gdn_state.h"
-#include "decode/mtp_drafter.h"
 #include "observe/checkpoint.h"
-#include "decode/suffix_index.h"
 
 namespace lockstep {
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "util/check.h"
 #include "lockstep/engine/sampler.h"
+#include "util/check.h"
 
 namespace lockstep {
 
@@ -16,7 +16,8 @@ MtpDrafter::MtpDrafter(Engine& engine)
 void MtpDrafter::Queue(int p, int T, const float* normed, const std::int32_t* next_tokens) {
   LOCKSTEP_CHECK_EQ(p, next_row_);
   if (pending_tokens_.empty()) pending_p_ = p;
-  pending_h_.insert(pending_h_.end(), normed, normed + static_cast<std::size_t>(T) * static_cast<std::size_t>(h_));
+  pending_h_.insert(pending_h_.end(), normed,
+                    normed + static_cast<std::size_t>(T) * static_cast<std::size_t>(h_));
   pending_tokens_.insert(pending_tokens_.end(), next_tokens, next_tokens + T);
   next_row_ = p + T;
 }
@@ -26,24 +27,28 @@ void MtpDrafter::Extend(ForwardMode mode) {
   if (n == 0) return;
   LOCKSTEP_CHECK_EQ(pending_p_, e_.mtp_position());
   bm_.resize(static_cast<std::size_t>(n) * static_cast<std::size_t>(h_));
-  e_.MtpForward(pending_h_.data(), pending_tokens_.data(), pending_p_, n, mode, bm_.data(), logits_.data(), 1);
+  e_.MtpForward(pending_h_.data(), pending_tokens_.data(), pending_p_, n, mode, bm_.data(),
+                logits_.data(), 1);
   e_.MtpCommit(pending_p_ + n);
   std::copy_n(bm_.end() - h_, h_, m_.begin());
   pending_h_.clear();
   pending_tokens_.clear();
 }
 
-std::vector<std::int32_t> MtpDrafter::Draft(int p, std::span<const std::int32_t> forced, int n_own) {
+std::vector<std::int32_t> MtpDrafter::Draft(int p, std::span<const std::int32_t> forced,
+                                            int n_own) {
   LOCKSTEP_CHECK_EQ(next_row_, p);
   Extend();
   LOCKSTEP_CHECK_EQ(e_.mtp_position(), p);
   std::vector<std::int32_t> out;
   const int total = static_cast<int>(forced.size()) + n_own;
   if (total == 0) return out;
-  std::vector<float> m = m_, logits = logits_, m_next(static_cast<std::size_t>(h_)), l_next(static_cast<std::size_t>(v_));
+  std::vector<float> m = m_, logits = logits_, m_next(static_cast<std::size_t>(h_)),
+                     l_next(static_cast<std::size_t>(v_));
   for (int s = 0; s < total; ++s) {
-    const std::int32_t d = s < static_cast<int>(forced.size()) ? forced[static_cast<std::size_t>(s)]
-                                                               : static_cast<std::int32_t>(Argmax(logits.data(), v_));
+    const std::int32_t d = s < static_cast<int>(forced.size())
+                               ? forced[static_cast<std::size_t>(s)]
+                               : static_cast<std::int32_t>(Argmax(logits.data(), v_));
     out.push_back(d);
     if (s + 1 == total) break;
     // Chain step at position p + s on (m, d): speculative draft K/V row, overwritten by the

@@ -43,12 +43,12 @@ class MtpDrafter {
  private:
   Engine& e_;
   int h_, v_;
-  int next_row_ = 0;                           // first row not yet queued
-  std::vector<float> pending_h_;               // f32 [n, H]
-  std::vector<std::int32_t> pending_tokens_;   // [n]
-  int pending_p_ = 0;                          // position of the first pending row
-  std::vector<float> m_, logits_;              // last extended row: m f32 [H], logits f32 [V]
-  std::vector<float> bm_;                      // batch output m f32 [n, H]
+  int next_row_ = 0;                          // first row not yet queued
+  std::vector<float> pending_h_;              // f32 [n, H]
+  std::vector<std::int32_t> pending_tokens_;  // [n]
+  int pending_p_ = 0;                         // position of the first pending row
+  std::vector<float> m_, logits_;             // last extended row: m f32 [H], logits f32 [V]
+  std::vector<float> bm_;                     // batch output m f32 [n, H]
 };
 
 }  // namespace lockstep

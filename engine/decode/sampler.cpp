@@ -21,17 +21,20 @@ int Argmax(const float* logits, int n) {
   return best;
 }
 
-int SampleToken(const float* logits, int n_vocab, const SamplingParams& params, std::int64_t position,
-                std::vector<int>* scratch) {
+int SampleToken(const float* logits, int n_vocab, const SamplingParams& params,
+                std::int64_t position, std::vector<int>* scratch) {
   if (params.greedy()) return Argmax(logits, n_vocab);
   std::vector<int>& order = *scratch;
   order.resize(static_cast<std::size_t>(n_vocab));
   std::iota(order.begin(), order.end(), 0);
-  auto desc = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  auto desc = [&](int a, int b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
   std::size_t n = order.size();
   if (params.top_k > 0 && static_cast<std::size_t>(params.top_k) < n) {
     n = static_cast<std::size_t>(params.top_k);
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(), desc);
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
+                      desc);
   } else if (params.top_p < 1.0) {
     std::sort(order.begin(), order.end(), desc);
   }  // else: plain sampling over all ids in id order
@@ -39,7 +42,8 @@ int SampleToken(const float* logits, int n_vocab, const SamplingParams& params, 
   for (std::size_t i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(logits[order[i]]));
   std::vector<double> p(n);
   double total = 0.0;
-  for (std::size_t i = 0; i < n; ++i) total += (p[i] = std::exp((static_cast<double>(logits[order[i]]) - mx) / params.temperature));
+  for (std::size_t i = 0; i < n; ++i)
+    total += (p[i] = std::exp((static_cast<double>(logits[order[i]]) - mx) / params.temperature));
   if (params.top_p < 1.0) {
     double cum = 0.0;
     std::size_t keep = n;

@@ -106,7 +106,8 @@ SuffixProposal SuffixAutomaton::Propose(int max_len, int min_match) const {
 void ExtendPeriodic(SuffixProposal& p, int max_len) {
   if (p.period <= 0 || static_cast<int>(p.tokens.size()) != p.period) return;
   const std::size_t period = static_cast<std::size_t>(p.period);
-  while (static_cast<int>(p.tokens.size()) < max_len) p.tokens.push_back(p.tokens[p.tokens.size() - period]);
+  while (static_cast<int>(p.tokens.size()) < max_len)
+    p.tokens.push_back(p.tokens[p.tokens.size() - period]);
 }
 
 // ---- SuffixIndex ----

@@ -10,12 +10,14 @@ namespace lockstep {
 
 bool ModelConfig::is_moe(int il) const {
   if (n_experts <= 0) return false;
-  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), il) != mlp_only_layers.end()) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), il) != mlp_only_layers.end())
+    return false;
   return decoder_sparse_step > 0 && (il + 1) % decoder_sparse_step == 0;
 }
 
 int ModelConfig::n_full_attention_layers() const {
-  return static_cast<int>(std::count(layer_types.begin(), layer_types.end(), LayerType::kFullAttention));
+  return static_cast<int>(
+      std::count(layer_types.begin(), layer_types.end(), LayerType::kFullAttention));
 }
 
 namespace {
@@ -23,7 +25,9 @@ namespace {
 Result<int> GetPositiveInt(const JsonDoc& doc, std::string_view key) {
   LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t v, doc.GetInt(key));
   if (v <= 0 || v > (std::int64_t{1} << 30))
-    return Status::InvalidArgument(doc.label(), "key '" + std::string(key) + "': expected a positive integer, got " + std::to_string(v));
+    return Status::InvalidArgument(
+        doc.label(),
+        "key '" + std::string(key) + "': expected a positive integer, got " + std::to_string(v));
   return static_cast<int>(v);
 }
 
@@ -32,7 +36,8 @@ Result<int> GetIntOr(const JsonDoc& doc, std::string_view key, int fallback) {
   if (!doc.Has(key)) return fallback;
   LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t v, doc.GetInt(key));
   if (v < 0 || v > (std::int64_t{1} << 30))
-    return Status::InvalidArgument(doc.label(), "key '" + std::string(key) + "': out of range: " + std::to_string(v));
+    return Status::InvalidArgument(
+        doc.label(), "key '" + std::string(key) + "': out of range: " + std::to_string(v));
   return static_cast<int>(v);
 }
 
@@ -54,7 +59,8 @@ Result<ModelConfig> ModelConfig::FromJsonText(std::string_view text, const std::
   LOCKSTEP_ASSIGN_OR_RETURN(c.head_dim, GetIntOr(doc, "head_dim", 256));
   // Partial rotary factor and theta: top level (older config.json) or rope_parameters (newer).
   if (doc.Has("rope_parameters.partial_rotary_factor")) {
-    LOCKSTEP_ASSIGN_OR_RETURN(c.partial_rotary_factor, doc.GetDouble("rope_parameters.partial_rotary_factor"));
+    LOCKSTEP_ASSIGN_OR_RETURN(c.partial_rotary_factor,
+                              doc.GetDouble("rope_parameters.partial_rotary_factor"));
   } else if (doc.Has("partial_rotary_factor")) {
     LOCKSTEP_ASSIGN_OR_RETURN(c.partial_rotary_factor, doc.GetDouble("partial_rotary_factor"));
   }
@@ -63,7 +69,8 @@ Result<ModelConfig> ModelConfig::FromJsonText(std::string_view text, const std::
   } else if (doc.Has("rope_theta")) {
     LOCKSTEP_ASSIGN_OR_RETURN(c.rope_theta, doc.GetDouble("rope_theta"));
   } else {
-    return Status::NotFound(label, "missing key 'rope_theta' (top level or rope_parameters.rope_theta)");
+    return Status::NotFound(label,
+                            "missing key 'rope_theta' (top level or rope_parameters.rope_theta)");
   }
   if (doc.Has("rope_scaling")) {
     return Status::NotSupported(label, "rope_scaling is set; only default RoPE is implemented");
@@ -115,22 +122,26 @@ Result<ModelConfig> ModelConfig::FromJsonText(std::string_view text, const std::
     LOCKSTEP_ASSIGN_OR_RETURN(auto types, doc.GetStringList("layer_types"));
     if (static_cast<int>(types.size()) != c.n_layers)
       return Status::InvalidArgument(label, "layer_types has " + std::to_string(types.size()) +
-                                                " entries, num_hidden_layers is " + std::to_string(c.n_layers));
+                                                " entries, num_hidden_layers is " +
+                                                std::to_string(c.n_layers));
     for (const auto& t : types) {
       if (t == "linear_attention") {
         c.layer_types.push_back(LayerType::kLinearAttention);
       } else if (t == "full_attention") {
         c.layer_types.push_back(LayerType::kFullAttention);
       } else {
-        return Status::InvalidArgument(label, "layer_types: unknown entry '" + t +
-                                                  "' (expected linear_attention or full_attention)");
+        return Status::InvalidArgument(
+            label,
+            "layer_types: unknown entry '" + t + "' (expected linear_attention or full_attention)");
       }
     }
   } else {
     LOCKSTEP_ASSIGN_OR_RETURN(int interval, GetIntOr(doc, "full_attention_interval", 4));
-    if (interval <= 0) return Status::InvalidArgument(label, "full_attention_interval must be positive");
+    if (interval <= 0)
+      return Status::InvalidArgument(label, "full_attention_interval must be positive");
     for (int il = 0; il < c.n_layers; ++il)
-      c.layer_types.push_back((il + 1) % interval == 0 ? LayerType::kFullAttention : LayerType::kLinearAttention);
+      c.layer_types.push_back((il + 1) % interval == 0 ? LayerType::kFullAttention
+                                                       : LayerType::kLinearAttention);
   }
   LOCKSTEP_RETURN_IF_ERROR(c.Validate().WithContext(label));
   return c;
@@ -143,17 +154,22 @@ Result<ModelConfig> ModelConfig::FromFile(const std::string& path) {
 
 Status ModelConfig::Validate() const {
   auto bad = [](const std::string& m) { return Status::InvalidArgument("model config", m); };
-  if (n_heads % n_heads_kv != 0) return bad("num_attention_heads must be a multiple of num_key_value_heads");
-  if (n_v_heads % n_k_heads != 0) return bad("linear_num_value_heads must be a multiple of linear_num_key_heads");
-  if (rotary_dim % 2 != 0 || rotary_dim > head_dim) return bad("rotary dims must be even and <= head_dim");
+  if (n_heads % n_heads_kv != 0)
+    return bad("num_attention_heads must be a multiple of num_key_value_heads");
+  if (n_v_heads % n_k_heads != 0)
+    return bad("linear_num_value_heads must be a multiple of linear_num_key_heads");
+  if (rotary_dim % 2 != 0 || rotary_dim > head_dim)
+    return bad("rotary dims must be even and <= head_dim");
   if (n_experts > 4096) return bad("more than 4096 experts are not supported");
   if (head_dim > 512) return bad("head_dim above 512 is not supported");
-  if (v_head_dim > 1024 || k_head_dim > 1024) return bad("linear head dims above 1024 are not supported");
+  if (v_head_dim > 1024 || k_head_dim > 1024)
+    return bad("linear head dims above 1024 are not supported");
   if (conv_kernel < 1 || conv_kernel > 16) return bad("linear_conv_kernel_dim must be in [1, 16]");
   bool any_moe = false, any_dense = false;
   for (int il = 0; il < n_layers; ++il) (is_moe(il) ? any_moe : any_dense) = true;
   if (any_moe && (n_experts_used <= 0 || n_experts_used > n_experts || moe_ffn <= 0))
-    return bad("MoE layers need 0 < num_experts_per_tok <= num_experts and moe_intermediate_size > 0");
+    return bad(
+        "MoE layers need 0 < num_experts_per_tok <= num_experts and moe_intermediate_size > 0");
   if (any_dense && dense_ffn <= 0) return bad("dense layers need intermediate_size > 0");
   if (n_mtp_layers < 0 || n_mtp_layers > 1) return bad("only 0 or 1 MTP layers are supported");
   for (int e : eos_token_ids)
@@ -209,7 +225,8 @@ std::string ModelConfig::ToJson() const {
     j["full_attention_interval"] = interval;
   } else {
     std::vector<std::string> names;
-    for (auto t : layer_types) names.push_back(t == LayerType::kFullAttention ? "full_attention" : "linear_attention");
+    for (auto t : layer_types)
+      names.push_back(t == LayerType::kFullAttention ? "full_attention" : "linear_attention");
     j["layer_types"] = names;
   }
   return j.dump(2) + "\n";

@@ -133,8 +133,7 @@ Status ParseHeaderJson(const char* begin, std::uint64_t n, const std::string& wh
   // would silently drop a tensor, so the parser callback records top-level duplicates.
   std::set<std::string, std::less<>> seen;
   std::string duplicate;
-  const json::parser_callback_t on_event = [&](int depth, json::parse_event_t event,
-                                               json& parsed) {
+  const json::parser_callback_t on_event = [&](int depth, json::parse_event_t event, json& parsed) {
     // A real header nests 3 deep (object, entry, shape); "[[[[..." would otherwise cost
     // gigabytes of memory and seconds per 100 MiB header. Thrown, caught just below.
     if (depth > kMaxHeaderDepth) throw HeaderTooDeep{};
@@ -174,8 +173,8 @@ Status ReadMetadata(const json& entry, const std::string& what,
                     std::map<std::string, std::string>* metadata) {
   if (!entry.is_object()) {
     return Status::Corruption(
-        what, fmt::format("__metadata__ is a JSON {}, expected an object of strings",
-                          entry.type_name()));
+        what,
+        fmt::format("__metadata__ is a JSON {}, expected an object of strings", entry.type_name()));
   }
   for (const auto& [mkey, mval] : entry.items()) {
     if (!mval.is_string()) {
@@ -201,8 +200,8 @@ Status ReadDtype(const json& entry, const std::string& what, const std::string& 
   const auto& dtype_text = dt_it->get_ref<const std::string&>();
   const std::optional<DType> dtype = dtype_from_safetensors(dtype_text);
   if (!dtype) {
-    return Status::Corruption(what, fmt::format("{}: unknown dtype '{}' (expected one of {})",
-                                                tw, dtype_text, KnownDtypes()));
+    return Status::Corruption(what, fmt::format("{}: unknown dtype '{}' (expected one of {})", tw,
+                                                dtype_text, KnownDtypes()));
   }
   *dtype_out = *dtype;
   *text_out = dtype_text;
@@ -228,15 +227,14 @@ Status ReadShape(const json& entry, DType dtype, const std::string& what, const 
     const std::optional<std::uint64_t> v = NonNegativeInt(d);
     if (!v || *v > kI64Max) {
       return Status::Corruption(
-          what, fmt::format("{}: shape[{}] is {}, expected a non-negative integer (shape {})",
-                            tw, i, Brief(d), Brief(*sh_it)));
+          what, fmt::format("{}: shape[{}] is {}, expected a non-negative integer (shape {})", tw,
+                            i, Brief(d), Brief(*sh_it)));
     }
     shape.push_back(static_cast<std::int64_t>(*v));
     if (__builtin_mul_overflow(numel, *v, &numel) || numel > kI64Max) too_big = true;
   }
   std::uint64_t nbytes = 0;
-  if (too_big || __builtin_mul_overflow(numel, dtype_size(dtype), &nbytes) ||
-      nbytes > kI64Max) {
+  if (too_big || __builtin_mul_overflow(numel, dtype_size(dtype), &nbytes) || nbytes > kI64Max) {
     return Status::Corruption(
         what,
         fmt::format("{}: shape {} has more elements than can be addressed", tw, Brief(*sh_it)));
@@ -276,10 +274,9 @@ Status ReadOffsets(const json& entry, std::uint64_t data_size, std::uint64_t nby
   }
   if (*end - *begin != nbytes) {
     return Status::Corruption(
-        what,
-        fmt::format("{}: data_offsets [{}, {}) span {} bytes, expected {} bytes for "
-                    "{} {}",
-                    tw, *begin, *end, *end - *begin, nbytes, dtype_text, ShapeText(shape)));
+        what, fmt::format("{}: data_offsets [{}, {}) span {} bytes, expected {} bytes for "
+                          "{} {}",
+                          tw, *begin, *end, *end - *begin, nbytes, dtype_text, ShapeText(shape)));
   }
   *range_out = Range{*begin, *end, nullptr};
   return Status::Ok();

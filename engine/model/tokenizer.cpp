@@ -23,7 +23,8 @@ std::string DecodeTokens(const std::vector<std::int32_t>& ids) {
   return out;
 }
 
-Result<std::vector<std::int32_t>> ParseTokenList(std::string_view text, int n_vocab, std::string_view label) {
+Result<std::vector<std::int32_t>> ParseTokenList(std::string_view text, int n_vocab,
+                                                 std::string_view label) {
   std::vector<std::int32_t> ids;
   std::size_t i = 0;
   auto is_sep = [](char c) { return c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
@@ -36,11 +37,13 @@ Result<std::vector<std::int32_t>> ParseTokenList(std::string_view text, int n_vo
     long long v = 0;
     auto [ptr, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), v);
     if (ec != std::errc() || ptr != tok.data() + tok.size() || v < 0)
-      return Status::InvalidArgument(label, "entry " + std::to_string(ids.size()) + " '" + std::string(tok) +
+      return Status::InvalidArgument(label, "entry " + std::to_string(ids.size()) + " '" +
+                                                std::string(tok) +
                                                 "' is not a non-negative integer token id");
     if (v >= n_vocab)
-      return Status::InvalidArgument(label, "entry " + std::to_string(ids.size()) + ": token id " + std::to_string(v) +
-                                                " is outside the vocabulary (size " + std::to_string(n_vocab) + ")");
+      return Status::InvalidArgument(
+          label, "entry " + std::to_string(ids.size()) + ": token id " + std::to_string(v) +
+                     " is outside the vocabulary (size " + std::to_string(n_vocab) + ")");
     ids.push_back(static_cast<std::int32_t>(v));
     i = j;
   }

@@ -5,7 +5,8 @@ namespace lockstep {
 namespace {
 
 // K or V rows [first, first + n) of a cache as a row view.
-StateView KvView(const KvCache& kv, ItemKind kind, int stage, int layer, bool is_v, int first, int n) {
+StateView KvView(const KvCache& kv, ItemKind kind, int stage, int layer, bool is_v, int first,
+                 int n) {
   StateView v;
   v.kind = kind;
   v.stage = stage;
@@ -18,12 +19,15 @@ StateView KvView(const KvCache& kv, ItemKind kind, int stage, int layer, bool is
   const KvCache* c = &kv;
   v.row = [c, is_v, first](int r) { return is_v ? c->VRaw(first + r) : c->KRaw(first + r); };
   if (kv.dtype() == DType::kI8)
-    v.scales = [c, is_v, first](int r) { return is_v ? c->VScales(first + r) : c->KScales(first + r); };
+    v.scales = [c, is_v, first](int r) {
+      return is_v ? c->VScales(first + r) : c->KScales(first + r);
+    };
   return v;
 }
 
 // A contiguous f32 tensor of `rows` rows as a row view.
-StateView DenseView(ItemKind kind, int stage, int layer, const float* data, std::vector<std::int64_t> shape) {
+StateView DenseView(ItemKind kind, int stage, int layer, const float* data,
+                    std::vector<std::int64_t> shape) {
   StateView v;
   v.kind = kind;
   v.stage = stage;
@@ -43,7 +47,8 @@ StateView DenseView(ItemKind kind, int stage, int layer, const float* data, std:
 
 }  // namespace
 
-void EmitCheckpoint(Engine& engine, Observer& observer, const CheckpointInfo& info, const float* logits) {
+void EmitCheckpoint(Engine& engine, Observer& observer, const CheckpointInfo& info,
+                    const float* logits) {
   const bool post = info.point == CheckpointPoint::kPostVerify;
   const ModelConfig& c = engine.weights().config;
   observer.OnCheckpointBegin(info);
@@ -55,12 +60,15 @@ void EmitCheckpoint(Engine& engine, Observer& observer, const CheckpointInfo& in
         observer.OnState(info, KvView(*kv, ItemKind::kK, is, il, false, 0, committed));
         observer.OnState(info, KvView(*kv, ItemKind::kV, is, il, true, 0, committed));
         if (post) {
-          observer.OnState(info, KvView(*kv, ItemKind::kKSpec, is, il, false, committed, kv->rows_spec()));
-          observer.OnState(info, KvView(*kv, ItemKind::kVSpec, is, il, true, committed, kv->rows_spec()));
+          observer.OnState(
+              info, KvView(*kv, ItemKind::kKSpec, is, il, false, committed, kv->rows_spec()));
+          observer.OnState(info,
+                           KvView(*kv, ItemKind::kVSpec, is, il, true, committed, kv->rows_spec()));
         }
       }
       if (GdnState* g = s.gdn(il)) {
-        observer.OnState(info, DenseView(ItemKind::kConvState, is, il, g->conv(), {g->conv_rows(), g->conv_dim()}));
+        observer.OnState(info, DenseView(ItemKind::kConvState, is, il, g->conv(),
+                                         {g->conv_rows(), g->conv_dim()}));
         observer.OnState(info, DenseView(ItemKind::kSsmState, is, il, g->ssm(),
                                          {c.n_v_heads, c.k_head_dim, c.v_head_dim}));
       }
@@ -70,7 +78,8 @@ void EmitCheckpoint(Engine& engine, Observer& observer, const CheckpointInfo& in
       observer.OnState(info, KvView(*m, ItemKind::kMtpV, is, -1, true, 0, m->rows_committed()));
     }
     if (post && !s.is_last() && !engine.hidden_out(is).empty())
-      observer.OnState(info, DenseView(ItemKind::kHiddenOut, is, -1, engine.hidden_out(is).data(), {info.T, c.n_embd}));
+      observer.OnState(info, DenseView(ItemKind::kHiddenOut, is, -1, engine.hidden_out(is).data(),
+                                       {info.T, c.n_embd}));
     if (post && s.is_last() && logits != nullptr)
       observer.OnState(info, DenseView(ItemKind::kLogits, is, -1, logits, {info.T, c.n_vocab}));
   }

@@ -7,8 +7,8 @@ namespace lockstep {
 namespace {
 
 // Indexed by the enum's value (the schema's order).
-constexpr std::array<const char*, kNumCheckpointPoints> kPointNames = {"pre_verify",
-                                                                       "post_verify", "commit"};
+constexpr std::array<const char*, kNumCheckpointPoints> kPointNames = {"pre_verify", "post_verify",
+                                                                       "commit"};
 constexpr std::array<const char*, kNumItemKinds> kKindNames = {
     "k",         "v",     "k_spec", "v_spec",     "conv_state",
     "ssm_state", "mtp_k", "mtp_v",  "hidden_out", "logits"};

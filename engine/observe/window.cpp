@@ -18,10 +18,12 @@ template <typename Int>
 Int CheckedInt(const nlohmann::json& v, const char* key) {
   if (v.is_number_unsigned()) {
     const auto u = v.get<std::uint64_t>();
-    if (u <= static_cast<std::uint64_t>(std::numeric_limits<Int>::max())) return static_cast<Int>(u);
+    if (u <= static_cast<std::uint64_t>(std::numeric_limits<Int>::max()))
+      return static_cast<Int>(u);
   } else if (v.is_number_integer()) {
     const auto s = v.get<std::int64_t>();
-    if (s >= std::numeric_limits<Int>::min() && s <= std::numeric_limits<Int>::max()) return static_cast<Int>(s);
+    if (s >= std::numeric_limits<Int>::min() && s <= std::numeric_limits<Int>::max())
+      return static_cast<Int>(s);
   } else {
     throw std::invalid_argument(std::string("'") + key + "': expected an integer, got " + v.dump());
   }
@@ -30,7 +32,8 @@ Int CheckedInt(const nlohmann::json& v, const char* key) {
 
 template <typename Int>
 std::vector<Int> CheckedIntArray(const nlohmann::json& v, const char* key) {
-  if (!v.is_array()) throw std::invalid_argument(std::string("'") + key + "': expected an array of integers");
+  if (!v.is_array())
+    throw std::invalid_argument(std::string("'") + key + "': expected an array of integers");
   std::vector<Int> out;
   out.reserve(v.size());
   for (const auto& e : v) out.push_back(CheckedInt<Int>(e, key));
@@ -46,7 +49,8 @@ std::int64_t OptionalNs(const nlohmann::json& j, const char* key) {
 std::int64_t DeviceNs(const nlohmann::json& j, const char* key) {
   if (!j.contains(key) || j.at(key).is_null()) return -1;
   const auto v = CheckedInt<std::int64_t>(j.at(key), key);
-  if (v < 0) throw std::out_of_range(std::string("'") + key + "': negative (" + std::to_string(v) + ")");
+  if (v < 0)
+    throw std::out_of_range(std::string("'") + key + "': negative (" + std::to_string(v) + ")");
   return v;
 }
 
@@ -55,7 +59,8 @@ GraphUse ParseGraphUse(const nlohmann::json& j) {
   const std::string g = j.at("graph").get<std::string>();
   for (GraphUse u : {GraphUse::kNone, GraphUse::kEager, GraphUse::kCapture, GraphUse::kReplay})
     if (g == GraphUseName(u)) return u;
-  throw std::invalid_argument("'graph': unknown value \"" + g + "\" (none, eager, capture, replay)");
+  throw std::invalid_argument("'graph': unknown value \"" + g +
+                              "\" (none, eager, capture, replay)");
 }
 
 // The per-stage records ToJsonLine writes; traces written before them have no "stages" key.
@@ -91,10 +96,10 @@ void Set(WindowRecord& w, std::int64_t v) {
 
 using K = WindowFieldKind;
 using R = WindowFieldRole;
-#define LOCKSTEP_SCALAR_(name, kind, role, optional, nullable)                                 \
-  WindowField {                                                                                \
-    #name, kind, role, optional, nullable, &Get<&WindowRecord::name>, &Set<&WindowRecord::name>, \
-        nullptr                                                                                \
+#define LOCKSTEP_SCALAR_(name, kind, role, optional, nullable)          \
+  WindowField {                                                         \
+#name, kind, role, optional, nullable, &Get < &WindowRecord::name>, \
+        &Set < &WindowRecord::name>, nullptr                            \
   }
 #define LOCKSTEP_TOKENS_(name) \
   WindowField { #name, K::kTokens, R::kPath, false, false, nullptr, nullptr, &WindowRecord::name }
@@ -199,9 +204,11 @@ const char* DraftSourceName(DraftSource s) {
 }
 
 Result<DraftSource> ParseDraftSource(std::string_view s) {
-  for (DraftSource d : {DraftSource::kNone, DraftSource::kMtp, DraftSource::kSuffix, DraftSource::kMerged})
+  for (DraftSource d :
+       {DraftSource::kNone, DraftSource::kMtp, DraftSource::kSuffix, DraftSource::kMerged})
     if (s == DraftSourceName(d)) return d;
-  return Status::InvalidArgument("draft source", "unknown '" + std::string(s) + "' (expected none, mtp, suffix or merged)");
+  return Status::InvalidArgument(
+      "draft source", "unknown '" + std::string(s) + "' (expected none, mtp, suffix or merged)");
 }
 
 bool WindowRecord::SamePath(const WindowRecord& o) const {
@@ -270,7 +277,8 @@ Result<WindowRecord> WindowRecord::FromJsonLine(std::string_view line, const std
   WindowRecord r;
   try {
     if (!j.is_object() || j.value("schema", "") != "lockstep.window")
-      return Status::InvalidArgument(label, "not a lockstep.window record (missing \"schema\": \"lockstep.window\")");
+      return Status::InvalidArgument(
+          label, "not a lockstep.window record (missing \"schema\": \"lockstep.window\")");
     if (!j.contains("v") || j.at("v") != 1)
       return Status::InvalidArgument(label, "unsupported lockstep.window version");
     for (const WindowField& f : kWindowFields) LOCKSTEP_RETURN_IF_ERROR(ReadJsonField(j, f, r));
@@ -278,13 +286,15 @@ Result<WindowRecord> WindowRecord::FromJsonLine(std::string_view line, const std
   } catch (const std::exception& e) {
     return Status::InvalidArgument(label, std::string("bad window record field: ") + e.what());
   }
-  if (r.T < 1 || static_cast<int>(r.draft.size()) != r.T - 1 || r.accepted < 0 || r.accepted > r.T - 1 ||
-      static_cast<int>(r.emitted.size()) != r.accepted + 1 || r.p < 0)
-    return Status::InvalidArgument(label, "inconsistent window record (T, draft, accepted, emitted disagree)");
+  if (r.T < 1 || static_cast<int>(r.draft.size()) != r.T - 1 || r.accepted < 0 ||
+      r.accepted > r.T - 1 || static_cast<int>(r.emitted.size()) != r.accepted + 1 || r.p < 0)
+    return Status::InvalidArgument(
+        label, "inconsistent window record (T, draft, accepted, emitted disagree)");
   return r;
 }
 
-Result<std::vector<WindowRecord>> ReadWindowRecords(const std::string& path, std::string* torn_tail) {
+Result<std::vector<WindowRecord>> ReadWindowRecords(const std::string& path,
+                                                    std::string* torn_tail) {
   LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(path, std::size_t{1} << 30));
   std::vector<WindowRecord> out;
   std::size_t start = 0, line_no = 0;
@@ -304,14 +314,16 @@ Result<std::vector<WindowRecord>> ReadWindowRecords(const std::string& path, std
         // unterminated last line that does not parse is that record, torn. The whole lines
         // before it stand; the tail is dropped and reported.
         if (torn_tail != nullptr)
-          *torn_tail = label + ": " + std::to_string(line.size()) + " bytes of an unfinished record (no newline)";
+          *torn_tail = label + ": " + std::to_string(line.size()) +
+                       " bytes of an unfinished record (no newline)";
         break;
       }
       LOCKSTEP_ASSIGN_OR_RETURN(WindowRecord r, std::move(parsed));
       if (r.idx != static_cast<int>(out.size()))
         return Status::InvalidArgument(path + ":" + std::to_string(line_no),
-                                       "window idx " + std::to_string(r.idx) + " out of order (expected " +
-                                           std::to_string(out.size()) + ")");
+                                       "window idx " + std::to_string(r.idx) +
+                                           " out of order (expected " + std::to_string(out.size()) +
+                                           ")");
       out.push_back(std::move(r));
     }
     start = end + 1;

@@ -69,7 +69,8 @@ Status LoadBackendPlugin(const std::string& path) {
   using RegisterFn = void (*)();
   auto fn = reinterpret_cast<RegisterFn>(dlsym(h, "lockstep_register_backends"));
   if (fn == nullptr)
-    return Status::NotSupported("backend plugin " + path, "no lockstep_register_backends symbol (not a lockstep plugin)");
+    return Status::NotSupported("backend plugin " + path,
+                                "no lockstep_register_backends symbol (not a lockstep plugin)");
   fn();  // the handle stays open for the life of the process: the factories live in it
   return Status::Ok();
 }
@@ -101,9 +102,10 @@ Result<BackendPtr> CreateBackend(const EngineConfig& cfg, const ModelWeights& we
   if (!factory) {
     std::string have;
     for (const auto& n : RegisteredBackends()) have += (have.empty() ? "" : ", ") + n;
-    return Status::NotSupported("--backend " + cfg.backend,
-                                "this build has no '" + cfg.backend + "' backend (built: " + have + plugin_note +
-                                    "; the cuda backend needs nvcc at configure time and -DLOCKSTEP_CUDA=ON)");
+    return Status::NotSupported(
+        "--backend " + cfg.backend,
+        "this build has no '" + cfg.backend + "' backend (built: " + have + plugin_note +
+            "; the cuda backend needs nvcc at configure time and -DLOCKSTEP_CUDA=ON)");
   }
   return factory(cfg, weights);
 }

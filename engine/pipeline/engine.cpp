@@ -11,7 +11,8 @@ namespace lockstep {
 Engine::Engine(const EngineConfig& cfg, const ModelWeights& w) : cfg_(cfg), w_(w) {}
 Engine::~Engine() = default;
 
-Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in, const ModelWeights& weights) {
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in,
+                                               const ModelWeights& weights) {
   LOCKSTEP_RETURN_IF_ERROR(cfg_in.Validate());
   EngineConfig cfg = cfg_in;
   if (cfg.threads == 0) cfg.threads = ThreadPool::HardwareThreads();
@@ -34,9 +35,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in, const
   LOCKSTEP_ASSIGN_OR_RETURN(e->transport_, e->backend_->CreateTransport(cfg.stages));
   LOCKSTEP_ASSIGN_OR_RETURN(e->injections_, ParseInjections(cfg.inject));
   for (auto& inj : e->injections_) {
-    auto bad = [&](const std::string& why) { return Status::InvalidArgument("--inject '" + inj.text + "'", why); };
+    auto bad = [&](const std::string& why) {
+      return Status::InvalidArgument("--inject '" + inj.text + "'", why);
+    };
     if (inj.stage >= cfg.stages)
-      return bad("stage " + std::to_string(inj.stage) + " does not exist (" + std::to_string(cfg.stages) + " stages)");
+      return bad("stage " + std::to_string(inj.stage) + " does not exist (" +
+                 std::to_string(cfg.stages) + " stages)");
     if (inj.kind != Injection::Kind::kPerturb) continue;
     if (inj.layer >= 0) {
       if (inj.layer >= weights.config.n_layers)
@@ -45,15 +49,18 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in, const
       int owner = 0;
       while (e->bounds_[static_cast<std::size_t>(owner) + 1] <= inj.layer) ++owner;
       if (inj.stage >= 0 && inj.stage != owner)
-        return bad("layer " + std::to_string(inj.layer) + " belongs to stage " + std::to_string(owner));
+        return bad("layer " + std::to_string(inj.layer) + " belongs to stage " +
+                   std::to_string(owner));
       inj.stage = owner;
       const bool attention = weights.config.is_full_attention(inj.layer);
       if ((inj.item == ItemKind::kK || inj.item == ItemKind::kV) && !attention)
         return bad("layer " + std::to_string(inj.layer) + " is a GDN layer (no K/V)");
       if ((inj.item == ItemKind::kConvState || inj.item == ItemKind::kSsmState) && attention)
-        return bad("layer " + std::to_string(inj.layer) + " is a full-attention layer (no recurrent state)");
+        return bad("layer " + std::to_string(inj.layer) +
+                   " is a full-attention layer (no recurrent state)");
     } else if (inj.item == ItemKind::kLogits) {
-      if (inj.stage >= 0 && inj.stage != cfg.stages - 1) return bad("logits live on the last stage");
+      if (inj.stage >= 0 && inj.stage != cfg.stages - 1)
+        return bad("logits live on the last stage");
       inj.stage = cfg.stages - 1;
     } else if (inj.item == ItemKind::kHiddenOut) {
       if (inj.stage < 0) return bad("hidden_out needs stage=S");
@@ -65,7 +72,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in, const
   return e;
 }
 
-Status Engine::RunPipeline(ForwardMode mode, std::span<const std::int32_t> tokens, Activation& out) {
+Status Engine::RunPipeline(ForwardMode mode, std::span<const std::int32_t> tokens,
+                           Activation& out) {
   Activation act;
   act.p = position_;
   act.T = static_cast<int>(tokens.size());
@@ -81,7 +89,8 @@ Status Engine::RunPipeline(ForwardMode mode, std::span<const std::int32_t> token
       for (const auto& inj : injections_)
         if (inj.kind == Injection::Kind::kDelay && (inj.stage < 0 || inj.stage == is) &&
             (inj.window < 0 || inj.window == window_))
-          std::this_thread::sleep_for(std::chrono::microseconds(static_cast<std::int64_t>(inj.ms * 1000.0)));
+          std::this_thread::sleep_for(
+              std::chrono::microseconds(static_cast<std::int64_t>(inj.ms * 1000.0)));
     }
     LOCKSTEP_RETURN_IF_ERROR(stage(is).Forward(mode, tokens.data(), act));
     if (mode == ForwardMode::kVerify) ApplyPerturbations(is, act);
@@ -97,8 +106,8 @@ Status Engine::RunPipeline(ForwardMode mode, std::span<const std::int32_t> token
 
 void Engine::ApplyPerturbations(int is, Activation& act) {
   for (const auto& inj : injections_) {
-    if (inj.kind != Injection::Kind::kPerturb || inj.stage != is || (inj.window >= 0 && inj.window != window_) ||
-        inj.item == ItemKind::kLogits)
+    if (inj.kind != Injection::Kind::kPerturb || inj.stage != is ||
+        (inj.window >= 0 && inj.window != window_) || inj.item == ItemKind::kLogits)
       continue;
     stage(is).Perturb(inj.item, inj.layer, static_cast<float>(1.0 + inj.eps), act);
   }
@@ -106,7 +115,8 @@ void Engine::ApplyPerturbations(int is, Activation& act) {
 
 void Engine::PerturbLogits(float* logits, std::size_t n) {
   for (const auto& inj : injections_) {
-    if (inj.kind != Injection::Kind::kPerturb || inj.item != ItemKind::kLogits || (inj.window >= 0 && inj.window != window_))
+    if (inj.kind != Injection::Kind::kPerturb || inj.item != ItemKind::kLogits ||
+        (inj.window >= 0 && inj.window != window_))
       continue;
     const float f = static_cast<float>(1.0 + inj.eps);
     for (std::size_t i = 0; i < n; ++i) logits[i] *= f;
@@ -148,7 +158,8 @@ Status Engine::Verify(std::span<const std::int32_t> tokens, float* logits, float
   }
   stages_.back()->Logits(act, normed, logits);
   LOCKSTEP_RETURN_IF_ERROR(StagesStatus());
-  for (int is = 0; is < n_stages(); ++is) stage(is).FillDeviceTiming(&timings_[static_cast<std::size_t>(is)]);
+  for (int is = 0; is < n_stages(); ++is)
+    stage(is).FillDeviceTiming(&timings_[static_cast<std::size_t>(is)]);
   PerturbLogits(logits, tokens.size() * static_cast<std::size_t>(w_.config.n_vocab));
   pending_ = static_cast<int>(tokens.size());
   return Status::Ok();
@@ -156,8 +167,8 @@ Status Engine::Verify(std::span<const std::int32_t> tokens, float* logits, float
 
 Status Engine::Commit(int n) {
   if (n < 1 || n > pending_)
-    return Status::Runtime("commit", "cannot keep " + std::to_string(n) + " rows of a " + std::to_string(pending_) +
-                                         "-row window");
+    return Status::Runtime("commit", "cannot keep " + std::to_string(n) + " rows of a " +
+                                         std::to_string(pending_) + "-row window");
   for (auto& s : stages_) s->Commit(n);
   position_ += n;
   pending_ = 0;

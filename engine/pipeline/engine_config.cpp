@@ -11,7 +11,8 @@ Result<DType> ParseKvDtype(std::string_view s) {
   if (s == "f32") return DType::kF32;
   if (s == "bf16") return DType::kBF16;
   if (s == "int8") return DType::kI8;
-  return Status::InvalidArgument("--kv", "expected f32, bf16 or int8, got '" + std::string(s) + "'");
+  return Status::InvalidArgument("--kv",
+                                 "expected f32, bf16 or int8, got '" + std::string(s) + "'");
 }
 
 Result<std::vector<int>> ParseIntList(std::string_view s, std::string_view what) {
@@ -20,11 +21,13 @@ Result<std::vector<int>> ParseIntList(std::string_view s, std::string_view what)
   std::size_t start = 0;
   while (start <= s.size()) {
     std::size_t comma = s.find(',', start);
-    std::string_view part = s.substr(start, comma == std::string_view::npos ? s.size() - start : comma - start);
+    std::string_view part =
+        s.substr(start, comma == std::string_view::npos ? s.size() - start : comma - start);
     int v = 0;
     auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
     if (ec != std::errc() || ptr != part.data() + part.size() || part.empty())
-      return Status::InvalidArgument(what, "expected comma-separated integers, got '" + std::string(s) + "'");
+      return Status::InvalidArgument(
+          what, "expected comma-separated integers, got '" + std::string(s) + "'");
     out.push_back(v);
     if (comma == std::string_view::npos) break;
     start = comma + 1;
@@ -405,7 +408,8 @@ Status EngineConfig::Validate() const {
 
 Result<std::vector<int>> EngineConfig::StageBoundaries(const ModelConfig& m) const {
   if (stages > m.n_layers)
-    return Status::InvalidArgument("--stages", std::to_string(stages) + " stages for a model with " +
+    return Status::InvalidArgument("--stages", std::to_string(stages) +
+                                                   " stages for a model with " +
                                                    std::to_string(m.n_layers) + " layers");
   std::vector<int> b{0};
   if (split.empty()) {
@@ -416,9 +420,9 @@ Result<std::vector<int>> EngineConfig::StageBoundaries(const ModelConfig& m) con
   b.push_back(m.n_layers);
   for (std::size_t i = 1; i < b.size(); ++i) {
     if (b[i] <= b[i - 1])
-      return Status::InvalidArgument("--split", "boundaries must be strictly increasing within (0, " +
-                                                    std::to_string(m.n_layers) + "), got " +
-                                                    nlohmann::json(split).dump());
+      return Status::InvalidArgument(
+          "--split", "boundaries must be strictly increasing within (0, " +
+                         std::to_string(m.n_layers) + "), got " + nlohmann::json(split).dump());
   }
   return b;
 }

@@ -12,7 +12,8 @@ Result<double> Number(std::string_view v, const std::string& text) {
   double d = 0;
   auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
   if (ec != std::errc() || ptr != v.data() + v.size() || !std::isfinite(d) || d < 0)
-    return Status::InvalidArgument("--inject '" + text + "'", "'" + std::string(v) + "' is not a non-negative number");
+    return Status::InvalidArgument("--inject '" + text + "'",
+                                   "'" + std::string(v) + "' is not a non-negative number");
   return d;
 }
 
@@ -21,7 +22,9 @@ Result<double> Number(std::string_view v, const std::string& text) {
 Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& specs) {
   std::vector<Injection> out;
   for (const auto& text : specs) {
-    auto bad = [&](const std::string& why) { return Status::InvalidArgument("--inject '" + text + "'", why); };
+    auto bad = [&](const std::string& why) {
+      return Status::InvalidArgument("--inject '" + text + "'", why);
+    };
     std::string_view s = text;
     auto colon = s.find(':');
     std::string_view kind = s.substr(0, colon);
@@ -41,7 +44,8 @@ Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& s
       colon = s.find(':');
       std::string_view kv = s.substr(0, colon);
       auto eq = kv.find('=');
-      if (eq == std::string_view::npos) return bad("expected key=value, got '" + std::string(kv) + "'");
+      if (eq == std::string_view::npos)
+        return bad("expected key=value, got '" + std::string(kv) + "'");
       std::string_view key = kv.substr(0, eq), val = kv.substr(eq + 1);
       if (perturb && key == "item") {
         const std::optional<ItemKind> item = ParseItemKind(val);

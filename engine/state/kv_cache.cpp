@@ -12,7 +12,8 @@ KvCache::KvCache(int n_heads_kv, int head_dim, DType dtype, int page_rows)
       page_rows_(page_rows),
       dtype_(dtype),
       row_elems_(static_cast<std::size_t>(n_heads_kv) * static_cast<std::size_t>(head_dim)) {
-  LOCKSTEP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kI8) << dtype_name(dtype);
+  LOCKSTEP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kI8)
+      << dtype_name(dtype);
   LOCKSTEP_CHECK_GE(page_rows, 1);
 }
 
@@ -22,7 +23,8 @@ void KvCache::EnsureCapacity(int rows) {
     std::size_t elems = 2 * static_cast<std::size_t>(page_rows_) * row_elems_;
     p.data.reset(new std::byte[elems * dtype_size(dtype_)]());
     if (dtype_ == DType::kI8)
-      p.scales.reset(new float[2 * static_cast<std::size_t>(page_rows_) * static_cast<std::size_t>(n_heads_kv_)]());
+      p.scales.reset(new float[2 * static_cast<std::size_t>(page_rows_) *
+                               static_cast<std::size_t>(n_heads_kv_)]());
     pages_.push_back(std::move(p));
   }
 }
@@ -73,7 +75,8 @@ void KvCache::StoreRow(int which, int row, const float* src) {
 }
 
 void KvCache::ScaleRows(int which, int row0, int n, float factor) {
-  LOCKSTEP_CHECK(row0 >= rows_committed_ && row0 + n <= rows_written_) << "ScaleRows outside the speculative rows";
+  LOCKSTEP_CHECK(row0 >= rows_committed_ && row0 + n <= rows_written_)
+      << "ScaleRows outside the speculative rows";
   for (int r = row0; r < row0 + n; ++r) {
     std::byte* dst = RowPtrMut(which, r);
     switch (dtype_) {
@@ -100,7 +103,8 @@ void KvCache::ScaleRows(int which, int row0, int n, float factor) {
 
 void KvCache::Write(int pos, int n, const float* k, const float* v) {
   LOCKSTEP_CHECK(pos >= rows_committed_ && pos <= rows_written_)
-      << "write at " << pos << " with committed=" << rows_committed_ << " written=" << rows_written_;
+      << "write at " << pos << " with committed=" << rows_committed_
+      << " written=" << rows_written_;
   EnsureCapacity(pos + n);
   for (int t = 0; t < n; ++t) {
     StoreRow(0, pos + t, k + static_cast<std::size_t>(t) * row_elems_);
@@ -109,10 +113,11 @@ void KvCache::Write(int pos, int n, const float* k, const float* v) {
   rows_written_ = pos + n;
 }
 
-void KvCache::WriteRaw(int pos, int n, const std::byte* k, const std::byte* v, const float* k_scales,
-                       const float* v_scales) {
+void KvCache::WriteRaw(int pos, int n, const std::byte* k, const std::byte* v,
+                       const float* k_scales, const float* v_scales) {
   LOCKSTEP_CHECK(pos >= rows_committed_ && pos <= rows_written_)
-      << "raw write at " << pos << " with committed=" << rows_committed_ << " written=" << rows_written_;
+      << "raw write at " << pos << " with committed=" << rows_committed_
+      << " written=" << rows_written_;
   EnsureCapacity(pos + n);
   const std::size_t rb = row_bytes(), hk = static_cast<std::size_t>(n_heads_kv_);
   for (int t = 0; t < n; ++t) {
@@ -141,12 +146,14 @@ const float* KvCache::Get(int which, int row, int head, float* tmp) const {
     case DType::kF32:
       return reinterpret_cast<const float*>(base) + static_cast<std::size_t>(head) * hd;
     case DType::kBF16: {
-      const auto* s = reinterpret_cast<const std::uint16_t*>(base) + static_cast<std::size_t>(head) * hd;
+      const auto* s =
+          reinterpret_cast<const std::uint16_t*>(base) + static_cast<std::size_t>(head) * hd;
       for (std::size_t i = 0; i < hd; ++i) tmp[i] = bf16_to_f32(s[i]);
       return tmp;
     }
     case DType::kI8: {
-      const auto* s = reinterpret_cast<const std::int8_t*>(base) + static_cast<std::size_t>(head) * hd;
+      const auto* s =
+          reinterpret_cast<const std::int8_t*>(base) + static_cast<std::size_t>(head) * hd;
       dequantize_int8_row(s, ScalePtr(which, row)[head], hd, tmp);
       return tmp;
     }
@@ -158,7 +165,9 @@ const float* KvCache::Get(int which, int row, int head, float* tmp) const {
 
 std::size_t KvCache::bytes_reserved() const {
   std::size_t per_page = 2 * static_cast<std::size_t>(page_rows_) * row_elems_ * dtype_size(dtype_);
-  if (dtype_ == DType::kI8) per_page += 2 * static_cast<std::size_t>(page_rows_) * static_cast<std::size_t>(n_heads_kv_) * sizeof(float);
+  if (dtype_ == DType::kI8)
+    per_page += 2 * static_cast<std::size_t>(page_rows_) * static_cast<std::size_t>(n_heads_kv_) *
+                sizeof(float);
   return per_page * pages_.size();
 }
 

@@ -6,7 +6,7 @@
 namespace lockstep {
 
 namespace {
-constexpr std::size_t kAlignFloats = 16;                    // 64 bytes
+constexpr std::size_t kAlignFloats = 16;                       // 64 bytes
 constexpr std::size_t kMinBlockFloats = std::size_t{1} << 20;  // 4 MiB
 }  // namespace
 

@@ -29,11 +29,10 @@ struct Voidify {
 
 }  // namespace lockstep::internal
 
-#define LOCKSTEP_CHECK(cond)                                                           \
-  (cond) ? (void)0                                                                     \
-         : ::lockstep::internal::Voidify() &                                           \
-               ::lockstep::internal::CheckFailure(__FILE__, __LINE__, __func__, #cond) \
-                   .stream()
+#define LOCKSTEP_CHECK(cond)                 \
+  (cond) ? (void)0                           \
+         : ::lockstep::internal::Voidify() & \
+               ::lockstep::internal::CheckFailure(__FILE__, __LINE__, __func__, #cond).stream()
 
 #define LOCKSTEP_CHECK_EQ(a, b) LOCKSTEP_CHECK((a) == (b)) << (a) << " vs " << (b) << " "
 #define LOCKSTEP_CHECK_NE(a, b) LOCKSTEP_CHECK((a) != (b)) << (a) << " vs " << (b) << " "

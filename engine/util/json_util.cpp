@@ -23,7 +23,8 @@ Result<JsonDoc> JsonDoc::Parse(std::string_view text, std::string label) {
   } catch (const std::exception& e) {
     return Status::Corruption(label, std::string("invalid JSON: ") + e.what());
   }
-  if (!impl->j.is_object()) return Status::Corruption(label, "expected a JSON object at the top level");
+  if (!impl->j.is_object())
+    return Status::Corruption(label, "expected a JSON object at the top level");
   return JsonDoc(std::move(impl), std::move(label));
 }
 
@@ -39,7 +40,8 @@ const nlohmann::json* Lookup(const nlohmann::json& root, std::string_view key) {
   std::size_t start = 0;
   while (start <= key.size()) {
     std::size_t dot = key.find('.', start);
-    std::string part(key.substr(start, dot == std::string_view::npos ? key.size() - start : dot - start));
+    std::string part(
+        key.substr(start, dot == std::string_view::npos ? key.size() - start : dot - start));
     if (!cur->is_object()) return nullptr;
     auto it = cur->find(part);
     if (it == cur->end()) return nullptr;
@@ -59,10 +61,10 @@ bool JsonDoc::Has(std::string_view key) const {
   return v != nullptr && !v->is_null();
 }
 
-#define LOCKSTEP_JSON_LOOKUP_(v, key)                                               \
-  const nlohmann::json* v = Lookup(impl_->j, key);                                  \
-  if (v == nullptr || v->is_null())                                                 \
-    return Status::NotFound(label_, "missing key '" + std::string(key) + "'")
+#define LOCKSTEP_JSON_LOOKUP_(v, key)              \
+  const nlohmann::json* v = Lookup(impl_->j, key); \
+  if (v == nullptr || v->is_null())                \
+  return Status::NotFound(label_, "missing key '" + std::string(key) + "'")
 
 Result<std::int64_t> JsonDoc::GetInt(std::string_view key) const {
   LOCKSTEP_JSON_LOOKUP_(v, key);
@@ -71,35 +73,41 @@ Result<std::int64_t> JsonDoc::GetInt(std::string_view key) const {
     double d = v->get<double>();
     if (d == static_cast<double>(static_cast<std::int64_t>(d))) return static_cast<std::int64_t>(d);
   }
-  return Status::Corruption(label_, "key '" + std::string(key) + "': expected an integer, got " + TypeName(*v));
+  return Status::Corruption(
+      label_, "key '" + std::string(key) + "': expected an integer, got " + TypeName(*v));
 }
 
 Result<double> JsonDoc::GetDouble(std::string_view key) const {
   LOCKSTEP_JSON_LOOKUP_(v, key);
   if (v->is_number()) return v->get<double>();
-  return Status::Corruption(label_, "key '" + std::string(key) + "': expected a number, got " + TypeName(*v));
+  return Status::Corruption(
+      label_, "key '" + std::string(key) + "': expected a number, got " + TypeName(*v));
 }
 
 Result<bool> JsonDoc::GetBool(std::string_view key) const {
   LOCKSTEP_JSON_LOOKUP_(v, key);
   if (v->is_boolean()) return v->get<bool>();
-  return Status::Corruption(label_, "key '" + std::string(key) + "': expected true/false, got " + TypeName(*v));
+  return Status::Corruption(
+      label_, "key '" + std::string(key) + "': expected true/false, got " + TypeName(*v));
 }
 
 Result<std::string> JsonDoc::GetString(std::string_view key) const {
   LOCKSTEP_JSON_LOOKUP_(v, key);
   if (v->is_string()) return v->get<std::string>();
-  return Status::Corruption(label_, "key '" + std::string(key) + "': expected a string, got " + TypeName(*v));
+  return Status::Corruption(
+      label_, "key '" + std::string(key) + "': expected a string, got " + TypeName(*v));
 }
 
 Result<std::vector<std::int64_t>> JsonDoc::GetIntList(std::string_view key) const {
   LOCKSTEP_JSON_LOOKUP_(v, key);
   if (!v->is_array())
-    return Status::Corruption(label_, "key '" + std::string(key) + "': expected a list of integers, got " + TypeName(*v));
+    return Status::Corruption(
+        label_, "key '" + std::string(key) + "': expected a list of integers, got " + TypeName(*v));
   std::vector<std::int64_t> out;
   for (const auto& e : *v) {
     if (!e.is_number_integer())
-      return Status::Corruption(label_, "key '" + std::string(key) + "': expected a list of integers, found " + TypeName(e));
+      return Status::Corruption(label_, "key '" + std::string(key) +
+                                            "': expected a list of integers, found " + TypeName(e));
     out.push_back(e.get<std::int64_t>());
   }
   return out;
@@ -108,11 +116,13 @@ Result<std::vector<std::int64_t>> JsonDoc::GetIntList(std::string_view key) cons
 Result<std::vector<std::string>> JsonDoc::GetStringList(std::string_view key) const {
   LOCKSTEP_JSON_LOOKUP_(v, key);
   if (!v->is_array())
-    return Status::Corruption(label_, "key '" + std::string(key) + "': expected a list of strings, got " + TypeName(*v));
+    return Status::Corruption(
+        label_, "key '" + std::string(key) + "': expected a list of strings, got " + TypeName(*v));
   std::vector<std::string> out;
   for (const auto& e : *v) {
     if (!e.is_string())
-      return Status::Corruption(label_, "key '" + std::string(key) + "': expected a list of strings, found " + TypeName(e));
+      return Status::Corruption(label_, "key '" + std::string(key) +
+                                            "': expected a list of strings, found " + TypeName(e));
     out.push_back(e.get<std::string>());
   }
   return out;

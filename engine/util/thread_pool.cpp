@@ -47,8 +47,9 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::ParallelFor(std::size_t n, const RangeFn& fn, std::size_t min_per_thread) {
   if (n == 0) return;
-  std::size_t k = std::min<std::size_t>(static_cast<std::size_t>(n_threads_),
-                                        std::max<std::size_t>(1, n / std::max<std::size_t>(1, min_per_thread)));
+  std::size_t k =
+      std::min<std::size_t>(static_cast<std::size_t>(n_threads_),
+                            std::max<std::size_t>(1, n / std::max<std::size_t>(1, min_per_thread)));
   if (k <= 1 || in_parallel_.load(std::memory_order_relaxed)) {
     fn(0, n);
     return;

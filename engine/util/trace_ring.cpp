@@ -4,8 +4,10 @@
 
 namespace lockstep {
 
-TraceRing::TraceRing(std::size_t capacity_pow2) : buf_(new TraceEvent[capacity_pow2]), mask_(capacity_pow2 - 1) {
-  LOCKSTEP_CHECK(capacity_pow2 >= 2 && (capacity_pow2 & mask_) == 0) << "capacity must be a power of two";
+TraceRing::TraceRing(std::size_t capacity_pow2)
+    : buf_(new TraceEvent[capacity_pow2]), mask_(capacity_pow2 - 1) {
+  LOCKSTEP_CHECK(capacity_pow2 >= 2 && (capacity_pow2 & mask_) == 0)
+      << "capacity must be a power of two";
 }
 
 TraceRing& TraceRing::Global() {

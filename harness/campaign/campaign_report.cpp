@@ -285,8 +285,7 @@ void ArmStateText(std::ostream& md, const ArmSpec& a, const json& st) {
   std::vector<std::string> counts;
   for (const auto& cp : st.value("checkpoints", json::array()))
     if (cp.value("window", -1) == 0) counts.push_back(std::to_string(cp.value("compared", 0)));
-  md << fmt::format("**{} vs {}**{}: ", a.name, a.baseline,
-                    a.control ? " (positive control)" : "");
+  md << fmt::format("**{} vs {}**{}: ", a.name, a.baseline, a.control ? " (positive control)" : "");
   if (!counts.empty())
     md << fmt::format("there were {} comparison items at the first window's checkpoints. ",
                       fmt::join(counts, " / "));
@@ -359,8 +358,8 @@ void ArmPathText(std::ostream& md, const ArmSpec& a, const json& al) {
     md << fmt::format(
         " The first recorded path difference occurred at zero-based window {}, p={}:\n\n",
         al.value("div_idx", -1), p);
-    md << "- " << a.baseline << ": "
-       << (da.is_object() ? FieldsText(da, fields) : "(trace ended)") << ".\n";
+    md << "- " << a.baseline << ": " << (da.is_object() ? FieldsText(da, fields) : "(trace ended)")
+       << ".\n";
     md << "- " << a.name << ": " << (db.is_object() ? FieldsText(db, fields) : "(trace ended)")
        << ".\n\n";
     md << fmt::format(
@@ -398,8 +397,7 @@ void ArmIntervalText(std::ostream& md, const ArmSpec& a, const json& al) {
       md << fmt::format(
           "- {} had a {} ms T={} verify interval at its own zero-based window {}{}.\n", who,
           Num(n, "verify_ms"), n.value("T", 0), n.value("idx", 0),
-          n.value("after_divergence", false) ? " (after the divergence: not a matched event)"
-                                             : "");
+          n.value("after_divergence", false) ? " (after the divergence: not a matched event)" : "");
   }
 }
 
@@ -417,8 +415,8 @@ void ArmTimingVerdictText(std::ostream& md, const ArmSpec& a, const json& cmp) {
       "\nTiming over {} / {} fresh processes: summed verify median {} ms [95% {}, {}] vs {} "
       "ms [95% {}, "
       "{}] ({:+.1f}%){}.\n",
-      t["repeats"][0].get<int>(), t["repeats"][1].get<int>(), Num(ga, "median"),
-      Num(ga, "lo95"), Num(ga, "hi95"), Num(gb, "median"), Num(gb, "lo95"), Num(gb, "hi95"),
+      t["repeats"][0].get<int>(), t["repeats"][1].get<int>(), Num(ga, "median"), Num(ga, "lo95"),
+      Num(ga, "hi95"), Num(gb, "median"), Num(gb, "lo95"), Num(gb, "hi95"),
       100 * t.value("aggregate_rel_diff", 0.0),
       t.value("unstable", false) ? "; instability flags raised" : "");
   md << "\n| window | median " << a.baseline << " ms [95%] | median " << a.name

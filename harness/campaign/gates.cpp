@@ -93,7 +93,8 @@ void GateOutput(const GateSpec& g, const ArmOutcome& base, const ArmOutcome& out
                                    out.output_ids.size(), out.stop_reason));
 }
 
-void GateState(const GateSpec& g, const ArmSpec& arm, const DiffResult* diff, const GateSink& gate) {
+void GateState(const GateSpec& g, const ArmSpec& arm, const DiffResult* diff,
+               const GateSink& gate) {
   if (!g.state) return;
   if (diff == nullptr) {
     if (arm.mode == "state")

@@ -1,7 +1,5 @@
 // The campaign plan parser (campaign.h: ParseCampaign, LoadCampaign, EffectiveConfig): TOML in,
 // a checked Campaign out, every error as file:line:column with the valid keys or values.
-#include "lockstep/harness/campaign.h"
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -16,6 +14,7 @@
 #include "lockstep/engine/model_config.h"
 #include "lockstep/engine/synthetic.h"
 #include "lockstep/engine/window_selection.h"
+#include "lockstep/harness/campaign.h"
 #include "lockstep/instrument/fingerprint.h"
 
 namespace lockstep {

@@ -15,9 +15,9 @@
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/harness/campaign.h"
 #include "lockstep/harness/campaign_report.h"
-#include "lockstep/harness/process.h"
-#include "lockstep/harness/model_command.h"
 #include "lockstep/harness/gates.h"
+#include "lockstep/harness/model_command.h"
+#include "lockstep/harness/process.h"
 #include "lockstep/instrument/fingerprint.h"
 
 namespace lockstep {
@@ -302,8 +302,8 @@ struct Runner {
       out << fmt::format("  {} vs {}: {} (positive control{})\n", arm.name, base_spec.name,
                          cr.passed ? "NOT CAUGHT" : "caught", by.empty() ? "" : "; " + by);
     else
-      out << fmt::format("  {} vs {}: {}{}\n", arm.name, base_spec.name, cr.passed ? "pass" : "FAIL",
-                         by.empty() ? "" : " (" + by + ")");
+      out << fmt::format("  {} vs {}: {}{}\n", arm.name, base_spec.name,
+                         cr.passed ? "pass" : "FAIL", by.empty() ? "" : " (" + by + ")");
     return Status::Ok();
   }
 

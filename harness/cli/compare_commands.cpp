@@ -102,18 +102,21 @@ void PrintAlign(const AlignResult& al, const std::string& na, const std::string&
   out << "timing over the matched prefix only (delta = " << nb << " - " << na << ", ms):\n";
   std::size_t name_w = std::string("interval").size();  // the name column fits dev_compute too
   for (const auto& t : al.timing) name_w = std::max(name_w, t.name.size());
-  out << fmt::format("  {:<{}} {:>12} {:>12} {:>9} {:>12} {:>20}\n", "interval", name_w, "sum " + na, "sum " + nb,
-                     "rel diff", "median delta", "max |delta| @window");
+  out << fmt::format("  {:<{}} {:>12} {:>12} {:>9} {:>12} {:>20}\n", "interval", name_w,
+                     "sum " + na, "sum " + nb, "rel diff", "median delta", "max |delta| @window");
   for (const auto& t : al.timing) {
     if (!t.known) {
-      out << fmt::format("  {:<{}} unknown (recorded as -1 on at least one side)\n", t.name, name_w);
+      out << fmt::format("  {:<{}} unknown (recorded as -1 on at least one side)\n", t.name,
+                         name_w);
       continue;
     }
-    out << fmt::format("  {:<{}} {:>12} {:>12} {:>+8.1f}% {:>12} {:>14} @{:<5}\n", t.name, name_w, Ms(t.sum_a_ms),
-                       Ms(t.sum_b_ms), 100.0 * t.rel_diff, Ms(t.median_delta_ms), Ms(t.max_abs_delta_ms), t.max_at);
+    out << fmt::format("  {:<{}} {:>12} {:>12} {:>+8.1f}% {:>12} {:>14} @{:<5}\n", t.name, name_w,
+                       Ms(t.sum_a_ms), Ms(t.sum_b_ms), 100.0 * t.rel_diff, Ms(t.median_delta_ms),
+                       Ms(t.max_abs_delta_ms), t.max_at);
   }
   if (al.timing.size() > TimingIntervals().size())
-    out << "  (dev_*: CUDA-event spans on each stage's stream, summed over the stages; init: host set-up time)\n";
+    out << "  (dev_*: CUDA-event spans on each stage's stream, summed over the stages; init: host "
+           "set-up time)\n";
   if (al.diverged)
     out << "after the divergence: " << na << " ran " << al.rest_a.size() << " more windows, " << nb
         << " ran " << al.rest_b.size() << " (listed per side, not paired)\n";
@@ -179,7 +182,9 @@ Result<std::vector<WindowRecord>> LoadWindows(const std::string& path, bool no_i
   std::string torn;
   LOCKSTEP_ASSIGN_OR_RETURN(auto windows, ReadWindowRecords(path, &torn));
   if (!torn.empty())
-    std::fprintf(stderr, "lockstep: warning: %s; the writer was killed mid-record, so the %zu whole windows before it are read\n",
+    std::fprintf(stderr,
+                 "lockstep: warning: %s; the writer was killed mid-record, so the %zu whole "
+                 "windows before it are read\n",
                  torn.c_str(), windows.size());
   return windows;
 }

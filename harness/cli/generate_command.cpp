@@ -6,8 +6,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -20,8 +20,8 @@
 #include "lockstep/engine/weights.h"
 #include "lockstep/instrument/chrome_trace.h"
 #include "lockstep/instrument/export_writer.h"
-#include "lockstep/instrument/resource_sampler.h"
 #include "lockstep/instrument/fingerprint.h"
+#include "lockstep/instrument/resource_sampler.h"
 
 namespace lockstep {
 
@@ -30,20 +30,25 @@ namespace {
 Result<std::vector<std::int32_t>> LoadPrompt(const GenerateOptions& o, int n_vocab) {
   int given = (!o.prompt_text.empty()) + (!o.prompt_file.empty()) + (!o.prompt_tokens.empty());
   if (given != 1)
-    return Status::InvalidArgument("prompt", "give exactly one of --prompt, --prompt-file or --prompt-tokens");
+    return Status::InvalidArgument(
+        "prompt", "give exactly one of --prompt, --prompt-file or --prompt-tokens");
   std::vector<std::int32_t> ids;
   if (!o.prompt_tokens.empty()) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(o.prompt_tokens, std::size_t{256} << 20));
-    LOCKSTEP_ASSIGN_OR_RETURN(ids, ParseTokenList(text, n_vocab, "--prompt-tokens '" + o.prompt_tokens + "'"));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        ids, ParseTokenList(text, n_vocab, "--prompt-tokens '" + o.prompt_tokens + "'"));
   } else {
     std::string text = o.prompt_text;
     if (!o.prompt_file.empty()) {
       LOCKSTEP_ASSIGN_OR_RETURN(text, ReadFile(o.prompt_file, std::size_t{256} << 20));
     }
     ids = EncodeBytes(text);
-    if (n_vocab < 256) return Status::InvalidArgument("prompt", "text prompts need a vocabulary of at least 256 ids");
+    if (n_vocab < 256)
+      return Status::InvalidArgument("prompt",
+                                     "text prompts need a vocabulary of at least 256 ids");
   }
-  if (ids.empty()) return Status::InvalidArgument("prompt", "is empty (at least one token is needed)");
+  if (ids.empty())
+    return Status::InvalidArgument("prompt", "is empty (at least one token is needed)");
   return ids;
 }
 
@@ -312,9 +317,11 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
     out << cfg.ToJson() << "\n";
     return Status::Ok();
   }
-  if (cfg.model.empty()) return Status::InvalidArgument("--model", "is required (a folder with config.json)");
+  if (cfg.model.empty())
+    return Status::InvalidArgument("--model", "is required (a folder with config.json)");
   LOCKSTEP_ASSIGN_OR_RETURN(ModelWeightsPtr weights, ModelWeights::Load(cfg.model));
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::int32_t> prompt, LoadPrompt(opts, weights->config.n_vocab));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::int32_t> prompt,
+                            LoadPrompt(opts, weights->config.n_vocab));
   LOCKSTEP_ASSIGN_OR_RETURN(EnginePtr engine, Engine::Create(cfg, *weights));
 
   // ---- sinks, then the request ----
@@ -323,21 +330,27 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   LOCKSTEP_RETURN_IF_ERROR(OpenTraceJsonl(opts, trace, hooks));
   LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<H5Exporter> exporter, OpenExport(opts, hooks));
   if (opts.progress) {
-    hooks.on_prefill = [](int done, int total) { std::fprintf(stderr, "progress: prefill %d/%d\n", done, total); };
+    hooks.on_prefill = [](int done, int total) {
+      std::fprintf(stderr, "progress: prefill %d/%d\n", done, total);
+    };
   }
   SamplerOptions so;
   so.interval_ms = opts.sample_ms;
   so.guard_min_free_mib = opts.guard_min_free_mib;
   ResourceSampler sampler(so);
   LOCKSTEP_RETURN_IF_ERROR(sampler.Start());
-  hooks.stop_check = [&sampler] { return sampler.guard_tripped() ? std::string("resource_guard") : std::string(); };
+  hooks.stop_check = [&sampler] {
+    return sampler.guard_tripped() ? std::string("resource_guard") : std::string();
+  };
   auto generated = Generate(*engine, prompt, &hooks);
   sampler.Stop();
   trace.Close();
   if (!generated.ok() && exporter) {
     // The export is not finished; what it holds stays in FILE.partial (SCHEMA.md), never FILE.
-    std::fprintf(stderr, "export: not written (the request failed); %s.partial keeps what was exported before\n",
-                 opts.export_path.c_str());
+    std::fprintf(
+        stderr,
+        "export: not written (the request failed); %s.partial keeps what was exported before\n",
+        opts.export_path.c_str());
   }
   LOCKSTEP_ASSIGN_OR_RETURN(GenerateResult res, std::move(generated));
 

@@ -1,6 +1,7 @@
 // Comparator metric benchmarks (issue "comparator", Must show 5), one core:
 //
-//   NRMSE  over two f32 arrays in memory at >= 0.70 of the single-core read-only streaming bandwidth
+//   NRMSE  over two f32 arrays in memory at >= 0.70 of the single-core read-only streaming
+//   bandwidth
 //          measured in the same run (BM_Nrmse bytes_per_second / BM_ReadBandwidth bytes_per_second,
 //          both over the same 2 x 64 MiB, far beyond the caches), relative error <= 1e-6 against a
 //          long-double reference (counter rel_error). BM_NrmseNaiveF32 is there to show why the
@@ -25,8 +26,8 @@
 #include <random>
 #include <vector>
 
-#include "lockstep/compare/metrics.h"
 #include "compare/reference_metrics.h"
+#include "lockstep/compare/metrics.h"
 
 namespace lockstep {
 namespace {
@@ -157,7 +158,8 @@ void BM_KlRows(benchmark::State& state) {
     k = acc.Finish();
     benchmark::DoNotOptimize(k);
   }
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(kKlRows));
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(kKlRows));
   state.counters["rel_error"] = rel;
   state.counters["kl_mean"] = k.kl_mean;
 }
@@ -180,16 +182,18 @@ class RatioReporter : public benchmark::ConsoleReporter {
         return it == r.counters.end() ? 0.0 : it->second.value;
       };
       // The best repetition: the ratio below is then the pessimistic one.
-      if (name.rfind("BM_ReadBandwidth", 0) == 0) read_bps_ = std::max(read_bps_, counter("bytes_per_second"));
+      if (name.rfind("BM_ReadBandwidth", 0) == 0)
+        read_bps_ = std::max(read_bps_, counter("bytes_per_second"));
       if (name.rfind("BM_Nrmse", 0) == 0 && read_bps_ > 0) {
         const double bps = counter("bytes_per_second");
-        std::printf("  -> %s: %.2f GB/s = %.2f of the read bandwidth (%.2f GB/s), rel_error %.1e; "
-                    "goal >= 0.70, <= 1e-6\n",
-                    name.c_str(), bps / 1e9, bps / read_bps_, read_bps_ / 1e9, counter("rel_error"));
+        std::printf(
+            "  -> %s: %.2f GB/s = %.2f of the read bandwidth (%.2f GB/s), rel_error %.1e; "
+            "goal >= 0.70, <= 1e-6\n",
+            name.c_str(), bps / 1e9, bps / read_bps_, read_bps_ / 1e9, counter("rel_error"));
       }
       if (name.rfind("BM_KlRows", 0) == 0) {
-        std::printf("  -> %s: %.0f rows/s of %zu logits, rel_error %.1e; goal >= 2000, <= 1e-4\n", name.c_str(),
-                    counter("items_per_second"), kVocab, counter("rel_error"));
+        std::printf("  -> %s: %.0f rows/s of %zu logits, rel_error %.1e; goal >= 2000, <= 1e-4\n",
+                    name.c_str(), counter("items_per_second"), kVocab, counter("rel_error"));
       }
     }
   }

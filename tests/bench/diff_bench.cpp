@@ -1,7 +1,7 @@
-// `lockstep diff` end to end (issue "comparator"): two exports of the same request, both in the page
-// cache, compared by ExportReader::Open + DiffExports, against a raw read() of the same bytes and
-// against HDF5's own differ h5diff on the same pair, all in one run. Goal: lockstep diff at least
-// 20 x h5diff on the same files (measured elsewhere: h5diff ~0.1 GB/s, a raw page-cache read
+// `lockstep diff` end to end (issue "comparator"): two exports of the same request, both in the
+// page cache, compared by ExportReader::Open + DiffExports, against a raw read() of the same bytes
+// and against HDF5's own differ h5diff on the same pair, all in one run. Goal: lockstep diff at
+// least 20 x h5diff on the same files (measured elsewhere: h5diff ~0.1 GB/s, a raw page-cache read
 // ~8 GB/s). Every figure is bytes_per_second over the bytes of both files, so the ratios printed
 // after the table compare like with like even though the three read different subsets of them.
 //
@@ -12,7 +12,8 @@
 // warm the page cache:
 //   /0 many windows: a 512-byte prompt, --max-new 40 --export-windows all: ~4,300 small items,
 //      ~0.5 GB per file (~10 s each on 2 cores). HDF5's per-object metadata work in Open dominates.
-//   /1 long context: an 8,192-byte prompt, --max-new 8 --export-windows 0-2 (the seed's shape: early
+//   /1 long context: an 8,192-byte prompt, --max-new 8 --export-windows 0-2 (the seed's shape:
+//   early
 //      windows of a long request): ~340 items of up to 8k rows, ~0.4 GB per file (~40 s each).
 // The wall clock is measured (UseRealTime): the diff runs on several threads and h5diff is a
 // child process, neither of which the benchmark thread's CPU time would see.
@@ -41,7 +42,7 @@ namespace lockstep {
 namespace {
 
 std::map<std::string, double> g_bps;  // benchmark name (up to the first '/') -> bytes_per_second
-std::string g_dir;                     // the scratch folder, removed by main()
+std::string g_dir;                    // the scratch folder, removed by main()
 
 std::string Env(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
@@ -95,7 +96,8 @@ const Exports& Pair(int shape) {
   made[shape] = true;
   {
     if (g_dir.empty()) {
-      g_dir = Env("LOCKSTEP_BENCH_DIR", "/tmp") + "/lockstep-diff-bench-" + std::to_string(::getpid());
+      g_dir =
+          Env("LOCKSTEP_BENCH_DIR", "/tmp") + "/lockstep-diff-bench-" + std::to_string(::getpid());
       std::filesystem::create_directories(g_dir);
     }
     const std::string bin = Env("LOCKSTEP_BIN", LOCKSTEP_BIN_PATH);  // env: LOCKSTEP_BIN
@@ -103,17 +105,21 @@ const Exports& Pair(int shape) {
       g_model = Env("LOCKSTEP_BENCH_MODEL", "");  // env: LOCKSTEP_BENCH_MODEL
       if (g_model.empty()) {
         g_model = g_dir + "/model";
-        if (!Run("'" + bin + "' model init --preset small --seed 0 --out '" + g_model + "'")) return r;
+        if (!Run("'" + bin + "' model init --preset small --seed 0 --out '" + g_model + "'"))
+          return r;
       }
     }
     const std::string& model = g_model;
     const std::size_t prompt_bytes = shape == 0 ? 512 : 8192;
-    const std::string flags = shape == 0 ? "--max-new 40 --spec 4 --export-windows all"
-                                         : "--max-new 8 --spec 4 --prefill 2048 --export-windows 0-2";
-    static const char* const kWords[] = {"the", "cat", "sat", "on", "mat", "and", "a", "dog", "ran", "over",
-                                         "hills", "while", "rivers", "of", "light", "fell", "through", "quiet"};
+    const std::string flags = shape == 0
+                                  ? "--max-new 40 --spec 4 --export-windows all"
+                                  : "--max-new 8 --spec 4 --prefill 2048 --export-windows 0-2";
+    static const char* const kWords[] = {"the",    "cat", "sat",   "on",   "mat",     "and",
+                                         "a",      "dog", "ran",   "over", "hills",   "while",
+                                         "rivers", "of",  "light", "fell", "through", "quiet"};
     std::string prompt;
-    for (std::uint64_t x = 1; prompt.size() < prompt_bytes; x = x * 6364136223846793005ULL + 1442695040888963407ULL)
+    for (std::uint64_t x = 1; prompt.size() < prompt_bytes;
+         x = x * 6364136223846793005ULL + 1442695040888963407ULL)
       prompt += std::string(kWords[(x >> 33) % (sizeof kWords / sizeof kWords[0])]) + " ";
     prompt.resize(prompt_bytes);
     const std::string tag = std::to_string(shape);
@@ -125,8 +131,8 @@ const Exports& Pair(int shape) {
     r.a = g_dir + "/A" + tag + ".h5";
     r.b = g_dir + "/B" + tag + ".h5";
     for (const auto& [path, arm] : {std::pair{r.a, "A"}, std::pair{r.b, "B"}}) {
-      if (!Run("'" + bin + "' generate --model '" + model + "' --prompt-file '" + prompt_file + "' " + flags +
-               " --arm " + arm + " --export '" + path + "'"))
+      if (!Run("'" + bin + "' generate --model '" + model + "' --prompt-file '" + prompt_file +
+               "' " + flags + " --arm " + arm + " --export '" + path + "'"))
         return r;
     }
     // One read of each into the page cache: every benchmark then measures a warm cache.
@@ -165,8 +171,8 @@ void BM_RawRead(benchmark::State& state) {
   SetBytes(state, e);
 }
 
-// What `lockstep diff A B` does before the report: open (validate) both files, then diff every item.
-// Counters: items compared, and the seconds per iteration spent in Open and in DiffExports.
+// What `lockstep diff A B` does before the report: open (validate) both files, then diff every
+// item. Counters: items compared, and the seconds per iteration spent in Open and in DiffExports.
 void LockstepDiff(benchmark::State& state, int threads) {
   const Exports& e = Pair(static_cast<int>(state.range(0)));
   if (!e.ok) {
@@ -196,13 +202,17 @@ void LockstepDiff(benchmark::State& state, int threads) {
     data_bytes = static_cast<double>(d->bytes_read);
   }
   SetBytes(state, e);
-  const double iters = static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+  const double iters =
+      static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
   state.counters["items"] = compared;
-  state.counters["data_MB"] = data_bytes / 1e6;  // item bytes read, both sides (the rest is HDF5 metadata)
+  state.counters["data_MB"] =
+      data_bytes / 1e6;  // item bytes read, both sides (the rest is HDF5 metadata)
   state.counters["open_s"] = open_s / iters;
   state.counters["diff_s"] = diff_s / iters;
 }
-void BM_LockstepDiff(benchmark::State& s) { LockstepDiff(s, 0); }  // DiffOptions::threads 0: hardware threads
+void BM_LockstepDiff(benchmark::State& s) {
+  LockstepDiff(s, 0);
+}  // DiffOptions::threads 0: hardware threads
 void BM_LockstepDiffOneThread(benchmark::State& s) { LockstepDiff(s, 1); }
 
 // HDF5's own differ over /checkpoints, recursively: every state dataset, element by element. Not
@@ -215,11 +225,13 @@ void BM_H5diff(benchmark::State& state) {
     return;
   }
   const std::string h5diff = Env("LOCKSTEP_H5DIFF", "h5diff");  // env: LOCKSTEP_H5DIFF
-  const std::string cmd = "'" + h5diff + "' -q '" + e.a + "' '" + e.b + "' /checkpoints /checkpoints >/dev/null 2>&1";
+  const std::string cmd =
+      "'" + h5diff + "' -q '" + e.a + "' '" + e.b + "' /checkpoints /checkpoints >/dev/null 2>&1";
   for (auto _ : state) {
     const int rc = ExitCode(std::system(cmd.c_str()));
     if (rc != 0) {
-      state.SkipWithError(rc == 127 ? "h5diff not found" : "h5diff did not report the checkpoints identical");
+      state.SkipWithError(rc == 127 ? "h5diff not found"
+                                    : "h5diff did not report the checkpoints identical");
       break;
     }
   }
@@ -227,8 +239,18 @@ void BM_H5diff(benchmark::State& state) {
 }
 
 BENCHMARK(BM_RawRead)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
-BENCHMARK(BM_LockstepDiff)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
-BENCHMARK(BM_LockstepDiffOneThread)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+BENCHMARK(BM_LockstepDiff)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(3);
+BENCHMARK(BM_LockstepDiffOneThread)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(3);
 // Seconds per run, and the goal is a ratio of 20: one run is enough.
 BENCHMARK(BM_H5diff)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
@@ -237,11 +259,13 @@ class Reporter : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const auto& r : runs) {
-      // With --benchmark_repetitions the mean is the figure; other aggregates and errors are skipped.
+      // With --benchmark_repetitions the mean is the figure; other aggregates and errors are
+      // skipped.
       if (r.error_occurred || (!r.aggregate_name.empty() && r.aggregate_name != "mean")) continue;
       auto it = r.counters.find("bytes_per_second");
       const std::string name = r.benchmark_name();  // "BM_X/<shape>/..."
-      if (it != r.counters.end()) g_bps[name.substr(0, name.find('/', name.find('/') + 1))] = it->second;
+      if (it != r.counters.end())
+        g_bps[name.substr(0, name.find('/', name.find('/') + 1))] = it->second;
     }
   }
 };

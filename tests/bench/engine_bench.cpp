@@ -18,8 +18,8 @@
 
 #include "bench_model.h"
 #include "lockstep/engine/engine.h"
-#include "lockstep/engine/thread_pool.h"
 #include "lockstep/engine/synthetic.h"
+#include "lockstep/engine/thread_pool.h"
 #include "lockstep/engine/weights.h"
 
 namespace lockstep {
@@ -56,7 +56,8 @@ void BM_MemReadBandwidth(benchmark::State& state) {
     });
     benchmark::DoNotOptimize(sink.data());
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(kBwBytes));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(kBwBytes));
 }
 
 void BM_MemcpyBandwidth(benchmark::State& state) {
@@ -65,7 +66,8 @@ void BM_MemcpyBandwidth(benchmark::State& state) {
     std::memcpy(b.data(), a.data(), a.size());
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(a.size()));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(a.size()));
 }
 
 // Reads back what Google Benchmark measured for a bandwidth benchmark (bytes per second).
@@ -85,7 +87,9 @@ class BandwidthReporter : public benchmark::ConsoleReporter {
 
 std::vector<std::int32_t> Tokens(int n, int vocab) {
   std::vector<std::int32_t> t(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) t[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 2654435761u) % static_cast<unsigned>(vocab));
+  for (int i = 0; i < n; ++i)
+    t[static_cast<std::size_t>(i)] =
+        static_cast<std::int32_t>((i * 2654435761u) % static_cast<unsigned>(vocab));
   return t;
 }
 
@@ -109,7 +113,8 @@ void BM_PrefillSmall(benchmark::State& state) {
     if (!e->Prefill(prompt).ok()) state.SkipWithError("prefill failed");
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * 512);
-  state.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(state.iterations()) * 512, benchmark::Counter::kIsRate);
+  state.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(state.iterations()) * 512,
+                                                      benchmark::Counter::kIsRate);
 }
 
 // Single-token decode steps after a 64-token prompt (context 64..320).
@@ -129,26 +134,45 @@ void BM_DecodeSmall(benchmark::State& state) {
       steps = 0;
       state.ResumeTiming();
     }
-    if (!e->Verify(std::span<const std::int32_t>(&tok, 1), logits.data()).ok() || !e->Commit(1).ok())
+    if (!e->Verify(std::span<const std::int32_t>(&tok, 1), logits.data()).ok() ||
+        !e->Commit(1).ok())
       state.SkipWithError("decode failed");
     // A hashed token stream (not the greedy output, which can cycle) keeps routing varied, so
     // the experts read per step change as they would on real text.
-    tok = static_cast<std::int32_t>((static_cast<unsigned>(steps + 1) * 2654435761u) % static_cast<unsigned>(w.config.n_vocab));
+    tok = static_cast<std::int32_t>((static_cast<unsigned>(steps + 1) * 2654435761u) %
+                                    static_cast<unsigned>(w.config.n_vocab));
     benchmark::DoNotOptimize(logits.data());
     ++steps;
   }
   const double bytes = static_cast<double>(w.ActiveBytesPerToken());
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
-  state.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   state.counters["weight_MB_per_token"] = bytes / 1e6;
-  state.counters["weight_GB_per_s"] = benchmark::Counter(static_cast<double>(state.iterations()) * bytes / 1e9, benchmark::Counter::kIsRate);
+  state.counters["weight_GB_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * bytes / 1e9, benchmark::Counter::kIsRate);
   // The fraction of the memory-bandwidth bound reached is printed by BoundReporter.
 }
 
-BENCHMARK(BM_MemReadBandwidth)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+BENCHMARK(BM_MemReadBandwidth)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0)
+    ->UseRealTime();
 BENCHMARK(BM_MemcpyBandwidth)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
-BENCHMARK(BM_PrefillSmall)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->MinTime(2.0)->UseRealTime();
-BENCHMARK(BM_DecodeSmall)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->MinTime(3.0)->UseRealTime();
+BENCHMARK(BM_PrefillSmall)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0)
+    ->UseRealTime();
+BENCHMARK(BM_DecodeSmall)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(3.0)
+    ->UseRealTime();
 
 // Prints decode speed against the memory-bandwidth bound, from counters of this same run.
 class BoundReporter : public BandwidthReporter {
@@ -162,10 +186,11 @@ class BoundReporter : public BandwidthReporter {
       const double bw = g_bw.read_bps[threads];
       if (it == r.counters.end() || bw <= 0) continue;
       const double got = it->second * 1e9;
-      std::printf("  -> %s: %.2f GB/s of weights = %.2f of the %d-thread read bandwidth (%.2f GB/s); "
-                  "%.2f of memcpy (%.2f GB/s); goal >= 0.50\n",
-                  r.benchmark_name().c_str(), got / 1e9, got / bw, threads, bw / 1e9, got / g_bw.copy_bps,
-                  g_bw.copy_bps / 1e9);
+      std::printf(
+          "  -> %s: %.2f GB/s of weights = %.2f of the %d-thread read bandwidth (%.2f GB/s); "
+          "%.2f of memcpy (%.2f GB/s); goal >= 0.50\n",
+          r.benchmark_name().c_str(), got / 1e9, got / bw, threads, bw / 1e9, got / g_bw.copy_bps,
+          g_bw.copy_bps / 1e9);
     }
   }
 };

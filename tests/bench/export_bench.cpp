@@ -36,8 +36,9 @@
 namespace lockstep {
 namespace {
 
-constexpr std::size_t kItemBytes = std::size_t{4} << 20;  // 4 MiB per item: [1024 rows, 1024 floats]
-constexpr int kItems = 64;                                 // 256 MiB per iteration
+constexpr std::size_t kItemBytes = std::size_t{4}
+                                   << 20;  // 4 MiB per item: [1024 rows, 1024 floats]
+constexpr int kItems = 64;                 // 256 MiB per iteration
 
 std::string Dir() {
   const char* d = std::getenv("LOCKSTEP_BENCH_DIR");  // env: LOCKSTEP_BENCH_DIR
@@ -71,7 +72,9 @@ void FeedCheckpoint(H5Exporter& e, int window, const std::vector<float>& data) {
     v.rows = 1024;
     v.rows_capacity = 1024;
     v.row_bytes = 1024 * sizeof(float);
-    v.row = [&data](int r) { return reinterpret_cast<const std::byte*>(data.data() + static_cast<std::size_t>(r) * 1024); };
+    v.row = [&data](int r) {
+      return reinterpret_cast<const std::byte*>(data.data() + static_cast<std::size_t>(r) * 1024);
+    };
     e.OnState(info, v);
   }
   e.OnCheckpointEnd(info);
@@ -91,10 +94,18 @@ class TimedObserver final : public Observer {
     ns_ += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
     return w;
   }
-  void OnCheckpointBegin(const CheckpointInfo& info) override { Timed([&] { inner_.OnCheckpointBegin(info); }); }
-  void OnState(const CheckpointInfo& info, const StateView& view) override { Timed([&] { inner_.OnState(info, view); }); }
-  void OnCheckpointEnd(const CheckpointInfo& info) override { Timed([&] { inner_.OnCheckpointEnd(info); }); }
-  void OnWindow(const WindowRecord& rec) override { Timed([&] { inner_.OnWindow(rec); }); }
+  void OnCheckpointBegin(const CheckpointInfo& info) override {
+    Timed([&] { inner_.OnCheckpointBegin(info); });
+  }
+  void OnState(const CheckpointInfo& info, const StateView& view) override {
+    Timed([&] { inner_.OnState(info, view); });
+  }
+  void OnCheckpointEnd(const CheckpointInfo& info) override {
+    Timed([&] { inner_.OnCheckpointEnd(info); });
+  }
+  void OnWindow(const WindowRecord& rec) override {
+    Timed([&] { inner_.OnWindow(rec); });
+  }
   double ns() const { return ns_; }
 
  private:
@@ -177,24 +188,30 @@ void BM_DecodeTraceOnlyVsNone(benchmark::State& state) {
     traced_secs += b.secs;
     events += b.events;
     tokens += b.tokens;
-    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   state.counters["median_ratio"] = g_paired["decode"] = Median(ratios);
   state.counters["min_ratio"] = *std::min_element(ratios.begin(), ratios.end());
   state.counters["max_ratio"] = *std::max_element(ratios.begin(), ratios.end());
-  // The direct cost: observer calls, and the trace-ring events priced by timing a burst of them here.
+  // The direct cost: observer calls, and the trace-ring events priced by timing a burst of them
+  // here.
   TraceRing& ring = TraceRing::Global();
   ring.Enable();
   constexpr int kBurst = 1 << 16;
   const auto e0 = std::chrono::steady_clock::now();
   for (int i = 0; i < kBurst; ++i) ring.Record(TraceEventId::kLayerBegin, i, 0);
-  const double event_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - e0).count() / kBurst;
+  const double event_ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - e0).count() /
+      kBurst;
   ring.Disable();
   ring.Clear();
   state.counters["events_per_token"] = events / tokens;
   state.counters["event_ns"] = event_ns;
-  state.counters["observer_pct"] = g_paired["observer_pct"] = 100.0 * observer_ns * 1e-9 / traced_secs;
-  state.counters["direct_pct"] = g_paired["direct_pct"] = 100.0 * (observer_ns + events * event_ns) * 1e-9 / traced_secs;
+  state.counters["observer_pct"] = g_paired["observer_pct"] =
+      100.0 * observer_ns * 1e-9 / traced_secs;
+  state.counters["direct_pct"] = g_paired["direct_pct"] =
+      100.0 * (observer_ns + events * event_ns) * 1e-9 / traced_secs;
 }
 
 // The three ways of writing the same kItems x 4 MiB (256 MiB) to a fresh file in the same folder.
@@ -226,7 +243,8 @@ double WriteOnce(Writer w, const std::vector<float>& data) {
   o.compress = w == Writer::kExportLz4 ? "lz4" : "";
   auto e = H5Exporter::Create(o);
   if (!e.ok()) return 0.0;
-  struct rusage ru0 {}, ru1 {};
+  struct rusage ru0 {
+  }, ru1{};
   ::getrusage(RUSAGE_SELF, &ru0);
   const auto t1 = std::chrono::steady_clock::now();
   FeedCheckpoint(**e, 0, data);
@@ -234,10 +252,12 @@ double WriteOnce(Writer w, const std::vector<float>& data) {
   if (!(*e)->Finish(ExportRunInfo{}).ok()) return 0.0;
   const auto t3 = std::chrono::steady_clock::now();
   ::getrusage(RUSAGE_SELF, &ru1);
-  if (std::getenv("LOCKSTEP_BENCH_VERBOSE")) {  // env: LOCKSTEP_BENCH_VERBOSE  where each export's time went
+  if (std::getenv("LOCKSTEP_BENCH_VERBOSE")) {  // env: LOCKSTEP_BENCH_VERBOSE  where each export's
+                                                // time went
     auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
     std::fprintf(stderr, "  %s: create %.0f ms, feed %.0f ms, finish %.0f ms, %ld minor faults\n",
-                 kWriterName[static_cast<int>(w)], ms(t1 - t0), ms(t2 - t1), ms(t3 - t2), ru1.ru_minflt - ru0.ru_minflt);
+                 kWriterName[static_cast<int>(w)], ms(t1 - t0), ms(t2 - t1), ms(t3 - t2),
+                 ru1.ru_minflt - ru0.ru_minflt);
   }
   std::filesystem::remove(path);
   return static_cast<double>(kItemBytes * kItems) / std::chrono::duration<double>(t3 - t0).count();
@@ -268,9 +288,11 @@ void BM_ExportVsRaw(benchmark::State& state) {
     ratio.push_back(got[Writer::kExport] / got[Writer::kRaw]);
     if (lz4) ratio_lz4.push_back(got[Writer::kExportLz4] / got[Writer::kRaw]);
     if (std::getenv("LOCKSTEP_BENCH_VERBOSE"))
-      std::fprintf(stderr, "round %zu: raw %.0f MB/s, export %.0f MB/s, lz4 %.0f MB/s\n", ratio.size(),
-                   got[Writer::kRaw] * 1e-6, got[Writer::kExport] * 1e-6, lz4 ? got[Writer::kExportLz4] * 1e-6 : 0.0);
-    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      std::fprintf(stderr, "round %zu: raw %.0f MB/s, export %.0f MB/s, lz4 %.0f MB/s\n",
+                   ratio.size(), got[Writer::kRaw] * 1e-6, got[Writer::kExport] * 1e-6,
+                   lz4 ? got[Writer::kExportLz4] * 1e-6 : 0.0);
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   state.counters["raw_MBps"] = Median(bps[Writer::kRaw]) * 1e-6;
   state.counters["export_MBps"] = Median(bps[Writer::kExport]) * 1e-6;
@@ -295,13 +317,19 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
   auto& p = lockstep::g_paired;
   if (p.count("export"))
-    std::printf("export = %.2f x raw write()+fsync, median of 12 rounds (goal >= 0.80)\n", p["export"]);
+    std::printf("export = %.2f x raw write()+fsync, median of 12 rounds (goal >= 0.80)\n",
+                p["export"]);
   if (p.count("lz4"))
-    std::printf("lz4 export = %.2f x raw write()+fsync, median of 12 rounds (goal >= 0.45)\n", p["lz4"]);
+    std::printf("lz4 export = %.2f x raw write()+fsync, median of 12 rounds (goal >= 0.45)\n",
+                p["lz4"]);
   if (p.count("decode"))
-    std::printf("decode with trace-only export = %.3f x no export, median of 20 pairs (goal: within 1%%)\n", p["decode"]);
+    std::printf(
+        "decode with trace-only export = %.3f x no export, median of 20 pairs (goal: within 1%%)\n",
+        p["decode"]);
   if (p.count("direct_pct"))
-    std::printf("trace-only export, direct cost: %.4f%% of decode time (observer calls %.4f%%, the rest trace events)\n",
-                p["direct_pct"], p["observer_pct"]);
+    std::printf(
+        "trace-only export, direct cost: %.4f%% of decode time (observer calls %.4f%%, the rest "
+        "trace events)\n",
+        p["direct_pct"], p["observer_pct"]);
   return 0;
 }

@@ -4,7 +4,8 @@
 //
 //   build/tests/bench/spec_bench --benchmark_counters_tabular=true
 //
-// env: LOCKSTEP_BENCH_MODEL  folder of an existing `small --induction` model (else one is generated)
+// env: LOCKSTEP_BENCH_MODEL  folder of an existing `small --induction` model (else one is
+// generated)
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -23,7 +24,7 @@
 namespace lockstep {
 namespace {
 
-const ModelWeights& SmallModel() { return BenchSmallModel(true  /* in-context copying */); }
+const ModelWeights& SmallModel() { return BenchSmallModel(true /* in-context copying */); }
 
 // Repetitive: a block of 48 distinct token ids repeated 10 times (like a log or a table); the
 // model's induction heads continue the repetition, so suffix drafts are accepted.
@@ -32,12 +33,16 @@ std::vector<std::int32_t> Prompt(bool repetitive) {
   std::string text;
   if (repetitive) {
     std::vector<std::int32_t> block, ids;
-    for (std::uint64_t i = 0; i < 48; ++i) block.push_back(static_cast<std::int32_t>(300 + (i * 2654435761ull) % 3700));
+    for (std::uint64_t i = 0; i < 48; ++i)
+      block.push_back(static_cast<std::int32_t>(300 + (i * 2654435761ull) % 3700));
     for (int r = 0; r < 10; ++r) ids.insert(ids.end(), block.begin(), block.end());
     return ids;
   } else {
-    text = "Two runs of the same configuration on a fresh engine should compute the same thing; where do they "
-           "first differ, and is the difference numeric, scheduling, or timing? A bounded diagnostic answers.";
+    text =
+        "Two runs of the same configuration on a fresh engine should compute the same thing; where "
+        "do they "
+        "first differ, and is the difference numeric, scheduling, or timing? A bounded diagnostic "
+        "answers.";
   }
   return EncodeBytes(text);
 }
@@ -47,7 +52,8 @@ struct Mode {
   int spec;
   const char* policy;
 };
-const Mode kModes[] = {{"plain", 0, "static"}, {"static", 4, "static"}, {"adaptive", 4, "adaptive"}};
+const Mode kModes[] = {
+    {"plain", 0, "static"}, {"static", 4, "static"}, {"adaptive", 4, "adaptive"}};
 
 std::map<std::string, double> g_tps;  // "prompt/mode" -> tokens/s, for the speed-up lines
 
@@ -104,7 +110,8 @@ int main(int argc, char** argv) {
     if (t.count(k + "/plain") == 0) continue;
     for (const char* m : {"static", "adaptive"})
       if (t.count(k + "/" + m))
-        std::printf("%-10s %-8s speed-up vs plain: %.2fx\n", p, m, t[k + "/" + m] / t[k + "/plain"]);
+        std::printf("%-10s %-8s speed-up vs plain: %.2fx\n", p, m,
+                    t[k + "/" + m] / t[k + "/plain"]);
   }
   std::printf("goals: repetitive >= 2.00x (best policy); varied adaptive >= 0.95x\n");
   return 0;

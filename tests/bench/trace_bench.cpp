@@ -15,8 +15,9 @@ void BM_TraceEventEnabled(benchmark::State& state) {
   std::int32_t i = 0;
   for (auto _ : state) ring.Record(TraceEventId::kLayerBegin, i++, 1);
   benchmark::DoNotOptimize(ring.recorded());
-  state.counters["ns_per_event"] = benchmark::Counter(static_cast<double>(state.iterations()),
-                                                      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_event"] =
+      benchmark::Counter(static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 void BM_TraceSiteDisabled(benchmark::State& state) {
@@ -26,8 +27,9 @@ void BM_TraceSiteDisabled(benchmark::State& state) {
     ring.Record(TraceEventId::kLayerBegin, i++, 1);
     benchmark::ClobberMemory();
   }
-  state.counters["ns_per_event"] = benchmark::Counter(static_cast<double>(state.iterations()),
-                                                      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_event"] =
+      benchmark::Counter(static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 BENCHMARK(BM_TraceEventEnabled);

@@ -61,11 +61,14 @@ void SetVerifyMs(std::vector<WindowRecord>& t, const std::vector<double>& ms) {
 // ---- names and parsing ----
 
 TEST(Align, FieldAndIntervalNames) {
-  EXPECT_EQ(AlignableFields(),
-            (std::vector<std::string>{"p", "T", "T_mtp", "merged", "from_sfx", "chain_n", "accepted"}));
-  EXPECT_EQ(DefaultAlignFields(), (std::vector<std::string>{"p", "T", "T_mtp", "merged", "from_sfx", "chain_n"}));
-  EXPECT_EQ(TimingIntervals(), (std::vector<std::string>{"verify", "wait", "compute", "draft", "commit", "export"}));
-  EXPECT_EQ(DeviceTimingIntervals(), (std::vector<std::string>{"dev_wait", "dev_compute", "dev_copy", "init"}));
+  EXPECT_EQ(AlignableFields(), (std::vector<std::string>{"p", "T", "T_mtp", "merged", "from_sfx",
+                                                         "chain_n", "accepted"}));
+  EXPECT_EQ(DefaultAlignFields(),
+            (std::vector<std::string>{"p", "T", "T_mtp", "merged", "from_sfx", "chain_n"}));
+  EXPECT_EQ(TimingIntervals(),
+            (std::vector<std::string>{"verify", "wait", "compute", "draft", "commit", "export"}));
+  EXPECT_EQ(DeviceTimingIntervals(),
+            (std::vector<std::string>{"dev_wait", "dev_compute", "dev_copy", "init"}));
 }
 
 // ---- device intervals (summed over stages; only when a trace has them) ----
@@ -85,9 +88,7 @@ void AddDeviceStages(WindowRecord& w, double c, double init_ms = 0.0) {
 }
 
 // The cpu backend's stages: every device field -1 (not measured).
-void AddCpuStages(WindowRecord& w) {
-  w.stages.assign(4, StageTiming{});
-}
+void AddCpuStages(WindowRecord& w) { w.stages.assign(4, StageTiming{}); }
 
 TEST(Align, DeviceIntervalsAreStageSumsOverTheMatchedPrefix) {
   auto a = MakeTrace(3), b = MakeTrace(3);
@@ -165,8 +166,10 @@ TEST(Align, ParseAlignFieldsRejects) {
   auto unknown = ParseAlignFields("p, foo");
   ASSERT_FALSE(unknown.ok());
   // Names the culprit and lists the valid fields so the user can fix the flag.
-  EXPECT_NE(unknown.status().message().find("'foo'"), std::string::npos) << unknown.status().message();
-  EXPECT_NE(unknown.status().message().find("p, T, T_mtp, merged, from_sfx, chain_n, accepted"), std::string::npos)
+  EXPECT_NE(unknown.status().message().find("'foo'"), std::string::npos)
+      << unknown.status().message();
+  EXPECT_NE(unknown.status().message().find("p, T, T_mtp, merged, from_sfx, chain_n, accepted"),
+            std::string::npos)
       << unknown.status().message();
   auto dup = ParseAlignFields("T,p,T");
   ASSERT_FALSE(dup.ok());
@@ -180,7 +183,8 @@ TEST(Align, DescribeWindowAndFieldValue) {
   w.merged = false;
   w.from_sfx = true;
   w.chain_n = 2;
-  EXPECT_EQ(DescribeWindow(w, DefaultAlignFields()), "p=120, T=6, T_mtp=6, merged=false, from_sfx=true, chain_n=2");
+  EXPECT_EQ(DescribeWindow(w, DefaultAlignFields()),
+            "p=120, T=6, T_mtp=6, merged=false, from_sfx=true, chain_n=2");
   EXPECT_EQ(DescribeWindow(w, {"T", "accepted"}), "T=6, accepted=5");
   EXPECT_EQ(DescribeWindow(w, {}), "");
   EXPECT_EQ(FieldValue(w, "from_sfx"), "true");
@@ -288,7 +292,8 @@ TEST(Align, DivergenceAtLastWindow) {
   EXPECT_TRUE(r.diverged);
   EXPECT_EQ(r.div_idx, 4);
   EXPECT_EQ(r.matched, 4);
-  EXPECT_EQ(r.differing_fields, (std::vector<std::string>{"merged", "from_sfx"}));  // in field order
+  EXPECT_EQ(r.differing_fields,
+            (std::vector<std::string>{"merged", "from_sfx"}));  // in field order
   ASSERT_EQ(r.rest_a.size(), 1u);
   ASSERT_EQ(r.rest_b.size(), 1u);
   EXPECT_EQ(r.rest_a[0].idx, 4);
@@ -477,8 +482,10 @@ TEST(Align, SeedLikeDivergenceAndNotableWindow) {
   EXPECT_EQ(r.div_idx, 26);
   EXPECT_EQ(r.matched, 26);
   EXPECT_EQ(r.differing_fields, (std::vector<std::string>{"T", "T_mtp", "from_sfx"}));
-  EXPECT_EQ(DescribeWindow(*r.div_a, r.fields), "p=130709, T=6, T_mtp=6, merged=false, from_sfx=true, chain_n=0");
-  EXPECT_EQ(DescribeWindow(*r.div_b, r.fields), "p=130709, T=4, T_mtp=4, merged=false, from_sfx=false, chain_n=0");
+  EXPECT_EQ(DescribeWindow(*r.div_a, r.fields),
+            "p=130709, T=6, T_mtp=6, merged=false, from_sfx=true, chain_n=0");
+  EXPECT_EQ(DescribeWindow(*r.div_b, r.fields),
+            "p=130709, T=4, T_mtp=4, merged=false, from_sfx=false, chain_n=0");
   EXPECT_EQ(r.rest_a.size(), 34u);
   EXPECT_EQ(r.rest_b.size(), 34u);
   EXPECT_EQ(r.rest_b[45 - 26].verify_ns, MsToNs(395.988));
@@ -512,7 +519,8 @@ TEST(Align, NotableSortedCappedAndThresholded) {
   opts.max_notable = 4;
   const AlignResult r = AlignWindows(a, b, opts);
   EXPECT_FALSE(r.diverged);
-  ASSERT_EQ(r.notable_a.size(), 4u);  // 50, 30, 30, 20 (10 is cut by max_notable; 9.9 is below ratio)
+  ASSERT_EQ(r.notable_a.size(),
+            4u);  // 50, 30, 30, 20 (10 is cut by max_notable; 9.9 is below ratio)
   EXPECT_EQ(r.notable_a[0].idx, 7);
   EXPECT_EQ(r.notable_a[1].idx, 1);  // tie at 30 ms: lower index first
   EXPECT_EQ(r.notable_a[2].idx, 5);

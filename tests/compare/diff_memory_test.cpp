@@ -1,9 +1,9 @@
 // `lockstep diff` memory is bounded by --mem-limit, not by the size of the exports (state_diff.h:
 // items are streamed in row blocks, each worker holds two blocks). Two valid exports of 256+ MiB
-// each, made from a real tiny export by replacing one `k` item with a 256 MiB one, are diffed by the
-// built binary with --mem-limit 32M in a child process; its peak RSS (wait4's ru_maxrss) must stay
-// far below the bytes it compared. The two big items differ in their very last element only, so
-// the exit code 1 and that element's index in the JSON report prove the whole item was read.
+// each, made from a real tiny export by replacing one `k` item with a 256 MiB one, are diffed by
+// the built binary with --mem-limit 32M in a child process; its peak RSS (wait4's ru_maxrss) must
+// stay far below the bytes it compared. The two big items differ in their very last element only,
+// so the exit code 1 and that element's index in the JSON report prove the whole item was read.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -58,18 +58,22 @@ float Value(std::uint64_t i) {
 // Replaces the item at `path` (f32, rows first) by a contiguous f32 dataset of `rows` rows of
 // `row_shape`, with the item attributes the reader checks, written in 4 MiB slabs so this process
 // never holds more than one.
-void ReplaceWithBig(const std::string& file, const std::string& path, const ExportItem& item, std::int64_t rows) {
+void ReplaceWithBig(const std::string& file, const std::string& path, const ExportItem& item,
+                    std::int64_t rows) {
   H5Handle f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
   ASSERT_TRUE(f.valid()) << file;
   ASSERT_GE(H5Ldelete(f.get(), path.c_str(), H5P_DEFAULT), 0) << path;
-  // The edited file's /index/items no longer describes it: drop it so the reader walks the datasets.
+  // The edited file's /index/items no longer describes it: drop it so the reader walks the
+  // datasets.
   if (H5Lexists(f.get(), "/index", H5P_DEFAULT) > 0) {
     ASSERT_GE(H5Ldelete(f.get(), "/index", H5P_DEFAULT), 0);
   }
   std::vector<hsize_t> dims{static_cast<hsize_t>(rows)};
-  for (std::size_t d = 1; d < item.shape.size(); ++d) dims.push_back(static_cast<hsize_t>(item.shape[d]));
+  for (std::size_t d = 1; d < item.shape.size(); ++d)
+    dims.push_back(static_cast<hsize_t>(item.shape[d]));
   H5Handle sp(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
-  H5Handle ds(H5Dcreate2(f.get(), path.c_str(), H5T_IEEE_F32LE, sp.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  H5Handle ds(H5Dcreate2(f.get(), path.c_str(), H5T_IEEE_F32LE, sp.get(), H5P_DEFAULT, H5P_DEFAULT,
+                         H5P_DEFAULT));
   ASSERT_TRUE(ds.valid()) << path;
   SetStr(ds.get(), "kind", ItemKindName(item.kind));
   SetInt(ds.get(), "stage", item.stage);
@@ -78,7 +82,8 @@ void ReplaceWithBig(const std::string& file, const std::string& path, const Expo
   SetInt(ds.get(), "capacity_rows", rows);
   SetStr(ds.get(), "dtype", "f32");
   const std::int64_t row_elems = item.row_elems();
-  const std::int64_t slab_rows = std::max<std::int64_t>(1, (std::int64_t{4} << 20) / (row_elems * 4));
+  const std::int64_t slab_rows =
+      std::max<std::int64_t>(1, (std::int64_t{4} << 20) / (row_elems * 4));
   std::vector<float> buf(static_cast<std::size_t>(slab_rows * row_elems));
   for (std::int64_t r0 = 0; r0 < rows; r0 += slab_rows) {
     const std::int64_t n = std::min(slab_rows, rows - r0);
@@ -88,9 +93,12 @@ void ReplaceWithBig(const std::string& file, const std::string& path, const Expo
     start[0] = static_cast<hsize_t>(r0);
     count[0] = static_cast<hsize_t>(n);
     H5Handle fs_sel(H5Dget_space(ds.get()));
-    ASSERT_GE(H5Sselect_hyperslab(fs_sel.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr), 0);
+    ASSERT_GE(H5Sselect_hyperslab(fs_sel.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                                  nullptr),
+              0);
     H5Handle ms(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
-    ASSERT_GE(H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, ms.get(), fs_sel.get(), H5P_DEFAULT, buf.data()), 0);
+    ASSERT_GE(H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, ms.get(), fs_sel.get(), H5P_DEFAULT, buf.data()),
+              0);
   }
 }
 
@@ -104,7 +112,9 @@ void SetLastElement(const std::string& file, const std::string& path, float v) {
   std::vector<hsize_t> dims(static_cast<std::size_t>(rank)), count(dims.size(), 1);
   H5Sget_simple_extent_dims(sp.get(), dims.data(), nullptr);
   for (auto& d : dims) --d;  // the last index in every dimension
-  ASSERT_GE(H5Sselect_hyperslab(sp.get(), H5S_SELECT_SET, dims.data(), nullptr, count.data(), nullptr), 0);
+  ASSERT_GE(
+      H5Sselect_hyperslab(sp.get(), H5S_SELECT_SET, dims.data(), nullptr, count.data(), nullptr),
+      0);
   const hsize_t one = 1;
   H5Handle ms(H5Screate_simple(1, &one, nullptr));
   ASSERT_GE(H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, ms.get(), sp.get(), H5P_DEFAULT, &v), 0);
@@ -160,9 +170,11 @@ Child RunMeasured(const std::vector<std::string>& args, const std::string& dir) 
 TEST(DiffMemory, TwoBigExportsDiffUnderTheMemoryLimit) {
   const std::string dir = test::NewDir("diff-memory");
   const std::string base = dir + "/base.h5";
-  auto g = test::RunLockstep("generate --model " + test::ModelDir("tiny") +
-                             " --prompt 'hello hello hello' --max-new 4 --spec 2 --threads 1 --export-windows 0"
-                             " --export " + base);
+  auto g = test::RunLockstep(
+      "generate --model " + test::ModelDir("tiny") +
+      " --prompt 'hello hello hello' --max-new 4 --spec 2 --threads 1 --export-windows 0"
+      " --export " +
+      base);
   ASSERT_EQ(g.exit_code, 0) << g.err;
 
   // The first committed `k` of window 0: f32 [rows, heads_kv, head_dim], 256 bytes a row for tiny.
@@ -217,7 +229,8 @@ TEST(DiffMemory, TwoBigExportsDiffUnderTheMemoryLimit) {
       << "peak RSS " << (c.max_rss_bytes >> 20) << " MiB diffing 2 x " << (fs::file_size(a) >> 20)
       << " MiB (the test process was " << (parent_rss >> 20) << " MiB at fork)";
   std::printf("lockstep diff --mem-limit 32M over 2 x %ju MiB: peak RSS %lld MiB\n",
-              static_cast<std::uintmax_t>(fs::file_size(a) >> 20), static_cast<long long>(c.max_rss_bytes >> 20));
+              static_cast<std::uintmax_t>(fs::file_size(a) >> 20),
+              static_cast<long long>(c.max_rss_bytes >> 20));
 
   // The report: only the big item failed, at its last element, after all of it was compared.
   std::ifstream in(json);
@@ -230,7 +243,9 @@ TEST(DiffMemory, TwoBigExportsDiffUnderTheMemoryLimit) {
   const std::int64_t elements = rows * item.row_elems();
   bool seen = false;
   for (const auto& it : st.at("items")) {
-    if (it.at("checkpoint").get<std::string>() != cp_name || it.at("rel").get<std::string>() != item.rel) continue;
+    if (it.at("checkpoint").get<std::string>() != cp_name ||
+        it.at("rel").get<std::string>() != item.rel)
+      continue;
     seen = true;
     EXPECT_EQ(it.at("verdict").get<std::string>(), "fail");
     EXPECT_EQ(it.at("rows").get<std::int64_t>(), rows);

@@ -1,7 +1,8 @@
-// ExportReader (compare/export_reader.h): reads real exports written by `lockstep generate --export`
-// (meta, checkpoint attributes, items, rows bit-identical to H5Dread, concurrent readers), rejects
-// a corpus of malformed files with kInvalidArgument (exit 2) naming the in-file path, and reads
-// layouts the exporter never writes (chunked + deflate, big-endian) through the H5Dread fallback.
+// ExportReader (compare/export_reader.h): reads real exports written by `lockstep generate
+// --export` (meta, checkpoint attributes, items, rows bit-identical to H5Dread, concurrent
+// readers), rejects a corpus of malformed files with kInvalidArgument (exit 2) naming the in-file
+// path, and reads layouts the exporter never writes (chunked + deflate, big-endian) through the
+// H5Dread fallback.
 #include "lockstep/compare/export_reader.h"
 
 #include <gtest/gtest.h>
@@ -36,9 +37,10 @@ Generated Generate(const std::string& name, const std::string& extra) {
   const std::string dir = test::NewDir(name);
   g.path = dir + "/a.h5";
   g.jsonl = dir + "/a.jsonl";
-  auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny") +
-                             " --prompt 'hello hello hello' --max-new 8 --spec 2 --threads 1 --export " + g.path +
-                             " --export-windows all --trace-jsonl " + g.jsonl + " " + extra);
+  auto r =
+      test::RunLockstep("generate --model " + test::ModelDir("tiny") +
+                        " --prompt 'hello hello hello' --max-new 8 --spec 2 --threads 1 --export " +
+                        g.path + " --export-windows all --trace-jsonl " + g.jsonl + " " + extra);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   g.err = r.err;
   return g;
@@ -86,8 +88,8 @@ std::string ItemPath(const ExportCheckpoint& cp, const ExportItem& it) {
   return "/checkpoints/" + cp.name + "/" + it.rel;
 }
 
-std::vector<char> ReadAllRows(const ExportReader& r, const ExportCheckpoint& cp, const ExportItem& it,
-                              std::int64_t block = 0) {
+std::vector<char> ReadAllRows(const ExportReader& r, const ExportCheckpoint& cp,
+                              const ExportItem& it, std::int64_t block = 0) {
   const auto row_bytes = static_cast<std::size_t>(it.row_elems()) * it.elem_bytes();
   std::vector<char> out(static_cast<std::size_t>(it.rows()) * row_bytes);
   if (block <= 0) block = std::max<std::int64_t>(it.rows(), 1);
@@ -105,8 +107,9 @@ std::string Dtype(const ExportItem& it) { return std::string(dtype_name(it.dtype
 std::string Point(const ExportCheckpoint& cp) { return CheckpointPointName(cp.point); }
 
 int KindIndex(const std::string& k) {
-  static const std::vector<std::string> kinds = {"k",         "v",     "k_spec", "v_spec",     "conv_state",
-                                                 "ssm_state", "mtp_k", "mtp_v",  "hidden_out", "logits"};
+  static const std::vector<std::string> kinds = {"k",          "v",         "k_spec", "v_spec",
+                                                 "conv_state", "ssm_state", "mtp_k",  "mtp_v",
+                                                 "hidden_out", "logits"};
   return static_cast<int>(std::find(kinds.begin(), kinds.end(), k) - kinds.begin());
 }
 
@@ -136,8 +139,10 @@ TEST(ExportReader, MetaMatchesTraceAndCheckpoints) {
   for (std::size_t i = 0; i < m.windows.size(); ++i) {
     const WindowRecord &a = m.windows[i], &b = (*trace)[i];
     // Every path field the HDF5 trace holds (draft and emitted tokens are JSON-lines only).
-    EXPECT_EQ(std::make_tuple(a.idx, a.p, a.T, a.T_mtp, a.merged, a.from_sfx, a.chain_n, a.accepted, a.first_call),
-              std::make_tuple(b.idx, b.p, b.T, b.T_mtp, b.merged, b.from_sfx, b.chain_n, b.accepted, b.first_call))
+    EXPECT_EQ(std::make_tuple(a.idx, a.p, a.T, a.T_mtp, a.merged, a.from_sfx, a.chain_n, a.accepted,
+                              a.first_call),
+              std::make_tuple(b.idx, b.p, b.T, b.T_mtp, b.merged, b.from_sfx, b.chain_n, b.accepted,
+                              b.first_call))
         << "window " << i;
     EXPECT_EQ(a.source, b.source) << "window " << i;
     EXPECT_TRUE(a.draft.empty() && a.emitted.empty());
@@ -191,8 +196,10 @@ TEST(ExportReader, MetaMatchesTraceAndCheckpoints) {
   }
   // The CLI's "items per checkpoint (pre_verify / post_verify / commit): a / b / c" (window 0).
   std::smatch sm;
-  ASSERT_TRUE(std::regex_search(g.err, sm, std::regex(R"(commit\): (\d+) / (\d+) / (\d+))"))) << g.err;
-  for (int p = 0; p < 3; ++p) EXPECT_EQ(m.checkpoints[static_cast<std::size_t>(p)].items.size(), std::stoul(sm[p + 1]));
+  ASSERT_TRUE(std::regex_search(g.err, sm, std::regex(R"(commit\): (\d+) / (\d+) / (\d+))")))
+      << g.err;
+  for (int p = 0; p < 3; ++p)
+    EXPECT_EQ(m.checkpoints[static_cast<std::size_t>(p)].items.size(), std::stoul(sm[p + 1]));
 
   // Counters of every stage; first_call_ns is not measured on the CPU backend.
   ASSERT_EQ(m.counters.size(), 4u);
@@ -219,14 +226,17 @@ TEST(ExportReader, RowsEqualH5DreadAndBoundsAreChecked) {
       const auto truth = H5Whole(g.path, ItemPath(cp, it), H5T_NATIVE_FLOAT);
       EXPECT_TRUE(reader->ReadsDirectly(cp, it)) << ItemPath(cp, it) << " is contiguous";
       EXPECT_EQ(ReadAllRows(*reader, cp, it), truth) << ItemPath(cp, it);
-      EXPECT_EQ(ReadAllRows(*reader, cp, it, 2), truth) << ItemPath(cp, it) << " in blocks of 2 rows";
+      EXPECT_EQ(ReadAllRows(*reader, cp, it, 2), truth)
+          << ItemPath(cp, it) << " in blocks of 2 rows";
       ++n_items;
     }
   EXPECT_GT(n_items, 50u);
   const ExportCheckpoint& cp = reader->meta().checkpoints.back();
   const ExportItem& it = cp.items.front();
-  std::vector<char> buf(static_cast<std::size_t>(it.rows() * it.row_elems()) * it.elem_bytes() + 64);
-  EXPECT_TRUE(reader->ReadRows(cp, it, it.rows(), 0, buf.data()).ok()) << "empty range at the end is fine";
+  std::vector<char> buf(static_cast<std::size_t>(it.rows() * it.row_elems()) * it.elem_bytes() +
+                        64);
+  EXPECT_TRUE(reader->ReadRows(cp, it, it.rows(), 0, buf.data()).ok())
+      << "empty range at the end is fine";
   for (auto [r0, n] : {std::pair<std::int64_t, std::int64_t>{it.rows(), 1},
                        {-1, 1},
                        {0, -1},
@@ -238,7 +248,8 @@ TEST(ExportReader, RowsEqualH5DreadAndBoundsAreChecked) {
   }
   ExportItem stranger = it;
   stranger.rel = "stage9/layer99/k";
-  EXPECT_EQ(reader->ReadRows(cp, stranger, 0, 1, buf.data()).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(reader->ReadRows(cp, stranger, 0, 1, buf.data()).code(),
+            Status::Code::kInvalidArgument);
   std::vector<float> sc(64);
   EXPECT_EQ(reader->ReadScaleRows(cp, it, 0, 1, sc.data()).code(), Status::Code::kInvalidArgument)
       << "f32 items have no scales";
@@ -261,7 +272,8 @@ TEST(ExportReader, ConcurrentReadersSeeTheSameBytes) {
     threads.emplace_back([&, t] {
       for (int rep = 0; rep < 3; ++rep)
         for (std::size_t k = 0; k < all.size(); ++k) {
-          const std::size_t i = (k * 7 + static_cast<std::size_t>(t) * 13) % all.size();  // different orders
+          const std::size_t i =
+              (k * 7 + static_cast<std::size_t>(t) * 13) % all.size();  // different orders
           if (ReadAllRows(*reader, *all[i].first, *all[i].second, 1 + t) != truth[i]) ++mismatches;
         }
     });
@@ -276,11 +288,12 @@ TEST(ExportReader, Int8ItemsHaveScales) {
   int n_scaled = 0;
   for (const auto& cp : reader->meta().checkpoints)
     for (const auto& it : cp.items) {
-      const bool kv = Kind(it) == "k" || Kind(it) == "v" || Kind(it) == "k_spec" || Kind(it) == "v_spec" ||
-                      Kind(it) == "mtp_k" || Kind(it) == "mtp_v";
+      const bool kv = Kind(it) == "k" || Kind(it) == "v" || Kind(it) == "k_spec" ||
+                      Kind(it) == "v_spec" || Kind(it) == "mtp_k" || Kind(it) == "mtp_v";
       EXPECT_EQ(Dtype(it), kv ? "int8" : "f32") << ItemPath(cp, it);
       EXPECT_EQ(it.has_scales, kv) << ItemPath(cp, it);
-      EXPECT_EQ(ReadAllRows(*reader, cp, it), H5Whole(g.path, ItemPath(cp, it), NativeType(Dtype(it))))
+      EXPECT_EQ(ReadAllRows(*reader, cp, it),
+                H5Whole(g.path, ItemPath(cp, it), NativeType(Dtype(it))))
           << ItemPath(cp, it);
       if (!it.has_scales) continue;
       ++n_scaled;
@@ -293,9 +306,12 @@ TEST(ExportReader, Int8ItemsHaveScales) {
       if (it.rows() > 1) {
         std::vector<float> one(static_cast<std::size_t>(it.scale_row_elems));
         ASSERT_TRUE(reader->ReadScaleRows(cp, it, 1, 1, one.data()).ok());
-        EXPECT_EQ(std::memcmp(one.data(), truth.data() + one.size() * sizeof(float), one.size() * sizeof(float)), 0);
+        EXPECT_EQ(std::memcmp(one.data(), truth.data() + one.size() * sizeof(float),
+                              one.size() * sizeof(float)),
+                  0);
       }
-      EXPECT_EQ(reader->ReadScaleRows(cp, it, it.rows(), 1, sc.data()).code(), Status::Code::kInvalidArgument);
+      EXPECT_EQ(reader->ReadScaleRows(cp, it, it.rows(), 1, sc.data()).code(),
+                Status::Code::kInvalidArgument);
     }
   EXPECT_GT(n_scaled, 10);
 }
@@ -311,7 +327,8 @@ TEST(ExportReader, Bf16ItemsAreRawBits) {
         ++n_bf16;
         EXPECT_EQ(it.elem_bytes(), 2u);
       }
-      EXPECT_EQ(ReadAllRows(*reader, cp, it, 3), H5Whole(g.path, ItemPath(cp, it), NativeType(Dtype(it))));
+      EXPECT_EQ(ReadAllRows(*reader, cp, it, 3),
+                H5Whole(g.path, ItemPath(cp, it), NativeType(Dtype(it))));
     }
   EXPECT_GT(n_bf16, 10);
 }
@@ -335,8 +352,8 @@ std::string CopyOf(const std::string& src, const std::string& name) {
 // A copy of `src` changed through the HDF5 API. The copy loses its /index/items (unless
 // `keep_index`), so the reader validates every dataset the slow way, as it does for files written
 // by other tools.
-std::string Mutated(const std::string& name, const std::function<void(hid_t)>& change, const std::string& src = "",
-                    bool keep_index = false) {
+std::string Mutated(const std::string& name, const std::function<void(hid_t)>& change,
+                    const std::string& src = "", bool keep_index = false) {
   const std::string dst = CopyOf(src.empty() ? F32().path : src, name);
   H5Handle f(H5Fopen(dst.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
   EXPECT_TRUE(f.valid());
@@ -348,7 +365,8 @@ std::string Mutated(const std::string& name, const std::function<void(hid_t)>& c
   return dst;
 }
 
-void SetInt(hid_t loc, const std::string& obj, const char* name, std::int64_t v, hid_t file_type = H5T_STD_I64LE) {
+void SetInt(hid_t loc, const std::string& obj, const char* name, std::int64_t v,
+            hid_t file_type = H5T_STD_I64LE) {
   H5Handle o(H5Oopen(loc, obj.c_str(), H5P_DEFAULT));
   ASSERT_TRUE(o.valid()) << obj;
   if (H5Aexists(o.get(), name) > 0) H5Adelete(o.get(), name);
@@ -379,7 +397,8 @@ void ReplaceWithUnwritten(hid_t f, const std::string& path, std::vector<hsize_t>
   H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE));
   H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_LATE);
   H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
-  H5Handle ds(H5Dcreate2(f, path.c_str(), H5T_IEEE_F32LE, sp.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+  H5Handle ds(
+      H5Dcreate2(f, path.c_str(), H5T_IEEE_F32LE, sp.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
   ASSERT_TRUE(ds.valid()) << path;
   ds.reset();
   SetStr(f, path, "kind", "k");
@@ -390,7 +409,8 @@ void ReplaceWithUnwritten(hid_t f, const std::string& path, std::vector<hsize_t>
   SetStr(f, path, "dtype", "f32");
 }
 
-void ExpectRejected(const std::string& file, const std::string& needle, const ReaderLimits& limits = {}) {
+void ExpectRejected(const std::string& file, const std::string& needle,
+                    const ReaderLimits& limits = {}) {
   auto r = ExportReader::Open(file, limits);
   ASSERT_FALSE(r.ok()) << file << " was accepted; expected an error mentioning '" << needle << "'";
   EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument) << r.status().ToString();
@@ -429,7 +449,8 @@ TEST(ExportReaderCorpus, UnreadableIsAnIOError) {
 
 TEST(ExportReaderCorpus, TruncatedCopies) {
   const auto size = static_cast<std::int64_t>(fs::file_size(F32().path));
-  for (std::int64_t cut : {std::int64_t{0}, std::int64_t{7}, std::int64_t{512}, size / 2, size - 1}) {
+  for (std::int64_t cut :
+       {std::int64_t{0}, std::int64_t{7}, std::int64_t{512}, size / 2, size - 1}) {
     const std::string p = CopyOf(F32().path, "cut" + std::to_string(cut));
     fs::resize_file(p, static_cast<std::uintmax_t>(cut));
     ExpectRejected(p, p);
@@ -446,7 +467,8 @@ TEST(ExportReaderCorpus, SchemaIdentity) {
                  "not a lockstep.export v1 file: schema 'other.export' version 1");
   ExpectRejected(Mutated("version", [](hid_t h) { SetInt(h, "/", "schema_version", 2); }),
                  "not a lockstep.export v1 file: schema 'lockstep.export' version 2");
-  ExpectRejected(Mutated("noversion", [](hid_t h) { H5Adelete(h, "schema_version"); }), "version (missing)");
+  ExpectRejected(Mutated("noversion", [](hid_t h) { H5Adelete(h, "schema_version"); }),
+                 "version (missing)");
 }
 
 // /trace/stages as the writer lays it out, with the given rows (window, stage, host ns x3, device
@@ -461,13 +483,16 @@ void WriteStageRows(hid_t h, const std::vector<StageRowT>& rows) {
   H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(StageRowT)));
   H5Tinsert(t.get(), "window", HOFFSET(StageRowT, window), H5T_NATIVE_INT32);
   H5Tinsert(t.get(), "stage", HOFFSET(StageRowT, stage), H5T_NATIVE_INT32);
-  const char* names[7] = {"wait_ns", "compute_ns", "cpu_ns", "dev_wait_ns", "dev_compute_ns", "dev_copy_ns", "init_ns"};
+  const char* names[7] = {"wait_ns",        "compute_ns",  "cpu_ns", "dev_wait_ns",
+                          "dev_compute_ns", "dev_copy_ns", "init_ns"};
   for (std::size_t i = 0; i < 7; ++i)
-    H5Tinsert(t.get(), names[i], HOFFSET(StageRowT, ns) + i * sizeof(std::int64_t), H5T_NATIVE_INT64);
+    H5Tinsert(t.get(), names[i], HOFFSET(StageRowT, ns) + i * sizeof(std::int64_t),
+              H5T_NATIVE_INT64);
   H5Tinsert(t.get(), "graph", HOFFSET(StageRowT, graph), H5T_NATIVE_UINT8);
   hsize_t n = rows.size();
   H5Handle sp(H5Screate_simple(1, &n, nullptr));
-  H5Handle ds(H5Dcreate2(h, "/trace/stages", t.get(), sp.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  H5Handle ds(
+      H5Dcreate2(h, "/trace/stages", t.get(), sp.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   if (n > 0) H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data());
 }
 
@@ -491,7 +516,8 @@ TEST(ExportReaderCorpus, StageTimings) {
     }
   }
   {
-    auto reader = OpenOk(Mutated("nostages", [](hid_t h) { H5Ldelete(h, "/trace/stages", H5P_DEFAULT); }));
+    auto reader =
+        OpenOk(Mutated("nostages", [](hid_t h) { H5Ldelete(h, "/trace/stages", H5P_DEFAULT); }));
     ASSERT_TRUE(reader);
     for (const WindowRecord& w : reader->meta().windows) EXPECT_TRUE(w.stages.empty());
   }
@@ -518,48 +544,60 @@ TEST(ExportReaderCorpus, StageTimings) {
   bad_dev.ns[4] = -5;
   bad_host.ns[1] = -1;
   far.window = 100000;
-  ExpectRejected(Mutated("stage-order", [&](hid_t h) { WriteStageRows(h, {dev1, dev0}); }),
+  ExpectRejected(Mutated("stage-order",
+                         [&](hid_t h) {
+                           WriteStageRows(h, {dev1, dev0});
+                         }),
                  "/trace/stages row 0: out of order");
-  ExpectRejected(Mutated("stage-gap", [&](hid_t h) { WriteStageRows(h, {dev0, dev0}); }),
+  ExpectRejected(Mutated("stage-gap",
+                         [&](hid_t h) {
+                           WriteStageRows(h, {dev0, dev0});
+                         }),
                  "/trace/stages row 1: out of order");
-  ExpectRejected(Mutated("stage-graph", [&](hid_t h) { WriteStageRows(h, {bad_graph}); }), "graph 9");
+  ExpectRejected(Mutated("stage-graph", [&](hid_t h) { WriteStageRows(h, {bad_graph}); }),
+                 "graph 9");
   ExpectRejected(Mutated("stage-dev", [&](hid_t h) { WriteStageRows(h, {bad_dev}); }),
                  "dev_compute_ns below -1");
-  ExpectRejected(Mutated("stage-host", [&](hid_t h) { WriteStageRows(h, {bad_host}); }), "negative compute_ns");
+  ExpectRejected(Mutated("stage-host", [&](hid_t h) { WriteStageRows(h, {bad_host}); }),
+                 "negative compute_ns");
   ExpectRejected(Mutated("stage-window", [&](hid_t h) { WriteStageRows(h, {far}); }),
                  "window 100000 is not one of the");
 }
 
 TEST(ExportReaderCorpus, MissingOrMistypedStructure) {
-  ExpectRejected(Mutated("nowindows", [](hid_t h) { H5Ldelete(h, "/trace/windows", H5P_DEFAULT); }), "/trace/windows");
-  ExpectRejected(Mutated("noconfig", [](hid_t h) { H5Ldelete(h, "/config", H5P_DEFAULT); }), "/config: missing");
-  ExpectRejected(Mutated("norunid", [](hid_t h) { H5Adelete(h, "run_id"); }), "missing attribute 'run_id'");
+  ExpectRejected(Mutated("nowindows", [](hid_t h) { H5Ldelete(h, "/trace/windows", H5P_DEFAULT); }),
+                 "/trace/windows");
+  ExpectRejected(Mutated("noconfig", [](hid_t h) { H5Ldelete(h, "/config", H5P_DEFAULT); }),
+                 "/config: missing");
+  ExpectRejected(Mutated("norunid", [](hid_t h) { H5Adelete(h, "run_id"); }),
+                 "missing attribute 'run_id'");
   ExpectRejected(Mutated("counters",
                          [](hid_t h) {
                            H5Ldelete(h, "/counters/stage2", H5P_DEFAULT);
                            SetInt(h, "/counters", "x", 1);
-                           H5Handle g(H5Gcreate2(h, "/counters/stage2", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+                           H5Handle g(H5Gcreate2(h, "/counters/stage2", H5P_DEFAULT, H5P_DEFAULT,
+                                                 H5P_DEFAULT));
                          }),
                  "/counters/stage2: missing attribute 'expert_hits'");
   // /trace/windows without export_ns.
-  ExpectRejected(
-      Mutated("compound",
-              [](hid_t h) {
-                H5Ldelete(h, "/trace/windows", H5P_DEFAULT);
-                struct Row {
-                  std::int32_t idx, p, T;
-                };
-                H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(Row)));
-                H5Tinsert(t.get(), "idx", HOFFSET(Row, idx), H5T_NATIVE_INT32);
-                H5Tinsert(t.get(), "p", HOFFSET(Row, p), H5T_NATIVE_INT32);
-                H5Tinsert(t.get(), "T", HOFFSET(Row, T), H5T_NATIVE_INT32);
-                hsize_t n = 1;
-                H5Handle sp(H5Screate_simple(1, &n, nullptr));
-                H5Handle ds(H5Dcreate2(h, "/trace/windows", t.get(), sp.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-                Row r{0, 1, 1};
-                H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &r);
-              }),
-      "/trace/windows: compound has no field 'T_mtp'");
+  ExpectRejected(Mutated("compound",
+                         [](hid_t h) {
+                           H5Ldelete(h, "/trace/windows", H5P_DEFAULT);
+                           struct Row {
+                             std::int32_t idx, p, T;
+                           };
+                           H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(Row)));
+                           H5Tinsert(t.get(), "idx", HOFFSET(Row, idx), H5T_NATIVE_INT32);
+                           H5Tinsert(t.get(), "p", HOFFSET(Row, p), H5T_NATIVE_INT32);
+                           H5Tinsert(t.get(), "T", HOFFSET(Row, T), H5T_NATIVE_INT32);
+                           hsize_t n = 1;
+                           H5Handle sp(H5Screate_simple(1, &n, nullptr));
+                           H5Handle ds(H5Dcreate2(h, "/trace/windows", t.get(), sp.get(),
+                                                  H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+                           Row r{0, 1, 1};
+                           H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &r);
+                         }),
+                 "/trace/windows: compound has no field 'T_mtp'");
   // Token ids stored as floats.
   ExpectRejected(Mutated("tokens",
                          [](hid_t h) {
@@ -567,8 +605,8 @@ TEST(ExportReaderCorpus, MissingOrMistypedStructure) {
                            hsize_t n = 3;
                            const float v[3] = {1, 2, 3};
                            H5Handle sp(H5Screate_simple(1, &n, nullptr));
-                           H5Handle ds(H5Dcreate2(h, "/request/tokens", H5T_IEEE_F32LE, sp.get(), H5P_DEFAULT,
-                                                  H5P_DEFAULT, H5P_DEFAULT));
+                           H5Handle ds(H5Dcreate2(h, "/request/tokens", H5T_IEEE_F32LE, sp.get(),
+                                                  H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
                            H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
                          }),
                  "/request/tokens: holds 4-byte floats, expected int32 token ids");
@@ -576,25 +614,30 @@ TEST(ExportReaderCorpus, MissingOrMistypedStructure) {
   ExpectRejected(Mutated("soft",
                          [](hid_t h) {
                            H5Lcreate_soft("/checkpoints/00000_commit/stage1/layer3/k", h,
-                                          "/checkpoints/00001_commit/stage1/layer3/k_copy", H5P_DEFAULT, H5P_DEFAULT);
+                                          "/checkpoints/00001_commit/stage1/layer3/k_copy",
+                                          H5P_DEFAULT, H5P_DEFAULT);
                          }),
                  "/checkpoints/00001_commit/stage1/layer3/k_copy: is a soft or external link");
   ExpectRejected(Mutated("junk",
                          [](hid_t h) {
-                           H5Handle g(H5Gcreate2(h, "/checkpoints/00001_commit/stage1/junk", H5P_DEFAULT, H5P_DEFAULT,
-                                                 H5P_DEFAULT));
+                           H5Handle g(H5Gcreate2(h, "/checkpoints/00001_commit/stage1/junk",
+                                                 H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
                          }),
                  "/checkpoints/00001_commit/stage1/junk: unexpected entry");
-  ExpectRejected(Mutated("point", [](hid_t h) { SetStr(h, "/checkpoints/00001_commit", "point", "pre_verify"); }),
-                 "/checkpoints/00001_commit: attributes window 1, point 'pre_verify' do not match");
+  ExpectRejected(
+      Mutated("point",
+              [](hid_t h) { SetStr(h, "/checkpoints/00001_commit", "point", "pre_verify"); }),
+      "/checkpoints/00001_commit: attributes window 1, point 'pre_verify' do not match");
 }
 
 TEST(ExportReaderCorpus, ItemAttributesAndShapes) {
   ExpectRejected(Mutated("valid_rows", [](hid_t h) { SetInt(h, kK, "valid_rows", 3); }),
                  kK + ": valid_rows attribute 3");
-  ExpectRejected(Mutated("absurd_rows", [](hid_t h) { SetInt(h, kK, "valid_rows", std::int64_t{1} << 62); }),
-                 kK + ": valid_rows attribute 4611686018427387904");
-  ExpectRejected(Mutated("capacity", [](hid_t h) { SetInt(h, kK, "capacity_rows", 1); }), kK + ": capacity_rows 1");
+  ExpectRejected(
+      Mutated("absurd_rows", [](hid_t h) { SetInt(h, kK, "valid_rows", std::int64_t{1} << 62); }),
+      kK + ": valid_rows attribute 4611686018427387904");
+  ExpectRejected(Mutated("capacity", [](hid_t h) { SetInt(h, kK, "capacity_rows", 1); }),
+                 kK + ": capacity_rows 1");
   ExpectRejected(Mutated("no_valid_rows",
                          [](hid_t h) {
                            H5Handle o(H5Oopen(h, kK.c_str(), H5P_DEFAULT));
@@ -607,7 +650,8 @@ TEST(ExportReaderCorpus, ItemAttributesAndShapes) {
                  kK + ": unknown dtype attribute 'f64'");
   ExpectRejected(Mutated("kind", [](hid_t h) { SetStr(h, kK, "kind", "v"); }),
                  kK + ": kind attribute 'v' but the path says 'k'");
-  ExpectRejected(Mutated("layer", [](hid_t h) { SetInt(h, kK, "layer", 4); }), kK + ": stage/layer attributes 1/4");
+  ExpectRejected(Mutated("layer", [](hid_t h) { SetInt(h, kK, "layer", 4); }),
+                 kK + ": stage/layer attributes 1/4");
   // Dims of 2^40 rows (never written: late allocation) hit max_dim; 2^28 rows fit max_dim but
   // their 2^36 bytes exceed the file's length.
   ExpectRejected(Mutated("huge",
@@ -622,17 +666,17 @@ TEST(ExportReaderCorpus, ItemAttributesAndShapes) {
                  kK + ": shape [268435456, 2, 32] of f32 is larger than");
   // int8 scales that do not fit their item.
   const std::string ks = kK + "_scale";
-  ExpectRejected(
-      Mutated(
-          "scale",
-          [&](hid_t h) {
-            H5Ldelete(h, ks.c_str(), H5P_DEFAULT);
-            hsize_t dims[2] = {2, 5};
-            H5Handle sp(H5Screate_simple(2, dims, nullptr));
-            H5Handle ds(H5Dcreate2(h, ks.c_str(), H5T_IEEE_F32LE, sp.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-          },
-          Int8().path),
-      ks + ": scale shape [2, 5] does not fit");
+  ExpectRejected(Mutated(
+                     "scale",
+                     [&](hid_t h) {
+                       H5Ldelete(h, ks.c_str(), H5P_DEFAULT);
+                       hsize_t dims[2] = {2, 5};
+                       H5Handle sp(H5Screate_simple(2, dims, nullptr));
+                       H5Handle ds(H5Dcreate2(h, ks.c_str(), H5T_IEEE_F32LE, sp.get(), H5P_DEFAULT,
+                                              H5P_DEFAULT, H5P_DEFAULT));
+                     },
+                     Int8().path),
+                 ks + ": scale shape [2, 5] does not fit");
 }
 
 // Kind names are checked against their place in the path grammar: a layer holds only layer kinds,
@@ -755,8 +799,8 @@ TEST(ExportReader, ChunkedDeflateAndBigEndianUseTheFallback) {
   // The fallback is serialised but safe from several threads.
   const auto& cp = reader->meta().checkpoints[5];  // 00001_commit
   ASSERT_EQ(cp.name, "00001_commit");
-  auto it =
-      std::find_if(cp.items.begin(), cp.items.end(), [](const ExportItem& x) { return x.rel == "stage1/layer3/k"; });
+  auto it = std::find_if(cp.items.begin(), cp.items.end(),
+                         [](const ExportItem& x) { return x.rel == "stage1/layer3/k"; });
   ASSERT_NE(it, cp.items.end());
   ASSERT_GT(it->rows(), 4);
   const auto want = H5Whole(file, kK, H5T_NATIVE_FLOAT);
@@ -780,21 +824,23 @@ TEST(ExportReader, WindowsReadByFieldNameAndUnknownTimings) {
   // everywhere, and export_ns unknown (-1) in windows 0 and 2.
   const std::string file = Mutated("reordered", [&](hid_t h) {
     ASSERT_GE(H5Ldelete(h, "/trace/windows", H5P_DEFAULT), 0);
-    const char* names[18] = {"extra",     "export_ns", "commit_ns", "draft_ns", "compute_ns", "wait_ns",
-                             "verify_ns", "end_ns",    "begin_ns",  "accepted", "chain_n",    "first_call",
-                             "from_sfx",  "merged",    "T_mtp",     "T",        "p",          "idx"};
+    const char* names[18] = {"extra",   "export_ns",  "commit_ns", "draft_ns", "compute_ns",
+                             "wait_ns", "verify_ns",  "end_ns",    "begin_ns", "accepted",
+                             "chain_n", "first_call", "from_sfx",  "merged",   "T_mtp",
+                             "T",       "p",          "idx"};
     using Row = std::array<std::int64_t, 18>;
     H5Handle t(H5Tcreate(H5T_COMPOUND, sizeof(Row)));
     for (std::size_t i = 0; i < 18; ++i) H5Tinsert(t.get(), names[i], i * 8, H5T_STD_I64LE);
     std::vector<Row> rows;
     for (const WindowRecord& w : ws) {
-      rows.push_back({42, w.idx % 2 == 0 && w.idx <= 2 ? -1 : w.export_ns, w.commit_ns, w.draft_ns, w.compute_ns,
-                      w.wait_ns, w.verify_ns, w.end_ns, w.begin_ns, w.accepted, w.chain_n, w.first_call, w.from_sfx,
-                      w.merged, w.T_mtp, w.T, w.p, w.idx});
+      rows.push_back({42, w.idx % 2 == 0 && w.idx <= 2 ? -1 : w.export_ns, w.commit_ns, w.draft_ns,
+                      w.compute_ns, w.wait_ns, w.verify_ns, w.end_ns, w.begin_ns, w.accepted,
+                      w.chain_n, w.first_call, w.from_sfx, w.merged, w.T_mtp, w.T, w.p, w.idx});
     }
     hsize_t n = rows.size();
     H5Handle sp(H5Screate_simple(1, &n, nullptr));
-    H5Handle ds(H5Dcreate2(h, "/trace/windows", t.get(), sp.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    H5Handle ds(
+        H5Dcreate2(h, "/trace/windows", t.get(), sp.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
     ASSERT_GE(H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()), 0);
   });
   auto reader = OpenOk(file);
@@ -808,7 +854,8 @@ TEST(ExportReader, WindowsReadByFieldNameAndUnknownTimings) {
     EXPECT_EQ(m.windows[i].begin_ns, ws[i].begin_ns);
     EXPECT_EQ(m.windows[i].export_ns, i == 0 || i == 2 ? -1 : ws[i].export_ns);
   }
-  const std::string line = "trace/windows export_ns: unknown in 2 of " + std::to_string(ws.size()) + " windows";
+  const std::string line =
+      "trace/windows export_ns: unknown in 2 of " + std::to_string(ws.size()) + " windows";
   EXPECT_NE(std::find(m.unknowns.begin(), m.unknowns.end(), line), m.unknowns.end()) << line;
 }
 
@@ -842,7 +889,8 @@ TEST(ExportReaderIndex, IndexAndFullWalkAgree) {
         EXPECT_EQ(x.shape, y.shape);
         EXPECT_EQ(x.capacity_rows, y.capacity_rows);
         EXPECT_EQ(x.has_scales, y.has_scales);
-        EXPECT_EQ(ReadAllRows(*fast, a[c], x), ReadAllRows(*walk, b[c], y)) << a[c].name << "/" << x.rel;
+        EXPECT_EQ(ReadAllRows(*fast, a[c], x), ReadAllRows(*walk, b[c], y))
+            << a[c].name << "/" << x.rel;
       }
     }
   }
@@ -850,24 +898,33 @@ TEST(ExportReaderIndex, IndexAndFullWalkAgree) {
 
 TEST(ExportReaderIndex, StaleOrForeignIndexIsRejected) {
   // A checkpoint the index names but the file no longer holds.
-  ExpectRejected(Mutated("index-missing-cp",
-                         [](hid_t f) { EXPECT_GE(H5Ldelete(f, "/checkpoints/00000_commit", H5P_DEFAULT), 0); },
-                         "", /*keep_index=*/true),
-                 "which /checkpoints does not hold");
+  ExpectRejected(
+      Mutated(
+          "index-missing-cp",
+          [](hid_t f) { EXPECT_GE(H5Ldelete(f, "/checkpoints/00000_commit", H5P_DEFAULT), 0); }, "",
+          /*keep_index=*/true),
+      "which /checkpoints does not hold");
   // Datasets swapped under an unchanged index: the cross-check of the first item catches it.
   auto swapped = Mutated(
       "index-swapped",
       [](hid_t f) {
         const std::string d = "/checkpoints/00000_pre_verify/stage0/layer0/";
-        EXPECT_GE(H5Lmove(f, (d + "conv_state").c_str(), f, (d + "tmp").c_str(), H5P_DEFAULT, H5P_DEFAULT), 0);
-        EXPECT_GE(H5Lmove(f, (d + "ssm_state").c_str(), f, (d + "conv_state").c_str(), H5P_DEFAULT, H5P_DEFAULT), 0);
-        EXPECT_GE(H5Lmove(f, (d + "tmp").c_str(), f, (d + "ssm_state").c_str(), H5P_DEFAULT, H5P_DEFAULT), 0);
+        EXPECT_GE(H5Lmove(f, (d + "conv_state").c_str(), f, (d + "tmp").c_str(), H5P_DEFAULT,
+                          H5P_DEFAULT),
+                  0);
+        EXPECT_GE(H5Lmove(f, (d + "ssm_state").c_str(), f, (d + "conv_state").c_str(), H5P_DEFAULT,
+                          H5P_DEFAULT),
+                  0);
+        EXPECT_GE(
+            H5Lmove(f, (d + "tmp").c_str(), f, (d + "ssm_state").c_str(), H5P_DEFAULT, H5P_DEFAULT),
+            0);
       },
       "", /*keep_index=*/true);
   auto r = ExportReader::Open(swapped);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().exit_code(), 2) << r.status().message();
-  // With the index off the same file is read by the full walk, which also rejects it (kind attributes).
+  // With the index off the same file is read by the full walk, which also rejects it (kind
+  // attributes).
   ReaderLimits walk;
   walk.use_index = false;
   EXPECT_FALSE(ExportReader::Open(swapped, walk).ok());

@@ -3,7 +3,6 @@
 // shifted logits, a two-class example), top-1 ties, random data against independent float64
 // references written here, and Merge against a single pass.
 #include "lockstep/compare/metrics.h"
-#include "compare/reference_metrics.h"
 
 #include <gtest/gtest.h>
 
@@ -13,6 +12,8 @@
 #include <limits>
 #include <random>
 #include <vector>
+
+#include "compare/reference_metrics.h"
 
 namespace lockstep {
 namespace {
@@ -103,7 +104,8 @@ TEST(Metrics, ZeroReference) {
   EXPECT_EQ(CompareF32(z, z, 3).nrmse, 0.0);
   const DiffStats s = CompareF32(z, nz, 3);
   EXPECT_EQ(s.nrmse, std::numeric_limits<double>::infinity());
-  EXPECT_FALSE(s.non_finite);  // an infinite NRMSE from finite data is a result, not a NaN/Inf input
+  EXPECT_FALSE(
+      s.non_finite);  // an infinite NRMSE from finite data is a result, not a NaN/Inf input
   EXPECT_EQ(s.first_diff, 1);
   EXPECT_EQ(CompareF32(z, z, 0).nrmse, 0.0);  // empty: both sums zero
 }
@@ -220,7 +222,8 @@ TEST(Metrics, RandomAgainstFloat64Reference) {
   EXPECT_EQ(s.n_diff, ref.n_diff);
   EXPECT_EQ(s.first_diff, ref.first_diff);
   F32Accumulator acc;
-  for (std::size_t i = 0; i < n; i += 262144) acc.Add(a.data() + i, b.data() + i, std::min<std::size_t>(262144, n - i));
+  for (std::size_t i = 0; i < n; i += 262144)
+    acc.Add(a.data() + i, b.data() + i, std::min<std::size_t>(262144, n - i));
   const DiffStats t = acc.Finish();
   EXPECT_LE(std::fabs(t.nrmse - ref.nrmse), 1e-12 * ref.nrmse);
   EXPECT_EQ(t.n_diff, ref.n_diff);
@@ -400,7 +403,8 @@ TEST(Metrics, KlTwoClasses) {
   EXPECT_NEAR(k.kl_max, 0.5 * std::log(4.0 / 3.0), 1e-7);  // b0 is log 3 rounded to f32
   const long double b0 = static_cast<long double>(b[0]);
   const long double q0 = std::exp(b0) / (std::exp(b0) + 1.0L);
-  const double exact = static_cast<double>(0.5L * std::log(0.5L / q0) + 0.5L * std::log(0.5L / (1.0L - q0)));
+  const double exact =
+      static_cast<double>(0.5L * std::log(0.5L / q0) + 0.5L * std::log(0.5L / (1.0L - q0)));
   EXPECT_NEAR(k.kl_max, exact, 1e-6 * exact);
   EXPECT_EQ(k.kl_mean, k.kl_max);
   EXPECT_EQ(k.top1_agree, 1u);  // a ties: lowest index 0; b: 0
@@ -448,8 +452,8 @@ TEST(Metrics, KlRandomAgainstFloat64Reference) {
     std::vector<float> b(a.size());
     const std::vector<float> unrelated = Normal(rows * cols, 3.0f, 15);
     const std::vector<float> noise = Normal(rows * cols, 1.0f, 16);
-    // Row 0: unrelated (KL ~ 8); row 1: noise 0.1 (KL ~ 5e-3); row 2: noise 1e-3 (KL ~ 4e-7); row 3:
-    // noise 1e-5 on logits shifted by 7 (KL ~ 5e-11).
+    // Row 0: unrelated (KL ~ 8); row 1: noise 0.1 (KL ~ 5e-3); row 2: noise 1e-3 (KL ~ 4e-7); row
+    // 3: noise 1e-5 on logits shifted by 7 (KL ~ 5e-11).
     const float sigma[] = {0.0f, 0.1f, 1e-3f, 1e-5f};
     for (std::size_t r = 0; r < rows; ++r)
       for (std::size_t i = 0; i < cols; ++i) {
@@ -460,7 +464,8 @@ TEST(Metrics, KlRandomAgainstFloat64Reference) {
     for (std::size_t r = 0; r < rows; ++r) {
       const double ref = ReferenceKl(a.data() + r * cols, b.data() + r * cols, cols);
       const KlStats one = CompareLogits(a.data() + r * cols, b.data() + r * cols, 1, cols);
-      EXPECT_LE(std::fabs(one.kl_max - ref), 1e-4 * ref) << "row " << r << " ref " << ref << " got " << one.kl_max;
+      EXPECT_LE(std::fabs(one.kl_max - ref), 1e-4 * ref)
+          << "row " << r << " ref " << ref << " got " << one.kl_max;
       EXPECT_LE(std::fabs(one.kl_max - ref), 1e-5 * ref) << "row " << r;  // margin actually reached
       sum += ref;
       mx = std::max(mx, ref);
@@ -558,7 +563,8 @@ TEST(Metrics, KlMergeEqualsSinglePass) {
   EXPECT_EQ(m.rows, rows);
   // One block equals the per-row references.
   double sum = 0.0;
-  for (std::size_t r = 0; r < rows; ++r) sum += ReferenceKl(a.data() + r * cols, b.data() + r * cols, cols);
+  for (std::size_t r = 0; r < rows; ++r)
+    sum += ReferenceKl(a.data() + r * cols, b.data() + r * cols, cols);
   EXPECT_NEAR(CompareLogits(a.data(), b.data(), rows, cols).kl_mean, sum / rows, 1e-5 * sum / rows);
 }
 

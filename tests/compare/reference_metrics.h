@@ -20,7 +20,8 @@ inline double ReferenceKl(const float* x, const float* y, std::size_t n) {
   const long double lx = lse(x), ly = lse(y);
   long double kl = 0.0L;
   for (std::size_t i = 0; i < n; ++i) {
-    const long double lp = static_cast<long double>(x[i]) - lx, lq = static_cast<long double>(y[i]) - ly;
+    const long double lp = static_cast<long double>(x[i]) - lx,
+                      lq = static_cast<long double>(y[i]) - ly;
     kl += std::exp(lp) * (lp - lq);
   }
   return static_cast<double>(kl);

@@ -33,8 +33,8 @@ ArmInfo Arm(const std::string& name, int spec) {
   a.model_sha256_12 = "bb472f0af814";
   a.request_sha256_12 = "5c8dd3225281";
   a.config_sha256_12 = spec == 4 ? "0123456789ab" : "ba9876543210";
-  a.config = {{"backend", "\"cpu\""}, {"stages", "4"}, {"split", "[12,24,36]"}, {"spec", std::to_string(spec)},
-              {"pcie_frac", "0.55"}, {"mtp", "true"}};
+  a.config = {{"backend", "\"cpu\""},         {"stages", "4"},       {"split", "[12,24,36]"},
+              {"spec", std::to_string(spec)}, {"pcie_frac", "0.55"}, {"mtp", "true"}};
   a.prompt_tokens = 130658;
   a.output_tokens = 231;
   a.stop_reason = "eos";
@@ -57,14 +57,16 @@ ItemResult Item(const std::string& cp, int window, const std::string& point, int
   it.stage = stage;
   it.layer = layer;
   it.kind = kind;
-  it.rel = layer >= 0 ? "stage" + std::to_string(stage) + "/layer" + std::to_string(layer) + "/" + kind
-                      : "stage" + std::to_string(stage) + "/" + kind;
+  it.rel = layer >= 0
+               ? "stage" + std::to_string(stage) + "/layer" + std::to_string(layer) + "/" + kind
+               : "stage" + std::to_string(stage) + "/" + kind;
   it.dtype = kind == "logits" ? "f32" : "bf16";
   it.label = kind == "logits" ? "logits" : (kind == "k" || kind == "v" ? "committed" : "state");
   it.rows = 16;
   it.capacity_rows = 64;
   it.elements = 1024;
-  it.stats.nrmse = layer == 3 ? 1.5e-6 : 0.0;  // one group off zero, so the heat map has a scale colour
+  it.stats.nrmse =
+      layer == 3 ? 1.5e-6 : 0.0;  // one group off zero, so the heat map has a scale colour
   it.nrmse_max = 2e-4;
   if (kind == "logits") {
     it.has_kl = true;
@@ -83,7 +85,8 @@ DiffResult PassingDiff() {
   d.thresholds.nrmse_max = 2e-4;
   d.thresholds.kl_max = 1e-5;
   const std::vector<std::tuple<std::string, int, std::string, int, std::int64_t>> cps = {
-      {"00000_pre_verify", 0, "pre_verify", 93, 1}, {"00000_post_verify", 0, "post_verify", 94, 1},
+      {"00000_pre_verify", 0, "pre_verify", 93, 1},
+      {"00000_post_verify", 0, "post_verify", 94, 1},
       {"00000_commit", 0, "commit", 93, 1}};
   for (const auto& [name, window, point, n, T] : cps) {
     CheckpointSummary c;
@@ -92,7 +95,8 @@ DiffResult PassingDiff() {
     c.point = point;
     c.p = 130657;
     c.T = T;
-    for (int i = 0; i < n - 1; ++i) d.items.push_back(Item(name, window, point, i % 4, i / 4, i % 2 ? "v" : "k"));
+    for (int i = 0; i < n - 1; ++i)
+      d.items.push_back(Item(name, window, point, i % 4, i / 4, i % 2 ? "v" : "k"));
     d.items.push_back(Item(name, window, point, 3, -1, "logits"));
     c.compared = c.passed = n;
     if (point == "pre_verify") {
@@ -251,7 +255,9 @@ struct Fixture {
 
 // ---- small text helpers ----
 
-bool Contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool Contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 std::size_t Count(const std::string& s, const std::string& part) {
   std::size_t n = 0;
@@ -280,12 +286,10 @@ TEST(ReportMarkdownTest, HeadingsInOrder) {
   std::vector<std::string> headings;
   for (const std::string& line : Lines(md))
     if (line.starts_with("#")) headings.push_back(line);
-  const std::vector<std::string> want = {"# lockstep A/A diagnostic",
-                                         "## Tested configuration and scope",
-                                         "## Early state checks",
-                                         "## Timing and execution-path observations",
-                                         "## Measurement limitations",
-                                         "## Conclusion"};
+  const std::vector<std::string> want = {
+      "# lockstep A/A diagnostic",  "## Tested configuration and scope",
+      "## Early state checks",      "## Timing and execution-path observations",
+      "## Measurement limitations", "## Conclusion"};
   EXPECT_EQ(headings, want);
 }
 
@@ -294,14 +298,23 @@ TEST(ReportMarkdownTest, PassingStateKeyLines) {
   DiffResult pass = PassingDiff();
   f.in.diff = &pass;
   const std::string md = RenderMarkdown(f.in);
-  EXPECT_TRUE(Contains(md, "There were 93 / 94 / 93 compared items at the respective checkpoints")) << md;
-  EXPECT_TRUE(Contains(md, "- `00000_pre_verify`: 93 compared / 93 passed / 0 failed / 1 skipped (reason: no "
-                           "speculative rows in A), p=130657, T=1\n"))
+  EXPECT_TRUE(Contains(md, "There were 93 / 94 / 93 compared items at the respective checkpoints"))
       << md;
-  EXPECT_TRUE(Contains(md, "- `00000_post_verify`: 94 compared / 94 passed / 0 failed / 0 skipped, p=130657, T=1\n"));
-  EXPECT_TRUE(Contains(md, "Thresholds: NRMSE <= 2e-04 (no per kind overrides), logits KL <= 1e-05.")) << md;
-  EXPECT_TRUE(Contains(md, "Unused paged tails were excluded; speculative rows were compared only against speculative "
-                           "rows of the same (p, T), never as committed state."));
+  EXPECT_TRUE(
+      Contains(md,
+               "- `00000_pre_verify`: 93 compared / 93 passed / 0 failed / 1 skipped (reason: no "
+               "speculative rows in A), p=130657, T=1\n"))
+      << md;
+  EXPECT_TRUE(Contains(
+      md,
+      "- `00000_post_verify`: 94 compared / 94 passed / 0 failed / 0 skipped, p=130657, T=1\n"));
+  EXPECT_TRUE(
+      Contains(md, "Thresholds: NRMSE <= 2e-04 (no per kind overrides), logits KL <= 1e-05."))
+      << md;
+  EXPECT_TRUE(Contains(
+      md,
+      "Unused paged tails were excluded; speculative rows were compared only against speculative "
+      "rows of the same (p, T), never as committed state."));
   EXPECT_TRUE(Contains(md, "All compared items passed."));
   EXPECT_FALSE(Contains(md, "First failing item"));
   const std::string tail = "No fix is claimed.\n";
@@ -314,10 +327,16 @@ TEST(ReportMarkdownTest, PassingStateKeyLines) {
 TEST(ReportMarkdownTest, FailingStateNamesFirstItem) {
   Fixture f;
   const std::string md = RenderMarkdown(f.in);
-  EXPECT_TRUE(Contains(md, "First failing item: `00001_commit` stage 1 layer 5 `k` (NRMSE 3.1e-02 > 2e-04)")) << md;
-  EXPECT_TRUE(Contains(md, "Thresholds: NRMSE <= 2e-04 (per kind overrides: ssm_state 1e-03), logits KL <= 1e-05"));
-  EXPECT_TRUE(Contains(md, "- `00001_commit`: 3 compared / 1 passed / 2 failed / 0 skipped, p=130658, T=4"));
-  EXPECT_TRUE(Contains(md, "| `00001_commit` | `stage2/layer7/ssm_state` | state | non-finite values |")) << md;
+  EXPECT_TRUE(Contains(
+      md, "First failing item: `00001_commit` stage 1 layer 5 `k` (NRMSE 3.1e-02 > 2e-04)"))
+      << md;
+  EXPECT_TRUE(Contains(
+      md, "Thresholds: NRMSE <= 2e-04 (per kind overrides: ssm_state 1e-03), logits KL <= 1e-05"));
+  EXPECT_TRUE(Contains(
+      md, "- `00001_commit`: 3 compared / 1 passed / 2 failed / 0 skipped, p=130658, T=4"));
+  EXPECT_TRUE(
+      Contains(md, "| `00001_commit` | `stage2/layer7/ssm_state` | state | non-finite values |"))
+      << md;
   EXPECT_FALSE(Contains(md, "All compared items passed."));
   EXPECT_TRUE(Contains(md, "- State: 2 of 283 compared items failed the thresholds."));
 }
@@ -325,20 +344,31 @@ TEST(ReportMarkdownTest, FailingStateNamesFirstItem) {
 TEST(ReportMarkdownTest, DivergenceLinesNameBothArms) {
   Fixture f;
   const std::string md = RenderMarkdown(f.in);
-  EXPECT_TRUE(Contains(md, "First path divergence at window 45 (p=1234):\n\n"
-                           "- A1: T=6, T_mtp=6, merged=false, from_sfx=true, chain_n=0.\n"
-                           "- A2: T=4, T_mtp=4, merged=false, from_sfx=false, chain_n=0.\n"))
+  EXPECT_TRUE(Contains(md,
+                       "First path divergence at window 45 (p=1234):\n\n"
+                       "- A1: T=6, T_mtp=6, merged=false, from_sfx=true, chain_n=0.\n"
+                       "- A2: T=4, T_mtp=4, merged=false, from_sfx=false, chain_n=0.\n"))
       << md;
   EXPECT_TRUE(Contains(md, "Differing fields: T, T_mtp, from_sfx."));
   EXPECT_TRUE(Contains(md, "Matched prefix: 45 windows."));
-  EXPECT_TRUE(Contains(md, "| interval | sum A1 ms | sum A2 ms | rel diff | median delta ms | largest \\|delta\\| ms | "
-                           "at window |"));
-  EXPECT_TRUE(Contains(md, "| verify | 1400.000 | 1422.500 | +1.61% | 0.500 | 591.667 | 1 |")) << md;
+  EXPECT_TRUE(Contains(
+      md,
+      "| interval | sum A1 ms | sum A2 ms | rel diff | median delta ms | largest \\|delta\\| ms | "
+      "at window |"));
+  EXPECT_TRUE(Contains(md, "| verify | 1400.000 | 1422.500 | +1.61% | 0.500 | 591.667 | 1 |"))
+      << md;
   EXPECT_TRUE(Contains(md, "| export | unknown | unknown |"));
-  EXPECT_TRUE(Contains(md, "- A2 had a 395.988 ms T=2 verify at its own window 47 (after the divergence)")) << md;
-  EXPECT_TRUE(Contains(md, "- A1 had a 250.000 ms T=4 verify at its own window 10 (in the matched prefix)"));
-  EXPECT_TRUE(Contains(md, "After the divergence: A1 ran 15 more windows, A2 ran 13 (listed per side, not paired)."));
-  EXPECT_TRUE(Contains(md, "- A1: windows 45 to 59, T of the first 8: 4, 4, 4, 4, 4, 4, 4, 4, ...;")) << md;
+  EXPECT_TRUE(
+      Contains(md, "- A2 had a 395.988 ms T=2 verify at its own window 47 (after the divergence)"))
+      << md;
+  EXPECT_TRUE(Contains(
+      md, "- A1 had a 250.000 ms T=4 verify at its own window 10 (in the matched prefix)"));
+  EXPECT_TRUE(Contains(
+      md,
+      "After the divergence: A1 ran 15 more windows, A2 ran 13 (listed per side, not paired)."));
+  EXPECT_TRUE(
+      Contains(md, "- A1: windows 45 to 59, T of the first 8: 4, 4, 4, 4, 4, 4, 4, 4, ...;"))
+      << md;
 }
 
 TEST(ReportMarkdownTest, DivergenceWhereOneTraceEnded) {
@@ -387,10 +417,12 @@ TEST(ReportMarkdownTest, DeviceTimingRowsAndTheirNote) {
   md = RenderMarkdown(f.in);
   EXPECT_TRUE(Contains(md, "| dev_compute | 100.000 | 111.250 | +11.25% |")) << md;
   EXPECT_TRUE(Contains(md, "| init | 100.000 |"));
-  EXPECT_TRUE(Contains(md, "dev_wait, dev_compute and dev_copy are CUDA-event intervals on each stage's stream"));
+  EXPECT_TRUE(Contains(
+      md, "dev_wait, dev_compute and dev_copy are CUDA-event intervals on each stage's stream"));
   EXPECT_TRUE(Contains(md, "per-stage CUDA-event spans (dev_*)"));
   const json j = json::parse(RenderJson(f.in));
-  ASSERT_EQ(j["alignment"]["timing"].size(), TimingIntervals().size() + DeviceTimingIntervals().size());
+  ASSERT_EQ(j["alignment"]["timing"].size(),
+            TimingIntervals().size() + DeviceTimingIntervals().size());
   EXPECT_EQ(j["alignment"]["timing"][7]["name"], "dev_compute");
   EXPECT_EQ(j["alignment"]["timing"][7]["sum_b_ms"], 111.25);
 }
@@ -496,15 +528,17 @@ TEST(ReportJsonTest, KeysMatchReportsMd) {
       ASSERT_TRUE(o->is_object()) << path;
       std::vector<std::string> got;
       for (auto it = o->begin(); it != o->end(); ++it) got.push_back(it.key());
-      EXPECT_EQ(got, keys) << path << ": code and compare/REPORTS.md disagree (keys in documented order)";
+      EXPECT_EQ(got, keys) << path
+                           << ": code and compare/REPORTS.md disagree (keys in documented order)";
     }
     checked.insert(path);
   }
   // Every object in the JSON that is not a free-form map is documented.
-  for (const char* p : {"$", "$.arms.a", "$.arms.b", "$.arms.a.sampler", "$.thresholds", "$.state",
-                        "$.state.first_failure", "$.state.checkpoints[]", "$.state.items[]", "$.alignment",
-                        "$.alignment.div_a", "$.alignment.div_b", "$.alignment.timing[]", "$.alignment.notable_a[]",
-                        "$.alignment.notable_b[]"})
+  for (const char* p :
+       {"$", "$.arms.a", "$.arms.b", "$.arms.a.sampler", "$.thresholds", "$.state",
+        "$.state.first_failure", "$.state.checkpoints[]", "$.state.items[]", "$.alignment",
+        "$.alignment.div_a", "$.alignment.div_b", "$.alignment.timing[]", "$.alignment.notable_a[]",
+        "$.alignment.notable_b[]"})
     EXPECT_TRUE(checked.count(p)) << p << " has no table in compare/REPORTS.md";
 }
 
@@ -580,11 +614,12 @@ TEST(ReportHtmlTest, SelfContainedWithTwoCharts) {
   EXPECT_FALSE(Contains(html, "http"));
   EXPECT_FALSE(Contains(html, "<script"));
   EXPECT_TRUE(Contains(html, "<style>"));
-  for (const char* h : {"Tested configuration and scope", "Early state checks",
-                        "Timing and execution-path observations", "Measurement limitations", "Conclusion"})
+  for (const char* h :
+       {"Tested configuration and scope", "Early state checks",
+        "Timing and execution-path observations", "Measurement limitations", "Conclusion"})
     EXPECT_TRUE(Contains(html, std::string("<h2>") + h + "</h2>")) << h;
   EXPECT_TRUE(Contains(html, "First path divergence at window 45 (p=1234):"));
-  EXPECT_TRUE(Contains(html, "stroke-dasharray"));           // the divergence marker
+  EXPECT_TRUE(Contains(html, "stroke-dasharray"));  // the divergence marker
   EXPECT_TRUE(Contains(html, "first path divergence (window 45)"));
   EXPECT_TRUE(Contains(html, "<polyline"));
   EXPECT_TRUE(Contains(html, "No fix is claimed."));
@@ -609,7 +644,8 @@ TEST(ReportHtmlTest, EscapesHostileNames) {
   for (std::size_t p = md.find('<'); p != std::string::npos; p = md.find('<', p + 1)) {
     const char next = p + 1 < md.size() ? md[p + 1] : ' ';
     const bool tag_like = std::isalpha(static_cast<unsigned char>(next)) || next == '/';
-    EXPECT_FALSE(tag_like && (p == 0 || md[p - 1] != '\\')) << "an unescaped tag in Markdown at " << p;
+    EXPECT_FALSE(tag_like && (p == 0 || md[p - 1] != '\\'))
+        << "an unescaped tag in Markdown at " << p;
   }
   EXPECT_EQ(HtmlEscape("a&b<c>d\"e'f"), "a&amp;b&lt;c&gt;d&quot;e&#39;f");
   EXPECT_EQ(XmlEscape("a&b<c>d\"e'f"), "a&amp;b&lt;c&gt;d&quot;e&apos;f");
@@ -643,7 +679,8 @@ TEST(ReportHtmlTest, HeatmapColoursAndTooltips) {
   EXPECT_TRUE(Contains(svg, "fill=\"#bdbdbd\""));  // the skipped k_spec group cell
   EXPECT_TRUE(Contains(svg, "fill=\"#2166ac\""));  // NRMSE 0
   EXPECT_TRUE(Contains(svg, "fill=\"#a50026\""));  // 3.1e-02 is > 100 x the threshold: deepest red
-  EXPECT_TRUE(Contains(svg, "<title>s1 L5 @ 00001_commit: 1 items, 1 failed, 0 skipped; worst NRMSE 3.1e-02"))
+  EXPECT_TRUE(Contains(
+      svg, "<title>s1 L5 @ 00001_commit: 1 items, 1 failed, 0 skipped; worst NRMSE 3.1e-02"))
       << svg.substr(0, 2000);
   EXPECT_TRUE(Contains(svg, ">s3 logits<"));
   EXPECT_TRUE(Contains(svg, "NRMSE / threshold (log scale)"));
@@ -664,7 +701,9 @@ bool ParseXml(const std::string& x, std::vector<XmlElement>& out, std::string& e
   std::size_t i = x.find("?>");
   if (!x.starts_with("<?xml") || i == std::string::npos) return error = "no XML declaration", false;
   i += 2;
-  auto is_name = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '-' || c == '_'; };
+  auto is_name = [](char c) {
+    return std::isalpha(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+  };
   while (i < x.size()) {
     if (x[i] == '&') {
       const std::string ent = x.substr(i, x.find(';', i) - i + 1);
@@ -683,7 +722,8 @@ bool ParseXml(const std::string& x, std::vector<XmlElement>& out, std::string& e
     std::string tag = x.substr(i + 1, e - i - 1);
     i = e + 1;
     if (tag.starts_with("/")) {
-      if (stack.empty() || stack.back() != tag.substr(1)) return error = "mismatched </" + tag.substr(1) + ">", false;
+      if (stack.empty() || stack.back() != tag.substr(1))
+        return error = "mismatched </" + tag.substr(1) + ">", false;
       stack.pop_back();
       continue;
     }
@@ -701,11 +741,13 @@ bool ParseXml(const std::string& x, std::vector<XmlElement>& out, std::string& e
       if (n0 == k) return error = "no space before an attribute in <" + tag + ">", false;
       std::size_t n1 = n0;
       while (n1 < tag.size() && is_name(tag[n1])) ++n1;
-      if (n1 == n0 || tag.compare(n1, 2, "=\"") != 0) return error = "bad attribute in <" + tag + ">", false;
+      if (n1 == n0 || tag.compare(n1, 2, "=\"") != 0)
+        return error = "bad attribute in <" + tag + ">", false;
       const std::size_t v1 = tag.find('"', n1 + 2);
       if (v1 == std::string::npos) return error = "unterminated attribute in <" + tag + ">", false;
       const std::string value = tag.substr(n1 + 2, v1 - n1 - 2);
-      if (value.find('<') != std::string::npos) return error = "'<' in an attribute of <" + tag + ">", false;
+      if (value.find('<') != std::string::npos)
+        return error = "'<' in an attribute of <" + tag + ">", false;
       el.attrs[tag.substr(n0, n1 - n0)] = value;
       k = v1 + 1;
     }
@@ -741,27 +783,30 @@ TEST(ReportJUnitTest, ParsesAndCounts) {
   EXPECT_EQ(suites["lockstep.state"].attrs["skipped"], "1");
   EXPECT_EQ(suites["lockstep.gates"].attrs["tests"], "4");
   EXPECT_EQ(suites["lockstep.gates"].attrs["failures"], "2");
-  EXPECT_TRUE(Contains(x, "<testcase classname=\"00001_commit\" name=\"stage1/layer5/k\">\n"
-                          "      <failure message=\"NRMSE 3.1e-02 &gt; 2e-04\" type=\"threshold\">"));
+  EXPECT_TRUE(Contains(x,
+                       "<testcase classname=\"00001_commit\" name=\"stage1/layer5/k\">\n"
+                       "      <failure message=\"NRMSE 3.1e-02 &gt; 2e-04\" type=\"threshold\">"));
   EXPECT_TRUE(Contains(x, "<skipped message=\"no speculative rows in A\"/>"));
-  EXPECT_TRUE(
-      Contains(x, "<failure message=\"first divergence at window 45 (T, T_mtp, from_sfx differ)\" type=\"gate\"/>"));
+  EXPECT_TRUE(Contains(x,
+                       "<failure message=\"first divergence at window 45 (T, T_mtp, from_sfx "
+                       "differ)\" type=\"gate\"/>"));
 }
 
 TEST(ReportJUnitTest, ExtraGatesAppendOrReplace) {
   Fixture f;
   DiffResult pass = PassingDiff();
   f.in.diff = &pass;
-  const std::string x =
-      RenderJUnit(f.in, {{"timing_aggregate", true, "within 5%"}, {"path_identical", true, "waived"}});
+  const std::string x = RenderJUnit(
+      f.in, {{"timing_aggregate", true, "within 5%"}, {"path_identical", true, "waived"}});
   std::vector<XmlElement> els;
   std::string error;
   ASSERT_TRUE(ParseXml(x, els, error)) << error;
   std::vector<std::string> gate_names;
   for (const XmlElement& e : els)
-    if (e.name == "testcase" && e.attrs.at("classname") == "gates") gate_names.push_back(e.attrs.at("name"));
-  const std::vector<std::string> want = {"state", "output_identical", "path_identical", "config_identical",
-                                         "timing_aggregate"};
+    if (e.name == "testcase" && e.attrs.at("classname") == "gates")
+      gate_names.push_back(e.attrs.at("name"));
+  const std::vector<std::string> want = {"state", "output_identical", "path_identical",
+                                         "config_identical", "timing_aggregate"};
   EXPECT_EQ(gate_names, want);
   EXPECT_TRUE(Contains(x, "<testsuite name=\"lockstep.gates\" tests=\"5\" failures=\"0\""));
   EXPECT_EQ(RenderJUnit(f.in), RenderJUnit(f.in, {}));
@@ -792,7 +837,8 @@ std::string UserName() {
 
 TEST(ReportForbiddenTest, CatchesPathsAndNames) {
   EXPECT_FALSE(FindForbiddenText("data in /home/alice/x.h5 here").empty());
-  EXPECT_TRUE(Contains(Join(FindForbiddenText("data in /home/alice/x.h5 here")), "/home/alice/x.h5"));
+  EXPECT_TRUE(
+      Contains(Join(FindForbiddenText("data in /home/alice/x.h5 here")), "/home/alice/x.h5"));
   EXPECT_FALSE(FindForbiddenText("weights at ~/models").empty());
   EXPECT_FALSE(FindForbiddenText("run=/data/runs/a1").empty());
   EXPECT_FALSE(FindForbiddenText("(/scratch/x/y)").empty());
@@ -815,8 +861,9 @@ TEST(ReportForbiddenTest, CatchesPathsAndNames) {
 }
 
 TEST(ReportForbiddenTest, NoFalsePositives) {
-  for (const char* ok : {"p/T ratio", "1/2 of it", "A/A diagnostic", "</svg></p>", "<br/>", "x / y", "a // b",
-                         "stage0/layer3/k", "counters/stage0 first_call_ns", "<failure message=\"x\"/>", "MB/s"})
+  for (const char* ok :
+       {"p/T ratio", "1/2 of it", "A/A diagnostic", "</svg></p>", "<br/>", "x / y", "a // b",
+        "stage0/layer3/k", "counters/stage0 first_call_ns", "<failure message=\"x\"/>", "MB/s"})
     EXPECT_TRUE(FindForbiddenText(ok).empty()) << ok << ": " << Join(FindForbiddenText(ok));
 }
 
@@ -827,8 +874,9 @@ TEST(ReportForbiddenTest, CleanInputsGiveCleanReports) {
   meta.model_sha256 = "bb472f0af8145c18c1b324f4056e8319ac8dedd8f364b018c2c135f963f2a1d9";
   meta.request_sha256 = "/home/alice/not-a-hash";  // not hex: never printed
   meta.config_sha256 = "0123456789abcdef";
-  meta.config_json = R"({"backend":"cpu","model":"/home/alice/models/qwen","replay_path":"/tmp/r.jsonl","spec":4,)"
-                     R"("split":[12,24,36],"inject":[]})";
+  meta.config_json =
+      R"({"backend":"cpu","model":"/home/alice/models/qwen","replay_path":"/tmp/r.jsonl","spec":4,)"
+      R"("split":[12,24,36],"inject":[]})";
   meta.request_tokens.assign(100, 7);
   meta.output_tokens.assign(20, 9);
   meta.stop_reason = "eos";
@@ -841,14 +889,16 @@ TEST(ReportForbiddenTest, CleanInputsGiveCleanReports) {
   EXPECT_EQ(f.in.a.config.count("replay_path"), 0u);
   EXPECT_EQ(f.in.a.request_sha256_12, "unknown");
   const std::vector<std::string> prompt = {"The needle is hidden in the haystack"};
-  for (const std::string& text : {RenderMarkdown(f.in), RenderHtml(f.in), RenderJson(f.in), RenderJUnit(f.in)}) {
+  for (const std::string& text :
+       {RenderMarkdown(f.in), RenderHtml(f.in), RenderJson(f.in), RenderJUnit(f.in)}) {
     EXPECT_TRUE(FindForbiddenText(text, prompt).empty()) << Join(FindForbiddenText(text, prompt));
   }
   // A reason string that carries a path is redacted, not printed.
   f.diff.items.back().reason = "read failed: /var/lib/run7/a.h5";
   f.diff.checkpoints[0].skip_reasons["missing in /home/bob/b.h5"] = 1;
   f.in.a.unknowns.push_back("nvml: unknown: /usr/lib/libnvidia-ml.so.1 not found");
-  for (const std::string& text : {RenderMarkdown(f.in), RenderHtml(f.in), RenderJson(f.in), RenderJUnit(f.in)}) {
+  for (const std::string& text :
+       {RenderMarkdown(f.in), RenderHtml(f.in), RenderJson(f.in), RenderJUnit(f.in)}) {
     EXPECT_TRUE(FindForbiddenText(text).empty()) << Join(FindForbiddenText(text));
   }
   EXPECT_TRUE(Contains(RenderMarkdown(f.in), "missing in (redacted)"));
@@ -858,7 +908,8 @@ TEST(ReportForbiddenTest, CleanInputsGiveCleanReports) {
 
 TEST(ReportSummaryTest, SummarizeArm) {
   ExportMeta meta;
-  meta.config_json = R"({"backend":"cuda","spec":4,"pcie_frac":0.55,"split":[12,24,36],"mtp":true,"unknown_key":1})";
+  meta.config_json =
+      R"({"backend":"cuda","spec":4,"pcie_frac":0.55,"split":[12,24,36],"mtp":true,"unknown_key":1})";
   meta.model_sha256 = "ABCDEF0123456789abcdef";
   meta.windows.resize(7);
   meta.checkpoints.resize(3);
@@ -867,8 +918,11 @@ TEST(ReportSummaryTest, SummarizeArm) {
   EXPECT_EQ(a.arm, "B");
   EXPECT_EQ(a.model_sha256_12, "ABCDEF012345");
   EXPECT_EQ(a.config_sha256_12, "unknown");
-  const std::map<std::string, std::string> want = {
-      {"backend", "\"cuda\""}, {"spec", "4"}, {"pcie_frac", "0.55"}, {"split", "[12,24,36]"}, {"mtp", "true"}};
+  const std::map<std::string, std::string> want = {{"backend", "\"cuda\""},
+                                                   {"spec", "4"},
+                                                   {"pcie_frac", "0.55"},
+                                                   {"split", "[12,24,36]"},
+                                                   {"mtp", "true"}};
   EXPECT_EQ(a.config, want);
   EXPECT_EQ(a.windows, 7);
   EXPECT_EQ(a.checkpoints, 3);
@@ -890,17 +944,21 @@ TEST(ReportSummaryTest, Limitations) {
   f.in.b.sampler.guard = "host available memory below 2 GiB";
   std::vector<std::string> l = Limitations(f.in);
   const std::string all = Join(l);
-  EXPECT_TRUE(Contains(all, "[Recorded as unknown in both arms: counters/stage0 first_call_ns]")) << all;
+  EXPECT_TRUE(Contains(all, "[Recorded as unknown in both arms: counters/stage0 first_call_ns]"))
+      << all;
   EXPECT_TRUE(Contains(all, "[Recorded as unknown in A1 only: counters/stage1 graph_captures]"));
-  EXPECT_TRUE(Contains(all, "[Recorded as unknown in A2 only: trace/windows export_ns (12 windows)]"));
+  EXPECT_TRUE(
+      Contains(all, "[Recorded as unknown in A2 only: trace/windows export_ns (12 windows)]"));
   EXPECT_EQ(Count(all, "first_call_ns"), 1u) << "deduplicated";
   EXPECT_TRUE(Contains(all, "GPU samples (NVML) were not read in A1: unknown: no NVIDIA driver"));
   EXPECT_FALSE(Contains(all, "not read in A2"));
   EXPECT_TRUE(Contains(all, "The resource guard tripped in A2: host available memory below 2 GiB"));
   EXPECT_TRUE(Contains(all, "[1 item skipped: no speculative rows in A]")) << all;
   EXPECT_TRUE(Contains(all, "The export interval was recorded as unknown in at least one arm."));
-  EXPECT_TRUE(Contains(all, "timing of state-exporting arms is perturbed by the export (timing questions need "
-                            "trace-only arms)"));
+  EXPECT_TRUE(
+      Contains(all,
+               "timing of state-exporting arms is perturbed by the export (timing questions need "
+               "trace-only arms)"));
   EXPECT_TRUE(Contains(all, "different numbers of windows (A1: 60, A2: 58)"));
   EXPECT_FALSE(Contains(all, "State not compared"));
 
@@ -912,7 +970,8 @@ TEST(ReportSummaryTest, Limitations) {
   EXPECT_FALSE(Contains(Join(l), "different numbers of windows"));
   // Both arms with the same NVML reason: one line.
   bare.a.sampler.nvml = bare.b.sampler.nvml = "unknown: no driver";
-  EXPECT_TRUE(Contains(Join(Limitations(bare)), "[GPU samples (NVML) were not read in both arms: unknown: no driver]"));
+  EXPECT_TRUE(Contains(Join(Limitations(bare)),
+                       "[GPU samples (NVML) were not read in both arms: unknown: no driver]"));
 }
 
 TEST(ReportSummaryTest, FormatMetric) {

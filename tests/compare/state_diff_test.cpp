@@ -281,15 +281,19 @@ TEST(AlignCli, DeviceTimingsOfJsonlTraces) {
     EXPECT_TRUE(WriteFileAtomic(dir + "/" + name, text).ok());
     return dir + "/" + name;
   };
-  const std::string a = trace("a.jsonl", true, 1.0), b = trace("b.jsonl", true, 1.5), c = trace("c.jsonl", false, 0);
+  const std::string a = trace("a.jsonl", true, 1.0), b = trace("b.jsonl", true, 1.5),
+                    c = trace("c.jsonl", false, 0);
   auto r = RunLockstep("align " + a + " " + b);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // 3 windows x 4 stages x 1.0 / 1.5 ms.
-  EXPECT_NE(r.out.find("  dev_compute       12.000       18.000    +50.0%"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  dev_compute       12.000       18.000    +50.0%"), std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("dev_*: CUDA-event spans"), std::string::npos) << r.out;
   auto m = RunLockstep("align " + c + " " + a);
   ASSERT_EQ(m.exit_code, 0) << m.err;
-  EXPECT_NE(m.out.find("  dev_compute unknown (recorded as -1 on at least one side)"), std::string::npos) << m.out;
+  EXPECT_NE(m.out.find("  dev_compute unknown (recorded as -1 on at least one side)"),
+            std::string::npos)
+      << m.out;
   auto cpu = RunLockstep("align " + c + " " + c);
   ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
   EXPECT_EQ(cpu.out.find("dev_"), std::string::npos) << cpu.out;
@@ -301,7 +305,8 @@ TEST(AlignCli, DeviceTimingsOfJsonlTraces) {
   ASSERT_TRUE(WriteFileAtomic(torn, *whole + whole->substr(0, 40)).ok());
   auto t = RunLockstep("align " + c + " " + torn);
   ASSERT_EQ(t.exit_code, 0) << t.err;
-  EXPECT_NE(t.err.find("torn.jsonl:4: 40 bytes of an unfinished record"), std::string::npos) << t.err;
+  EXPECT_NE(t.err.find("torn.jsonl:4: 40 bytes of an unfinished record"), std::string::npos)
+      << t.err;
   EXPECT_NE(t.err.find("the 3 whole windows before it are read"), std::string::npos) << t.err;
   EXPECT_NE(t.out.find("no path divergence"), std::string::npos) << t.out;
 }

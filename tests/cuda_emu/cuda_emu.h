@@ -96,8 +96,8 @@ inline T Shfl(T v, int off) {
 
 // Queues (or runs) `body` for every thread of the grid on stream s. max_threads: the kernel's
 // __launch_bounds__ (0: none); a larger block is a launch failure on a GPU, and here.
-void Launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t s, unsigned max_threads, const char* name,
-            std::function<void()> body);
+void Launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t s, unsigned max_threads,
+            const char* name, std::function<void()> body);
 
 // Launch-site check that every pointer argument is null or inside a live cudaMalloc /
 // cudaHostAlloc allocation (host pointers passed to a kernel are a crash on a GPU). It also
@@ -106,7 +106,8 @@ void Launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t s, unsigned ma
 void CheckPtr(const char* file, int line, const char* kern, int idx, const void* p);
 template <class T>
 inline void CheckOne(const char* file, int line, const char* kern, int idx, const T& v) {
-  if constexpr (std::is_pointer_v<T>) CheckPtr(file, line, kern, idx, reinterpret_cast<const void*>(v));
+  if constexpr (std::is_pointer_v<T>)
+    CheckPtr(file, line, kern, idx, reinterpret_cast<const void*>(v));
 }
 template <class... A>
 inline void CheckArgs(const char* file, int line, const char* kern, const A&... a) {

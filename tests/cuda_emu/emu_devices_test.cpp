@@ -12,10 +12,9 @@
 #include <gtest/gtest.h>
 #include <nccl.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -74,7 +73,8 @@ TEST_F(EmuDevices, KernelArgumentsOfAnotherDeviceAreReported) {
   float* on1 = DevFloats(1, 64, 1.0f);
   void *pinned1 = nullptr, *portable1 = nullptr;
   ASSERT_EQ(cudaHostAlloc(&pinned1, 256, cudaHostAllocMapped), cudaSuccess);
-  ASSERT_EQ(cudaHostAlloc(&portable1, 256, cudaHostAllocMapped | cudaHostAllocPortable), cudaSuccess);
+  ASSERT_EQ(cudaHostAlloc(&portable1, 256, cudaHostAllocMapped | cudaHostAllocPortable),
+            cudaSuccess);
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   cudaStream_t s0;
   ASSERT_EQ(cudaStreamCreate(&s0), cudaSuccess);
@@ -159,7 +159,8 @@ TEST_F(EmuDevices, NcclSendAndReceiveMoveTheBytesInStreamOrder) {
     EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
     EXPECT_TRUE(w.Saw("met an ncclRecv of 128"));
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-    ASSERT_EQ(ncclSend(dst, n, ncclFloat32, 1, comms[0], s0), ncclSuccess);  // device 1's buffer on rank 0
+    ASSERT_EQ(ncclSend(dst, n, ncclFloat32, 1, comms[0], s0),
+              ncclSuccess);  // device 1's buffer on rank 0
     ASSERT_EQ(ncclRecv(src, n, ncclFloat32, 0, comms[1], s1), ncclSuccess);
     ncclGroupEnd();
     EXPECT_TRUE(w.Saw("ncclSend of rank 0 (device 0): the buffer"));
@@ -184,14 +185,16 @@ TEST_F(EmuDevices, GenerateOnFourDevicesIsBitwiseOneDevice) {
   ::setenv("LOCKSTEP_PLUGIN_DIR", LOCKSTEP_EMU_PLUGIN_DIR, 1);
   nlohmann::json tokens[2];
   for (int i = 0; i < 2; ++i) {
-    const auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny") + " --prompt-file " +
-                                     LOCKSTEP_SOURCE_DIR "/campaigns/prompts/demo.txt --backend cuda --max-new 6 " +
-                                     "--spec 3 --devices " + (i == 0 ? "0" : "0,1,2,3") + " --export " + dir + "/d" +
-                                     std::to_string(i) + ".h5 --export-windows all --json");
+    const auto r = test::RunLockstep(
+        "generate --model " + test::ModelDir("tiny") + " --prompt-file " +
+        LOCKSTEP_SOURCE_DIR "/campaigns/prompts/demo.txt --backend cuda --max-new 6 " +
+        "--spec 3 --devices " + (i == 0 ? "0" : "0,1,2,3") + " --export " + dir + "/d" +
+        std::to_string(i) + ".h5 --export-windows all --json");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     tokens[i] = nlohmann::json::parse(r.out).at("output_ids");
   }
-  const auto d = test::RunLockstep("diff " + dir + "/d0.h5 " + dir + "/d1.h5 --nrmse-max 0 --kl-max 0 --quiet");
+  const auto d = test::RunLockstep("diff " + dir + "/d0.h5 " + dir +
+                                   "/d1.h5 --nrmse-max 0 --kl-max 0 --quiet");
   ::unsetenv("LOCKSTEP_PLUGIN_DIR");
   EXPECT_EQ(d.exit_code, 0) << d.out << d.err;
   EXPECT_EQ(tokens[0], tokens[1]);

@@ -18,7 +18,7 @@
 namespace emu {
 // The fault's name in gtest's (and so CTest's) listing of the parameterised tests.
 void PrintTo(CaptureFault f, std::ostream* os) {
-  *os << (f == CaptureFault::kBegin ? "at cudaStreamBeginCapture"
+  *os << (f == CaptureFault::kBegin    ? "at cudaStreamBeginCapture"
           : f == CaptureFault::kDuring ? "part-way through the capture"
                                        : "at cudaGraphInstantiate");
 }
@@ -64,7 +64,8 @@ TEST_P(EmuGraphFallback, FailedCaptureRunsEagerlyWithTheSameBits) {
     EXPECT_TRUE(a.status().ok()) << a.status().ToString();
     EXPECT_EQ(a.init_counters().graph_captures, 0) << "stage " << is;
     EXPECT_EQ(a.init_counters().graph_launches, 0) << "stage " << is;
-    EXPECT_NE(err.find("cuda stage " + std::to_string(is) + ": CUDA graphs off"), std::string::npos) << err;
+    EXPECT_NE(err.find("cuda stage " + std::to_string(is) + ": CUDA graphs off"), std::string::npos)
+        << err;
     EXPECT_EQ(a.experts().counters().hits, b.experts().counters().hits) << "stage " << is;
     EXPECT_EQ(a.experts().counters().misses, b.experts().counters().misses) << "stage " << is;
     for (int il = a.layer_begin(); il < a.layer_end(); ++il) {
@@ -85,9 +86,12 @@ INSTANTIATE_TEST_SUITE_P(Faults, EmuGraphFallback,
                                            emu::CaptureFault::kInstantiate),
                          [](const auto& info) {
                            switch (info.param) {
-                             case emu::CaptureFault::kBegin: return std::string("AtBegin");
-                             case emu::CaptureFault::kDuring: return std::string("PartWay");
-                             default: return std::string("AtInstantiate");
+                             case emu::CaptureFault::kBegin:
+                               return std::string("AtBegin");
+                             case emu::CaptureFault::kDuring:
+                               return std::string("PartWay");
+                             default:
+                               return std::string("AtInstantiate");
                            }
                          });
 

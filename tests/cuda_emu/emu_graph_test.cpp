@@ -25,7 +25,8 @@ constexpr std::size_t kBytes = kN * sizeof(float);
 
 std::vector<float> Iota(float first) {
   std::vector<float> v(kN);
-  for (std::int64_t i = 0; i < kN; ++i) v[static_cast<std::size_t>(i)] = first + static_cast<float>(i);
+  for (std::int64_t i = 0; i < kN; ++i)
+    v[static_cast<std::size_t>(i)] = first + static_cast<float>(i);
   return v;
 }
 std::vector<float> Filled(float x) { return std::vector<float>(kN, x); }
@@ -79,8 +80,8 @@ class EmuGraph : public ::testing::Test {
   }
   // Begins a capture on `s`, runs `illegal` (which must be reported once and return `want`), and
   // checks that the capture was invalidated: cudaStreamEndCapture fails without a graph.
-  static void ExpectCaptureFails(cudaStream_t s, cudaStreamCaptureMode mode, cudaError_t want, const char* text,
-                                 const std::function<cudaError_t()>& illegal) {
+  static void ExpectCaptureFails(cudaStream_t s, cudaStreamCaptureMode mode, cudaError_t want,
+                                 const char* text, const std::function<cudaError_t()>& illegal) {
     SCOPED_TRACE(text);
     ASSERT_EQ(cudaStreamBeginCapture(s, mode), cudaSuccess);
     {
@@ -201,13 +202,18 @@ TEST_F(EmuGraph, IllegalCallsDuringCaptureAreReported) {
   void* p = nullptr;
   ExpectCaptureFails(s_, tl, unsupported, "cudaMalloc", [&] { return cudaMalloc(&p, 64); });
   ExpectCaptureFails(s_, tl, unsupported, "cudaFree", [&] { return cudaFree(x); });
-  ExpectCaptureFails(s_, tl, unsupported, "cudaDeviceSynchronize", [] { return cudaDeviceSynchronize(); });
-  ExpectCaptureFails(s_, tl, unsupported, "cudaStreamSynchronize", [&] { return cudaStreamSynchronize(other); });
-  ExpectCaptureFails(s_, tl, unsupported, "cudaEventSynchronize", [&] { return cudaEventSynchronize(ev); });
-  ExpectCaptureFails(s_, tl, unsupported, "cudaMemcpy on the legacy default stream",
-                     [&] { return cudaMemcpy(pageable.data(), x, kBytes, cudaMemcpyDeviceToHost); });
-  ExpectCaptureFails(s_, tl, unsupported, "cudaMemcpyAsync with a pageable host side",
-                     [&] { return cudaMemcpyAsync(x, pageable.data(), kBytes, cudaMemcpyHostToDevice, s_); });
+  ExpectCaptureFails(s_, tl, unsupported, "cudaDeviceSynchronize",
+                     [] { return cudaDeviceSynchronize(); });
+  ExpectCaptureFails(s_, tl, unsupported, "cudaStreamSynchronize",
+                     [&] { return cudaStreamSynchronize(other); });
+  ExpectCaptureFails(s_, tl, unsupported, "cudaEventSynchronize",
+                     [&] { return cudaEventSynchronize(ev); });
+  ExpectCaptureFails(s_, tl, unsupported, "cudaMemcpy on the legacy default stream", [&] {
+    return cudaMemcpy(pageable.data(), x, kBytes, cudaMemcpyDeviceToHost);
+  });
+  ExpectCaptureFails(s_, tl, unsupported, "cudaMemcpyAsync with a pageable host side", [&] {
+    return cudaMemcpyAsync(x, pageable.data(), kBytes, cudaMemcpyHostToDevice, s_);
+  });
   ExpectCaptureFails(s_, tl, unsupported, "cudaEventRecord on the capturing stream",
                      [&] { return cudaEventRecord(ev, s_); });
   ExpectCaptureFails(s_, tl, cudaErrorStreamCaptureIsolation, "event recorded outside the capture",
@@ -221,7 +227,8 @@ TEST_F(EmuGraph, IllegalCallsDuringCaptureAreReported) {
   cudaStream_t blocking = nullptr;
   ASSERT_EQ(cudaStreamCreate(&blocking), cudaSuccess);
   ExpectCaptureFails(blocking, cudaStreamCaptureModeRelaxed, cudaErrorStreamCaptureImplicit,
-                     "cudaMemset on the legacy default stream", [&] { return cudaMemset(x, 0, kBytes); });
+                     "cudaMemset on the legacy default stream",
+                     [&] { return cudaMemset(x, 0, kBytes); });
   EXPECT_EQ(cudaStreamDestroy(blocking), cudaSuccess);
 
   // Relaxed mode allows allocation; work on other streams is never captured.

@@ -4,7 +4,8 @@
 // expert's down projection in ExpertDown's launch, AddRmsNormZc, MoeEpilogue, GdnSplitConv, the
 // held GDN recurrence's own q / k norms, AttnPrep, the gated attention output and a window's
 // routing and grouping in one launch. A change that adds a kernel per layer fails here
-// and says where, and the budget is then updated on purpose (engine/cuda/README.md, "Fewer launches").
+// and says where, and the budget is then updated on purpose (engine/cuda/README.md, "Fewer
+// launches").
 #include <gtest/gtest.h>
 
 #include <span>
@@ -49,7 +50,8 @@ TEST(EmuLaunchBudget, KernelsPerDecodeTokenAndVerifyWindow) {
     auto e = test::MakeTiny(cfg);
     ASSERT_TRUE(e);
     const ModelConfig& c = e->weights().config;
-    ASSERT_TRUE(cuda::GdnRecurrentHoldsColumns(c.k_head_dim)) << "tiny's Dk takes the held recurrence";
+    ASSERT_TRUE(cuda::GdnRecurrentHoldsColumns(c.k_head_dim))
+        << "tiny's Dk takes the held recurrence";
     const std::size_t V = static_cast<std::size_t>(c.n_vocab);
     ASSERT_TRUE(e->Prefill(test::Tokens(21)).ok());
     std::vector<float> logits(9 * V);
@@ -66,7 +68,8 @@ TEST(EmuLaunchBudget, KernelsPerDecodeTokenAndVerifyWindow) {
       ASSERT_TRUE(e->Commit(1).ok());
     }
     const long k1 = emu::KernelsRun();
-    EXPECT_EQ(k1 - k0, n * want) << "kernels per decode token: " << (k1 - k0) / n << ", budget " << want;
+    EXPECT_EQ(k1 - k0, n * want) << "kernels per decode token: " << (k1 - k0) / n << ", budget "
+                                 << want;
     // A verify window of any T <= 16 runs the same kernels (its rows share each launch).
     const std::vector<std::int32_t> window = {3, 4, 5, 6, 7};
     for (int i = 0; i < 2; ++i) {

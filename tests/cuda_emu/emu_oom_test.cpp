@@ -20,7 +20,8 @@ test::CmdResult GenerateWithDeviceMib(int mib, const std::string& export_path) {
   ::setenv("LOCKSTEP_PLUGIN_DIR", LOCKSTEP_EMU_PLUGIN_DIR, 1);
   ::setenv("EMU_DEVICE_MIB", std::to_string(mib).c_str(), 1);
   auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny") + " --prompt-file " +
-                             LOCKSTEP_SOURCE_DIR "/campaigns/prompts/demo.txt --backend cuda --max-new 4 --export " +
+                             LOCKSTEP_SOURCE_DIR
+                             "/campaigns/prompts/demo.txt --backend cuda --max-new 4 --export " +
                              export_path);
   ::unsetenv("EMU_DEVICE_MIB");
   ::unsetenv("LOCKSTEP_PLUGIN_DIR");
@@ -37,14 +38,18 @@ TEST(EmuOom, OutOfDeviceMemoryIsARuntimeErrorNamingTheAllocation) {
   };
   // 40 MiB: stage 0's first 64 MiB scratch block, before any work. 300 MiB: the arena blocks
   // and weights fit, stage 3's cuBLAS workspace does not: stages 0-2 have prefill work queued.
-  for (const Case& c : {Case{40, "stage 0: cuda: out of device memory: scratch arena block (64.0 MiB) on device 0"},
-                        Case{300, "stage 3: cuda: out of device memory: cuBLAS workspace (32.0 MiB) on device 0"}}) {
+  for (const Case& c :
+       {Case{40, "stage 0: cuda: out of device memory: scratch arena block (64.0 MiB) on device 0"},
+        Case{300,
+             "stage 3: cuda: out of device memory: cuBLAS workspace (32.0 MiB) on device 0"}}) {
     const std::string path = dir + "/x" + std::to_string(c.mib) + ".h5";
     const auto r = GenerateWithDeviceMib(c.mib, path);
     EXPECT_EQ(r.exit_code, 3) << r.err;
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
-    EXPECT_NE(r.err.find(" free of " + std::to_string(c.mib) + ".0 MiB"), std::string::npos) << r.err;
-    EXPECT_NE(r.err.find(path + ".partial keeps what was exported before"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(" free of " + std::to_string(c.mib) + ".0 MiB"), std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find(path + ".partial keeps what was exported before"), std::string::npos)
+        << r.err;
     EXPECT_FALSE(std::filesystem::exists(path)) << "a failed request must not leave a final export";
   }
   // The same request on the default (80 GiB) emulated device passes: the GPU check's rehearsal

@@ -202,7 +202,8 @@ static struct {
   std::size_t bytes = 0, live = 0, peak = 0, largest = 0;
 } g_alloc_stats;
 static constexpr int kMaxDevices = 8;
-static std::size_t g_device_live[kMaxDevices] = {};  // bytes of live cudaMalloc allocations per device
+static std::size_t g_device_live[kMaxDevices] =
+    {};  // bytes of live cudaMalloc allocations per device
 static int DeviceCount() {
   static const int v = [] {
     const char* e = std::getenv("EMU_DEVICES");
@@ -233,7 +234,8 @@ static void NoteAlloc(std::size_t n) {
 // unmaps it, so a stale pointer faults.
 static constexpr std::size_t kHuge = std::size_t{2} << 20;
 static void* MemAlloc(std::size_t n, std::size_t align) {
-  if (n < kHuge) return std::aligned_alloc(align, (std::max<std::size_t>(n, 1) + align - 1) & ~(align - 1));
+  if (n < kHuge)
+    return std::aligned_alloc(align, (std::max<std::size_t>(n, 1) + align - 1) & ~(align - 1));
   const std::size_t len = (n + kHuge - 1) & ~(kHuge - 1);
   void* m = mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return nullptr;
@@ -274,7 +276,9 @@ void CheckPtr(const char* file, int line, const char* kern, int idx, const void*
   EMU_API;
   if (p == nullptr) return;
   t_launch_ptrs.emplace_back(idx, p);
-  if (!Find(p, 0)) Warn("%s:%d launch of %s: argument %d (%p) is not device / mapped memory", file, line, kern, idx, p);
+  if (!Find(p, 0))
+    Warn("%s:%d launch of %s: argument %d (%p) is not device / mapped memory", file, line, kern,
+         idx, p);
 }
 
 // ---------------- streams / events ----------------
@@ -311,9 +315,7 @@ struct GraphExec {
   Nodes nodes;
   bool destroyed = false;
 };
-static struct {
-  long captures = 0, launches = 0, nodes = 0;
-} g_graph_stats;
+static struct { long captures = 0, launches = 0, nodes = 0; } g_graph_stats;
 
 struct Stream {
   struct Op {
@@ -406,23 +408,37 @@ static cudaError_t CaptureConflict(Conflict c, const Stream* s, const std::strin
     const bool blocking = !(t->flags & cudaStreamNonBlocking);
     bool hit = false;
     switch (c) {
-      case Conflict::kOwn: hit = t == s; break;
-      case Conflict::kUnsafe: hit = strict; break;
-      case Conflict::kDevice: hit = true; break;
-      case Conflict::kLegacy: hit = blocking || strict; break;
+      case Conflict::kOwn:
+        hit = t == s;
+        break;
+      case Conflict::kUnsafe:
+        hit = strict;
+        break;
+      case Conflict::kDevice:
+        hit = true;
+        break;
+      case Conflict::kLegacy:
+        hit = blocking || strict;
+        break;
     }
     if (!hit) continue;
     t->cap->invalidated = true;
     if (e != cudaErrorStreamCaptureImplicit)
-      e = c == Conflict::kLegacy && blocking ? cudaErrorStreamCaptureImplicit : cudaErrorStreamCaptureUnsupported;
+      e = c == Conflict::kLegacy && blocking ? cudaErrorStreamCaptureImplicit
+                                             : cudaErrorStreamCaptureUnsupported;
   }
   if (e != cudaSuccess)
-    Warn("%s during a CUDA graph capture: %s; the capture is invalidated (cudaStreamEndCapture fails)", what.c_str(),
-         e == cudaErrorStreamCaptureImplicit ? "cudaErrorStreamCaptureImplicit" : "cudaErrorStreamCaptureUnsupported");
+    Warn(
+        "%s during a CUDA graph capture: %s; the capture is invalidated (cudaStreamEndCapture "
+        "fails)",
+        what.c_str(),
+        e == cudaErrorStreamCaptureImplicit ? "cudaErrorStreamCaptureImplicit"
+                                            : "cudaErrorStreamCaptureUnsupported");
   return e;
 }
 static cudaError_t LegacyConflict(const Stream* s, const char* what) {
-  return s == &g_legacy ? CaptureConflict(Conflict::kLegacy, s, std::string(what) + " on the legacy default stream")
+  return s == &g_legacy ? CaptureConflict(Conflict::kLegacy, s,
+                                          std::string(what) + " on the legacy default stream")
                         : cudaSuccess;
 }
 
@@ -457,7 +473,9 @@ static cudaError_t Submit(Stream* s, Node node) {
   return cudaSuccess;
 }
 
-static std::string Describe(const Node& n) { return n.name ? std::string(n.kind) + " " + n.name : n.kind; }
+static std::string Describe(const Node& n) {
+  return n.name ? std::string(n.kind) + " " + n.name : n.kind;
+}
 // A graph launch reached on its stream: the nodes in capture order. A graph holds addresses, so
 // each pointer a node uses must still lie in the allocation it was in at capture (same start and
 // size); a buffer freed or reallocated since is the classic stale-graph bug. Such a node is
@@ -477,7 +495,8 @@ static void RunGraph(const std::vector<Node>& nodes) {
       stale = true;
       const std::string arg = r.idx >= 0 ? std::string(r.arg) + " " + std::to_string(r.idx) : r.arg;
       Warn("graph node %zu (%s): %s (%p) is %s", i, Describe(nd).c_str(), arg.c_str(), r.p,
-           a ? "in another allocation than at capture (its own was freed and the memory reallocated since)"
+           a ? "in another allocation than at capture (its own was freed and the memory "
+               "reallocated since)"
              : "no longer in a live allocation (freed / reallocated since capture)");
     }
     if (stale) continue;
@@ -581,8 +600,10 @@ std::uint64_t ShflRaw(std::uint64_t v, int off) {
   Wait(g_warp_bar[w]);
   const unsigned src = lane ^ static_cast<unsigned>(off);
   if (src >= 32 || g_shfl_stamp[base + src] != n)
-    Warn("%s: shuffle of lane %u reads lane %u, which is not in the same shuffle (exited or diverged)", g_kernel,
-         lane, src);
+    Warn(
+        "%s: shuffle of lane %u reads lane %u, which is not in the same shuffle (exited or "
+        "diverged)",
+        g_kernel, lane, src);
   return g_shfl[base + src % 32];
 }
 // [warps][2][kMaxGather][32]: value i of lane l at [i][l], so a lane reads the whole gather in
@@ -590,7 +611,8 @@ std::uint64_t ShflRaw(std::uint64_t v, int off) {
 static std::vector<float> g_gather;
 int WarpGather(const float* mine, int n, float* all) {
   if (n < 0 || n > kMaxGather) {
-    std::fprintf(stderr, "[EMU FATAL] %s: WarpGather of %d values (at most %d)\n", g_kernel, n, kMaxGather);
+    std::fprintf(stderr, "[EMU FATAL] %s: WarpGather of %d values (at most %d)\n", g_kernel, n,
+                 kMaxGather);
     std::abort();
   }
   const unsigned w = g_cur_idx / 32, lane = g_cur_idx % 32;
@@ -603,8 +625,10 @@ int WarpGather(const float* mine, int n, float* all) {
   Wait(g_warp_bar[w]);
   for (unsigned l = 0; l < 32; ++l)
     if (g_shfl_stamp[slot * 32 + l] != c)
-      Warn("%s: warp collective of lane %u reads lane %u, which is not in the same collective (exited or diverged)",
-           g_kernel, lane, l);
+      Warn(
+          "%s: warp collective of lane %u reads lane %u, which is not in the same collective "
+          "(exited or diverged)",
+          g_kernel, lane, l);
   std::memcpy(all, buf, static_cast<std::size_t>(n) * 32 * sizeof(float));
   return static_cast<int>(lane);
 }
@@ -618,12 +642,14 @@ int WarpGather(const float* mine, int n, float* all) {
   std::abort();  // never resumed
 }
 
-static void RunGrid(dim3 grid, dim3 block, std::size_t smem, const char* name, const std::function<void()>& body) {
+static void RunGrid(dim3 grid, dim3 block, std::size_t smem, const char* name,
+                    const std::function<void()>& body) {
   const unsigned nt = block.x * block.y * block.z;
   const unsigned nw = (nt + 31) / 32;
   while (g_fibers.size() < nt) {
     Fiber f;
-    void* m = mmap(nullptr, kStackMapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* m = mmap(nullptr, kStackMapped, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) std::abort();
     mprotect(m, 4096, PROT_NONE);  // guard page: a stack overflow faults instead of corrupting
     f.stack = static_cast<char*>(m);
@@ -647,16 +673,18 @@ static void RunGrid(dim3 grid, dim3 block, std::size_t smem, const char* name, c
         bIdx = uint3{bx, by, bz};
         std::fill(g_shfl_stamp.begin(), g_shfl_stamp.end(), UINT64_MAX);
         g_block_bar = Bar{static_cast<int>(nt), 0, 0};
-        for (unsigned w = 0; w < nw; ++w) g_warp_bar[w] = Bar{static_cast<int>(std::min(32u, nt - 32 * w)), 0, 0};
+        for (unsigned w = 0; w < nw; ++w)
+          g_warp_bar[w] = Bar{static_cast<int>(std::min(32u, nt - 32 * w)), 0, 0};
         for (unsigned t = 0; t < nt; ++t) {
           Fiber& f = g_fibers[t];
           f.done = false;
           f.shuffles = 0;
           f.tid = uint3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-          auto top = reinterpret_cast<std::uintptr_t>(f.stack + kStackMapped - Stagger(t)) & ~std::uintptr_t{15};
+          auto top = reinterpret_cast<std::uintptr_t>(f.stack + kStackMapped - Stagger(t)) &
+                     ~std::uintptr_t{15};
           auto* w = reinterpret_cast<void**>(top);
-          w[-1] = nullptr;                              // FiberMain's (never used) return address
-          w[-2] = reinterpret_cast<void*>(&FiberMain);  // where emu_switch's `ret` goes
+          w[-1] = nullptr;                               // FiberMain's (never used) return address
+          w[-2] = reinterpret_cast<void*>(&FiberMain);   // where emu_switch's `ret` goes
           for (int i = 3; i <= 8; ++i) w[-i] = nullptr;  // rbp rbx r12..r15
           f.sp = &w[-8];
         }
@@ -674,8 +702,10 @@ static void RunGrid(dim3 grid, dim3 block, std::size_t smem, const char* name, c
             if (!f.done) ++alive;
           }
           if (alive > 0 && g_progress == before) {
-            std::fprintf(stderr, "[EMU FATAL] %s: deadlock in block (%u,%u,%u): %u threads stuck at barriers\n",
-                         name, bx, by, bz, alive);
+            std::fprintf(
+                stderr,
+                "[EMU FATAL] %s: deadlock in block (%u,%u,%u): %u threads stuck at barriers\n",
+                name, bx, by, bz, alive);
             std::abort();
           }
         }
@@ -711,27 +741,31 @@ static struct Reporter {
       for (auto& [k, v] : g_kstats)
         std::fprintf(stderr, "[EMU STAT] %-40s %8ld launches %10.1f ms\n", k.c_str(), v.launches,
                      static_cast<double>(v.ns) / 1e6);
-      std::fprintf(stderr, "[EMU STAT] %ld allocations, %.1f MiB in all, peak %.1f MiB live, largest %.1f MiB\n",
-                   g_alloc_stats.count, static_cast<double>(g_alloc_stats.bytes) / 1048576.0,
-                   static_cast<double>(g_alloc_stats.peak) / 1048576.0,
-                   static_cast<double>(g_alloc_stats.largest) / 1048576.0);
-      std::fprintf(stderr, "[EMU STAT] %ld graph captures, %ld graph launches run, %ld graph nodes run\n",
+      std::fprintf(
+          stderr,
+          "[EMU STAT] %ld allocations, %.1f MiB in all, peak %.1f MiB live, largest %.1f MiB\n",
+          g_alloc_stats.count, static_cast<double>(g_alloc_stats.bytes) / 1048576.0,
+          static_cast<double>(g_alloc_stats.peak) / 1048576.0,
+          static_cast<double>(g_alloc_stats.largest) / 1048576.0);
+      std::fprintf(stderr,
+                   "[EMU STAT] %ld graph captures, %ld graph launches run, %ld graph nodes run\n",
                    g_graph_stats.captures, g_graph_stats.launches, g_graph_stats.nodes);
     }
-    if (g_warnings > 0 || std::getenv("EMU_STATS")) std::fprintf(stderr, "[EMU] %d warnings\n", g_warnings);
+    if (g_warnings > 0 || std::getenv("EMU_STATS"))
+      std::fprintf(stderr, "[EMU] %d warnings\n", g_warnings);
   }
 } g_reporter;
 
-void Launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t s, unsigned max_threads, const char* name,
-            std::function<void()> body) {
+void Launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t s, unsigned max_threads,
+            const char* name, std::function<void()> body) {
   EMU_API;
   std::vector<std::pair<int, const void*>> ptrs;
   ptrs.swap(t_launch_ptrs);  // this launch's pointer arguments (CheckPtr)
   const unsigned long long nt = 1ull * block.x * block.y * block.z;
-  if (nt == 0 || nt > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu ||
-      grid.y > 65535 || grid.z > 65535) {
-    Warn("launch of %s: invalid configuration grid (%u,%u,%u) block (%u,%u,%u)", name, grid.x, grid.y, grid.z, block.x,
-         block.y, block.z);
+  if (nt == 0 || nt > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+      grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+    Warn("launch of %s: invalid configuration grid (%u,%u,%u) block (%u,%u,%u)", name, grid.x,
+         grid.y, grid.z, block.x, block.y, block.z);
     Err(cudaErrorInvalidConfiguration);
     return;
   }
@@ -741,7 +775,8 @@ void Launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t s, unsigned ma
     return;
   }
   if (smem > 48 * 1024) {
-    Warn("launch of %s: %zu bytes of dynamic shared memory (> 48 KiB without cudaFuncSetAttribute)", name, smem);
+    Warn("launch of %s: %zu bytes of dynamic shared memory (> 48 KiB without cudaFuncSetAttribute)",
+         name, smem);
     Err(cudaErrorInvalidValue);
     return;
   }
@@ -761,8 +796,11 @@ void Launch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t s, unsigned ma
   for (const auto& [i, p] : ptrs) {
     const Alloc* a = Find(p, 0);
     if (a == nullptr || a->device == dev || (a->kind == Kind::kPinned && a->portable)) continue;
-    Warn("launch of %s on device %d: argument %d (%p) is %s of device %d (no peer access: a GPU would fault)", name,
-         dev, i, p, a->kind == Kind::kDevice ? "device memory" : "pinned memory (not portable)", a->device);
+    Warn(
+        "launch of %s on device %d: argument %d (%p) is %s of device %d (no peer access: a GPU "
+        "would fault)",
+        name, dev, i, p,
+        a->kind == Kind::kDevice ? "device memory" : "pinned memory (not portable)", a->device);
   }
   auto run = [grid, block, smem, name, body = std::move(body)]() {
     const std::int64_t t0 = NowNs();
@@ -811,22 +849,37 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
 }
 const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error (emulated)";
-    case cudaErrorInvalidValue: return "invalid argument (emulated)";
-    case cudaErrorMemoryAllocation: return "out of memory (emulated)";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument (emulated)";
-    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch (emulated)";
-    case cudaErrorInvalidDevice: return "invalid device ordinal (emulated)";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle (emulated)";
-    case cudaErrorNotReady: return "device not ready (emulated)";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected (emulated)";
-    case cudaErrorIllegalState: return "the operation is not permitted in the current state (emulated)";
-    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing (emulated)";
-    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture (emulated)";
-    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream (emulated)";
+    case cudaSuccess:
+      return "no error (emulated)";
+    case cudaErrorInvalidValue:
+      return "invalid argument (emulated)";
+    case cudaErrorMemoryAllocation:
+      return "out of memory (emulated)";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument (emulated)";
+    case cudaErrorLaunchOutOfResources:
+      return "too many resources requested for launch (emulated)";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal (emulated)";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle (emulated)";
+    case cudaErrorNotReady:
+      return "device not ready (emulated)";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected (emulated)";
+    case cudaErrorIllegalState:
+      return "the operation is not permitted in the current state (emulated)";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing (emulated)";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture (emulated)";
+    case cudaErrorStreamCaptureIsolation:
+      return "dependency created on uncaptured work in another stream (emulated)";
     case cudaErrorStreamCaptureImplicit:
-      return "operation would make the legacy stream depend on a capturing blocking stream (emulated)";
-    default: return "unknown error (emulated)";
+      return "operation would make the legacy stream depend on a capturing blocking stream "
+             "(emulated)";
+    default:
+      return "unknown error (emulated)";
   }
 }
 const char* cudaGetErrorName(cudaError_t e) { return cudaGetErrorString(e); }
@@ -882,7 +935,8 @@ cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int flags) {
   void* m = MemAlloc(n, 4096);
   if (!m) return Err(cudaErrorMemoryAllocation);
   std::memset(m, FillByte(), n);
-  g_allocs[reinterpret_cast<std::uintptr_t>(m)] = {n, Kind::kPinned, t_device, (flags & cudaHostAllocPortable) != 0};
+  g_allocs[reinterpret_cast<std::uintptr_t>(m)] = {n, Kind::kPinned, t_device,
+                                                   (flags & cudaHostAllocPortable) != 0};
   NoteAlloc(n);
   *p = m;
   return cudaSuccess;
@@ -919,19 +973,29 @@ static bool CheckCopy(const char* fn, void* dst, const void* src, size_t n, cuda
   if (n == 0) return true;
   const Alloc* ad = Find(dst, n);
   const Alloc* as = Find(src, n);
-  const bool dst_dev = ad != nullptr, src_dev = as != nullptr;  // pinned counts as device-accessible
+  const bool dst_dev = ad != nullptr,
+             src_dev = as != nullptr;  // pinned counts as device-accessible
   bool ok = true;
   switch (kind) {
-    case cudaMemcpyHostToDevice: ok = dst_dev && (!as || as->kind == Kind::kPinned); break;
-    case cudaMemcpyDeviceToHost: ok = src_dev && (!ad || ad->kind == Kind::kPinned); break;
-    case cudaMemcpyDeviceToDevice: ok = dst_dev && src_dev; break;
-    default: ok = true;  // HostToHost, Default: anything goes
+    case cudaMemcpyHostToDevice:
+      ok = dst_dev && (!as || as->kind == Kind::kPinned);
+      break;
+    case cudaMemcpyDeviceToHost:
+      ok = src_dev && (!ad || ad->kind == Kind::kPinned);
+      break;
+    case cudaMemcpyDeviceToDevice:
+      ok = dst_dev && src_dev;
+      break;
+    default:
+      ok = true;  // HostToHost, Default: anything goes
   }
   if (!ok) {
     const bool d_in = Find(dst, 0) != nullptr, s_in = Find(src, 0) != nullptr;
-    Warn("%s(dst=%p%s, src=%p%s, %zu bytes, kind %d): a side is not in a valid allocation for this kind", fn, dst,
-         dst_dev ? "" : (d_in ? " [OUT OF RANGE]" : " [host]"), src, src_dev ? "" : (s_in ? " [OUT OF RANGE]" : " [host]"),
-         n, static_cast<int>(kind));
+    Warn(
+        "%s(dst=%p%s, src=%p%s, %zu bytes, kind %d): a side is not in a valid allocation for this "
+        "kind",
+        fn, dst, dst_dev ? "" : (d_in ? " [OUT OF RANGE]" : " [host]"), src,
+        src_dev ? "" : (s_in ? " [OUT OF RANGE]" : " [host]"), n, static_cast<int>(kind));
   }
   return ok;
 }
@@ -945,7 +1009,8 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind
   std::memcpy(dst, src, n);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t s) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t s) {
   EMU_API;
   if (!CheckCopy("cudaMemcpyAsync", dst, src, n, kind)) return Err(cudaErrorInvalidValue);
   Stream* st = S(s);
@@ -956,8 +1021,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
   if (cudaError_t e = LegacyConflict(st, "cudaMemcpyAsync")) return Err(e);
   const bool src_pageable = Find(src, n) == nullptr, dst_pageable = Find(dst, n) == nullptr;
   if (st->cap && (src_pageable || dst_pageable))
-    return Err(
-        CaptureConflict(Conflict::kOwn, st, "cudaMemcpyAsync with a pageable host side on the capturing stream"));
+    return Err(CaptureConflict(
+        Conflict::kOwn, st, "cudaMemcpyAsync with a pageable host side on the capturing stream"));
   if (src_pageable && !dst_pageable) {
     // Pageable source: the data is staged at the call.
     std::vector<char> snap(static_cast<const char*>(src), static_cast<const char*>(src) + n);
@@ -967,7 +1032,9 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
     Flush(st, UINT64_MAX);
     std::memcpy(dst, src, n);
   } else {
-    return Err(Submit(st, {"cudaMemcpyAsync", nullptr, [dst, src, n]() { std::memcpy(dst, src, n); },
+    return Err(Submit(st, {"cudaMemcpyAsync",
+                           nullptr,
+                           [dst, src, n]() { std::memcpy(dst, src, n); },
                            {{"dst", -1, dst, n, 0, 0}, {"src", -1, src, n, 0, 0}}}));
   }
   return cudaSuccess;
@@ -991,7 +1058,10 @@ cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s) {
   }
   Stream* st = S(s);
   if (cudaError_t e = LegacyConflict(st, "cudaMemsetAsync")) return Err(e);
-  return Err(Submit(st, {"cudaMemsetAsync", nullptr, [p, v, n]() { std::memset(p, v, n); }, {{"dst", -1, p, n, 0, 0}}}));
+  return Err(Submit(st, {"cudaMemsetAsync",
+                         nullptr,
+                         [p, v, n]() { std::memset(p, v, n); },
+                         {{"dst", -1, p, n, 0, 0}}}));
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
@@ -1023,9 +1093,10 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     Warn("cudaStreamSynchronize on a destroyed stream");
     return Err(cudaErrorInvalidResourceHandle);
   }
-  const cudaError_t e = st->cap ? CaptureConflict(Conflict::kOwn, st, "cudaStreamSynchronize of the capturing stream")
-                        : st == &g_legacy ? LegacyConflict(st, "cudaStreamSynchronize")
-                                          : CaptureConflict(Conflict::kUnsafe, st, "cudaStreamSynchronize");
+  const cudaError_t e =
+      st->cap ? CaptureConflict(Conflict::kOwn, st, "cudaStreamSynchronize of the capturing stream")
+      : st == &g_legacy ? LegacyConflict(st, "cudaStreamSynchronize")
+                        : CaptureConflict(Conflict::kUnsafe, st, "cudaStreamSynchronize");
   if (e != cudaSuccess) return Err(e);
   if (st == &g_legacy) FlushBlocking();
   Flush(st, UINT64_MAX);
@@ -1033,7 +1104,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 }
 cudaError_t cudaDeviceSynchronize() {
   EMU_API;
-  if (cudaError_t e = CaptureConflict(Conflict::kDevice, nullptr, "cudaDeviceSynchronize")) return Err(e);
+  if (cudaError_t e = CaptureConflict(Conflict::kDevice, nullptr, "cudaDeviceSynchronize"))
+    return Err(e);
   FlushAll();
   return cudaSuccess;
 }
@@ -1067,13 +1139,15 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   }
   if (cudaError_t err = LegacyConflict(st, "cudaEventRecord")) return Err(err);
   if (st->device >= 0 && st->device != ev->device) {
-    Warn("cudaEventRecord of an event of device %d on a stream of device %d", ev->device, st->device);
+    Warn("cudaEventRecord of an event of device %d on a stream of device %d", ev->device,
+         st->device);
     return Err(cudaErrorInvalidResourceHandle);
   }
   // CUDA would capture the record as an event node; the emulator refuses it: the engine's events
   // (timings, hand-offs between streams) must stay out of its graphs.
   if (st->cap)
-    return Err(CaptureConflict(Conflict::kOwn, st, "cudaEventRecord on the capturing stream (no events in graphs)"));
+    return Err(CaptureConflict(Conflict::kOwn, st,
+                               "cudaEventRecord on the capturing stream (no events in graphs)"));
   const std::uint64_t gen = ++ev->gen;
   ev->recorded = true;
   ev->completed = false;
@@ -1086,7 +1160,9 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   });
   return cudaSuccess;
 }
-cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int) { return cudaEventRecord(e, s); }
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int) {
+  return cudaEventRecord(e, s);
+}
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   EMU_API;
   auto* ev = reinterpret_cast<Event*>(e);
@@ -1094,7 +1170,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     Warn("cudaEventSynchronize on a destroyed event");
     return Err(cudaErrorInvalidResourceHandle);
   }
-  if (cudaError_t err = CaptureConflict(Conflict::kUnsafe, nullptr, "cudaEventSynchronize")) return Err(err);
+  if (cudaError_t err = CaptureConflict(Conflict::kUnsafe, nullptr, "cudaEventSynchronize"))
+    return Err(err);
   if (ev->recorded) Flush(ev->s, ev->seq);
   return cudaSuccess;
 }
@@ -1118,7 +1195,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
     Warn("cudaEventElapsedTime with a destroyed event");
     return Err(cudaErrorInvalidResourceHandle);
   }
-  if ((ea->flags & cudaEventDisableTiming) || (eb->flags & cudaEventDisableTiming)) return Err(cudaErrorInvalidResourceHandle);
+  if ((ea->flags & cudaEventDisableTiming) || (eb->flags & cudaEventDisableTiming))
+    return Err(cudaErrorInvalidResourceHandle);
   if (!ea->recorded || !eb->recorded) return Err(cudaErrorInvalidResourceHandle);
   if (!ea->completed || !eb->completed) return Err(cudaErrorNotReady);
   *ms = static_cast<float>(static_cast<double>(eb->ns - ea->ns) / 1e6);
@@ -1139,8 +1217,9 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
     // Records on capturing streams are refused (cudaEventRecord), so the event marks work outside
     // this capture: a dependency a graph cannot hold.
     st->cap->invalidated = true;
-    Warn("cudaStreamWaitEvent on the capturing stream for an event recorded outside the capture: "
-         "cudaErrorStreamCaptureIsolation; the capture is invalidated (cudaStreamEndCapture fails)");
+    Warn(
+        "cudaStreamWaitEvent on the capturing stream for an event recorded outside the capture: "
+        "cudaErrorStreamCaptureIsolation; the capture is invalidated (cudaStreamEndCapture fails)");
     return Err(cudaErrorStreamCaptureIsolation);
   }
   Stream* es = ev->s;
@@ -1169,7 +1248,8 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
   if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
       mode != cudaStreamCaptureModeRelaxed)
     return Err(cudaErrorInvalidValue);
-  if (g_capture_fault == CaptureFault::kBegin) return Err(cudaErrorStreamCaptureUnsupported);  // injected
+  if (g_capture_fault == CaptureFault::kBegin)
+    return Err(cudaErrorStreamCaptureUnsupported);  // injected
   // Work queued before stays queued (and runs before the graph's later launches); nothing runs.
   st->cap = std::make_unique<Capture>();
   st->cap->mode = mode;
@@ -1186,7 +1266,8 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
   const std::unique_ptr<Capture> cap = std::move(st->cap);
   if (cap->invalidated) return Err(cudaErrorStreamCaptureInvalidated);  // reported at the violation
   ++g_graph_stats.captures;
-  *graph = reinterpret_cast<cudaGraph_t>(new Graph{std::make_shared<const std::vector<Node>>(std::move(cap->nodes))});
+  *graph = reinterpret_cast<cudaGraph_t>(
+      new Graph{std::make_shared<const std::vector<Node>>(std::move(cap->nodes))});
   return cudaSuccess;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
@@ -1196,7 +1277,7 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* statu
     Warn("cudaStreamIsCapturing on a destroyed stream");
     return Err(cudaErrorInvalidResourceHandle);
   }
-  *status = !st->cap ? cudaStreamCaptureStatusNone
+  *status = !st->cap               ? cudaStreamCaptureStatusNone
             : st->cap->invalidated ? cudaStreamCaptureStatusInvalidated
                                    : cudaStreamCaptureStatusActive;
   // The legacy stream is unusable while a blocking stream captures (the query does not invalidate).
@@ -1205,7 +1286,8 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* statu
       if (t->cap && !(t->flags & cudaStreamNonBlocking)) return Err(cudaErrorStreamCaptureImplicit);
   return cudaSuccess;
 }
-cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                 unsigned long long flags) {
   EMU_API;
   // The flags (upload, auto-free, node priorities) change nothing for a chain run on the host.
   (void)flags;
@@ -1218,7 +1300,8 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
   *exec = reinterpret_cast<cudaGraphExec_t>(new GraphExec{g->nodes});
   return cudaSuccess;
 }
-cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                          unsigned long long flags) {
   return cudaGraphInstantiate(exec, graph, flags);
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
@@ -1235,7 +1318,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
   }
   if (cudaError_t e = LegacyConflict(st, "cudaGraphLaunch")) return Err(e);
   // One stream operation running every node (into a capture: one node, a child graph).
-  return Err(Submit(st, {"cudaGraphLaunch", nullptr, [nodes = ge->nodes]() { RunGraph(*nodes); }, {}}));
+  return Err(
+      Submit(st, {"cudaGraphLaunch", nullptr, [nodes = ge->nodes]() { RunGraph(*nodes); }, {}}));
 }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
   EMU_API;
@@ -1313,7 +1397,8 @@ cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void* ws, size_t bytes) {
     return CUBLAS_STATUS_NOT_INITIALIZED;
   }
   if (bytes > 0 && (!Find(ws, bytes) || reinterpret_cast<std::uintptr_t>(ws) % 256 != 0)) {
-    Warn("cublasSetWorkspace: workspace %p (%zu bytes) is not 256-byte aligned device memory", ws, bytes);
+    Warn("cublasSetWorkspace: workspace %p (%zu bytes) is not 256-byte aligned device memory", ws,
+         bytes);
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   h->ws = ws;
@@ -1331,16 +1416,21 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m) {
 }
 const char* cublasGetStatusString(cublasStatus_t s) {
   switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS (emulated)";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED (emulated)";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE (emulated)";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED (emulated)";
-    default: return "CUBLAS_STATUS_? (emulated)";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS (emulated)";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED (emulated)";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE (emulated)";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED (emulated)";
+    default:
+      return "CUBLAS_STATUS_? (emulated)";
   }
 }
-cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                              const float* alpha, const float* A, int lda, const float* B, int ldb, const float* beta,
-                              float* C, int ldc) {
+cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                              int n, int k, const float* alpha, const float* A, int lda,
+                              const float* B, int ldb, const float* beta, float* C, int ldc) {
   EMU_API;
   if (!h || h->destroyed) {
     Warn("cublasSgemm on a destroyed handle");
@@ -1349,20 +1439,23 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOper
   const bool at = ta != CUBLAS_OP_N, bt = tb != CUBLAS_OP_N;
   const int a_rows = at ? k : m, a_cols = at ? m : k;  // as stored (column-major)
   const int b_rows = bt ? n : k, b_cols = bt ? k : n;
-  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) || ldc < std::max(1, m)) {
-    Warn("cublasSgemm: invalid dims m=%d n=%d k=%d lda=%d ldb=%d ldc=%d (ta %d tb %d)", m, n, k, lda, ldb, ldc,
-         static_cast<int>(ta), static_cast<int>(tb));
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) ||
+      ldc < std::max(1, m)) {
+    Warn("cublasSgemm: invalid dims m=%d n=%d k=%d lda=%d ldb=%d ldc=%d (ta %d tb %d)", m, n, k,
+         lda, ldb, ldc, static_cast<int>(ta), static_cast<int>(tb));
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
   auto span = [](int ld, int rows, int cols) {
-    return (static_cast<std::size_t>(cols - 1) * static_cast<std::size_t>(ld) + static_cast<std::size_t>(rows)) *
+    return (static_cast<std::size_t>(cols - 1) * static_cast<std::size_t>(ld) +
+            static_cast<std::size_t>(rows)) *
            sizeof(float);
   };
   if (k > 0 && (!Find(A, span(lda, a_rows, a_cols)) || !Find(B, span(ldb, b_rows, b_cols))))
-    Warn("cublasSgemm: A (%p) or B (%p) extends outside a device allocation", static_cast<const void*>(A),
-         static_cast<const void*>(B));
-  if (!Find(C, span(ldc, m, n))) Warn("cublasSgemm: C (%p) extends outside a device allocation", static_cast<void*>(C));
+    Warn("cublasSgemm: A (%p) or B (%p) extends outside a device allocation",
+         static_cast<const void*>(A), static_cast<const void*>(B));
+  if (!Find(C, span(ldc, m, n)))
+    Warn("cublasSgemm: C (%p) extends outside a device allocation", static_cast<void*>(C));
   const float al = *alpha, be = *beta;  // host pointer mode
   const bool tf32 = h->math == CUBLAS_TF32_TENSOR_OP_MATH;
   Stream* st = S(h->stream);
@@ -1373,8 +1466,10 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOper
       for (int i = 0; i < m; ++i) {
         float acc = 0.0f;
         for (int l = 0; l < k; ++l) {
-          float a = at ? A[static_cast<std::size_t>(i) * lda + l] : A[static_cast<std::size_t>(l) * lda + i];
-          float b = bt ? B[static_cast<std::size_t>(l) * ldb + j] : B[static_cast<std::size_t>(j) * ldb + l];
+          float a = at ? A[static_cast<std::size_t>(i) * lda + l]
+                       : A[static_cast<std::size_t>(l) * lda + i];
+          float b = bt ? B[static_cast<std::size_t>(l) * ldb + j]
+                       : B[static_cast<std::size_t>(j) * ldb + l];
           if (tf32) {
             a = Tf32(a);
             b = Tf32(b);
@@ -1422,10 +1517,18 @@ std::uint64_t g_cliques = 0;
 
 std::size_t NcclTypeBytes(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: case ncclUint8: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    default: return 8;
+    case ncclInt8:
+    case ncclUint8:
+      return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+      return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+      return 4;
+    default:
+      return 8;
   }
 }
 
@@ -1446,8 +1549,8 @@ void RunPair(const P2p& snd, const P2p& rcv) {
   Enqueue(a, [b, copied] { Flush(b, copied); });
 }
 
-ncclResult_t Queue(bool send, const void* buf, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
-                   cudaStream_t s) {
+ncclResult_t Queue(bool send, const void* buf, std::size_t count, ncclDataType_t type, int peer,
+                   ncclComm_t comm, cudaStream_t s) {
   const char* fn = send ? "ncclSend" : "ncclRecv";
   if (comm == nullptr || comm->destroyed) {
     Warn("%s with a null / destroyed communicator", fn);
@@ -1474,10 +1577,11 @@ ncclResult_t Queue(bool send, const void* buf, std::size_t count, ncclDataType_t
   if (bytes > 0) {
     const Alloc* a = Find(buf, bytes);
     if (a == nullptr)
-      Warn("%s of rank %d: %zu bytes at %p are not inside one allocation", fn, comm->rank, bytes, buf);
+      Warn("%s of rank %d: %zu bytes at %p are not inside one allocation", fn, comm->rank, bytes,
+           buf);
     else if (a->kind == Kind::kDevice && a->device != comm->device)
-      Warn("%s of rank %d (device %d): the buffer %p is device memory of device %d", fn, comm->rank, comm->device,
-           buf, a->device);
+      Warn("%s of rank %d (device %d): the buffer %p is device memory of device %d", fn, comm->rank,
+           comm->device, buf, a->device);
   }
   g_p2p.push_back({send, const_cast<void*>(buf), count, type, peer, comm, st});
   return ncclSuccess;
@@ -1495,15 +1599,18 @@ ncclResult_t EndGroup() {
     const P2p& snd = ops[i];
     std::size_t j = 0;
     for (; j < ops.size(); ++j)
-      if (!used[j] && !ops[j].send && ops[j].comm->clique == snd.comm->clique && ops[j].comm->rank == snd.peer &&
-          ops[j].peer == snd.comm->rank)
+      if (!used[j] && !ops[j].send && ops[j].comm->clique == snd.comm->clique &&
+          ops[j].comm->rank == snd.peer && ops[j].peer == snd.comm->rank)
         break;
     if (j == ops.size()) continue;  // reported below
     used[i] = used[j] = true;
     const P2p& rcv = ops[j];
     if (rcv.count != snd.count || rcv.type != snd.type) {
-      Warn("ncclSend of %zu elements (type %d) from rank %d met an ncclRecv of %zu (type %d) on rank %d", snd.count,
-           static_cast<int>(snd.type), snd.comm->rank, rcv.count, static_cast<int>(rcv.type), rcv.comm->rank);
+      Warn(
+          "ncclSend of %zu elements (type %d) from rank %d met an ncclRecv of %zu (type %d) on "
+          "rank %d",
+          snd.count, static_cast<int>(snd.type), snd.comm->rank, rcv.count,
+          static_cast<int>(rcv.type), rcv.comm->rank);
       r = ncclInvalidUsage;
       continue;
     }
@@ -1512,8 +1619,8 @@ ncclResult_t EndGroup() {
   for (std::size_t i = 0; i < ops.size(); ++i)
     if (!used[i]) {
       Warn("%s of rank %d %s peer %d has no matching %s in its group (it would hang on GPUs)",
-           ops[i].send ? "ncclSend" : "ncclRecv", ops[i].comm->rank, ops[i].send ? "to" : "from", ops[i].peer,
-           ops[i].send ? "ncclRecv" : "ncclSend");
+           ops[i].send ? "ncclSend" : "ncclRecv", ops[i].comm->rank, ops[i].send ? "to" : "from",
+           ops[i].peer, ops[i].send ? "ncclRecv" : "ncclSend");
       r = ncclInvalidUsage;
     }
   return r;
@@ -1524,10 +1631,14 @@ ncclResult_t EndGroup() {
 extern "C" {
 const char* ncclGetErrorString(ncclResult_t r) {
   switch (r) {
-    case ncclSuccess: return "no error (emulated)";
-    case ncclInvalidArgument: return "invalid argument (emulated)";
-    case ncclInvalidUsage: return "invalid usage (emulated)";
-    default: return "NCCL error (emulated)";
+    case ncclSuccess:
+      return "no error (emulated)";
+    case ncclInvalidArgument:
+      return "invalid argument (emulated)";
+    case ncclInvalidUsage:
+      return "invalid usage (emulated)";
+    default:
+      return "NCCL error (emulated)";
   }
 }
 ncclResult_t ncclCommInitAll(ncclComm_t* comms, int n, const int* devs) {
@@ -1540,7 +1651,9 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comms, int n, const int* devs) {
     for (int k = 0; k < i; ++k)
       if ((devs ? devs[k] : k) == d) return ncclInvalidUsage;  // one rank per device
   }
-  for (int i = 0; i < n; ++i) comms[i] = new ncclComm{i, n, devs ? devs[i] : i, clique, false};  // kept: use after destroy is reported
+  for (int i = 0; i < n; ++i)
+    comms[i] = new ncclComm{i, n, devs ? devs[i] : i, clique,
+                            false};  // kept: use after destroy is reported
   return ncclSuccess;
 }
 ncclResult_t ncclCommDestroy(ncclComm_t c) {
@@ -1566,12 +1679,14 @@ ncclResult_t ncclGroupEnd() {
   return --g_group_depth == 0 ? EndGroup() : ncclSuccess;
 }
 // Outside a group an operation is a group of its own: a lone send or receive hangs on GPUs.
-ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t s) {
+ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t s) {
   EMU_API;
   const ncclResult_t r = Queue(true, buf, count, type, peer, comm, s);
   return r != ncclSuccess || g_group_depth > 0 ? r : EndGroup();
 }
-ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t s) {
+ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t s) {
   EMU_API;
   const ncclResult_t r = Queue(false, buf, count, type, peer, comm, s);
   return r != ncclSuccess || g_group_depth > 0 ? r : EndGroup();

@@ -54,16 +54,17 @@ struct Results {
 };
 Results RunHelpers(const std::vector<float>& in, int blocks, int threads) {
   const std::size_t n = static_cast<std::size_t>(blocks) * static_cast<std::size_t>(threads);
-  Results r{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n * kRows), std::vector<float>(n * kRows),
-            std::vector<float>(n), std::vector<float>(n)};
-  emu::Launch(dim3(static_cast<unsigned>(blocks)), dim3(static_cast<unsigned>(threads)), 0, nullptr, 0, "EmuWarpTest",
-              [&] {
+  Results r{std::vector<float>(n),         std::vector<float>(n), std::vector<float>(n * kRows),
+            std::vector<float>(n * kRows), std::vector<float>(n), std::vector<float>(n)};
+  emu::Launch(dim3(static_cast<unsigned>(blocks)), dim3(static_cast<unsigned>(threads)), 0, nullptr,
+              0, "EmuWarpTest", [&] {
                 const std::size_t t = blockIdx.x * blockDim.x + threadIdx.x;
                 const float* x = in.data() + t * kRows;
                 r.combine[t] = km::WarpCombine(x[0]);
                 r.combine_ref[t] = ShuffleButterfly(x[0], km::CombineStep);
                 km::WarpCombineRows<kRows>(x, r.rows.data() + t * kRows);
-                for (int i = 0; i < kRows; ++i) r.rows_ref[t * kRows + i] = ShuffleButterfly(x[i], km::CombineStep);
+                for (int i = 0; i < kRows; ++i)
+                  r.rows_ref[t * kRows + i] = ShuffleButterfly(x[i], km::CombineStep);
                 const float a = std::fabs(x[1]);
                 r.absmax[t] = km::WarpAbsMax(a);
                 r.absmax_ref[t] = ShuffleButterfly(a, km::AbsMaxCombine);
@@ -72,7 +73,8 @@ Results RunHelpers(const std::vector<float>& in, int blocks, int threads) {
   return r;
 }
 
-void ExpectBitwise(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+void ExpectBitwise(const std::vector<float>& got, const std::vector<float>& want,
+                   const char* what) {
   ASSERT_EQ(got.size(), want.size());
   int bad = 0;
   for (std::size_t i = 0; i < got.size(); ++i)
@@ -84,14 +86,16 @@ void ExpectBitwise(const std::vector<float>& got, const std::vector<float>& want
 TEST(EmuWarp, GatheredButterfliesAreBitwiseTheShuffles) {
   for (const int threads : {32, 128, 256}) {
     const int blocks = 3;
-    const std::vector<float> in = Inputs(static_cast<std::size_t>(blocks * threads * kRows), 7u + static_cast<unsigned>(threads));
+    const std::vector<float> in = Inputs(static_cast<std::size_t>(blocks * threads * kRows),
+                                         7u + static_cast<unsigned>(threads));
     const Results r = RunHelpers(in, blocks, threads);
     ExpectBitwise(r.combine, r.combine_ref, "WarpCombine");
     ExpectBitwise(r.rows, r.rows_ref, "WarpCombineRows<16>");
     ExpectBitwise(r.absmax, r.absmax_ref, "WarpAbsMax");
     // The inputs reach the lanes unevenly: results differ between warps (a collective that
     // read another warp's values, or one lane's values for all, would not).
-    EXPECT_NE(std::bit_cast<std::uint32_t>(r.rows[kRows + 2]), std::bit_cast<std::uint32_t>(r.rows[32 * kRows + 2]));
+    EXPECT_NE(std::bit_cast<std::uint32_t>(r.rows[kRows + 2]),
+              std::bit_cast<std::uint32_t>(r.rows[32 * kRows + 2]));
   }
 }
 
@@ -105,7 +109,8 @@ TEST(EmuWarp, ALaneMissingFromTheCollectiveIsReported) {
   });
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_GE(w.Count(), 1);
-  EXPECT_TRUE(w.Saw("EmuWarpExit: warp collective of lane 0 reads lane 31, which is not in the same collective"));
+  EXPECT_TRUE(w.Saw(
+      "EmuWarpExit: warp collective of lane 0 reads lane 31, which is not in the same collective"));
 }
 
 }  // namespace

@@ -32,7 +32,8 @@ namespace fs = std::filesystem;
 constexpr std::array<std::string_view, 11> kExtensions{
     ".cpp", ".h", ".hpp", ".cu", ".cuh", ".md", ".toml", ".sh", ".txt", ".cmake", ".py"};
 constexpr std::array<std::string_view, 10> kTopFolders{
-    "engine", "harness", "compare", "instrument", "h5", "tests", "campaigns", "scripts", ".ci", "docs"};
+    "engine", "harness",   "compare", "instrument", "h5",
+    "tests",  "campaigns", "scripts", ".ci",        "docs"};
 constexpr std::array<std::string_view, 3> kGeneratedPrefixes{"out/", "build/", "DIR/"};
 
 bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }

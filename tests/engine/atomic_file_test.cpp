@@ -20,7 +20,9 @@ namespace fs = std::filesystem;
 // A fresh scratch folder per test, removed afterwards.
 class AtomicFileTest : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = test::NewDir("lockstep_atomic"); }  // removed with ScratchDir() at exit
+  void SetUp() override {
+    dir_ = test::NewDir("lockstep_atomic");
+  }  // removed with ScratchDir() at exit
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
   std::vector<std::string> Listing() const {
     std::vector<std::string> names;

@@ -25,7 +25,9 @@ struct CountingBackend final : Backend {
     ++*stages_made;
     return StageSessionPtr(std::make_unique<CpuStageSession>(p));
   }
-  Result<TransportPtr> CreateTransport(int n) override { return TransportPtr(std::make_unique<InProcessTransport>(n)); }
+  Result<TransportPtr> CreateTransport(int n) override {
+    return TransportPtr(std::make_unique<InProcessTransport>(n));
+  }
   std::string Describe() const override { return "counting wrapper over cpu"; }
 };
 
@@ -71,7 +73,8 @@ TEST(Backend, CpuDescribesItself) {
 // `--backend cuda` on a machine without a GPU (or a build without CUDA) is exit 2 with the
 // reason, never a crash.
 TEST(Backend, CudaWithoutDeviceIsExitTwo) {
-  if (std::filesystem::exists("/dev/nvidia0")) GTEST_SKIP() << "a GPU is present: covered by cuda_tests";
+  if (std::filesystem::exists("/dev/nvidia0"))
+    GTEST_SKIP() << "a GPU is present: covered by cuda_tests";
   auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny") +
                              " --backend cuda --prompt hello --max-new 2");
   EXPECT_EQ(r.exit_code, 2) << r.err;

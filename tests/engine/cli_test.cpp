@@ -29,7 +29,10 @@ TEST(Cli, ModelInitIsByteIdenticalForTheSameSeed) {
   EXPECT_NE(bad.err.find("unknown preset 'huge'"), std::string::npos) << bad.err;
   // A preset cut in depth and breadth: the counts in config.json, the widths the preset's.
   const std::string cut = test::NewDir("init-cut");
-  auto r = test::RunLockstep("model init --preset small --layers 4 --experts 6 --experts-used 2 --vocab 300 --no-mtp --out " + cut);
+  auto r = test::RunLockstep(
+      "model init --preset small --layers 4 --experts 6 --experts-used 2 --vocab 300 --no-mtp "
+      "--out " +
+      cut);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(*ReadFile(cut + "/config.json"));
   EXPECT_EQ(j["num_hidden_layers"], 4);
@@ -38,14 +41,16 @@ TEST(Cli, ModelInitIsByteIdenticalForTheSameSeed) {
   EXPECT_EQ(j["vocab_size"], 300);
   EXPECT_EQ(j["hidden_size"], 512);
   for (const char* flags : {"--experts 3 --experts-used 4", "--layers 0", "--vocab -5"}) {
-    auto e = test::RunLockstep(std::string("model init --preset small ") + flags + " --out " + test::NewDir("init-bad"));
+    auto e = test::RunLockstep(std::string("model init --preset small ") + flags + " --out " +
+                               test::NewDir("init-bad"));
     EXPECT_EQ(e.exit_code, 2) << flags << ": " << e.err;
   }
 }
 
 TEST(Cli, GenerateJsonAndText) {
   const std::string m = test::ModelDir("tiny");
-  auto r = test::RunLockstep("generate --model " + m + " --prompt 'Hello there' --max-new 7 --ignore-eos --json --threads 1");
+  auto r = test::RunLockstep("generate --model " + m +
+                             " --prompt 'Hello there' --max-new 7 --ignore-eos --json --threads 1");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["prompt_tokens"], 11);
@@ -57,16 +62,19 @@ TEST(Cli, GenerateJsonAndText) {
   // The same request through a token file gives the same output.
   std::string tok = test::NewDir("tok") + "/prompt.txt";
   ASSERT_TRUE(WriteFileAtomic(tok, "72, 101,108\n108 111 32 116,104 101 114 101\n").ok());
-  auto t = test::RunLockstep("generate --model " + m + " --prompt-tokens " + tok + " --max-new 7 --ignore-eos --json --threads 1");
+  auto t = test::RunLockstep("generate --model " + m + " --prompt-tokens " + tok +
+                             " --max-new 7 --ignore-eos --json --threads 1");
   ASSERT_EQ(t.exit_code, 0) << t.err;
   EXPECT_EQ(nlohmann::json::parse(t.out)["output_ids"], j["output_ids"]);
-  auto text = test::RunLockstep("generate --model " + m + " --prompt 'Hello there' --max-new 3 --ignore-eos");
+  auto text = test::RunLockstep("generate --model " + m +
+                                " --prompt 'Hello there' --max-new 3 --ignore-eos");
   EXPECT_EQ(text.exit_code, 0);
   EXPECT_FALSE(text.out.empty());
 }
 
 TEST(Cli, PrintConfigIsCanonicalAndReloadable) {
-  auto r = test::RunLockstep("generate --print-config --stages 4 --split 2,4,6 --kv int8 --threads 2 --pcie-frac 0.55");
+  auto r = test::RunLockstep(
+      "generate --print-config --stages 4 --split 2,4,6 --kv int8 --threads 2 --pcie-frac 0.55");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["kv_dtype"], "int8");

@@ -40,7 +40,8 @@ TEST(ModelConfig, NewerStyleLayerTypesAndRopeParameters) {
   cut(R"("partial_rotary_factor": 0.25, "rope_theta": 10000000, "rope_scaling": null,)",
       R"("rope_parameters": {"rope_type": "default", "rope_theta": 5000000, "partial_rotary_factor": 0.5},)");
   std::string types = "[";
-  for (int i = 0; i < 48; ++i) types += std::string(i ? "," : "") + (i % 2 ? "\"full_attention\"" : "\"linear_attention\"");
+  for (int i = 0; i < 48; ++i)
+    types += std::string(i ? "," : "") + (i % 2 ? "\"full_attention\"" : "\"linear_attention\"");
   cut(R"("full_attention_interval": 4,)", "\"layer_types\": " + types + "],");
   auto c = ModelConfig::FromJsonText(j, "config.json");
   ASSERT_TRUE(c.ok()) << c.status().ToString();

@@ -23,8 +23,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <bit>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -39,11 +39,11 @@
 #include "cpu/norm.h"
 #include "cpu/rope.h"
 #include "cuda/kernel_math.h"
-#include "util/arena.h"
+#include "kernel_test_math.h"
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/kv_cache.h"
 #include "lockstep/engine/weights.h"
-#include "kernel_test_math.h"
+#include "util/arena.h"
 
 namespace lockstep::cuda {
 namespace {
@@ -271,7 +271,8 @@ TEST(CudaKernelMath, ElementwiseMatchCpuBitwise) {
 std::array<float, km::kWarp> ButterflyInputs(std::mt19937& rng, int kind) {
   std::array<float, km::kWarp> v{};
   std::uniform_real_distribution<float> u(-4.0f, 4.0f);
-  for (int l = 0; l < km::kWarp; ++l) v[Z(l)] = std::ldexp(u(rng), static_cast<int>(rng() % 40) - 20);
+  for (int l = 0; l < km::kWarp; ++l)
+    v[Z(l)] = std::ldexp(u(rng), static_cast<int>(rng() % 40) - 20);
   if (kind >= 1) {
     auto nan = [](std::uint32_t payload) { return std::bit_cast<float>(0x7fc00000u | payload); };
     v[3] = nan(1), v[17] = nan(2), v[20] = -0.0f, v[21] = 0.0f, v[5] = INFINITY;
@@ -297,7 +298,8 @@ TEST(CudaKernelMath, ButterflyLaneIsTheWholeButterflyForEveryLane) {
       }
       for (int lane = 0; lane < km::kWarp; ++lane) {
         std::array<float, km::kWarp> v = in;
-        EXPECT_EQ(km::FloatBits(km::ButterflyLane(v.data(), lane, op)), km::FloatBits(whole[Z(lane)]))
+        EXPECT_EQ(km::FloatBits(km::ButterflyLane(v.data(), lane, op)),
+                  km::FloatBits(whole[Z(lane)]))
             << name << " kind " << kind << " lane " << lane;
       }
     }
@@ -311,7 +313,8 @@ TEST(CudaKernelMath, ButterflyLaneIsTheWholeButterflyForEveryLane) {
     v = w;
     std::array<float, km::kWarp> x = w;
     differ += km::FloatBits(km::ButterflyLane(v.data(), lane, km::AbsMaxCombine)) !=
-              km::FloatBits(km::ButterflyLane(x.data(), lane, [](float a, float b) { return km::AbsMaxCombine(b, a); }));
+              km::FloatBits(km::ButterflyLane(
+                  x.data(), lane, [](float a, float b) { return km::AbsMaxCombine(b, a); }));
   }
   EXPECT_GT(differ, 0) << "inputs too tame to show a swapped operand order";
 }
@@ -381,7 +384,8 @@ TEST(CudaKernelMath, Bf16WeightsGiveTheF32Bits) {
     km::LaneAccumRows<8, std::uint16_t>(rows.data(), wb.data(), n, l, b8);
     km::LaneAccumRows<1>(rows.data(), w.data(), n, l, a1);
     km::LaneAccumRows<1, std::uint16_t>(rows.data(), wb.data(), n, l, b1);
-    for (int r = 0; r < 8; ++r) ASSERT_EQ(km::FloatBits(a8[r]), km::FloatBits(b8[r])) << "lane " << l << " row " << r;
+    for (int r = 0; r < 8; ++r)
+      ASSERT_EQ(km::FloatBits(a8[r]), km::FloatBits(b8[r])) << "lane " << l << " row " << r;
     ASSERT_EQ(km::FloatBits(a1[0]), km::FloatBits(b1[0])) << "lane " << l;
   }
   EXPECT_FALSE(km::IsBf16Exact(1.0f + 0x1p-20f));
@@ -495,8 +499,8 @@ void EmulateAttentionBlock(const float* q, int u0, int u1, bool whole, int kvh, 
 
 // One (t, h) row of Attention with context split `split` (<= 0: none): the whole block, or the
 // split blocks and AttnCombineKernel's fold. *n_blocks: the blocks the row used.
-void EmulateAttention(const float* q, int n_ctx, int kvh, const KvCache& c, float scale,
-                      int split, float* o, double* score_tol, int* n_blocks) {
+void EmulateAttention(const float* q, int n_ctx, int kvh, const KvCache& c, float scale, int split,
+                      float* o, double* score_tol, int* n_blocks) {
   const int D = c.head_dim();
   float m;
   double l;
@@ -543,7 +547,8 @@ TEST(CudaKernelMath, AttentionWithinBound) {
           for (int j = 0; j < hkv; ++j) {
             const int n_ctx = p + t + 1;
             const float* qg = q.data() + (Z(t) * Z(hq) + Z(j * group)) * Z(D);
-            cpu::AttendGroup(qg, group, j, cache, n_ctx, scale, oc.data(), scores.data(), tmp.data());
+            cpu::AttendGroup(qg, group, j, cache, n_ctx, scale, oc.data(), scores.data(),
+                             tmp.data());
             for (int gi = 0; gi < group; ++gi) {
               double ds;
               int n_blocks;
@@ -554,7 +559,8 @@ TEST(CudaKernelMath, AttentionWithinBound) {
               std::vector<double> pv(Z(D), 0.0);                   // sum_u p_u |v_u[i]|
               for (int u = 0; u < n_ctx; ++u) {
                 const float* vr = cache.V(u, j, tmp.data());
-                for (int i = 0; i < D; ++i) pv[Z(i)] += static_cast<double>(pc[u]) * std::fabs(vr[i]);
+                for (int i = 0; i < D; ++i)
+                  pv[Z(i)] += static_cast<double>(pc[u]) * std::fabs(vr[i]);
               }
               for (int i = 0; i < D; ++i)
                 ASSERT_NEAR(og[Z(i)], oc[Z(gi) * Z(D) + Z(i)],
@@ -604,8 +610,10 @@ TEST(CudaKernelMath, AttentionSplitBoundCatchesAWrongCombine) {
     for (int i = 0; i < D; ++i) {
       float o = 0.0f;
       for (int j = 0; j < used; ++j)
-        o = km::AttnAccum(o, (variant == 2 ? 1.0f : km::SoftmaxExp(ms[Z(j)], M)) * inv, acc[Z(j)][Z(i)]);
-      ratio = std::max(ratio, std::fabs(o - oc[Z(i)]) / AttentionTol(ds, n_ctx, used, pv[Z(i)], 1.0));
+        o = km::AttnAccum(o, (variant == 2 ? 1.0f : km::SoftmaxExp(ms[Z(j)], M)) * inv,
+                          acc[Z(j)][Z(i)]);
+      ratio =
+          std::max(ratio, std::fabs(o - oc[Z(i)]) / AttentionTol(ds, n_ctx, used, pv[Z(i)], 1.0));
     }
     return ratio;
   };
@@ -670,17 +678,20 @@ TEST(CudaKernelMath, GdnSplitMatchesCpuLayoutBitwise) {
 // GdnSplitConv reads each conv channel and Z column from the qkvz column GdnSplitSource names:
 // the inverse of GdnSplitDest, for one and several value heads per key head.
 TEST(CudaKernelMath, GdnSplitSourceInvertsGdnSplitDest) {
-  for (const auto [hk, hv, dk, dv] : {std::array{2, 6, 5, 3}, std::array{4, 8, 64, 64}, std::array{3, 3, 4, 7}}) {
+  for (const auto [hk, hv, dk, dv] :
+       {std::array{2, 6, 5, 3}, std::array{4, 8, 64, 64}, std::array{3, 3, 4, 7}}) {
     const int r = hv / hk, qkvz = 2 * hk * dk + 2 * hv * dv;
     std::vector<int> seen(Z(qkvz), 0);
     for (int c = 0; c < qkvz; ++c) {
       const km::SplitDest d = km::GdnSplitDest(c, hk, dk, dv, r);
-      ASSERT_EQ(km::GdnSplitSource(d.to_z, d.col, hk, dk, dv, r), c) << "hk " << hk << " hv " << hv << " column " << c;
+      ASSERT_EQ(km::GdnSplitSource(d.to_z, d.col, hk, dk, dv, r), c)
+          << "hk " << hk << " hv " << hv << " column " << c;
       ++seen[Z(c)];
     }
     // every conv channel and Z column has a source, and no two share one
     std::vector<int> hit(Z(qkvz), 0);
-    for (int ch = 0; ch < 2 * hk * dk + hv * dv; ++ch) ++hit[Z(km::GdnSplitSource(false, ch, hk, dk, dv, r))];
+    for (int ch = 0; ch < 2 * hk * dk + hv * dv; ++ch)
+      ++hit[Z(km::GdnSplitSource(false, ch, hk, dk, dv, r))];
     for (int zc = 0; zc < hv * dv; ++zc) ++hit[Z(km::GdnSplitSource(true, zc, hk, dk, dv, r))];
     EXPECT_EQ(hit, seen);
   }
@@ -689,7 +700,8 @@ TEST(CudaKernelMath, GdnSplitSourceInvertsGdnSplitDest) {
 TEST(CudaKernelMath, CausalConvMatchesCpuBitwise) {
   const int T = 5, C = 37, K = 4;
   std::mt19937 rng(11);
-  const FVec win = RandomVec(rng, Z(K - 1 + T) * Z(C), -2.0f, 2.0f), w = RandomVec(rng, Z(C) * Z(K));
+  const FVec win = RandomVec(rng, Z(K - 1 + T) * Z(C), -2.0f, 2.0f),
+             w = RandomVec(rng, Z(C) * Z(K));
   FVec uc(Z(T) * Z(C));
   cpu::CausalConvSilu(win.data(), T, C, K, w.data(), uc.data());
   for (int t = 0; t < T; ++t)

@@ -2,6 +2,8 @@
 // chunked GDN == recurrence, layer-split invariance, prefill chunk size, determinism, int8 K/V
 // bound, batch invariance of verify windows, commit/rollback, and that the synthetic models
 // behave like models (logit scale, varied output, MTP agreement).
+#include "lockstep/engine/engine.h"
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -12,7 +14,6 @@
 
 #include "cpu/gdn.h"
 #include "lockstep/compare/metrics.h"
-#include "lockstep/engine/engine.h"
 #include "lockstep/engine/generate.h"
 #include "lockstep/engine/tokenizer.h"
 #include "test_util.h"
@@ -59,14 +60,16 @@ struct RunOut {
   std::vector<float> logits;  // all windows' logits, concatenated
 };
 
-RunOut Generate(const EngineConfig& cfg, const std::vector<std::int32_t>& prompt, const std::string& preset = "tiny") {
+RunOut Generate(const EngineConfig& cfg, const std::vector<std::int32_t>& prompt,
+                const std::string& preset = "tiny") {
   auto engine = Engine::Create(cfg, Model(preset));
   EXPECT_TRUE(engine.ok()) << engine.status().ToString();
   RunOut run;
   GenerateHooks hooks;
   const int v = Model(preset).config.n_vocab;
   hooks.on_window = [&](int, int T, const float* logits) {
-    run.logits.insert(run.logits.end(), logits, logits + static_cast<std::size_t>(T) * static_cast<std::size_t>(v));
+    run.logits.insert(run.logits.end(), logits,
+                      logits + static_cast<std::size_t>(T) * static_cast<std::size_t>(v));
   };
   auto res = lockstep::Generate(**engine, prompt, &hooks);
   EXPECT_TRUE(res.ok()) << res.status().ToString();
@@ -84,23 +87,27 @@ TEST(Engine, ChunkedGdnPrefillEqualsRecurrence) {
     GdnState chunked(c.conv_dim(), c.conv_kernel, c.n_v_heads, c.k_head_dim, c.v_head_dim);
     GdnState recur(c.conv_dim(), c.conv_kernel, c.n_v_heads, c.k_head_dim, c.v_head_dim);
     // Start both from the same nonzero state.
-    auto conv0 = test::Random(chunked.conv_size(), 11), ssm0 = test::Random(chunked.ssm_size(), 12, -0.3f, 0.3f);
+    auto conv0 = test::Random(chunked.conv_size(), 11),
+         ssm0 = test::Random(chunked.ssm_size(), 12, -0.3f, 0.3f);
     std::copy(conv0.begin(), conv0.end(), chunked.conv());
     std::copy(conv0.begin(), conv0.end(), recur.conv());
     std::copy(ssm0.begin(), ssm0.end(), chunked.ssm());
     std::copy(ssm0.begin(), ssm0.end(), recur.ssm());
-    auto a = test::Random(static_cast<std::size_t>(T) * static_cast<std::size_t>(c.n_embd), 13 + static_cast<std::uint64_t>(T));
+    auto a = test::Random(static_cast<std::size_t>(T) * static_cast<std::size_t>(c.n_embd),
+                          13 + static_cast<std::uint64_t>(T));
     std::vector<float> out_c(a.size()), out_r(a.size());
     Arena arena;
-    cpu::GdnForward(lw.gdn, c, a.data(), T, chunked, cpu::GdnMode::kPrefill, cpu::MatmulKind::kInvariant, nullptr, arena,
-                    out_c.data());
-    cpu::GdnForward(lw.gdn, c, a.data(), T, recur, cpu::GdnMode::kVerify, cpu::MatmulKind::kInvariant, nullptr, arena,
-                    out_r.data());
+    cpu::GdnForward(lw.gdn, c, a.data(), T, chunked, cpu::GdnMode::kPrefill,
+                    cpu::MatmulKind::kInvariant, nullptr, arena, out_c.data());
+    cpu::GdnForward(lw.gdn, c, a.data(), T, recur, cpu::GdnMode::kVerify,
+                    cpu::MatmulKind::kInvariant, nullptr, arena, out_r.data());
     recur.CommitSteps(T);
     EXPECT_EQ(chunked.position(), T);
     EXPECT_EQ(recur.position(), T);
-    std::vector<float> sc(chunked.ssm(), chunked.ssm() + chunked.ssm_size()), sr(recur.ssm(), recur.ssm() + recur.ssm_size());
-    std::vector<float> cc(chunked.conv(), chunked.conv() + chunked.conv_size()), cr(recur.conv(), recur.conv() + recur.conv_size());
+    std::vector<float> sc(chunked.ssm(), chunked.ssm() + chunked.ssm_size()),
+        sr(recur.ssm(), recur.ssm() + recur.ssm_size());
+    std::vector<float> cc(chunked.conv(), chunked.conv() + chunked.conv_size()),
+        cr(recur.conv(), recur.conv() + recur.conv_size());
     EXPECT_LT(Nrmse(out_r, out_c), 1e-6) << "outputs, T=" << T;
     EXPECT_LT(Nrmse(sr, sc), 1e-6) << "ssm state, T=" << T;
     EXPECT_TRUE(BitwiseEqual(cr, cc)) << "conv state is a copy of inputs, T=" << T;
@@ -117,8 +124,8 @@ TEST(Engine, LayerSplitInvariance) {
   one.stages = 1;
   one.prefill_chunk = 16;
   RunOut ref = Generate(one, prompt);
-  for (std::vector<int> split : {std::vector<int>{}, std::vector<int>{1, 2, 3}, std::vector<int>{5, 6, 7},
-                                 std::vector<int>{1, 4, 7}}) {
+  for (std::vector<int> split : {std::vector<int>{}, std::vector<int>{1, 2, 3},
+                                 std::vector<int>{5, 6, 7}, std::vector<int>{1, 4, 7}}) {
     EngineConfig four = one;
     four.stages = 4;
     four.split = split;
@@ -213,11 +220,18 @@ TEST(Engine, VerifyWindowBatchInvariance) {
     ASSERT_TRUE(batched->Prefill(prompt).ok());
     ASSERT_TRUE(single->Prefill(prompt).ok());
     std::vector<float> lb(static_cast<std::size_t>(T) * v), ls(static_cast<std::size_t>(T) * v);
-    ASSERT_TRUE(batched->Verify(std::span<const std::int32_t>(window.data(), static_cast<std::size_t>(T)), lb.data()).ok());
+    ASSERT_TRUE(
+        batched
+            ->Verify(std::span<const std::int32_t>(window.data(), static_cast<std::size_t>(T)),
+                     lb.data())
+            .ok());
     ASSERT_TRUE(batched->Commit(T).ok());
     for (int t = 0; t < T; ++t) {
-      ASSERT_TRUE(single->Verify(std::span<const std::int32_t>(&window[static_cast<std::size_t>(t)], 1),
-                                 ls.data() + static_cast<std::size_t>(t) * v).ok());
+      ASSERT_TRUE(
+          single
+              ->Verify(std::span<const std::int32_t>(&window[static_cast<std::size_t>(t)], 1),
+                       ls.data() + static_cast<std::size_t>(t) * v)
+              .ok());
       ASSERT_TRUE(single->Commit(1).ok());
     }
     EXPECT_TRUE(BitwiseEqual(lb, ls)) << "T=" << T;
@@ -228,8 +242,10 @@ TEST(Engine, VerifyWindowBatchInvariance) {
       for (int il = sb.layer_begin(); il < sb.layer_end(); ++il) {
         if (GdnState* gb = sb.gdn(il)) {
           GdnState* gs = ss.gdn(il);
-          EXPECT_EQ(0, std::memcmp(gb->ssm(), gs->ssm(), gb->ssm_size() * sizeof(float))) << "layer " << il;
-          EXPECT_EQ(0, std::memcmp(gb->conv(), gs->conv(), gb->conv_size() * sizeof(float))) << "layer " << il;
+          EXPECT_EQ(0, std::memcmp(gb->ssm(), gs->ssm(), gb->ssm_size() * sizeof(float)))
+              << "layer " << il;
+          EXPECT_EQ(0, std::memcmp(gb->conv(), gs->conv(), gb->conv_size() * sizeof(float)))
+              << "layer " << il;
           EXPECT_EQ(gb->position(), gs->position());
         }
         if (KvCache* kb = sb.kv(il)) {
@@ -286,7 +302,8 @@ TEST(SyntheticModel, LogitScaleAndVariedGreedyOutput) {
   for (const char* preset : {"tiny", "small"}) {
     EngineConfig c = BaseConfig(preset);
     c.max_new = 48;
-    RunOut r = Generate(c, EncodeBytes("The quick brown fox jumps over the lazy dog. 0123456789"), preset);
+    RunOut r =
+        Generate(c, EncodeBytes("The quick brown fox jumps over the lazy dog. 0123456789"), preset);
     double sum = 0, sq = 0;
     for (float x : r.logits) sum += x, sq += static_cast<double>(x) * x;
     const double n = static_cast<double>(r.logits.size());
@@ -294,7 +311,8 @@ TEST(SyntheticModel, LogitScaleAndVariedGreedyOutput) {
     EXPECT_GT(sd, 0.5) << preset;
     EXPECT_LT(sd, 2.0) << preset;
     std::set<std::int32_t> distinct(r.tokens.begin(), r.tokens.end());
-    EXPECT_GE(distinct.size(), r.tokens.size() / 3) << preset << ": greedy output is too repetitive";
+    EXPECT_GE(distinct.size(), r.tokens.size() / 3)
+        << preset << ": greedy output is too repetitive";
   }
 }
 
@@ -305,7 +323,8 @@ TEST(SyntheticModel, GdnDecaysSpreadFastToSlow) {
     if (l.type != LayerType::kLinearAttention) continue;
     for (int j = 0; j < w.config.n_v_heads; ++j) {
       // decay at a = 0: alpha = exp(-exp(A_log) * softplus(dt_bias))
-      const float alpha = std::exp(-std::exp(l.gdn.a_log[j]) * std::log1p(std::exp(l.gdn.dt_bias[j])));
+      const float alpha =
+          std::exp(-std::exp(l.gdn.a_log[j]) * std::log1p(std::exp(l.gdn.dt_bias[j])));
       lo = std::min(lo, alpha);
       hi = std::max(hi, alpha);
     }
@@ -330,7 +349,8 @@ TEST(SyntheticModel, EveryLayerChangesTheResidualStream) {
       ASSERT_TRUE(e->stage(0).Forward(ForwardMode::kVerify, prompt.data(), act).ok());
       // compare against the embeddings
       prev.clear();
-      for (auto t : prompt) prev.insert(prev.end(), w.embed.row(t), w.embed.row(t) + w.config.n_embd);
+      for (auto t : prompt)
+        prev.insert(prev.end(), w.embed.row(t), w.embed.row(t) + w.config.n_embd);
     } else {
       ASSERT_TRUE(e->stage(is).Forward(ForwardMode::kVerify, prompt.data(), act).ok());
     }
@@ -349,24 +369,30 @@ TEST(SyntheticModel, MtpAgreesWithMainModel) {
   const int H = w.config.n_embd, V = w.config.n_vocab;
   EngineConfig c = BaseConfig("tiny");
   auto e = MakeEngine(c, w);
-  std::vector<std::int32_t> seq = EncodeBytes("Speculative decoding needs a drafter that is often right.");
+  std::vector<std::int32_t> seq =
+      EncodeBytes("Speculative decoding needs a drafter that is often right.");
   const int n_prompt = static_cast<int>(seq.size());
   std::vector<float> normed, logits(static_cast<std::size_t>(V)), h(static_cast<std::size_t>(H));
   // Feed the prompt and then the greedy output one token at a time, keeping the normed hidden.
   for (int p = 0; p < n_prompt + 64; ++p) {
-    ASSERT_TRUE(e->Verify(std::span<const std::int32_t>(&seq[static_cast<std::size_t>(p)], 1), logits.data(), h.data()).ok());
+    ASSERT_TRUE(e->Verify(std::span<const std::int32_t>(&seq[static_cast<std::size_t>(p)], 1),
+                          logits.data(), h.data())
+                    .ok());
     ASSERT_TRUE(e->Commit(1).ok());
     normed.insert(normed.end(), h.begin(), h.end());
     if (p + 1 >= n_prompt) seq.push_back(Argmax(logits.data(), V));
   }
   const int n = static_cast<int>(seq.size()) - 2;  // rows with a t_{p+2}
   StageSession& last = e->stage(e->n_stages() - 1);
-  std::vector<float> m(static_cast<std::size_t>(n) * static_cast<std::size_t>(H)), ml(static_cast<std::size_t>(n) * static_cast<std::size_t>(V));
-  last.MtpForward(normed.data(), seq.data() + 1, 0, n, ForwardMode::kVerify, m.data(), ml.data(), n);
+  std::vector<float> m(static_cast<std::size_t>(n) * static_cast<std::size_t>(H)),
+      ml(static_cast<std::size_t>(n) * static_cast<std::size_t>(V));
+  last.MtpForward(normed.data(), seq.data() + 1, 0, n, ForwardMode::kVerify, m.data(), ml.data(),
+                  n);
   int agree = 0, total = 0;
   for (int p = n_prompt - 1; p < n; ++p) {  // drafts of generated tokens only
     ++total;
-    agree += Argmax(ml.data() + static_cast<std::size_t>(p) * static_cast<std::size_t>(V), V) == seq[static_cast<std::size_t>(p) + 2];
+    agree += Argmax(ml.data() + static_cast<std::size_t>(p) * static_cast<std::size_t>(V), V) ==
+             seq[static_cast<std::size_t>(p) + 2];
   }
   const double rate = static_cast<double>(agree) / total;
   RecordProperty("mtp_agreement", std::to_string(rate));

@@ -1,11 +1,12 @@
 // Paged K/V cache: committed vs speculative rows, paging, storage dtypes, and the GDN state's
 // checkpoint vs scratch.
+#include "lockstep/engine/kv_cache.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 
 #include "lockstep/engine/gdn_state.h"
-#include "lockstep/engine/kv_cache.h"
 #include "test_util.h"
 
 namespace lockstep {
@@ -44,7 +45,8 @@ TEST(KvCacheDeathTest, CommittedRowsAreNeverOverwritten) {
 
 TEST(KvCache, StorageDtypesMatchTheConversions) {
   const int hd = 16, heads = 2;
-  auto k = test::Random(3 * hd * heads, 5, -4.0f, 4.0f), v = test::Random(3 * hd * heads, 6, -4.0f, 4.0f);
+  auto k = test::Random(3 * hd * heads, 5, -4.0f, 4.0f),
+       v = test::Random(3 * hd * heads, 6, -4.0f, 4.0f);
   KvCache bf(heads, hd, DType::kBF16, 2), i8(heads, hd, DType::kI8, 2);
   bf.Write(0, 3, k.data(), v.data());
   i8.Write(0, 3, k.data(), v.data());
@@ -60,7 +62,8 @@ TEST(KvCache, StorageDtypesMatchTheConversions) {
       dequantize_int8_row(codes, scale, hd, codes_deq);
       got = i8.K(r, h, tmp);
       for (int i = 0; i < hd; ++i) EXPECT_EQ(got[i], codes_deq[i]);
-      EXPECT_EQ(0, std::memcmp(reinterpret_cast<const std::int8_t*>(i8.KRaw(r)) + h * hd, codes, hd));
+      EXPECT_EQ(0,
+                std::memcmp(reinterpret_cast<const std::int8_t*>(i8.KRaw(r)) + h * hd, codes, hd));
     }
   EXPECT_EQ(i8.row_bytes(), static_cast<std::size_t>(heads * hd));
   EXPECT_EQ(bf.row_bytes(), static_cast<std::size_t>(2 * heads * hd));

@@ -19,13 +19,15 @@ namespace {
 namespace fs = std::filesystem;
 
 // Copies tiny's checkpoint into a new folder, letting `edit` change the tensor list first.
-std::string Rewrite(const std::string& name, const std::function<void(std::vector<TensorToWrite>&)>& edit,
+std::string Rewrite(const std::string& name,
+                    const std::function<void(std::vector<TensorToWrite>&)>& edit,
                     const std::string& config_override = "") {
   const std::string src = test::ModelDir("tiny");
   auto f = SafetensorsFile::Open(src + "/model.safetensors");
   EXPECT_TRUE(f.ok());
   std::vector<TensorToWrite> ts;
-  for (const auto& t : (*f)->tensors()) ts.push_back({t.name, t.dtype, t.shape, {t.data, t.nbytes}});
+  for (const auto& t : (*f)->tensors())
+    ts.push_back({t.name, t.dtype, t.shape, {t.data, t.nbytes}});
   edit(ts);
   std::string dir = test::NewDir(name);
   EXPECT_TRUE(WriteSafetensors(dir + "/model.safetensors", ts).ok());
@@ -48,7 +50,9 @@ void ExpectLoadError(const std::string& dir, Status::Code code, const std::strin
 
 TEST(Loader, MissingTensor) {
   auto dir = Rewrite("missing", [](auto& ts) {
-    std::erase_if(ts, [](const TensorToWrite& t) { return t.name == "model.layers.3.self_attn.k_norm.weight"; });
+    std::erase_if(ts, [](const TensorToWrite& t) {
+      return t.name == "model.layers.3.self_attn.k_norm.weight";
+    });
   });
   ExpectLoadError(dir, Status::Code::kNotFound, "model.layers.3.self_attn.k_norm.weight");
 }
@@ -60,7 +64,8 @@ TEST(Loader, WrongShape) {
         t.shape = {t.shape[1], t.shape[0]};  // transposed
       }
   });
-  ExpectLoadError(dir, Status::Code::kCorruption, "model.layers.1.mlp.gate.weight': expected shape [8, 64], got [64, 8]");
+  ExpectLoadError(dir, Status::Code::kCorruption,
+                  "model.layers.1.mlp.gate.weight': expected shape [8, 64], got [64, 8]");
 }
 
 TEST(Loader, WrongDtype) {
@@ -73,7 +78,8 @@ TEST(Loader, WrongDtype) {
         t.data = codes;
       }
   });
-  ExpectLoadError(dir, Status::Code::kCorruption, "model.norm.weight': expected f32, bf16 or f16, got int8");
+  ExpectLoadError(dir, Status::Code::kCorruption,
+                  "model.norm.weight': expected f32, bf16 or f16, got int8");
 }
 
 TEST(Loader, CorruptFiles) {
@@ -87,9 +93,11 @@ TEST(Loader, CorruptFiles) {
     return d;
   };
   // Truncated inside the data section.
-  ExpectLoadError(make("trunc", bytes.substr(0, bytes.size() / 2)), Status::Code::kCorruption, "model.safetensors");
+  ExpectLoadError(make("trunc", bytes.substr(0, bytes.size() / 2)), Status::Code::kCorruption,
+                  "model.safetensors");
   // Truncated inside the header.
-  ExpectLoadError(make("trunc-hdr", bytes.substr(0, 100)), Status::Code::kCorruption, "model.safetensors");
+  ExpectLoadError(make("trunc-hdr", bytes.substr(0, 100)), Status::Code::kCorruption,
+                  "model.safetensors");
   // Bad header JSON: break the opening brace.
   std::string bad = bytes;
   bad[8] = '[';
@@ -121,7 +129,9 @@ std::vector<float> FirstLogits(const ModelWeights& w) {
   EXPECT_TRUE(e.ok());
   std::vector<float> out;
   GenerateHooks hooks;
-  hooks.on_window = [&](int, int T, const float* l) { out.insert(out.end(), l, l + T * w.config.n_vocab); };
+  hooks.on_window = [&](int, int T, const float* l) {
+    out.insert(out.end(), l, l + T * w.config.n_vocab);
+  };
   std::vector<std::int32_t> prompt{1, 50, 200, 7, 99, 3};
   EXPECT_TRUE(Generate(**e, prompt, &hooks).ok());
   return out;
@@ -162,11 +172,15 @@ TEST(Loader, NewerConfigStyleLoadsTheSameModel) {
     cfg.replace(p, from.size(), to);
   };
   rep("\"full_attention_interval\": 4,",
-      "\"layer_types\": [\"linear_attention\",\"linear_attention\",\"linear_attention\",\"full_attention\","
+      "\"layer_types\": "
+      "[\"linear_attention\",\"linear_attention\",\"linear_attention\",\"full_attention\","
       "\"linear_attention\",\"linear_attention\",\"linear_attention\",\"full_attention\"],");
-  rep("\"partial_rotary_factor\": 0.25,", "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000.0, \"partial_rotary_factor\": 0.25},");
+  rep("\"partial_rotary_factor\": 0.25,",
+      "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000.0, "
+      "\"partial_rotary_factor\": 0.25},");
   rep("\"rope_theta\": 10000000.0,", "");
-  auto dir = Rewrite("newstyle", [](auto&) {}, cfg);
+  auto dir = Rewrite(
+      "newstyle", [](auto&) {}, cfg);
   auto w = ModelWeights::Load(dir);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_TRUE(test::BitwiseEqual(FirstLogits(**w), FirstLogits(test::Model("tiny"))));

@@ -1,5 +1,7 @@
 // The Observer contract (issue "Instrumentation", engine side): what the engine hands over at
 // pre_verify / post_verify / commit, tested with a recording fake at the production interface.
+#include "lockstep/engine/observer.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -9,7 +11,6 @@
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/generate.h"
 #include "lockstep/engine/inject.h"
-#include "lockstep/engine/observer.h"
 #include "lockstep/engine/tokenizer.h"
 #include "test_util.h"
 
@@ -20,13 +21,15 @@ namespace {
 class RecordingObserver final : public Observer {
  public:
   struct Item {
-    StateView meta;      // without the callbacks' lifetime: only shape/rows fields are used
-    std::string bytes;   // rows concatenated
+    StateView meta;     // without the callbacks' lifetime: only shape/rows fields are used
+    std::string bytes;  // rows concatenated
   };
   using Key = std::tuple<int, CheckpointPoint, int, int, ItemKind>;
 
   explicit RecordingObserver(std::set<int> windows) : windows_(std::move(windows)) {}
-  bool WantsCheckpoint(int window, CheckpointPoint) const override { return windows_.count(window) > 0; }
+  bool WantsCheckpoint(int window, CheckpointPoint) const override {
+    return windows_.count(window) > 0;
+  }
   void OnCheckpointBegin(const CheckpointInfo& info) override {
     infos[{info.window, info.point}] = info;
     ++begins;
@@ -36,7 +39,8 @@ class RecordingObserver final : public Observer {
     it.meta = v;
     it.meta.row = nullptr;
     it.meta.scales = nullptr;
-    for (int r = 0; r < v.rows; ++r) it.bytes.append(reinterpret_cast<const char*>(v.row(r)), v.row_bytes);
+    for (int r = 0; r < v.rows; ++r)
+      it.bytes.append(reinterpret_cast<const char*>(v.row(r)), v.row_bytes);
     EXPECT_LE(v.rows, v.rows_capacity) << ItemKindName(v.kind);
     items[{info.window, info.point, v.stage, v.layer, v.kind}] = std::move(it);
     ++counts[{info.window, info.point}];
@@ -54,8 +58,9 @@ class RecordingObserver final : public Observer {
 
 // The one spelling of every kind and point: the schema's (instrument/SCHEMA.md), in its order.
 TEST(ObserverNames, EveryKindAndPointRoundTripsInSchemaOrder) {
-  const std::vector<std::string> kinds = {"k",         "v",     "k_spec", "v_spec",     "conv_state",
-                                          "ssm_state", "mtp_k", "mtp_v",  "hidden_out", "logits"};
+  const std::vector<std::string> kinds = {"k",          "v",         "k_spec", "v_spec",
+                                          "conv_state", "ssm_state", "mtp_k",  "mtp_v",
+                                          "hidden_out", "logits"};
   ASSERT_EQ(AllItemKinds().size(), kinds.size());
   std::size_t i = 0;
   for (ItemKind k : AllItemKinds()) {
@@ -88,20 +93,22 @@ TEST(ObserverNames, UnknownNamesAreRejected) {
 // --inject perturb:...:item=I takes the perturbable kinds by their schema names; the messages
 // list them.
 TEST(ObserverNames, InjectionItemsAreKindsByName) {
-  auto ok = ParseInjections({"perturb:layer=3:item=ssm_state:eps=0.1", "perturb:stage=1:item=hidden_out:eps=1",
-                             "perturb:item=logits:eps=0.5", "perturb:layer=0:item=v:eps=2"});
+  auto ok = ParseInjections({"perturb:layer=3:item=ssm_state:eps=0.1",
+                             "perturb:stage=1:item=hidden_out:eps=1", "perturb:item=logits:eps=0.5",
+                             "perturb:layer=0:item=v:eps=2"});
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   ASSERT_EQ(ok->size(), 4u);
   EXPECT_EQ((*ok)[0].item, ItemKind::kSsmState);
   EXPECT_EQ((*ok)[1].item, ItemKind::kHiddenOut);
   EXPECT_EQ((*ok)[2].item, ItemKind::kLogits);
   EXPECT_EQ((*ok)[3].item, ItemKind::kV);
-  for (const char* spec : {"perturb:layer=0:item=k_spec:eps=1", "perturb:item=mtp_k:eps=1", "perturb:item=K:eps=1"}) {
+  for (const char* spec :
+       {"perturb:layer=0:item=k_spec:eps=1", "perturb:item=mtp_k:eps=1", "perturb:item=K:eps=1"}) {
     auto bad = ParseInjections({spec});
     ASSERT_FALSE(bad.ok()) << spec;
-    EXPECT_NE(bad.status().ToString().find(
-                  "(expected k, v, conv_state, ssm_state, hidden_out, logits)"),
-              std::string::npos)
+    EXPECT_NE(
+        bad.status().ToString().find("(expected k, v, conv_state, ssm_state, hidden_out, logits)"),
+        std::string::npos)
         << bad.status().ToString();
   }
   auto no_layer = ParseInjections({"perturb:item=conv_state:eps=1"});
@@ -133,7 +140,8 @@ TEST(Observer, CheckpointsHoldTheDocumentedState) {
   EXPECT_EQ(obs.begins, 18);
   EXPECT_EQ(obs.ends, 18);
   ASSERT_EQ(obs.records.size(), r->windows.size());
-  for (const auto& rec : obs.records) EXPECT_GE(rec.export_ns, 0) << "export time is measured when observed";
+  for (const auto& rec : obs.records)
+    EXPECT_GE(rec.export_ns, 0) << "export time is measured when observed";
 
   const int n_attn = w.config.n_full_attention_layers(), n_gdn = w.config.n_layers - n_attn;
   const int base = 2 * n_attn + 2 * n_gdn + 2;  // k, v / conv, ssm / mtp k, v
@@ -143,7 +151,8 @@ TEST(Observer, CheckpointsHoldTheDocumentedState) {
     saw_draft = saw_draft || rec.T > 1;
     // Item counts per checkpoint (the seed's "93 / 94 / 93" for this model).
     EXPECT_EQ((obs.counts[{win, CheckpointPoint::kPreVerify}]), base);
-    EXPECT_EQ((obs.counts[{win, CheckpointPoint::kPostVerify}]), base + 2 * n_attn + (c.stages - 1) + 1);
+    EXPECT_EQ((obs.counts[{win, CheckpointPoint::kPostVerify}]),
+              base + 2 * n_attn + (c.stages - 1) + 1);
     EXPECT_EQ((obs.counts[{win, CheckpointPoint::kCommit}]), base);
     for (int il = 0; il < w.config.n_layers; ++il) {
       const int is = [&] {
@@ -161,28 +170,35 @@ TEST(Observer, CheckpointsHoldTheDocumentedState) {
           EXPECT_EQ(post.meta.rows, rec.p);
           EXPECT_EQ(post.bytes, pre.bytes) << "window " << win << " layer " << il;
           if (win > 0) {
-            EXPECT_EQ(pre.bytes, (obs.items[{win - 1, CheckpointPoint::kCommit, is, il, kind}].bytes));
+            EXPECT_EQ(pre.bytes,
+                      (obs.items[{win - 1, CheckpointPoint::kCommit, is, il, kind}].bytes));
           }
           EXPECT_EQ(com.meta.rows, rec.p + rec.accepted + 1);
-          EXPECT_EQ(0, std::memcmp(com.bytes.data(), pre.bytes.data(), pre.bytes.size())) << "commit keeps the prefix";
+          EXPECT_EQ(0, std::memcmp(com.bytes.data(), pre.bytes.data(), pre.bytes.size()))
+              << "commit keeps the prefix";
         }
         const auto& spec = obs.items[{win, CheckpointPoint::kPostVerify, is, il, ItemKind::kKSpec}];
         EXPECT_EQ(spec.meta.rows, rec.T) << "speculative rows are exactly the window's T rows";
         // The accepted speculative rows become committed rows, bit for bit.
         const auto& com = obs.items[{win, CheckpointPoint::kCommit, is, il, ItemKind::kK}];
         const std::size_t rb = spec.meta.row_bytes;
-        EXPECT_EQ(0, std::memcmp(com.bytes.data() + static_cast<std::size_t>(rec.p) * rb, spec.bytes.data(),
-                                 static_cast<std::size_t>(rec.accepted + 1) * rb));
+        EXPECT_EQ(0,
+                  std::memcmp(com.bytes.data() + static_cast<std::size_t>(rec.p) * rb,
+                              spec.bytes.data(), static_cast<std::size_t>(rec.accepted + 1) * rb));
       } else {
-        const auto& pre = obs.items[{win, CheckpointPoint::kPreVerify, is, il, ItemKind::kSsmState}];
-        const auto& post = obs.items[{win, CheckpointPoint::kPostVerify, is, il, ItemKind::kSsmState}];
+        const auto& pre =
+            obs.items[{win, CheckpointPoint::kPreVerify, is, il, ItemKind::kSsmState}];
+        const auto& post =
+            obs.items[{win, CheckpointPoint::kPostVerify, is, il, ItemKind::kSsmState}];
         EXPECT_EQ(post.bytes, pre.bytes) << "the recurrent checkpoint stays at p during verify";
       }
     }
     const auto& info = obs.infos[{win, CheckpointPoint::kCommit}];
-    EXPECT_EQ(info.recurrent_pos, rec.p + rec.accepted + 1) << "checkpoint at the accepted position";
+    EXPECT_EQ(info.recurrent_pos, rec.p + rec.accepted + 1)
+        << "checkpoint at the accepted position";
     EXPECT_EQ((obs.infos[{win, CheckpointPoint::kPostVerify}].recurrent_pos), rec.p);
-    const auto& lg = obs.items[{win, CheckpointPoint::kPostVerify, c.stages - 1, -1, ItemKind::kLogits}];
+    const auto& lg =
+        obs.items[{win, CheckpointPoint::kPostVerify, c.stages - 1, -1, ItemKind::kLogits}];
     EXPECT_EQ(lg.meta.shape, (std::vector<std::int64_t>{rec.T, w.config.n_vocab}));
     const auto& h0 = obs.items[{win, CheckpointPoint::kPostVerify, 0, -1, ItemKind::kHiddenOut}];
     EXPECT_EQ(h0.meta.shape, (std::vector<std::int64_t>{rec.T, w.config.n_embd}));

@@ -41,7 +41,6 @@
 #include "cpu/moe.h"
 #include "cpu/norm.h"
 #include "cpu/rope.h"
-#include "util/arena.h"
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/engine_config.h"
@@ -50,6 +49,7 @@
 #include "lockstep/engine/safetensors.h"
 #include "lockstep/engine/thread_pool.h"
 #include "test_util.h"
+#include "util/arena.h"
 
 namespace lockstep::cpu {
 namespace {

@@ -22,7 +22,6 @@
 
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/dtype.h"
-
 #include "test_util.h"
 
 namespace lockstep {
@@ -85,7 +84,9 @@ void WriteRaw(const std::string& path, const std::vector<std::byte>& bytes) {
 // A fresh scratch folder per test, removed afterwards.
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = test::NewDir("lockstep_st"); }  // removed with ScratchDir() at exit
+  void SetUp() override {
+    dir_ = test::NewDir("lockstep_st");
+  }  // removed with ScratchDir() at exit
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
   // Writes a one-or-more-tensor f32 file with the given names (each [2] f32, values by name).

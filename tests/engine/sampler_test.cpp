@@ -1,10 +1,10 @@
 // Greedy and seeded sampling with the counter RNG.
+#include "lockstep/engine/sampler.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <set>
-
-#include "lockstep/engine/sampler.h"
 
 namespace lockstep {
 namespace {
@@ -35,10 +35,14 @@ TEST(Sampler, SamplingFollowsTheDistribution) {
   sp.seed = 9;
   std::vector<int> scratch, count(4, 0);
   const int n = 40000;
-  for (int p = 0; p < n; ++p) ++count[static_cast<std::size_t>(SampleToken(logits.data(), 4, sp, p, &scratch))];
-  for (int i = 0; i < 4; ++i) EXPECT_NEAR(count[static_cast<std::size_t>(i)] / static_cast<double>(n), (i + 1) / 10.0, 0.01) << i;
+  for (int p = 0; p < n; ++p)
+    ++count[static_cast<std::size_t>(SampleToken(logits.data(), 4, sp, p, &scratch))];
+  for (int i = 0; i < 4; ++i)
+    EXPECT_NEAR(count[static_cast<std::size_t>(i)] / static_cast<double>(n), (i + 1) / 10.0, 0.01)
+        << i;
   // Same seed and position -> same token, whatever was drawn before.
-  EXPECT_EQ(SampleToken(logits.data(), 4, sp, 12345, &scratch), SampleToken(logits.data(), 4, sp, 12345, &scratch));
+  EXPECT_EQ(SampleToken(logits.data(), 4, sp, 12345, &scratch),
+            SampleToken(logits.data(), 4, sp, 12345, &scratch));
 }
 
 TEST(Sampler, TopKAndTopPCut) {

@@ -11,9 +11,9 @@
 #include <map>
 
 #include "decode/draft_policy.h"
+#include "decode/suffix_index.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/generate.h"
-#include "decode/suffix_index.h"
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/instrument/fingerprint.h"
 #include "test_util.h"
@@ -21,8 +21,14 @@
 namespace lockstep {
 namespace {
 
-std::vector<std::int32_t> Repetitive() { return EncodeBytes(std::string(20, ' ') + std::string(300, 'a') + "abcabcabc abcabcabc abcabcabc"); }
-std::vector<std::int32_t> Varied() { return EncodeBytes("Speculative decoding needs a drafter that is often right; this prompt is not repetitive."); }
+std::vector<std::int32_t> Repetitive() {
+  return EncodeBytes(std::string(20, ' ') + std::string(300, 'a') +
+                     "abcabcabc abcabcabc abcabcabc");
+}
+std::vector<std::int32_t> Varied() {
+  return EncodeBytes(
+      "Speculative decoding needs a drafter that is often right; this prompt is not repetitive.");
+}
 
 EngineConfig Config(const std::string& preset) {
   EngineConfig c;
@@ -34,8 +40,8 @@ EngineConfig Config(const std::string& preset) {
   return c;
 }
 
-GenerateResult RunGen(const EngineConfig& c, const std::vector<std::int32_t>& prompt, const std::string& preset,
-                   const GenerateHooks* hooks = nullptr) {
+GenerateResult RunGen(const EngineConfig& c, const std::vector<std::int32_t>& prompt,
+                      const std::string& preset, const GenerateHooks* hooks = nullptr) {
   auto e = Engine::Create(c, test::Model(preset));
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   auto r = Generate(**e, prompt, hooks);
@@ -162,7 +168,8 @@ TEST(Speculative, CommittedStateEqualsPlainAfterEveryCommit) {
       auto it = ref.find(e->position());
       EXPECT_NE(it, ref.end());
       if (it != ref.end()) {
-        EXPECT_EQ(StateDigest(*e), it->second) << policy << " window " << rec.idx << " at p=" << e->position();
+        EXPECT_EQ(StateDigest(*e), it->second)
+            << policy << " window " << rec.idx << " at p=" << e->position();
         ++checked;
         multi += rec.accepted > 0;
       }
@@ -203,7 +210,8 @@ TEST(Speculative, RejectedDraftsNeverTouchCommittedState) {
   EXPECT_EQ(StateDigest(*spec), StateDigest(*plain)) << "only the bonus row may be committed";
   EXPECT_NE(StateDigest(*spec), before);
   const int attn = w.config.n_layers - 1;
-  EXPECT_EQ(spec->stage(spec->n_stages() - 1).kv(attn)->rows_committed(), static_cast<int>(prompt.size()));
+  EXPECT_EQ(spec->stage(spec->n_stages() - 1).kv(attn)->rows_committed(),
+            static_cast<int>(prompt.size()));
 }
 
 // ---- Must show 5: latency policy + injected delay changes the path, not the output ----
@@ -231,8 +239,10 @@ TEST(Speculative, LatencyPolicyReactsToInjectedDelayAdaptiveNever) {
   EXPECT_EQ(ad.output, adaptive_ref.output);
   ASSERT_EQ(ad.windows.size(), adaptive_ref.windows.size());
   for (std::size_t i = 0; i < ad.windows.size(); ++i)
-    EXPECT_TRUE(ad.windows[i].SamePath(adaptive_ref.windows[i])) << "adaptive path changed at window " << i;
-  EXPECT_GE(ad.windows[static_cast<std::size_t>(W)].verify_ns, 300'000'000) << "the delay was injected";
+    EXPECT_TRUE(ad.windows[i].SamePath(adaptive_ref.windows[i]))
+        << "adaptive path changed at window " << i;
+  EXPECT_GE(ad.windows[static_cast<std::size_t>(W)].verify_ns, 300'000'000)
+      << "the delay was injected";
 
   EngineConfig latency = base;
   latency.draft_policy = "latency";
@@ -242,10 +252,12 @@ TEST(Speculative, LatencyPolicyReactsToInjectedDelayAdaptiveNever) {
   EXPECT_EQ(lat.output, lat_ref.output) << "the output never depends on the path";
   EXPECT_EQ(lat.output, adaptive_ref.output);
   for (int i = 0; i <= W; ++i)
-    EXPECT_TRUE(lat.windows[static_cast<std::size_t>(i)].SamePath(lat_ref.windows[static_cast<std::size_t>(i)]))
+    EXPECT_TRUE(lat.windows[static_cast<std::size_t>(i)].SamePath(
+        lat_ref.windows[static_cast<std::size_t>(i)]))
         << "before the delay the paths agree (window " << i << ")";
   int first_diff = -1;
-  for (std::size_t i = 0; i < std::min(lat.windows.size(), lat_ref.windows.size()) && first_diff < 0; ++i)
+  for (std::size_t i = 0;
+       i < std::min(lat.windows.size(), lat_ref.windows.size()) && first_diff < 0; ++i)
     if (!lat.windows[i].SamePath(lat_ref.windows[i])) first_diff = static_cast<int>(i);
   EXPECT_GT(first_diff, W) << "the path changes after the delayed window";
   EXPECT_LE(first_diff, W + 5);
@@ -304,7 +316,8 @@ TEST(Speculative, ReplayReproducesRecordedPath) {
 TEST(Speculative, SuffixDraftsAcceptedOnRepetitiveInput) {
   const std::string preset = "small-induction";
   std::vector<std::int32_t> block, prompt;
-  for (std::uint64_t i = 0; i < 48; ++i) block.push_back(static_cast<std::int32_t>(300 + (i * 2654435761ull) % 3700));
+  for (std::uint64_t i = 0; i < 48; ++i)
+    block.push_back(static_cast<std::int32_t>(300 + (i * 2654435761ull) % 3700));
   for (int r = 0; r < 6; ++r) prompt.insert(prompt.end(), block.begin(), block.end());
   EngineConfig plain = Config(preset);
   plain.max_new = 48;
@@ -327,9 +340,11 @@ TEST(Speculative, SuffixDraftsAcceptedOnRepetitiveInput) {
   c.mtp = false;
   const auto r = RunGen(c, prompt, preset);
   EXPECT_EQ(r.output, ref);
-  const double per_window = static_cast<double>(r.output.size()) / static_cast<double>(r.windows.size());
+  const double per_window =
+      static_cast<double>(r.output.size()) / static_cast<double>(r.windows.size());
   RecordProperty("tokens_per_window", std::to_string(per_window));
-  EXPECT_GE(per_window, 4.0);  // measured 6.9 (small, seed 7, 48 tokens; 2.4 before the copying fix)
+  EXPECT_GE(per_window,
+            4.0);  // measured 6.9 (small, seed 7, 48 tokens; 2.4 before the copying fix)
   int from_sfx = 0;
   for (const auto& w : r.windows) from_sfx += w.from_sfx && w.accepted > 0;
   EXPECT_GT(from_sfx, 0);
@@ -354,7 +369,8 @@ TEST(Speculative, WindowRecordsAreWellFormed) {
     EXPECT_EQ(w.chain_n, streak);
     EXPECT_GE(w.verify_ns, w.compute_ns / 2);
     EXPECT_EQ(w.stages.size(), 4u);
-    for (std::size_t s = 1; s < w.stages.size(); ++s) EXPECT_GE(w.stages[s].wait_ns, w.stages[s - 1].wait_ns);
+    for (std::size_t s = 1; s < w.stages.size(); ++s)
+      EXPECT_GE(w.stages[s].wait_ns, w.stages[s - 1].wait_ns);
     auto back = WindowRecord::FromJsonLine(w.ToJsonLine(), "rt");
     ASSERT_TRUE(back.ok()) << back.status().ToString();
     EXPECT_TRUE(back->SamePath(w));
@@ -392,22 +408,27 @@ TEST(Speculative, PeriodicProposalExtendsToTheDraftBudget) {
 // With a short loop (period 2) in the output, suffix drafts fill the whole budget instead of
 // one period per window, and speculative output still equals plain output.
 TEST(Speculative, ShortLoopsDraftTheWholeBudget) {
-  const std::vector<std::int32_t> prompt = EncodeBytes(std::string(40, ' ') + "xyxyxyxyxyxyxyxyxyxyxyxyxyxyxy");
+  const std::vector<std::int32_t> prompt =
+      EncodeBytes(std::string(40, ' ') + "xyxyxyxyxyxyxyxyxyxyxyxyxyxyxy");
   EngineConfig c = Config("tiny");
   c.spec = 4;
   c.spec_max_suffix = 8;
   c.mtp = false;
-  const auto plain_out = RunGen([&] {
-    EngineConfig p = c;
-    p.spec = 0;
-    return p;
-  }(), prompt, "tiny").output;
+  const auto plain_out = RunGen(
+                             [&] {
+                               EngineConfig p = c;
+                               p.spec = 0;
+                               return p;
+                             }(),
+                             prompt, "tiny")
+                             .output;
   const auto r = RunGen(c, prompt, "tiny");
   EXPECT_EQ(r.output, plain_out);
   int longest = 0;
   for (const auto& w : r.windows) longest = std::max(longest, w.T - 1);
   RecordProperty("longest_draft", std::to_string(longest));
-  EXPECT_EQ(longest, c.spec_max_suffix) << "a period-2 loop proposes only 2 tokens without the periodic extension";
+  EXPECT_EQ(longest, c.spec_max_suffix)
+      << "a period-2 loop proposes only 2 tokens without the periodic extension";
 }
 
 // Adaptive suffix drafting keeps one acceptance rate per match-length class: misses of short

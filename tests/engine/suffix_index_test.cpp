@@ -1,5 +1,7 @@
 // Suffix automaton against a brute-force reference, proposal edge cases, and the sync/async
 // SuffixIndex (async after Flush equals sync; concurrent Propose only ever sees indexed prefixes).
+#include "decode/suffix_index.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,8 +11,6 @@
 #include <random>
 #include <thread>
 #include <vector>
-
-#include "decode/suffix_index.h"
 
 namespace lockstep {
 namespace {

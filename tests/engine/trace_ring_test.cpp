@@ -19,7 +19,8 @@ TEST(TraceRing, DisabledRecordsNothing) {
 TEST(TraceRing, OrderTimestampsAndOverflow) {
   TraceRing r(8);
   r.Enable();
-  for (int i = 0; i < 20; ++i) r.Record(TraceEventId::kLayerEnd, i, static_cast<std::uint16_t>(i % 3));
+  for (int i = 0; i < 20; ++i)
+    r.Record(TraceEventId::kLayerEnd, i, static_cast<std::uint16_t>(i % 3));
   auto ev = r.Snapshot();
   ASSERT_EQ(ev.size(), 8u);
   EXPECT_EQ(r.dropped(), 12u);

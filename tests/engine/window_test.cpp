@@ -1,12 +1,12 @@
 // Window-record parsing (the JSON-lines trace and --replay-path input): out-of-range and
 // non-integer numbers are clear errors, never undefined behaviour or silent wrap-around (found by
 // tests/fuzz/trace_fuzz.cpp).
+#include "lockstep/engine/window.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <string>
-
-#include "lockstep/engine/window.h"
 
 namespace lockstep {
 namespace {
@@ -55,7 +55,8 @@ TEST(WindowRecord, DeviceStageTimingsOnlyWhenMeasured) {
   ASSERT_NE(s0, std::string::npos) << line;
   const auto s1 = line.find("},{", s0);
   ASSERT_NE(s1, std::string::npos) << line;
-  EXPECT_EQ(line.substr(s0, s1 - s0).find("dev_"), std::string::npos) << "cpu stage: no device keys";
+  EXPECT_EQ(line.substr(s0, s1 - s0).find("dev_"), std::string::npos)
+      << "cpu stage: no device keys";
   const std::string second = line.substr(s1);
   EXPECT_NE(second.find("\"dev_compute_ns\":1500"), std::string::npos) << second;
   EXPECT_NE(second.find("\"dev_wait_ns\":200"), std::string::npos) << second;
@@ -93,7 +94,8 @@ TEST(WindowRecord, StagesRoundTrip) {
   EXPECT_EQ(r->stages[2].dev_compute_ns, -1);
   EXPECT_EQ(r->ToJsonLine(), w.ToJsonLine());
 
-  auto old = WindowRecord::FromJsonLine(Line().replace(Line().find(",\"stages\":[]"), 12, ""), "old");
+  auto old =
+      WindowRecord::FromJsonLine(Line().replace(Line().find(",\"stages\":[]"), 12, ""), "old");
   ASSERT_TRUE(old.ok()) << old.status().message();
   EXPECT_TRUE(old->stages.empty());
 
@@ -107,7 +109,8 @@ TEST(WindowRecord, StagesRoundTrip) {
     bad.replace(bad.find(from), from.size(), to);
     auto b = WindowRecord::FromJsonLine(bad, "bad");
     ASSERT_FALSE(b.ok()) << bad;
-    EXPECT_NE(b.status().message().find("bad window record field"), std::string::npos) << b.status().message();
+    EXPECT_NE(b.status().message().find("bad window record field"), std::string::npos)
+        << b.status().message();
   }
 }
 
@@ -140,13 +143,18 @@ TEST(WindowRecord, TraceWithATornLastLineKeepsItsWholeLines) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->size(), 3u);
   EXPECT_TRUE(torn.empty()) << torn;
-  r = ReadWindowRecords(write("no-newline.jsonl", whole + third.substr(0, third.size() - 1)), &torn);
+  r = ReadWindowRecords(write("no-newline.jsonl", whole + third.substr(0, third.size() - 1)),
+                        &torn);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->size(), 3u);
   EXPECT_TRUE(torn.empty()) << torn;
   // A cut line followed by a newline, or by more lines, is corruption, not a torn tail.
-  EXPECT_FALSE(ReadWindowRecords(write("cut.jsonl", whole + third.substr(0, third.size() / 2) + "\n"), &torn).ok());
-  EXPECT_FALSE(ReadWindowRecords(write("middle.jsonl", record(0) + "{\"idx\":1,\n" + record(1)), &torn).ok());
+  EXPECT_FALSE(
+      ReadWindowRecords(write("cut.jsonl", whole + third.substr(0, third.size() / 2) + "\n"), &torn)
+          .ok());
+  EXPECT_FALSE(
+      ReadWindowRecords(write("middle.jsonl", record(0) + "{\"idx\":1,\n" + record(1)), &torn)
+          .ok());
 }
 
 TEST(WindowRecord, OutOfRangeAndNonIntegerNumbersAreErrors) {
@@ -168,15 +176,17 @@ TEST(WindowRecord, JsonLineBytesAreTheSchemas) {
   w.begin_ns = -5, w.end_ns = 1, w.draft_ns = 2, w.verify_ns = 1000, w.wait_ns = 3;
   w.compute_ns = 4, w.commit_ns = 5, w.export_ns = 77, w.first_call = true;
   StageTiming st;
-  st.wait_ns = 1, st.compute_ns = 2, st.cpu_ns = 3, st.dev_compute_ns = 9, st.graph = GraphUse::kReplay;
+  st.wait_ns = 1, st.compute_ns = 2, st.cpu_ns = 3, st.dev_compute_ns = 9,
+  st.graph = GraphUse::kReplay;
   w.stages = {st, StageTiming{}};
-  EXPECT_EQ(w.ToJsonLine(),
-            R"({"schema":"lockstep.window","v":1,"idx":3,"p":120,"T":3,"T_mtp":2,"merged":true,)"
-            R"("from_sfx":true,"chain_n":4,"accepted":1,"source":"merged","draft":[5,6],"emitted":[5,9],)"
-            R"("begin_ns":-5,"end_ns":1,"draft_ns":2,"verify_ns":1000,"wait_ns":3,"compute_ns":4,)"
-            R"("commit_ns":5,"export_ns":77,"first_call":true,"stages":[{"compute_ns":2,"cpu_ns":3,)"
-            R"("dev_compute_ns":9,"dev_copy_ns":null,"dev_wait_ns":null,"graph":"replay",)"
-            R"("init_ns":null,"wait_ns":1},{"compute_ns":0,"cpu_ns":0,"wait_ns":0}]})");
+  EXPECT_EQ(
+      w.ToJsonLine(),
+      R"({"schema":"lockstep.window","v":1,"idx":3,"p":120,"T":3,"T_mtp":2,"merged":true,)"
+      R"("from_sfx":true,"chain_n":4,"accepted":1,"source":"merged","draft":[5,6],"emitted":[5,9],)"
+      R"("begin_ns":-5,"end_ns":1,"draft_ns":2,"verify_ns":1000,"wait_ns":3,"compute_ns":4,)"
+      R"("commit_ns":5,"export_ns":77,"first_call":true,"stages":[{"compute_ns":2,"cpu_ns":3,)"
+      R"("dev_compute_ns":9,"dev_copy_ns":null,"dev_wait_ns":null,"graph":"replay",)"
+      R"("init_ns":null,"wait_ns":1},{"compute_ns":0,"cpu_ns":0,"wait_ns":0}]})");
   EXPECT_EQ(WindowRecord{}.ToJsonLine(),
             R"({"schema":"lockstep.window","v":1,"idx":0,"p":0,"T":1,"T_mtp":0,"merged":false,)"
             R"("from_sfx":false,"chain_n":0,"accepted":0,"source":"none","draft":[],"emitted":[],)"
@@ -192,10 +202,11 @@ TEST(WindowRecord, FieldTableCoversEveryField) {
     names.emplace_back(f.name);
     EXPECT_EQ(FindWindowField(f.name), &f);
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"idx", "p", "T", "T_mtp", "merged", "from_sfx", "chain_n",
-                                             "accepted", "source", "draft", "emitted", "begin_ns", "end_ns",
-                                             "draft_ns", "verify_ns", "wait_ns", "compute_ns", "commit_ns",
-                                             "export_ns", "first_call"}));
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "idx",      "p",          "T",         "T_mtp",     "merged",
+                       "from_sfx", "chain_n",    "accepted",  "source",    "draft",
+                       "emitted",  "begin_ns",   "end_ns",    "draft_ns",  "verify_ns",
+                       "wait_ns",  "compute_ns", "commit_ns", "export_ns", "first_call"}));
   EXPECT_EQ(FindWindowField("stages"), nullptr);
   EXPECT_EQ(FindWindowField("P"), nullptr);
   WindowRecord base;
@@ -206,7 +217,9 @@ TEST(WindowRecord, FieldTableCoversEveryField) {
     if (f.kind == WindowFieldKind::kTokens) {
       (w.*f.tokens).push_back(7);
     } else {
-      const std::int64_t x = f.kind == WindowFieldKind::kBool ? 1 : f.kind == WindowFieldKind::kSource ? 3 : v++;
+      const std::int64_t x = f.kind == WindowFieldKind::kBool     ? 1
+                             : f.kind == WindowFieldKind::kSource ? 3
+                                                                  : v++;
       f.set(w, x);
       EXPECT_EQ(f.get(w), x) << f.name;
       // The value lands in the member of that name: it shows in the JSON line under the key.

@@ -31,11 +31,13 @@ void CheckRecord(const lockstep::WindowRecord& r) {
   Require(r.accepted >= 0 && r.accepted <= r.T - 1);
   Require(r.emitted.size() == static_cast<std::size_t>(r.accepted) + 1);
   // What the engine writes it must read back unchanged.
-  lockstep::Result<lockstep::WindowRecord> back = lockstep::WindowRecord::FromJsonLine(r.ToJsonLine(), "roundtrip");
+  lockstep::Result<lockstep::WindowRecord> back =
+      lockstep::WindowRecord::FromJsonLine(r.ToJsonLine(), "roundtrip");
   Require(back.ok());
   Require(back->SamePath(r));
-  Require(back->begin_ns == r.begin_ns && back->end_ns == r.end_ns && back->draft_ns == r.draft_ns &&
-          back->verify_ns == r.verify_ns && back->wait_ns == r.wait_ns && back->compute_ns == r.compute_ns &&
+  Require(back->begin_ns == r.begin_ns && back->end_ns == r.end_ns &&
+          back->draft_ns == r.draft_ns && back->verify_ns == r.verify_ns &&
+          back->wait_ns == r.wait_ns && back->compute_ns == r.compute_ns &&
           back->commit_ns == r.commit_ns && back->first_call == r.first_call);
   // -1 and any other negative value both mean "not measured" once written (as null).
   Require(back->export_ns == (r.export_ns >= 0 ? r.export_ns : -1));
@@ -43,19 +45,20 @@ void CheckRecord(const lockstep::WindowRecord& r) {
   for (std::size_t i = 0; i < r.stages.size(); ++i) {
     const lockstep::StageTiming &x = r.stages[i], &y = back->stages[i];
     Require(x.wait_ns == y.wait_ns && x.compute_ns == y.compute_ns && x.cpu_ns == y.cpu_ns);
-    Require(x.dev_wait_ns == y.dev_wait_ns && x.dev_compute_ns == y.dev_compute_ns && x.dev_copy_ns == y.dev_copy_ns &&
-            x.init_ns == y.init_ns && x.graph == y.graph);
+    Require(x.dev_wait_ns == y.dev_wait_ns && x.dev_compute_ns == y.dev_compute_ns &&
+            x.dev_copy_ns == y.dev_copy_ns && x.init_ns == y.init_ns && x.graph == y.graph);
   }
 }
 
-void CheckAlign(const std::vector<lockstep::WindowRecord>& a, const std::vector<lockstep::WindowRecord>& b,
-                const lockstep::AlignOptions& opts) {
+void CheckAlign(const std::vector<lockstep::WindowRecord>& a,
+                const std::vector<lockstep::WindowRecord>& b, const lockstep::AlignOptions& opts) {
   const lockstep::AlignResult r = lockstep::AlignWindows(a, b, opts);
   Require(r.n_a == static_cast<int>(a.size()) && r.n_b == static_cast<int>(b.size()));
   Require(r.matched >= 0 && r.matched <= r.n_a && r.matched <= r.n_b);
   if (r.diverged) {
     Require(r.div_idx == r.matched);
-    Require(r.div_a.has_value() == (r.matched < r.n_a) && r.div_b.has_value() == (r.matched < r.n_b));
+    Require(r.div_a.has_value() == (r.matched < r.n_a) &&
+            r.div_b.has_value() == (r.matched < r.n_b));
     Require(r.differing_fields.empty() == !(r.div_a && r.div_b));
     Require(r.rest_a.size() == a.size() - static_cast<std::size_t>(r.matched));
     Require(r.rest_b.size() == b.size() - static_cast<std::size_t>(r.matched));
@@ -67,14 +70,16 @@ void CheckAlign(const std::vector<lockstep::WindowRecord>& a, const std::vector<
   }
   // The host intervals always; the device ones too when either side has device stage timings.
   const std::size_t n_host = lockstep::TimingIntervals().size();
-  Require(r.timing.size() == n_host || r.timing.size() == n_host + lockstep::DeviceTimingIntervals().size());
+  Require(r.timing.size() == n_host ||
+          r.timing.size() == n_host + lockstep::DeviceTimingIntervals().size());
   for (const lockstep::IntervalDiff& d : r.timing) {
     Require(d.delta_ms.size() == (d.known ? static_cast<std::size_t>(r.matched) : 0));
     Require(d.max_at < r.matched && (d.max_at >= 0) == !d.delta_ms.empty());
   }
   for (const auto* notable : {&r.notable_a, &r.notable_b}) {
     Require(notable->size() <= static_cast<std::size_t>(opts.max_notable));
-    for (std::size_t i = 1; i < notable->size(); ++i) Require((*notable)[i - 1].verify_ms >= (*notable)[i].verify_ms);
+    for (std::size_t i = 1; i < notable->size(); ++i)
+      Require((*notable)[i - 1].verify_ms >= (*notable)[i].verify_ms);
   }
 }
 
@@ -99,13 +104,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         Require(fields.status().code() == lockstep::Status::Code::kInvalidArgument);
       }
     }
-    lockstep::Result<lockstep::WindowRecord> r = lockstep::WindowRecord::FromJsonLine(line, "fuzz-input");
+    lockstep::Result<lockstep::WindowRecord> r =
+        lockstep::WindowRecord::FromJsonLine(line, "fuzz-input");
     if (r.ok()) {
       CheckRecord(*r);
       records.push_back(std::move(*r));
     } else {
       // Malformed input is reported as invalid, with a message; never another code.
-      Require(r.status().code() == lockstep::Status::Code::kInvalidArgument && !r.status().message().empty());
+      Require(r.status().code() == lockstep::Status::Code::kInvalidArgument &&
+              !r.status().message().empty());
     }
     start = end + 1;
   }

@@ -14,6 +14,7 @@
 // change re-records it and says so, with the evidence that the new numbers are right:
 //   LOCKSTEP_GOLDEN_RECORD=1 build/tests/golden_tests
 // (writes tests/golden/exports.json in the source tree).
+#include <gtest/gtest.h>
 #include <openssl/evp.h>
 
 #include <cstdio>
@@ -21,12 +22,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "lockstep/compare/export_reader.h"
 #include "test_util.h"
@@ -41,7 +40,8 @@ const std::string kGoldenPath = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/golde
 // A repeated prompt, so that the suffix index drafts, on the induction variant of each preset, so
 // that drafts are accepted and windows grow past T = 1; --prefill 16 cuts it into chunks.
 constexpr const char* kPrompt =
-    "the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog. the quick";
+    "the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog. the "
+    "quick";
 
 struct Request {
   std::string name;   // key in the golden file
@@ -83,8 +83,13 @@ std::string ShapeString(const std::string& dtype, const std::vector<std::int64_t
 
 // A window's path fields (timing is not deterministic and not pinned).
 nlohmann::ordered_json PathJson(const WindowRecord& w) {
-  return {{"p", w.p},         {"T", w.T},             {"T_mtp", w.T_mtp},   {"merged", w.merged},
-          {"from_sfx", w.from_sfx}, {"chain_n", w.chain_n}, {"accepted", w.accepted}};
+  return {{"p", w.p},
+          {"T", w.T},
+          {"T_mtp", w.T_mtp},
+          {"merged", w.merged},
+          {"from_sfx", w.from_sfx},
+          {"chain_n", w.chain_n},
+          {"accepted", w.accepted}};
 }
 
 // What the golden file holds for one request, built from its export.
@@ -103,11 +108,13 @@ nlohmann::ordered_json Digest(const ExportReader& reader) {
   nlohmann::ordered_json items = nlohmann::ordered_json::object();
   for (const ExportCheckpoint& cp : m.checkpoints) {
     for (const ExportItem& it : cp.items) {
-      std::vector<unsigned char> bytes(static_cast<std::size_t>(it.rows() * it.row_elems()) * it.elem_bytes());
+      std::vector<unsigned char> bytes(static_cast<std::size_t>(it.rows() * it.row_elems()) *
+                                       it.elem_bytes());
       Status s = reader.ReadRows(cp, it, 0, it.rows(), bytes.data());
       if (!s.ok()) throw std::runtime_error(s.ToString());
       const std::string key = cp.name + "/" + it.rel;
-      items[key] = ShapeString(std::string(dtype_name(it.dtype)), it.shape) + " " + Sha256(bytes.data(), bytes.size());
+      items[key] = ShapeString(std::string(dtype_name(it.dtype)), it.shape) + " " +
+                   Sha256(bytes.data(), bytes.size());
       if (it.has_scales) {
         std::vector<float> scales(static_cast<std::size_t>(it.rows() * it.scale_row_elems));
         s = reader.ReadScaleRows(cp, it, 0, it.rows(), scales.data());
@@ -124,8 +131,8 @@ nlohmann::ordered_json Digest(const ExportReader& reader) {
 
 nlohmann::ordered_json RunRequest(const Request& r) {
   const std::string out = test::NewDir("golden-" + r.name) + "/export.h5";
-  auto res = test::RunLockstep("generate --model " + test::ModelDir(r.model) + " --prompt '" + kPrompt + "' " +
-                               r.flags + " --export " + out);
+  auto res = test::RunLockstep("generate --model " + test::ModelDir(r.model) + " --prompt '" +
+                               kPrompt + "' " + r.flags + " --export " + out);
   if (res.exit_code != 0) throw std::runtime_error("generate failed (" + r.name + "): " + res.err);
   auto reader = ExportReader::Open(out);
   if (!reader.ok()) throw std::runtime_error(reader.status().ToString());
@@ -144,17 +151,19 @@ std::string FirstDifference(const nlohmann::ordered_json& want, const nlohmann::
     return "the synthetic model changed (model_sha256 " + got["model_sha256"].dump() + ", golden " +
            want["model_sha256"].dump() + "): every item follows from it";
   for (const char* k : {"request_tokens", "output_tokens", "stop_reason", "n_checkpoints"})
-    if (want[k] != got[k]) return std::string(k) + ": got " + got[k].dump() + ", golden " + want[k].dump();
+    if (want[k] != got[k])
+      return std::string(k) + ": got " + got[k].dump() + ", golden " + want[k].dump();
   const auto& ww = want["windows"];
   const auto& gw = got["windows"];
   for (std::size_t i = 0; i < std::max(ww.size(), gw.size()); ++i) {
     if (i >= ww.size() || i >= gw.size() || ww[i] != gw[i])
-      return "window " + std::to_string(i) + ": got " + (i < gw.size() ? gw[i].dump() : "none") + ", golden " +
-             (i < ww.size() ? ww[i].dump() : "none");
+      return "window " + std::to_string(i) + ": got " + (i < gw.size() ? gw[i].dump() : "none") +
+             ", golden " + (i < ww.size() ? ww[i].dump() : "none");
   }
   for (const auto& [key, sha] : want["items"].items()) {
     if (!got["items"].contains(key)) return "item " + key + " missing from the export";
-    if (got["items"][key] != sha) return "item " + key + ": got " + got["items"][key].dump() + ", golden " + sha.dump();
+    if (got["items"][key] != sha)
+      return "item " + key + ": got " + got["items"][key].dump() + ", golden " + sha.dump();
   }
   for (const auto& [key, sha] : got["items"].items())
     if (!want["items"].contains(key)) return "item " + key + " is new (not in the golden file)";
@@ -162,11 +171,13 @@ std::string FirstDifference(const nlohmann::ordered_json& want, const nlohmann::
 }
 
 TEST(Golden, ExportsAreBitwiseTheRecordedOnes) {
-  const bool record = std::getenv("LOCKSTEP_GOLDEN_RECORD") != nullptr;  // env: LOCKSTEP_GOLDEN_RECORD
+  const bool record =
+      std::getenv("LOCKSTEP_GOLDEN_RECORD") != nullptr;  // env: LOCKSTEP_GOLDEN_RECORD
   nlohmann::ordered_json got;
   got["schema"] = kSchema;
   got["schema_version"] = kSchemaVersion;
-  got["generator"] = "LOCKSTEP_GOLDEN_RECORD=1 build/tests/golden_tests (tests/golden/golden_test.cpp)";
+  got["generator"] =
+      "LOCKSTEP_GOLDEN_RECORD=1 build/tests/golden_tests (tests/golden/golden_test.cpp)";
   got["prompt"] = kPrompt;
   for (const Request& r : Requests()) got["requests"][r.name] = RunRequest(r);
 
@@ -182,17 +193,21 @@ TEST(Golden, ExportsAreBitwiseTheRecordedOnes) {
   }
 
   std::ifstream f(kGoldenPath);
-  ASSERT_TRUE(f.good()) << "no golden file " << kGoldenPath << " (HINT: LOCKSTEP_GOLDEN_RECORD=1 to record one)";
-  nlohmann::ordered_json want = nlohmann::ordered_json::parse(f, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(f.good()) << "no golden file " << kGoldenPath
+                        << " (HINT: LOCKSTEP_GOLDEN_RECORD=1 to record one)";
+  nlohmann::ordered_json want =
+      nlohmann::ordered_json::parse(f, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(want.is_discarded()) << kGoldenPath << " is not JSON";
-  ASSERT_EQ(want.value("schema", ""), kSchema) << "HINT: " << kGoldenPath << " is not a golden-exports file";
+  ASSERT_EQ(want.value("schema", ""), kSchema)
+      << "HINT: " << kGoldenPath << " is not a golden-exports file";
   ASSERT_EQ(want.value("schema_version", 0), kSchemaVersion)
       << "HINT: re-record with the generator command in the file";
   ASSERT_EQ(want["prompt"], got["prompt"]) << "the requests changed: re-record deliberately";
   std::size_t n_items = 0;
   for (const Request& r : Requests()) {
     SCOPED_TRACE(r.name);
-    ASSERT_TRUE(want["requests"].contains(r.name)) << "request " << r.name << " not in the golden file";
+    ASSERT_TRUE(want["requests"].contains(r.name))
+        << "request " << r.name << " not in the golden file";
     const auto& w = want["requests"][r.name];
     const auto& g = got["requests"][r.name];
     ASSERT_EQ(w["flags"], g["flags"]) << "the request's flags changed: re-record deliberately";
@@ -204,9 +219,11 @@ TEST(Golden, ExportsAreBitwiseTheRecordedOnes) {
       sfx |= win["from_sfx"].get<bool>();
       wide |= win["T"].get<int>() > 1;
     }
-    EXPECT_TRUE(mtp && sfx && wide) << "the request no longer drafts from both MTP and the suffix index";
-    EXPECT_EQ(FirstDifference(w, g), "") << "HINT: a change altered what the engine computes; if deliberate, "
-                                            "re-record (header of tests/golden/golden_test.cpp) and state it";
+    EXPECT_TRUE(mtp && sfx && wide)
+        << "the request no longer drafts from both MTP and the suffix index";
+    EXPECT_EQ(FirstDifference(w, g), "")
+        << "HINT: a change altered what the engine computes; if deliberate, "
+           "re-record (header of tests/golden/golden_test.cpp) and state it";
     n_items += g["items"].size();
   }
   EXPECT_GT(n_items, 1000u);

@@ -8,15 +8,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 
-#include <cstdlib>
-
 #include "cuda/cuda_stage.h"
-#include "lockstep/engine/engine.h"
 #include "gpu/cuda_engine_util.h"
 #include "gpu/require_gpu.h"
+#include "lockstep/engine/engine.h"
 #include "lockstep/engine_cuda/register.h"
 #include "test_util.h"
 
@@ -50,9 +49,11 @@ void CompareStates(Engine& a, Engine& b, const std::string& where) {
         ASSERT_NE(gb, nullptr);
         EXPECT_EQ(ga->position(), gb->position()) << where << " gdn pos layer " << il;
         EXPECT_EQ(ga->n_steps(), gb->n_steps()) << where << " gdn n_steps layer " << il;
-        std::vector<float> x(ga->ssm(), ga->ssm() + ga->ssm_size()), y(gb->ssm(), gb->ssm() + gb->ssm_size());
+        std::vector<float> x(ga->ssm(), ga->ssm() + ga->ssm_size()),
+            y(gb->ssm(), gb->ssm() + gb->ssm_size());
         EXPECT_LT(Nrmse(x, y), 1e-4) << where << " ssm layer " << il;
-        std::vector<float> cx(ga->conv(), ga->conv() + ga->conv_size()), cy(gb->conv(), gb->conv() + gb->conv_size());
+        std::vector<float> cx(ga->conv(), ga->conv() + ga->conv_size()),
+            cy(gb->conv(), gb->conv() + gb->conv_size());
         EXPECT_LT(Nrmse(cx, cy), 1e-4) << where << " conv layer " << il;
         for (int t = 0; t < std::min(ga->n_steps(), gb->n_steps()); ++t) {
           std::vector<float> sx(ga->step_ssm(t), ga->step_ssm(t) + ga->ssm_size()),
@@ -188,15 +189,18 @@ TEST(CudaEngineExtra, Bf16DeviceWeightsAreBitwiseTheF32Path) {
   auto cpu = Engine::Create(cc, w);
   ASSERT_TRUE(f32.ok() && b16.ok() && cpu.ok());
   for (int is = 0; is < (*b16)->n_stages(); ++is) {
-    EXPECT_TRUE(dynamic_cast<cuda::CudaStageSession&>((*b16)->stage(is)).weights_bf16()) << "stage " << is;
-    EXPECT_FALSE(dynamic_cast<cuda::CudaStageSession&>((*f32)->stage(is)).weights_bf16()) << "stage " << is;
+    EXPECT_TRUE(dynamic_cast<cuda::CudaStageSession&>((*b16)->stage(is)).weights_bf16())
+        << "stage " << is;
+    EXPECT_FALSE(dynamic_cast<cuda::CudaStageSession&>((*f32)->stage(is)).weights_bf16())
+        << "stage " << is;
   }
   // The f32 "tiny" has matrices that are not bf16 values: it keeps f32 matrices.
   auto tiny = MakeTiny(TinyConfig("cuda"));
   ASSERT_TRUE(tiny);
   EXPECT_FALSE(dynamic_cast<cuda::CudaStageSession&>(tiny->stage(0)).weights_bf16());
 
-  const std::size_t V = static_cast<std::size_t>(w.config.n_vocab), H = static_cast<std::size_t>(w.config.n_embd);
+  const std::size_t V = static_cast<std::size_t>(w.config.n_vocab),
+                    H = static_cast<std::size_t>(w.config.n_embd);
   const auto prompt = Prompt(37);
   std::vector<float> ha, hb, hc;
   auto hook = [H](std::vector<float>* out) {
@@ -215,12 +219,15 @@ TEST(CudaEngineExtra, Bf16DeviceWeightsAreBitwiseTheF32Path) {
       for (int il = a.stage(is).layer_begin(); il < a.stage(is).layer_end(); ++il) {
         if (GdnState* ga = a.stage(is).gdn(il)) {
           GdnState* gb = b.stage(is).gdn(il);
-          EXPECT_EQ(std::memcmp(ga->ssm(), gb->ssm(), ga->ssm_size() * 4), 0) << where << " ssm layer " << il;
-          EXPECT_EQ(std::memcmp(ga->conv(), gb->conv(), ga->conv_size() * 4), 0) << where << " conv layer " << il;
+          EXPECT_EQ(std::memcmp(ga->ssm(), gb->ssm(), ga->ssm_size() * 4), 0)
+              << where << " ssm layer " << il;
+          EXPECT_EQ(std::memcmp(ga->conv(), gb->conv(), ga->conv_size() * 4), 0)
+              << where << " conv layer " << il;
         }
         if (KvCache* ka = a.stage(is).kv(il)) {
           KvCache* kb = b.stage(is).kv(il);
-          EXPECT_TRUE(test::BitwiseEqual(FlatK(*ka, ka->rows_written()), FlatK(*kb, kb->rows_written())))
+          EXPECT_TRUE(
+              test::BitwiseEqual(FlatK(*ka, ka->rows_written()), FlatK(*kb, kb->rows_written())))
               << where << " kv layer " << il;
         }
       }
@@ -239,7 +246,8 @@ TEST(CudaEngineExtra, Bf16DeviceWeightsAreBitwiseTheF32Path) {
     EXPECT_TRUE(test::BitwiseEqual(la, lb)) << "verify window " << i << " (T = " << T << ")";
     EXPECT_LT(Nrmse(lc, lb), 1e-4) << "verify window " << i << " vs cpu";
     states_equal(**f32, **b16, "window " + std::to_string(i));
-    ASSERT_TRUE((*f32)->Commit(commits[i]).ok() && (*b16)->Commit(commits[i]).ok() && (*cpu)->Commit(commits[i]).ok());
+    ASSERT_TRUE((*f32)->Commit(commits[i]).ok() && (*b16)->Commit(commits[i]).ok() &&
+                (*cpu)->Commit(commits[i]).ok());
     next += static_cast<std::size_t>(commits[i]);
   }
   // The MTP head (its fc and MoE layer): prefill-mode rows over the prompt's hidden states.
@@ -301,8 +309,10 @@ TEST(CudaEngineExtra, GraphsReplayBitwiseTheEagerPath) {
         if (GdnState* ga = a.stage(is).gdn(il)) {
           GdnState* gb = b.stage(is).gdn(il);
           ASSERT_EQ(ga->n_steps(), gb->n_steps()) << where << " layer " << il;
-          EXPECT_EQ(std::memcmp(ga->ssm(), gb->ssm(), ga->ssm_size() * 4), 0) << where << " ssm layer " << il;
-          EXPECT_EQ(std::memcmp(ga->conv(), gb->conv(), ga->conv_size() * 4), 0) << where << " conv layer " << il;
+          EXPECT_EQ(std::memcmp(ga->ssm(), gb->ssm(), ga->ssm_size() * 4), 0)
+              << where << " ssm layer " << il;
+          EXPECT_EQ(std::memcmp(ga->conv(), gb->conv(), ga->conv_size() * 4), 0)
+              << where << " conv layer " << il;
           for (int t = 0; t < ga->n_steps(); ++t)
             EXPECT_EQ(std::memcmp(ga->step_ssm(t), gb->step_ssm(t), ga->ssm_size() * 4), 0)
                 << where << " step " << t << " layer " << il;
@@ -311,12 +321,15 @@ TEST(CudaEngineExtra, GraphsReplayBitwiseTheEagerPath) {
           KvCache* kb = b.stage(is).kv(il);
           ASSERT_EQ(ka->rows_written(), kb->rows_written()) << where << " layer " << il;
           EXPECT_EQ(ka->rows_committed(), kb->rows_committed()) << where << " layer " << il;
-          EXPECT_TRUE(test::BitwiseEqual(FlatK(*ka, ka->rows_written()), FlatK(*kb, kb->rows_written())))
+          EXPECT_TRUE(
+              test::BitwiseEqual(FlatK(*ka, ka->rows_written()), FlatK(*kb, kb->rows_written())))
               << where << " kv layer " << il;
         }
       }
-      EXPECT_EQ(a.stage(is).experts().counters().hits, b.stage(is).experts().counters().hits) << where;
-      EXPECT_EQ(a.stage(is).experts().counters().misses, b.stage(is).experts().counters().misses) << where;
+      EXPECT_EQ(a.stage(is).experts().counters().hits, b.stage(is).experts().counters().hits)
+          << where;
+      EXPECT_EQ(a.stage(is).experts().counters().misses, b.stage(is).experts().counters().misses)
+          << where;
     }
   };
   auto toks = Prompt(128, 5);
@@ -336,12 +349,15 @@ TEST(CudaEngineExtra, GraphsReplayBitwiseTheEagerPath) {
   // T = 1 four times: eager (the first verify window allocates the GDN per-step scratch), eager
   // again with nothing to grow (the size is now known to fit), captured, replayed.
   // The window records say which (StageTiming::graph, the "graph" key of each device stage).
-  const GraphUse expect[] = {GraphUse::kEager, GraphUse::kEager, GraphUse::kCapture, GraphUse::kReplay};
+  const GraphUse expect[] = {GraphUse::kEager, GraphUse::kEager, GraphUse::kCapture,
+                             GraphUse::kReplay};
   for (int i = 0; i < 4; ++i) {
     window(1, 1, "decode " + std::to_string(i));
     for (int is = 0; is < g->n_stages(); ++is) {
-      EXPECT_EQ(g->stage_timings()[static_cast<std::size_t>(is)].graph, expect[i]) << "decode " << i << " stage " << is;
-      EXPECT_EQ(e->stage_timings()[static_cast<std::size_t>(is)].graph, GraphUse::kEager) << "decode " << i;
+      EXPECT_EQ(g->stage_timings()[static_cast<std::size_t>(is)].graph, expect[i])
+          << "decode " << i << " stage " << is;
+      EXPECT_EQ(e->stage_timings()[static_cast<std::size_t>(is)].graph, GraphUse::kEager)
+          << "decode " << i;
     }
   }
   for (int is = 0; is < g->n_stages(); ++is) {
@@ -352,9 +368,11 @@ TEST(CudaEngineExtra, GraphsReplayBitwiseTheEagerPath) {
   }
   // Window sizes change and repeat, with partial commits (positions 234 .. 264: the K/V caches
   // grow from 256 to 512 rows on the way, so the graphs of the old layout must not be replayed).
-  const std::vector<int> sizes = {4, 4, 4, 9, 9, 1, 9, 9, 1, 1, 1, 4}, commits = {2, 4, 1, 9, 3, 1, 2, 2, 1, 1, 1, 4};
+  const std::vector<int> sizes = {4, 4, 4, 9, 9, 1, 9, 9, 1, 1, 1, 4},
+                         commits = {2, 4, 1, 9, 3, 1, 2, 2, 1, 1, 1, 4};
   for (std::size_t w = 0; w < sizes.size(); ++w)
-    window(sizes[w], commits[w], "window " + std::to_string(w) + " (T = " + std::to_string(sizes[w]) + ")");
+    window(sizes[w], commits[w],
+           "window " + std::to_string(w) + " (T = " + std::to_string(sizes[w]) + ")");
   ASSERT_EQ(g->stage(0).position(), 265);
   for (int is = 0; is < g->n_stages(); ++is) {
     bool attention = false;
@@ -392,12 +410,15 @@ TEST(CudaEngineExtra, PrefillReservesTheDecodeRowsOfTheKvCache) {
   std::vector<float> lr(V), lg(V);
   for (int i = 0; i < 9; ++i) {  // positions 250 .. 258
     const std::int32_t tok = prompt[static_cast<std::size_t>(i)];
-    ASSERT_TRUE(r->Verify(std::span<const std::int32_t>(&tok, 1), lr.data()).ok() && r->Commit(1).ok());
-    ASSERT_TRUE(g->Verify(std::span<const std::int32_t>(&tok, 1), lg.data()).ok() && g->Commit(1).ok());
+    ASSERT_TRUE(r->Verify(std::span<const std::int32_t>(&tok, 1), lr.data()).ok() &&
+                r->Commit(1).ok());
+    ASSERT_TRUE(g->Verify(std::span<const std::int32_t>(&tok, 1), lg.data()).ok() &&
+                g->Commit(1).ok());
     EXPECT_TRUE(test::BitwiseEqual(lr, lg)) << "step " << i;
     if (i < 3) continue;  // eager, eager, capture
     for (int is = 0; is < r->n_stages(); ++is)
-      EXPECT_EQ(r->stage_timings()[static_cast<std::size_t>(is)].graph, GraphUse::kReplay) << "step " << i;
+      EXPECT_EQ(r->stage_timings()[static_cast<std::size_t>(is)].graph, GraphUse::kReplay)
+          << "step " << i;
   }
   for (int is = 0; is < r->n_stages(); ++is) {
     bool attention = false;
@@ -446,19 +467,22 @@ TEST(CudaEngineExtra, MtpGraphsReplayBitwiseTheEagerMtp) {
   EXPECT_EQ(base.graph_captures, 0) << "MTP prefill is never captured";
 
   // One MTP call on both engines; everything it returns and the MTP cache must be equal bits.
-  auto mtp = [&](const float* h, std::span<const std::int32_t> toks, int p, int n_logits, const std::string& where,
-                 std::vector<float>* m_out) {
+  auto mtp = [&](const float* h, std::span<const std::int32_t> toks, int p, int n_logits,
+                 const std::string& where, std::vector<float>* m_out) {
     const int T = static_cast<int>(toks.size());
-    std::vector<float> mg(T * H), me(T * H), lg(std::max(n_logits, 1) * V), le(std::max(n_logits, 1) * V);
+    std::vector<float> mg(T * H), me(T * H), lg(std::max(n_logits, 1) * V),
+        le(std::max(n_logits, 1) * V);
     g->MtpForward(h, toks.data(), p, T, ForwardMode::kVerify, mg.data(), lg.data(), n_logits);
     e->MtpForward(h, toks.data(), p, T, ForwardMode::kVerify, me.data(), le.data(), n_logits);
-    ASSERT_TRUE(g->stage(last).status().ok()) << where << ": " << g->stage(last).status().ToString();
+    ASSERT_TRUE(g->stage(last).status().ok())
+        << where << ": " << g->stage(last).status().ToString();
     EXPECT_TRUE(test::BitwiseEqual(mg, me)) << where << " m";
     EXPECT_TRUE(test::BitwiseEqual(lg, le)) << where << " logits";
     KvCache* kg = g->stage(last).mtp_kv();
     KvCache* ke = e->stage(last).mtp_kv();
     ASSERT_EQ(kg->rows_written(), ke->rows_written()) << where;
-    EXPECT_TRUE(test::BitwiseEqual(FlatK(*kg, kg->rows_written()), FlatK(*ke, ke->rows_written()))) << where;
+    EXPECT_TRUE(test::BitwiseEqual(FlatK(*kg, kg->rows_written()), FlatK(*ke, ke->rows_written())))
+        << where;
     if (m_out != nullptr) *m_out = mg;
   };
   auto toks = Prompt(64, 3);
@@ -499,7 +523,8 @@ TEST(CudaEngineExtra, MtpGraphsReplayBitwiseTheEagerMtp) {
   // cache grows); verify windows 1 (the GDN step scratch) and 3 (capture).
   EXPECT_EQ(now.first_calls - base.first_calls, 4 + 2);
   EXPECT_EQ(e->stage(last).init_counters().graph_launches, 0);
-  EXPECT_EQ(g->stage(0).init_counters().graph_captures, 1) << "stage 0 has no MTP: its verify graph only";
+  EXPECT_EQ(g->stage(0).init_counters().graph_captures, 1)
+      << "stage 0 has no MTP: its verify graph only";
 }
 
 }  // namespace

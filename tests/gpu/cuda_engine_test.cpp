@@ -11,10 +11,10 @@
 #include <span>
 #include <utility>
 
-#include "lockstep/engine/engine.h"
-#include "lockstep/engine_cuda/register.h"
 #include "gpu/cuda_engine_util.h"
 #include "gpu/require_gpu.h"
+#include "lockstep/engine/engine.h"
+#include "lockstep/engine_cuda/register.h"
 #include "test_util.h"
 
 namespace lockstep {
@@ -27,10 +27,10 @@ using test::Nrmse;
 // Thresholds of a cuda export against a cpu export of the same request (f32 weights, f32 K/V):
 // the backends differ only in reduction order and in expf/sinf/cosf ulps, so NRMSE stays near
 // f32 rounding (~1e-7 per op), growing through the layers. 1e-4 leaves two orders of margin
-// over that estimate; the measured figure is recorded by tests/gpu/check.sh in engine/cuda/README.md.
+// over that estimate; the measured figure is recorded by tests/gpu/check.sh in
+// engine/cuda/README.md.
 constexpr double kCudaVsCpuLogitsNrmse = 1e-4;
 constexpr double kCudaVsCpuStateNrmse = 1e-4;
-
 
 std::vector<std::int32_t> Prompt(int n, std::uint64_t seed = 1) { return test::Tokens(n, seed); }
 
@@ -38,7 +38,8 @@ using test::MakeTiny;
 using test::TinyConfig;
 
 // Runs prompt + windows of the given sizes; returns every window's logits.
-std::vector<float> RunWindows(Engine& e, const std::vector<std::int32_t>& prompt, const std::vector<int>& sizes) {
+std::vector<float> RunWindows(Engine& e, const std::vector<std::int32_t>& prompt,
+                              const std::vector<int>& sizes) {
   const std::size_t v = static_cast<std::size_t>(e.weights().config.n_vocab);
   EXPECT_TRUE(e.Prefill(prompt).ok());
   auto toks = Prompt(64, 99);
@@ -46,7 +47,8 @@ std::vector<float> RunWindows(Engine& e, const std::vector<std::int32_t>& prompt
   std::size_t next = 0;
   for (int T : sizes) {
     std::vector<float> l(static_cast<std::size_t>(T) * v);
-    Status st = e.Verify(std::span<const std::int32_t>(toks.data() + next, static_cast<std::size_t>(T)), l.data());
+    Status st = e.Verify(
+        std::span<const std::int32_t>(toks.data() + next, static_cast<std::size_t>(T)), l.data());
     EXPECT_TRUE(st.ok()) << st.ToString();
     EXPECT_TRUE(e.Commit(T).ok());
     all.insert(all.end(), l.begin(), l.end());
@@ -78,7 +80,8 @@ std::pair<int, int> ExpectStatesWithinThresholds(Engine& cpu, Engine& gpu) {
         EXPECT_NE(gb, nullptr) << "layer " << il;
         if (gb == nullptr) continue;
         EXPECT_EQ(ga->position(), gb->position());
-        std::vector<float> x(ga->ssm(), ga->ssm() + ga->ssm_size()), y(gb->ssm(), gb->ssm() + gb->ssm_size());
+        std::vector<float> x(ga->ssm(), ga->ssm() + ga->ssm_size()),
+            y(gb->ssm(), gb->ssm() + gb->ssm_size());
         EXPECT_LT(Nrmse(x, y), kCudaVsCpuStateNrmse) << "ssm layer " << il;
         ++gdn;
       }
@@ -125,7 +128,8 @@ TEST(CudaEngine, DeterministicAaIsBitwiseIdentical) {
       if (KvCache* ka = a->stage(is).kv(il)) {
         KvCache* kb = b->stage(is).kv(il);
         for (int r = 0; r < ka->rows_committed(); ++r)
-          EXPECT_EQ(0, std::memcmp(ka->KRaw(r), kb->KRaw(r), ka->row_bytes())) << il << " row " << r;
+          EXPECT_EQ(0, std::memcmp(ka->KRaw(r), kb->KRaw(r), ka->row_bytes()))
+              << il << " row " << r;
       }
     }
 }
@@ -138,7 +142,8 @@ TEST(CudaEngine, VerifyRowsAreBatchInvariant) {
     auto batched = MakeTiny(c);
     auto single = MakeTiny(c);
     ASSERT_TRUE(batched && single);
-    EXPECT_TRUE(BitwiseEqual(RunWindows(*batched, Prompt(30), {9}), RunWindows(*single, Prompt(30), {1, 1, 1, 1, 1, 1, 1, 1, 1})))
+    EXPECT_TRUE(BitwiseEqual(RunWindows(*batched, Prompt(30), {9}),
+                             RunWindows(*single, Prompt(30), {1, 1, 1, 1, 1, 1, 1, 1, 1})))
         << dtype_name(kv);
   }
 }
@@ -167,11 +172,13 @@ TEST(CudaEngine, DenseFfnLayers) {
   auto single = make(TinyConfig("cuda"));
   ASSERT_TRUE(cpu && gpu && eager && single);
   const std::vector<int> sizes = {9, 1, 1, 1, 3, 3, 3};  // T = 1 and 3 reach graph replays
-  const std::vector<float> a = RunWindows(*cpu, Prompt(30), sizes), b = RunWindows(*gpu, Prompt(30), sizes);
+  const std::vector<float> a = RunWindows(*cpu, Prompt(30), sizes),
+                           b = RunWindows(*gpu, Prompt(30), sizes);
   EXPECT_LT(Nrmse(a, b), kCudaVsCpuLogitsNrmse);
   EXPECT_TRUE(BitwiseEqual(b, RunWindows(*eager, Prompt(30), sizes))) << "graphs vs eager";
   const std::vector<float> ones = RunWindows(*single, Prompt(30), std::vector<int>(9, 1));
-  EXPECT_TRUE(BitwiseEqual(ones, std::vector<float>(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(ones.size()))))
+  EXPECT_TRUE(BitwiseEqual(
+      ones, std::vector<float>(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(ones.size()))))
       << "a T = 9 window against nine decodes";
 }
 
@@ -204,7 +211,8 @@ TEST(CudaEngine, WideWidthsMatchCpu) {
   const double logits = Nrmse(RunWindows(*cpu, prompt, sizes), RunWindows(*gpu, prompt, sizes));
   RecordProperty("logits_nrmse", std::to_string(logits));
   EXPECT_LT(logits, kCudaVsCpuLogitsNrmse);
-  EXPECT_EQ(ExpectStatesWithinThresholds(*cpu, *gpu), std::make_pair(3, 1)) << "GDN and attention layers compared";
+  EXPECT_EQ(ExpectStatesWithinThresholds(*cpu, *gpu), std::make_pair(3, 1))
+      << "GDN and attention layers compared";
 }
 
 // Rows with a context longer than EngineConfig::cuda_attn_split run their attention in context
@@ -238,8 +246,10 @@ TEST(CudaEngine, SplitContextAttention) {
   // Logit rows 0-4 (n_ctx 60..64) fit in one split: the unsplit bits; rows 5 on do not.
   const std::size_t V = static_cast<std::size_t>(batched->weights().config.n_vocab);
   const auto u = RunWindows(*unsplit, prompt, windows);
-  EXPECT_TRUE(BitwiseEqual(std::vector<float>(b.begin(), b.begin() + 5 * V), std::vector<float>(u.begin(), u.begin() + 5 * V)));
-  EXPECT_FALSE(BitwiseEqual(std::vector<float>(b.begin() + 5 * V, b.end()), std::vector<float>(u.begin() + 5 * V, u.end())));
+  EXPECT_TRUE(BitwiseEqual(std::vector<float>(b.begin(), b.begin() + 5 * V),
+                           std::vector<float>(u.begin(), u.begin() + 5 * V)));
+  EXPECT_FALSE(BitwiseEqual(std::vector<float>(b.begin() + 5 * V, b.end()),
+                            std::vector<float>(u.begin() + 5 * V, u.end())));
   const double logits = Nrmse(RunWindows(*cpu, prompt, windows), b);
   RecordProperty("logits_nrmse", std::to_string(logits));
   EXPECT_LT(logits, kCudaVsCpuLogitsNrmse);
@@ -275,7 +285,8 @@ TEST(CudaEngine, SeveralGpusHandOffThroughNccl) {
   auto a = MakeTiny(one);
   auto b = MakeTiny(two);
   ASSERT_TRUE(a && b);
-  EXPECT_TRUE(BitwiseEqual(RunWindows(*a, Prompt(20), {1, 3, 2}), RunWindows(*b, Prompt(20), {1, 3, 2})));
+  EXPECT_TRUE(
+      BitwiseEqual(RunWindows(*a, Prompt(20), {1, 3, 2}), RunWindows(*b, Prompt(20), {1, 3, 2})));
 }
 
 TEST(CudaEngine, DeviceTimingsAreRecorded) {

@@ -31,7 +31,8 @@ inline std::unique_ptr<Engine> MakeTiny(const EngineConfig& c) {
 
 // Two engines of config c: *graphed with CUDA graphs as c has them (on by default) and *eager with
 // every kernel launched from the host (--cuda-graphs off), for the graphs-vs-eager tests.
-inline void MakeGraphedAndEager(EngineConfig c, std::unique_ptr<Engine>* graphed, std::unique_ptr<Engine>* eager) {
+inline void MakeGraphedAndEager(EngineConfig c, std::unique_ptr<Engine>* graphed,
+                                std::unique_ptr<Engine>* eager) {
   *graphed = MakeTiny(c);
   c.cuda_graphs = false;
   *eager = MakeTiny(c);

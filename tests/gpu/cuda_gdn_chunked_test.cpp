@@ -111,7 +111,8 @@ void CpuChunked(const Inputs& in, FVec* O, FVec* S) {
   const std::size_t s_head = Sz(dk) * Sz(dv);
   *S = in.S0;
   O->assign(Sz(T) * Sz(hv) * Sz(dv), 0.0f);
-  FVec Q(Sz(T) * Sz(dk)), K(Sz(T) * Sz(dk)), V(Sz(T) * Sz(dv)), g(Sz(T)), b(Sz(T)), Oj(Sz(T) * Sz(dv));
+  FVec Q(Sz(T) * Sz(dk)), K(Sz(T) * Sz(dk)), V(Sz(T) * Sz(dv)), g(Sz(T)), b(Sz(T)),
+      Oj(Sz(T) * Sz(dv));
   for (int j = 0; j < hv; ++j) {
     const int gi = j / r;
     for (int t = 0; t < T; ++t) {
@@ -124,10 +125,11 @@ void CpuChunked(const Inputs& in, FVec* O, FVec* S) {
       g[Sz(t)] = in.g[Sz(t * hv + j)];
       b[Sz(t)] = in.beta[Sz(t * hv + j)];
     }
-    cpu::GatedDeltaChunked(S->data() + Sz(j) * s_head, Q.data(), K.data(), V.data(), g.data(), b.data(), T, dk, dv,
-                           Oj.data(), 64);
+    cpu::GatedDeltaChunked(S->data() + Sz(j) * s_head, Q.data(), K.data(), V.data(), g.data(),
+                           b.data(), T, dk, dv, Oj.data(), 64);
     for (int t = 0; t < T; ++t)
-      std::memcpy(O->data() + (Sz(t) * Sz(hv) + Sz(j)) * Sz(dv), Oj.data() + Sz(t) * Sz(dv), Sz(dv) * sizeof(float));
+      std::memcpy(O->data() + (Sz(t) * Sz(hv) + Sz(j)) * Sz(dv), Oj.data() + Sz(t) * Sz(dv),
+                  Sz(dv) * sizeof(float));
   }
 }
 
@@ -139,13 +141,14 @@ struct DevInputs {
 
 // One GdnChunked call over rows [t0, t0 + T) of the inputs, the state in S (in place), outputs to
 // O rows [t0, t0 + T).
-void RunChunked(const Inputs& in, const DevInputs& d, int t0, int T, DevF& S, DevF& O, DevF& scratch,
-                GdnBlocks blocks = GdnBlocks::kAuto) {
+void RunChunked(const Inputs& in, const DevInputs& d, int t0, int T, DevF& S, DevF& O,
+                DevF& scratch, GdnBlocks blocks = GdnBlocks::kAuto) {
   const std::size_t qk_row = Sz(in.hk) * Sz(in.dk), gb_row = Sz(in.hv);
   GdnChunked(S.get(), d.qh.get() + Sz(t0) * qk_row, d.kh.get() + Sz(t0) * qk_row,
-             d.U.get() + Sz(t0) * Sz(in.conv_dim), d.g.get() + Sz(t0) * gb_row, d.beta.get() + Sz(t0) * gb_row, T,
-             in.hk, in.hv, in.dk, in.dv, in.conv_dim, kGdnPrefillChunk, scratch.get(),
-             O.get() + Sz(t0) * Sz(in.hv) * Sz(in.dv), nullptr, blocks);
+             d.U.get() + Sz(t0) * Sz(in.conv_dim), d.g.get() + Sz(t0) * gb_row,
+             d.beta.get() + Sz(t0) * gb_row, T, in.hk, in.hv, in.dk, in.dv, in.conv_dim,
+             kGdnPrefillChunk, scratch.get(), O.get() + Sz(t0) * Sz(in.hv) * Sz(in.dv), nullptr,
+             blocks);
 }
 
 TEST(CudaOps, GdnChunkedMatchesCpuChunkedAndRecurrent) {
@@ -154,8 +157,8 @@ TEST(CudaOps, GdnChunkedMatchesCpuChunkedAndRecurrent) {
     int hk, hv, dk, dv, T;
   };
   const Case cases[] = {
-      {2, 4, 128, 128, 1}, {2, 4, 128, 128, 5},  {2, 4, 128, 128, 64}, {2, 4, 128, 128, 65},
-      {2, 4, 128, 128, 150}, {1, 2, 256, 256, 70}, {3, 6, 48, 40, 100},   {2, 4, 16, 16, 129},
+      {2, 4, 128, 128, 1},   {2, 4, 128, 128, 5},  {2, 4, 128, 128, 64}, {2, 4, 128, 128, 65},
+      {2, 4, 128, 128, 150}, {1, 2, 256, 256, 70}, {3, 6, 48, 40, 100},  {2, 4, 16, 16, 129},
   };
   unsigned seed = 100;
   for (const Case& cs : cases) {
@@ -166,28 +169,32 @@ TEST(CudaOps, GdnChunkedMatchesCpuChunkedAndRecurrent) {
     const Inputs in = MakeInputs(cs.hk, cs.hv, cs.dk, cs.dv, cs.T, seed++);
     const DevInputs d(in);
     const std::size_t n_o = Sz(cs.T) * Sz(cs.hv) * Sz(cs.dv);
-    DevF S1(in.S0), S2(in.S0), S3(in.S0), S4(in.S0), Sr(in.S0), O1(n_o), O2(n_o), O3(n_o), O4(n_o), Or(n_o),
-        scratch(GdnChunkedScratchFloats(cs.hv, cs.dk, cs.dv, kGdnPrefillChunk));
+    DevF S1(in.S0), S2(in.S0), S3(in.S0), S4(in.S0), Sr(in.S0), O1(n_o), O2(n_o), O3(n_o), O4(n_o),
+        Or(n_o), scratch(GdnChunkedScratchFloats(cs.hv, cs.dk, cs.dv, kGdnPrefillChunk));
     RunChunked(in, d, 0, cs.T, S1, O1, scratch);
     RunChunked(in, d, 0, cs.T, S2, O2, scratch);  // again, scratch holding the first run's data
     // One block per head: the same elements, each by one thread in the same order, so the same bits
     // as kAuto's column slices (GdnChunkedSlices(dv) blocks per head; 1 for dv <= 32).
     RunChunked(in, d, 0, cs.T, S4, O4, scratch, GdnBlocks::kOnePerHead);
-    GdnRecurrent(Sr.get(), nullptr, d.qh.get(), d.kh.get(), d.U.get(), d.g.get(), d.beta.get(), cs.T, cs.hk, cs.hv,
-                 cs.dk, cs.dv, in.conv_dim, Or.get(), nullptr);
+    GdnRecurrent(Sr.get(), nullptr, d.qh.get(), d.kh.get(), d.U.get(), d.g.get(), d.beta.get(),
+                 cs.T, cs.hk, cs.hv, cs.dk, cs.dv, in.conv_dim, Or.get(), nullptr);
     ASSERT_TRUE(SyncOk());
-    const FVec o1 = O1.Down(), o2 = O2.Down(), s1 = S1.Down(), s2 = S2.Down(), orec = Or.Down(), srec = Sr.Down();
+    const FVec o1 = O1.Down(), o2 = O2.Down(), s1 = S1.Down(), s2 = S2.Down(), orec = Or.Down(),
+               srec = Sr.Down();
     EXPECT_TRUE(test::BitwiseEqual(o1, o2)) << "outputs differ between two runs";
     EXPECT_TRUE(test::BitwiseEqual(s1, s2)) << "states differ between two runs";
     EXPECT_EQ(GdnChunkedSlices(cs.dv), (cs.dv + 31) / 32);
-    EXPECT_TRUE(test::BitwiseEqual(O4.Down(), o1)) << "one block per head vs column slices: outputs";
+    EXPECT_TRUE(test::BitwiseEqual(O4.Down(), o1))
+        << "one block per head vs column slices: outputs";
     EXPECT_TRUE(test::BitwiseEqual(S4.Down(), s1)) << "one block per head vs column slices: state";
     FVec oc, sc;
     CpuChunked(in, &oc, &sc);
     const double o_cpu = test::Nrmse(oc, o1), s_cpu = test::Nrmse(sc, s1);
     const double o_rec = test::Nrmse(orec, o1), s_rec = test::Nrmse(srec, s1);
-    std::printf("[ gdn chunked ] %-32s NRMSE vs cpu chunked: O %.3e S %.3e; vs device recurrent: O %.3e S %.3e\n",
-                where.c_str(), o_cpu, s_cpu, o_rec, s_rec);
+    std::printf(
+        "[ gdn chunked ] %-32s NRMSE vs cpu chunked: O %.3e S %.3e; vs device recurrent: O %.3e S "
+        "%.3e\n",
+        where.c_str(), o_cpu, s_cpu, o_rec, s_rec);
     EXPECT_LT(o_cpu, 1e-6);
     EXPECT_LT(s_cpu, 1e-6);
     EXPECT_LT(o_rec, 1e-5);

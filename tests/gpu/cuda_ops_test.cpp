@@ -36,10 +36,10 @@
 #include "cuda/ops.h"
 #include "gpu/require_gpu.h"
 #include "kernel_test_math.h"
-#include "util/arena.h"
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/kv_cache.h"
 #include "lockstep/engine/weights.h"
+#include "util/arena.h"
 
 namespace lockstep::cuda {
 namespace {
@@ -191,8 +191,7 @@ TEST(CudaOps, RopeMatchesCpu) {
 // context split (0: none; 64: every row of the window in 5 blocks and the combine) and head_dim
 // (a multiple of 4 takes the one-load-per-4-elements path, others the scalar loads) at position p.
 void CheckAttention(DType dt, int kv_dtype, int split = 0, int D = 256, int p = 300) {
-  const int hq = 6, hkv = 2, group = hq / hkv, T = 4, rows = p + T,
-            n_ctx_max = rows + 5;
+  const int hq = 6, hkv = 2, group = hq / hkv, T = 4, rows = p + T, n_ctx_max = rows + 5;
   std::mt19937 rng(4 + static_cast<unsigned>(kv_dtype));
   const FVec k = RandomVec(rng, Z(rows) * Z(hkv) * Z(D), -2.0f, 2.0f),
              v = RandomVec(rng, Z(rows) * Z(hkv) * Z(D));
@@ -344,8 +343,8 @@ TEST(CudaOps, AttentionSplitBoundaryIsBatchInvariant) {
   auto run = [&](int t0, int nt, int sp) {
     const std::size_t n = AttentionScratchFloats(nt, hq, D, n_ctx_max, sp);
     Dev<float> out(Z(nt) * Z(hq) * Z(D)), scratch(std::max<std::size_t>(1, n));
-    Attention(dq.get() + Z(t0) * Z(hq) * Z(D), nt, p + t0, hq, hkv, D, 0, kc.get(), vc.get(), nullptr,
-              nullptr, scale, n_ctx_max, sp, scratch.get(), n, out.get(), nullptr);
+    Attention(dq.get() + Z(t0) * Z(hq) * Z(D), nt, p + t0, hq, hkv, D, 0, kc.get(), vc.get(),
+              nullptr, nullptr, scale, n_ctx_max, sp, scratch.get(), n, out.get(), nullptr);
     EXPECT_TRUE(Sync());
     return out.Down();
   };
@@ -374,13 +373,16 @@ TEST(CudaOps, AttentionGroupedHeadsAreBitwiseOneHeadPerBlock) {
       for (int kv_dtype : {0, 1, 2})
         for (int split : {0, 64}) {
           const int hkv = 2;
-          const std::string where = "hq " + std::to_string(hq) + " D " + std::to_string(D) + " kv " +
-                                    std::to_string(kv_dtype) + " split " + std::to_string(split);
+          const std::string where = "hq " + std::to_string(hq) + " D " + std::to_string(D) +
+                                    " kv " + std::to_string(kv_dtype) + " split " +
+                                    std::to_string(split);
           const int kg = D % 4 == 0 ? hq / hkv : 1;
-          ASSERT_EQ(AttentionHeadsPerBlock(hq, hkv, D, n_ctx_max, split, AttnHeads::kGrouped), kg) << where;
+          ASSERT_EQ(AttentionHeadsPerBlock(hq, hkv, D, n_ctx_max, split, AttnHeads::kGrouped), kg)
+              << where;
           ASSERT_EQ(AttentionHeadsPerBlock(hq, hkv, D, n_ctx_max, split, AttnHeads::kOne), 1);
           // Auto groups only the launches that split rows.
-          ASSERT_EQ(AttentionHeadsPerBlock(hq, hkv, D, n_ctx_max, split, AttnHeads::kAuto), split > 0 ? kg : 1);
+          ASSERT_EQ(AttentionHeadsPerBlock(hq, hkv, D, n_ctx_max, split, AttnHeads::kAuto),
+                    split > 0 ? kg : 1);
           const std::size_t elem = kv_dtype == 0 ? 4 : kv_dtype == 1 ? 2 : 1;
           const FVec k = RandomVec(rng, Z(rows) * Z(hkv) * Z(D), -2.0f, 2.0f),
                      v = RandomVec(rng, Z(rows) * Z(hkv) * Z(D));
@@ -389,12 +391,15 @@ TEST(CudaOps, AttentionGroupedHeadsAreBitwiseOneHeadPerBlock) {
           Dev<std::uint8_t> kc(Z(rows) * Z(hkv) * Z(D) * elem), vc(Z(rows) * Z(hkv) * Z(D) * elem);
           float* kss = kv_dtype == 2 ? ks.get() : nullptr;
           float* vss = kv_dtype == 2 ? vs.get() : nullptr;
-          KvStore(dk.get(), dv.get(), rows, 0, hkv, D, kv_dtype, kc.get(), vc.get(), kss, vss, nullptr);
+          KvStore(dk.get(), dv.get(), rows, 0, hkv, D, kv_dtype, kc.get(), vc.get(), kss, vss,
+                  nullptr);
           const std::size_t n = AttentionScratchFloats(T, hq, D, n_ctx_max, split);
-          Dev<float> scratch(std::max<std::size_t>(1, n)), one(Z(T) * Z(hq) * Z(D)), grouped(Z(T) * Z(hq) * Z(D));
-          for (auto [heads, out] : {std::pair{AttnHeads::kOne, one.get()}, std::pair{AttnHeads::kGrouped, grouped.get()}})
-            Attention(dq.get(), T, p, hq, hkv, D, kv_dtype, kc.get(), vc.get(), kss, vss, 0.2f, n_ctx_max, split,
-                      scratch.get(), n, out, nullptr, heads);
+          Dev<float> scratch(std::max<std::size_t>(1, n)), one(Z(T) * Z(hq) * Z(D)),
+              grouped(Z(T) * Z(hq) * Z(D));
+          for (auto [heads, out] : {std::pair{AttnHeads::kOne, one.get()},
+                                    std::pair{AttnHeads::kGrouped, grouped.get()}})
+            Attention(dq.get(), T, p, hq, hkv, D, kv_dtype, kc.get(), vc.get(), kss, vss, 0.2f,
+                      n_ctx_max, split, scratch.get(), n, out, nullptr, heads);
           ASSERT_TRUE(Sync());
           const FVec a = one.Down(), b = grouped.Down();
           ASSERT_TRUE(SameBits(a.data(), b.data(), a.size() * 4)) << where;
@@ -416,7 +421,8 @@ TEST(CudaOps, AttentionScratchIsBoundedAtLongContext) {
       EXPECT_EQ(n % one, 0u) << "whole rows";
     }
   // A decode window that fits is one launch: all T rows' scratch.
-  EXPECT_EQ(AttentionScratchFloats(9, 16, 256, 4096, 512), 9 * AttentionScratchFloats(1, 16, 256, 4096, 512));
+  EXPECT_EQ(AttentionScratchFloats(9, 16, 256, 4096, 512),
+            9 * AttentionScratchFloats(1, 16, 256, 4096, 512));
 }
 
 TEST(CudaOps, SplitQGateCopiesBitwise) {
@@ -455,7 +461,8 @@ TEST(CudaOps, GdnPipelineMatchesCpu) {
            dZ.get(), dbeta.get(), dg.get(), nullptr);
   Dev<float> dU2(Z(T) * Z(conv_dim)), dcs(Z(T) * Z(K - 1) * Z(conv_dim));
   CausalConvSilu(dwin.get(), T, conv_dim, K, dcw.get(), dU.get(), nullptr);
-  CausalConvSilu(dwin.get(), T, conv_dim, K, dcw.get(), dU2.get(), nullptr, dcs.get());  // + conv states
+  CausalConvSilu(dwin.get(), T, conv_dim, K, dcw.get(), dU2.get(), nullptr,
+                 dcs.get());  // + conv states
   GdnQkNorm(dU.get(), T, hk, dk, conv_dim, dq.get(), dkh.get(), nullptr);
   ASSERT_TRUE(Sync());
   {
@@ -463,14 +470,15 @@ TEST(CudaOps, GdnPipelineMatchesCpu) {
     const FVec U1 = dU.Down(), U2 = dU2.Down(), cs = dcs.Down(), w = dwin.Down();
     ASSERT_TRUE(SameBits(U1.data(), U2.data(), U1.size() * 4));
     for (int t = 0; t < T; ++t)
-      ASSERT_TRUE(SameBits(cs.data() + Z(t) * Z(K - 1) * Z(conv_dim), w.data() + Z(t + 1) * Z(conv_dim),
-                           Z(K - 1) * Z(conv_dim) * 4))
+      ASSERT_TRUE(SameBits(cs.data() + Z(t) * Z(K - 1) * Z(conv_dim),
+                           w.data() + Z(t + 1) * Z(conv_dim), Z(K - 1) * Z(conv_dim) * 4))
           << "conv state after step " << t;
   }
   const FVec gwin = dwin.Down(), gZ = dZ.Down(), gbeta = dbeta.Down(), gg = dg.Down(),
              gU = dU.Down();
   const FVec gq = dq.Down(), gk = dkh.Down();
-  ASSERT_TRUE(SameBits(gwin.data(), state.data(), state.size() * 4)) << "conv state rows of the window";
+  ASSERT_TRUE(SameBits(gwin.data(), state.data(), state.size() * 4))
+      << "conv state rows of the window";
   // Split: copies bitwise (the CPU's loop, transcribed); gates within the device exp / log1p ulps.
   for (int t = 0; t < T; ++t)
     for (int gi = 0; gi < hk; ++gi) {
@@ -585,10 +593,13 @@ TEST(CudaOps, GdnRecurrentHeldColumnsAreBitwiseTheGenericForm) {
     const int key_dim = cs.hk * cs.dk, conv_dim = 2 * key_dim + cs.hv * cs.dv;
     const std::size_t s_all = Z(cs.hv) * Z(cs.dk) * Z(cs.dv), n_o = Z(cs.T * cs.hv * cs.dv),
                       n_qk = Z(cs.T * cs.hk) * Z(cs.dk);
-    const FVec Uv = RandomVec(rng, Z(cs.T) * Z(conv_dim)), g = RandomVec(rng, Z(cs.T * cs.hv), -1.0f, 0.0f),
-               beta = RandomVec(rng, Z(cs.T * cs.hv), 0.0f, 1.0f), S0 = RandomVec(rng, s_all, -0.5f, 0.5f);
+    const FVec Uv = RandomVec(rng, Z(cs.T) * Z(conv_dim)),
+               g = RandomVec(rng, Z(cs.T * cs.hv), -1.0f, 0.0f),
+               beta = RandomVec(rng, Z(cs.T * cs.hv), 0.0f, 1.0f),
+               S0 = RandomVec(rng, s_all, -0.5f, 0.5f);
     const Dev<float> dU(Uv), dg(g), db(beta), dq(n_qk), dk(n_qk);
-    GdnQkNorm(dU.get(), cs.T, cs.hk, cs.dk, conv_dim, dq.get(), dk.get(), nullptr);  // unit q / k rows
+    GdnQkNorm(dU.get(), cs.T, cs.hk, cs.dk, conv_dim, dq.get(), dk.get(),
+              nullptr);     // unit q / k rows
     std::vector<FVec> out;  // per form: O, steps, O in place, S in place
     struct Form {
       GdnBlocks blocks;
@@ -600,23 +611,26 @@ TEST(CudaOps, GdnRecurrentHeldColumnsAreBitwiseTheGenericForm) {
       Dev<float> dS(S0), dSi(S0), dsteps(Z(cs.T) * s_all), dO(n_o), dOi(n_o);
       const float* q = f.qk_from_u ? nullptr : dq.get();
       const float* k = f.qk_from_u ? nullptr : dk.get();
-      GdnRecurrent(dS.get(), dsteps.get(), q, k, dU.get(), dg.get(), db.get(), cs.T, cs.hk, cs.hv, cs.dk, cs.dv,
-                   conv_dim, dO.get(), nullptr, f.blocks);
-      GdnRecurrent(dSi.get(), nullptr, q, k, dU.get(), dg.get(), db.get(), cs.T, cs.hk, cs.hv, cs.dk, cs.dv,
-                   conv_dim, dOi.get(), nullptr, f.blocks);
+      GdnRecurrent(dS.get(), dsteps.get(), q, k, dU.get(), dg.get(), db.get(), cs.T, cs.hk, cs.hv,
+                   cs.dk, cs.dv, conv_dim, dO.get(), nullptr, f.blocks);
+      GdnRecurrent(dSi.get(), nullptr, q, k, dU.get(), dg.get(), db.get(), cs.T, cs.hk, cs.hv,
+                   cs.dk, cs.dv, conv_dim, dOi.get(), nullptr, f.blocks);
       ASSERT_TRUE(Sync());
       const FVec S_after = dS.Down();
-      ASSERT_TRUE(SameBits(S_after.data(), S0.data(), s_all * 4)) << "verify form must not touch S0";
+      ASSERT_TRUE(SameBits(S_after.data(), S0.data(), s_all * 4))
+          << "verify form must not touch S0";
       for (const FVec& v : {dO.Down(), dsteps.Down(), dOi.Down(), dSi.Down()}) out.push_back(v);
     }
     const char* names[] = {"outputs", "step states", "in-place outputs", "in-place state"};
     for (std::size_t f = 1; f < forms.size(); ++f)
       for (std::size_t i = 0; i < 4; ++i)
         EXPECT_TRUE(SameBits(out[i].data(), out[4 * f + i].data(), out[i].size() * 4))
-            << names[i] << " of form " << f << (forms[f].qk_from_u ? " (q / k normalised inside)" : "");
+            << names[i] << " of form " << f
+            << (forms[f].qk_from_u ? " (q / k normalised inside)" : "");
     // The state moved (a kernel that wrote nothing would be bitwise equal to another).
     EXPECT_FALSE(SameBits(out[3].data(), S0.data(), s_all * 4));
-    EXPECT_TRUE(SameBits(out[3].data(), out[1].data() + Z(cs.T - 1) * s_all, s_all * 4)) << "last step";
+    EXPECT_TRUE(SameBits(out[3].data(), out[1].data() + Z(cs.T - 1) * s_all, s_all * 4))
+        << "last step";
   }
 }
 
@@ -629,7 +643,9 @@ FVec RunExperts(const FVec& x, const FVec& logits, int T, int E, int k, int H, i
   Dev<int> didx(Z(T * k)), dslot(Z(T * k)), dfirst(Z(E) + 1), dact_e(Z(T * k)), dna(1);
   // The ids also go to host-mapped pinned memory (the engine's expert counters read them there).
   int* mirror = nullptr;
-  EXPECT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&mirror), Z(T * k) * sizeof(int), cudaHostAllocMapped), cudaSuccess);
+  EXPECT_EQ(
+      cudaHostAlloc(reinterpret_cast<void**>(&mirror), Z(T * k) * sizeof(int), cudaHostAllocMapped),
+      cudaSuccess);
   RouteTopK(dl.get(), T, E, k, true, didx.get(), dw.get(), mirror, nullptr);
   GroupByExpert(didx.get(), T, k, E, dslot.get(), dfirst.get(), dact_e.get(), dna.get(), nullptr);
   ExpertGateUp(dx.get(), H, I, k, dslot.get(), dfirst.get(), dact_e.get(), dna.get(), T * k, gate,

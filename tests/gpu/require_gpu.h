@@ -26,11 +26,12 @@ inline int CudaDevices(std::string* why) {
 
 }  // namespace lockstep::test
 
-#define LOCKSTEP_REQUIRE_GPU(n)                                                                       \
-  do {                                                                                                \
-    std::string why_;                                                                                 \
-    const int have_ = ::lockstep::test::CudaDevices(&why_);                                           \
-    if (have_ < (n))                                                                                  \
-      GTEST_SKIP() << "needs " << (n) << " CUDA device(s), " << have_ << " visible (no GPU on this " \
-                   << "machine?) " << why_;                                                           \
+#define LOCKSTEP_REQUIRE_GPU(n)                                       \
+  do {                                                                \
+    std::string why_;                                                 \
+    const int have_ = ::lockstep::test::CudaDevices(&why_);           \
+    if (have_ < (n))                                                  \
+      GTEST_SKIP() << "needs " << (n) << " CUDA device(s), " << have_ \
+                   << " visible (no GPU on this "                     \
+                   << "machine?) " << why_;                           \
   } while (0)

@@ -33,7 +33,8 @@ class PlanDir : public ::testing::Environment {
  public:
   static const fs::path& Path() {
     static const fs::path dir = [] {
-      fs::path d = fs::temp_directory_path() / ("lockstep_campaign_test_" + std::to_string(::getpid()));
+      fs::path d =
+          fs::temp_directory_path() / ("lockstep_campaign_test_" + std::to_string(::getpid()));
       fs::remove_all(d);
       WriteText(d / "prompts" / "demo.txt", "Where do two runs first differ?\n");
       WriteText(d / "tokens.txt", "1 2 3 4\n");
@@ -60,7 +61,8 @@ std::string Loc(const std::string& text, const std::string& what, bool last = fa
   if (at == std::string::npos) return "?";
   const std::size_t line_start = text.rfind('\n', at == 0 ? 0 : at - 1);
   const std::size_t col = line_start == std::string::npos || at == 0 ? at + 1 : at - line_start;
-  const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
+  const auto line =
+      1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
   return "plan.toml:" + std::to_string(line) + ":" + std::to_string(col) + ":";
 }
 
@@ -69,7 +71,8 @@ void ExpectInvalid(const std::string& text, const std::string& where, const std:
   ASSERT_FALSE(r.ok()) << "parsed:\n" << text;
   EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument) << r.status().ToString();
   EXPECT_EQ(r.status().exit_code(), 2);
-  EXPECT_EQ(r.status().message().rfind(where, 0), 0u) << "want " << where << " in: " << r.status().message();
+  EXPECT_EQ(r.status().message().rfind(where, 0), 0u)
+      << "want " << where << " in: " << r.status().message();
   EXPECT_NE(r.status().message().find(detail), std::string::npos)
       << "want '" << detail << "' in: " << r.status().message();
 }
@@ -199,7 +202,8 @@ TEST(Campaign, FullPlanParsesEveryField) {
   EXPECT_EQ(c.arms[0].mode, "state");
   EXPECT_EQ(c.arms[0].repeat, 1);
   EXPECT_TRUE(c.arms[0].baseline.empty());
-  EXPECT_EQ("plan.toml:" + std::to_string(c.arms[0].line) + ":1:", Loc(kFull, "[[arm]]\nname = \"A1\""));
+  EXPECT_EQ("plan.toml:" + std::to_string(c.arms[0].line) + ":1:",
+            Loc(kFull, "[[arm]]\nname = \"A1\""));
   EXPECT_EQ(c.arms[1].baseline, "A1");
   EXPECT_EQ(c.arms[1].decision, "aa_stable");
   EXPECT_EQ(c.arms[2].mode, "timing");
@@ -215,7 +219,8 @@ TEST(Campaign, FullPlanParsesEveryField) {
   EXPECT_FALSE(c.default_stop);
   EXPECT_EQ(c.stop[0].name, "unstable_aa");
   EXPECT_TRUE(c.stop[0].all);
-  EXPECT_EQ(c.stop[0].predicates, (std::vector<std::string>{"path_diverged", "window_timing_unstable"}));
+  EXPECT_EQ(c.stop[0].predicates,
+            (std::vector<std::string>{"path_diverged", "window_timing_unstable"}));
   EXPECT_EQ(c.stop[0].message, "unstable A/A => stop attribution");
   EXPECT_FALSE(c.stop[1].all);
   EXPECT_FALSE(c.stop[1].message.empty());
@@ -252,7 +257,8 @@ TEST(Campaign, PresetModelAndOtherRequests) {
 
 TEST(Campaign, LoadCampaignReadsTheFileAndResolvesAgainstItsFolder) {
   const fs::path plan = PlanDir::Path() / "plans" / "load.toml";
-  const std::string text = kHead + kModel + "[request]\nprompt_file = \"../prompts/demo.txt\"\n" + kArmA1;
+  const std::string text =
+      kHead + kModel + "[request]\nprompt_file = \"../prompts/demo.txt\"\n" + kArmA1;
   WriteText(plan, text);
   auto r = LoadCampaign(plan.string());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -279,7 +285,8 @@ TEST(Campaign, UnknownKeyInGates) {
 TEST(Campaign, WrongType) {
   const std::string text = kHead + kModel + kRequest + "[engine]\nspec = \"4\"\n" + kArmA1;
   ExpectInvalid(text, Loc(text, "\"4\""), "'spec' must be an integer, got string");
-  const std::string repeat = kHead + kModel + kRequest + "[[arm]]\nname = \"T\"\nmode = \"timing\"\nrepeat = 1.5\n";
+  const std::string repeat =
+      kHead + kModel + kRequest + "[[arm]]\nname = \"T\"\nmode = \"timing\"\nrepeat = 1.5\n";
   ExpectInvalid(repeat, Loc(repeat, "1.5"), "'repeat' must be an integer, got floating-point");
   const std::string gate = kPlain + "[gates]\noutput = \"yes\"\n";
   ExpectInvalid(gate, Loc(gate, "\"yes\""), "'output' must be true or false, got string");
@@ -290,29 +297,36 @@ TEST(Campaign, WrongType) {
 }
 
 TEST(Campaign, ArmOverridesUnknownEngineField) {
-  const std::string text = kHead + kModel + kRequest + kArmA1 + "[[arm]]\nname = \"B\"\nbaseline = \"A1\"\n" +
+  const std::string text = kHead + kModel + kRequest + kArmA1 +
+                           "[[arm]]\nname = \"B\"\nbaseline = \"A1\"\n" +
                            "[arm.engine]\nprefill_chunk = 8192\nprefil_chunk = 8192\n";
-  ExpectInvalid(text, Loc(text, "prefil_chunk"), "arm 'B' [arm.engine]: unknown engine field 'prefil_chunk'");
+  ExpectInvalid(text, Loc(text, "prefil_chunk"),
+                "arm 'B' [arm.engine]: unknown engine field 'prefil_chunk'");
   const std::string model = kHead + kModel + kRequest + "[engine]\nmodel = \"x\"\n" + kArmA1;
   ExpectInvalid(model, Loc(model, "model = "), "'model' is set by the [model] table");
-  const std::string replay = kHead + kModel + kRequest + kArmA1 + "[arm.engine]\nreplay_path = \"w.jsonl\"\n";
+  const std::string replay =
+      kHead + kModel + kRequest + kArmA1 + "[arm.engine]\nreplay_path = \"w.jsonl\"\n";
   ExpectInvalid(replay, Loc(replay, "replay_path"), "'replay_path' cannot be set");
 }
 
 TEST(Campaign, StopRuleNamingAnUnknownPredicate) {
-  const std::string text = kPlain + "[[stop]]\nname = \"s\"\npredicates = [\"path_diverged\", \"path_diverges\"]\n";
-  ExpectInvalid(text, Loc(text, "\"path_diverges\""), "unknown predicate 'path_diverges' (valid: path_diverged,");
+  const std::string text =
+      kPlain + "[[stop]]\nname = \"s\"\npredicates = [\"path_diverged\", \"path_diverges\"]\n";
+  ExpectInvalid(text, Loc(text, "\"path_diverges\""),
+                "unknown predicate 'path_diverges' (valid: path_diverged,");
 }
 
 TEST(Campaign, MissingModelOrRequest) {
   ExpectInvalid(kHead + kRequest + kArmA1, "plan.toml:1:1:", "missing [model] table");
   ExpectInvalid(kHead + kModel + kArmA1, "plan.toml:1:1:", "missing [request] table");
   ExpectInvalid(kHead + kModel + kRequest, "plan.toml:1:1:", "missing [[arm]]");
-  ExpectInvalid("question = \"q\"\n" + kModel + kRequest + kArmA1, "plan.toml:1:1:", "missing required key 'name'");
+  ExpectInvalid("question = \"q\"\n" + kModel + kRequest + kArmA1,
+                "plan.toml:1:1:", "missing required key 'name'");
 }
 
 TEST(Campaign, BothPresetAndPath) {
-  const std::string text = kHead + "[model]\npreset = \"tiny\"\npath = \"models/m48\"\n" + kRequest + kArmA1;
+  const std::string text =
+      kHead + "[model]\npreset = \"tiny\"\npath = \"models/m48\"\n" + kRequest + kArmA1;
   ExpectInvalid(text, Loc(text, "[model]"), "exactly one of 'path' or 'preset', not both");
   const std::string neither = kHead + "[model]\nseed = 1\n" + kRequest + kArmA1;
   ExpectInvalid(neither, Loc(neither, "[model]"), "give one of 'path'");
@@ -327,37 +341,49 @@ TEST(Campaign, BothPresetAndPath) {
 }
 
 TEST(Campaign, RequestNeedsExactlyOneSource) {
-  const std::string two = kHead + kModel + "[request]\nprompt = \"a\"\ntoken_file = \"tokens.txt\"\n" + kArmA1;
-  ExpectInvalid(two, Loc(two, "[request]"), "give exactly one of prompt, prompt_file, token_file or needle (got 2)");
-  const std::string missing = kHead + kModel + "[request]\nprompt_file = \"prompts/none.txt\"\n" + kArmA1;
+  const std::string two =
+      kHead + kModel + "[request]\nprompt = \"a\"\ntoken_file = \"tokens.txt\"\n" + kArmA1;
+  ExpectInvalid(two, Loc(two, "[request]"),
+                "give exactly one of prompt, prompt_file, token_file or needle (got 2)");
+  const std::string missing =
+      kHead + kModel + "[request]\nprompt_file = \"prompts/none.txt\"\n" + kArmA1;
   ExpectInvalid(missing, Loc(missing, "\"prompts/none.txt\""), "file 'prompts/none.txt' not found");
-  const std::string small = kHead + kModel + "[request]\nneedle = { tokens = 100, needles = 6 }\n" + kArmA1;
+  const std::string small =
+      kHead + kModel + "[request]\nneedle = { tokens = 100, needles = 6 }\n" + kArmA1;
   ExpectInvalid(small, Loc(small, "100"), "need at least 215 tokens");
-  const std::string range = kHead + kModel + "[request]\nneedle = { tokens = 512, needles = 65 }\n" + kArmA1;
+  const std::string range =
+      kHead + kModel + "[request]\nneedle = { tokens = 512, needles = 65 }\n" + kArmA1;
   ExpectInvalid(range, Loc(range, "65"), "'needles' must be in [1, 64], got 65");
   const std::string few = kHead + kModel + "[request]\nneedle = { tokens = 63 }\n" + kArmA1;
   ExpectInvalid(few, Loc(few, "63"), "'tokens' must be in [64, 1048576], got 63");
 }
 
 TEST(Campaign, BaselineNamingALaterArm) {
-  const std::string text = kHead + kModel + kRequest + "[[arm]]\nname = \"A1\"\nbaseline = \"A2\"\n" +
+  const std::string text = kHead + kModel + kRequest +
+                           "[[arm]]\nname = \"A1\"\nbaseline = \"A2\"\n" +
                            "[[arm]]\nname = \"A2\"\n";
-  ExpectInvalid(text, Loc(text, "\"A2\""), "arm 'A1': baseline 'A2' is not an earlier arm (earlier arms: none)");
-  const std::string self = kHead + kModel + kRequest + "[[arm]]\nname = \"A1\"\nbaseline = \"A1\"\n";
+  ExpectInvalid(text, Loc(text, "\"A2\""),
+                "arm 'A1': baseline 'A2' is not an earlier arm (earlier arms: none)");
+  const std::string self =
+      kHead + kModel + kRequest + "[[arm]]\nname = \"A1\"\nbaseline = \"A1\"\n";
   ExpectInvalid(self, Loc(self, "\"A1\"", /*last=*/true), "an arm cannot be its own baseline");
 }
 
 TEST(Campaign, RequireNamingAnUnknownDecision) {
   const std::string text =
-      kPlain + "[[arm]]\nname = \"B\"\nbaseline = \"A1\"\nrequire = [\"aa_stable\", \"aa_sable\"]\n";
-  ExpectInvalid(text, Loc(text, "\"aa_sable\""), "requires decision 'aa_sable', which no earlier arm declares");
-  const std::string no_baseline = kHead + kModel + kRequest + "[[arm]]\nname = \"A1\"\ndecision = \"d\"\n";
+      kPlain +
+      "[[arm]]\nname = \"B\"\nbaseline = \"A1\"\nrequire = [\"aa_stable\", \"aa_sable\"]\n";
+  ExpectInvalid(text, Loc(text, "\"aa_sable\""),
+                "requires decision 'aa_sable', which no earlier arm declares");
+  const std::string no_baseline =
+      kHead + kModel + kRequest + "[[arm]]\nname = \"A1\"\ndecision = \"d\"\n";
   ExpectInvalid(no_baseline, Loc(no_baseline, "\"d\""), "'decision' needs a 'baseline'");
 }
 
 TEST(Campaign, DuplicateArmName) {
   const std::string text = kPlain + "[[arm]]\nname = \"A2\"\n";
-  ExpectInvalid(text, Loc(text, "\"A2\"", /*last=*/true), "duplicate arm name 'A2' (first declared at line 9)");
+  ExpectInvalid(text, Loc(text, "\"A2\"", /*last=*/true),
+                "duplicate arm name 'A2' (first declared at line 9)");
   const std::string bad_name = kHead + kModel + kRequest + "[[arm]]\nname = \"A 1\"\n";
   ExpectInvalid(bad_name, Loc(bad_name, "\"A 1\""), "must match [A-Za-z0-9_.-]+");
 }
@@ -365,22 +391,29 @@ TEST(Campaign, DuplicateArmName) {
 TEST(Campaign, StateArmWithRepeat) {
   const std::string text = kHead + kModel + kRequest + "[[arm]]\nname = \"A1\"\nrepeat = 2\n";
   ExpectInvalid(text, Loc(text, "2\n"), "a state arm runs once ('repeat' must be 1, got 2)");
-  auto ok = Parse(kHead + kModel + kRequest + "[[arm]]\nname = \"T\"\nmode = \"timing\"\nrepeat = 2\n");
+  auto ok =
+      Parse(kHead + kModel + kRequest + "[[arm]]\nname = \"T\"\nmode = \"timing\"\nrepeat = 2\n");
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->arms[0].repeat, 2);
 }
 
 TEST(Campaign, BadEngineValueCaughtAtParseTime) {
-  const std::string arm = kPlain + "[[arm]]\nname = \"B\"\nbaseline = \"A1\"\n[arm.engine]\nmax_new = 8\nspec = -1\n";
-  ExpectInvalid(arm, Loc(arm, "-1"), "arm 'B': --spec: expected 0 .. 64 draft tokens (engine key 'spec')");
-  const std::string campaign = kHead + kModel + kRequest + "[engine]\nthreads = 2\nspec = -1\n" + kArmA1;
+  const std::string arm =
+      kPlain + "[[arm]]\nname = \"B\"\nbaseline = \"A1\"\n[arm.engine]\nmax_new = 8\nspec = -1\n";
+  ExpectInvalid(arm, Loc(arm, "-1"),
+                "arm 'B': --spec: expected 0 .. 64 draft tokens (engine key 'spec')");
+  const std::string campaign =
+      kHead + kModel + kRequest + "[engine]\nthreads = 2\nspec = -1\n" + kArmA1;
   ExpectInvalid(campaign, Loc(campaign, "-1"), "(engine key 'spec' in [engine])");
-  const std::string policy = kHead + kModel + kRequest + "[engine]\ndraft_policy = \"greedy\"\n" + kArmA1;
+  const std::string policy =
+      kHead + kModel + kRequest + "[engine]\ndraft_policy = \"greedy\"\n" + kArmA1;
   ExpectInvalid(policy, Loc(policy, "\"greedy\""), "expected static, adaptive or latency");
   // The tiny preset has 8 layers: a split past them fails before anything runs.
-  const std::string split = kHead + kModel + kRequest + kArmA1 + "[arm.engine]\nsplit = [2, 4, 9]\n";
+  const std::string split =
+      kHead + kModel + kRequest + kArmA1 + "[arm.engine]\nsplit = [2, 4, 9]\n";
   ExpectInvalid(split, Loc(split, "[2, 4, 9]"), "--split");
-  const std::string inject = kHead + kModel + kRequest + "[engine]\ninject = [\"sleep:ms=3\"]\n" + kArmA1;
+  const std::string inject =
+      kHead + kModel + kRequest + "[engine]\ninject = [\"sleep:ms=3\"]\n" + kArmA1;
   ExpectInvalid(inject, Loc(inject, "[\"sleep"), "sleep:ms=3");
 }
 
@@ -402,7 +435,8 @@ TEST(Campaign, OtherSectionsAreChecked) {
   ExpectInvalid(windows, Loc(windows, "\"0-\""), "windows: expected all, none or a list");
   const std::string point = kPlain + "[export]\npoints = [\"commit\", \"verify\"]\n";
   ExpectInvalid(point, Loc(point, "\"verify\""), "unknown point 'verify'");
-  const std::string when = kPlain + "[[stop]]\nname = \"s\"\nwhen = \"most\"\npredicates = [\"swap_used\"]\n";
+  const std::string when =
+      kPlain + "[[stop]]\nname = \"s\"\nwhen = \"most\"\npredicates = [\"swap_used\"]\n";
   ExpectInvalid(when, Loc(when, "\"most\""), "'when' must be any or all");
   const std::string control =
       kPlain.substr(0, kHead.size()) + "control = \"wobble:ms=1\"\n" + kPlain.substr(kHead.size());
@@ -421,22 +455,26 @@ TEST(Campaign, DefaultStopRuleForAaThenB) {
   EXPECT_TRUE(plain->stop.empty());
   EXPECT_FALSE(plain->default_stop);
 
-  auto aab = Parse(kPlain + "[[arm]]\nname = \"B\"\nbaseline = \"A1\"\nrequire = [\"aa_stable\"]\n" +
-                   "[arm.engine]\nprefill_chunk = 8192\n");
+  auto aab =
+      Parse(kPlain + "[[arm]]\nname = \"B\"\nbaseline = \"A1\"\nrequire = [\"aa_stable\"]\n" +
+            "[arm.engine]\nprefill_chunk = 8192\n");
   ASSERT_TRUE(aab.ok()) << aab.status().ToString();
   EXPECT_TRUE(aab->default_stop);
   ASSERT_EQ(aab->stop.size(), 1u);
   EXPECT_EQ(aab->stop[0].name, "unstable_aa");
   EXPECT_FALSE(aab->stop[0].all);
-  EXPECT_EQ(aab->stop[0].predicates,
-            (std::vector<std::string>{"path_diverged", "window_timing_unstable", "aggregate_timing_failed",
-                                      "state_failed", "output_differs"}));
+  EXPECT_EQ(
+      aab->stop[0].predicates,
+      (std::vector<std::string>{"path_diverged", "window_timing_unstable",
+                                "aggregate_timing_failed", "state_failed", "output_differs"}));
   EXPECT_EQ(aab->stop[0].message, "unstable A/A => stop attribution (default rule)");
   for (const auto& p : aab->stop[0].predicates)
-    EXPECT_NE(std::find(StopPredicates().begin(), StopPredicates().end(), p), StopPredicates().end());
+    EXPECT_NE(std::find(StopPredicates().begin(), StopPredicates().end(), p),
+              StopPredicates().end());
 
-  auto declared = Parse(kPlain + "[[arm]]\nname = \"B\"\nbaseline = \"A1\"\nrequire = [\"aa_stable\"]\n" +
-                        "[[stop]]\nname = \"mine\"\npredicates = [\"arm_failed\"]\n");
+  auto declared =
+      Parse(kPlain + "[[arm]]\nname = \"B\"\nbaseline = \"A1\"\nrequire = [\"aa_stable\"]\n" +
+            "[[stop]]\nname = \"mine\"\npredicates = [\"arm_failed\"]\n");
   ASSERT_TRUE(declared.ok()) << declared.status().ToString();
   EXPECT_FALSE(declared->default_stop);
   ASSERT_EQ(declared->stop.size(), 1u);
@@ -457,8 +495,10 @@ TEST(Campaign, ControlArmAppended) {
   EXPECT_TRUE(control.control);
   EXPECT_EQ(control.repeat, 1);
   EXPECT_TRUE(control.decision.empty());
-  EXPECT_EQ(control.engine["inject"], nlohmann::json({"delay:stage=2:window=5:ms=20", "delay:ms=1"}));
-  EXPECT_EQ(control.engine["prefill_chunk"], 64);  // the first arm's overrides: only the injection differs
+  EXPECT_EQ(control.engine["inject"],
+            nlohmann::json({"delay:stage=2:window=5:ms=20", "delay:ms=1"}));
+  EXPECT_EQ(control.engine["prefill_chunk"],
+            64);  // the first arm's overrides: only the injection differs
   auto cfg = EffectiveConfig(*r, control, "/m");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
   EXPECT_EQ(cfg->inject, (std::vector<std::string>{"delay:stage=2:window=5:ms=20", "delay:ms=1"}));
@@ -475,7 +515,8 @@ TEST(Campaign, ControlArmAppended) {
 }
 
 TEST(Campaign, EffectiveConfigMergesArmOverCampaignOverDefaults) {
-  auto r = Parse(kHead + kModel + kRequest + "[engine]\nspec = 4\ndraft_policy = \"adaptive\"\nsplit = [2, 4, 6]\n" +
+  auto r = Parse(kHead + kModel + kRequest +
+                 "[engine]\nspec = 4\ndraft_policy = \"adaptive\"\nsplit = [2, 4, 6]\n" +
                  "inject = [\"delay:stage=2:window=5:ms=20\"]\n" + kArmA1 +
                  "[[arm]]\nname = \"B\"\nbaseline = \"A1\"\n" +
                  "[arm.engine]\nspec = 2\nsplit = [3, 5, 7]\ninject = []\ncuda_attn_split = 0\n");
@@ -492,8 +533,8 @@ TEST(Campaign, EffectiveConfigMergesArmOverCampaignOverDefaults) {
   EXPECT_EQ(a1->max_new, defaults.max_new);
   auto b = EffectiveConfig(*r, r->arms[1], "/models/tiny");
   ASSERT_TRUE(b.ok()) << b.status().ToString();
-  EXPECT_EQ(b->spec, 2);                     // arm over campaign
-  EXPECT_EQ(b->draft_policy, "adaptive");    // campaign over defaults
+  EXPECT_EQ(b->spec, 2);                             // arm over campaign
+  EXPECT_EQ(b->draft_policy, "adaptive");            // campaign over defaults
   EXPECT_EQ(b->split, (std::vector<int>{3, 5, 7}));  // arrays replace
   EXPECT_TRUE(b->inject.empty());
   EXPECT_EQ(b->stages, defaults.stages);
@@ -521,7 +562,8 @@ TEST(Campaign, ReadmeExampleParses) {
   ASSERT_NE(begin, std::string::npos);
   const std::size_t end = doc.find("```", begin + 8);
   ASSERT_NE(end, std::string::npos);
-  auto r = ParseCampaign(doc.substr(begin + 8, end - begin - 8), "README.md", readme.parent_path().string());
+  auto r = ParseCampaign(doc.substr(begin + 8, end - begin - 8), "README.md",
+                         readme.parent_path().string());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->name, "aa-smoke");
   ASSERT_EQ(r->arms.size(), 5u);
@@ -592,7 +634,8 @@ TEST(Campaign, NeedleHaystackPromptIsPinned) {
   const std::string text = NeedleHaystackPrompt(NeedleSpec{256, 2, 7});
   EXPECT_EQ(text.substr(0, 62), "The code of vault 67 is 69346. The code of vault 11 is 92203. ");
   EXPECT_EQ(text.substr(text.size() - 29), "What is the code of vault 67?");
-  EXPECT_EQ(Sha256Hex(std::string_view(text)), "58791bd7ee14a557af27dcd552aefaee6318d5c8857aae6a0708862ba3756689");
+  EXPECT_EQ(Sha256Hex(std::string_view(text)),
+            "58791bd7ee14a557af27dcd552aefaee6318d5c8857aae6a0708862ba3756689");
   // The shipped replica plan's request and the full-length one (many filler draws), recorded from
   // the generator's own SplitMix64 before it was rebuilt on the engine's finaliser.
   EXPECT_EQ(Sha256Hex(std::string_view(NeedleHaystackPrompt(NeedleSpec{4096, 6, 20261018}))),

@@ -2,6 +2,7 @@
 // ledgers refused, failed and short writes (a poisoned handle), and a writer SIGKILLed mid-append.
 #include "lockstep/harness/ledger.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -19,8 +20,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "lockstep/engine/atomic_file.h"
 #include "test_util.h"
@@ -135,7 +134,9 @@ TEST(LedgerLineTest, ExactFormat) {
   e.data = {{"x", 1}};
   const std::string body = R"({"arm":"a","data":{"x":1},"event":"sent","seq":0})";
   const std::string expected =
-      fmt::format(R"({{"arm":"a","crc":"{:08x}","data":{{"x":1}},"event":"sent","seq":0}})", Crc32(body)) + "\n";
+      fmt::format(R"({{"arm":"a","crc":"{:08x}","data":{{"x":1}},"event":"sent","seq":0}})",
+                  Crc32(body)) +
+      "\n";
   EXPECT_EQ(LedgerLine(e), expected);
 }
 
@@ -148,8 +149,11 @@ TEST(LedgerLineTest, NullDataIsEmptyObject) {
 
 TEST_F(LedgerTest, RoundTrip) {
   const std::string path = Path("ledger.jsonl");
-  const json rich = {{"s", "tab\there \"quoted\" ünïcödé"}, {"neg", -7}, {"big", 18446744073709551615ull},
-                     {"f", 0.1},  {"nested", {{"list", {1, 2, 3}}, {"empty", json::object()}}}};
+  const json rich = {{"s", "tab\there \"quoted\" ünïcödé"},
+                     {"neg", -7},
+                     {"big", 18446744073709551615ull},
+                     {"f", 0.1},
+                     {"nested", {{"list", {1, 2, 3}}, {"empty", json::object()}}}};
   {
     Result<Ledger> l = Ledger::Create(path);
     ASSERT_TRUE(l.ok()) << l.status().ToString();
@@ -157,7 +161,8 @@ TEST_F(LedgerTest, RoundTrip) {
     Result<LedgerEntry> a = l->Append("planned", "", rich, true);
     ASSERT_TRUE(a.ok()) << a.status().ToString();
     EXPECT_EQ(a->seq, 0);
-    Result<LedgerEntry> b = l->Append("sent", "A", {}, false);  // {} at a call site is null: no data
+    Result<LedgerEntry> b =
+        l->Append("sent", "A", {}, false);  // {} at a call site is null: no data
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     EXPECT_EQ(b->seq, 1);
     EXPECT_EQ(b->data, json::object());
@@ -297,7 +302,8 @@ TEST_F(LedgerTest, WrongSeqOrExtraMembersAreInvalid) {
   WriteRaw(path, good + wrong_seq + LedgerLine(e));
   Result<LedgerLoad> r = Ledger::Read(path);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("seq is 7, expected 3"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("seq is 7, expected 3"), std::string::npos)
+      << r.status().ToString();
 
   // An extra member, with a CRC that covers it, is still not a ledger line.
   json obj = {{"seq", 3}, {"event", "sent"}, {"arm", ""}, {"data", json::object()}, {"extra", 1}};
@@ -328,7 +334,8 @@ TEST_F(LedgerTest, AppendRefusesBadData) {
   EXPECT_EQ(arr.status().code(), Status::Code::kInvalidArgument);
   Result<LedgerEntry> utf = l->Append("sent", "A", {{"s", std::string("\xff\xfe")}}, true);
   EXPECT_EQ(utf.status().code(), Status::Code::kInvalidArgument) << utf.status().ToString();
-  Result<LedgerEntry> big = l->Append("sent", "A", {{"s", std::string((std::size_t{16} << 20) + 1, 'x')}}, true);
+  Result<LedgerEntry> big =
+      l->Append("sent", "A", {{"s", std::string((std::size_t{16} << 20) + 1, 'x')}}, true);
   EXPECT_EQ(big.status().code(), Status::Code::kInvalidArgument) << big.status().ToString();
   EXPECT_EQ(l->next_seq(), 0);
   EXPECT_EQ(Slurp(path), "");
@@ -356,7 +363,8 @@ TEST_F(LedgerTest, MovedLedgerKeepsAppending) {
 void WithFileSizeLimit(std::size_t limit, const std::function<void()>& fn) {
   struct rlimit old {};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
-  struct sigaction ignore {}, prev {};
+  struct sigaction ignore {
+  }, prev{};
   ignore.sa_handler = SIG_IGN;
   ASSERT_EQ(::sigaction(SIGXFSZ, &ignore, &prev), 0);
   struct rlimit cut = old;
@@ -431,7 +439,9 @@ TEST_F(LedgerTest, KilledWriterLeavesAnOpenableLedger) {
       std::mt19937 child_rng(static_cast<unsigned>(round));
       for (int i = 0; i < 1000000; ++i) {
         const std::size_t size = (i % 3 == 0) ? (child_rng() % (1u << 18)) : (child_rng() % 200);
-        if (!l->Append("sent", fmt::format("arm{}", i), {{"i", i}, {"pad", std::string(size, 'p')}}, i % 5 == 0).ok()) {
+        if (!l->Append("sent", fmt::format("arm{}", i), {{"i", i}, {"pad", std::string(size, 'p')}},
+                       i % 5 == 0)
+                 .ok()) {
           ::_exit(4);
         }
       }
@@ -441,7 +451,8 @@ TEST_F(LedgerTest, KilledWriterLeavesAnOpenableLedger) {
     ASSERT_EQ(::kill(pid, SIGKILL), 0);
     int wstatus = 0;
     ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
-    ASSERT_FALSE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) != 0) << "child failed: exit " << WEXITSTATUS(wstatus);
+    ASSERT_FALSE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) != 0)
+        << "child failed: exit " << WEXITSTATUS(wstatus);
 
     const std::string before = Slurp(path);
     LedgerLoad loaded;

@@ -63,7 +63,8 @@ const std::string& SmokeRun() {
     auto r = RunLockstep("run " + kCampaigns + "/aa-smoke.toml --out " + d + " --no-progress");
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     // The summary line names what caught the control as failed gates.
-    EXPECT_NE(r.out.find("control vs A1: caught (positive control; failed gates: state within thresholds"),
+    EXPECT_NE(r.out.find(
+                  "control vs A1: caught (positive control; failed gates: state within thresholds"),
               std::string::npos)
         << r.out;
     return d;

@@ -25,7 +25,8 @@ int ExpectedRank(int n) {
   std::vector<std::uint64_t> c(static_cast<std::size_t>(n) + 1, 0);  // C(n, i)
   c[0] = 1;
   for (int row = 1; row <= n; ++row) {
-    for (int i = row; i >= 1; --i) c[static_cast<std::size_t>(i)] += c[static_cast<std::size_t>(i - 1)];
+    for (int i = row; i >= 1; --i)
+      c[static_cast<std::size_t>(i)] += c[static_cast<std::size_t>(i - 1)];
   }
   const double total = std::ldexp(1.0, n);
   int best = 0;
@@ -161,8 +162,9 @@ TEST(CompareTimingRepeatsTest, RefusesTooFewRepeats) {
   EXPECT_TRUE(v.refused);
   EXPECT_NE(v.refused_reason.find('2'), std::string::npos) << v.refused_reason;
   EXPECT_NE(v.refused_reason.find('6'), std::string::npos) << v.refused_reason;
-  EXPECT_EQ(v.refused_reason,
-            "2 repeats per arm (A: 2, B: 2); a timing verdict needs at least 6 fresh processes per arm");
+  EXPECT_EQ(
+      v.refused_reason,
+      "2 repeats per arm (A: 2, B: 2); a timing verdict needs at least 6 fresh processes per arm");
   EXPECT_EQ(v.repeats_a, 2);
   EXPECT_EQ(v.repeats_b, 2);
   // The stats it can give are still there; the verdict is not.
@@ -173,7 +175,8 @@ TEST(CompareTimingRepeatsTest, RefusesTooFewRepeats) {
 
   const TimingVerdict one_short = CompareTimingRepeats(Repeats(6, 4, 10.0), Repeats(5, 4, 10.0), 6);
   EXPECT_TRUE(one_short.refused);
-  EXPECT_NE(one_short.refused_reason.find("A: 6, B: 5"), std::string::npos) << one_short.refused_reason;
+  EXPECT_NE(one_short.refused_reason.find("A: 6, B: 5"), std::string::npos)
+      << one_short.refused_reason;
 }
 
 TEST(CompareTimingRepeatsTest, SixRepeatsGiveAVerdict) {

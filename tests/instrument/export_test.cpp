@@ -4,7 +4,6 @@
 // a failing disk write exits 3 and keeps the output.
 #include <gtest/gtest.h>
 #include <hdf5.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,14 +13,15 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
 
-#include "lockstep/instrument/export_writer.h"
 #include "lockstep/h5/handle.h"
 #include "lockstep/h5/rows.h"
+#include "lockstep/instrument/export_writer.h"
 #include "test_util.h"
 
 namespace lockstep {
@@ -34,7 +34,8 @@ std::vector<std::string> SchemaTemplates() {
   std::stringstream ss;
   ss << f.rdbuf();
   const std::string text = ss.str();
-  const auto b = text.find("<!-- schema-paths:begin -->"), e = text.find("<!-- schema-paths:end -->");
+  const auto b = text.find("<!-- schema-paths:begin -->"),
+             e = text.find("<!-- schema-paths:end -->");
   EXPECT_NE(b, std::string::npos) << "HINT: SCHEMA.md lost its schema-paths block";
   std::vector<std::string> out;
   std::istringstream lines(text.substr(b, e - b));
@@ -45,7 +46,8 @@ std::vector<std::string> SchemaTemplates() {
 
 std::regex TemplateRegex(std::string t) {
   auto rep = [&](const std::string& from, const std::string& to) {
-    for (auto p = t.find(from); p != std::string::npos; p = t.find(from, p + to.size())) t.replace(p, from.size(), to);
+    for (auto p = t.find(from); p != std::string::npos; p = t.find(from, p + to.size()))
+      t.replace(p, from.size(), to);
   };
   rep("{W:05d}", "[0-9]{5}");
   rep("{point}", "(pre_verify|post_verify|commit)");
@@ -72,10 +74,13 @@ std::int64_t IntAttr(hid_t obj, const char* name) {
   return v;
 }
 
-std::string RunExport(const std::string& name, const std::string& extra, const std::string& preset = "tiny") {
+std::string RunExport(const std::string& name, const std::string& extra,
+                      const std::string& preset = "tiny") {
   std::string path = test::NewDir(name) + "/a.h5";
-  auto r = test::RunLockstep("generate --model " + test::ModelDir(preset) + " --prompt 'export me, please' --max-new 12 "
-                             "--ignore-eos --spec 4 --threads 2 --export " + path + " " + extra);
+  auto r = test::RunLockstep("generate --model " + test::ModelDir(preset) +
+                             " --prompt 'export me, please' --max-new 12 "
+                             "--ignore-eos --spec 4 --threads 2 --export " +
+                             path + " " + extra);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("items per checkpoint"), std::string::npos) << r.err;
   return path;
@@ -139,25 +144,74 @@ TEST(Export, TablesHaveTheSharedRowLayouts) {
     std::vector<Member> members;
   };
   Table tables[] = {
-      {"/index/items", IndexRowType(), 216,
-       {{"checkpoint", 0}, {"rel", 32}, {"kind", 96}, {"dtype", 112}, {"stage", 120}, {"layer", 124},
-        {"rank", 128}, {"dims", 136}, {"valid_rows", 168}, {"capacity_rows", 176}, {"offset", 184},
-        {"scale_offset", 192}, {"scale_dims", 200}}},
-      {"/trace/windows", RowType(sizeof(TraceWindowRow), kTraceWindowFields), 96,
-       {{"idx", 0}, {"p", 4}, {"T", 8}, {"T_mtp", 12}, {"merged", 16}, {"from_sfx", 17},
-        {"first_call", 18}, {"chain_n", 20}, {"accepted", 24}, {"begin_ns", 32}, {"end_ns", 40},
-        {"verify_ns", 48}, {"wait_ns", 56}, {"compute_ns", 64}, {"draft_ns", 72}, {"commit_ns", 80},
+      {"/index/items",
+       IndexRowType(),
+       216,
+       {{"checkpoint", 0},
+        {"rel", 32},
+        {"kind", 96},
+        {"dtype", 112},
+        {"stage", 120},
+        {"layer", 124},
+        {"rank", 128},
+        {"dims", 136},
+        {"valid_rows", 168},
+        {"capacity_rows", 176},
+        {"offset", 184},
+        {"scale_offset", 192},
+        {"scale_dims", 200}}},
+      {"/trace/windows",
+       RowType(sizeof(TraceWindowRow), kTraceWindowFields),
+       96,
+       {{"idx", 0},
+        {"p", 4},
+        {"T", 8},
+        {"T_mtp", 12},
+        {"merged", 16},
+        {"from_sfx", 17},
+        {"first_call", 18},
+        {"chain_n", 20},
+        {"accepted", 24},
+        {"begin_ns", 32},
+        {"end_ns", 40},
+        {"verify_ns", 48},
+        {"wait_ns", 56},
+        {"compute_ns", 64},
+        {"draft_ns", 72},
+        {"commit_ns", 80},
         {"export_ns", 88}}},
-      {"/trace/stages", RowType(sizeof(TraceStageRow), kTraceStageFields), 72,
-       {{"window", 0}, {"stage", 4}, {"wait_ns", 8}, {"compute_ns", 16}, {"cpu_ns", 24},
-        {"dev_wait_ns", 32}, {"dev_compute_ns", 40}, {"dev_copy_ns", 48}, {"init_ns", 56},
+      {"/trace/stages",
+       RowType(sizeof(TraceStageRow), kTraceStageFields),
+       72,
+       {{"window", 0},
+        {"stage", 4},
+        {"wait_ns", 8},
+        {"compute_ns", 16},
+        {"cpu_ns", 24},
+        {"dev_wait_ns", 32},
+        {"dev_compute_ns", 40},
+        {"dev_copy_ns", 48},
+        {"init_ns", 56},
         {"graph", 64}}},
-      {"/trace/samples", RowType(sizeof(HostSampleRow), kHostSampleFields), 40,
-       {{"t_ns", 0}, {"host_available_bytes", 8}, {"swap_used_bytes", 16}, {"rss_bytes", 24},
+      {"/trace/samples",
+       RowType(sizeof(HostSampleRow), kHostSampleFields),
+       40,
+       {{"t_ns", 0},
+        {"host_available_bytes", 8},
+        {"swap_used_bytes", 16},
+        {"rss_bytes", 24},
         {"process_cpu_ns", 32}}},
-      {"/trace/device_samples", RowType(sizeof(DeviceSampleRow), kDeviceSampleFields), 48,
-       {{"t_ns", 0}, {"device", 8}, {"free_bytes", 16}, {"total_bytes", 24}, {"temperature_c", 32},
-        {"sm_clock_mhz", 36}, {"pcie_gen", 40}, {"pcie_width", 44}}},
+      {"/trace/device_samples",
+       RowType(sizeof(DeviceSampleRow), kDeviceSampleFields),
+       48,
+       {{"t_ns", 0},
+        {"device", 8},
+        {"free_bytes", 16},
+        {"total_bytes", 24},
+        {"temperature_c", 32},
+        {"sm_clock_mhz", 36},
+        {"pcie_gen", 40},
+        {"pcie_width", 44}}},
   };
   // /trace/windows' columns are WindowRecord's scalar fields of the same names (window.h).
   for (const RowField& c : kTraceWindowFields) {
@@ -245,18 +299,21 @@ TEST(Export, TraceOnlyAndBadSelections) {
   ASSERT_TRUE(f.valid());
   EXPECT_GT(H5Lexists(f.get(), "/trace/windows", H5P_DEFAULT), 0);
   EXPECT_LE(H5Lexists(f.get(), "/checkpoints", H5P_DEFAULT), 0);
-  auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny") + " --prompt x --export /tmp/unused.h5 "
+  auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny") +
+                             " --prompt x --export /tmp/unused.h5 "
                              "--export-windows 3-1");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--export-windows"), std::string::npos) << r.err;
-  r = test::RunLockstep("generate --model " + test::ModelDir("tiny") + " --prompt x --export /tmp/unused.h5 "
+  r = test::RunLockstep("generate --model " + test::ModelDir("tiny") +
+                        " --prompt x --export /tmp/unused.h5 "
                         "--export-points commit,sometimes");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("sometimes"), std::string::npos) << r.err;
 }
 
 TEST(Export, OpensWithH5ls) {
-  if (std::system("command -v h5ls >/dev/null 2>&1") != 0) GTEST_SKIP() << "h5ls not installed (hdf5-tools)";
+  if (std::system("command -v h5ls >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "h5ls not installed (hdf5-tools)";
   const std::string path = RunExport("h5ls", "--export-windows 0");
   const std::string out = test::NewDir("h5ls") + "/ls.txt";
   ASSERT_EQ(std::system(("h5ls -r " + path + " > " + out).c_str()), 0);
@@ -276,9 +333,10 @@ TEST(Export, KilledRunLeavesOnlyPartial) {
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       const std::string model = test::ModelDir("tiny");
-      execl(LOCKSTEP_BIN_PATH, "lockstep", "generate", "--model", model.c_str(), "--prompt", "kill me while I export",
-            "--max-new", "100000", "--ignore-eos", "--spec", "4", "--threads", "1", "--export", path.c_str(),
-            "--export-windows", "all", static_cast<char*>(nullptr));
+      execl(LOCKSTEP_BIN_PATH, "lockstep", "generate", "--model", model.c_str(), "--prompt",
+            "kill me while I export", "--max-new", "100000", "--ignore-eos", "--spec", "4",
+            "--threads", "1", "--export", path.c_str(), "--export-windows", "all",
+            static_cast<char*>(nullptr));
       _exit(127);
     }
     // Kill it while it exports: once the .partial file exists (a loaded machine may need a while to
@@ -301,8 +359,9 @@ TEST(Export, DiskWriteFailureExits3AndKeepsOutput) {
   const std::string dir = test::NewDir("fsize");
   const std::string path = dir + "/big.h5";
   const std::string out = dir + "/out.txt", err = dir + "/err.txt";
-  const std::string run = "bash -c 'ulimit -f 64; exec " + std::string(LOCKSTEP_BIN_PATH) + " generate --model " +
-                          test::ModelDir("tiny") + " --prompt \"disk full\" --max-new 40 --ignore-eos --spec 4 --export " +
+  const std::string run = "bash -c 'ulimit -f 64; exec " + std::string(LOCKSTEP_BIN_PATH) +
+                          " generate --model " + test::ModelDir("tiny") +
+                          " --prompt \"disk full\" --max-new 40 --ignore-eos --spec 4 --export " +
                           path + " --export-windows all' >" + out + " 2>" + err;
   const int st = std::system(run.c_str());
   ASSERT_TRUE(WIFEXITED(st));
@@ -328,9 +387,9 @@ TEST(Trace, JsonlSurvivesSigkill) {
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
-      execl(LOCKSTEP_BIN_PATH, "lockstep", "generate", "--model", model.c_str(), "--prompt", "trace until killed",
-            "--max-new", "1000000", "--ignore-eos", "--spec", "3", "--threads", "1", "--trace-jsonl", path.c_str(),
-            static_cast<char*>(nullptr));
+      execl(LOCKSTEP_BIN_PATH, "lockstep", "generate", "--model", model.c_str(), "--prompt",
+            "trace until killed", "--max-new", "1000000", "--ignore-eos", "--spec", "3",
+            "--threads", "1", "--trace-jsonl", path.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
     // Kill at a different point each time (40..340 ms).
@@ -349,7 +408,8 @@ TEST(Trace, JsonlSurvivesSigkill) {
     const bool ends_whole = text.empty() || text.back() == '\n';
     // Every whole line is a window; an unterminated tail is one more (cut just before its
     // newline) or the torn record, reported.
-    EXPECT_EQ(static_cast<long>(windows->size()), static_cast<long>(whole_lines) + (ends_whole || !torn.empty() ? 0 : 1))
+    EXPECT_EQ(static_cast<long>(windows->size()),
+              static_cast<long>(whole_lines) + (ends_whole || !torn.empty() ? 0 : 1))
         << "kill " << i;
     if (ends_whole) {
       EXPECT_TRUE(torn.empty()) << "kill " << i << ": " << torn;
@@ -361,8 +421,10 @@ TEST(Trace, JsonlSurvivesSigkill) {
 
 TEST(Resources, GuardEndsTheRequestCleanlyAndSamplesAreExported) {
   const std::string dir = test::NewDir("guard");
-  auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny") + " --prompt 'guard me' --max-new 30 "
-                             "--ignore-eos --json --guard-min-free-mib 1000000000 --export " + dir + "/g.h5");
+  auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny") +
+                             " --prompt 'guard me' --max-new 30 "
+                             "--ignore-eos --json --guard-min-free-mib 1000000000 --export " +
+                             dir + "/g.h5");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["stop_reason"], "resource_guard");
@@ -383,10 +445,12 @@ TEST(Resources, GuardEndsTheRequestCleanlyAndSamplesAreExported) {
   std::string nvml(H5Tget_size(t.get()), '\0');
   H5Aread(a.get(), t.get(), nvml.data());
   if (j["resources"]["devices"].empty()) {
-    EXPECT_EQ(nvml.rfind("unknown: ", 0), 0u) << "no GPU: fields are recorded as unknown with the reason";
+    EXPECT_EQ(nvml.rfind("unknown: ", 0), 0u)
+        << "no GPU: fields are recorded as unknown with the reason";
   }
   // A normal run does not trip and reports sampler intervals.
-  auto ok = test::RunLockstep("generate --model " + test::ModelDir("tiny") + " --prompt 'fine' --max-new 4 --json");
+  auto ok = test::RunLockstep("generate --model " + test::ModelDir("tiny") +
+                              " --prompt 'fine' --max-new 4 --json");
   ASSERT_EQ(ok.exit_code, 0);
   auto jo = nlohmann::json::parse(ok.out);
   EXPECT_NE(jo["stop_reason"], "resource_guard");
@@ -395,14 +459,18 @@ TEST(Resources, GuardEndsTheRequestCleanlyAndSamplesAreExported) {
 
 TEST(Trace, ChromeTraceFromTheCli) {
   const std::string path = test::NewDir("chrome") + "/t.json";
-  auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny") + " --prompt 'perfetto' --max-new 10 "
-                             "--spec 3 --trace-json " + path);
+  auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny") +
+                             " --prompt 'perfetto' --max-new 10 "
+                             "--spec 3 --trace-json " +
+                             path);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::ifstream f(path);
   auto j = nlohmann::json::parse(f);
   int stage_tracks = 0, computes = 0;
   for (const auto& e : j["traceEvents"]) {
-    if (e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"].get<std::string>().rfind("stage", 0) == 0) ++stage_tracks;
+    if (e["ph"] == "M" && e["name"] == "thread_name" &&
+        e["args"]["name"].get<std::string>().rfind("stage", 0) == 0)
+      ++stage_tracks;
     if (e["ph"] == "X" && e["name"] == "compute") ++computes;
   }
   EXPECT_EQ(stage_tracks, 4);
@@ -418,9 +486,12 @@ TEST(Export, WindowSelectionParsing) {
   EXPECT_TRUE(WindowSelection::Parse("none")->none());
   EXPECT_FALSE(WindowSelection::Parse("2-1").ok());
   EXPECT_FALSE(WindowSelection::Parse("a").ok());
-  EXPECT_EQ(ItemPath(3, CheckpointPoint::kCommit, 1, 7, ItemKind::kK), "checkpoints/00003_commit/stage1/layer7/k");
-  EXPECT_EQ(ItemPath(0, CheckpointPoint::kPostVerify, 3, -1, ItemKind::kLogits), "checkpoints/00000_post_verify/stage3/logits");
-  EXPECT_EQ(ItemPath(0, CheckpointPoint::kPreVerify, 3, -1, ItemKind::kMtpV), "checkpoints/00000_pre_verify/stage3/mtp/v");
+  EXPECT_EQ(ItemPath(3, CheckpointPoint::kCommit, 1, 7, ItemKind::kK),
+            "checkpoints/00003_commit/stage1/layer7/k");
+  EXPECT_EQ(ItemPath(0, CheckpointPoint::kPostVerify, 3, -1, ItemKind::kLogits),
+            "checkpoints/00000_post_verify/stage3/logits");
+  EXPECT_EQ(ItemPath(0, CheckpointPoint::kPreVerify, 3, -1, ItemKind::kMtpV),
+            "checkpoints/00000_pre_verify/stage3/mtp/v");
 }
 
 }  // namespace

@@ -19,7 +19,8 @@
 namespace lockstep {
 
 // Path fields that can be aligned on.
-const std::vector<std::string>& AlignableFields();  // p, T, T_mtp, merged, from_sfx, chain_n, accepted
+const std::vector<std::string>&
+AlignableFields();  // p, T, T_mtp, merged, from_sfx, chain_n, accepted
 const std::vector<std::string>& DefaultAlignFields();  // p, T, T_mtp, merged, from_sfx, chain_n
 // "p,T,T_mtp" -> validated list (kInvalidArgument naming an unknown field; empty list rejected).
 Result<std::vector<std::string>> ParseAlignFields(std::string_view csv);
@@ -36,19 +37,19 @@ const std::vector<std::string>& TimingIntervals();  // verify, wait, compute, dr
 const std::vector<std::string>& DeviceTimingIntervals();  // dev_wait, dev_compute, dev_copy, init
 
 struct IntervalDiff {
-  std::string name;              // TimingIntervals() or DeviceTimingIntervals()
-  bool known = true;             // false when either side recorded it as unknown (-1) anywhere
-  std::vector<double> delta_ms;  // per matched window: B - A (empty when unknown)
-  double max_abs_delta_ms = 0.0; // largest |delta|
-  int max_at = -1;               // its window index
-  double median_delta_ms = 0.0;  // median of delta (signed)
+  std::string name;               // TimingIntervals() or DeviceTimingIntervals()
+  bool known = true;              // false when either side recorded it as unknown (-1) anywhere
+  std::vector<double> delta_ms;   // per matched window: B - A (empty when unknown)
+  double max_abs_delta_ms = 0.0;  // largest |delta|
+  int max_at = -1;                // its window index
+  double median_delta_ms = 0.0;   // median of delta (signed)
   double median_abs_delta_ms = 0.0;
   double sum_a_ms = 0.0, sum_b_ms = 0.0;  // over the matched prefix
-  double rel_diff = 0.0;         // (sum_b - sum_a) / sum_a (0 when sum_a == 0 and sum_b == 0)
+  double rel_diff = 0.0;  // (sum_b - sum_a) / sum_a (0 when sum_a == 0 and sum_b == 0)
 };
 
 struct NotableWindow {
-  int idx = 0;        // the side's own window index
+  int idx = 0;  // the side's own window index
   int p = 0, T = 0;
   double verify_ms = 0.0;
   double ratio_to_median = 0.0;  // verify_ms / the side's median verify time
@@ -58,16 +59,16 @@ struct NotableWindow {
 struct AlignResult {
   std::vector<std::string> fields;
   int n_a = 0, n_b = 0;
-  int matched = 0;          // length of the matched prefix
-  bool diverged = false;    // false only when both traces are equal over their whole length
-  int div_idx = -1;         // first divergence index (== matched when diverged)
-  std::optional<WindowRecord> div_a, div_b;  // the windows at div_idx (nullopt: that side ended)
-  std::vector<std::string> differing_fields; // at div_idx (empty when one side ended)
+  int matched = 0;        // length of the matched prefix
+  bool diverged = false;  // false only when both traces are equal over their whole length
+  int div_idx = -1;       // first divergence index (== matched when diverged)
+  std::optional<WindowRecord> div_a, div_b;   // the windows at div_idx (nullopt: that side ended)
+  std::vector<std::string> differing_fields;  // at div_idx (empty when one side ended)
   // One per TimingIntervals(), then one per DeviceTimingIntervals() when either trace has device
   // timing; matched prefix only.
   std::vector<IntervalDiff> timing;
   std::vector<WindowRecord> rest_a, rest_b;  // windows after the divergence, per side (div_idx ..)
-  std::vector<NotableWindow> notable_a, notable_b;  // per side, over the whole trace
+  std::vector<NotableWindow> notable_a, notable_b;            // per side, over the whole trace
   double median_verify_ms_a = 0.0, median_verify_ms_b = 0.0;  // each side, whole trace
 };
 

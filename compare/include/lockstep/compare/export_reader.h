@@ -56,12 +56,12 @@ namespace lockstep {
 
 struct ReaderLimits {
   int max_rank = 4;
-  std::int64_t max_dim = std::int64_t{1} << 31;               // any single dimension
-  std::int64_t max_item_bytes = std::int64_t{1} << 40;        // also bounded by the file length
-  std::int64_t max_items = 4'000'000;                          // checkpoint items in the file
-  std::int64_t max_windows = 50'000'000;                       // rows of /trace/windows (and of the sample tables)
-  std::int64_t max_tokens = 50'000'000;                        // request / output token ids
-  std::int64_t max_string_bytes = std::int64_t{64} << 20;      // /config and string attributes
+  std::int64_t max_dim = std::int64_t{1} << 31;         // any single dimension
+  std::int64_t max_item_bytes = std::int64_t{1} << 40;  // also bounded by the file length
+  std::int64_t max_items = 4'000'000;                   // checkpoint items in the file
+  std::int64_t max_windows = 50'000'000;  // rows of /trace/windows (and of the sample tables)
+  std::int64_t max_tokens = 50'000'000;   // request / output token ids
+  std::int64_t max_string_bytes = std::int64_t{64} << 20;  // /config and string attributes
   // Locate items through /index/items when the export has one (lockstep's own exports do): one
   // table instead of opening every dataset. Every row is checked against the limits and the file
   // length, and each checkpoint's first item against its dataset. false: walk every dataset.
@@ -70,24 +70,25 @@ struct ReaderLimits {
 
 // One checkpoint item (a dataset under /checkpoints/{W:05d}_{point}/...).
 struct ExportItem {
-  std::string rel;           // path inside the checkpoint, the match key: "stage0/layer3/k"
+  std::string rel;               // path inside the checkpoint, the match key: "stage0/layer3/k"
   ItemKind kind = ItemKind::kK;  // attr `kind` (its name, observer.h), checked against the path
-  int stage = -1;            // attr `stage`
-  int layer = -1;            // attr `layer` (-1 for mtp / hidden_out / logits)
-  DType dtype = DType::kF32; // attr `dtype`: "f32" | "bf16" | "int8", checked against the HDF5 type
+  int stage = -1;                // attr `stage`
+  int layer = -1;                // attr `layer` (-1 for mtp / hidden_out / logits)
+  DType dtype =
+      DType::kF32;  // attr `dtype`: "f32" | "bf16" | "int8", checked against the HDF5 type
   std::vector<std::int64_t> shape;  // dataset dims, rows first (rank >= 1)
   std::int64_t valid_rows = 0;      // attr `valid_rows` (== shape[0])
   std::int64_t capacity_rows = 0;   // attr `capacity_rows` (>= valid_rows)
   bool has_scales = false;          // int8: a sibling `<name>_scale` f32 [rows, heads] exists
   std::int64_t rows() const { return shape.empty() ? 0 : shape[0]; }
-  std::int64_t row_elems() const;   // product of shape[1..] (1 for rank 1)
-  std::int64_t scale_row_elems = 0; // int8: elements per row of the scale dataset
-  std::size_t elem_bytes() const;   // 4 (f32), 2 (bf16), 1 (int8)
+  std::int64_t row_elems() const;    // product of shape[1..] (1 for rank 1)
+  std::int64_t scale_row_elems = 0;  // int8: elements per row of the scale dataset
+  std::size_t elem_bytes() const;    // 4 (f32), 2 (bf16), 1 (int8)
 };
 
 struct ExportCheckpoint {
-  std::string name;    // "00000_commit"
-  int window = 0;      // attr `window`
+  std::string name;                                     // "00000_commit"
+  int window = 0;                                       // attr `window`
   CheckpointPoint point = CheckpointPoint::kPreVerify;  // attr `point` (its name, observer.h)
   std::int64_t p = 0, T = 0, committed_rows = 0, spec_rows = 0, recurrent_pos = 0;
   std::vector<ExportItem> items;  // sorted by (stage, layer with -1 last, kind order of the schema)
@@ -110,14 +111,15 @@ struct SamplerSummary {
 
 struct ExportMeta {
   // root attributes
-  std::string schema;           // "lockstep.export"
+  std::string schema;  // "lockstep.export"
   std::int64_t schema_version = 0;
-  std::string arm, run_id, created_utc, executable_sha256, config_sha256, model_sha256, request_sha256;
+  std::string arm, run_id, created_utc, executable_sha256, config_sha256, model_sha256,
+      request_sha256;
   std::int64_t seed = 0;
-  std::string config_json;      // /config (canonical JSON of the effective engine config)
+  std::string config_json;  // /config (canonical JSON of the effective engine config)
   std::vector<std::int32_t> request_tokens;  // /request/tokens
   std::int64_t max_new = 0;
-  std::vector<std::int32_t> output_tokens;   // /output/tokens
+  std::vector<std::int32_t> output_tokens;  // /output/tokens
   std::string stop_reason, text_sha256;
   std::vector<ExportCheckpoint> checkpoints;  // sorted by (window, point order pre/post/commit)
   // /trace/windows: path and timing fields (draft, emitted and per-stage timings are not in the
@@ -140,7 +142,8 @@ struct ExportMeta {
 
 class ExportReader {
  public:
-  static Result<std::unique_ptr<ExportReader>> Open(const std::string& path, const ReaderLimits& limits = {});
+  static Result<std::unique_ptr<ExportReader>> Open(const std::string& path,
+                                                    const ReaderLimits& limits = {});
   ~ExportReader();
   ExportReader(const ExportReader&) = delete;
   ExportReader& operator=(const ExportReader&) = delete;
@@ -148,11 +151,11 @@ class ExportReader {
   const ExportMeta& meta() const;
   // Rows [row0, row0 + n) of `item` of checkpoint `cp` as raw elements (row_elems() * elem_bytes()
   // bytes per row, the dataset's dtype) into dst. Bounds are checked (kInvalidArgument).
-  Status ReadRows(const ExportCheckpoint& cp, const ExportItem& item, std::int64_t row0, std::int64_t n,
-                  void* dst) const;
+  Status ReadRows(const ExportCheckpoint& cp, const ExportItem& item, std::int64_t row0,
+                  std::int64_t n, void* dst) const;
   // int8 items: the f32 scales of rows [row0, row0 + n) (scale_row_elems floats per row).
-  Status ReadScaleRows(const ExportCheckpoint& cp, const ExportItem& item, std::int64_t row0, std::int64_t n,
-                       float* dst) const;
+  Status ReadScaleRows(const ExportCheckpoint& cp, const ExportItem& item, std::int64_t row0,
+                       std::int64_t n, float* dst) const;
   // True when the item's rows are read with pread() at a validated file offset (contiguous,
   // unfiltered, stored in the native type: what the exporter writes); false when ReadRows() uses
   // the serialised H5Dread fallback, or for an item of another export.

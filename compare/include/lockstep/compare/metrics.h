@@ -50,8 +50,8 @@ struct DiffStats {
   std::int64_t first_diff = -1;
   bool non_finite = false;
   std::uint64_t n = 0;
-  std::uint64_t code_diff = 0;         // int8 only: codes that differ
-  std::int64_t first_code_diff = -1;   // int8 only: global index of the first (-1: none)
+  std::uint64_t code_diff = 0;        // int8 only: codes that differ
+  std::int64_t first_code_diff = -1;  // int8 only: global index of the first (-1: none)
 };
 
 // Streams one item in blocks of elements. Element indices (first_diff, first_code_diff) are
@@ -67,8 +67,8 @@ struct F32Accumulator {
   // n raw bf16 codes of each side; values widen exactly (code << 16).
   void AddBf16(const std::uint16_t* a, const std::uint16_t* b, std::size_t n);
   // rows x heads x head_dim codes, row-major, with one scale per (row, head): [rows, heads].
-  void AddInt8(const std::int8_t* a, const float* a_scale, const std::int8_t* b, const float* b_scale,
-               std::size_t rows, std::size_t heads, std::size_t head_dim);
+  void AddInt8(const std::int8_t* a, const float* a_scale, const std::int8_t* b,
+               const float* b_scale, std::size_t rows, std::size_t heads, std::size_t head_dim);
   // Adds another accumulator's elements (sums add, counts add, first indices take the minimum).
   // Deterministic for a fixed merge order.
   void Merge(const F32Accumulator& other);

@@ -25,9 +25,9 @@ const std::vector<std::string>& ReportConfigKeys();
 
 // What a report says about one arm (derived from its export, allowlisted).
 struct ArmInfo {
-  std::string arm;             // --arm name ("A" / "B" when empty)
+  std::string arm;  // --arm name ("A" / "B" when empty)
   std::string run_id;
-  std::string model_sha256_12; // first 12 hex digits
+  std::string model_sha256_12;  // first 12 hex digits
   std::string request_sha256_12;
   std::string config_sha256_12;
   std::map<std::string, std::string> config;  // ReportConfigKeys() -> value as compact JSON text
@@ -51,10 +51,12 @@ struct ReportInput {
 // Measurement limitations listed from what the exports marked unknown and from what was not run.
 std::vector<std::string> Limitations(const ReportInput& in);
 
-std::string RenderJson(const ReportInput& in);      // pretty JSON, keys documented in compare/REPORTS.md
+std::string RenderJson(
+    const ReportInput& in);  // pretty JSON, keys documented in compare/REPORTS.md
 std::string RenderMarkdown(const ReportInput& in);  // seed-issue structure, allowlisted
-std::string RenderHtml(const ReportInput& in);      // self-contained, inline SVG, no scripts from outside
-std::string RenderJUnit(const ReportInput& in);     // one <testcase> per checkpoint item and per gate
+std::string RenderHtml(
+    const ReportInput& in);  // self-contained, inline SVG, no scripts from outside
+std::string RenderJUnit(const ReportInput& in);  // one <testcase> per checkpoint item and per gate
 
 // ---- gates (JUnit suite "lockstep.gates") ----
 // One pass/fail decision shown as a JUnit testcase; `message` says what was found ("3 of 280
@@ -74,10 +76,12 @@ std::string RenderJUnit(const ReportInput& in, const std::vector<GateOutcome>& e
 
 // The sections RenderMarkdown / RenderHtml are built from, public for reports that compose
 // their own documents.
-std::string MarkdownStateSection(const DiffResult& d);    // "## Early state checks" body (no heading)
-std::string MarkdownTimingSection(const AlignResult& al, const std::string& name_a, const std::string& name_b);
+std::string MarkdownStateSection(const DiffResult& d);  // "## Early state checks" body (no heading)
+std::string MarkdownTimingSection(const AlignResult& al, const std::string& name_a,
+                                  const std::string& name_b);
 std::string SvgVerifyChart(const AlignResult& al, const std::vector<WindowRecord>& a,
-                           const std::vector<WindowRecord>& b, const std::string& name_a, const std::string& name_b);
+                           const std::vector<WindowRecord>& b, const std::string& name_a,
+                           const std::string& name_b);
 std::string SvgNrmseHeatmap(const DiffResult& d);
 std::string HtmlEscape(std::string_view s);
 std::string XmlEscape(std::string_view s);
@@ -86,6 +90,7 @@ std::string FormatMetric(double v);
 
 // Scans text for things an allowlisted report must never contain: absolute or home-relative
 // paths, the host name, the user name. Returns the offending snippets (empty: clean).
-std::vector<std::string> FindForbiddenText(const std::string& text, const std::vector<std::string>& extra = {});
+std::vector<std::string> FindForbiddenText(const std::string& text,
+                                           const std::vector<std::string>& extra = {});
 
 }  // namespace lockstep

@@ -27,8 +27,8 @@ namespace lockstep {
 // Thresholds per item kind. Every kind is gated on NRMSE (int8 items on their dequantized
 // values); logits are gated on KL as well. Defaults from the seed issue.
 struct Thresholds {
-  double nrmse_max = 2e-4;                      // default for every kind
-  double kl_max = 1e-5;                         // logits: max over rows of KL(softmax(a) || softmax(b))
+  double nrmse_max = 2e-4;  // default for every kind
+  double kl_max = 1e-5;     // logits: max over rows of KL(softmax(a) || softmax(b))
   std::map<std::string, double> nrmse_by_kind;  // overrides, e.g. {"logits", 1e-3}
   double NrmseFor(const std::string& kind) const;
   // Applies "kind=value" overrides, e.g. "ssm_state=1e-3" (kInvalidArgument for an unknown kind).
@@ -44,21 +44,21 @@ const char* VerdictName(Verdict v);  // "pass" | "fail" | "skip"
 struct ItemResult {
   std::string checkpoint;  // "00000_commit"
   int window = 0;
-  std::string point;       // pre_verify | post_verify | commit
-  std::string rel;         // "stage0/layer3/k"
+  std::string point;  // pre_verify | post_verify | commit
+  std::string rel;    // "stage0/layer3/k"
   std::string kind;
   int stage = -1, layer = -1;
-  std::string dtype;       // of A (or B when A lacks the item)
-  std::string label;       // "committed" | "speculative" | "state" | "activations" | "logits" | "draft"
+  std::string dtype;  // of A (or B when A lacks the item)
+  std::string label;  // "committed" | "speculative" | "state" | "activations" | "logits" | "draft"
   Verdict verdict = Verdict::kPass;
-  std::string reason;      // why it failed / was skipped (empty on pass)
-  std::int64_t rows = 0;   // rows compared
+  std::string reason;     // why it failed / was skipped (empty on pass)
+  std::int64_t rows = 0;  // rows compared
   std::int64_t capacity_rows = 0;
   std::uint64_t elements = 0;
-  DiffStats stats;         // values (int8: dequantized) — nrmse, max_abs, n_diff, first_diff, non_finite
-  std::uint64_t code_diff = 0;    // int8: codes that differ (exact comparison)
+  DiffStats stats;  // values (int8: dequantized) — nrmse, max_abs, n_diff, first_diff, non_finite
+  std::uint64_t code_diff = 0;  // int8: codes that differ (exact comparison)
   std::int64_t first_code_diff = -1;
-  bool has_kl = false;     // logits
+  bool has_kl = false;  // logits
   KlStats kl;
   double nrmse_max = 0.0;  // threshold applied
   double kl_max = 0.0;     // threshold applied (logits)
@@ -76,26 +76,27 @@ struct CheckpointSummary {
 struct DiffOptions {
   Thresholds thresholds;
   std::string points = "pre_verify,post_verify,commit";  // --points (ParseExportPoints syntax)
-  std::string windows = "all";       // --windows: "all" | "0-2" | "0,3,5" (WindowSelection syntax)
+  std::string windows = "all";  // --windows: "all" | "0-2" | "0,3,5" (WindowSelection syntax)
   std::int64_t mem_limit_bytes = std::int64_t{1} << 30;
-  int threads = 0;                   // 0: hardware threads
+  int threads = 0;  // 0: hardware threads
 };
 
 struct DiffResult {
   Thresholds thresholds;                        // as applied (printed by every report)
   std::vector<std::string> config_differences;  // "spec: 4 | 2" for each differing config key
   bool model_differs = false, request_differs = false;
-  bool output_differs = false;                  // output token ids or stop reason
-  std::vector<CheckpointSummary> checkpoints;   // in (window, point) order
-  std::vector<ItemResult> items;                // in (window, point, stage, layer, kind) order
+  bool output_differs = false;                 // output token ids or stop reason
+  std::vector<CheckpointSummary> checkpoints;  // in (window, point) order
+  std::vector<ItemResult> items;               // in (window, point, stage, layer, kind) order
   int compared = 0, passed = 0, failed = 0, skipped = 0;
-  std::uint64_t bytes_read = 0;                 // both sides
+  std::uint64_t bytes_read = 0;  // both sides
   double seconds = 0.0;
   // Index into items of the first failing item in that order (-1: none).
   std::int64_t first_failure = -1;
   bool Passed() const { return failed == 0 && !model_differs && !request_differs; }
 };
 
-Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b, const DiffOptions& opts);
+Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
+                               const DiffOptions& opts);
 
 }  // namespace lockstep

@@ -46,15 +46,18 @@ class Backend {
   virtual Result<StageSessionPtr> CreateStage(const StageParams& params) = 0;
   // The transport between `n_stages` stages made by this backend.
   virtual Result<TransportPtr> CreateTransport(int n_stages) = 0;
-  // One line for logs and the run summary ("cpu, 4 threads", "cuda, NVIDIA H200 x1, deterministic").
+  // One line for logs and the run summary ("cpu, 4 threads", "cuda, NVIDIA H200 x1,
+  // deterministic").
   virtual std::string Describe() const = 0;
 };
 using BackendPtr = std::unique_ptr<Backend>;
 
 // Makes the backend for `cfg` (weights borrowed, outlive the backend).
-using BackendFactory = std::function<Result<BackendPtr>(const EngineConfig& cfg, const ModelWeights& weights)>;
+using BackendFactory =
+    std::function<Result<BackendPtr>(const EngineConfig& cfg, const ModelWeights& weights)>;
 
-// Where CreateBackend looks for backend `name`'s plugin ("" when the executable's folder is unknown).
+// Where CreateBackend looks for backend `name`'s plugin ("" when the executable's folder is
+// unknown).
 std::string BackendPluginPath(const std::string& name);
 // dlopens a backend plugin and calls its extern "C" lockstep_register_backends(). The plugin
 // resolves engine symbols from the executable, which must export them (ENABLE_EXPORTS).

@@ -31,10 +31,10 @@ std::optional<DType> dtype_from_safetensors(std::string_view name);
 // (bf16: (bits >> 16) | 0x0040; f16: 0x7e00 | payload >> 13).
 // Widening (bf16/f16 -> f32) is exact for every code, NaN payloads included (not re-quieted).
 // All four are pure functions: thread-safe, no dependence on the FP environment.
-std::uint16_t f32_to_bf16(float x);   // round to nearest even; NaN -> quiet NaN
-float bf16_to_f32(std::uint16_t b);   // exact
-std::uint16_t f32_to_f16(float x);    // round to nearest even, subnormals, +-Inf on overflow
-float f16_to_f32(std::uint16_t h);    // exact (subnormals included)
+std::uint16_t f32_to_bf16(float x);  // round to nearest even; NaN -> quiet NaN
+float bf16_to_f32(std::uint16_t b);  // exact
+std::uint16_t f32_to_f16(float x);   // round to nearest even, subnormals, +-Inf on overflow
+float f16_to_f32(std::uint16_t h);   // exact (subnormals included)
 // x rounded to the nearest bf16 value and widened back (exact f32 result).
 inline float round_to_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 

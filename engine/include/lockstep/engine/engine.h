@@ -16,12 +16,12 @@
 #include "lockstep/engine/backend.h"
 #include "lockstep/engine/engine_config.h"
 #include "lockstep/engine/inject.h"
-#include "lockstep/engine/window.h"
 #include "lockstep/engine/stage.h"
 #include "lockstep/engine/status.h"
 #include "lockstep/engine/thread_pool.h"
 #include "lockstep/engine/transport.h"
 #include "lockstep/engine/weights.h"
+#include "lockstep/engine/window.h"
 
 namespace lockstep {
 
@@ -29,7 +29,8 @@ class Engine {
  public:
   // Validates `cfg` against the model (split, dtype, backend) and builds the stage sessions.
   // Errors: kInvalidArgument (bad split/options), kNotSupported (backend not built).
-  static Result<std::unique_ptr<Engine>> Create(const EngineConfig& cfg, const ModelWeights& weights);
+  static Result<std::unique_ptr<Engine>> Create(const EngineConfig& cfg,
+                                                const ModelWeights& weights);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -62,20 +63,24 @@ class Engine {
   // When on, Verify keeps a copy of the activations each stage hands to the next
   // (hidden_out f32 [T, H] per stage but the last) for observers. Off by default (no copies).
   void SetCaptureHidden(bool on) { capture_hidden_ = on; }
-  const std::vector<float>& hidden_out(int is) const { return hidden_out_[static_cast<std::size_t>(is)]; }
+  const std::vector<float>& hidden_out(int is) const {
+    return hidden_out_[static_cast<std::size_t>(is)];
+  }
 
   // ---- MTP (on the last stage) ----
   bool has_mtp() const { return stages_.back()->has_mtp(); }
   // MTP rows at positions p..p+T-1 from final-normed hidden h f32 [T, H] and the next tokens [T];
   // writes draft K/V rows (speculative until MtpCommit); m f32 [T, H], logits of the last
   // n_logits rows f32 [n_logits, V].
-  void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode, float* m,
-                  float* logits, int n_logits = 1) {
+  void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode,
+                  float* m, float* logits, int n_logits = 1) {
     stages_.back()->MtpForward(h, next_tokens, p, T, mode, m, logits, n_logits);
   }
   void MtpCommit(int rows) { stages_.back()->MtpCommit(rows); }
   // Draft K/V rows whose inputs were true (h, next token) pairs.
-  int mtp_position() const { return stages_.back()->mtp_kv() ? stages_.back()->mtp_kv()->rows_committed() : 0; }
+  int mtp_position() const {
+    return stages_.back()->mtp_kv() ? stages_.back()->mtp_kv()->rows_committed() : 0;
+  }
 
  private:
   Engine(const EngineConfig& cfg, const ModelWeights& w);

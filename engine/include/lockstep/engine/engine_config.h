@@ -18,9 +18,9 @@ namespace lockstep {
 
 struct EngineConfig {
   // ---- model and backend ----
-  std::string model;         // checkpoint folder (config.json + *.safetensors)
+  std::string model;  // checkpoint folder (config.json + *.safetensors)
   std::string backend = "cpu";
-  int threads = 0;           // worker threads; 0 = one per hardware core (resolved at start)
+  int threads = 0;  // worker threads; 0 = one per hardware core (resolved at start)
   // cuda: no atomics, fixed cuBLAS math and workspace, batch-invariant verify kernels. `false`
   // lets verify windows use cuBLAS GEMMs (TF32, shape-dependent algorithms) and the MoE combine
   // any order: faster, not reproducible. The cpu backend is always deterministic.
@@ -34,12 +34,13 @@ struct EngineConfig {
   // many SMs instead of one block per head). Rows up to it are unchanged. A row's bits depend on
   // this value (never on T), so the two arms of an A/A must share it. 0 = one block per row.
   int cuda_attn_split = 512;
-  std::vector<int> devices;  // cuda: GPUs the stages run on (stage s on devices[s*n/stages]); empty = {0}
+  std::vector<int>
+      devices;  // cuda: GPUs the stages run on (stage s on devices[s*n/stages]); empty = {0}
 
   // ---- pipeline ----
-  int stages = 4;            // pipeline stage sessions
-  std::vector<int> split;    // layer boundaries between stages (stages-1 values); empty = even
-  int prefill_chunk = 512;   // tokens per prefill chunk (chunk-major through all stages)
+  int stages = 4;           // pipeline stage sessions
+  std::vector<int> split;   // layer boundaries between stages (stages-1 values); empty = even
+  int prefill_chunk = 512;  // tokens per prefill chunk (chunk-major through all stages)
 
   // ---- caches ----
   DType kv_dtype = DType::kF32;  // f32 | bf16 | int8 (int8: per-row-per-head scales)
@@ -56,15 +57,15 @@ struct EngineConfig {
   bool ignore_eos = false;   // keep generating past EOS (benchmarks)
 
   // ---- speculative decoding ----
-  int spec = 0;                        // draft budget K; 0 = plain decoding (T = 1)
-  bool mtp = true;                     // MTP drafter on (when the checkpoint ships mtp.*)
-  int spec_max_suffix = 8;             // suffix drafts propose up to this many tokens
-  std::string suffix_index = "sync";   // sync | async (async: timing-dependent on purpose)
-  std::string draft_policy = "static"; // static | adaptive | latency (latency: timing-dependent)
-  std::string replay_path;             // window records (JSON lines) whose drafts are replayed
+  int spec = 0;                         // draft budget K; 0 = plain decoding (T = 1)
+  bool mtp = true;                      // MTP drafter on (when the checkpoint ships mtp.*)
+  int spec_max_suffix = 8;              // suffix drafts propose up to this many tokens
+  std::string suffix_index = "sync";    // sync | async (async: timing-dependent on purpose)
+  std::string draft_policy = "static";  // static | adaptive | latency (latency: timing-dependent)
+  std::string replay_path;              // window records (JSON lines) whose drafts are replayed
 
   // ---- fault injection (testing the harness) ----
-  std::vector<std::string> inject;     // e.g. "delay:stage=2:window=5:ms=200"
+  std::vector<std::string> inject;  // e.g. "delay:stage=2:window=5:ms=200"
 
   // Canonical JSON (keys sorted, all fields present). Stable across runs for equal configs.
   std::string ToJson() const;

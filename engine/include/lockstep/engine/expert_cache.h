@@ -31,7 +31,9 @@ class ExpertCache {
   int n_resident() const { return n_resident_; }
   const std::vector<int>& layers() const { return layers_; }
   // Residency map row for local layer index il: uint8 [n_experts], 1 = resident.
-  const std::uint8_t* map(int il) const { return map_.data() + static_cast<std::size_t>(il) * static_cast<std::size_t>(n_experts_); }
+  const std::uint8_t* map(int il) const {
+    return map_.data() + static_cast<std::size_t>(il) * static_cast<std::size_t>(n_experts_);
+  }
   bool resident(int il, int expert) const { return map(il)[expert] != 0; }
 
   // Records that `n_tokens` rows were routed to `expert` in local layer `il`.

@@ -38,10 +38,16 @@ class GdnState {
   // Prepares scratch for a window of T steps (grows, never shrinks).
   void BeginSteps(int T);
   int n_steps() const { return n_steps_; }
-  float* step_conv(int t) { return scratch_conv_.data() + static_cast<std::size_t>(t) * conv_.size(); }
+  float* step_conv(int t) {
+    return scratch_conv_.data() + static_cast<std::size_t>(t) * conv_.size();
+  }
   float* step_ssm(int t) { return scratch_ssm_.data() + static_cast<std::size_t>(t) * ssm_.size(); }
-  const float* step_conv(int t) const { return scratch_conv_.data() + static_cast<std::size_t>(t) * conv_.size(); }
-  const float* step_ssm(int t) const { return scratch_ssm_.data() + static_cast<std::size_t>(t) * ssm_.size(); }
+  const float* step_conv(int t) const {
+    return scratch_conv_.data() + static_cast<std::size_t>(t) * conv_.size();
+  }
+  const float* step_ssm(int t) const {
+    return scratch_ssm_.data() + static_cast<std::size_t>(t) * ssm_.size();
+  }
 
   // Keeps the first n steps (1 <= n <= n_steps()): checkpoint := step n-1, position += n.
   void CommitSteps(int n);

@@ -27,8 +27,8 @@ struct GenerateResult {
   std::vector<std::int32_t> output;  // generated token ids
   std::string stop_reason;           // "eos" | "length"
   int n_windows = 0;                 // verify windows run
-  std::int64_t prefill_ns = 0;       // wall time of the prefill incl. its MTP rows (CLOCK_MONOTONIC)
-  std::int64_t decode_ns = 0;        // wall time of all windows (draft + verify + commit)
+  std::int64_t prefill_ns = 0;  // wall time of the prefill incl. its MTP rows (CLOCK_MONOTONIC)
+  std::int64_t decode_ns = 0;   // wall time of all windows (draft + verify + commit)
   std::vector<WindowRecord> windows;
 };
 

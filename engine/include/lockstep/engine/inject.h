@@ -25,13 +25,13 @@ namespace lockstep {
 struct Injection {
   enum class Kind { kDelay, kPerturb };
   Kind kind = Kind::kDelay;
-  int stage = -1;   // -1: any
-  int window = -1;  // -1: any
-  double ms = 0.0;  // delay
-  int layer = -1;   // perturb: global layer index (layer items)
+  int stage = -1;                // -1: any
+  int window = -1;               // -1: any
+  double ms = 0.0;               // delay
+  int layer = -1;                // perturb: global layer index (layer items)
   ItemKind item = ItemKind::kK;  // perturb: one of IsPerturbable (observer.h)
-  double eps = 0.0; // perturb: relative size, the item is multiplied by (1 + eps)
-  std::string text;  // as given
+  double eps = 0.0;              // perturb: relative size, the item is multiplied by (1 + eps)
+  std::string text;              // as given
 };
 
 Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& specs);

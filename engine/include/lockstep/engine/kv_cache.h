@@ -75,8 +75,8 @@ class KvCache {
 
  private:
   struct Page {
-    std::unique_ptr<std::byte[]> data;    // [2][page_rows][n_heads_kv*head_dim] elements
-    std::unique_ptr<float[]> scales;      // [2][page_rows][n_heads_kv] (int8 only)
+    std::unique_ptr<std::byte[]> data;  // [2][page_rows][n_heads_kv*head_dim] elements
+    std::unique_ptr<float[]> scales;    // [2][page_rows][n_heads_kv] (int8 only)
   };
   const float* Get(int which, int row, int head, float* tmp) const;
   const std::byte* RowPtr(int which, int row) const;

@@ -18,9 +18,9 @@ enum class LayerType : std::uint8_t { kLinearAttention, kFullAttention };
 
 struct ModelConfig {
   std::string model_type = "qwen3_next";
-  int n_vocab = 0;       // vocab_size
-  int n_embd = 0;        // hidden_size (H)
-  int n_layers = 0;      // num_hidden_layers (MTP layer not counted)
+  int n_vocab = 0;                     // vocab_size
+  int n_embd = 0;                      // hidden_size (H)
+  int n_layers = 0;                    // num_hidden_layers (MTP layer not counted)
   std::vector<LayerType> layer_types;  // [n_layers]
 
   // ---- gated full attention ----
@@ -39,11 +39,11 @@ struct ModelConfig {
   int conv_kernel = 4;  // linear_conv_kernel_dim (K)
 
   // ---- MoE ----
-  int n_experts = 0;              // num_experts (E)
-  int n_experts_used = 0;         // num_experts_per_tok (k)
-  int moe_ffn = 0;                // moe_intermediate_size (I)
-  int shared_ffn = 0;             // shared_expert_intermediate_size (Is)
-  int dense_ffn = 0;              // intermediate_size (only for dense layers)
+  int n_experts = 0;       // num_experts (E)
+  int n_experts_used = 0;  // num_experts_per_tok (k)
+  int moe_ffn = 0;         // moe_intermediate_size (I)
+  int shared_ffn = 0;      // shared_expert_intermediate_size (Is)
+  int dense_ffn = 0;       // intermediate_size (only for dense layers)
   bool norm_topk_prob = true;
   int decoder_sparse_step = 1;
   std::vector<int> mlp_only_layers;
@@ -59,7 +59,9 @@ struct ModelConfig {
   int value_dim() const { return n_v_heads * v_head_dim; }  // Hv*Dv
   int conv_dim() const { return 2 * key_dim() + value_dim(); }
   int qkvz_dim() const { return 2 * key_dim() + 2 * value_dim(); }
-  bool is_full_attention(int il) const { return layer_types[static_cast<std::size_t>(il)] == LayerType::kFullAttention; }
+  bool is_full_attention(int il) const {
+    return layer_types[static_cast<std::size_t>(il)] == LayerType::kFullAttention;
+  }
   // Layer il has a sparse MoE FFN (otherwise a dense SwiGLU of width dense_ffn).
   bool is_moe(int il) const;
   int n_full_attention_layers() const;

@@ -4,7 +4,8 @@
 // (DESIGN.md, seed issue):
 //   kPreVerify   before the verify: committed state at p, T rows about to run
 //   kPostVerify  after the forward: main K/V holds the window's T speculative rows (kept apart as
-//                k_spec/v_spec), the GDN checkpoint is still at p; hidden_out and logits of the T rows
+//                k_spec/v_spec), the GDN checkpoint is still at p; hidden_out and logits of the T
+//                rows
 //   kCommit      after acceptance: committed rows and GDN checkpoint at the accepted position;
 //                draft (MTP) K/V as it is before the next MTP write
 // For each checkpoint: OnCheckpointBegin, one OnState per item, OnCheckpointEnd. Views are
@@ -67,7 +68,16 @@ constexpr std::array<CheckpointPoint, kNumCheckpointPoints> AllCheckpointPoints(
 std::vector<std::string> AllCheckpointPointNames();
 
 enum class ItemKind : std::uint8_t {
-  kK, kV, kKSpec, kVSpec, kConvState, kSsmState, kMtpK, kMtpV, kHiddenOut, kLogits
+  kK,
+  kV,
+  kKSpec,
+  kVSpec,
+  kConvState,
+  kSsmState,
+  kMtpK,
+  kMtpV,
+  kHiddenOut,
+  kLogits
 };
 inline constexpr std::size_t kNumItemKinds = 10;
 // "k", "v", "k_spec", "v_spec", "conv_state", "ssm_state", "mtp_k", "mtp_v", "hidden_out",

@@ -53,16 +53,16 @@ class SafetensorsFile {
   // names the file and, where known, the tensor, e.g. "safetensors 'm.safetensors': tensor 'w':
   // data_offsets [0, 8) past the end of the data section (size 4) (hint: the file may be
   // truncated)"). Checks: header length <= file size - 8 and <= 100 MiB; header is a JSON
-  // object without repeated keys, nested at most 8 deep; each entry has a known "dtype", a "shape" of non-negative
-  // integers (product overflow-checked), "data_offsets" [begin, end] inside the data section
-  // with end - begin == numel x dtype size; non-empty ranges do not overlap; "__metadata__", if
-  // present, maps strings to strings. Gaps between ranges are allowed.
-  // Thread safety: a parsed file is immutable; concurrent readers are fine.
+  // object without repeated keys, nested at most 8 deep; each entry has a known "dtype", a "shape"
+  // of non-negative integers (product overflow-checked), "data_offsets" [begin, end] inside the
+  // data section with end - begin == numel x dtype size; non-empty ranges do not overlap;
+  // "__metadata__", if present, maps strings to strings. Gaps between ranges are allowed. Thread
+  // safety: a parsed file is immutable; concurrent readers are fine.
   static Result<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
   // Validates an in-memory image (same checks as Open; `bytes` must outlive the result).
   // Used by the fuzz test and the fuzz target.
   static Result<std::unique_ptr<SafetensorsFile>> FromMemory(std::span<const std::byte> bytes,
-                                                            std::string label);
+                                                             std::string label);
 
   const std::string& path() const { return path_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // sorted by name
@@ -97,8 +97,8 @@ class TensorStore {
   // shard, a name in two files, or any error of SafetensorsFile::Open), kIOError.
   static Result<std::unique_ptr<TensorStore>> OpenDir(const std::string& dir);
 
-  const TensorInfo* Find(std::string_view name) const;  // nullptr if absent
-  std::vector<std::string> Names() const;               // sorted
+  const TensorInfo* Find(std::string_view name) const;                   // nullptr if absent
+  std::vector<std::string> Names() const;                                // sorted
   const std::vector<std::string>& files() const { return file_paths_; }  // in opening order
 
  private:

@@ -31,7 +31,7 @@ int Argmax(const float* logits, int n);
 // first on ties), cut by top_k, then softmax(logit / T) in f64, cut to the smallest prefix with
 // mass >= top_p, and the token is the first whose cumulative mass exceeds u * total with
 // u = CounterUniform(seed, position). `scratch` is reused between calls.
-int SampleToken(const float* logits, int n_vocab, const SamplingParams& params, std::int64_t position,
-                std::vector<int>* scratch);
+int SampleToken(const float* logits, int n_vocab, const SamplingParams& params,
+                std::int64_t position, std::vector<int>* scratch);
 
 }  // namespace lockstep

@@ -95,15 +95,16 @@ class StageSession {
   // next tokens [T] (host); writes draft K/V rows [p, p+T) (speculative until MtpCommit), returns
   // m f32 [T, H] (post mtp.norm) and, for the last `n_logits` rows only, logits f32 [n_logits, V]
   // (host; drafting needs the last row; lm_head is the MTP step's largest weight).
-  virtual void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode,
-                          float* m, float* logits, int n_logits) = 0;
+  virtual void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T,
+                          ForwardMode mode, float* m, float* logits, int n_logits) = 0;
   virtual void MtpCommit(int rows) = 0;
   virtual KvCache* mtp_kv() = 0;
 
   // ---- state views (read-only use by tests and instrumentation) ----
   virtual int position() const = 0;
-  virtual KvCache* kv(int il) = 0;    // global layer index; nullptr for GDN layers / other stages
-  virtual GdnState* gdn(int il) = 0;  // global layer index; nullptr for attention layers / other stages
+  virtual KvCache* kv(int il) = 0;  // global layer index; nullptr for GDN layers / other stages
+  virtual GdnState* gdn(
+      int il) = 0;  // global layer index; nullptr for attention layers / other stages
   virtual const ExpertCache& experts() const = 0;
 
  private:

@@ -86,8 +86,8 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}             // NOLINT: implicit on purpose
-  Result(Status status) : v_(std::move(status)) {}      // NOLINT: must not be OK
+  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit on purpose
+  Result(Status status) : v_(std::move(status)) {}  // NOLINT: must not be OK
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   const Status& status() const {
@@ -112,18 +112,17 @@ class [[nodiscard]] Result {
 #define LOCKSTEP_CONCAT_(a, b) LOCKSTEP_CONCAT_INNER_(a, b)
 
 // Propagates a non-OK Status from `expr` (a Status or a Result<T>).
-#define LOCKSTEP_RETURN_IF_ERROR(expr)                                   \
-  do {                                                                   \
-    auto&& lockstep_status_or_ = (expr);                                 \
-    if (!lockstep_status_or_.ok()) return ::lockstep::internal::AsStatus( \
-        lockstep_status_or_);                                            \
+#define LOCKSTEP_RETURN_IF_ERROR(expr)                                                         \
+  do {                                                                                         \
+    auto&& lockstep_status_or_ = (expr);                                                       \
+    if (!lockstep_status_or_.ok()) return ::lockstep::internal::AsStatus(lockstep_status_or_); \
   } while (0)
 
 // `LOCKSTEP_ASSIGN_OR_RETURN(auto x, MakeX());` binds the value or returns the error.
-#define LOCKSTEP_ASSIGN_OR_RETURN(lhs, expr)                                  \
-  auto LOCKSTEP_CONCAT_(lockstep_result_, __LINE__) = (expr);                 \
-  if (!LOCKSTEP_CONCAT_(lockstep_result_, __LINE__).ok())                     \
-    return LOCKSTEP_CONCAT_(lockstep_result_, __LINE__).status();             \
+#define LOCKSTEP_ASSIGN_OR_RETURN(lhs, expr)                      \
+  auto LOCKSTEP_CONCAT_(lockstep_result_, __LINE__) = (expr);     \
+  if (!LOCKSTEP_CONCAT_(lockstep_result_, __LINE__).ok())         \
+    return LOCKSTEP_CONCAT_(lockstep_result_, __LINE__).status(); \
   lhs = std::move(LOCKSTEP_CONCAT_(lockstep_result_, __LINE__)).value()
 
 namespace lockstep::internal {

@@ -48,11 +48,11 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_work_;
-  const RangeFn* fn_ = nullptr;                 // published before generation_ is bumped
-  std::size_t n_ = 0;                           // idem
-  std::size_t n_active_ = 0;                    // ranges this round (<= n_threads_)
-  std::atomic<std::uint64_t> generation_{0};    // bumped (under mu_) to start a round
-  std::atomic<int> pending_{0};                 // worker ranges not finished this round
+  const RangeFn* fn_ = nullptr;               // published before generation_ is bumped
+  std::size_t n_ = 0;                         // idem
+  std::size_t n_active_ = 0;                  // ranges this round (<= n_threads_)
+  std::atomic<std::uint64_t> generation_{0};  // bumped (under mu_) to start a round
+  std::atomic<int> pending_{0};               // worker ranges not finished this round
   std::atomic<bool> stop_{false};
   std::atomic<bool> in_parallel_{false};
 };

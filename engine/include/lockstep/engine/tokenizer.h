@@ -16,6 +16,7 @@ std::string DecodeTokens(const std::vector<std::int32_t>& ids);
 
 // Parses whitespace- and/or comma-separated non-negative ids. Each id must be < n_vocab.
 // Errors: kInvalidArgument naming the offending entry and its index.
-Result<std::vector<std::int32_t>> ParseTokenList(std::string_view text, int n_vocab, std::string_view label);
+Result<std::vector<std::int32_t>> ParseTokenList(std::string_view text, int n_vocab,
+                                                 std::string_view label);
 
 }  // namespace lockstep

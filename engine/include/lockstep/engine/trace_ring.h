@@ -28,8 +28,8 @@ enum class TraceEventId : std::uint16_t {
 };
 
 struct TraceEvent {
-  std::int64_t t_ns;      // CLOCK_MONOTONIC
-  std::uint16_t id;       // TraceEventId
+  std::int64_t t_ns;  // CLOCK_MONOTONIC
+  std::uint16_t id;   // TraceEventId
   std::uint16_t b;
   std::int32_t a;
 };

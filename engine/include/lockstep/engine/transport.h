@@ -25,7 +25,8 @@ struct Activation {
   int p = 0;
   int T = 0;
   std::vector<float> hidden;  // f32 [T, H] residual stream (host backends)
-  std::shared_ptr<DeviceActivation> device;  // the same rows on a device (device backends), else null
+  std::shared_ptr<DeviceActivation>
+      device;  // the same rows on a device (device backends), else null
 };
 
 class Transport {

@@ -21,8 +21,12 @@ struct Mat {
   const float* data = nullptr;
   int rows = 0;
   int cols = 0;
-  const float* row(int r) const { return data + static_cast<std::size_t>(r) * static_cast<std::size_t>(cols); }
-  std::size_t bytes() const { return static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) * sizeof(float); }
+  const float* row(int r) const {
+    return data + static_cast<std::size_t>(r) * static_cast<std::size_t>(cols);
+  }
+  std::size_t bytes() const {
+    return static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) * sizeof(float);
+  }
 };
 
 struct AttentionWeights {
@@ -35,26 +39,26 @@ struct AttentionWeights {
 };
 
 struct GdnWeights {
-  Mat in_proj_qkvz;               // f32 [2*Hk*Dk + 2*Hv*Dv, H], grouped per key head
-  Mat in_proj_ba;                 // f32 [2*Hv, H], grouped per key head
-  const float* conv1d = nullptr;  // f32 [conv_dim, K]
-  const float* dt_bias = nullptr; // f32 [Hv]
-  const float* a_log = nullptr;   // f32 [Hv]
-  const float* norm = nullptr;    // f32 [Dv], plain weight (not 1+w)
-  Mat out_proj;                   // f32 [H, Hv*Dv]
+  Mat in_proj_qkvz;                // f32 [2*Hk*Dk + 2*Hv*Dv, H], grouped per key head
+  Mat in_proj_ba;                  // f32 [2*Hv, H], grouped per key head
+  const float* conv1d = nullptr;   // f32 [conv_dim, K]
+  const float* dt_bias = nullptr;  // f32 [Hv]
+  const float* a_log = nullptr;    // f32 [Hv]
+  const float* norm = nullptr;     // f32 [Dv], plain weight (not 1+w)
+  Mat out_proj;                    // f32 [H, Hv*Dv]
 };
 
 struct FfnWeights {  // one SwiGLU expert (or the shared expert, or a dense MLP)
-  Mat gate;  // f32 [I, H]
-  Mat up;    // f32 [I, H]
-  Mat down;  // f32 [H, I]
+  Mat gate;          // f32 [I, H]
+  Mat up;            // f32 [I, H]
+  Mat down;          // f32 [H, I]
   std::size_t bytes() const { return gate.bytes() + up.bytes() + down.bytes(); }
 };
 
 struct MoeWeights {
-  Mat router;                        // f32 [E, H]
-  std::vector<FfnWeights> experts;   // [E]
-  FfnWeights shared;                 // shared expert (Is wide); rows == 0 when absent
+  Mat router;                          // f32 [E, H]
+  std::vector<FfnWeights> experts;     // [E]
+  FfnWeights shared;                   // shared expert (Is wide); rows == 0 when absent
   const float* shared_gate = nullptr;  // f32 [H] (shared_expert_gate.weight [1, H])
 };
 
@@ -71,7 +75,7 @@ struct LayerWeights {
 
 struct MtpWeights {
   bool present = false;
-  Mat fc;                                   // f32 [H, 2H]: cols [0,H) embedding, [H,2H) hidden
+  Mat fc;                                        // f32 [H, 2H]: cols [0,H) embedding, [H,2H) hidden
   const float* pre_fc_norm_embedding = nullptr;  // f32 [H]
   const float* pre_fc_norm_hidden = nullptr;     // f32 [H]
   const float* norm = nullptr;                   // f32 [H]
@@ -86,7 +90,7 @@ class ModelWeights {
   const float* final_norm = nullptr;  // f32 [H]
   std::vector<LayerWeights> layers;   // [n_layers]
   MtpWeights mtp;
-  std::vector<std::string> files;     // checkpoint files the weights came from
+  std::vector<std::string> files;  // checkpoint files the weights came from
 
   std::size_t arena_bytes() const { return arena_.size() * sizeof(float); }
   // Weight bytes one decode token must read (f32 in memory): every mixer and norm weight, the

@@ -1,4 +1,5 @@
-// WindowRecord: what happened in one verify window (docs/engine.md, "Window records", defines every field).
+// WindowRecord: what happened in one verify window (docs/engine.md, "Window records", defines every
+// field).
 //
 // Path fields (p, T, T_mtp, merged, from_sfx, chain_n, accepted, source, draft) are what the
 // comparator aligns on; timing fields are CLOCK_MONOTONIC nanoseconds around the instrumented
@@ -40,38 +41,41 @@ struct StageTiming {
   // ---- device backends (CUDA events on the stage's stream); -1 = not measured (cpu backend) ----
   // Host-side compute_ns of a device stage is only the time to enqueue its work; these split the
   // device's own time line:
-  std::int64_t dev_wait_ns = -1;     // sync: from the stage's stream reaching the window until its input is there
-                                     // (previous stage's kernels + the hand-off copy / NCCL receive; stage 0: token upload)
+  std::int64_t dev_wait_ns =
+      -1;  // sync: from the stage's stream reaching the window until its input is there
+           // (previous stage's kernels + the hand-off copy / NCCL receive; stage 0: token upload)
   std::int64_t dev_compute_ns = -1;  // this stage's kernels, first to last (model work)
-  std::int64_t dev_copy_ns = -1;     // host<->device copies of this stage in the window (tokens up, logits down); 0 = none
-  std::int64_t init_ns = -1;         // host time in one-time set-up during this call (device allocations, cuBLAS handle
-                                     // and workspace, graph capture); 0 = none happened
+  std::int64_t dev_copy_ns =
+      -1;  // host<->device copies of this stage in the window (tokens up, logits down); 0 = none
+  std::int64_t init_ns = -1;  // host time in one-time set-up during this call (device allocations,
+                              // cuBLAS handle and workspace, graph capture); 0 = none happened
   GraphUse graph = GraphUse::kNone;  // the verify forward's layers: eager, captured or replayed
 };
 
 struct WindowRecord {
   // ---- path ----
-  int idx = 0;           // zero-based window index in the request
-  int p = 0;             // position of the window's first row (= committed tokens before it)
-  int T = 1;             // rows verified: the current token plus the drafts
-  int T_mtp = 0;         // draft tokens that came from the MTP head
-  bool merged = false;   // the draft is a suffix prefix continued by the MTP head
-  bool from_sfx = false; // the draft (or its prefix) came from the suffix index
-  int chain_n = 0;       // preceding windows in a row that accepted all of their drafts
-  int accepted = 0;      // drafts accepted (0 .. T-1); the window emits accepted + 1 tokens
+  int idx = 0;            // zero-based window index in the request
+  int p = 0;              // position of the window's first row (= committed tokens before it)
+  int T = 1;              // rows verified: the current token plus the drafts
+  int T_mtp = 0;          // draft tokens that came from the MTP head
+  bool merged = false;    // the draft is a suffix prefix continued by the MTP head
+  bool from_sfx = false;  // the draft (or its prefix) came from the suffix index
+  int chain_n = 0;        // preceding windows in a row that accepted all of their drafts
+  int accepted = 0;       // drafts accepted (0 .. T-1); the window emits accepted + 1 tokens
   DraftSource source = DraftSource::kNone;
   std::vector<std::int32_t> draft;    // the T-1 draft tokens
   std::vector<std::int32_t> emitted;  // the accepted + 1 tokens this window produced
   // ---- timing (CLOCK_MONOTONIC ns) ----
-  std::int64_t begin_ns = 0;   // window start (before drafting)
-  std::int64_t end_ns = 0;     // after commit
-  std::int64_t draft_ns = 0;   // drafting: MTP extend over the previous window + MTP chain + suffix lookup
-  std::int64_t verify_ns = 0;  // the pipeline forward of T rows through every stage + logits
-  std::int64_t wait_ns = 0;    // sum over stages of StageTiming::wait_ns
-  std::int64_t compute_ns = 0; // sum over stages of StageTiming::compute_ns
-  std::int64_t commit_ns = 0;  // acceptance + commit of every stage
-  std::int64_t export_ns = -1; // handing state to the observer; -1 = not measured (no observer)
-  bool first_call = false;     // first verify with this T in the process (allocation/warm-up cost)
+  std::int64_t begin_ns = 0;  // window start (before drafting)
+  std::int64_t end_ns = 0;    // after commit
+  std::int64_t draft_ns =
+      0;  // drafting: MTP extend over the previous window + MTP chain + suffix lookup
+  std::int64_t verify_ns = 0;   // the pipeline forward of T rows through every stage + logits
+  std::int64_t wait_ns = 0;     // sum over stages of StageTiming::wait_ns
+  std::int64_t compute_ns = 0;  // sum over stages of StageTiming::compute_ns
+  std::int64_t commit_ns = 0;   // acceptance + commit of every stage
+  std::int64_t export_ns = -1;  // handing state to the observer; -1 = not measured (no observer)
+  bool first_call = false;      // first verify with this T in the process (allocation/warm-up cost)
   std::vector<StageTiming> stages;
 
   // Same path fields (not timing).
@@ -121,6 +125,7 @@ const WindowField* FindWindowField(std::string_view name);
 // Reads a JSON-lines file of window records (e.g. written by --trace-jsonl). An unterminated
 // last line that does not parse is the torn record of a writer killed mid-write: it is dropped,
 // and described in *torn_tail when given (cleared otherwise); any other bad line is an error.
-Result<std::vector<WindowRecord>> ReadWindowRecords(const std::string& path, std::string* torn_tail = nullptr);
+Result<std::vector<WindowRecord>> ReadWindowRecords(const std::string& path,
+                                                    std::string* torn_tail = nullptr);
 
 }  // namespace lockstep

@@ -16,7 +16,8 @@ namespace lockstep {
 // is kInvalidArgument labelled with `option`.
 class WindowSelection {
  public:
-  static Result<WindowSelection> Parse(std::string_view text, std::string_view option = "--export-windows");
+  static Result<WindowSelection> Parse(std::string_view text,
+                                       std::string_view option = "--export-windows");
   bool Contains(int window) const;
   bool none() const { return !all_ && ranges_.empty(); }
 
@@ -26,6 +27,7 @@ class WindowSelection {
 };
 
 // "pre_verify,post_verify,commit" (any non-empty subset).
-Result<std::set<CheckpointPoint>> ParseExportPoints(std::string_view text, std::string_view option = "--export-points");
+Result<std::set<CheckpointPoint>> ParseExportPoints(std::string_view text,
+                                                    std::string_view option = "--export-points");
 
 }  // namespace lockstep

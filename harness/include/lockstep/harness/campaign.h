@@ -7,12 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "lockstep/compare/state_diff.h"
 #include "lockstep/engine/engine_config.h"
@@ -31,7 +30,7 @@ struct ModelSpec {
 // Generated needle-in-a-haystack prompt (byte tokens): filler sentences with `needles` facts
 // ("The code of vault 3 is 48213.") at seeded positions and a question at the end.
 struct NeedleSpec {
-  int tokens = 0;          // prompt length in tokens (bytes), exactly
+  int tokens = 0;  // prompt length in tokens (bytes), exactly
   int needles = 1;
   std::uint64_t seed = 0;
 };
@@ -44,34 +43,34 @@ struct RequestSpec {
 };
 
 struct ExportPlan {
-  std::string windows = "0-2";  // state arms: --export-windows
+  std::string windows = "0-2";                                  // state arms: --export-windows
   std::vector<std::string> points = AllCheckpointPointNames();  // state arms: --export-points
   int sample_ms = 100;
 };
 
 // Gates a comparison (arm vs its baseline) must pass. Unset optional = gate not evaluated.
 struct GateSpec {
-  bool output = false;                       // tokens and stop reason identical
-  bool state = false;                        // every compared item within the thresholds
-  std::optional<int> path_within;            // 0: no divergence at all; N: none in windows [0, N)
-  std::optional<double> aggregate_rel_max;   // |sum verify B - sum verify A| / sum A <= X
-  std::optional<double> window_abs_ms;       // per matched window |delta verify| <= max(abs_ms,
-  std::optional<double> window_rel;          //   rel x median verify time of the baseline)
-  bool resources = false;                    // no guard trip, and:
-  bool no_swap = true;                       //   no swap used (when known)
-  std::int64_t min_free_mib = -1;            //   host available memory never below (-1: off)
+  bool output = false;                      // tokens and stop reason identical
+  bool state = false;                       // every compared item within the thresholds
+  std::optional<int> path_within;           // 0: no divergence at all; N: none in windows [0, N)
+  std::optional<double> aggregate_rel_max;  // |sum verify B - sum verify A| / sum A <= X
+  std::optional<double> window_abs_ms;      // per matched window |delta verify| <= max(abs_ms,
+  std::optional<double> window_rel;         //   rel x median verify time of the baseline)
+  bool resources = false;                   // no guard trip, and:
+  bool no_swap = true;                      //   no swap used (when known)
+  std::int64_t min_free_mib = -1;           //   host available memory never below (-1: off)
 };
 
 struct ArmSpec {
-  std::string name;                  // unique, [A-Za-z0-9_.-]+
-  std::string mode = "state";        // state (exports at the planned checkpoints) | timing (trace only)
-  int repeat = 1;                    // timing arms: fresh processes
-  std::string baseline;              // arm compared against (empty: none; the first arm has none)
+  std::string name;            // unique, [A-Za-z0-9_.-]+
+  std::string mode = "state";  // state (exports at the planned checkpoints) | timing (trace only)
+  int repeat = 1;              // timing arms: fresh processes
+  std::string baseline;        // arm compared against (empty: none; the first arm has none)
   std::vector<std::string> require;  // decisions that must hold for this arm to be sent
-  std::string decision;              // name recorded for this arm's comparison verdict (e.g. aa_stable)
+  std::string decision;  // name recorded for this arm's comparison verdict (e.g. aa_stable)
   nlohmann::json engine = nlohmann::json::object();  // engine-config overrides (EngineConfig keys)
-  bool control = false;              // the positive-control arm (must FAIL its gates)
-  int line = 0;                      // where it was declared (messages)
+  bool control = false;  // the positive-control arm (must FAIL its gates)
+  int line = 0;          // where it was declared (messages)
 };
 
 struct StopRule {
@@ -89,14 +88,14 @@ struct Campaign {
   ExportPlan export_plan;
   Thresholds thresholds;
   GateSpec gates;
-  std::vector<ArmSpec> arms;            // in order; the control arm (if any) is appended last
-  std::vector<StopRule> stop;           // the default rule is filled in for A/A-then-B campaigns
-  bool default_stop = false;            // stop holds the default rule (none was declared)
-  std::string control;                  // injection text of the positive control ("" none)
-  int min_timing_repeats = 6;           // below: no timing verdict
-  std::string plan_dir;                 // folder of the plan file (relative paths resolve here)
-  std::string plan_text;                // the file as read
-  std::string plan_sha256;              // SHA-256 of plan_text
+  std::vector<ArmSpec> arms;   // in order; the control arm (if any) is appended last
+  std::vector<StopRule> stop;  // the default rule is filled in for A/A-then-B campaigns
+  bool default_stop = false;   // stop holds the default rule (none was declared)
+  std::string control;         // injection text of the positive control ("" none)
+  int min_timing_repeats = 6;  // below: no timing verdict
+  std::string plan_dir;        // folder of the plan file (relative paths resolve here)
+  std::string plan_text;       // the file as read
+  std::string plan_sha256;     // SHA-256 of plan_text
 };
 
 // Predicates stop rules may name (each is true when any comparison so far shows it).
@@ -104,11 +103,13 @@ const std::vector<std::string>& StopPredicates();
 
 Result<Campaign> LoadCampaign(const std::string& path);
 // `source` names the text in messages ("campaigns/aa-smoke.toml").
-Result<Campaign> ParseCampaign(std::string_view text, const std::string& source, const std::string& plan_dir);
+Result<Campaign> ParseCampaign(std::string_view text, const std::string& source,
+                               const std::string& plan_dir);
 
 // The arm's effective engine config: EngineConfig defaults <- campaign [engine] <- arm engine
 // overrides, with `model_dir` as the model; validated (kInvalidArgument).
-Result<EngineConfig> EffectiveConfig(const Campaign& c, const ArmSpec& arm, const std::string& model_dir);
+Result<EngineConfig> EffectiveConfig(const Campaign& c, const ArmSpec& arm,
+                                     const std::string& model_dir);
 
 // The needle-in-a-haystack prompt text: exactly spec.tokens bytes (byte tokenizer), deterministic
 // in spec.seed.

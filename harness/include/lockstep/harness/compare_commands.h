@@ -19,17 +19,18 @@ struct ReportOutputs {
 };
 
 struct DiffCommandOptions {
-  std::string a, b;       // exports (A is the reference)
+  std::string a, b;  // exports (A is the reference)
   DiffOptions diff;
   std::vector<std::string> kind_overrides;  // --nrmse-kind KIND=VALUE
   ReportOutputs reports;
-  bool isolate = false;   // parse in a child process (a crash there is exit 2)
-  bool quiet = false;     // only the verdict line
-  bool no_index = false;  // ignore /index/items and open every dataset (files edited by other tools)
+  bool isolate = false;  // parse in a child process (a crash there is exit 2)
+  bool quiet = false;    // only the verdict line
+  bool no_index =
+      false;  // ignore /index/items and open every dataset (files edited by other tools)
 };
 
 struct AlignCommandOptions {
-  std::string a, b;       // exports (.h5) or trace JSON lines (--trace-jsonl files)
+  std::string a, b;  // exports (.h5) or trace JSON lines (--trace-jsonl files)
   std::string fields = "p,T,T_mtp,merged,from_sfx,chain_n";
   ReportOutputs reports;
   bool isolate = false;

@@ -8,11 +8,10 @@
 #pragma once
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "lockstep/compare/align.h"
 #include "lockstep/compare/report.h"
@@ -25,31 +24,33 @@ namespace lockstep {
 // What one arm produced (one repeat for timing arms: repeats hold the others).
 struct ArmOutcome {
   std::string name;
-  bool ok = false;                     // the child exited 0
+  bool ok = false;  // the child exited 0
   int exit_code = -1;
   std::vector<std::int32_t> output_ids;
   std::string stop_reason;
   bool guard_tripped = false;
-  std::int64_t max_swap_used_bytes = -1;       // -1 unknown
-  std::int64_t min_host_available_bytes = -1;  // -1 unknown
-  std::vector<WindowRecord> windows;           // repeat 0
+  std::int64_t max_swap_used_bytes = -1;           // -1 unknown
+  std::int64_t min_host_available_bytes = -1;      // -1 unknown
+  std::vector<WindowRecord> windows;               // repeat 0
   std::vector<std::vector<WindowRecord>> repeats;  // timing arms: every repeat (including 0)
 };
 
 struct ComparisonResult {
   std::string arm, baseline;
   bool control = false;
-  std::vector<GateOutcome> gates;         // evaluated gates in declaration order
-  std::map<std::string, bool> predicates; // StopPredicates() -> value (timing ones only when the plan asks)
-  bool passed = true;                     // every evaluated gate passed
-  std::optional<TimingVerdict> timing;    // timing arms
+  std::vector<GateOutcome> gates;  // evaluated gates in declaration order
+  std::map<std::string, bool>
+      predicates;      // StopPredicates() -> value (timing ones only when the plan asks)
+  bool passed = true;  // every evaluated gate passed
+  std::optional<TimingVerdict> timing;  // timing arms
   int timing_repeats_a = 0, timing_repeats_b = 0;
 };
 
 // Evaluates gates and predicates. `diff` is null for timing arms (no exports) or when an arm
 // failed; `al` aligns the baseline (A) with the arm (B).
 ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const ArmOutcome& base,
-                                    const ArmOutcome& out, const DiffResult* diff, const AlignResult& al);
+                                    const ArmOutcome& out, const DiffResult* diff,
+                                    const AlignResult& al);
 
 // Stop rules before an arm is sent: the first rule that fires over the comparisons so far
 // (control comparisons excluded), or nullopt. `fired_by` names the predicates that were true.
@@ -57,7 +58,8 @@ struct StopDecision {
   const StopRule* rule = nullptr;
   std::vector<std::string> fired_by;
 };
-std::optional<StopDecision> EvaluateStopRules(const Campaign& c, const std::vector<ComparisonResult>& so_far);
+std::optional<StopDecision> EvaluateStopRules(const Campaign& c,
+                                              const std::vector<ComparisonResult>& so_far);
 
 nlohmann::json ToJson(const ComparisonResult& r);
 Result<ComparisonResult> ComparisonFromJson(const nlohmann::json& j);

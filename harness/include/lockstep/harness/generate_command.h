@@ -26,11 +26,11 @@ struct GenerateOptions {
   std::string export_path;    // --export FILE: lockstep.export v1 HDF5 (written as FILE.partial)
   std::string export_windows = "0-2";  // --export-windows all|none|LIST
   std::string export_points = "pre_verify,post_verify,commit";
-  std::string export_compress;  // --export-compress none|lz4 ("" = none)
-  bool progress = false;        // --progress: "progress: prefill D/N" lines on stderr
-  std::string arm;            // --arm NAME recorded in the export
-  std::string trace_json;     // --trace-json FILE: Chrome trace-event JSON (Perfetto)
-  int sample_ms = 100;        // resource sampler interval
+  std::string export_compress;           // --export-compress none|lz4 ("" = none)
+  bool progress = false;                 // --progress: "progress: prefill D/N" lines on stderr
+  std::string arm;                       // --arm NAME recorded in the export
+  std::string trace_json;                // --trace-json FILE: Chrome trace-event JSON (Perfetto)
+  int sample_ms = 100;                   // resource sampler interval
   std::int64_t guard_min_free_mib = -1;  // end the request when free memory falls below (-1 off)
 };
 

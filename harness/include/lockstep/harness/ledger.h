@@ -28,29 +28,29 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "lockstep/engine/status.h"
 
 namespace lockstep {
 
 struct LedgerEntry {
-  std::int64_t seq = 0;       // 0, 1, 2, ... in file order
-  std::string event;          // planned | sent | finished | failed | compared | decision | not_sent | stopped | done | resumed
-  std::string arm;            // "" for campaign-level events
+  std::int64_t seq = 0;  // 0, 1, 2, ... in file order
+  std::string event;     // planned | sent | finished | failed | compared | decision | not_sent |
+                         // stopped | done | resumed
+  std::string arm;       // "" for campaign-level events
   nlohmann::json data = nlohmann::json::object();
 };
 
 struct LedgerLoad {
   std::vector<LedgerEntry> entries;
-  bool torn = false;           // a torn last line was found and set aside
-  std::string torn_saved_as;   // where its bytes went
+  bool torn = false;          // a torn last line was found and set aside
+  std::string torn_saved_as;  // where its bytes went
   std::int64_t torn_bytes = 0;
-  std::string torn_reason;     // why the last line was judged torn ("line 7: CRC mismatch (...)")
+  std::string torn_reason;  // why the last line was judged torn ("line 7: CRC mismatch (...)")
 };
 
 // CRC-32 (IEEE, as zlib's crc32()) of bytes.
@@ -79,8 +79,8 @@ class Ledger {
   // object, a string that is not UTF-8, a line over 16 MiB: nothing written); kIOError (write or
   // fdatasync failed; after a short write or a failed fdatasync this handle refuses further
   // appends: Open() the ledger again, which sets the torn tail aside).
-  Result<LedgerEntry> Append(const std::string& event, const std::string& arm, const nlohmann::json& data,
-                             bool sync);
+  Result<LedgerEntry> Append(const std::string& event, const std::string& arm,
+                             const nlohmann::json& data, bool sync);
   std::int64_t next_seq() const { return next_seq_; }
   const std::string& path() const { return path_; }
 

@@ -5,11 +5,11 @@
 //   DIR/ledger.jsonl            the request ledger (ledger.h): the only record of what happened
 //   DIR/model/                  the synthetic model (preset plans), created once
 //   DIR/request.tokens          the request's prompt token ids
-//   DIR/arms/<arm>/             config.json, stdout.json, stderr.log, trace.jsonl, export.h5 (state arms)
-//   DIR/arms/<arm>/r<k>/        the same per repeat (timing arms)
-//   DIR/compare/<arm>.json      gates, predicates and the comparator's report of arm vs baseline
-//   DIR/compare/<arm>.md|.html  the comparator's Markdown / HTML for that pair
-//   DIR/report.md|.html, DIR/junit.xml   the campaign summary (harness/campaign_report.h)
+//   DIR/arms/<arm>/             config.json, stdout.json, stderr.log, trace.jsonl, export.h5 (state
+//   arms) DIR/arms/<arm>/r<k>/        the same per repeat (timing arms) DIR/compare/<arm>.json
+//   gates, predicates and the comparator's report of arm vs baseline DIR/compare/<arm>.md|.html the
+//   comparator's Markdown / HTML for that pair DIR/report.md|.html, DIR/junit.xml   the campaign
+//   summary (harness/campaign_report.h)
 //
 // Every arm runs as a fresh child process (`lockstep generate --config ...`). The ledger is
 // appended before and after every step (sent, finished/failed, compared, decision, stopped,
@@ -28,12 +28,12 @@
 namespace lockstep {
 
 struct RunOptions {
-  std::string plan;        // PLAN.toml (new run; with resume: must hash like the recorded plan)
-  std::string out_dir;     // the run folder
-  bool resume = false;     // continue the campaign in out_dir
-  std::string junit;       // JUnit XML path (default out_dir/junit.xml)
-  std::string exe;         // lockstep binary for the arms (default: this executable)
-  int progress = -1;       // progress on stderr: -1 when stderr is a terminal, 0 off, 1 on
+  std::string plan;     // PLAN.toml (new run; with resume: must hash like the recorded plan)
+  std::string out_dir;  // the run folder
+  bool resume = false;  // continue the campaign in out_dir
+  std::string junit;    // JUnit XML path (default out_dir/junit.xml)
+  std::string exe;      // lockstep binary for the arms (default: this executable)
+  int progress = -1;    // progress on stderr: -1 when stderr is a terminal, 0 off, 1 on
 };
 
 // Runs (or resumes) a campaign and writes its reports. OK when the campaign's verdict passes;

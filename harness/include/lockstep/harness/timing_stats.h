@@ -15,8 +15,8 @@ struct SampleStats {
   double min = 0.0, max = 0.0;
   double mean = 0.0, stdev = 0.0;
   // pyperf-style flags
-  bool spread_unstable = false;   // stdev >= 10% of the mean (pyperf's rule)
-  bool has_outlier = false;       // a sample >= 50% away from the median
+  bool spread_unstable = false;       // stdev >= 10% of the mean (pyperf's rule)
+  bool has_outlier = false;           // a sample >= 50% away from the median
   std::vector<std::string> warnings;  // human-readable, one per flag; also: fewer than 6 samples
                                       // (interval = sample range), non-finite samples (NaN =
                                       // not measured) ignored, no samples
@@ -29,10 +29,10 @@ SampleStats ComputeStats(std::vector<double> samples);
 // 95% intervals. `windows_a[r][w]` = verify ms of repeat r, window w (repeats may have different
 // lengths: window w uses the repeats that have it).
 struct TimingVerdict {
-  bool refused = false;           // too few repeats (or no common window) for a verdict; the
-                                  // stats are still filled, the *_outside_noise fields are not
-  std::string refused_reason;     // "2 repeats per arm (A: 2, B: 6); a timing verdict needs at least 6
-                                  // fresh processes per arm"
+  bool refused = false;        // too few repeats (or no common window) for a verdict; the
+                               // stats are still filled, the *_outside_noise fields are not
+  std::string refused_reason;  // "2 repeats per arm (A: 2, B: 6); a timing verdict needs at least 6
+                               // fresh processes per arm"
   int repeats_a = 0, repeats_b = 0;
   std::vector<SampleStats> window_a, window_b;  // per window index
   SampleStats aggregate_a, aggregate_b;         // sum of verify ms per repeat
@@ -46,6 +46,7 @@ struct TimingVerdict {
 };
 
 TimingVerdict CompareTimingRepeats(const std::vector<std::vector<double>>& windows_a,
-                                   const std::vector<std::vector<double>>& windows_b, int min_repeats);
+                                   const std::vector<std::vector<double>>& windows_b,
+                                   int min_repeats);
 
 }  // namespace lockstep

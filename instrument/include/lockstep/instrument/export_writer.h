@@ -28,16 +28,17 @@
 
 #include "lockstep/engine/observer.h"
 #include "lockstep/engine/status.h"
-#include "lockstep/engine/window_selection.h"
 #include "lockstep/engine/trace_ring.h"
+#include "lockstep/engine/window_selection.h"
 #include "lockstep/instrument/resource_sampler.h"
 
 namespace lockstep {
 
 struct ExportOptions {
-  std::string path;                       // final file; written as path + ".partial"
-  WindowSelection windows;                // default: none (trace only)
-  std::set<CheckpointPoint> points{CheckpointPoint::kPreVerify, CheckpointPoint::kPostVerify, CheckpointPoint::kCommit};
+  std::string path;         // final file; written as path + ".partial"
+  WindowSelection windows;  // default: none (trace only)
+  std::set<CheckpointPoint> points{CheckpointPoint::kPreVerify, CheckpointPoint::kPostVerify,
+                                   CheckpointPoint::kCommit};
   std::size_t max_queue_bytes = std::size_t{256} << 20;
   // "" (contiguous, uncompressed) or "lz4": chunked datasets (rows of ~1 MiB per chunk, following
   // the rows the engine appends) through the LZ4 HDF5 filter plugin (id 32004, Debian package
@@ -67,7 +68,8 @@ struct ExportRunInfo {
   // /counters/stage{S}: int64 attributes; -1 = not measured on this backend (never zero).
   struct Counters {
     int stage = 0;
-    std::int64_t expert_hits = 0, expert_misses = 0, expert_bytes_fetched = 0, host_expert_tokens = 0;
+    std::int64_t expert_hits = 0, expert_misses = 0, expert_bytes_fetched = 0,
+                 host_expert_tokens = 0;
     std::int64_t verify_calls = 0, first_calls = -1, graph_captures = -1, first_call_ns = -1;
     std::int64_t graph_launches = -1;
   };
@@ -118,12 +120,12 @@ class H5Exporter final : public Observer {
   int items_in_checkpoint_ = 0;
 
   std::mutex mu_;
-  std::condition_variable cv_;       // work available / space available / drained
+  std::condition_variable cv_;                     // work available / space available / drained
   std::deque<std::pair<Job, std::size_t>> queue_;  // GUARDED_BY(mu_)
-  std::size_t queued_bytes_ = 0;     // GUARDED_BY(mu_)
-  bool busy_ = false;                // GUARDED_BY(mu_): the writer runs a popped job
-  bool stop_ = false;                // GUARDED_BY(mu_)
-  Status error_;                     // GUARDED_BY(mu_): first failure
+  std::size_t queued_bytes_ = 0;                   // GUARDED_BY(mu_)
+  bool busy_ = false;                              // GUARDED_BY(mu_): the writer runs a popped job
+  bool stop_ = false;                              // GUARDED_BY(mu_)
+  Status error_;                                   // GUARDED_BY(mu_): first failure
   // Copy buffers handed back by the writer for reuse: fresh multi-MiB allocations would fault in
   // every page again on each checkpoint (measured: ~2x slower export).
   // Uninitialised storage: a copy buffer is overwritten whole, so zero-filling it first
@@ -140,7 +142,8 @@ class H5Exporter final : public Observer {
 };
 
 // The HDF5 path of one state item ("checkpoints/00003_commit/stage1/layer7/k"): the one place
-// that turns (checkpoint, stage, layer, item) into a path, shared by the writer, compare/ and tests.
+// that turns (checkpoint, stage, layer, item) into a path, shared by the writer, compare/ and
+// tests.
 std::string CheckpointGroupName(int window, CheckpointPoint point);
 std::string ItemPath(int window, CheckpointPoint point, int stage, int layer, ItemKind kind);
 
