@@ -146,6 +146,20 @@ int KvHeadroom(const EngineConfig& cfg) {
   return std::max(cfg.max_new, 0) + window;
 }
 
+// What the layer kernels of one forward of `mode` read: the model, the stage's device state, the
+// backend's arithmetic choices, and the K/V headroom a prefill reserves.
+Ctx LayerCtx(const ModelConfig& c, DeviceStageImpl& d, ForwardMode mode, const CudaBackend& backend,
+             const EngineConfig& cfg) {
+  return Ctx{c,
+             d,
+             mode,
+             backend.deterministic(),
+             backend.attn_split(),
+             mode == ForwardMode::kPrefill ? KvHeadroom(cfg) : 0,
+             d.s(),
+             &d.init_ns};
+}
+
 }  // namespace
 
 Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Activation& act) {
@@ -212,14 +226,7 @@ Status CudaStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, A
       LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_in.get(), d.s()));
     }
     LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_start.get(), d.s()));
-    Ctx x{c_,
-          d,
-          mode,
-          backend_->deterministic(),
-          backend_->attn_split(),
-          mode == ForwardMode::kPrefill ? KvHeadroom(cfg_) : 0,
-          d.s(),
-          &d.init_ns};
+    Ctx x = LayerCtx(c_, d, mode, *backend_, cfg_);
     LOCKSTEP_RETURN_IF_ERROR(RunLayers(x, T, act.p));
     LOCKSTEP_CUDA_CHECK(cudaGetLastError());
     LOCKSTEP_CUDA_CHECK(cudaEventRecord(d.ev_done.get(), d.s()));
@@ -393,14 +400,7 @@ void CudaStageSession::MtpForward(const float* hid, const std::int32_t* next_tok
       LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(d.s()));
       FlushRoutes(d);
     }
-    Ctx x{c_,
-          d,
-          mode,
-          backend_->deterministic(),
-          backend_->attn_split(),
-          mode == ForwardMode::kPrefill ? KvHeadroom(cfg_) : 0,
-          d.s(),
-          &d.init_ns};
+    Ctx x = LayerCtx(c_, d, mode, *backend_, cfg_);
     LOCKSTEP_RETURN_IF_ERROR(EnsureRows(d.mtp_hidden, &d.mtp_rows, T, h, &d.init_ns, d.s()));
     const int nl = std::min(n_logits, T);
     // In: hidden rows then token ids, one upload. Out: m rows then logits, one download.
