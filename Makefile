@@ -43,7 +43,7 @@ test-clang-dtype:
 # The libFuzzer targets need clang: built here with -fsanitize=fuzzer,address,undefined over the
 # sources they exercise, and run for a bounded number of inputs (seconds) when clang++ is installed.
 FUZZ_BIN := $(BUILD)/fuzz-bin
-FUZZ_FLAGS := -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iengine/include -Icompare/include
+FUZZ_FLAGS := -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iengine/include -Iengine -Icompare/include
 test-fuzz:
 	@if command -v clang++ >/dev/null 2>&1; then \
 	  mkdir -p $(FUZZ_BIN) && \
