@@ -59,8 +59,10 @@ test-fuzz:
 # differently, so the check names the version it ran.
 FORMAT_FILES = $(shell git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 format: deps
+	@test -n "$(FORMAT_FILES)" || { echo "format: no sources found (not a git checkout?)"; exit 1; }
 	@clang-format -i $(FORMAT_FILES)
 format-check: deps
+	@test -n "$(FORMAT_FILES)" || { echo "format-check: no sources found (not a git checkout?)"; exit 1; }
 	@bad=$$(clang-format --dry-run --Werror $(FORMAT_FILES) 2>&1 | grep -- '-Wclang-format-violations' | cut -d: -f1 | sort -u); \
 	  if [ -n "$$bad" ]; then echo "$$bad" | sed 's/^/  differs: /'; \
 	    echo "format-check: $$(echo "$$bad" | wc -l) files differ from .clang-format (run 'make format'; $$(clang-format --version))"; exit 1; \
