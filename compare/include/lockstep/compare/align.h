@@ -70,6 +70,12 @@ struct AlignResult {
   std::vector<WindowRecord> rest_a, rest_b;  // windows after the divergence, per side (div_idx ..)
   std::vector<NotableWindow> notable_a, notable_b;            // per side, over the whole trace
   double median_verify_ms_a = 0.0, median_verify_ms_b = 0.0;  // each side, whole trace
+  // Fingerprints that differ between the two sides ("model", "request", "config"), checked as
+  // `diff` checks them; non-empty: the paths are not comparable and no "no divergence" is claimed.
+  std::vector<std::string> fingerprint_differences;
+  // Non-empty: why the compared path fields cannot differ over the matched prefix (every window
+  // has T = 1 and no drafts), so "no divergence" would say nothing.
+  std::string path_unchecked;
 };
 
 // A window is notable when its verify time is >= notable_ratio x its side's median verify time

@@ -137,6 +137,9 @@ struct ExportMeta {
   //   "nvml: unknown: <why>"                                 the sampler's nvml attribute
   //   "executable_sha256: empty (the binary was unreadable)"
   std::vector<std::string> unknowns;
+  // /injections (absent: none): one JSON object per --inject of the run, in the order given,
+  // recording whether and where it fired (instrument/SCHEMA.md).
+  std::vector<std::string> injections;
   std::int64_t file_bytes = 0;  // length of the file when it was opened
 };
 

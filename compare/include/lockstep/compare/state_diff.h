@@ -93,7 +93,13 @@ struct DiffResult {
   double seconds = 0.0;
   // Index into items of the first failing item in that order (-1: none).
   std::int64_t first_failure = -1;
-  bool Passed() const { return failed == 0 && !model_differs && !request_differs; }
+  // Non-empty: why the comparison is vacuous ("nothing compared: the exports share no window",
+  // "nothing compared: every item was skipped", "12 items skipped, more than --max-skipped 0").
+  // A vacuous comparison is never a pass.
+  std::string vacuous;
+  bool Passed() const {
+    return failed == 0 && !model_differs && !request_differs && vacuous.empty();
+  }
 };
 
 Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
