@@ -320,11 +320,38 @@ AlignResult AlignWindows(const std::vector<WindowRecord>& a, const std::vector<W
     for (const TimingField& tf : kDeviceTimingFields)
       r.timing.push_back(DiffInterval(tf, a, b, matched));
 
+  if (!r.diverged) {
+    bool drafts = false;
+    for (std::size_t i = 0; i < matched; ++i)
+      drafts = drafts || a[i].T != 1 || a[i].T_mtp != 0 || a[i].merged || a[i].from_sfx;
+    if (matched == 0)
+      r.path_unchecked = "neither trace holds a verify window: there is no path to compare";
+    else if (!drafts)
+      r.path_unchecked = "every one of the " + std::to_string(matched) +
+                         " windows has T = 1 and no draft (e.g. --spec 0): the path fields "
+                         "cannot differ, only the window count was compared";
+  }
+
   r.median_verify_ms_a = SideMedianVerifyMs(a);
   r.median_verify_ms_b = SideMedianVerifyMs(b);
   r.notable_a = SideNotable(a, r.median_verify_ms_a, opts, r.diverged, r.div_idx);
   r.notable_b = SideNotable(b, r.median_verify_ms_b, opts, r.diverged, r.div_idx);
   return r;
+}
+
+std::vector<std::string> FingerprintDifferences(const ExportMeta& a, const ExportMeta& b,
+                                                bool configs) {
+  std::vector<std::string> out = IdentityDifferences(a, b);
+  if (configs)
+    for (const std::string& c : ConfigDifferences(a.config_json, b.config_json))
+      out.push_back("config: " + c);
+  return out;
+}
+
+bool AlignResult::comparable() const {
+  for (const auto& f : fingerprint_differences)
+    if (f.rfind("config: ", 0) != 0) return false;
+  return true;
 }
 
 }  // namespace lockstep

@@ -16,6 +16,8 @@ namespace lockstep {
 
 namespace {
 
+std::string CompactJson(const nlohmann::json& j) { return j.dump(); }
+
 constexpr std::int64_t kBlockBytes = std::int64_t{4}
                                      << 20;  // per side per read: fits L2/L3 streaming well
 
@@ -39,37 +41,6 @@ const char* LabelFor(ItemKind kind) {
       break;
   }
   return "logits";
-}
-
-std::string CompactJson(const nlohmann::json& j) { return j.dump(); }
-
-// Keys of the two canonical configs whose values differ, as "key: A | B". The model path is
-// compared by the model hash instead (two copies of one checkpoint are the same model).
-std::vector<std::string> ConfigDifferences(const std::string& ja, const std::string& jb) {
-  std::vector<std::string> out;
-  nlohmann::json a, b;
-  try {
-    a = nlohmann::json::parse(ja);
-    b = nlohmann::json::parse(jb);
-  } catch (const nlohmann::json::exception&) {
-    if (ja != jb) out.push_back("config: not comparable (invalid JSON on one side)");
-    return out;
-  }
-  if (!a.is_object() || !b.is_object()) {
-    if (a != b) out.push_back("config: not comparable (not a JSON object)");
-    return out;
-  }
-  std::set<std::string> keys;
-  for (auto it = a.begin(); it != a.end(); ++it) keys.insert(it.key());
-  for (auto it = b.begin(); it != b.end(); ++it) keys.insert(it.key());
-  for (const auto& k : keys) {
-    if (k == "model" || k == "replay_path") continue;
-    const bool in_a = a.contains(k), in_b = b.contains(k);
-    if (in_a && in_b && a[k] == b[k]) continue;
-    out.push_back(k + ": " + (in_a ? CompactJson(a[k]) : "(absent)") + " | " +
-                  (in_b ? CompactJson(b[k]) : "(absent)"));
-  }
-  return out;
 }
 
 struct Job {
@@ -226,6 +197,46 @@ const char* VerdictName(Verdict v) {
       return "skip";
   }
   return "?";
+}
+
+std::vector<std::string> ConfigDifferences(const std::string& ja, const std::string& jb) {
+  std::vector<std::string> out;
+  nlohmann::json a, b;
+  try {
+    a = nlohmann::json::parse(ja);
+    b = nlohmann::json::parse(jb);
+  } catch (const nlohmann::json::exception&) {
+    if (ja != jb) out.push_back("config: not comparable (invalid JSON on one side)");
+    return out;
+  }
+  if (!a.is_object() || !b.is_object()) {
+    if (a != b) out.push_back("config: not comparable (not a JSON object)");
+    return out;
+  }
+  std::set<std::string> keys;
+  for (auto it = a.begin(); it != a.end(); ++it) keys.insert(it.key());
+  for (auto it = b.begin(); it != b.end(); ++it) keys.insert(it.key());
+  for (const auto& k : keys) {
+    if (k == "model" || k == "replay_path") continue;
+    const bool in_a = a.contains(k), in_b = b.contains(k);
+    if (in_a && in_b && a[k] == b[k]) continue;
+    out.push_back(k + ": " + (in_a ? CompactJson(a[k]) : "(absent)") + " | " +
+                  (in_b ? CompactJson(b[k]) : "(absent)"));
+  }
+  return out;
+}
+
+std::vector<std::string> IdentityDifferences(const ExportMeta& a, const ExportMeta& b) {
+  auto short_hash = [](const std::string& h) { return h.empty() ? "(none)" : h.substr(0, 12); };
+  std::vector<std::string> out;
+  if (a.model_sha256 != b.model_sha256)
+    out.push_back("the models differ: model_sha256 " + short_hash(a.model_sha256) + " | " +
+                  short_hash(b.model_sha256));
+  if (a.request_sha256 != b.request_sha256 || a.request_tokens != b.request_tokens)
+    out.push_back("the requests differ: request_sha256 " + short_hash(a.request_sha256) + " | " +
+                  short_hash(b.request_sha256) + " (" + std::to_string(a.request_tokens.size()) +
+                  " | " + std::to_string(b.request_tokens.size()) + " prompt tokens)");
+  return out;
 }
 
 double Thresholds::NrmseFor(const std::string& kind) const {
@@ -437,6 +448,67 @@ void Tally(DiffResult& d) {
 
 }  // namespace
 
+namespace {
+
+// "0-2", "1,5", "none": the windows an export holds checkpoints of, compactly.
+std::string WindowsText(const ExportMeta& m) {
+  std::set<int> ws;
+  for (const auto& cp : m.checkpoints) ws.insert(cp.window);
+  if (ws.empty()) return "none";
+  std::string out;
+  for (auto it = ws.begin(); it != ws.end();) {
+    const int lo = *it;
+    int hi = lo;
+    for (++it; it != ws.end() && *it == hi + 1; ++it) hi = *it;
+    out +=
+        (out.empty() ? "" : ",") + std::to_string(lo) + (hi > lo ? "-" + std::to_string(hi) : "");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string VacuousReason(const DiffResult& d, const ExportMeta& ma, const ExportMeta& mb,
+                          const DiffOptions& opts) {
+  if (d.model_differs || d.request_differs) return "";  // failed, and says why on its own
+  const std::string held =
+      " (A exported windows " + WindowsText(ma) + ", B windows " + WindowsText(mb) + ")";
+  if (d.compared == 0) {
+    const std::string none = "nothing compared: ";
+    if (ma.checkpoints.empty() || mb.checkpoints.empty())
+      return none +
+             (ma.checkpoints.empty() && mb.checkpoints.empty()
+                  ? std::string("neither export holds a")
+              : ma.checkpoints.empty() ? std::string("export A holds no")
+                                       : std::string("export B holds no")) +
+             " checkpoint (an empty export: --max-new 0, --export-windows none, or no window "
+             "ran)";
+    if (d.checkpoints.empty())
+      return none + "no exported checkpoint is in --windows " + opts.windows + " --points " +
+             opts.points + held;
+    bool shared = false;
+    for (const auto& cs : d.checkpoints)
+      for (const auto& [why, n] : cs.skip_reasons)
+        shared = shared || why.find("exported by") == std::string::npos;
+    if (!shared && d.skipped > 0)
+      return none + "the exports share no window in the selection" + held;
+    if (d.skipped > 0) {
+      std::map<std::string, int> reasons;
+      for (const auto& cs : d.checkpoints)
+        for (const auto& [why, n] : cs.skip_reasons) reasons[why] += n;
+      std::string list;
+      for (const auto& [why, n] : reasons)
+        list += (list.empty() ? "" : "; ") + std::to_string(n) + ": " + why;
+      return none + "every item was skipped (" + list + ")";
+    }
+    return none + "the selected checkpoints hold no items";
+  }
+  if (opts.max_skipped >= 0 && d.skipped > opts.max_skipped)
+    return std::to_string(d.skipped) + " items skipped, more than --max-skipped " +
+           std::to_string(opts.max_skipped) + " (" + std::to_string(d.compared) + " compared)";
+  return "";
+}
+
 Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
                                const DiffOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -445,8 +517,14 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
   LOCKSTEP_ASSIGN_OR_RETURN(auto points, ParseExportPoints(opts.points, "--points"));
   LOCKSTEP_RETURN_IF_ERROR(CheckDiffOptions(opts));
 
+  if (opts.max_skipped < -1)
+    return Status::InvalidArgument("--max-skipped", "a count >= 0, or -1 for any number");
   const ExportMeta& ma = a.meta();
   const ExportMeta& mb = b.meta();
+  if (!opts.allow_self && !ma.run_id.empty() && ma.run_id == mb.run_id)
+    return Status::InvalidArgument(
+        "diff", "both exports are of the same run (run_id " + ma.run_id +
+                    "): comparing a run with itself proves nothing (--allow-self to do it anyway)");
   DiffResult d;
   d.thresholds = opts.thresholds;
   d.config_differences = ConfigDifferences(ma.config_json, mb.config_json);
@@ -474,6 +552,7 @@ Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
   }
   LOCKSTEP_RETURN_IF_ERROR(RunJobs(a, b, jobs, opts, d));
   Tally(d);
+  d.vacuous = VacuousReason(d, ma, mb, opts);
   d.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return d;
 }

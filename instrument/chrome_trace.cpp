@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <exception>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
@@ -109,6 +110,7 @@ class TraceBuilder {
     const std::int64_t vb_early = SatAdd(w.begin_ns, draft_ns);
     const std::int64_t vb = bounds.Clamp(std::max(vb_late, vb_early));  // >= draft.e
     const Span verify{vb, bounds.Clamp(SatAdd(vb, verify_ns))};
+    verify_begin_[w.idx] = vb;
     Emit("verify", "driver", kDriverTid, verify, verify.Len() != w.verify_ns, path);
 
     std::int64_t cursor = verify.e;
@@ -144,6 +146,25 @@ class TraceBuilder {
       }
       Emit("compute", "stage", 1 + is, compute, compute.Len() != st.compute_ns, std::move(sargs));
     }
+  }
+
+  // One injection firing (instant event, thread scope) at its window's verify begin on its stage's
+  // track; a window the records do not hold puts it at the trace's start.
+  void Injection(const Json& record, const Json& firing) {
+    const int window = firing.value("window", -1), stage = firing.value("stage", -1);
+    auto it = verify_begin_.find(window);
+    Json e;
+    e["name"] = "inject " + record.value("kind", std::string("?"));
+    e["cat"] = "inject";
+    e["ph"] = "i";
+    e["s"] = "t";
+    e["pid"] = kPid;
+    e["tid"] = stage >= 0 && stage < n_stages_ ? 1 + stage : kDriverTid;
+    e["ts"] = Us(SatSub(it == verify_begin_.end() ? t0_ : it->second, t0_));
+    Json args = firing;
+    args["text"] = record.value("text", std::string());
+    e["args"] = std::move(args);
+    events_.push_back(std::move(e));
   }
 
   std::size_t clamped_spans() const { return clamped_spans_; }
@@ -184,6 +205,7 @@ class TraceBuilder {
   std::vector<Json> events_;
   std::size_t clamped_spans_ = 0;
   std::size_t stage_count_mismatch_windows_ = 0;
+  std::map<int, std::int64_t> verify_begin_;  // window idx -> drawn verify start (ns)
 };
 
 // Builds the whole text; may throw (allocation). Callers catch.
@@ -213,6 +235,14 @@ std::string BuildTrace(std::span<const WindowRecord> windows, int n_stages_in,
     tb.Window(w, Bounds{w.begin_ns, std::max(hi, w.begin_ns)});
   }
 
+  Json injections = Json::array();
+  for (const std::string& text : opts.injections) {
+    Json rec = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (rec.is_discarded()) continue;  // not ours to repair: the engine writes valid JSON
+    for (const Json& f : rec.value("firings", Json::array())) tb.Injection(rec, f);
+    injections.push_back(std::move(rec));
+  }
+
   Json other;
   other["schema"] = "lockstep.chrome_trace";
   other["schema_version"] = 1;
@@ -231,6 +261,7 @@ std::string BuildTrace(std::span<const WindowRecord> windows, int n_stages_in,
       "begin_ns + draft_ns; measured export drawn as one span after verify";
   other["clamped_spans"] = tb.clamped_spans();
   other["stage_count_mismatch_windows"] = tb.stage_count_mismatch_windows();
+  if (!injections.empty()) other["injections"] = std::move(injections);
 
   // One event per line: the file stays valid JSON and diffs line by line. Invalid UTF-8 in user
   // strings (process name, arm) is replaced rather than thrown on.

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <charconv>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "lockstep/engine/atomic_file.h"
 #include "lockstep/h5/handle.h"
 #include "lockstep/h5/rows.h"
 
@@ -226,6 +228,7 @@ Result<std::unique_ptr<H5Exporter>> H5Exporter::Create(const ExportOptions& opts
         "--export-compress lz4",
         "the LZ4 HDF5 filter plugin is not available (Debian: apt install hdf5-filter-plugin; "
         "or set HDF5_PLUGIN_PATH)");
+  LOCKSTEP_RETURN_IF_ERROR(CheckOutputFolder(opts.path, "--export"));
   KeepFreedMemory();
   std::unique_ptr<H5Exporter> e(new H5Exporter(opts));
   e->file_ = std::make_unique<File>();
@@ -526,6 +529,26 @@ Status WriteString(hid_t file, hid_t lcpl, const std::string& path, const std::s
   return Status::Ok();
 }
 
+// /injections: a 1-D dataset of fixed-length (null-padded) strings, one JSON object each; written
+// only when the run had injections, so a run without them has the same file layout as before.
+Status WriteInjections(hid_t file, hid_t lcpl, const std::vector<std::string>& records) {
+  if (records.empty()) return Status::Ok();
+  std::size_t width = 1;
+  for (const auto& r : records) width = std::max(width, r.size());
+  std::string buf(width * records.size(), '\0');
+  for (std::size_t i = 0; i < records.size(); ++i)
+    std::memcpy(buf.data() + i * width, records[i].data(), records[i].size());
+  H5Handle t(H5Tcopy(H5T_C_S1));
+  H5Tset_size(t.get(), width);
+  H5Tset_strpad(t.get(), H5T_STR_NULLPAD);
+  hsize_t n = records.size();
+  H5Handle sp(H5Screate_simple(1, &n, nullptr));
+  H5Handle ds(H5Dcreate2(file, "injections", t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+  if (!ds.valid() || H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
+    return H5Fail("injections");
+  return Status::Ok();
+}
+
 Status WriteTokens(hid_t file, hid_t lcpl, const std::string& path,
                    const std::vector<std::int32_t>& ids) {
   hsize_t n = ids.size();
@@ -619,6 +642,7 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
         LOCKSTEP_RETURN_IF_ERROR(WriteString(file, lcpl, "config", meta.config_json));
         LOCKSTEP_RETURN_IF_ERROR(WriteTokens(file, lcpl, "request/tokens", meta.request_tokens));
         LOCKSTEP_RETURN_IF_ERROR(WriteTokens(file, lcpl, "output/tokens", meta.output_tokens));
+        LOCKSTEP_RETURN_IF_ERROR(WriteInjections(file, lcpl, meta.injections));
         for (const auto& r : meta.residency) {
           const std::string path = "residency/stage" + std::to_string(r.stage);
           hsize_t dims[2] = {static_cast<hsize_t>(r.layers), static_cast<hsize_t>(r.experts)};

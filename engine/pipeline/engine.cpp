@@ -41,6 +41,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in,
     if (inj.stage >= cfg.stages)
       return bad("stage " + std::to_string(inj.stage) + " does not exist (" +
                  std::to_string(cfg.stages) + " stages)");
+    // Every verify window emits at least one token, so a request runs at most max_new windows.
+    if (inj.window >= 0 && inj.window >= cfg.max_new)
+      return bad("window " + std::to_string(inj.window) + " never runs: a request of max_new " +
+                 std::to_string(cfg.max_new) + " runs at most " + std::to_string(cfg.max_new) +
+                 " verify windows (0.." + std::to_string(cfg.max_new - 1) + ")");
     if (inj.kind != Injection::Kind::kPerturb) continue;
     if (inj.layer >= 0) {
       if (inj.layer >= weights.config.n_layers)
@@ -67,6 +72,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in,
       if (inj.stage == cfg.stages - 1) return bad("the last stage hands no hidden_out on");
     }
   }
+  e->injection_records_.resize(e->injections_.size());
   e->timings_.resize(static_cast<std::size_t>(cfg.stages));
   e->hidden_out_.resize(static_cast<std::size_t>(cfg.stages));
   return e;
@@ -86,11 +92,17 @@ Status Engine::RunPipeline(ForwardMode mode, std::span<const std::int32_t> token
     const std::int64_t c0 = MonotonicNs(), u0 = ThreadCpuNs();
     tm.wait_ns = c0 - t0;  // in-process pipeline: stage is waits while stages < is compute
     if (mode == ForwardMode::kVerify) {
-      for (const auto& inj : injections_)
+      for (std::size_t i = 0; i < injections_.size(); ++i) {
+        const Injection& inj = injections_[i];
         if (inj.kind == Injection::Kind::kDelay && (inj.stage < 0 || inj.stage == is) &&
-            (inj.window < 0 || inj.window == window_))
+            (inj.window < 0 || inj.window == window_)) {
           std::this_thread::sleep_for(
               std::chrono::microseconds(static_cast<std::int64_t>(inj.ms * 1000.0)));
+          InjectionFiring f;
+          f.window = window_, f.stage = is, f.p = act.p, f.T = act.T, f.ms = inj.ms;
+          injection_records_[i].Add(f);
+        }
+      }
     }
     LOCKSTEP_RETURN_IF_ERROR(stage(is).Forward(mode, tokens.data(), act));
     if (mode == ForwardMode::kVerify) ApplyPerturbations(is, act);
@@ -105,22 +117,40 @@ Status Engine::RunPipeline(ForwardMode mode, std::span<const std::int32_t> token
 }
 
 void Engine::ApplyPerturbations(int is, Activation& act) {
-  for (const auto& inj : injections_) {
+  for (std::size_t i = 0; i < injections_.size(); ++i) {
+    const Injection& inj = injections_[i];
     if (inj.kind != Injection::Kind::kPerturb || inj.stage != is ||
         (inj.window >= 0 && inj.window != window_) || inj.item == ItemKind::kLogits)
       continue;
     stage(is).Perturb(inj.item, inj.layer, static_cast<float>(1.0 + inj.eps), act);
+    InjectionFiring f;
+    f.window = window_, f.stage = is, f.layer = inj.layer, f.p = act.p, f.T = act.T;
+    f.factor = static_cast<double>(static_cast<float>(1.0 + inj.eps));
+    injection_records_[i].Add(f);
   }
 }
 
 void Engine::PerturbLogits(float* logits, std::size_t n) {
-  for (const auto& inj : injections_) {
+  for (std::size_t i = 0; i < injections_.size(); ++i) {
+    const Injection& inj = injections_[i];
     if (inj.kind != Injection::Kind::kPerturb || inj.item != ItemKind::kLogits ||
         (inj.window >= 0 && inj.window != window_))
       continue;
     const float f = static_cast<float>(1.0 + inj.eps);
-    for (std::size_t i = 0; i < n; ++i) logits[i] *= f;
+    for (std::size_t k = 0; k < n; ++k) logits[k] *= f;
+    InjectionFiring fr;
+    fr.window = window_, fr.stage = n_stages() - 1, fr.p = position_;
+    fr.T = static_cast<int>(n / static_cast<std::size_t>(std::max(1, w_.config.n_vocab)));
+    fr.factor = static_cast<double>(f);
+    injection_records_[i].Add(fr);
   }
+}
+
+std::vector<std::string> Engine::InjectionReport() const {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < injections_.size(); ++i)
+    out.push_back(InjectionRecordJson(injections_[i], injection_records_[i]));
+  return out;
 }
 
 Status Engine::Prefill(std::span<const std::int32_t> tokens, const PrefillHook& hook) {

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 namespace lockstep {
@@ -90,6 +91,59 @@ Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& s
     out.push_back(inj);
   }
   return out;
+}
+
+std::string InjectionRecordJson(const Injection& inj, const InjectionRecord& rec) {
+  using nlohmann::json;
+  const bool perturb = inj.kind == Injection::Kind::kPerturb;
+  auto any = [](int v) { return v < 0 ? json(nullptr) : json(v); };
+  json j;
+  j["text"] = inj.text;
+  j["kind"] = perturb ? "perturb" : "delay";
+  if (perturb) {
+    j["item"] = ItemKindName(inj.item);
+    j["eps"] = inj.eps;
+    j["layer"] = any(inj.layer);
+  } else {
+    j["ms"] = inj.ms;
+  }
+  j["stage"] = any(inj.stage);
+  j["window"] = any(inj.window);
+  j["fired"] = rec.count > 0;
+  j["count"] = rec.count;
+  json fs = json::array();
+  for (const InjectionFiring& f : rec.firings) {
+    json fj{{"window", f.window}, {"stage", f.stage}, {"p", f.p}, {"T", f.T}};
+    if (perturb) {
+      fj["factor"] = f.factor;
+      if (f.layer >= 0) fj["layer"] = f.layer;
+      fj["item"] = ItemKindName(inj.item);
+    } else {
+      fj["ms"] = f.ms;
+    }
+    fs.push_back(std::move(fj));
+  }
+  j["firings"] = std::move(fs);
+  if (rec.count > static_cast<std::int64_t>(rec.firings.size())) j["firings_truncated"] = true;
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+Status CheckInjectionsFired(const std::vector<Injection>& inj,
+                            const std::vector<InjectionRecord>& records, int windows,
+                            const std::string& stop_reason) {
+  std::string unfired;
+  for (std::size_t i = 0; i < inj.size(); ++i)
+    if (i >= records.size() || records[i].count == 0)
+      unfired += (unfired.empty() ? "'" : ", '") + inj[i].text + "'";
+  if (unfired.empty()) return Status::Ok();
+  return Status::InvalidArgument(
+      "--inject " + unfired,
+      "never fired: the request ran " +
+          (windows > 0 ? std::to_string(windows) + " verify windows (0.." +
+                             std::to_string(windows - 1) + ")"
+                       : std::string("no verify window")) +
+          " and stopped (" + stop_reason +
+          ") before the injection applied; its record (fired: false) is in the outputs");
 }
 
 }  // namespace lockstep

@@ -53,7 +53,23 @@ int FsyncDir(const std::string& dir) {
 
 // ---- AtomicFileWriter ----
 
+Status CheckOutputFolder(const std::string& path, std::string_view what) {
+  const std::string dir = ParentDir(path);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 && (errno == ENOENT || errno == ENOTDIR))
+    return Status::InvalidArgument(fmt::format("{} '{}'", what, path),
+                                   fmt::format("the folder '{}' does not exist ({}); create it "
+                                               "first",
+                                               dir, ErrnoText(ENOENT)));
+  if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+    return Status::InvalidArgument(fmt::format("{} '{}'", what, path),
+                                   fmt::format("'{}' is not a folder", dir));
+  return Status::Ok();
+}
+
 Result<AtomicFileWriter> AtomicFileWriter::Create(const std::string& path) {
+  // A missing folder is the caller's input, not a failure of the write (exit 2, not 3).
+  LOCKSTEP_RETURN_IF_ERROR(CheckOutputFolder(path, "writing"));
   AtomicFileWriter w;
   w.path_ = path;
   w.temp_path_ = fmt::format("{}.tmp.{}", path, ::getpid());

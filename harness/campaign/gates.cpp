@@ -108,6 +108,7 @@ void GateState(const GateSpec& g, const ArmSpec& arm, const DiffResult* diff,
     msg += fmt::format("; first failing: {} {} ({})", f.checkpoint, f.rel, f.reason);
   }
   if (diff->model_differs || diff->request_differs) msg += "; model or request differ";
+  if (!diff->vacuous.empty()) msg += "; " + diff->vacuous;
   gate("state within thresholds", diff->Passed(), msg);
 }
 
@@ -116,12 +117,15 @@ bool GatePath(const GateSpec& g, const AlignResult& al, const GateSink& gate) {
   const int within = g.path_within.value_or(0);
   const bool early = al.diverged && (within == 0 || al.div_idx < within);
   if (g.path_within) {
+    // A path whose fields cannot differ (every window T = 1) was not checked: not a pass.
+    const bool unchecked = !al.diverged && !al.path_unchecked.empty();
     std::string msg = al.diverged ? fmt::format("first divergence at window {} of {}/{}",
                                                 al.div_idx, al.n_a, al.n_b)
+                      : unchecked ? "nothing compared: " + al.path_unchecked
                                   : fmt::format("no divergence over {} windows", al.matched);
     gate(within == 0 ? "no path divergence"
                      : fmt::format("no path divergence in the first {} windows", within),
-         !early, msg);
+         !early && !unchecked, msg);
   }
   return early;
 }
@@ -223,6 +227,30 @@ void GateResources(const GateSpec& g, const ArmOutcome& base, const ArmOutcome& 
   gate("resources", why.empty(), msg);
 }
 
+// Whether the arm's injections fired: the control's own (by its text) for the control arm, every
+// one otherwise. An injection that never fired leaves the arm's result meaningless as evidence.
+void GateInjections(const Campaign& c, const ArmSpec& arm, const ArmOutcome& out,
+                    ComparisonResult& r, const GateSink& gate) {
+  std::vector<std::string> unfired;
+  bool control_fired = false;
+  for (const auto& j : out.injections) {
+    const std::string text = j.value("text", "");
+    const bool fired = j.value("fired", false);
+    if (!fired) unfired.push_back("'" + text + "'");
+    if (text == c.control && fired) control_fired = true;
+  }
+  if (arm.control) {
+    r.control_applied = control_fired;
+    gate("control applied", control_fired,
+         control_fired ? fmt::format("'{}' fired", c.control)
+         : out.injections.empty()
+             ? fmt::format("no injection record from {} (the arm left no generate JSON)", arm.name)
+             : fmt::format("'{}' never fired: control not applied", c.control));
+  } else if (!unfired.empty()) {
+    gate("injections applied", false, fmt::format("never fired: {}", fmt::join(unfired, ", ")));
+  }
+}
+
 }  // namespace
 
 ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const ArmOutcome& base,
@@ -249,6 +277,8 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
   const bool guard = base.guard_tripped || out.guard_tripped;
   const bool swap = base.max_swap_used_bytes > 0 || out.max_swap_used_bytes > 0;
   GateResources(g, base, out, guard, swap, gate);
+  const bool gates_passed = r.passed;
+  GateInjections(c, arm, out, r, gate);
 
   r.predicates["path_diverged"] = al.diverged;
   r.predicates["path_diverged_early"] = early;
@@ -269,7 +299,7 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
   r.predicates["resource_guard"] = guard;
   r.predicates["swap_used"] = swap;
   r.predicates["arm_failed"] = !base.ok || !out.ok;
-  r.predicates["control_missed"] = arm.control && r.passed;
+  r.predicates["control_missed"] = arm.control && (gates_passed || !r.control_applied);
   return r;
 }
 
@@ -300,6 +330,7 @@ nlohmann::json ToJson(const ComparisonResult& r) {
   j["baseline"] = r.baseline;
   j["control"] = r.control;
   j["passed"] = r.passed;
+  if (r.control) j["control_applied"] = r.control_applied;
   j["gates"] = nlohmann::json::array();
   for (const auto& g : r.gates)
     j["gates"].push_back({{"name", g.name}, {"passed", g.passed}, {"message", g.message}});
@@ -344,6 +375,7 @@ Result<ComparisonResult> ComparisonFromJson(const nlohmann::json& j) {
     r.baseline = j.at("baseline").get<std::string>();
     r.control = j.at("control").get<bool>();
     r.passed = j.at("passed").get<bool>();
+    r.control_applied = j.value("control_applied", true);
     for (const auto& g : j.at("gates"))
       r.gates.push_back(GateOutcome{g.at("name").get<std::string>(), g.at("passed").get<bool>(),
                                     g.at("message").get<std::string>()});

@@ -217,12 +217,14 @@ Status PlanParser::ParseGates(const toml::table& t, GateSpec& g) const {
     LOCKSTEP_RETURN_IF_ERROR(OptBool(*r, "no_swap", g.no_swap));
     LOCKSTEP_RETURN_IF_ERROR(OptInteger(*r, "min_free_mib", 0, kInt64Max, g.min_free_mib));
   }
+  LOCKSTEP_RETURN_IF_ERROR(OptInteger(t, "max_skipped", -1, kInt64Max, g.max_skipped));
   return Status::Ok();
 }
 
 Status PlanParser::ParseArm(const toml::table& t, Campaign& c) {
   LOCKSTEP_RETURN_IF_ERROR(CheckKeys(
-      t, "in [[arm]]", {"name", "mode", "repeat", "baseline", "require", "decision", "engine"}));
+      t, "in [[arm]]",
+      {"name", "mode", "repeat", "baseline", "require", "decision", "engine", "max_skipped"}));
   ArmSpec arm;
   arm.line = static_cast<int>(t.source().begin.line);
   LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* name, Required(t, "name", "[[arm]]"));
@@ -282,6 +284,9 @@ Status PlanParser::ParseArm(const toml::table& t, Campaign& c) {
     if (Contains(decisions, arm.decision))
       return Error(n->source(), label + ": decision '" + arm.decision +
                                     "' is already declared by an earlier arm");
+  }
+  if (const toml::node* n = t.get("max_skipped")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(arm.max_skipped, Integer(*n, "max_skipped", -1, kInt64Max));
   }
   KeyLocations locs;
   if (const toml::node* n = t.get("engine")) {
@@ -453,10 +458,10 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
   LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* th, OptTable(root, "thresholds", "[thresholds]",
                                                             {"nrmse_max", "kl_max", "kinds"}));
   if (th != nullptr) LOCKSTEP_RETURN_IF_ERROR(ParseThresholds(*th, c.thresholds));
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      const toml::table* gates,
-      OptTable(root, "gates", "[gates]",
-               {"output", "state", "path", "aggregate_timing", "window_timing", "resources"}));
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* gates,
+                            OptTable(root, "gates", "[gates]",
+                                     {"output", "state", "path", "aggregate_timing",
+                                      "window_timing", "resources", "max_skipped"}));
   if (gates != nullptr) LOCKSTEP_RETURN_IF_ERROR(ParseGates(*gates, c.gates));
   const toml::node* control = root.get("control");
   if (control != nullptr) {
@@ -530,6 +535,14 @@ Result<EngineConfig> EffectiveConfig(const Campaign& c, const ArmSpec& arm,
     LOCKSTEP_ASSIGN_OR_RETURN(EngineConfig cfg, EngineConfig::FromJson(merged.dump(), label));
     auto injections = ParseInjections(cfg.inject);
     if (!injections.ok()) return injections.status().WithContext(label);
+    // A window at or past max_new never runs (each window emits at least one token).
+    for (const Injection& inj : *injections)
+      if (inj.window >= 0 && inj.window >= cfg.max_new)
+        return Status::InvalidArgument(label + ": --inject '" + inj.text + "'",
+                                       "window " + std::to_string(inj.window) +
+                                           " never runs: max_new " + std::to_string(cfg.max_new) +
+                                           " allows at most " + std::to_string(cfg.max_new) +
+                                           " verify windows");
     return cfg;
   } catch (const nlohmann::json::exception& e) {
     return Status::InvalidArgument(label, std::string("engine overrides: ") + e.what());

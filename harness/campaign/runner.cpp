@@ -226,6 +226,8 @@ struct Runner {
           o.guard_tripped = res.contains("guard");
           o.max_swap_used_bytes = res.value("max_swap_used_bytes", std::int64_t{-1});
           o.min_host_available_bytes = res.value("min_host_available_bytes", std::int64_t{-1});
+          for (const auto& inj : j.value("injections", nlohmann::json::array()))
+            o.injections.push_back(inj);
         } catch (const nlohmann::json::exception&) {
           ok = false;
         }
@@ -258,6 +260,7 @@ struct Runner {
         rb = std::move(b).value();
         DiffOptions dopt;
         dopt.thresholds = c.thresholds;
+        dopt.max_skipped = arm.max_skipped.value_or(c.gates.max_skipped);
         auto d = DiffExports(*ra, *rb, dopt);
         if (d.ok())
           diff = std::move(d).value();
@@ -298,7 +301,12 @@ struct Runner {
     // Name the gates that failed as gates ("caught (positive control: state within thresholds)"
     // read as if the state had stayed within the thresholds).
     const std::string by = failed.empty() ? "" : "failed gates: " + failed;
-    if (arm.control)
+    if (arm.control && !cr.control_applied)
+      out << fmt::format(
+          "  {} vs {}: NOT APPLIED (positive control: its injection did not fire; "
+          "the gates were not tested)\n",
+          arm.name, base_spec.name);
+    else if (arm.control)
       out << fmt::format("  {} vs {}: {} (positive control{})\n", arm.name, base_spec.name,
                          cr.passed ? "NOT CAUGHT" : "caught", by.empty() ? "" : "; " + by);
     else
@@ -375,14 +383,18 @@ struct Runner {
   Status Finish() {
     if (st.done) return Status::Ok();
     std::string verdict = "pass", why;
-    bool control_seen = false;
+    bool control_seen = false, control_unapplied = false;
     for (const auto& a : c.arms) {
       auto it = st.compared.find(a.name);
       if (it == st.compared.end()) continue;
       const ComparisonResult& cr = it->second;
       if (cr.control) {
         control_seen = true;
-        if (cr.passed) verdict = "insensitive", why = "the positive control passed every gate";
+        if (!cr.control_applied) {
+          control_unapplied = true;
+        } else if (cr.passed) {
+          verdict = "insensitive", why = "the positive control passed every gate";
+        }
       } else if (!cr.passed && verdict == "pass") {
         verdict = "fail";
         why = cr.arm + " vs " + cr.baseline + " failed its gates";
@@ -394,6 +406,11 @@ struct Runner {
       verdict = "fail";
       why = "the positive control did not run";
     }
+    // Neither "caught" nor "insensitive" can be said of a control that never took effect.
+    if (control_unapplied)
+      verdict = "control_not_applied",
+      why = "the positive control's injection '" + c.control +
+            "' did not fire: the gates' sensitivity was not tested";
     return Append("done", "", {{"verdict", verdict}, {"reason", why}});
   }
 };
@@ -504,9 +521,10 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
   ro.junit = opts.junit;
   LOCKSTEP_RETURN_IF_ERROR(RunCampaignReport(ro, out));
   const std::string& v = run.st.verdict;
-  out << fmt::format("verdict: {}\n", v == "pass"          ? "PASS"
-                                      : v == "insensitive" ? "FAIL (insensitive)"
-                                                           : "FAIL (" + v + ")");
+  out << fmt::format("verdict: {}\n", v == "pass"                  ? "PASS"
+                                      : v == "insensitive"         ? "FAIL (insensitive)"
+                                      : v == "control_not_applied" ? "FAIL (control not applied)"
+                                                                   : "FAIL (" + v + ")");
   if (v != "pass") return Status::GateFailed("campaign " + run.c.name, "verdict " + v);
   return Status::Ok();
 }

@@ -1,10 +1,13 @@
 #include "lockstep/harness/compare_commands.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 
+#include <map>
 #include <ostream>
 #include <sstream>
 
+#include "cli/terminal.h"
 #include "lockstep/compare/align.h"
 #include "lockstep/compare/export_reader.h"
 #include "lockstep/compare/report.h"
@@ -25,6 +28,14 @@ Status WriteReports(const ReportOutputs& o, const ReportInput& in) {
   return Status::Ok();
 }
 
+// The report paths' folders, checked before any work (a missing one is bad input, exit 2).
+Status CheckReportFolders(const ReportOutputs& o) {
+  for (const auto& [path, what] : {std::pair{o.json, "--json"}, std::pair{o.md, "--md"},
+                                   std::pair{o.html, "--html"}, std::pair{o.junit, "--junit"}})
+    if (!path.empty() && path != "-") LOCKSTEP_RETURN_IF_ERROR(CheckOutputFolder(path, what));
+  return Status::Ok();
+}
+
 std::string ThresholdLine(const Thresholds& th) {
   std::string s = "NRMSE <= " + FormatMetric(th.nrmse_max);
   if (!th.nrmse_by_kind.empty()) {
@@ -41,7 +52,7 @@ std::string ItemWhere(const ItemResult& r) {
   return s + " " + r.kind + " (" + r.label + ")";
 }
 
-void PrintDiff(const DiffResult& d, const ArmInfo& a, const ArmInfo& b, bool quiet,
+void PrintDiff(const DiffResult& d, const ArmInfo& a, const ArmInfo& b, bool quiet, bool color,
                std::ostream& out) {
   if (!quiet) {
     out << "lockstep diff: A = " << a.arm << " (run " << a.run_id << "), B = " << b.arm << " (run "
@@ -77,18 +88,92 @@ void PrintDiff(const DiffResult& d, const ArmInfo& a, const ArmInfo& b, bool qui
     out << fmt::format("read {:.1f} MB in {:.3f} s ({:.0f} MB/s)\n", mb, d.seconds,
                        d.seconds > 0 ? mb / d.seconds : 0.0);
   }
-  out << (d.Passed() ? "PASS" : "FAIL") << ": " << d.compared << " items compared, " << d.passed
-      << " passed, " << d.failed << " failed, " << d.skipped << " skipped\n";
+  if (d.skipped > 0) {
+    std::map<std::string, int> reasons;
+    for (const auto& cs : d.checkpoints)
+      for (const auto& [why, n] : cs.skip_reasons) reasons[why] += n;
+    out << "skipped by reason:\n";
+    for (const auto& [why, n] : reasons) out << "  " << n << ": " << why << "\n";
+  }
+  const std::string counts = fmt::format("{} items compared, {} passed, {} failed, {} skipped",
+                                         d.compared, d.passed, d.failed, d.skipped);
+  if (d.compared == 0 && !d.vacuous.empty()) {
+    out << Paint("FAIL", Tint::kRed, color) << ": " << Paint(d.vacuous, Tint::kYellow, color)
+        << " (0 items compared, " << d.skipped << " skipped)\n";
+  } else {
+    out << (d.Passed() ? Paint("PASS", Tint::kGreen, color) : Paint("FAIL", Tint::kRed, color))
+        << ": " << counts << (d.vacuous.empty() ? "" : " (" + d.vacuous + ")") << "\n";
+  }
 }
 
+// Why a diff did not pass, for its GateFailed status.
+std::string DiffFailure(const DiffResult& d) {
+  if (d.model_differs || d.request_differs)
+    return std::string("state not compared: the ") + (d.model_differs ? "models" : "requests") +
+           " differ";
+  if (d.failed > 0)
+    return std::to_string(d.failed) + " of " + std::to_string(d.compared) +
+           " compared items failed";
+  return d.vacuous;
+}
+
+// A and B the same file (device and inode): kInvalidArgument unless allowed.
+Status CheckNotSameFile(const std::string& a, const std::string& b, bool allow_self,
+                        const char* command) {
+  struct stat sa {};
+  struct stat sb {};
+  if (allow_self || ::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0)
+    return Status::Ok();  // a missing file is reported by whoever opens it
+  if (sa.st_dev != sb.st_dev || sa.st_ino != sb.st_ino) return Status::Ok();
+  return Status::InvalidArgument(command, "A '" + a + "' and B '" + b +
+                                              "' are the same file: comparing a run with itself "
+                                              "proves nothing (--allow-self to do it anyway)");
+}
+
+// The alignment's verdict in one line: DIFFERS (not comparable), DIVERGED, NOT CHECKED (the path
+// fields cannot differ) or PASS.
+std::string AlignVerdict(const AlignResult& al, bool color) {
+  if (!al.comparable()) {
+    std::string why;
+    for (const auto& f : al.fingerprint_differences)
+      if (f.rfind("config: ", 0) != 0) why += (why.empty() ? "" : "; ") + f;
+    return Paint("DIFFERS", Tint::kRed, color) + ": " + why +
+           ": the paths are not comparable, no divergence is claimed";
+  }
+  if (al.diverged)
+    return Paint("DIVERGED", Tint::kRed, color) + ": first path divergence at window " +
+           std::to_string(al.div_idx);
+  if (!al.path_unchecked.empty())
+    return Paint("NOT CHECKED", Tint::kYellow, color) + ": " + al.path_unchecked;
+  return Paint("PASS", Tint::kGreen, color) + ": no path divergence over " +
+         std::to_string(al.matched) + " windows";
+}
+
+// `fingerprints`: whether both inputs were exports (traces carry no fingerprint).
 void PrintAlign(const AlignResult& al, const std::string& na, const std::string& nb,
-                std::ostream& out) {
+                bool fingerprints, bool color, std::ostream& out) {
   out << "lockstep align: " << na << " (" << al.n_a << " windows) vs " << nb << " (" << al.n_b
       << " windows) on ";
   for (std::size_t i = 0; i < al.fields.size(); ++i) out << (i ? "," : "") << al.fields[i];
-  out << "\nmatched prefix: " << al.matched << " windows\n";
+  out << "\n";
+  if (!fingerprints)
+    out << "fingerprints: not checked (a JSON-lines trace carries no model, request or config "
+           "fingerprint; align the exports to check them)\n";
+  else if (al.fingerprint_differences.empty())
+    out << "fingerprints: model, request and config identical\n";
+  for (const auto& f : al.fingerprint_differences)
+    out << (f.rfind("config: ", 0) == 0 ? "config differs (A | B): " + f.substr(8)
+                                        : "DIFFERS: " + f)
+        << "\n";
+  out << "matched prefix: " << al.matched << " windows\n";
   if (!al.diverged) {
-    out << "no path divergence over " << al.matched << " windows\n";
+    if (!al.comparable())
+      out << "no divergence is claimed: the paths of different models or requests are not "
+             "comparable\n";
+    else if (!al.path_unchecked.empty())
+      out << "path not checked: " << al.path_unchecked << "\n";
+    else
+      out << "no path divergence over " << al.matched << " windows\n";
   } else {
     const WindowRecord* w = al.div_a ? &*al.div_a : al.div_b ? &*al.div_b : nullptr;
     out << "first path divergence at window " << al.div_idx;
@@ -129,6 +214,7 @@ void PrintAlign(const AlignResult& al, const std::string& na, const std::string&
   };
   notable(al.notable_a, na);
   notable(al.notable_b, nb);
+  out << AlignVerdict(al, color) << "\n";
 }
 
 // Both exports opened and diffed with the command's thresholds.
@@ -151,6 +237,8 @@ Result<Diffed> OpenAndDiff(const DiffCommandOptions& opts) {
 }
 
 Status DiffBody(const DiffCommandOptions& opts, std::ostream& out) {
+  LOCKSTEP_RETURN_IF_ERROR(CheckReportFolders(opts.reports));
+  LOCKSTEP_RETURN_IF_ERROR(CheckNotSameFile(opts.a, opts.b, opts.diff.allow_self, "diff"));
   LOCKSTEP_ASSIGN_OR_RETURN(Diffed x, OpenAndDiff(opts));
   const auto& ra = x.ra;
   const auto& rb = x.rb;
@@ -159,13 +247,9 @@ Status DiffBody(const DiffCommandOptions& opts, std::ostream& out) {
   in.a = SummarizeArm(ra->meta(), "A");
   in.b = SummarizeArm(rb->meta(), "B");
   in.diff = &d;
-  PrintDiff(d, in.a, in.b, opts.quiet, out);
+  PrintDiff(d, in.a, in.b, opts.quiet, opts.color, out);
   LOCKSTEP_RETURN_IF_ERROR(WriteReports(opts.reports, in));
-  if (!d.Passed())
-    return Status::GateFailed(
-        "diff", std::to_string(d.failed) + " of " + std::to_string(d.compared) +
-                    " compared items failed" +
-                    (d.model_differs || d.request_differs ? " (model or request differ)" : ""));
+  if (!d.Passed()) return Status::GateFailed("diff", DiffFailure(d));
   return Status::Ok();
 }
 
@@ -189,7 +273,26 @@ Result<std::vector<WindowRecord>> LoadWindows(const std::string& path, bool no_i
   return windows;
 }
 
+// Both inputs exports: the fingerprints `diff` checks, into al, and the same-run check.
+Status CheckAlignIdentity(const AlignCommandOptions& opts, AlignResult& al) {
+  ReaderLimits limits;
+  limits.use_index = !opts.no_index;
+  LOCKSTEP_ASSIGN_OR_RETURN(auto ra, ExportReader::Open(opts.a, limits));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto rb, ExportReader::Open(opts.b, limits));
+  const ExportMeta& ma = ra->meta();
+  const ExportMeta& mb = rb->meta();
+  if (!opts.allow_self && !ma.run_id.empty() && ma.run_id == mb.run_id)
+    return Status::InvalidArgument(
+        "align",
+        "both exports are of the same run (run_id " + ma.run_id +
+            "): comparing a run with itself proves nothing (--allow-self to do it anyway)");
+  al.fingerprint_differences = FingerprintDifferences(ma, mb);
+  return Status::Ok();
+}
+
 Status AlignBody(const AlignCommandOptions& opts, std::ostream& out) {
+  LOCKSTEP_RETURN_IF_ERROR(CheckReportFolders(opts.reports));
+  LOCKSTEP_RETURN_IF_ERROR(CheckNotSameFile(opts.a, opts.b, opts.allow_self, "align"));
   AlignOptions ao;
   LOCKSTEP_ASSIGN_OR_RETURN(ao.fields, ParseAlignFields(opts.fields));
   std::string na = "A", nb = "B";
@@ -197,7 +300,9 @@ Status AlignBody(const AlignCommandOptions& opts, std::ostream& out) {
   LOCKSTEP_ASSIGN_OR_RETURN(auto wb, LoadWindows(opts.b, opts.no_index, &nb));
   if (na == nb) na += " (A)", nb += " (B)";
   AlignResult al = AlignWindows(wa, wb, ao);
-  PrintAlign(al, na, nb, out);
+  const bool exports = LooksLikeHdf5(opts.a) && LooksLikeHdf5(opts.b);
+  if (exports) LOCKSTEP_RETURN_IF_ERROR(CheckAlignIdentity(opts, al));
+  PrintAlign(al, na, nb, exports, opts.color, out);
   ReportInput in;
   in.a.arm = na;
   in.b.arm = nb;
@@ -207,13 +312,20 @@ Status AlignBody(const AlignCommandOptions& opts, std::ostream& out) {
   in.windows_a = &wa;
   in.windows_b = &wb;
   LOCKSTEP_RETURN_IF_ERROR(WriteReports(opts.reports, in));
-  if (opts.fail_on_divergence && al.diverged)
+  if (!opts.fail_on_divergence) return Status::Ok();
+  if (!al.comparable())
+    return Status::GateFailed("align", "the paths are not comparable (model or request differ)");
+  if (al.diverged)
     return Status::GateFailed("align", "paths diverge at window " + std::to_string(al.div_idx));
+  if (!al.path_unchecked.empty())
+    return Status::GateFailed("align", "nothing compared: " + al.path_unchecked);
   return Status::Ok();
 }
 
 Status SummarizeBody(const SummarizeCommandOptions& opts, std::ostream& out) {
   const DiffCommandOptions& dc = opts.diff;
+  LOCKSTEP_RETURN_IF_ERROR(CheckReportFolders(dc.reports));
+  LOCKSTEP_RETURN_IF_ERROR(CheckNotSameFile(dc.a, dc.b, dc.diff.allow_self, "summarize"));
   LOCKSTEP_ASSIGN_OR_RETURN(Diffed x, OpenAndDiff(dc));
   const auto& ra = x.ra;
   const auto& rb = x.rb;
@@ -221,6 +333,7 @@ Status SummarizeBody(const SummarizeCommandOptions& opts, std::ostream& out) {
   AlignOptions ao;
   LOCKSTEP_ASSIGN_OR_RETURN(ao.fields, ParseAlignFields(opts.fields));
   AlignResult al = AlignWindows(ra->meta().windows, rb->meta().windows, ao);
+  al.fingerprint_differences = FingerprintDifferences(ra->meta(), rb->meta());
   ReportInput in;
   in.a = SummarizeArm(ra->meta(), "A");
   in.b = SummarizeArm(rb->meta(), "B");
@@ -229,13 +342,12 @@ Status SummarizeBody(const SummarizeCommandOptions& opts, std::ostream& out) {
   in.align = &al;
   in.windows_a = &ra->meta().windows;
   in.windows_b = &rb->meta().windows;
-  PrintDiff(d, in.a, in.b, dc.quiet, out);
+  PrintDiff(d, in.a, in.b, dc.quiet, dc.color, out);
   out << "\n";
-  PrintAlign(al, in.a.arm, in.b.arm, out);
+  PrintAlign(al, in.a.arm, in.b.arm, /*fingerprints=*/true, dc.color, out);
   for (const auto& l : Limitations(in)) out << "limitation: " << l << "\n";
   LOCKSTEP_RETURN_IF_ERROR(WriteReports(dc.reports, in));
-  if (!d.Passed())
-    return Status::GateFailed("summarize", std::to_string(d.failed) + " items failed");
+  if (!d.Passed()) return Status::GateFailed("summarize", DiffFailure(d));
   return Status::Ok();
 }
 

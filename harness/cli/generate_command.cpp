@@ -154,6 +154,7 @@ ExportRunInfo BuildRunInfo(const GenerateOptions& opts, Engine& engine, const Mo
   meta.output_tokens = res.output;
   meta.stop_reason = res.stop_reason;
   meta.text_sha256 = Sha256Hex(DecodeTokens(res.output));
+  meta.injections = engine.InjectionReport();
   AddStageInfo(engine, res, meta);
   TraceRing::Global().Disable();
   meta.events = TraceRing::Global().Snapshot();
@@ -273,6 +274,9 @@ nlohmann::json GenerateJson(const std::vector<std::int32_t>& prompt, const Gener
                   {"clock", "CLOCK_MONOTONIC wall time around the engine calls"}};
   j["expert_cache"] = ExpertCacheJson(engine);
   j["resources"] = ResourcesJson(sampler);
+  j["injections"] = nlohmann::json::array();  // one record per --inject (SCHEMA.md /injections)
+  for (const auto& r : engine.InjectionReport())
+    j["injections"].push_back(nlohmann::json::parse(r));
   return j;
 }
 
@@ -288,6 +292,7 @@ Status WriteOutputs(const GenerateOptions& opts, Engine& engine, const ModelWeig
   if (export_status.ok() && !opts.trace_json.empty()) {
     ChromeTraceOptions co;
     co.arm = opts.arm;
+    co.injections = engine.InjectionReport();
     export_status = WriteChromeTrace(opts.trace_json, res.windows, engine.n_stages(), co);
   }
   if (!export_status.ok()) {
@@ -324,7 +329,10 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
                             LoadPrompt(opts, weights->config.n_vocab));
   LOCKSTEP_ASSIGN_OR_RETURN(EnginePtr engine, Engine::Create(cfg, *weights));
 
-  // ---- sinks, then the request ----
+  // ---- sinks, then the request (a missing output folder is bad input, before the run) ----
+  for (const auto& [path, what] :
+       {std::pair{opts.trace_jsonl, "--trace-jsonl"}, std::pair{opts.trace_json, "--trace-json"}})
+    if (!path.empty()) LOCKSTEP_RETURN_IF_ERROR(CheckOutputFolder(path, what));
   GenerateHooks hooks;
   TraceFile trace;
   LOCKSTEP_RETURN_IF_ERROR(OpenTraceJsonl(opts, trace, hooks));
@@ -354,8 +362,11 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   }
   LOCKSTEP_ASSIGN_OR_RETURN(GenerateResult res, std::move(generated));
 
-  // ---- outputs ----
-  return WriteOutputs(opts, *engine, *weights, prompt, res, exporter.get(), sampler, out);
+  // ---- outputs, then whether every injection fired (its record is in the outputs either way) ----
+  LOCKSTEP_RETURN_IF_ERROR(
+      WriteOutputs(opts, *engine, *weights, prompt, res, exporter.get(), sampler, out));
+  return CheckInjectionsFired(engine->injections(), engine->injection_records(), res.n_windows,
+                              res.stop_reason);
 }
 
 }  // namespace lockstep

@@ -19,6 +19,7 @@
 #include "lockstep/harness/generate_command.h"
 #include "lockstep/harness/model_command.h"
 #include "lockstep/harness/runner.h"
+#include "terminal.h"
 
 namespace {
 
@@ -144,6 +145,10 @@ void AddDiffOptions(CLI::App* sc, lockstep::DiffCommandOptions& d, std::string& 
   sc->add_option("--threads", d.diff.threads, "Items compared in parallel (0 = hardware threads)");
   sc->add_flag("--no-index", d.no_index,
                "Ignore /index/items and open every dataset (files edited by other tools)");
+  sc->add_option("--max-skipped", d.diff.max_skipped,
+                 "Skipped items allowed before the diff fails (default 0; -1 = any)");
+  sc->add_flag("--allow-self", d.diff.allow_self,
+               "Allow A and B to be the same file or the same run");
   AddReportOutputs(sc, d.reports);
 }
 
@@ -163,6 +168,7 @@ void AddDiff(CLI::App& app, std::vector<Command>& commands) {
                         LOCKSTEP_ASSIGN_OR_RETURN(
                             st->opts.diff.mem_limit_bytes,
                             lockstep::ParseByteSize(st->mem_limit, "--mem-limit"));
+                        st->opts.color = lockstep::ColorEnabled(stdout);
                         return lockstep::RunDiff(st->opts, std::cout);
                       }});
 }
@@ -186,6 +192,7 @@ void AddSummarize(CLI::App& app, std::vector<Command>& commands) {
                             st->opts.diff.diff.mem_limit_bytes,
                             lockstep::ParseByteSize(st->mem_limit, "--mem-limit"));
                         st->opts.diff.isolate = !st->no_isolate;
+                        st->opts.diff.color = lockstep::ColorEnabled(stdout);
                         return lockstep::RunSummarize(st->opts, std::cout);
                       }});
 }
@@ -199,10 +206,16 @@ void AddAlign(CLI::App& app, std::vector<Command>& commands) {
   align->add_option("--fields", st->fields,
                     "Path fields to align on (default p,T,T_mtp,merged,from_sfx,chain_n)");
   align->add_flag("--isolate", st->isolate, "Parse in a child process (a crash there is exit 2)");
-  align->add_flag("--fail-on-divergence", st->fail_on_divergence, "Exit 1 when the paths diverge");
+  align->add_flag("--fail-on-divergence", st->fail_on_divergence,
+                  "Exit 1 when the paths diverge, are not comparable or cannot differ");
   align->add_flag("--no-index", st->no_index, "Ignore /index/items (files edited by other tools)");
+  align->add_flag("--allow-self", st->allow_self,
+                  "Allow A and B to be the same file or the same run");
   AddReportOutputs(align, st->reports);
-  commands.push_back({align, [st] { return lockstep::RunAlign(*st, std::cout); }});
+  commands.push_back({align, [st] {
+                        st->color = lockstep::ColorEnabled(stdout);
+                        return lockstep::RunAlign(*st, std::cout);
+                      }});
 }
 
 // ---- campaigns ----

@@ -546,3 +546,54 @@ TEST(Align, NotableSortedCappedAndThresholded) {
 
 }  // namespace
 }  // namespace lockstep
+
+namespace lockstep {
+namespace {
+
+// ---- no vacuous verdicts (issue 20) ----
+
+TEST(AlignVacuous, AllTOneWindowsLeaveThePathUnchecked) {
+  std::vector<WindowRecord> a, b;
+  for (int i = 0; i < 4; ++i) a.push_back(MakeWindow(i, 10 + i, 1)), b.push_back(a.back());
+  AlignResult r = AlignWindows(a, b);
+  EXPECT_FALSE(r.diverged);
+  EXPECT_NE(r.path_unchecked.find("every one of the 4 windows has T = 1 and no draft"),
+            std::string::npos)
+      << r.path_unchecked;
+  // One drafted window is enough for the path to be checked.
+  a[2] = MakeWindow(2, 12, 2), b[2] = a[2];
+  EXPECT_TRUE(AlignWindows(a, b).path_unchecked.empty());
+  // A divergence is a real finding, whatever T was.
+  b.pop_back();
+  EXPECT_TRUE(AlignWindows(a, b).path_unchecked.empty());
+  EXPECT_NE(AlignWindows({}, {}).path_unchecked.find("neither trace holds a verify window"),
+            std::string::npos);
+}
+
+TEST(AlignVacuous, FingerprintDifferencesAsDiffChecksThem) {
+  ExportMeta a, b;
+  a.model_sha256 = b.model_sha256 = "m1";
+  a.request_sha256 = b.request_sha256 = "r1";
+  a.request_tokens = b.request_tokens = {1, 2, 3};
+  a.config_json = R"({"spec":4,"model":"/x"})";
+  b.config_json = R"({"spec":4,"model":"/y"})";
+  AlignResult r;
+  r.fingerprint_differences = FingerprintDifferences(a, b);
+  EXPECT_TRUE(r.fingerprint_differences.empty());  // the model path is not the model
+  EXPECT_TRUE(r.comparable());
+  b.config_json = R"({"spec":2,"model":"/y"})";
+  r.fingerprint_differences = FingerprintDifferences(a, b);
+  ASSERT_EQ(r.fingerprint_differences.size(), 1u);
+  EXPECT_EQ(r.fingerprint_differences[0], "config: spec: 4 | 2");
+  EXPECT_TRUE(r.comparable());  // two configs' paths are what align compares
+  b.model_sha256 = "m2";
+  b.request_tokens = {1, 2};
+  r.fingerprint_differences = FingerprintDifferences(a, b, /*configs=*/false);
+  ASSERT_EQ(r.fingerprint_differences.size(), 2u);
+  EXPECT_EQ(r.fingerprint_differences[0].rfind("the models differ: model_sha256 m1 | m2", 0), 0u);
+  EXPECT_EQ(r.fingerprint_differences[1].rfind("the requests differ:", 0), 0u);
+  EXPECT_FALSE(r.comparable());
+}
+
+}  // namespace
+}  // namespace lockstep

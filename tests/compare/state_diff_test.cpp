@@ -25,15 +25,18 @@ namespace {
 using test::RunLockstep;
 
 // One export of the tiny induction model (4 stages: layers 0-1, 2-3, 4-5, 6-7; attention at 3, 7).
-std::string Export(const std::string& name, const std::string& extra) {
+std::string Export(const std::string& name, const std::string& extra,
+                   const std::string& model = "tiny-induction") {
   const std::string dir = test::NewDir("diff-" + name);
   const std::string path = dir + "/" + name + ".h5";
   const std::string spec = extra.find("--spec") == std::string::npos ? " --spec 3" : "";
-  auto r =
-      RunLockstep("generate --model " + test::ModelDir("tiny-induction") +
-                  " --prompt 'the cat sat on the mat. the cat sat on the' --max-new 12 --threads 1"
-                  " --draft-policy adaptive --export-windows all --arm " +
-                  name + " --export " + path + spec + " " + extra);
+  const std::string windows =
+      extra.find("--export-windows") == std::string::npos ? " --export-windows all" : "";
+  const std::string max_new = extra.find("--max-new") == std::string::npos ? " --max-new 12" : "";
+  auto r = RunLockstep("generate --model " + test::ModelDir(model) +
+                       " --prompt 'the cat sat on the mat. the cat sat on the' --threads 1"
+                       " --draft-policy adaptive --arm " +
+                       name + " --export " + path + spec + windows + max_new + " " + extra);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return path;
 }
@@ -209,6 +212,194 @@ TEST(StateDiff, ThresholdOverrides) {
   EXPECT_EQ(t.SetKindOverride("k=abc").exit_code(), 2);
 }
 
+// ---- no vacuous verdicts (issue 20): a diff that compared nothing is not a pass ----
+
+const std::string& Windows02() {
+  static const std::string p = Export("w02", "--export-windows 0-2");
+  return p;
+}
+
+TEST(StateDiffVacuous, AWindowSelectionWithNoCheckpointComparesNothing) {
+  Pair p = Open(ArmA(), ArmB());
+  DiffOptions o;
+  o.windows = "700";
+  auto d = DiffExports(*p.a, *p.b, o);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->compared, 0);
+  EXPECT_FALSE(d->Passed());
+  EXPECT_NE(d->vacuous.find("nothing compared: no exported checkpoint is in --windows 700"),
+            std::string::npos)
+      << d->vacuous;
+}
+
+TEST(StateDiffVacuous, AnEmptyExportComparesNothing) {
+  Pair p = Open(ArmA(), Export("empty", "--export-windows none"));
+  auto d = DiffExports(*p.a, *p.b, DiffOptions{});
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->compared, 0);
+  EXPECT_FALSE(d->Passed());
+  EXPECT_NE(d->vacuous.find("nothing compared: export B holds no checkpoint"), std::string::npos)
+      << d->vacuous;
+}
+
+TEST(StateDiffVacuous, DisjointWindowsAndSkipsBeyondTheLimitFail) {
+  Pair disjoint = Open(Windows02(), Export("w45", "--export-windows 4-5"));
+  auto d = DiffExports(*disjoint.a, *disjoint.b, DiffOptions{});
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->compared, 0);
+  EXPECT_GT(d->skipped, 0);
+  EXPECT_NE(d->vacuous.find("nothing compared: the exports share no window in the selection "
+                            "(A exported windows 0-2, B windows 4-5)"),
+            std::string::npos)
+      << d->vacuous;
+  // 0-2 against 1,5: window 1 is compared, the rest skipped; beyond --max-skipped that fails.
+  Pair partial = Open(Windows02(), Export("w15", "--export-windows 1,5"));
+  auto q = DiffExports(*partial.a, *partial.b, DiffOptions{});
+  ASSERT_TRUE(q.ok());
+  EXPECT_GT(q->compared, 0);
+  EXPECT_EQ(q->failed, 0);
+  EXPECT_FALSE(q->Passed());
+  EXPECT_NE(
+      q->vacuous.find(std::to_string(q->skipped) + " items skipped, more than --max-skipped 0"),
+      std::string::npos)
+      << q->vacuous;
+  DiffOptions lenient;
+  lenient.max_skipped = q->skipped;
+  auto ok = DiffExports(*partial.a, *partial.b, lenient);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(ok->Passed()) << ok->vacuous;
+  lenient.max_skipped = -1;
+  EXPECT_TRUE(DiffExports(*partial.a, *partial.b, lenient)->Passed());
+}
+
+TEST(StateDiffVacuous, EveryItemSkippedComparesNothing) {
+  // spec 0 against spec 3: from window 1 on the windows differ in T, so each such checkpoint is
+  // skipped ("not the same state boundary"); windows 1-3 then hold nothing comparable.
+  Pair p = Open(ArmA(), Export("all-skipped", "--spec 0"));
+  auto all = DiffExports(*p.a, *p.b, DiffOptions{});
+  ASSERT_TRUE(all.ok()) << all.status().message();
+  std::string skipped_windows;  // the windows whose every checkpoint was skipped
+  for (const auto& cs : all->checkpoints)
+    if (cs.point == "commit" && cs.compared == 0 && cs.skipped > 0)
+      skipped_windows += (skipped_windows.empty() ? "" : ",") + std::to_string(cs.window);
+  ASSERT_FALSE(skipped_windows.empty());
+  DiffOptions o;
+  o.windows = skipped_windows;
+  auto d = DiffExports(*p.a, *p.b, o);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->compared, 0);
+  EXPECT_GT(d->skipped, 0);
+  EXPECT_FALSE(d->Passed());
+  EXPECT_NE(d->vacuous.find("nothing compared: every item was skipped ("), std::string::npos)
+      << d->vacuous;
+  EXPECT_NE(d->vacuous.find("not the same state boundary"), std::string::npos) << d->vacuous;
+}
+
+TEST(StateDiffVacuous, ARunAgainstItselfIsBadInputUnlessAllowed) {
+  Pair p = Open(ArmA(), ArmA());
+  auto d = DiffExports(*p.a, *p.b, DiffOptions{});
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().exit_code(), 2);
+  EXPECT_NE(d.status().message().find("both exports are of the same run (run_id "),
+            std::string::npos)
+      << d.status().message();
+  DiffOptions o;
+  o.allow_self = true;
+  auto self = DiffExports(*p.a, *p.b, o);
+  ASSERT_TRUE(self.ok());
+  EXPECT_TRUE(self->Passed());
+}
+
+TEST(DiffCliVacuous, NothingComparedIsExitOneWithTheReason) {
+  const auto empty = RunLockstep("diff " + ArmA() + " " + ArmB() + " --windows 700");
+  EXPECT_EQ(empty.exit_code, 1) << empty.err;
+  EXPECT_NE(empty.out.find("FAIL: nothing compared: no exported checkpoint is in --windows 700"),
+            std::string::npos)
+      << empty.out;
+  EXPECT_NE(empty.err.find("lockstep: error: diff: nothing compared:"), std::string::npos)
+      << empty.err;
+  const auto none = RunLockstep("diff " + ArmA() + " " + Export("cli-empty", "--max-new 0"));
+  EXPECT_EQ(none.exit_code, 1) << none.err;
+  EXPECT_NE(none.out.find("FAIL: nothing compared: export B holds no checkpoint"),
+            std::string::npos)
+      << none.out;
+  const std::string w15 = Export("cli-w15", "--export-windows 1,5");
+  const auto partial = RunLockstep("diff " + Windows02() + " " + w15);
+  EXPECT_EQ(partial.exit_code, 1) << partial.out;
+  EXPECT_NE(partial.out.find("skipped by reason:\n"), std::string::npos) << partial.out;
+  EXPECT_NE(partial.out.find(": checkpoint exported by A only\n"), std::string::npos)
+      << partial.out;
+  EXPECT_NE(partial.out.find("more than --max-skipped 0"), std::string::npos) << partial.out;
+  EXPECT_EQ(RunLockstep("diff " + Windows02() + " " + w15 + " --max-skipped -1").exit_code, 0);
+  const auto disjoint =
+      RunLockstep("diff " + Windows02() + " " + Export("cli-w45", "--export-windows 4-5"));
+  EXPECT_EQ(disjoint.exit_code, 1);
+  EXPECT_NE(disjoint.out.find("FAIL: nothing compared: the exports share no window"),
+            std::string::npos)
+      << disjoint.out;
+}
+
+TEST(DiffCliVacuous, SelfComparisonIsExitTwoUnlessAllowed) {
+  const std::string dir = test::NewDir("self");
+  std::filesystem::copy_file(ArmA(), dir + "/copy.h5");
+  for (const char* cmd : {"diff", "summarize", "align"}) {
+    const auto same = RunLockstep(std::string(cmd) + " " + ArmA() + " " + ArmA());
+    EXPECT_EQ(same.exit_code, 2) << cmd << ": " << same.out;
+    EXPECT_NE(same.err.find("are the same file"), std::string::npos) << cmd << ": " << same.err;
+    const auto run = RunLockstep(std::string(cmd) + " " + ArmA() + " " + dir + "/copy.h5");
+    EXPECT_EQ(run.exit_code, 2) << cmd << ": " << run.out;
+    EXPECT_NE(run.err.find("both exports are of the same run"), std::string::npos)
+        << cmd << ": " << run.err;
+    const auto allowed =
+        RunLockstep(std::string(cmd) + " " + ArmA() + " " + ArmA() + " --allow-self");
+    EXPECT_EQ(allowed.exit_code, 0) << cmd << ": " << allowed.err;
+  }
+}
+
+TEST(AlignCliVacuous, DifferentModelsAreNotComparable) {
+  const std::string other = Export("other-model", "", "tiny");
+  const auto r = RunLockstep("align " + ArmA() + " " + other);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("DIFFERS: the models differ: model_sha256 "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("no path divergence"), std::string::npos) << r.out;
+  const auto gate = RunLockstep("align " + ArmA() + " " + other + " --fail-on-divergence");
+  EXPECT_EQ(gate.exit_code, 1) << gate.out;
+  EXPECT_NE(gate.err.find("the paths are not comparable (model or request differ)"),
+            std::string::npos)
+      << gate.err;
+  // Same model, same request: the fingerprints are named as checked.
+  const auto same = RunLockstep("align " + ArmA() + " " + ArmB());
+  EXPECT_NE(same.out.find("fingerprints: model, request and config identical"), std::string::npos)
+      << same.out;
+  EXPECT_NE(same.out.find("PASS: no path divergence over "), std::string::npos) << same.out;
+}
+
+TEST(AlignCliVacuous, AllTOnePathsAreNotChecked) {
+  const std::string a = Export("t1-a", "--spec 0"), b = Export("t1-b", "--spec 0");
+  const auto r = RunLockstep("align " + a + " " + b);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("path not checked: every one of the "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("NOT CHECKED: "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("no path divergence"), std::string::npos) << r.out;
+  const auto gate = RunLockstep("align " + a + " " + b + " --fail-on-divergence");
+  EXPECT_EQ(gate.exit_code, 1) << gate.out;
+  EXPECT_NE(gate.err.find("align: nothing compared: every one of the "), std::string::npos)
+      << gate.err;
+}
+
+TEST(DiffCliVacuous, AMissingOutputFolderIsExitTwo) {
+  for (const char* cmd : {"diff", "align", "summarize"})
+    for (const char* flag : {"--json", "--md", "--html", "--junit"}) {
+      const auto r = RunLockstep(std::string(cmd) + " " + ArmA() + " " + ArmB() + " " + flag +
+                                 " /nonexistent-folder/r");
+      EXPECT_EQ(r.exit_code, 2) << cmd << " " << flag << ": " << r.err;
+      EXPECT_NE(r.err.find(std::string(flag) + " '/nonexistent-folder/r': the folder "
+                                               "'/nonexistent-folder' does not exist"),
+                std::string::npos)
+          << r.err;
+    }
+}
+
 // ---- the commands ----
 
 TEST(DiffCli, PassFailAndReports) {
@@ -294,7 +485,7 @@ TEST(AlignCli, DeviceTimingsOfJsonlTraces) {
   EXPECT_NE(m.out.find("  dev_compute unknown (recorded as -1 on at least one side)"),
             std::string::npos)
       << m.out;
-  auto cpu = RunLockstep("align " + c + " " + c);
+  auto cpu = RunLockstep("align " + c + " " + c + " --allow-self");
   ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
   EXPECT_EQ(cpu.out.find("dev_"), std::string::npos) << cpu.out;
   // A trace whose writer was killed mid-record: its whole windows are aligned, and stderr says
@@ -308,7 +499,11 @@ TEST(AlignCli, DeviceTimingsOfJsonlTraces) {
   EXPECT_NE(t.err.find("torn.jsonl:4: 40 bytes of an unfinished record"), std::string::npos)
       << t.err;
   EXPECT_NE(t.err.find("the 3 whole windows before it are read"), std::string::npos) << t.err;
-  EXPECT_NE(t.out.find("no path divergence"), std::string::npos) << t.out;
+  // These synthetic windows all have T = 1: the path fields cannot differ, and align says so
+  // instead of "no path divergence" (issue 20).
+  EXPECT_NE(t.out.find("path not checked: every one of the 3 windows has T = 1"), std::string::npos)
+      << t.out;
+  EXPECT_EQ(t.out.find("no path divergence"), std::string::npos) << t.out;
 }
 
 TEST(SummarizeCli, ReportsCarryNoPathsOrPrompt) {

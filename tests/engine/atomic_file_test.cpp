@@ -80,11 +80,16 @@ TEST_F(AtomicFileTest, NoTemporaryLeftBehind) {
   EXPECT_EQ(Listing(), (std::vector<std::string>{"d.txt", "e.txt"}));
 }
 
-TEST_F(AtomicFileTest, MissingFolderIsIOError) {
+// A missing folder is bad input (exit 2), not a runtime failure (issue 20, part 6).
+TEST_F(AtomicFileTest, MissingFolderIsInvalidArgument) {
   const std::string path = Path("no/such/folder/f.txt");
   const Status s = WriteFileAtomic(path, std::string_view("x"));
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.code(), Status::Code::kIOError) << s.ToString();
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.ToString();
+  EXPECT_EQ(s.exit_code(), 2);
+  EXPECT_NE(s.message().find("the folder '" + Path("no/such/folder") + "' does not exist"),
+            std::string::npos)
+      << s.message();
   EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("No such file or directory"), std::string::npos) << s.message();
   EXPECT_TRUE(Listing().empty());
@@ -174,10 +179,10 @@ TEST_F(AtomicFileTest, WriterMoveTransfersOwnership) {
   EXPECT_EQ(Listing(), (std::vector<std::string>{"i.txt"}));
 }
 
-TEST_F(AtomicFileTest, WriterCreateInMissingFolderIsIOError) {
+TEST_F(AtomicFileTest, WriterCreateInMissingFolderIsInvalidArgument) {
   const Result<AtomicFileWriter> w = AtomicFileWriter::Create(Path("nope/j.txt"));
   ASSERT_FALSE(w.ok());
-  EXPECT_EQ(w.status().code(), Status::Code::kIOError);
+  EXPECT_EQ(w.status().code(), Status::Code::kInvalidArgument);
   EXPECT_NE(w.status().message().find("nope/j.txt"), std::string::npos) << w.status().message();
 }
 

@@ -3,11 +3,13 @@
 // through JSON, and usage or input errors exit 2 with a message.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "lockstep/compare/export_reader.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/engine_config.h"
 #include "test_util.h"
@@ -239,6 +241,118 @@ TEST(Cli, UsageAndInputErrorsExit2) {
   r = test::RunLockstep("generate --model " + m + " --prompt-tokens " + tok);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("'two'"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace lockstep
+
+// ---- injections account for themselves (issue 20) ----
+
+namespace lockstep {
+namespace {
+
+const char* kInjectPrompt = " --prompt 'the cat sat on the mat. the cat sat on the' --threads 1";
+
+TEST(CliInject, AFiredInjectionIsRecordedInJsonTraceAndExport) {
+  const std::string dir = test::NewDir("inject-fired");
+  auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny-induction") +
+                             kInjectPrompt + " --max-new 12 --spec 3 --json --export " + dir +
+                             "/a.h5 --trace-json " + dir +
+                             "/a.trace.json --inject perturb:layer=3:item=k:eps=1e-2:window=1 "
+                             "--inject delay:ms=0:stage=2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["injections"].size(), 2u) << r.out;
+  const auto& p = j["injections"][0];
+  EXPECT_EQ(p["text"], "perturb:layer=3:item=k:eps=1e-2:window=1");
+  EXPECT_EQ(p["fired"], true);
+  EXPECT_EQ(p["count"], 1);
+  ASSERT_EQ(p["firings"].size(), 1u);
+  EXPECT_EQ(p["firings"][0]["window"], 1);
+  EXPECT_EQ(p["firings"][0]["stage"], 1);  // layer 3 is stage 1's (tiny: 2 layers per stage)
+  EXPECT_EQ(p["firings"][0]["layer"], 3);
+  EXPECT_EQ(p["firings"][0]["item"], "k");
+  EXPECT_FLOAT_EQ(p["firings"][0]["factor"].get<float>(), 1.01f);
+  const auto& d = j["injections"][1];
+  EXPECT_EQ(d["fired"], true);
+  EXPECT_EQ(d["count"], j["windows"]);  // stage 2 of every window
+  EXPECT_EQ(d["firings"][0]["ms"], 0.0);
+  // The export carries the same records (/injections), read back by the reader.
+  auto reader = ExportReader::Open(dir + "/a.h5");
+  ASSERT_TRUE(reader.ok()) << reader.status().message();
+  ASSERT_EQ((*reader)->meta().injections.size(), 2u);
+  EXPECT_EQ(nlohmann::json::parse((*reader)->meta().injections[0]), p);
+  // The Chrome trace: the records in otherData and one instant event per recorded firing.
+  auto trace = ReadFile(dir + "/a.trace.json");
+  ASSERT_TRUE(trace.ok());
+  const auto t = nlohmann::json::parse(*trace);
+  EXPECT_EQ(t["otherData"]["injections"].size(), 2u);
+  int instants = 0;
+  for (const auto& e : t["traceEvents"])
+    if (e.value("cat", "") == "inject") {
+      ++instants;
+      EXPECT_EQ(e["ph"], "i");
+    }
+  EXPECT_EQ(instants, 1 + d["count"].get<int>());
+  // Without --inject the export has no /injections and the reader none.
+  auto plain = test::RunLockstep("generate --model " + test::ModelDir("tiny-induction") +
+                                 kInjectPrompt + " --max-new 4 --export " + dir + "/b.h5");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  auto rb = ExportReader::Open(dir + "/b.h5");
+  ASSERT_TRUE(rb.ok());
+  EXPECT_TRUE((*rb)->meta().injections.empty());
+}
+
+TEST(CliInject, AnInjectionThatCanNeverFireIsExitTwoBeforeTheRun) {
+  const std::string dir = test::NewDir("inject-never");
+  auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny-induction") +
+                             kInjectPrompt + " --max-new 12 --export " + dir +
+                             "/a.h5 --inject perturb:layer=3:item=k:eps=1e-2:window=500");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("window 500 never runs: a request of max_new 12 runs at most 12 verify "
+                       "windows"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/a.h5"));  // nothing ran
+  auto k = test::RunLockstep("generate --model " + test::ModelDir("tiny-induction") +
+                             kInjectPrompt + " --max-new 12 --inject perturb:layer=2:item=k:eps=1");
+  EXPECT_EQ(k.exit_code, 2);
+  EXPECT_NE(k.err.find("layer 2 is a GDN layer (no K/V)"), std::string::npos) << k.err;
+}
+
+TEST(CliInject, AnInjectionThatDidNotFireIsAnErrorAfterTheRun) {
+  // max_new 12 allows window 11, but with drafts the request ends after fewer windows.
+  const std::string dir = test::NewDir("inject-unfired");
+  auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny-induction") +
+                             kInjectPrompt + " --max-new 12 --spec 3 --json --export " + dir +
+                             "/a.h5 --inject perturb:layer=3:item=k:eps=1e-2:window=11");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--inject 'perturb:layer=3:item=k:eps=1e-2:window=11': never fired: the "
+                       "request ran "),
+            std::string::npos)
+      << r.err;
+  // Every output is written first, and its record says the injection did not fire.
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_LT(j["windows"].get<int>(), 12);
+  EXPECT_EQ(j["injections"][0]["fired"], false);
+  EXPECT_EQ(j["injections"][0]["count"], 0);
+  auto reader = ExportReader::Open(dir + "/a.h5");
+  ASSERT_TRUE(reader.ok()) << reader.status().message();
+  ASSERT_EQ((*reader)->meta().injections.size(), 1u);
+  EXPECT_EQ(nlohmann::json::parse((*reader)->meta().injections[0])["fired"], false);
+}
+
+TEST(CliInject, AMissingOutputFolderIsExitTwoBeforeTheRun) {
+  for (const char* flag : {"--export", "--trace-json", "--trace-jsonl"}) {
+    auto r = test::RunLockstep("generate --model " + test::ModelDir("tiny") +
+                               " --prompt hi --max-new 2 " + flag + " /nonexistent-folder/f");
+    EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;
+    EXPECT_NE(
+        r.err.find(std::string(flag) +
+                   " '/nonexistent-folder/f': the folder '/nonexistent-folder' does not exist"),
+        std::string::npos)
+        << r.err;
+  }
 }
 
 }  // namespace

@@ -124,6 +124,7 @@ path = { within = 26 }
 aggregate_timing = { rel_max = 0.10 }
 window_timing = { abs_ms = 2.0, rel = 0.5 }
 resources = { no_swap = false, min_free_mib = 256 }
+max_skipped = 4
 
 [[arm]]
 name = "A1"
@@ -144,6 +145,7 @@ decision = "timing_stable"
 name = "B8192"
 baseline = "A1"
 require = ["aa_stable", "timing_stable"]
+max_skipped = -1
 [arm.engine]
 prefill_chunk = 8192
 mtp = false
@@ -196,6 +198,7 @@ TEST(Campaign, FullPlanParsesEveryField) {
   EXPECT_TRUE(c.gates.resources);
   EXPECT_FALSE(c.gates.no_swap);
   EXPECT_EQ(c.gates.min_free_mib, 256);
+  EXPECT_EQ(c.gates.max_skipped, 4);
 
   ASSERT_EQ(c.arms.size(), 5u);  // 4 declared + control
   EXPECT_EQ(c.arms[0].name, "A1");
@@ -213,6 +216,8 @@ TEST(Campaign, FullPlanParsesEveryField) {
   EXPECT_EQ(c.arms[3].engine["prefill_chunk"], 8192);
   EXPECT_EQ(c.arms[3].engine["mtp"], false);
   EXPECT_FALSE(c.arms[3].control);
+  EXPECT_EQ(c.arms[3].max_skipped, -1);
+  EXPECT_FALSE(c.arms[1].max_skipped.has_value());  // the [gates] value applies
   EXPECT_TRUE(c.arms[4].control);
 
   ASSERT_EQ(c.stop.size(), 2u);

@@ -132,6 +132,70 @@ TEST(StopRules, AnyAllAndControlsExcluded) {
   EXPECT_FALSE(EvaluateStopRules(c, {}).has_value());
 }
 
+// No vacuous gates (issue 20): skips beyond the plan's max_skipped, a path that cannot differ and
+// a control whose injection never fired all fail with their reason.
+TEST(Gates, VacuousStateAndPathFail) {
+  Campaign c = Plan();
+  ArmSpec arm;
+  arm.name = "A2";
+  auto a = Arm("A1", {W(0, 1, 10), W(1, 3, 12)});
+  DiffResult d;
+  d.compared = d.passed = 62;
+  d.skipped = 186;
+  d.vacuous = "186 items skipped, more than --max-skipped 0 (62 compared)";
+  auto r = EvaluateComparison(c, arm, a, a, &d, AlignWindows(a.windows, a.windows));
+  ASSERT_NE(Find(r, "state within thresholds"), nullptr);
+  EXPECT_FALSE(Find(r, "state within thresholds")->passed);
+  EXPECT_NE(Find(r, "state within thresholds")->message.find("more than --max-skipped 0"),
+            std::string::npos);
+  EXPECT_TRUE(r.predicates.at("state_failed"));
+  auto t1 = Arm("A1", {W(0, 1, 10), W(1, 1, 10), W(2, 1, 10)});
+  auto p = EvaluateComparison(c, arm, t1, t1, nullptr, AlignWindows(t1.windows, t1.windows));
+  ASSERT_NE(Find(p, "no path divergence"), nullptr);
+  EXPECT_FALSE(Find(p, "no path divergence")->passed);
+  EXPECT_NE(Find(p, "no path divergence")->message.find("nothing compared: every one of the 3"),
+            std::string::npos)
+      << Find(p, "no path divergence")->message;
+}
+
+TEST(Gates, AControlWhoseInjectionDidNotFireIsNotApplied) {
+  Campaign c = Plan();
+  c.gates = GateSpec{};
+  c.gates.state = true;
+  c.control = "perturb:layer=3:item=k:eps=1e-2:window=15";
+  ArmSpec arm;
+  arm.name = "control";
+  arm.control = true;
+  auto a = Arm("A1", {W(0, 1, 10), W(1, 3, 12)});
+  auto b = a;
+  b.name = "control";
+  b.injections = {{{"text", c.control}, {"fired", false}, {"count", 0}}};
+  DiffResult d;
+  d.compared = d.passed = 5;
+  auto r = EvaluateComparison(c, arm, a, b, &d, AlignWindows(a.windows, b.windows));
+  EXPECT_FALSE(r.control_applied);
+  ASSERT_NE(Find(r, "control applied"), nullptr);
+  EXPECT_FALSE(Find(r, "control applied")->passed);
+  EXPECT_TRUE(r.predicates.at("control_missed"));
+  auto back = ComparisonFromJson(ToJson(r));
+  ASSERT_TRUE(back.ok());
+  EXPECT_FALSE(back->control_applied);
+  // Fired: applied, and the gates decide as before.
+  b.injections[0]["fired"] = true;
+  auto fired = EvaluateComparison(c, arm, a, b, &d, AlignWindows(a.windows, b.windows));
+  EXPECT_TRUE(fired.control_applied);
+  EXPECT_TRUE(Find(fired, "control applied")->passed);
+  // Any other arm whose injection never fired fails "injections applied".
+  ArmSpec other;
+  other.name = "A2";
+  auto o = EvaluateComparison(c, other, a, b, &d, AlignWindows(a.windows, b.windows));
+  EXPECT_EQ(Find(o, "injections applied"), nullptr);
+  b.injections[0]["fired"] = false;
+  o = EvaluateComparison(c, other, a, b, &d, AlignWindows(a.windows, b.windows));
+  ASSERT_NE(Find(o, "injections applied"), nullptr);
+  EXPECT_FALSE(o.passed);
+}
+
 TEST(Gates, ComparisonJsonRoundTrip) {
   ComparisonResult r;
   r.arm = "A2";

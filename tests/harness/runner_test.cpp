@@ -350,6 +350,42 @@ TEST(Campaign, InsensitiveControlFailsTheCampaign) {
   EXPECT_NE(Slurp(dir + "/junit.xml").find("insensitive"), std::string::npos);
 }
 
+// A control whose injection never fires tests nothing: the campaign fails as "control not
+// applied", never as "caught" or "insensitive" (issue 20).
+TEST(Campaign, AnUnfiredControlIsControlNotApplied) {
+  std::string text = Slurp(kCampaigns + "/aa-smoke.toml");
+  // max_new 16 allows window 15, but with drafts the request ends after fewer windows.
+  const std::string from = "window=1\"", to = "window=15\"";
+  text.replace(text.find(from), from.size(), to);
+  const std::string dir = test::NewDir("unapplied") + "/run";
+  auto r = RunLockstep("run " + WritePlan("unapplied", text) + " --out " + dir + " --no-progress");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("control vs A1: NOT APPLIED"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("caught"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("verdict: FAIL (control not applied)"), std::string::npos) << r.out;
+  const auto es = ReadLedger(dir);
+  ASSERT_FALSE(es.empty());
+  EXPECT_EQ(es.back().data["verdict"], "control_not_applied");
+  EXPECT_NE(es.back().data["reason"].get<std::string>().find("did not fire"), std::string::npos);
+  const auto cmp = ReadJson(dir + "/compare/control.json")["comparison"];
+  EXPECT_EQ(cmp["control_applied"], false);
+  bool gate_seen = false;
+  for (const auto& g : cmp["gates"])
+    if (g["name"] == "control applied") {
+      gate_seen = true;
+      EXPECT_EQ(g["passed"], false);
+      EXPECT_NE(g["message"].get<std::string>().find("never fired"), std::string::npos);
+    }
+  EXPECT_TRUE(gate_seen) << cmp.dump();
+  // A control window at or past max_new can never run: exit 2 before anything runs.
+  text.replace(text.find(to), to.size(), "window=16\"");
+  const std::string never = test::NewDir("never") + "/run";
+  auto n = RunLockstep("run " + WritePlan("never", text) + " --out " + never + " --no-progress");
+  EXPECT_EQ(n.exit_code, 2) << n.out << n.err;
+  EXPECT_NE(n.err.find("window 16 never runs: max_new 16"), std::string::npos) << n.err;
+  EXPECT_FALSE(fs::exists(never));
+}
+
 std::string TimingPlan(int repeat) {
   return std::string(kBase) +
          "[gates]\naggregate_timing = { rel_max = 0.5 }\n[[arm]]\nname = \"T1\"\nmode = "

@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "lockstep/compare/export_reader.h"
+#include "lockstep/compare/state_diff.h"
 #include "lockstep/engine/status.h"
 #include "lockstep/engine/window.h"
 
@@ -70,11 +72,18 @@ struct AlignResult {
   std::vector<WindowRecord> rest_a, rest_b;  // windows after the divergence, per side (div_idx ..)
   std::vector<NotableWindow> notable_a, notable_b;            // per side, over the whole trace
   double median_verify_ms_a = 0.0, median_verify_ms_b = 0.0;  // each side, whole trace
-  // Fingerprints that differ between the two sides ("model", "request", "config"), checked as
-  // `diff` checks them; non-empty: the paths are not comparable and no "no divergence" is claimed.
+  // Fingerprints that differ between the two sides, checked as `diff` checks them
+  // (FingerprintDifferences below; filled by the commands, which know the inputs' metadata):
+  // "the models differ: ...", "the requests differ: ..." make the paths not comparable (no "no
+  // divergence" is claimed, and --fail-on-divergence fails); "config: spec: 4 | 2" lines are
+  // reported, as diff reports them, and the alignment stands (comparing two configs' paths is
+  // what align is for).
   std::vector<std::string> fingerprint_differences;
-  // Non-empty: why the compared path fields cannot differ over the matched prefix (every window
-  // has T = 1 and no drafts), so "no divergence" would say nothing.
+  // False when a model or request difference makes the paths not comparable.
+  bool comparable() const;
+  // Non-empty (AlignWindows fills it; only when the paths did not diverge): why the compared path
+  // fields cannot differ over the matched prefix (every window has T = 1 and no drafts, or
+  // neither side has a window), so "no divergence" would say nothing.
   std::string path_unchecked;
 };
 
@@ -89,5 +98,10 @@ struct AlignOptions {
 
 AlignResult AlignWindows(const std::vector<WindowRecord>& a, const std::vector<WindowRecord>& b,
                          const AlignOptions& opts = {});
+
+// The fingerprint differences of two exports for AlignResult::fingerprint_differences: model and
+// request (IdentityDifferences), then, when `configs`, one "config: key: A | B" per differing key.
+std::vector<std::string> FingerprintDifferences(const ExportMeta& a, const ExportMeta& b,
+                                                bool configs = true);
 
 }  // namespace lockstep

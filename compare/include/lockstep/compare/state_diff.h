@@ -9,6 +9,11 @@
 // skipped with the reason. When the model or the request differ the state is not compared at
 // all (every item skipped with that reason, and the diff fails).
 //
+// No vacuous pass: a diff that compared no item (no checkpoint in the selection, an export with
+// no checkpoint, no window both sides exported, every item skipped), or that skipped more items
+// than DiffOptions::max_skipped, sets DiffResult::vacuous and does not pass. Two exports of the
+// same run (same run_id) are kInvalidArgument unless DiffOptions::allow_self.
+//
 // Metrics (metrics.h) are streamed over row blocks with float64 accumulation; items run in
 // parallel; the bytes held at once stay below DiffOptions::mem_limit_bytes.
 #pragma once
@@ -79,6 +84,10 @@ struct DiffOptions {
   std::string windows = "all";  // --windows: "all" | "0-2" | "0,3,5" (WindowSelection syntax)
   std::int64_t mem_limit_bytes = std::int64_t{1} << 30;
   int threads = 0;  // 0: hardware threads
+  // Skipped items allowed before the diff fails (-1: any number). Arms that deliberately compare
+  // different configs skip the checkpoints whose windows differ; everything else skips nothing.
+  std::int64_t max_skipped = 0;
+  bool allow_self = false;  // --allow-self: diff an export with itself (same run_id)
 };
 
 struct DiffResult {
@@ -101,6 +110,19 @@ struct DiffResult {
     return failed == 0 && !model_differs && !request_differs && vacuous.empty();
   }
 };
+
+// Why the result compared nothing or skipped too much ("" when it did not): the text of
+// DiffResult::vacuous. `ma`/`mb` tell an empty export from an empty selection.
+std::string VacuousReason(const DiffResult& d, const ExportMeta& ma, const ExportMeta& mb,
+                          const DiffOptions& opts);
+
+// "the models differ: model_sha256 1a2b3c4d5e6f | 9f8e7d6c5b4a", likewise for the request; the
+// fingerprints that make two runs' state or paths not comparable (empty: none).
+std::vector<std::string> IdentityDifferences(const ExportMeta& a, const ExportMeta& b);
+// Keys of the two canonical configs whose values differ, as "key: A | B" (the model path and
+// replay_path are not compared: two copies of one checkpoint are the same model).
+std::vector<std::string> ConfigDifferences(const std::string& config_a,
+                                           const std::string& config_b);
 
 Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
                                const DiffOptions& opts);

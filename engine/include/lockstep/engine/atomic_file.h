@@ -30,8 +30,9 @@ namespace lockstep {
 // successful Commit() (an error, an early return), the destructor closes and unlinks the
 // temporary, so `path` keeps its old content (or stays absent).
 //
-// Errors (all kIOError, naming the path and the errno text): the folder is missing or not
-// writable (Create), the disk is full (Append), fsync / rename failures (Commit). After a failed
+// Errors: the folder is missing (Create: kInvalidArgument, exit 2: the path is the caller's
+// input); otherwise kIOError naming the path and the errno text: the folder is not writable
+// (Create), the disk is full (Append), fsync / rename failures (Commit). After a failed
 // Append() the writer is poisoned: Commit() returns an error and the temporary is removed.
 //
 // Move-only. Not thread-safe: one thread uses a writer at a time. Two writers for the same path
@@ -72,9 +73,14 @@ class AtomicFileWriter {
 
 // ---- whole-buffer helpers ----
 
+// kInvalidArgument naming `what` ("--trace-json") and `path` when the folder `path` would be
+// written in does not exist or is not a folder (bad input, exit 2); Ok otherwise. Commands call it
+// for their output paths before doing any work.
+Status CheckOutputFolder(const std::string& path, std::string_view what);
+
 // Replaces `path` with `bytes` atomically (an AtomicFileWriter with one Append). Errors:
-// kIOError naming the path and errno text; on error `path` is unchanged and no temporary is
-// left behind.
+// kInvalidArgument for a missing folder (CheckOutputFolder), else kIOError naming the path and
+// errno text; on error `path` is unchanged and no temporary is left behind.
 Status WriteFileAtomic(const std::string& path, std::span<const std::byte> bytes);
 Status WriteFileAtomic(const std::string& path, std::string_view text);
 

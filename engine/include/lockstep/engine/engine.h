@@ -58,6 +58,11 @@ class Engine {
 
   // Window index for fault injection and timing (set by the generation loop before Verify).
   void SetWindow(int idx) { window_ = idx; }
+  // The run's --inject list and, index for index, what each did so far (inject.h).
+  const std::vector<Injection>& injections() const { return injections_; }
+  const std::vector<InjectionRecord>& injection_records() const { return injection_records_; }
+  // InjectionRecordJson of each injection, in order (empty without injections).
+  std::vector<std::string> InjectionReport() const;
   // Per-stage timing of the last Verify (wait for input vs compute).
   const std::vector<StageTiming>& stage_timings() const { return timings_; }
   // When on, Verify keeps a copy of the activations each stage hands to the next
@@ -102,6 +107,7 @@ class Engine {
   int pending_ = 0;  // rows of the uncommitted verify window
   int window_ = -1;
   std::vector<Injection> injections_;
+  std::vector<InjectionRecord> injection_records_;  // parallel to injections_
   std::vector<StageTiming> timings_;
   bool capture_hidden_ = false;
   std::vector<std::vector<float>> hidden_out_;  // [n_stages] f32 [T, H] of the last Verify

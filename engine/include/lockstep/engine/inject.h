@@ -12,8 +12,16 @@
 //                                 before it does. This is the positive control of a campaign.
 // `stage` and `window` may be omitted (= every stage / every window; for layer items the stage is
 // the layer's). A malformed or unknown injection is kInvalidArgument naming the text.
+//
+// Every injection accounts for itself: the engine records each time it takes effect
+// (InjectionFiring) and the run reports the record (InjectionRecordJson) in generate's --json,
+// the Chrome trace and the export's /injections (instrument/SCHEMA.md). One that can never fire
+// is refused before the run (Engine::Create: a window at or past max_new, a stage or layer that
+// does not exist, a layer of the wrong kind); one that did not fire is an error after the run
+// (CheckInjectionsFired), once every output is written.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -35,5 +43,36 @@ struct Injection {
 };
 
 Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& specs);
+
+// One time an injection took effect: in verify window `window` (rows p .. p+T-1), on `stage`
+// (layer items: on `layer`), multiplying by `factor` (perturb) or sleeping `ms` (delay).
+struct InjectionFiring {
+  int window = -1, stage = -1, layer = -1;
+  int p = 0, T = 0;
+  double factor = 0.0;  // perturb: 1 + eps
+  double ms = 0.0;      // delay
+};
+
+// What one injection did over a run: how often it fired and the first kMaxFirings firings.
+struct InjectionRecord {
+  static constexpr std::size_t kMaxFirings = 16;
+  std::int64_t count = 0;
+  std::vector<InjectionFiring> firings;
+  void Add(const InjectionFiring& f) {
+    ++count;
+    if (firings.size() < kMaxFirings) firings.push_back(f);
+  }
+};
+
+// The record as one JSON object (instrument/SCHEMA.md "/injections"): text, kind, item, eps /
+// ms, the requested stage / layer / window (null: any), fired, count, firings (the first
+// kMaxFirings; firings_truncated when count is larger).
+std::string InjectionRecordJson(const Injection& inj, const InjectionRecord& rec);
+
+// kInvalidArgument naming every injection of `inj` whose record shows it never fired (after a run
+// of `windows` verify windows that stopped for `stop_reason`); Ok when all fired.
+Status CheckInjectionsFired(const std::vector<Injection>& inj,
+                            const std::vector<InjectionRecord>& records, int windows,
+                            const std::string& stop_reason);
 
 }  // namespace lockstep

@@ -59,6 +59,10 @@ struct GateSpec {
   bool resources = false;                   // no guard trip, and:
   bool no_swap = true;                      //   no swap used (when known)
   std::int64_t min_free_mib = -1;           //   host available memory never below (-1: off)
+  // State gate: skipped items allowed (max_skipped = N; -1: any). 0 by default: a state diff that
+  // skips items (checkpoints whose windows differ) fails; arms that compare different configs set
+  // their own ArmSpec::max_skipped.
+  std::int64_t max_skipped = 0;
 };
 
 struct ArmSpec {
@@ -69,8 +73,9 @@ struct ArmSpec {
   std::vector<std::string> require;  // decisions that must hold for this arm to be sent
   std::string decision;  // name recorded for this arm's comparison verdict (e.g. aa_stable)
   nlohmann::json engine = nlohmann::json::object();  // engine-config overrides (EngineConfig keys)
-  bool control = false;  // the positive-control arm (must FAIL its gates)
-  int line = 0;          // where it was declared (messages)
+  bool control = false;                     // the positive-control arm (must FAIL its gates)
+  std::optional<std::int64_t> max_skipped;  // overrides GateSpec::max_skipped for this arm
+  int line = 0;                             // where it was declared (messages)
 };
 
 struct StopRule {

@@ -1,7 +1,9 @@
 // `lockstep diff`, `lockstep align` and `lockstep summarize`: the comparator's commands. They read
 // exports and traces only (never run the engine), print a human summary on `out`, and write the
 // requested reports atomically. Status: ok (everything within thresholds / no divergence), a
-// GateFailed status (exit 1) when a threshold failed, kInvalidArgument (exit 2) for bad input.
+// GateFailed status (exit 1) when a threshold failed or nothing was compared (DiffResult::vacuous),
+// kInvalidArgument (exit 2) for bad input, including A and B being the same file or the same run
+// (without --allow-self).
 #pragma once
 
 #include <cstdint>
@@ -26,7 +28,8 @@ struct DiffCommandOptions {
   bool isolate = false;  // parse in a child process (a crash there is exit 2)
   bool quiet = false;    // only the verdict line
   bool no_index =
-      false;  // ignore /index/items and open every dataset (files edited by other tools)
+      false;           // ignore /index/items and open every dataset (files edited by other tools)
+  bool color = false;  // colour the verdict line (main sets it: stdout a TTY, NO_COLOR unset)
 };
 
 struct AlignCommandOptions {
@@ -34,8 +37,11 @@ struct AlignCommandOptions {
   std::string fields = "p,T,T_mtp,merged,from_sfx,chain_n";
   ReportOutputs reports;
   bool isolate = false;
-  bool fail_on_divergence = false;  // exit 1 when the paths diverge
+  bool fail_on_divergence = false;  // exit 1 when the paths diverge, are not comparable (model or
+                                    // request differ) or cannot differ (every window T = 1)
   bool no_index = false;
+  bool allow_self = false;  // --allow-self: align a file or run with itself
+  bool color = false;       // as DiffCommandOptions::color
 };
 
 // `summarize`: diff + align of two exports and every report (isolate on by default).

@@ -33,6 +33,9 @@ struct ArmOutcome {
   std::int64_t min_host_available_bytes = -1;      // -1 unknown
   std::vector<WindowRecord> windows;               // repeat 0
   std::vector<std::vector<WindowRecord>> repeats;  // timing arms: every repeat (including 0)
+  // The --inject records of repeat 0 (generate --json "injections", SCHEMA.md /injections); empty
+  // when the arm had none or left no JSON.
+  std::vector<nlohmann::json> injections;
 };
 
 struct ComparisonResult {
@@ -42,11 +45,17 @@ struct ComparisonResult {
   std::map<std::string, bool>
       predicates;      // StopPredicates() -> value (timing ones only when the plan asks)
   bool passed = true;  // every evaluated gate passed
+  // Control arms: the control injection fired (its record says so). False: "control not
+  // applied": the comparison says nothing about the gates' sensitivity (neither caught nor
+  // insensitive), and the campaign fails with verdict "control_not_applied".
+  bool control_applied = true;
   std::optional<TimingVerdict> timing;  // timing arms
   int timing_repeats_a = 0, timing_repeats_b = 0;
 };
 
-// Evaluates gates and predicates. `diff` is null for timing arms (no exports) or when an arm
+// Evaluates gates and predicates. A control arm gets the gate "control applied" (its injection's
+// record shows it fired); any other arm whose injections did not all fire gets "injections
+// applied" (failed). `diff` is null for timing arms (no exports) or when an arm
 // failed; `al` aligns the baseline (A) with the arm (B).
 ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const ArmOutcome& base,
                                     const ArmOutcome& out, const DiffResult* diff,

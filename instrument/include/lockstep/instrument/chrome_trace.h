@@ -63,7 +63,8 @@
 //
 // otherData also carries schema "lockstep.chrome_trace", schema_version 1, generator, clock
 // ("CLOCK_MONOTONIC"), time_origin_ns (null for no windows), n_windows, n_stages, verify_begin
-// (the approximation above, in words) and arm (when set).
+// (the approximation above, in words), arm (when set) and injections (when given: the --inject
+// records, ChromeTraceOptions::injections).
 //
 // The JSON text puts one trace event per line, so traces diff well. Output is deterministic:
 // the same inputs give the same bytes.
@@ -74,6 +75,7 @@
 
 #include <span>
 #include <string>
+#include <vector>
 
 #include "lockstep/engine/status.h"
 #include "lockstep/engine/window.h"
@@ -86,6 +88,10 @@ struct ChromeTraceOptions {
   std::string process_name = "lockstep";
   // Experiment arm label (e.g. "baseline", "spec4"); also written to otherData.arm when non-empty.
   std::string arm;
+  // --inject records (InjectionRecordJson, one JSON object each): otherData.injections holds them
+  // and each recorded firing is an instant event (ph "i", name "inject <kind>", cat "inject") on
+  // its stage's track at its window's verify begin, args = the firing and the injection's text.
+  std::vector<std::string> injections;
 };
 
 // Returns the trace as JSON text (ends with a newline). `windows` is borrowed for the call only;

@@ -80,6 +80,8 @@ struct ExportRunInfo {
   IntervalStats sample_intervals;
   std::string nvml_unavailable;  // why GPU fields are unknown ("" when NVML was read)
   std::string guard;             // "" or "tripped: <source> free <bytes> at <t_ns>"
+  // /injections: one JSON object per --inject (InjectionRecordJson); none: the dataset is absent.
+  std::vector<std::string> injections;
 };
 
 class H5Exporter final : public Observer {
