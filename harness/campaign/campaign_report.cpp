@@ -483,6 +483,9 @@ void StopDecisionText(std::ostream& md, const Loaded& L, const RunTally& t) {
     auto it = L.records.find("control");
     if (it == L.records.end()) {
       md << "The positive control was not run.\n\n";
+    } else if (!it->second["comparison"].value("control_applied", true)) {
+      md << "The positive control's injection did not fire: control not applied (neither caught "
+            "nor insensitive); the gates' sensitivity was not tested and the campaign fails.\n\n";
     } else {
       const bool passed = it->second["comparison"].value("passed", true);
       md << (passed ? "The positive control (a known injected perturbation) passed every gate: the "
@@ -562,12 +565,16 @@ std::string RenderJUnitDoc(const Loaded& L) {
     if (it == L.records.end()) continue;
     const std::string cls = XmlEscape(a.name + "_vs_" + a.baseline);
     if (a.control) {
-      const bool caught = !it->second["comparison"].value("passed", true);
+      const bool applied = it->second["comparison"].value("control_applied", true);
+      const bool caught = !it->second["comparison"].value("passed", true) && applied;
       ++tests;
       cases << fmt::format("    <testcase classname=\"{}\" name=\"positive control caught\">", cls);
       if (!caught) {
         ++failures;
-        cases << "<failure message=\"the injected perturbation passed every gate: insensitive\"/>";
+        cases << (applied
+                      ? "<failure message=\"the injected perturbation passed every gate: "
+                        "insensitive\"/>"
+                      : "<failure message=\"the injection did not fire: control not applied\"/>");
       }
       cases << "</testcase>\n";
       continue;

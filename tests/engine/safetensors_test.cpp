@@ -253,7 +253,9 @@ TEST_F(SafetensorsTest, WriteRejectsBadInput) {
   }
   EXPECT_TRUE(fs::is_empty(dir_)) << "nothing (not even a temporary) is left after a rejection";
   const std::vector<TensorToWrite> ok = {{"x", DType::kU8, {4}, four}};
-  EXPECT_EQ(WriteSafetensors(Path("no/such/folder/x.safetensors"), ok).code(), Code::kIOError);
+  // A missing folder is bad input (issue 20): exit 2, not a runtime failure.
+  EXPECT_EQ(WriteSafetensors(Path("no/such/folder/x.safetensors"), ok).code(),
+            Code::kInvalidArgument);
 }
 
 // ---- checkpoint folders ----

@@ -377,6 +377,11 @@ TEST(Campaign, AnUnfiredControlIsControlNotApplied) {
       EXPECT_NE(g["message"].get<std::string>().find("never fired"), std::string::npos);
     }
   EXPECT_TRUE(gate_seen) << cmp.dump();
+  const std::string md = Slurp(dir + "/report.md");
+  EXPECT_NE(md.find("control not applied"), std::string::npos);
+  EXPECT_EQ(md.find("was caught by the gates"), std::string::npos);
+  EXPECT_EQ(md.find("INSENSITIVE"), std::string::npos);
+  EXPECT_NE(Slurp(dir + "/junit.xml").find("control not applied"), std::string::npos);
   // A control window at or past max_new can never run: exit 2 before anything runs.
   text.replace(text.find(to), to.size(), "window=16\"");
   const std::string never = test::NewDir("never") + "/run";

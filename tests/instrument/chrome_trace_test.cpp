@@ -454,13 +454,14 @@ TEST(ChromeTrace, OutputIsDeterministic) {
 
 // ---- file ----
 
-TEST(ChromeTrace, WriteToMissingFolderIsIOError) {
+// A missing folder is bad input (issue 20): exit 2, not a runtime failure.
+TEST(ChromeTrace, WriteToMissingFolderIsInvalidArgument) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
   const std::string path = dir.path() + "/no/such/folder/trace.json";
   const Status s = WriteChromeTrace(path, ThreeWindows(), kStages);
   EXPECT_FALSE(s.ok());
-  EXPECT_EQ(s.code(), Status::Code::kIOError) << s.ToString();
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.ToString();
   EXPECT_FALSE(fs::exists(path));
 }
 

@@ -122,7 +122,8 @@ struct TensorToWrite {
 // Written atomically through AtomicFileWriter (path.tmp.<pid>, fsync, rename, fsync of the
 // folder), streaming header then each tensor: the file is never assembled in memory.
 // Errors: kInvalidArgument (data size != numel x dtype size, negative dimension, duplicate,
-// empty or "__metadata__" name, names / metadata not UTF-8; nothing is written), kIOError.
+// empty or "__metadata__" name, names / metadata not UTF-8; a missing folder; nothing is written),
+// kIOError.
 Status WriteSafetensors(const std::string& path, std::span<const TensorToWrite> tensors,
                         const std::map<std::string, std::string>& metadata = {});
 

@@ -37,8 +37,9 @@ struct RunOptions {
 };
 
 // Runs (or resumes) a campaign and writes its reports. OK when the campaign's verdict passes;
-// GateFailed (exit 1) when it fails (a gate failed, the stop rule fired, or the positive control
-// was not caught: "insensitive"); kInvalidArgument (exit 2) for a bad plan or folder.
+// GateFailed (exit 1) when it fails (a gate failed, the stop rule fired, the positive control
+// was not caught: "insensitive", or its injection did not fire: "control_not_applied");
+// kInvalidArgument (exit 2) for a bad plan or folder.
 Status RunCampaign(const RunOptions& opts, std::ostream& out);
 
 // The ledger's decision content, for comparing runs: one line per entry with volatile fields

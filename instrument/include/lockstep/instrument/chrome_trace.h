@@ -103,9 +103,9 @@ std::string ChromeTraceJson(std::span<const WindowRecord> windows, int n_stages,
                             const ChromeTraceOptions& opts = {});
 
 // Writes ChromeTraceJson(windows, n_stages, opts) to `path` atomically (WriteFileAtomic: a
-// reader sees the old file or the whole new one). Returns OK, kIOError from WriteFileAtomic
-// (e.g. the folder is missing or not writable; `path` is then unchanged), or kRuntime if
-// building the JSON failed.
+// reader sees the old file or the whole new one). Returns OK, kInvalidArgument when the folder is
+// missing, kIOError from WriteFileAtomic (e.g. the folder is not writable; `path` is then
+// unchanged), or kRuntime if building the JSON failed.
 Status WriteChromeTrace(const std::string& path, std::span<const WindowRecord> windows,
                         int n_stages, const ChromeTraceOptions& opts = {});
 
