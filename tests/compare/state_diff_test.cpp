@@ -387,6 +387,26 @@ TEST(AlignCliVacuous, AllTOnePathsAreNotChecked) {
       << gate.err;
 }
 
+TEST(DiffCliVacuous, TheVerdictLineIsColouredOnlyWhenAsked) {
+  DiffCommandOptions o;
+  o.a = ArmA();
+  o.b = ArmB();
+  o.quiet = true;
+  o.color = true;  // main sets it when stdout is a TTY and NO_COLOR is unset
+  std::ostringstream coloured;
+  ASSERT_TRUE(RunDiff(o, coloured).ok());
+  EXPECT_EQ(coloured.str().rfind("\x1b[32;1mPASS\x1b[0m: ", 0), 0u) << coloured.str();
+  o.diff.windows = "700";
+  std::ostringstream nothing;
+  EXPECT_EQ(RunDiff(o, nothing).exit_code(), 1);
+  EXPECT_EQ(nothing.str().rfind("\x1b[31;1mFAIL\x1b[0m: \x1b[33;1mnothing compared: ", 0), 0u)
+      << nothing.str();
+  // The binary's stdout is a pipe here: no escape sequences.
+  const auto piped = RunLockstep("diff " + ArmA() + " " + ArmB() + " --quiet");
+  EXPECT_EQ(piped.out.find('\x1b'), std::string::npos) << piped.out;
+  EXPECT_EQ(piped.out.rfind("PASS: ", 0), 0u) << piped.out;
+}
+
 TEST(DiffCliVacuous, AMissingOutputFolderIsExitTwo) {
   for (const char* cmd : {"diff", "align", "summarize"})
     for (const char* flag : {"--json", "--md", "--html", "--junit"}) {
