@@ -45,7 +45,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in,
     if (inj.window >= 0 && inj.window >= cfg.max_new)
       return bad("window " + std::to_string(inj.window) + " never runs: a request of max_new " +
                  std::to_string(cfg.max_new) + " runs at most " + std::to_string(cfg.max_new) +
-                 " verify windows (0.." + std::to_string(cfg.max_new - 1) + ")");
+                 " verify windows" +
+                 (cfg.max_new > 0 ? " (0.." + std::to_string(cfg.max_new - 1) + ")" : ""));
     if (inj.kind != Injection::Kind::kPerturb) continue;
     if (inj.layer >= 0) {
       if (inj.layer >= weights.config.n_layers)
