@@ -2,7 +2,7 @@
 // say the same) and its two inline SVG charts: per-window verify time of both arms with the first
 // path divergence marked, and an NRMSE heat map (item group x checkpoint).
 //
-// The page has an inline <style>, no scripts and no external references (the SVG elements carry
+// The page (HtmlDocument: the one ReportStylesheet()) opens with the verdict box and has no scripts and no external references (the SVG elements carry
 // no namespace URL: HTML5 does not need one), so it stays self-contained. Every text is escaped;
 // the Markdown becomes HTML through markdown_html.h, as the campaign report's does.
 #include <fmt/format.h>
@@ -19,13 +19,6 @@
 
 namespace lockstep {
 namespace {
-
-constexpr const char* kCss =
-    R"(body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-h1{font-size:1.6em}h2{font-size:1.25em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
-table{border-collapse:collapse;margin:.6em 0}th,td{border:1px solid #ccc;padding:.2em .6em;text-align:left}
-th{background:#f3f3f3}code{background:#f4f4f4;padding:0 .2em}svg{display:block;margin:.8em 0;max-width:100%;height:auto}
-)";
 
 // ---- charts ----
 
@@ -286,9 +279,9 @@ std::string RenderHtml(const ReportInput& in) {
        SvgVerifyChart(in.align != nullptr ? *in.align : kNoAlign,
                       in.windows_a ? *in.windows_a : kNone, in.windows_b ? *in.windows_b : kNone,
                       in.a.arm.empty() ? "A" : in.a.arm, in.b.arm.empty() ? "B" : in.b.arm)}};
-  std::string h = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
-                  HtmlEscape(in.title) + "</title>\n<style>\n" + kCss +
-                  "</style>\n</head>\n<body>\n<h1>" + HtmlEscape(in.title) + "</h1>\n";
+  // The verdict box opens the body (HtmlVerdictBox, coloured); the Markdown's own box and "# "
+  // title line are replaced by it and the <h1>.
+  std::string h = HtmlVerdictBox(ReportVerdict(in)) + "<h1>" + HtmlEscape(in.title) + "</h1>\n";
   // Split the Markdown at its "## " headings; the "# " title line is replaced by the <h1> above.
   std::string current, body;
   auto flush = [&] {
@@ -301,7 +294,8 @@ std::string RenderHtml(const ReportInput& in) {
     }
     body.clear();
   };
-  std::size_t pos = 0;
+  std::size_t pos = md.starts_with("# ") ? 0 : md.find("\n# ");
+  pos = pos == std::string::npos ? md.size() : pos + (md.starts_with("# ") ? 0 : 1);
   while (pos < md.size()) {
     std::size_t e = md.find('\n', pos);
     if (e == std::string::npos) e = md.size();
@@ -315,8 +309,25 @@ std::string RenderHtml(const ReportInput& in) {
     }
   }
   flush();
-  h += "</body>\n</html>\n";
-  return h;
+  return HtmlDocument(in.title, h);
+}
+
+std::string HtmlVerdictBox(const VerdictBox& v) {
+  const std::string tone =
+      v.status == "pass" ? "pass"
+      : v.status == "fail" || v.status == "insensitive" || v.status == "control not applied"
+          ? "fail"
+          : "warn";
+  std::string h = "<div id=\"verdict\" class=\"verdict verdict-" + tone +
+                  "\" role=\"status\">\n<p class=\"word\">" + HtmlEscape(v.label) +
+                  "</p>\n<p class=\"reason\">" + HtmlEscape(v.reason) + "</p>\n";
+  if (!v.compared.empty() || !v.details.empty()) {
+    h += "<ul>\n";
+    for (const auto* lines : {&v.compared, &v.details})
+      for (const std::string& l : *lines) h += "<li>" + HtmlEscape(l) + "</li>\n";
+    h += "</ul>\n";
+  }
+  return h + "</div>\n";
 }
 
 std::string SvgVerifyChart(const AlignResult& al, const std::vector<WindowRecord>& a,
