@@ -307,7 +307,7 @@ void IntervalLines(const ReportInput& in, const std::function<void(std::string)>
       const bool na_a = NoExportTiming(in.windows_a) && in.a.checkpoints <= 0;
       const bool na_b = NoExportTiming(in.windows_b) && in.b.checkpoints <= 0;
       if (na_a || na_b)
-        add(fmt::format("The export interval is not applicable in {}: no state was exported.",
+        add(fmt::format("The export interval is not applicable: no state was exported ({}).",
                         WhichArms(in, na_a, na_b)));
       if (na_a && na_b) continue;
     }
@@ -352,9 +352,9 @@ std::vector<std::string> Limitations(const ReportInput& in) {
   const bool ex_a = in.a.checkpoints > 0, ex_b = in.b.checkpoints > 0;
   if (ex_a || ex_b)
     add(fmt::format(
-        "State export perturbs execution: timing of {} is perturbed by the export (timing "
-        "questions need trace-only arms); subtracting export time does not give an "
-        "uninstrumented measurement.",
+        "State export perturbs execution: the timing of an arm that exports state is perturbed "
+        "by the export (timing questions need trace-only arms); subtracting export time does "
+        "not give an uninstrumented measurement ({}).",
         WhichArms(in, ex_a, ex_b)));
   const std::int64_t wa = in.align != nullptr ? in.align->n_a : in.a.windows;
   const std::int64_t wb = in.align != nullptr ? in.align->n_b : in.b.windows;

@@ -221,6 +221,13 @@ std::string ConclusionSection(const ReportInput& in) {
   return s;
 }
 
+// The side exported no state: no checkpoint is known to have been exported and no window
+// measured an export interval.
+bool NoStateExport(const ArmInfo& arm, const std::vector<WindowRecord>* w) {
+  return arm.checkpoints <= 0 && w != nullptr && !w->empty() &&
+         std::all_of(w->begin(), w->end(), [](const WindowRecord& r) { return r.export_ns < 0; });
+}
+
 // How to read the device rows of a timing table (compare/align.h DeviceTimingIntervals()).
 constexpr const char* kDeviceIntervalsNote =
     "dev_wait, dev_compute and dev_copy are CUDA-event intervals on each stage's stream "
@@ -235,7 +242,9 @@ Sections BuildSections(const ReportInput& in) {
   sec.state = in.diff != nullptr ? MarkdownStateSection(*in.diff)
                                  : "State was not compared in this report.\n";
   sec.timing = in.align != nullptr
-                   ? MarkdownTimingSection(*in.align, ArmName(in.a, "A"), ArmName(in.b, "B"))
+                   ? MarkdownTimingSection(
+                         *in.align, ArmName(in.a, "A"), ArmName(in.b, "B"),
+                         NoStateExport(in.a, in.windows_a) && NoStateExport(in.b, in.windows_b))
                    : "Windows were not aligned in this report.\n";
   for (const std::string& l : Limitations(in)) sec.limitations += "- " + Md(l) + "\n";
   const bool device = in.align != nullptr && in.align->timing.size() > TimingIntervals().size();
@@ -323,7 +332,7 @@ std::string MarkdownStateSection(const DiffResult& d) {
 }
 
 std::string MarkdownTimingSection(const AlignResult& al, const std::string& name_a,
-                                  const std::string& name_b) {
+                                  const std::string& name_b, bool export_not_applicable) {
   const std::string na = Md(name_a), nb = Md(name_b);
   std::string s =
       "Timings are monotonic host-side intervals around the instrumented calls, not individual "
@@ -376,8 +385,8 @@ std::string MarkdownTimingSection(const AlignResult& al, const std::string& name
         na, nb);
     for (const IntervalDiff& t : al.timing) {
       if (!t.known) {
-        s += fmt::format("| {} | unknown | unknown | unknown | unknown | unknown | unknown |\n",
-                         t.name);
+        const char* v = export_not_applicable && t.name == "export" ? "not applicable" : "unknown";
+        s += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", t.name, v, v, v, v, v, v);
         continue;
       }
       s += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", t.name, Ms(t.sum_a_ms),

@@ -164,36 +164,36 @@ std::string ResourceLine(const std::string& arm, const json& r) {
   return s;
 }
 
-// The comparisons' limitation lines, deduplicated, with per-stage counter lines folded into one
-// ("counters first_call_ns, first_calls (stages 0-3)").
+// The comparisons' limitation lines, deduplicated; lines that differ only in the arms listed in
+// their closing parenthesis ("... (A1 and A2).") become one line naming every arm once.
 std::vector<std::string> CompactLimitations(const std::vector<std::string>& in) {
   std::vector<std::string> out;
-  std::map<std::string, std::pair<std::set<std::string>, std::set<int>>>
-      counters;  // prefix -> (names, stages)
-  std::vector<std::string> order;
-  const std::string marker = "counters/stage";
+  std::map<std::string, std::vector<std::string>> arms;  // prefix -> arms, in order
   for (const auto& l : in) {
-    const auto at = l.find(marker);
-    if (at != std::string::npos) {
-      std::size_t i = at + marker.size();
-      int stage = 0;
-      while (i < l.size() && std::isdigit(static_cast<unsigned char>(l[i])))
-        stage = stage * 10 + (l[i++] - '0');
-      if (i < l.size() && l[i] == ' ') {
-        const std::string prefix = l.substr(0, at);
-        if (!counters.count(prefix)) order.push_back(prefix);
-        counters[prefix].first.insert(l.substr(i + 1));
-        counters[prefix].second.insert(stage);
-        continue;
+    const auto open = l.rfind('(');
+    if (l.ends_with(").") && open != std::string::npos) {
+      std::string inner = l.substr(open + 1, l.size() - open - 3);
+      std::string lead;
+      if (inner.starts_with("not applicable in ")) lead = "not applicable in ", inner.erase(0, 18);
+      const std::string prefix = l.substr(0, open + 1) + lead;
+      if (!arms.count(prefix)) out.push_back("\x01" + prefix);
+      auto& list = arms[prefix];
+      for (std::size_t p = 0; p <= inner.size();) {
+        std::size_t e = inner.find(" and ", p);
+        if (e == std::string::npos) e = inner.size();
+        const std::string arm = inner.substr(p, e - p);
+        if (std::find(list.begin(), list.end(), arm) == list.end()) list.push_back(arm);
+        p = e + 5;
       }
+      continue;
     }
     if (std::find(out.begin(), out.end(), l) == out.end()) out.push_back(l);
   }
-  for (const auto& prefix : order) {
-    const auto& [names, stages] = counters[prefix];
-    out.insert(out.begin(), fmt::format("{}counters {} (stages {}-{})", prefix,
-                                        fmt::join(names, ", "), *stages.begin(), *stages.rbegin()));
-  }
+  for (auto& l : out)
+    if (l.starts_with("\x01")) {
+      const std::string prefix = l.substr(1);
+      l = prefix + fmt::format("{}", fmt::join(arms[prefix], ", ")) + ").";
+    }
   return out;
 }
 
@@ -217,6 +217,139 @@ RunTally Tally(const Loaded& L) {
 
 // ---- the report's sections, in document order ----
 
+// How a comparison came out, as its row and the box say it: the positive control's expected
+// failure reads "failed as expected: caught", never a bare FAIL.
+std::string PairResult(const Loaded& L, const ArmSpec& a, const json& cmp) {
+  std::string failed;
+  for (const auto& g : cmp.value("gates", json::array()))
+    if (!g.value("passed", false)) failed += (failed.empty() ? "" : ", ") + g.value("name", "");
+  const bool passed = cmp.value("passed", false);
+  if (a.control) {
+    if (L.verdict == "control not applied") return "NOT APPLIED: its injection did not fire";
+    return passed ? "NOT CAUGHT: passed every gate (insensitive)"
+                  : "failed as expected: caught (" + failed + ")";
+  }
+  return passed ? "pass" : "FAIL (" + failed + ")";
+}
+
+// The verdict box: the campaign's verdict, what ran, the first failing comparison, the stop rule
+// that fired and what the positive control showed.
+VerdictBox CampaignVerdict(const Loaded& L, const RunTally& t) {
+  VerdictBox v;
+  v.status = L.verdict.empty() ? "not finished" : L.verdict;
+  std::string label = v.status;
+  std::transform(label.begin(), label.end(), label.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::toupper(ch)); });
+  v.label = label;
+  if (!L.verdict_reason.empty()) {
+    v.reason = L.verdict_reason;
+  } else if (L.verdict == "pass") {
+    v.reason = "every comparison passed its gates";
+    if (!L.c.control.empty()) v.reason += " and the positive control was caught";
+  } else {
+    v.reason = L.verdict.empty() ? "the campaign has not finished" : L.verdict;
+  }
+  v.reason[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(v.reason[0])));
+  v.reason += ".";
+  std::vector<std::string> pairs;
+  for (const auto& a : L.c.arms)
+    if (L.records.count(a.name)) pairs.push_back(a.name + " vs " + a.baseline);
+  v.compared.push_back(fmt::format(
+      "Arms: {} of {} sent ({}); {} generation requests.", t.sent_arms.size(), L.c.arms.size(),
+      t.sent_arms.empty() ? "none" : fmt::format("{}", fmt::join(t.sent_arms, ", ")), t.requests));
+  v.compared.push_back(fmt::format(
+      "Comparisons: {}.", pairs.empty() ? "none" : fmt::format("{}", fmt::join(pairs, "; "))));
+  for (const auto& a : L.c.arms) {
+    auto it = L.records.find(a.name);
+    if (it == L.records.end() || a.control) continue;
+    const json& cmp = it->second.value("comparison", json::object());
+    if (cmp.value("passed", true)) continue;
+    std::string first;
+    for (const auto& g : cmp.value("gates", json::array()))
+      if (!g.value("passed", false) && first.empty())
+        first = g.value("name", "") + ": " + g.value("message", "");
+    v.details.push_back(
+        fmt::format("First failing comparison: {} vs {}, {}.", a.name, a.baseline, first));
+    break;
+  }
+  if (L.stopped.is_object())
+    v.details.push_back(fmt::format(
+        "Stopped by rule '{}' (fired by {}) before arm {}: {}; not sent: {}.",
+        L.stopped.value("rule", ""),
+        fmt::join(L.stopped.value("fired_by", std::vector<std::string>{}), ", "),
+        L.stopped.value("before_arm", "?"), L.stopped.value("message", ""),
+        t.unsent_arms.empty() ? "none" : fmt::format("{}", fmt::join(t.unsent_arms, ", "))));
+  if (!L.c.control.empty()) {
+    auto it = L.records.find("control");
+    for (const auto& a : L.c.arms)
+      if (a.control)
+        v.details.push_back(
+            it == L.records.end()
+                ? "Positive control: not run."
+                : "Positive control (" + L.c.control + "): " +
+                      PairResult(L, a, it->second.value("comparison", json::object())) + ".");
+  }
+  return v;
+}
+
+// The injected delays of the plan's arms, tied to what their comparison recorded at that window.
+void DelayText(std::ostream& md, const Loaded& L) {
+  for (const auto& a : L.c.arms) {
+    if (!a.engine.contains("inject") || a.control) continue;
+    for (const auto& inj : a.engine["inject"]) {
+      const std::string spec = inj.is_string() ? inj.get<std::string>() : inj.dump();
+      if (!spec.starts_with("delay:")) continue;
+      int window = -1;
+      if (auto w = spec.find("window="); w != std::string::npos)
+        window = std::atoi(spec.c_str() + w + 7);
+      md << fmt::format("Injected: {} carried `{}` (a simulated stall).", a.name, spec);
+      auto it = L.records.find(a.name);
+      const json al = it == L.records.end()
+                          ? json()
+                          : it->second.value("report", json::object()).value("alignment", json());
+      if (al.is_object() && window >= 0) {
+        bool tied = false;
+        for (const auto& n : al.value("notable_b", json::array()))
+          if (n.value("idx", -1) == window) {
+            md << fmt::format(
+                " Its verify at window {} took {} ms, {:.1f}x its median: the stall is the "
+                "injected delay.",
+                window, Num(n, "verify_ms", 1), n.value("ratio_to_median", 0.0));
+            tied = true;
+          }
+        if (!tied) md << fmt::format(" No notable verify stall was recorded at window {}.", window);
+        if (al.value("diverged", false) && al.value("div_idx", -1) > window)
+          md << fmt::format(" The paths diverged at window {}, after the delayed window.",
+                            al.value("div_idx", -1));
+      }
+      md << "\n\n";
+    }
+  }
+}
+
+// The hypothesis is judged by the verdict word it names (campaigns/README.md): "pass", "fail",
+// "stop", "insensitive".
+void HypothesisText(std::ostream& md, const Loaded& L) {
+  if (L.c.hypothesis.empty() || L.verdict.empty()) return;
+  std::string h = L.c.hypothesis;
+  std::transform(h.begin(), h.end(), h.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  const std::vector<std::pair<std::string, std::string>> words = {
+      {"pass", "pass"}, {"stop", "stopped"}, {"insensitive", "insensitive"}, {"fail", "fail"}};
+  std::string expected;
+  for (const auto& [word, verdict] : words)
+    if (h.find(word) != std::string::npos && expected.empty()) expected = verdict;
+  if (expected.empty()) {
+    md << "Hypothesis check: the hypothesis names no verdict (pass, fail, stop, insensitive); "
+          "compare it with the verdict above.\n\n";
+    return;
+  }
+  md << fmt::format(
+      "Hypothesis check: the hypothesis expects `{}`; the verdict is `{}`: the "
+      "hypothesis {}.\n\n",
+      expected, L.verdict, expected == L.verdict ? "held" : "did not hold");
+}
+
 void SummarySection(std::ostream& md, const Loaded& L, const RunTally& t) {
   const Campaign& c = L.c;
   const std::vector<std::string>& sent_arms = t.sent_arms;
@@ -225,6 +358,18 @@ void SummarySection(std::ostream& md, const Loaded& L, const RunTally& t) {
   md << "## Summary\n\n";
   md << "Question: " << c.question << "\n\n";
   if (!c.hypothesis.empty()) md << "Hypothesis: " << c.hypothesis << "\n\n";
+  HypothesisText(md, L);
+  DelayText(md, L);
+  md << "| comparison | result | pages |\n|---|---|---|\n";
+  for (const auto& a : c.arms) {
+    auto it = L.records.find(a.name);
+    if (it == L.records.end()) continue;
+    md << fmt::format("| {} vs {}{} | {} | [HTML](compare/{}.html), [Markdown](compare/{}.md) |\n",
+                      a.name, a.baseline, a.control ? " (positive control)" : "",
+                      Cell(PairResult(L, a, it->second.value("comparison", json::object()))),
+                      a.name, a.name);
+  }
+  md << "\n";
   md << fmt::format("{} generation requests were executed (arms sent: {}).", t.requests,
                     sent_arms.empty() ? "none" : fmt::format("{}", fmt::join(sent_arms, ", ")));
   if (!unsent_arms.empty())
@@ -273,10 +418,14 @@ void ScopeSection(std::ostream& md, const Loaded& L) {
     md << "- Fixed engine configuration every arm inherits: "
        << (fixed.empty() ? "engine defaults" : "`" + fixed + "`") << ".\n";
   }
-  md << "- Each arm ran as a fresh `lockstep generate` process; state arms exported windows `"
-     << c.export_plan.windows << "` at "
-     << fmt::format("{}", fmt::join(c.export_plan.points, " / "))
-     << "; timing arms recorded the trace only.\n\n";
+  bool any_state = false, any_timing = false;
+  for (const auto& a : c.arms) (a.mode == "timing" ? any_timing : any_state) = true;
+  md << "- Each arm ran as a fresh `lockstep generate` process";
+  if (any_state)
+    md << "; state arms exported windows `" << c.export_plan.windows << "` at "
+       << fmt::format("{}", fmt::join(c.export_plan.points, " / "));
+  if (any_timing) md << "; timing arms recorded the trace only";
+  md << ".\n\n";
   ArmTable(md, L);
 }
 
@@ -379,7 +528,10 @@ void ArmIntervalText(std::ostream& md, const ArmSpec& a, const json& al) {
           "|\n|---|---|---|---|---|---|\n";
     for (const auto& t : timing) {
       if (!t.value("known", true)) {
-        md << fmt::format("| {} | unknown | unknown | | | |\n", t.value("name", ""));
+        // Timing arms export nothing: their export interval is not applicable, not unknown.
+        const char* v =
+            a.mode == "timing" && t.value("name", "") == "export" ? "not applicable" : "unknown";
+        md << fmt::format("| {} | {} | {} | | | |\n", t.value("name", ""), v, v);
         continue;
       }
       md << fmt::format(
@@ -401,7 +553,29 @@ void ArmIntervalText(std::ostream& md, const ArmSpec& a, const json& al) {
   }
 }
 
-// The timing verdict over the fresh processes of a timing pair (`cmp`: the comparison record).
+// Every instability flag of one arm's summed verify time, named with the rule that raised it
+// (harness/timing_stats.h: pyperf's spread rule, and an outlier rule relative to the median).
+std::vector<std::string> FlagTexts(const std::string& arm, const json& g) {
+  std::vector<std::string> out;
+  const double median = g.value("median", 0.0);
+  if (g.value("spread_unstable", false))
+    out.push_back(fmt::format(
+        "{}: spread (standard deviation {} ms over {} processes is >= 10% of the mean; pyperf's "
+        "rule)",
+        arm, Num(g, "stdev", 1), g.value("n", 0)));
+  if (g.value("has_outlier", false) && median > 0.0) {
+    const double lo = g.value("min", 0.0), hi = g.value("max", 0.0);
+    const double worst = hi - median >= median - lo ? hi : lo;
+    out.push_back(fmt::format(
+        "{}: outlier (a process at {:.1f} ms is {:+.0f}% from the median {:.1f} ms; rule: >= 50% "
+        "off the median)",
+        arm, worst, 100.0 * (worst - median) / median, median));
+  }
+  return out;
+}
+
+// The timing verdict over the fresh processes of a timing pair (`cmp`: the comparison record):
+// medians over every repeat, never one repeat.
 void ArmTimingVerdictText(std::ostream& md, const ArmSpec& a, const json& cmp) {
   if (!cmp.contains("timing")) return;
   const json& t = cmp["timing"];
@@ -411,22 +585,40 @@ void ArmTimingVerdictText(std::ostream& md, const ArmSpec& a, const json& cmp) {
   }
   const json& ga = t["aggregate_a"];
   const json& gb = t["aggregate_b"];
+  const double rel = t.value("aggregate_rel_diff", 0.0);
   md << fmt::format(
-      "\nTiming over {} / {} fresh processes: summed verify median {} ms [95% {}, {}] vs {} "
-      "ms [95% {}, "
-      "{}] ({:+.1f}%){}.\n",
+      "Timing over {} / {} fresh processes (medians over every repeat): summed verify median {} "
+      "ms [95% {}, {}] for {} vs {} ms [95% {}, {}] for {}: {} is {:.1f}% {} than {}{}.\n",
       t["repeats"][0].get<int>(), t["repeats"][1].get<int>(), Num(ga, "median"), Num(ga, "lo95"),
-      Num(ga, "hi95"), Num(gb, "median"), Num(gb, "lo95"), Num(gb, "hi95"),
-      100 * t.value("aggregate_rel_diff", 0.0),
-      t.value("unstable", false) ? "; instability flags raised" : "");
-  md << "\n| window | median " << a.baseline << " ms [95%] | median " << a.name
-     << " ms [95%] |\n|---|---|---|\n";
+      Num(ga, "hi95"), a.baseline, Num(gb, "median"), Num(gb, "lo95"), Num(gb, "hi95"), a.name,
+      a.name, 100 * std::fabs(rel), rel >= 0 ? "slower" : "faster", a.baseline,
+      t.value("aggregate_outside_noise", false) ? " (outside the noise band)"
+                                                : " (within the noise band: the 95% intervals "
+                                                  "overlap)");
+  std::vector<std::string> flags = FlagTexts(a.baseline, ga);
+  for (const auto& f : FlagTexts(a.name, gb)) flags.push_back(f);
+  if (!flags.empty()) {
+    md << "\nInstability flags on the summed verify time:\n\n";
+    for (const auto& f : flags) md << "- " << f << "\n";
+  }
   const json& wa = t["window_a"];
   const json& wb = t["window_b"];
+  int flagged_a = 0, flagged_b = 0;
+  for (const auto& w : wa)
+    flagged_a += w.value("spread_unstable", false) || w.value("has_outlier", false);
+  for (const auto& w : wb)
+    flagged_b += w.value("spread_unstable", false) || w.value("has_outlier", false);
+  if (flagged_a + flagged_b > 0)
+    md << fmt::format(
+        "\nPer window, {} of {} {} windows and {} of {} {} windows carry a flag (same rules).\n",
+        flagged_a, wa.size(), a.baseline, flagged_b, wb.size(), a.name);
+  md << "\n| window | median " << a.baseline << " ms [95%] | median " << a.name
+     << " ms [95%] |\n|---|---|---|\n";
   for (std::size_t w = 0; w < std::min(wa.size(), wb.size()); ++w)
     md << fmt::format("| {} | {} [{}, {}] | {} [{}, {}] |\n", w, Num(wa[w], "median"),
                       Num(wa[w], "lo95"), Num(wa[w], "hi95"), Num(wb[w], "median"),
                       Num(wb[w], "lo95"), Num(wb[w], "hi95"));
+  md << "\n";
 }
 
 void TimingSection(std::ostream& md, const Loaded& L) {
@@ -441,8 +633,13 @@ void TimingSection(std::ostream& md, const Loaded& L) {
     const json& al = it->second["report"].value("alignment", json());
     if (!al.is_object()) continue;
     ArmPathText(md, a, al);
+    const json& cmp = it->second.value("comparison", json::object());
+    if (a.mode == "timing" && a.repeat > 1 && cmp.contains("timing")) {
+      // The medians over every repeat lead; repeat 0 alone is labelled as such.
+      ArmTimingVerdictText(md, a, cmp);
+      md << "Repeat 0 of each arm alone (one process per arm, not the medians above):\n\n";
+    }
     ArmIntervalText(md, a, al);
-    ArmTimingVerdictText(md, a, it->second.value("comparison", json::object()));
     md << "\n";
   }
 }
@@ -454,7 +651,10 @@ void GatesSection(std::ostream& md, const Loaded& L) {
     if (it == L.records.end()) continue;
     for (const auto& g : it->second["comparison"].value("gates", json::array()))
       md << fmt::format("| {} vs {} | {} | {} | {} |\n", a.name, a.baseline, g.value("name", ""),
-                        g.value("passed", false) ? "pass" : "FAIL", Cell(g.value("message", "")));
+                        g.value("passed", false) ? "pass"
+                        : a.control              ? "failed as expected"
+                                                 : "FAIL",
+                        Cell(g.value("message", "")));
   }
   md << "\n";
 }
@@ -481,7 +681,10 @@ void StopDecisionText(std::ostream& md, const Loaded& L, const RunTally& t) {
   }
   if (!L.c.control.empty()) {
     auto it = L.records.find("control");
-    if (it == L.records.end()) {
+    if (L.verdict == "control not applied") {
+      md << "The positive control's injection did not fire: the control was not applied, so the "
+            "campaign cannot say what size of difference it would catch, and it fails.\n\n";
+    } else if (it == L.records.end()) {
       md << "The positive control was not run.\n\n";
     } else {
       const bool passed = it->second["comparison"].value("passed", true);
@@ -503,10 +706,22 @@ void LimitationsText(std::ostream& md, const Loaded& L, const RunTally& t) {
     if (L.arms.at(a.name).sent)
       md << "- " << ResourceLine(a.name, L.arms.at(a.name).resources) << ".\n";
     if (auto it = L.records.find(a.name); it != L.records.end() && it->second.contains("report"))
-      for (const auto& l : it->second["report"].value("limitations", json::array()))
-        lims.push_back(l.get<std::string>());
+      for (const auto& l : it->second["report"].value("limitations", json::array())) {
+        const std::string line = l.get<std::string>();
+        // A timing arm's comparison has no export: the campaign says so once, below, and its
+        // resources come from each process's output (above), so "unknown" would be false here.
+        if (line.find(" no export here (a trace only)") == std::string::npos) lims.push_back(line);
+      }
   }
   for (const auto& l : CompactLimitations(lims)) md << "- " << l << "\n";
+  std::vector<std::string> timing;
+  for (const auto& a : c.arms)
+    if (a.mode == "timing" && L.arms.at(a.name).sent) timing.push_back(a.name);
+  if (!timing.empty())
+    md << fmt::format(
+        "- Timing arms ({}) record the trace only: no state, hashes or engine configuration are "
+        "compared for them; their resources above are from repeat 0.\n",
+        fmt::join(timing, ", "));
   int timing_arms = 0;
   for (const auto& a : c.arms)
     timing_arms += a.mode == "timing" && a.repeat >= c.min_timing_repeats;
@@ -533,7 +748,8 @@ void ConclusionSection(std::ostream& md, const Loaded& L) {
         "claimed.\n";
 }
 
-std::string RenderMarkdownDoc(const Loaded& L) {
+// The document after its verdict box (the HTML renders the box itself, coloured).
+std::string RenderMarkdownBody(const Loaded& L) {
   const RunTally tally = Tally(L);
   std::ostringstream md;
   SummarySection(md, L, tally);
@@ -598,47 +814,71 @@ std::string RenderJUnitDoc(const Loaded& L) {
       XmlEscape(L.c.name), tests, failures, skipped, cases.str());
 }
 
+// The HTML charts of one compared pair: medians with their 95% band for a repeated timing pair
+// (never repeat 0 as if it were the distribution), the verify time per window of repeat 0
+// otherwise, and the NRMSE heat map the runner wrote when the pair failed.
+std::string PairCharts(const Loaded& L, const std::string& run_dir, const ArmSpec& a,
+                       const ArmSpec& base) {
+  const json& rec = L.records.at(a.name);
+  const json& cmp = rec.value("comparison", json::object());
+  const std::string pair = a.name + " vs " + a.baseline;
+  std::string h;
+  if (a.mode == "timing" && a.repeat > 1 && cmp.contains("timing")) {
+    auto bands = [](const json& v) {
+      std::vector<MedianBand> out;
+      for (const auto& w : v)
+        out.push_back({w.value("median", 0.0), w.value("lo95", 0.0), w.value("hi95", 0.0)});
+      return out;
+    };
+    const std::string title = "Median verify time per window over every repeat (band: 95%)";
+    h += "<h3>" + HtmlEscape(pair) + ": " + HtmlEscape(title) + "</h3>\n" +
+         SvgMedianBandChart(bands(cmp["timing"].value("window_a", json::array())),
+                            bands(cmp["timing"].value("window_b", json::array())), a.baseline,
+                            a.name, title);
+  } else {
+    auto trace = [&](const ArmSpec& s) {
+      return ReadWindowRecords(run_dir + "/arms/" + s.name + (s.mode == "timing" ? "/r0" : "") +
+                               "/trace.jsonl");
+    };
+    auto wa = trace(base);
+    auto wb = trace(a);
+    if (wa.ok() && wb.ok()) {
+      AlignResult al = AlignWindows(*wa, *wb);
+      h += "<h3>" + HtmlEscape(pair) + ": verify time per window</h3>\n" +
+           SvgVerifyChart(al, *wa, *wb, a.baseline, a.name);
+    }
+  }
+  if (!cmp.value("passed", true)) {
+    // The runner's own file; only a bare <svg> document is inlined.
+    auto svg = ReadFile(run_dir + "/compare/" + a.name + ".nrmse.svg", std::size_t{16} << 20);
+    if (svg.ok() && svg->starts_with("<svg") && svg->find("<script") == std::string::npos &&
+        svg->find("<foreignObject") == std::string::npos)
+      h += "<h3>" + HtmlEscape(pair) + ": NRMSE per item group and checkpoint</h3>\n" + *svg;
+  }
+  return h;
+}
+
 }  // namespace
 
 Result<CampaignDocuments> RenderCampaign(const std::string& run_dir) {
   LOCKSTEP_ASSIGN_OR_RETURN(Loaded L, Load(run_dir));
   CampaignDocuments d;
   d.verdict = L.verdict;
-  d.markdown = RenderMarkdownDoc(L);
+  const VerdictBox box = CampaignVerdict(L, Tally(L));
+  const std::string body_md = RenderMarkdownBody(L);
+  d.markdown = MarkdownVerdictBox(box) + body_md;
   d.junit = RenderJUnitDoc(L);
-  // HTML: the Markdown document plus a verify-time chart per compared pair (from the traces).
   std::string charts;
   for (const auto& a : L.c.arms) {
     if (a.baseline.empty() || !L.records.count(a.name)) continue;
-    const ArmSpec* base = nullptr;
     for (const auto& b : L.c.arms)
-      if (b.name == a.baseline) base = &b;
-    if (!base) continue;
-    auto trace = [&](const ArmSpec& s) {
-      return ReadWindowRecords(run_dir + "/arms/" + s.name + (s.mode == "timing" ? "/r0" : "") +
-                               "/trace.jsonl");
-    };
-    auto wa = trace(*base);
-    auto wb = trace(a);
-    if (!wa.ok() || !wb.ok()) continue;
-    AlignResult al = AlignWindows(*wa, *wb);
-    charts += "<h3>" + HtmlEscape(a.name + " vs " + a.baseline) +
-              ": verify time per window</h3>\n" + SvgVerifyChart(al, *wa, *wb, a.baseline, a.name) +
-              "\n";
+      if (b.name == a.baseline) charts += PairCharts(L, run_dir, a, b);
   }
-  std::string body = MarkdownToHtml(d.markdown);
+  std::string body = MarkdownToHtml(body_md);
   const std::string anchor = "<h2>Gates</h2>";
   if (auto pos = body.find(anchor); pos != std::string::npos && !charts.empty())
     body.insert(pos, charts);
-  d.html =
-      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" +
-      HtmlEscape(L.c.name) +
-      "</title>\n<style>body{font-family:sans-serif;max-width:70em;margin:2em auto;line-height:1.4}"
-      "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #bbb;padding:2px "
-      "8px;text-align:left}"
-      "code{background:#f3f3f3;padding:0 3px}h2{border-bottom:1px solid "
-      "#ddd}</style></head>\n<body>\n" +
-      body + "</body></html>\n";
+  d.html = HtmlDocument(L.c.name, HtmlVerdictBox(box) + body);
   return d;
 }
 

@@ -107,12 +107,22 @@ std::string RenderJUnit(const ReportInput& in, const std::vector<GateOutcome>& e
 // The sections RenderMarkdown / RenderHtml are built from, public for reports that compose
 // their own documents.
 std::string MarkdownStateSection(const DiffResult& d);  // "## Early state checks" body (no heading)
+// export_not_applicable: neither side exported state, so the export row reads "not applicable"
+// rather than "unknown".
 std::string MarkdownTimingSection(const AlignResult& al, const std::string& name_a,
-                                  const std::string& name_b);
+                                  const std::string& name_b, bool export_not_applicable = false);
 std::string SvgVerifyChart(const AlignResult& al, const std::vector<WindowRecord>& a,
                            const std::vector<WindowRecord>& b, const std::string& name_a,
                            const std::string& name_b);
 std::string SvgNrmseHeatmap(const DiffResult& d);
+// Per-window medians of repeated runs with their 95% interval as a shaded band, one series per
+// arm (the campaign's timing pairs: never one repeat shown as if it were the distribution).
+struct MedianBand {
+  double median = 0.0, lo95 = 0.0, hi95 = 0.0;
+};
+std::string SvgMedianBandChart(const std::vector<MedianBand>& a, const std::vector<MedianBand>& b,
+                               const std::string& name_a, const std::string& name_b,
+                               const std::string& title);
 std::string HtmlEscape(std::string_view s);
 std::string XmlEscape(std::string_view s);
 // Formats a metric for reports: "0", "3.2e-04", "inf", "nan".
