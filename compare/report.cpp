@@ -325,10 +325,10 @@ std::vector<std::string> Limitations(const ReportInput& in) {
   const std::string pair = ArmName(in.b, "B") + " vs " + ArmName(in.a, "A");
   const bool trace_a = !in.a.has_export, trace_b = !in.b.has_export;
   if (trace_a || trace_b)
-    add(
-        fmt::format("{} {} no export here (a trace only): model, request and config hashes, "
-                    "token counts, engine configuration and resource samples are unknown.",
-                    WhichArms(in, trace_a, trace_b), trace_a && trace_b ? "have" : "has"));
+    add(fmt::format(
+        "{} {} no export data in this report (windows only): model, request and config hashes, "
+        "token counts, engine configuration and resource samples are unknown.",
+        WhichArms(in, trace_a, trace_b), trace_a && trace_b ? "have" : "has"));
   UnknownLines(in, add);
   ResourceLimitLines(in, add);
 

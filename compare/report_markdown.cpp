@@ -130,7 +130,9 @@ std::string ScopeSection(const ReportInput& in) {
                                             : "| (unknown: no export) | | | |\n";
 
   const std::vector<std::string> diffs = ConfigDifferences(in);
-  if (diffs.empty()) {
+  if (in.diff == nullptr && (!in.a.has_export || !in.b.has_export)) {
+    s += "\nConfiguration differences: unknown (a trace carries no configuration).\n";
+  } else if (diffs.empty()) {
     s += "\nConfiguration differences: none.\n";
   } else {
     s += "\nConfiguration differences:\n\n";

@@ -81,7 +81,7 @@ TEST(LimitationsTest, NoResourceSamplesOnlyWithoutSamples) {
   t.in.a = ArmInfo();
   t.in.a.arm = "T1";
   EXPECT_FALSE(Has(t.in, "No resource samples")) << All(t.in);
-  EXPECT_TRUE(Has(t.in, "[T1 has no export here (a trace only)")) << All(t.in);
+  EXPECT_TRUE(Has(t.in, "[T1 has no export data in this report (windows only)")) << All(t.in);
 }
 
 TEST(LimitationsTest, StateNotComparedOnlyWithoutDiff) {
@@ -104,11 +104,12 @@ TEST(LimitationsTest, TraceOnlyArmsAreOneUnknownLine) {
   b.in.a.arm = "T1";
   b.in.b.arm = "T2";
   const std::string all = All(b.in);
-  EXPECT_EQ(Count(all, "no export here"), 1) << all;
-  EXPECT_TRUE(Has(b.in,
-                  "[T1 and T2 have no export here (a trace only): model, request and "
-                  "config hashes, token counts, engine configuration and resource samples "
-                  "are unknown.]"));
+  EXPECT_EQ(Count(all, "no export data"), 1) << all;
+  EXPECT_TRUE(
+      Has(b.in,
+          "[T1 and T2 have no export data in this report (windows only): model, request and "
+          "config hashes, token counts, engine configuration and resource samples "
+          "are unknown.]"));
   EXPECT_FALSE(Has(b.in, "GPU sampling")) << "a trace says nothing about NVML";
 }
 

@@ -169,6 +169,13 @@ TEST(ReportStructureTest, AlignReportOfTracesLeadsWithItsVerdict) {
   EXPECT_EQ(r.md.find("| prompt tokens | 0"), std::string::npos);
   EXPECT_TRUE(r.json["arms"]["a"]["prompt_tokens"].is_null());
   EXPECT_TRUE(r.json["arms"]["a"]["model_sha256_12"].is_null());
+  EXPECT_NE(r.md.find("Configuration differences: unknown (a trace carries no configuration)."),
+            std::string::npos);
+  // JUnit agrees with the box: the path gate fails, and no config gate passes on no data.
+  std::vector<GateOutcome> gates = InferredGates(in);
+  ASSERT_EQ(gates.size(), 1u);
+  EXPECT_EQ(gates[0].name, "path_identical");
+  EXPECT_FALSE(gates[0].passed);
 
   AlignResult unchecked = Align(false);
   unchecked.path_unchecked = "every window has T = 1 and no drafts";
@@ -176,6 +183,10 @@ TEST(ReportStructureTest, AlignReportOfTracesLeadsWithItsVerdict) {
   r = Render(in);
   ExpectBoxFirst(r, "NOTHING COMPARED");
   EXPECT_EQ(r.md.find("No path divergence over"), std::string::npos) << r.md;
+  gates = InferredGates(in);
+  ASSERT_EQ(gates.size(), 1u);
+  EXPECT_FALSE(gates[0].passed) << "a path check that cannot fail is no pass";
+  EXPECT_EQ(gates[0].message, "path not checked: every window has T = 1 and no drafts");
 
   AlignResult other_model = Align(false);
   other_model.fingerprint_differences = {"model"};
