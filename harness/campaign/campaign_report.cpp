@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -50,10 +51,12 @@ struct Loaded {
   json stopped;                         // the stopped entry's data (null: none)
   std::string verdict, verdict_reason;
   std::string created_utc;
+  std::string dir;  // the run folder (traces are read from it)
 };
 
 Result<Loaded> Load(const std::string& dir) {
   Loaded L;
+  L.dir = dir;
   LOCKSTEP_ASSIGN_OR_RETURN(LedgerLoad ll, Ledger::Read(dir + "/ledger.jsonl"));
   L.entries = std::move(ll.entries);
   if (L.entries.empty() || L.entries.front().event != "planned")
@@ -99,7 +102,10 @@ Result<Loaded> Load(const std::string& dir) {
 
 std::string ModelLine(const Campaign& c, const json& report) {
   std::string sha;
-  if (report.contains("arms")) sha = report["arms"]["a"].value("model_sha256_12", "");
+  // null for an arm without an export (a timing arm): the hash is then not known from here.
+  if (report.contains("arms") && report["arms"]["a"].contains("model_sha256_12") &&
+      report["arms"]["a"]["model_sha256_12"].is_string())
+    sha = report["arms"]["a"]["model_sha256_12"].get<std::string>();
   if (!c.model.preset.empty())
     return fmt::format("synthetic preset `{}` (weight seed {}{}){}", c.model.preset, c.model.seed,
                        c.model.induction ? ", induction wiring" : "",
@@ -250,7 +256,7 @@ VerdictBox CampaignVerdict(const Loaded& L, const RunTally& t) {
     std::string first;
     for (const auto& g : cmp.value("gates", json::array()))
       if (!g.value("passed", false) && first.empty())
-        first = g.value("name", "") + ": " + g.value("message", "");
+        first = "gate '" + g.value("name", "") + "' failed: " + g.value("message", "");
     v.details.push_back(
         fmt::format("First failing comparison: {} vs {}, {}.", a.name, a.baseline, first));
     break;
@@ -275,35 +281,73 @@ VerdictBox CampaignVerdict(const Loaded& L, const RunTally& t) {
   return v;
 }
 
-// The injected delays of the plan's arms, tied to what their comparison recorded at that window.
+// Verify ms of window `idx` in repeat 0 of `arm`'s trace, and the trace's median verify (-1:
+// unknown).
+std::pair<double, double> VerifyAt(const Loaded& L, const ArmSpec& arm, int idx) {
+  auto w = ReadWindowRecords(L.dir + "/arms/" + arm.name + (arm.mode == "timing" ? "/r0" : "") +
+                             "/trace.jsonl");
+  if (!w.ok()) return {-1.0, -1.0};
+  double at = -1.0;
+  std::vector<double> all;
+  for (const WindowRecord& r : *w) {
+    if (r.verify_ns < 0) continue;
+    all.push_back(static_cast<double>(r.verify_ns) / 1e6);
+    if (r.idx == idx) at = all.back();
+  }
+  if (all.empty()) return {at, -1.0};
+  std::nth_element(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(all.size() / 2),
+                   all.end());
+  return {at, all[all.size() / 2]};
+}
+
+// The injected delays of the plan's arms, tied to the verify time recorded at their window in
+// the arm and its baseline, and placed against the first path divergence.
 void DelayText(std::ostream& md, const Loaded& L) {
   for (const auto& a : L.c.arms) {
     if (!a.engine.contains("inject") || a.control) continue;
+    const ArmSpec* base = nullptr;
+    for (const auto& b : L.c.arms)
+      if (b.name == a.baseline) base = &b;
     for (const auto& inj : a.engine["inject"]) {
       const std::string spec = inj.is_string() ? inj.get<std::string>() : inj.dump();
       if (!spec.starts_with("delay:")) continue;
-      int window = -1;
-      if (auto w = spec.find("window="); w != std::string::npos)
-        window = std::atoi(spec.c_str() + w + 7);
+      auto param = [&spec](const char* key) {
+        const auto p = spec.find(key);
+        return p == std::string::npos ? -1.0 : std::atof(spec.c_str() + p + std::strlen(key));
+      };
+      const int window = static_cast<int>(param("window="));
+      const double ms = param("ms=");
       md << fmt::format("Injected: {} carried `{}` (a simulated stall).", a.name, spec);
+      const auto [mine, median] = VerifyAt(L, a, window);
+      if (window >= 0 && mine >= 0.0) {
+        md << fmt::format(" {}'s verify at window {} took {:.1f} ms (its median {:.1f} ms)", a.name,
+                          window, mine, median);
+        const double theirs = base != nullptr ? VerifyAt(L, *base, window).first : -1.0;
+        if (theirs >= 0.0) {
+          md << fmt::format(" against {:.1f} ms for {}", theirs, base->name);
+          if (ms > 0.0)
+            md << (mine - theirs >= 0.8 * ms
+                       ? fmt::format(": the injected {:.0f} ms delay accounts for the stall", ms)
+                       : fmt::format(": {:.1f} ms more, not the injected {:.0f} ms", mine - theirs,
+                                     ms));
+        }
+        md << ".";
+      } else if (window >= 0) {
+        md << fmt::format(" {}'s trace has no verify time at window {}.", a.name, window);
+      }
       auto it = L.records.find(a.name);
       const json al = it == L.records.end()
                           ? json()
                           : it->second.value("report", json::object()).value("alignment", json());
-      if (al.is_object() && window >= 0) {
-        bool tied = false;
-        for (const auto& n : al.value("notable_b", json::array()))
-          if (n.value("idx", -1) == window) {
-            md << fmt::format(
-                " Its verify at window {} took {} ms, {:.1f}x its median: the stall is the "
-                "injected delay.",
-                window, Num(n, "verify_ms", 1), n.value("ratio_to_median", 0.0));
-            tied = true;
-          }
-        if (!tied) md << fmt::format(" No notable verify stall was recorded at window {}.", window);
-        if (al.value("diverged", false) && al.value("div_idx", -1) > window)
-          md << fmt::format(" The paths diverged at window {}, after the delayed window.",
-                            al.value("div_idx", -1));
+      if (al.is_object() && al.value("diverged", false) && window >= 0) {
+        const int div = al.value("div_idx", -1);
+        md << (div > window ? fmt::format(" The paths diverged at window {}, after the delayed "
+                                          "window.",
+                                          div)
+                            : fmt::format(" The paths had already diverged at window {}, before "
+                                          "or at the delayed window: that divergence is not the "
+                                          "delay's effect.",
+                                          div));
       }
       md << "\n\n";
     }
@@ -458,10 +502,10 @@ void TimingSection(std::ostream& md, const Loaded& L) {
     if (!al.is_object()) continue;
     ArmPathText(md, a, al);
     const json& cmp = it->second.value("comparison", json::object());
-    if (a.mode == "timing" && a.repeat > 1 && cmp.contains("timing")) {
-      // The medians over every repeat lead; repeat 0 alone is labelled as such.
+    if (cmp.contains("timing")) {
+      // The medians over every repeat (or why there are none) lead; repeat 0 alone is labelled.
       ArmTimingVerdictText(md, a, cmp);
-      md << "Repeat 0 of each arm alone (one process per arm, not the medians above):\n\n";
+      md << "\nRepeat 0 of each arm alone (one process per arm, not the medians above):\n\n";
     }
     ArmIntervalText(md, a, al);
     md << "\n";
