@@ -4,6 +4,8 @@
 #include "lockstep/compare/markdown_html.h"
 
 #include <cctype>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "lockstep/compare/report.h"
@@ -11,13 +13,48 @@
 namespace lockstep {
 namespace {
 
-// Inline markup: backslash escapes, `code`, **strong**; everything else HTML-escaped.
+// A link target the converter accepts: a relative path of [A-Za-z0-9._/-] that neither starts
+// with '/' nor climbs with "..", so a link can only point at a sibling file of the report.
+bool SafeHref(std::string_view h) {
+  if (h.empty() || h.front() == '/' || h.find("..") != std::string_view::npos) return false;
+  for (char c : h)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '/' &&
+        c != '-')
+      return false;
+  return true;
+}
+
+std::string InlineHtml(std::string_view s);
+
+// "[text](href)" at s[i] with a SafeHref target: the <a> element and the index of its ')'.
+std::optional<std::pair<std::string, std::size_t>> Link(std::string_view s, std::size_t i) {
+  const std::size_t close = s.find("](", i);
+  if (close == std::string_view::npos) return std::nullopt;
+  const std::size_t end = s.find(')', close + 2);
+  if (end == std::string_view::npos) return std::nullopt;
+  const std::string_view text = s.substr(i + 1, close - i - 1),
+                         href = s.substr(close + 2, end - close - 2);
+  if (text.empty() || text.find('[') != std::string_view::npos || !SafeHref(href))
+    return std::nullopt;
+  return std::make_pair("<a href=\"" + HtmlEscape(href) + "\">" + InlineHtml(text) + "</a>", end);
+}
+
+// Inline markup: backslash escapes, `code`, **strong**, [text](relative path); everything else
+// HTML-escaped.
 std::string InlineHtml(std::string_view s) {
   std::string out;
   bool strong = false;
   for (std::size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
-    if (c == '\\' && i + 1 < s.size() && std::ispunct(static_cast<unsigned char>(s[i + 1]))) {
+    if (c == '[') {
+      if (auto link = Link(s, i)) {
+        out += link->first;
+        i = link->second;
+        continue;
+      }
+      out += '[';
+    } else if (c == '\\' && i + 1 < s.size() &&
+               std::ispunct(static_cast<unsigned char>(s[i + 1]))) {
       out += HtmlEscape(s.substr(++i, 1));
     } else if (c == '`') {
       const std::size_t e = s.find('`', i + 1);
@@ -71,12 +108,15 @@ int HeadingLevel(std::string_view line) {
 }  // namespace
 
 std::string MarkdownToHtml(std::string_view md) {
-  std::string html, para;
+  std::string html, para, quote;
   bool in_list = false;
   int table_row = -1;  // -1: not in a table
   auto close = [&] {
     if (!para.empty()) html += "<p>" + InlineHtml(para) + "</p>\n";
     para.clear();
+    // A quote's lines, their "> " removed, are a document of their own.
+    if (!quote.empty()) html += "<blockquote>\n" + MarkdownToHtml(quote) + "</blockquote>\n";
+    quote.clear();
     if (in_list) html += "</ul>\n";
     in_list = false;
     if (table_row >= 0) html += "</tbody></table>\n";
@@ -88,8 +128,15 @@ std::string MarkdownToHtml(std::string_view md) {
     if (e == std::string_view::npos) e = md.size();
     const std::string_view line = md.substr(pos, e - pos);
     pos = e + 1;
-    if (line.empty()) {
+    if (line.starts_with(">") && (line.size() == 1 || line[1] == ' ')) {
+      if (quote.empty()) close();
+      quote += std::string(line.substr(line.size() > 1 ? 2 : 1)) + "\n";
+    } else if (line.empty()) {
       close();
+    } else if (!quote.empty()) {
+      close();
+      pos -= line.size() + 1;  // the line after a quote starts the next block: read it again
+      continue;
     } else if (const int level = HeadingLevel(line); level > 0) {
       close();
       const std::string tag = "h" + std::to_string(level);
@@ -123,6 +170,30 @@ std::string MarkdownToHtml(std::string_view md) {
   }
   close();
   return html;
+}
+
+const char* ReportStylesheet() {
+  return R"(body{font-family:system-ui,sans-serif;max-width:1100px;margin:1.2em auto;padding:0 1em;color:#222;line-height:1.4}
+h1{font-size:1.5em;margin:.6em 0 .3em}h2{font-size:1.25em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+h3{font-size:1.05em}
+table{border-collapse:collapse;margin:.6em 0}th,td{border:1px solid #ccc;padding:.2em .6em;text-align:left}
+th{background:#f3f3f3}code{background:#f4f4f4;padding:0 .2em}svg{display:block;margin:.8em 0;max-width:100%;height:auto}
+blockquote{border-left:4px solid #ccc;margin:.6em 0;padding:.1em 1em;background:#fafafa}
+.verdict{border:2px solid;border-radius:6px;padding:.5em 1em;margin:.4em 0 1em}
+.verdict .word{font-size:1.6em;font-weight:700;letter-spacing:.04em;margin:.1em 0}
+.verdict p,.verdict ul{margin:.3em 0}
+.verdict-pass{border-color:#1a7f37;background:#dafbe1}.verdict-pass .word{color:#116329}
+.verdict-fail{border-color:#cf222e;background:#ffebe9}.verdict-fail .word{color:#a40e26}
+.verdict-warn{border-color:#bf8700;background:#fff8c5}.verdict-warn .word{color:#7d4e00}
+td.pass,span.pass{color:#116329;font-weight:600}td.fail,span.fail{color:#a40e26;font-weight:600}
+td.expected,span.expected{color:#0550ae;font-weight:600}
+)";
+}
+
+std::string HtmlDocument(std::string_view title, std::string_view body) {
+  return "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
+         HtmlEscape(title) + "</title>\n<style>\n" + ReportStylesheet() +
+         "</style>\n</head>\n<body>\n" + std::string(body) + "</body>\n</html>\n";
 }
 
 }  // namespace lockstep

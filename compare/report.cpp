@@ -4,13 +4,16 @@
 #include "lockstep/compare/report.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -174,57 +177,163 @@ ArmInfo SummarizeArm(const ExportMeta& meta, const std::string& fallback_name) {
   a.checkpoints = static_cast<std::int64_t>(meta.checkpoints.size());
   a.sampler = meta.sampler;
   a.unknowns = meta.unknowns;
+  a.has_export = true;
   return a;
 }
 
-std::vector<std::string> Limitations(const ReportInput& in) {
-  std::vector<std::string> out;
-  auto add = [&out](std::string s) {
-    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(std::move(s));
-  };
-  const std::string na = ArmName(in.a, "A"), nb = ArmName(in.b, "B");
-  auto in_arms = [&](bool a, bool b) {
-    return a && b ? std::string("both arms") : (a ? na : nb) + " only";
-  };
+namespace {
 
-  // Unknowns, once each, naming the arm(s) that recorded them.
+// Counters the cpu backend does not measure (instrument/SCHEMA.md /counters/stage{S}: -1 there).
+bool CudaOnlyCounter(std::string_view name) {
+  return name == "first_call_ns" || name == "first_calls" || name == "graph_captures" ||
+         name == "graph_launches";
+}
+
+bool CpuBackend(const ArmInfo& arm) {
+  auto it = arm.config.find("backend");
+  return it != arm.config.end() && it->second == "\"cpu\"";
+}
+
+// Why NVML was not read, in words: a loader failure is the missing driver, anything else is the
+// sampler's own text (redacted).
+std::string NvmlReason(const std::string& nvml) {
+  if (nvml.find("not found") != std::string::npos || nvml.find("dlopen") != std::string::npos ||
+      nvml.find("no NVIDIA driver") != std::string::npos)
+    return "no NVIDIA driver on this machine";
+  std::string_view why(nvml);
+  if (why.starts_with("unknown: ")) why.remove_prefix(9);
+  return Redact(why);
+}
+
+// "A and B", "A" or "B" for the arms a sentence is about (empty when neither).
+std::string WhichArms(const ReportInput& in, bool a, bool b) {
+  const std::string na = ArmName(in.a, "A"), nb = ArmName(in.b, "B");
+  return a && b ? na + " and " + nb : a ? na : b ? nb : std::string();
+}
+
+// Per side: does every window lack a measured export interval (no observer: not applicable)?
+bool NoExportTiming(const std::vector<WindowRecord>* w) {
+  return w != nullptr && !w->empty() &&
+         std::all_of(w->begin(), w->end(), [](const WindowRecord& r) { return r.export_ns < 0; });
+}
+
+// The arms' unknowns, grouped: CUDA-only counters of a cpu arm (not applicable), other counters
+// (stages folded), the NVML line (said by GpuSamplingLine instead), and the rest one line each.
+void UnknownLines(const ReportInput& in, const std::function<void(std::string)>& add) {
+  struct Counters {
+    std::set<std::string> names;
+    std::set<int> stages;
+  };
+  Counters na_counters;  // CUDA-only counters of cpu arms: one line for every arm and stage
+  bool na_a = false, na_b = false;
+  std::map<std::pair<bool, bool>, Counters> unknown_counters;  // (in a, in b) -> counters
   std::vector<std::string> seen;
-  for (const auto* list : {&in.a.unknowns, &in.b.unknowns}) {
-    for (const std::string& u : *list) {
+  auto has = [](const ArmInfo& arm, const std::string& u) {
+    return arm.has_export && std::count(arm.unknowns.begin(), arm.unknowns.end(), u) > 0;
+  };
+  const std::string marker = "counters/stage";
+  for (const auto* arm : {&in.a, &in.b}) {
+    if (!arm->has_export) continue;
+    for (const std::string& u : arm->unknowns) {
       if (std::find(seen.begin(), seen.end(), u) != seen.end()) continue;
       seen.push_back(u);
-      const bool a = std::count(in.a.unknowns.begin(), in.a.unknowns.end(), u) > 0;
-      const bool b = std::count(in.b.unknowns.begin(), in.b.unknowns.end(), u) > 0;
-      add(fmt::format("Recorded as unknown in {}: {}", in_arms(a, b), Redact(u)));
+      if (u.starts_with("nvml")) continue;
+      const bool a = has(in.a, u), b = has(in.b, u);
+      if (u.starts_with(marker)) {
+        std::size_t i = marker.size();
+        int stage = 0;
+        while (i < u.size() && std::isdigit(static_cast<unsigned char>(u[i])))
+          stage = stage * 10 + (u[i++] - '0');
+        if (i < u.size() && u[i] == ' ') {
+          const std::string name = u.substr(i + 1);
+          const bool cpu = (!a || CpuBackend(in.a)) && (!b || CpuBackend(in.b));
+          if (cpu && CudaOnlyCounter(name)) na_a = na_a || a, na_b = na_b || b;
+          Counters& c = cpu && CudaOnlyCounter(name) ? na_counters : unknown_counters[{a, b}];
+          c.names.insert(Redact(name));
+          c.stages.insert(stage);
+          continue;
+        }
+      }
+      add(fmt::format("Recorded as unknown in {}: {}", WhichArms(in, a, b), Redact(u)));
     }
   }
-  // NVML state, unless the unknowns already said it.
-  auto nvml_missing = [](const ArmInfo& arm) {
-    const bool listed =
-        std::any_of(arm.unknowns.begin(), arm.unknowns.end(),
-                    [](const std::string& u) { return u.find("nvml") != std::string::npos; });
-    return !listed && arm.sampler.nvml.starts_with("unknown");
+  if (!na_counters.names.empty())
+    add(
+        fmt::format("First-call and graph counters ({}): CUDA backend only; not measured on cpu "
+                    "(not applicable in {}).",
+                    fmt::join(na_counters.names, ", "), WhichArms(in, na_a, na_b)));
+  for (const auto& [arms, c] : unknown_counters)
+    add(fmt::format("Counters recorded as unknown in {}: {} (stages {}).",
+                    WhichArms(in, arms.first, arms.second), fmt::join(c.names, ", "),
+                    *c.stages.begin() == *c.stages.rbegin()
+                        ? std::to_string(*c.stages.begin())
+                        : fmt::format("{}-{}", *c.stages.begin(), *c.stages.rbegin())));
+}
+
+// Resource-sampler lines of the exporting arms: GPU sampling, the guard, no samples.
+void ResourceLimitLines(const ReportInput& in, const std::function<void(std::string)>& add) {
+  auto nvml_unknown = [](const ArmInfo& arm) {
+    return arm.has_export && arm.sampler.nvml.starts_with("unknown");
   };
-  const bool nvml_a = nvml_missing(in.a), nvml_b = nvml_missing(in.b);
-  if (nvml_a && nvml_b && in.a.sampler.nvml == in.b.sampler.nvml) {
-    add(fmt::format("GPU samples (NVML) were not read in both arms: {}",
-                    Redact(in.a.sampler.nvml)));
+  const bool ga = nvml_unknown(in.a), gb = nvml_unknown(in.b);
+  if (ga && gb && NvmlReason(in.a.sampler.nvml) == NvmlReason(in.b.sampler.nvml)) {
+    add(fmt::format("GPU sampling: {}; GPU fields are unknown ({}).", NvmlReason(in.a.sampler.nvml),
+                    WhichArms(in, true, true)));
   } else {
-    if (nvml_a)
-      add(fmt::format("GPU samples (NVML) were not read in {}: {}", na, Redact(in.a.sampler.nvml)));
-    if (nvml_b)
-      add(fmt::format("GPU samples (NVML) were not read in {}: {}", nb, Redact(in.b.sampler.nvml)));
+    if (ga)
+      add(fmt::format("GPU sampling: {}; GPU fields are unknown ({}).",
+                      NvmlReason(in.a.sampler.nvml), WhichArms(in, true, false)));
+    if (gb)
+      add(fmt::format("GPU sampling: {}; GPU fields are unknown ({}).",
+                      NvmlReason(in.b.sampler.nvml), WhichArms(in, false, true)));
   }
   for (const ArmInfo* arm : {&in.a, &in.b}) {
-    const std::string name = arm == &in.a ? na : nb;
+    if (!arm->has_export) continue;
+    const std::string name = WhichArms(in, arm == &in.a, arm == &in.b);
     if (!arm->sampler.guard.empty())
       add(fmt::format("The resource guard tripped in {}: {}", name, Redact(arm->sampler.guard)));
     if (arm->sampler.n_samples == 0)
       add(fmt::format("No resource samples were recorded in {}.", name));
   }
+}
+
+// The alignment's unknown intervals: the export interval of a side that exported nothing is not
+// applicable; any other -1 is unknown, naming the sides that recorded it.
+void IntervalLines(const ReportInput& in, const std::function<void(std::string)>& add) {
+  for (const IntervalDiff& t : in.align->timing) {
+    if (t.known) continue;
+    if (t.name == "export") {
+      // An arm known to have exported checkpoints did export: its -1 is unknown, not n/a.
+      const bool na_a = NoExportTiming(in.windows_a) && in.a.checkpoints <= 0;
+      const bool na_b = NoExportTiming(in.windows_b) && in.b.checkpoints <= 0;
+      if (na_a || na_b)
+        add(fmt::format("The export interval is not applicable: no state was exported ({}).",
+                        WhichArms(in, na_a, na_b)));
+      if (na_a && na_b) continue;
+    }
+    add(fmt::format("The {} interval was recorded as unknown in at least one arm.", t.name));
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> Limitations(const ReportInput& in) {
+  std::vector<std::string> out;
+  const std::function<void(std::string)> add = [&out](std::string s) {
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(std::move(s));
+  };
+  const std::string pair = ArmName(in.b, "B") + " vs " + ArmName(in.a, "A");
+  const bool trace_a = !in.a.has_export, trace_b = !in.b.has_export;
+  if (trace_a || trace_b)
+    add(fmt::format(
+        "{} {} no export data in this report (windows only): model, request and config hashes, "
+        "token counts, engine configuration and resource samples are unknown.",
+        WhichArms(in, trace_a, trace_b), trace_a && trace_b ? "have" : "has"));
+  UnknownLines(in, add);
+  ResourceLimitLines(in, add);
 
   if (in.diff == nullptr) {
-    add("State not compared: this report has no state diff.");
+    add(fmt::format("State not compared for {}: this comparison has no state diff.", pair));
   } else {
     if (in.diff->model_differs) add("The model differs between the arms: state was not compared.");
     if (in.diff->request_differs)
@@ -236,27 +345,24 @@ std::vector<std::string> Limitations(const ReportInput& in) {
       add(fmt::format("{} skipped: {}", Plural(n, "item", "items"), reason));
   }
   if (in.align == nullptr) {
-    add("Windows not aligned: this report has no trace comparison.");
+    add(fmt::format("Windows not aligned for {}: this comparison has no trace alignment.", pair));
   } else {
-    for (const IntervalDiff& t : in.align->timing)
-      if (!t.known)
-        add(fmt::format("The {} interval was recorded as unknown in at least one arm.", t.name));
+    IntervalLines(in, add);
   }
-  const bool exported = in.a.checkpoints > 0 || in.b.checkpoints > 0 ||
-                        (in.diff != nullptr && !in.diff->checkpoints.empty());
-  if (exported)
-    add("State export perturbs execution: timing of state-exporting arms is perturbed by the "
-        "export (timing "
-        "questions need trace-only arms); subtracting export time does not give an uninstrumented "
-        "measurement.");
+  const bool ex_a = in.a.checkpoints > 0, ex_b = in.b.checkpoints > 0;
+  if (ex_a || ex_b)
+    add(fmt::format(
+        "State export perturbs execution: the timing of an arm that exports state is perturbed "
+        "by the export (timing questions need trace-only arms); subtracting export time does "
+        "not give an uninstrumented measurement ({}).",
+        WhichArms(in, ex_a, ex_b)));
   const std::int64_t wa = in.align != nullptr ? in.align->n_a : in.a.windows;
   const std::int64_t wb = in.align != nullptr ? in.align->n_b : in.b.windows;
-  if (wa != wb)
+  if (wa >= 0 && wb >= 0 && wa != wb)
     add(
-        fmt::format("The arms ran different numbers of windows ({}: {}, {}: {}); windows after the "
-                    "divergence are "
-                    "listed per side, not paired.",
-                    na, wa, nb, wb));
+        fmt::format("The arms ran different numbers of windows ({}: {}, {}: {}); windows after "
+                    "the divergence are listed per side, not paired.",
+                    ArmName(in.a, "A"), wa, ArmName(in.b, "B"), wb));
   return out;
 }
 

@@ -2,9 +2,10 @@
 // say the same) and its two inline SVG charts: per-window verify time of both arms with the first
 // path divergence marked, and an NRMSE heat map (item group x checkpoint).
 //
-// The page has an inline <style>, no scripts and no external references (the SVG elements carry
-// no namespace URL: HTML5 does not need one), so it stays self-contained. Every text is escaped;
-// the Markdown becomes HTML through markdown_html.h, as the campaign report's does.
+// The page (HtmlDocument: the one ReportStylesheet()) opens with the verdict box and has no scripts
+// and no external references (the SVG elements carry no namespace URL: HTML5 does not need one), so
+// it stays self-contained. Every text is escaped; the Markdown becomes HTML through
+// markdown_html.h, as the campaign report's does.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -19,13 +20,6 @@
 
 namespace lockstep {
 namespace {
-
-constexpr const char* kCss =
-    R"(body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-h1{font-size:1.6em}h2{font-size:1.25em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
-table{border-collapse:collapse;margin:.6em 0}th,td{border:1px solid #ccc;padding:.2em .6em;text-align:left}
-th{background:#f3f3f3}code{background:#f4f4f4;padding:0 .2em}svg{display:block;margin:.8em 0;max-width:100%;height:auto}
-)";
 
 // ---- charts ----
 
@@ -286,9 +280,9 @@ std::string RenderHtml(const ReportInput& in) {
        SvgVerifyChart(in.align != nullptr ? *in.align : kNoAlign,
                       in.windows_a ? *in.windows_a : kNone, in.windows_b ? *in.windows_b : kNone,
                       in.a.arm.empty() ? "A" : in.a.arm, in.b.arm.empty() ? "B" : in.b.arm)}};
-  std::string h = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
-                  HtmlEscape(in.title) + "</title>\n<style>\n" + kCss +
-                  "</style>\n</head>\n<body>\n<h1>" + HtmlEscape(in.title) + "</h1>\n";
+  // The verdict box opens the body (HtmlVerdictBox, coloured); the Markdown's own box and "# "
+  // title line are replaced by it and the <h1>.
+  std::string h = HtmlVerdictBox(ReportVerdict(in)) + "<h1>" + HtmlEscape(in.title) + "</h1>\n";
   // Split the Markdown at its "## " headings; the "# " title line is replaced by the <h1> above.
   std::string current, body;
   auto flush = [&] {
@@ -301,7 +295,8 @@ std::string RenderHtml(const ReportInput& in) {
     }
     body.clear();
   };
-  std::size_t pos = 0;
+  std::size_t pos = md.starts_with("# ") ? 0 : md.find("\n# ");
+  pos = pos == std::string::npos ? md.size() : pos + (md.starts_with("# ") ? 0 : 1);
   while (pos < md.size()) {
     std::size_t e = md.find('\n', pos);
     if (e == std::string::npos) e = md.size();
@@ -315,8 +310,25 @@ std::string RenderHtml(const ReportInput& in) {
     }
   }
   flush();
-  h += "</body>\n</html>\n";
-  return h;
+  return HtmlDocument(in.title, h);
+}
+
+std::string HtmlVerdictBox(const VerdictBox& v) {
+  const std::string tone =
+      v.status == "pass" ? "pass"
+      : v.status == "fail" || v.status == "insensitive" || v.status == "control not applied"
+          ? "fail"
+          : "warn";
+  std::string h = "<div id=\"verdict\" class=\"verdict verdict-" + tone +
+                  "\" role=\"status\">\n<p class=\"word\">" + HtmlEscape(v.label) +
+                  "</p>\n<p class=\"reason\">" + HtmlEscape(v.reason) + "</p>\n";
+  if (!v.compared.empty() || !v.details.empty()) {
+    h += "<ul>\n";
+    for (const auto* lines : {&v.compared, &v.details})
+      for (const std::string& l : *lines) h += "<li>" + HtmlEscape(l) + "</li>\n";
+    h += "</ul>\n";
+  }
+  return h + "</div>\n";
 }
 
 std::string SvgVerifyChart(const AlignResult& al, const std::vector<WindowRecord>& a,
@@ -465,6 +477,70 @@ std::string SvgNrmseHeatmap(const DiffResult& d) {
   s += HeatmapLegend(left, top + n_rows * ch + 18);
   s += "</g>\n</svg>\n";
   return s;
+}
+
+std::string SvgMedianBandChart(const std::vector<MedianBand>& a, const std::vector<MedianBand>& b,
+                               const std::string& name_a, const std::string& name_b,
+                               const std::string& title) {
+  constexpr int kW = 760, kH = 300, kLeft = 64, kRight = 20, kTop = 40, kBottom = 46;
+  const std::size_t n = std::max(a.size(), b.size());
+  if (n == 0) return Placeholder(kW, 80, title, "No per-window medians to plot.");
+  double y_max = 0.0;
+  for (const auto* v : {&a, &b})
+    for (const MedianBand& m : *v)
+      if (std::isfinite(m.hi95)) y_max = std::max(y_max, m.hi95);
+  const double y_step = NiceStep(y_max > 0.0 ? y_max : 1.0, 5);
+  const double y_top = std::max(y_step, std::ceil(y_max / y_step) * y_step);
+  const double x_span = std::max<double>(1.0, static_cast<double>(n) - 1.0);
+  const double x_step = std::max(1.0, NiceStep(x_span, 8));
+  const double pw = kW - kLeft - kRight, ph = kH - kTop - kBottom;
+  auto X = [&](double i) { return kLeft + pw * i / x_span; };
+  auto Y = [&](double ms) { return kTop + ph * (1.0 - std::clamp(ms, 0.0, y_top) / y_top); };
+  std::string s = fmt::format(
+      "<svg viewBox=\"0 0 {0} {1}\" width=\"{0}\" height=\"{1}\" role=\"img\" aria-label=\"{2}\">\n"
+      "<title>{2}</title>\n<g font-size=\"11\" fill=\"#333\">\n",
+      kW, kH, XmlEscape(title));
+  for (double y = 0.0; y <= y_top + y_step * 1e-9; y += y_step)
+    s += fmt::format(
+        "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"#e5e5e5\"/><text x=\"{3}\" "
+        "y=\"{4}\" text-anchor=\"end\">{5}</text>\n",
+        kLeft, F(Y(y)), kW - kRight, kLeft - 6, F(Y(y) + 4), TickLabel(y, y_step));
+  for (double x = 0.0; x <= x_span + 1e-9; x += x_step)
+    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{:.0f}</text>\n", F(X(x)),
+                     kH - kBottom + 16, x);
+  s += fmt::format(
+      "<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#666\"/><line x1=\"{0}\" "
+      "y1=\"{2}\" x2=\"{3}\" y2=\"{2}\" stroke=\"#666\"/>\n<text x=\"{4}\" y=\"{5}\" "
+      "text-anchor=\"middle\">window index</text>\n<text x=\"14\" y=\"{6}\" "
+      "text-anchor=\"middle\" transform=\"rotate(-90 14 {6})\">median verify ms (band: "
+      "95%)</text>\n</g>\n",
+      kLeft, kTop, kH - kBottom, kW - kRight, kLeft + pw / 2, kH - 8, F(kTop + ph / 2));
+  const std::array<const std::vector<MedianBand>*, 2> series = {&a, &b};
+  const std::array<const std::string*, 2> names = {&name_a, &name_b};
+  for (std::size_t k = 0; k < 2; ++k) {
+    const auto& v = *series[k];
+    if (v.empty()) continue;
+    std::string band, line;
+    for (std::size_t i = 0; i < v.size(); ++i)
+      band += F(X(static_cast<double>(i))) + "," + F(Y(v[i].hi95)) + " ";
+    for (std::size_t i = v.size(); i-- > 0;)
+      band += F(X(static_cast<double>(i))) + "," + F(Y(v[i].lo95)) + " ";
+    for (std::size_t i = 0; i < v.size(); ++i)
+      line += F(X(static_cast<double>(i))) + "," + F(Y(v[i].median)) + " ";
+    band.pop_back();
+    line.pop_back();
+    s += fmt::format(
+        "<polygon points=\"{}\" fill=\"{}\" fill-opacity=\"0.15\" stroke=\"none\"/>\n"
+        "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\" points=\"{}\"><title>{} "
+        "median</title></polyline>\n",
+        band, kArmColours[k], kArmColours[k], line, XmlEscape(*names[k]));
+    const int lx = kLeft + static_cast<int>(k) * 200;
+    s += fmt::format(
+        "<line x1=\"{}\" y1=\"14\" x2=\"{}\" y2=\"14\" stroke=\"{}\" stroke-width=\"3\"/>"
+        "<text x=\"{}\" y=\"18\" font-size=\"12\" fill=\"#222\">{} (median, 95% band)</text>\n",
+        lx, lx + 22, kArmColours[k], lx + 28, XmlEscape(*names[k]));
+  }
+  return s + "</svg>\n";
 }
 
 }  // namespace lockstep

@@ -26,6 +26,17 @@ Json Num(double v) { return std::isfinite(v) ? Json(v) : Json(FormatMetric(v)); 
 // -1 is the exports' "unknown" (STYLE 17): null in JSON, never a number.
 Json Known(std::int64_t v) { return v < 0 ? Json(nullptr) : Json(v); }
 
+// A hash prefix; empty (a trace carries none) is unknown: null.
+Json Hash(const std::string& h) { return h.empty() ? Json(nullptr) : Json(h); }
+
+Json VerdictJson(const VerdictBox& v) {
+  return {{"status", v.status},
+          {"label", v.label},
+          {"reason", v.reason},
+          {"compared", v.compared},
+          {"details", v.details}};
+}
+
 // A window's scalar index and path fields (WindowFields(): idx, p, T, T_mtp, merged, from_sfx,
 // chain_n, accepted, in that order), then its verify time.
 Json WindowJson(const std::optional<WindowRecord>& w) {
@@ -79,16 +90,17 @@ Json ArmJson(const ArmInfo& a, const char* fallback) {
   for (const std::string& u : a.unknowns) unknowns.push_back(Redact(u));
   return {{"arm", ArmName(a, fallback)},
           {"run_id", Redact(a.run_id)},
-          {"model_sha256_12", a.model_sha256_12},
-          {"request_sha256_12", a.request_sha256_12},
-          {"config_sha256_12", a.config_sha256_12},
+          {"has_export", a.has_export},
+          {"model_sha256_12", Hash(a.model_sha256_12)},
+          {"request_sha256_12", Hash(a.request_sha256_12)},
+          {"config_sha256_12", Hash(a.config_sha256_12)},
           {"config", config},
-          {"prompt_tokens", a.prompt_tokens},
-          {"output_tokens", a.output_tokens},
-          {"stop_reason", Redact(a.stop_reason)},
-          {"windows", a.windows},
-          {"checkpoints", a.checkpoints},
-          {"sampler", sampler},
+          {"prompt_tokens", Known(a.prompt_tokens)},
+          {"output_tokens", Known(a.output_tokens)},
+          {"stop_reason", a.stop_reason.empty() ? Json(nullptr) : Json(Redact(a.stop_reason))},
+          {"windows", Known(a.windows)},
+          {"checkpoints", Known(a.checkpoints)},
+          {"sampler", a.has_export ? sampler : Json(nullptr)},
           {"unknowns", unknowns}};
 }
 
@@ -203,6 +215,7 @@ std::string RenderJson(const ReportInput& in) {
   j["schema"] = "lockstep.report";
   j["schema_version"] = 1;
   j["title"] = in.title;
+  j["verdict"] = VerdictJson(ReportVerdict(in));
   j["arms"] = {{"a", ArmJson(in.a, "A")}, {"b", ArmJson(in.b, "B")}};
   j["config_differences"] = ConfigDifferences(in);
   Json th = nullptr;

@@ -1,6 +1,7 @@
 // RenderJUnit and the gates the report input decides (InferredGates): suite "lockstep.state"
 // has one testcase per compared item, suite "lockstep.gates" one per gate.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -35,11 +36,21 @@ std::vector<GateOutcome> InferredGates(const ReportInput& in) {
     const AlignResult& al = *in.align;
     std::string df;
     for (const std::string& f : al.differing_fields) df += (df.empty() ? "" : ", ") + f;
-    g.push_back({"path_identical", !al.diverged,
-                 al.diverged ? fmt::format("first divergence at window {} ({})", al.div_idx,
+    // As the verdict box: paths of different fingerprints are not comparable, and a path check
+    // that cannot fail is no pass in a report that compared nothing else.
+    const bool unchecked = !al.path_unchecked.empty() && in.diff == nullptr;
+    const bool comparable = al.fingerprint_differences.empty();
+    g.push_back({"path_identical", !al.diverged && comparable && !unchecked,
+                 al.diverged   ? fmt::format("first divergence at window {} ({})", al.div_idx,
                                            df.empty() ? "one trace ended" : df + " differ")
-                             : fmt::format("no divergence over {} windows", al.matched)});
+                 : !comparable ? fmt::format("not comparable: the {} fingerprints differ",
+                                             fmt::join(al.fingerprint_differences, ", "))
+                 : unchecked   ? "path not checked: " + Redact(al.path_unchecked)
+                               : fmt::format("no divergence over {} windows", al.matched)});
   }
+  // Without a diff the configurations come from the arms' exports; a trace carries none, so
+  // there is nothing to gate on (not applicable, not a pass).
+  if (in.diff == nullptr && (!in.a.has_export || !in.b.has_export)) return g;
   const std::vector<std::string> diffs = ConfigDifferences(in);
   std::string msg = "no configuration differences";
   if (!diffs.empty()) {

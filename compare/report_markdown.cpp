@@ -2,6 +2,7 @@
 // same text (report_html.cpp). Every string from outside goes through Md() / MdCode(), so it can
 // neither open a block nor start markup.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -80,20 +81,32 @@ struct Sections {
 
 std::string ScopeSection(const ReportInput& in) {
   const std::string na = Md(ArmName(in.a, "A")), nb = Md(ArmName(in.b, "B"));
-  std::string s = fmt::format(
-      "Arms: {} (reference) and {}. Values come from each arm's own export.\n\n", na, nb);
+  std::string s = fmt::format("Arms: {} (reference) and {}. {}\n\n", na, nb,
+                              in.a.has_export && in.b.has_export
+                                  ? "Values come from each arm's own export."
+                                  : "Values come from each arm's export where it has one; a "
+                                    "trace carries no hashes, token counts or configuration "
+                                    "(unknown).");
   s += fmt::format("| | {} | {} |\n|---|---|---|\n", na, nb);
   auto row = [&s](const char* what, const std::string& a, const std::string& b) {
     s += fmt::format("| {} | {} | {} |\n", what, a, b);
   };
-  row("model SHA-256 (first 12)", MdCode(in.a.model_sha256_12), MdCode(in.b.model_sha256_12));
-  row("request SHA-256 (first 12)", MdCode(in.a.request_sha256_12), MdCode(in.b.request_sha256_12));
-  row("config SHA-256 (first 12)", MdCode(in.a.config_sha256_12), MdCode(in.b.config_sha256_12));
-  row("prompt tokens", std::to_string(in.a.prompt_tokens), std::to_string(in.b.prompt_tokens));
-  row("output tokens", std::to_string(in.a.output_tokens), std::to_string(in.b.output_tokens));
-  row("stop reason", Md(Redact(in.a.stop_reason)), Md(Redact(in.b.stop_reason)));
-  row("verify windows", std::to_string(in.a.windows), std::to_string(in.b.windows));
-  row("state checkpoints", std::to_string(in.a.checkpoints), std::to_string(in.b.checkpoints));
+  // Unknown is never shown as 0 or as an empty hash (a trace carries none of these).
+  auto hash = [](const std::string& h) {
+    return h.empty() || h == "unknown" ? std::string("unknown") : MdCode(h);
+  };
+  auto count = [](std::int64_t n) { return n < 0 ? std::string("unknown") : std::to_string(n); };
+  auto text = [](const std::string& t) {
+    return t.empty() ? std::string("unknown") : Md(Redact(t));
+  };
+  row("model SHA-256 (first 12)", hash(in.a.model_sha256_12), hash(in.b.model_sha256_12));
+  row("request SHA-256 (first 12)", hash(in.a.request_sha256_12), hash(in.b.request_sha256_12));
+  row("config SHA-256 (first 12)", hash(in.a.config_sha256_12), hash(in.b.config_sha256_12));
+  row("prompt tokens", count(in.a.prompt_tokens), count(in.b.prompt_tokens));
+  row("output tokens", count(in.a.output_tokens), count(in.b.output_tokens));
+  row("stop reason", text(in.a.stop_reason), text(in.b.stop_reason));
+  row("verify windows", count(in.a.windows), count(in.b.windows));
+  row("state checkpoints", count(in.a.checkpoints), count(in.b.checkpoints));
 
   s += "\nEngine configuration (allowlisted keys; differing values marked):\n\n";
   s += fmt::format("| key | {} | {} | |\n|---|---|---|---|\n", na, nb);
@@ -112,10 +125,14 @@ std::string ScopeSection(const ReportInput& in) {
     const std::string va = shown(in.a.config, key), vb = shown(in.b.config, key);
     s += fmt::format("| {} | {} | {} | {} |\n", MdCode(key), va, vb, va == vb ? "" : "**differs**");
   }
-  if (!any_key) s += "| (no configuration recorded) | | | |\n";
+  if (!any_key)
+    s += in.a.has_export && in.b.has_export ? "| (no configuration recorded) | | | |\n"
+                                            : "| (unknown: no export) | | | |\n";
 
   const std::vector<std::string> diffs = ConfigDifferences(in);
-  if (diffs.empty()) {
+  if (in.diff == nullptr && (!in.a.has_export || !in.b.has_export)) {
+    s += "\nConfiguration differences: unknown (a trace carries no configuration).\n";
+  } else if (diffs.empty()) {
     s += "\nConfiguration differences: none.\n";
   } else {
     s += "\nConfiguration differences:\n\n";
@@ -189,6 +206,12 @@ std::string ConclusionSection(const ReportInput& in) {
         "- Path: first divergence at window {} after {} matched windows ({}: {} windows, {}: "
         "{}).\n",
         in.align->div_idx, in.align->matched, na, in.align->n_a, nb, in.align->n_b);
+  } else if (!in.align->fingerprint_differences.empty()) {
+    s += fmt::format("- Path: not comparable: the {} fingerprints differ.\n",
+                     Md(fmt::format("{}", fmt::join(in.align->fingerprint_differences, ", "))));
+  } else if (!in.align->path_unchecked.empty()) {
+    s += fmt::format("- Path: not checked ({}); no divergence is claimed over {} windows.\n",
+                     Md(Redact(in.align->path_unchecked)), in.align->matched);
   } else {
     s += fmt::format("- Path: no divergence over {} windows.\n", in.align->matched);
   }
@@ -198,6 +221,13 @@ std::string ConclusionSection(const ReportInput& in) {
        "characterization.\n\n";
   s += "No fix is claimed.\n";
   return s;
+}
+
+// The side exported no state: no checkpoint is known to have been exported and no window
+// measured an export interval.
+bool NoStateExport(const ArmInfo& arm, const std::vector<WindowRecord>* w) {
+  return arm.checkpoints <= 0 && w != nullptr && !w->empty() &&
+         std::all_of(w->begin(), w->end(), [](const WindowRecord& r) { return r.export_ns < 0; });
 }
 
 // How to read the device rows of a timing table (compare/align.h DeviceTimingIntervals()).
@@ -214,7 +244,9 @@ Sections BuildSections(const ReportInput& in) {
   sec.state = in.diff != nullptr ? MarkdownStateSection(*in.diff)
                                  : "State was not compared in this report.\n";
   sec.timing = in.align != nullptr
-                   ? MarkdownTimingSection(*in.align, ArmName(in.a, "A"), ArmName(in.b, "B"))
+                   ? MarkdownTimingSection(
+                         *in.align, ArmName(in.a, "A"), ArmName(in.b, "B"),
+                         NoStateExport(in.a, in.windows_a) && NoStateExport(in.b, in.windows_b))
                    : "Windows were not aligned in this report.\n";
   for (const std::string& l : Limitations(in)) sec.limitations += "- " + Md(l) + "\n";
   const bool device = in.align != nullptr && in.align->timing.size() > TimingIntervals().size();
@@ -224,8 +256,9 @@ Sections BuildSections(const ReportInput& in) {
                "complete kernel-launch trace.\n"
              : "- Timings are monotonic host-side intervals around the instrumented calls, not "
                "individual kernel timings; there is no complete kernel-launch trace.\n";
-  if (in.a.sampler.n_samples > 0) sec.limitations += ResourceLine(ArmName(in.a, "A"), in.a.sampler);
-  if (in.b.sampler.n_samples > 0) sec.limitations += ResourceLine(ArmName(in.b, "B"), in.b.sampler);
+  for (const ArmInfo* arm : {&in.a, &in.b})
+    if (arm->has_export && arm->sampler.n_samples > 0)
+      sec.limitations += ResourceLine(ArmName(*arm, arm == &in.a ? "A" : "B"), arm->sampler);
   sec.conclusion = ConclusionSection(in);
   return sec;
 }
@@ -301,7 +334,7 @@ std::string MarkdownStateSection(const DiffResult& d) {
 }
 
 std::string MarkdownTimingSection(const AlignResult& al, const std::string& name_a,
-                                  const std::string& name_b) {
+                                  const std::string& name_b, bool export_not_applicable) {
   const std::string na = Md(name_a), nb = Md(name_b);
   std::string s =
       "Timings are monotonic host-side intervals around the instrumented calls, not individual "
@@ -338,6 +371,9 @@ std::string MarkdownTimingSection(const AlignResult& al, const std::string& name
     } else {
       s += "\nWindows after that point are not paired by index.\n";
     }
+  } else if (!al.path_unchecked.empty()) {
+    s += fmt::format("Path not checked: {}. No divergence is claimed over {} windows.\n",
+                     Md(Redact(al.path_unchecked)), al.matched);
   } else {
     s += fmt::format("No path divergence over {} windows.\n", al.matched);
   }
@@ -351,8 +387,8 @@ std::string MarkdownTimingSection(const AlignResult& al, const std::string& name
         na, nb);
     for (const IntervalDiff& t : al.timing) {
       if (!t.known) {
-        s += fmt::format("| {} | unknown | unknown | unknown | unknown | unknown | unknown |\n",
-                         t.name);
+        const char* v = export_not_applicable && t.name == "export" ? "not applicable" : "unknown";
+        s += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", t.name, v, v, v, v, v, v);
         continue;
       }
       s += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", t.name, Ms(t.sum_a_ms),
@@ -415,11 +451,18 @@ std::string MarkdownTimingSection(const AlignResult& al, const std::string& name
   return s;
 }
 
+std::string MarkdownVerdictBox(const VerdictBox& v) {
+  std::string s = "> **" + Md(v.label) + "**: " + Md(v.reason) + "\n>\n";
+  for (const auto* lines : {&v.compared, &v.details})
+    for (const std::string& l : *lines) s += "> - " + Md(l) + "\n";
+  return s + "\n";
+}
+
 std::string RenderMarkdown(const ReportInput& in) {
   const Sections sec = BuildSections(in);
-  return "# " + Md(in.title) + "\n\n" + sec.intro + "\n## Tested configuration and scope\n\n" +
-         sec.scope + "\n## Early state checks\n\n" + sec.state +
-         "\n## Timing and execution-path observations\n\n" + sec.timing +
+  return MarkdownVerdictBox(ReportVerdict(in)) + "# " + Md(in.title) + "\n\n" + sec.intro +
+         "\n## Tested configuration and scope\n\n" + sec.scope + "\n## Early state checks\n\n" +
+         sec.state + "\n## Timing and execution-path observations\n\n" + sec.timing +
          "\n## Measurement limitations\n\n" + sec.limitations + "\n## Conclusion\n\n" +
          sec.conclusion;
 }

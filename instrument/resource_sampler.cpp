@@ -204,9 +204,11 @@ NvmlHandlePtr NvmlHandle::OpenLibrary(const std::vector<std::string>& names,
     if (why_unavailable) why_unavailable->clear();
     return h;
   }
-  why = (not_loaded.empty() ? std::string("no NVML library name given") : not_loaded) +
-        " (hint: no NVIDIA driver on this machine, or its libraries are not on the loader "
-        "path; GPU fields are recorded as unknown)";
+  // The reason first, in words a reader of a report acts on; the loader's details after it.
+  why = not_loaded.empty() ? std::string("no NVML library name given")
+                           : "no NVIDIA driver on this machine (or its libraries are not on the "
+                             "loader path): GPU fields are recorded as unknown; " +
+                                 not_loaded;
   if (why_unavailable) *why_unavailable = why;
   return nullptr;
 }

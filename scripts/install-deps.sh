@@ -10,8 +10,9 @@ PACKAGES=(
   nlohmann-json3-dev libtomlplusplus-dev libgtest-dev libgmock-dev libbenchmark-dev libssl-dev zlib1g-dev
 )
 # Optional: installed when possible, never a reason to fail (features that need them say so and
-# their tests skip): the LZ4 HDF5 filter plugin behind `--export-compress lz4`.
-OPTIONAL=(hdf5-filter-plugin)
+# their tests skip): the LZ4 HDF5 filter plugin behind `--export-compress lz4`, and Chromium for
+# the tests that check where a report's verdict lands on screen (headless screenshots).
+OPTIONAL=(hdf5-filter-plugin chromium)
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for p in "${OPTIONAL[@]}"; do
@@ -20,7 +21,11 @@ for p in "${OPTIONAL[@]}"; do
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$p" >&2 ||
       echo "lockstep: optional package $p could not be installed (its features stay off)" >&2
   else
-    echo "lockstep: optional package $p is not installed (apt install $p enables --export-compress lz4)" >&2
+    case "$p" in
+      chromium) why="runs the report screenshot tests" ;;
+      *) why="enables --export-compress lz4" ;;
+    esac
+    echo "lockstep: optional package $p is not installed (apt install $p $why)" >&2
   fi
 done
 

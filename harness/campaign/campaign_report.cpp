@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "campaign/campaign_text.h"
 #include "lockstep/compare/align.h"
 #include "lockstep/compare/markdown_html.h"
 #include "lockstep/compare/report.h"
@@ -25,31 +27,13 @@ namespace fs = std::filesystem;
 namespace {
 
 using json = nlohmann::json;
-
-std::string Cfg(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
-
-// Text for a Markdown table cell: a '|' would end the cell.
-std::string Cell(std::string s) {
-  std::replace(s.begin(), s.end(), '|', '/');
-  return s;
-}
-
-std::string Num(const json& j, const char* key, int digits = 3) {
-  if (!j.contains(key)) return "?";
-  const json& v = j[key];
-  if (v.is_number()) return fmt::format("{:.{}f}", v.get<double>(), digits);
-  return v.is_string() ? v.get<std::string>() : v.dump();
-}
-
-std::string FieldsText(const json& w, const json& fields) {
-  std::string s;
-  for (const auto& f : fields) {
-    const std::string name = f.get<std::string>();
-    if (!w.contains(name)) continue;
-    s += (s.empty() ? "" : ", ") + name + "=" + Cfg(w[name]);
-  }
-  return s;
-}
+using campaign_text::ArmIntervalText;
+using campaign_text::ArmPathText;
+using campaign_text::ArmStateText;
+using campaign_text::ArmTimingVerdictText;
+using campaign_text::Cell;
+using campaign_text::Cfg;
+using campaign_text::Num;
 
 struct ArmFacts {
   bool sent = false, finished = false, failed = false;
@@ -67,10 +51,12 @@ struct Loaded {
   json stopped;                         // the stopped entry's data (null: none)
   std::string verdict, verdict_reason;
   std::string created_utc;
+  std::string dir;  // the run folder (traces are read from it)
 };
 
 Result<Loaded> Load(const std::string& dir) {
   Loaded L;
+  L.dir = dir;
   LOCKSTEP_ASSIGN_OR_RETURN(LedgerLoad ll, Ledger::Read(dir + "/ledger.jsonl"));
   L.entries = std::move(ll.entries);
   if (L.entries.empty() || L.entries.front().event != "planned")
@@ -116,7 +102,10 @@ Result<Loaded> Load(const std::string& dir) {
 
 std::string ModelLine(const Campaign& c, const json& report) {
   std::string sha;
-  if (report.contains("arms")) sha = report["arms"]["a"].value("model_sha256_12", "");
+  // null for an arm without an export (a timing arm): the hash is then not known from here.
+  if (report.contains("arms") && report["arms"]["a"].contains("model_sha256_12") &&
+      report["arms"]["a"]["model_sha256_12"].is_string())
+    sha = report["arms"]["a"]["model_sha256_12"].get<std::string>();
   if (!c.model.preset.empty())
     return fmt::format("synthetic preset `{}` (weight seed {}{}){}", c.model.preset, c.model.seed,
                        c.model.induction ? ", induction wiring" : "",
@@ -164,36 +153,36 @@ std::string ResourceLine(const std::string& arm, const json& r) {
   return s;
 }
 
-// The comparisons' limitation lines, deduplicated, with per-stage counter lines folded into one
-// ("counters first_call_ns, first_calls (stages 0-3)").
+// The comparisons' limitation lines, deduplicated; lines that differ only in the arms listed in
+// their closing parenthesis ("... (A1 and A2).") become one line naming every arm once.
 std::vector<std::string> CompactLimitations(const std::vector<std::string>& in) {
   std::vector<std::string> out;
-  std::map<std::string, std::pair<std::set<std::string>, std::set<int>>>
-      counters;  // prefix -> (names, stages)
-  std::vector<std::string> order;
-  const std::string marker = "counters/stage";
+  std::map<std::string, std::vector<std::string>> arms;  // prefix -> arms, in order
   for (const auto& l : in) {
-    const auto at = l.find(marker);
-    if (at != std::string::npos) {
-      std::size_t i = at + marker.size();
-      int stage = 0;
-      while (i < l.size() && std::isdigit(static_cast<unsigned char>(l[i])))
-        stage = stage * 10 + (l[i++] - '0');
-      if (i < l.size() && l[i] == ' ') {
-        const std::string prefix = l.substr(0, at);
-        if (!counters.count(prefix)) order.push_back(prefix);
-        counters[prefix].first.insert(l.substr(i + 1));
-        counters[prefix].second.insert(stage);
-        continue;
+    const auto open = l.rfind('(');
+    if (l.ends_with(").") && open != std::string::npos) {
+      std::string inner = l.substr(open + 1, l.size() - open - 3);
+      std::string lead;
+      if (inner.starts_with("not applicable in ")) lead = "not applicable in ", inner.erase(0, 18);
+      const std::string prefix = l.substr(0, open + 1) + lead;
+      if (!arms.count(prefix)) out.push_back("\x01" + prefix);
+      auto& list = arms[prefix];
+      for (std::size_t p = 0; p <= inner.size();) {
+        std::size_t e = inner.find(" and ", p);
+        if (e == std::string::npos) e = inner.size();
+        const std::string arm = inner.substr(p, e - p);
+        if (std::find(list.begin(), list.end(), arm) == list.end()) list.push_back(arm);
+        p = e + 5;
       }
+      continue;
     }
     if (std::find(out.begin(), out.end(), l) == out.end()) out.push_back(l);
   }
-  for (const auto& prefix : order) {
-    const auto& [names, stages] = counters[prefix];
-    out.insert(out.begin(), fmt::format("{}counters {} (stages {}-{})", prefix,
-                                        fmt::join(names, ", "), *stages.begin(), *stages.rbegin()));
-  }
+  for (auto& l : out)
+    if (l.starts_with("\x01")) {
+      const std::string prefix = l.substr(1);
+      l = prefix + fmt::format("{}", fmt::join(arms[prefix], ", ")) + ").";
+    }
   return out;
 }
 
@@ -217,6 +206,177 @@ RunTally Tally(const Loaded& L) {
 
 // ---- the report's sections, in document order ----
 
+// How a comparison came out, as its row and the box say it: the positive control's expected
+// failure reads "failed as expected: caught", never a bare FAIL.
+std::string PairResult(const Loaded& L, const ArmSpec& a, const json& cmp) {
+  std::string failed;
+  for (const auto& g : cmp.value("gates", json::array()))
+    if (!g.value("passed", false)) failed += (failed.empty() ? "" : ", ") + g.value("name", "");
+  const bool passed = cmp.value("passed", false);
+  if (a.control) {
+    if (L.verdict == "control not applied") return "NOT APPLIED: its injection did not fire";
+    return passed ? "NOT CAUGHT: passed every gate (insensitive)"
+                  : "failed as expected: caught (" + failed + ")";
+  }
+  return passed ? "pass" : "FAIL (" + failed + ")";
+}
+
+// The verdict box: the campaign's verdict, what ran, the first failing comparison, the stop rule
+// that fired and what the positive control showed.
+VerdictBox CampaignVerdict(const Loaded& L, const RunTally& t) {
+  VerdictBox v;
+  v.status = L.verdict.empty() ? "not finished" : L.verdict;
+  std::string label = v.status;
+  std::transform(label.begin(), label.end(), label.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::toupper(ch)); });
+  v.label = label;
+  if (!L.verdict_reason.empty()) {
+    v.reason = L.verdict_reason;
+  } else if (L.verdict == "pass") {
+    v.reason = "every comparison passed its gates";
+    if (!L.c.control.empty()) v.reason += " and the positive control was caught";
+  } else {
+    v.reason = L.verdict.empty() ? "the campaign has not finished" : L.verdict;
+  }
+  v.reason[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(v.reason[0])));
+  v.reason += ".";
+  std::vector<std::string> pairs;
+  for (const auto& a : L.c.arms)
+    if (L.records.count(a.name)) pairs.push_back(a.name + " vs " + a.baseline);
+  v.compared.push_back(fmt::format(
+      "Arms: {} of {} sent ({}); {} generation requests.", t.sent_arms.size(), L.c.arms.size(),
+      t.sent_arms.empty() ? "none" : fmt::format("{}", fmt::join(t.sent_arms, ", ")), t.requests));
+  v.compared.push_back(fmt::format(
+      "Comparisons: {}.", pairs.empty() ? "none" : fmt::format("{}", fmt::join(pairs, "; "))));
+  for (const auto& a : L.c.arms) {
+    auto it = L.records.find(a.name);
+    if (it == L.records.end() || a.control) continue;
+    const json& cmp = it->second.value("comparison", json::object());
+    if (cmp.value("passed", true)) continue;
+    std::string first;
+    for (const auto& g : cmp.value("gates", json::array()))
+      if (!g.value("passed", false) && first.empty())
+        first = "gate '" + g.value("name", "") + "' failed: " + g.value("message", "");
+    v.details.push_back(
+        fmt::format("First failing comparison: {} vs {}, {}.", a.name, a.baseline, first));
+    break;
+  }
+  if (L.stopped.is_object())
+    v.details.push_back(fmt::format(
+        "Stopped by rule '{}' (fired by {}) before arm {}: {}; not sent: {}.",
+        L.stopped.value("rule", ""),
+        fmt::join(L.stopped.value("fired_by", std::vector<std::string>{}), ", "),
+        L.stopped.value("before_arm", "?"), L.stopped.value("message", ""),
+        t.unsent_arms.empty() ? "none" : fmt::format("{}", fmt::join(t.unsent_arms, ", "))));
+  if (!L.c.control.empty()) {
+    auto it = L.records.find("control");
+    for (const auto& a : L.c.arms)
+      if (a.control)
+        v.details.push_back(
+            it == L.records.end()
+                ? "Positive control: not run."
+                : "Positive control (" + L.c.control + "): " +
+                      PairResult(L, a, it->second.value("comparison", json::object())) + ".");
+  }
+  return v;
+}
+
+// Verify ms of window `idx` in repeat 0 of `arm`'s trace, and the trace's median verify (-1:
+// unknown).
+std::pair<double, double> VerifyAt(const Loaded& L, const ArmSpec& arm, int idx) {
+  auto w = ReadWindowRecords(L.dir + "/arms/" + arm.name + (arm.mode == "timing" ? "/r0" : "") +
+                             "/trace.jsonl");
+  if (!w.ok()) return {-1.0, -1.0};
+  double at = -1.0;
+  std::vector<double> all;
+  for (const WindowRecord& r : *w) {
+    if (r.verify_ns < 0) continue;
+    all.push_back(static_cast<double>(r.verify_ns) / 1e6);
+    if (r.idx == idx) at = all.back();
+  }
+  if (all.empty()) return {at, -1.0};
+  std::nth_element(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(all.size() / 2),
+                   all.end());
+  return {at, all[all.size() / 2]};
+}
+
+// The injected delays of the plan's arms, tied to the verify time recorded at their window in
+// the arm and its baseline, and placed against the first path divergence.
+void DelayText(std::ostream& md, const Loaded& L) {
+  for (const auto& a : L.c.arms) {
+    if (!a.engine.contains("inject") || a.control) continue;
+    const ArmSpec* base = nullptr;
+    for (const auto& b : L.c.arms)
+      if (b.name == a.baseline) base = &b;
+    for (const auto& inj : a.engine["inject"]) {
+      const std::string spec = inj.is_string() ? inj.get<std::string>() : inj.dump();
+      if (!spec.starts_with("delay:")) continue;
+      auto param = [&spec](const char* key) {
+        const auto p = spec.find(key);
+        return p == std::string::npos ? -1.0 : std::atof(spec.c_str() + p + std::strlen(key));
+      };
+      const int window = static_cast<int>(param("window="));
+      const double ms = param("ms=");
+      md << fmt::format("Injected: {} carried `{}` (a simulated stall).", a.name, spec);
+      const auto [mine, median] = VerifyAt(L, a, window);
+      if (window >= 0 && mine >= 0.0) {
+        md << fmt::format(" {}'s verify at window {} took {:.1f} ms (its median {:.1f} ms)", a.name,
+                          window, mine, median);
+        const double theirs = base != nullptr ? VerifyAt(L, *base, window).first : -1.0;
+        if (theirs >= 0.0) {
+          md << fmt::format(" against {:.1f} ms for {}", theirs, base->name);
+          if (ms > 0.0)
+            md << (mine - theirs >= 0.8 * ms
+                       ? fmt::format(": the injected {:.0f} ms delay accounts for the stall", ms)
+                       : fmt::format(": {:.1f} ms more, not the injected {:.0f} ms", mine - theirs,
+                                     ms));
+        }
+        md << ".";
+      } else if (window >= 0) {
+        md << fmt::format(" {}'s trace has no verify time at window {}.", a.name, window);
+      }
+      auto it = L.records.find(a.name);
+      const json al = it == L.records.end()
+                          ? json()
+                          : it->second.value("report", json::object()).value("alignment", json());
+      if (al.is_object() && al.value("diverged", false) && window >= 0) {
+        const int div = al.value("div_idx", -1);
+        md << (div > window ? fmt::format(" The paths diverged at window {}, after the delayed "
+                                          "window.",
+                                          div)
+                            : fmt::format(" The paths had already diverged at window {}, before "
+                                          "or at the delayed window: that divergence is not the "
+                                          "delay's effect.",
+                                          div));
+      }
+      md << "\n\n";
+    }
+  }
+}
+
+// The hypothesis is judged by the verdict word it names (campaigns/README.md): "pass", "fail",
+// "stop", "insensitive".
+void HypothesisText(std::ostream& md, const Loaded& L) {
+  if (L.c.hypothesis.empty() || L.verdict.empty()) return;
+  std::string h = L.c.hypothesis;
+  std::transform(h.begin(), h.end(), h.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  const std::vector<std::pair<std::string, std::string>> words = {
+      {"pass", "pass"}, {"stop", "stopped"}, {"insensitive", "insensitive"}, {"fail", "fail"}};
+  std::string expected;
+  for (const auto& [word, verdict] : words)
+    if (h.find(word) != std::string::npos && expected.empty()) expected = verdict;
+  if (expected.empty()) {
+    md << "Hypothesis check: the hypothesis names no verdict (pass, fail, stop, insensitive); "
+          "compare it with the verdict above.\n\n";
+    return;
+  }
+  md << fmt::format(
+      "Hypothesis check: the hypothesis expects `{}`; the verdict is `{}`: the "
+      "hypothesis {}.\n\n",
+      expected, L.verdict, expected == L.verdict ? "held" : "did not hold");
+}
+
 void SummarySection(std::ostream& md, const Loaded& L, const RunTally& t) {
   const Campaign& c = L.c;
   const std::vector<std::string>& sent_arms = t.sent_arms;
@@ -225,6 +385,18 @@ void SummarySection(std::ostream& md, const Loaded& L, const RunTally& t) {
   md << "## Summary\n\n";
   md << "Question: " << c.question << "\n\n";
   if (!c.hypothesis.empty()) md << "Hypothesis: " << c.hypothesis << "\n\n";
+  HypothesisText(md, L);
+  DelayText(md, L);
+  md << "| comparison | result | pages |\n|---|---|---|\n";
+  for (const auto& a : c.arms) {
+    auto it = L.records.find(a.name);
+    if (it == L.records.end()) continue;
+    md << fmt::format("| {} vs {}{} | {} | [HTML](compare/{}.html), [Markdown](compare/{}.md) |\n",
+                      a.name, a.baseline, a.control ? " (positive control)" : "",
+                      Cell(PairResult(L, a, it->second.value("comparison", json::object()))),
+                      a.name, a.name);
+  }
+  md << "\n";
   md << fmt::format("{} generation requests were executed (arms sent: {}).", t.requests,
                     sent_arms.empty() ? "none" : fmt::format("{}", fmt::join(sent_arms, ", ")));
   if (!unsent_arms.empty())
@@ -273,42 +445,15 @@ void ScopeSection(std::ostream& md, const Loaded& L) {
     md << "- Fixed engine configuration every arm inherits: "
        << (fixed.empty() ? "engine defaults" : "`" + fixed + "`") << ".\n";
   }
-  md << "- Each arm ran as a fresh `lockstep generate` process; state arms exported windows `"
-     << c.export_plan.windows << "` at "
-     << fmt::format("{}", fmt::join(c.export_plan.points, " / "))
-     << "; timing arms recorded the trace only.\n\n";
+  bool any_state = false, any_timing = false;
+  for (const auto& a : c.arms) (a.mode == "timing" ? any_timing : any_state) = true;
+  md << "- Each arm ran as a fresh `lockstep generate` process";
+  if (any_state)
+    md << "; state arms exported windows `" << c.export_plan.windows << "` at "
+       << fmt::format("{}", fmt::join(c.export_plan.points, " / "));
+  if (any_timing) md << "; timing arms recorded the trace only";
+  md << ".\n\n";
   ArmTable(md, L);
-}
-
-// The state comparison of one arm against its baseline (`st`: the report's "state" object).
-void ArmStateText(std::ostream& md, const ArmSpec& a, const json& st) {
-  std::vector<std::string> counts;
-  for (const auto& cp : st.value("checkpoints", json::array()))
-    if (cp.value("window", -1) == 0) counts.push_back(std::to_string(cp.value("compared", 0)));
-  md << fmt::format("**{} vs {}**{}: ", a.name, a.baseline, a.control ? " (positive control)" : "");
-  if (!counts.empty())
-    md << fmt::format("there were {} comparison items at the first window's checkpoints. ",
-                      fmt::join(counts, " / "));
-  md << fmt::format("{} items compared, {} passed, {} failed, {} skipped.\n\n",
-                    st.value("compared", 0), st.value("passed_items", 0), st.value("failed", 0),
-                    st.value("skipped", 0));
-  for (const auto& cp : st.value("checkpoints", json::array())) {
-    md << fmt::format("- `{}` (p={}, T={}): {} compared / {} passed / {} failed / {} skipped",
-                      cp.value("name", ""), cp.value("p", 0), cp.value("T", 0),
-                      cp.value("compared", 0), cp.value("passed", 0), cp.value("failed", 0),
-                      cp.value("skipped", 0));
-    if (cp.contains("skip_reasons") && !cp["skip_reasons"].empty())
-      for (auto r = cp["skip_reasons"].begin(); r != cp["skip_reasons"].end(); ++r)
-        md << fmt::format(" ({}: {})", r.key(), r.value().dump());
-    md << "\n";
-  }
-  const json& ff = st.contains("first_failure") ? st["first_failure"] : json();
-  if (ff.is_object())
-    md << fmt::format("\nFirst failing item: `{}` stage {} layer {} `{}` ({}).\n\n",
-                      ff.value("checkpoint", ""), ff.value("stage", -1), ff.value("layer", -1),
-                      ff.value("kind", ""), ff.value("reason", ""));
-  else
-    md << "\nAll compared items passed.\n\n";
 }
 
 void StateSection(std::ostream& md, const Loaded& L) {
@@ -344,91 +489,6 @@ void StateSection(std::ostream& md, const Loaded& L) {
         "later hidden states.\n\n";
 }
 
-// Where the paths of an arm and its baseline part (`al`: the report's "alignment" object).
-void ArmPathText(std::ostream& md, const ArmSpec& a, const json& al) {
-  const json fields = al.value("fields", json::array());
-  md << fmt::format("**{} vs {}**: ", a.name, a.baseline);
-  md << fmt::format("the first {} windows matched in the recorded execution fields ({}).",
-                    al.value("matched", 0),
-                    fmt::format("{}", fmt::join(fields.get<std::vector<std::string>>(), ", ")));
-  if (al.value("diverged", false)) {
-    const json& da = al.value("div_a", json());
-    const json& db = al.value("div_b", json());
-    const int p = da.is_object() ? da.value("p", -1) : db.is_object() ? db.value("p", -1) : -1;
-    md << fmt::format(
-        " The first recorded path difference occurred at zero-based window {}, p={}:\n\n",
-        al.value("div_idx", -1), p);
-    md << "- " << a.baseline << ": " << (da.is_object() ? FieldsText(da, fields) : "(trace ended)")
-       << ".\n";
-    md << "- " << a.name << ": " << (db.is_object() ? FieldsText(db, fields) : "(trace ended)")
-       << ".\n\n";
-    md << fmt::format(
-        "Windows after that point are not paired by index ({} ran {} more, {} ran {}).\n\n",
-        a.baseline, al.value("rest_a_count", 0), a.name, al.value("rest_b_count", 0));
-  } else {
-    md << fmt::format(" No path divergence over {} windows.\n\n", al.value("matched", 0));
-  }
-}
-
-// The matched prefix's interval table and each side's notable verify windows.
-void ArmIntervalText(std::ostream& md, const ArmSpec& a, const json& al) {
-  const json& timing = al.value("timing", json::array());
-  if (!timing.empty()) {
-    md << "| interval (matched prefix) | sum " << a.baseline << " ms | sum " << a.name
-       << " ms | rel diff | median delta ms | largest abs delta ms (window) "
-          "|\n|---|---|---|---|---|---|\n";
-    for (const auto& t : timing) {
-      if (!t.value("known", true)) {
-        md << fmt::format("| {} | unknown | unknown | | | |\n", t.value("name", ""));
-        continue;
-      }
-      md << fmt::format(
-          "| {} | {} | {} | {} | {} | {} ({}) |\n", t.value("name", ""), Num(t, "sum_a_ms"),
-          Num(t, "sum_b_ms"),
-          t["rel_diff"].is_number() ? fmt::format("{:+.1f}%", 100 * t["rel_diff"].get<double>())
-                                    : Cfg(t["rel_diff"]),
-          Num(t, "median_delta_ms"), Num(t, "max_abs_delta_ms"), t.value("max_at", -1));
-    }
-    md << "\n";
-  }
-  for (const char* side : {"notable_a", "notable_b"}) {
-    const std::string who = std::string(side) == "notable_a" ? a.baseline : a.name;
-    for (const auto& n : al.value(side, json::array()))
-      md << fmt::format(
-          "- {} had a {} ms T={} verify interval at its own zero-based window {}{}.\n", who,
-          Num(n, "verify_ms"), n.value("T", 0), n.value("idx", 0),
-          n.value("after_divergence", false) ? " (after the divergence: not a matched event)" : "");
-  }
-}
-
-// The timing verdict over the fresh processes of a timing pair (`cmp`: the comparison record).
-void ArmTimingVerdictText(std::ostream& md, const ArmSpec& a, const json& cmp) {
-  if (!cmp.contains("timing")) return;
-  const json& t = cmp["timing"];
-  if (t.value("refused", false)) {
-    md << "\nTiming verdict refused: " << t.value("refused_reason", "") << ".\n";
-    return;
-  }
-  const json& ga = t["aggregate_a"];
-  const json& gb = t["aggregate_b"];
-  md << fmt::format(
-      "\nTiming over {} / {} fresh processes: summed verify median {} ms [95% {}, {}] vs {} "
-      "ms [95% {}, "
-      "{}] ({:+.1f}%){}.\n",
-      t["repeats"][0].get<int>(), t["repeats"][1].get<int>(), Num(ga, "median"), Num(ga, "lo95"),
-      Num(ga, "hi95"), Num(gb, "median"), Num(gb, "lo95"), Num(gb, "hi95"),
-      100 * t.value("aggregate_rel_diff", 0.0),
-      t.value("unstable", false) ? "; instability flags raised" : "");
-  md << "\n| window | median " << a.baseline << " ms [95%] | median " << a.name
-     << " ms [95%] |\n|---|---|---|\n";
-  const json& wa = t["window_a"];
-  const json& wb = t["window_b"];
-  for (std::size_t w = 0; w < std::min(wa.size(), wb.size()); ++w)
-    md << fmt::format("| {} | {} [{}, {}] | {} [{}, {}] |\n", w, Num(wa[w], "median"),
-                      Num(wa[w], "lo95"), Num(wa[w], "hi95"), Num(wb[w], "median"),
-                      Num(wb[w], "lo95"), Num(wb[w], "hi95"));
-}
-
 void TimingSection(std::ostream& md, const Loaded& L) {
   md << "## Timing and execution-path observations\n\n";
   md << "Timings are CLOCK_MONOTONIC host-side intervals around the instrumented engine calls, not "
@@ -441,8 +501,13 @@ void TimingSection(std::ostream& md, const Loaded& L) {
     const json& al = it->second["report"].value("alignment", json());
     if (!al.is_object()) continue;
     ArmPathText(md, a, al);
+    const json& cmp = it->second.value("comparison", json::object());
+    if (cmp.contains("timing")) {
+      // The medians over every repeat (or why there are none) lead; repeat 0 alone is labelled.
+      ArmTimingVerdictText(md, a, cmp);
+      md << "\nRepeat 0 of each arm alone (one process per arm, not the medians above):\n\n";
+    }
     ArmIntervalText(md, a, al);
-    ArmTimingVerdictText(md, a, it->second.value("comparison", json::object()));
     md << "\n";
   }
 }
@@ -454,7 +519,10 @@ void GatesSection(std::ostream& md, const Loaded& L) {
     if (it == L.records.end()) continue;
     for (const auto& g : it->second["comparison"].value("gates", json::array()))
       md << fmt::format("| {} vs {} | {} | {} | {} |\n", a.name, a.baseline, g.value("name", ""),
-                        g.value("passed", false) ? "pass" : "FAIL", Cell(g.value("message", "")));
+                        g.value("passed", false) ? "pass"
+                        : a.control              ? "failed as expected"
+                                                 : "FAIL",
+                        Cell(g.value("message", "")));
   }
   md << "\n";
 }
@@ -481,7 +549,10 @@ void StopDecisionText(std::ostream& md, const Loaded& L, const RunTally& t) {
   }
   if (!L.c.control.empty()) {
     auto it = L.records.find("control");
-    if (it == L.records.end()) {
+    if (L.verdict == "control not applied") {
+      md << "The positive control's injection did not fire: the control was not applied, so the "
+            "campaign cannot say what size of difference it would catch, and it fails.\n\n";
+    } else if (it == L.records.end()) {
       md << "The positive control was not run.\n\n";
     } else if (!it->second["comparison"].value("control_applied", true)) {
       md << "The positive control's injection did not fire: control not applied (neither caught "
@@ -506,10 +577,23 @@ void LimitationsText(std::ostream& md, const Loaded& L, const RunTally& t) {
     if (L.arms.at(a.name).sent)
       md << "- " << ResourceLine(a.name, L.arms.at(a.name).resources) << ".\n";
     if (auto it = L.records.find(a.name); it != L.records.end() && it->second.contains("report"))
-      for (const auto& l : it->second["report"].value("limitations", json::array()))
-        lims.push_back(l.get<std::string>());
+      for (const auto& l : it->second["report"].value("limitations", json::array())) {
+        const std::string line = l.get<std::string>();
+        // A timing arm's comparison has no export: the campaign says so once, below, and its
+        // resources come from each process's output (above), so "unknown" would be false here.
+        if (line.find(" no export data in this report (windows only)") == std::string::npos)
+          lims.push_back(line);
+      }
   }
   for (const auto& l : CompactLimitations(lims)) md << "- " << l << "\n";
+  std::vector<std::string> timing;
+  for (const auto& a : c.arms)
+    if (a.mode == "timing" && L.arms.at(a.name).sent) timing.push_back(a.name);
+  if (!timing.empty())
+    md << fmt::format(
+        "- Timing arms ({}) record the trace only: no state, hashes or engine configuration are "
+        "compared for them; their resources above are from repeat 0.\n",
+        fmt::join(timing, ", "));
   int timing_arms = 0;
   for (const auto& a : c.arms)
     timing_arms += a.mode == "timing" && a.repeat >= c.min_timing_repeats;
@@ -536,7 +620,8 @@ void ConclusionSection(std::ostream& md, const Loaded& L) {
         "claimed.\n";
 }
 
-std::string RenderMarkdownDoc(const Loaded& L) {
+// The document after its verdict box (the HTML renders the box itself, coloured).
+std::string RenderMarkdownBody(const Loaded& L) {
   const RunTally tally = Tally(L);
   std::ostringstream md;
   SummarySection(md, L, tally);
@@ -605,47 +690,71 @@ std::string RenderJUnitDoc(const Loaded& L) {
       XmlEscape(L.c.name), tests, failures, skipped, cases.str());
 }
 
+// The HTML charts of one compared pair: medians with their 95% band for a repeated timing pair
+// (never repeat 0 as if it were the distribution), the verify time per window of repeat 0
+// otherwise, and the NRMSE heat map the runner wrote when the pair failed.
+std::string PairCharts(const Loaded& L, const std::string& run_dir, const ArmSpec& a,
+                       const ArmSpec& base) {
+  const json& rec = L.records.at(a.name);
+  const json& cmp = rec.value("comparison", json::object());
+  const std::string pair = a.name + " vs " + a.baseline;
+  std::string h;
+  if (a.mode == "timing" && a.repeat > 1 && cmp.contains("timing")) {
+    auto bands = [](const json& v) {
+      std::vector<MedianBand> out;
+      for (const auto& w : v)
+        out.push_back({w.value("median", 0.0), w.value("lo95", 0.0), w.value("hi95", 0.0)});
+      return out;
+    };
+    const std::string title = "Median verify time per window over every repeat (band: 95%)";
+    h += "<h3>" + HtmlEscape(pair) + ": " + HtmlEscape(title) + "</h3>\n" +
+         SvgMedianBandChart(bands(cmp["timing"].value("window_a", json::array())),
+                            bands(cmp["timing"].value("window_b", json::array())), a.baseline,
+                            a.name, title);
+  } else {
+    auto trace = [&](const ArmSpec& s) {
+      return ReadWindowRecords(run_dir + "/arms/" + s.name + (s.mode == "timing" ? "/r0" : "") +
+                               "/trace.jsonl");
+    };
+    auto wa = trace(base);
+    auto wb = trace(a);
+    if (wa.ok() && wb.ok()) {
+      AlignResult al = AlignWindows(*wa, *wb);
+      h += "<h3>" + HtmlEscape(pair) + ": verify time per window</h3>\n" +
+           SvgVerifyChart(al, *wa, *wb, a.baseline, a.name);
+    }
+  }
+  if (!cmp.value("passed", true)) {
+    // The runner's own file; only a bare <svg> document is inlined.
+    auto svg = ReadFile(run_dir + "/compare/" + a.name + ".nrmse.svg", std::size_t{16} << 20);
+    if (svg.ok() && svg->starts_with("<svg") && svg->find("<script") == std::string::npos &&
+        svg->find("<foreignObject") == std::string::npos)
+      h += "<h3>" + HtmlEscape(pair) + ": NRMSE per item group and checkpoint</h3>\n" + *svg;
+  }
+  return h;
+}
+
 }  // namespace
 
 Result<CampaignDocuments> RenderCampaign(const std::string& run_dir) {
   LOCKSTEP_ASSIGN_OR_RETURN(Loaded L, Load(run_dir));
   CampaignDocuments d;
   d.verdict = L.verdict;
-  d.markdown = RenderMarkdownDoc(L);
+  const VerdictBox box = CampaignVerdict(L, Tally(L));
+  const std::string body_md = RenderMarkdownBody(L);
+  d.markdown = MarkdownVerdictBox(box) + body_md;
   d.junit = RenderJUnitDoc(L);
-  // HTML: the Markdown document plus a verify-time chart per compared pair (from the traces).
   std::string charts;
   for (const auto& a : L.c.arms) {
     if (a.baseline.empty() || !L.records.count(a.name)) continue;
-    const ArmSpec* base = nullptr;
     for (const auto& b : L.c.arms)
-      if (b.name == a.baseline) base = &b;
-    if (!base) continue;
-    auto trace = [&](const ArmSpec& s) {
-      return ReadWindowRecords(run_dir + "/arms/" + s.name + (s.mode == "timing" ? "/r0" : "") +
-                               "/trace.jsonl");
-    };
-    auto wa = trace(*base);
-    auto wb = trace(a);
-    if (!wa.ok() || !wb.ok()) continue;
-    AlignResult al = AlignWindows(*wa, *wb);
-    charts += "<h3>" + HtmlEscape(a.name + " vs " + a.baseline) +
-              ": verify time per window</h3>\n" + SvgVerifyChart(al, *wa, *wb, a.baseline, a.name) +
-              "\n";
+      if (b.name == a.baseline) charts += PairCharts(L, run_dir, a, b);
   }
-  std::string body = MarkdownToHtml(d.markdown);
+  std::string body = MarkdownToHtml(body_md);
   const std::string anchor = "<h2>Gates</h2>";
   if (auto pos = body.find(anchor); pos != std::string::npos && !charts.empty())
     body.insert(pos, charts);
-  d.html =
-      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" +
-      HtmlEscape(L.c.name) +
-      "</title>\n<style>body{font-family:sans-serif;max-width:70em;margin:2em auto;line-height:1.4}"
-      "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #bbb;padding:2px "
-      "8px;text-align:left}"
-      "code{background:#f3f3f3;padding:0 3px}h2{border-bottom:1px solid "
-      "#ddd}</style></head>\n<body>\n" +
-      body + "</body></html>\n";
+  d.html = HtmlDocument(L.c.name, HtmlVerdictBox(box) + body);
   return d;
 }
 

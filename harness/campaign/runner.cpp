@@ -274,7 +274,8 @@ struct Runner {
     if (!diff_error.empty())
       cr.gates.push_back(GateOutcome{"exports readable", false, diff_error}), cr.passed = false;
     ReportInput in;
-    in.title = fmt::format("{}: {} vs {}", c.name, arm.name, base_spec.name);
+    in.title = fmt::format("{}: {} vs {}{}", c.name, arm.name, base_spec.name,
+                           arm.mode == "timing" ? " (repeat 0 of each arm)" : "");
     if (ra) in.a = SummarizeArm(ra->meta(), base_spec.name);
     if (rb) in.b = SummarizeArm(rb->meta(), arm.name);
     in.a.arm = base_spec.name;
@@ -294,6 +295,8 @@ struct Runner {
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".json", rec.dump(2) + "\n"));
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".md", RenderMarkdown(in)));
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".html", RenderHtml(in)));
+    if (diff)  // the campaign report embeds the heat map of a failing pair
+      LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".nrmse.svg", SvgNrmseHeatmap(*diff)));
     LOCKSTEP_RETURN_IF_ERROR(Append("compared", arm.name, ToJson(cr)));
     std::string failed;
     for (const auto& g : cr.gates)

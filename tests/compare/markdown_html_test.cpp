@@ -125,5 +125,41 @@ TEST(MarkdownHtml, CampaignReportShape) {
             "<p>Verdict: <strong>fail</strong> (state). No fix is claimed.</p>\n");
 }
 
+// ---- quotes, links, the shared page ----
+
+TEST(MarkdownHtml, QuotesAreDocumentsOfTheirOwn) {
+  EXPECT_EQ(MarkdownToHtml("> **PASS**: all held.\n>\n> - Arms: A1 and A2.\n\n# T"),
+            "<blockquote>\n<p><strong>PASS</strong>: all held.</p>\n<ul>\n<li>Arms: A1 and "
+            "A2.</li>\n</ul>\n</blockquote>\n<h1>T</h1>\n");
+  // A line after the quote starts the next block; ">x" (no space) is text.
+  EXPECT_EQ(MarkdownToHtml("> a\nb"), "<blockquote>\n<p>a</p>\n</blockquote>\n<p>b</p>\n");
+  EXPECT_EQ(MarkdownToHtml(">x"), "<p>&gt;x</p>\n");
+  EXPECT_EQ(MarkdownToHtml("> <b>"), "<blockquote>\n<p>&lt;b&gt;</p>\n</blockquote>\n");
+}
+
+TEST(MarkdownHtml, OnlyRelativeSiblingLinks) {
+  EXPECT_EQ(MarkdownToHtml("[HTML](compare/A2.html)"),
+            "<p><a href=\"compare/A2.html\">HTML</a></p>\n");
+  // Anything that could leave the report's folder, run script or carry markup stays text.
+  for (const char* bad : {"[x](/etc/passwd)", "[x](../up.html)", "[x](javascript:alert(1))",
+                          "[x](https://example.com)", "[x](a b.html)", "[x](a\"b)", "[](a.html)"})
+    EXPECT_EQ(MarkdownToHtml(bad).find("<a "), std::string::npos) << bad;
+  EXPECT_EQ(MarkdownToHtml("\\[x\\](a.html)"), "<p>[x](a.html)</p>\n");
+  EXPECT_EQ(MarkdownToHtml("[**b**](a.html)"),
+            "<p><a href=\"a.html\"><strong>b</strong></a></p>\n");
+  EXPECT_EQ(MarkdownToHtml("[open"), "<p>[open</p>\n");
+}
+
+TEST(MarkdownHtml, OneStylesheetForEveryPage) {
+  const std::string page = HtmlDocument("t <1>", "<p>x</p>\n");
+  EXPECT_TRUE(page.starts_with("<!DOCTYPE html>\n"));
+  EXPECT_NE(page.find("<title>t &lt;1&gt;</title>"), std::string::npos);
+  EXPECT_NE(page.find(ReportStylesheet()), std::string::npos);
+  EXPECT_NE(page.find("<body>\n<p>x</p>\n</body>"), std::string::npos);
+  EXPECT_NE(std::string(ReportStylesheet()).find(".verdict-fail"), std::string::npos);
+  EXPECT_EQ(page.find("<script"), std::string::npos);
+  EXPECT_EQ(page.find("http"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace lockstep

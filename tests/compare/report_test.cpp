@@ -45,6 +45,7 @@ ArmInfo Arm(const std::string& name, int spec) {
   a.sampler.interval_max_ns = 111'600'000;
   a.sampler.nvml = "unknown: no NVIDIA driver";
   a.unknowns = {"counters/stage0 first_call_ns", "counters/stage1 graph_captures"};
+  a.has_export = true;
   return a;
 }
 
@@ -391,7 +392,8 @@ TEST(ReportMarkdownTest, NoDivergenceAndNothingCompared) {
   EXPECT_TRUE(Contains(md, "No path divergence over 12 windows.")) << md;
   EXPECT_TRUE(Contains(md, "Matched prefix: 12 windows."));
   EXPECT_TRUE(Contains(md, "State was not compared in this report."));
-  EXPECT_TRUE(Contains(md, "- State not compared: this report has no state diff.")) << md;
+  EXPECT_TRUE(Contains(md, "- State not compared for B vs A: this comparison has no state diff."))
+      << md;
   EXPECT_FALSE(Contains(md, "After the divergence"));
   EXPECT_TRUE(md.ends_with("No fix is claimed.\n"));
 }
@@ -935,43 +937,6 @@ TEST(ReportSummaryTest, SummarizeArm) {
   EXPECT_EQ(keys.size(), 21u);
   EXPECT_EQ(std::count(keys.begin(), keys.end(), "model"), 0);
   EXPECT_EQ(std::count(keys.begin(), keys.end(), "replay_path"), 0);
-}
-
-TEST(ReportSummaryTest, Limitations) {
-  Fixture f;
-  f.in.b.unknowns = {"counters/stage0 first_call_ns", "trace/windows export_ns (12 windows)"};
-  f.in.b.sampler.nvml = "read";
-  f.in.b.sampler.guard = "host available memory below 2 GiB";
-  std::vector<std::string> l = Limitations(f.in);
-  const std::string all = Join(l);
-  EXPECT_TRUE(Contains(all, "[Recorded as unknown in both arms: counters/stage0 first_call_ns]"))
-      << all;
-  EXPECT_TRUE(Contains(all, "[Recorded as unknown in A1 only: counters/stage1 graph_captures]"));
-  EXPECT_TRUE(
-      Contains(all, "[Recorded as unknown in A2 only: trace/windows export_ns (12 windows)]"));
-  EXPECT_EQ(Count(all, "first_call_ns"), 1u) << "deduplicated";
-  EXPECT_TRUE(Contains(all, "GPU samples (NVML) were not read in A1: unknown: no NVIDIA driver"));
-  EXPECT_FALSE(Contains(all, "not read in A2"));
-  EXPECT_TRUE(Contains(all, "The resource guard tripped in A2: host available memory below 2 GiB"));
-  EXPECT_TRUE(Contains(all, "[1 item skipped: no speculative rows in A]")) << all;
-  EXPECT_TRUE(Contains(all, "The export interval was recorded as unknown in at least one arm."));
-  EXPECT_TRUE(
-      Contains(all,
-               "timing of state-exporting arms is perturbed by the export (timing questions need "
-               "trace-only arms)"));
-  EXPECT_TRUE(Contains(all, "different numbers of windows (A1: 60, A2: 58)"));
-  EXPECT_FALSE(Contains(all, "State not compared"));
-
-  ReportInput bare;  // nothing compared, no exports, equal window counts
-  l = Limitations(bare);
-  EXPECT_TRUE(Contains(Join(l), "[State not compared: this report has no state diff.]"));
-  EXPECT_TRUE(Contains(Join(l), "[Windows not aligned: this report has no trace comparison.]"));
-  EXPECT_FALSE(Contains(Join(l), "perturbed by the export"));
-  EXPECT_FALSE(Contains(Join(l), "different numbers of windows"));
-  // Both arms with the same NVML reason: one line.
-  bare.a.sampler.nvml = bare.b.sampler.nvml = "unknown: no driver";
-  EXPECT_TRUE(Contains(Join(Limitations(bare)),
-                       "[GPU samples (NVML) were not read in both arms: unknown: no driver]"));
 }
 
 TEST(ReportSummaryTest, FormatMetric) {

@@ -217,6 +217,7 @@ TEST(NvmlHandle, MissingLibraryAndMissingSymbolsAreReported) {
   std::string why;
   EXPECT_EQ(NvmlHandle::OpenLibrary({"liblockstep-no-such-nvml.so.1"}, &why), nullptr);
   EXPECT_NE(why.find("liblockstep-no-such-nvml.so.1 not found"), std::string::npos) << why;
+  EXPECT_TRUE(why.starts_with("no NVIDIA driver on this machine")) << "the reason leads: " << why;
   // libc loads everywhere but is not NVML.
   EXPECT_EQ(NvmlHandle::OpenLibrary({"libc.so.6"}, &why), nullptr);
   EXPECT_NE(why.find("nvmlInit_v2"), std::string::npos) << why;
