@@ -316,7 +316,7 @@ std::string RenderHtml(const ReportInput& in) {
 std::string HtmlVerdictBox(const VerdictBox& v) {
   const std::string tone =
       v.status == "pass" ? "pass"
-      : v.status == "fail" || v.status == "insensitive" || v.status == "control not applied"
+      : v.status == "fail" || v.status == "insensitive" || v.status == "control_not_applied"
           ? "fail"
           : "warn";
   std::string h = "<div id=\"verdict\" class=\"verdict verdict-" + tone +

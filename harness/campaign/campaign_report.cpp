@@ -214,7 +214,7 @@ std::string PairResult(const Loaded& L, const ArmSpec& a, const json& cmp) {
     if (!g.value("passed", false)) failed += (failed.empty() ? "" : ", ") + g.value("name", "");
   const bool passed = cmp.value("passed", false);
   if (a.control) {
-    if (L.verdict == "control not applied") return "NOT APPLIED: its injection did not fire";
+    if (L.verdict == "control_not_applied") return "NOT APPLIED: its injection did not fire";
     return passed ? "NOT CAUGHT: passed every gate (insensitive)"
                   : "failed as expected: caught (" + failed + ")";
   }
@@ -226,9 +226,10 @@ std::string PairResult(const Loaded& L, const ArmSpec& a, const json& cmp) {
 VerdictBox CampaignVerdict(const Loaded& L, const RunTally& t) {
   VerdictBox v;
   v.status = L.verdict.empty() ? "not finished" : L.verdict;
-  std::string label = v.status;
-  std::transform(label.begin(), label.end(), label.begin(),
-                 [](unsigned char ch) { return static_cast<char>(std::toupper(ch)); });
+  std::string label = v.status;  // the ledger's verdict: "control_not_applied" reads as words
+  std::transform(label.begin(), label.end(), label.begin(), [](unsigned char ch) {
+    return ch == '_' ? ' ' : static_cast<char>(std::toupper(ch));
+  });
   v.label = label;
   if (!L.verdict_reason.empty()) {
     v.reason = L.verdict_reason;
@@ -549,7 +550,7 @@ void StopDecisionText(std::ostream& md, const Loaded& L, const RunTally& t) {
   }
   if (!L.c.control.empty()) {
     auto it = L.records.find("control");
-    if (L.verdict == "control not applied") {
+    if (L.verdict == "control_not_applied") {
       md << "The positive control's injection did not fire: the control was not applied, so the "
             "campaign cannot say what size of difference it would catch, and it fails.\n\n";
     } else if (it == L.records.end()) {

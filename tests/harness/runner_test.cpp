@@ -440,6 +440,9 @@ TEST(Campaign, AnUnfiredControlIsControlNotApplied) {
   EXPECT_TRUE(gate_seen) << cmp.dump();
   const std::string md = Slurp(dir + "/report.md");
   EXPECT_NE(md.find("control not applied"), std::string::npos);
+  // The verdict box leads the report with the words, and the control's row says what happened.
+  EXPECT_LT(md.find("**CONTROL NOT APPLIED**"), md.find("\n#")) << md.substr(0, 600);
+  EXPECT_NE(md.find("NOT APPLIED: its injection did not fire"), std::string::npos);
   EXPECT_EQ(md.find("was caught by the gates"), std::string::npos);
   EXPECT_EQ(md.find("INSENSITIVE"), std::string::npos);
   EXPECT_NE(Slurp(dir + "/junit.xml").find("control not applied"), std::string::npos);

@@ -65,7 +65,7 @@ std::vector<std::string> Limitations(const ReportInput& in);
 // alignment whose path check cannot fail (AlignResult::path_unchecked) in a report without a
 // state diff, is "NOTHING COMPARED", never a pass.
 struct VerdictBox {
-  std::string status;  // "pass" | "fail" | "stopped" | "insensitive" | "control not applied" |
+  std::string status;  // "pass" | "fail" | "stopped" | "insensitive" | "control_not_applied" |
                        // "not finished" (campaigns use every value; comparisons pass / fail)
   std::string label;   // the word shown: "PASS", "FAIL", "NOTHING COMPARED", "STOPPED", ...
   std::string reason;  // one sentence: why this verdict
