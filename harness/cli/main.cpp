@@ -30,6 +30,7 @@
 #include "lockstep/harness/runner.h"
 #include "lockstep/instrument/export_writer.h"
 #include "output.h"
+#include "terminal.h"
 #include "version.h"
 
 namespace {
@@ -46,9 +47,15 @@ struct Command {
   std::function<Status()> run;
 };
 
+// "lockstep: <what>:" for a message on stderr, <what> in red when a person reads stderr.
+std::string Prefix(const char* what) {
+  return "lockstep: " +
+         lockstep::Paint(what, lockstep::Tint::kRed, lockstep::ColorEnabled(stderr)) + ":";
+}
+
 // Prints a non-OK status and returns its exit code (0 for OK).
 int Fail(const Status& s) {
-  if (!s.ok()) std::fprintf(stderr, "lockstep: error: %s\n", s.message().c_str());
+  if (!s.ok()) std::fprintf(stderr, "%s %s\n", Prefix("error").c_str(), s.message().c_str());
   return s.exit_code();
 }
 
@@ -209,12 +216,17 @@ void AddGenerate(CLI::App& app, std::vector<Command>& commands) {
 
 // ---- diff / align / summarize (the comparator: reads files, never runs the engine) ----
 void AddReportOutputs(CLI::App* sc, lockstep::ReportOutputs& r) {
-  sc->add_option("--json", r.json, "Write the JSON report (keys: compare/REPORTS.md); - = stdout")
+  sc->add_option("--json", r.json, "Write the JSON report (keys: compare/REPORTS.md)")
+      ->type_name("PATH|-")
       ->group(kGroupReports);
   sc->add_option("--md", r.md, "Write the Markdown summary (allowlisted fields only)")
+      ->type_name("PATH|-")
       ->group(kGroupReports);
-  sc->add_option("--html", r.html, "Write the self-contained HTML report")->group(kGroupReports);
+  sc->add_option("--html", r.html, "Write the self-contained HTML report")
+      ->type_name("PATH|-")
+      ->group(kGroupReports);
   sc->add_option("--junit", r.junit, "Write JUnit XML (one test case per item and gate)")
+      ->type_name("PATH|-")
       ->group(kGroupReports);
 }
 
@@ -267,7 +279,7 @@ void AddDiff(CLI::App& app, std::vector<Command>& commands) {
       "Examples:\n"
       "  lockstep diff A.h5 B.h5\n"
       "  lockstep diff A.h5 B.h5 --windows 0-2 --nrmse-kind ssm_state=1e-3 --html diff.html\n"
-      "  lockstep diff A.h5 B.h5 --quiet --json - | jq .verdict");
+      "  lockstep diff A.h5 B.h5 --quiet --json - | jq .state.passed");
   commands.push_back({diff, [st]() -> Status {
                         LOCKSTEP_ASSIGN_OR_RETURN(
                             st->opts.diff.mem_limit_bytes,
@@ -383,10 +395,12 @@ void AddRun(CLI::App& app, std::vector<Command>& commands) {
   run->add_flag("--gate", st->gate_flag,
                 "CI gate (accepted for scripts; every run already exits 0/1 and writes JUnit XML)")
       ->group(kGroupCampaign);
-  run->add_option("--junit", st->opts.junit, "JUnit XML path; - = stdout")
+  run->add_option("--junit", st->opts.junit, "JUnit XML path")
+      ->type_name("PATH|-")
       ->default_str("<run folder>/junit.xml")
       ->group(kGroupReports);
-  run->add_option("--json", st->json, "Write the JSON summary (harness/README.md); - = stdout")
+  run->add_option("--json", st->json, "Write the JSON summary (keys: harness/README.md)")
+      ->type_name("PATH|-")
       ->group(kGroupReports);
   run->add_flag("--no-progress", st->no_progress, "No progress lines on stderr")
       ->group(kGroupDiagnostics);
@@ -425,10 +439,12 @@ void AddGate(CLI::App& app, std::vector<Command>& commands) {
   gate->add_option("--out", st->opts.out_dir, "Run folder")
       ->default_str("out/gate/<plan>-<time>-<pid>")
       ->group(kGroupCampaign);
-  gate->add_option("--junit", st->opts.junit, "JUnit XML path; - = stdout")
+  gate->add_option("--junit", st->opts.junit, "JUnit XML path")
+      ->type_name("PATH|-")
       ->default_str("<run folder>/junit.xml")
       ->group(kGroupReports);
-  gate->add_option("--json", st->json, "Write the JSON summary (harness/README.md); - = stdout")
+  gate->add_option("--json", st->json, "Write the JSON summary (keys: harness/README.md)")
+      ->type_name("PATH|-")
       ->group(kGroupReports);
   gate->add_flag("--no-progress", st->no_progress, "No progress lines on stderr")
       ->group(kGroupDiagnostics);
@@ -476,16 +492,20 @@ void AddReport(CLI::App& app, std::vector<Command>& commands) {
   auto* report =
       app.add_subcommand("report", "Render a campaign run folder as Markdown / HTML / JUnit");
   report->add_option("DIR", st->opts.dir, "Run folder")->required();
-  report->add_option("--md", st->opts.md, "Markdown path; - = stdout")
+  report->add_option("--md", st->opts.md, "Markdown path")
+      ->type_name("PATH|-")
       ->default_str("DIR/report.md")
       ->group(kGroupReports);
-  report->add_option("--html", st->opts.html, "HTML path; - = stdout")
+  report->add_option("--html", st->opts.html, "HTML path")
+      ->type_name("PATH|-")
       ->default_str("DIR/report.html")
       ->group(kGroupReports);
-  report->add_option("--junit", st->opts.junit, "JUnit path; - = stdout")
+  report->add_option("--junit", st->opts.junit, "JUnit path")
+      ->type_name("PATH|-")
       ->default_str("DIR/junit.xml")
       ->group(kGroupReports);
-  report->add_option("--json", st->json, "Write the JSON summary (harness/README.md); - = stdout")
+  report->add_option("--json", st->json, "Write the JSON summary (keys: harness/README.md)")
+      ->type_name("PATH|-")
       ->group(kGroupReports);
   report->footer(
       "Examples:\n"
@@ -521,8 +541,8 @@ bool RejectUnknownCommand(CLI::App& app, int argc, char** argv) {
     list += (list.empty() ? "" : ", ") + n;
   }
   const std::string near = lockstep::NearestName(word, names);
-  std::fprintf(stderr, "lockstep: usage error: unknown command '%s%s'%s (commands: %s)\n",
-               prefix.c_str(), word.c_str(),
+  std::fprintf(stderr, "%s unknown command '%s%s'%s (commands: %s)\n",
+               Prefix("usage error").c_str(), prefix.c_str(), word.c_str(),
                near.empty() ? "" : ("; did you mean " + prefix + near + "?").c_str(), list.c_str());
   return true;
 }
@@ -562,7 +582,7 @@ int Main(int argc, char** argv) {
     std::string path;  // "model init " for `lockstep model init`
     for (const CLI::App* a = &given; a->get_parent() != nullptr; a = a->get_parent())
       path = a->get_name() + " " + path;
-    std::fprintf(stderr, "lockstep: usage error: %s\n",
+    std::fprintf(stderr, "%s %s\n", Prefix("usage error").c_str(),
                  lockstep::UsageMessage(given, e, argc, argv).c_str());
     std::fprintf(stderr, "run 'lockstep %s--help' for usage\n", path.c_str());
     return 2;

@@ -108,6 +108,12 @@ TEST(CliHelp, EveryCommandGroupsItsFlagsAndShowsAnExample) {
       if (flag != "--help") {
         EXPECT_NE(group, "Options") << flag << " has no group";
       }
+    // Every document flag says it takes "-".
+    for (const char* doc : {"--json", "--md", "--html", "--junit"})
+      if (h.line_of_flag.count(doc)) {
+        EXPECT_NE(h.line_of_flag.at(doc).find("PATH|-"), std::string::npos)
+            << h.line_of_flag.at(doc);
+      }
     ASSERT_FALSE(h.examples.empty()) << "no Examples block:\n" << r.out;
     for (const std::string& e : h.examples)
       EXPECT_EQ(e.rfind("lockstep " + cmd + " ", 0), 0u) << "example of another command: " << e;
@@ -145,9 +151,9 @@ TEST(CliHelp, DefaultsAreShown) {
       {"diff", "--windows", "TEXT=all"},
       {"diff", "--mem-limit", "TEXT=1G"},
       {"align", "--fields", "TEXT=p,T,T_mtp,merged,from_sfx,chain_n"},
-      {"run", "--junit", "TEXT=<run folder>/junit.xml"},
+      {"run", "--junit", "PATH|-=<run folder>/junit.xml"},
       {"gate", "--out", "TEXT=out/gate/<plan>-<time>-<pid>"},
-      {"report", "--md", "TEXT=DIR/report.md"},
+      {"report", "--md", "PATH|-=DIR/report.md"},
       {"model init", "--seed", "UINT=0"},
   };
   std::map<std::string, HelpText> helps;
