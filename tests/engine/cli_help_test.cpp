@@ -289,6 +289,16 @@ TEST(CliOutputs, CampaignSummaryJson) {
   EXPECT_EQ(j["reports"]["md"], run + "/report.md");
   // The progress text moved to stderr: stdout is the object alone (parsed above).
   EXPECT_NE(r.err.find("report: "), std::string::npos) << r.err;
+  // A run refused before it started (the folder holds another run) writes no summary: the
+  // ledger there is not this run's.
+  const auto refused = test::RunLockstep(std::string("run ") + LOCKSTEP_SOURCE_DIR +
+                                         "/campaigns/aa-smoke.toml --json - --out " + run);
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_EQ(refused.out, "");
+  // Resuming a finished run renders it again: the same summary.
+  const auto resumed = test::RunLockstep("run --resume " + run + " --no-progress --json -");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(nlohmann::json::parse(resumed.out), j);
 }
 
 // `lockstep ARGS` under script(1): stdin, stdout and stderr are a terminal. Returns what the
