@@ -675,7 +675,7 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
                   AttrStr(out.get(), "stop_reason", meta.stop_reason) &&
                   AttrStr(out.get(), "text_sha256", meta.text_sha256) &&
                   AttrStr(root.get(), "schema", "lockstep.export") &&
-                  AttrInt(root.get(), "schema_version", 1) &&
+                  AttrInt(root.get(), "schema_version", kExportSchemaVersion) &&
                   AttrStr(root.get(), "arm", meta.arm) &&
                   AttrStr(root.get(), "run_id", meta.run_id) &&
                   AttrStr(root.get(), "created_utc", meta.created_utc) &&

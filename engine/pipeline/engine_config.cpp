@@ -190,79 +190,94 @@ Status CheckDraftPolicy(const EngineConfig& c) {
 
 using C = EngineConfig;
 
+using G = EngineOptionGroup;
+
 // The one list of engine options (engine_config.h). Docs are one line each, without the default:
-// help prints that from EngineConfig's initializers. Hand-aligned, one option per paragraph.
+// help prints that from EngineConfig's initializers (or default_text). Hand-aligned, one option
+// per paragraph.
 // clang-format off
 const std::vector<EngineOption> kOptions = {
     // ---- model and backend ----
     {.key = "model", .flag = "--model", .field = &C::model,
-     .doc = "Checkpoint folder (config.json + *.safetensors)"},
+     .group = G::kModel, .doc = "Checkpoint folder (config.json + *.safetensors)"},
     {.key = "backend", .flag = "--backend", .field = &C::backend,
-     .doc = "cpu | cuda", .validate = CheckBackend},
+     .group = G::kModel, .doc = "cpu | cuda", .validate = CheckBackend},
     {.key = "threads", .flag = "--threads", .field = &C::threads,
+     .group = G::kModel,
      .doc = "Worker threads (0 = one per hardware thread)", .validate = CheckThreads},
     {.key = "deterministic", .flag = "--deterministic", .field = &C::deterministic,
-     .doc = "cuda: on (bitwise reproducible) | off (faster paths)",
+     .group = G::kCuda, .doc = "cuda: on (bitwise reproducible) | off (faster paths)",
      .parse = ParseOnOff, .format = FormatOnOff},
     {.key = "cuda_graphs", .flag = "--cuda-graphs", .field = &C::cuda_graphs,
+     .group = G::kCuda,
      .doc = "cuda: on (verify/decode steps replay a captured CUDA graph) | off (every kernel "
             "launched from the host)",
      .parse = ParseOnOff, .format = FormatOnOff},
     {.key = "cuda_attn_split", .flag = "--cuda-attn-split", .field = &C::cuda_attn_split,
+     .group = G::kCuda,
      .doc = "cuda: attention rows with a longer context run in blocks of this many positions "
             "and a combine (0: one block per row). Changes the long rows' bits",
      .validate = CheckCudaAttnSplit},
     {.key = "devices", .flag = "--devices", .field = &C::devices,
-     .doc = "cuda: GPUs for the stages, e.g. 0,1,2,3 (empty: 0)",
+     .group = G::kCuda, .doc = "cuda: GPUs for the stages, e.g. 0,1,2,3", .default_text = "0",
      .parse = ParseCommaList, .format = FormatCommaList, .validate = CheckDevices},
     // ---- pipeline ----
     {.key = "stages", .flag = "--stages", .field = &C::stages,
-     .doc = "Pipeline stages", .validate = CheckStages},
+     .group = G::kPipeline, .doc = "Pipeline stages", .validate = CheckStages},
     {.key = "split", .flag = "--split", .field = &C::split,
-     .doc = "Layer boundaries between stages, e.g. 12,24,36 (empty: even)",
+     .group = G::kPipeline,
+     .doc = "Layer boundaries between stages, e.g. 12,24,36", .default_text = "even",
      .parse = ParseCommaList, .format = FormatCommaList, .validate = CheckSplit},
     {.key = "prefill_chunk", .flag = "--prefill", .field = &C::prefill_chunk,
-     .doc = "Prefill chunk size in tokens", .validate = CheckPrefill},
+     .group = G::kPipeline, .doc = "Prefill chunk size in tokens", .validate = CheckPrefill},
     // ---- caches ----
     {.key = "kv_dtype", .flag = "--kv", .field = &C::kv_dtype,
-     .doc = "K/V cache dtype: f32 | bf16 | int8", .parse = ParseKv},
+     .group = G::kPipeline, .doc = "K/V cache dtype: f32 | bf16 | int8", .parse = ParseKv},
     {.key = "kv_page_rows", .flag = "--kv-page", .field = &C::kv_page_rows,
-     .doc = "Rows per K/V page", .validate = CheckKvPage},
+     .group = G::kPipeline, .doc = "Rows per K/V page", .validate = CheckKvPage},
     {.key = "expert_cache", .flag = "--expert-cache", .field = &C::expert_cache,
-     .doc = "Resident experts per MoE layer: auto (from --pcie-frac) | N",
+     .group = G::kPipeline, .doc = "Resident experts per MoE layer: auto (from --pcie-frac) | N",
      .parse = ParseAutoOrCount, .format = FormatAutoOrCount, .validate = CheckExpertCache},
     {.key = "pcie_frac", .flag = "--pcie-frac", .field = &C::pcie_frac,
+     .group = G::kPipeline,
      .doc = "Fraction of experts served from host memory", .validate = CheckPcieFrac},
     // ---- request / sampling ----
     {.key = "max_new", .flag = "--max-new", .field = &C::max_new,
-     .doc = "Maximum output tokens", .validate = CheckMaxNew},
+     .group = G::kRequest, .doc = "Maximum output tokens", .validate = CheckMaxNew},
     {.key = "seed", .flag = "--seed", .field = &C::seed,
-     .doc = "Sampling seed (counter RNG key)"},
+     .group = G::kRequest, .doc = "Sampling seed (counter RNG key)"},
     {.key = "temperature", .flag = "--temperature", .field = &C::temperature,
+     .group = G::kRequest,
      .doc = "Sampling temperature (0 = greedy)", .validate = CheckTemperature},
     {.key = "top_k", .flag = "--top-k", .field = &C::top_k,
-     .doc = "Top-k cut (0 = off)", .validate = CheckTopK},
+     .group = G::kRequest, .doc = "Top-k cut (0 = off)", .validate = CheckTopK},
     {.key = "top_p", .flag = "--top-p", .field = &C::top_p,
-     .doc = "Top-p cut (1 = off)", .validate = CheckTopP},
+     .group = G::kRequest, .doc = "Top-p cut (1 = off)", .validate = CheckTopP},
     {.key = "ignore_eos", .flag = "--ignore-eos", .field = &C::ignore_eos,
-     .doc = "Keep generating past EOS"},
+     .group = G::kRequest, .doc = "Keep generating past EOS"},
     // ---- speculative decoding ----
     {.key = "spec", .flag = "--spec", .field = &C::spec,
+     .group = G::kSpeculative,
      .doc = "Draft budget K (0 = plain decoding, T = 1)", .validate = CheckSpec},
     {.key = "mtp", .flag = "--mtp", .field = &C::mtp,
+     .group = G::kSpeculative,
      .doc = "MTP drafter: on | off", .parse = ParseOnOff, .format = FormatOnOff},
     {.key = "spec_max_suffix", .flag = "--spec-max-suffix", .field = &C::spec_max_suffix,
-     .doc = "Longest suffix draft", .validate = CheckSpecMaxSuffix},
+     .group = G::kSpeculative, .doc = "Longest suffix draft", .validate = CheckSpecMaxSuffix},
     {.key = "suffix_index", .flag = "--suffix-index", .field = &C::suffix_index,
+     .group = G::kSpeculative,
      .doc = "sync | async (async: timing-dependent drafts)", .validate = CheckSuffixIndex},
     {.key = "draft_policy", .flag = "--draft-policy", .field = &C::draft_policy,
-     .doc = "static | adaptive | latency (latency: timing-dependent)",
+     .group = G::kSpeculative, .doc = "static | adaptive | latency (latency: timing-dependent)",
      .validate = CheckDraftPolicy},
     {.key = "replay_path", .flag = "--replay-path", .field = &C::replay_path,
-     .doc = "Replay the drafts of recorded window records (JSON lines)"},
+     .group = G::kSpeculative, .doc = "Replay the drafts of recorded window records (JSON lines)",
+     .default_text = "none"},
     // ---- fault injection (testing the harness) ----
     {.key = "inject", .flag = "--inject", .field = &C::inject,
-     .doc = "Fault injection, e.g. delay:stage=2:window=5:ms=200 (repeatable)"},
+     .group = G::kDiagnostics,
+     .doc = "Fault injection, e.g. delay:stage=2:window=5:ms=200 (repeatable)",
+     .default_text = "none"},
 };
 // clang-format on
 

@@ -7,6 +7,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "cli/output.h"
 #include "cli/terminal.h"
 #include "lockstep/compare/align.h"
 #include "lockstep/compare/export_reader.h"
@@ -20,11 +21,12 @@ namespace {
 
 std::string Ms(double v) { return fmt::format("{:.3f}", v); }
 
+// Each through WriteOutput (cli/output.h): "-" is stdout.
 Status WriteReports(const ReportOutputs& o, const ReportInput& in) {
-  if (!o.json.empty()) LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(o.json, RenderJson(in)));
-  if (!o.md.empty()) LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(o.md, RenderMarkdown(in)));
-  if (!o.html.empty()) LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(o.html, RenderHtml(in)));
-  if (!o.junit.empty()) LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(o.junit, RenderJUnit(in)));
+  if (!o.json.empty()) LOCKSTEP_RETURN_IF_ERROR(WriteOutput(o.json, RenderJson(in)));
+  if (!o.md.empty()) LOCKSTEP_RETURN_IF_ERROR(WriteOutput(o.md, RenderMarkdown(in)));
+  if (!o.html.empty()) LOCKSTEP_RETURN_IF_ERROR(WriteOutput(o.html, RenderHtml(in)));
+  if (!o.junit.empty()) LOCKSTEP_RETURN_IF_ERROR(WriteOutput(o.junit, RenderJUnit(in)));
   return Status::Ok();
 }
 

@@ -6,9 +6,32 @@
 
 namespace lockstep {
 
+const std::vector<std::string_view>& HelpGroupOrder() {
+  static const std::vector<std::string_view> order = {
+      kGroupRequest,  kGroupModel,  kGroupPipeline, kGroupSpeculative, kGroupCompare,
+      kGroupCampaign, kGroupExport, kGroupReports,  kGroupCuda,        kGroupDiagnostics};
+  return order;
+}
+
+std::string_view EngineGroupName(EngineOptionGroup g) {
+  switch (g) {
+    case EngineOptionGroup::kRequest:
+      return kGroupRequest;
+    case EngineOptionGroup::kModel:
+      return kGroupModel;
+    case EngineOptionGroup::kPipeline:
+      return kGroupPipeline;
+    case EngineOptionGroup::kSpeculative:
+      return kGroupSpeculative;
+    case EngineOptionGroup::kCuda:
+      return kGroupCuda;
+    case EngineOptionGroup::kDiagnostics:
+      return kGroupDiagnostics;
+  }
+  return kGroupDiagnostics;
+}
+
 void EngineFlags::Register(CLI::App& app) {
-  app.add_option("--config", config_file_,
-                 "Base engine config (JSON, as printed by --print-config)");
   const EngineConfig defaults;
   for (const EngineOption& o : EngineOptions()) {
     Slot& s = slots_.emplace_back();
@@ -34,9 +57,15 @@ void EngineFlags::Register(CLI::App& app) {
           },
           o.field);
     }
+    s.cli->group(std::string(EngineGroupName(o.group)));
     const std::string shown = FormatEngineOption(o, defaults);
-    if (!is_switch && !shown.empty()) s.cli->default_str(shown);
+    const std::string text = shown.empty() ? std::string(o.default_text) : shown;
+    if (!is_switch && !text.empty()) s.cli->default_str(text);
   }
+  app.add_option("--config", config_file_,
+                 "Base engine config (JSON, as printed by --print-config); flags override it")
+      ->group(kGroupModel)
+      ->default_str("none");
 }
 
 Status EngineFlags::Apply(const Slot& s, EngineConfig& c) const {

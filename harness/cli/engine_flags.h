@@ -3,6 +3,10 @@
 // the table, so an option added there is a flag here with no edit. Plus `--config FILE`, a base
 // config (canonical JSON, as --print-config prints it) that the given flags override.
 //
+// Each flag is listed in its row's help group (EngineOptionGroup, named below) with its default
+// (the formatted field, or the row's default_text): the grouping lives in the table, so it cannot
+// drift from the options.
+//
 // Not thread-safe; one instance per CLI11 app, used on the thread that parses.
 #pragma once
 
@@ -10,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -17,6 +22,23 @@
 #include "lockstep/engine/status.h"
 
 namespace lockstep {
+
+// The help groups of every command, in the order help lists them (help.h sorts by this list;
+// a group not in it comes after the listed ones). A new flag names one of these.
+inline constexpr const char* kGroupRequest = "Request";
+inline constexpr const char* kGroupModel = "Model";
+inline constexpr const char* kGroupPipeline = "Pipeline";
+inline constexpr const char* kGroupSpeculative = "Speculative decoding";
+inline constexpr const char* kGroupCompare = "Comparison";
+inline constexpr const char* kGroupCampaign = "Campaign";
+inline constexpr const char* kGroupExport = "Export and trace";
+inline constexpr const char* kGroupReports = "Reports";
+inline constexpr const char* kGroupCuda = "CUDA";
+inline constexpr const char* kGroupDiagnostics = "Diagnostics";
+const std::vector<std::string_view>& HelpGroupOrder();
+
+// The help group of an engine option row.
+std::string_view EngineGroupName(EngineOptionGroup g);
 
 class EngineFlags {
  public:

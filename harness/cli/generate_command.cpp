@@ -9,9 +9,12 @@
 #include <cstring>
 #include <ctime>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 
+#include "cli/output.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/generate.h"
@@ -64,6 +67,67 @@ struct TraceFile {
     fd = -1;
   }
 };
+
+// ---- progress on stderr (GenerateOptions::progress) ----
+
+// On a terminal, one line redrawn in place ("prefill 512/2048 tokens", "decode 37/64 tokens,
+// 12 windows") at most every 100 ms and erased at the end. Forced on elsewhere (--progress, the
+// campaign runner reads the log), "progress: prefill D/N" per chunk and "progress: decode N/M
+// tokens" at most once a second: a log stays short however long the request.
+class Progress {
+ public:
+  Progress(bool tty, int max_new) : tty_(tty), max_new_(max_new) {}
+  void Prefill(int done, int total) {
+    if (!tty_) {
+      std::fprintf(stderr, "progress: prefill %d/%d\n", done, total);
+      return;
+    }
+    Draw("prefill " + std::to_string(done) + "/" + std::to_string(total) + " tokens",
+         done == total);
+  }
+  void Window(const WindowRecord& r) {
+    tokens_ += static_cast<int>(r.emitted.size());
+    ++windows_;
+    const std::string state = "decode " + std::to_string(tokens_) + "/" + std::to_string(max_new_) +
+                              " tokens, " + std::to_string(windows_) + " windows";
+    if (tty_) {
+      Draw(state, windows_ == 1);  // the first window at once: decoding has started
+    } else if (Due(std::chrono::seconds(1))) {
+      std::fprintf(stderr, "progress: %s\n", state.c_str());
+    }
+  }
+  // Erases the terminal line (the summary line takes its place).
+  void Done() {
+    if (tty_ && drawn_) std::fprintf(stderr, "\r\033[K");
+    drawn_ = false;
+  }
+
+ private:
+  bool Due(std::chrono::milliseconds every) {
+    const auto now = std::chrono::steady_clock::now();
+    if (last_ && now - *last_ < every) return false;
+    last_ = now;
+    return true;
+  }
+  void Draw(const std::string& state, bool force) {
+    if (!Due(std::chrono::milliseconds(100)) && !force) return;
+    std::fprintf(stderr, "\r\033[K%s", state.c_str());
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+  bool tty_;
+  int max_new_;
+  int tokens_ = 0, windows_ = 0;
+  bool drawn_ = false;
+  std::optional<std::chrono::steady_clock::time_point> last_;
+};
+
+// Progress of `opts` on this stderr: null when off.
+std::unique_ptr<Progress> MakeProgress(const GenerateOptions& opts, const EngineConfig& cfg) {
+  const bool tty = ::isatty(STDERR_FILENO) == 1;
+  if (opts.progress == 0 || (opts.progress < 0 && !tty)) return nullptr;
+  return std::make_unique<Progress>(tty, cfg.max_new);
+}
 
 // ---- phase: the request's sinks (trace lines, export, progress, resource sampler) ----
 
@@ -248,6 +312,29 @@ nlohmann::json ResourcesJson(const ResourceSampler& sampler) {
   return r;
 }
 
+// Wall times of the request and its rates (prefill covers n-1 of the n prompt tokens).
+struct Rates {
+  double prefill_ms, decode_ms, prefill_per_s, decode_per_s;
+};
+Rates RatesOf(const std::vector<std::int32_t>& prompt, const GenerateResult& res) {
+  const double pre_s = static_cast<double>(res.prefill_ns) * 1e-9,
+               dec_s = static_cast<double>(res.decode_ns) * 1e-9;
+  const double n_pre = static_cast<double>(prompt.size() - 1),
+               n_dec = static_cast<double>(res.output.size());
+  return {pre_s * 1e3, dec_s * 1e3, pre_s > 0 ? n_pre / pre_s : 0.0,
+          dec_s > 0 ? n_dec / dec_s : 0.0};
+}
+
+// The line a person at the terminal reads when the request ends (stderr).
+void PrintSummary(const std::vector<std::int32_t>& prompt, const GenerateResult& res) {
+  const Rates t = RatesOf(prompt, res);
+  std::fprintf(stderr,
+               "generate: %zu tokens in %d windows, stop %s; prompt %zu tokens, prefill %.1f ms "
+               "(%.0f tok/s), decode %.1f ms (%.1f tok/s)\n",
+               res.output.size(), res.n_windows, res.stop_reason.c_str(), prompt.size(),
+               t.prefill_ms, t.prefill_per_s, t.decode_ms, t.decode_per_s);
+}
+
 nlohmann::json GenerateJson(const std::vector<std::int32_t>& prompt, const GenerateResult& res,
                             Engine& engine, const ResourceSampler& sampler) {
   nlohmann::json j;
@@ -263,14 +350,11 @@ nlohmann::json GenerateJson(const std::vector<std::int32_t>& prompt, const Gener
   j["config"] = nlohmann::json::parse(engine.config().ToJson());
   j["config_sha256"] = Sha256Hex(engine.config().ToJson());
   j["request_sha256"] = Sha256Tokens(prompt);
-  const double pre_s = static_cast<double>(res.prefill_ns) * 1e-9,
-               dec_s = static_cast<double>(res.decode_ns) * 1e-9;
-  const double n_pre = static_cast<double>(prompt.size() - 1),
-               n_dec = static_cast<double>(res.output.size());
-  j["timings"] = {{"prefill_ms", pre_s * 1e3},
-                  {"decode_ms", dec_s * 1e3},
-                  {"prefill_tokens_per_s", pre_s > 0 ? n_pre / pre_s : 0.0},
-                  {"decode_tokens_per_s", dec_s > 0 ? n_dec / dec_s : 0.0},
+  const Rates t = RatesOf(prompt, res);
+  j["timings"] = {{"prefill_ms", t.prefill_ms},
+                  {"decode_ms", t.decode_ms},
+                  {"prefill_tokens_per_s", t.prefill_per_s},
+                  {"decode_tokens_per_s", t.decode_per_s},
                   {"clock", "CLOCK_MONOTONIC wall time around the engine calls"}};
   j["expert_cache"] = ExpertCacheJson(engine);
   j["resources"] = ResourcesJson(sampler);
@@ -295,20 +379,27 @@ Status WriteOutputs(const GenerateOptions& opts, Engine& engine, const ModelWeig
     co.injections = engine.InjectionReport();
     export_status = WriteChromeTrace(opts.trace_json, res.windows, engine.n_stages(), co);
   }
+  const std::string text = EscapeText(DecodeTokens(res.output)) + "\n";
   if (!export_status.ok()) {
     // The request finished: its output is printed before the export failure is reported.
-    out << DecodeTokens(res.output) << "\n";
+    out << text;
     out.flush();
     return export_status;
   }
   if (!opts.json) {
-    out << DecodeTokens(res.output) << "\n";
+    out << text;
     return Status::Ok();
   }
-  out << GenerateJson(prompt, res, engine, sampler)
-             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-      << "\n";
-  return Status::Ok();
+  const std::string json = GenerateJson(prompt, res, engine, sampler)
+                               .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+                           "\n";
+  if (opts.json_path.empty() || IsStdout(opts.json_path)) {
+    out << json;
+    return Status::Ok();
+  }
+  out << text;  // the object went to its file: the text is what stdout shows
+  out.flush();
+  return WriteOutput(opts.json_path, json);
 }
 
 }  // namespace
@@ -337,9 +428,12 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   TraceFile trace;
   LOCKSTEP_RETURN_IF_ERROR(OpenTraceJsonl(opts, trace, hooks));
   LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<H5Exporter> exporter, OpenExport(opts, hooks));
-  if (opts.progress) {
-    hooks.on_prefill = [](int done, int total) {
-      std::fprintf(stderr, "progress: prefill %d/%d\n", done, total);
+  std::unique_ptr<Progress> progress = MakeProgress(opts, cfg);
+  if (progress) {
+    hooks.on_prefill = [&progress](int done, int total) { progress->Prefill(done, total); };
+    hooks.on_record = [&progress, trace_line = hooks.on_record](const WindowRecord& r) {
+      progress->Window(r);
+      return trace_line ? trace_line(r) : Status::Ok();
     };
   }
   SamplerOptions so;
@@ -353,6 +447,7 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   auto generated = Generate(*engine, prompt, &hooks);
   sampler.Stop();
   trace.Close();
+  if (progress) progress->Done();
   if (!generated.ok() && exporter) {
     // The export is not finished; what it holds stays in FILE.partial (SCHEMA.md), never FILE.
     std::fprintf(
@@ -362,11 +457,60 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   }
   LOCKSTEP_ASSIGN_OR_RETURN(GenerateResult res, std::move(generated));
 
-  // ---- outputs, then whether every injection fired (its record is in the outputs either way) ----
-  LOCKSTEP_RETURN_IF_ERROR(
-      WriteOutputs(opts, *engine, *weights, prompt, res, exporter.get(), sampler, out));
+  // ---- outputs, then the summary line (after the export's own line) ----
+  Status written = WriteOutputs(opts, *engine, *weights, prompt, res, exporter.get(), sampler, out);
+  if (progress) {
+    out.flush();
+    PrintSummary(prompt, res);
+  }
+  LOCKSTEP_RETURN_IF_ERROR(written);
+  // Whether every injection fired (its record is in the outputs either way).
   return CheckInjectionsFired(engine->injections(), engine->injection_records(), res.n_windows,
                               res.stop_reason);
+}
+
+std::string EscapeText(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  auto hex = [&out](unsigned char b) {
+    static const char* const kDigits = "0123456789abcdef";
+    out += "\\x";
+    out += kDigits[b >> 4];
+    out += kDigits[b & 15];
+  };
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    if (b < 0x80) {
+      if ((b < 0x20 && b != '\n' && b != '\t') || b == 0x7f)
+        hex(b);
+      else
+        out += static_cast<char>(b);
+      ++i;
+      continue;
+    }
+    // A UTF-8 sequence: its length from the lead byte, continuation bytes checked, overlong
+    // forms, surrogates and values past U+10FFFF refused; C1 controls (U+0080..U+009F) escaped.
+    const std::size_t n = b >= 0xf5 ? 0 : b >= 0xf0 ? 4 : b >= 0xe0 ? 3 : b >= 0xc0 ? 2 : 0;
+    std::uint32_t cp = n == 4 ? b & 0x07u : n == 3 ? b & 0x0fu : b & 0x1fu;
+    bool valid = n != 0 && i + n <= text.size();
+    for (std::size_t k = 1; valid && k < n; ++k) {
+      const auto c = static_cast<unsigned char>(text[i + k]);
+      valid = (c & 0xc0) == 0x80;
+      cp = (cp << 6) | (c & 0x3fu);
+    }
+    static constexpr std::uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    valid = valid && cp >= kMin[n] && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff) &&
+            !(cp >= 0x80 && cp <= 0x9f);
+    if (!valid) {
+      hex(b);
+      ++i;
+      continue;
+    }
+    out.append(text.substr(i, n));
+    i += n;
+  }
+  return out;
 }
 
 }  // namespace lockstep

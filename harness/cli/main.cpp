@@ -2,6 +2,11 @@
 // below), calls one library function for the subcommand given and maps its Status to the exit
 // code (0 ok, 1 gate failed, 2 usage or bad input, 3 runtime failure). Engine options are not
 // listed here: EngineFlags registers them from the option table (engine_flags.h).
+//
+// Every flag names its help group (engine_flags.h: kGroup*; help.h lists the groups in order),
+// so a new flag is one line wherever it is added. Documents (--json / --md / --html / --junit)
+// go through WriteOutput (output.h): "-" is stdout, and the command's human summary then goes
+// to stderr.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -11,19 +16,29 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "campaign_summary.h"
 #include "engine_flags.h"
+#include "help.h"
+#include "lockstep/engine/atomic_file.h"
 #include "lockstep/harness/campaign_report.h"
 #include "lockstep/harness/compare_commands.h"
 #include "lockstep/harness/generate_command.h"
 #include "lockstep/harness/model_command.h"
 #include "lockstep/harness/runner.h"
+#include "lockstep/instrument/export_writer.h"
+#include "output.h"
 #include "terminal.h"
+#include "version.h"
 
 namespace {
 
-using lockstep::Status;
+using lockstep::IsStdout, lockstep::Status, lockstep::TakesStdout, lockstep::WriteOutput;
+using lockstep::kGroupCampaign, lockstep::kGroupCompare, lockstep::kGroupDiagnostics,
+    lockstep::kGroupExport, lockstep::kGroupModel, lockstep::kGroupPipeline,
+    lockstep::kGroupReports, lockstep::kGroupRequest;
 
 // A subcommand and the library call that runs when it is the one given. The options it reads
 // live in state its setup function allocated and `run` holds.
@@ -32,10 +47,36 @@ struct Command {
   std::function<Status()> run;
 };
 
+// "lockstep: <what>:" for a message on stderr, <what> in red when a person reads stderr.
+std::string Prefix(const char* what) {
+  return "lockstep: " +
+         lockstep::Paint(what, lockstep::Tint::kRed, lockstep::ColorEnabled(stderr)) + ":";
+}
+
 // Prints a non-OK status and returns its exit code (0 for OK).
 int Fail(const Status& s) {
-  if (!s.ok()) std::fprintf(stderr, "lockstep: error: %s\n", s.message().c_str());
+  if (!s.ok()) std::fprintf(stderr, "%s %s\n", Prefix("error").c_str(), s.message().c_str());
   return s.exit_code();
+}
+
+using Documents = std::vector<std::pair<std::string, std::string>>;  // (flag, path)
+
+// Where a command's human summary goes: stderr when one of its documents goes to stdout (so
+// stdout carries that document alone), else stdout. Two documents on stdout: kInvalidArgument.
+lockstep::Result<std::ostream*> SummaryStream(const Documents& docs) {
+  Status s;
+  if (!TakesStdout(docs, &s)) return &std::cout;
+  if (!s.ok()) return s;
+  return &std::cerr;
+}
+
+// Colour for the verdict lines of a summary written to `out` (SummaryStream's choice).
+bool ColorEnabledFor(const std::ostream* out) {
+  return lockstep::ColorEnabled(out == &std::cerr ? stderr : stdout);
+}
+
+Documents ReportDocuments(const lockstep::ReportOutputs& r) {
+  return {{"--json", r.json}, {"--md", r.md}, {"--html", r.html}, {"--junit", r.junit}};
 }
 
 // ---- model init ----
@@ -50,26 +91,44 @@ void AddModelInit(CLI::App& app, std::vector<Command>& commands) {
     bool no_mtp = false;
   };
   auto st = std::make_shared<State>();
-  init->add_option("--preset", st->syn.preset, "tiny | small | seed48 | wide")->required();
-  init->add_option("--seed", st->syn.seed, "Weight seed (same seed, byte-identical files)");
-  init->add_option("--out", st->out_dir, "Output folder")->required();
-  init->add_option("--dtype", st->dtype,
-                   "Matrix storage dtype: f32 | bf16 | f16 (default: f32 tiny, bf16 others)");
-  init->add_flag("--no-mtp", st->no_mtp, "Omit the mtp.* tensors");
+  init->add_option("--preset", st->syn.preset, "tiny | small | seed48 | wide")
+      ->required()
+      ->group(kGroupModel);
+  init->add_option("--seed", st->syn.seed, "Weight seed (same seed, byte-identical files)")
+      ->capture_default_str()
+      ->group(kGroupModel);
+  init->add_option("--out", st->out_dir, "Output folder")->required()->group(kGroupModel);
+  init->add_option("--dtype", st->dtype, "Matrix storage dtype: f32 | bf16 | f16")
+      ->default_str("f32 for tiny, bf16 others")
+      ->group(kGroupModel);
+  init->add_flag("--no-mtp", st->no_mtp, "Omit the mtp.* tensors")->group(kGroupModel);
   init->add_flag("--induction", st->syn.induction,
-                 "Wire induction heads: the model continues repeated text");
+                 "Wire induction heads: the model continues repeated text")
+      ->group(kGroupModel);
   // The preset cut in depth and breadth, its widths kept (e.g. `wide` in 4 layers on a small GPU).
   init->add_option("--layers", st->syn.n_layers,
                    "Layers instead of the preset's (full attention every 4th)")
-      ->check(CLI::Range(1, 1 << 24));
+      ->check(CLI::Range(1, 1 << 24))
+      ->default_str("preset")
+      ->group(kGroupPipeline);
   init->add_option("--experts", st->syn.n_experts,
                    "Routed experts per MoE layer instead of the preset's")
-      ->check(CLI::Range(1, 1 << 24));
+      ->check(CLI::Range(1, 1 << 24))
+      ->default_str("preset")
+      ->group(kGroupPipeline);
   init->add_option("--experts-used", st->syn.n_experts_used,
                    "Experts per token instead of the preset's")
-      ->check(CLI::Range(1, 1 << 24));
+      ->check(CLI::Range(1, 1 << 24))
+      ->default_str("preset")
+      ->group(kGroupPipeline);
   init->add_option("--vocab", st->syn.n_vocab, "Vocabulary size instead of the preset's")
-      ->check(CLI::Range(1, 1 << 24));
+      ->check(CLI::Range(1, 1 << 24))
+      ->default_str("preset")
+      ->group(kGroupPipeline);
+  init->footer(
+      "Examples:\n"
+      "  lockstep model init --preset tiny --seed 7 --out m\n"
+      "  lockstep model init --preset wide --layers 4 --dtype bf16 --out wide4");
   commands.push_back({init, [st]() -> Status {
                         if (!st->dtype.empty()) {
                           LOCKSTEP_ASSIGN_OR_RETURN(st->syn.dtype,
@@ -86,69 +145,132 @@ void AddGenerate(CLI::App& app, std::vector<Command>& commands) {
   struct State {
     lockstep::GenerateOptions opts;
     lockstep::EngineFlags flags;
+    CLI::Option* json = nullptr;
+    bool progress = false, no_progress = false;
   };
   auto st = std::make_shared<State>();
   lockstep::GenerateOptions& g = st->opts;
-  st->flags.Register(*gen);
-  gen->add_option("--prompt", g.prompt_text, "Prompt text (byte-level tokens)");
-  gen->add_option("--prompt-file", g.prompt_file, "File whose bytes are the prompt");
+  gen->add_option("--prompt", g.prompt_text, "Prompt text (byte-level tokens)")
+      ->group(kGroupRequest);
+  gen->add_option("--prompt-file", g.prompt_file, "File whose bytes are the prompt")
+      ->group(kGroupRequest);
   gen->add_option("--prompt-tokens", g.prompt_tokens,
-                  "File of token ids (whitespace or comma separated)");
-  gen->add_flag("--json", g.json, "Print one JSON object (tokens, stop reason, timings)");
-  gen->add_option("--trace-jsonl", g.trace_jsonl,
-                  "Stream window records as JSON lines (one write per window)");
-  gen->add_option("--export", g.export_path, "Write state exports (lockstep.export v1 HDF5)");
+                  "File of token ids (whitespace or comma separated)")
+      ->group(kGroupRequest);
+  st->json = gen->add_option("--json", g.json_path,
+                             "Print one JSON object (ids, text, stop reason, timings) instead of "
+                             "the text; with PATH, write it there and print the text")
+                 ->expected(0, 1)
+                 ->type_name("[PATH|-]")
+                 ->group(kGroupRequest);
+  st->flags.Register(*gen);  // the engine options, each in its row's group
+  gen->add_option("--export", g.export_path, "Write state exports (lockstep.export v1 HDF5)")
+      ->group(kGroupExport);
   gen->add_option("--export-windows", g.export_windows,
-                  "Windows that export state: all | none | LIST (default 0-2)");
-  gen->add_option("--export-points", g.export_points,
-                  "Checkpoints: pre_verify,post_verify,commit (default all)");
+                  "Windows that export state: all | none | LIST")
+      ->capture_default_str()
+      ->group(kGroupExport);
+  gen->add_option("--export-points", g.export_points, "Checkpoints: pre_verify,post_verify,commit")
+      ->capture_default_str()
+      ->group(kGroupExport);
   gen->add_option("--export-compress", g.export_compress,
-                  "none | lz4 (chunked, through the LZ4 HDF5 filter plugin; default none)");
-  gen->add_option("--arm", g.arm, "Arm name recorded in the export");
+                  "none | lz4 (chunked, through the LZ4 HDF5 filter plugin)")
+      ->default_str("none")
+      ->group(kGroupExport);
+  gen->add_option("--arm", g.arm, "Arm name recorded in the export")->group(kGroupExport);
+  gen->add_option("--trace-jsonl", g.trace_jsonl,
+                  "Stream window records as JSON lines (one write per window)")
+      ->group(kGroupExport);
   gen->add_option("--trace-json", g.trace_json,
-                  "Write a Chrome trace-event JSON of the windows (Perfetto)");
-  gen->add_option("--sample-ms", g.sample_ms, "Resource sampler interval in ms (default 100)");
+                  "Write a Chrome trace-event JSON of the windows (Perfetto)")
+      ->group(kGroupExport);
+  gen->add_option("--sample-ms", g.sample_ms, "Resource sampler interval in ms")
+      ->capture_default_str()
+      ->group(kGroupDiagnostics);
   gen->add_option("--guard-min-free-mib", g.guard_min_free_mib,
-                  "End the request cleanly when free memory falls below N MiB");
+                  "End the request cleanly when free memory falls below N MiB")
+      ->default_str("off")
+      ->group(kGroupDiagnostics);
   gen->add_flag("--print-config", g.print_config,
-                "Print the effective config as canonical JSON and exit");
-  gen->add_flag("--progress", g.progress,
-                "Print 'progress: prefill D/N' lines on stderr (campaign runners read them)");
+                "Print the effective config as canonical JSON and exit")
+      ->group(kGroupDiagnostics);
+  gen->add_flag("--progress", st->progress,
+                "Prefill / decode progress and a summary line on stderr even when it is not a "
+                "terminal (default: on a terminal only)")
+      ->group(kGroupDiagnostics);
+  gen->add_flag("--no-progress", st->no_progress, "No progress or summary line on stderr")
+      ->group(kGroupDiagnostics);
+  gen->footer(
+      "Examples:\n"
+      "  lockstep generate --model m --prompt 'Hello there' --max-new 16\n"
+      "  lockstep generate --model m --prompt-file p.txt --spec 4 --export A.h5 "
+      "--trace-jsonl A.jsonl\n"
+      "  lockstep generate --model m --prompt hi --json - | jq .timings\n"
+      "  lockstep generate --print-config --kv int8 > config.json");
   commands.push_back({gen, [st]() -> Status {
                         LOCKSTEP_ASSIGN_OR_RETURN(st->opts.config, st->flags.Build());
+                        st->opts.json = st->json->count() > 0;
+                        if (st->opts.json_path.empty()) st->opts.json_path = "-";
+                        if (st->progress && st->no_progress)
+                          return Status::InvalidArgument("--progress",
+                                                         "give --progress or --no-progress");
+                        st->opts.progress = st->progress ? 1 : st->no_progress ? 0 : -1;
                         return lockstep::RunGenerateCommand(st->opts, std::cout);
                       }});
 }
 
 // ---- diff / align / summarize (the comparator: reads files, never runs the engine) ----
 void AddReportOutputs(CLI::App* sc, lockstep::ReportOutputs& r) {
-  sc->add_option("--json", r.json, "Write the JSON report (keys: compare/REPORTS.md)");
-  sc->add_option("--md", r.md, "Write the Markdown summary (allowlisted fields only)");
-  sc->add_option("--html", r.html, "Write the self-contained HTML report");
-  sc->add_option("--junit", r.junit, "Write JUnit XML (one test case per item and gate)");
+  sc->add_option("--json", r.json, "Write the JSON report (keys: compare/REPORTS.md)")
+      ->type_name("PATH|-")
+      ->group(kGroupReports);
+  sc->add_option("--md", r.md, "Write the Markdown summary (allowlisted fields only)")
+      ->type_name("PATH|-")
+      ->group(kGroupReports);
+  sc->add_option("--html", r.html, "Write the self-contained HTML report")
+      ->type_name("PATH|-")
+      ->group(kGroupReports);
+  sc->add_option("--junit", r.junit, "Write JUnit XML (one test case per item and gate)")
+      ->type_name("PATH|-")
+      ->group(kGroupReports);
 }
 
 // The options diff and summarize share; `mem_limit` is parsed when the command runs.
 void AddDiffOptions(CLI::App* sc, lockstep::DiffCommandOptions& d, std::string& mem_limit) {
   sc->add_option("A", d.a, "Reference export (.h5)")->required();
   sc->add_option("B", d.b, "Export to compare (.h5)")->required();
-  sc->add_option("--nrmse-max", d.diff.thresholds.nrmse_max,
-                 "NRMSE threshold for every item kind (default 2e-4)");
-  sc->add_option("--kl-max", d.diff.thresholds.kl_max, "Logits KL threshold (default 1e-5)");
+  sc->add_option("--nrmse-max", d.diff.thresholds.nrmse_max, "NRMSE threshold for every item kind")
+      ->capture_default_str()
+      ->group(kGroupCompare);
+  sc->add_option("--kl-max", d.diff.thresholds.kl_max, "Logits KL threshold")
+      ->capture_default_str()
+      ->group(kGroupCompare);
   sc->add_option("--nrmse-kind", d.kind_overrides,
-                 "Per-kind NRMSE threshold KIND=VALUE (repeatable)");
-  sc->add_option("--points", d.diff.points,
-                 "Checkpoints to compare (default pre_verify,post_verify,commit)");
-  sc->add_option("--windows", d.diff.windows,
-                 "Windows to compare: all | LIST like 0-2,5 (default all)");
-  sc->add_option("--mem-limit", mem_limit, "Memory for read buffers (default 1G)");
-  sc->add_option("--threads", d.diff.threads, "Items compared in parallel (0 = hardware threads)");
+                 "Per-kind NRMSE threshold KIND=VALUE (repeatable)")
+      ->default_str("none")
+      ->group(kGroupCompare);
+  sc->add_option("--points", d.diff.points, "Checkpoints to compare")
+      ->capture_default_str()
+      ->group(kGroupCompare);
+  sc->add_option("--windows", d.diff.windows, "Windows to compare: all | LIST like 0-2,5")
+      ->capture_default_str()
+      ->group(kGroupCompare);
+  sc->add_option("--mem-limit", mem_limit, "Memory for read buffers")
+      ->capture_default_str()
+      ->group(kGroupDiagnostics);
+  sc->add_option("--threads", d.diff.threads, "Items compared in parallel (0 = hardware threads)")
+      ->capture_default_str()
+      ->group(kGroupDiagnostics);
   sc->add_flag("--no-index", d.no_index,
-               "Ignore /index/items and open every dataset (files edited by other tools)");
+               "Ignore /index/items and open every dataset (files edited by other tools)")
+      ->group(kGroupDiagnostics);
   sc->add_option("--max-skipped", d.diff.max_skipped,
-                 "Skipped items allowed before the diff fails (default 0; -1 = any)");
+                 "Skipped items allowed before the diff fails (-1 = any)")
+      ->capture_default_str()
+      ->group(kGroupCompare);
   sc->add_flag("--allow-self", d.diff.allow_self,
-               "Allow A and B to be the same file or the same run");
+               "Allow A and B to be the same file or the same run")
+      ->group(kGroupCompare);
   AddReportOutputs(sc, d.reports);
 }
 
@@ -162,14 +284,22 @@ void AddDiff(CLI::App& app, std::vector<Command>& commands) {
       "diff", "Compare the state of two exports (NRMSE, KL, exact) item by item");
   AddDiffOptions(diff, st->opts, st->mem_limit);
   diff->add_flag("--isolate,!--no-isolate", st->opts.isolate,
-                 "Parse in a child process (a crash there is exit 2)");
-  diff->add_flag("--quiet", st->opts.quiet, "Print the verdict line only");
+                 "Parse in a child process (a crash there is exit 2)")
+      ->group(kGroupDiagnostics);
+  diff->add_flag("--quiet", st->opts.quiet, "Print the verdict line only")->group(kGroupReports);
+  diff->footer(
+      "Examples:\n"
+      "  lockstep diff A.h5 B.h5\n"
+      "  lockstep diff A.h5 B.h5 --windows 0-2 --nrmse-kind ssm_state=1e-3 --html diff.html\n"
+      "  lockstep diff A.h5 B.h5 --quiet --json - | jq .state.passed");
   commands.push_back({diff, [st]() -> Status {
                         LOCKSTEP_ASSIGN_OR_RETURN(
                             st->opts.diff.mem_limit_bytes,
                             lockstep::ParseByteSize(st->mem_limit, "--mem-limit"));
-                        st->opts.color = lockstep::ColorEnabled(stdout);
-                        return lockstep::RunDiff(st->opts, std::cout);
+                        LOCKSTEP_ASSIGN_OR_RETURN(std::ostream * out,
+                                                  SummaryStream(ReportDocuments(st->opts.reports)));
+                        st->opts.color = ColorEnabledFor(out);
+                        return lockstep::RunDiff(st->opts, *out);
                       }});
 }
 
@@ -183,18 +313,26 @@ void AddSummarize(CLI::App& app, std::vector<Command>& commands) {
   auto* summarize =
       app.add_subcommand("summarize", "Diff + alignment of two exports with every report");
   AddDiffOptions(summarize, st->opts.diff, st->mem_limit);
-  summarize->add_option("--fields", st->opts.fields,
-                        "Path fields to align on (default p,T,T_mtp,merged,from_sfx,chain_n)");
-  summarize->add_flag("--no-isolate", st->no_isolate,
-                      "Parse in this process (default: a child process)");
-  commands.push_back({summarize, [st]() -> Status {
-                        LOCKSTEP_ASSIGN_OR_RETURN(
-                            st->opts.diff.diff.mem_limit_bytes,
-                            lockstep::ParseByteSize(st->mem_limit, "--mem-limit"));
-                        st->opts.diff.isolate = !st->no_isolate;
-                        st->opts.diff.color = lockstep::ColorEnabled(stdout);
-                        return lockstep::RunSummarize(st->opts, std::cout);
-                      }});
+  summarize->add_option("--fields", st->opts.fields, "Path fields to align on")
+      ->capture_default_str()
+      ->group(kGroupCompare);
+  summarize
+      ->add_flag("--no-isolate", st->no_isolate, "Parse in this process (default: a child process)")
+      ->group(kGroupDiagnostics);
+  summarize->footer(
+      "Examples:\n"
+      "  lockstep summarize A.h5 B.h5 --md report.md --html report.html\n"
+      "  lockstep summarize A.h5 B.h5 --json - > report.json");
+  commands.push_back(
+      {summarize, [st]() -> Status {
+         LOCKSTEP_ASSIGN_OR_RETURN(st->opts.diff.diff.mem_limit_bytes,
+                                   lockstep::ParseByteSize(st->mem_limit, "--mem-limit"));
+         st->opts.diff.isolate = !st->no_isolate;
+         LOCKSTEP_ASSIGN_OR_RETURN(std::ostream * out,
+                                   SummaryStream(ReportDocuments(st->opts.diff.reports)));
+         st->opts.diff.color = ColorEnabledFor(out);
+         return lockstep::RunSummarize(st->opts, *out);
+       }});
 }
 
 void AddAlign(CLI::App& app, std::vector<Command>& commands) {
@@ -203,38 +341,92 @@ void AddAlign(CLI::App& app, std::vector<Command>& commands) {
       "align", "Align the verify windows of two traces to the first path divergence");
   align->add_option("A", st->a, "Export (.h5) or trace (JSON lines)")->required();
   align->add_option("B", st->b, "Export (.h5) or trace (JSON lines)")->required();
-  align->add_option("--fields", st->fields,
-                    "Path fields to align on (default p,T,T_mtp,merged,from_sfx,chain_n)");
-  align->add_flag("--isolate", st->isolate, "Parse in a child process (a crash there is exit 2)");
-  align->add_flag("--fail-on-divergence", st->fail_on_divergence,
-                  "Exit 1 when the paths diverge, are not comparable or cannot differ");
-  align->add_flag("--no-index", st->no_index, "Ignore /index/items (files edited by other tools)");
+  align->add_option("--fields", st->fields, "Path fields to align on")
+      ->capture_default_str()
+      ->group(kGroupCompare);
+  align->add_flag("--fail-on-divergence", st->fail_on_divergence, "Exit 1 when the paths diverge, are not comparable or cannot differ")
+      ->group(kGroupCompare);
+  align->add_flag("--isolate", st->isolate, "Parse in a child process (a crash there is exit 2)")
+      ->group(kGroupDiagnostics);
+  align->add_flag("--no-index", st->no_index, "Ignore /index/items (files edited by other tools)")
+      ->group(kGroupDiagnostics);
   align->add_flag("--allow-self", st->allow_self,
-                  "Allow A and B to be the same file or the same run");
+                  "Allow A and B to be the same file or the same run")
+      ->group(kGroupCompare);
   AddReportOutputs(align, st->reports);
-  commands.push_back({align, [st] {
-                        st->color = lockstep::ColorEnabled(stdout);
-                        return lockstep::RunAlign(*st, std::cout);
+  align->footer(
+      "Examples:\n"
+      "  lockstep align A.jsonl B.jsonl\n"
+      "  lockstep align A.h5 B.h5 --fields p,T --fail-on-divergence --md align.md");
+  commands.push_back({align, [st]() -> Status {
+                        LOCKSTEP_ASSIGN_OR_RETURN(std::ostream * out,
+                                                  SummaryStream(ReportDocuments(st->reports)));
+                        st->color = ColorEnabledFor(out);
+                        return lockstep::RunAlign(*st, *out);
                       }});
 }
 
 // ---- campaigns ----
+
+// The documents of a campaign run folder: the summary (--json, from its ledger) and the JUnit
+// file for "-" (the runner writes it in the folder; it is copied to stdout from there).
+Status WriteCampaignDocuments(const std::string& dir, const std::string& json,
+                              const std::string& junit) {
+  if (IsStdout(junit)) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string xml, lockstep::ReadFile(dir + "/junit.xml"));
+    LOCKSTEP_RETURN_IF_ERROR(WriteOutput("-", xml));
+  }
+  if (json.empty()) return Status::Ok();
+  const lockstep::ReportPaths paths{dir + "/report.md", dir + "/report.html",
+                                    junit.empty() ? dir + "/junit.xml" : junit};
+  LOCKSTEP_ASSIGN_OR_RETURN(nlohmann::json j, lockstep::CampaignSummaryJson(dir, paths));
+  return WriteOutput(json, j.dump(2) + "\n");
+}
+
+// RunCampaign with its documents: the progress text on stderr when a document takes stdout;
+// the summary written when the campaign ran to a verdict (exit 0 or 1), never for a run that
+// was refused (that folder's ledger may be another run's).
+Status RunWithDocuments(lockstep::RunOptions r, const std::string& json) {
+  LOCKSTEP_ASSIGN_OR_RETURN(std::ostream * out,
+                            SummaryStream({{"--json", json}, {"--junit", r.junit}}));
+  const std::string junit = r.junit;
+  if (IsStdout(junit)) r.junit.clear();  // the run folder's junit.xml, copied to stdout after
+  const Status s = lockstep::RunCampaign(r, *out);
+  if (s.exit_code() > 1) return s;
+  LOCKSTEP_RETURN_IF_ERROR(WriteCampaignDocuments(r.out_dir, json, junit));
+  return s;
+}
+
 void AddRun(CLI::App& app, std::vector<Command>& commands) {
   struct State {
     lockstep::RunOptions opts;
-    std::string resume_dir;
+    std::string resume_dir, json;
     bool no_progress = false, gate_flag = false;
   };
   auto st = std::make_shared<State>();
   auto* run = app.add_subcommand(
       "run", "Run a predeclared campaign (fresh process per arm, crash-safe ledger)");
   run->add_option("PLAN", st->opts.plan, "Campaign file (TOML, campaigns/README.md)");
-  run->add_option("--out", st->opts.out_dir, "Run folder (new, or empty)");
-  run->add_option("--resume", st->resume_dir, "Continue the campaign in this run folder");
+  run->add_option("--out", st->opts.out_dir, "Run folder (new, or empty)")->group(kGroupCampaign);
+  run->add_option("--resume", st->resume_dir, "Continue the campaign in this run folder")
+      ->group(kGroupCampaign);
   run->add_flag("--gate", st->gate_flag,
-                "CI gate (accepted for scripts; every run already exits 0/1 and writes JUnit XML)");
-  run->add_option("--junit", st->opts.junit, "JUnit XML path (default <run folder>/junit.xml)");
-  run->add_flag("--no-progress", st->no_progress, "No progress lines on stderr");
+                "CI gate (accepted for scripts; every run already exits 0/1 and writes JUnit XML)")
+      ->group(kGroupCampaign);
+  run->add_option("--junit", st->opts.junit, "JUnit XML path")
+      ->type_name("PATH|-")
+      ->default_str("<run folder>/junit.xml")
+      ->group(kGroupReports);
+  run->add_option("--json", st->json, "Write the JSON summary (keys: harness/README.md)")
+      ->type_name("PATH|-")
+      ->group(kGroupReports);
+  run->add_flag("--no-progress", st->no_progress, "No progress lines on stderr")
+      ->group(kGroupDiagnostics);
+  run->footer(
+      "Examples:\n"
+      "  lockstep run campaigns/aa-smoke.toml --out out/smoke\n"
+      "  lockstep run --resume out/smoke\n"
+      "  lockstep run campaigns/aa-demo.toml --out out/demo --json - | jq .verdict");
   commands.push_back(
       {run, [st]() -> Status {
          lockstep::RunOptions& r = st->opts;
@@ -248,22 +440,36 @@ void AddRun(CLI::App& app, std::vector<Command>& commands) {
                "run", "usage: lockstep run PLAN.toml --out DIR | lockstep run --resume DIR");
          }
          if (st->no_progress) r.progress = 0;
-         return lockstep::RunCampaign(r, std::cout);
+         return RunWithDocuments(r, st->json);
        }});
 }
 
 void AddGate(CLI::App& app, std::vector<Command>& commands) {
   struct State {
     lockstep::RunOptions opts;
+    std::string json;
     bool no_progress = false;
   };
   auto st = std::make_shared<State>();
   auto* gate = app.add_subcommand(
       "gate", "CI gate: run a campaign, write JUnit XML, exit 0 (pass) or 1 (fail)");
   gate->add_option("PLAN", st->opts.plan, "Campaign file (TOML)")->required();
-  gate->add_option("--out", st->opts.out_dir, "Run folder (default out/gate/<plan>-<time>)");
-  gate->add_option("--junit", st->opts.junit, "JUnit XML path (default <run folder>/junit.xml)");
-  gate->add_flag("--no-progress", st->no_progress, "No progress lines on stderr");
+  gate->add_option("--out", st->opts.out_dir, "Run folder")
+      ->default_str("out/gate/<plan>-<time>-<pid>")
+      ->group(kGroupCampaign);
+  gate->add_option("--junit", st->opts.junit, "JUnit XML path")
+      ->type_name("PATH|-")
+      ->default_str("<run folder>/junit.xml")
+      ->group(kGroupReports);
+  gate->add_option("--json", st->json, "Write the JSON summary (keys: harness/README.md)")
+      ->type_name("PATH|-")
+      ->group(kGroupReports);
+  gate->add_flag("--no-progress", st->no_progress, "No progress lines on stderr")
+      ->group(kGroupDiagnostics);
+  gate->footer(
+      "Examples:\n"
+      "  lockstep gate campaigns/aa-smoke.toml --junit out/junit.xml\n"
+      "  lockstep gate campaigns/aa-smoke.toml --junit - > junit.xml");
   commands.push_back({gate, [st] {
                         lockstep::RunOptions& r = st->opts;
                         if (r.out_dir.empty()) {
@@ -273,41 +479,114 @@ void AddGate(CLI::App& app, std::vector<Command>& commands) {
                                       std::to_string(::getpid());
                         }
                         if (st->no_progress) r.progress = 0;
-                        return lockstep::RunCampaign(r, std::cout);
+                        return RunWithDocuments(r, st->json);
                       }});
 }
 
-void AddReport(CLI::App& app, std::vector<Command>& commands) {
-  auto st = std::make_shared<lockstep::ReportOptions>();
-  auto* report =
-      app.add_subcommand("report", "Render a campaign run folder as Markdown / HTML / JUnit");
-  report->add_option("DIR", st->dir, "Run folder")->required();
-  report->add_option("--md", st->md, "Markdown path (default DIR/report.md)");
-  report->add_option("--html", st->html, "HTML path (default DIR/report.html)");
-  report->add_option("--junit", st->junit, "JUnit path (default DIR/junit.xml)");
-  commands.push_back({report, [st] { return lockstep::RunCampaignReport(*st, std::cout); }});
+// `report`: RunCampaignReport's three files, each through WriteOutput, and the summary.
+Status RenderReport(const lockstep::ReportOptions& o, const std::string& json) {
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::ostream * out,
+      SummaryStream({{"--md", o.md}, {"--html", o.html}, {"--junit", o.junit}, {"--json", json}}));
+  LOCKSTEP_ASSIGN_OR_RETURN(lockstep::CampaignDocuments d, lockstep::RenderCampaign(o.dir));
+  const lockstep::ReportPaths p{o.md.empty() ? o.dir + "/report.md" : o.md,
+                                o.html.empty() ? o.dir + "/report.html" : o.html,
+                                o.junit.empty() ? o.dir + "/junit.xml" : o.junit};
+  LOCKSTEP_RETURN_IF_ERROR(WriteOutput(p.md, d.markdown));
+  LOCKSTEP_RETURN_IF_ERROR(WriteOutput(p.html, d.html));
+  LOCKSTEP_RETURN_IF_ERROR(WriteOutput(p.junit, d.junit));
+  *out << "report: " << p.md << " (" << p.html << ", " << p.junit << ")\n";
+  if (json.empty()) return Status::Ok();
+  LOCKSTEP_ASSIGN_OR_RETURN(nlohmann::json j, lockstep::CampaignSummaryJson(o.dir, p));
+  return WriteOutput(json, j.dump(2) + "\n");
 }
 
-// A first argument that is neither a flag nor a command: exit 2 naming the commands, before
-// CLI11 would report it as an extra positional.
+void AddReport(CLI::App& app, std::vector<Command>& commands) {
+  struct State {
+    lockstep::ReportOptions opts;
+    std::string json;
+  };
+  auto st = std::make_shared<State>();
+  auto* report =
+      app.add_subcommand("report", "Render a campaign run folder as Markdown / HTML / JUnit");
+  report->add_option("DIR", st->opts.dir, "Run folder")->required();
+  report->add_option("--md", st->opts.md, "Markdown path")
+      ->type_name("PATH|-")
+      ->default_str("DIR/report.md")
+      ->group(kGroupReports);
+  report->add_option("--html", st->opts.html, "HTML path")
+      ->type_name("PATH|-")
+      ->default_str("DIR/report.html")
+      ->group(kGroupReports);
+  report->add_option("--junit", st->opts.junit, "JUnit path")
+      ->type_name("PATH|-")
+      ->default_str("DIR/junit.xml")
+      ->group(kGroupReports);
+  report->add_option("--json", st->json, "Write the JSON summary (keys: harness/README.md)")
+      ->type_name("PATH|-")
+      ->group(kGroupReports);
+  report->footer(
+      "Examples:\n"
+      "  lockstep report out/demo/aa-demo\n"
+      "  lockstep report out/demo/aa-demo --md - | less");
+  commands.push_back({report, [st] { return RenderReport(st->opts, st->json); }});
+}
+
+// The command names at the top level (and under `model`), for usage errors.
+std::vector<std::string> CommandNames(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const auto* sc : app.get_subcommands([](const CLI::App*) { return true; }))
+    names.push_back(sc->get_name());
+  return names;
+}
+
+// A first argument that is neither a flag nor a command (or a `model` argument that is no model
+// command): exit 2 naming the nearest command, before CLI11 would report an extra positional.
 bool RejectUnknownCommand(CLI::App& app, int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') return false;
-  std::string names;
-  for (const auto* sc : app.get_subcommands([](CLI::App*) { return true; })) {
-    if (sc->get_name() == argv[1]) return false;
-    names += (names.empty() ? "" : ", ") + sc->get_name();
+  const CLI::App* level = &app;
+  std::string word = argv[1], prefix;
+  if (word == "model") {
+    if (argc < 3 || argv[2][0] == '-') return false;
+    level = app.get_subcommand("model");
+    word = argv[2];
+    prefix = "model ";
   }
-  std::fprintf(stderr, "lockstep: usage error: unknown command '%s' (commands: %s)\n", argv[1],
-               names.c_str());
+  const std::vector<std::string> names = CommandNames(*level);
+  std::string list;
+  for (const std::string& n : names) {
+    if (n == word) return false;
+    list += (list.empty() ? "" : ", ") + n;
+  }
+  const std::string near = lockstep::NearestName(word, names);
+  std::fprintf(stderr, "%s unknown command '%s%s'%s (commands: %s)\n",
+               Prefix("usage error").c_str(), prefix.c_str(), word.c_str(),
+               near.empty() ? "" : ("; did you mean " + prefix + near + "?").c_str(), list.c_str());
   return true;
+}
+
+std::string VersionText() {
+  const lockstep::BuildInfo& b = lockstep::GetBuildInfo();
+  return std::string("lockstep ") + b.version + "\ncommit: " + b.commit +
+         "\nbuild type: " + b.build_type + "\ncuda backend: " + (b.cuda ? "on" : "off") +
+         "\nexport schema: lockstep.export v" + std::to_string(lockstep::kExportSchemaVersion);
 }
 
 int Main(int argc, char** argv) {
   CLI::App app{
       "lockstep: deterministic A/A diagnostics and state diffing for a hybrid MoE inference "
-      "engine"};
+      "engine",
+      "lockstep"};
+  app.formatter(std::make_shared<lockstep::GroupedFormatter>());  // subcommands inherit it
   app.require_subcommand(1);
-  app.set_version_flag("--version", "lockstep 0.1.0");
+  app.set_version_flag("--version", VersionText());
+  app.footer(
+      "Examples:\n"
+      "  lockstep model init --preset tiny --seed 7 --out m\n"
+      "  lockstep generate --model m --prompt 'Hello there' --export A.h5 --trace-jsonl A.jsonl\n"
+      "  lockstep diff A.h5 B.h5\n"
+      "  lockstep run campaigns/aa-smoke.toml --out out/smoke\n"
+      "Run 'lockstep <command> --help' for a command's options; harness/README.md has them all.");
   std::vector<Command> commands;
   for (auto add :
        {AddModelInit, AddGenerate, AddDiff, AddSummarize, AddAlign, AddRun, AddGate, AddReport})
@@ -317,8 +596,13 @@ int Main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    std::fprintf(stderr, "lockstep: usage error: %s\n", e.what());
-    std::fprintf(stderr, "run 'lockstep --help' (or 'lockstep <command> --help') for usage\n");
+    const CLI::App& given = lockstep::GivenCommand(app);
+    std::string path;  // "model init " for `lockstep model init`
+    for (const CLI::App* a = &given; a->get_parent() != nullptr; a = a->get_parent())
+      path = a->get_name() + " " + path;
+    std::fprintf(stderr, "%s %s\n", Prefix("usage error").c_str(),
+                 lockstep::UsageMessage(given, e, argc, argv).c_str());
+    std::fprintf(stderr, "run 'lockstep %s--help' for usage\n", path.c_str());
     return 2;
   }
   for (const Command& c : commands)

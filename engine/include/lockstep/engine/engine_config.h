@@ -101,11 +101,26 @@ using EngineOptionField =
                  std::vector<int> EngineConfig::*, std::vector<std::string> EngineConfig::*,
                  DType EngineConfig::*>;
 
+// The `lockstep generate --help` group an option is listed in (harness/cli/engine_flags.h names
+// them and fixes their order). Presentation only: no effect on JSON, parsing or validation.
+enum class EngineOptionGroup : std::uint8_t {
+  kRequest,
+  kModel,
+  kPipeline,
+  kSpeculative,
+  kCuda,
+  kDiagnostics
+};
+
 struct EngineOption {
   std::string_view key;   // JSON key ("prefill_chunk")
   std::string_view flag;  // command-line flag ("--prefill")
   EngineOptionField field;
+  EngineOptionGroup group;
   std::string_view doc;  // one line; `lockstep generate --help` prints it next to the flag
+  // What help shows as the default when `format` gives "" (an empty list or string means
+  // something: "even" split, device 0, "none"). Empty: the formatted default.
+  std::string_view default_text = {};
   // Command-line text -> field, for a value not spelled as its field type is (on|off, "0,1,2",
   // auto|N, a dtype name). Errors are kInvalidArgument naming `self.flag`. Null: the CLI reads
   // the field's own type (CLI11's integers and numbers; a bool is a switch without a value; a
@@ -118,8 +133,8 @@ struct EngineOption {
   Status (*validate)(const EngineConfig& c) = nullptr;
 };
 
-// Every engine option, in EngineConfig's field order (also the order of --help and of Validate's
-// checks). Static storage, never modified; thread-safe.
+// Every engine option, in EngineConfig's field order (the order of Validate's checks, and of
+// --help within each help group). Static storage, never modified; thread-safe.
 const std::vector<EngineOption>& EngineOptions();
 // `o`'s value in `c` as its flag spells it ("" for an empty string or list).
 std::string FormatEngineOption(const EngineOption& o, const EngineConfig& c);

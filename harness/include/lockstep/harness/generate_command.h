@@ -9,6 +9,7 @@
 #include <iosfwd>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "lockstep/engine/engine_config.h"
 #include "lockstep/engine/status.h"
@@ -17,17 +18,22 @@ namespace lockstep {
 
 struct GenerateOptions {
   EngineConfig config;
-  std::string prompt_text;    // --prompt (raw text, byte-tokenised)
-  std::string prompt_file;    // --prompt-file (raw text, byte-tokenised)
-  std::string prompt_tokens;  // --prompt-tokens (file of ids)
-  bool json = false;          // one JSON object on stdout instead of the text
-  bool print_config = false;  // print the effective config as canonical JSON and stop
-  std::string trace_jsonl;    // stream window records here (one write() per window)
-  std::string export_path;    // --export FILE: lockstep.export v1 HDF5 (written as FILE.partial)
+  std::string prompt_text;      // --prompt (raw text, byte-tokenised)
+  std::string prompt_file;      // --prompt-file (raw text, byte-tokenised)
+  std::string prompt_tokens;    // --prompt-tokens (file of ids)
+  bool json = false;            // one JSON object (lockstep.generate v1) instead of the text
+  std::string json_path = "-";  // --json PATH: the object goes there (WriteOutput) and the text to
+                                // `out`; "-": the object goes to `out`
+  bool print_config = false;    // print the effective config as canonical JSON and stop
+  std::string trace_jsonl;      // stream window records here (one write() per window)
+  std::string export_path;      // --export FILE: lockstep.export v1 HDF5 (written as FILE.partial)
   std::string export_windows = "0-2";  // --export-windows all|none|LIST
   std::string export_points = "pre_verify,post_verify,commit";
-  std::string export_compress;           // --export-compress none|lz4 ("" = none)
-  bool progress = false;                 // --progress: "progress: prefill D/N" lines on stderr
+  std::string export_compress;  // --export-compress none|lz4 ("" = none)
+  // Progress on stderr: -1 when stderr is a terminal (a line redrawn in place, then a summary
+  // line), 1 always (--progress; not a terminal: "progress: prefill D/N" and throttled
+  // "progress: decode N/M tokens" lines, which the campaign runner reads), 0 never.
+  int progress = -1;
   std::string arm;                       // --arm NAME recorded in the export
   std::string trace_json;                // --trace-json FILE: Chrome trace-event JSON (Perfetto)
   int sample_ms = 100;                   // resource sampler interval
@@ -36,10 +42,16 @@ struct GenerateOptions {
 
 // `lockstep generate ...`: validates the config (or prints it, with print_config, and stops),
 // loads the model and the prompt, builds the engine, runs one request and prints the text (or,
-// with json, one lockstep.generate object). With export_path it writes the state export, with
+// with json, one lockstep.generate object). The text is printed through EscapeText (the exact
+// bytes are in the JSON's text and output_ids). With export_path it writes the state export, with
 // trace_jsonl / trace_json the window records. The request's output is printed even when an
 // export then fails (that Status is returned after). A failed request leaves FILE.partial, never
 // FILE. kInvalidArgument for bad options or inputs, kIOError / kRuntime from files and the engine.
 Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out);
+
+// `text` safe to print on a terminal: newline and tab kept, valid UTF-8 of printable characters
+// kept, every other byte (C0 controls such as backspace and ESC, DEL, the C1 controls U+0080 ..
+// U+009F, bytes that are not valid UTF-8) written as \xNN. Pure.
+std::string EscapeText(std::string_view text);
 
 }  // namespace lockstep

@@ -34,6 +34,9 @@
 
 namespace lockstep {
 
+// The `schema_version` attribute this writer puts on "/" (schema "lockstep.export").
+inline constexpr int kExportSchemaVersion = 1;
+
 struct ExportOptions {
   std::string path;         // final file; written as path + ".partial"
   WindowSelection windows;  // default: none (trace only)
