@@ -127,6 +127,15 @@ void AddReportOutputs(CLI::App* sc, lockstep::ReportOutputs& r) {
   sc->add_option("--junit", r.junit, "Write JUnit XML (one test case per item and gate)");
 }
 
+// Isolation of the HDF5 parser (export_reader.h "Isolation"): on unless --no-isolate.
+void AddIsolateOptions(CLI::App* sc, bool& isolate, double& timeout_s) {
+  sc->add_flag("--isolate,!--no-isolate", isolate,
+               "Parse HDF5 metadata in a child process (default; --no-isolate: trusted files)");
+  sc->add_option("--isolate-timeout", timeout_s,
+                 "Seconds the isolated parser may take per file (default 30)")
+      ->check(CLI::PositiveNumber);
+}
+
 // The options diff and summarize share; `mem_limit` is parsed when the command runs.
 void AddDiffOptions(CLI::App* sc, lockstep::DiffCommandOptions& d, std::string& mem_limit) {
   sc->add_option("A", d.a, "Reference export (.h5)")->required();
@@ -144,6 +153,7 @@ void AddDiffOptions(CLI::App* sc, lockstep::DiffCommandOptions& d, std::string& 
   sc->add_option("--threads", d.diff.threads, "Items compared in parallel (0 = hardware threads)");
   sc->add_flag("--no-index", d.no_index,
                "Ignore /index/items and open every dataset (files edited by other tools)");
+  AddIsolateOptions(sc, d.isolate, d.isolate_timeout_s);
   AddReportOutputs(sc, d.reports);
 }
 
@@ -156,8 +166,6 @@ void AddDiff(CLI::App& app, std::vector<Command>& commands) {
   auto* diff = app.add_subcommand(
       "diff", "Compare the state of two exports (NRMSE, KL, exact) item by item");
   AddDiffOptions(diff, st->opts, st->mem_limit);
-  diff->add_flag("--isolate,!--no-isolate", st->opts.isolate,
-                 "Parse in a child process (a crash there is exit 2)");
   diff->add_flag("--quiet", st->opts.quiet, "Print the verdict line only");
   commands.push_back({diff, [st]() -> Status {
                         LOCKSTEP_ASSIGN_OR_RETURN(
@@ -171,7 +179,6 @@ void AddSummarize(CLI::App& app, std::vector<Command>& commands) {
   struct State {
     lockstep::SummarizeCommandOptions opts;
     std::string mem_limit = "1G";
-    bool no_isolate = false;
   };
   auto st = std::make_shared<State>();
   auto* summarize =
@@ -179,13 +186,10 @@ void AddSummarize(CLI::App& app, std::vector<Command>& commands) {
   AddDiffOptions(summarize, st->opts.diff, st->mem_limit);
   summarize->add_option("--fields", st->opts.fields,
                         "Path fields to align on (default p,T,T_mtp,merged,from_sfx,chain_n)");
-  summarize->add_flag("--no-isolate", st->no_isolate,
-                      "Parse in this process (default: a child process)");
   commands.push_back({summarize, [st]() -> Status {
                         LOCKSTEP_ASSIGN_OR_RETURN(
                             st->opts.diff.diff.mem_limit_bytes,
                             lockstep::ParseByteSize(st->mem_limit, "--mem-limit"));
-                        st->opts.diff.isolate = !st->no_isolate;
                         return lockstep::RunSummarize(st->opts, std::cout);
                       }});
 }
@@ -198,7 +202,7 @@ void AddAlign(CLI::App& app, std::vector<Command>& commands) {
   align->add_option("B", st->b, "Export (.h5) or trace (JSON lines)")->required();
   align->add_option("--fields", st->fields,
                     "Path fields to align on (default p,T,T_mtp,merged,from_sfx,chain_n)");
-  align->add_flag("--isolate", st->isolate, "Parse in a child process (a crash there is exit 2)");
+  AddIsolateOptions(align, st->isolate, st->isolate_timeout_s);
   align->add_flag("--fail-on-divergence", st->fail_on_divergence, "Exit 1 when the paths diverge");
   align->add_flag("--no-index", st->no_index, "Ignore /index/items (files edited by other tools)");
   AddReportOutputs(align, st->reports);
@@ -222,6 +226,9 @@ void AddRun(CLI::App& app, std::vector<Command>& commands) {
                 "CI gate (accepted for scripts; every run already exits 0/1 and writes JUnit XML)");
   run->add_option("--junit", st->opts.junit, "JUnit XML path (default <run folder>/junit.xml)");
   run->add_flag("--no-progress", st->no_progress, "No progress lines on stderr");
+  run->add_option("--isolate-timeout", st->opts.isolate_timeout_s,
+                  "Seconds each export's isolated HDF5 parse may take (default 30)")
+      ->check(CLI::PositiveNumber);
   commands.push_back(
       {run, [st]() -> Status {
          lockstep::RunOptions& r = st->opts;
@@ -251,6 +258,9 @@ void AddGate(CLI::App& app, std::vector<Command>& commands) {
   gate->add_option("--out", st->opts.out_dir, "Run folder (default out/gate/<plan>-<time>)");
   gate->add_option("--junit", st->opts.junit, "JUnit XML path (default <run folder>/junit.xml)");
   gate->add_flag("--no-progress", st->no_progress, "No progress lines on stderr");
+  gate->add_option("--isolate-timeout", st->opts.isolate_timeout_s,
+                   "Seconds each export's isolated HDF5 parse may take (default 30)")
+      ->check(CLI::PositiveNumber);
   commands.push_back({gate, [st] {
                         lockstep::RunOptions& r = st->opts;
                         if (r.out_dir.empty()) {
