@@ -108,9 +108,11 @@ struct ExportReader::Impl {
   }
 };
 
-// Open() in this process: the whole validation through libhdf5 (export_reader.cpp).
+// Open() in this process: the whole validation through libhdf5 (export_reader.cpp). close_hdf5:
+// close libhdf5's file when no item needs it (false: the isolated child, which only exits).
 Result<std::unique_ptr<ExportReader::Impl>> OpenInProcess(const std::string& path,
-                                                          const ReaderLimits& limits);
+                                                          const ReaderLimits& limits,
+                                                          bool close_hdf5 = true);
 // Open() in a forked child (isolated_open.cpp; export_reader.h "Isolation").
 Result<std::unique_ptr<ExportReader::Impl>> OpenIsolated(const std::string& path,
                                                          const ReaderLimits& limits);

@@ -370,7 +370,8 @@ Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& path
 }
 
 Result<std::unique_ptr<ExportReader::Impl>> OpenInProcess(const std::string& path,
-                                                          const ReaderLimits& limits) {
+                                                          const ReaderLimits& limits,
+                                                          bool close_hdf5) {
   using Impl = ExportReader::Impl;
   H5Eset_auto2(H5E_DEFAULT, nullptr,
                nullptr);  // errors become Status, not stderr noise (per thread)
@@ -422,7 +423,7 @@ Result<std::unique_ptr<ExportReader::Impl>> OpenInProcess(const std::string& pat
       hst.st_ino != st.st_ino)
     return Status::IOError(path, "the file changed while it was being opened");
   if (Status s = impl->ReadAll(); !s.ok()) return s.WithContext(path);
-  if (!impl->needs_fallback)
+  if (!impl->needs_fallback && close_hdf5)
     impl->file.reset();  // every read goes through pread(): free HDF5's state
   return impl;
 }

@@ -152,23 +152,22 @@ struct ChildArgs {
       sink[0] = 1;
     }
   }
-  std::string wire;
-  {
-    ReaderLimits in = a.limits;
-    in.isolate = false;
-    auto impl = OpenInProcess(a.path, in);
-    Status s = impl.ok() ? Status::Ok() : impl.status();
-    struct stat mine;
-    if (s.ok() && (::fstat((*impl)->fd, &mine) != 0 || mine.st_dev != a.st.st_dev ||
-                   mine.st_ino != a.st.st_ino))
-      s = Status::IOError(a.path, "the file changed while it was being opened");
-    if (s.ok()) {
-      (*impl)->spill_fd = a.spill_fd;
-      s = Spill(impl->get());
-      (*impl)->spill_fd = -1;  // the parent's
-    }
-    wire = EncodeOpenResult(s, s.ok() ? impl->get() : nullptr);
+  ReaderLimits in = a.limits;
+  in.isolate = false;
+  // Never freed, and libhdf5's file never closed: this process only exits (its teardown is the
+  // kernel's, after the parent has its answer).
+  auto opened = OpenInProcess(a.path, in, /*close_hdf5=*/false);
+  Status s = opened.ok() ? Status::Ok() : opened.status();
+  ExportReader::Impl* impl = opened.ok() ? std::move(opened).value().release() : nullptr;
+  struct stat mine;
+  if (s.ok() &&
+      (::fstat(impl->fd, &mine) != 0 || mine.st_dev != a.st.st_dev || mine.st_ino != a.st.st_ino))
+    s = Status::IOError(a.path, "the file changed while it was being opened");
+  if (s.ok()) {
+    impl->spill_fd = a.spill_fd;
+    s = Spill(impl);
   }
+  const std::string wire = EncodeOpenResult(s, s.ok() ? impl : nullptr);
   const bool sent = WriteAll(a.out_fd, wire);
   ::close(a.out_fd);  // the parent's end-of-file now, not after this process's teardown
   ::_exit(sent ? 0 : kNoResultExit);

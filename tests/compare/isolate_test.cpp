@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "export_index.h"  // compare/'s private headers: the wire itself
+#include "isolated_wire.h"
 #include "lockstep/compare/export_reader.h"
 #include "lockstep/engine/atomic_file.h"
 #include "test_util.h"
@@ -106,6 +108,44 @@ TEST(IsolatedOpen, SameMetaAndBytesAsInProcess) {
     EXPECT_TRUE(a == b) << path << ": rows differ between the isolated and in-process reader";
     const auto& cp = iso->meta().checkpoints.at(0);
     EXPECT_EQ(iso->ReadsDirectly(cp, cp.items.at(0)), path == Plain()) << path;
+  }
+}
+
+// The parent trusts nothing the child sends: every truncation of a real message is refused as
+// malformed (never a partial meta), and flipped bytes never crash the decoder.
+TEST(IsolationWire, TruncatedOrFlippedMessagesAreRefused) {
+  ReaderLimits limits;
+  limits.isolate = false;
+  auto impl = OpenInProcess(Plain(), limits);
+  ASSERT_TRUE(impl.ok()) << impl.status().message();
+  const std::string wire = EncodeOpenResult(Status::Ok(), impl->get());
+  {
+    ExportReader::Impl back;
+    bool malformed = true;
+    ASSERT_TRUE(DecodeOpenResult(wire, "f", &back, &malformed).ok());
+    EXPECT_FALSE(malformed);
+    EXPECT_EQ(DumpExportMeta(back.meta), DumpExportMeta((*impl)->meta));
+    EXPECT_EQ(back.locs.size(), (*impl)->locs.size());
+  }
+  for (std::size_t n = 0; n < wire.size(); n += 1 + n / 64) {
+    ExportReader::Impl back;
+    bool malformed = false;
+    const Status s = DecodeOpenResult(std::string_view(wire).substr(0, n), "f", &back, &malformed);
+    EXPECT_TRUE(malformed && !s.ok() && s.exit_code() == 2) << "prefix of " << n << " bytes";
+  }
+  EXPECT_TRUE([&] {
+    ExportReader::Impl back;
+    bool malformed = false;
+    return !DecodeOpenResult(wire + "x", "f", &back, &malformed).ok() && malformed;
+  }()) << "trailing bytes accepted";
+  std::uint64_t x = 42;
+  for (int i = 0; i < 2000; ++i) {
+    std::string w = wire;
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    w[static_cast<std::size_t>((x >> 20) % w.size())] ^= static_cast<char>(1 + (x >> 8) % 255);
+    ExportReader::Impl back;
+    bool malformed = false;
+    (void)DecodeOpenResult(w, "f", &back, &malformed);  // must not crash or allocate absurdly
   }
 }
 
