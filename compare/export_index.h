@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -28,8 +29,10 @@ struct Loc {
   std::string path;  // in-file path (error messages, H5Dread fallback)
   std::vector<hsize_t> dims;
   std::int64_t rows = 0, row_bytes = 0;
-  std::int64_t offset = -1;          // file offset of the raw contiguous data; -1: H5Dread fallback
-  hid_t mem_type = H5I_INVALID_HID;  // native type of the elements (predefined: never closed)
+  std::int64_t offset = -1;  // file offset of the raw contiguous data; -1: H5Dread fallback
+  bool spilled = false;  // isolated open: offset is in Impl::spill_fd (the child decompressed it)
+  hid_t mem_type = H5I_INVALID_HID;  // native type of the elements (predefined: never closed);
+                                     // invalid in an isolated reader (never calls libhdf5)
 };
 
 struct ExportReader::Impl {
@@ -37,6 +40,8 @@ struct ExportReader::Impl {
   ReaderLimits limits;
   std::string file_path;
   int fd = -1;
+  int spill_fd = -1;  // isolated: the unlinked file of the chunked items' rows (else -1)
+  std::int64_t spill_bytes = 0;
   H5Handle file;             // kept open only when some dataset needs the H5Dread fallback
   mutable std::mutex h5_mu;  // serialises the fallback (and its hyperslab selections)
   struct ItemLoc {
@@ -49,6 +54,7 @@ struct ExportReader::Impl {
   ~Impl() {
     file.reset();
     if (fd >= 0) ::close(fd);
+    if (spill_fd >= 0) ::close(spill_fd);
   }
 
   Status ReadAll();
@@ -101,5 +107,14 @@ struct ExportReader::Impl {
     return it == locs.end() ? nullptr : &it->second;
   }
 };
+
+// Open() in this process: the whole validation through libhdf5 (export_reader.cpp). close_hdf5:
+// close libhdf5's file when no item needs it (false: the isolated child, which only exits).
+Result<std::unique_ptr<ExportReader::Impl>> OpenInProcess(const std::string& path,
+                                                          const ReaderLimits& limits,
+                                                          bool close_hdf5 = true);
+// Open() in a forked child (isolated_open.cpp; export_reader.h "Isolation").
+Result<std::unique_ptr<ExportReader::Impl>> OpenIsolated(const std::string& path,
+                                                         const ReaderLimits& limits);
 
 }  // namespace lockstep

@@ -102,11 +102,12 @@ Status ExportReader::Impl::Read(const Loc& loc, std::int64_t row0, std::int64_t 
   if (n == 0) return Status::Ok();
   if (dst == nullptr) return Status::InvalidArgument(loc.path, "null destination");
   if (loc.offset >= 0) {
+    const int from = loc.spilled ? spill_fd : fd;
     auto* p = static_cast<char*>(dst);
     auto left = static_cast<std::size_t>(n * loc.row_bytes);
     auto off = static_cast<off_t>(loc.offset + row0 * loc.row_bytes);
     while (left > 0) {
-      const ssize_t r = ::pread(fd, p, left, off);
+      const ssize_t r = ::pread(from, p, left, off);
       if (r < 0 && errno == EINTR) continue;
       if (r < 0)
         return Status::IOError(file_path, loc.path + ": read failed: " + std::strerror(errno));
@@ -393,6 +394,16 @@ Status ExportReader::Impl::ReadCheckpoints() {
 
 Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& path,
                                                          const ReaderLimits& limits) {
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, limits.isolate
+                                                            ? OpenIsolated(path, limits)
+                                                            : OpenInProcess(path, limits));
+  return std::unique_ptr<ExportReader>(new ExportReader(std::move(impl)));
+}
+
+Result<std::unique_ptr<ExportReader::Impl>> OpenInProcess(const std::string& path,
+                                                          const ReaderLimits& limits,
+                                                          bool close_hdf5) {
+  using Impl = ExportReader::Impl;
   H5Eset_auto2(H5E_DEFAULT, nullptr,
                nullptr);  // errors become Status, not stderr noise (per thread)
   auto impl = std::make_unique<Impl>();
@@ -443,9 +454,9 @@ Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& path
       hst.st_ino != st.st_ino)
     return Status::IOError(path, "the file changed while it was being opened");
   if (Status s = impl->ReadAll(); !s.ok()) return s.WithContext(path);
-  if (!impl->needs_fallback)
+  if (!impl->needs_fallback && close_hdf5)
     impl->file.reset();  // every read goes through pread(): free HDF5's state
-  return std::unique_ptr<ExportReader>(new ExportReader(std::move(impl)));
+  return impl;
 }
 
 ExportReader::ExportReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -473,7 +484,7 @@ Status ExportReader::ReadScaleRows(const ExportCheckpoint& cp, const ExportItem&
 
 bool ExportReader::ReadsDirectly(const ExportCheckpoint& cp, const ExportItem& item) const {
   const Impl::ItemLoc* loc = impl_->Find(cp, item);
-  return loc != nullptr && loc->data.offset >= 0;
+  return loc != nullptr && loc->data.offset >= 0 && !loc->data.spilled;
 }
 
 bool LooksLikeHdf5(const std::string& path) {

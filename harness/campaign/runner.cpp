@@ -253,8 +253,10 @@ struct Runner {
     std::optional<DiffResult> diff;
     std::string diff_error;
     if (arm.mode == "state" && base_spec.mode == "state" && base.ok && cur.ok) {
-      auto a = ExportReader::Open(ArmDir(base_spec.name, 0, base_spec) + "/export.h5");
-      auto b = ExportReader::Open(ArmDir(arm.name, 0, arm) + "/export.h5");
+      ReaderLimits limits;  // isolated: a crash parsing an arm's export fails this comparison only
+      limits.isolate_timeout_s = opts.isolate_timeout_s;
+      auto a = ExportReader::Open(ArmDir(base_spec.name, 0, base_spec) + "/export.h5", limits);
+      auto b = ExportReader::Open(ArmDir(arm.name, 0, arm) + "/export.h5", limits);
       if (a.ok() && b.ok()) {
         ra = std::move(a).value();
         rb = std::move(b).value();

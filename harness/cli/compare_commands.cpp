@@ -13,7 +13,6 @@
 #include "lockstep/compare/export_reader.h"
 #include "lockstep/compare/report.h"
 #include "lockstep/engine/atomic_file.h"
-#include "lockstep/harness/process.h"
 
 namespace lockstep {
 
@@ -229,6 +228,8 @@ Result<Diffed> OpenAndDiff(const DiffCommandOptions& opts) {
   Diffed x;
   ReaderLimits limits;
   limits.use_index = !opts.no_index;
+  limits.isolate = opts.isolate;
+  limits.isolate_timeout_s = opts.isolate_timeout_s;
   LOCKSTEP_ASSIGN_OR_RETURN(x.ra, ExportReader::Open(opts.a, limits));
   LOCKSTEP_ASSIGN_OR_RETURN(x.rb, ExportReader::Open(opts.b, limits));
   DiffOptions dopt = opts.diff;
@@ -256,11 +257,13 @@ Status DiffBody(const DiffCommandOptions& opts, std::ostream& out) {
 }
 
 // Window records of an export or of a JSON-lines trace.
-Result<std::vector<WindowRecord>> LoadWindows(const std::string& path, bool no_index,
-                                              std::string* arm) {
+Result<std::vector<WindowRecord>> LoadWindows(const std::string& path,
+                                              const AlignCommandOptions& opts, std::string* arm) {
   if (LooksLikeHdf5(path)) {
     ReaderLimits limits;
-    limits.use_index = !no_index;
+    limits.use_index = !opts.no_index;
+    limits.isolate = opts.isolate;
+    limits.isolate_timeout_s = opts.isolate_timeout_s;
     LOCKSTEP_ASSIGN_OR_RETURN(auto r, ExportReader::Open(path, limits));
     if (!r->meta().arm.empty()) *arm = r->meta().arm;
     return r->meta().windows;
@@ -298,8 +301,8 @@ Status AlignBody(const AlignCommandOptions& opts, std::ostream& out) {
   AlignOptions ao;
   LOCKSTEP_ASSIGN_OR_RETURN(ao.fields, ParseAlignFields(opts.fields));
   std::string na = "A", nb = "B";
-  LOCKSTEP_ASSIGN_OR_RETURN(auto wa, LoadWindows(opts.a, opts.no_index, &na));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto wb, LoadWindows(opts.b, opts.no_index, &nb));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto wa, LoadWindows(opts.a, opts, &na));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto wb, LoadWindows(opts.b, opts, &nb));
   if (na == nb) na += " (A)", nb += " (B)";
   AlignResult al = AlignWindows(wa, wb, ao);
   const bool exports = LooksLikeHdf5(opts.a) && LooksLikeHdf5(opts.b);
@@ -376,22 +379,14 @@ Result<std::int64_t> ParseByteSize(std::string_view text, std::string_view optio
   return static_cast<std::int64_t>(v * static_cast<double>(mult));
 }
 
-Status RunDiff(const DiffCommandOptions& opts, std::ostream& out) {
-  if (!opts.isolate) return DiffBody(opts, out);
-  return RunIsolated(
-      "diff", [&](std::ostream& o) { return DiffBody(opts, o); }, out);
-}
+// Isolation is the reader's (ExportReader::Open in a child per file): the commands themselves
+// run in this process.
+Status RunDiff(const DiffCommandOptions& opts, std::ostream& out) { return DiffBody(opts, out); }
 
-Status RunAlign(const AlignCommandOptions& opts, std::ostream& out) {
-  if (!opts.isolate) return AlignBody(opts, out);
-  return RunIsolated(
-      "align", [&](std::ostream& o) { return AlignBody(opts, o); }, out);
-}
+Status RunAlign(const AlignCommandOptions& opts, std::ostream& out) { return AlignBody(opts, out); }
 
 Status RunSummarize(const SummarizeCommandOptions& opts, std::ostream& out) {
-  if (!opts.diff.isolate) return SummarizeBody(opts, out);
-  return RunIsolated(
-      "summarize", [&](std::ostream& o) { return SummarizeBody(opts, o); }, out);
+  return SummarizeBody(opts, out);
 }
 
 }  // namespace lockstep

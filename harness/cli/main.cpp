@@ -235,6 +235,17 @@ void AddReportOutputs(CLI::App* sc, lockstep::ReportOutputs& r) {
       ->group(kGroupReports);
 }
 
+// Isolation of the HDF5 parser (export_reader.h "Isolation"): on unless --no-isolate.
+void AddIsolateOptions(CLI::App* sc, bool& isolate, double& timeout_s) {
+  sc->add_flag("--isolate,!--no-isolate", isolate,
+               "Parse HDF5 metadata in a child process (default; --no-isolate: trusted files)")
+      ->group(kGroupDiagnostics);
+  sc->add_option("--isolate-timeout", timeout_s, "Seconds the isolated parser may take per file")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->group(kGroupDiagnostics);
+}
+
 // The options diff and summarize share; `mem_limit` is parsed when the command runs.
 void AddDiffOptions(CLI::App* sc, lockstep::DiffCommandOptions& d, std::string& mem_limit) {
   sc->add_option("A", d.a, "Reference export (.h5)")->required();
@@ -271,6 +282,7 @@ void AddDiffOptions(CLI::App* sc, lockstep::DiffCommandOptions& d, std::string& 
   sc->add_flag("--allow-self", d.diff.allow_self,
                "Allow A and B to be the same file or the same run")
       ->group(kGroupCompare);
+  AddIsolateOptions(sc, d.isolate, d.isolate_timeout_s);
   AddReportOutputs(sc, d.reports);
 }
 
@@ -283,9 +295,6 @@ void AddDiff(CLI::App& app, std::vector<Command>& commands) {
   auto* diff = app.add_subcommand(
       "diff", "Compare the state of two exports (NRMSE, KL, exact) item by item");
   AddDiffOptions(diff, st->opts, st->mem_limit);
-  diff->add_flag("--isolate,!--no-isolate", st->opts.isolate,
-                 "Parse in a child process (a crash there is exit 2)")
-      ->group(kGroupDiagnostics);
   diff->add_flag("--quiet", st->opts.quiet, "Print the verdict line only")->group(kGroupReports);
   diff->footer(
       "Examples:\n"
@@ -307,7 +316,6 @@ void AddSummarize(CLI::App& app, std::vector<Command>& commands) {
   struct State {
     lockstep::SummarizeCommandOptions opts;
     std::string mem_limit = "1G";
-    bool no_isolate = false;
   };
   auto st = std::make_shared<State>();
   auto* summarize =
@@ -316,9 +324,6 @@ void AddSummarize(CLI::App& app, std::vector<Command>& commands) {
   summarize->add_option("--fields", st->opts.fields, "Path fields to align on")
       ->capture_default_str()
       ->group(kGroupCompare);
-  summarize
-      ->add_flag("--no-isolate", st->no_isolate, "Parse in this process (default: a child process)")
-      ->group(kGroupDiagnostics);
   summarize->footer(
       "Examples:\n"
       "  lockstep summarize A.h5 B.h5 --md report.md --html report.html\n"
@@ -327,7 +332,6 @@ void AddSummarize(CLI::App& app, std::vector<Command>& commands) {
       {summarize, [st]() -> Status {
          LOCKSTEP_ASSIGN_OR_RETURN(st->opts.diff.diff.mem_limit_bytes,
                                    lockstep::ParseByteSize(st->mem_limit, "--mem-limit"));
-         st->opts.diff.isolate = !st->no_isolate;
          LOCKSTEP_ASSIGN_OR_RETURN(std::ostream * out,
                                    SummaryStream(ReportDocuments(st->opts.diff.reports)));
          st->opts.diff.color = ColorEnabledFor(out);
@@ -346,8 +350,7 @@ void AddAlign(CLI::App& app, std::vector<Command>& commands) {
       ->group(kGroupCompare);
   align->add_flag("--fail-on-divergence", st->fail_on_divergence, "Exit 1 when the paths diverge, are not comparable or cannot differ")
       ->group(kGroupCompare);
-  align->add_flag("--isolate", st->isolate, "Parse in a child process (a crash there is exit 2)")
-      ->group(kGroupDiagnostics);
+  AddIsolateOptions(align, st->isolate, st->isolate_timeout_s);
   align->add_flag("--no-index", st->no_index, "Ignore /index/items (files edited by other tools)")
       ->group(kGroupDiagnostics);
   align->add_flag("--allow-self", st->allow_self,
@@ -427,6 +430,11 @@ void AddRun(CLI::App& app, std::vector<Command>& commands) {
       "  lockstep run campaigns/aa-smoke.toml --out out/smoke\n"
       "  lockstep run --resume out/smoke\n"
       "  lockstep run campaigns/aa-demo.toml --out out/demo --json - | jq .verdict");
+  run->add_option("--isolate-timeout", st->opts.isolate_timeout_s,
+                  "Seconds each export's isolated HDF5 parse may take")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->group(kGroupDiagnostics);
   commands.push_back(
       {run, [st]() -> Status {
          lockstep::RunOptions& r = st->opts;
@@ -470,6 +478,11 @@ void AddGate(CLI::App& app, std::vector<Command>& commands) {
       "Examples:\n"
       "  lockstep gate campaigns/aa-smoke.toml --junit out/junit.xml\n"
       "  lockstep gate campaigns/aa-smoke.toml --junit - > junit.xml");
+  gate->add_option("--isolate-timeout", st->opts.isolate_timeout_s,
+                   "Seconds each export's isolated HDF5 parse may take")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->group(kGroupDiagnostics);
   commands.push_back({gate, [st] {
                         lockstep::RunOptions& r = st->opts;
                         if (r.out_dir.empty()) {

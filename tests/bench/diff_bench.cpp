@@ -15,6 +15,14 @@
 //   /1 long context: an 8,192-byte prompt, --max-new 8 --export-windows 0-2 (the seed's shape:
 //   early
 //      windows of a long request): ~340 items of up to 8k rows, ~0.4 GB per file (~40 s each).
+// Isolation (issue 21), in the same run: BM_DiffCommand runs `lockstep diff --quiet A B` (each
+// file's HDF5 metadata parsed in a child process, the default) and BM_DiffCommandNoIsolate the
+// same with --no-isolate, a fresh process per iteration (goal: isolated <= 1.05 x); BM_OpenTiny /
+// BM_OpenTinyInProcess open a tiny export again and again (the fixed cost per file: fork, the
+// child's HDF5 start-up, the pipe; goal <= 20 ms more), registered first, while this process is
+// still small. BM_LockstepDiff (isolated) against BM_LockstepDiffInProcess is the library call
+// in this benchmark process, which by then holds ~1 GB of freed-but-resident diff buffers: a fork
+// costs ~7 ms per GiB resident, and the parent's next writes to those pages fault once each.
 // The wall clock is measured (UseRealTime): the diff runs on several threads and h5diff is a
 // child process, neither of which the benchmark thread's CPU time would see.
 //
@@ -24,6 +32,8 @@
 // env: LOCKSTEP_H5DIFF       the h5diff binary (default: h5diff on PATH)
 #include <benchmark/benchmark.h>
 #include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,8 +51,11 @@
 namespace lockstep {
 namespace {
 
-std::map<std::string, double> g_bps;  // benchmark name (up to the first '/') -> bytes_per_second
-std::string g_dir;                    // the scratch folder, removed by main()
+std::map<std::string, double> g_bps;     // benchmark name (up to the first '/') -> bytes_per_second
+std::map<std::string, double> g_open_s;  // the same names -> counter open_s (seconds per iteration)
+std::map<std::string, double> g_cpu_ms;  // the same names -> counter cpu_ms (median)
+std::map<std::string, double> g_real_ms;  // the same names -> real ms per iteration (median)
+std::string g_dir;                        // the scratch folder, removed by main()
 
 std::string Env(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
@@ -173,7 +186,7 @@ void BM_RawRead(benchmark::State& state) {
 
 // What `lockstep diff A B` does before the report: open (validate) both files, then diff every
 // item. Counters: items compared, and the seconds per iteration spent in Open and in DiffExports.
-void LockstepDiff(benchmark::State& state, int threads) {
+void LockstepDiff(benchmark::State& state, int threads, bool isolate) {
   const Exports& e = Pair(static_cast<int>(state.range(0)));
   if (!e.ok) {
     state.SkipWithError("setup failed (see stderr)");
@@ -184,8 +197,10 @@ void LockstepDiff(benchmark::State& state, int threads) {
   double open_s = 0.0, diff_s = 0.0, compared = 0.0, data_bytes = 0.0;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto ra = ExportReader::Open(e.a);
-    auto rb = ExportReader::Open(e.b);
+    ReaderLimits limits;
+    limits.isolate = isolate;
+    auto ra = ExportReader::Open(e.a, limits);
+    auto rb = ExportReader::Open(e.b, limits);
     if (!ra.ok() || !rb.ok()) {
       state.SkipWithError("open failed");
       break;
@@ -210,10 +225,99 @@ void LockstepDiff(benchmark::State& state, int threads) {
   state.counters["open_s"] = open_s / iters;
   state.counters["diff_s"] = diff_s / iters;
 }
-void BM_LockstepDiff(benchmark::State& s) {
-  LockstepDiff(s, 0);
-}  // DiffOptions::threads 0: hardware threads
-void BM_LockstepDiffOneThread(benchmark::State& s) { LockstepDiff(s, 1); }
+// DiffOptions::threads 0: hardware threads.
+void BM_LockstepDiff(benchmark::State& s) { LockstepDiff(s, 0, true); }
+void BM_LockstepDiffInProcess(benchmark::State& s) { LockstepDiff(s, 0, false); }
+void BM_LockstepDiffOneThread(benchmark::State& s) { LockstepDiff(s, 1, true); }
+
+// CPU seconds (user + sys) of this process (RUSAGE_SELF) or of its reaped descendants
+// (RUSAGE_CHILDREN). main() makes this process a subreaper, so the isolated readers that a
+// `lockstep diff` leaves exiting behind it are reparented here, and DrainChildren() reaps them:
+// their CPU counts too. On a shared, loaded machine CPU time is the stable figure; wall time
+// swings by 20-30% between repetitions.
+double Cpu(int who) {
+  rusage ru{};
+  ::getrusage(who, &ru);
+  auto s = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
+  return s(ru.ru_utime) + s(ru.ru_stime);
+}
+void DrainChildren() {
+  int status = 0;
+  while (::waitpid(-1, &status, 0) > 0) {
+  }
+}
+double PerIteration(double total, const benchmark::State& state) {
+  return total / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+}
+
+// The fixed cost of an isolated open: a tiny export (one window, commit only), opened again and
+// again, isolated and in process; counter open_s per file.
+const std::string& TinyExport() {
+  static std::string path;
+  if (!path.empty()) return path;
+  const std::string bin = Env("LOCKSTEP_BIN", LOCKSTEP_BIN_PATH);
+  if (g_dir.empty()) {
+    g_dir =
+        Env("LOCKSTEP_BENCH_DIR", "/tmp") + "/lockstep-diff-bench-" + std::to_string(::getpid());
+    std::filesystem::create_directories(g_dir);
+  }
+  const std::string model = g_dir + "/tiny", out = g_dir + "/tiny.h5";
+  if (Run("'" + bin + "' model init --preset tiny --seed 0 --out '" + model + "'") &&
+      Run("'" + bin + "' generate --model '" + model + "' --prompt 'the cat sat' --max-new 4" +
+          " --export-windows 0 --export-points commit --export '" + out + "'"))
+    path = out;
+  return path;
+}
+void OpenTiny(benchmark::State& state, bool isolate) {
+  const std::string& path = TinyExport();
+  if (path.empty()) {
+    state.SkipWithError("setup failed (see stderr)");
+    return;
+  }
+  ReaderLimits limits;
+  limits.isolate = isolate;
+  DrainChildren();
+  const double cpu0 = Cpu(RUSAGE_SELF) + Cpu(RUSAGE_CHILDREN);
+  for (auto _ : state) {
+    auto r = ExportReader::Open(path, limits);
+    if (!r.ok()) {
+      state.SkipWithError("open failed");
+      break;
+    }
+    benchmark::DoNotOptimize(r->get());
+  }
+  DrainChildren();
+  state.counters["cpu_ms"] =
+      1e3 * PerIteration(Cpu(RUSAGE_SELF) + Cpu(RUSAGE_CHILDREN) - cpu0, state);
+}
+// `lockstep diff A B --quiet` itself, a fresh process per iteration, isolated (the default) and
+// with --no-isolate: what a user waits for.
+void DiffCommand(benchmark::State& state, bool isolate) {
+  const Exports& e = Pair(static_cast<int>(state.range(0)));
+  if (!e.ok) {
+    state.SkipWithError("setup failed (see stderr)");
+    return;
+  }
+  const std::string cmd = "'" + Env("LOCKSTEP_BIN", LOCKSTEP_BIN_PATH) + "' diff --quiet '" + e.a +
+                          "' '" + e.b + "'" + (isolate ? "" : " --no-isolate") + " >/dev/null";
+  DrainChildren();
+  const double cpu0 = Cpu(RUSAGE_CHILDREN);
+  for (auto _ : state)
+    if (ExitCode(std::system(cmd.c_str())) != 0) {
+      state.SkipWithError("lockstep diff did not pass");
+      break;
+    }
+  DrainChildren();
+  SetBytes(state, e);
+  state.counters["cpu_ms"] = 1e3 * PerIteration(Cpu(RUSAGE_CHILDREN) - cpu0, state);
+}
+void BM_DiffCommand(benchmark::State& s) { DiffCommand(s, true); }
+void BM_DiffCommandNoIsolate(benchmark::State& s) { DiffCommand(s, false); }
+
+void BM_OpenTiny(benchmark::State& s) { OpenTiny(s, true); }
+void BM_OpenTinyInProcess(benchmark::State& s) { OpenTiny(s, false); }
 
 // HDF5's own differ over /checkpoints, recursively: every state dataset, element by element. Not
 // the whole file: the root attributes (run_id, arm, created_utc) and the trace differ between any
@@ -238,8 +342,42 @@ void BM_H5diff(benchmark::State& state) {
   SetBytes(state, e);
 }
 
+// First, while this process is small (as `lockstep diff` is when it opens its files): the fork's
+// cost grows with the caller's resident memory (~7 ms per GiB; see tests/bench/README.md).
+BENCHMARK(BM_OpenTiny)
+    ->Arg(0)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(0.3)
+    ->Repetitions(5);
+BENCHMARK(BM_OpenTinyInProcess)
+    ->Arg(0)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(0.3)
+    ->Repetitions(5);
 BENCHMARK(BM_RawRead)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
 BENCHMARK(BM_LockstepDiff)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(3);
+BENCHMARK(BM_DiffCommand)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(2)
+    ->Repetitions(6);
+BENCHMARK(BM_DiffCommandNoIsolate)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(2)
+    ->Repetitions(6);
+BENCHMARK(BM_LockstepDiffInProcess)
     ->Arg(0)
     ->Arg(1)
     ->Unit(benchmark::kMillisecond)
@@ -259,13 +397,20 @@ class Reporter : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const auto& r : runs) {
-      // With --benchmark_repetitions the mean is the figure; other aggregates and errors are
-      // skipped.
+      // With --benchmark_repetitions the mean is the figure (the median for the time per
+      // iteration, reported after the mean: the isolation ratios on a noisy machine); other
+      // aggregates and errors are skipped.
+      const std::string name = r.benchmark_name();  // "BM_X/<shape>/..."
+      const std::string key = name.substr(0, name.find('/', name.find('/') + 1));
+      if (!r.error_occurred && r.aggregate_name == "median") {
+        g_real_ms[key] = r.GetAdjustedRealTime();
+        if (auto c = r.counters.find("cpu_ms"); c != r.counters.end()) g_cpu_ms[key] = c->second;
+      }
       if (r.error_occurred || (!r.aggregate_name.empty() && r.aggregate_name != "mean")) continue;
       auto it = r.counters.find("bytes_per_second");
-      const std::string name = r.benchmark_name();  // "BM_X/<shape>/..."
-      if (it != r.counters.end())
-        g_bps[name.substr(0, name.find('/', name.find('/') + 1))] = it->second;
+      if (it != r.counters.end()) g_bps[key] = it->second;
+      if (auto o = r.counters.find("open_s"); o != r.counters.end()) g_open_s[key] = o->second;
+      g_real_ms[key] = r.GetAdjustedRealTime();  // every benchmark here is in ms
     }
   }
 };
@@ -274,6 +419,7 @@ class Reporter : public benchmark::ConsoleReporter {
 }  // namespace lockstep
 
 int main(int argc, char** argv) {
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);  // see Cpu()
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   lockstep::Reporter rep;
@@ -295,6 +441,38 @@ int main(int argc, char** argv) {
       if (raw > 0.0) std::printf(" = %.3f x raw read", x / raw);
       std::printf("\n");
     }
+    // Isolation (issue 21): the same diff with each file parsed in a child vs in this process.
+    const std::string iso = std::string("BM_LockstepDiff") + shape,
+                      inproc = std::string("BM_LockstepDiffInProcess") + shape;
+    auto& o = lockstep::g_open_s;
+    auto& t = lockstep::g_real_ms;
+    const std::string cmd = std::string("BM_DiffCommand") + shape,
+                      cmd_no = std::string("BM_DiffCommandNoIsolate") + shape;
+    auto& c = lockstep::g_cpu_ms;
+    if (t.count(cmd) && t.count(cmd_no) && t[cmd_no] > 0.0 && c[cmd_no] > 0.0)
+      std::printf(
+          "  isolation: `lockstep diff` CPU %.1f ms vs %.1f ms --no-isolate = %.3f x "
+          "(goal <= 1.05); wall %.1f vs %.1f ms = %.3f x\n",
+          c[cmd], c[cmd_no], c[cmd] / c[cmd_no], t[cmd], t[cmd_no], t[cmd] / t[cmd_no]);
+    if (t.count(iso) && t.count(inproc) && t[inproc] > 0.0)
+      std::printf(
+          "  isolation in this (large) process: Open + DiffExports %.3f x in-process; "
+          "open +%.1f ms per file\n",
+          t[iso] / t[inproc], 1e3 * (o[iso] - o[inproc]) / 2.0);
   }
+  auto& t = lockstep::g_real_ms;
+  auto& c = lockstep::g_cpu_ms;
+  if (c.count("BM_OpenTiny/0") && c.count("BM_OpenTinyInProcess/0"))
+    std::printf(
+        "tiny export: open CPU %.2f ms isolated (both processes), %.2f ms in process: "
+        "+%.2f ms per file (goal <= 20)\n",
+        c["BM_OpenTiny/0"], c["BM_OpenTinyInProcess/0"],
+        c["BM_OpenTiny/0"] - c["BM_OpenTinyInProcess/0"]);
+  if (t.count("BM_OpenTiny/0") && t.count("BM_OpenTinyInProcess/0"))
+    std::printf(
+        "tiny export: open wall %.2f ms isolated, %.2f ms in process: +%.2f ms per file "
+        "(goal <= 20)\n",
+        t["BM_OpenTiny/0"], t["BM_OpenTinyInProcess/0"],
+        t["BM_OpenTiny/0"] - t["BM_OpenTinyInProcess/0"]);
   return 0;
 }

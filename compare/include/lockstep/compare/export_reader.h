@@ -29,16 +29,43 @@
 // max_item_bytes and the file's length. Unknown (-1) values are not errors: ExportMeta::unknowns
 // lists them. /trace/events and /residency are not read.
 //
-// Limitation: the checks cover the lockstep structure, not HDF5's own metadata. The exporter
-// writes the earliest file format, whose object headers carry no checksums, and libhdf5 1.10 can
-// crash on a file with corrupted object headers (random bit flips: about 1 in 300 in a fuzz run,
-// inside H5Aexists). Callers that must survive arbitrary files open them in a child process.
+// Isolation (ReaderLimits::isolate, on by default). The checks above cover the lockstep structure,
+// not HDF5's own metadata: the exporter writes the earliest file format, whose object headers
+// carry no checksums, and libhdf5 1.10 crashes on some corrupted headers (about 1 in 300 exports
+// damaged by bit flips, inside H5Aexists; 2 of 142 public HDF5 CVE reproducers). So by default
+// Open() does all of the above in a forked child process (compare/isolated_open.cpp): the child
+// opens and validates the file, reads every item that needs libhdf5 for its data (chunked or
+// compressed) into an unlinked temporary file, and sends ExportMeta and the item index (paths,
+// dtypes, shapes, file offsets) back over a pipe. This process then never calls libhdf5 for the
+// file: it checks every received offset and size against the file's length (or the temporary
+// file's) and reads rows with pread() only. The child runs with an address-space limit
+// (RLIMIT_AS: its start size + isolate_memory_bytes) and a deadline (isolate_timeout_s); it dies
+// with its parent (PR_SET_PDEATHSIG). Its outcomes, all kInvalidArgument (exit 2), one line:
+//   "<file>: the HDF5 library crashed while reading its metadata (signal 11: Segmentation
+//    fault): the file is damaged or not a lockstep export";
+//   "<file>: the HDF5 library did not finish reading its metadata within 30 s (--isolate-timeout):
+//    ..."; "<file>: the HDF5 library ran out of memory reading its metadata (limit ...): ...";
+//   a child that ends without a well-formed result: "... ended without a result ...";
+// and otherwise exactly the Status an in-process Open() returns. fork() or pipe() failing is
+// kRuntime (exit 3). Cost: one fork per file (a few ms, see tests/bench/README.md); chunked items
+// are decompressed up front, in full, by the child. isolate = false parses in this process (for
+// trusted files, e.g. ones this process just wrote): faster by that fork, and a crash in libhdf5
+// then takes this process down.
+// Test-only hook: LOCKSTEP_TEST_ISOLATE_FAULT=crash|hang|oom makes the child segfault, hang or
+// exhaust its memory limit before it opens the file (tests/compare/isolate_test.cpp); never set it
+// otherwise.
+// Fork with threads: the child is a copy of the calling thread only; it calls libhdf5 and writes
+// its pipe, then _exit()s. A process that also uses libhdf5 on other threads (isolate = false,
+// the export writer) must not Open() isolated concurrently with them: the child could inherit
+// HDF5's lock held (it would then hang until its deadline).
 //
-// Thread-safety: Open() on one thread; after that meta() and ReadRows()/ReadScaleRows() may be
-// called concurrently from several threads. Contiguous datasets (what the exporter writes) are
-// read with pread() at the dataset's file offset: HDF5's global library lock would serialise
-// parallel readers, and the offset/size are validated against the file length first. Other
-// layouts (chunked, compressed: files written by other tools) fall back to H5Dread under a lock.
+// Thread-safety: Open() on one thread (concurrent isolated Open()s work, but a child inherits the
+// other's pipe and can delay its end-of-file until it exits); after that meta() and
+// ReadRows()/ReadScaleRows() may be called concurrently from several threads. Contiguous datasets
+// (what the exporter writes) are read with pread() at the dataset's file offset: HDF5's global
+// library lock would serialise parallel readers, and the offset/size are validated against the
+// file length first. Other layouts (chunked, compressed: files written by other tools): isolated,
+// pread() from the child's temporary file; in process, H5Dread under a lock.
 #pragma once
 
 #include <cstdint>
@@ -66,6 +93,12 @@ struct ReaderLimits {
   // table instead of opening every dataset. Every row is checked against the limits and the file
   // length, and each checkpoint's first item against its dataset. false: walk every dataset.
   bool use_index = true;
+  // Parse in a child process (see "Isolation" above); false: in this process (trusted files only).
+  bool isolate = true;
+  double isolate_timeout_s = 30.0;  // the child's deadline (--isolate-timeout)
+  // Address space the child may add to its start size (RLIMIT_AS): metadata cache, tables, the
+  // row blocks of chunked items it decompresses.
+  std::int64_t isolate_memory_bytes = std::int64_t{4} << 30;
 };
 
 // One checkpoint item (a dataset under /checkpoints/{W:05d}_{point}/...).
@@ -109,6 +142,10 @@ struct SamplerSummary {
   std::int32_t pcie_gen = -1, pcie_width = -1;  // of the first device sample (-1 unknown)
 };
 
+// Every field of ExportMeta (and of the structs it holds) crosses the isolation pipe: the wire
+// (compare/isolated_wire.cpp) names each one in a structured binding, so a field added here does
+// not compile until it is added there too, and tests/compare/isolate_test.cpp compares an isolated
+// and an in-process Open() field by field through DumpExportMeta.
 struct ExportMeta {
   // root attributes
   std::string schema;  // "lockstep.export"
@@ -173,5 +210,9 @@ class ExportReader {
 
 // True when the first 8 bytes of the file are the HDF5 signature (at offset 0).
 bool LooksLikeHdf5(const std::string& path);
+
+// Every field of `m` (and of everything it holds), one "name=value" line each, in declaration
+// order: a canonical text for comparing two metas (the isolated and the in-process Open()).
+std::string DumpExportMeta(const ExportMeta& m);
 
 }  // namespace lockstep

@@ -25,8 +25,11 @@ struct DiffCommandOptions {
   DiffOptions diff;
   std::vector<std::string> kind_overrides;  // --nrmse-kind KIND=VALUE
   ReportOutputs reports;
-  bool isolate = false;  // parse in a child process (a crash there is exit 2)
-  bool quiet = false;    // only the verdict line
+  // Parse each export's HDF5 metadata in a child process (ReaderLimits::isolate; a crash, hang
+  // or memory exhaustion there is exit 2 naming the file); false: --no-isolate.
+  bool isolate = true;
+  double isolate_timeout_s = 30.0;  // --isolate-timeout
+  bool quiet = false;               // only the verdict line
   bool no_index =
       false;           // ignore /index/items and open every dataset (files edited by other tools)
   bool color = false;  // colour the verdict line (main sets it: stdout a TTY, NO_COLOR unset)
@@ -36,7 +39,8 @@ struct AlignCommandOptions {
   std::string a, b;  // exports (.h5) or trace JSON lines (--trace-jsonl files)
   std::string fields = "p,T,T_mtp,merged,from_sfx,chain_n";
   ReportOutputs reports;
-  bool isolate = false;
+  bool isolate = true;  // as DiffCommandOptions (exports only; JSON-lines traces need no HDF5)
+  double isolate_timeout_s = 30.0;
   bool fail_on_divergence = false;  // exit 1 when the paths diverge, are not comparable (model or
                                     // request differ) or cannot differ (every window T = 1)
   bool no_index = false;
@@ -44,7 +48,7 @@ struct AlignCommandOptions {
   bool color = false;       // as DiffCommandOptions::color
 };
 
-// `summarize`: diff + align of two exports and every report (isolate on by default).
+// `summarize`: diff + align of two exports and every report.
 struct SummarizeCommandOptions {
   DiffCommandOptions diff;
   std::string fields = "p,T,T_mtp,merged,from_sfx,chain_n";

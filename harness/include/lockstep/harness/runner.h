@@ -34,6 +34,10 @@ struct RunOptions {
   std::string junit;    // JUnit XML path (default out_dir/junit.xml)
   std::string exe;      // lockstep binary for the arms (default: this executable)
   int progress = -1;    // progress on stderr: -1 when stderr is a terminal, 0 off, 1 on
+  // Each comparison parses the arms' exports in a child process (ReaderLimits::isolate, always):
+  // its deadline per file (--isolate-timeout). A child that crashes or hangs fails the
+  // comparison's "exports readable" gate; the campaign goes on by its rules.
+  double isolate_timeout_s = 30.0;
 };
 
 // Runs (or resumes) a campaign and writes its reports. OK when the campaign's verdict passes;
