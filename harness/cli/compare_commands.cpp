@@ -257,35 +257,42 @@ Status DiffBody(const DiffCommandOptions& opts, std::ostream& out) {
 }
 
 // Window records of an export or of a JSON-lines trace.
-Result<std::vector<WindowRecord>> LoadWindows(const std::string& path,
-                                              const AlignCommandOptions& opts, std::string* arm) {
+// One side of an alignment: an export (its reader, so its fingerprints and arm facts reach the
+// report) or a JSON-lines trace (windows only; what a trace does not carry stays unknown).
+struct AlignSide {
+  std::unique_ptr<ExportReader> reader;  // null for a trace
+  std::vector<WindowRecord> windows;
+  ArmInfo info;
+};
+
+Result<AlignSide> LoadSide(const std::string& path, const AlignCommandOptions& opts,
+                           const std::string& fallback_name) {
+  AlignSide side;
   if (LooksLikeHdf5(path)) {
     ReaderLimits limits;
     limits.use_index = !opts.no_index;
     limits.isolate = opts.isolate;
     limits.isolate_timeout_s = opts.isolate_timeout_s;
-    LOCKSTEP_ASSIGN_OR_RETURN(auto r, ExportReader::Open(path, limits));
-    if (!r->meta().arm.empty()) *arm = r->meta().arm;
-    return r->meta().windows;
+    LOCKSTEP_ASSIGN_OR_RETURN(side.reader, ExportReader::Open(path, limits));
+    side.windows = side.reader->meta().windows;
+    side.info = SummarizeArm(side.reader->meta(), fallback_name);
+    return side;
   }
   std::string torn;
-  LOCKSTEP_ASSIGN_OR_RETURN(auto windows, ReadWindowRecords(path, &torn));
+  LOCKSTEP_ASSIGN_OR_RETURN(side.windows, ReadWindowRecords(path, &torn));
   if (!torn.empty())
     std::fprintf(stderr,
                  "lockstep: warning: %s; the writer was killed mid-record, so the %zu whole "
                  "windows before it are read\n",
-                 torn.c_str(), windows.size());
-  return windows;
+                 torn.c_str(), side.windows.size());
+  side.info.arm = fallback_name;
+  side.info.windows = static_cast<std::int64_t>(side.windows.size());
+  return side;
 }
 
-// Both inputs exports: the fingerprints `diff` checks, into al, and the same-run check.
-Status CheckAlignIdentity(const AlignCommandOptions& opts, AlignResult& al) {
-  ReaderLimits limits;
-  limits.use_index = !opts.no_index;
-  LOCKSTEP_ASSIGN_OR_RETURN(auto ra, ExportReader::Open(opts.a, limits));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto rb, ExportReader::Open(opts.b, limits));
-  const ExportMeta& ma = ra->meta();
-  const ExportMeta& mb = rb->meta();
+// Both inputs exports: the same-run check and the fingerprints `diff` checks, into al.
+Status CheckAlignIdentity(const AlignCommandOptions& opts, const ExportMeta& ma,
+                          const ExportMeta& mb, AlignResult& al) {
   if (!opts.allow_self && !ma.run_id.empty() && ma.run_id == mb.run_id)
     return Status::InvalidArgument(
         "align",
@@ -300,22 +307,20 @@ Status AlignBody(const AlignCommandOptions& opts, std::ostream& out) {
   LOCKSTEP_RETURN_IF_ERROR(CheckNotSameFile(opts.a, opts.b, opts.allow_self, "align"));
   AlignOptions ao;
   LOCKSTEP_ASSIGN_OR_RETURN(ao.fields, ParseAlignFields(opts.fields));
-  std::string na = "A", nb = "B";
-  LOCKSTEP_ASSIGN_OR_RETURN(auto wa, LoadWindows(opts.a, opts, &na));
-  LOCKSTEP_ASSIGN_OR_RETURN(auto wb, LoadWindows(opts.b, opts, &nb));
-  if (na == nb) na += " (A)", nb += " (B)";
-  AlignResult al = AlignWindows(wa, wb, ao);
-  const bool exports = LooksLikeHdf5(opts.a) && LooksLikeHdf5(opts.b);
-  if (exports) LOCKSTEP_RETURN_IF_ERROR(CheckAlignIdentity(opts, al));
-  PrintAlign(al, na, nb, exports, opts.color, out);
+  LOCKSTEP_ASSIGN_OR_RETURN(AlignSide sa, LoadSide(opts.a, opts, "A"));
+  LOCKSTEP_ASSIGN_OR_RETURN(AlignSide sb, LoadSide(opts.b, opts, "B"));
   ReportInput in;
-  in.a.arm = na;
-  in.b.arm = nb;
-  in.a.windows = static_cast<std::int64_t>(wa.size());
-  in.b.windows = static_cast<std::int64_t>(wb.size());
+  in.a = std::move(sa.info);
+  in.b = std::move(sb.info);
+  if (in.a.arm == in.b.arm) in.a.arm += " (A)", in.b.arm += " (B)";
+  AlignResult al = AlignWindows(sa.windows, sb.windows, ao);
+  const bool exports = sa.reader && sb.reader;
+  if (exports)
+    LOCKSTEP_RETURN_IF_ERROR(CheckAlignIdentity(opts, sa.reader->meta(), sb.reader->meta(), al));
+  PrintAlign(al, in.a.arm, in.b.arm, exports, opts.color, out);
   in.align = &al;
-  in.windows_a = &wa;
-  in.windows_b = &wb;
+  in.windows_a = &sa.windows;
+  in.windows_b = &sb.windows;
   LOCKSTEP_RETURN_IF_ERROR(WriteReports(opts.reports, in));
   if (!opts.fail_on_divergence) return Status::Ok();
   if (!al.comparable())
