@@ -348,13 +348,16 @@ void AddAlign(CLI::App& app, std::vector<Command>& commands) {
   align->add_option("--fields", st->fields, "Path fields to align on")
       ->capture_default_str()
       ->group(kGroupCompare);
-  align->add_flag("--fail-on-divergence", st->fail_on_divergence, "Exit 1 when the paths diverge, are not comparable or cannot differ")
+  align
+      ->add_flag("--fail-on-divergence", st->fail_on_divergence,
+                 "Exit 1 when the paths diverge, are not comparable or cannot differ")
       ->group(kGroupCompare);
   AddIsolateOptions(align, st->isolate, st->isolate_timeout_s);
   align->add_flag("--no-index", st->no_index, "Ignore /index/items (files edited by other tools)")
       ->group(kGroupDiagnostics);
-  align->add_flag("--allow-self", st->allow_self,
-                  "Allow A and B to be the same file or the same run")
+  align
+      ->add_flag("--allow-self", st->allow_self,
+                 "Allow A and B to be the same file or the same run")
       ->group(kGroupCompare);
   AddReportOutputs(align, st->reports);
   align->footer(
