@@ -339,15 +339,6 @@ AlignResult AlignWindows(const std::vector<WindowRecord>& a, const std::vector<W
   return r;
 }
 
-std::vector<std::string> FingerprintDifferences(const ExportMeta& a, const ExportMeta& b,
-                                                bool configs) {
-  std::vector<std::string> out = IdentityDifferences(a, b);
-  if (configs)
-    for (const std::string& c : ConfigDifferences(a.config_json, b.config_json))
-      out.push_back("config: " + c);
-  return out;
-}
-
 bool AlignResult::comparable() const {
   for (const auto& f : fingerprint_differences)
     if (f.rfind("config: ", 0) != 0) return false;

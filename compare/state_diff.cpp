@@ -509,6 +509,15 @@ std::string VacuousReason(const DiffResult& d, const ExportMeta& ma, const Expor
   return "";
 }
 
+std::vector<std::string> FingerprintDifferences(const ExportMeta& a, const ExportMeta& b,
+                                                bool configs) {
+  std::vector<std::string> out = IdentityDifferences(a, b);
+  if (configs)
+    for (const std::string& c : ConfigDifferences(a.config_json, b.config_json))
+      out.push_back("config: " + c);
+  return out;
+}
+
 Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
                                const DiffOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();

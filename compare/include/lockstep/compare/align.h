@@ -99,9 +99,6 @@ struct AlignOptions {
 AlignResult AlignWindows(const std::vector<WindowRecord>& a, const std::vector<WindowRecord>& b,
                          const AlignOptions& opts = {});
 
-// The fingerprint differences of two exports for AlignResult::fingerprint_differences: model and
-// request (IdentityDifferences), then, when `configs`, one "config: key: A | B" per differing key.
-std::vector<std::string> FingerprintDifferences(const ExportMeta& a, const ExportMeta& b,
-                                                bool configs = true);
+// FingerprintDifferences (state_diff.h) fills AlignResult::fingerprint_differences.
 
 }  // namespace lockstep

@@ -123,6 +123,11 @@ std::vector<std::string> IdentityDifferences(const ExportMeta& a, const ExportMe
 // replay_path are not compared: two copies of one checkpoint are the same model).
 std::vector<std::string> ConfigDifferences(const std::string& config_a,
                                            const std::string& config_b);
+// What AlignResult::fingerprint_differences holds for two exports: IdentityDifferences, then,
+// when `configs`, one "config: key: A | B" per differing key. Defined here, beside the checks it
+// joins, so align.cpp stays free of export metadata (the trace fuzzer links it alone).
+std::vector<std::string> FingerprintDifferences(const ExportMeta& a, const ExportMeta& b,
+                                                bool configs = true);
 
 Result<DiffResult> DiffExports(const ExportReader& a, const ExportReader& b,
                                const DiffOptions& opts);
