@@ -7,6 +7,7 @@
 #pragma once
 
 #include <hdf5.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -107,6 +108,11 @@ struct ExportReader::Impl {
     return it == locs.end() ? nullptr : &it->second;
   }
 };
+
+// The checks both Open() paths make before libhdf5 sees the file, with the same messages: opens
+// `path` read-only into impl.fd, fills *st, and refuses a missing, unreadable, non-regular, empty
+// or non-HDF5 file (no signature at offset 0).
+Status OpenExportFile(const std::string& path, ExportReader::Impl& impl, struct stat* st);
 
 // Open() in this process: the whole validation through libhdf5 (export_reader.cpp). close_hdf5:
 // close libhdf5's file when no item needs it (false: the isolated child, which only exits).

@@ -400,6 +400,26 @@ Result<std::unique_ptr<ExportReader>> ExportReader::Open(const std::string& path
   return std::unique_ptr<ExportReader>(new ExportReader(std::move(impl)));
 }
 
+Status OpenExportFile(const std::string& path, ExportReader::Impl& impl, struct stat* st) {
+  impl.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (impl.fd < 0) {
+    const int e = errno;
+    if (e == ENOENT || e == ENOTDIR) return Status::NotFound(path, "no such file");
+    return Status::IOError(path, std::string("cannot open for reading: ") + std::strerror(e));
+  }
+  if (::fstat(impl.fd, st) != 0)
+    return Status::IOError(path, std::string("fstat failed: ") + std::strerror(errno));
+  if (!S_ISREG(st->st_mode)) return Status::InvalidArgument(path, "not a regular file");
+  ssize_t got = 0;
+  const bool hdf5 = HasHdf5Signature(impl.fd, &got);
+  if (got < 0) return Status::IOError(path, std::string("read failed: ") + std::strerror(errno));
+  if (!hdf5)
+    return Status::InvalidArgument(path, st->st_size == 0
+                                             ? "empty file, not an HDF5 export"
+                                             : "not an HDF5 file (no HDF5 signature at offset 0)");
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<ExportReader::Impl>> OpenInProcess(const std::string& path,
                                                           const ReaderLimits& limits,
                                                           bool close_hdf5) {
@@ -409,24 +429,9 @@ Result<std::unique_ptr<ExportReader::Impl>> OpenInProcess(const std::string& pat
   auto impl = std::make_unique<Impl>();
   impl->limits = limits;
   impl->file_path = path;
-  impl->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (impl->fd < 0) {
-    const int e = errno;
-    if (e == ENOENT || e == ENOTDIR) return Status::NotFound(path, "no such file");
-    return Status::IOError(path, std::string("cannot open for reading: ") + std::strerror(e));
-  }
   struct stat st;
-  if (::fstat(impl->fd, &st) != 0)
-    return Status::IOError(path, std::string("fstat failed: ") + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(path, "not a regular file");
+  LOCKSTEP_RETURN_IF_ERROR(OpenExportFile(path, *impl, &st));
   impl->meta.file_bytes = static_cast<std::int64_t>(st.st_size);
-  ssize_t got = 0;
-  const bool hdf5 = HasHdf5Signature(impl->fd, &got);
-  if (got < 0) return Status::IOError(path, std::string("read failed: ") + std::strerror(errno));
-  if (!hdf5)
-    return Status::InvalidArgument(path, st.st_size == 0
-                                             ? "empty file, not an HDF5 export"
-                                             : "not an HDF5 file (no HDF5 signature at offset 0)");
   // A metadata cache large enough for every object header of a big export: with the default (2 MiB
   // initial) HDF5 evicted and re-read headers while we walked thousands of items.
   H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS));

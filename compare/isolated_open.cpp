@@ -316,23 +316,9 @@ Result<std::unique_ptr<ExportReader::Impl>> OpenIsolated(const std::string& path
   impl->limits = limits;
   impl->file_path = path;
   // What an in-process Open() says first is said here without libhdf5 (same messages).
-  impl->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (impl->fd < 0) {
-    const int e = errno;
-    if (e == ENOENT || e == ENOTDIR) return Status::NotFound(path, "no such file");
-    return Status::IOError(path, std::string("cannot open for reading: ") + std::strerror(e));
-  }
-  ChildArgs a{path, limits, impl->fd, -1, -1, {}, ::getpid(), 0, PlantedFault()};
-  if (::fstat(impl->fd, &a.st) != 0)
-    return Status::IOError(path, std::string("fstat failed: ") + std::strerror(errno));
-  if (!S_ISREG(a.st.st_mode)) return Status::InvalidArgument(path, "not a regular file");
-  ssize_t got = 0;
-  const bool hdf5 = HasHdf5Signature(impl->fd, &got);
-  if (got < 0) return Status::IOError(path, std::string("read failed: ") + std::strerror(errno));
-  if (!hdf5)
-    return Status::InvalidArgument(path, a.st.st_size == 0
-                                             ? "empty file, not an HDF5 export"
-                                             : "not an HDF5 file (no HDF5 signature at offset 0)");
+  struct stat st;
+  LOCKSTEP_RETURN_IF_ERROR(OpenExportFile(path, *impl, &st));
+  ChildArgs a{path, limits, impl->fd, -1, -1, st, ::getpid(), 0, PlantedFault()};
   impl->spill_fd = OpenSpill();
   if (impl->spill_fd < 0)
     return Status::Runtime(path, std::string("cannot create the isolated reader's spill file: ") +
