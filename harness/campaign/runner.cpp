@@ -24,6 +24,74 @@ namespace lockstep {
 
 namespace fs = std::filesystem;
 
+Result<std::string> ProvisionPlanModel(const Campaign& c, const std::string& dir) {
+  if (c.model.preset.empty()) return c.model.path;
+  const std::string model_dir = dir + "/model";
+  if (fs::exists(model_dir + "/config.json")) return model_dir;
+  // Built aside and renamed: a killed runner never leaves a half-written model in place.
+  const std::string tmp = dir + "/model.tmp";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::remove_all(model_dir, ec);
+  SyntheticOptions so;
+  so.preset = c.model.preset;
+  so.seed = c.model.seed;
+  so.induction = c.model.induction;
+  std::ostringstream sink;
+  LOCKSTEP_RETURN_IF_ERROR(RunModelInit(so, tmp, sink));
+  fs::rename(tmp, model_dir, ec);
+  if (ec) return Status::IOError("model folder '" + model_dir + "'", ec.message());
+  return model_dir;
+}
+
+Status ProvisionPlanRequest(const Campaign& c, const std::string& tokens_path) {
+  if (fs::exists(tokens_path)) return Status::Ok();
+  std::vector<std::int32_t> ids;
+  const RequestSpec& r = c.request;
+  if (r.needle) {
+    ids = EncodeBytes(NeedleHaystackPrompt(*r.needle));
+  } else if (!r.prompt.empty()) {
+    ids = EncodeBytes(r.prompt);
+  } else if (!r.prompt_file.empty()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.prompt_file, std::size_t{256} << 20));
+    ids = EncodeBytes(text);
+  } else {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.token_file, std::size_t{256} << 20));
+    return WriteFileAtomic(tokens_path, text);
+  }
+  std::string text;
+  for (std::size_t i = 0; i < ids.size(); ++i) text += (i ? " " : "") + std::to_string(ids[i]);
+  return WriteFileAtomic(tokens_path, text + "\n");
+}
+
+std::vector<std::string> ArmGenerateArgv(const Campaign& c, const ArmSpec& arm,
+                                         const std::string& exe, const std::string& d,
+                                         const std::string& tokens_path) {
+  std::vector<std::string> argv = {exe,
+                                   "generate",
+                                   "--progress",
+                                   "--config",
+                                   d + "/config.json",
+                                   "--prompt-tokens",
+                                   tokens_path,
+                                   "--arm",
+                                   arm.name,
+                                   "--json",
+                                   "--trace-jsonl",
+                                   d + "/trace.jsonl",
+                                   "--sample-ms",
+                                   std::to_string(c.export_plan.sample_ms)};
+  if (arm.mode == "state") {
+    std::string points;
+    for (const auto& p : c.export_plan.points) points += (points.empty() ? "" : ",") + p;
+    for (const std::string& a :
+         {std::string("--export"), d + "/export.h5", std::string("--export-windows"),
+          c.export_plan.windows, std::string("--export-points"), points})
+      argv.push_back(a);
+  }
+  return argv;
+}
+
 namespace {
 
 using ArmRepeat = std::pair<std::string, int>;
@@ -92,47 +160,13 @@ struct Runner {
   }
 
   Status ProvisionModel() {
-    if (c.model.preset.empty()) {
-      model_dir = c.model.path;
-      return Status::Ok();
-    }
-    model_dir = dir + "/model";
-    if (fs::exists(model_dir + "/config.json")) return Status::Ok();
-    // Built aside and renamed: a killed runner never leaves a half-written model in place.
-    const std::string tmp = dir + "/model.tmp";
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::remove_all(model_dir, ec);
-    SyntheticOptions so;
-    so.preset = c.model.preset;
-    so.seed = c.model.seed;
-    so.induction = c.model.induction;
-    std::ostringstream sink;
-    LOCKSTEP_RETURN_IF_ERROR(RunModelInit(so, tmp, sink));
-    fs::rename(tmp, model_dir, ec);
-    if (ec) return Status::IOError("model folder '" + model_dir + "'", ec.message());
+    LOCKSTEP_ASSIGN_OR_RETURN(model_dir, ProvisionPlanModel(c, dir));
     return Status::Ok();
   }
 
   Status ProvisionRequest() {
     tokens_path = dir + "/request.tokens";
-    if (fs::exists(tokens_path)) return Status::Ok();
-    std::vector<std::int32_t> ids;
-    const RequestSpec& r = c.request;
-    if (r.needle) {
-      ids = EncodeBytes(NeedleHaystackPrompt(*r.needle));
-    } else if (!r.prompt.empty()) {
-      ids = EncodeBytes(r.prompt);
-    } else if (!r.prompt_file.empty()) {
-      LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.prompt_file, std::size_t{256} << 20));
-      ids = EncodeBytes(text);
-    } else {
-      LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.token_file, std::size_t{256} << 20));
-      return WriteFileAtomic(tokens_path, text);
-    }
-    std::string text;
-    for (std::size_t i = 0; i < ids.size(); ++i) text += (i ? " " : "") + std::to_string(ids[i]);
-    return WriteFileAtomic(tokens_path, text + "\n");
+    return ProvisionPlanRequest(c, tokens_path);
   }
 
   Status SendRepeat(const ArmSpec& arm, int repeat) {
@@ -144,28 +178,7 @@ struct Runner {
     LOCKSTEP_ASSIGN_OR_RETURN(EngineConfig cfg, EffectiveConfig(c, arm, model_dir));
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(d + "/config.json", cfg.ToJson() + "\n"));
     ChildSpec cs;
-    cs.argv = {exe,
-               "generate",
-               "--progress",
-               "--config",
-               d + "/config.json",
-               "--prompt-tokens",
-               tokens_path,
-               "--arm",
-               arm.name,
-               "--json",
-               "--trace-jsonl",
-               d + "/trace.jsonl",
-               "--sample-ms",
-               std::to_string(c.export_plan.sample_ms)};
-    if (arm.mode == "state") {
-      std::string points;
-      for (const auto& p : c.export_plan.points) points += (points.empty() ? "" : ",") + p;
-      for (const std::string& a :
-           {std::string("--export"), d + "/export.h5", std::string("--export-windows"),
-            c.export_plan.windows, std::string("--export-points"), points})
-        cs.argv.push_back(a);
-    }
+    cs.argv = ArmGenerateArgv(c, arm, exe, d, tokens_path);
     cs.stdout_path = d + "/stdout.json";
     cs.stderr_path = d + "/stderr.log";
     LOCKSTEP_RETURN_IF_ERROR(Append(

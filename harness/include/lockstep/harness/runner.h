@@ -27,6 +27,9 @@
 
 namespace lockstep {
 
+struct Campaign;
+struct ArmSpec;
+
 struct RunOptions {
   std::string plan;     // PLAN.toml (new run; with resume: must hash like the recorded plan)
   std::string out_dir;  // the run folder
@@ -50,5 +53,20 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out);
 // (times, attempts) removed, 'resumed' entries dropped, and sends that never finished (a killed
 // runner) dropped. Two runs of a deterministic campaign, interrupted or not, give equal digests.
 std::vector<std::string> LedgerDigest(const std::vector<LedgerEntry>& entries);
+
+// ---- the pieces of a run other commands reuse (lockstep golden record / check) ----
+
+// The plan's model folder: [model] path as given, or the synthetic preset created once in
+// `dir`/model (built aside and renamed). Errors: those of RunModelInit, kIOError.
+Result<std::string> ProvisionPlanModel(const Campaign& c, const std::string& dir);
+// The plan's request as token ids in `tokens_path` (left as it is when it exists).
+Status ProvisionPlanRequest(const Campaign& c, const std::string& tokens_path);
+// argv of an arm's fresh `lockstep generate` process: `exe` with the config `arm_dir`/config.json
+// (written by the caller), the request's tokens, --json on stdout, the window trace in
+// `arm_dir`/trace.jsonl and, for state arms, the plan's export (`arm_dir`/export.h5, its windows
+// and points).
+std::vector<std::string> ArmGenerateArgv(const Campaign& c, const ArmSpec& arm,
+                                         const std::string& exe, const std::string& arm_dir,
+                                         const std::string& tokens_path);
 
 }  // namespace lockstep
