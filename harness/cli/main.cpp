@@ -417,6 +417,9 @@ void AddRun(CLI::App& app, std::vector<Command>& commands) {
   run->add_option("--out", st->opts.out_dir, "Run folder (new, or empty)")->group(kGroupCampaign);
   run->add_option("--resume", st->resume_dir, "Continue the campaign in this run folder")
       ->group(kGroupCampaign);
+  run->add_option("--build", st->opts.builds, "Run the plan's build NAME from PATH (repeatable)")
+      ->type_name("NAME=PATH")
+      ->group(kGroupCampaign);
   run->add_flag("--gate", st->gate_flag,
                 "CI gate (accepted for scripts; every run already exits 0/1 and writes JUnit XML)")
       ->group(kGroupCampaign);
@@ -469,6 +472,9 @@ void AddGate(CLI::App& app, std::vector<Command>& commands) {
   gate->add_option("--out", st->opts.out_dir, "Run folder")
       ->default_str("out/gate/<plan>-<time>-<pid>")
       ->group(kGroupCampaign);
+  gate->add_option("--build", st->opts.builds, "Run the plan's build NAME from PATH (repeatable)")
+      ->type_name("NAME=PATH")
+      ->group(kGroupCampaign);
   gate->add_option("--junit", st->opts.junit, "JUnit XML path")
       ->type_name("PATH|-")
       ->default_str("<run folder>/junit.xml")
@@ -481,7 +487,9 @@ void AddGate(CLI::App& app, std::vector<Command>& commands) {
   gate->footer(
       "Examples:\n"
       "  lockstep gate campaigns/aa-smoke.toml --junit out/junit.xml\n"
-      "  lockstep gate campaigns/aa-smoke.toml --junit - > junit.xml");
+      "  lockstep gate campaigns/aa-smoke.toml --junit - > junit.xml\n"
+      "  lockstep gate campaigns/gate-change.toml --build baseline=main/lockstep "
+      "--build candidate=pr/lockstep");
   gate->add_option("--isolate-timeout", st->opts.isolate_timeout_s,
                    "Seconds each export's isolated HDF5 parse may take")
       ->capture_default_str()

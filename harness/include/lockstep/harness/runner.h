@@ -35,8 +35,11 @@ struct RunOptions {
   std::string out_dir;  // the run folder
   bool resume = false;  // continue the campaign in out_dir
   std::string junit;    // JUnit XML path (default out_dir/junit.xml)
-  std::string exe;      // lockstep binary for the arms (default: this executable)
-  int progress = -1;    // progress on stderr: -1 when stderr is a terminal, 0 off, 1 on
+  std::string exe;      // lockstep binary for arms without a build (default: this executable)
+  // --build NAME=PATH: replaces the path of a build the plan declares in [builds] (builds.h). A
+  // new run only: a resumed run uses the builds its ledger recorded (refused if they changed).
+  std::vector<std::string> builds;
+  int progress = -1;  // progress on stderr: -1 when stderr is a terminal, 0 off, 1 on
   // Each comparison parses the arms' exports in a child process (ReaderLimits::isolate, always):
   // its deadline per file (--isolate-timeout). A child that crashes or hangs fails the
   // comparison's "exports readable" gate; the campaign goes on by its rules.
