@@ -57,16 +57,24 @@ Result<ChildResult> RunChild(const ChildSpec& spec, const std::function<void()>&
   ::close(out_fd);
   ::close(err_fd);
   int status = 0;
+  ChildResult res;
+  const bool poll = tick || spec.timeout_s > 0.0;
   for (;;) {
-    const pid_t r = ::waitpid(pid, &status, tick ? WNOHANG : 0);
+    const pid_t r = ::waitpid(pid, &status, poll ? WNOHANG : 0);
     if (r == pid) break;
     if (r < 0 && errno != EINTR) return Status::Runtime("waitpid", std::strerror(errno));
     if (r == 0) {
-      tick();
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (tick) tick();
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (spec.timeout_s > 0.0 && elapsed >= spec.timeout_s && !res.timed_out) {
+        ::kill(pid, SIGKILL);  // reaped by the next waitpid
+        res.timed_out = true;
+      }
+      // A bounded child (a probe) is polled finely; the progress tick keeps its 200 ms.
+      std::this_thread::sleep_for(std::chrono::milliseconds(tick ? 200 : 5));
     }
   }
-  ChildResult res;
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (WIFSIGNALED(status)) {
     res.signal = WTERMSIG(status);

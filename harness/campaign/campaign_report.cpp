@@ -51,7 +51,8 @@ struct Loaded {
   json stopped;                         // the stopped entry's data (null: none)
   std::string verdict, verdict_reason;
   std::string created_utc;
-  std::string dir;  // the run folder (traces are read from it)
+  std::string dir;          // the run folder (traces are read from it)
+  json builds, arm_builds;  // the planned entry's (null: a ledger from before named builds)
 };
 
 Result<Loaded> Load(const std::string& dir) {
@@ -65,6 +66,8 @@ Result<Loaded> Load(const std::string& dir) {
   LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/plan.toml", std::size_t{16} << 20));
   LOCKSTEP_ASSIGN_OR_RETURN(
       L.c, ParseCampaign(text, "plan.toml", L.entries.front().data.value("plan_dir", "")));
+  L.builds = L.entries.front().data.value("builds", json());
+  L.arm_builds = L.entries.front().data.value("arm_builds", json());
   for (const auto& e : L.entries) {
     ArmFacts& a = L.arms[e.arm];
     if (e.event == "sent") a.sent = true;
@@ -262,6 +265,9 @@ VerdictBox CampaignVerdict(const Loaded& L, const RunTally& t) {
         fmt::format("First failing comparison: {} vs {}, {}.", a.name, a.baseline, first));
     break;
   }
+  for (auto& line :
+       campaign_text::ChangeBoxLines(L.c.arms, L.arm_builds, L.records, L.stopped.is_object()))
+    v.details.push_back(std::move(line));
   if (L.stopped.is_object())
     v.details.push_back(fmt::format(
         "Stopped by rule '{}' (fired by {}) before arm {}: {}; not sent: {}.",
@@ -446,6 +452,7 @@ void ScopeSection(std::ostream& md, const Loaded& L) {
     md << "- Fixed engine configuration every arm inherits: "
        << (fixed.empty() ? "engine defaults" : "`" + fixed + "`") << ".\n";
   }
+  campaign_text::BuildsText(md, L.builds, L.arm_builds, c.arms);
   bool any_state = false, any_timing = false;
   for (const auto& a : c.arms) (a.mode == "timing" ? any_timing : any_state) = true;
   md << "- Each arm ran as a fresh `lockstep generate` process";
@@ -626,6 +633,7 @@ std::string RenderMarkdownBody(const Loaded& L) {
   const RunTally tally = Tally(L);
   std::ostringstream md;
   SummarySection(md, L, tally);
+  campaign_text::ChangeSection(md, L.c.arms, L.records);
   ScopeSection(md, L);
   StateSection(md, L);
   TimingSection(md, L);

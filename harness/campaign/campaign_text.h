@@ -7,9 +7,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "lockstep/harness/campaign.h"
 
@@ -43,5 +46,34 @@ void ArmIntervalText(std::ostream& md, const ArmSpec& a, const json& al);
 // every repeat with their 95% intervals, the direction in words, every instability flag named
 // with its rule, and the per-window medians.
 void ArmTimingVerdictText(std::ostream& md, const ArmSpec& a, const json& cmp);
+
+// ---- change gates (change_text.cpp): arms on different builds ----
+
+// The builds line of the scope section: each build's version, commit, type and SHA-256 and the
+// arms that ran it (`builds`, `arm_builds`: the ledger's planned entry; null: not recorded).
+void BuildsText(std::ostream& md, const json& builds, const json& arm_builds,
+                const std::vector<ArmSpec>& arms);
+// What one state comparison says changed (`st`: the report's "state" object): the first item
+// that differs in any bit, in (window, checkpoint, stage, layer, item) order, the first
+// differing logits (their KL), the count and every changed item kind. Empty when nothing did.
+struct ChangeFacts {
+  std::int64_t compared = 0, changed = 0, failed = 0;
+  json first, first_logits;        // items of the report (null: none)
+  std::vector<std::string> kinds;  // changed item kinds, in first-seen order
+  std::map<std::string, std::int64_t> per_kind;
+};
+ChangeFacts ChangedItems(const json& st);
+// "window 1, checkpoint `00001_commit`, stage 2, layer 5, item `ssm_state`: NRMSE ..., KL ..."
+std::string ChangedItemText(const ChangeFacts& f);
+// The arm's build name as the ledger's planned entry recorded it (`arm_builds`).
+std::string BuildName(const json& arm_builds, const ArmSpec& a);
+// The verdict box's lines for a change gate: for each comparison of arms on different builds,
+// what it found first, or that the campaign stopped before it (no attribution).
+std::vector<std::string> ChangeBoxLines(const std::vector<ArmSpec>& arms, const json& arm_builds,
+                                        const std::map<std::string, json>& records, bool stopped);
+// The "Change against the baseline" section for each comparison of arms on different builds
+// (`records`: compare/<arm>.json by arm); nothing when the plan compares no two builds.
+void ChangeSection(std::ostream& md, const std::vector<ArmSpec>& arms,
+                   const std::map<std::string, json>& records);
 
 }  // namespace lockstep::campaign_text

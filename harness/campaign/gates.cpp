@@ -93,14 +93,39 @@ void GateOutput(const GateSpec& g, const ArmOutcome& base, const ArmOutcome& out
                                    out.output_ids.size(), out.stop_reason));
 }
 
-void GateState(const GateSpec& g, const ArmSpec& arm, const DiffResult* diff,
+// Whether a compared item differs in any bit (values; int8 items: their codes too).
+bool ItemChanged(const ItemResult& it) {
+  return it.verdict != Verdict::kSkip && (it.stats.n_diff > 0 || it.code_diff > 0);
+}
+
+// The state gate (thresholds, or bitwise equality with `exact`). Returns whether the state held
+// (true when there is no diff: the arms' failure is its own gate and predicate).
+bool GateState(const GateSpec& g, const ArmSpec& arm, const DiffResult* diff,
                const GateSink& gate) {
-  if (!g.state) return;
   if (diff == nullptr) {
-    if (arm.mode == "state")
-      gate("state within thresholds", false, "no state diff (an arm failed or exported nothing)");
-    return;
+    if (g.state && arm.mode == "state")
+      gate(g.exact ? "state bitwise equal" : "state within thresholds", false,
+           "no state diff (an arm failed or exported nothing)");
+    return true;
   }
+  if (g.exact) {
+    std::int64_t changed = 0;
+    const ItemResult* first = nullptr;
+    for (const ItemResult& it : diff->items)
+      if (ItemChanged(it)) first = first ? first : &it, ++changed;
+    const bool ok = diff->Passed() && changed == 0;
+    std::string msg = fmt::format("{} compared, {} differ bitwise, {} skipped", diff->compared,
+                                  changed, diff->skipped);
+    if (first != nullptr)
+      msg +=
+          fmt::format("; first differing: {} {} (NRMSE {}, {} elements differ)", first->checkpoint,
+                      first->rel, FormatMetric(first->stats.nrmse), first->stats.n_diff);
+    if (diff->model_differs || diff->request_differs) msg += "; model or request differ";
+    if (!diff->vacuous.empty()) msg += "; " + diff->vacuous;
+    if (g.state) gate("state bitwise equal", ok, msg);
+    return ok;
+  }
+  if (!g.state) return diff->Passed();
   std::string msg = fmt::format("{} compared, {} passed, {} failed, {} skipped", diff->compared,
                                 diff->passed, diff->failed, diff->skipped);
   if (diff->first_failure >= 0) {
@@ -110,6 +135,7 @@ void GateState(const GateSpec& g, const ArmSpec& arm, const DiffResult* diff,
   if (diff->model_differs || diff->request_differs) msg += "; model or request differ";
   if (!diff->vacuous.empty()) msg += "; " + diff->vacuous;
   gate("state within thresholds", diff->Passed(), msg);
+  return diff->Passed();
 }
 
 // Returns whether the paths diverged early (within the gate's window count, or at all).
@@ -269,8 +295,7 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
   }
   const bool output_same = base.output_ids == out.output_ids && base.stop_reason == out.stop_reason;
   GateOutput(g, base, out, output_same, gate);
-  GateState(g, arm, diff, gate);
-  const bool state_ok = diff == nullptr || diff->Passed();
+  const bool state_ok = GateState(g, arm, diff, gate);
   const bool early = GatePath(g, al, gate);
   const TimingFlags tf = GateTiming(c, arm, base, out, al, r, gate);
   const bool aggregate_failed = tf.aggregate_failed, window_unstable = tf.window_unstable;
@@ -311,6 +336,9 @@ std::optional<StopDecision> EvaluateStopRules(const Campaign& c,
       bool v = false;
       for (const auto& cr : so_far) {
         if (cr.control && p != "control_missed") continue;
+        if (!rule.arms.empty() &&
+            std::find(rule.arms.begin(), rule.arms.end(), cr.arm) == rule.arms.end())
+          continue;
         auto it = cr.predicates.find(p);
         v = v || (it != cr.predicates.end() && it->second);
       }

@@ -14,6 +14,7 @@
 #include "lockstep/engine/model_config.h"
 #include "lockstep/engine/synthetic.h"
 #include "lockstep/engine/window_selection.h"
+#include "lockstep/harness/builds.h"
 #include "lockstep/harness/campaign.h"
 #include "lockstep/instrument/fingerprint.h"
 
@@ -218,13 +219,37 @@ Status PlanParser::ParseGates(const toml::table& t, GateSpec& g) const {
     LOCKSTEP_RETURN_IF_ERROR(OptInteger(*r, "min_free_mib", 0, kInt64Max, g.min_free_mib));
   }
   LOCKSTEP_RETURN_IF_ERROR(OptInteger(t, "max_skipped", -1, kInt64Max, g.max_skipped));
+  LOCKSTEP_RETURN_IF_ERROR(OptBool(t, "exact", g.exact));
+  if (g.exact && !g.state)
+    if (const toml::node* n = t.get("exact"))
+      return Error(n->source(),
+                   "'exact' asks the state gate for bitwise equality: set state = true");
+  return Status::Ok();
+}
+
+// Build names and their paths (relative to the plan's folder); existence is checked when the
+// campaign starts, after the command line's --build overrides (builds.h).
+Status PlanParser::ParseBuilds(const toml::table& t, Campaign& c) const {
+  for (auto&& [key, node] : t) {
+    const std::string name(key.str());
+    if (!ValidName(name))
+      return Error(key.source(), "build name '" + name + "' must match [A-Za-z0-9_.-]+");
+    if (name == kSelfBuild)
+      return Error(key.source(),
+                   "build name 'self' is taken (arms without 'build' run on the "
+                   "running executable, recorded as 'self')");
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string path, String(node, name));
+    fs::path p(path);
+    if (p.is_relative()) p = fs::path(plan_dir_) / p;
+    c.builds[name] = p.lexically_normal().string();
+  }
   return Status::Ok();
 }
 
 Status PlanParser::ParseArm(const toml::table& t, Campaign& c) {
-  LOCKSTEP_RETURN_IF_ERROR(CheckKeys(
-      t, "in [[arm]]",
-      {"name", "mode", "repeat", "baseline", "require", "decision", "engine", "max_skipped"}));
+  LOCKSTEP_RETURN_IF_ERROR(CheckKeys(t, "in [[arm]]",
+                                     {"name", "mode", "repeat", "baseline", "require", "decision",
+                                      "engine", "max_skipped", "build"}));
   ArmSpec arm;
   arm.line = static_cast<int>(t.source().begin.line);
   LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* name, Required(t, "name", "[[arm]]"));
@@ -288,6 +313,16 @@ Status PlanParser::ParseArm(const toml::table& t, Campaign& c) {
   if (const toml::node* n = t.get("max_skipped")) {
     LOCKSTEP_ASSIGN_OR_RETURN(arm.max_skipped, Integer(*n, "max_skipped", -1, kInt64Max));
   }
+  if (const toml::node* n = t.get("build")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(arm.build, Name(*n, "build"));
+    if (!c.builds.count(arm.build)) {
+      std::vector<std::string> names;
+      for (const auto& [b, path] : c.builds) names.push_back(b);
+      return Error(n->source(), label + ": build '" + arm.build +
+                                    "' is not declared in [builds] (" +
+                                    (names.empty() ? std::string("none is") : Join(names)) + ")");
+    }
+  }
   KeyLocations locs;
   if (const toml::node* n = t.get("engine")) {
     LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* e, Table(*n, "engine"));
@@ -299,7 +334,8 @@ Status PlanParser::ParseArm(const toml::table& t, Campaign& c) {
 }
 
 Status PlanParser::ParseStop(const toml::table& t, Campaign& c) const {
-  LOCKSTEP_RETURN_IF_ERROR(CheckKeys(t, "in [[stop]]", {"name", "when", "predicates", "message"}));
+  LOCKSTEP_RETURN_IF_ERROR(
+      CheckKeys(t, "in [[stop]]", {"name", "when", "predicates", "message", "arms"}));
   StopRule rule;
   LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* name, Required(t, "name", "[[stop]]"));
   LOCKSTEP_ASSIGN_OR_RETURN(rule.name, Name(*name, "name"));
@@ -323,6 +359,18 @@ Status PlanParser::ParseStop(const toml::table& t, Campaign& c) const {
     if (!Contains(StopPredicates(), rule.predicates[i]))
       return Error(elems[i]->source(), label + ": unknown predicate '" + rule.predicates[i] +
                                            "' (valid: " + Join(StopPredicates()) + ")");
+  }
+  if (const toml::node* n = t.get("arms")) {
+    std::vector<const toml::node*> arm_elems;
+    LOCKSTEP_ASSIGN_OR_RETURN(rule.arms, StringList(*n, "arms", &arm_elems));
+    std::vector<std::string> compared;
+    for (const ArmSpec& a : c.arms)
+      if (!a.baseline.empty()) compared.push_back(a.name);
+    for (std::size_t i = 0; i < rule.arms.size(); ++i)
+      if (!Contains(compared, rule.arms[i]))
+        return Error(arm_elems[i]->source(), label + ": 'arms' names '" + rule.arms[i] +
+                                                 "', which is not an arm with a baseline (" +
+                                                 Join(compared) + ")");
   }
   rule.message = label + " fired";
   LOCKSTEP_RETURN_IF_ERROR(OptString(t, "message", rule.message));
@@ -351,6 +399,7 @@ Status PlanParser::AddControlArm(Campaign& c, const toml::node& control_node) {
   control.control = true;
   control.line = static_cast<int>(control_node.source().begin.line);
   control.engine = first.engine;
+  control.build = first.build;  // it differs from its baseline only by the injection
   nlohmann::json inject = first.engine.contains("inject") ? first.engine["inject"]
                           : c.engine.contains("inject")   ? c.engine["inject"]
                                                           : nlohmann::json::array();
@@ -415,7 +464,7 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
   LOCKSTEP_RETURN_IF_ERROR(
       CheckKeys(root, "at the top level",
                 {"name", "question", "hypothesis", "control", "min_timing_repeats", "model",
-                 "request", "engine", "export", "thresholds", "gates", "arm", "stop"}));
+                 "request", "engine", "export", "thresholds", "gates", "arm", "stop", "builds"}));
   Campaign c;
   c.plan_dir = plan_dir_;
   c.plan_text = std::string(text);
@@ -461,8 +510,12 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
   LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* gates,
                             OptTable(root, "gates", "[gates]",
                                      {"output", "state", "path", "aggregate_timing",
-                                      "window_timing", "resources", "max_skipped"}));
+                                      "window_timing", "resources", "max_skipped", "exact"}));
   if (gates != nullptr) LOCKSTEP_RETURN_IF_ERROR(ParseGates(*gates, c.gates));
+  if (const toml::node* n = root.get("builds")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* t, Table(*n, "builds"));
+    LOCKSTEP_RETURN_IF_ERROR(ParseBuilds(*t, c));
+  }
   const toml::node* control = root.get("control");
   if (control != nullptr) {
     LOCKSTEP_ASSIGN_OR_RETURN(c.control, String(*control, "control"));
@@ -493,7 +546,8 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
                               false,
                               {"path_diverged", "window_timing_unstable", "aggregate_timing_failed",
                                "state_failed", "output_differs"},
-                              "unstable A/A => stop attribution (default rule)"});
+                              "unstable A/A => stop attribution (default rule)",
+                              {}});
     c.default_stop = true;
   }
   return c;

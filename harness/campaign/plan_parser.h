@@ -130,6 +130,7 @@ class PlanParser {
   Status ParseExport(const toml::table& t, ExportPlan& e) const;
   Status ParseThresholds(const toml::table& t, Thresholds& th) const;
   Status ParseGates(const toml::table& t, GateSpec& g) const;
+  Status ParseBuilds(const toml::table& t, Campaign& c) const;
   Status ParseArm(const toml::table& t, Campaign& c);
   Status ParseStop(const toml::table& t, Campaign& c) const;
   Status AddControlArm(Campaign& c, const toml::node& control_node);

@@ -13,6 +13,7 @@
 #include "lockstep/compare/report.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/tokenizer.h"
+#include "lockstep/harness/builds.h"
 #include "lockstep/harness/campaign.h"
 #include "lockstep/harness/campaign_report.h"
 #include "lockstep/harness/gates.h"
@@ -24,6 +25,74 @@ namespace lockstep {
 
 namespace fs = std::filesystem;
 
+Result<std::string> ProvisionPlanModel(const Campaign& c, const std::string& dir) {
+  if (c.model.preset.empty()) return c.model.path;
+  const std::string model_dir = dir + "/model";
+  if (fs::exists(model_dir + "/config.json")) return model_dir;
+  // Built aside and renamed: a killed runner never leaves a half-written model in place.
+  const std::string tmp = dir + "/model.tmp";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::remove_all(model_dir, ec);
+  SyntheticOptions so;
+  so.preset = c.model.preset;
+  so.seed = c.model.seed;
+  so.induction = c.model.induction;
+  std::ostringstream sink;
+  LOCKSTEP_RETURN_IF_ERROR(RunModelInit(so, tmp, sink));
+  fs::rename(tmp, model_dir, ec);
+  if (ec) return Status::IOError("model folder '" + model_dir + "'", ec.message());
+  return model_dir;
+}
+
+Status ProvisionPlanRequest(const Campaign& c, const std::string& tokens_path) {
+  if (fs::exists(tokens_path)) return Status::Ok();
+  std::vector<std::int32_t> ids;
+  const RequestSpec& r = c.request;
+  if (r.needle) {
+    ids = EncodeBytes(NeedleHaystackPrompt(*r.needle));
+  } else if (!r.prompt.empty()) {
+    ids = EncodeBytes(r.prompt);
+  } else if (!r.prompt_file.empty()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.prompt_file, std::size_t{256} << 20));
+    ids = EncodeBytes(text);
+  } else {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.token_file, std::size_t{256} << 20));
+    return WriteFileAtomic(tokens_path, text);
+  }
+  std::string text;
+  for (std::size_t i = 0; i < ids.size(); ++i) text += (i ? " " : "") + std::to_string(ids[i]);
+  return WriteFileAtomic(tokens_path, text + "\n");
+}
+
+std::vector<std::string> ArmGenerateArgv(const Campaign& c, const ArmSpec& arm,
+                                         const std::string& exe, const std::string& d,
+                                         const std::string& tokens_path) {
+  std::vector<std::string> argv = {exe,
+                                   "generate",
+                                   "--progress",
+                                   "--config",
+                                   d + "/config.json",
+                                   "--prompt-tokens",
+                                   tokens_path,
+                                   "--arm",
+                                   arm.name,
+                                   "--json",
+                                   "--trace-jsonl",
+                                   d + "/trace.jsonl",
+                                   "--sample-ms",
+                                   std::to_string(c.export_plan.sample_ms)};
+  if (arm.mode == "state") {
+    std::string points;
+    for (const auto& p : c.export_plan.points) points += (points.empty() ? "" : ",") + p;
+    for (const std::string& a :
+         {std::string("--export"), d + "/export.h5", std::string("--export-windows"),
+          c.export_plan.windows, std::string("--export-points"), points})
+      argv.push_back(a);
+  }
+  return argv;
+}
+
 namespace {
 
 using ArmRepeat = std::pair<std::string, int>;
@@ -31,6 +100,7 @@ using ArmRepeat = std::pair<std::string, int>;
 // What the ledger says has happened (replayed on resume; kept current while running).
 struct RunState {
   std::string plan_sha256, plan_dir;
+  nlohmann::json builds;  // the planned entry's builds (null: a ledger from before named builds)
   std::set<ArmRepeat> sent, finished;
   std::map<std::string, ComparisonResult> compared;
   std::map<std::string, bool> decisions;
@@ -44,6 +114,7 @@ struct RunState {
     if (e.event == "planned") {
       plan_sha256 = e.data.value("plan_sha256", "");
       plan_dir = e.data.value("plan_dir", "");
+      builds = e.data.value("builds", nlohmann::json());
     } else if (e.event == "sent") {
       sent.insert({e.arm, repeat});
     } else if (e.event == "finished" || e.event == "failed") {
@@ -78,6 +149,22 @@ struct Runner {
   std::optional<Ledger> ledger;
   RunState st;
   bool progress = false;
+  std::map<std::string, ArmBuild> builds;  // every build an arm uses (ArmBuildName)
+
+  const ArmBuild& BuildOf(const ArmSpec& arm) const { return builds.at(ArmBuildName(arm)); }
+
+  // The arm's build must still be the file that was probed (and recorded) when the campaign
+  // started: a build replaced since would make the ledger's digests false.
+  Status CheckBuild(const ArmBuild& b) const {
+    auto sha = Sha256File(b.path);
+    if (sha.ok() && *sha == b.sha256) return Status::Ok();
+    return Status::InvalidArgument(
+        "build '" + b.name + "' (" + b.path + ")",
+        sha.ok() ? fmt::format("changed since the campaign started (SHA-256 {} now, {} recorded): "
+                               "refusing to run arms on it; start a new run folder",
+                               sha->substr(0, 12), b.sha256.substr(0, 12))
+                 : "cannot be read any more: " + sha.status().message());
+  }
 
   std::string ArmDir(const std::string& arm, int repeat, const ArmSpec& spec) const {
     std::string d = dir + "/arms/" + arm;
@@ -92,47 +179,13 @@ struct Runner {
   }
 
   Status ProvisionModel() {
-    if (c.model.preset.empty()) {
-      model_dir = c.model.path;
-      return Status::Ok();
-    }
-    model_dir = dir + "/model";
-    if (fs::exists(model_dir + "/config.json")) return Status::Ok();
-    // Built aside and renamed: a killed runner never leaves a half-written model in place.
-    const std::string tmp = dir + "/model.tmp";
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::remove_all(model_dir, ec);
-    SyntheticOptions so;
-    so.preset = c.model.preset;
-    so.seed = c.model.seed;
-    so.induction = c.model.induction;
-    std::ostringstream sink;
-    LOCKSTEP_RETURN_IF_ERROR(RunModelInit(so, tmp, sink));
-    fs::rename(tmp, model_dir, ec);
-    if (ec) return Status::IOError("model folder '" + model_dir + "'", ec.message());
+    LOCKSTEP_ASSIGN_OR_RETURN(model_dir, ProvisionPlanModel(c, dir));
     return Status::Ok();
   }
 
   Status ProvisionRequest() {
     tokens_path = dir + "/request.tokens";
-    if (fs::exists(tokens_path)) return Status::Ok();
-    std::vector<std::int32_t> ids;
-    const RequestSpec& r = c.request;
-    if (r.needle) {
-      ids = EncodeBytes(NeedleHaystackPrompt(*r.needle));
-    } else if (!r.prompt.empty()) {
-      ids = EncodeBytes(r.prompt);
-    } else if (!r.prompt_file.empty()) {
-      LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.prompt_file, std::size_t{256} << 20));
-      ids = EncodeBytes(text);
-    } else {
-      LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.token_file, std::size_t{256} << 20));
-      return WriteFileAtomic(tokens_path, text);
-    }
-    std::string text;
-    for (std::size_t i = 0; i < ids.size(); ++i) text += (i ? " " : "") + std::to_string(ids[i]);
-    return WriteFileAtomic(tokens_path, text + "\n");
+    return ProvisionPlanRequest(c, tokens_path);
   }
 
   Status SendRepeat(const ArmSpec& arm, int repeat) {
@@ -143,34 +196,18 @@ struct Runner {
     if (ec) return Status::IOError("arm folder '" + d + "'", ec.message());
     LOCKSTEP_ASSIGN_OR_RETURN(EngineConfig cfg, EffectiveConfig(c, arm, model_dir));
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(d + "/config.json", cfg.ToJson() + "\n"));
+    const ArmBuild& build = BuildOf(arm);
+    LOCKSTEP_RETURN_IF_ERROR(CheckBuild(build));
     ChildSpec cs;
-    cs.argv = {exe,
-               "generate",
-               "--progress",
-               "--config",
-               d + "/config.json",
-               "--prompt-tokens",
-               tokens_path,
-               "--arm",
-               arm.name,
-               "--json",
-               "--trace-jsonl",
-               d + "/trace.jsonl",
-               "--sample-ms",
-               std::to_string(c.export_plan.sample_ms)};
-    if (arm.mode == "state") {
-      std::string points;
-      for (const auto& p : c.export_plan.points) points += (points.empty() ? "" : ",") + p;
-      for (const std::string& a :
-           {std::string("--export"), d + "/export.h5", std::string("--export-windows"),
-            c.export_plan.windows, std::string("--export-points"), points})
-        cs.argv.push_back(a);
-    }
+    cs.argv = ArmGenerateArgv(c, arm, build.path, d, tokens_path);
     cs.stdout_path = d + "/stdout.json";
     cs.stderr_path = d + "/stderr.log";
-    LOCKSTEP_RETURN_IF_ERROR(Append(
-        "sent", arm.name,
-        {{"repeat", repeat}, {"mode", arm.mode}, {"engine_config_sha256", EngineConfigHash(cfg)}}));
+    LOCKSTEP_RETURN_IF_ERROR(Append("sent", arm.name,
+                                    {{"repeat", repeat},
+                                     {"mode", arm.mode},
+                                     {"engine_config_sha256", EngineConfigHash(cfg)},
+                                     {"build", build.name},
+                                     {"executable_sha256", build.sha256}}));
     const std::string label = arm.repeat > 1 ? fmt::format("{} #{}", arm.name, repeat) : arm.name;
     std::function<void()> tick;
     if (progress) {
@@ -292,6 +329,13 @@ struct Runner {
     fs::create_directories(dir + "/compare", ec);
     nlohmann::json rec;
     rec["comparison"] = ToJson(cr);
+    rec["builds"] = {{"a", {{"arm", base_spec.name}, {"build", ArmBuildName(base_spec)}}},
+                     {"b", {{"arm", arm.name}, {"build", ArmBuildName(arm)}}}};
+    for (const char* side : {"a", "b"}) {
+      nlohmann::json& s = rec["builds"][side];
+      const ArmBuild& b = BuildOf(side[0] == 'a' ? base_spec : arm);
+      s["sha256"] = b.sha256, s["version"] = b.version, s["commit"] = b.commit;
+    }
     rec["report"] = nlohmann::json::parse(RenderJson(in));
     const std::string stem = dir + "/compare/" + arm.name;
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".json", rec.dump(2) + "\n"));
@@ -385,6 +429,25 @@ struct Runner {
     return Status::Ok();
   }
 
+  // A resumed run keeps the builds its ledger recorded (checked again before each send).
+  Status ResumeBuilds() {
+    if (!opts.builds.empty())
+      return Status::InvalidArgument("--build",
+                                     "a resumed run uses the builds its ledger "
+                                     "recorded; --build applies to a new run only");
+    if (!st.builds.is_object()) {  // a ledger from before named builds: every arm ran this one
+      LOCKSTEP_ASSIGN_OR_RETURN(builds, ResolveBuilds(c, {}, exe));
+      return Status::Ok();
+    }
+    for (auto it = st.builds.begin(); it != st.builds.end(); ++it)
+      builds[it.key()] = BuildFromJson(it.key(), it.value());
+    for (const ArmSpec& a : c.arms)
+      if (!builds.count(ArmBuildName(a)))
+        return Status::Corruption("ledger", "arm '" + a.name + "' runs on build '" +
+                                                ArmBuildName(a) + "', which the ledger lacks");
+    return Status::Ok();
+  }
+
   Status Finish() {
     if (st.done) return Status::Ok();
     std::string verdict = "pass", why;
@@ -438,7 +501,7 @@ Status CheckedPlanText(const RunOptions& opts, const RunState& st, std::string* 
 
 Status RunCampaign(const RunOptions& opts, std::ostream& out) {
   if (opts.out_dir.empty()) return Status::InvalidArgument("--out", "a run folder is required");
-  Runner run{opts, out, {}, opts.out_dir, opts.exe, {}, {}, std::nullopt, {}, false};
+  Runner run{opts, out, {}, opts.out_dir, opts.exe, {}, {}, std::nullopt, {}, false, {}};
   run.progress = opts.progress < 0 ? ::isatty(STDERR_FILENO) != 0 : opts.progress > 0;
   if (run.exe.empty()) {
     LOCKSTEP_ASSIGN_OR_RETURN(run.exe, SelfExecutable());
@@ -447,6 +510,8 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
   if (!opts.resume) {
     if (opts.plan.empty()) return Status::InvalidArgument("run", "a campaign file is required");
     LOCKSTEP_ASSIGN_OR_RETURN(run.c, LoadCampaign(opts.plan));
+    // Every build is checked before the run folder exists: a refused build runs nothing.
+    LOCKSTEP_ASSIGN_OR_RETURN(run.builds, ResolveBuilds(run.c, opts.builds, run.exe));
     if (fs::exists(opts.out_dir) && !fs::is_empty(opts.out_dir, ec))
       return Status::InvalidArgument(
           "--out '" + opts.out_dir + "'",
@@ -460,12 +525,16 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
     {
       LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Create(tmp + "/ledger.jsonl"));
       std::vector<std::string> arms;
-      for (const auto& a : run.c.arms) arms.push_back(a.name);
+      nlohmann::json arm_builds = nlohmann::json::object(), builds = nlohmann::json::object();
+      for (const auto& a : run.c.arms) arms.push_back(a.name), arm_builds[a.name] = ArmBuildName(a);
+      for (const auto& [name, b] : run.builds) builds[name] = BuildJson(b);
       LOCKSTEP_RETURN_IF_ERROR(l.Append("planned", "",
                                         {{"campaign", run.c.name},
                                          {"plan_sha256", run.c.plan_sha256},
                                          {"plan_dir", run.c.plan_dir},
-                                         {"arms", arms}},
+                                         {"arms", arms},
+                                         {"builds", builds},
+                                         {"arm_builds", arm_builds}},
                                         true)
                                    .status());
     }
@@ -493,6 +562,7 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
     LOCKSTEP_RETURN_IF_ERROR(CheckedPlanText(opts, run.st, &text));
     LOCKSTEP_ASSIGN_OR_RETURN(run.c,
                               ParseCampaign(text, opts.out_dir + "/plan.toml", run.st.plan_dir));
+    LOCKSTEP_RETURN_IF_ERROR(run.ResumeBuilds());
     std::vector<std::string> rerun;
     if (run.st.done) {
       out << fmt::format("campaign {} in {} is complete: rendering its report again\n", run.c.name,

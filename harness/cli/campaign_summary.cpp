@@ -54,6 +54,8 @@ Result<nlohmann::json> CampaignSummaryJson(const std::string& run_dir, const Rep
   j["verdict"] = nullptr;
   j["reason"] = nullptr;
   j["stopped"] = nullptr;
+  j["builds"] = nullptr;
+  nlohmann::json arm_builds = nlohmann::json::object();
   std::vector<std::string> order;
   std::map<std::string, ArmTally> arms;
   nlohmann::json pairs = nlohmann::json::array();
@@ -61,6 +63,9 @@ Result<nlohmann::json> CampaignSummaryJson(const std::string& run_dir, const Rep
     if (e.event == "planned") {
       j["campaign"] = e.data.value("campaign", "");
       j["plan_sha256"] = e.data.value("plan_sha256", "");
+      // The builds the arms ran on (path, sha256, version, commit, build_type, export_schema).
+      j["builds"] = e.data.value("builds", nlohmann::json());
+      arm_builds = e.data.value("arm_builds", nlohmann::json::object());
       for (const auto& a : e.data.value("arms", nlohmann::json::array())) {
         order.push_back(a.get<std::string>());
         arms[order.back()];
@@ -91,6 +96,8 @@ Result<nlohmann::json> CampaignSummaryJson(const std::string& run_dir, const Rep
                         {"repeats_finished", t.finished.size()},
                         {"repeats_failed", t.failed.size()}};
     if (!t.not_sent_reason.empty()) a["not_sent_reason"] = t.not_sent_reason;
+    a["build"] = arm_builds.is_object() && arm_builds.contains(name) ? arm_builds[name]
+                                                                     : nlohmann::json(nullptr);
     arm_list.push_back(a);
   }
   j["arms"] = arm_list;

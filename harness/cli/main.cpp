@@ -26,6 +26,7 @@
 #include "lockstep/harness/campaign_report.h"
 #include "lockstep/harness/compare_commands.h"
 #include "lockstep/harness/generate_command.h"
+#include "lockstep/harness/golden.h"
 #include "lockstep/harness/model_command.h"
 #include "lockstep/harness/runner.h"
 #include "lockstep/instrument/export_writer.h"
@@ -416,6 +417,9 @@ void AddRun(CLI::App& app, std::vector<Command>& commands) {
   run->add_option("--out", st->opts.out_dir, "Run folder (new, or empty)")->group(kGroupCampaign);
   run->add_option("--resume", st->resume_dir, "Continue the campaign in this run folder")
       ->group(kGroupCampaign);
+  run->add_option("--build", st->opts.builds, "Run the plan's build NAME from PATH (repeatable)")
+      ->type_name("NAME=PATH")
+      ->group(kGroupCampaign);
   run->add_flag("--gate", st->gate_flag,
                 "CI gate (accepted for scripts; every run already exits 0/1 and writes JUnit XML)")
       ->group(kGroupCampaign);
@@ -468,6 +472,9 @@ void AddGate(CLI::App& app, std::vector<Command>& commands) {
   gate->add_option("--out", st->opts.out_dir, "Run folder")
       ->default_str("out/gate/<plan>-<time>-<pid>")
       ->group(kGroupCampaign);
+  gate->add_option("--build", st->opts.builds, "Run the plan's build NAME from PATH (repeatable)")
+      ->type_name("NAME=PATH")
+      ->group(kGroupCampaign);
   gate->add_option("--junit", st->opts.junit, "JUnit XML path")
       ->type_name("PATH|-")
       ->default_str("<run folder>/junit.xml")
@@ -480,7 +487,9 @@ void AddGate(CLI::App& app, std::vector<Command>& commands) {
   gate->footer(
       "Examples:\n"
       "  lockstep gate campaigns/aa-smoke.toml --junit out/junit.xml\n"
-      "  lockstep gate campaigns/aa-smoke.toml --junit - > junit.xml");
+      "  lockstep gate campaigns/aa-smoke.toml --junit - > junit.xml\n"
+      "  lockstep gate campaigns/gate-change.toml --build baseline=main/lockstep "
+      "--build candidate=pr/lockstep");
   gate->add_option("--isolate-timeout", st->opts.isolate_timeout_s,
                    "Seconds each export's isolated HDF5 parse may take")
       ->capture_default_str()
@@ -556,17 +565,18 @@ std::vector<std::string> CommandNames(const CLI::App& app) {
   return names;
 }
 
-// A first argument that is neither a flag nor a command (or a `model` argument that is no model
-// command): exit 2 naming the nearest command, before CLI11 would report an extra positional.
+// A first argument that is neither a flag nor a command (or a `model` / `golden` argument that is
+// no command of theirs): exit 2 naming the nearest command, before CLI11 would report an extra
+// positional.
 bool RejectUnknownCommand(CLI::App& app, int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') return false;
   const CLI::App* level = &app;
   std::string word = argv[1], prefix;
-  if (word == "model") {
+  if (word == "model" || word == "golden") {
     if (argc < 3 || argv[2][0] == '-') return false;
-    level = app.get_subcommand("model");
+    level = app.get_subcommand(word);
+    prefix = word + " ";
     word = argv[2];
-    prefix = "model ";
   }
   const std::vector<std::string> names = CommandNames(*level);
   std::string list;
@@ -588,6 +598,88 @@ std::string VersionText() {
          "\nexport schema: lockstep.export v" + std::to_string(lockstep::kExportSchemaVersion);
 }
 
+// ---- golden references ----
+
+// `golden record` and `golden check` (harness/include/lockstep/harness/golden.h).
+void AddGolden(CLI::App& app, std::vector<Command>& commands) {
+  auto* golden = app.add_subcommand(
+      "golden", "Recorded references for CI: record a plan's exports, check a build against them");
+  golden->require_subcommand(1);
+  golden->footer(
+      "Examples:\n"
+      "  lockstep golden record --plan campaigns/aa-smoke.toml --out ref/smoke\n"
+      "  lockstep golden check ref/smoke");
+  struct Record {
+    lockstep::GoldenRecordOptions opts;
+    bool no_compress = false;
+  };
+  auto rs = std::make_shared<Record>();
+  auto* rec = golden->add_subcommand(
+      "record", "Run a plan's state arms once each and store their exports and a manifest");
+  rec->add_option("--plan", rs->opts.plan, "Campaign file (TOML)")
+      ->required()
+      ->group(kGroupCampaign);
+  rec->add_option("--out", rs->opts.out_dir, "Reference folder (new or empty)")
+      ->required()
+      ->group(kGroupCampaign);
+  rec->add_flag("--force", rs->opts.force, "Replace the reference in a non-empty --out")
+      ->group(kGroupCampaign);
+  rec->add_flag("--no-compress", rs->no_compress,
+                "Store exports uncompressed (default: LZ4 when the HDF5 plugin is installed)")
+      ->group(kGroupExport);
+  rec->add_option("--json", rs->opts.json, "Write the JSON summary (keys: harness/README.md)")
+      ->type_name("PATH|-")
+      ->group(kGroupReports);
+  rec->footer(
+      "Examples:\n"
+      "  lockstep golden record --plan campaigns/aa-smoke.toml --out ref/smoke\n"
+      "  lockstep golden record --plan campaigns/aa-smoke.toml --out ref/smoke --force");
+  commands.push_back(
+      {rec, [rs]() -> Status {
+         rs->opts.version = VersionText();
+         rs->opts.compress = !rs->no_compress;
+         LOCKSTEP_ASSIGN_OR_RETURN(std::ostream * out, SummaryStream({{"--json", rs->opts.json}}));
+         return lockstep::RunGoldenRecord(rs->opts, *out);
+       }});
+  auto cs = std::make_shared<lockstep::GoldenCheckOptions>();
+  auto* chk = golden->add_subcommand(
+      "check", "Re-run a reference's requests with this build; exit 1 naming the first change");
+  chk->add_option("DIR", cs->dir, "Reference folder (golden record --out)")->required();
+  chk->add_option("--work", cs->work_dir, "Keep the new arms' files in this folder")
+      ->default_str("a temporary folder, removed")
+      ->group(kGroupCampaign);
+  chk->add_option("--model", cs->model, "Model folder instead of the plan's")->group(kGroupModel);
+  chk->add_option("--engine-override", cs->engine_overrides,
+                  "KEY=VALUE on top of every arm's config (repeatable), e.g. inject=perturb:...")
+      ->type_name("KEY=VALUE")
+      ->group(kGroupCampaign);
+  chk->add_flag("--thresholds", cs->thresholds,
+                "Pass within the plan's [thresholds] instead of bitwise")
+      ->group(kGroupCompare);
+  chk->add_option("--nrmse-max", cs->nrmse_max, "NRMSE threshold (implies --thresholds)")
+      ->group(kGroupCompare);
+  chk->add_option("--kl-max", cs->kl_max, "Logits KL threshold (implies --thresholds)")
+      ->group(kGroupCompare);
+  chk->add_option("--json", cs->json, "Write the JSON summary (keys: harness/README.md)")
+      ->type_name("PATH|-")
+      ->group(kGroupReports);
+  chk->add_option("--isolate-timeout", cs->isolate_timeout_s,
+                  "Seconds each export's isolated HDF5 parse may take")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->group(kGroupDiagnostics);
+  chk->footer(
+      "Examples:\n"
+      "  lockstep golden check ref/smoke\n"
+      "  lockstep golden check ref/smoke --nrmse-max 1e-4 --json out/golden.json\n"
+      "  lockstep golden check ref/smoke --engine-override inject=perturb:layer=3:item=k:eps=1e-2");
+  commands.push_back(
+      {chk, [cs]() -> Status {
+         LOCKSTEP_ASSIGN_OR_RETURN(std::ostream * out, SummaryStream({{"--json", cs->json}}));
+         return lockstep::RunGoldenCheck(*cs, *out);
+       }});
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{
       "lockstep: deterministic A/A diagnostics and state diffing for a hybrid MoE inference "
@@ -604,8 +696,8 @@ int Main(int argc, char** argv) {
       "  lockstep run campaigns/aa-smoke.toml --out out/smoke\n"
       "Run 'lockstep <command> --help' for a command's options; harness/README.md has them all.");
   std::vector<Command> commands;
-  for (auto add :
-       {AddModelInit, AddGenerate, AddDiff, AddSummarize, AddAlign, AddRun, AddGate, AddReport})
+  for (auto add : {AddModelInit, AddGenerate, AddDiff, AddSummarize, AddAlign, AddRun, AddGate,
+                   AddReport, AddGolden})
     add(app, commands);
   if (RejectUnknownCommand(app, argc, argv)) return 2;
   try {

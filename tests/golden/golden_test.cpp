@@ -14,8 +14,9 @@
 // change re-records it and says so, with the evidence that the new numbers are right:
 //   LOCKSTEP_GOLDEN_RECORD=1 build/tests/golden_tests
 // (writes tests/golden/exports.json in the source tree).
+#include "lockstep/harness/golden.h"
+
 #include <gtest/gtest.h>
-#include <openssl/evp.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -61,26 +62,6 @@ std::vector<Request> Requests() {
   };
 }
 
-std::string Hex(const unsigned char* d, unsigned n) {
-  static const char* k = "0123456789abcdef";
-  std::string s;
-  for (unsigned i = 0; i < n; ++i) s += k[d[i] >> 4], s += k[d[i] & 15];
-  return s;
-}
-
-std::string Sha256(const void* data, std::size_t n) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned len = 0;
-  EVP_Digest(data, n, md, &len, EVP_sha256(), nullptr);
-  return Hex(md, len);
-}
-
-std::string ShapeString(const std::string& dtype, const std::vector<std::int64_t>& shape) {
-  std::string s = dtype + " [";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 // A window's path fields (timing is not deterministic and not pinned).
 nlohmann::ordered_json PathJson(const WindowRecord& w) {
   return {{"p", w.p},
@@ -105,25 +86,11 @@ nlohmann::ordered_json Digest(const ExportReader& reader) {
     windows.push_back(PathJson(w));
   }
   j["windows"] = windows;
+  // The digests `lockstep golden record` stores too (harness/golden/manifest.cpp).
+  auto digests = ExportItemDigests(reader);
+  if (!digests.ok()) throw std::runtime_error(digests.status().ToString());
   nlohmann::ordered_json items = nlohmann::ordered_json::object();
-  for (const ExportCheckpoint& cp : m.checkpoints) {
-    for (const ExportItem& it : cp.items) {
-      std::vector<unsigned char> bytes(static_cast<std::size_t>(it.rows() * it.row_elems()) *
-                                       it.elem_bytes());
-      Status s = reader.ReadRows(cp, it, 0, it.rows(), bytes.data());
-      if (!s.ok()) throw std::runtime_error(s.ToString());
-      const std::string key = cp.name + "/" + it.rel;
-      items[key] = ShapeString(std::string(dtype_name(it.dtype)), it.shape) + " " +
-                   Sha256(bytes.data(), bytes.size());
-      if (it.has_scales) {
-        std::vector<float> scales(static_cast<std::size_t>(it.rows() * it.scale_row_elems));
-        s = reader.ReadScaleRows(cp, it, 0, it.rows(), scales.data());
-        if (!s.ok()) throw std::runtime_error(s.ToString());
-        items[key + "_scale"] = ShapeString("f32", {it.rows(), it.scale_row_elems}) + " " +
-                                Sha256(scales.data(), scales.size() * sizeof(float));
-      }
-    }
-  }
+  for (const ItemDigest& d : *digests) items[d.key] = DigestText(d);
   j["n_checkpoints"] = m.checkpoints.size();
   j["items"] = items;
   return j;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -63,6 +64,9 @@ struct GateSpec {
   // skips items (checkpoints whose windows differ) fails; arms that compare different configs set
   // their own ArmSpec::max_skipped.
   std::int64_t max_skipped = 0;
+  // The state gate asks for bitwise equality of every compared item instead of the thresholds
+  // (`exact = true`: a change that must not alter what the engine computes).
+  bool exact = false;
 };
 
 struct ArmSpec {
@@ -75,7 +79,8 @@ struct ArmSpec {
   nlohmann::json engine = nlohmann::json::object();  // engine-config overrides (EngineConfig keys)
   bool control = false;                     // the positive-control arm (must FAIL its gates)
   std::optional<std::int64_t> max_skipped;  // overrides GateSpec::max_skipped for this arm
-  int line = 0;                             // where it was declared (messages)
+  std::string build;  // the [builds] name it runs on ("": the running executable)
+  int line = 0;       // where it was declared (messages)
 };
 
 struct StopRule {
@@ -83,6 +88,7 @@ struct StopRule {
   bool all = false;                     // any (default) | all of the predicates
   std::vector<std::string> predicates;  // from StopPredicates()
   std::string message;                  // printed when it fires
+  std::vector<std::string> arms = {};   // judge only these arms' comparisons (empty: every arm's)
 };
 
 struct Campaign {
@@ -93,6 +99,10 @@ struct Campaign {
   ExportPlan export_plan;
   Thresholds thresholds;
   GateSpec gates;
+  // Named builds arms run on ([builds] name = path): absolute paths, resolved against the plan's
+  // folder, not checked here (ResolveBuilds in builds.h checks them before anything runs, after
+  // the command line's --build overrides).
+  std::map<std::string, std::string> builds;
   std::vector<ArmSpec> arms;   // in order; the control arm (if any) is appended last
   std::vector<StopRule> stop;  // the default rule is filled in for A/A-then-B campaigns
   bool default_stop = false;   // stop holds the default rule (none was declared)

@@ -5,8 +5,8 @@
 // Every arm is a fresh process, so no state (caches, thread pools, allocator layout, first-call
 // effects) leaks from one arm into the next.
 //
-// It has no timeout: a child that never exits blocks its caller (the runner's progress tick
-// still runs). It does not change the caller's signal dispositions.
+// Without ChildSpec::timeout_s a child that never exits blocks its caller (the runner's progress
+// tick still runs). It does not change the caller's signal dispositions.
 #pragma once
 
 #include <functional>
@@ -24,12 +24,14 @@ struct ChildSpec {
   std::vector<std::string> argv;  // argv[0] is the executable path (no PATH search)
   std::string stdout_path;        // truncated and written by the child
   std::string stderr_path;
+  double timeout_s = 0.0;  // > 0: SIGKILL at this wall time (ChildResult::timed_out)
 };
 
 struct ChildResult {
-  int exit_code = -1;    // -1 when killed by a signal
-  int signal = 0;        // the signal that ended it (0: exited)
-  double seconds = 0.0;  // wall time from fork to reap (steady clock)
+  int exit_code = -1;      // -1 when killed by a signal
+  int signal = 0;          // the signal that ended it (0: exited)
+  double seconds = 0.0;    // wall time from fork to reap (steady clock)
+  bool timed_out = false;  // killed at ChildSpec::timeout_s
 };
 
 // Runs the command to completion; `tick` (if set) is called about every 200 ms on the calling

@@ -27,13 +27,19 @@
 
 namespace lockstep {
 
+struct Campaign;
+struct ArmSpec;
+
 struct RunOptions {
   std::string plan;     // PLAN.toml (new run; with resume: must hash like the recorded plan)
   std::string out_dir;  // the run folder
   bool resume = false;  // continue the campaign in out_dir
   std::string junit;    // JUnit XML path (default out_dir/junit.xml)
-  std::string exe;      // lockstep binary for the arms (default: this executable)
-  int progress = -1;    // progress on stderr: -1 when stderr is a terminal, 0 off, 1 on
+  std::string exe;      // lockstep binary for arms without a build (default: this executable)
+  // --build NAME=PATH: replaces the path of a build the plan declares in [builds] (builds.h). A
+  // new run only: a resumed run uses the builds its ledger recorded (refused if they changed).
+  std::vector<std::string> builds;
+  int progress = -1;  // progress on stderr: -1 when stderr is a terminal, 0 off, 1 on
   // Each comparison parses the arms' exports in a child process (ReaderLimits::isolate, always):
   // its deadline per file (--isolate-timeout). A child that crashes or hangs fails the
   // comparison's "exports readable" gate; the campaign goes on by its rules.
@@ -50,5 +56,20 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out);
 // (times, attempts) removed, 'resumed' entries dropped, and sends that never finished (a killed
 // runner) dropped. Two runs of a deterministic campaign, interrupted or not, give equal digests.
 std::vector<std::string> LedgerDigest(const std::vector<LedgerEntry>& entries);
+
+// ---- the pieces of a run other commands reuse (lockstep golden record / check) ----
+
+// The plan's model folder: [model] path as given, or the synthetic preset created once in
+// `dir`/model (built aside and renamed). Errors: those of RunModelInit, kIOError.
+Result<std::string> ProvisionPlanModel(const Campaign& c, const std::string& dir);
+// The plan's request as token ids in `tokens_path` (left as it is when it exists).
+Status ProvisionPlanRequest(const Campaign& c, const std::string& tokens_path);
+// argv of an arm's fresh `lockstep generate` process: `exe` with the config `arm_dir`/config.json
+// (written by the caller), the request's tokens, --json on stdout, the window trace in
+// `arm_dir`/trace.jsonl and, for state arms, the plan's export (`arm_dir`/export.h5, its windows
+// and points).
+std::vector<std::string> ArmGenerateArgv(const Campaign& c, const ArmSpec& arm,
+                                         const std::string& exe, const std::string& arm_dir,
+                                         const std::string& tokens_path);
 
 }  // namespace lockstep
