@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "campaign_files.h"
 #include "lockstep/compare/export_reader.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/harness/builds.h"
@@ -22,34 +23,14 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using test::Events;
+using test::ReadJson;
+using test::ReadLedger;
 using test::RunLockstep;
+using test::Slurp;
 
 const std::string kPlan = std::string(LOCKSTEP_SOURCE_DIR) + "/campaigns/gate-change.toml";
 const std::string kCandidateArms[] = {"cand-A1", "cand-A2", "change"};
-
-std::string Slurp(const std::string& path) {
-  auto t = ReadFile(path);
-  return t.ok() ? *t : std::string();
-}
-
-json ReadJson(const std::string& path) {
-  auto t = ReadFile(path);
-  EXPECT_TRUE(t.ok()) << path;
-  return t.ok() ? json::parse(*t) : json();
-}
-
-std::vector<LedgerEntry> ReadLedger(const std::string& dir) {
-  auto l = Ledger::Read(dir + "/ledger.jsonl");
-  EXPECT_TRUE(l.ok()) << l.status().message();
-  return l.ok() ? l->entries : std::vector<LedgerEntry>{};
-}
-
-std::vector<std::string> Events(const std::vector<LedgerEntry>& es, const std::string& event) {
-  std::vector<std::string> arms;
-  for (const auto& e : es)
-    if (e.event == event) arms.push_back(e.arm);
-  return arms;
-}
 
 // The "baseline build": a copy of this build's executable with bytes appended after the ELF
 // image (it runs the same; its SHA-256 differs).

@@ -18,6 +18,7 @@
 #include <set>
 #include <thread>
 
+#include "campaign_files.h"
 #include "chromium_probe.h"
 #include "lockstep/compare/report.h"
 #include "lockstep/engine/atomic_file.h"
@@ -29,33 +30,13 @@ namespace lockstep {
 namespace {
 
 namespace fs = std::filesystem;
+using test::Events;
+using test::ReadJson;
+using test::ReadLedger;
 using test::RunLockstep;
+using test::Slurp;
 
 const std::string kCampaigns = std::string(LOCKSTEP_SOURCE_DIR) + "/campaigns";
-
-std::vector<LedgerEntry> ReadLedger(const std::string& dir) {
-  auto l = Ledger::Read(dir + "/ledger.jsonl");
-  EXPECT_TRUE(l.ok()) << l.status().message();
-  return l.ok() ? l->entries : std::vector<LedgerEntry>{};
-}
-
-std::vector<std::string> Events(const std::vector<LedgerEntry>& es, const std::string& event) {
-  std::vector<std::string> arms;
-  for (const auto& e : es)
-    if (e.event == event) arms.push_back(e.arm);
-  return arms;
-}
-
-nlohmann::json ReadJson(const std::string& path) {
-  auto t = ReadFile(path);
-  EXPECT_TRUE(t.ok()) << path;
-  return t.ok() ? nlohmann::json::parse(*t) : nlohmann::json();
-}
-
-std::string Slurp(const std::string& path) {
-  auto t = ReadFile(path);
-  return t.ok() ? *t : std::string();
-}
 
 // aa-smoke with its model, run once per process and shared by the tests that only read it.
 const std::string& SmokeRun() {
