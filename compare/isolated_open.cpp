@@ -204,6 +204,7 @@ bool ReadToEof(int fd, Clock::time_point deadline, std::string* wire, bool* time
 // pipe first, and the kernel's teardown of its copy of the address space takes ~15 ms per GiB.
 std::mutex g_exiting_mu;
 std::vector<pid_t> g_exiting;
+std::mutex g_fork_mu;  // OpenIsolated's pipe + fork + close of the write end (see there)
 
 void ReapLater(pid_t pid) {
   int status = 0;
@@ -328,22 +329,29 @@ Result<std::unique_ptr<ExportReader::Impl>> OpenIsolated(const std::string& path
   a.as_limit =
       start > 0 && limits.isolate_memory_bytes > 0 ? start + limits.isolate_memory_bytes : 0;
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0)
-    return Status::Runtime(path,
-                           std::string("pipe for the isolated reader: ") + std::strerror(errno));
-  a.out_fd = fds[1];
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    const int e = errno;
-    ::close(fds[0]);
+  pid_t pid = -1;
+  {
+    // Opens on several threads at once (the two sides of a diff) fork one at a time, and each
+    // parent closes its write end before the next fork: otherwise another child could inherit a
+    // pending write end and hold that pipe's end-of-file back until it exits itself.
+    std::lock_guard<std::mutex> lock(g_fork_mu);
+    if (::pipe2(fds, O_CLOEXEC) != 0)
+      return Status::Runtime(path,
+                             std::string("pipe for the isolated reader: ") + std::strerror(errno));
+    a.out_fd = fds[1];
+    pid = ::fork();
+    if (pid < 0) {
+      const int e = errno;
+      ::close(fds[0]);
+      ::close(fds[1]);
+      return Status::Runtime(path, std::string("fork of the isolated reader: ") + std::strerror(e));
+    }
+    if (pid == 0) {
+      ::close(fds[0]);
+      Child(a);
+    }
     ::close(fds[1]);
-    return Status::Runtime(path, std::string("fork of the isolated reader: ") + std::strerror(e));
   }
-  if (pid == 0) {
-    ::close(fds[0]);
-    Child(a);
-  }
-  ::close(fds[1]);
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(
                          std::chrono::duration<double>(std::max(0.001, limits.isolate_timeout_s)));

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 
+#include <future>
 #include <map>
 #include <ostream>
 #include <sstream>
@@ -230,8 +231,18 @@ Result<Diffed> OpenAndDiff(const DiffCommandOptions& opts) {
   limits.use_index = !opts.no_index;
   limits.isolate = opts.isolate;
   limits.isolate_timeout_s = opts.isolate_timeout_s;
-  LOCKSTEP_ASSIGN_OR_RETURN(x.ra, ExportReader::Open(opts.a, limits));
-  LOCKSTEP_ASSIGN_OR_RETURN(x.rb, ExportReader::Open(opts.b, limits));
+  if (opts.isolate) {
+    // Isolated opens run in children, so the two sides parse at the same time (in process they
+    // cannot: libhdf5 is not thread-safe). A's error, if any, is still the one reported.
+    auto b = std::async(std::launch::async, [&] { return ExportReader::Open(opts.b, limits); });
+    auto a = ExportReader::Open(opts.a, limits);
+    auto rb = b.get();
+    LOCKSTEP_ASSIGN_OR_RETURN(x.ra, std::move(a));
+    LOCKSTEP_ASSIGN_OR_RETURN(x.rb, std::move(rb));
+  } else {
+    LOCKSTEP_ASSIGN_OR_RETURN(x.ra, ExportReader::Open(opts.a, limits));
+    LOCKSTEP_ASSIGN_OR_RETURN(x.rb, ExportReader::Open(opts.b, limits));
+  }
   DiffOptions dopt = opts.diff;
   for (const auto& k : opts.kind_overrides)
     LOCKSTEP_RETURN_IF_ERROR(dopt.thresholds.SetKindOverride(k));

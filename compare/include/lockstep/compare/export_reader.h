@@ -59,8 +59,9 @@
 // the export writer) must not Open() isolated concurrently with them: the child could inherit
 // HDF5's lock held (it would then hang until its deadline).
 //
-// Thread-safety: Open() on one thread (concurrent isolated Open()s work, but a child inherits the
-// other's pipe and can delay its end-of-file until it exits); after that meta() and
+// Thread-safety: isolated Open()s may run on several threads at once (their forks are serialised
+// so that no child holds another's pipe open); in-process Open()s (isolate = false) on one thread
+// at a time, as libhdf5 requires. After Open(), meta() and
 // ReadRows()/ReadScaleRows() may be called concurrently from several threads. Contiguous datasets
 // (what the exporter writes) are read with pread() at the dataset's file offset: HDF5's global
 // library lock would serialise parallel readers, and the offset/size are validated against the
