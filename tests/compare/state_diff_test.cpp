@@ -374,6 +374,24 @@ TEST(AlignCliVacuous, DifferentModelsAreNotComparable) {
   EXPECT_NE(same.out.find("PASS: no path divergence over "), std::string::npos) << same.out;
 }
 
+// An align report of two exports carries what the exports record (fingerprints, tokens, config),
+// read from the same isolated open that gave the windows; only traces leave them unknown.
+TEST(AlignCli, ReportOfExportsCarriesTheirFacts) {
+  const std::string dir = test::NewDir("align-facts");
+  const auto r = RunLockstep("align " + ArmA() + " " + ArmB() + " --json " + dir + "/a.json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto text = ReadFile(dir + "/a.json");
+  ASSERT_TRUE(text.ok());
+  auto meta = ExportReader::Open(ArmA());
+  ASSERT_TRUE(meta.ok());
+  const std::string model12 = (*meta)->meta().model_sha256.substr(0, 12);
+  const std::string prompt =
+      "\"prompt_tokens\": " + std::to_string((*meta)->meta().request_tokens.size());
+  EXPECT_NE(text->find(model12), std::string::npos) << *text;
+  EXPECT_NE(text->find(prompt), std::string::npos) << *text;
+  EXPECT_NE(text->find("\"backend\""), std::string::npos) << *text;
+}
+
 TEST(AlignCliVacuous, AllTOnePathsAreNotChecked) {
   const std::string a = Export("t1-a", "--spec 0"), b = Export("t1-b", "--spec 0");
   const auto r = RunLockstep("align " + a + " " + b);
