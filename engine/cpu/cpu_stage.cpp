@@ -25,52 +25,76 @@ CpuStageSession::CpuStageSession(const StageParams& params)
     : StageSession(params.index, params.n_stages, params.layer_begin, params.layer_end),
       w_(*params.weights),
       c_(params.weights->config),
+      cfg_(*params.cfg),
       pool_(params.pool),
       rope_(std::make_unique<cpu::Rope>(c_.rotary_dim, c_.rope_theta)) {
-  const EngineConfig& cfg = *params.cfg;
-  const int layer_begin = params.layer_begin, layer_end = params.layer_end;
-  std::vector<int> moe_layers;
-  std::uint64_t expert_bytes = 0;
-  for (int il = layer_begin; il < layer_end; ++il) {
+  for (int il = params.layer_begin; il < params.layer_end; ++il) {
     const LayerWeights& lw = w_.layers[U(il)];
-    if (lw.type == LayerType::kFullAttention) {
-      kv_.push_back(
-          std::make_unique<KvCache>(c_.n_heads_kv, c_.head_dim, cfg.kv_dtype, cfg.kv_page_rows));
-      gdn_.push_back(nullptr);
-    } else {
-      kv_.push_back(nullptr);
-      gdn_.push_back(std::make_unique<GdnState>(c_.conv_dim(), c_.conv_kernel, c_.n_v_heads,
-                                                c_.k_head_dim, c_.v_head_dim));
-    }
     if (lw.moe) {
-      moe_local_.push_back(static_cast<int>(moe_layers.size()));
-      moe_layers.push_back(il);
-      expert_bytes = lw.ffn_moe.experts.empty() ? 0 : lw.ffn_moe.experts[0].bytes();
+      moe_local_.push_back(static_cast<int>(moe_layers_.size()));
+      moe_layers_.push_back(il);
+      expert_bytes_ = lw.ffn_moe.experts.empty() ? 0 : lw.ffn_moe.experts[0].bytes();
     } else {
       moe_local_.push_back(-1);
     }
   }
-  const int n_exp = std::max(c_.n_experts, 0);
-  experts_ =
-      std::make_unique<ExpertCache>(moe_layers, n_exp, cfg.ResidentExperts(n_exp), expert_bytes);
-  if (is_last() && w_.mtp.present) {
-    mtp_kv_ = std::make_unique<KvCache>(c_.n_heads_kv, c_.head_dim, cfg.kv_dtype, cfg.kv_page_rows);
-    // The MTP layer's experts count in their own map, keyed after the main layers.
-    mtp_experts_ = std::make_unique<ExpertCache>(std::vector<int>{c_.n_layers}, n_exp,
-                                                 cfg.ResidentExperts(n_exp), expert_bytes);
+  has_mtp_ = is_last() && w_.mtp.present;
+  max_slots_ = std::max(1, cfg_.slots);
+  slots_.resize(U(max_slots_));
+  slots_[0] = NewSlot();
+  cur_ = slots_[0].get();
+}
+
+std::unique_ptr<CpuStageSession::SlotState> CpuStageSession::NewSlot() const {
+  auto st = std::make_unique<SlotState>();
+  for (int il = layer_begin(); il < layer_end(); ++il) {
+    if (w_.layers[U(il)].type == LayerType::kFullAttention) {
+      st->kv.push_back(
+          std::make_unique<KvCache>(c_.n_heads_kv, c_.head_dim, cfg_.kv_dtype, cfg_.kv_page_rows));
+      st->gdn.push_back(nullptr);
+    } else {
+      st->kv.push_back(nullptr);
+      st->gdn.push_back(std::make_unique<GdnState>(c_.conv_dim(), c_.conv_kernel, c_.n_v_heads,
+                                                   c_.k_head_dim, c_.v_head_dim));
+    }
   }
+  const int n_exp = std::max(c_.n_experts, 0);
+  st->experts =
+      std::make_unique<ExpertCache>(moe_layers_, n_exp, cfg_.ResidentExperts(n_exp), expert_bytes_);
+  if (has_mtp_) {
+    st->mtp_kv =
+        std::make_unique<KvCache>(c_.n_heads_kv, c_.head_dim, cfg_.kv_dtype, cfg_.kv_page_rows);
+    // The MTP layer's experts count in their own map, keyed after the main layers.
+    st->mtp_experts = std::make_unique<ExpertCache>(std::vector<int>{c_.n_layers}, n_exp,
+                                                    cfg_.ResidentExperts(n_exp), expert_bytes_);
+  }
+  return st;
 }
 
 CpuStageSession::~CpuStageSession() = default;
 
+void CpuStageSession::UseSlot(int s) {
+  LOCKSTEP_CHECK(s >= 0 && s < max_slots_) << "slot " << s << " of " << max_slots_;
+  if (!slots_[U(s)]) slots_[U(s)] = NewSlot();
+  cur_ = slots_[U(s)].get();
+  cur_index_ = s;
+}
+
+Status CpuStageSession::ResetSlot(int s) {
+  LOCKSTEP_CHECK(s >= 0 && s < max_slots_) << "slot " << s << " of " << max_slots_;
+  slots_[U(s)] = NewSlot();
+  if (s == cur_index_) cur_ = slots_[U(s)].get();
+  return Status::Ok();
+}
+
 KvCache* CpuStageSession::kv(int il) {
   if (il < layer_begin() || il >= layer_end()) return nullptr;
-  return kv_[U(il - layer_begin())].get();
+  return cur_->kv[U(il - layer_begin())].get();
 }
 
 GdnState* CpuStageSession::gdn(int il) {
   if (il < layer_begin() || il >= layer_end()) return nullptr;
-  return gdn_[U(il - layer_begin())].get();
+  return cur_->gdn[U(il - layer_begin())].get();
 }
 
 void CpuStageSession::LayerForward(const LayerWeights& lw, int local_moe, Activation& act,
@@ -95,7 +119,7 @@ void CpuStageSession::LayerForward(const LayerWeights& lw, int local_moe, Activa
   for (int t = 0; t < T; ++t)
     cpu::RmsNormZc(x + U(t) * U(h), h, lw.post_norm, c_.rms_norm_eps, a + U(t) * U(h));
   if (lw.moe) {
-    ExpertCache* cache = local_moe >= 0 ? experts_.get() : mtp_experts_.get();
+    ExpertCache* cache = local_moe >= 0 ? cur_->experts.get() : cur_->mtp_experts.get();
     cpu::MoeForward(lw.ffn_moe, c_, a, T, kind, pool_, arena_, cache,
                     local_moe >= 0 ? local_moe : 0, mix);
   } else {
@@ -105,7 +129,7 @@ void CpuStageSession::LayerForward(const LayerWeights& lw, int local_moe, Activa
 }
 
 Status CpuStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Activation& act) {
-  LOCKSTEP_CHECK_EQ(act.p, position_);
+  LOCKSTEP_CHECK_EQ(act.p, cur_->position);
   const int T = act.T, h = c_.n_embd;
   if (is_first()) {
     act.hidden.resize(U(T) * U(h));
@@ -122,29 +146,31 @@ Status CpuStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Ac
   for (int il = layer_begin(); il < layer_end(); ++il) {
     const int l = il - layer_begin();
     LOCKSTEP_TRACE(TraceEventId::kLayerBegin, il, static_cast<std::uint16_t>(index()));
-    LayerForward(w_.layers[U(il)], moe_local_[U(l)], act, mode, kv_[U(l)].get(), gdn_[U(l)].get());
+    LayerForward(w_.layers[U(il)], moe_local_[U(l)], act, mode, cur_->kv[U(l)].get(),
+                 cur_->gdn[U(l)].get());
     LOCKSTEP_TRACE(TraceEventId::kLayerEnd, il, static_cast<std::uint16_t>(index()));
   }
   LOCKSTEP_TRACE(TraceEventId::kStageEnd, index(), static_cast<std::uint16_t>(T));
   if (mode == ForwardMode::kPrefill) {
-    for (auto& kv : kv_)
+    for (auto& kv : cur_->kv)
       if (kv) kv->Commit(act.p + T);
-    position_ += T;
-    pending_rows_ = 0;
+    cur_->position += T;
+    cur_->pending_rows = 0;
   } else {
-    pending_rows_ = T;
+    cur_->pending_rows = T;
   }
   return Status::Ok();
 }
 
 void CpuStageSession::Commit(int n) {
-  LOCKSTEP_CHECK(n >= 1 && n <= pending_rows_) << "commit " << n << " of " << pending_rows_;
-  for (auto& kv : kv_)
-    if (kv) kv->Commit(position_ + n);
-  for (auto& g : gdn_)
+  SlotState& st = *cur_;
+  LOCKSTEP_CHECK(n >= 1 && n <= st.pending_rows) << "commit " << n << " of " << st.pending_rows;
+  for (auto& kv : st.kv)
+    if (kv) kv->Commit(st.position + n);
+  for (auto& g : st.gdn)
     if (g) g->CommitSteps(n);
-  position_ += n;
-  pending_rows_ = 0;
+  st.position += n;
+  st.pending_rows = 0;
 }
 
 void CpuStageSession::FinalNorm(const Activation& act, float* normed) {
@@ -177,7 +203,7 @@ void CpuStageSession::MtpForward(const float* hid, const std::int32_t* next_toke
   act.T = T;
   act.hidden.resize(U(T) * U(h));
   cpu::Matmul(KindOf(mode), cat, T, mw.fc, act.hidden.data(), pool_);
-  LayerForward(mw.layer, -1, act, mode, mtp_kv_.get(), nullptr);
+  LayerForward(mw.layer, -1, act, mode, cur_->mtp_kv.get(), nullptr);
   for (int t = 0; t < T; ++t)
     cpu::RmsNormZc(act.hidden.data() + U(t) * U(h), h, mw.norm, c_.rms_norm_eps, m + U(t) * U(h));
   n_logits = std::min(n_logits, T);
@@ -185,7 +211,45 @@ void CpuStageSession::MtpForward(const float* hid, const std::int32_t* next_toke
               pool_);
 }
 
-void CpuStageSession::MtpCommit(int rows) { mtp_kv_->Commit(rows); }
+void CpuStageSession::MtpCommit(int rows) { cur_->mtp_kv->Commit(rows); }
+
+// More than one group: each group runs this stage's single-sequence forward on its own slot and
+// its own rows, so every product keeps the shape it has when the request runs alone.
+Status CpuStageSession::ForwardStep(const StepPlan& plan, const std::int32_t* tokens,
+                                    Activation& act) {
+  if (plan.groups.size() == 1) return StageSession::ForwardStep(plan, tokens, act);
+  const std::size_t h = U(c_.n_embd);
+  const int rows = plan.rows();
+  if (is_first()) act.hidden.assign(U(rows) * h, 0.0f);
+  LOCKSTEP_CHECK_EQ(act.hidden.size(), U(rows) * h);
+  const int prev = slot();
+  Status st = Status::Ok();
+  for (const RowGroup& g : plan.groups) {
+    Activation sub;
+    sub.p = g.p;
+    sub.T = g.T;
+    const auto first = act.hidden.begin() + static_cast<std::ptrdiff_t>(U(g.row0) * h);
+    if (!is_first()) sub.hidden.assign(first, first + static_cast<std::ptrdiff_t>(U(g.T) * h));
+    UseSlot(g.slot);
+    st = Forward(g.mode, tokens + g.row0, sub);
+    if (!st.ok()) break;
+    std::copy(sub.hidden.begin(), sub.hidden.end(), first);
+  }
+  UseSlot(prev);
+  act.p = 0;
+  act.T = rows;
+  return st;
+}
+
+void CpuStageSession::StepLogits(const StepPlan& plan, const Activation& act, float* normed,
+                                 float* logits) {
+  if (plan.groups.size() == 1) return StageSession::StepLogits(plan, act, normed, logits);
+  FinalNorm(act, normed);
+  // Verify groups come first, so their rows are [0, verify_rows); lm_head is batch-invariant.
+  const int n_verify = plan.verify_rows();
+  if (n_verify > 0)
+    cpu::Matmul(cpu::MatmulKind::kInvariant, normed, n_verify, w_.lm_head, logits, pool_);
+}
 
 void CpuStageSession::Perturb(ItemKind item, int layer, float factor, Activation& act) {
   if (item == ItemKind::kK || item == ItemKind::kV) {

@@ -31,35 +31,56 @@ class CpuStageSession final : public StageSession {
   void HiddenToHost(const Activation& act, std::vector<float>* out) override { *out = act.hidden; }
   void Perturb(ItemKind item, int layer, float factor, Activation& act) override;
 
-  bool has_mtp() const override { return mtp_kv_ != nullptr; }
+  bool has_mtp() const override { return has_mtp_; }
   void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode,
                   float* m, float* logits, int n_logits) override;
   void MtpCommit(int rows) override;
-  KvCache* mtp_kv() override { return mtp_kv_.get(); }
+  KvCache* mtp_kv() override { return cur_->mtp_kv.get(); }
 
-  int position() const override { return position_; }
+  int position() const override { return cur_->position; }
   KvCache* kv(int il) override;
   GdnState* gdn(int il) override;
-  const ExpertCache& experts() const override { return *experts_; }
+  const ExpertCache& experts() const override { return *cur_->experts; }
+
+  int max_slots() const override { return max_slots_; }
+  void UseSlot(int s) override;
+  int slot() const override { return cur_index_; }
+  Status ResetSlot(int s) override;
+  Status ForwardStep(const StepPlan& plan, const std::int32_t* tokens, Activation& act) override;
+  void StepLogits(const StepPlan& plan, const Activation& act, float* normed,
+                  float* logits) override;
 
  private:
+  // Everything one sequence owns in this stage. Built fresh on a slot's first use.
+  struct SlotState {
+    std::vector<std::unique_ptr<KvCache>> kv;    // [layers in stage], null for GDN layers
+    std::vector<std::unique_ptr<GdnState>> gdn;  // [layers in stage], null for attention layers
+    std::unique_ptr<ExpertCache> experts;        // residency map (shared values) + counters
+    std::unique_ptr<KvCache> mtp_kv;             // last stage with MTP only
+    std::unique_ptr<ExpertCache> mtp_experts;
+    int position = 0;      // committed rows
+    int pending_rows = 0;  // rows of the current verify window
+  };
+  std::unique_ptr<SlotState> NewSlot() const;
+
   // One decoder layer in place on act.hidden; local_moe < 0 selects the MTP expert map.
   void LayerForward(const LayerWeights& lw, int local_moe, Activation& act, ForwardMode mode,
                     KvCache* kv, GdnState* gdn);
 
   const ModelWeights& w_;
   const ModelConfig& c_;
+  const EngineConfig& cfg_;
   ThreadPool* pool_;
   std::unique_ptr<cpu::Rope> rope_;
-  std::vector<std::unique_ptr<KvCache>> kv_;    // [layers in stage], null for GDN layers
-  std::vector<std::unique_ptr<GdnState>> gdn_;  // [layers in stage], null for attention layers
-  std::vector<int> moe_local_;  // [layers in stage] index into the expert cache or -1
-  std::unique_ptr<ExpertCache> experts_;
-  std::unique_ptr<KvCache> mtp_kv_;
-  std::unique_ptr<ExpertCache> mtp_experts_;
+  std::vector<int> moe_local_;      // [layers in stage] index into the expert cache or -1
+  std::vector<int> moe_layers_;     // global indices of this stage's MoE layers
+  std::uint64_t expert_bytes_ = 0;  // bytes of one routed expert
+  bool has_mtp_ = false;
+  int max_slots_ = 1;
+  std::vector<std::unique_ptr<SlotState>> slots_;  // [max_slots], null until first used
+  SlotState* cur_ = nullptr;                       // slots_[cur_index_]
+  int cur_index_ = 0;
   Arena arena_;
-  int position_ = 0;      // committed rows
-  int pending_rows_ = 0;  // rows of the current verify window
 };
 
 // The `cpu` backend: stages are CpuStageSessions sharing the engine's thread pool; the transport

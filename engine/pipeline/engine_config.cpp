@@ -188,6 +188,39 @@ Status CheckDraftPolicy(const EngineConfig& c) {
   return Status::Ok();
 }
 
+Status CheckSlots(const EngineConfig& c) {
+  if (c.slots < 1 || c.slots > 256) return Bad("--slots", "expected 1 .. 256");
+  return Status::Ok();
+}
+Status CheckBatchTokens(const EngineConfig& c) {
+  if (c.batch_tokens < 1 || c.batch_tokens > (1 << 20))
+    return Bad("--batch-tokens", "expected 1 .. 1048576");
+  return Status::Ok();
+}
+Status CheckSnapshotEvery(const EngineConfig& c) {
+  if (c.snapshot_every < 0) return Bad("--snapshot-every", "expected >= 0 (0 = --prefill)");
+  if (c.snapshot_every > 0 && c.prefill_chunk > 0 && c.snapshot_every % c.prefill_chunk != 0)
+    return Bad(
+        "--snapshot-every",
+        std::to_string(c.snapshot_every) + " is not a multiple of --prefill " +
+            std::to_string(c.prefill_chunk) +
+            " (snapshots sit on prefill chunk boundaries, so cold and warm runs share them)");
+  return Status::Ok();
+}
+Status CheckPrefixCacheMib(const EngineConfig& c) {
+  if (c.prefix_cache_mib < 0) return Bad("--prefix-cache-mib", "expected >= 0");
+  return Status::Ok();
+}
+Status CheckMemoryMib(const EngineConfig& c) {
+  if (c.memory_mib < 0) return Bad("--memory-mib", "expected >= 0 (0 = unlimited)");
+  return Status::Ok();
+}
+Status CheckQueueDepth(const EngineConfig& c) {
+  if (c.queue_depth < 0 || c.queue_depth > (1 << 20))
+    return Bad("--queue-depth", "expected 0 .. 1048576");
+  return Status::Ok();
+}
+
 using C = EngineConfig;
 
 using G = EngineOptionGroup;
@@ -241,6 +274,36 @@ const std::vector<EngineOption> kOptions = {
     {.key = "pcie_frac", .flag = "--pcie-frac", .field = &C::pcie_frac,
      .group = G::kPipeline,
      .doc = "Fraction of experts served from host memory", .validate = CheckPcieFrac},
+    // ---- service ----
+    {.key = "slots", .flag = "--slots", .field = &C::slots,
+     .group = G::kService, .doc = "Live sequences the engine holds", .validate = CheckSlots},
+    {.key = "batch_tokens", .flag = "--batch-tokens", .field = &C::batch_tokens,
+     .group = G::kService,
+     .doc = "Rows per engine step (verify rows first, then whole prefill chunks)",
+     .validate = CheckBatchTokens},
+    {.key = "batch_invariant", .flag = "--batch-invariant", .field = &C::batch_invariant,
+     .group = G::kService,
+     .doc = "on (a request's bits never depend on what shares its steps) | off (products fuse "
+            "across requests: faster, batch-dependent)",
+     .parse = ParseOnOff, .format = FormatOnOff},
+    {.key = "prefix_cache", .flag = "--prefix-cache", .field = &C::prefix_cache,
+     .group = G::kService,
+     .doc = "Conversation cache: on (reuse cached prompt prefixes) | off (every request cold)",
+     .parse = ParseOnOff, .format = FormatOnOff},
+    {.key = "snapshot_every", .flag = "--snapshot-every", .field = &C::snapshot_every,
+     .group = G::kService,
+     .doc = "Prefix-cache snapshot grid in positions, a multiple of --prefill (0 = --prefill)",
+     .validate = CheckSnapshotEvery},
+    {.key = "prefix_cache_mib", .flag = "--prefix-cache-mib", .field = &C::prefix_cache_mib,
+     .group = G::kService, .doc = "Prefix cache budget in MiB (least recently used evicted)",
+     .validate = CheckPrefixCacheMib},
+    {.key = "memory_mib", .flag = "--memory-mib", .field = &C::memory_mib,
+     .group = G::kService,
+     .doc = "K/V and state reserved for live requests, MiB (0 = unlimited)",
+     .validate = CheckMemoryMib},
+    {.key = "queue_depth", .flag = "--queue-depth", .field = &C::queue_depth,
+     .group = G::kService, .doc = "Requests waiting for a slot at most",
+     .validate = CheckQueueDepth},
     // ---- request / sampling ----
     {.key = "max_new", .flag = "--max-new", .field = &C::max_new,
      .group = G::kRequest, .doc = "Maximum output tokens", .validate = CheckMaxNew},

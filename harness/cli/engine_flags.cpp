@@ -8,8 +8,8 @@ namespace lockstep {
 
 const std::vector<std::string_view>& HelpGroupOrder() {
   static const std::vector<std::string_view> order = {
-      kGroupRequest,  kGroupModel,  kGroupPipeline, kGroupSpeculative, kGroupCompare,
-      kGroupCampaign, kGroupExport, kGroupReports,  kGroupCuda,        kGroupDiagnostics};
+      kGroupRequest,  kGroupModel,  kGroupPipeline, kGroupService, kGroupSpeculative, kGroupCompare,
+      kGroupCampaign, kGroupExport, kGroupReports,  kGroupCuda,    kGroupDiagnostics};
   return order;
 }
 
@@ -21,6 +21,8 @@ std::string_view EngineGroupName(EngineOptionGroup g) {
       return kGroupModel;
     case EngineOptionGroup::kPipeline:
       return kGroupPipeline;
+    case EngineOptionGroup::kService:
+      return kGroupService;
     case EngineOptionGroup::kSpeculative:
       return kGroupSpeculative;
     case EngineOptionGroup::kCuda:

@@ -63,15 +63,16 @@ TEST(CliHelp, GenerateListsItsGroupsInOrder) {
   const auto r = test::RunLockstep("generate --help");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const HelpText h = ParseHelp(r.out);
-  const std::vector<std::string> want = {
-      "Options",          "Request", "Model",      "Pipeline", "Speculative decoding",
-      "Export and trace", "CUDA",    "Diagnostics"};
+  const std::vector<std::string> want = {"Options",          "Request", "Model",
+                                         "Pipeline",         "Service", "Speculative decoding",
+                                         "Export and trace", "CUDA",    "Diagnostics"};
   EXPECT_EQ(h.groups, want) << r.out;
   // Each engine option sits in the group its table row names.
   const std::map<EngineOptionGroup, std::string> names = {
       {EngineOptionGroup::kRequest, "Request"},
       {EngineOptionGroup::kModel, "Model"},
       {EngineOptionGroup::kPipeline, "Pipeline"},
+      {EngineOptionGroup::kService, "Service"},
       {EngineOptionGroup::kSpeculative, "Speculative decoding"},
       {EngineOptionGroup::kCuda, "CUDA"},
       {EngineOptionGroup::kDiagnostics, "Diagnostics"}};

@@ -1,4 +1,10 @@
-// Engine: the pipeline of stage sessions for one sequence.
+// Engine: the pipeline of stage sessions for up to `slots` sequences.
+//
+// Slots: each live sequence owns a slot (its K/V pages, GDN state, MTP draft K/V, position,
+// injections). UseSlot(s) selects the slot the single-sequence API below acts on; slot 0 is open
+// and selected from the start, so a one-request caller (generate, the tests) never sees slots.
+// RunStep() is the multi-sequence call: one engine step over several slots' rows (stage.h
+// StepPlan), which the serving scheduler (engine/serve) drives.
 //
 // Prefill is chunked and chunk-major: each chunk of `prefill_chunk` tokens goes through all
 // stages before the next one starts. A verify window runs T tokens at the committed position p
@@ -39,7 +45,7 @@ class Engine {
   const EngineConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
   const Backend& backend() const { return *backend_; }
-  int position() const { return position_; }  // committed tokens
+  int position() const { return cur().position; }  // committed tokens of the current slot
   int n_stages() const { return static_cast<int>(stages_.size()); }
   StageSession& stage(int is) { return *stages_[static_cast<std::size_t>(is)]; }
   const std::vector<int>& boundaries() const { return bounds_; }
@@ -56,20 +62,59 @@ class Engine {
   // Keeps the first n rows of the last verify window (1 <= n <= T).
   Status Commit(int n);
 
+  // ---- slots ----
+  int max_slots() const { return static_cast<int>(slots_.size()); }
+  // Opens slot s for a new sequence (position 0) with its own fault injections (validated by
+  // ParseInjectionList). A slot that is open but untouched (slot 0 at creation) is reused.
+  // kRuntime when the slot holds a sequence; kNotSupported when the backend cannot reset a
+  // closed slot's state.
+  Status OpenSlot(int s, std::vector<Injection> injections = {});
+  // Ends slot s's sequence and frees its state in every stage (at once: pages, recurrent state).
+  void CloseSlot(int s);
+  bool slot_open(int s) const { return slots_[static_cast<std::size_t>(s)].open; }
+  // Selects the slot the single-sequence calls act on (in every stage).
+  void UseSlot(int s);
+  int slot() const { return cur_slot_; }
+  // The committed state of slot s in every stage (no window pending), K/V pages shared.
+  struct SlotSnapshot {
+    int position = 0;
+    std::vector<StageSlotSnapshot> stages;  // [n_stages]
+    std::size_t bytes() const;
+  };
+  Result<SlotSnapshot> SnapshotSlot(int s);
+  // OpenSlot, then the slot takes `snap`'s state (position = snap.position). All or nothing:
+  // on error the slot is closed again.
+  Status OpenSlotFrom(int s, const SlotSnapshot& snap, std::vector<Injection> injections = {});
+  // Parses and checks --inject texts against this engine (stages, layers, max_new windows).
+  Result<std::vector<Injection>> ParseInjectionList(const std::vector<std::string>& texts,
+                                                    int max_new) const;
+
+  // One engine step over several slots (stage.h StepPlan): verify groups first in ascending slot
+  // order, each at its slot's position with no window pending, then prefill groups; every slot
+  // at most once; rows contiguous from 0; tokens [plan.rows()]. Verify groups stay pending in
+  // their slots until UseSlot(s) + Commit(n); prefill groups are committed. A one-group step runs
+  // exactly what Verify() or one Prefill() chunk runs. Leaves slot() unchanged.
+  struct StepOutputs {
+    std::vector<float> logits;  // f32 [verify rows, V] (verify groups in plan order)
+    std::vector<float> normed;  // f32 [rows, H] final-normed hidden of every row
+  };
+  Status RunStep(const StepPlan& plan, std::span<const std::int32_t> tokens, StepOutputs* out);
+
   // Window index for fault injection and timing (set by the generation loop before Verify).
-  void SetWindow(int idx) { window_ = idx; }
-  // The run's --inject list and, index for index, what each did so far (inject.h).
-  const std::vector<Injection>& injections() const { return injections_; }
-  const std::vector<InjectionRecord>& injection_records() const { return injection_records_; }
+  void SetWindow(int idx) { cur().window = idx; }
+  // The current slot's --inject list and, index for index, what each did so far (inject.h).
+  const std::vector<Injection>& injections() const { return cur().injections; }
+  const std::vector<InjectionRecord>& injection_records() const { return cur().records; }
   // InjectionRecordJson of each injection, in order (empty without injections).
   std::vector<std::string> InjectionReport() const;
-  // Per-stage timing of the last Verify (wait for input vs compute).
+  // Per-stage timing of the last Verify or step (wait for input vs compute).
   const std::vector<StageTiming>& stage_timings() const { return timings_; }
-  // When on, Verify keeps a copy of the activations each stage hands to the next
-  // (hidden_out f32 [T, H] per stage but the last) for observers. Off by default (no copies).
-  void SetCaptureHidden(bool on) { capture_hidden_ = on; }
+  // When on, Verify (or a step's verify group of this slot) keeps a copy of the activations each
+  // stage hands to the next (hidden_out f32 [T, H] per stage but the last) for observers. Per
+  // slot; off by default (no copies).
+  void SetCaptureHidden(bool on) { cur().capture_hidden = on; }
   const std::vector<float>& hidden_out(int is) const {
-    return hidden_out_[static_cast<std::size_t>(is)];
+    return cur().hidden_out[static_cast<std::size_t>(is)];
   }
 
   // ---- MTP (on the last stage) ----
@@ -88,11 +133,33 @@ class Engine {
   }
 
  private:
+  // What the engine keeps per slot (the stages keep the model state).
+  struct Slot {
+    bool open = false;
+    bool used = false;   // rows computed since it was opened
+    bool dirty = false;  // closed on a backend that could not reset it
+    int position = 0;
+    int pending = 0;  // rows of the uncommitted verify window
+    int window = -1;
+    std::vector<Injection> injections;
+    std::vector<InjectionRecord> records;  // parallel to injections
+    bool capture_hidden = false;
+    std::vector<std::vector<float>> hidden_out;  // [n_stages] f32 [T, H] of the last verify
+  };
+  Slot& cur() { return slots_[static_cast<std::size_t>(cur_slot_)]; }
+  const Slot& cur() const { return slots_[static_cast<std::size_t>(cur_slot_)]; }
+  Slot& slot_state(int s) { return slots_[static_cast<std::size_t>(s)]; }
+
   Engine(const EngineConfig& cfg, const ModelWeights& w);
-  Status RunPipeline(ForwardMode mode, std::span<const std::int32_t> tokens, Activation& out);
-  // `perturb` injections of the current window: stage is's items after its verify forward.
-  void ApplyPerturbations(int is, Activation& act);
-  void PerturbLogits(float* logits, std::size_t n);
+  Status CheckPlan(const StepPlan& plan, std::size_t n_tokens) const;
+  // Every stage's ForwardStep in order with the hand-offs, delays, perturbations and captures.
+  Status RunPipeline(const StepPlan& plan, std::span<const std::int32_t> tokens, Activation& out);
+  // Delay injections of the verify groups' slots and windows before stage is.
+  void ApplyDelays(int is, const StepPlan& plan);
+  // `perturb` injections of each verify group's window: stage is's items after its forward.
+  void ApplyPerturbations(int is, const StepPlan& plan, Activation& act);
+  void PerturbGroup(int is, const RowGroup& g, Activation& act);
+  void PerturbLogits(Slot& sl, float* logits, std::size_t n);
   // The first recorded failure of any stage (device backends), else Ok.
   Status StagesStatus() const;
 
@@ -103,14 +170,9 @@ class Engine {
   std::vector<int> bounds_;
   std::vector<std::unique_ptr<StageSession>> stages_;
   TransportPtr transport_;
-  int position_ = 0;
-  int pending_ = 0;  // rows of the uncommitted verify window
-  int window_ = -1;
-  std::vector<Injection> injections_;
-  std::vector<InjectionRecord> injection_records_;  // parallel to injections_
+  std::vector<Slot> slots_;  // [max_slots]
+  int cur_slot_ = 0;
   std::vector<StageTiming> timings_;
-  bool capture_hidden_ = false;
-  std::vector<std::vector<float>> hidden_out_;  // [n_stages] f32 [T, H] of the last Verify
   std::vector<float> normed_scratch_;
 };
 using EnginePtr = std::unique_ptr<Engine>;

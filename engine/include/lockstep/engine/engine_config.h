@@ -48,6 +48,17 @@ struct EngineConfig {
   int expert_cache = -1;         // resident experts per MoE layer; -1 = auto (from pcie_frac)
   double pcie_frac = 0.0;        // fraction of experts served from host memory ("over PCIe")
 
+  // ---- service (engine/serve: slots, continuous batching, the prefix cache) ----
+  int slots = 1;                // live sequences an engine holds (generate: 1; serve: 16)
+  int batch_tokens = 512;       // rows an engine step admits (verify rows first, whole chunks)
+  bool batch_invariant = true;  // off: a step's products fuse across requests (faster, and a
+                                // request's bits then depend on what shares its steps)
+  bool prefix_cache = false;    // reuse cached prompt prefixes (K/V pages + GDN snapshots)
+  int snapshot_every = 0;       // GDN snapshot grid in positions; 0 = prefill_chunk
+  int prefix_cache_mib = 1024;  // prefix cache budget (LRU eviction past it)
+  int memory_mib = 0;           // K/V + state reservations of live requests; 0 = unlimited
+  int queue_depth = 64;         // requests waiting for a slot at most
+
   // ---- request / sampling ----
   int max_new = 64;          // output tokens at most
   std::uint64_t seed = 0;    // counter-RNG key for sampling
@@ -78,6 +89,8 @@ struct EngineConfig {
   Result<std::vector<int>> StageBoundaries(const ModelConfig& model) const;
   // Resident experts per MoE layer for `n_experts` (resolves auto from pcie_frac).
   int ResidentExperts(int n_experts) const;
+  // The GDN snapshot grid of the prefix cache (snapshot_every, or prefill_chunk when 0).
+  int SnapshotGrid() const { return snapshot_every > 0 ? snapshot_every : prefill_chunk; }
 
   // Field by field (tests compare a config with its JSON round trip). Defaulted in the .cpp:
   // this header stays C++17 for the cuda plugin (engine/cuda/plugin.cpp).
@@ -107,6 +120,7 @@ enum class EngineOptionGroup : std::uint8_t {
   kRequest,
   kModel,
   kPipeline,
+  kService,
   kSpeculative,
   kCuda,
   kDiagnostics

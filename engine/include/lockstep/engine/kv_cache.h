@@ -24,6 +24,12 @@
 
 namespace lockstep {
 
+// Committed rows [0, rows) of one cache as read-only pages shared with the cache that made it and
+// every cache that adopts it (prefix cache, engine/serve). Copy on write: a cache copies a shared
+// page before writing into it, so no holder ever sees another's writes. Defined in kv_cache.cpp.
+struct KvPrefix;
+using KvPrefixPtr = std::shared_ptr<const KvPrefix>;
+
 class KvCache {
  public:
   KvCache(int n_heads_kv, int head_dim, DType dtype, int page_rows);
@@ -49,6 +55,10 @@ class KvCache {
   void ScaleRows(int which, int row0, int n, float factor);
   // Drops all speculative rows.
   void DiscardSpeculative() { rows_written_ = rows_committed_; }
+  // Rows [0, rows) (rows <= rows_committed()) as shared pages; cheap (no row is copied).
+  KvPrefixPtr Prefix(int rows) const;
+  // An empty cache (nothing written) takes `prefix`'s rows as its committed rows.
+  void AdoptPrefix(const KvPrefixPtr& prefix);
 
   int rows_committed() const { return rows_committed_; }
   int rows_spec() const { return rows_written_ - rows_committed_; }

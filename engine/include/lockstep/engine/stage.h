@@ -38,6 +38,56 @@ enum class ForwardMode {
   kVerify,   // batch-invariant kernels; K/V rows speculative, GDN steps in scratch until Commit
 };
 
+// ---- engine steps (continuous batching) ----
+//
+// One engine step carries the rows of several sequences ("slots") through every stage together:
+// first each decoding slot's verify window (kVerify, ascending slot order), then prefill chunks of
+// admitted requests (kPrefill). Rows are contiguous per group in the step's activation.
+struct RowGroup {
+  int slot = 0;
+  ForwardMode mode = ForwardMode::kVerify;
+  int p = 0;     // position of the group's first row (== that slot's position())
+  int row0 = 0;  // first row of the group in the step's activation
+  int T = 0;     // rows
+};
+
+struct StepPlan {
+  std::vector<RowGroup> groups;
+  // batch_invariant = off with >= 2 groups: every linear product of the step may run as one GEMM
+  // over all its rows (prefill and verify), so a row's bits depend on what shares the step.
+  // false: verify rows share only batch-invariant products; each prefill chunk keeps its own.
+  bool fuse_all = false;
+  int rows() const {
+    int n = 0;
+    for (const RowGroup& g : groups) n += g.T;
+    return n;
+  }
+  int verify_rows() const {
+    int n = 0;
+    for (const RowGroup& g : groups) n += g.mode == ForwardMode::kVerify ? g.T : 0;
+    return n;
+  }
+};
+
+// ---- slot snapshots (prefix cache, slot save / restore) ----
+//
+// A sequence's committed state at `position` in one stage: its attention layers' K/V rows
+// [0, position) as shared pages, each GDN layer's checkpoint (conv + ssm after `position`
+// tokens), and on the last stage the MTP draft K/V rows [0, mtp_rows). Restoring it gives a slot
+// bitwise the state the snapshot was taken from.
+struct GdnCheckpoint {
+  std::vector<float> conv;  // f32 [K-1, conv_dim]
+  std::vector<float> ssm;   // f32 [Hv, Dk, Dv]
+};
+struct StageSlotSnapshot {
+  int position = 0;
+  std::vector<std::pair<int, KvPrefixPtr>> kv;     // (global layer, rows [0, position))
+  std::vector<std::pair<int, GdnCheckpoint>> gdn;  // (global layer, checkpoint at position)
+  KvPrefixPtr mtp_kv;                              // null without MTP
+  int mtp_rows = 0;
+  std::size_t bytes() const;  // GDN floats + K/V page bytes referenced
+};
+
 // Set-up work a backend can separate from model work; -1 = not measured (the CPU backend).
 struct StageInitCounters {
   std::int64_t first_calls = -1;     // calls that paid one-time set-up (handles, allocations)
@@ -59,6 +109,43 @@ class StageSession {
   int layer_end() const { return layer_end_; }
   bool is_first() const { return index_ == 0; }
   bool is_last() const { return index_ == n_stages_ - 1; }
+
+  // ---- slots ----
+  //
+  // A stage holds the state of up to max_slots() sequences (K/V pages, GDN checkpoints and
+  // scratch, MTP draft K/V, expert counters). UseSlot(s) selects the slot every single-sequence
+  // call below acts on (Forward, Commit, Logits, MTP, the state views); slot 0 is selected at
+  // creation, so a one-sequence caller never needs to know slots exist.
+  virtual int max_slots() const { return 1; }
+  virtual void UseSlot(int s) { (void)s; }
+  virtual int slot() const { return 0; }
+  // Frees slot s's state; its next use starts fresh (position 0, zero recurrent state).
+  // kNotSupported on a backend that cannot (the engine then refuses to reuse a slot).
+  virtual Status ResetSlot(int s) {
+    (void)s;
+    return Status::NotSupported("slots", "this backend cannot reset a sequence's state");
+  }
+  // Slot s's committed state (no verify window pending), sharing its K/V pages.
+  // kNotSupported by default (backends without a host copy of their state).
+  virtual Result<StageSlotSnapshot> SnapshotSlot(int s) {
+    (void)s;
+    return Status::NotSupported("slot snapshot", "this backend cannot snapshot a sequence");
+  }
+  // Slot s (fresh: nothing written since it was opened) takes `snap`'s state.
+  virtual Status RestoreSlot(int s, const StageSlotSnapshot& snap) {
+    (void)s, (void)snap;
+    return Status::NotSupported("slot restore", "this backend cannot restore a sequence");
+  }
+  // One engine step: every group's rows through this stage, in place on act (act.T = plan.rows(),
+  // act.p unused). The first stage embeds `tokens` [plan.rows()]. Prefill groups commit their
+  // rows; verify groups leave theirs speculative in their slot. Leaves slot() unchanged.
+  // Default: a one-group plan is Forward on that slot; more groups are kNotSupported.
+  virtual Status ForwardStep(const StepPlan& plan, const std::int32_t* tokens, Activation& act);
+  // Last stage, after ForwardStep: final-normed hidden of every row (normed f32 [rows, H]) and
+  // logits of the verify rows in plan order (logits f32 [verify_rows, V]; null when there are
+  // none), host memory.
+  virtual void StepLogits(const StepPlan& plan, const Activation& act, float* normed,
+                          float* logits);
 
   // ---- the forward ----
 
