@@ -8,11 +8,15 @@ PACKAGES=(
   build-essential cmake pkg-config clang-format python3
   libeigen3-dev libhdf5-dev hdf5-tools libcli11-dev libspdlog-dev libfmt-dev
   nlohmann-json3-dev libtomlplusplus-dev libgtest-dev libgmock-dev libbenchmark-dev libssl-dev zlib1g-dev
+  libicu-dev
 )
 # Optional: installed when possible, never a reason to fail (features that need them say so and
 # their tests skip): the LZ4 HDF5 filter plugin behind `--export-compress lz4`, and Chromium for
-# the tests that check where a report's verdict lands on screen (headless screenshots).
+# the tests that check where a report's verdict lands on screen (headless screenshots), and
+# Node.js + npm for the tokenizer tests against Hugging Face's tokenizers (tests/tokenizer/).
 OPTIONAL=(hdf5-filter-plugin chromium)
+# npm may come with another nodejs build (NodeSource's bundles it): only asked for when absent.
+command -v npm >/dev/null 2>&1 || OPTIONAL+=(nodejs npm)
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for p in "${OPTIONAL[@]}"; do
@@ -23,6 +27,7 @@ for p in "${OPTIONAL[@]}"; do
   else
     case "$p" in
       chromium) why="runs the report screenshot tests" ;;
+      nodejs | npm) why="runs the tokenizer comparison with Hugging Face's tokenizers" ;;
       *) why="enables --export-compress lz4" ;;
     esac
     echo "lockstep: optional package $p is not installed (apt install $p $why)" >&2

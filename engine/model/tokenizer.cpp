@@ -1,6 +1,11 @@
 #include "lockstep/engine/tokenizer.h"
 
+#include <sys/stat.h>
+
 #include <charconv>
+
+#include "lockstep/engine/bpe_tokenizer.h"
+#include "model/utf8.h"
 
 namespace lockstep {
 
@@ -20,6 +25,65 @@ std::string DecodeTokens(const std::vector<std::int32_t>& ids) {
       out += "<" + std::to_string(id) + ">";
     }
   }
+  return out;
+}
+
+namespace {
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  ByteTokenizer() { info_ = {"byte", 256, 255, ""}; }
+  Result<std::vector<std::int32_t>> Encode(std::string_view text) const override {
+    return EncodeBytes(text);
+  }
+  void AppendBytes(std::int32_t id, std::string& out) const override {
+    if (Has(id)) out.push_back(static_cast<char>(static_cast<unsigned char>(id)));
+  }
+  bool Has(std::int32_t id) const override { return id >= 0 && id < 256; }
+  std::string Decode(std::span<const std::int32_t> ids) const override {
+    return DecodeTokens(std::vector<std::int32_t>(ids.begin(), ids.end()));
+  }
+  const TokenizerInfo& info() const override { return info_; }
+
+ private:
+  TokenizerInfo info_;
+};
+
+}  // namespace
+
+TokenizerPtr MakeByteTokenizer() { return std::make_unique<ByteTokenizer>(); }
+
+Result<TokenizerPtr> LoadModelTokenizer(const std::string& model_dir) {
+  const std::string path = model_dir + "/tokenizer.json";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return MakeByteTokenizer();
+  return LoadBpeTokenizer(path);
+}
+
+std::string StreamDecoder::Push(std::int32_t id) {
+  tok_.AppendBytes(id, pending_);
+  // Emit every complete sequence (and every ill-formed subpart, as U+FFFD); keep a trailing
+  // prefix that a later token may complete.
+  std::string out;
+  std::size_t i = 0;
+  while (i < pending_.size()) {
+    const utf8::Step s = utf8::Next(pending_, i);
+    if (s.kind == utf8::Kind::kIncomplete) break;
+    if (s.kind == utf8::Kind::kValid) {
+      out.append(pending_, i, s.n);
+    } else {
+      out.append("\xEF\xBF\xBD");
+    }
+    i += s.n;
+  }
+  pending_.erase(0, i);
+  return out;
+}
+
+std::string StreamDecoder::Finish() {
+  std::string out;
+  utf8::AppendLossy(pending_, out);
+  pending_.clear();
   return out;
 }
 

@@ -21,6 +21,7 @@
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/engine/trace_ring.h"
 #include "lockstep/engine/weights.h"
+#include "lockstep/harness/tokenize_command.h"
 #include "lockstep/instrument/chrome_trace.h"
 #include "lockstep/instrument/export_writer.h"
 #include "lockstep/instrument/fingerprint.h"
@@ -30,7 +31,8 @@ namespace lockstep {
 
 namespace {
 
-Result<std::vector<std::int32_t>> LoadPrompt(const GenerateOptions& o, int n_vocab) {
+Result<std::vector<std::int32_t>> LoadPrompt(const GenerateOptions& o, int n_vocab,
+                                             const Tokenizer& tok) {
   int given = (!o.prompt_text.empty()) + (!o.prompt_file.empty()) + (!o.prompt_tokens.empty());
   if (given != 1)
     return Status::InvalidArgument(
@@ -45,10 +47,7 @@ Result<std::vector<std::int32_t>> LoadPrompt(const GenerateOptions& o, int n_voc
     if (!o.prompt_file.empty()) {
       LOCKSTEP_ASSIGN_OR_RETURN(text, ReadFile(o.prompt_file, std::size_t{256} << 20));
     }
-    ids = EncodeBytes(text);
-    if (n_vocab < 256)
-      return Status::InvalidArgument("prompt",
-                                     "text prompts need a vocabulary of at least 256 ids");
+    LOCKSTEP_ASSIGN_OR_RETURN(ids, EncodePromptText(tok, text, n_vocab));
   }
   if (ids.empty())
     return Status::InvalidArgument("prompt", "is empty (at least one token is needed)");
@@ -196,7 +195,7 @@ void AddStageInfo(Engine& engine, const GenerateResult& res, ExportRunInfo& meta
 // Everything the export records about the run besides the state items. Stops the trace ring.
 ExportRunInfo BuildRunInfo(const GenerateOptions& opts, Engine& engine, const ModelWeights& weights,
                            const std::vector<std::int32_t>& prompt, const GenerateResult& res,
-                           const ResourceSampler& sampler) {
+                           const ResourceSampler& sampler, const Tokenizer& tok) {
   ExportRunInfo meta;
   meta.arm = opts.arm;
   const auto now = std::chrono::system_clock::now();
@@ -217,7 +216,7 @@ ExportRunInfo BuildRunInfo(const GenerateOptions& opts, Engine& engine, const Mo
   meta.request_tokens = prompt;
   meta.output_tokens = res.output;
   meta.stop_reason = res.stop_reason;
-  meta.text_sha256 = Sha256Hex(DecodeTokens(res.output));
+  meta.text_sha256 = Sha256Hex(tok.Decode(res.output));
   meta.injections = engine.InjectionReport();
   AddStageInfo(engine, res, meta);
   TraceRing::Global().Disable();
@@ -336,14 +335,16 @@ void PrintSummary(const std::vector<std::int32_t>& prompt, const GenerateResult&
 }
 
 nlohmann::json GenerateJson(const std::vector<std::int32_t>& prompt, const GenerateResult& res,
-                            Engine& engine, const ResourceSampler& sampler) {
+                            Engine& engine, const ResourceSampler& sampler, const Tokenizer& tok) {
   nlohmann::json j;
   j["schema"] = "lockstep.generate";
   j["schema_version"] = 1;
   j["prompt_tokens"] = prompt.size();
   j["output_tokens"] = res.output.size();
   j["output_ids"] = res.output;
-  j["text"] = DecodeTokens(res.output);
+  j["text"] = tok.Decode(res.output);
+  auto tok_json = TokenizerJson(tok);
+  j["tokenizer"] = tok_json.ok() ? *tok_json : nlohmann::json();
   j["stop_reason"] = res.stop_reason;
   j["windows"] = res.n_windows;
   j["speculation"] = SpeculationJson(res);
@@ -368,18 +369,20 @@ nlohmann::json GenerateJson(const std::vector<std::int32_t>& prompt, const Gener
 
 Status WriteOutputs(const GenerateOptions& opts, Engine& engine, const ModelWeights& weights,
                     const std::vector<std::int32_t>& prompt, const GenerateResult& res,
-                    H5Exporter* exporter, const ResourceSampler& sampler, std::ostream& out) {
+                    H5Exporter* exporter, const ResourceSampler& sampler, const Tokenizer& tok,
+                    std::ostream& out) {
   Status export_status;
   if (exporter)
-    export_status = FinishExport(
-        *exporter, BuildRunInfo(opts, engine, weights, prompt, res, sampler), opts.export_path);
+    export_status =
+        FinishExport(*exporter, BuildRunInfo(opts, engine, weights, prompt, res, sampler, tok),
+                     opts.export_path);
   if (export_status.ok() && !opts.trace_json.empty()) {
     ChromeTraceOptions co;
     co.arm = opts.arm;
     co.injections = engine.InjectionReport();
     export_status = WriteChromeTrace(opts.trace_json, res.windows, engine.n_stages(), co);
   }
-  const std::string text = EscapeText(DecodeTokens(res.output)) + "\n";
+  const std::string text = EscapeText(tok.Decode(res.output)) + "\n";
   if (!export_status.ok()) {
     // The request finished: its output is printed before the export failure is reported.
     out << text;
@@ -390,7 +393,7 @@ Status WriteOutputs(const GenerateOptions& opts, Engine& engine, const ModelWeig
     out << text;
     return Status::Ok();
   }
-  const std::string json = GenerateJson(prompt, res, engine, sampler)
+  const std::string json = GenerateJson(prompt, res, engine, sampler, tok)
                                .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
                            "\n";
   if (opts.json_path.empty() || IsStdout(opts.json_path)) {
@@ -416,8 +419,9 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   if (cfg.model.empty())
     return Status::InvalidArgument("--model", "is required (a folder with config.json)");
   LOCKSTEP_ASSIGN_OR_RETURN(ModelWeightsPtr weights, ModelWeights::Load(cfg.model));
+  LOCKSTEP_ASSIGN_OR_RETURN(TokenizerPtr tok, LoadModelTokenizer(cfg.model));
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::int32_t> prompt,
-                            LoadPrompt(opts, weights->config.n_vocab));
+                            LoadPrompt(opts, weights->config.n_vocab, *tok));
   LOCKSTEP_ASSIGN_OR_RETURN(EnginePtr engine, Engine::Create(cfg, *weights));
 
   // ---- sinks, then the request (a missing output folder is bad input, before the run) ----
@@ -458,7 +462,8 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   LOCKSTEP_ASSIGN_OR_RETURN(GenerateResult res, std::move(generated));
 
   // ---- outputs, then the summary line (after the export's own line) ----
-  Status written = WriteOutputs(opts, *engine, *weights, prompt, res, exporter.get(), sampler, out);
+  Status written =
+      WriteOutputs(opts, *engine, *weights, prompt, res, exporter.get(), sampler, *tok, out);
   if (progress) {
     out.flush();
     PrintSummary(prompt, res);

@@ -29,6 +29,7 @@
 #include "lockstep/harness/golden.h"
 #include "lockstep/harness/model_command.h"
 #include "lockstep/harness/runner.h"
+#include "lockstep/harness/tokenize_command.h"
 #include "lockstep/instrument/export_writer.h"
 #include "output.h"
 #include "terminal.h"
@@ -88,7 +89,7 @@ void AddModelInit(CLI::App& app, std::vector<Command>& commands) {
       model->add_subcommand("init", "Write a seeded synthetic Qwen3-Next model (HF layout)");
   struct State {
     lockstep::SyntheticOptions syn;
-    std::string out_dir, dtype;
+    std::string out_dir, dtype, tokenizer;
     bool no_mtp = false;
   };
   auto st = std::make_shared<State>();
@@ -126,18 +127,60 @@ void AddModelInit(CLI::App& app, std::vector<Command>& commands) {
       ->check(CLI::Range(1, 1 << 24))
       ->default_str("preset")
       ->group(kGroupPipeline);
+  init->add_option("--tokenizer", st->tokenizer,
+                   "Copy this tokenizer.json into the model (needs --vocab above its largest id)")
+      ->type_name("FILE")
+      ->group(kGroupModel);
   init->footer(
       "Examples:\n"
       "  lockstep model init --preset tiny --seed 7 --out m\n"
-      "  lockstep model init --preset wide --layers 4 --dtype bf16 --out wide4");
-  commands.push_back({init, [st]() -> Status {
-                        if (!st->dtype.empty()) {
-                          LOCKSTEP_ASSIGN_OR_RETURN(st->syn.dtype,
-                                                    lockstep::ParseModelDtype(st->dtype));
-                        }
-                        st->syn.with_mtp = !st->no_mtp;
-                        return lockstep::RunModelInit(st->syn, st->out_dir, std::cout);
-                      }});
+      "  lockstep model init --preset wide --layers 4 --dtype bf16 --out wide4\n"
+      "  lockstep model init --preset tiny --vocab 151936 --tokenizer tokenizer.json --out mq");
+  commands.push_back(
+      {init, [st]() -> Status {
+         if (!st->dtype.empty()) {
+           LOCKSTEP_ASSIGN_OR_RETURN(st->syn.dtype, lockstep::ParseModelDtype(st->dtype));
+         }
+         st->syn.with_mtp = !st->no_mtp;
+         return lockstep::RunModelInit(st->syn, st->out_dir, std::cout, st->tokenizer);
+       }});
+}
+
+// ---- tokenize / detokenize ----
+void AddTokenize(CLI::App& app, std::vector<Command>& commands) {
+  auto tk = std::make_shared<lockstep::TokenizeOptions>();
+  auto* tok = app.add_subcommand("tokenize", "Print the ids the model's tokenizer gives a text");
+  tok->add_option("TEXT", tk->text, "Text to encode (UTF-8)");
+  tok->add_option("--model", tk->model, "Model folder (its tokenizer.json, else byte level)")
+      ->required()
+      ->group(kGroupModel);
+  tok->add_option("--file", tk->file, "Encode this file's bytes instead of TEXT")
+      ->group(kGroupRequest);
+  tok->add_option("--json", tk->json, "Write a JSON object (tokenizer, ids) instead")
+      ->type_name("PATH|-")
+      ->group(kGroupReports);
+  tok->footer(
+      "Examples:\n"
+      "  lockstep tokenize --model m 'Hello, world'\n"
+      "  lockstep tokenize --model m --file prompt.txt > prompt.ids\n"
+      "  lockstep tokenize --model m --json - '<|im_start|>user'");
+  commands.push_back({tok, [tk]() -> Status { return lockstep::RunTokenize(*tk, std::cout); }});
+
+  auto dt = std::make_shared<lockstep::DetokenizeOptions>();
+  auto* det = app.add_subcommand("detokenize", "Print the text of token ids");
+  det->add_option("IDS", dt->ids, "Ids, whitespace or comma separated (quote them)");
+  det->add_option("--model", dt->model, "Model folder (its tokenizer.json, else byte level)")
+      ->required()
+      ->group(kGroupModel);
+  det->add_option("--file", dt->file, "Read the ids from this file instead")->group(kGroupRequest);
+  det->add_option("--json", dt->json, "Write a JSON object (tokenizer, text) instead")
+      ->type_name("PATH|-")
+      ->group(kGroupReports);
+  det->footer(
+      "Examples:\n"
+      "  lockstep detokenize --model m '9707 11 1879'\n"
+      "  lockstep detokenize --model m --file prompt.ids --json -");
+  commands.push_back({det, [dt]() -> Status { return lockstep::RunDetokenize(*dt, std::cout); }});
 }
 
 // ---- generate ----
@@ -151,7 +194,8 @@ void AddGenerate(CLI::App& app, std::vector<Command>& commands) {
   };
   auto st = std::make_shared<State>();
   lockstep::GenerateOptions& g = st->opts;
-  gen->add_option("--prompt", g.prompt_text, "Prompt text (byte-level tokens)")
+  gen->add_option("--prompt", g.prompt_text,
+                  "Prompt text (the model's tokenizer.json, else byte-level tokens)")
       ->group(kGroupRequest);
   gen->add_option("--prompt-file", g.prompt_file, "File whose bytes are the prompt")
       ->group(kGroupRequest);
@@ -696,8 +740,8 @@ int Main(int argc, char** argv) {
       "  lockstep run campaigns/aa-smoke.toml --out out/smoke\n"
       "Run 'lockstep <command> --help' for a command's options; harness/README.md has them all.");
   std::vector<Command> commands;
-  for (auto add : {AddModelInit, AddGenerate, AddDiff, AddSummarize, AddAlign, AddRun, AddGate,
-                   AddReport, AddGolden})
+  for (auto add : {AddModelInit, AddTokenize, AddGenerate, AddDiff, AddSummarize, AddAlign, AddRun,
+                   AddGate, AddReport, AddGolden})
     add(app, commands);
   if (RejectUnknownCommand(app, argc, argv)) return 2;
   try {

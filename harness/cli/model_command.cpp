@@ -2,12 +2,43 @@
 
 #include <ostream>
 
+#include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/bpe_tokenizer.h"
+
 namespace lockstep {
 
-Status RunModelInit(const SyntheticOptions& opts, const std::string& out_dir, std::ostream& out) {
+namespace {
+
+// The tokenizer file's text once it is known to fit a model of these options.
+Result<std::string> CheckedTokenizer(const SyntheticOptions& opts, const std::string& path) {
+  LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(path, std::size_t{256} << 20));
+  LOCKSTEP_ASSIGN_OR_RETURN(TokenizerPtr tok, ParseBpeTokenizer(text, path));
+  LOCKSTEP_ASSIGN_OR_RETURN(ModelConfig c, SyntheticConfig(opts.preset));
+  const int n_vocab = opts.n_vocab > 0 ? opts.n_vocab : c.n_vocab;
+  const int max_id = tok->info().max_id;
+  if (max_id >= n_vocab)
+    return Status::InvalidArgument(
+        "--tokenizer", "'" + path + "' has ids up to " + std::to_string(max_id) +
+                           " but the model's vocabulary is " + std::to_string(n_vocab) +
+                           " (hint: --vocab " + std::to_string(max_id + 1) + " or more)");
+  return text;
+}
+
+}  // namespace
+
+Status RunModelInit(const SyntheticOptions& opts, const std::string& out_dir, std::ostream& out,
+                    const std::string& tokenizer) {
+  std::string tok_text;
+  if (!tokenizer.empty()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(tok_text, CheckedTokenizer(opts, tokenizer));
+  }
   LOCKSTEP_RETURN_IF_ERROR(WriteSyntheticModel(opts, out_dir));
+  if (!tokenizer.empty())
+    LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(out_dir + "/tokenizer.json", tok_text));
   out << "wrote " << out_dir << "/config.json and " << out_dir << "/model.safetensors (preset "
-      << opts.preset << ", seed " << opts.seed << ")\n";
+      << opts.preset << ", seed " << opts.seed << ")";
+  if (!tokenizer.empty()) out << " and " << out_dir << "/tokenizer.json";
+  out << "\n";
   return Status::Ok();
 }
 

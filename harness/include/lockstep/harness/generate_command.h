@@ -18,8 +18,8 @@ namespace lockstep {
 
 struct GenerateOptions {
   EngineConfig config;
-  std::string prompt_text;      // --prompt (raw text, byte-tokenised)
-  std::string prompt_file;      // --prompt-file (raw text, byte-tokenised)
+  std::string prompt_text;      // --prompt (text: the model's tokenizer.json, else byte level)
+  std::string prompt_file;      // --prompt-file (text, likewise)
   std::string prompt_tokens;    // --prompt-tokens (file of ids)
   bool json = false;            // one JSON object (lockstep.generate v1) instead of the text
   std::string json_path = "-";  // --json PATH: the object goes there (WriteOutput) and the text to

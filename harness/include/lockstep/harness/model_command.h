@@ -16,8 +16,11 @@ namespace lockstep {
 // `lockstep model init --preset P --seed N --out DIR [--dtype f32|bf16|f16] [--no-mtp] ...`:
 // writes the model into `out_dir` (same options, byte-identical files) and one line naming what
 // was written on `out`. kInvalidArgument for an unknown preset or a bad cut; kIOError when the
-// folder cannot be written.
-Status RunModelInit(const SyntheticOptions& opts, const std::string& out_dir, std::ostream& out);
+// folder cannot be written. With `tokenizer` (a tokenizer.json), the file is checked
+// (LoadBpeTokenizer), its largest id must be below the model's vocabulary (kInvalidArgument
+// naming --vocab otherwise, before anything is written) and it is copied to DIR/tokenizer.json.
+Status RunModelInit(const SyntheticOptions& opts, const std::string& out_dir, std::ostream& out,
+                    const std::string& tokenizer = "");
 
 // Parses `--dtype`, the matrices' storage dtype: "f32" | "bf16" | "f16". kInvalidArgument
 // naming --dtype otherwise.
