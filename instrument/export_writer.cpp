@@ -640,6 +640,8 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
         LOCKSTEP_RETURN_IF_ERROR(WriteSamples(file, lcpl, meta));
         LOCKSTEP_RETURN_IF_ERROR(WriteEvents(file, lcpl, meta));
         LOCKSTEP_RETURN_IF_ERROR(WriteString(file, lcpl, "config", meta.config_json));
+        if (!meta.weights_json.empty())
+          LOCKSTEP_RETURN_IF_ERROR(WriteString(file, lcpl, "weights", meta.weights_json));
         LOCKSTEP_RETURN_IF_ERROR(WriteTokens(file, lcpl, "request/tokens", meta.request_tokens));
         LOCKSTEP_RETURN_IF_ERROR(WriteTokens(file, lcpl, "output/tokens", meta.output_tokens));
         LOCKSTEP_RETURN_IF_ERROR(WriteInjections(file, lcpl, meta.injections));

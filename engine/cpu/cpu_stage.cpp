@@ -138,7 +138,7 @@ Status CpuStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Ac
         return Status::InvalidArgument("token", "id " + std::to_string(tokens[t]) +
                                                     " outside the vocabulary (size " +
                                                     std::to_string(c_.n_vocab) + ")");
-      std::memcpy(act.hidden.data() + U(t) * U(h), w_.embed.row(tokens[t]), U(h) * sizeof(float));
+      w_.embed.RowToF32(tokens[t], act.hidden.data() + U(t) * U(h));
     }
   }
   LOCKSTEP_CHECK_EQ(act.hidden.size(), U(T) * U(h));
@@ -195,7 +195,8 @@ void CpuStageSession::MtpForward(const float* hid, const std::int32_t* next_toke
   float* cat = arena_.Alloc(U(T) * U(2 * h));
   for (int t = 0; t < T; ++t) {
     float* row = cat + U(t) * U(2 * h);
-    cpu::RmsNormZc(w_.embed.row(next_tokens[t]), h, mw.pre_fc_norm_embedding, c_.rms_norm_eps, row);
+    w_.embed.RowToF32(next_tokens[t], row);
+    cpu::RmsNormZc(row, h, mw.pre_fc_norm_embedding, c_.rms_norm_eps, row);
     cpu::RmsNormZc(hid + U(t) * U(h), h, mw.pre_fc_norm_hidden, c_.rms_norm_eps, row + h);
   }
   Activation act;

@@ -1,8 +1,15 @@
 #include "cpu/matmul.h"
 
+#include <immintrin.h>
+
 #include <Eigen/Core>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <vector>
+
+#include "lockstep/engine/dtype.h"
+#include "lockstep/engine/quant.h"
 
 namespace lockstep::cpu {
 
@@ -30,64 +37,179 @@ inline float Reduce32(v8f a0, v8f a1, v8f a2, v8f a3) {
   return w0 + w1;
 }
 
-// R rows of x against one weight row b: R x 4 independent accumulator chains (ILP), each weight
+// The kernels' vector: kW floats, 16 (one zmm register) where the compiler targets AVX-512, else
+// 8 (AVX, or SSE pairs). The 32 accumulation lanes are the same either way (kNV = 32 / kW vectors
+// hold lanes [0, 32) in order) and so are their adds and the reduction: the width changes the
+// instruction count, never a bit. It matters for bf16 / f16 / block weights, whose widening costs
+// instructions per element: with 8-wide vectors a bf16 row is compute-bound (~0.2 ns per weight
+// per core) well before it is bandwidth-bound.
+#if defined(__AVX512F__)
+constexpr int kW = 16;
+#else
+constexpr int kW = 8;
+#endif
+constexpr int kNV = 32 / kW;
+typedef float vf __attribute__((vector_size(4 * kW)));
+typedef std::uint32_t vu __attribute__((vector_size(4 * kW)));
+typedef std::uint16_t vh __attribute__((vector_size(2 * kW)));
+
+inline vf LoadW(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Reduce32 on kNV vectors: for kW == 16, v[0] = (a0, a1) and v[1] = (a2, a3), so v[0] + v[1] is
+// (a0 + a2, a1 + a3) and its halves' sum is Reduce32's first step.
+inline float ReduceLanes(const vf* v) {
+#if defined(__AVX512F__)
+  const vf u = v[0] + v[1];
+  float t[16];
+  std::memcpy(t, &u, sizeof(t));
+  const v8f s = Load8(t) + Load8(t + 8);
+  float r[8];
+  std::memcpy(r, &s, sizeof(r));
+  float u0 = r[0] + r[4], u1 = r[1] + r[5], u2 = r[2] + r[6], u3 = r[3] + r[7];
+  float w0 = u0 + u2, w1 = u1 + u3;
+  return w0 + w1;
+#else
+  return Reduce32(v[0], v[1], v[2], v[3]);
+#endif
+}
+
+// Where DotRows gets its weights: 32 consecutive f32 values at element i (a multiple of 32) of
+// one weight row, and the zero-padded tail. Each source yields exactly the f32 values the row
+// widens (or dequantises) to, so every source gives the bits of the f32 kernel on widened weights.
+// Widening happens in registers, next to the product: a bf16 row streams half the bytes of its
+// f32 copy, and decode is bound by those bytes.
+struct F32Src {
+  const float* p;
+  void Load32(int i, vf* b) const {
+    for (int k = 0; k < kNV; ++k) b[k] = LoadW(p + i + kW * k);
+  }
+  void Tail(int i, int n, float* tb) const {
+    std::memcpy(tb, p + i, static_cast<std::size_t>(n) * sizeof(float));
+  }
+};
+
+// bf16 -> f32 is the 16 bits moved to the top of the word: exact.
+struct Bf16Src {
+  const std::uint16_t* p;
+  static vf Widen(const std::uint16_t* q) {
+    vh h;
+    std::memcpy(&h, q, sizeof(h));
+    const vu u = __builtin_convertvector(h, vu) << 16;
+    vf f;
+    std::memcpy(&f, &u, sizeof(f));
+    return f;
+  }
+  void Load32(int i, vf* b) const {
+    for (int k = 0; k < kNV; ++k) b[k] = Widen(p + i + kW * k);
+  }
+  void Tail(int i, int n, float* tb) const {
+    for (int j = 0; j < n; ++j) tb[j] = bf16_to_f32(p[i + j]);
+  }
+};
+
+// f16 -> f32 (exact): the F16C / AVX-512 conversion where the CPU has it, else the exact
+// table-free scalar conversion.
+struct F16Src {
+  const std::uint16_t* p;
+  static vf Widen(const std::uint16_t* q) {
+    vf v;
+#if defined(__AVX512F__)
+    const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+    std::memcpy(&v, &f, sizeof(v));
+#elif defined(__F16C__)
+    const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    std::memcpy(&v, &f, sizeof(v));
+#else
+    float t[kW];
+    for (int j = 0; j < kW; ++j) t[j] = f16_to_f32(q[j]);
+    std::memcpy(&v, t, sizeof(v));
+#endif
+    return v;
+  }
+  void Load32(int i, vf* b) const {
+    for (int k = 0; k < kNV; ++k) b[k] = Widen(p + i + kW * k);
+  }
+  void Tail(int i, int n, float* tb) const {
+    for (int j = 0; j < n; ++j) tb[j] = f16_to_f32(p[i + j]);
+  }
+};
+
+// Block types: each 32-element chunk is dequantised into a stack buffer (L1) and consumed at
+// once; rows of block types have no tail (cols is a multiple of the block).
+struct BlockSrc {
+  const std::byte* p;
+  WeightType t;
+  int elems;
+  std::size_t bytes;
+  void Load32(int i, vf* b) const {
+    alignas(64) float tb[32];
+    DequantizeChunk32(t, p + static_cast<std::size_t>(i / elems) * bytes, (i % elems) / 32, tb);
+    for (int k = 0; k < kNV; ++k) b[k] = LoadW(tb + kW * k);
+  }
+  void Tail(int, int, float*) const {}
+};
+
+// R rows of x against one weight row b: R x kNV independent accumulator chains (ILP), each weight
 // vector loaded once. Every (row, weight) pair goes through exactly the same per-lane adds, tail
-// padding and Reduce32 whatever R is, so results are bitwise independent of how rows are grouped.
-template <int R>
-inline void DotRows(const float* const* x, const float* b, int n, float* out) {
-  v8f acc[R][4];
+// padding and reduction whatever R is, so results are bitwise independent of how rows are grouped.
+template <int R, class Src>
+inline void DotRows(const float* const* x, const Src& b, int n, float* out) {
+  vf acc[R][kNV];
   for (int r = 0; r < R; ++r)
-    for (int k = 0; k < 4; ++k) acc[r][k] = v8f{0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k = 0; k < kNV; ++k) acc[r][k] = vf{};
   int i = 0;
   for (; i + 32 <= n; i += 32) {
-    const v8f b0 = Load8(b + i), b1 = Load8(b + i + 8), b2 = Load8(b + i + 16),
-              b3 = Load8(b + i + 24);
-    for (int r = 0; r < R; ++r) {
-      acc[r][0] += Load8(x[r] + i) * b0;
-      acc[r][1] += Load8(x[r] + i + 8) * b1;
-      acc[r][2] += Load8(x[r] + i + 16) * b2;
-      acc[r][3] += Load8(x[r] + i + 24) * b3;
-    }
+    vf bv[kNV];
+    b.Load32(i, bv);
+    for (int r = 0; r < R; ++r)
+      for (int k = 0; k < kNV; ++k) acc[r][k] += LoadW(x[r] + i + kW * k) * bv[k];
   }
   if (i < n) {
     const std::size_t rem = static_cast<std::size_t>(n - i) * sizeof(float);
     float tb[32] = {0};
-    std::memcpy(tb, b + i, rem);
+    b.Tail(i, n - i, tb);
     for (int r = 0; r < R; ++r) {
       float tx[32] = {0};
       std::memcpy(tx, x[r] + i, rem);
-      for (int k = 0; k < 4; ++k) acc[r][k] += Load8(tx + 8 * k) * Load8(tb + 8 * k);
+      for (int k = 0; k < kNV; ++k) acc[r][k] += LoadW(tx + kW * k) * LoadW(tb + kW * k);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = Reduce32(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+  for (int r = 0; r < R; ++r) out[r] = ReduceLanes(acc[r]);
 }
 
 }  // namespace
 
 float Dot(const float* a, const float* b, int n) {
   float out;
-  DotRows<1>(&a, b, n, &out);
+  DotRows<1>(&a, F32Src{b}, n, &out);
   return out;
 }
 
 namespace {
 
 // Weight rows stream from memory once per call while the x rows stay in cache; x rows go four
-// at a time through DotRows<4> and the remainder through Dot: identical bits either way. The
-// weight row ~4 KiB ahead is prefetched while the current one is used (measured on `small`, 2
-// threads: a T = 9 verify window ~8% faster, T = 1 unchanged; the many short per-expert
+// at a time through DotRows<4> and the remainder through DotRows<1>: identical bits either way.
+// The weight row ~4 KiB ahead is prefetched while the current one is used (measured on `small`,
+// 2 threads: a T = 9 verify window ~8% faster, T = 1 unchanged; the many short per-expert
 // products start their streams cold, so the hardware prefetcher alone runs behind).
-void InvariantBlock(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
-                    int ldy, int y_col0) {
+template <class MakeSrc>
+void InvariantBlockT(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
+                     int ldy, int y_col0, const MakeSrc& make) {
   const int in = w.cols;
   const std::size_t sx = static_cast<std::size_t>(in), sy = static_cast<std::size_t>(ldy);
-  constexpr int kPrefetchBytes = 4096;
-  const int ahead = std::max(1, kPrefetchBytes / std::max(1, in * static_cast<int>(sizeof(float))));
+  const std::size_t rb = w.row_bytes();
+  constexpr std::size_t kPrefetchBytes = 4096;
+  const int ahead =
+      static_cast<int>(std::max<std::size_t>(1, kPrefetchBytes / std::max<std::size_t>(1, rb)));
   for (int o = o_begin; o < o_end; ++o) {
-    const float* wr = w.row(o);
+    const auto src = make(w.row_ptr(o));
     if (o + ahead < o_end) {
-      const float* nx = w.row(o + ahead);
-      for (int c = 0; c < in; c += 16) __builtin_prefetch(nx + c);
+      const std::byte* nx = w.row_ptr(o + ahead);
+      for (std::size_t c = 0; c < rb; c += 64) __builtin_prefetch(nx + c);
     }
     float* yc = y + static_cast<std::size_t>(o - y_col0);
     int t = 0;
@@ -95,11 +217,171 @@ void InvariantBlock(const float* x, int n_rows, const Mat& w, int o_begin, int o
       float r[4];
       const float* xt = x + static_cast<std::size_t>(t) * sx;
       const float* rows[4] = {xt, xt + sx, xt + 2 * sx, xt + 3 * sx};
-      DotRows<4>(rows, wr, in, r);
+      DotRows<4>(rows, src, in, r);
       for (int j = 0; j < 4; ++j) yc[static_cast<std::size_t>(t + j) * sy] = r[j];
     }
-    for (; t < n_rows; ++t)
-      yc[static_cast<std::size_t>(t) * sy] = Dot(x + static_cast<std::size_t>(t) * sx, wr, in);
+    for (; t < n_rows; ++t) {
+      const float* xt = x + static_cast<std::size_t>(t) * sx;
+      DotRows<1>(&xt, src, in, yc + static_cast<std::size_t>(t) * sy);
+    }
+  }
+}
+
+void InvariantBlock(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
+                    int ldy, int y_col0) {
+  auto u16 = [](const std::byte* p) { return reinterpret_cast<const std::uint16_t*>(p); };
+  switch (w.type) {
+    case WeightType::kF32:
+      return InvariantBlockT(x, n_rows, w, o_begin, o_end, y, ldy, y_col0, [](const std::byte* p) {
+        return F32Src{reinterpret_cast<const float*>(p)};
+      });
+    case WeightType::kBF16:
+      return InvariantBlockT(x, n_rows, w, o_begin, o_end, y, ldy, y_col0,
+                             [&](const std::byte* p) { return Bf16Src{u16(p)}; });
+    case WeightType::kF16:
+      return InvariantBlockT(x, n_rows, w, o_begin, o_end, y, ldy, y_col0,
+                             [&](const std::byte* p) { return F16Src{u16(p)}; });
+    default: {
+      const int be = weight_block_elems(w.type);
+      const std::size_t bb = weight_block_bytes(w.type);
+      return InvariantBlockT(x, n_rows, w, o_begin, o_end, y, ldy, y_col0, [&](const std::byte* p) {
+        return BlockSrc{p, w.type, be, bb};
+      });
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// The f32 product of one range of W's rows, as Eigen evaluates `Y = X * W^T`.
+void EigenGemmF32(const float* x, int T, const float* wr, int n, int k, float* y, int ldy) {
+  Eigen::Map<const RowMat> X(x, T, k);
+  Eigen::Map<const RowMat> W(wr, n, k);
+  Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y, T, n, Eigen::OuterStride<>(ldy));
+  Y.noalias() = X * W.transpose();
+}
+
+// W[r][c0, c0 + n) as f32 into dst: exact widening, or the chunks' dequantised values.
+void WidenSegment(const Mat& w, int r, int c0, int n, float* dst) {
+  const std::byte* row = w.row_ptr(r);
+  const auto* u16 = reinterpret_cast<const std::uint16_t*>(row) + c0;
+  int j = 0;
+  switch (w.type) {
+    case WeightType::kF32:
+      std::memcpy(dst, row + static_cast<std::size_t>(c0) * sizeof(float),
+                  static_cast<std::size_t>(n) * sizeof(float));
+      return;
+    case WeightType::kBF16:
+      for (; j + kW <= n; j += kW) {
+        const vf v = Bf16Src::Widen(u16 + j);
+        std::memcpy(dst + j, &v, sizeof(v));
+      }
+      for (; j < n; ++j) dst[j] = bf16_to_f32(u16[j]);
+      return;
+    case WeightType::kF16:
+      for (; j + kW <= n; j += kW) {
+        const vf v = F16Src::Widen(u16 + j);
+        std::memcpy(dst + j, &v, sizeof(v));
+      }
+      for (; j < n; ++j) dst[j] = f16_to_f32(u16[j]);
+      return;
+    default:
+      break;
+  }
+  const int be = weight_block_elems(w.type);
+  const std::size_t bb = weight_block_bytes(w.type);
+  alignas(32) float tb[32];
+  for (int c = c0 / 32 * 32; c < c0 + n; c += 32) {
+    DequantizeChunk32(w.type, row + static_cast<std::size_t>(c / be) * bb, (c % be) / 32, tb);
+    const int lo = std::max(c, c0), hi = std::min(c + 32, c0 + n);
+    std::memcpy(dst + (lo - c0), tb + (lo - c), static_cast<std::size_t>(hi - lo) * sizeof(float));
+  }
+}
+
+// Prefill product of W's rows [ob, oe) for a weight not stored as f32, bitwise equal to
+// EigenGemmF32 on an f32 copy of those rows, without making that copy.
+//
+// Numerics: Eigen's result for an element depends on the blocking it picks from the shape
+// (kc splits the reduction; mc, nc and the row / column position inside a block choose the
+// micro-kernel path), so the widening must not change the shape Eigen sees. This function is
+// Eigen 3.4's own sequential GEMM (general_matrix_matrix_product::run, ColMajor result, after
+// the transposition Eigen applies to a row-major destination: lhs = W [N, K] row-major, rhs =
+// X^T, result Y^T), with the same blocking object, the same packing routines and the same gebp
+// kernel; the only change is that each mc x kc block of W is widened into an L2-sized f32 buffer
+// right before pack_lhs packs it. Packing copies values, so the packed block, every gebp call and
+// every result bit are what Eigen computes on the widened matrix. The shapes Eigen does not send
+// to this GEMM (the coefficient-based product for tiny sizes, matrix-vector products when
+// T == 1 or N == 1) go through EigenGemmF32 on a widened copy of the range, exactly as Eigen would.
+// Chunk-size behaviour is therefore unchanged: a prefill chunk of T rows gives the bits the f32
+// weights give for T rows (see matmul.h). tests/engine/matmul_types_test.cpp checks these
+// claims bitwise over many shapes (a change of Eigen version that breaks them fails there).
+void GemmWidened(const float* x, int T, const Mat& w, int ob, int oe, float* y, int ldy) {
+  using Eigen::Index;
+  namespace ei = Eigen::internal;
+  const Index N = oe - ob, K = w.cols;
+  static thread_local std::vector<float, Eigen::aligned_allocator<float>> wide, blk_a, blk_b;
+  if (K + T + N < EIGEN_GEMM_TO_COEFFBASED_THRESHOLD || T == 1 || N == 1) {
+    wide.resize(static_cast<std::size_t>(N * K));
+    for (Index r = 0; r < N; ++r)
+      WidenSegment(w, ob + static_cast<int>(r), 0, static_cast<int>(K),
+                   wide.data() + static_cast<std::size_t>(r * K));
+    EigenGemmF32(x, T, wide.data(), static_cast<int>(N), static_cast<int>(K), y, ldy);
+    return;
+  }
+  Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y, T, N, Eigen::OuterStride<>(ldy));
+  Y.setZero();  // as generic_product_impl::evalTo
+  // The blocking of the row-major product Y [T, N] = X [T, K] * W^T [K, N].
+  ei::gemm_blocking_space<Eigen::RowMajor, float, float, Eigen::Dynamic, Eigen::Dynamic,
+                          Eigen::Dynamic>
+      blocking(T, N, K, 1, true);
+  using Traits = ei::gebp_traits<float, float>;
+  using LhsMapper = ei::const_blas_data_mapper<float, Index, Eigen::RowMajor>;
+  using RhsMapper = ei::const_blas_data_mapper<float, Index, Eigen::ColMajor>;
+  using ResMapper = ei::blas_data_mapper<float, Index, Eigen::ColMajor, Eigen::Unaligned, 1>;
+  const Index rows = N, cols = T, depth = K;
+  const Index kc = blocking.kc(), mc = std::min(rows, blocking.mc()),
+              nc = std::min(cols, blocking.nc());
+  ei::gemm_pack_lhs<float, Index, LhsMapper, Traits::mr, Traits::LhsProgress,
+                    typename Traits::LhsPacket4Packing, Eigen::RowMajor>
+      pack_lhs;
+  ei::gemm_pack_rhs<float, Index, RhsMapper, Traits::nr, Eigen::ColMajor> pack_rhs;
+  ei::gebp_kernel<float, float, Index, ResMapper, Traits::mr, Traits::nr, false, false> gebp;
+  const RhsMapper rhs(x, K);
+  const ResMapper res(y, ldy, 1);
+  wide.resize(static_cast<std::size_t>(kc * mc));
+  blk_a.resize(static_cast<std::size_t>(kc * mc));
+  blk_b.resize(static_cast<std::size_t>(kc * nc));
+  const bool pack_rhs_once = mc != rows && kc == depth && nc == cols;
+  for (Index i2 = 0; i2 < rows; i2 += mc) {
+    const Index actual_mc = std::min(i2 + mc, rows) - i2;
+    for (Index k2 = 0; k2 < depth; k2 += kc) {
+      const Index actual_kc = std::min(k2 + kc, depth) - k2;
+      for (Index r = 0; r < actual_mc; ++r)
+        WidenSegment(w, ob + static_cast<int>(i2 + r), static_cast<int>(k2),
+                     static_cast<int>(actual_kc),
+                     wide.data() + static_cast<std::size_t>(r * actual_kc));
+      pack_lhs(blk_a.data(), LhsMapper(wide.data(), actual_kc), actual_kc, actual_mc);
+      for (Index j2 = 0; j2 < cols; j2 += nc) {
+        const Index actual_nc = std::min(j2 + nc, cols) - j2;
+        if (!pack_rhs_once || i2 == 0)
+          pack_rhs(blk_b.data(), rhs.getSubMapper(k2, j2), actual_kc, actual_nc);
+        gebp(res.getSubMapper(i2, j2), blk_a.data(), blk_b.data(), actual_mc, actual_kc, actual_nc,
+             1.0f);
+      }
+    }
+  }
+}
+
+// One ParallelFor range of the kGemm product.
+void GemmRange(const float* x, int T, const Mat& w, int ob, int oe, float* y, int ldy) {
+  if (w.type == WeightType::kF32) {
+    EigenGemmF32(x, T, w.row(ob), oe - ob, w.cols, y + ob, ldy);
+  } else {
+    GemmWidened(x, T, w, ob, oe, y + ob, ldy);
   }
 }
 
@@ -127,14 +409,8 @@ void Matmul(MatmulKind kind, const float* x, int n_rows, const Mat& w, float* y,
     }
     return;
   }
-  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  Eigen::Map<const RowMat> X(x, n_rows, w.cols);
   auto body = [&](std::size_t b, std::size_t e) {
-    const int ob = static_cast<int>(b), oe = static_cast<int>(e);
-    Eigen::Map<const RowMat> W(w.row(ob), oe - ob, w.cols);
-    Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y + ob, n_rows, oe - ob,
-                                                  Eigen::OuterStride<>(ldy));
-    Y.noalias() = X * W.transpose();
+    GemmRange(x, n_rows, w, static_cast<int>(b), static_cast<int>(e), y, ldy);
   };
   if (pool) {
     pool->ParallelFor(static_cast<std::size_t>(w.rows), body, 64);

@@ -9,6 +9,12 @@
 //   kGemm       (prefill chunks): Eigen's blocked GEMM. Faster for many rows; its blocking
 //               depends on the shape, so results may differ from kInvariant in the last bits
 //               (measured: prefill chunk size changes logits by NRMSE ~1e-7, see tests).
+//
+// Weights of every WeightType (weights.h) are read as stored and widened (bf16, f16: exact) or
+// dequantised (Q8_0, Q4_K, Q6_K: quant.h) in registers or in cache-sized blocks. Both kinds give
+// bitwise the result of the same product on an f32 copy of the weights (the widened or
+// dequantised values) for every shape and thread count: kInvariant consumes the same f32 values
+// in the same order; kGemm runs Eigen's own blocking and kernels on widened blocks (matmul.cpp).
 #pragma once
 
 #include "lockstep/engine/thread_pool.h"
@@ -21,8 +27,8 @@ enum class MatmulKind { kInvariant, kGemm };
 // Dot product with the fixed reduction order described above (n >= 0).
 float Dot(const float* a, const float* b, int n);
 
-// y[t, o] = x[t, :] . W[o, :] for t < n_rows, o < w.rows. x f32 [n_rows, w.cols] (row stride
-// w.cols), y f32 [n_rows, w.rows] (row stride ldy, default w.rows).
+// y[t, o] = x[t, :] . W[o, :] for t < n_rows (W of any WeightType), o < w.rows. x f32 [n_rows,
+// w.cols] (row stride w.cols), y f32 [n_rows, w.rows] (row stride ldy, default w.rows).
 void Matmul(MatmulKind kind, const float* x, int n_rows, const Mat& w, float* y, ThreadPool* pool,
             int ldy = -1);
 

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -12,6 +14,22 @@
 namespace lockstep::cuda::detail {
 
 namespace {
+
+// `m` as f32 host rows: its own data when stored f32, else a widened copy (exact for bf16/f16)
+// kept for the life of the process (the host weights stay in their file type, the packer
+// uploads from f32). Thread-safe: stages may initialise concurrently.
+const float* HostF32(const Mat& m) {
+  if (m.type == WeightType::kF32) return static_cast<const float*>(m.data);
+  static std::mutex mu;
+  static std::map<const void*, std::vector<float>> widened;
+  std::lock_guard<std::mutex> lock(mu);
+  std::vector<float>& v = widened[m.data];
+  if (v.empty()) {
+    v.resize(U(m.rows) * U(m.cols));
+    for (int r = 0; r < m.rows; ++r) m.RowToF32(r, v.data() + U(r) * U(m.cols));
+  }
+  return v.data();
+}
 
 // Collects host tensors, then copies them into one device (or pinned) buffer and patches the
 // views. Offsets are 256-byte aligned. Matrices go in as bf16 bits when the packer is told the
@@ -31,14 +49,14 @@ class Packer {
     out->rows = m.rows;
     out->cols = m.cols;
     out->bf16 = bf16_;
-    AddMatrix(m.data, U(m.rows) * U(m.cols), &out->d);
+    AddMatrix(HostF32(m), U(m.rows) * U(m.cols), &out->d);
   }
   // The embedding table is read by row lookups, not products: always f32.
   void AddF32(const Mat& m, DMat* out) {
     out->rows = m.rows;
     out->cols = m.cols;
     out->bf16 = false;
-    Push(m.data, U(m.rows) * U(m.cols), false, nullptr, &out->d);
+    Push(HostF32(m), U(m.rows) * U(m.cols), false, nullptr, &out->d);
   }
   std::size_t bytes() const { return total_; }
   // Device copy (synchronous: start-up only), through a host buffer of at most 64 MiB.
@@ -118,11 +136,13 @@ class Packer {
 // value. One pass over the host weights at start-up.
 bool MatricesAreBf16(const ModelWeights& w, int layer_begin, int layer_end, bool last, bool mtp) {
   auto exact = [](const Mat& m) {
+    if (m.type == WeightType::kBF16) return true;
+    const float* data = HostF32(m);
     const std::size_t n = U(m.rows) * U(m.cols);
     std::uint32_t any = 0;  // OR of the low halves: zero iff all are bf16 values
     for (std::size_t i = 0; i < n; ++i) {
       std::uint32_t u;
-      std::memcpy(&u, m.data + i, sizeof u);
+      std::memcpy(&u, data + i, sizeof u);
       any |= u & 0xffffu;
     }
     return any == 0;
@@ -193,9 +213,9 @@ void AddLayer(const LayerWeights& lw, const ModelConfig& c, const ExpertCache* c
     for (std::size_t e = 0; e < ne; ++e) {
       const FfnWeights& f = lw.ffn_moe.experts[e];
       Packer& p = cache->resident(cache_layer, static_cast<int>(e)) ? dev : host;
-      p.AddMatrix(f.gate.data, U(f.gate.rows) * U(f.gate.cols), &tables->gate[e]);
-      p.AddMatrix(f.up.data, U(f.up.rows) * U(f.up.cols), &tables->up[e]);
-      p.AddMatrix(f.down.data, U(f.down.rows) * U(f.down.cols), &tables->down[e]);
+      p.AddMatrix(HostF32(f.gate), U(f.gate.rows) * U(f.gate.cols), &tables->gate[e]);
+      p.AddMatrix(HostF32(f.up), U(f.up.rows) * U(f.up.cols), &tables->up[e]);
+      p.AddMatrix(HostF32(f.down), U(f.down.rows) * U(f.down.cols), &tables->down[e]);
     }
   } else {
     dev.Add(lw.ffn_dense.gate, &out->dense.gate);

@@ -2,7 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "lockstep/engine/dtype.h"
+#include "lockstep/engine/quant.h"
 #include "lockstep/engine/safetensors.h"
+#include "model/tensor_source.h"
+#include "util/check.h"
 
 namespace lockstep {
 
@@ -19,64 +27,183 @@ constexpr const char* kHint =
 
 }  // namespace
 
-// Two passes over the same layout description: the first only sizes the arena, the second
-// converts tensors into it. Views handed out during the second pass stay valid because the arena
-// never reallocates after sizing.
+// ---- weight types and Mat ----
+
+std::string_view weight_type_name(WeightType t) {
+  switch (t) {
+    case WeightType::kF32:
+      return "f32";
+    case WeightType::kBF16:
+      return "bf16";
+    case WeightType::kF16:
+      return "f16";
+    case WeightType::kQ8_0:
+      return "q8_0";
+    case WeightType::kQ4_K:
+      return "q4_k";
+    case WeightType::kQ6_K:
+      return "q6_k";
+  }
+  return "?";
+}
+
+int weight_block_elems(WeightType t) {
+  switch (t) {
+    case WeightType::kQ8_0:
+      return kQ8_0Elems;
+    case WeightType::kQ4_K:
+    case WeightType::kQ6_K:
+      return kQkK;
+    default:
+      return 1;
+  }
+}
+
+std::size_t weight_block_bytes(WeightType t) {
+  switch (t) {
+    case WeightType::kF32:
+      return 4;
+    case WeightType::kBF16:
+    case WeightType::kF16:
+      return 2;
+    case WeightType::kQ8_0:
+      return kQ8_0Bytes;
+    case WeightType::kQ4_K:
+      return kQ4_KBytes;
+    case WeightType::kQ6_K:
+      return kQ6_KBytes;
+  }
+  return 1;
+}
+
+const float* Mat::row(int r) const {
+  LOCKSTEP_CHECK(type == WeightType::kF32)
+      << "Mat::row on a " << weight_type_name(type) << " matrix";
+  return static_cast<const float*>(data) +
+         static_cast<std::size_t>(r) * static_cast<std::size_t>(cols);
+}
+
+void Mat::RowToF32(int r, float* out) const {
+  const std::byte* p = row_ptr(r);
+  const std::size_t n = static_cast<std::size_t>(cols);
+  switch (type) {
+    case WeightType::kF32:
+      std::memcpy(out, p, n * sizeof(float));
+      return;
+    case WeightType::kBF16:
+      convert_to_f32(DType::kBF16, p, n, out);
+      return;
+    case WeightType::kF16:
+      convert_to_f32(DType::kF16, p, n, out);
+      return;
+    default:
+      break;
+  }
+  const std::size_t be = static_cast<std::size_t>(weight_block_elems(type));
+  const std::size_t bb = weight_block_bytes(type);
+  for (std::size_t b = 0; b < n / be; ++b) DequantizeBlock(type, p + b * bb, out + b * be);
+}
+
+// One pass over the layout: each tensor is checked, then kept as the file stores it (matrices)
+// or widened to f32 (vectors). Views stay valid: every buffer is allocated separately and owned
+// by ModelWeights, mappings by the TensorSource it keeps.
 class WeightLoader {
  public:
-  WeightLoader(const TensorStore& store, ModelWeights& w) : store_(store), w_(w) {}
+  WeightLoader(const TensorSource& src, ModelWeights& w, WeightResidency residency)
+      : src_(src), w_(w), residency_(residency) {}
 
-  Status Run(bool load_mtp) {
-    sizing_ = true;
-    LOCKSTEP_RETURN_IF_ERROR(Walk(load_mtp));
-    w_.arena_.assign(total_, 0.0f);
-    sizing_ = false;
-    offset_ = 0;
-    return Walk(load_mtp);
-  }
+  Status Run(bool load_mtp) { return Walk(load_mtp); }
 
  private:
-  // Checks `name` against `shape` and (second pass) converts it; returns the f32 view.
+  const char* Hint() const {
+    return src_.format() == "gguf"
+               ? "(hint: the GGUF file is not a complete qwen3next model in llama.cpp's layout)"
+               : kHint;
+  }
+
+  // Checks `name` against `shape`; returns the tensor.
+  Status Check(const std::string& name, const std::vector<std::int64_t>& shape,
+               const SourceTensor** out) {
+    const SourceTensor* t = src_.Find(name);
+    if (t == nullptr)
+      return Status::NotFound("tensor '" + name + "'",
+                              std::string("missing from the checkpoint ") + Hint());
+    if (!t->type)
+      return Status::Corruption(
+          "tensor '" + name + "'",
+          fmt::format(
+              "expected {}, got {} ({})",
+              src_.format() == "gguf" ? "F32, F16, BF16, Q8_0, Q4_K or Q6_K" : "f32, bf16 or f16",
+              t->type_name, t->file));
+    // [1, H] and [H] are interchangeable for vectors stored either way.
+    const std::vector<std::int64_t>& got = t->shape;
+    if (got != shape &&
+        !(got.size() == 2 && got[0] == 1 && shape.size() == 1 && got[1] == shape[0]) &&
+        !(shape.size() == 2 && shape[1] == 1 && got.size() == 1 && got[0] == shape[0]) &&
+        !(shape.size() == 2 && got.size() == 3 && got[1] == 1 && got[0] == shape[0] &&
+          got[2] == shape[1]))
+      return Status::Corruption(
+          "tensor '" + name + "'",
+          fmt::format("expected shape {}, got {} {}", ShapeStr(shape), ShapeStr(got), Hint()));
+    *out = t;
+    return Status::Ok();
+  }
+
+  // A vector (or the small conv1d matrix), widened to f32 into the arena.
   Status Take(const std::string& name, std::vector<std::int64_t> shape, const float** out) {
+    const SourceTensor* t = nullptr;
+    LOCKSTEP_RETURN_IF_ERROR(Check(name, shape, &t));
+    const Mat m = ViewOf(*t, static_cast<int>(shape[0]),
+                         static_cast<int>(t->nbytes / RowBytesOf(*t, static_cast<int>(shape[0]))));
     std::size_t n = 1;
     for (auto d : shape) n *= static_cast<std::size_t>(d);
-    if (sizing_) {
-      const TensorInfo* t = store_.Find(name);
-      if (t == nullptr)
-        return Status::NotFound("tensor '" + name + "'",
-                                std::string("missing from the checkpoint ") + kHint);
-      if (t->dtype != DType::kF32 && t->dtype != DType::kBF16 && t->dtype != DType::kF16)
-        return Status::Corruption(
-            "tensor '" + name + "'",
-            fmt::format("expected f32, bf16 or f16, got {} ({})", dtype_name(t->dtype), t->file));
-      // [1, H] and [H] are interchangeable for vectors stored either way.
-      std::vector<std::int64_t> got = t->shape;
-      if (got != shape &&
-          !(got.size() == 2 && got[0] == 1 && shape.size() == 1 && got[1] == shape[0]) &&
-          !(shape.size() == 2 && shape[1] == 1 && got.size() == 1 && got[0] == shape[0]) &&
-          !(shape.size() == 2 && got.size() == 3 && got[1] == 1 && got[0] == shape[0] &&
-            got[2] == shape[1]))
-        return Status::Corruption(
-            "tensor '" + name + "'",
-            fmt::format("expected shape {}, got {} {}", ShapeStr(shape), ShapeStr(got), kHint));
-      total_ += n;
-      *out = nullptr;
-      return Status::Ok();
-    }
-    const TensorInfo* t = store_.Find(name);
-    float* dst = w_.arena_.data() + offset_;
-    if (!convert_to_f32(t->dtype, t->data, n, dst))
-      return Status::Corruption("tensor '" + name + "'", "unsupported dtype");
-    offset_ += n;
+    float* dst = w_.AllocF32(n);
+    const std::size_t per_row = n / static_cast<std::size_t>(m.rows);
+    for (int r = 0; r < m.rows; ++r) m.RowToF32(r, dst + static_cast<std::size_t>(r) * per_row);
     *out = dst;
     return Status::Ok();
   }
 
-  Status TakeMat(const std::string& name, int rows, int cols, Mat* m) {
-    m->rows = rows;
-    m->cols = cols;
-    return Take(name, {rows, cols}, &m->data);
+  static std::size_t RowBytesOf(const SourceTensor& t, int rows) {
+    return rows > 0 ? t.nbytes / static_cast<std::size_t>(rows) : 1;
   }
+
+  // A view of t's bytes as `rows` rows of `cols` elements (no copy).
+  static Mat ViewOf(const SourceTensor& t, int rows, int) {
+    Mat m;
+    m.type = *t.type;
+    m.rows = rows;
+    const std::size_t rb = RowBytesOf(t, rows);
+    m.cols = static_cast<int>(rb / weight_block_bytes(m.type) *
+                              static_cast<std::size_t>(weight_block_elems(m.type)));
+    m.data = t.data;
+    return m;
+  }
+
+  // A matrix: mapped when aligned to its element type (kFileType), else copied as stored; or an
+  // f32 copy (kWidenF32).
+  Status TakeMat(const std::string& name, int rows, int cols, Mat* m) {
+    const SourceTensor* t = nullptr;
+    LOCKSTEP_RETURN_IF_ERROR(Check(name, {rows, cols}, &t));
+    Mat v = ViewOf(*t, rows, cols);
+    if (residency_ == WeightResidency::kWidenF32) {
+      float* dst = w_.AllocF32(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
+      for (int r = 0; r < rows; ++r)
+        v.RowToF32(r, dst + static_cast<std::size_t>(r) * static_cast<std::size_t>(cols));
+      v.data = dst;
+      v.type = WeightType::kF32;
+    } else {
+      const std::size_t align = v.type == WeightType::kF32 ? 4 : 2;
+      if (reinterpret_cast<std::uintptr_t>(t->data) % align != 0) {
+        std::byte* dst = w_.AllocBytes(t->nbytes);
+        std::memcpy(dst, t->data, t->nbytes);
+        v.data = dst;
+      }
+    }
+    *m = v;
+    return Status::Ok();
+  }
+
   Status TakeVec(const std::string& name, int n, const float** v) { return Take(name, {n}, v); }
 
   Status TakeFfn(const std::string& prefix, int inter, FfnWeights* f) {
@@ -161,7 +288,7 @@ class WeightLoader {
     }
     // MTP: loaded when the config declares it and the checkpoint ships it (Qwen3-Coder-Next
     // ships none: then the engine runs without MTP drafts).
-    w_.mtp.present = load_mtp && c.n_mtp_layers > 0 && store_.Find("mtp.fc.weight") != nullptr;
+    w_.mtp.present = load_mtp && c.n_mtp_layers > 0 && src_.Find("mtp.fc.weight") != nullptr;
     if (w_.mtp.present) {
       MtpWeights& m = w_.mtp;
       LOCKSTEP_RETURN_IF_ERROR(TakeMat("mtp.fc.weight", c.n_embd, 2 * c.n_embd, &m.fc));
@@ -176,27 +303,70 @@ class WeightLoader {
     return Status::Ok();
   }
 
-  const TensorStore& store_;
+  const TensorSource& src_;
   ModelWeights& w_;
-  bool sizing_ = true;
-  std::size_t total_ = 0;
-  std::size_t offset_ = 0;
+  WeightResidency residency_;
 };
+
+namespace {
+
+constexpr std::size_t kF = sizeof(float);
+
+std::size_t FfnBytes(const FfnWeights& f) { return f.bytes(); }
+
+// Every weight of one layer (all experts), as held in memory.
+std::size_t LayerBytes(const LayerWeights& l, const ModelConfig& c) {
+  const std::size_t h = static_cast<std::size_t>(c.n_embd) * kF;
+  std::size_t b = 2 * h;  // input / post-attention norms
+  if (l.type == LayerType::kFullAttention) {
+    b += l.attn.q_proj.bytes() + l.attn.k_proj.bytes() + l.attn.v_proj.bytes() +
+         l.attn.o_proj.bytes() + 2 * static_cast<std::size_t>(c.head_dim) * kF;
+  } else {
+    b += l.gdn.in_proj_qkvz.bytes() + l.gdn.in_proj_ba.bytes() + l.gdn.out_proj.bytes();
+    b += (static_cast<std::size_t>(c.conv_dim()) * static_cast<std::size_t>(c.conv_kernel) +
+          2 * static_cast<std::size_t>(c.n_v_heads) + static_cast<std::size_t>(c.v_head_dim)) *
+         kF;
+  }
+  if (l.moe) {
+    b += l.ffn_moe.router.bytes() + FfnBytes(l.ffn_moe.shared) + (l.ffn_moe.shared_gate ? h : 0);
+    for (const FfnWeights& e : l.ffn_moe.experts) b += FfnBytes(e);
+  } else {
+    b += FfnBytes(l.ffn_dense);
+  }
+  return b;
+}
+
+}  // namespace
+
+std::size_t ModelWeights::ResidentBytes(int layer_begin, int layer_end) const {
+  const ModelConfig& c = config;
+  const std::size_t h = static_cast<std::size_t>(c.n_embd) * kF;
+  std::size_t b = 0;
+  for (int il = std::max(0, layer_begin); il < std::min(layer_end, c.n_layers); ++il)
+    b += LayerBytes(layers[static_cast<std::size_t>(il)], c);
+  const bool first = layer_begin == 0, last = layer_end == c.n_layers;
+  if (first) b += embed.bytes();
+  if (last) {
+    b += h;  // final norm
+    if (lm_head.data != embed.data || !first) b += lm_head.bytes();
+    if (mtp.present) b += mtp.fc.bytes() + 3 * h + LayerBytes(mtp.layer, c);
+  }
+  return b;
+}
 
 std::size_t ModelWeights::ActiveBytesPerToken() const {
   const ModelConfig& c = config;
-  const std::size_t h = static_cast<std::size_t>(c.n_embd) * sizeof(float);
-  std::size_t b = h /* embedding row */ + h /* final norm */ + lm_head.bytes();
+  const std::size_t h = static_cast<std::size_t>(c.n_embd) * kF;
+  std::size_t b = embed.row_bytes() /* embedding row */ + h /* final norm */ + lm_head.bytes();
   for (const auto& l : layers) {
     b += 2 * h;  // input / post-attention norms
     if (l.type == LayerType::kFullAttention) {
       b += l.attn.q_proj.bytes() + l.attn.k_proj.bytes() + l.attn.v_proj.bytes() +
            l.attn.o_proj.bytes();
-      b += 2 * static_cast<std::size_t>(c.head_dim) * sizeof(float);
+      b += 2 * static_cast<std::size_t>(c.head_dim) * kF;
     } else {
       b += l.gdn.in_proj_qkvz.bytes() + l.gdn.in_proj_ba.bytes() + l.gdn.out_proj.bytes();
-      b += static_cast<std::size_t>(c.conv_dim()) * static_cast<std::size_t>(c.conv_kernel) *
-           sizeof(float);
+      b += static_cast<std::size_t>(c.conv_dim()) * static_cast<std::size_t>(c.conv_kernel) * kF;
     }
     if (l.moe) {
       b += l.ffn_moe.router.bytes() + l.ffn_moe.shared.bytes() + (l.ffn_moe.shared_gate ? h : 0);
@@ -209,13 +379,93 @@ std::size_t ModelWeights::ActiveBytesPerToken() const {
   return b;
 }
 
-Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& dir, bool load_mtp) {
+ModelWeights::ModelWeights() = default;
+ModelWeights::~ModelWeights() = default;
+
+std::size_t ModelWeights::arena_bytes() const { return owned_bytes_total_; }
+
+float* ModelWeights::AllocF32(std::size_t n) {
+  owned_f32_.emplace_back(new float[std::max<std::size_t>(n, 1)]());
+  owned_bytes_total_ += n * sizeof(float);
+  return owned_f32_.back().get();
+}
+
+std::byte* ModelWeights::AllocBytes(std::size_t n) {
+  // new[] of std::byte is aligned to __STDCPP_DEFAULT_NEW_ALIGNMENT__ (16): enough for f32.
+  owned_bytes_.emplace_back(new std::byte[std::max<std::size_t>(n, 1)]());
+  owned_bytes_total_ += n;
+  return owned_bytes_.back().get();
+}
+
+void ModelWeights::KeepSource(std::unique_ptr<TensorSource> src) {
+  sources_.push_back(std::move(src));
+}
+
+Status LoadWeightsFrom(const TensorSource& src, bool load_mtp, WeightResidency residency,
+                       ModelWeights& w) {
+  w.files = src.files();
+  w.format = src.format();
+  WeightLoader loader(src, w, residency);
+  return loader.Run(load_mtp);
+}
+
+namespace {
+
+// A safetensors folder as a TensorSource: names one to one, dtypes f32/bf16/f16 usable.
+class SafetensorsSource : public TensorSource {
+ public:
+  explicit SafetensorsSource(TensorStorePtr store) : store_(std::move(store)) {
+    for (const std::string& name : store_->Names()) {
+      const TensorInfo* t = store_->Find(name);
+      SourceTensor s;
+      s.name = t->name;
+      s.type_name = std::string(dtype_name(t->dtype));
+      if (t->dtype == DType::kF32) s.type = WeightType::kF32;
+      if (t->dtype == DType::kBF16) s.type = WeightType::kBF16;
+      if (t->dtype == DType::kF16) s.type = WeightType::kF16;
+      s.shape = t->shape;
+      // Rows = the outermost dimension (1 for a scalar); an empty tensor has no bytes.
+      s.data = t->data;
+      s.nbytes = t->nbytes;
+      s.file = t->file;
+      tensors_.emplace(name, std::move(s));
+    }
+  }
+  const SourceTensor* Find(std::string_view name) const override {
+    const auto it = tensors_.find(name);
+    return it == tensors_.end() ? nullptr : &it->second;
+  }
+  std::vector<std::string> files() const override { return store_->files(); }
+  std::string format() const override { return "safetensors"; }
+
+ private:
+  TensorStorePtr store_;
+  std::map<std::string, SourceTensor, std::less<>> tensors_;
+};
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::string& path, bool load_mtp,
+                                                         WeightResidency residency) {
   auto w = std::make_unique<ModelWeights>();
-  LOCKSTEP_ASSIGN_OR_RETURN(w->config, ModelConfig::FromFile(dir + "/config.json"));
-  LOCKSTEP_ASSIGN_OR_RETURN(TensorStorePtr store, TensorStore::OpenDir(dir));
-  w->files = store->files();
-  WeightLoader loader(*store, *w);
-  LOCKSTEP_RETURN_IF_ERROR(loader.Run(load_mtp).WithContext("loading '" + dir + "'"));
+  if (EndsWith(path, ".gguf")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, OpenGgufSource(path, &w->config));
+    LOCKSTEP_RETURN_IF_ERROR(
+        LoadWeightsFrom(*src, load_mtp, residency, *w).WithContext("loading '" + path + "'"));
+    w->KeepSource(std::move(src));
+    return w;
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(w->config, ModelConfig::FromFile(path + "/config.json"));
+  LOCKSTEP_ASSIGN_OR_RETURN(TensorStorePtr store, TensorStore::OpenDir(path));
+  auto src = std::make_unique<SafetensorsSource>(std::move(store));
+  LOCKSTEP_RETURN_IF_ERROR(
+      LoadWeightsFrom(*src, load_mtp, residency, *w).WithContext("loading '" + path + "'"));
+  w->KeepSource(std::move(src));
   return w;
 }
 

@@ -192,6 +192,21 @@ void AddStageInfo(Engine& engine, const GenerateResult& res, ExportRunInfo& meta
   }
 }
 
+// Weight bytes held in memory per stage (issue 26): matrices in their file type, mapped or owned.
+nlohmann::json WeightsJson(Engine& engine, const ModelWeights& w) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (int is = 0; is < engine.n_stages(); ++is) {
+    const int lb = engine.stage(is).layer_begin(), le = engine.stage(is).layer_end();
+    stages.push_back(
+        {{"stage", is}, {"layers", {lb, le}}, {"resident_bytes", w.ResidentBytes(lb, le)}});
+  }
+  return {{"format", w.format},
+          {"resident_bytes", w.ResidentBytes(0, w.config.n_layers)},
+          {"owned_bytes", w.arena_bytes()},
+          {"active_bytes_per_token", w.ActiveBytesPerToken()},
+          {"stages", stages}};
+}
+
 // Everything the export records about the run besides the state items. Stops the trace ring.
 ExportRunInfo BuildRunInfo(const GenerateOptions& opts, Engine& engine, const ModelWeights& weights,
                            const std::vector<std::int32_t>& prompt, const GenerateResult& res,
@@ -208,6 +223,7 @@ ExportRunInfo BuildRunInfo(const GenerateOptions& opts, Engine& engine, const Mo
                     .substr(0, 16);
   meta.config_json = engine.config().ToJson();
   meta.config_sha256 = Sha256Hex(meta.config_json);
+  meta.weights_json = WeightsJson(engine, weights).dump();
   if (auto exe = Sha256SelfExe(); exe.ok()) meta.executable_sha256 = *exe;
   if (auto mh = Sha256Files(weights.files); mh.ok()) meta.model_sha256 = *mh;
   meta.request_sha256 = Sha256Tokens(prompt);
@@ -335,7 +351,8 @@ void PrintSummary(const std::vector<std::int32_t>& prompt, const GenerateResult&
 }
 
 nlohmann::json GenerateJson(const std::vector<std::int32_t>& prompt, const GenerateResult& res,
-                            Engine& engine, const ResourceSampler& sampler, const Tokenizer& tok) {
+                            Engine& engine, const ModelWeights& weights,
+                            const ResourceSampler& sampler, const Tokenizer& tok) {
   nlohmann::json j;
   j["schema"] = "lockstep.generate";
   j["schema_version"] = 1;
@@ -358,6 +375,7 @@ nlohmann::json GenerateJson(const std::vector<std::int32_t>& prompt, const Gener
                   {"decode_tokens_per_s", t.decode_per_s},
                   {"clock", "CLOCK_MONOTONIC wall time around the engine calls"}};
   j["expert_cache"] = ExpertCacheJson(engine);
+  j["weights"] = WeightsJson(engine, weights);
   j["resources"] = ResourcesJson(sampler);
   j["injections"] = nlohmann::json::array();  // one record per --inject (SCHEMA.md /injections)
   for (const auto& r : engine.InjectionReport())
@@ -393,7 +411,7 @@ Status WriteOutputs(const GenerateOptions& opts, Engine& engine, const ModelWeig
     out << text;
     return Status::Ok();
   }
-  const std::string json = GenerateJson(prompt, res, engine, sampler, tok)
+  const std::string json = GenerateJson(prompt, res, engine, weights, sampler, tok)
                                .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
                            "\n";
   if (opts.json_path.empty() || IsStdout(opts.json_path)) {

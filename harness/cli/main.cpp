@@ -89,7 +89,7 @@ void AddModelInit(CLI::App& app, std::vector<Command>& commands) {
       model->add_subcommand("init", "Write a seeded synthetic Qwen3-Next model (HF layout)");
   struct State {
     lockstep::SyntheticOptions syn;
-    std::string out_dir, dtype, tokenizer;
+    std::string out_dir, dtype, tokenizer, format = "safetensors", quant;
     bool no_mtp = false;
   };
   auto st = std::make_shared<State>();
@@ -102,6 +102,13 @@ void AddModelInit(CLI::App& app, std::vector<Command>& commands) {
   init->add_option("--out", st->out_dir, "Output folder")->required()->group(kGroupModel);
   init->add_option("--dtype", st->dtype, "Matrix storage dtype: f32 | bf16 | f16")
       ->default_str("f32 for tiny, bf16 others")
+      ->group(kGroupModel);
+  init->add_option("--format", st->format,
+                   "safetensors (HF layout) | gguf (llama.cpp's qwen3next layout, DIR/model.gguf)")
+      ->capture_default_str()
+      ->group(kGroupModel);
+  init->add_option("--quant", st->quant, "GGUF only: quantise matrices to q8_0 | q4_k | q6_k")
+      ->default_str("none")
       ->group(kGroupModel);
   init->add_flag("--no-mtp", st->no_mtp, "Omit the mtp.* tensors")->group(kGroupModel);
   init->add_flag("--induction", st->syn.induction,
@@ -135,14 +142,17 @@ void AddModelInit(CLI::App& app, std::vector<Command>& commands) {
       "Examples:\n"
       "  lockstep model init --preset tiny --seed 7 --out m\n"
       "  lockstep model init --preset wide --layers 4 --dtype bf16 --out wide4\n"
-      "  lockstep model init --preset tiny --vocab 151936 --tokenizer tokenizer.json --out mq");
+      "  lockstep model init --preset tiny --vocab 151936 --tokenizer tokenizer.json --out mq\n"
+      "  lockstep model init --preset small --format gguf --quant q4_k --out small-q4");
   commands.push_back(
       {init, [st]() -> Status {
          if (!st->dtype.empty()) {
            LOCKSTEP_ASSIGN_OR_RETURN(st->syn.dtype, lockstep::ParseModelDtype(st->dtype));
          }
          st->syn.with_mtp = !st->no_mtp;
-         return lockstep::RunModelInit(st->syn, st->out_dir, std::cout, st->tokenizer);
+         LOCKSTEP_ASSIGN_OR_RETURN(lockstep::ModelFormat format,
+                                   lockstep::ParseModelFormat(st->format, st->quant));
+         return lockstep::RunModelInit(st->syn, st->out_dir, std::cout, format, st->tokenizer);
        }});
 }
 

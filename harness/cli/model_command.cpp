@@ -1,9 +1,11 @@
 #include "lockstep/harness/model_command.h"
 
+#include <filesystem>
 #include <ostream>
 
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/bpe_tokenizer.h"
+#include "lockstep/engine/gguf.h"
 
 namespace lockstep {
 
@@ -40,6 +42,47 @@ Status RunModelInit(const SyntheticOptions& opts, const std::string& out_dir, st
   if (!tokenizer.empty()) out << " and " << out_dir << "/tokenizer.json";
   out << "\n";
   return Status::Ok();
+}
+
+Status RunModelInit(const SyntheticOptions& opts, const std::string& out_dir, std::ostream& out,
+                    const ModelFormat& format, const std::string& tokenizer) {
+  if (!format.gguf) return RunModelInit(opts, out_dir, out, tokenizer);
+  if (!tokenizer.empty())
+    return Status::NotSupported("--tokenizer with --format gguf",
+                                "the GGUF writer does not embed a vocabulary yet; write the "
+                                "safetensors layout to use a tokenizer.json");
+  LOCKSTEP_RETURN_IF_ERROR(WriteSyntheticModel(opts, out_dir));
+  const std::string path = out_dir + "/model.gguf";
+  LOCKSTEP_RETURN_IF_ERROR(ConvertToGguf(out_dir, path, format.quant));
+  std::error_code ec;
+  std::filesystem::remove(out_dir + "/model.safetensors", ec);
+  std::filesystem::remove(out_dir + "/config.json", ec);
+  out << "wrote " << path << " (preset " << opts.preset << ", seed " << opts.seed << ", "
+      << (format.quant ? std::string(weight_type_name(*format.quant)) : std::string("unquantised"))
+      << ")\n";
+  return Status::Ok();
+}
+
+Result<ModelFormat> ParseModelFormat(std::string_view format, std::string_view quant) {
+  ModelFormat f;
+  if (format == "gguf") {
+    f.gguf = true;
+  } else if (format != "safetensors") {
+    return Status::InvalidArgument(
+        "--format", "expected safetensors or gguf, got '" + std::string(format) + "'");
+  }
+  if (quant.empty() || quant == "none") return f;
+  if (!f.gguf) return Status::InvalidArgument("--quant", "only with --format gguf");
+  if (quant == "q8_0")
+    f.quant = WeightType::kQ8_0;
+  else if (quant == "q4_k")
+    f.quant = WeightType::kQ4_K;
+  else if (quant == "q6_k")
+    f.quant = WeightType::kQ6_K;
+  else
+    return Status::InvalidArgument("--quant",
+                                   "expected q8_0, q4_k or q6_k, got '" + std::string(quant) + "'");
+  return f;
 }
 
 Result<DType> ParseModelDtype(std::string_view text) {

@@ -1,4 +1,13 @@
-// Model weights in memory: every tensor converted once to f32 into one arena; layers hold views.
+// Model weights in memory, each matrix kept in the type its file stores it in.
+//
+// Matrices (Mat) are f32, bf16 or f16 rows as in a safetensors file, or Q8_0 / Q4_K / Q6_K blocks
+// as in a GGUF file. They point straight into the file's read-only mapping where the file's
+// layout allows (element-aligned data, the same row-major order); otherwise (a misaligned tensor,
+// a GGUF tensor that must be regrouped or have its values derived) into an arena owned by
+// ModelWeights. The kernels (engine/cpu/matmul.h) widen or dequantise a matrix in registers; the
+// widening of bf16/f16 to f32 is exact, so every product is bitwise what an f32 copy of the
+// weights gives. Vectors (norm weights, conv1d, dt_bias, A_log) are small and always widened to
+// f32 once at load.
 //
 // Loading checks every tensor for presence, dtype (f32/bf16/f16 accepted) and shape against the
 // ModelConfig, and names the tensor in every error: e.g.
@@ -6,9 +15,11 @@
 //   (hint: config.json and the safetensors files disagree; regenerate with 'lockstep model init')
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lockstep/engine/model_config.h"
@@ -16,47 +27,66 @@
 
 namespace lockstep {
 
-// A row-major weight matrix view: f32 [rows=out, cols=in]; acts as y = x . W^T.
+// How a matrix's elements are stored. The block types follow ggml's layouts (block sizes 32 and
+// 256, little-endian, f16 scales); their dequantised value is defined in quant.h.
+enum class WeightType : std::uint8_t { kF32, kBF16, kF16, kQ8_0, kQ4_K, kQ6_K };
+
+std::string_view weight_type_name(WeightType t);  // "f32", "bf16", "f16", "q8_0", "q4_k", "q6_k"
+int weight_block_elems(WeightType t);             // elements per block: 1, 1, 1, 32, 256, 256
+std::size_t weight_block_bytes(WeightType t);     // bytes per block: 4, 2, 2, 34, 144, 210
+
+// A row-major weight matrix view [rows=out, cols=in]; acts as y = x . W^T. `data` points at row 0;
+// row r starts row_bytes() * r bytes later (cols is a multiple of the block size). `data` is
+// aligned to the element type (2 bytes for the block types).
 struct Mat {
-  const float* data = nullptr;
+  const void* data = nullptr;
   int rows = 0;
   int cols = 0;
-  const float* row(int r) const {
-    return data + static_cast<std::size_t>(r) * static_cast<std::size_t>(cols);
+  WeightType type = WeightType::kF32;
+
+  std::size_t row_bytes() const {
+    return static_cast<std::size_t>(cols) / static_cast<std::size_t>(weight_block_elems(type)) *
+           weight_block_bytes(type);
   }
-  std::size_t bytes() const {
-    return static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) * sizeof(float);
+  const std::byte* row_ptr(int r) const {
+    return static_cast<const std::byte*>(data) + static_cast<std::size_t>(r) * row_bytes();
   }
+  // Row r as f32; only for type == kF32 (a programmer error otherwise: checked, aborts).
+  const float* row(int r) const;
+  // Row r widened (or dequantised) to f32 into out[cols]: exact for f32/bf16/f16.
+  void RowToF32(int r, float* out) const;
+  // Bytes the matrix occupies in memory (= in the file for the types a file stores).
+  std::size_t bytes() const { return static_cast<std::size_t>(rows) * row_bytes(); }
 };
 
 struct AttentionWeights {
-  Mat q_proj;  // f32 [2*Hq*D, H]: per head h rows [2hD, 2hD+D) query, [2hD+D, 2hD+2D) gate
-  Mat k_proj;  // f32 [Hkv*D, H]
-  Mat v_proj;  // f32 [Hkv*D, H]
-  Mat o_proj;  // f32 [H, Hq*D]
+  Mat q_proj;  // [2*Hq*D, H]: per head h rows [2hD, 2hD+D) query, [2hD+D, 2hD+2D) gate
+  Mat k_proj;  // [Hkv*D, H]
+  Mat v_proj;  // [Hkv*D, H]
+  Mat o_proj;  // [H, Hq*D]
   const float* q_norm = nullptr;  // f32 [D], zero-centred
   const float* k_norm = nullptr;  // f32 [D], zero-centred
 };
 
 struct GdnWeights {
-  Mat in_proj_qkvz;                // f32 [2*Hk*Dk + 2*Hv*Dv, H], grouped per key head
-  Mat in_proj_ba;                  // f32 [2*Hv, H], grouped per key head
+  Mat in_proj_qkvz;                // [2*Hk*Dk + 2*Hv*Dv, H], grouped per key head
+  Mat in_proj_ba;                  // [2*Hv, H], grouped per key head
   const float* conv1d = nullptr;   // f32 [conv_dim, K]
   const float* dt_bias = nullptr;  // f32 [Hv]
   const float* a_log = nullptr;    // f32 [Hv]
   const float* norm = nullptr;     // f32 [Dv], plain weight (not 1+w)
-  Mat out_proj;                    // f32 [H, Hv*Dv]
+  Mat out_proj;                    // [H, Hv*Dv]
 };
 
 struct FfnWeights {  // one SwiGLU expert (or the shared expert, or a dense MLP)
-  Mat gate;          // f32 [I, H]
-  Mat up;            // f32 [I, H]
-  Mat down;          // f32 [H, I]
+  Mat gate;          // [I, H]
+  Mat up;            // [I, H]
+  Mat down;          // [H, I]
   std::size_t bytes() const { return gate.bytes() + up.bytes() + down.bytes(); }
 };
 
 struct MoeWeights {
-  Mat router;                          // f32 [E, H]
+  Mat router;                          // [E, H]
   std::vector<FfnWeights> experts;     // [E]
   FfnWeights shared;                   // shared expert (Is wide); rows == 0 when absent
   const float* shared_gate = nullptr;  // f32 [H] (shared_expert_gate.weight [1, H])
@@ -75,36 +105,66 @@ struct LayerWeights {
 
 struct MtpWeights {
   bool present = false;
-  Mat fc;                                        // f32 [H, 2H]: cols [0,H) embedding, [H,2H) hidden
+  Mat fc;                                        // [H, 2H]: cols [0,H) embedding, [H,2H) hidden
   const float* pre_fc_norm_embedding = nullptr;  // f32 [H]
   const float* pre_fc_norm_hidden = nullptr;     // f32 [H]
   const float* norm = nullptr;                   // f32 [H]
   LayerWeights layer;                            // full attention + MoE
 };
 
+// How Load keeps the matrices. kFileType (the default) keeps them in the file's type, mapped
+// where possible; kWidenF32 converts every matrix to an f32 copy at load (the engine's behaviour
+// before weights stayed in their file type: kept for tests and benchmarks that compare the two;
+// the CUDA backend's packer widens on its own and works with either).
+enum class WeightResidency { kFileType, kWidenF32 };
+
+class TensorSource;  // what Load read the tensors from (a mapped checkpoint); kept alive
+
 class ModelWeights {
  public:
+  ModelWeights();
+  ~ModelWeights();
+  ModelWeights(const ModelWeights&) = delete;
+  ModelWeights& operator=(const ModelWeights&) = delete;
+
   ModelConfig config;
-  Mat embed;                          // f32 [V, H]
-  Mat lm_head;                        // f32 [V, H] (== embed when tied)
+  Mat embed;                          // [V, H]
+  Mat lm_head;                        // [V, H] (== embed when tied)
   const float* final_norm = nullptr;  // f32 [H]
   std::vector<LayerWeights> layers;   // [n_layers]
   MtpWeights mtp;
   std::vector<std::string> files;  // checkpoint files the weights came from
+  std::string format;              // "safetensors" or "gguf"
 
-  std::size_t arena_bytes() const { return arena_.size() * sizeof(float); }
-  // Weight bytes one decode token must read (f32 in memory): every mixer and norm weight, the
-  // router, the top-k routed experts and the shared expert of every layer, one embedding row,
-  // the final norm and lm_head. MTP excluded. The memory-bandwidth bound of decode is this
-  // divided by the read bandwidth.
+  // Bytes the loader allocated itself (widened vectors, copies, f32 matrices under kWidenF32).
+  std::size_t arena_bytes() const;
+  // Weight bytes held in memory (mapped or owned) by a stage of layers [layer_begin, layer_end):
+  // its layers; the embedding if it is the first stage (layer_begin == 0); the final norm,
+  // lm_head (unless tied and already counted) and the MTP layer if it is the last
+  // (layer_end == n_layers). The whole model: ResidentBytes(0, n_layers).
+  std::size_t ResidentBytes(int layer_begin, int layer_end) const;
+  // Weight bytes one decode token must read, each matrix in its in-memory type: every mixer and
+  // norm weight, the router, the top-k routed experts and the shared expert of every layer, one
+  // embedding row, the final norm and lm_head. MTP excluded. The memory-bandwidth bound of decode
+  // is this divided by the read bandwidth.
   std::size_t ActiveBytesPerToken() const;
 
-  // Loads config.json + safetensors from `dir`. `load_mtp` = false skips mtp.* tensors.
-  static Result<std::unique_ptr<ModelWeights>> Load(const std::string& dir, bool load_mtp = true);
+  // Loads config.json + safetensors from `dir`, or a GGUF file (`path` ending in .gguf; the
+  // first file of a split set names the set). `load_mtp` = false skips the MTP tensors.
+  static Result<std::unique_ptr<ModelWeights>> Load(
+      const std::string& path, bool load_mtp = true,
+      WeightResidency residency = WeightResidency::kFileType);
+
+  // The loader's storage (internal: used by the loaders in engine/model/).
+  float* AllocF32(std::size_t n);
+  std::byte* AllocBytes(std::size_t n);
+  void KeepSource(std::unique_ptr<TensorSource> src);
 
  private:
-  friend class WeightLoader;
-  std::vector<float> arena_;
+  std::vector<std::unique_ptr<float[]>> owned_f32_;
+  std::vector<std::unique_ptr<std::byte[]>> owned_bytes_;
+  std::size_t owned_bytes_total_ = 0;
+  std::vector<std::unique_ptr<TensorSource>> sources_;
 };
 using ModelWeightsPtr = std::unique_ptr<ModelWeights>;
 

@@ -4,12 +4,14 @@
 #pragma once
 
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/status.h"
 #include "lockstep/engine/synthetic.h"
+#include "lockstep/engine/weights.h"
 
 namespace lockstep {
 
@@ -21,6 +23,20 @@ namespace lockstep {
 // naming --vocab otherwise, before anything is written) and it is copied to DIR/tokenizer.json.
 Status RunModelInit(const SyntheticOptions& opts, const std::string& out_dir, std::ostream& out,
                     const std::string& tokenizer = "");
+
+// `--format gguf [--quant q8_0|q4_k|q6_k]`: the same weights written as `out_dir`/model.gguf in
+// llama.cpp's qwen3next layout (ConvertToGguf, gguf.h), matrices in their dtype or quantised;
+// nothing else is left in the folder.
+struct ModelFormat {
+  bool gguf = false;
+  std::optional<WeightType> quant;
+};
+// With a tokenizer: kNotSupported (the GGUF writer embeds no vocabulary yet).
+Status RunModelInit(const SyntheticOptions& opts, const std::string& out_dir, std::ostream& out,
+                    const ModelFormat& format, const std::string& tokenizer = "");
+// Parses --format and --quant. kInvalidArgument naming the option for anything else (and for
+// --quant without --format gguf).
+Result<ModelFormat> ParseModelFormat(std::string_view format, std::string_view quant);
 
 // Parses `--dtype`, the matrices' storage dtype: "f32" | "bf16" | "f16". kInvalidArgument
 // naming --dtype otherwise.

@@ -55,7 +55,8 @@ inline constexpr int kH5FilterLz4 = 32004;
 // What Finish() writes besides the checkpoints (DESIGN.md root attributes and groups).
 struct ExportRunInfo {
   std::string arm, run_id, created_utc;
-  std::string config_json;  // canonical effective config
+  std::string config_json;   // canonical effective config
+  std::string weights_json;  // /weights: resident weight bytes per stage ("" = not written)
   std::string executable_sha256, config_sha256, model_sha256, request_sha256;
   std::uint64_t seed = 0;
   int max_new = 0;

@@ -1,0 +1,203 @@
+// Weights kept in their file type (issue 26, Must show 2): decode and prefill of `wide --layers 8`
+// (bf16 file) with the weights as stored vs widened to f32 at load (WeightResidency::kWidenF32,
+// the engine's behaviour before), 2 threads, in the same run (these machines are shared and
+// noisy: only ratios within one run mean much), with the 2-thread read bandwidth measured first.
+//
+//   build/tests/bench/weights_bench --benchmark_counters_tabular=true
+//
+// env: LOCKSTEP_BENCH_WIDE_MODEL  folder of an existing `wide --layers 8` bf16 model (else one is
+//      generated in /tmp, ~2.7 GB, and removed at exit)
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "lockstep/engine/engine.h"
+#include "lockstep/engine/synthetic.h"
+#include "lockstep/engine/thread_pool.h"
+#include "lockstep/engine/weights.h"
+
+namespace lockstep {
+namespace {
+
+constexpr int kThreads = 2;
+constexpr int kPrefillTokens = 512;
+
+std::string ModelDir() {
+  static const std::string dir = [] {
+    const char* env = std::getenv("LOCKSTEP_BENCH_WIDE_MODEL");  // env: LOCKSTEP_BENCH_WIDE_MODEL
+    if (env != nullptr && *env != '\0') return std::string(env);
+    const std::string d = "/tmp/lockstep-bench-wide8-" + std::to_string(::getpid());
+    SyntheticOptions o;
+    o.preset = "wide";
+    o.n_layers = 8;
+    if (!WriteSyntheticModel(o, d).ok()) std::abort();
+    std::atexit([] {
+      std::filesystem::remove_all("/tmp/lockstep-bench-wide8-" + std::to_string(::getpid()));
+    });
+    return d;
+  }();
+  return dir;
+}
+
+// One model in memory at a time (the widened copy alone is ~5.4 GB).
+const ModelWeights& Model(WeightResidency r) {
+  static ModelWeightsPtr w;
+  static WeightResidency loaded = WeightResidency::kFileType;
+  if (!w || loaded != r) {
+    w.reset();
+    auto got = ModelWeights::Load(ModelDir(), true, r);
+    if (!got.ok()) {
+      std::fprintf(stderr, "%s\n", got.status().ToString().c_str());
+      std::abort();
+    }
+    w = std::move(got).value();
+    loaded = r;
+  }
+  return *w;
+}
+
+EnginePtr MakeEngine(const ModelWeights& w) {
+  EngineConfig c;
+  c.threads = kThreads;
+  c.stages = 4;
+  c.prefill_chunk = kPrefillTokens;
+  auto e = Engine::Create(c, w);
+  if (!e.ok()) std::abort();
+  return std::move(e).value();
+}
+
+std::vector<std::int32_t> Tokens(int n, int vocab) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i)
+    t[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(
+        (static_cast<unsigned>(i) * 2654435761u) % static_cast<unsigned>(vocab));
+  return t;
+}
+
+double g_read_bps = 0;  // 2-thread streaming read bandwidth, this run
+
+// Read-only streaming over 512 MiB, split in contiguous ranges like the decode kernels.
+void BM_MemReadBandwidth(benchmark::State& state) {
+  std::vector<float> buf((std::size_t{512} << 20) / sizeof(float), 1.0f);
+  ThreadPool pool(kThreads);
+  std::vector<float> sink(static_cast<std::size_t>(kThreads) * 16, 0.0f);
+  for (auto _ : state) {
+    pool.ParallelFor(kThreads, [&](std::size_t b, std::size_t e) {
+      for (std::size_t w = b; w < e; ++w) {
+        const std::size_t n = buf.size() / kThreads;
+        const float* p = buf.data() + w * n;
+        float acc[16] = {0};
+        for (std::size_t i = 0; i + 16 <= n; i += 16)
+          for (int j = 0; j < 16; ++j) acc[j] += p[i + static_cast<std::size_t>(j)];
+        std::copy(acc, acc + 16, sink.begin() + static_cast<std::ptrdiff_t>(w * 16));
+      }
+    });
+    benchmark::DoNotOptimize(sink.data());
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(buf.size() * sizeof(float)));
+}
+
+// Arg 0: 0 = widened to f32 at load, 1 = as the file stores it (bf16). Arg 1: 0 = decode
+// (single-token steps after a 64-token prompt), 1 = prefill of 512 tokens in one chunk.
+void BM_Wide(benchmark::State& state) {
+  const auto res = state.range(0) == 0 ? WeightResidency::kWidenF32 : WeightResidency::kFileType;
+  const ModelWeights& w = Model(res);
+  const int vocab = w.config.n_vocab;
+  if (state.range(1) == 1) {
+    const auto prompt = Tokens(kPrefillTokens + 1, vocab);  // prefill covers n - 1 rows
+    for (auto _ : state) {
+      state.PauseTiming();
+      auto e = MakeEngine(w);
+      state.ResumeTiming();
+      if (!e->Prefill(prompt).ok()) state.SkipWithError("prefill failed");
+    }
+    state.counters["tokens_per_s"] = benchmark::Counter(
+        static_cast<double>(state.iterations()) * kPrefillTokens, benchmark::Counter::kIsRate);
+    return;
+  }
+  std::vector<float> logits(static_cast<std::size_t>(vocab));
+  auto e = MakeEngine(w);
+  if (!e->Prefill(Tokens(64, vocab)).ok()) state.SkipWithError("prefill failed");
+  int steps = 0;
+  std::int32_t tok = 1;
+  for (auto _ : state) {
+    if (!e->Verify(std::span<const std::int32_t>(&tok, 1), logits.data()).ok() ||
+        !e->Commit(1).ok())
+      state.SkipWithError("decode failed");
+    ++steps;
+    tok = static_cast<std::int32_t>((static_cast<unsigned>(steps) * 2654435761u) %
+                                    static_cast<unsigned>(vocab));
+    benchmark::DoNotOptimize(logits.data());
+  }
+  const double bytes = static_cast<double>(w.ActiveBytesPerToken());
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["weight_MB_per_token"] = bytes / 1e6;
+  state.counters["weight_GB_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * bytes / 1e9, benchmark::Counter::kIsRate);
+}
+
+BENCHMARK(BM_MemReadBandwidth)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+BENCHMARK(BM_Wide)
+    ->ArgNames({"file_type", "prefill"})
+    ->Args({0, 0})
+    ->Args({0, 1})
+    ->Args({1, 0})
+    ->Args({1, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(8.0)
+    ->UseRealTime();
+
+// Prints the stored-type / widened ratios of this run and decode's share of the read bandwidth.
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const auto& r : runs) {
+      const std::string n = r.benchmark_name();
+      const auto c = r.counters.find("bytes_per_second");
+      if (n.rfind("BM_MemReadBandwidth", 0) == 0 && c != r.counters.end()) g_read_bps = c->second;
+      const auto t = r.counters.find("tokens_per_s");
+      if (t == r.counters.end()) continue;
+      const bool file = n.find("file_type:1") != std::string::npos;
+      const bool prefill = n.find("prefill:1") != std::string::npos;
+      rate_[{file, prefill}] = t->second;
+      const auto g = r.counters.find("weight_GB_per_s");
+      if (g != r.counters.end() && g_read_bps > 0)
+        std::printf(
+            "  -> %s: %.2f GB/s of weights = %.2f of the %d-thread read bandwidth (%.2f "
+            "GB/s); goal >= 0.8\n",
+            n.c_str(), static_cast<double>(g->second),
+            static_cast<double>(g->second) * 1e9 / g_read_bps, kThreads, g_read_bps / 1e9);
+      for (bool p : {false, true}) {
+        auto a = rate_.find({false, p}), b = rate_.find({true, p});
+        if (a != rate_.end() && b != rate_.end() && file && p == prefill)
+          std::printf("  -> %s bf16 as stored / widened to f32: %.2fx (%.2f vs %.2f tok/s)\n",
+                      p ? "prefill 512" : "decode", b->second / a->second, b->second, a->second);
+      }
+    }
+  }
+
+ private:
+  std::map<std::pair<bool, bool>, double> rate_;
+};
+
+}  // namespace
+}  // namespace lockstep
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  lockstep::RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  return 0;
+}
