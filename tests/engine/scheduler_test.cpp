@@ -213,3 +213,54 @@ TEST(Scheduler, PostVerifyCheckpointsPrecedeTheCommit) {
 
 }  // namespace
 }  // namespace lockstep
+
+namespace lockstep {
+namespace {
+
+// A kept conversation continues from its committed position: prefill of [cur] + more[0, n-1) on
+// the absolute grid, the first window at more.back(); a rerun of the conversation gives the same
+// tokens; Release frees the slot.
+std::vector<std::int32_t> Converse(std::int64_t* first_p, std::int64_t* want_p) {
+  auto made = Engine::Create(test::ServeConfig(2, kChunk), test::Model("tiny"));
+  EXPECT_TRUE(made.ok());
+  Engine& e = **made;
+  const int V = e.weights().config.n_vocab;
+  Scheduler sched(e);
+  RequestSpec s = Spec({30, 0, 6}, 0, V);
+  s.keep = true;
+  auto t = sched.Submit(s);
+  EXPECT_TRUE(t.ok());
+  EXPECT_TRUE(sched.RunUntilIdle().ok());
+  auto first = sched.TakeFinished();
+  EXPECT_EQ(first.size(), 1u);
+  EXPECT_TRUE(first[0].kept);
+  EXPECT_TRUE(e.slot_open(first[0].slot)) << "a kept conversation holds its slot";
+  const std::vector<std::int32_t> more = test::RandomTokens(21, 77, V);
+  EXPECT_FALSE(sched.Continue(*t + 100, more, test::SpecOptions(5)).ok());
+  auto t2 = sched.Continue(*t, more, test::SpecOptions(5), nullptr, false);
+  EXPECT_TRUE(t2.ok()) << t2.status().ToString();
+  EXPECT_FALSE(sched.Continue(*t, more, test::SpecOptions(5)).ok()) << "the old ticket is spent";
+  EXPECT_TRUE(sched.RunUntilIdle().ok());
+  auto second = sched.TakeFinished();
+  EXPECT_EQ(second.size(), 1u);
+  if (second.empty() || second[0].result.windows.empty()) return {};
+  *first_p = second[0].result.windows[0].p;
+  *want_p =
+      static_cast<std::int64_t>(s.prompt.size() + first[0].result.output.size() + more.size()) - 1;
+  EXPECT_EQ(second[0].result.output.size(), 5u);
+  EXPECT_FALSE(second[0].kept);
+  EXPECT_FALSE(e.slot_open(second[0].slot)) << "keep = false: the slot is freed at the end";
+  return second[0].result.output;
+}
+
+TEST(Scheduler, AKeptConversationContinuesFromItsCommittedPosition) {
+  std::int64_t p = -1, want = -2, p2 = -1, want2 = -2;
+  const auto a = Converse(&p, &want);
+  const auto b = Converse(&p2, &want2);
+  EXPECT_EQ(p, want);
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, b);
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -122,8 +122,9 @@ class Scheduler {
   // Validates `spec` at once and queues it (or holds it until arrive_step); a request due now
   // is admitted at once while a slot is free and its reservation fits. Errors:
   // kInvalidArgument: empty prompt, a token outside the vocabulary, bad options (policy,
-  // --inject, --replay-path), a request that can never fit the engine (context beyond the
-  // model's positions, or its reservation beyond --memory-mib: the message says how much);
+  // --inject, --replay-path), a request that can never fit the engine (its reservation for
+  // prompt + max_new positions beyond --memory-mib: the message says how much; the model has no
+  // position limit of its own);
   // kRuntime "queue full: N waiting (--queue-depth)" when it would arrive now into a full queue.
   Result<Ticket> Submit(RequestSpec spec);
   // Ends a waiting or live request (RequestEnd::kCancelled, output so far kept); its slot is
