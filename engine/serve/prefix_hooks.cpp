@@ -7,7 +7,7 @@ namespace lockstep {
 Status PrefixAdmit(PrefixCache& cache, Engine& engine, Sequence& seq, PrefixReport* report) {
   report->reused_tokens = 0;
   report->snapshot_position = -1;
-  report->prefill_computed = seq.prefill_end() - seq.prefill_begin();
+  report->prefill_computed = 0;  // the scheduler counts the chunks it runs
   if (seq.prefill_begin() != 0) return Status::Ok();
   const std::vector<std::int32_t>& tokens = seq.tokens();
   const PrefixEntry* hit = cache.Lookup(tokens, seq.has_mtp());
@@ -20,7 +20,6 @@ Status PrefixAdmit(PrefixCache& cache, Engine& engine, Sequence& seq, PrefixRepo
     seq.ResumeAt(s, seq.has_mtp() ? &hit->mtp : nullptr);
     report->reused_tokens = s;
     report->snapshot_position = s;
-    report->prefill_computed = seq.prefill_end() - s;
   }
   cache.Trim();
   return Status::Ok();

@@ -17,7 +17,8 @@ namespace lockstep {
 // On admission, slot seq.slot() open and untouched, before the first prefill chunk: on a hit
 // the slot takes the entry's snapshot (Engine::OpenSlotFrom, keeping the slot's injections),
 // the drafter its MTP state, and prefill resumes at the snapshot position. Fills `report`
-// (reused_tokens, snapshot_position; prefill_computed = the rows left to compute). Then trims
+// (reused_tokens, snapshot_position; prefill_computed = 0: the scheduler adds each chunk it
+// runs). Then trims
 // the cache (slots that ended may have left pages to entries only). Errors: a snapshot that
 // does not fit the engine (the slot is closed: the request fails).
 Status PrefixAdmit(PrefixCache& cache, Engine& engine, Sequence& seq, PrefixReport* report);
