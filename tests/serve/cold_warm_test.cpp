@@ -157,6 +157,43 @@ INSTANTIATE_TEST_SUITE_P(Presets, ColdWarm,
                                   "_every" + std::to_string(p.param.snapshot_every);
                          });
 
+// B arrives while A is still decoding: B's slot shares A's pages (and the entries' pages) while
+// both write their own rows; both are bitwise what they get on a cold engine. Pages of 100 rows
+// are not aligned with the grid: the page holding rows 900-999 is shared at 960 and written by
+// A's prefill after the snapshot and by B after its restore (copy on write on both sides).
+TEST(ColdWarm, AWarmRequestBesideTheLiveRequestItSharesPagesWith) {
+  EngineConfig cfg = Config("tiny", DType::kI8, true, 64);
+  cfg.kv_page_rows = 100;
+  const auto P = test::Tokens(1000, 141);
+  const auto A = Join(P, test::Tokens(40, 142)), B = Join(P, test::Tokens(30, 143));
+  auto e = Engine::Create(cfg, test::Model("tiny"));
+  ASSERT_TRUE(e.ok());
+  Scheduler s(**e);
+  Request a, b, cold_a, cold_b;
+  for (int k = 0; k < 2; ++k) {
+    RequestSpec spec;
+    spec.id = k == 0 ? "a" : "b";
+    spec.prompt = k == 0 ? A : B;
+    spec.options = Options(true, k == 0 ? 40 : 10);
+    spec.hooks.observer = k == 0 ? &a.rec : &b.rec;
+    spec.arrive_step = k == 0 ? 0 : 20;  // A's prefill (17 chunks, one a step) is done by then
+    ASSERT_TRUE(s.Submit(std::move(spec)).ok());
+  }
+  ASSERT_TRUE(s.RunUntilIdle().ok());
+  for (RequestResult& r : s.TakeFinished()) {
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    (r.id == "a" ? a : b).res = std::move(r);
+  }
+  EXPECT_EQ(b.res.slot, 1);  // A still held slot 0
+  EXPECT_LT(b.res.admit_step, a.res.last_step);
+  EXPECT_EQ(b.res.prefix.snapshot_position, 960);
+  RunCold(cfg, "tiny", A, Options(true, 40), &cold_a);
+  RunCold(cfg, "tiny", B, Options(true, 10), &cold_b);
+  ExpectWarmEqualsCold(b, cold_b);
+  EXPECT_EQ(a.res.result.output, cold_a.res.result.output);
+  EXPECT_EQ(test::DifferingItems(a.rec, cold_a.rec), std::vector<std::string>{});
+}
+
 // C extends A's whole prompt: the deepest shared state is A's prefill end (1039), off the grid;
 // C resumes at the grid point before it (1024) and computes the cold chunk [1024, 1088) itself.
 TEST(ColdWarm, AnExtendedPromptResumesAtTheGridPointNotAtTheExactMatch) {
