@@ -224,6 +224,7 @@ void Scheduler::Finish(Entry& e, RequestEnd end, Status st) {
     counters_.reserved_bytes -= e.reserved;
     engine_.CloseSlot(slot);
     live_[static_cast<std::size_t>(slot)].reset();  // e is gone from here on
+    if (prefix_cache_) prefix_cache_->Trim();       // its pages may now be the entries' alone
   }
   Count();
 }
@@ -265,6 +266,7 @@ Status Scheduler::Release(Ticket t) {
   counters_.reserved_bytes -= e->reserved;
   engine_.CloseSlot(slot);
   live_[static_cast<std::size_t>(slot)].reset();
+  if (prefix_cache_) prefix_cache_->Trim();
   Count();
   return Status::Ok();
 }

@@ -234,6 +234,41 @@ TEST(ColdWarm, AnMtpOffRequestDoesNotHitAnMtpEntry) {
   EXPECT_EQ(s.prefix_cache()->counters().hits, 1);
 }
 
+// A budget smaller than A's entries (1 MiB; A's 16 entries reference 2 MiB of pages). While A
+// lives its pages are not charged (evicting would free none of them), so B, arriving while A
+// decodes, still finds the snapshot at 960; once both end, least recently used entries go until
+// the rest fits. Eviction only drops references: B is bitwise cold, so is A.
+TEST(ColdWarm, EvictionUnderTheBudgetChargesOnlyPagesNoLiveSlotHolds) {
+  EngineConfig cfg = Config("tiny", DType::kF32, true, 64);
+  cfg.prefix_cache_mib = 1;
+  const auto P = test::Tokens(1000, 151);
+  const auto A = Join(P, test::Tokens(40, 152)), B = Join(P, test::Tokens(40, 153));
+  auto e = Engine::Create(cfg, test::Model("tiny"));
+  ASSERT_TRUE(e.ok());
+  Scheduler s(**e);
+  Request a, b, cold_a, cold_b;
+  for (int k = 0; k < 2; ++k) {
+    RequestSpec spec;
+    spec.id = k == 0 ? "a" : "b";
+    spec.prompt = k == 0 ? A : B;
+    spec.options = Options(true, k == 0 ? 30 : 6);
+    spec.hooks.observer = k == 0 ? &a.rec : &b.rec;
+    spec.arrive_step = k == 0 ? 0 : 20;
+    ASSERT_TRUE(s.Submit(std::move(spec)).ok());
+  }
+  ASSERT_TRUE(s.RunUntilIdle().ok());
+  for (RequestResult& r : s.TakeFinished()) (r.id == "a" ? a : b).res = std::move(r);
+  EXPECT_EQ(b.res.prefix.snapshot_position, 960);
+  const PrefixCacheCounters k = s.prefix_cache()->counters();
+  EXPECT_GT(k.evictions, 0);
+  EXPECT_LE(k.bytes, 1u << 20);
+  EXPECT_EQ(k.entries + k.evictions, k.inserts);
+  RunCold(cfg, "tiny", A, Options(true, 30), &cold_a);
+  RunCold(cfg, "tiny", B, Options(true, 6), &cold_b);
+  ExpectWarmEqualsCold(b, cold_b);
+  EXPECT_EQ(test::DifferingItems(a.rec, cold_a.rec), std::vector<std::string>{});
+}
+
 TEST(ColdWarm, PrefixCacheOffIsACold) {
   const EngineConfig cfg = Config("tiny", DType::kF32, false, 64);
   const auto P = test::Tokens(200, 121);
