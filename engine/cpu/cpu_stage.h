@@ -1,7 +1,14 @@
 // CpuStageSession: the reference stage session (Eigen + own vectorised kernels, host memory).
 //
 // Bitwise deterministic for a fixed thread count; verify windows use the batch-invariant
-// kernels (cpu/matmul.h kInvariant), so a row's result does not depend on T.
+// kernels (cpu/matmul.h kInvariant), so a row's result does not depend on T, nor on the other
+// sequences' verify rows that share a fused engine step. ForwardStep with more than one group:
+// without plan.fuse_all the verify groups (rows [0, verify_rows), one per slot) run each layer's
+// products once over all their rows (kInvariant) and their cores per slot, so every group's rows,
+// state and expert counters are bitwise what it gets alone; each prefill chunk runs its own
+// single-sequence forward. With fuse_all every group shares one kGemm pass (cores per group in
+// their own mode). One group: exactly Forward.
+//
 // Borrowed: weights, cfg and pool (StageParams) outlive the session.
 #pragma once
 
