@@ -23,7 +23,7 @@ struct SectionEntry {
   std::string name;
   std::uint64_t offset = 0;  // absolute byte offset in the file
   std::uint64_t bytes = 0;
-  std::string dtype;                // "i32" | "f32" | "bf16" | "int8" | "u8"
+  std::string dtype;                // dtype_name(): "int32", "f32", "bf16", "int8", "uint8"
   std::vector<std::int64_t> shape;  // outermost first
   std::string sha256;               // lower-case hex of the section's bytes
 };

@@ -31,9 +31,8 @@ struct ConvHeader {
   int n_tokens = 0;
   int position = 0;
   int mtp_rows = 0;
-  bool has_mtp = false;   // the drafter's sections are present
-  int mtp_pending = 0;    // queued rows
-  bool mtp_last = false;  // last_m / last_logits hold a row
+  bool has_mtp = false;  // the drafter's sections are present
+  int mtp_pending = 0;   // queued rows
   int policy_bytes = 0;
 };
 
@@ -115,8 +114,8 @@ std::vector<Expected> ExpectedSections(const Engine& e, const ConvHeader& h) {
     out.push_back({"mtp.index", "int32", {2}});
     out.push_back({"mtp.pending_h", "f32", {h.mtp_pending, c.n_embd}});
     out.push_back({"mtp.pending_tokens", "int32", {h.mtp_pending}});
-    out.push_back({"mtp.last_m", "f32", {h.mtp_last ? c.n_embd : 0}});
-    out.push_back({"mtp.last_logits", "f32", {h.mtp_last ? c.n_vocab : 0}});
+    out.push_back({"mtp.last_m", "f32", {c.n_embd}});
+    out.push_back({"mtp.last_logits", "f32", {c.n_vocab}});
   }
   out.push_back({"decoder", "int32", {3}});
   out.push_back({"decoder.policy", "uint8", {h.policy_bytes}});
@@ -240,11 +239,9 @@ Result<ConvHeader> HeaderOf(const Engine& e, const ConversationState& st) {
   h.has_mtp = st.has_mtp;
   if (h.has_mtp && !e.has_mtp()) return bad("MTP drafter state, the model has no MTP head");
   h.mtp_pending = static_cast<int>(st.mtp.pending_tokens.size());
-  h.mtp_last = !st.mtp.last_m.empty();
   const auto H = static_cast<std::size_t>(c.n_embd), V = static_cast<std::size_t>(c.n_vocab);
   if (h.has_mtp && (st.mtp.pending_h.size() != static_cast<std::size_t>(h.mtp_pending) * H ||
-                    (h.mtp_last && (st.mtp.last_m.size() != H || st.mtp.last_logits.size() != V)) ||
-                    (!h.mtp_last && !st.mtp.last_logits.empty())))
+                    st.mtp.last_m.size() != H || st.mtp.last_logits.size() != V))
     return bad("MTP drafter state of the wrong size for this model");
   h.policy_bytes = static_cast<int>(st.decoder.policy_state.size());
   if (h.policy_bytes > kMaxPolicyBytes) return bad("draft policy state over 1 MiB");
@@ -272,7 +269,6 @@ json HeaderJson(const Engine& e, const ConvHeader& h, const RequestOptions& o) {
         {"mtp_rows", h.mtp_rows},
         {"has_mtp", h.has_mtp},
         {"mtp_pending", h.mtp_pending},
-        {"mtp_last", h.mtp_last},
         {"policy_bytes", h.policy_bytes}}},
       {"request", RequestJson(o)}};
 }
@@ -369,10 +365,8 @@ Result<ConvHeader> ParseConversation(const json& hdr, const Engine& e) {
   const std::string w = "header.conversation";
   LOCKSTEP_ASSIGN_OR_RETURN(const json* c,
                             Member(hdr, "conversation", "header", json::value_t::object));
-  LOCKSTEP_RETURN_IF_ERROR(KeysExactly(*c,
-                                       {"id", "n_tokens", "position", "mtp_rows", "has_mtp",
-                                        "mtp_pending", "mtp_last", "policy_bytes"},
-                                       w));
+  LOCKSTEP_RETURN_IF_ERROR(KeysExactly(
+      *c, {"id", "n_tokens", "position", "mtp_rows", "has_mtp", "mtp_pending", "policy_bytes"}, w));
   ConvHeader h;
   LOCKSTEP_ASSIGN_OR_RETURN(h.id, StrOf(*c, "id", w));
   LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t n, IntIn(*c, "n_tokens", w, 1, 1 << 30));
@@ -386,7 +380,6 @@ Result<ConvHeader> ParseConversation(const json& hdr, const Engine& e) {
     return Status::InvalidArgument("slot file", "holds MTP drafter state; this engine has no MTP");
   LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t pend, IntIn(*c, "mtp_pending", w, 0, n));
   h.mtp_pending = static_cast<int>(pend);
-  LOCKSTEP_ASSIGN_OR_RETURN(h.mtp_last, BoolOf(*c, "mtp_last", w));
   LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t pb, IntIn(*c, "policy_bytes", w, 0, kMaxPolicyBytes));
   h.policy_bytes = static_cast<int>(pb);
   return h;
@@ -578,10 +571,8 @@ Result<std::string> EncodeConversation(const Engine& e, const ConversationState&
     secs.push_back(
         Pod("mtp.pending_h", "f32", {h.mtp_pending, e.weights().config.n_embd}, m.pending_h));
     secs.push_back(Pod("mtp.pending_tokens", "int32", {h.mtp_pending}, m.pending_tokens));
-    secs.push_back(
-        Pod("mtp.last_m", "f32", {static_cast<std::int64_t>(m.last_m.size())}, m.last_m));
-    secs.push_back(Pod("mtp.last_logits", "f32", {static_cast<std::int64_t>(m.last_logits.size())},
-                       m.last_logits));
+    secs.push_back(Pod("mtp.last_m", "f32", {e.weights().config.n_embd}, m.last_m));
+    secs.push_back(Pod("mtp.last_logits", "f32", {e.weights().config.n_vocab}, m.last_logits));
   }
   const DecoderState& d = st.decoder;
   secs.push_back(

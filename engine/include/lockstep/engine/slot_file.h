@@ -10,13 +10,14 @@
 //                  grid, stages and layer boundaries), n_tokens, position, mtp_rows, the request
 //                  options and the section table [{name, offset, bytes, dtype, shape}] (offsets
 //                  from the first section byte, sections contiguous in table order)
-//   sections       tokens i32 [n]; per attention layer il: layer.il.k / layer.il.v raw stored rows
+//   sections       tokens int32 [n]; per attention layer il: layer.il.k / layer.il.v raw stored
+//   rows
 //                  [position, Hkv, D] (+ layer.il.k_scales / v_scales f32 [position, Hkv] for
 //                  int8); per GDN layer: layer.il.conv f32 [K-1, conv_dim], layer.il.ssm f32
 //                  [Hv, Dk, Dv]; mtp.k / mtp.v (+ scales) [mtp_rows, Hkv, D]; the MTP drafter's
-//                  mtp.index i32 [2] (next_row, pending_p), mtp.pending_h f32 [n, H],
-//                  mtp.pending_tokens i32 [n], mtp.last_m f32 [H or 0], mtp.last_logits f32
-//                  [V or 0]; decoder i32 [3] (cur, streak, windows), decoder.policy u8 [n]
+//                  mtp.index int32 [2] (next_row, pending_p), mtp.pending_h f32 [n, H],
+//                  mtp.pending_tokens int32 [n], mtp.last_m f32 [H], mtp.last_logits f32
+//                  [V]; decoder int32 [3] (cur, streak, windows), decoder.policy uint8 [n]
 //   digest         SHA-256 of every byte before it (32 bytes)
 //
 // Save writes through AtomicFileWriter: a reader never sees a half-written file. Load checks,
