@@ -103,6 +103,10 @@ struct SchedulerOptions {
   // The slots it may use: [0, slots); 0 = every slot of the engine. Slots already open and
   // untouched (slot 0 of a fresh engine) are taken as they are.
   int slots = 0;
+  // Take a slot the engine already has open as it is (its injections, no OpenSlot): Generate on
+  // slot 0 of a fresh engine. false: every admission opens its slot with the request's
+  // injections.
+  bool adopt_open_slots = false;
   // Leave every slot as it is when the scheduler is destroyed (Generate: the engine keeps the
   // request's state for the caller to read). false: live slots are closed.
   bool leave_slots_open = false;
@@ -161,24 +165,30 @@ class Scheduler {
 
  private:
   struct Entry;  // one request: spec, its Sequence, slot, result so far
-  class Planner;
+  struct Plan;   // one step: the engine plan, its tokens and the entry of each group
 
   // ---- helper cache's hook points (prefix cache, engine/serve/prefix_cache.h) ----
   // On admission, after the slot is open and before the first prefill chunk: may open the slot
   // from a snapshot (Engine::OpenSlotFrom) and move the sequence's prefill start
-  // (Sequence::ResumeAt), filling e.prefix. Default: cold (nothing).
+  // (Sequence::ResumeAt), filling the result's prefix report. Default: cold (nothing).
   Status PrefixLookupOnAdmit(Entry& e);
-  // After each prefill chunk of `e` (its slot current): capture a snapshot when the chunk end
+  // After each prefill chunk of `e` (its slot selected): capture a snapshot when the chunk end
   // is on cfg.SnapshotGrid(). Default: nothing.
   Status PrefixCaptureAfterChunk(Entry& e, int chunk_end);
 
+  Result<std::unique_ptr<Entry>> MakeEntry(RequestSpec spec, Ticket ticket);
   void Arrive();
-  Status Admit();
-  Status AdmitOne(std::unique_ptr<Entry> e, int slot);
+  void Enqueue(std::unique_ptr<Entry> e);
+  void Admit();
+  Status AdmitInto(Entry& e, int slot);
   int FreeSlot() const;
+  void PlanStep(Plan& plan);
+  void FinishStep(Plan& plan, const Engine::StepOutputs& out, const StepRecord& rec);
+  // Ends a request: its result into finished_, its slot freed (kept for a finished keep = true).
   void Finish(Entry& e, RequestEnd end, Status st);
-  void ReleaseSlot(Entry& e);
-  Entry* Find(Ticket t);
+  void EndUnadmitted(std::unique_ptr<Entry> e, RequestEnd end, Status st);
+  Entry* FindLive(Ticket t);
+  void Count();
 
   Engine& engine_;
   const SchedulerOptions opts_;
