@@ -502,10 +502,11 @@ Status ReadDrafter(SectionReader& r, const ConvHeader& h, int V, MtpDrafterState
   m.next_row = idx[0];
   m.pending_p = idx[1];
   if (m.pending_p != h.mtp_rows || m.next_row != m.pending_p + h.mtp_pending ||
-      m.next_row > h.position)
+      m.next_row != h.position)
     return Bad("section 'mtp.index'", "next_row " + std::to_string(m.next_row) + ", pending_p " +
                                           std::to_string(m.pending_p) +
-                                          " disagree with the MTP rows and pending rows");
+                                          " disagree with the position, the MTP rows and the "
+                                          "pending rows");
   m.pending_h = r.Vec<float>();
   m.pending_tokens = r.Vec<std::int32_t>();
   LOCKSTEP_RETURN_IF_ERROR(CheckTokens(m.pending_tokens, V, "mtp.pending_tokens"));

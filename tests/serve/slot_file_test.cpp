@@ -1,9 +1,10 @@
 // Slot files (lockstep/engine/slot_file.h): a conversation's state written and read back bitwise,
 // and every damaged, truncated, foreign or wrong-version file refused with the part named.
 //
-// The states here are built by hand from a real engine's stage state after a prefill (K/V of
+// The format tests build states by hand from a real engine's stage state after a prefill (K/V of
 // every attention layer, GDN checkpoints, MTP K/V) plus made-up drafter and decoder state, for
-// f32, bf16 and int8 K/V.
+// f32, bf16 and int8 K/V. The end-to-end tests (SlotFileConversation) run real conversations
+// through the Scheduler: a live Continue against save -> fresh engine -> restore -> Continue.
 #include "lockstep/engine/slot_file.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/gdn_state.h"
 #include "lockstep/engine/kv_cache.h"
+#include "lockstep/engine/scheduler.h"
 #include "serve/slot_file.h"
 #include "test_util.h"
 
@@ -59,16 +61,17 @@ ConversationState HandMade(Engine& e, const std::vector<std::int32_t>& tokens) {
   }
   const int H = c.n_embd, V = c.n_vocab;
   if (e.has_mtp()) {
-    // Three MTP rows committed (random K/V), two pending.
+    // The MTP rows of all but the last two positions committed (random K/V), two pending.
     KvCache* mkv = e.stage(e.n_stages() - 1).mtp_kv();
-    const auto n = static_cast<std::size_t>(3 * c.n_heads_kv * c.head_dim);
-    mkv->Write(0, 3, test::Random(n, 11).data(), test::Random(n, 12).data());
-    mkv->Commit(3);
-    st.slot.stages.back().mtp_kv = mkv->Prefix(3);
-    st.slot.stages.back().mtp_rows = 3;
+    const int rows = e.position() - 2;
+    const auto n = static_cast<std::size_t>(rows * c.n_heads_kv * c.head_dim);
+    mkv->Write(0, rows, test::Random(n, 11).data(), test::Random(n, 12).data());
+    mkv->Commit(rows);
+    st.slot.stages.back().mtp_kv = mkv->Prefix(rows);
+    st.slot.stages.back().mtp_rows = rows;
     st.has_mtp = true;
-    st.mtp.pending_p = 3;
-    st.mtp.next_row = 5;
+    st.mtp.pending_p = rows;
+    st.mtp.next_row = rows + 2;
     st.mtp.pending_h = test::Random(static_cast<std::size_t>(2 * H), 13);
     st.mtp.pending_tokens = {tokens[4], tokens[5]};
     st.mtp.last_m = test::Random(static_cast<std::size_t>(H), 14);
@@ -330,6 +333,167 @@ TEST_F(SlotFileDamage, SizeBoundAndMissingFile) {
   r = LoadConversation(path + ".missing", *e_);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Status::Code::kNotFound);
+}
+
+// ---- end to end: a conversation through the scheduler ----
+
+RequestOptions TurnOptions(int max_new) {
+  RequestOptions o;
+  o.max_new = max_new;
+  o.spec = 3;
+  o.mtp = true;
+  o.spec_max_suffix = 6;
+  o.draft_policy = "adaptive";  // its state has to travel too
+  o.ignore_eos = true;
+  return o;
+}
+
+struct Turn {
+  RequestResult result;
+  ConversationState state;  // exported after the turn
+};
+
+// Runs the scheduler until `t` ends; its result.
+RequestResult RunUntilDone(Scheduler& s, Ticket t) {
+  EXPECT_TRUE(s.RunUntilIdle().ok());
+  for (RequestResult& r : s.TakeFinished())
+    if (r.ticket == t) return std::move(r);
+  ADD_FAILURE() << "ticket " << t << " did not finish";
+  return {};
+}
+
+Turn FirstTurn(Scheduler& s, const std::vector<std::int32_t>& prompt) {
+  RequestSpec spec;
+  spec.id = "conv";
+  spec.prompt = prompt;
+  spec.options = TurnOptions(20);
+  spec.keep = true;
+  auto t = s.Submit(std::move(spec));
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  Turn turn;
+  turn.result = RunUntilDone(s, *t);
+  EXPECT_TRUE(turn.result.status.ok()) << turn.result.status.ToString();
+  EXPECT_TRUE(turn.result.kept);
+  auto st = s.ExportConversation(*t);
+  EXPECT_TRUE(st.ok()) << st.status().ToString();
+  if (st.ok()) turn.state = std::move(*st);
+  return turn;
+}
+
+Turn NextTurn(Scheduler& s, Ticket kept, const std::vector<std::int32_t>& more) {
+  auto t = s.Continue(kept, more, TurnOptions(24));
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  Turn turn;
+  if (!t.ok()) return turn;
+  turn.result = RunUntilDone(s, *t);
+  EXPECT_TRUE(turn.result.status.ok()) << turn.result.status.ToString();
+  auto st = s.ExportConversation(*t);
+  EXPECT_TRUE(st.ok()) << st.status().ToString();
+  if (st.ok()) turn.state = std::move(*st);
+  return turn;
+}
+
+void ExpectSameTurn(const Engine& e, const Turn& a, const Turn& b) {
+  EXPECT_EQ(a.result.result.output, b.result.result.output);
+  const auto& wa = a.result.result.windows;
+  const auto& wb = b.result.result.windows;
+  ASSERT_EQ(wa.size(), wb.size());
+  for (std::size_t i = 0; i < wa.size(); ++i)
+    EXPECT_TRUE(wa[i].SamePath(wb[i])) << "window " << i << " (p " << wa[i].p << "): the path "
+                                       << "differs (draft / accepted / source)";
+  ConversationState sa = a.state, sb = b.state;
+  sb.id = sa.id;  // the request ids are the callers' names
+  ExpectSameState(e, sa, sb);
+}
+
+class SlotFileConversation : public ::testing::Test {
+ protected:
+  static EngineConfig Cfg() { return Config(DType::kBF16); }
+  std::vector<std::int32_t> prompt_ = test::Tokens(40, 21);
+  std::vector<std::int32_t> more_ = test::Tokens(9, 22);
+};
+
+TEST_F(SlotFileConversation, RestoredContinuesBitwiseLikeLive) {
+  // Live: turn 1, then turn 2 in the same engine.
+  EnginePtr live_e = MakeEngine(Cfg());
+  Scheduler live(*live_e);
+  Turn live1 = FirstTurn(live, prompt_);
+  Turn live2 = NextTurn(live, live1.result.ticket, more_);
+  ASSERT_GT(live2.result.result.windows.size(), 2u);
+
+  // Saved after turn 1 on one engine, restored on a fresh one, continued there.
+  EnginePtr save_e = MakeEngine(Cfg());
+  Scheduler saver(*save_e);
+  Turn saved1 = FirstTurn(saver, prompt_);
+  ExpectSameTurn(*live_e, live1, saved1);
+  const std::string path = test::NewDir("slot-e2e") + "/conv.slot";
+  ASSERT_TRUE(SaveConversation(path, *save_e, saved1.state).ok());
+
+  EnginePtr fresh = MakeEngine(Cfg());
+  auto st = LoadConversation(path, *fresh);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ExpectSameState(*fresh, saved1.state, *st);
+  Scheduler restored(*fresh);
+  auto t = restored.ImportConversation(*st);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  Turn rest2 = NextTurn(restored, *t, more_);
+  ExpectSameTurn(*fresh, live2, rest2);
+}
+
+// A probe request's tokens and path on `e` (a fresh scheduler over its free slots).
+std::vector<WindowRecord> Probe(Engine& e) {
+  Scheduler s(e);
+  RequestSpec spec;
+  spec.id = "probe";
+  spec.prompt = test::Tokens(23, 31);
+  spec.options = TurnOptions(10);
+  auto t = s.Submit(std::move(spec));
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return t.ok() ? RunUntilDone(s, *t).result.windows : std::vector<WindowRecord>{};
+}
+
+TEST_F(SlotFileConversation, RefusedFilesLeaveTheEngineAsItWas) {
+  EnginePtr save_e = MakeEngine(Cfg());
+  Scheduler saver(*save_e);
+  const std::string good = Encode(*save_e, FirstTurn(saver, prompt_).state);
+  auto table = slot_file::ReadSectionTable(good);
+  ASSERT_TRUE(table.ok());
+
+  std::vector<std::pair<std::string, std::string>> bad;  // (what, bytes)
+  for (std::size_t i = 1; i <= 10; ++i)
+    bad.emplace_back("cut", good.substr(0, good.size() * i / 11));
+  for (const slot_file::SectionEntry& s : *table) {
+    if (s.bytes == 0) continue;
+    std::string b = good;
+    b[s.offset + s.bytes - 1] = static_cast<char>(b[s.offset + s.bytes - 1] ^ 0x40);
+    bad.emplace_back(s.name, b);
+  }
+  std::string v2 = good;
+  v2[16] = 2;
+  bad.emplace_back("version", v2);
+
+  EnginePtr e = MakeEngine(Cfg());
+  const std::vector<WindowRecord> before = Probe(*e);
+  std::vector<bool> open_before;
+  for (int s = 0; s < e->max_slots(); ++s) open_before.push_back(e->slot_open(s));
+  for (const auto& [what, bytes] : bad) {
+    auto r = DecodeConversation(bytes, *e);
+    ASSERT_FALSE(r.ok()) << what;
+    EXPECT_EQ(r.status().exit_code(), 2) << what << ": " << r.status().ToString();
+    if (what != "cut" && what != "version") {
+      EXPECT_NE(r.status().message().find("'" + what + "'"), std::string::npos)
+          << r.status().ToString();
+    }
+    for (int s = 0; s < e->max_slots(); ++s)
+      EXPECT_EQ(e->slot_open(s), open_before[static_cast<std::size_t>(s)]) << what;
+  }
+  // Another model: refused as well.
+  EnginePtr other = MakeEngine(Config(DType::kBF16, "tiny-induction"), "tiny-induction");
+  EXPECT_EQ(DecodeConversation(good, *other).status().code(), Status::Code::kInvalidArgument);
+  // The engine computes exactly what it computed before the refusals.
+  const std::vector<WindowRecord> after = Probe(*e);
+  ASSERT_EQ(before.size(), after.size());
+  for (std::size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(before[i].SamePath(after[i])) << i;
 }
 
 }  // namespace
