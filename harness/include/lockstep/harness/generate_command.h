@@ -38,6 +38,12 @@ struct GenerateOptions {
   std::string trace_json;                // --trace-json FILE: Chrome trace-event JSON (Perfetto)
   int sample_ms = 100;                   // resource sampler interval
   std::int64_t guard_min_free_mib = -1;  // end the request when free memory falls below (-1 off)
+  // Conversations (lockstep.slot v1, lockstep/engine/slot_file.h): --restore-slot FILE continues
+  // the saved conversation with the prompt as its next turn; --save-slot FILE saves the
+  // conversation after this request (atomically). A damaged, truncated or foreign file is
+  // refused (exit 2, the message names the part) before the engine is touched.
+  std::string save_slot;
+  std::string restore_slot;
 };
 
 // `lockstep generate ...`: validates the config (or prints it, with print_config, and stops),
