@@ -440,16 +440,13 @@ TEST_F(SlotFileConversation, RestoredContinuesBitwiseLikeLive) {
   ExpectSameTurn(*fresh, live2, rest2);
 }
 
-// A probe request's tokens and path on `e` (a fresh scheduler over its free slots).
-std::vector<WindowRecord> Probe(Engine& e) {
+// A probe request on `e` (a fresh scheduler over its free slots): its tokens, path and state,
+// exported before its slot is released.
+Turn Probe(Engine& e) {
   Scheduler s(e);
-  RequestSpec spec;
-  spec.id = "probe";
-  spec.prompt = test::Tokens(23, 31);
-  spec.options = TurnOptions(10);
-  auto t = s.Submit(std::move(spec));
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return t.ok() ? RunUntilDone(s, *t).result.windows : std::vector<WindowRecord>{};
+  Turn turn = FirstTurn(s, test::Tokens(23, 31));
+  EXPECT_TRUE(s.Release(turn.result.ticket).ok());
+  return turn;
 }
 
 TEST_F(SlotFileConversation, RefusedFilesLeaveTheEngineAsItWas) {
@@ -473,7 +470,7 @@ TEST_F(SlotFileConversation, RefusedFilesLeaveTheEngineAsItWas) {
   bad.emplace_back("version", v2);
 
   EnginePtr e = MakeEngine(Cfg());
-  const std::vector<WindowRecord> before = Probe(*e);
+  const Turn before = Probe(*e);
   std::vector<bool> open_before;
   for (int s = 0; s < e->max_slots(); ++s) open_before.push_back(e->slot_open(s));
   for (const auto& [what, bytes] : bad) {
@@ -491,9 +488,23 @@ TEST_F(SlotFileConversation, RefusedFilesLeaveTheEngineAsItWas) {
   EnginePtr other = MakeEngine(Config(DType::kBF16, "tiny-induction"), "tiny-induction");
   EXPECT_EQ(DecodeConversation(good, *other).status().code(), Status::Code::kInvalidArgument);
   // The engine computes exactly what it computed before the refusals.
-  const std::vector<WindowRecord> after = Probe(*e);
-  ASSERT_EQ(before.size(), after.size());
-  for (std::size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(before[i].SamePath(after[i])) << i;
+  ExpectSameTurn(*e, before, Probe(*e));
+
+  // A sound file and no free slot: refused before the engine is touched; the imported
+  // conversation, once released, leaves a slot that computes the probe as before.
+  auto st = DecodeConversation(good, *e);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  {
+    Scheduler s(*e);
+    auto held = s.ImportConversation(*st);
+    ASSERT_TRUE(held.ok()) << held.status().ToString();
+    auto second = s.ImportConversation(*st);
+    ASSERT_FALSE(second.ok());
+    EXPECT_EQ(second.status().code(), Status::Code::kRuntime) << second.status().ToString();
+    EXPECT_TRUE(e->slot_open(0));
+    EXPECT_TRUE(s.Release(*held).ok());
+  }
+  ExpectSameTurn(*e, before, Probe(*e));
 }
 
 }  // namespace
