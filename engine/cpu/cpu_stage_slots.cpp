@@ -81,6 +81,8 @@ Status CpuStageSession::RestoreSlot(int s, const StageSlotSnapshot& snap) {
     if (GdnState* g = fresh->gdn[l].get()) {
       const GdnCheckpoint& cp = snap.gdn[ig++].second;
       g->Restore(cp.conv.data(), cp.ssm.data(), snap.position);
+      // The window scratch the request already reserved (generate's ReserveWindowScratch).
+      if (slots_[U(s)]) g->SwapScratch(*slots_[U(s)]->gdn[l]);
     }
   }
   if (snap.mtp_kv) fresh->mtp_kv->AdoptPrefix(snap.mtp_kv);

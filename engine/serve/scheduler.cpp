@@ -3,7 +3,9 @@
 #include <algorithm>
 
 #include "lockstep/engine/clock.h"
+#include "lockstep/engine/prefix_cache.h"
 #include "serve/memory.h"
+#include "serve/prefix_hooks.h"
 
 namespace lockstep {
 
@@ -47,6 +49,10 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions opts)
       opts_(opts),
       n_slots_(opts.slots > 0 ? std::min(opts.slots, engine.max_slots()) : engine.max_slots()) {
   live_.resize(static_cast<std::size_t>(n_slots_));
+  const EngineConfig& cfg = engine.config();
+  if (cfg.prefix_cache)
+    prefix_cache_ = std::make_unique<PrefixCache>(
+        cfg.SnapshotGrid(), static_cast<std::uint64_t>(cfg.prefix_cache_mib) << 20);
 }
 
 Scheduler::~Scheduler() {
@@ -179,13 +185,13 @@ Status Scheduler::AdmitInto(Entry& e, int slot) {
 }
 
 Status Scheduler::PrefixLookupOnAdmit(Entry& e) {
-  (void)e;  // helper cache: prefix lookup (engine/serve/prefix_cache.h)
-  return Status::Ok();
+  if (!prefix_cache_) return Status::Ok();
+  return PrefixAdmit(*prefix_cache_, engine_, *e.seq, &e.res.prefix);
 }
 
 Status Scheduler::PrefixCaptureAfterChunk(Entry& e, int chunk_end) {
-  (void)e, (void)chunk_end;  // helper cache: snapshot capture on cfg.SnapshotGrid()
-  return Status::Ok();
+  if (!prefix_cache_) return Status::Ok();
+  return PrefixCapture(*prefix_cache_, engine_, *e.seq, chunk_end);
 }
 
 void Scheduler::Count() {
@@ -218,6 +224,7 @@ void Scheduler::Finish(Entry& e, RequestEnd end, Status st) {
     counters_.reserved_bytes -= e.reserved;
     engine_.CloseSlot(slot);
     live_[static_cast<std::size_t>(slot)].reset();  // e is gone from here on
+    if (prefix_cache_) prefix_cache_->Trim();       // its pages may now be the entries' alone
   }
   Count();
 }
@@ -259,6 +266,7 @@ Status Scheduler::Release(Ticket t) {
   counters_.reserved_bytes -= e->reserved;
   engine_.CloseSlot(slot);
   live_[static_cast<std::size_t>(slot)].reset();
+  if (prefix_cache_) prefix_cache_->Trim();
   Count();
   return Status::Ok();
 }

@@ -39,6 +39,14 @@ void GdnState::Restore(const float* conv, const float* ssm, int position) {
   n_steps_ = 0;
 }
 
+void GdnState::SwapScratch(GdnState& other) {
+  LOCKSTEP_CHECK(other.conv_.size() == conv_.size() && other.ssm_.size() == ssm_.size())
+      << "scratch of another shape";
+  scratch_conv_.swap(other.scratch_conv_);
+  scratch_ssm_.swap(other.scratch_ssm_);
+  n_steps_ = other.n_steps_ = 0;
+}
+
 void GdnState::BeginSteps(int T) {
   std::size_t t = static_cast<std::size_t>(T);
   const float fresh = FreshValue();

@@ -62,6 +62,9 @@ class GdnState {
   // The checkpoint after `position` tokens: conv f32 [K-1, conv_dim] and ssm f32 [Hv, Dk, Dv]
   // (conv_size() / ssm_size() floats); no steps.
   void Restore(const float* conv, const float* ssm, int position);
+  // Exchanges the scratch buffers (not their steps' validity) with `other` of the same shape: a
+  // restored slot keeps the window scratch its request reserved.
+  void SwapScratch(GdnState& other);
 
  private:
   int conv_dim_, conv_rows_;

@@ -28,6 +28,7 @@
 #include <span>
 #include <vector>
 
+#include "lockstep/engine/conversation.h"
 #include "lockstep/engine/engine.h"
 
 namespace lockstep {
@@ -48,8 +49,8 @@ struct PrefixEntry {
   std::vector<std::int32_t> tokens;  // [0, s]: s + 1 tokens
   bool uses_mtp = false;
   Engine::SlotSnapshot snap;  // position s
-  // The MTP drafter's last extended row (row s-1): m f32 [H], logits f32 [V]; empty without MTP.
-  std::vector<float> mtp_m, mtp_logits;
+  // The MTP drafter at s (uses_mtp): nothing queued, last extended row s-1 (its m and logits).
+  MtpDrafterState mtp;
   int position() const { return snap.position; }
 };
 

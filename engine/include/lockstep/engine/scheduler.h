@@ -40,7 +40,7 @@
 namespace lockstep {
 
 class Sequence;     // engine/decode/sequence.h: one request's decode state
-class PrefixCache;  // engine/serve/prefix_cache.h (helper cache)
+class PrefixCache;  // lockstep/engine/prefix_cache.h
 
 using Ticket = std::int64_t;  // one per submitted request, from 1 per scheduler; 0 = none
 
@@ -138,6 +138,8 @@ class Scheduler {
   std::vector<RequestResult> TakeFinished();
 
   const SchedulerCounters& counters() const { return counters_; }
+  // The engine's prefix cache (cfg.prefix_cache on; its counters), else null.
+  const PrefixCache* prefix_cache() const { return prefix_cache_.get(); }
   // The index the next engine step will get (== counters().steps plus skipped arrival steps).
   std::int64_t step() const { return step_; }
   // One record per engine step run, in order.
@@ -167,7 +169,7 @@ class Scheduler {
   struct Entry;  // one request: spec, its Sequence, slot, result so far
   struct Plan;   // one step: the engine plan, its tokens and the entry of each group
 
-  // ---- helper cache's hook points (prefix cache, engine/serve/prefix_cache.h) ----
+  // ---- prefix cache hook points (engine/serve/prefix_hooks.h) ----
   // On admission, after the slot is open and before the first prefill chunk: may open the slot
   // from a snapshot (Engine::OpenSlotFrom) and move the sequence's prefill start
   // (Sequence::ResumeAt), filling the result's prefix report. Default: cold (nothing).
@@ -203,7 +205,7 @@ class Scheduler {
   std::vector<StepRecord> records_;
   std::function<void(const StepRecord&)> on_step_;
   SchedulerCounters counters_;
-  PrefixCache* prefix_cache_ = nullptr;  // helper cache: owned elsewhere or by a later member
+  std::unique_ptr<PrefixCache> prefix_cache_;  // cfg.prefix_cache on; entries share K/V pages
 };
 
 }  // namespace lockstep
