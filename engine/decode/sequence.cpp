@@ -401,12 +401,14 @@ DecoderState Sequence::SaveDecoder() const {
   d.cur = cur_;
   d.streak = streak_;
   d.windows = windows_total_;
+  if (policy_) d.policy_state = policy_->SaveState();
   return d;
 }
 
 Status Sequence::Restore(const ConversationState& state) {
   if (state.has_mtp != (mtp_ != nullptr))
     return Status::InvalidArgument("conversation", "MTP drafter state does not match the options");
+  if (policy_) LOCKSTEP_RETURN_IF_ERROR(policy_->LoadState(state.decoder.policy_state));
   if (mtp_) mtp_->LoadState(state.mtp);
   cur_ = state.decoder.cur;
   streak_ = state.decoder.streak;

@@ -170,17 +170,6 @@ Result<Ticket> Scheduler::Continue(Ticket t, std::vector<std::int32_t> more, Req
   return e->res.ticket;
 }
 
-Result<ConversationState> Scheduler::ExportConversation(Ticket t) {
-  Entry* e = FindLive(t);
-  if (e == nullptr || !e->kept)
-    return Status::InvalidArgument("export", "no kept conversation " + std::to_string(t));
-  // Needs Engine::SnapshotSlot (helper cache, engine/pipeline/engine_slots.cpp).
-  return Status::NotSupported("export conversation", "slot snapshots are not built yet");
-}
-
-Result<Ticket> Scheduler::ImportConversation(const ConversationState& state) {
-  (void)state;  // Needs Engine::OpenSlotFrom (helper cache).
-  return Status::NotSupported("import conversation", "slot snapshots are not built yet");
-}
+// ExportConversation / ImportConversation: engine/serve/conversation.cpp.
 
 }  // namespace lockstep

@@ -19,6 +19,7 @@
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/generate.h"
 #include "lockstep/engine/scheduler.h"
+#include "lockstep/engine/slot_file.h"
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/engine/trace_ring.h"
 #include "lockstep/engine/weights.h"
@@ -395,7 +396,8 @@ void PrintSummary(const std::vector<std::int32_t>& prompt, const GenerateResult&
 }
 
 nlohmann::json GenerateJson(const std::vector<std::int32_t>& prompt, const GenerateResult& res,
-                            Engine& engine, const ResourceSampler& sampler) {
+                            Engine& engine, const ResourceSampler& sampler,
+                            const nlohmann::json& slot_file) {
   nlohmann::json j;
   j["schema"] = "lockstep.generate";
   j["schema_version"] = 1;
@@ -420,14 +422,77 @@ nlohmann::json GenerateJson(const std::vector<std::int32_t>& prompt, const Gener
   j["injections"] = nlohmann::json::array();  // one record per --inject (SCHEMA.md /injections)
   for (const auto& r : engine.InjectionReport())
     j["injections"].push_back(nlohmann::json::parse(r));
+  if (!slot_file.is_null()) j["slot_file"] = slot_file;
   return j;
+}
+
+// ---- phase: the request as a conversation turn (--save-slot / --restore-slot) ----
+
+// What the summary JSON says about the slot files ("slot_file"; null without either flag).
+struct SlotFileInfo {
+  nlohmann::json json;
+};
+
+double MsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The kept conversation the turn starts from: restored from --restore-slot and continued with
+// `prompt`, or `prompt` as a new one. Returns its ticket.
+Result<Ticket> StartTurn(const GenerateOptions& opts, Engine& engine, Scheduler& sched,
+                         std::span<const std::int32_t> prompt, const GenerateHooks* hooks,
+                         SlotFileInfo& info) {
+  const RequestOptions ro = RequestOptions::FromConfig(engine.config());
+  const bool keep = !opts.save_slot.empty();
+  if (opts.restore_slot.empty()) {
+    RequestSpec spec;
+    spec.prompt.assign(prompt.begin(), prompt.end());
+    spec.options = ro;
+    spec.borrowed_hooks = hooks;
+    spec.keep = keep;
+    return sched.Submit(std::move(spec));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  LOCKSTEP_ASSIGN_OR_RETURN(ConversationState st, LoadConversation(opts.restore_slot, engine));
+  LOCKSTEP_ASSIGN_OR_RETURN(Ticket kept, sched.ImportConversation(st));
+  info.json["restored"] = opts.restore_slot;
+  info.json["restore_ms"] = MsSince(t0);
+  info.json["restored_tokens"] = st.tokens.size();
+  return sched.Continue(kept, std::vector<std::int32_t>(prompt.begin(), prompt.end()), ro, hooks,
+                        keep);
+}
+
+// Runs the turn on a one-slot scheduler and, with --save-slot, saves the conversation after it.
+Result<GenerateResult> RunConversationTurn(const GenerateOptions& opts, Engine& engine,
+                                           std::span<const std::int32_t> prompt,
+                                           const GenerateHooks* hooks, SlotFileInfo& info) {
+  SchedulerOptions so;
+  so.slots = 1;
+  so.leave_slots_open = true;  // the engine keeps the request's state for the outputs
+  Scheduler sched(engine, so);
+  LOCKSTEP_ASSIGN_OR_RETURN(Ticket t, StartTurn(opts, engine, sched, prompt, hooks, info));
+  LOCKSTEP_RETURN_IF_ERROR(sched.RunUntilIdle());
+  std::vector<RequestResult> done = sched.TakeFinished();
+  auto it = std::find_if(done.begin(), done.end(), [t](const auto& r) { return r.ticket == t; });
+  if (it == done.end()) return Status::Runtime("generate", "the request did not finish");
+  LOCKSTEP_RETURN_IF_ERROR(it->status);
+  if (!opts.save_slot.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    LOCKSTEP_ASSIGN_OR_RETURN(ConversationState st, sched.ExportConversation(t));
+    LOCKSTEP_RETURN_IF_ERROR(SaveConversation(opts.save_slot, engine, st));
+    info.json["saved"] = opts.save_slot;
+    info.json["save_ms"] = MsSince(t0);
+    info.json["saved_tokens"] = st.tokens.size();
+  }
+  return std::move(it->result);
 }
 
 // ---- phase: outputs of a finished request (export, Chrome trace, text or JSON) ----
 
 Status WriteOutputs(const GenerateOptions& opts, Engine& engine, const ModelWeights& weights,
                     const std::vector<std::int32_t>& prompt, const GenerateResult& res,
-                    H5Exporter* exporter, const ResourceSampler& sampler, std::ostream& out) {
+                    H5Exporter* exporter, const ResourceSampler& sampler,
+                    const nlohmann::json& slot_file, std::ostream& out) {
   Status export_status;
   if (exporter)
     export_status = FinishExport(
@@ -449,7 +514,7 @@ Status WriteOutputs(const GenerateOptions& opts, Engine& engine, const ModelWeig
     out << text;
     return Status::Ok();
   }
-  const std::string json = GenerateJson(prompt, res, engine, sampler)
+  const std::string json = GenerateJson(prompt, res, engine, sampler, slot_file)
                                .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
                            "\n";
   if (opts.json_path.empty() || IsStdout(opts.json_path)) {
@@ -481,11 +546,15 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   std::optional<BackgroundSpec> background;
   if (!opts.background.empty()) {
     LOCKSTEP_ASSIGN_OR_RETURN(background, ParseBackgroundSpec(opts.background));
+    if (!opts.save_slot.empty() || !opts.restore_slot.empty())
+      return Status::InvalidArgument("--background",
+                                     "cannot be combined with --save-slot / --restore-slot");
   }
 
   // ---- sinks, then the request (a missing output folder is bad input, before the run) ----
   for (const auto& [path, what] :
-       {std::pair{opts.trace_jsonl, "--trace-jsonl"}, std::pair{opts.trace_json, "--trace-json"}})
+       {std::pair{opts.trace_jsonl, "--trace-jsonl"}, std::pair{opts.trace_json, "--trace-json"},
+        std::pair{opts.save_slot, "--save-slot"}})
     if (!path.empty()) LOCKSTEP_RETURN_IF_ERROR(CheckOutputFolder(path, what));
   GenerateHooks hooks;
   TraceFile trace;
@@ -507,7 +576,10 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   hooks.stop_check = [&sampler] {
     return sampler.guard_tripped() ? std::string("resource_guard") : std::string();
   };
+  SlotFileInfo slot_info;
+  const bool turn = !opts.save_slot.empty() || !opts.restore_slot.empty();
   auto generated = background ? GenerateAmong(*engine, prompt, &hooks, *background)
+                   : turn     ? RunConversationTurn(opts, *engine, prompt, &hooks, slot_info)
                               : Generate(*engine, prompt, &hooks);
   sampler.Stop();
   trace.Close();
@@ -522,7 +594,8 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   LOCKSTEP_ASSIGN_OR_RETURN(GenerateResult res, std::move(generated));
 
   // ---- outputs, then the summary line (after the export's own line) ----
-  Status written = WriteOutputs(opts, *engine, *weights, prompt, res, exporter.get(), sampler, out);
+  Status written = WriteOutputs(opts, *engine, *weights, prompt, res, exporter.get(), sampler,
+                                slot_info.json, out);
   if (progress) {
     out.flush();
     PrintSummary(prompt, res);

@@ -86,6 +86,8 @@ TEST(CliHelp, GenerateListsItsGroupsInOrder) {
                                                   {"--prompt-file", "Request"},
                                                   {"--json", "Request"},
                                                   {"--config", "Model"},
+                                                  {"--save-slot", "Service"},
+                                                  {"--restore-slot", "Service"},
                                                   {"--export", "Export and trace"},
                                                   {"--trace-jsonl", "Export and trace"},
                                                   {"--trace-json", "Export and trace"},

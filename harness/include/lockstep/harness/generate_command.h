@@ -41,6 +41,12 @@ struct GenerateOptions {
   // --background SPEC: seeded random-token requests sharing the engine with this one
   // (n=N,prompt=A:B,max_new=A:B,arrive=A:B,seed=S; see ParseBackgroundSpec). Never exported.
   std::string background;
+  // Conversations (lockstep.slot v1, lockstep/engine/slot_file.h): --restore-slot FILE continues
+  // the saved conversation with the prompt as its next turn; --save-slot FILE saves the
+  // conversation after this request (atomically). A damaged, truncated or foreign file is
+  // refused (exit 2, the message names the part) before the engine is touched.
+  std::string save_slot;
+  std::string restore_slot;
 };
 
 // --background's spec: `n` requests, each with a prompt of [prompt_min, prompt_max] random
