@@ -47,7 +47,7 @@ LOCKSTEP_FIELDS(StageTiming, wait_ns, compute_ns, cpu_ns, dev_wait_ns, dev_compu
                 init_ns, graph)
 LOCKSTEP_FIELDS(WindowRecord, idx, p, T, T_mtp, merged, from_sfx, chain_n, accepted, source, draft,
                 emitted, begin_ns, end_ns, draft_ns, verify_ns, wait_ns, compute_ns, commit_ns,
-                export_ns, first_call, stages)
+                export_ns, first_call, stages, step, step_rows, step_seqs, step_prefill_rows)
 LOCKSTEP_FIELDS(ExportItem, rel, kind, stage, layer, dtype, shape, valid_rows, capacity_rows,
                 has_scales, scale_row_elems)
 LOCKSTEP_FIELDS(ExportCheckpoint, name, window, point, p, T, committed_rows, spec_rows,

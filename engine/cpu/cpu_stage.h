@@ -54,6 +54,9 @@ class CpuStageSession final : public StageSession {
   void UseSlot(int s) override;
   int slot() const override { return cur_index_; }
   Status ResetSlot(int s) override;
+  // Slot snapshots: engine/cpu/cpu_stage_slots.cpp.
+  Result<StageSlotSnapshot> SnapshotSlot(int s) override;
+  Status RestoreSlot(int s, const StageSlotSnapshot& snap) override;
   Status ForwardStep(const StepPlan& plan, const std::int32_t* tokens, Activation& act) override;
   void StepLogits(const StepPlan& plan, const Activation& act, float* normed,
                   float* logits) override;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <iterator>
 
 namespace lockstep {
@@ -43,6 +45,18 @@ struct Rate {
     trials = trials * kDecay + accepted + (accepted < drafted ? 1 : 0);
   }
 };
+
+template <typename T>
+void Put(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+template <typename T>
+bool Take(std::string_view& s, T& v) {
+  if (s.size() < sizeof v) return false;
+  std::memcpy(&v, s.data(), sizeof v);
+  s.remove_prefix(sizeof v);
+  return true;
+}
 
 // Longest length n <= cap whose last token is still likely: rate^n >= threshold.
 int Length(double rate, double threshold, int cap) {
@@ -131,9 +145,36 @@ class AdaptivePolicy : public DraftPolicy {
     if (r.T_mtp > 0 && r.accepted >= n_sfx) mtp_.Add(r.accepted - n_sfx, r.T_mtp);
   }
   const char* name() const override { return "adaptive"; }
+  std::string SaveState() const override {
+    std::string s;
+    SaveTo(s);
+    return s;
+  }
+  Status LoadState(std::string_view b) override {
+    if (!LoadFrom(b) || !b.empty()) return Status::Corruption("draft policy state", name());
+    return Status::Ok();
+  }
 
  protected:
   virtual int Budget(int k) const { return k; }
+  void SaveTo(std::string& s) const {
+    for (const Rate& r : {mtp_, sfx_[0], sfx_[1], sfx_[2]}) Put(s, r.success), Put(s, r.trials);
+    Put<std::int64_t>(s, windows_);
+    Put<std::int32_t>(s, sfx_class_);
+  }
+  bool LoadFrom(std::string_view& b) {
+    Rate r[kMatchClasses + 1];
+    std::int64_t w = 0;
+    std::int32_t c = 0;
+    for (Rate& x : r)
+      if (!Take(b, x.success) || !Take(b, x.trials)) return false;
+    if (!Take(b, w) || !Take(b, c) || c < 0 || c >= kMatchClasses) return false;
+    mtp_ = r[0];
+    for (int i = 0; i < kMatchClasses; ++i) sfx_[i] = r[i + 1];
+    windows_ = static_cast<long>(w);
+    sfx_class_ = c;
+    return true;
+  }
 
  private:
   Rate mtp_;
@@ -152,6 +193,22 @@ class LatencyPolicy final : public AdaptivePolicy {
     mean_ns_ = mean_ns_ == 0 ? v : 0.8 * mean_ns_ + 0.2 * v;
   }
   const char* name() const override { return "latency"; }
+  std::string SaveState() const override {
+    std::string s;
+    SaveTo(s);
+    Put(s, mean_ns_);
+    Put<std::int32_t>(s, cooldown_);
+    return s;
+  }
+  Status LoadState(std::string_view b) override {
+    double mean = 0;
+    std::int32_t cool = 0;
+    if (!LoadFrom(b) || !Take(b, mean) || !Take(b, cool) || !b.empty())
+      return Status::Corruption("draft policy state", name());
+    mean_ns_ = mean;
+    cooldown_ = cool;
+    return Status::Ok();
+  }
 
  protected:
   int Budget(int k) const override { return cooldown_ > 0 ? 0 : k; }

@@ -19,8 +19,10 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "decode/suffix_index.h"
+#include "lockstep/engine/status.h"
 #include "lockstep/engine/window.h"
 
 namespace lockstep {
@@ -42,6 +44,13 @@ class DraftPolicy {
   // Feedback after the window's commit.
   virtual void Observe(const WindowRecord& rec) = 0;
   virtual const char* name() const = 0;
+  // What Observe learned, as bytes (empty for static; doubles as bit patterns), and back: a
+  // conversation saved to a slot file continues with the policy where it was. LoadState refuses
+  // bytes that are not a state of this policy (kCorruption).
+  virtual std::string SaveState() const { return {}; }
+  virtual Status LoadState(std::string_view bytes) {
+    return bytes.empty() ? Status::Ok() : Status::Corruption("draft policy state", name());
+  }
 
   // "static" | "adaptive" | "latency"; nullptr for an unknown name.
   static std::unique_ptr<DraftPolicy> Create(const std::string& name);

@@ -18,6 +18,8 @@
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/generate.h"
+#include "lockstep/engine/scheduler.h"
+#include "lockstep/engine/slot_file.h"
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/engine/trace_ring.h"
 #include "lockstep/engine/weights.h"
@@ -159,6 +161,64 @@ Result<std::unique_ptr<H5Exporter>> OpenExport(const GenerateOptions& opts, Gene
   TraceRing::Global().Clear();
   TraceRing::Global().Enable();  // layer / stage events for /trace/events
   return exporter;
+}
+
+// ---- phase: the request, alone or among --background requests ----
+
+// SplitMix64: the background requests' lengths, arrivals and tokens, from --background's seed.
+struct SplitMix {
+  std::uint64_t x;
+  std::uint64_t Next() {
+    std::uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  int In(int lo, int hi) {
+    return lo + static_cast<int>(Next() % static_cast<std::uint64_t>(hi - lo + 1));
+  }
+};
+
+// The request (ticket 1, slot 0, arriving at step 0) and --background's requests through one
+// scheduler; the request's slot stays open for the export's counters. Background requests share
+// the request's options but max_new, and have no hooks, injections or replay.
+Result<GenerateResult> GenerateAmong(Engine& engine, const std::vector<std::int32_t>& prompt,
+                                     const GenerateHooks* hooks, const BackgroundSpec& bg) {
+  if (engine.max_slots() < 2)
+    return Status::InvalidArgument("--background", "needs --slots 2 or more");
+  SchedulerOptions so;
+  so.leave_slots_open = true;
+  Scheduler sched(engine, so);
+  RequestSpec target;
+  target.id = "request";
+  target.prompt = prompt;
+  target.options = RequestOptions::FromConfig(engine.config());
+  target.borrowed_hooks = hooks;
+  target.keep = true;
+  LOCKSTEP_ASSIGN_OR_RETURN(Ticket t, sched.Submit(std::move(target)));
+  SplitMix rng{bg.seed};
+  const int V = engine.weights().config.n_vocab;
+  for (int i = 0; i < bg.n; ++i) {
+    RequestSpec r;
+    r.id = "background" + std::to_string(i);
+    r.prompt.resize(static_cast<std::size_t>(rng.In(bg.prompt_min, bg.prompt_max)));
+    r.options = RequestOptions::FromConfig(engine.config());
+    r.options.max_new = rng.In(bg.max_new_min, bg.max_new_max);
+    r.options.inject.clear();
+    r.options.replay_path.clear();
+    r.arrive_step = rng.In(bg.arrive_min, bg.arrive_max);
+    for (auto& tok : r.prompt)
+      tok = static_cast<std::int32_t>(rng.Next() % static_cast<std::uint64_t>(V));
+    LOCKSTEP_RETURN_IF_ERROR(sched.Submit(std::move(r)).status());
+  }
+  LOCKSTEP_RETURN_IF_ERROR(sched.RunUntilIdle());
+  for (RequestResult& r : sched.TakeFinished()) {
+    if (r.ticket != t) continue;
+    LOCKSTEP_RETURN_IF_ERROR(r.status);
+    engine.UseSlot(r.slot);  // the export reads the request's slot
+    return std::move(r.result);
+  }
+  return Status::Runtime("generate", "the request did not finish");
 }
 
 // ---- phase: the export's run metadata and its finish ----
@@ -352,7 +412,8 @@ void PrintSummary(const std::vector<std::int32_t>& prompt, const GenerateResult&
 
 nlohmann::json GenerateJson(const std::vector<std::int32_t>& prompt, const GenerateResult& res,
                             Engine& engine, const ModelWeights& weights,
-                            const ResourceSampler& sampler, const Tokenizer& tok) {
+                            const ResourceSampler& sampler, const Tokenizer& tok,
+                            const nlohmann::json& slot_file) {
   nlohmann::json j;
   j["schema"] = "lockstep.generate";
   j["schema_version"] = 1;
@@ -380,7 +441,69 @@ nlohmann::json GenerateJson(const std::vector<std::int32_t>& prompt, const Gener
   j["injections"] = nlohmann::json::array();  // one record per --inject (SCHEMA.md /injections)
   for (const auto& r : engine.InjectionReport())
     j["injections"].push_back(nlohmann::json::parse(r));
+  if (!slot_file.is_null()) j["slot_file"] = slot_file;
   return j;
+}
+
+// ---- phase: the request as a conversation turn (--save-slot / --restore-slot) ----
+
+// What the summary JSON says about the slot files ("slot_file"; null without either flag).
+struct SlotFileInfo {
+  nlohmann::json json;
+};
+
+double MsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The kept conversation the turn starts from: restored from --restore-slot and continued with
+// `prompt`, or `prompt` as a new one. Returns its ticket.
+Result<Ticket> StartTurn(const GenerateOptions& opts, Engine& engine, Scheduler& sched,
+                         std::span<const std::int32_t> prompt, const GenerateHooks* hooks,
+                         SlotFileInfo& info) {
+  const RequestOptions ro = RequestOptions::FromConfig(engine.config());
+  const bool keep = !opts.save_slot.empty();
+  if (opts.restore_slot.empty()) {
+    RequestSpec spec;
+    spec.prompt.assign(prompt.begin(), prompt.end());
+    spec.options = ro;
+    spec.borrowed_hooks = hooks;
+    spec.keep = keep;
+    return sched.Submit(std::move(spec));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  LOCKSTEP_ASSIGN_OR_RETURN(ConversationState st, LoadConversation(opts.restore_slot, engine));
+  LOCKSTEP_ASSIGN_OR_RETURN(Ticket kept, sched.ImportConversation(st));
+  info.json["restored"] = opts.restore_slot;
+  info.json["restore_ms"] = MsSince(t0);
+  info.json["restored_tokens"] = st.tokens.size();
+  return sched.Continue(kept, std::vector<std::int32_t>(prompt.begin(), prompt.end()), ro, hooks,
+                        keep);
+}
+
+// Runs the turn on a one-slot scheduler and, with --save-slot, saves the conversation after it.
+Result<GenerateResult> RunConversationTurn(const GenerateOptions& opts, Engine& engine,
+                                           std::span<const std::int32_t> prompt,
+                                           const GenerateHooks* hooks, SlotFileInfo& info) {
+  SchedulerOptions so;
+  so.slots = 1;
+  so.leave_slots_open = true;  // the engine keeps the request's state for the outputs
+  Scheduler sched(engine, so);
+  LOCKSTEP_ASSIGN_OR_RETURN(Ticket t, StartTurn(opts, engine, sched, prompt, hooks, info));
+  LOCKSTEP_RETURN_IF_ERROR(sched.RunUntilIdle());
+  std::vector<RequestResult> done = sched.TakeFinished();
+  auto it = std::find_if(done.begin(), done.end(), [t](const auto& r) { return r.ticket == t; });
+  if (it == done.end()) return Status::Runtime("generate", "the request did not finish");
+  LOCKSTEP_RETURN_IF_ERROR(it->status);
+  if (!opts.save_slot.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    LOCKSTEP_ASSIGN_OR_RETURN(ConversationState st, sched.ExportConversation(t));
+    LOCKSTEP_RETURN_IF_ERROR(SaveConversation(opts.save_slot, engine, st));
+    info.json["saved"] = opts.save_slot;
+    info.json["save_ms"] = MsSince(t0);
+    info.json["saved_tokens"] = st.tokens.size();
+  }
+  return std::move(it->result);
 }
 
 // ---- phase: outputs of a finished request (export, Chrome trace, text or JSON) ----
@@ -388,7 +511,7 @@ nlohmann::json GenerateJson(const std::vector<std::int32_t>& prompt, const Gener
 Status WriteOutputs(const GenerateOptions& opts, Engine& engine, const ModelWeights& weights,
                     const std::vector<std::int32_t>& prompt, const GenerateResult& res,
                     H5Exporter* exporter, const ResourceSampler& sampler, const Tokenizer& tok,
-                    std::ostream& out) {
+                    const nlohmann::json& slot_file, std::ostream& out) {
   Status export_status;
   if (exporter)
     export_status =
@@ -411,7 +534,7 @@ Status WriteOutputs(const GenerateOptions& opts, Engine& engine, const ModelWeig
     out << text;
     return Status::Ok();
   }
-  const std::string json = GenerateJson(prompt, res, engine, weights, sampler, tok)
+  const std::string json = GenerateJson(prompt, res, engine, weights, sampler, tok, slot_file)
                                .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
                            "\n";
   if (opts.json_path.empty() || IsStdout(opts.json_path)) {
@@ -441,10 +564,18 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::int32_t> prompt,
                             LoadPrompt(opts, weights->config.n_vocab, *tok));
   LOCKSTEP_ASSIGN_OR_RETURN(EnginePtr engine, Engine::Create(cfg, *weights));
+  std::optional<BackgroundSpec> background;
+  if (!opts.background.empty()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(background, ParseBackgroundSpec(opts.background));
+    if (!opts.save_slot.empty() || !opts.restore_slot.empty())
+      return Status::InvalidArgument("--background",
+                                     "cannot be combined with --save-slot / --restore-slot");
+  }
 
   // ---- sinks, then the request (a missing output folder is bad input, before the run) ----
   for (const auto& [path, what] :
-       {std::pair{opts.trace_jsonl, "--trace-jsonl"}, std::pair{opts.trace_json, "--trace-json"}})
+       {std::pair{opts.trace_jsonl, "--trace-jsonl"}, std::pair{opts.trace_json, "--trace-json"},
+        std::pair{opts.save_slot, "--save-slot"}})
     if (!path.empty()) LOCKSTEP_RETURN_IF_ERROR(CheckOutputFolder(path, what));
   GenerateHooks hooks;
   TraceFile trace;
@@ -466,7 +597,11 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   hooks.stop_check = [&sampler] {
     return sampler.guard_tripped() ? std::string("resource_guard") : std::string();
   };
-  auto generated = Generate(*engine, prompt, &hooks);
+  SlotFileInfo slot_info;
+  const bool turn = !opts.save_slot.empty() || !opts.restore_slot.empty();
+  auto generated = background ? GenerateAmong(*engine, prompt, &hooks, *background)
+                   : turn     ? RunConversationTurn(opts, *engine, prompt, &hooks, slot_info)
+                              : Generate(*engine, prompt, &hooks);
   sampler.Stop();
   trace.Close();
   if (progress) progress->Done();
@@ -480,8 +615,8 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   LOCKSTEP_ASSIGN_OR_RETURN(GenerateResult res, std::move(generated));
 
   // ---- outputs, then the summary line (after the export's own line) ----
-  Status written =
-      WriteOutputs(opts, *engine, *weights, prompt, res, exporter.get(), sampler, *tok, out);
+  Status written = WriteOutputs(opts, *engine, *weights, prompt, res, exporter.get(), sampler, *tok,
+                                slot_info.json, out);
   if (progress) {
     out.flush();
     PrintSummary(prompt, res);
@@ -490,6 +625,55 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   // Whether every injection fired (its record is in the outputs either way).
   return CheckInjectionsFired(engine->injections(), engine->injection_records(), res.n_windows,
                               res.stop_reason);
+}
+
+Result<BackgroundSpec> ParseBackgroundSpec(std::string_view text) {
+  BackgroundSpec b;
+  auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("--background '" + std::string(text) + "'", why);
+  };
+  auto number = [](std::string_view v, std::int64_t& out) {
+    if (v.empty() || v.size() > 12) return false;
+    out = 0;
+    for (char c : v) {
+      if (c < '0' || c > '9') return false;
+      out = out * 10 + (c - '0');
+    }
+    return true;
+  };
+  std::size_t pos = 0;
+  while (pos <= text.size() && !text.empty()) {
+    const std::size_t end = std::min(text.find(',', pos), text.size());
+    const std::string_view item = text.substr(pos, end - pos);
+    pos = end + 1;
+    const std::size_t eq = item.find('=');
+    if (eq == std::string_view::npos) return bad("'" + std::string(item) + "' is not KEY=VALUE");
+    const std::string_view key = item.substr(0, eq), val = item.substr(eq + 1);
+    const std::size_t colon = val.find(':');
+    std::int64_t lo = 0, hi = 0;
+    if (!number(val.substr(0, colon), lo) ||
+        !number(colon == std::string_view::npos ? val.substr(0, colon) : val.substr(colon + 1),
+                hi) ||
+        hi < lo || hi > 1000000)
+      return bad("'" + std::string(item) + "': expected N or A:B with 0 <= A <= B <= 1000000");
+    const int a = static_cast<int>(lo), z = static_cast<int>(hi);
+    if (key == "n" && lo == hi && lo >= 1 && lo <= 4096) {
+      b.n = a;
+    } else if (key == "prompt" && lo >= 1) {
+      b.prompt_min = a, b.prompt_max = z;
+    } else if (key == "max_new" && lo >= 1) {
+      b.max_new_min = a, b.max_new_max = z;
+    } else if (key == "arrive") {
+      b.arrive_min = a, b.arrive_max = z;
+    } else if (key == "seed" && lo == hi) {
+      b.seed = static_cast<std::uint64_t>(lo);
+    } else {
+      return bad("'" + std::string(item) +
+                 "': keys are n (1..4096), prompt, max_new (>= 1), arrive (ranges A:B) and seed");
+    }
+  }
+  if (text.empty()) return bad("empty");
+  return b;
 }
 
 std::string EscapeText(std::string_view text) {

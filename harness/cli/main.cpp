@@ -40,7 +40,7 @@ namespace {
 using lockstep::IsStdout, lockstep::Status, lockstep::TakesStdout, lockstep::WriteOutput;
 using lockstep::kGroupCampaign, lockstep::kGroupCompare, lockstep::kGroupDiagnostics,
     lockstep::kGroupExport, lockstep::kGroupModel, lockstep::kGroupPipeline,
-    lockstep::kGroupReports, lockstep::kGroupRequest;
+    lockstep::kGroupReports, lockstep::kGroupRequest, lockstep::kGroupService;
 
 // A subcommand and the library call that runs when it is the one given. The options it reads
 // live in state its setup function allocated and `run` holds.
@@ -219,6 +219,14 @@ void AddGenerate(CLI::App& app, std::vector<Command>& commands) {
                  ->type_name("[PATH|-]")
                  ->group(kGroupRequest);
   st->flags.Register(*gen);  // the engine options, each in its row's group
+  gen->add_option("--save-slot", g.save_slot,
+                  "Save the conversation after the request (lockstep.slot v1)")
+      ->type_name("FILE")
+      ->group(kGroupService);
+  gen->add_option("--restore-slot", g.restore_slot,
+                  "Continue the conversation saved in FILE with --prompt as its next turn")
+      ->type_name("FILE")
+      ->group(kGroupService);
   gen->add_option("--export", g.export_path, "Write state exports (lockstep.export v1 HDF5)")
       ->group(kGroupExport);
   gen->add_option("--export-windows", g.export_windows,
@@ -246,6 +254,10 @@ void AddGenerate(CLI::App& app, std::vector<Command>& commands) {
                   "End the request cleanly when free memory falls below N MiB")
       ->default_str("off")
       ->group(kGroupDiagnostics);
+  gen->add_option("--background", g.background,
+                  "Random-token background requests sharing the engine's steps (not exported): "
+                  "n=N,prompt=A:B,max_new=A:B,arrive=A:B,seed=S; needs --slots 2 or more")
+      ->group(lockstep::kGroupService);
   gen->add_flag("--print-config", g.print_config,
                 "Print the effective config as canonical JSON and exit")
       ->group(kGroupDiagnostics);
@@ -261,7 +273,9 @@ void AddGenerate(CLI::App& app, std::vector<Command>& commands) {
       "  lockstep generate --model m --prompt-file p.txt --spec 4 --export A.h5 "
       "--trace-jsonl A.jsonl\n"
       "  lockstep generate --model m --prompt hi --json - | jq .timings\n"
-      "  lockstep generate --print-config --kv int8 > config.json");
+      "  lockstep generate --print-config --kv int8 > config.json\n"
+      "  lockstep generate --model m --prompt hi --save-slot c.slot && "
+      "lockstep generate --model m --restore-slot c.slot --prompt ' more'");
   commands.push_back({gen, [st]() -> Status {
                         LOCKSTEP_ASSIGN_OR_RETURN(st->opts.config, st->flags.Build());
                         st->opts.json = st->json->count() > 0;

@@ -175,6 +175,7 @@ TEST(WindowRecord, JsonLineBytesAreTheSchemas) {
   w.accepted = 1, w.source = DraftSource::kMerged, w.draft = {5, 6}, w.emitted = {5, 9};
   w.begin_ns = -5, w.end_ns = 1, w.draft_ns = 2, w.verify_ns = 1000, w.wait_ns = 3;
   w.compute_ns = 4, w.commit_ns = 5, w.export_ns = 77, w.first_call = true;
+  w.step = 11, w.step_rows = 40, w.step_seqs = 3, w.step_prefill_rows = 32;
   StageTiming st;
   st.wait_ns = 1, st.compute_ns = 2, st.cpu_ns = 3, st.dev_compute_ns = 9,
   st.graph = GraphUse::kReplay;
@@ -184,14 +185,16 @@ TEST(WindowRecord, JsonLineBytesAreTheSchemas) {
       R"({"schema":"lockstep.window","v":1,"idx":3,"p":120,"T":3,"T_mtp":2,"merged":true,)"
       R"("from_sfx":true,"chain_n":4,"accepted":1,"source":"merged","draft":[5,6],"emitted":[5,9],)"
       R"("begin_ns":-5,"end_ns":1,"draft_ns":2,"verify_ns":1000,"wait_ns":3,"compute_ns":4,)"
-      R"("commit_ns":5,"export_ns":77,"first_call":true,"stages":[{"compute_ns":2,"cpu_ns":3,)"
+      R"("commit_ns":5,"export_ns":77,"first_call":true,"step":11,"step_rows":40,"step_seqs":3,)"
+      R"("step_prefill_rows":32,"stages":[{"compute_ns":2,"cpu_ns":3,)"
       R"("dev_compute_ns":9,"dev_copy_ns":null,"dev_wait_ns":null,"graph":"replay",)"
       R"("init_ns":null,"wait_ns":1},{"compute_ns":0,"cpu_ns":0,"wait_ns":0}]})");
   EXPECT_EQ(WindowRecord{}.ToJsonLine(),
             R"({"schema":"lockstep.window","v":1,"idx":0,"p":0,"T":1,"T_mtp":0,"merged":false,)"
             R"("from_sfx":false,"chain_n":0,"accepted":0,"source":"none","draft":[],"emitted":[],)"
             R"("begin_ns":0,"end_ns":0,"draft_ns":0,"verify_ns":0,"wait_ns":0,"compute_ns":0,)"
-            R"("commit_ns":0,"export_ns":null,"first_call":false,"stages":[]})");
+            R"("commit_ns":0,"export_ns":null,"first_call":false,"step":null,"step_rows":0,)"
+            R"("step_seqs":0,"step_prefill_rows":0,"stages":[]})");
 }
 
 // The field table is the record: every field by name, in JSON-lines order, each scalar's getter
@@ -202,11 +205,13 @@ TEST(WindowRecord, FieldTableCoversEveryField) {
     names.emplace_back(f.name);
     EXPECT_EQ(FindWindowField(f.name), &f);
   }
-  EXPECT_EQ(names, (std::vector<std::string>{
-                       "idx",      "p",          "T",         "T_mtp",     "merged",
-                       "from_sfx", "chain_n",    "accepted",  "source",    "draft",
-                       "emitted",  "begin_ns",   "end_ns",    "draft_ns",  "verify_ns",
-                       "wait_ns",  "compute_ns", "commit_ns", "export_ns", "first_call"}));
+  EXPECT_EQ(
+      names,
+      (std::vector<std::string>{
+          "idx",       "p",          "T",         "T_mtp",     "merged",     "from_sfx",
+          "chain_n",   "accepted",   "source",    "draft",     "emitted",    "begin_ns",
+          "end_ns",    "draft_ns",   "verify_ns", "wait_ns",   "compute_ns", "commit_ns",
+          "export_ns", "first_call", "step",      "step_rows", "step_seqs",  "step_prefill_rows"}));
   EXPECT_EQ(FindWindowField("stages"), nullptr);
   EXPECT_EQ(FindWindowField("P"), nullptr);
   WindowRecord base;
@@ -229,7 +234,9 @@ TEST(WindowRecord, FieldTableCoversEveryField) {
                                                                      : std::to_string(x);
       EXPECT_NE(line.find("\"" + std::string(f.name) + "\":" + shown), std::string::npos) << line;
     }
-    EXPECT_EQ(w.SamePath(base), f.role == WindowFieldRole::kTiming) << f.name;
+    EXPECT_EQ(w.SamePath(base),
+              f.role == WindowFieldRole::kTiming || f.role == WindowFieldRole::kContext)
+        << f.name;
   }
 }
 

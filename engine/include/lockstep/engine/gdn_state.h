@@ -12,6 +12,9 @@
 // steps never touch the checkpoint. Prefill (chunked form) updates the checkpoint in place and
 // calls Advance(n).
 //
+// A fresh state's checkpoint is zeroed explicitly (Reset: zero is the model's initial state);
+// scratch steps are never valid before their write (NaN with LOCKSTEP_POISON_FRESH=1, poison.h).
+//
 // Thread safety: none; owned by one stage session.
 #pragma once
 
@@ -54,6 +57,14 @@ class GdnState {
   void DiscardSteps() { n_steps_ = 0; }
   // Prefill updated the checkpoint in place with n tokens.
   void Advance(int n) { position_ += n; }
+  // The initial state: checkpoint zero (conv and ssm), position 0, no steps.
+  void Reset();
+  // The checkpoint after `position` tokens: conv f32 [K-1, conv_dim] and ssm f32 [Hv, Dk, Dv]
+  // (conv_size() / ssm_size() floats); no steps.
+  void Restore(const float* conv, const float* ssm, int position);
+  // Exchanges the scratch buffers (not their steps' validity) with `other` of the same shape: a
+  // restored slot keeps the window scratch its request reserved.
+  void SwapScratch(GdnState& other);
 
  private:
   int conv_dim_, conv_rows_;

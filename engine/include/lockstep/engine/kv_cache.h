@@ -12,7 +12,14 @@
 // (symmetric, scale = max|x|/127). Rows are quantised independently, so a row's stored bits do
 // not depend on how many rows were written together (batch invariance).
 //
-// Thread safety: none; owned and used by one stage session.
+// Pages are shared (reference counted): Prefix(rows) hands out the pages holding committed rows
+// [0, rows) without copying them, AdoptPrefix installs them in an empty cache (the prefix cache,
+// engine/serve). Copy on write: Write, WriteRaw and ScaleRows first clone every page they touch
+// that another holder also references, so no holder ever sees another's writes. Pages are
+// allocated lazily as rows are written (zero-filled; NaN with LOCKSTEP_POISON_FRESH=1, poison.h).
+//
+// Thread safety: none; owned and used by one stage session. A shared page is only read by its
+// other holders while it is shared.
 #pragma once
 
 #include <cstddef>
@@ -24,10 +31,22 @@
 
 namespace lockstep {
 
+// One page of a cache: K and V of page_rows rows (and their int8 scales). Defined in
+// kv_cache.cpp; holders only count references.
+struct KvPage;
+
 // Committed rows [0, rows) of one cache as read-only pages shared with the cache that made it and
 // every cache that adopts it (prefix cache, engine/serve). Copy on write: a cache copies a shared
-// page before writing into it, so no holder ever sees another's writes. Defined in kv_cache.cpp.
-struct KvPrefix;
+// page before writing into it, so no holder ever sees another's writes. The last page may hold
+// rows past `rows` (never valid for an adopter: it overwrites them, after its copy).
+struct KvPrefix {
+  int rows = 0;
+  int n_heads_kv = 0, head_dim = 0, page_rows = 0;
+  DType dtype = DType::kF32;
+  std::size_t page_bytes = 0;                  // bytes of one page (K + V + int8 scales)
+  std::vector<std::shared_ptr<KvPage>> pages;  // ceil(rows / page_rows) pages, in row order
+  std::size_t bytes() const { return page_bytes * pages.size(); }
+};
 using KvPrefixPtr = std::shared_ptr<const KvPrefix>;
 
 class KvCache {
@@ -57,7 +76,10 @@ class KvCache {
   void DiscardSpeculative() { rows_written_ = rows_committed_; }
   // Rows [0, rows) (rows <= rows_committed()) as shared pages; cheap (no row is copied).
   KvPrefixPtr Prefix(int rows) const;
-  // An empty cache (nothing written) takes `prefix`'s rows as its committed rows.
+  // True when `prefix` fits this cache (same heads, head_dim, dtype and page size).
+  bool Fits(const KvPrefix& prefix) const;
+  // An empty cache (nothing written) takes `prefix`'s rows as its committed rows, sharing its
+  // pages. Requires Fits(*prefix).
   void AdoptPrefix(const KvPrefixPtr& prefix);
 
   int rows_committed() const { return rows_committed_; }
@@ -81,24 +103,27 @@ class KvCache {
   const float* KScales(int row) const { return ScalePtr(0, row); }
   const float* VScales(int row) const { return ScalePtr(1, row); }
   std::size_t row_bytes() const { return row_elems_ * dtype_size(dtype_); }
-  std::size_t bytes_reserved() const;
+  std::size_t page_bytes() const;
+  // Bytes of all pages this cache references (shared ones included).
+  std::size_t bytes_reserved() const { return page_bytes() * pages_.size(); }
+  // Pages this cache references that another holder (a prefix, another cache) also references.
+  int pages_shared() const;
 
  private:
-  struct Page {
-    std::unique_ptr<std::byte[]> data;  // [2][page_rows][n_heads_kv*head_dim] elements
-    std::unique_ptr<float[]> scales;    // [2][page_rows][n_heads_kv] (int8 only)
-  };
   const float* Get(int which, int row, int head, float* tmp) const;
   const std::byte* RowPtr(int which, int row) const;
-  std::byte* RowPtrMut(int which, int row);
+  std::byte* RowPtrMut(int which, int row);  // requires the row's page to be writable
   const float* ScalePtr(int which, int row) const;
+  float* ScalePtrMut(int which, int row);
   void EnsureCapacity(int rows);
+  // Copy on write: clones every shared page holding a row of [row0, row0 + n).
+  void MakeWritable(int row0, int n);
   void StoreRow(int which, int row, const float* src);
 
   int n_heads_kv_, head_dim_, page_rows_;
   DType dtype_;
   std::size_t row_elems_;  // n_heads_kv * head_dim
-  std::vector<Page> pages_;
+  std::vector<std::shared_ptr<KvPage>> pages_;
   int rows_committed_ = 0;
   int rows_written_ = 0;
 };

@@ -3,7 +3,9 @@
 //
 // Path fields (p, T, T_mtp, merged, from_sfx, chain_n, accepted, source, draft) are what the
 // comparator aligns on; timing fields are CLOCK_MONOTONIC nanoseconds around the instrumented
-// calls. Records serialise to one JSON object per line ("lockstep.window" v1), the format of
+// calls; context fields (step, step_rows, step_seqs, step_prefill_rows) say which engine step the
+// window ran in and what shared it, and like timing are never compared. Records serialise to one
+// JSON object per line ("lockstep.window" v1), the format of
 // `--trace-jsonl` and the input of `--replay-path`.
 #pragma once
 
@@ -77,6 +79,11 @@ struct WindowRecord {
   std::int64_t export_ns = -1;  // handing state to the observer; -1 = not measured (no observer)
   bool first_call = false;      // first verify with this T in the process (allocation/warm-up cost)
   std::vector<StageTiming> stages;
+  // ---- context: the engine step the window's verify ran in (scheduler); never compared ----
+  std::int64_t step = -1;     // engine step index; -1 = unknown (older traces)
+  int step_rows = 0;          // rows of that step (every request's)
+  int step_seqs = 0;          // row groups (sequences) of that step
+  int step_prefill_rows = 0;  // of which prefill rows
 
   // Same path fields (not timing).
   bool SamePath(const WindowRecord& o) const;
@@ -94,12 +101,13 @@ enum class WindowFieldKind : std::uint8_t {
   kBool,    // bool; JSON true / false
   kSource,  // DraftSource; JSON its DraftSourceName, required
   kTokens,  // std::vector<std::int32_t>; JSON array of integers, required
-  kNs,      // std::int64_t nanoseconds; JSON integer
+  kNs,      // std::int64_t (nanoseconds, or the step index); JSON integer
 };
 enum class WindowFieldRole : std::uint8_t {
-  kIndex,   // idx
-  kPath,    // what the comparator aligns on (SamePath compares these and idx)
-  kTiming,  // measured, never compared for equality
+  kIndex,    // idx
+  kPath,     // what the comparator aligns on (SamePath compares these and idx)
+  kTiming,   // measured, never compared for equality
+  kContext,  // what else shared the window's engine step (scheduler); never compared
 };
 
 struct WindowField {
@@ -117,7 +125,8 @@ struct WindowField {
 
 // Every field in JSON-lines order (idx, p, T, T_mtp, merged, from_sfx, chain_n, accepted, source,
 // draft, emitted, begin_ns, end_ns, draft_ns, verify_ns, wait_ns, compute_ns, commit_ns,
-// export_ns, first_call). Static storage; thread-safe.
+// export_ns, first_call, step, step_rows, step_seqs, step_prefill_rows). Static storage;
+// thread-safe.
 const std::vector<WindowField>& WindowFields();
 // The field called `name`; null when there is none.
 const WindowField* FindWindowField(std::string_view name);
