@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "lockstep/engine/dtype.h"
+#include "lockstep/engine/step_record.h"
 #include "lockstep/engine/window.h"
 
 namespace lockstep {
@@ -136,6 +137,9 @@ class Observer {
   virtual void OnCheckpointEnd(const CheckpointInfo& info) = 0;
   // After every window's commit (also for windows without checkpoints).
   virtual void OnWindow(const WindowRecord& rec) { (void)rec; }
+  // After every engine step the observed request had rows in (its verify window or a prefill
+  // chunk), with that step's record (step_record.h). Called by the scheduler.
+  virtual void OnStep(const StepRecord& step) { (void)step; }
 };
 
 }  // namespace lockstep

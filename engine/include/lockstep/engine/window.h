@@ -77,6 +77,11 @@ struct WindowRecord {
   std::int64_t export_ns = -1;  // handing state to the observer; -1 = not measured (no observer)
   bool first_call = false;      // first verify with this T in the process (allocation/warm-up cost)
   std::vector<StageTiming> stages;
+  // ---- context: the engine step the window's verify ran in (scheduler); never compared ----
+  std::int64_t step = -1;     // engine step index; -1 = unknown (older traces)
+  int step_rows = 0;          // rows of that step (every request's)
+  int step_seqs = 0;          // row groups (sequences) of that step
+  int step_prefill_rows = 0;  // of which prefill rows
 
   // Same path fields (not timing).
   bool SamePath(const WindowRecord& o) const;
