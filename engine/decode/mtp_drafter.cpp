@@ -60,4 +60,26 @@ std::vector<std::int32_t> MtpDrafter::Draft(int p, std::span<const std::int32_t>
   return out;
 }
 
+MtpDrafterState MtpDrafter::SaveState() const {
+  MtpDrafterState s;
+  s.next_row = next_row_;
+  s.pending_p = pending_p_;
+  s.pending_h = pending_h_;
+  s.pending_tokens = pending_tokens_;
+  s.last_m = m_;
+  s.last_logits = logits_;
+  return s;
+}
+
+void MtpDrafter::LoadState(const MtpDrafterState& s) {
+  LOCKSTEP_CHECK_EQ(s.last_m.size(), m_.size());
+  LOCKSTEP_CHECK_EQ(s.last_logits.size(), logits_.size());
+  next_row_ = s.next_row;
+  pending_p_ = s.pending_p;
+  pending_h_ = s.pending_h;
+  pending_tokens_ = s.pending_tokens;
+  m_ = s.last_m;
+  logits_ = s.last_logits;
+}
+
 }  // namespace lockstep

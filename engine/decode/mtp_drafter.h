@@ -20,6 +20,7 @@
 #include <span>
 #include <vector>
 
+#include "lockstep/engine/conversation.h"
 #include "lockstep/engine/engine.h"
 
 namespace lockstep {
@@ -39,6 +40,11 @@ class MtpDrafter {
   // replayed draft) and fed to the chain; then up to `n_own` argmax drafts follow.
   // Returns the draft tokens (forced ones included).
   std::vector<std::int32_t> Draft(int p, std::span<const std::int32_t> forced, int n_own);
+
+  // The queue and the last extended row (conversations, prefix cache); LoadState takes them back
+  // (the engine's MTP draft K/V must hold the rows the state says are extended).
+  MtpDrafterState SaveState() const;
+  void LoadState(const MtpDrafterState& s);
 
  private:
   Engine& e_;
