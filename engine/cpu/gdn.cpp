@@ -16,14 +16,20 @@ inline std::size_t U(int x) { return static_cast<std::size_t>(x); }
 
 void GatedDeltaStep(float* S, const float* q, const float* k, const float* v, float alpha,
                     float beta, int dk, int dv, float* o) {
+  GatedDeltaStepFrom(S, S, q, k, v, alpha, beta, dk, dv, o);
+}
+
+void GatedDeltaStepFrom(const float* S_in, float* S, const float* q, const float* k, const float* v,
+                        float alpha, float beta, int dk, int dv, float* o) {
   // Pass 1: decay and m = S^T k, accumulating over kappa in increasing order (vectorised over v).
   float m[1024];
   std::fill_n(m, dv, 0.0f);
   for (int kk = 0; kk < dk; ++kk) {
+    const float* in = S_in + U(kk) * U(dv);
     float* row = S + U(kk) * U(dv);
     const float kv = k[kk];
     for (int j = 0; j < dv; ++j) {
-      row[j] *= alpha;
+      row[j] = in[j] * alpha;
       m[j] += row[j] * kv;
     }
   }
@@ -145,11 +151,11 @@ void VerifyHead(const GdnInputs& in, GdnState& state, std::size_t j, float* O) {
   for (int t = 0; t < in.T; ++t) {
     const float* prev = t == 0 ? state.ssm() : state.step_ssm(t - 1);
     float* S = state.step_ssm(t) + j * s_head;
-    std::memcpy(S, prev + j * s_head, s_head * sizeof(float));
     const std::size_t th = U(t) * U(hv) + j;
-    GatedDeltaStep(S, qh + (U(t) * U(hk) + U(gi)) * U(dk), kh + (U(t) * U(hk) + U(gi)) * U(dk),
-                   Uc + U(t) * U(conv_dim) + U(2 * key_dim) + j * U(dv), std::exp(gdec[th]),
-                   beta[th], dk, dv, O + th * U(dv));
+    GatedDeltaStepFrom(prev + j * s_head, S, qh + (U(t) * U(hk) + U(gi)) * U(dk),
+                       kh + (U(t) * U(hk) + U(gi)) * U(dk),
+                       Uc + U(t) * U(conv_dim) + U(2 * key_dim) + j * U(dv), std::exp(gdec[th]),
+                       beta[th], dk, dv, O + th * U(dv));
   }
 }
 

@@ -26,6 +26,10 @@ enum class GdnMode {
 //   S <- alpha*S; m = S^T k; delta = beta*(v - m); S += k (x) delta; o = S^T q.
 void GatedDeltaStep(float* S, const float* q, const float* k, const float* v, float alpha,
                     float beta, int dk, int dv, float* o);
+// The same step from state S_in into S_out (may alias S_in): identical arithmetic, without a
+// separate copy of the entering state.
+void GatedDeltaStepFrom(const float* S_in, float* S_out, const float* q, const float* k,
+                        const float* v, float alpha, float beta, int dk, int dv, float* o);
 
 // Chunked form over T tokens for one value head: Q, K f32 [T, Dk], V f32 [T, Dv], g (log
 // decay, <= 0) and beta f32 [T]; S f32 [Dk, Dv] is the entering state and is replaced by the
