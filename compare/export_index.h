@@ -68,6 +68,7 @@ struct ExportReader::Impl {
   Status ReadCheckpoints();
   Status ReadSampler();
   Status ReadStages();
+  Status ReadSteps();
   Status ReadCheckpoint(const std::string& name);
   // An item's size in bytes, within the item limit and the file's length (else kInvalidArgument).
   Result<std::int64_t> ItemBytes(const std::string& path, const ExportItem& it) const {

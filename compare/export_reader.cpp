@@ -178,6 +178,58 @@ Status ExportReader::Impl::ReadStages() {
   return Status::Ok();
 }
 
+// /trace/steps into meta.steps and /trace/window_steps into each window's step fields. Both are
+// optional and come together (written when the request ran in engine steps, SCHEMA.md): steps in
+// strictly ascending order with non-negative counts that fit an int; one map row per window, in
+// window order, each naming a step of /trace/steps or -1 (unknown).
+Status ExportReader::Impl::ReadSteps() {
+  const hid_t f = file.get();
+  const std::string path = "/trace/steps", map_path = "/trace/window_steps";
+  const bool has_steps = H5Lexists(f, path.c_str(), H5P_DEFAULT) > 0;
+  const bool has_map = H5Lexists(f, map_path.c_str(), H5P_DEFAULT) > 0;
+  if (!has_steps && !has_map) return Status::Ok();  // no engine steps recorded (or older file)
+  if (!has_steps || !has_map)
+    return Bad(has_steps ? map_path : path,
+               "missing: written together with " + (has_steps ? path : map_path));
+  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenObject(f, path, H5I_DATASET));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kTraceStepFields, limits,
+                                                 limits.max_windows, meta.file_bytes));
+  std::map<std::int64_t, std::size_t> by_step;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    const std::string at = path + " row " + std::to_string(i);
+    if (r[0] < 0 || (i > 0 && r[0] <= rows[i - 1][0]))
+      return Bad(at, "step " + std::to_string(r[0]) + " out of order (steps ascend from 0 up)");
+    for (std::size_t k = 3; k < kTraceStepFields.size(); ++k)
+      if (r[k] < 0 || (k <= 8 && r[k] > INT_MAX))
+        return Bad(at, std::string(kTraceStepFields[k].name) + " " + std::to_string(r[k]) +
+                           " out of range");
+    auto c = [&](std::size_t k) { return static_cast<int>(r[k]); };
+    meta.steps.push_back({r[0], r[1], r[2], c(3), c(4), c(5), c(6), c(7), c(8), r[9], r[10]});
+    by_step[r[0]] = i;
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(H5Handle mds, OpenObject(f, map_path, H5I_DATASET));
+  LOCKSTEP_ASSIGN_OR_RETURN(auto map, ReadTable(mds.get(), map_path, kTraceWindowStepFields, limits,
+                                                limits.max_windows, meta.file_bytes));
+  if (map.size() != meta.windows.size())
+    return Bad(map_path, std::to_string(map.size()) + " rows for " +
+                             std::to_string(meta.windows.size()) + " windows (one per window)");
+  for (std::size_t i = 0; i < map.size(); ++i) {
+    const std::string at = map_path + " row " + std::to_string(i);
+    WindowRecord& w = meta.windows[i];
+    if (map[i][0] != w.idx)
+      return Bad(at, "window " + std::to_string(map[i][0]) + ", expected " + std::to_string(w.idx));
+    if (map[i][1] == -1) continue;  // unknown: step -1, counts 0
+    auto it = by_step.find(map[i][1]);
+    if (it == by_step.end())
+      return Bad(at, "step " + std::to_string(map[i][1]) + " is not a row of " + path);
+    const ExportStep& st = meta.steps[it->second];
+    w.step = st.step;
+    w.step_rows = st.rows, w.step_seqs = st.seqs, w.step_prefill_rows = st.prefill_rows;
+  }
+  return Status::Ok();
+}
+
 Status ExportReader::Impl::ReadSampler() {
   const hid_t f = file.get();
   SamplerSummary& sm = meta.sampler;
@@ -227,6 +279,7 @@ Status ExportReader::Impl::ReadAll() {
   LOCKSTEP_RETURN_IF_ERROR(ReadCounters());
   LOCKSTEP_RETURN_IF_ERROR(ReadWindows());
   LOCKSTEP_RETURN_IF_ERROR(ReadStages());
+  LOCKSTEP_RETURN_IF_ERROR(ReadSteps());
   LOCKSTEP_RETURN_IF_ERROR(ReadSampler());
   return ReadCheckpoints();
 }
@@ -257,6 +310,9 @@ Status ExportReader::Impl::ReadRoot() {
       {"request_sha256", &meta.request_sha256}};
   for (const auto& [name, out] : strings) {
     LOCKSTEP_ASSIGN_OR_RETURN(*out, StrAttr(root.get(), "/", name, max_str));
+  }
+  if (H5Aexists(root.get(), "request_id") > 0) {  // optional: one-request runs, older files
+    LOCKSTEP_ASSIGN_OR_RETURN(meta.request_id, StrAttr(root.get(), "/", "request_id", max_str));
   }
   LOCKSTEP_ASSIGN_OR_RETURN(meta.seed, IntAttr(root.get(), "/", "seed"));
   if (meta.executable_sha256.empty())

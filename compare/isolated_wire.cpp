@@ -48,6 +48,8 @@ LOCKSTEP_FIELDS(StageTiming, wait_ns, compute_ns, cpu_ns, dev_wait_ns, dev_compu
 LOCKSTEP_FIELDS(WindowRecord, idx, p, T, T_mtp, merged, from_sfx, chain_n, accepted, source, draft,
                 emitted, begin_ns, end_ns, draft_ns, verify_ns, wait_ns, compute_ns, commit_ns,
                 export_ns, first_call, stages, step, step_rows, step_seqs, step_prefill_rows)
+LOCKSTEP_FIELDS(ExportStep, step, begin_ns, end_ns, rows, seqs, verify_rows, prefill_rows,
+                queue_depth, live, weight_bytes, flops)
 LOCKSTEP_FIELDS(ExportItem, rel, kind, stage, layer, dtype, shape, valid_rows, capacity_rows,
                 has_scales, scale_row_elems)
 LOCKSTEP_FIELDS(ExportCheckpoint, name, window, point, p, T, committed_rows, spec_rows,
@@ -57,9 +59,9 @@ LOCKSTEP_FIELDS(SamplerSummary, n_samples, interval_min_ns, interval_median_ns, 
                 n_device_samples, min_device_free_bytes, max_temperature_c, min_sm_clock_mhz,
                 max_sm_clock_mhz, pcie_gen, pcie_width)
 LOCKSTEP_FIELDS(ExportMeta, schema, schema_version, arm, run_id, created_utc, executable_sha256,
-                config_sha256, model_sha256, request_sha256, seed, config_json, request_tokens,
-                max_new, output_tokens, stop_reason, text_sha256, checkpoints, windows, counters,
-                sampler, unknowns, injections, file_bytes)
+                config_sha256, model_sha256, request_sha256, request_id, seed, config_json,
+                request_tokens, max_new, output_tokens, stop_reason, text_sha256, checkpoints,
+                windows, steps, counters, sampler, unknowns, injections, file_bytes)
 LOCKSTEP_FIELDS(ExportReader::Impl::ItemLoc, data, scale)
 // Loc's element type (mem_type) is a libhdf5 id, meaningless in another process: not sent (the
 // receiving side never calls libhdf5). Its binding still names it, so a new field is caught.

@@ -71,6 +71,28 @@ class TraceBuilder {
  public:
   TraceBuilder(int n_stages, std::int64_t t0) : n_stages_(n_stages), t0_(t0) {}
 
+  // The "steps" track after the stage tracks (only when there are steps).
+  int steps_tid() const { return 1 + n_stages_; }
+  void StepsMetadata() {
+    events_.push_back(Meta("thread_name", steps_tid(), {{"name", "steps"}}));
+    events_.push_back(Meta("thread_sort_index", steps_tid(), {{"sort_index", steps_tid()}}));
+  }
+  void Step(const StepRecord& s) {
+    Json args = {{"step", s.step},
+                 {"rows", s.rows},
+                 {"seqs", s.seqs},
+                 {"verify_rows", s.verify_rows},
+                 {"prefill_rows", s.prefill_rows},
+                 {"queue_depth", s.queue_depth},
+                 {"live", s.live},
+                 {"weight_bytes", s.weight_bytes},
+                 {"flops", s.flops},
+                 {"slots", s.slots}};
+    const Span span{s.begin_ns, std::max(s.begin_ns, s.end_ns)};
+    Emit("step " + std::to_string(s.step), "step", steps_tid(), span, s.end_ns < s.begin_ns,
+         std::move(args));
+  }
+
   void Metadata(const std::string& process_name) {
     events_.push_back(Meta("process_name", kDriverTid, {{"name", process_name}}));
     events_.push_back(Meta("thread_name", kDriverTid, {{"name", "driver"}}));
@@ -219,12 +241,21 @@ std::string BuildTrace(std::span<const WindowRecord> windows, int n_stages_in,
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return windows[a].begin_ns < windows[b].begin_ns;
   });
-  const std::int64_t t0 = windows.empty() ? 0 : windows[order.front()].begin_ns;
+  std::int64_t t0 = windows.empty() ? 0 : windows[order.front()].begin_ns;
+  if (!opts.steps.empty()) {  // a request's first steps (its prefill) come before any window
+    const std::int64_t first =
+        std::min_element(opts.steps.begin(), opts.steps.end(), [](const auto& a, const auto& b) {
+          return a.begin_ns < b.begin_ns;
+        })->begin_ns;
+    t0 = windows.empty() ? first : std::min(t0, first);
+  }
+  const bool any = !windows.empty() || !opts.steps.empty();
 
   TraceBuilder tb(n_stages, t0);
   const std::string process_name =
       opts.arm.empty() ? opts.process_name : opts.process_name + " (" + opts.arm + ")";
   tb.Metadata(process_name);
+  if (!opts.steps.empty()) tb.StepsMetadata();
 
   std::size_t export_unknown = 0;
   for (std::size_t k = 0; k < order.size(); ++k) {
@@ -234,6 +265,8 @@ std::string BuildTrace(std::span<const WindowRecord> windows, int n_stages_in,
     if (k + 1 < order.size()) hi = std::min(hi, windows[order[k + 1]].begin_ns);
     tb.Window(w, Bounds{w.begin_ns, std::max(hi, w.begin_ns)});
   }
+
+  for (const StepRecord& s : opts.steps) tb.Step(s);
 
   Json injections = Json::array();
   for (const std::string& text : opts.injections) {
@@ -248,7 +281,7 @@ std::string BuildTrace(std::span<const WindowRecord> windows, int n_stages_in,
   other["schema_version"] = 1;
   other["generator"] = "lockstep ChromeTraceJson (instrument/chrome_trace.cpp)";
   other["clock"] = "CLOCK_MONOTONIC";
-  other["time_origin_ns"] = windows.empty() ? Json(nullptr) : Json(t0);
+  other["time_origin_ns"] = any ? Json(t0) : Json(nullptr);
   other["n_windows"] = windows.size();
   other["n_stages"] = n_stages;
   if (!opts.arm.empty()) other["arm"] = opts.arm;
@@ -262,6 +295,7 @@ std::string BuildTrace(std::span<const WindowRecord> windows, int n_stages_in,
   other["clamped_spans"] = tb.clamped_spans();
   other["stage_count_mismatch_windows"] = tb.stage_count_mismatch_windows();
   if (!injections.empty()) other["injections"] = std::move(injections);
+  if (!opts.steps.empty()) other["n_steps"] = opts.steps.size();
 
   // One event per line: the file stays valid JSON and diffs line by line. Invalid UTF-8 in user
   // strings (process name, arm) is replaced rather than thrown on.

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <charconv>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -457,6 +458,8 @@ void H5Exporter::OnCheckpointEnd(const CheckpointInfo& info) {
 
 void H5Exporter::OnWindow(const WindowRecord& rec) { windows_.push_back(rec); }
 
+void H5Exporter::OnStep(const StepRecord& step) { steps_.push_back(step); }
+
 // ---- finish ----
 
 namespace {
@@ -515,6 +518,31 @@ Status WriteTrace(hid_t file, hid_t lcpl, const std::vector<WindowRecord>& ws) {
                "CLOCK_MONOTONIC ns around the instrumented calls; export_ns -1 = unknown"))
     return H5Fail("trace/windows attributes");
   return WriteStageTrace(file, lcpl, ws);
+}
+
+// /trace/steps and /trace/window_steps: only when the request took part in engine steps (an
+// exporter that saw no OnStep writes neither: the layout of a run without steps is unchanged).
+Status WriteSteps(hid_t file, hid_t lcpl, const std::vector<StepRecord>& steps,
+                  const std::vector<WindowRecord>& ws) {
+  if (steps.empty()) return Status::Ok();
+  auto i64 = [](std::uint64_t v) {
+    return static_cast<std::int64_t>(std::min<std::uint64_t>(v, INT64_MAX));
+  };
+  std::vector<TraceStepRow> rows;
+  for (const StepRecord& s : steps)
+    rows.push_back({s.step, s.begin_ns, s.end_ns, s.rows, s.seqs, s.verify_rows, s.prefill_rows,
+                    s.queue_depth, s.live, i64(s.weight_bytes), i64(s.flops)});
+  H5Handle t = RowType(sizeof(TraceStepRow), kTraceStepFields);
+  if (!t.valid()) return H5Fail("trace/steps type");
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      H5Handle ds, WriteRecords(file, lcpl, "trace/steps", t.get(), rows.data(), rows.size()));
+  if (!AttrStr(ds.get(), "clock", "CLOCK_MONOTONIC ns around the step's forward"))
+    return H5Fail("trace/steps attributes");
+  std::vector<TraceWindowStepRow> map;
+  for (const WindowRecord& w : ws) map.push_back({w.idx, 0, w.step});
+  H5Handle mt = RowType(sizeof(TraceWindowStepRow), kTraceWindowStepFields);
+  if (!mt.valid()) return H5Fail("trace/window_steps type");
+  return WriteRecords(file, lcpl, "trace/window_steps", mt.get(), map.data(), map.size()).status();
 }
 
 Status WriteString(hid_t file, hid_t lcpl, const std::string& path, const std::string& text) {
@@ -632,10 +660,12 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
   finished_ = true;
   File* f = file_.get();
   std::vector<WindowRecord> ws = windows_;
+  std::vector<StepRecord> steps = steps_;
   Enqueue(
-      [f, ws, meta] {
+      [f, ws, steps, meta] {
         const hid_t file = f->file.get(), lcpl = f->lcpl.get();
         LOCKSTEP_RETURN_IF_ERROR(WriteTrace(file, lcpl, ws));
+        LOCKSTEP_RETURN_IF_ERROR(WriteSteps(file, lcpl, steps, ws));
         LOCKSTEP_RETURN_IF_ERROR(WriteIndex(file, lcpl, f->index));
         LOCKSTEP_RETURN_IF_ERROR(WriteSamples(file, lcpl, meta));
         LOCKSTEP_RETURN_IF_ERROR(WriteEvents(file, lcpl, meta));
@@ -685,7 +715,8 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
                   AttrStr(root.get(), "config_sha256", meta.config_sha256) &&
                   AttrStr(root.get(), "model_sha256", meta.model_sha256) &&
                   AttrStr(root.get(), "request_sha256", meta.request_sha256) &&
-                  AttrInt(root.get(), "seed", static_cast<std::int64_t>(meta.seed));
+                  AttrInt(root.get(), "seed", static_cast<std::int64_t>(meta.seed)) &&
+                  (meta.request_id.empty() || AttrStr(root.get(), "request_id", meta.request_id));
         return ok ? Status::Ok() : H5Fail("root attributes");
       },
       0);

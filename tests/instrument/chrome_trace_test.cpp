@@ -455,6 +455,63 @@ TEST(ChromeTrace, OutputIsDeterministic) {
 // ---- file ----
 
 // A missing folder is bad input (issue 20): exit 2, not a runtime failure.
+// ---- engine steps ----
+
+// Steps 7 (before the first window: the request's prefill), 8 (w0's verify) and 9 (end before
+// begin: drawn with dur 0, clamped), on the "steps" track after the stage tracks.
+TEST(ChromeTrace, StepsTrackOnlyWithSteps) {
+  const json plain = Trace(ThreeWindows());
+  EXPECT_FALSE(plain.at("otherData").contains("n_steps"));
+  for (const auto& e : plain.at("traceEvents")) EXPECT_NE(e.at("tid"), 1 + kStages);
+
+  ChromeTraceOptions o;
+  auto step = [](std::int64_t n, std::int64_t b, std::int64_t e, int rows, int prefill) {
+    StepRecord s;
+    s.step = n, s.begin_ns = kT0 + b, s.end_ns = kT0 + e;
+    s.rows = rows, s.seqs = 2, s.verify_rows = rows - prefill, s.prefill_rows = prefill;
+    s.queue_depth = 1, s.live = 2, s.weight_bytes = 123, s.flops = 456, s.slots = {0, 3};
+    return s;
+  };
+  o.steps = {step(7, -10'000, -2'000, 48, 32), step(8, 7'000, 47'000, 17, 16),
+             step(9, 60'000, 59'000, 2, 0)};
+  const json t = Trace(ThreeWindows(), kStages, o);
+  // The origin moves to the first step; windows shift by 10 us.
+  EXPECT_EQ(t.at("otherData").at("time_origin_ns"), kT0 - 10'000);
+  EXPECT_EQ(t.at("otherData").at("n_steps"), 3);
+  EXPECT_EQ(t.at("otherData").at("clamped_spans"), 1);
+  ExpectSpan(t, 0, "window 0", 0, 10.0, 50.0);
+  std::map<std::string, json> spans;
+  std::string track;
+  for (const auto& e : t.at("traceEvents")) {
+    if (e.at("tid") != 1 + kStages) continue;
+    if (e.at("ph") == "M" && e.at("name") == "thread_name") track = e.at("args").at("name");
+    if (e.at("ph") == "X") spans[e.at("name")] = e;
+  }
+  EXPECT_EQ(track, "steps");
+  ASSERT_EQ(spans.size(), 3u);
+  EXPECT_EQ(spans["step 7"].at("ts").get<double>(), 0.0);
+  EXPECT_EQ(spans["step 7"].at("dur").get<double>(), 8.0);
+  EXPECT_EQ(spans["step 8"].at("ts").get<double>(), 17.0);
+  EXPECT_EQ(spans["step 8"].at("dur").get<double>(), 40.0);
+  EXPECT_EQ(spans["step 9"].at("dur").get<double>(), 0.0);
+  EXPECT_EQ(spans["step 9"].at("args").at("clamped"), true);
+  const json& a = spans["step 8"].at("args");
+  EXPECT_EQ(a.at("step"), 8);
+  EXPECT_EQ(a.at("rows"), 17);
+  EXPECT_EQ(a.at("seqs"), 2);
+  EXPECT_EQ(a.at("verify_rows"), 1);
+  EXPECT_EQ(a.at("prefill_rows"), 16);
+  EXPECT_EQ(a.at("queue_depth"), 1);
+  EXPECT_EQ(a.at("live"), 2);
+  EXPECT_EQ(a.at("weight_bytes"), 123);
+  EXPECT_EQ(a.at("flops"), 456);
+  EXPECT_EQ(a.at("slots"), json::array({0, 3}));
+  EXPECT_FALSE(spans["step 8"].at("args").contains("clamped"));
+  // Steps alone (no windows): the origin is the first step's begin.
+  const json only = Trace({}, kStages, o);
+  EXPECT_EQ(only.at("otherData").at("time_origin_ns"), kT0 - 10'000);
+}
+
 TEST(ChromeTrace, WriteToMissingFolderIsInvalidArgument) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());

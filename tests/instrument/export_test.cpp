@@ -19,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "lockstep/compare/export_reader.h"
 #include "lockstep/h5/handle.h"
 #include "lockstep/h5/rows.h"
 #include "lockstep/instrument/export_writer.h"
@@ -113,7 +114,8 @@ TEST(Export, PathsMatchSchemaBothWays) {
       if (std::regex_match(g, res[i])) ++used[i];
   for (std::size_t i = 0; i < templates.size(); ++i) {
     // f32-only items: the scale datasets appear with int8 caches (this run); hidden_out and logits
-    // at post_verify.
+    // at post_verify. The engine-step tables: `generate` runs its request through the scheduler,
+    // one step per prefill chunk and per window.
     EXPECT_GT(used[i], 0) << "documented path never written: " << templates[i];
   }
   H5Handle root(H5Gopen2(f.get(), "/", H5P_DEFAULT));
@@ -477,6 +479,196 @@ TEST(Trace, ChromeTraceFromTheCli) {
   }
   EXPECT_EQ(stage_tracks, 4);
   EXPECT_GT(computes, 0);
+}
+
+// ---- engine steps (issue 22): request_id, /trace/steps, /trace/window_steps ----
+
+// Two windows of a request that ran in engine steps 3 (prefill), 5 and 8 (windows 0 and 1).
+struct SteppedRun {
+  std::vector<StepRecord> steps;
+  std::vector<WindowRecord> windows;
+};
+SteppedRun ThreeSteps() {
+  SteppedRun r;
+  auto step = [](std::int64_t n, int rows, int seqs, int verify, int prefill) {
+    StepRecord s;
+    s.step = n, s.begin_ns = 1'000 * n, s.end_ns = 1'000 * n + 700;
+    s.rows = rows, s.seqs = seqs, s.verify_rows = verify, s.prefill_rows = prefill;
+    s.queue_depth = static_cast<int>(n % 3), s.live = seqs + 1;
+    s.weight_bytes = 150'000'000ull * static_cast<std::uint64_t>(n);
+    s.flops = 300'000'000ull * static_cast<std::uint64_t>(rows);
+    s.slots = {0, 2};
+    return s;
+  };
+  r.steps = {step(3, 48, 3, 16, 32), step(5, 17, 2, 1, 16), step(8, 4, 4, 4, 0)};
+  for (int i = 0; i < 2; ++i) {
+    WindowRecord w;
+    w.idx = i, w.p = 40 + i, w.T = 1, w.accepted = 0;
+    w.begin_ns = 5'000 + 3'000 * i, w.end_ns = w.begin_ns + 900, w.export_ns = 0;
+    w.step = i == 0 ? 5 : 8;
+    r.windows.push_back(w);
+  }
+  return r;
+}
+
+// Writes a trace-only export of `run` through the exporter (no engine): steps only when given.
+std::string WriteSteppedExport(const std::string& name, const SteppedRun& run, bool with_steps,
+                               const std::string& request_id) {
+  const std::string path = test::NewDir(name) + "/s.h5";
+  ExportOptions o;
+  o.path = path;
+  auto e = H5Exporter::Create(o);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  if (!e.ok()) return path;
+  if (with_steps) {
+    (*e)->OnStep(run.steps[0]);
+    for (std::size_t i = 0; i < run.windows.size(); ++i) {
+      (*e)->OnStep(run.steps[i + 1]);
+      (*e)->OnWindow(run.windows[i]);
+    }
+  } else {
+    for (const WindowRecord& w : run.windows) (*e)->OnWindow(w);
+  }
+  ExportRunInfo meta;
+  meta.run_id = "0123456789abcdef";
+  meta.request_id = request_id;
+  meta.request_tokens = {1, 2, 3};
+  meta.output_tokens = {4, 5};
+  meta.max_new = 2;
+  meta.stop_reason = "length";
+  meta.config_json = "{}";
+  meta.counters.push_back({});
+  const Status s = (*e)->Finish(meta);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return path;
+}
+
+Result<std::unique_ptr<ExportReader>> OpenExport(const std::string& path, bool isolate) {
+  ReaderLimits lim;
+  lim.isolate = isolate;
+  return ExportReader::Open(path, lim);
+}
+
+// The steps and the window -> step map come back as written, through the isolated reader and in
+// process alike; both tables have the rows.h layouts and their paths are SCHEMA.md's.
+TEST(Export, StepsRoundTrip) {
+  const SteppedRun run = ThreeSteps();
+  const std::string path = WriteSteppedExport("steps", run, true, "req-7");
+  for (bool isolate : {true, false}) {
+    auto r = OpenExport(path, isolate);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const ExportMeta& m = (*r)->meta();
+    EXPECT_EQ(m.request_id, "req-7");
+    ASSERT_EQ(m.steps.size(), 3u);
+    for (std::size_t i = 0; i < 3; ++i) {
+      const StepRecord& want = run.steps[i];
+      const ExportStep& got = m.steps[i];
+      EXPECT_EQ(got.step, want.step);
+      EXPECT_EQ(got.begin_ns, want.begin_ns);
+      EXPECT_EQ(got.end_ns, want.end_ns);
+      EXPECT_EQ(got.rows, want.rows);
+      EXPECT_EQ(got.seqs, want.seqs);
+      EXPECT_EQ(got.verify_rows, want.verify_rows);
+      EXPECT_EQ(got.prefill_rows, want.prefill_rows);
+      EXPECT_EQ(got.queue_depth, want.queue_depth);
+      EXPECT_EQ(got.live, want.live);
+      EXPECT_EQ(got.weight_bytes, static_cast<std::int64_t>(want.weight_bytes));
+      EXPECT_EQ(got.flops, static_cast<std::int64_t>(want.flops));
+    }
+    ASSERT_EQ(m.windows.size(), 2u);
+    EXPECT_EQ(m.windows[0].step, 5);
+    EXPECT_EQ(m.windows[0].step_rows, 17);
+    EXPECT_EQ(m.windows[0].step_seqs, 2);
+    EXPECT_EQ(m.windows[0].step_prefill_rows, 16);
+    EXPECT_EQ(m.windows[1].step, 8);
+    EXPECT_EQ(m.windows[1].step_rows, 4);
+    EXPECT_EQ(m.windows[1].step_prefill_rows, 0);
+  }
+  H5Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  ASSERT_TRUE(f.valid());
+  Visit v;
+  ASSERT_GE(H5Ovisit(f.get(), H5_INDEX_NAME, H5_ITER_INC, VisitCb, &v), 0);
+  for (const char* want : {"/trace/steps", "/trace/window_steps"}) {
+    EXPECT_NE(std::find(v.datasets.begin(), v.datasets.end(), want), v.datasets.end()) << want;
+    const auto templates = SchemaTemplates();
+    EXPECT_NE(std::find(templates.begin(), templates.end(), want), templates.end())
+        << want << " is not documented in instrument/SCHEMA.md";
+  }
+  // Layouts: sizes and member offsets of the rows.h structs.
+  const std::pair<const char*, H5Handle> tables[] = {
+      {"/trace/steps", RowType(sizeof(TraceStepRow), kTraceStepFields)},
+      {"/trace/window_steps", RowType(sizeof(TraceWindowStepRow), kTraceWindowStepFields)}};
+  const std::size_t sizes[] = {64, 16};
+  for (std::size_t i = 0; i < 2; ++i) {
+    H5Handle ds(H5Dopen2(f.get(), tables[i].first, H5P_DEFAULT));
+    H5Handle ft(H5Dget_type(ds.get()));
+    EXPECT_GT(H5Tequal(ft.get(), tables[i].second.get()), 0) << tables[i].first;
+    EXPECT_EQ(H5Tget_size(ft.get()), sizes[i]) << tables[i].first;
+  }
+}
+
+// An export without engine steps (a one-request run, and every file written before steps
+// existed) has neither table nor a request_id, and reads with no steps and unknown window steps.
+TEST(Export, ExportWithoutStepsWritesNothingNewAndReads) {
+  const SteppedRun run = ThreeSteps();
+  const std::string path = WriteSteppedExport("nosteps", run, false, "");
+  H5Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  ASSERT_TRUE(f.valid());
+  EXPECT_LE(H5Lexists(f.get(), "/trace/steps", H5P_DEFAULT), 0);
+  EXPECT_LE(H5Lexists(f.get(), "/trace/window_steps", H5P_DEFAULT), 0);
+  EXPECT_LE(H5Aexists_by_name(f.get(), "/", "request_id", H5P_DEFAULT), 0);
+  f.reset();
+  // An old export: a stepped one with the new tables and attribute deleted.
+  const std::string old = WriteSteppedExport("oldexport", run, true, "req-9");
+  {
+    H5Handle g(H5Fopen(old.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+    ASSERT_TRUE(g.valid());
+    ASSERT_GE(H5Ldelete(g.get(), "/trace/steps", H5P_DEFAULT), 0);
+    ASSERT_GE(H5Ldelete(g.get(), "/trace/window_steps", H5P_DEFAULT), 0);
+    ASSERT_GE(H5Adelete_by_name(g.get(), "/", "request_id", H5P_DEFAULT), 0);
+  }
+  for (const std::string& p : {path, old})
+    for (bool isolate : {true, false}) {
+      auto r = OpenExport(p, isolate);
+      ASSERT_TRUE(r.ok()) << p << ": " << r.status().ToString();
+      const ExportMeta& m = (*r)->meta();
+      EXPECT_EQ(m.request_id, "");
+      EXPECT_TRUE(m.steps.empty());
+      ASSERT_EQ(m.windows.size(), 2u);
+      for (const WindowRecord& w : m.windows) {
+        EXPECT_EQ(w.step, -1) << p;
+        EXPECT_EQ(w.step_rows, 0) << p;
+      }
+    }
+}
+
+// Damaged step tables are refused with the path: one table without the other, steps out of
+// order, a window naming a step the table lacks.
+TEST(Export, DamagedStepTablesAreRefused) {
+  SteppedRun run = ThreeSteps();
+  const std::string lone = WriteSteppedExport("lonesteps", run, true, "");
+  {
+    H5Handle g(H5Fopen(lone.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+    ASSERT_GE(H5Ldelete(g.get(), "/trace/window_steps", H5P_DEFAULT), 0);
+  }
+  auto r = OpenExport(lone, false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("/trace/window_steps"), std::string::npos)
+      << r.status().ToString();
+
+  SteppedRun unordered = run;
+  std::swap(unordered.steps[0], unordered.steps[1]);
+  r = OpenExport(WriteSteppedExport("unordered", unordered, true, ""), false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("out of order"), std::string::npos) << r.status().ToString();
+
+  SteppedRun stray = run;
+  stray.windows[1].step = 9;
+  r = OpenExport(WriteSteppedExport("stray", stray, true, ""), true);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("step 9 is not a row of /trace/steps"), std::string::npos)
+      << r.status().ToString();
 }
 
 TEST(Export, WindowSelectionParsing) {

@@ -19,11 +19,16 @@
 //                             missing (/config, /request/tokens, /output/tokens, /counters/stage{S}
 //                             with its 8 attributes, /trace/windows, /trace/samples,
 //                             /trace/device_samples; /checkpoints is optional: --export-windows
-//                             none), a soft or external link, an unexpected entry under
-//                             /checkpoints, an item whose attributes disagree with its path or its
-//                             dataset (kind, stage, layer, dtype vs HDF5 type, valid_rows ==
-//                             shape[0], capacity_rows >= valid_rows), scales of the wrong shape,
-//                             a compound table missing a field, or any ReaderLimits violation.
+//                             none; /trace/stages, /trace/steps, /trace/window_steps and the
+//                             `request_id` attribute are optional: older files lack them), a
+//                             soft or external link, an unexpected entry under /checkpoints, an
+//                             item whose attributes disagree with its path or its dataset (kind,
+//                             stage, layer, dtype vs HDF5 type, valid_rows == shape[0],
+//                             capacity_rows >= valid_rows), scales of the wrong shape,
+//                             a compound table missing a field, /trace/steps out of step order
+//                             or with negative counts, /trace/window_steps without /trace/steps,
+//                             not one row per window or naming a step /trace/steps lacks, or any
+//                             ReaderLimits violation.
 // Sizes are checked from the dataspace before anything is read or allocated: rank, every
 // dimension, and the logical bytes of every dataset (compressed ones too) against both
 // max_item_bytes and the file's length. Unknown (-1) values are not errors: ExportMeta::unknowns
@@ -143,6 +148,14 @@ struct SamplerSummary {
   std::int32_t pcie_gen = -1, pcie_width = -1;  // of the first device sample (-1 unknown)
 };
 
+// One row of /trace/steps: an engine step the request had rows in (StepRecord without its slot
+// list; counts and estimates as the engine recorded them).
+struct ExportStep {
+  std::int64_t step = 0, begin_ns = 0, end_ns = 0;
+  int rows = 0, seqs = 0, verify_rows = 0, prefill_rows = 0, queue_depth = 0, live = 0;
+  std::int64_t weight_bytes = 0, flops = 0;
+};
+
 // Every field of ExportMeta (and of the structs it holds) crosses the isolation pipe: the wire
 // (compare/isolated_wire.cpp) names each one in a structured binding, so a field added here does
 // not compile until it is added there too, and tests/compare/isolate_test.cpp compares an isolated
@@ -153,6 +166,7 @@ struct ExportMeta {
   std::int64_t schema_version = 0;
   std::string arm, run_id, created_utc, executable_sha256, config_sha256, model_sha256,
       request_sha256;
+  std::string request_id;  // attr `request_id`; "" when absent (one-request runs, older files)
   std::int64_t seed = 0;
   std::string config_json;  // /config (canonical JSON of the effective engine config)
   std::vector<std::int32_t> request_tokens;  // /request/tokens
@@ -162,8 +176,13 @@ struct ExportMeta {
   std::vector<ExportCheckpoint> checkpoints;  // sorted by (window, point order pre/post/commit)
   // /trace/windows: path and timing fields (draft, emitted and per-stage timings are not in the
   // HDF5 trace and stay empty, so WindowRecord::SamePath against a JSON-lines record is false;
-  // `source` is derived from T, merged and from_sfx). Fields are read by name.
+  // `source` is derived from T, merged and from_sfx). Fields are read by name. The step fields
+  // (step, step_rows, step_seqs, step_prefill_rows) come from /trace/window_steps and
+  // /trace/steps; without them (older exports, runs without steps) step is -1 and the rest 0.
   std::vector<WindowRecord> windows;
+  // /trace/steps (optional): the engine steps the request had rows in, in step order; empty
+  // when the export has none.
+  std::vector<ExportStep> steps;
   std::map<std::string, std::map<std::string, std::int64_t>> counters;  // "stage0" -> attr -> value
   SamplerSummary sampler;
   // Everything the export records as unknown, one line each:

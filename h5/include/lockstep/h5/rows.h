@@ -5,6 +5,8 @@
 //   /index/items          IndexRow           IndexRowType()
 //   /trace/windows        TraceWindowRow     kTraceWindowFields
 //   /trace/stages         TraceStageRow      kTraceStageFields
+//   /trace/steps          TraceStepRow       kTraceStepFields
+//   /trace/window_steps   TraceWindowStepRow kTraceWindowStepFields
 //   /trace/samples        HostSampleRow      kHostSampleFields
 //   /trace/device_samples DeviceSampleRow    kDeviceSampleFields
 //
@@ -189,6 +191,40 @@ inline constexpr std::array<RowField, 10> kTraceStageFields = {
     LOCKSTEP_ROW_FIELD_(TraceStageRow, dev_copy_ns, kI64),
     LOCKSTEP_ROW_FIELD_(TraceStageRow, init_ns, kI64),
     LOCKSTEP_ROW_FIELD_(TraceStageRow, graph, kU8),
+};
+
+// One row of /trace/steps: one engine step the request had rows in (StepRecord, engine
+// step_record.h, without its slot list), rows in step order.
+struct TraceStepRow {
+  std::int64_t step, begin_ns, end_ns;
+  std::int32_t rows, seqs, verify_rows, prefill_rows, queue_depth, live;
+  std::int64_t weight_bytes, flops;
+};
+
+inline constexpr std::array<RowField, 11> kTraceStepFields = {
+    LOCKSTEP_ROW_FIELD_(TraceStepRow, step, kI64),
+    LOCKSTEP_ROW_FIELD_(TraceStepRow, begin_ns, kI64),
+    LOCKSTEP_ROW_FIELD_(TraceStepRow, end_ns, kI64),
+    LOCKSTEP_ROW_FIELD_(TraceStepRow, rows, kI32),
+    LOCKSTEP_ROW_FIELD_(TraceStepRow, seqs, kI32),
+    LOCKSTEP_ROW_FIELD_(TraceStepRow, verify_rows, kI32),
+    LOCKSTEP_ROW_FIELD_(TraceStepRow, prefill_rows, kI32),
+    LOCKSTEP_ROW_FIELD_(TraceStepRow, queue_depth, kI32),
+    LOCKSTEP_ROW_FIELD_(TraceStepRow, live, kI32),
+    LOCKSTEP_ROW_FIELD_(TraceStepRow, weight_bytes, kI64),
+    LOCKSTEP_ROW_FIELD_(TraceStepRow, flops, kI64),
+};
+
+// One row of /trace/window_steps: the engine step a verify window ran in, rows in window order
+// (one per row of /trace/windows).
+struct TraceWindowStepRow {
+  std::int32_t window, pad;
+  std::int64_t step;
+};
+
+inline constexpr std::array<RowField, 2> kTraceWindowStepFields = {
+    LOCKSTEP_ROW_FIELD_(TraceWindowStepRow, window, kI32),
+    LOCKSTEP_ROW_FIELD_(TraceWindowStepRow, step, kI64),
 };
 
 // One row of /trace/samples: a host resource sample (-1 in any field: not measured).

@@ -12,11 +12,18 @@
 //                         inside it "draft", "verify", "export" (only when measured) and "commit"
 //   tid 1 + s  "stage s"  per window: "wait" (verify start until stage s starts computing) and
 //                         "compute" (stage s's forward), for s in [0, n_stages)
+//   tid 1 + n_stages  "steps"  only when ChromeTraceOptions::steps is not empty: per engine step
+//                         the request had rows in, "step <n>" over [begin_ns, end_ns] (the
+//                         step's forward), args step, rows, seqs, verify_rows, prefill_rows,
+//                         queue_depth, live, weight_bytes, flops and slots. A step whose end is
+//                         before its begin is drawn with dur 0 and args.clamped = true (counted
+//                         in otherData.clamped_spans).
 //
 // Every span is a complete event (ph "X") whose ts and dur are microseconds as floating point,
-// ts relative to the earliest begin_ns among the records (the first window's, for records in
-// order), so the trace starts at 0. Each value is one correctly rounded division of an exact
-// integer nanosecond count by 1000 (dur is computed from the ns difference, not from two ts).
+// ts relative to the earliest begin_ns among the records and steps (the first window's, for
+// records in order and no steps), so the trace starts at 0. Each value is one correctly rounded
+// division of an exact integer nanosecond count by 1000 (dur is computed from the ns difference,
+// not from two ts).
 //
 // Every span's args carry the window's path fields: idx, p, T, T_mtp, merged, from_sfx, chain_n,
 // accepted, source ("none"/"mtp"/"suffix"/"merged") and first_call. Stage spans add "stage";
@@ -62,9 +69,10 @@
 // * Strings (process_name, arm) that are not valid UTF-8 are written with U+FFFD replacements.
 //
 // otherData also carries schema "lockstep.chrome_trace", schema_version 1, generator, clock
-// ("CLOCK_MONOTONIC"), time_origin_ns (null for no windows), n_windows, n_stages, verify_begin
-// (the approximation above, in words), arm (when set) and injections (when given: the --inject
-// records, ChromeTraceOptions::injections).
+// ("CLOCK_MONOTONIC"), time_origin_ns (null for no windows and no steps), n_windows, n_stages,
+// verify_begin (the approximation above, in words), arm (when set), injections (when given: the
+// --inject records, ChromeTraceOptions::injections) and n_steps (when steps are given). Without
+// steps the text is what it was before the steps track existed.
 //
 // The JSON text puts one trace event per line, so traces diff well. Output is deterministic:
 // the same inputs give the same bytes.
@@ -78,6 +86,7 @@
 #include <vector>
 
 #include "lockstep/engine/status.h"
+#include "lockstep/engine/step_record.h"
 #include "lockstep/engine/window.h"
 
 namespace lockstep {
@@ -92,6 +101,9 @@ struct ChromeTraceOptions {
   // and each recorded firing is an instant event (ph "i", name "inject <kind>", cat "inject") on
   // its stage's track at its window's verify begin, args = the firing and the injection's text.
   std::vector<std::string> injections;
+  // The engine steps the request had rows in (the scheduler's records, step_record.h): drawn on
+  // the "steps" track. Empty: no steps track.
+  std::vector<StepRecord> steps;
 };
 
 // Returns the trace as JSON text (ends with a newline). `windows` is borrowed for the call only;

@@ -9,6 +9,11 @@
 // process-wide so the write returns EFBIG) makes every later write a no-op and Finish() return a
 // kIOError naming the dataset and the system error; the `.partial` file stays for inspection.
 //
+// Engine steps (continuous batching): OnStep records each step the request had rows in and
+// OnWindow the step each window ran in (WindowRecord::step); Finish writes them as /trace/steps
+// and /trace/window_steps. An exporter that saw no OnStep writes neither, so a run without steps
+// has the layout it always had.
+//
 // Thread safety: the Observer callbacks and Finish() are called from the engine's driver thread;
 // the writer thread is internal.
 #pragma once
@@ -28,6 +33,7 @@
 
 #include "lockstep/engine/observer.h"
 #include "lockstep/engine/status.h"
+#include "lockstep/engine/step_record.h"
 #include "lockstep/engine/trace_ring.h"
 #include "lockstep/engine/window_selection.h"
 #include "lockstep/instrument/resource_sampler.h"
@@ -55,6 +61,7 @@ inline constexpr int kH5FilterLz4 = 32004;
 // What Finish() writes besides the checkpoints (DESIGN.md root attributes and groups).
 struct ExportRunInfo {
   std::string arm, run_id, created_utc;
+  std::string request_id;    // root attribute `request_id`; "" = not written (one-request runs)
   std::string config_json;   // canonical effective config
   std::string weights_json;  // /weights: resident weight bytes per stage ("" = not written)
   std::string executable_sha256, config_sha256, model_sha256, request_sha256;
@@ -101,6 +108,7 @@ class H5Exporter final : public Observer {
   void OnState(const CheckpointInfo& info, const StateView& view) override;
   void OnCheckpointEnd(const CheckpointInfo& info) override;
   void OnWindow(const WindowRecord& rec) override;
+  void OnStep(const StepRecord& step) override;
 
   // Writes /trace/windows and the metadata, drains the queue, closes, fsyncs, renames.
   // Errors: the first write error (kIOError), or one from close/fsync/rename.
@@ -122,6 +130,7 @@ class H5Exporter final : public Observer {
   struct File;
   std::unique_ptr<File> file_;  // HDF5 handles; used by the writer thread only
   std::vector<WindowRecord> windows_;
+  std::vector<StepRecord> steps_;  // OnStep, in call order
   std::map<CheckpointPoint, std::vector<int>> counts_;
   int items_in_checkpoint_ = 0;
 
