@@ -29,6 +29,7 @@
 #include "lockstep/harness/golden.h"
 #include "lockstep/harness/model_command.h"
 #include "lockstep/harness/runner.h"
+#include "lockstep/harness/serve_command.h"
 #include "lockstep/instrument/export_writer.h"
 #include "output.h"
 #include "terminal.h"
@@ -39,7 +40,7 @@ namespace {
 using lockstep::IsStdout, lockstep::Status, lockstep::TakesStdout, lockstep::WriteOutput;
 using lockstep::kGroupCampaign, lockstep::kGroupCompare, lockstep::kGroupDiagnostics,
     lockstep::kGroupExport, lockstep::kGroupModel, lockstep::kGroupPipeline,
-    lockstep::kGroupReports, lockstep::kGroupRequest;
+    lockstep::kGroupReports, lockstep::kGroupRequest, lockstep::kGroupServer;
 
 // A subcommand and the library call that runs when it is the one given. The options it reads
 // live in state its setup function allocated and `run` holds.
@@ -680,6 +681,84 @@ void AddGolden(CLI::App& app, std::vector<Command>& commands) {
        }});
 }
 
+// ---- serve ----
+void AddServe(CLI::App& app, std::vector<Command>& commands) {
+  auto* serve = app.add_subcommand(
+      "serve", "Serve the engine over HTTP (OpenAI-compatible completions, streaming, metrics)");
+  struct State {
+    lockstep::ServeOptions opts;
+    lockstep::EngineFlags flags;
+    std::string max_body = "1M";
+  };
+  auto st = std::make_shared<State>();
+  lockstep::ServeOptions& o = st->opts;
+  st->flags.Register(*serve);  // the engine options (serve's --slots default is 16)
+  serve->add_option("--host", o.host, "Address to listen on (beyond loopback: an API key)")
+      ->capture_default_str()
+      ->group(kGroupServer);
+  serve->add_option("--port", o.port, "TCP port (0: any free port, printed on stdout)")
+      ->capture_default_str()
+      ->group(kGroupServer);
+  serve
+      ->add_option("--api-key", o.api_key,
+                   "Key every endpoint but /health requires as 'Authorization: Bearer KEY'")
+      ->default_str("LOCKSTEP_API_KEY or none")
+      ->group(kGroupServer);
+  serve->add_option("--model-name", o.model_name, "Model id of /v1/models and responses")
+      ->default_str("the model folder's name")
+      ->group(kGroupServer);
+  serve->add_option("--max-context", o.max_context, "Prompt + max_tokens at most")
+      ->capture_default_str()
+      ->group(kGroupServer);
+  serve->add_option("--max-body", st->max_body, "Request bodies at most (larger: 413)")
+      ->capture_default_str()
+      ->group(kGroupServer);
+  serve->add_option("--http-threads", o.http_threads, "Connections served at once")
+      ->capture_default_str()
+      ->group(kGroupServer);
+  serve
+      ->add_option("--max-connections", o.max_connections,
+                   "Connections waiting or served at most (beyond: 503)")
+      ->capture_default_str()
+      ->group(kGroupServer);
+  serve
+      ->add_option("--read-timeout", o.read_timeout_s,
+                   "Seconds to read a request's headers and body")
+      ->capture_default_str()
+      ->group(kGroupServer);
+  serve->add_option("--write-timeout", o.write_timeout_s, "Seconds a response write may block")
+      ->capture_default_str()
+      ->group(kGroupServer);
+  serve->add_option("--keep-alive", o.keep_alive_s, "Seconds an idle connection stays open")
+      ->capture_default_str()
+      ->group(kGroupServer);
+  serve
+      ->add_option(
+          "--drain-s", o.drain_s,
+          "SIGTERM / SIGINT: seconds running requests may finish before they are cancelled")
+      ->capture_default_str()
+      ->group(kGroupServer);
+  serve
+      ->add_option("--export-dir", o.export_dir,
+                   "Folder for request exports (lockstep.export v1, named by request id)")
+      ->group(kGroupExport);
+  serve->add_option("--slot-dir", o.slot_dir, "Folder for POST /slots/{id} files")
+      ->group(kGroupExport);
+  serve->footer(
+      "Examples:\n"
+      "  lockstep serve --model m --port 8080\n"
+      "  curl -s localhost:8080/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 8}'\n"
+      "  LOCKSTEP_API_KEY=secret lockstep serve --model m --host 0.0.0.0 --export-dir exports");
+  commands.push_back({serve, [st, serve]() -> Status {
+                        LOCKSTEP_ASSIGN_OR_RETURN(st->opts.config, st->flags.Build());
+                        if (serve->get_option("--slots")->count() == 0) st->opts.config.slots = 16;
+                        LOCKSTEP_ASSIGN_OR_RETURN(
+                            std::int64_t body, lockstep::ParseByteSize(st->max_body, "--max-body"));
+                        st->opts.max_body = static_cast<std::size_t>(body);
+                        return lockstep::RunServeCommand(st->opts, std::cout);
+                      }});
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{
       "lockstep: deterministic A/A diagnostics and state diffing for a hybrid MoE inference "
@@ -697,7 +776,7 @@ int Main(int argc, char** argv) {
       "Run 'lockstep <command> --help' for a command's options; harness/README.md has them all.");
   std::vector<Command> commands;
   for (auto add : {AddModelInit, AddGenerate, AddDiff, AddSummarize, AddAlign, AddRun, AddGate,
-                   AddReport, AddGolden})
+                   AddReport, AddGolden, AddServe})
     add(app, commands);
   if (RejectUnknownCommand(app, argc, argv)) return 2;
   try {
