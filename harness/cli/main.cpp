@@ -693,6 +693,7 @@ void AddServe(CLI::App& app, std::vector<Command>& commands) {
   auto st = std::make_shared<State>();
   lockstep::ServeOptions& o = st->opts;
   st->flags.Register(*serve);  // the engine options (serve's --slots default is 16)
+  serve->get_option("--slots")->default_str("16");
   serve->add_option("--host", o.host, "Address to listen on (beyond loopback: an API key)")
       ->capture_default_str()
       ->group(kGroupServer);
@@ -747,8 +748,8 @@ void AddServe(CLI::App& app, std::vector<Command>& commands) {
   serve->footer(
       "Examples:\n"
       "  lockstep serve --model m --port 8080\n"
-      "  curl -s localhost:8080/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 8}'\n"
-      "  LOCKSTEP_API_KEY=secret lockstep serve --model m --host 0.0.0.0 --export-dir exports");
+      "  lockstep serve --model m --slots 4 --export-dir exports --drain-s 10\n"
+      "  lockstep serve --model m --host 0.0.0.0 --api-key \"$KEY\" --max-body 4M");
   commands.push_back({serve, [st, serve]() -> Status {
                         LOCKSTEP_ASSIGN_OR_RETURN(st->opts.config, st->flags.Build());
                         if (serve->get_option("--slots")->count() == 0) st->opts.config.slots = 16;

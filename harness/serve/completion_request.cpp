@@ -49,8 +49,12 @@ ApiError RangeError(const std::string& field, const std::string& want) {
 std::optional<ApiError> GetInt(const json& v, const std::string& field, std::int64_t lo,
                                std::int64_t hi, int& out) {
   if (!v.is_number_integer()) return TypeError(field, "an integer");
-  if (v.is_number_unsigned() ? v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)
-                             : (v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi))
+  // Unsigned first: 2^64 - 1 is no int64, and nlohmann stores every non-negative integer as one.
+  const bool in_range = v.is_number_unsigned()
+                            ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi) &&
+                                  static_cast<std::int64_t>(v.get<std::uint64_t>()) >= lo
+                            : v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi;
+  if (!in_range)
     return RangeError(field, "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   out = static_cast<int>(v.get<std::int64_t>());
   return std::nullopt;

@@ -272,6 +272,7 @@ void EngineDriver::Deliver(RequestResult res) {
   if (it == jobs_.end()) return;
   ServeJobPtr job = it->second;
   jobs_.erase(it);
+  Publish();  // before the client hears of the end: /slots and /metrics already show it
   const std::string reason = FinishReason(res);
   metrics_.CountFinish(reason);
   metrics_.CountTokens(static_cast<std::int64_t>(job->prompt.size()),
@@ -290,11 +291,11 @@ void EngineDriver::Deliver(RequestResult res) {
       job->error = ApiError::Internal("the request failed: " + res.status.message());
     if (res.end == RequestEnd::kRefused) job->error = ApiError::QueueFull(res.status.message());
     job->result = std::move(res);
+    std::lock_guard lk(mu_);
+    --in_flight_;
     job->done = true;
     job->cv.notify_all();
   }
-  std::lock_guard lk(mu_);
-  --in_flight_;
 }
 
 void EngineDriver::Publish() {
