@@ -230,12 +230,13 @@ TEST(ServeHttp, KeysAndBinding) {
   ServeProcess srv(Args({"--api-key", "s3cret-key"}));
   ASSERT_TRUE(srv.started()) << srv.Log();
   auto none = srv.Client(), wrong = srv.Client("s3cret-kex"), longer = srv.Client("s3cret-key2"),
-       good = srv.Client("s3cret-key");
+       repeated = srv.Client("s3cret-keys3cret-key"), good = srv.Client("s3cret-key");
   EXPECT_EQ(none->Get("/health")->status, 200);  // a load balancer's probe needs no key
   for (const char* path : {"/v1/models", "/slots", "/metrics"}) {
     EXPECT_EQ(none->Get(path)->status, 401) << path;
     EXPECT_EQ(wrong->Get(path)->status, 401) << path;
     EXPECT_EQ(longer->Get(path)->status, 401) << path;
+    EXPECT_EQ(repeated->Get(path)->status, 401) << path;
     EXPECT_EQ(good->Get(path)->status, 200) << path;
   }
   const json req = {{"prompt", "hi"}, {"max_tokens", 2}};
