@@ -694,51 +694,27 @@ void AddServe(CLI::App& app, std::vector<Command>& commands) {
   lockstep::ServeOptions& o = st->opts;
   st->flags.Register(*serve);  // the engine options (serve's --slots default is 16)
   serve->get_option("--slots")->default_str("16");
-  serve->add_option("--host", o.host, "Address to listen on (beyond loopback: an API key)")
-      ->capture_default_str()
-      ->group(kGroupServer);
-  serve->add_option("--port", o.port, "TCP port (0: any free port, printed on stdout)")
-      ->capture_default_str()
-      ->group(kGroupServer);
-  serve
-      ->add_option("--api-key", o.api_key,
-                   "Key every endpoint but /health requires as 'Authorization: Bearer KEY'")
-      ->default_str("LOCKSTEP_API_KEY or none")
-      ->group(kGroupServer);
-  serve->add_option("--model-name", o.model_name, "Model id of /v1/models and responses")
-      ->default_str("the model folder's name")
-      ->group(kGroupServer);
-  serve->add_option("--max-context", o.max_context, "Prompt + max_tokens at most")
-      ->capture_default_str()
-      ->group(kGroupServer);
-  serve->add_option("--max-body", st->max_body, "Request bodies at most (larger: 413)")
-      ->capture_default_str()
-      ->group(kGroupServer);
-  serve->add_option("--http-threads", o.http_threads, "Connections served at once")
-      ->capture_default_str()
-      ->group(kGroupServer);
-  serve
-      ->add_option("--max-connections", o.max_connections,
-                   "Connections waiting or served at most (beyond: 503)")
-      ->capture_default_str()
-      ->group(kGroupServer);
-  serve
-      ->add_option("--read-timeout", o.read_timeout_s,
-                   "Seconds to read a request's headers and body")
-      ->capture_default_str()
-      ->group(kGroupServer);
-  serve->add_option("--write-timeout", o.write_timeout_s, "Seconds a response write may block")
-      ->capture_default_str()
-      ->group(kGroupServer);
-  serve->add_option("--keep-alive", o.keep_alive_s, "Seconds an idle connection stays open")
-      ->capture_default_str()
-      ->group(kGroupServer);
-  serve
-      ->add_option(
-          "--drain-s", o.drain_s,
-          "SIGTERM / SIGINT: seconds running requests may finish before they are cancelled")
-      ->capture_default_str()
-      ->group(kGroupServer);
+  // The server's own flags, each with its default shown.
+  auto server = [serve](const char* flag, auto& field, const char* doc) {
+    return serve->add_option(flag, field, doc)->capture_default_str()->group(kGroupServer);
+  };
+  server("--host", o.host, "Address to listen on (beyond loopback: an API key)");
+  server("--port", o.port, "TCP port (0: any free port, printed on stdout)");
+  server("--api-key", o.api_key,
+         "Key every endpoint but /health requires as 'Authorization: Bearer KEY'")
+      ->default_str("LOCKSTEP_API_KEY or none");
+  server("--model-name", o.model_name, "Model id of /v1/models and responses")
+      ->default_str("the model folder's name");
+  server("--max-context", o.max_context, "Prompt + max_tokens at most");
+  server("--max-body", st->max_body, "Request bodies at most (larger: 413)");
+  server("--http-threads", o.http_threads, "Connections served at once");
+  server("--max-connections", o.max_connections,
+         "Connections waiting or served at most (beyond: 503)");
+  server("--read-timeout", o.read_timeout_s, "Seconds to read a request's headers and body");
+  server("--write-timeout", o.write_timeout_s, "Seconds a response write may block");
+  server("--keep-alive", o.keep_alive_s, "Seconds an idle connection stays open");
+  server("--drain-s", o.drain_s,
+         "SIGTERM / SIGINT: seconds running requests may finish before they are cancelled");
   serve
       ->add_option("--export-dir", o.export_dir,
                    "Folder for request exports (lockstep.export v1, named by request id)")
