@@ -43,7 +43,7 @@ Json WindowJson(const std::optional<WindowRecord>& w) {
   if (!w) return nullptr;
   Json j = Json::object();
   for (const WindowField& f : WindowFields()) {
-    if (f.role == WindowFieldRole::kTiming) continue;
+    if (f.role != WindowFieldRole::kIndex && f.role != WindowFieldRole::kPath) continue;
     if (f.kind == WindowFieldKind::kInt) j[f.name] = f.get(*w);
     if (f.kind == WindowFieldKind::kBool) j[f.name] = f.get(*w) != 0;
   }

@@ -42,74 +42,126 @@ void AttendGroup(const float* q, int n_group, int kv_head, const KvCache& cache,
   }
 }
 
-void AttentionForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rope,
-                      const float* a, int T, int p, KvCache& cache, MatmulKind kind,
-                      ThreadPool* pool, Arena& arena, float* out) {
-  Arena::Scope scope(arena);
-  const int hq = c.n_heads, hkv = c.n_heads_kv, d = c.head_dim, group = hq / hkv;
-  const std::size_t ud = static_cast<std::size_t>(d), ut = static_cast<std::size_t>(T);
-  const std::size_t qg_w = 2 * static_cast<std::size_t>(hq) * ud,
-                    kv_w = static_cast<std::size_t>(hkv) * ud;
-  float* qg = arena.Alloc(ut * qg_w);
-  float* k = arena.Alloc(ut * kv_w);
-  float* v = arena.Alloc(ut * kv_w);
-  Matmul(kind, a, T, w.q_proj, qg, pool);
-  Matmul(kind, a, T, w.k_proj, k, pool);
-  Matmul(kind, a, T, w.v_proj, v, pool);
+namespace {
 
-  // Split q / gate (interleaved per head), normalise, rotate.
-  float* q = arena.Alloc(ut * static_cast<std::size_t>(hq) * ud);
-  float* gate = arena.Alloc(ut * static_cast<std::size_t>(hq) * ud);
-  for (int t = 0; t < T; ++t) {
-    const std::size_t ut_ = static_cast<std::size_t>(t);
+inline std::size_t U(int x) { return static_cast<std::size_t>(x); }
+
+// The projections' outputs and the per-head views built from them, rows of all sequences.
+struct AttnRows {
+  float* qg;    // f32 [n_rows, Hq, 2, D]: q and gate interleaved per head (q_proj output)
+  float* k;     // f32 [n_rows, Hkv, D]
+  float* v;     // f32 [n_rows, Hkv, D]
+  float* q;     // f32 [n_rows, Hq, D]: normalised, rotated
+  float* gate;  // f32 [n_rows, Hq, D]
+};
+
+AttnRows AttnProject(const AttentionWeights& w, const ModelConfig& c, const float* a, int n_rows,
+                     MatmulKind kind, ThreadPool* pool, Arena& arena) {
+  const std::size_t ud = U(c.head_dim), ut = U(n_rows);
+  const std::size_t qg_w = 2 * U(c.n_heads) * ud, kv_w = U(c.n_heads_kv) * ud;
+  AttnRows r{};
+  r.qg = arena.Alloc(ut * qg_w);
+  r.k = arena.Alloc(ut * kv_w);
+  r.v = arena.Alloc(ut * kv_w);
+  Matmul(kind, a, n_rows, w.q_proj, r.qg, pool);
+  Matmul(kind, a, n_rows, w.k_proj, r.k, pool);
+  Matmul(kind, a, n_rows, w.v_proj, r.v, pool);
+  r.q = arena.Alloc(ut * U(c.n_heads) * ud);
+  r.gate = arena.Alloc(ut * U(c.n_heads) * ud);
+  return r;
+}
+
+// One sequence: split q / gate (interleaved per head), normalise, rotate at its own positions,
+// then write its K/V rows to its cache.
+void AttnPrepare(const AttentionWeights& w, const ModelConfig& c, const Rope& rope,
+                 const AttnSeq& sq, const AttnRows& r) {
+  const int hq = c.n_heads, hkv = c.n_heads_kv, d = c.head_dim;
+  const std::size_t ud = U(d), qg_w = 2 * U(hq) * ud, kv_w = U(hkv) * ud;
+  for (int t = 0; t < sq.T; ++t) {
+    const std::size_t ut_ = U(sq.row0 + t);
     for (int h = 0; h < hq; ++h) {
-      const float* src = qg + ut_ * qg_w + 2 * static_cast<std::size_t>(h) * ud;
-      float* qd = q + (ut_ * static_cast<std::size_t>(hq) + static_cast<std::size_t>(h)) * ud;
+      const float* src = r.qg + ut_ * qg_w + 2 * U(h) * ud;
+      float* qd = r.q + (ut_ * U(hq) + U(h)) * ud;
       RmsNormZc(src, d, w.q_norm, c.rms_norm_eps, qd);
-      std::memcpy(gate + (ut_ * static_cast<std::size_t>(hq) + static_cast<std::size_t>(h)) * ud,
-                  src + ud, ud * sizeof(float));
+      std::memcpy(r.gate + (ut_ * U(hq) + U(h)) * ud, src + ud, ud * sizeof(float));
     }
-    rope.Apply(q + ut_ * static_cast<std::size_t>(hq) * ud, hq, d, p + t);
+    rope.Apply(r.q + ut_ * U(hq) * ud, hq, d, sq.p + t);
     for (int j = 0; j < hkv; ++j) {
-      float* kd = k + ut_ * kv_w + static_cast<std::size_t>(j) * ud;
+      float* kd = r.k + ut_ * kv_w + U(j) * ud;
       RmsNormZc(kd, d, w.k_norm, c.rms_norm_eps, kd);
     }
-    rope.Apply(k + ut_ * kv_w, hkv, d, p + t);
+    rope.Apply(r.k + ut_ * kv_w, hkv, d, sq.p + t);
   }
-  cache.Write(p, T, k, v);
+  sq.cache->Write(sq.p, sq.T, r.k + U(sq.row0) * kv_w, r.v + U(sq.row0) * kv_w);
+}
 
-  // Attend: one item per (row, kv head); per-thread scratch, one slice of items per thread.
+// Attend: one item per (row, kv head) of every sequence, in row order; per-thread scratch, one
+// slice of items per thread. Each item reads only its own sequence's cache, so its bits do not
+// depend on the slicing. o f32 [n_rows, Hq, D].
+void AttnCore(const ModelConfig& c, const AttnSeq* seqs, int n_seqs, const float* q,
+              ThreadPool* pool, Arena& arena, float* o) {
+  const int hq = c.n_heads, hkv = c.n_heads_kv, d = c.head_dim, group = hq / hkv;
+  const std::size_t ud = U(d);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const int n_items = T * hkv;
+  int n_items = 0, max_ctx_i = 0;
+  for (int i = 0; i < n_seqs; ++i) {
+    n_items += seqs[i].T * hkv;
+    max_ctx_i = std::max(max_ctx_i, seqs[i].p + seqs[i].T);
+  }
   const int n_slices = pool ? std::min(pool->size(), n_items) : 1;
-  const std::size_t max_ctx = static_cast<std::size_t>(p + T);
-  const std::size_t scratch_w = static_cast<std::size_t>(group) * max_ctx + 2 * ud;
-  float* scratch = arena.Alloc(static_cast<std::size_t>(n_slices) * scratch_w);
-  float* o = arena.Alloc(ut * static_cast<std::size_t>(hq) * ud);
+  const std::size_t max_ctx = U(max_ctx_i);
+  const std::size_t scratch_w = U(group) * max_ctx + 2 * ud;
+  float* scratch = arena.Alloc(U(n_slices) * scratch_w);
   auto slice_fn = [&](std::size_t sb, std::size_t se) {
     for (std::size_t s = sb; s < se; ++s) {
       float* sc = scratch + s * scratch_w;
       int ib = static_cast<int>(s) * n_items / n_slices,
           ie = (static_cast<int>(s) + 1) * n_items / n_slices;
+      int si = 0, item0 = 0;  // sequence of item ib and its first item
+      while (ib >= item0 + seqs[si].T * hkv) item0 += seqs[si++].T * hkv;
       for (int item = ib; item < ie; ++item) {
-        int t = item / hkv, j = item % hkv;
-        std::size_t qoff = (static_cast<std::size_t>(t) * static_cast<std::size_t>(hq) +
-                            static_cast<std::size_t>(j * group)) *
-                           ud;
-        AttendGroup(q + qoff, group, j, cache, p + t + 1, scale, o + qoff, sc,
-                    sc + static_cast<std::size_t>(group) * max_ctx);
+        while (item >= item0 + seqs[si].T * hkv) item0 += seqs[si++].T * hkv;
+        const AttnSeq& sq = seqs[si];
+        int t = (item - item0) / hkv, j = (item - item0) % hkv;
+        std::size_t qoff = (U(sq.row0 + t) * U(hq) + U(j * group)) * ud;
+        AttendGroup(q + qoff, group, j, *sq.cache, sq.p + t + 1, scale, o + qoff, sc,
+                    sc + U(group) * max_ctx);
       }
     }
   };
   if (pool && n_slices > 1) {
-    pool->ParallelFor(static_cast<std::size_t>(n_slices), slice_fn);
+    pool->ParallelFor(U(n_slices), slice_fn);
   } else {
     slice_fn(0, 1);
   }
-  // Output gate and projection.
-  const std::size_t n_o = ut * static_cast<std::size_t>(hq) * ud;
+}
+
+// Output gate and projection over all rows.
+void AttnOut(const AttentionWeights& w, const ModelConfig& c, int n_rows, const float* gate,
+             float* o, MatmulKind kind, ThreadPool* pool, float* out) {
+  const std::size_t n_o = U(n_rows) * U(c.n_heads) * U(c.head_dim);
   for (std::size_t i = 0; i < n_o; ++i) o[i] = o[i] * Sigmoid(gate[i]);
-  Matmul(kind, o, T, w.o_proj, out, pool);
+  Matmul(kind, o, n_rows, w.o_proj, out, pool);
+}
+
+}  // namespace
+
+void AttentionForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rope,
+                      const float* a, int T, int p, KvCache& cache, MatmulKind kind,
+                      ThreadPool* pool, Arena& arena, float* out) {
+  const AttnSeq seq{0, T, p, &cache};
+  AttentionForwardSeqs(w, c, rope, a, T, &seq, 1, kind, pool, arena, out);
+}
+
+void AttentionForwardSeqs(const AttentionWeights& w, const ModelConfig& c, const Rope& rope,
+                          const float* a, int n_rows, const AttnSeq* seqs, int n_seqs,
+                          MatmulKind kind, ThreadPool* pool, Arena& arena, float* out) {
+  Arena::Scope scope(arena);
+  const AttnRows r = AttnProject(w, c, a, n_rows, kind, pool, arena);
+  for (int i = 0; i < n_seqs; ++i) AttnPrepare(w, c, rope, seqs[i], r);
+  float* o = arena.Alloc(U(n_rows) * U(c.n_heads) * U(c.head_dim));
+  AttnCore(c, seqs, n_seqs, r.q, pool, arena, o);
+  AttnOut(w, c, n_rows, r.gate, o, kind, pool, out);
 }
 
 }  // namespace lockstep::cpu

@@ -20,11 +20,29 @@ namespace lockstep::cpu {
 void AttendGroup(const float* q, int n_group, int kv_head, const KvCache& cache, int n_ctx,
                  float scale, float* o, float* scores, float* tmp);
 
+// One sequence's rows inside a multi-sequence mixer call: rows [row0, row0 + T) of a / out, at
+// positions p..p+T-1, with its own K/V cache.
+struct AttnSeq {
+  int row0 = 0;
+  int T = 0;
+  int p = 0;
+  KvCache* cache = nullptr;
+};
+
 // The whole mixer for T rows at positions p..p+T-1: q/gate/k/v projections, q/k RMSNorm,
 // partial RoPE, K/V rows written to `cache` at [p, p+T) (speculative until committed), causal
 // attention (row t sees positions <= p+t), sigmoid output gate, o_proj. a, out f32 [T, H].
 void AttentionForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rope,
                       const float* a, int T, int p, KvCache& cache, MatmulKind kind,
                       ThreadPool* pool, Arena& arena, float* out);
+
+// The same mixer for several sequences sharing the products: each projection is one `kind`
+// product over all n_rows rows (a, out f32 [n_rows, H]); q/k norms, RoPE, the cache write and
+// attention run per sequence at its own positions against its own cache (all sequences' items
+// in one parallel loop). With kInvariant products every row gets the bits it gets alone; one
+// sequence {0, T, p, &cache} is exactly AttentionForward.
+void AttentionForwardSeqs(const AttentionWeights& w, const ModelConfig& c, const Rope& rope,
+                          const float* a, int n_rows, const AttnSeq* seqs, int n_seqs,
+                          MatmulKind kind, ThreadPool* pool, Arena& arena, float* out);
 
 }  // namespace lockstep::cpu

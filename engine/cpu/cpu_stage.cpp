@@ -99,33 +99,58 @@ GdnState* CpuStageSession::gdn(int il) {
 
 void CpuStageSession::LayerForward(const LayerWeights& lw, int local_moe, Activation& act,
                                    ForwardMode mode, KvCache* kv, GdnState* gdn) {
+  ExpertCache* cache = local_moe >= 0 ? cur_->experts.get() : cur_->mtp_experts.get();
+  const std::vector<LayerSeq> seq = {LayerSeq{0, act.T, act.p, mode, kv, gdn, cache}};
+  LayerRows(lw, local_moe, act.hidden.data(), act.T, seq, KindOf(mode));
+}
+
+void CpuStageSession::LayerRows(const LayerWeights& lw, int local_moe, float* x, int n_rows,
+                                const std::vector<LayerSeq>& seqs, cpu::MatmulKind kind) {
   Arena::Scope scope(arena_);
-  const int T = act.T, h = c_.n_embd;
+  const int T = n_rows, h = c_.n_embd;
+  const int n_seqs = static_cast<int>(seqs.size());
   const std::size_t n = U(T) * U(h);
-  float* x = act.hidden.data();
   float* a = arena_.Alloc(n);
   float* mix = arena_.Alloc(n);
   for (int t = 0; t < T; ++t)
     cpu::RmsNormZc(x + U(t) * U(h), h, lw.input_norm, c_.rms_norm_eps, a + U(t) * U(h));
-  const auto kind = KindOf(mode);
   if (lw.type == LayerType::kFullAttention) {
-    cpu::AttentionForward(lw.attn, c_, *rope_, a, T, act.p, *kv, kind, pool_, arena_, mix);
+    std::vector<cpu::AttnSeq> at;
+    for (const LayerSeq& sq : seqs) at.push_back(cpu::AttnSeq{sq.row0, sq.T, sq.p, sq.kv});
+    cpu::AttentionForwardSeqs(lw.attn, c_, *rope_, a, T, at.data(), n_seqs, kind, pool_, arena_,
+                              mix);
   } else {
-    cpu::GdnForward(lw.gdn, c_, a, T, *gdn,
-                    mode == ForwardMode::kPrefill ? cpu::GdnMode::kPrefill : cpu::GdnMode::kVerify,
-                    kind, pool_, arena_, mix);
+    std::vector<cpu::GdnSeq> gs;
+    for (const LayerSeq& sq : seqs)
+      gs.push_back(cpu::GdnSeq{
+          sq.row0, sq.T, sq.gdn,
+          sq.mode == ForwardMode::kPrefill ? cpu::GdnMode::kPrefill : cpu::GdnMode::kVerify});
+    cpu::GdnForwardSeqs(lw.gdn, c_, a, T, gs.data(), n_seqs, kind, pool_, arena_, mix);
   }
   for (std::size_t i = 0; i < n; ++i) x[i] += mix[i];
   for (int t = 0; t < T; ++t)
     cpu::RmsNormZc(x + U(t) * U(h), h, lw.post_norm, c_.rms_norm_eps, a + U(t) * U(h));
   if (lw.moe) {
-    ExpertCache* cache = local_moe >= 0 ? cur_->experts.get() : cur_->mtp_experts.get();
-    cpu::MoeForward(lw.ffn_moe, c_, a, T, kind, pool_, arena_, cache,
-                    local_moe >= 0 ? local_moe : 0, mix);
+    std::vector<cpu::MoeSeq> ms;
+    for (const LayerSeq& sq : seqs) ms.push_back(cpu::MoeSeq{sq.row0, sq.T, sq.experts});
+    cpu::MoeForwardSeqs(lw.ffn_moe, c_, a, T, ms.data(), n_seqs, kind, pool_, arena_,
+                        local_moe >= 0 ? local_moe : 0, mix);
   } else {
     cpu::FfnForward(lw.ffn_dense, a, T, kind, pool_, arena_, mix);
   }
   for (std::size_t i = 0; i < n; ++i) x[i] += mix[i];
+}
+
+Status CpuStageSession::Embed(const std::int32_t* tokens, int T, float* x) const {
+  const int h = c_.n_embd;
+  for (int t = 0; t < T; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= c_.n_vocab)
+      return Status::InvalidArgument("token", "id " + std::to_string(tokens[t]) +
+                                                  " outside the vocabulary (size " +
+                                                  std::to_string(c_.n_vocab) + ")");
+    std::memcpy(x + U(t) * U(h), w_.embed.row(tokens[t]), U(h) * sizeof(float));
+  }
+  return Status::Ok();
 }
 
 Status CpuStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Activation& act) {
@@ -133,13 +158,7 @@ Status CpuStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Ac
   const int T = act.T, h = c_.n_embd;
   if (is_first()) {
     act.hidden.resize(U(T) * U(h));
-    for (int t = 0; t < T; ++t) {
-      if (tokens[t] < 0 || tokens[t] >= c_.n_vocab)
-        return Status::InvalidArgument("token", "id " + std::to_string(tokens[t]) +
-                                                    " outside the vocabulary (size " +
-                                                    std::to_string(c_.n_vocab) + ")");
-      std::memcpy(act.hidden.data() + U(t) * U(h), w_.embed.row(tokens[t]), U(h) * sizeof(float));
-    }
+    LOCKSTEP_RETURN_IF_ERROR(Embed(tokens, T, act.hidden.data()));
   }
   LOCKSTEP_CHECK_EQ(act.hidden.size(), U(T) * U(h));
   LOCKSTEP_TRACE(TraceEventId::kStageBegin, index(), static_cast<std::uint16_t>(T));
@@ -213,23 +232,44 @@ void CpuStageSession::MtpForward(const float* hid, const std::int32_t* next_toke
 
 void CpuStageSession::MtpCommit(int rows) { cur_->mtp_kv->Commit(rows); }
 
-// More than one group: each group runs this stage's single-sequence forward on its own slot and
-// its own rows, so every product keeps the shape it has when the request runs alone.
+// More than one group. batch_invariant (fuse_all off): the verify groups (rows [0, verify_rows))
+// share kInvariant products, so each of their rows keeps the bits it gets alone; each prefill
+// chunk runs this stage's single-sequence forward on its own slot and rows, because its kGemm
+// products (and the chunked GDN form) depend on the chunk's row count. fuse_all: every group in
+// one pass of kGemm products over all rows, cores per group in their own mode.
 Status CpuStageSession::ForwardStep(const StepPlan& plan, const std::int32_t* tokens,
                                     Activation& act) {
   if (plan.groups.size() == 1) return StageSession::ForwardStep(plan, tokens, act);
   const std::size_t h = U(c_.n_embd);
   const int rows = plan.rows();
-  if (is_first()) act.hidden.assign(U(rows) * h, 0.0f);
+  if (is_first()) {
+    act.hidden.resize(U(rows) * h);
+    LOCKSTEP_RETURN_IF_ERROR(Embed(tokens, rows, act.hidden.data()));
+  }
   LOCKSTEP_CHECK_EQ(act.hidden.size(), U(rows) * h);
+  std::vector<const RowGroup*> fused;
+  int n_fused = 0;
+  for (const RowGroup& g : plan.groups)
+    if (plan.fuse_all || g.mode == ForwardMode::kVerify) {
+      LOCKSTEP_CHECK_EQ(g.row0, n_fused) << "fused groups come first, rows contiguous";
+      fused.push_back(&g);
+      n_fused += g.T;
+    }
+  if (!fused.empty()) {
+    LOCKSTEP_TRACE(TraceEventId::kStageBegin, index(), static_cast<std::uint16_t>(n_fused));
+    FusedStep(fused, act.hidden.data(), n_fused,
+              plan.fuse_all ? cpu::MatmulKind::kGemm : cpu::MatmulKind::kInvariant);
+    LOCKSTEP_TRACE(TraceEventId::kStageEnd, index(), static_cast<std::uint16_t>(n_fused));
+  }
   const int prev = slot();
   Status st = Status::Ok();
   for (const RowGroup& g : plan.groups) {
+    if (plan.fuse_all || g.mode == ForwardMode::kVerify) continue;
     Activation sub;
     sub.p = g.p;
     sub.T = g.T;
     const auto first = act.hidden.begin() + static_cast<std::ptrdiff_t>(U(g.row0) * h);
-    if (!is_first()) sub.hidden.assign(first, first + static_cast<std::ptrdiff_t>(U(g.T) * h));
+    sub.hidden.assign(first, first + static_cast<std::ptrdiff_t>(U(g.T) * h));
     UseSlot(g.slot);
     st = Forward(g.mode, tokens + g.row0, sub);
     if (!st.ok()) break;
@@ -239,6 +279,39 @@ Status CpuStageSession::ForwardStep(const StepPlan& plan, const std::int32_t* to
   act.p = 0;
   act.T = rows;
   return st;
+}
+
+void CpuStageSession::FusedStep(const std::vector<const RowGroup*>& groups, float* x, int n_rows,
+                                cpu::MatmulKind kind) {
+  std::vector<SlotState*> st;
+  for (const RowGroup* g : groups) {
+    UseSlot(g->slot);  // builds the slot's state on first use
+    LOCKSTEP_CHECK_EQ(g->p, cur_->position) << "slot " << g->slot;
+    st.push_back(cur_);
+  }
+  std::vector<LayerSeq> seqs(groups.size());
+  for (int il = layer_begin(); il < layer_end(); ++il) {
+    const std::size_t l = U(il - layer_begin());
+    LOCKSTEP_TRACE(TraceEventId::kLayerBegin, il, static_cast<std::uint16_t>(index()));
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      const RowGroup& g = *groups[i];
+      seqs[i] = LayerSeq{
+          g.row0, g.T, g.p, g.mode, st[i]->kv[l].get(), st[i]->gdn[l].get(), st[i]->experts.get()};
+    }
+    LayerRows(w_.layers[U(il)], moe_local_[l], x, n_rows, seqs, kind);
+    LOCKSTEP_TRACE(TraceEventId::kLayerEnd, il, static_cast<std::uint16_t>(index()));
+  }
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const RowGroup& g = *groups[i];
+    if (g.mode == ForwardMode::kPrefill) {
+      for (auto& kv : st[i]->kv)
+        if (kv) kv->Commit(g.p + g.T);
+      st[i]->position += g.T;
+      st[i]->pending_rows = 0;
+    } else {
+      st[i]->pending_rows = g.T;
+    }
+  }
 }
 
 void CpuStageSession::StepLogits(const StepPlan& plan, const Activation& act, float* normed,

@@ -1,7 +1,14 @@
 // CpuStageSession: the reference stage session (Eigen + own vectorised kernels, host memory).
 //
 // Bitwise deterministic for a fixed thread count; verify windows use the batch-invariant
-// kernels (cpu/matmul.h kInvariant), so a row's result does not depend on T.
+// kernels (cpu/matmul.h kInvariant), so a row's result does not depend on T, nor on the other
+// sequences' verify rows that share a fused engine step. ForwardStep with more than one group:
+// without plan.fuse_all the verify groups (rows [0, verify_rows), one per slot) run each layer's
+// products once over all their rows (kInvariant) and their cores per slot, so every group's rows,
+// state and expert counters are bitwise what it gets alone; each prefill chunk runs its own
+// single-sequence forward. With fuse_all every group shares one kGemm pass (cores per group in
+// their own mode). One group: exactly Forward.
+//
 // Borrowed: weights, cfg and pool (StageParams) outlive the session.
 #pragma once
 
@@ -17,7 +24,8 @@ namespace lockstep {
 
 namespace cpu {
 class Rope;
-}
+enum class MatmulKind;
+}  // namespace cpu
 
 class CpuStageSession final : public StageSession {
  public:
@@ -63,9 +71,32 @@ class CpuStageSession final : public StageSession {
   };
   std::unique_ptr<SlotState> NewSlot() const;
 
+  // One sequence's rows inside a layer call: rows [row0, row0 + T) at positions p.., its mode and
+  // this layer's state of its slot (kv for attention, gdn for GDN layers, experts may be null).
+  struct LayerSeq {
+    int row0 = 0;
+    int T = 0;
+    int p = 0;
+    ForwardMode mode = ForwardMode::kVerify;
+    KvCache* kv = nullptr;
+    GdnState* gdn = nullptr;
+    ExpertCache* experts = nullptr;
+  };
+
   // One decoder layer in place on act.hidden; local_moe < 0 selects the MTP expert map.
   void LayerForward(const LayerWeights& lw, int local_moe, Activation& act, ForwardMode mode,
                     KvCache* kv, GdnState* gdn);
+  // One decoder layer in place on x f32 [n_rows, H] for several sequences: every linear product
+  // is one `kind` product over all rows, norms and residuals per row, each mixer core per
+  // sequence on its own state (cpu/attention.h, cpu/gdn.h, cpu/moe.h *Seqs).
+  void LayerRows(const LayerWeights& lw, int local_moe, float* x, int n_rows,
+                 const std::vector<LayerSeq>& seqs, cpu::MatmulKind kind);
+  // Embeds tokens [T] into x f32 [T, H]; kInvalidArgument for a token outside the vocabulary.
+  Status Embed(const std::int32_t* tokens, int T, float* x) const;
+  // A fused engine step: this stage's layers over `groups` (rows [0, n_rows) of x, contiguous in
+  // order) with `kind` products, then each group's bookkeeping (prefill commits, verify pending).
+  void FusedStep(const std::vector<const RowGroup*>& groups, float* x, int n_rows,
+                 cpu::MatmulKind kind);
 
   const ModelWeights& w_;
   const ModelConfig& c_;

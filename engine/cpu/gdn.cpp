@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "cpu/norm.h"
 
@@ -15,14 +16,20 @@ inline std::size_t U(int x) { return static_cast<std::size_t>(x); }
 
 void GatedDeltaStep(float* S, const float* q, const float* k, const float* v, float alpha,
                     float beta, int dk, int dv, float* o) {
+  GatedDeltaStepFrom(S, S, q, k, v, alpha, beta, dk, dv, o);
+}
+
+void GatedDeltaStepFrom(const float* S_in, float* S, const float* q, const float* k, const float* v,
+                        float alpha, float beta, int dk, int dv, float* o) {
   // Pass 1: decay and m = S^T k, accumulating over kappa in increasing order (vectorised over v).
   float m[1024];
   std::fill_n(m, dv, 0.0f);
   for (int kk = 0; kk < dk; ++kk) {
+    const float* in = S_in + U(kk) * U(dv);
     float* row = S + U(kk) * U(dv);
     const float kv = k[kk];
     for (int j = 0; j < dv; ++j) {
-      row[j] *= alpha;
+      row[j] = in[j] * alpha;
       m[j] += row[j] * kv;
     }
   }
@@ -121,39 +128,35 @@ struct GdnInputs {
   const float* gdec;  // f32 [T, Hv]: log decay
 };
 
-// Verify: one step per row into the per-step scratch (the checkpoint stays until commit), parallel
-// over value heads.
-void RecurVerify(const GdnInputs& in, GdnState& state, ThreadPool* pool, float* O) {
+// Verify: one step per row into the per-step scratch (the checkpoint stays until commit). Begin
+// sizes the scratch and fills the per-step conv states; the steps of each value head are then
+// one work item (VerifyHead), run in parallel over the heads of every verifying sequence.
+void VerifyBegin(const GdnInputs& in, GdnState& state) {
   const ModelConfig& c = in.c;
-  const int T = in.T;
-  const int hk = c.n_k_heads, hv = c.n_v_heads, dk = c.k_head_dim, dv = c.v_head_dim, r = hv / hk;
-  const int key_dim = c.key_dim(), conv_dim = c.conv_dim(), kr = c.conv_kernel - 1;
-  const std::size_t s_head = U(dk) * U(dv);
-  const float *win = in.win, *Uc = in.Uc, *qh = in.qh, *kh = in.kh, *beta = in.beta,
-              *gdec = in.gdec;
-  state.BeginSteps(T);
-  for (int t = 0; t < T; ++t) {  // conv state after step t = last K-1 inputs ending at t
-    std::memcpy(state.step_conv(t), win + U(t + 1) * U(conv_dim),
+  const int conv_dim = c.conv_dim(), kr = c.conv_kernel - 1;
+  state.BeginSteps(in.T);
+  for (int t = 0; t < in.T; ++t) {  // conv state after step t = last K-1 inputs ending at t
+    std::memcpy(state.step_conv(t), in.win + U(t + 1) * U(conv_dim),
                 U(kr) * U(conv_dim) * sizeof(float));
   }
-  auto heads = [&](std::size_t jb, std::size_t je) {
-    for (std::size_t j = jb; j < je; ++j) {
-      const int gi = static_cast<int>(j) / r;
-      for (int t = 0; t < T; ++t) {
-        const float* prev = t == 0 ? state.ssm() : state.step_ssm(t - 1);
-        float* S = state.step_ssm(t) + j * s_head;
-        std::memcpy(S, prev + j * s_head, s_head * sizeof(float));
-        const std::size_t th = U(t) * U(hv) + j;
-        GatedDeltaStep(S, qh + (U(t) * U(hk) + U(gi)) * U(dk), kh + (U(t) * U(hk) + U(gi)) * U(dk),
+}
+
+void VerifyHead(const GdnInputs& in, GdnState& state, std::size_t j, float* O) {
+  const ModelConfig& c = in.c;
+  const int hk = c.n_k_heads, hv = c.n_v_heads, dk = c.k_head_dim, dv = c.v_head_dim, r = hv / hk;
+  const int key_dim = c.key_dim(), conv_dim = c.conv_dim();
+  const std::size_t s_head = U(dk) * U(dv);
+  const float *Uc = in.Uc, *qh = in.qh, *kh = in.kh, *beta = in.beta, *gdec = in.gdec;
+  const int gi = static_cast<int>(j) / r;
+  for (int t = 0; t < in.T; ++t) {
+    const float* prev = t == 0 ? state.ssm() : state.step_ssm(t - 1);
+    float* S = state.step_ssm(t) + j * s_head;
+    const std::size_t th = U(t) * U(hv) + j;
+    GatedDeltaStepFrom(prev + j * s_head, S, qh + (U(t) * U(hk) + U(gi)) * U(dk),
+                       kh + (U(t) * U(hk) + U(gi)) * U(dk),
                        Uc + U(t) * U(conv_dim) + U(2 * key_dim) + j * U(dv), std::exp(gdec[th]),
                        beta[th], dk, dv, O + th * U(dv));
-      }
-    }
-  };
-  if (pool)
-    pool->ParallelFor(U(hv), heads);
-  else
-    heads(0, U(hv));
+  }
 }
 
 // Prefill: chunked form per value head, in place on the checkpoint; value heads in slices, one
@@ -208,25 +211,56 @@ void RecurPrefill(const GdnInputs& in, GdnState& state, ThreadPool* pool, Arena&
 
 }  // namespace
 
-void GdnForward(const GdnWeights& w, const ModelConfig& c, const float* a, int T, GdnState& state,
-                GdnMode mode, MatmulKind kind, ThreadPool* pool, Arena& arena, float* out) {
-  Arena::Scope scope(arena);
+namespace {
+
+// The projections' outputs and the per-row tensors built from them, rows of all sequences.
+struct GdnRows {
+  float* P;     // f32 [n_rows, qkvz_dim]: in_proj_qkvz output
+  float* B;     // f32 [n_rows, 2 Hv]: in_proj_ba output
+  float* Z;     // f32 [n_rows, Hv, Dv]
+  float* beta;  // f32 [n_rows, Hv]
+  float* gdec;  // f32 [n_rows, Hv]
+  float* Uc;    // f32 [n_rows, conv_dim]
+  float* qh;    // f32 [n_rows, Hk, Dk]
+  float* kh;    // f32 [n_rows, Hk, Dk]
+  float* O;     // f32 [n_rows, Hv, Dv]
+};
+
+GdnRows GdnProject(const GdnWeights& w, const ModelConfig& c, const float* a, int n_rows,
+                   MatmulKind kind, ThreadPool* pool, Arena& arena) {
+  const int hk = c.n_k_heads, hv = c.n_v_heads, dk = c.k_head_dim, dv = c.v_head_dim;
+  const std::size_t ut = U(n_rows);
+  GdnRows r{};
+  r.P = arena.Alloc(ut * U(c.qkvz_dim()));
+  r.B = arena.Alloc(ut * U(2 * hv));
+  Matmul(kind, a, n_rows, w.in_proj_qkvz, r.P, pool);
+  Matmul(kind, a, n_rows, w.in_proj_ba, r.B, pool);
+  r.Z = arena.Alloc(ut * U(hv) * U(dv));
+  r.beta = arena.Alloc(ut * U(hv));
+  r.gdec = arena.Alloc(ut * U(hv));
+  r.Uc = arena.Alloc(ut * U(c.conv_dim()));
+  r.qh = arena.Alloc(ut * U(hk) * U(dk));
+  r.kh = arena.Alloc(ut * U(hk) * U(dk));
+  r.O = arena.Alloc(ut * U(hv) * U(dv));
+  return r;
+}
+
+// One sequence's conv window [K-1 previous inputs (its checkpoint) ; its rows], z, beta, g, the
+// conv and the l2-normalised q (scaled) and k per key head; returns its recurrence inputs.
+GdnInputs GdnPrepare(const GdnWeights& w, const ModelConfig& c, const GdnSeq& sq, const GdnRows& rw,
+                     Arena& arena) {
   const int hk = c.n_k_heads, hv = c.n_v_heads, dk = c.k_head_dim, dv = c.v_head_dim, r = hv / hk;
   const int key_dim = c.key_dim(), conv_dim = c.conv_dim(), kw = c.conv_kernel, kr = kw - 1;
   const int wg = 2 * dk + 2 * r * dv;  // per-key-head group width of in_proj_qkvz
-  const std::size_t ut = U(T);
-
-  float* P = arena.Alloc(ut * U(c.qkvz_dim()));
-  float* B = arena.Alloc(ut * U(2 * hv));
-  Matmul(kind, a, T, w.in_proj_qkvz, P, pool);
-  Matmul(kind, a, T, w.in_proj_ba, B, pool);
-
-  // Conv window [K-1 previous inputs ; X], z, beta, g.
+  const int T = sq.T;
+  const std::size_t r0 = U(sq.row0);
+  const float* P = rw.P + r0 * U(c.qkvz_dim());
+  const float* B = rw.B + r0 * U(2 * hv);
+  float *Z = rw.Z + r0 * U(hv) * U(dv), *beta = rw.beta + r0 * U(hv), *gdec = rw.gdec + r0 * U(hv),
+        *Uc = rw.Uc + r0 * U(conv_dim), *qh = rw.qh + r0 * U(hk) * U(dk),
+        *kh = rw.kh + r0 * U(hk) * U(dk);
   float* win = arena.Alloc(U(kr + T) * U(conv_dim));
-  float* Z = arena.Alloc(ut * U(hv) * U(dv));
-  float* beta = arena.Alloc(ut * U(hv));
-  float* gdec = arena.Alloc(ut * U(hv));
-  std::memcpy(win, state.conv(), U(kr) * U(conv_dim) * sizeof(float));
+  std::memcpy(win, sq.state->conv(), U(kr) * U(conv_dim) * sizeof(float));
   for (int t = 0; t < T; ++t) {
     const float* pr = P + U(t) * U(c.qkvz_dim());
     float* x = win + U(kr + t) * U(conv_dim);
@@ -247,12 +281,7 @@ void GdnForward(const GdnWeights& w, const ModelConfig& c, const float* a, int T
       }
     }
   }
-  float* Uc = arena.Alloc(ut * U(conv_dim));
   CausalConvSilu(win, T, conv_dim, kw, w.conv1d, Uc);
-
-  // l2-normalised q (scaled) and k per key head; v per value head.
-  float* qh = arena.Alloc(ut * U(hk) * U(dk));
-  float* kh = arena.Alloc(ut * U(hk) * U(dk));
   const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
   for (int t = 0; t < T; ++t) {
     const float* urow = Uc + U(t) * U(conv_dim);
@@ -266,19 +295,60 @@ void GdnForward(const GdnWeights& w, const ModelConfig& c, const float* a, int T
       for (int i = 0; i < dk; ++i) qd[i] *= qscale;
     }
   }
+  return GdnInputs{c, T, win, Uc, qh, kh, beta, gdec};
+}
 
-  float* O = arena.Alloc(ut * U(hv) * U(dv));  // [T, Hv, Dv]
-  const GdnInputs in{c, T, win, Uc, qh, kh, beta, gdec};
-  if (mode == GdnMode::kVerify)
-    RecurVerify(in, state, pool, O);
-  else
-    RecurPrefill(in, state, pool, arena, O);
+// The recurrences: every kVerify sequence's (sequence, value head) items in one parallel loop,
+// then each kPrefill sequence's chunked form (parallel over its heads). `ins` [n_seqs].
+void GdnCore(const ModelConfig& c, const GdnSeq* seqs, int n_seqs, const GdnInputs* ins,
+             const GdnRows& rw, ThreadPool* pool, Arena& arena) {
+  const std::size_t hv = U(c.n_v_heads), o_row = hv * U(c.v_head_dim);
+  std::vector<int> verify;
+  for (int i = 0; i < n_seqs; ++i)
+    if (seqs[i].mode == GdnMode::kVerify) {
+      VerifyBegin(ins[i], *seqs[i].state);
+      verify.push_back(i);
+    }
+  auto heads = [&](std::size_t b, std::size_t e) {
+    for (std::size_t item = b; item < e; ++item) {
+      const int i = verify[item / hv];
+      VerifyHead(ins[i], *seqs[i].state, item % hv, rw.O + U(seqs[i].row0) * o_row);
+    }
+  };
+  if (!verify.empty()) {
+    if (pool)
+      pool->ParallelFor(verify.size() * hv, heads);
+    else
+      heads(0, verify.size() * hv);
+  }
+  for (int i = 0; i < n_seqs; ++i)
+    if (seqs[i].mode == GdnMode::kPrefill)
+      RecurPrefill(ins[i], *seqs[i].state, pool, arena, rw.O + U(seqs[i].row0) * o_row);
+}
 
-  // Gated RMSNorm per (t, value head), then out_proj.
-  float* On = arena.Alloc(ut * U(hv) * U(dv));
-  for (std::size_t th = 0; th < ut * U(hv); ++th)
-    GatedRmsNorm(O + th * U(dv), Z + th * U(dv), dv, w.norm, c.rms_norm_eps, On + th * U(dv));
-  Matmul(kind, On, T, w.out_proj, out, pool);
+}  // namespace
+
+void GdnForward(const GdnWeights& w, const ModelConfig& c, const float* a, int T, GdnState& state,
+                GdnMode mode, MatmulKind kind, ThreadPool* pool, Arena& arena, float* out) {
+  const GdnSeq seq{0, T, &state, mode};
+  GdnForwardSeqs(w, c, a, T, &seq, 1, kind, pool, arena, out);
+}
+
+void GdnForwardSeqs(const GdnWeights& w, const ModelConfig& c, const float* a, int n_rows,
+                    const GdnSeq* seqs, int n_seqs, MatmulKind kind, ThreadPool* pool, Arena& arena,
+                    float* out) {
+  Arena::Scope scope(arena);
+  const int hv = c.n_v_heads, dv = c.v_head_dim;
+  const GdnRows rw = GdnProject(w, c, a, n_rows, kind, pool, arena);
+  std::vector<GdnInputs> ins;
+  ins.reserve(U(n_seqs));
+  for (int i = 0; i < n_seqs; ++i) ins.push_back(GdnPrepare(w, c, seqs[i], rw, arena));
+  GdnCore(c, seqs, n_seqs, ins.data(), rw, pool, arena);
+  // Gated RMSNorm per (row, value head), then out_proj.
+  float* On = arena.Alloc(U(n_rows) * U(hv) * U(dv));
+  for (std::size_t th = 0; th < U(n_rows) * U(hv); ++th)
+    GatedRmsNorm(rw.O + th * U(dv), rw.Z + th * U(dv), dv, w.norm, c.rms_norm_eps, On + th * U(dv));
+  Matmul(kind, On, n_rows, w.out_proj, out, pool);
 }
 
 }  // namespace lockstep::cpu

@@ -26,6 +26,10 @@ enum class GdnMode {
 //   S <- alpha*S; m = S^T k; delta = beta*(v - m); S += k (x) delta; o = S^T q.
 void GatedDeltaStep(float* S, const float* q, const float* k, const float* v, float alpha,
                     float beta, int dk, int dv, float* o);
+// The same step from state S_in into S_out (may alias S_in): identical arithmetic, without a
+// separate copy of the entering state.
+void GatedDeltaStepFrom(const float* S_in, float* S_out, const float* q, const float* k,
+                        const float* v, float alpha, float beta, int dk, int dv, float* o);
 
 // Chunked form over T tokens for one value head: Q, K f32 [T, Dk], V f32 [T, Dv], g (log
 // decay, <= 0) and beta f32 [T]; S f32 [Dk, Dv] is the entering state and is replaced by the
@@ -44,5 +48,23 @@ void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, 
 // a, out f32 [T, H].
 void GdnForward(const GdnWeights& w, const ModelConfig& c, const float* a, int T, GdnState& state,
                 GdnMode mode, MatmulKind kind, ThreadPool* pool, Arena& arena, float* out);
+
+// One sequence's rows inside a multi-sequence mixer call: rows [row0, row0 + T) of a / out,
+// starting at its state's committed position, in its own form.
+struct GdnSeq {
+  int row0 = 0;
+  int T = 0;
+  GdnState* state = nullptr;
+  GdnMode mode = GdnMode::kVerify;
+};
+
+// The same mixer for several sequences sharing the products: in_proj_qkvz / in_proj_ba and
+// out_proj are one `kind` product over all n_rows rows (a, out f32 [n_rows, H]); the conv window
+// (from each sequence's checkpoint), gates, l2 norms and the recurrence run per sequence on its
+// own state (the recurrent steps of all kVerify sequences in one parallel loop). With kInvariant
+// products every row gets the bits it gets alone; one sequence is exactly GdnForward.
+void GdnForwardSeqs(const GdnWeights& w, const ModelConfig& c, const float* a, int n_rows,
+                    const GdnSeq* seqs, int n_seqs, MatmulKind kind, ThreadPool* pool, Arena& arena,
+                    float* out);
 
 }  // namespace lockstep::cpu

@@ -57,8 +57,34 @@ void FfnForward(const FfnWeights& f, const float* x, int T, MatmulKind kind, Thr
   FfnInto(f, x, T, kind, pool, g, u, out);
 }
 
+namespace {
+// Records expert e's routed rows in each sequence's cache: `slots` [n] are its (t*k + r) slots in
+// increasing row order, so each sequence's rows form one run.
+void RecordRouted(const MoeSeq* seqs, int n_seqs, int cache_layer, int e, const int* slots, int n,
+                  int k) {
+  int si = 0, count = 0;
+  for (int i = 0; i < n; ++i) {
+    const int t = slots[i] / k;
+    while (si < n_seqs && t >= seqs[si].row0 + seqs[si].T) {
+      if (count > 0 && seqs[si].cache) seqs[si].cache->Record(cache_layer, e, count);
+      count = 0;
+      ++si;
+    }
+    ++count;
+  }
+  if (count > 0 && si < n_seqs && seqs[si].cache) seqs[si].cache->Record(cache_layer, e, count);
+}
+}  // namespace
+
 void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T, MatmulKind kind,
                 ThreadPool* pool, Arena& arena, ExpertCache* cache, int cache_layer, float* out) {
+  const MoeSeq seq{0, T, cache};
+  MoeForwardSeqs(w, c, x, T, &seq, 1, kind, pool, arena, cache_layer, out);
+}
+
+void MoeForwardSeqs(const MoeWeights& w, const ModelConfig& c, const float* x, int T,
+                    const MoeSeq* seqs, int n_seqs, MatmulKind kind, ThreadPool* pool, Arena& arena,
+                    int cache_layer, float* out) {
   Arena::Scope scope(arena);
   const int h = c.n_embd, ne = c.n_experts, k = c.n_experts_used;
   const std::size_t uh = U(h);
@@ -91,7 +117,7 @@ void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T
   for (int e = 0; e < ne; ++e)
     if (first[e + 1] > first[e]) {
       active[n_active++] = e;
-      if (cache) cache->Record(cache_layer, e, first[e + 1] - first[e]);
+      RecordRouted(seqs, n_seqs, cache_layer, e, slot_of + first[e], first[e + 1] - first[e], k);
     }
   const int inter = c.moe_ffn;
   // Scratch per slot: gathered input [H], gate and up [I], output [H].

@@ -28,4 +28,23 @@ void FfnForward(const FfnWeights& f, const float* x, int T, MatmulKind kind, Thr
 void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T, MatmulKind kind,
                 ThreadPool* pool, Arena& arena, ExpertCache* cache, int cache_layer, float* out);
 
+// One sequence's rows inside a multi-sequence MoE call: rows [row0, row0 + T), counted in its own
+// expert cache (may be null).
+struct MoeSeq {
+  int row0 = 0;
+  int T = 0;
+  ExpertCache* cache = nullptr;
+};
+
+// The MoE block over n_rows rows of several sequences (x, out f32 [n_rows, H]): routing, the
+// routed experts (each active expert once over every row routed to it) and the shared expert
+// run over all rows together. With kInvariant each output is one fixed-lane Dot whatever rows
+// share a product, so every row gets the bits it gets alone. Each sequence's cache records what
+// it records alone: per expert its own routed rows (hits / misses / host tokens) and, for a
+// miss, the expert's bytes once per (expert, sequence). One sequence {0, T, cache} is exactly
+// MoeForward.
+void MoeForwardSeqs(const MoeWeights& w, const ModelConfig& c, const float* x, int n_rows,
+                    const MoeSeq* seqs, int n_seqs, MatmulKind kind, ThreadPool* pool, Arena& arena,
+                    int cache_layer, float* out);
+
 }  // namespace lockstep::cpu

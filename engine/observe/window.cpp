@@ -124,6 +124,10 @@ const WindowField kWindowFields[] = {
     LOCKSTEP_SCALAR_(commit_ns, K::kNs, R::kTiming, true, false),
     LOCKSTEP_SCALAR_(export_ns, K::kNs, R::kTiming, true, true),  // -1 = no observer
     LOCKSTEP_SCALAR_(first_call, K::kBool, R::kTiming, true, false),
+    LOCKSTEP_SCALAR_(step, K::kNs, R::kContext, true, true),  // -1 = unknown (older records)
+    LOCKSTEP_SCALAR_(step_rows, K::kInt, R::kContext, true, false),
+    LOCKSTEP_SCALAR_(step_seqs, K::kInt, R::kContext, true, false),
+    LOCKSTEP_SCALAR_(step_prefill_rows, K::kInt, R::kContext, true, false),
 };
 #undef LOCKSTEP_SCALAR_
 #undef LOCKSTEP_TOKENS_
@@ -213,7 +217,7 @@ Result<DraftSource> ParseDraftSource(std::string_view s) {
 
 bool WindowRecord::SamePath(const WindowRecord& o) const {
   for (const WindowField& f : kWindowFields) {
-    if (f.role == WindowFieldRole::kTiming) continue;
+    if (f.role == WindowFieldRole::kTiming || f.role == WindowFieldRole::kContext) continue;
     const bool same = f.kind == WindowFieldKind::kTokens ? this->*f.tokens == o.*f.tokens
                                                          : f.get(*this) == f.get(o);
     if (!same) return false;

@@ -101,6 +101,10 @@ Result<Ticket> Scheduler::Submit(RequestSpec spec) {
     future_.push_back(std::move(e));
     return t;
   }
+  // Requests due by now go first (FIFO by arrival), then free slots take the queue's head, so
+  // the queue holds only what truly waits.
+  Arrive();
+  Admit();
   const int depth = engine_.config().queue_depth;
   if (static_cast<int>(queue_.size()) >= depth) {
     ++counters_.refused;
@@ -109,6 +113,7 @@ Result<Ticket> Scheduler::Submit(RequestSpec spec) {
                                " waiting (--queue-depth " + std::to_string(depth) + ")");
   }
   Enqueue(std::move(e));
+  Admit();
   return t;
 }
 

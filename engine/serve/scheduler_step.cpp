@@ -79,7 +79,10 @@ Result<bool> Scheduler::Step() {
   rec.prefill_rows = rec.rows - rec.verify_rows;
   rec.queue_depth = static_cast<int>(queue_.size());
   rec.live = counters_.live;
-  for (const RowGroup& g : plan.plan.groups) rec.slots.push_back(g.slot);
+  for (const RowGroup& g : plan.plan.groups) {
+    rec.slots.push_back(g.slot);
+    rec.groups.push_back({g.slot, g.mode == ForwardMode::kVerify, g.p, g.T});
+  }
   Engine::StepOutputs out;
   rec.begin_ns = MonotonicNs();
   LOCKSTEP_RETURN_IF_ERROR(engine_.RunStep(plan.plan, plan.tokens, &out));

@@ -20,6 +20,11 @@ std::string StepRecord::ToJsonLine() const {
   j["weight_bytes"] = weight_bytes;
   j["flops"] = flops;
   j["slots"] = slots;
+  nlohmann::ordered_json gs = nlohmann::ordered_json::array();
+  for (const Group& g : groups)
+    gs.push_back(
+        {{"slot", g.slot}, {"mode", g.verify ? "verify" : "prefill"}, {"p", g.p}, {"T", g.T}});
+  j["groups"] = gs;
   return j.dump();
 }
 

@@ -18,6 +18,7 @@
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/generate.h"
+#include "lockstep/engine/scheduler.h"
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/engine/trace_ring.h"
 #include "lockstep/engine/weights.h"
@@ -160,6 +161,64 @@ Result<std::unique_ptr<H5Exporter>> OpenExport(const GenerateOptions& opts, Gene
   TraceRing::Global().Clear();
   TraceRing::Global().Enable();  // layer / stage events for /trace/events
   return exporter;
+}
+
+// ---- phase: the request, alone or among --background requests ----
+
+// SplitMix64: the background requests' lengths, arrivals and tokens, from --background's seed.
+struct SplitMix {
+  std::uint64_t x;
+  std::uint64_t Next() {
+    std::uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  int In(int lo, int hi) {
+    return lo + static_cast<int>(Next() % static_cast<std::uint64_t>(hi - lo + 1));
+  }
+};
+
+// The request (ticket 1, slot 0, arriving at step 0) and --background's requests through one
+// scheduler; the request's slot stays open for the export's counters. Background requests share
+// the request's options but max_new, and have no hooks, injections or replay.
+Result<GenerateResult> GenerateAmong(Engine& engine, const std::vector<std::int32_t>& prompt,
+                                     const GenerateHooks* hooks, const BackgroundSpec& bg) {
+  if (engine.max_slots() < 2)
+    return Status::InvalidArgument("--background", "needs --slots 2 or more");
+  SchedulerOptions so;
+  so.leave_slots_open = true;
+  Scheduler sched(engine, so);
+  RequestSpec target;
+  target.id = "request";
+  target.prompt = prompt;
+  target.options = RequestOptions::FromConfig(engine.config());
+  target.borrowed_hooks = hooks;
+  target.keep = true;
+  LOCKSTEP_ASSIGN_OR_RETURN(Ticket t, sched.Submit(std::move(target)));
+  SplitMix rng{bg.seed};
+  const int V = engine.weights().config.n_vocab;
+  for (int i = 0; i < bg.n; ++i) {
+    RequestSpec r;
+    r.id = "background" + std::to_string(i);
+    r.prompt.resize(static_cast<std::size_t>(rng.In(bg.prompt_min, bg.prompt_max)));
+    r.options = RequestOptions::FromConfig(engine.config());
+    r.options.max_new = rng.In(bg.max_new_min, bg.max_new_max);
+    r.options.inject.clear();
+    r.options.replay_path.clear();
+    r.arrive_step = rng.In(bg.arrive_min, bg.arrive_max);
+    for (auto& tok : r.prompt)
+      tok = static_cast<std::int32_t>(rng.Next() % static_cast<std::uint64_t>(V));
+    LOCKSTEP_RETURN_IF_ERROR(sched.Submit(std::move(r)).status());
+  }
+  LOCKSTEP_RETURN_IF_ERROR(sched.RunUntilIdle());
+  for (RequestResult& r : sched.TakeFinished()) {
+    if (r.ticket != t) continue;
+    LOCKSTEP_RETURN_IF_ERROR(r.status);
+    engine.UseSlot(r.slot);  // the export reads the request's slot
+    return std::move(r.result);
+  }
+  return Status::Runtime("generate", "the request did not finish");
 }
 
 // ---- phase: the export's run metadata and its finish ----
@@ -419,6 +478,10 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::int32_t> prompt,
                             LoadPrompt(opts, weights->config.n_vocab));
   LOCKSTEP_ASSIGN_OR_RETURN(EnginePtr engine, Engine::Create(cfg, *weights));
+  std::optional<BackgroundSpec> background;
+  if (!opts.background.empty()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(background, ParseBackgroundSpec(opts.background));
+  }
 
   // ---- sinks, then the request (a missing output folder is bad input, before the run) ----
   for (const auto& [path, what] :
@@ -444,7 +507,8 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   hooks.stop_check = [&sampler] {
     return sampler.guard_tripped() ? std::string("resource_guard") : std::string();
   };
-  auto generated = Generate(*engine, prompt, &hooks);
+  auto generated = background ? GenerateAmong(*engine, prompt, &hooks, *background)
+                              : Generate(*engine, prompt, &hooks);
   sampler.Stop();
   trace.Close();
   if (progress) progress->Done();
@@ -467,6 +531,55 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   // Whether every injection fired (its record is in the outputs either way).
   return CheckInjectionsFired(engine->injections(), engine->injection_records(), res.n_windows,
                               res.stop_reason);
+}
+
+Result<BackgroundSpec> ParseBackgroundSpec(std::string_view text) {
+  BackgroundSpec b;
+  auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("--background '" + std::string(text) + "'", why);
+  };
+  auto number = [](std::string_view v, std::int64_t& out) {
+    if (v.empty() || v.size() > 12) return false;
+    out = 0;
+    for (char c : v) {
+      if (c < '0' || c > '9') return false;
+      out = out * 10 + (c - '0');
+    }
+    return true;
+  };
+  std::size_t pos = 0;
+  while (pos <= text.size() && !text.empty()) {
+    const std::size_t end = std::min(text.find(',', pos), text.size());
+    const std::string_view item = text.substr(pos, end - pos);
+    pos = end + 1;
+    const std::size_t eq = item.find('=');
+    if (eq == std::string_view::npos) return bad("'" + std::string(item) + "' is not KEY=VALUE");
+    const std::string_view key = item.substr(0, eq), val = item.substr(eq + 1);
+    const std::size_t colon = val.find(':');
+    std::int64_t lo = 0, hi = 0;
+    if (!number(val.substr(0, colon), lo) ||
+        !number(colon == std::string_view::npos ? val.substr(0, colon) : val.substr(colon + 1),
+                hi) ||
+        hi < lo || hi > 1000000)
+      return bad("'" + std::string(item) + "': expected N or A:B with 0 <= A <= B <= 1000000");
+    const int a = static_cast<int>(lo), z = static_cast<int>(hi);
+    if (key == "n" && lo == hi && lo >= 1 && lo <= 4096) {
+      b.n = a;
+    } else if (key == "prompt" && lo >= 1) {
+      b.prompt_min = a, b.prompt_max = z;
+    } else if (key == "max_new" && lo >= 1) {
+      b.max_new_min = a, b.max_new_max = z;
+    } else if (key == "arrive") {
+      b.arrive_min = a, b.arrive_max = z;
+    } else if (key == "seed" && lo == hi) {
+      b.seed = static_cast<std::uint64_t>(lo);
+    } else {
+      return bad("'" + std::string(item) +
+                 "': keys are n (1..4096), prompt, max_new (>= 1), arrive (ranges A:B) and seed");
+    }
+  }
+  if (text.empty()) return bad("empty");
+  return b;
 }
 
 std::string EscapeText(std::string_view text) {

@@ -193,6 +193,10 @@ void AddGenerate(CLI::App& app, std::vector<Command>& commands) {
                   "End the request cleanly when free memory falls below N MiB")
       ->default_str("off")
       ->group(kGroupDiagnostics);
+  gen->add_option("--background", g.background,
+                  "Random-token background requests sharing the engine's steps (not exported): "
+                  "n=N,prompt=A:B,max_new=A:B,arrive=A:B,seed=S; needs --slots 2 or more")
+      ->group(lockstep::kGroupService);
   gen->add_flag("--print-config", g.print_config,
                 "Print the effective config as canonical JSON and exit")
       ->group(kGroupDiagnostics);

@@ -89,6 +89,7 @@ TEST(CliHelp, GenerateListsItsGroupsInOrder) {
                                                   {"--export", "Export and trace"},
                                                   {"--trace-jsonl", "Export and trace"},
                                                   {"--trace-json", "Export and trace"},
+                                                  {"--background", "Service"},
                                                   {"--sample-ms", "Diagnostics"},
                                                   {"--print-config", "Diagnostics"},
                                                   {"--progress", "Diagnostics"},

@@ -119,7 +119,8 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Validates `spec` at once and queues it (or holds it until arrive_step). Errors:
+  // Validates `spec` at once and queues it (or holds it until arrive_step); a request due now
+  // is admitted at once while a slot is free and its reservation fits. Errors:
   // kInvalidArgument: empty prompt, a token outside the vocabulary, bad options (policy,
   // --inject, --replay-path), a request that can never fit the engine (context beyond the
   // model's positions, or its reservation beyond --memory-mib: the message says how much);

@@ -22,6 +22,14 @@ struct StepRecord {
   std::uint64_t weight_bytes = 0;  // weight bytes the step's products read (estimate)
   std::uint64_t flops = 0;         // multiply-adds x 2 of the step's products (estimate)
   std::vector<int> slots;          // slot of each group, plan order
+  // The step's row groups in plan order (stage.h RowGroup without row0: rows are contiguous).
+  struct Group {
+    int slot = 0;
+    bool verify = false;  // a verify window; false: a prefill chunk
+    int p = 0;            // position of its first row
+    int T = 0;            // rows
+  };
+  std::vector<Group> groups;
   // One JSON object, schema "lockstep.step" v1, without a trailing newline.
   std::string ToJsonLine() const;
 };

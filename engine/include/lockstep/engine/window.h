@@ -3,7 +3,9 @@
 //
 // Path fields (p, T, T_mtp, merged, from_sfx, chain_n, accepted, source, draft) are what the
 // comparator aligns on; timing fields are CLOCK_MONOTONIC nanoseconds around the instrumented
-// calls. Records serialise to one JSON object per line ("lockstep.window" v1), the format of
+// calls; context fields (step, step_rows, step_seqs, step_prefill_rows) say which engine step the
+// window ran in and what shared it, and like timing are never compared. Records serialise to one
+// JSON object per line ("lockstep.window" v1), the format of
 // `--trace-jsonl` and the input of `--replay-path`.
 #pragma once
 
@@ -99,12 +101,13 @@ enum class WindowFieldKind : std::uint8_t {
   kBool,    // bool; JSON true / false
   kSource,  // DraftSource; JSON its DraftSourceName, required
   kTokens,  // std::vector<std::int32_t>; JSON array of integers, required
-  kNs,      // std::int64_t nanoseconds; JSON integer
+  kNs,      // std::int64_t (nanoseconds, or the step index); JSON integer
 };
 enum class WindowFieldRole : std::uint8_t {
-  kIndex,   // idx
-  kPath,    // what the comparator aligns on (SamePath compares these and idx)
-  kTiming,  // measured, never compared for equality
+  kIndex,    // idx
+  kPath,     // what the comparator aligns on (SamePath compares these and idx)
+  kTiming,   // measured, never compared for equality
+  kContext,  // what else shared the window's engine step (scheduler); never compared
 };
 
 struct WindowField {
@@ -122,7 +125,8 @@ struct WindowField {
 
 // Every field in JSON-lines order (idx, p, T, T_mtp, merged, from_sfx, chain_n, accepted, source,
 // draft, emitted, begin_ns, end_ns, draft_ns, verify_ns, wait_ns, compute_ns, commit_ns,
-// export_ns, first_call). Static storage; thread-safe.
+// export_ns, first_call, step, step_rows, step_seqs, step_prefill_rows). Static storage;
+// thread-safe.
 const std::vector<WindowField>& WindowFields();
 // The field called `name`; null when there is none.
 const WindowField* FindWindowField(std::string_view name);

@@ -38,7 +38,23 @@ struct GenerateOptions {
   std::string trace_json;                // --trace-json FILE: Chrome trace-event JSON (Perfetto)
   int sample_ms = 100;                   // resource sampler interval
   std::int64_t guard_min_free_mib = -1;  // end the request when free memory falls below (-1 off)
+  // --background SPEC: seeded random-token requests sharing the engine with this one
+  // (n=N,prompt=A:B,max_new=A:B,arrive=A:B,seed=S; see ParseBackgroundSpec). Never exported.
+  std::string background;
 };
+
+// --background's spec: `n` requests, each with a prompt of [prompt_min, prompt_max] random
+// tokens, max_new in [max_new_min, max_new_max], arriving at a step in [arrive_min,
+// arrive_max], all drawn from `seed`. Keys may come in any order; a range is A:B or one value.
+struct BackgroundSpec {
+  int n = 1;
+  int prompt_min = 50, prompt_max = 2000;
+  int max_new_min = 8, max_new_max = 32;
+  int arrive_min = 0, arrive_max = 40;
+  std::uint64_t seed = 1;
+};
+// kInvalidArgument naming --background for an unknown key, a bad number or an empty range.
+Result<BackgroundSpec> ParseBackgroundSpec(std::string_view text);
 
 // `lockstep generate ...`: validates the config (or prints it, with print_config, and stops),
 // loads the model and the prompt, builds the engine, runs one request and prints the text (or,
