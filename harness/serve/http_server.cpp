@@ -16,6 +16,8 @@ namespace {
 
 // True on a handler thread whose connection was accepted over max_connections.
 thread_local bool t_overloaded = false;
+// True between the completions handler's own count of its answer and the log line.
+thread_local bool t_completion_counted = false;
 
 // httplib's thread pool with a count of the connections waiting or served: one accepted beyond
 // `max` is still handed a thread (httplib owns its socket) but answered 503 and closed at once.
@@ -152,6 +154,9 @@ void HttpServer::Routes() {
             [&ctx](const httplib::Request&, httplib::Response& res) { HandleModels(ctx, res); });
   svr_->Post("/v1/completions", [&ctx](const httplib::Request& req, httplib::Response& res) {
     HandleCompletion(ctx, req, res);
+    // Before httplib writes it (/metrics never lags); httplib turns an unset status (-1) into 200.
+    ctx.metrics.CountResponse(res.status == -1 ? 200 : res.status);
+    t_completion_counted = true;
   });
   svr_->Get("/slots", [&ctx](const httplib::Request&, httplib::Response& res) {
     if (!ctx.ready) return SendError(res, ApiError::Unavailable("loading the model", "loading"));
@@ -178,7 +183,11 @@ void HttpServer::Routes() {
         SendError(res, ApiError::Internal("internal error (a bug): see the server log"));
       });
   svr_->set_logger([&ctx](const httplib::Request& req, const httplib::Response& res) {
-    if (req.path == "/v1/completions") ctx.metrics.CountResponse(res.status);
+    // Answers the handler counted itself (before the client could read them) are not counted
+    // again; refusals before the handler (401, 413, a malformed request) are counted here.
+    if (req.path == "/v1/completions" && !t_completion_counted)
+      ctx.metrics.CountResponse(res.status);
+    t_completion_counted = false;
     // Method, path, status and request id only: never a body, a header value or a query.
     std::fprintf(stderr, "serve: %s %s %d %s%s\n", LogPath(req.method).c_str(),
                  LogPath(req.path).c_str(), res.status,
