@@ -88,7 +88,8 @@ Run OverHttp(const lockstep::test::ServeProcess& srv, int n, const Options& o) {
                                   {"ignore_eos", true},
                                   {"temperature", 0}};
       auto res = cli->Post("/v1/completions", req.dump(), "application/json");
-      if (!res || res->status != 200) Die("HTTP: " + (res ? res->body : std::string("no answer")));
+      if (!res || res->status != 200)
+        Die("HTTP: " + (res ? res->body : "no answer: " + httplib::to_string(res.error())));
       run.outputs[static_cast<std::size_t>(i)] =
           nlohmann::json::parse(res->body)["lockstep"]["output_ids"].get<std::vector<int>>();
     });
