@@ -173,6 +173,7 @@ void EngineDriver::Loop() {
       }
     }
     for (RequestResult& r : scheduler_.TakeFinished()) Deliver(std::move(r));
+    FailLost();
     Publish();
   }
 }
@@ -296,6 +297,25 @@ void EngineDriver::Deliver(RequestResult res) {
     job->done = true;
     job->cv.notify_all();
   }
+}
+
+void EngineDriver::FailLost() {
+  // The scheduler idle while requests wait for their end: they would hang their clients and
+  // keep this loop awake forever. Each gets a 500 (a bug: a result the scheduler never gave).
+  if (jobs_.empty() || scheduler_.counters().live > 0 || scheduler_.counters().queue_depth > 0)
+    return;
+  for (auto& [t, job] : jobs_) {
+    std::fprintf(stderr, "serve: %s: lost by the scheduler (ticket %lld)\n", job->id.c_str(),
+                 static_cast<long long>(t));
+    std::lock_guard jl(job->mu);
+    job->error = ApiError::Internal("the request was lost by the scheduler (a bug)");
+    job->finish_reason = "error";
+    std::lock_guard lk(mu_);
+    --in_flight_;
+    job->done = true;
+    job->cv.notify_all();
+  }
+  jobs_.clear();
 }
 
 void EngineDriver::Publish() {

@@ -57,6 +57,7 @@ class EngineDriver {
   void InstallHooks(ServeJob& job);
   void OnWindow(ServeJob& job, const WindowRecord& rec);
   void Deliver(RequestResult res);
+  void FailLost();
   void Publish();
 
   Engine& engine_;
