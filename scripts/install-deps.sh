@@ -9,6 +9,7 @@ PACKAGES=(
   libeigen3-dev libhdf5-dev hdf5-tools libcli11-dev libspdlog-dev libfmt-dev
   nlohmann-json3-dev libtomlplusplus-dev libgtest-dev libgmock-dev libbenchmark-dev libssl-dev zlib1g-dev
   libicu-dev
+  libcpp-httplib-dev
 )
 # Optional: installed when possible, never a reason to fail (features that need them say so and
 # their tests skip): the LZ4 HDF5 filter plugin behind `--export-compress lz4`, and Chromium for

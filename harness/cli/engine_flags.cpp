@@ -8,8 +8,9 @@ namespace lockstep {
 
 const std::vector<std::string_view>& HelpGroupOrder() {
   static const std::vector<std::string_view> order = {
-      kGroupRequest,  kGroupModel,  kGroupPipeline, kGroupService, kGroupSpeculative, kGroupCompare,
-      kGroupCampaign, kGroupExport, kGroupReports,  kGroupCuda,    kGroupDiagnostics};
+      kGroupRequest, kGroupModel,       kGroupPipeline, kGroupService,
+      kGroupServer,  kGroupSpeculative, kGroupCompare,  kGroupCampaign,
+      kGroupExport,  kGroupReports,     kGroupCuda,     kGroupDiagnostics};
   return order;
 }
 

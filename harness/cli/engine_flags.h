@@ -29,6 +29,7 @@ inline constexpr const char* kGroupRequest = "Request";
 inline constexpr const char* kGroupModel = "Model";
 inline constexpr const char* kGroupPipeline = "Pipeline";
 inline constexpr const char* kGroupService = "Service";
+inline constexpr const char* kGroupServer = "HTTP server";
 inline constexpr const char* kGroupSpeculative = "Speculative decoding";
 inline constexpr const char* kGroupCompare = "Comparison";
 inline constexpr const char* kGroupCampaign = "Campaign";

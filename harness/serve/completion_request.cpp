@@ -1,0 +1,253 @@
+#include "serve/completion_request.h"
+
+#include <cctype>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+namespace lockstep {
+
+namespace {
+
+using nlohmann::json;
+
+// Nesting depth of `body` outside strings: nlohmann's parser is iterative, but a deep document
+// costs memory and time for nothing a completion needs; refused before parsing.
+bool NestsDeeperThan(std::string_view body, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : body) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+ApiError TypeError(const std::string& field, const char* want) {
+  return ApiError::BadRequest("'" + field + "' must be " + want, field, "invalid_type");
+}
+
+ApiError RangeError(const std::string& field, const std::string& want) {
+  return ApiError::BadRequest("'" + field + "' must be " + want, field, "out_of_range");
+}
+
+// An integer field within [lo, hi] (a JSON integer: 16.0 and "16" are refused).
+std::optional<ApiError> GetInt(const json& v, const std::string& field, std::int64_t lo,
+                               std::int64_t hi, int& out) {
+  if (!v.is_number_integer()) return TypeError(field, "an integer");
+  // Unsigned first: 2^64 - 1 is no int64, and nlohmann stores every non-negative integer as one.
+  const bool in_range = v.is_number_unsigned()
+                            ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi) &&
+                                  static_cast<std::int64_t>(v.get<std::uint64_t>()) >= lo
+                            : v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi;
+  if (!in_range)
+    return RangeError(field, "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  out = static_cast<int>(v.get<std::int64_t>());
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetNumber(const json& v, const std::string& field, double lo, double hi,
+                                  bool lo_open, double& out) {
+  if (!v.is_number()) return TypeError(field, "a number");
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x > hi || x < lo || (lo_open && x == lo))
+    return RangeError(field, std::string(lo_open ? "in (" : "in [") + std::to_string(lo) + ", " +
+                                 std::to_string(hi) + "]");
+  out = x;
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetBool(const json& v, const std::string& field, bool& out) {
+  if (!v.is_boolean()) return TypeError(field, "true or false");
+  out = v.get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParsePrompt(const json& v, const CompletionLimits& lim,
+                                    CompletionRequest& r) {
+  if (v.is_string()) {
+    const auto& s = v.get_ref<const std::string&>();
+    if (s.empty()) return RangeError("prompt", "a non-empty string");
+    if (s.size() > lim.max_prompt_bytes)
+      return RangeError("prompt", "at most " + std::to_string(lim.max_prompt_bytes) + " bytes");
+    r.prompt_text = s;
+    return std::nullopt;
+  }
+  if (!v.is_array() || v.empty())
+    return TypeError("prompt", "a non-empty string or a non-empty array of token ids");
+  if (v.size() > static_cast<std::size_t>(lim.max_context))
+    return ApiError::BadRequest("prompt of " + std::to_string(v.size()) +
+                                    " tokens is longer than the context (" +
+                                    std::to_string(lim.max_context) + ")",
+                                "prompt", "context_length_exceeded");
+  r.prompt_ids.reserve(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const json& id = v[i];
+    if (id.is_string()) return TypeError("prompt", "one string or an array of token ids (n = 1)");
+    if (!id.is_number_integer()) return TypeError("prompt", "an array of integer token ids");
+    const bool neg = !id.is_number_unsigned() && id.get<std::int64_t>() < 0;
+    if (neg || id.get<std::uint64_t>() >= static_cast<std::uint64_t>(lim.n_vocab))
+      return ApiError::BadRequest("prompt[" + std::to_string(i) +
+                                      "] is outside the vocabulary [0, " +
+                                      std::to_string(lim.n_vocab) + ")",
+                                  "prompt", "invalid_token");
+    r.prompt_ids.push_back(static_cast<std::int32_t>(id.get<std::int64_t>()));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseStop(const json& v, CompletionRequest& r) {
+  if (v.is_null()) return std::nullopt;
+  if (v.is_string()) {
+    if (v.get_ref<const std::string&>().empty()) return RangeError("stop", "non-empty strings");
+    r.stop.push_back(v.get<std::string>());
+    return std::nullopt;
+  }
+  if (!v.is_array()) return TypeError("stop", "a string or an array of strings");
+  if (v.size() > 4) return RangeError("stop", "at most 4 strings");
+  for (const json& s : v) {
+    if (!s.is_string()) return TypeError("stop", "a string or an array of strings");
+    const auto& t = s.get_ref<const std::string&>();
+    if (t.empty() || t.size() > 256) return RangeError("stop", "strings of 1 to 256 bytes");
+    r.stop.push_back(t);
+  }
+  return std::nullopt;
+}
+
+// An arm name goes into the export and logs: a short plain name only.
+bool PlainName(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
+      return false;
+  return true;
+}
+
+std::optional<ApiError> ParseExport(const json& v, CompletionRequest& r) {
+  if (v.is_boolean()) {
+    if (v.get<bool>()) r.export_request = ExportRequest{};
+    return std::nullopt;
+  }
+  if (!v.is_object()) return TypeError("lockstep.export", "true, false or {windows, points}");
+  ExportRequest e;
+  for (const auto& [key, val] : v.items()) {
+    const std::string field = "lockstep.export." + key;
+    if (key != "windows" && key != "points")
+      return ApiError::BadRequest("unknown field '" + field + "'", field, "unknown_field");
+    if (!val.is_string() || val.get_ref<const std::string&>().size() > 256)
+      return TypeError(field, "a string of at most 256 bytes");
+    (key == "windows" ? e.windows : e.points) = val.get<std::string>();
+  }
+  r.export_request = std::move(e);
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseLockstep(const json& v, CompletionRequest& r) {
+  if (!v.is_object()) return TypeError("lockstep", "an object {arm, export, trace}");
+  for (const auto& [key, val] : v.items()) {
+    const std::string field = "lockstep." + key;
+    if (key == "arm") {
+      if (!val.is_string() || !PlainName(val.get<std::string>()))
+        return TypeError(field, "a name of 1 to 64 letters, digits, '-', '_' or '.'");
+      r.arm = val.get<std::string>();
+    } else if (key == "export") {
+      if (auto e = ParseExport(val, r)) return e;
+    } else if (key == "trace") {
+      if (auto e = GetBool(val, field, r.trace)) return e;
+    } else {
+      return ApiError::BadRequest("unknown field '" + field + "'", field, "unknown_field");
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseSeed(const json& v, CompletionRequest& r) {
+  if (v.is_null()) return std::nullopt;
+  if (!v.is_number_integer()) return TypeError("seed", "an integer");
+  if (!v.is_number_unsigned() && v.get<std::int64_t>() < 0)
+    return RangeError("seed", "a non-negative integer (64 bits)");
+  r.seed = v.get<std::uint64_t>();
+  return std::nullopt;
+}
+
+// One top-level field into `r`; an unknown name is refused by name.
+std::optional<ApiError> ParseField(const std::string& key, const json& v,
+                                   const CompletionLimits& lim, CompletionRequest& r) {
+  if (key == "model") {
+    if (!v.is_string()) return TypeError(key, "a string");
+    r.model = v.get<std::string>();
+    if (!lim.model_name.empty() && r.model != lim.model_name)
+      return ApiError::NotFound("the model '" + r.model + "' is not served here (GET /v1/models)",
+                                "model_not_found");
+    return std::nullopt;
+  }
+  if (key == "prompt") return ParsePrompt(v, lim, r);
+  if (key == "max_tokens") return GetInt(v, key, 1, lim.max_context, r.max_tokens);
+  if (key == "temperature") return GetNumber(v, key, 0.0, 2.0, false, r.temperature);
+  if (key == "top_p") return GetNumber(v, key, 0.0, 1.0, true, r.top_p);
+  if (key == "top_k") return GetInt(v, key, 0, lim.n_vocab, r.top_k);
+  if (key == "seed") return ParseSeed(v, r);
+  if (key == "stop") return ParseStop(v, r);
+  if (key == "stream") return GetBool(v, key, r.stream);
+  if (key == "ignore_eos") return GetBool(v, key, r.ignore_eos);
+  if (key == "lockstep") return ParseLockstep(v, r);
+  if (key == "n") {
+    int n = 1;
+    if (auto e = GetInt(v, key, 1, 1 << 20, n)) return e;
+    if (n != 1) return RangeError(key, "1 (one choice per request)");
+    return std::nullopt;
+  }
+  if (key == "logprobs") {
+    if (v.is_null()) return std::nullopt;
+    return GetInt(v, key, 0, 5, r.logprobs);
+  }
+  return ApiError::BadRequest("unknown field '" + key + "'", key, "unknown_field");
+}
+
+}  // namespace
+
+std::optional<ApiError> CheckContext(std::size_t n_prompt, int max_tokens,
+                                     const CompletionLimits& limits) {
+  if (n_prompt + static_cast<std::size_t>(max_tokens) <=
+      static_cast<std::size_t>(limits.max_context))
+    return std::nullopt;
+  return ApiError::BadRequest("prompt of " + std::to_string(n_prompt) + " tokens + max_tokens " +
+                                  std::to_string(max_tokens) + " is longer than the context (" +
+                                  std::to_string(limits.max_context) + ")",
+                              "prompt", "context_length_exceeded");
+}
+
+std::variant<CompletionRequest, ApiError> ParseCompletionRequest(std::string_view body,
+                                                                 const CompletionLimits& limits) {
+  if (NestsDeeperThan(body, 32))
+    return ApiError::BadRequest("invalid JSON: nested deeper than 32 levels", "", "invalid_json");
+  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    return ApiError::BadRequest("invalid JSON (or not UTF-8)", "", "invalid_json");
+  if (!j.is_object())
+    return ApiError::BadRequest("the body must be a JSON object", "", "invalid_json");
+  CompletionRequest r;
+  for (const auto& [key, v] : j.items())
+    if (auto e = ParseField(key, v, limits, r)) return *e;
+  if (!r.prompt_text && r.prompt_ids.empty())
+    return ApiError::BadRequest("'prompt' is required", "prompt", "missing_field");
+  if (!r.prompt_text)
+    if (auto e = CheckContext(r.prompt_ids.size(), r.max_tokens, limits)) return *e;
+  return r;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,66 @@
+// CompletionRequest: the body of `POST /v1/completions` (OpenAI legacy completions) parsed and
+// validated, before anything touches the engine. Pure: JSON text in, a request or an ApiError
+// (400, naming the field) out; the libFuzzer target tests/fuzz/serve_request_fuzz.cpp runs it.
+//
+// Accepted fields (any other is refused by name): model, prompt (a non-empty string or a
+// non-empty array of token ids), max_tokens (default 16), temperature [0, 2], top_p (0, 1],
+// top_k >= 0, seed (unsigned 64-bit), stop (a string or up to 4 non-empty strings), stream, n
+// (1 only), logprobs (null or 0..5), ignore_eos, and `lockstep` {arm, export, trace}: export is
+// true or {windows, points} (the file is named by the server, never by the client).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "serve/api_error.h"
+
+namespace lockstep {
+
+struct CompletionLimits {
+  int n_vocab = 0;         // token ids must be below
+  int max_context = 4096;  // prompt + max_tokens at most (checked again after encoding)
+  std::size_t max_prompt_bytes = 1 << 20;
+  std::string model_name;  // `model` must be this when given ("" = any)
+};
+
+struct ExportRequest {
+  std::string windows = "0-2";  // WindowSelection text
+  std::string points = "pre_verify,post_verify,commit";
+};
+
+struct CompletionRequest {
+  std::string model;
+  std::optional<std::string> prompt_text;  // exactly one of text and ids
+  std::vector<std::int32_t> prompt_ids;
+  int max_tokens = 16;
+  double temperature = 1.0;  // OpenAI's default; 0 = greedy
+  double top_p = 1.0;
+  int top_k = 0;
+  std::uint64_t seed = 0;
+  std::vector<std::string> stop;
+  bool stream = false;
+  int logprobs = -1;  // -1 = none
+  bool ignore_eos = false;
+  // lockstep diagnostics
+  std::string arm;
+  std::optional<ExportRequest> export_request;
+  bool trace = false;
+};
+
+// Parses `body`. Errors (all ApiError 400 unless noted): not JSON or not an object ("invalid
+// JSON"), nesting deeper than 32, an unknown field (code unknown_field, param = its name), a wrong
+// type, a value out of range, ids outside the vocabulary, prompt + max_tokens over max_context;
+// a `model` other than the served one is 404 (model_not_found).
+std::variant<CompletionRequest, ApiError> ParseCompletionRequest(std::string_view body,
+                                                                 const CompletionLimits& limits);
+
+// The context check, also run after a text prompt is encoded: 400 when n_prompt + max_tokens
+// exceeds limits.max_context (the message gives both numbers).
+std::optional<ApiError> CheckContext(std::size_t n_prompt, int max_tokens,
+                                     const CompletionLimits& limits);
+
+}  // namespace lockstep

@@ -1,0 +1,123 @@
+#include "serve/completion_response.h"
+
+#include <map>
+
+#include "lockstep/engine/tokenizer.h"
+#include "lockstep/instrument/fingerprint.h"
+#include "serve/text_stream.h"
+
+namespace lockstep {
+
+namespace {
+
+nlohmann::json WindowSummary(const RequestResult& r) {
+  std::map<std::string, std::pair<long, long>> by_source;  // drafted, accepted
+  for (const auto& w : r.result.windows) {
+    auto& e = by_source[DraftSourceName(w.source)];
+    e.first += w.T - 1;
+    e.second += w.accepted;
+  }
+  nlohmann::json s;
+  s["n"] = r.result.n_windows;
+  s["tokens_per_window"] =
+      r.result.n_windows ? static_cast<double>(r.result.output.size()) / r.result.n_windows : 0.0;
+  s["sources"] = nlohmann::json::object();
+  for (const auto& [k, v] : by_source)
+    s["sources"][k] = {{"drafted", v.first}, {"accepted", v.second}};
+  return s;
+}
+
+nlohmann::json Choice(const std::string& text, const ServeJob& job,
+                      const std::vector<TokenLogprob>& lps, const std::string* finish_reason) {
+  nlohmann::json c;
+  c["text"] = text;
+  c["index"] = 0;
+  c["logprobs"] = job.req.logprobs >= 0 ? LogprobsJson(lps) : nlohmann::json(nullptr);
+  c["finish_reason"] = finish_reason ? nlohmann::json(*finish_reason) : nlohmann::json(nullptr);
+  return c;
+}
+
+}  // namespace
+
+std::string Dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+nlohmann::json LogprobsJson(const std::vector<TokenLogprob>& lps) {
+  nlohmann::json tokens = nlohmann::json::array(), token_lps = nlohmann::json::array(),
+                 top = nlohmann::json::array(), ids = nlohmann::json::array();
+  for (const TokenLogprob& lp : lps) {
+    tokens.push_back(SanitizeUtf8(DecodeTokens({lp.token})));
+    ids.push_back(lp.token);
+    token_lps.push_back(lp.logprob);
+    nlohmann::json t = nlohmann::json::object();
+    for (const auto& [id, v] : lp.top) t[SanitizeUtf8(DecodeTokens({id}))] = v;
+    top.push_back(t);
+  }
+  return {
+      {"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", top}, {"token_ids", ids}};
+}
+
+nlohmann::json LockstepJson(const ServeJob& job, const RequestResult& r, const ResponseContext& c) {
+  nlohmann::json l;
+  l["request_id"] = job.id;
+  l["output_ids"] = r.result.output;
+  l["stop_reason"] = r.result.stop_reason;
+  l["end"] = RequestEndName(r.end);
+  l["windows"] = WindowSummary(r);
+  l["config_sha256"] = c.config_sha256;
+  l["request_sha256"] = Sha256Tokens(job.prompt);
+  l["prompt_tokens_reused"] = r.prefix.reused_tokens;
+  l["snapshot_position"] = r.prefix.snapshot_position;
+  l["slot"] = r.slot;
+  l["steps"] = {{"first", r.first_step}, {"last", r.last_step}};
+  l["export"] = c.export_file.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.export_file);
+  if (job.req.trace) {
+    nlohmann::json t = nlohmann::json::array();
+    for (const auto& w : r.result.windows)
+      t.push_back(nlohmann::json::parse(w.ToJsonLine(), nullptr, false));
+    l["trace"] = t;
+  }
+  return l;
+}
+
+nlohmann::json UsageJson(const ServeJob& job, const RequestResult& r) {
+  const auto n_prompt = static_cast<std::int64_t>(job.prompt.size());
+  const auto n_out = static_cast<std::int64_t>(r.result.output.size());
+  return {{"prompt_tokens", n_prompt},
+          {"completion_tokens", n_out},
+          {"total_tokens", n_prompt + n_out},
+          {"prompt_tokens_details", {{"cached_tokens", r.prefix.reused_tokens}}}};
+}
+
+nlohmann::json CompletionJson(const ServeJob& job, const RequestResult& r, const std::string& text,
+                              const std::vector<TokenLogprob>& lps, const ResponseContext& c) {
+  const std::string reason = r.result.stop_reason == "length" ? "length" : "stop";
+  nlohmann::json j;
+  j["id"] = job.id;
+  j["object"] = "text_completion";
+  j["created"] = c.created;
+  j["model"] = c.model_name;
+  j["choices"] = nlohmann::json::array({Choice(text, job, lps, &reason)});
+  j["usage"] = UsageJson(job, r);
+  j["lockstep"] = LockstepJson(job, r, c);
+  return j;
+}
+
+std::string SseChunk(const ServeJob& job, const std::string& text,
+                     const std::vector<TokenLogprob>& lps, const std::string* finish_reason,
+                     const RequestResult* last, const ResponseContext& c) {
+  nlohmann::json j;
+  j["id"] = job.id;
+  j["object"] = "text_completion";
+  j["created"] = c.created;
+  j["model"] = c.model_name;
+  j["choices"] = nlohmann::json::array({Choice(text, job, lps, finish_reason)});
+  if (last) {
+    j["usage"] = UsageJson(job, *last);
+    j["lockstep"] = LockstepJson(job, *last, c);
+  }
+  return "data: " + Dump(j) + "\n\n";
+}
+
+}  // namespace lockstep

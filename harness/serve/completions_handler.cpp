@@ -1,0 +1,200 @@
+#include "serve/completions_handler.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <utility>
+#include <variant>
+
+#include "lockstep/engine/tokenizer.h"
+#include "lockstep/instrument/fingerprint.h"
+#include "serve/completion_response.h"
+#include "serve/http_server.h"
+#include "serve/request_export.h"
+
+namespace lockstep {
+
+namespace {
+
+std::int64_t NowNs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// The server's config with the request's own fields: what `lockstep generate` would run with
+// the same engine flags and --max-new / --temperature / --top-p / --top-k / --seed.
+EngineConfig RequestConfig(const EngineConfig& base, const CompletionRequest& r) {
+  EngineConfig c = base;
+  c.max_new = r.max_tokens;
+  c.temperature = r.temperature;
+  c.top_p = r.top_p;
+  c.top_k = r.top_k;
+  c.seed = r.seed;
+  c.ignore_eos = r.ignore_eos;
+  return c;
+}
+
+// Everything a finished request's answer needs, taken from its channel.
+struct Outcome {
+  std::optional<ApiError> error;
+  std::optional<RequestResult> result;
+  std::string finish_reason, delta;
+  std::vector<TokenLogprob> logprobs;
+  bool done = false;
+};
+
+Outcome TakeOutcome(ServeJob& job) {
+  Outcome o;
+  o.error = job.error;
+  o.done = job.done;
+  o.delta.swap(job.delta);
+  o.logprobs.swap(job.delta_logprobs);
+  if (job.done) {
+    o.result = job.result;
+    o.finish_reason = job.finish_reason;
+  }
+  return o;
+}
+
+// Finishes the export of a completed request; the file name for the response ("" if none).
+std::string FinishExport(const ServeContext& ctx, ServeJob& job, const RequestResult& r,
+                         const EngineConfig& cfg) {
+  if (!job.exporter || r.end != RequestEnd::kFinished) return {};
+  Status s = FinishRequestExport(ctx, job, r, cfg);
+  if (s.ok()) return ExportFileName(job.id);
+  std::fprintf(stderr, "serve: %s: export not written (%s)\n", job.id.c_str(),
+               std::string(Status::CodeName(s.code())).c_str());
+  return {};
+}
+
+void Respond(ServeContext& ctx, ServeJob& job, const EngineConfig& cfg, httplib::Response& res) {
+  Outcome o;
+  {
+    std::unique_lock lk(job.mu);
+    job.cv.wait(lk, [&] { return job.done; });
+    o = TakeOutcome(job);
+  }
+  if (o.error) return SendError(res, *o.error);
+  if (o.finish_reason == "cancelled")
+    return SendError(
+        res, ApiError::Unavailable("the request was cancelled (server shutdown)", "cancelled"));
+  ResponseContext rc{ctx.limits.model_name, std::time(nullptr), Sha256Hex(cfg.ToJson()),
+                     FinishExport(ctx, job, *o.result, cfg)};
+  res.set_content(Dump(CompletionJson(job, *o.result, job.text.Text(), o.logprobs, rc)),
+                  "application/json");
+}
+
+void Stream(ServeContext& ctx, const ServeJobPtr& job, const EngineConfig& cfg,
+            httplib::Response& res) {
+  res.set_header("Cache-Control", "no-cache");
+  auto last_write = std::make_shared<std::int64_t>(NowNs());
+  EngineDriver* driver = ctx.driver;
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [&ctx, job, cfg, last_write, driver](std::size_t, httplib::DataSink& sink) {
+        Outcome o;
+        {
+          std::unique_lock lk(job->mu);
+          job->cv.wait_for(lk, std::chrono::milliseconds(200), [&] {
+            return job->done || !job->delta.empty() || !job->delta_logprobs.empty();
+          });
+          o = TakeOutcome(*job);
+        }
+        auto write = [&](const std::string& s) {
+          *last_write = NowNs();
+          return sink.write(s.data(), s.size());
+        };
+        bool ok = true;
+        if (!o.delta.empty() || !o.logprobs.empty()) {
+          ResponseContext rc{ctx.limits.model_name, std::time(nullptr), "", ""};
+          ok = write(SseChunk(*job, o.delta, o.logprobs, nullptr, nullptr, rc));
+        } else if (!o.done && NowNs() - *last_write > 1'000'000'000) {
+          ok = write(": keep-alive\n\n");  // a gone client fails this write
+        }
+        if (ok && o.done) {
+          if (o.error) {
+            ok = write("data: " + o.error->Body() + "\n\n");
+          } else {
+            ResponseContext rc{ctx.limits.model_name, std::time(nullptr), Sha256Hex(cfg.ToJson()),
+                               FinishExport(ctx, *job, *o.result, cfg)};
+            ok = write(SseChunk(*job, "", {}, &o.finish_reason, &*o.result, rc));
+          }
+          ok = ok && write("data: [DONE]\n\n");
+          if (ok) sink.done();
+        }
+        if (!ok) driver->Cancel(job);
+        return ok;
+      },
+      [job, driver](bool success) {
+        if (!success) driver->Cancel(job);
+      });
+}
+
+}  // namespace
+
+void SendError(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
+  res.set_content(e.Body(), "application/json");
+}
+
+Result<std::vector<std::int32_t>> EncodePrompt(const ModelWeights& model, std::string_view text) {
+  if (model.config.n_vocab < 256)
+    return Status::InvalidArgument(
+        "prompt", "this model has no tokenizer lockstep supports for text (send token ids)");
+  return EncodeBytes(text);
+}
+
+void HandleCompletion(ServeContext& ctx, const httplib::Request& req, httplib::Response& res) {
+  if (!ctx.ready) return SendError(res, ApiError::Unavailable("loading the model", "loading"));
+  if (ctx.draining)
+    return SendError(res, ApiError::Unavailable("the server is shutting down", "draining"));
+  auto parsed = ParseCompletionRequest(req.body, ctx.limits);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return SendError(res, *e);
+  CompletionRequest r = std::move(std::get<CompletionRequest>(parsed));
+  std::vector<std::int32_t> prompt = r.prompt_ids;
+  if (r.prompt_text) {
+    auto enc = EncodePrompt(*ctx.weights, *r.prompt_text);
+    if (!enc.ok()) return SendError(res, ApiError::BadRequest(enc.status().message(), "prompt"));
+    prompt = std::move(*enc);
+    if (auto e = CheckContext(prompt.size(), r.max_tokens, ctx.limits)) return SendError(res, *e);
+  }
+  if (r.export_request && ctx.opts.export_dir.empty())
+    return SendError(res, ApiError::BadRequest("exports need a server started with --export-dir",
+                                               "lockstep.export", "export_disabled"));
+  char num[24];
+  std::snprintf(num, sizeof(num), "%06llu", static_cast<unsigned long long>(ctx.next_id++));
+  const std::string id = ctx.id_prefix + num;
+  auto job = std::make_shared<ServeJob>(id, std::move(r), std::move(prompt));
+  const EngineConfig cfg = RequestConfig(ctx.engine_config, job->req);
+  job->options = RequestOptions::FromConfig(cfg);
+  if (job->req.export_request) {
+    auto ex = OpenRequestExport(ctx.opts.export_dir, id, *job->req.export_request);
+    if (!ex.ok()) {
+      if (ex.status().code() == Status::Code::kInvalidArgument)
+        return SendError(res, ApiError::BadRequest(ex.status().message(), "lockstep.export"));
+      std::fprintf(stderr, "serve: %s: export not opened\n", id.c_str());
+      return SendError(res, ApiError::Internal("the export could not be created"));
+    }
+    job->exporter = std::move(*ex);
+  }
+  job->arrive_ns = NowNs();
+  res.set_header("X-Request-Id", id);
+  ctx.driver->Submit(job);
+  {
+    std::unique_lock lk(job->mu);
+    job->cv.wait(lk, [&] { return job->accepted || job->done; });
+    if (job->done && job->error) {
+      const ApiError e = *job->error;
+      lk.unlock();
+      return SendError(res, e);
+    }
+  }
+  if (!job->req.stream) return Respond(ctx, *job, cfg, res);
+  Stream(ctx, job, cfg, res);
+}
+
+}  // namespace lockstep

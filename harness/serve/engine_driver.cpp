@@ -1,0 +1,328 @@
+#include "serve/engine_driver.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "lockstep/engine/clock.h"
+#include "lockstep/engine/expert_cache.h"
+#include "lockstep/engine/tokenizer.h"
+
+namespace lockstep {
+
+namespace {
+
+std::int64_t NowNs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// Log-softmax of one logits row: the chosen token's log-probability and the `n` best.
+TokenLogprob LogprobOf(const float* row, int n_vocab, std::int32_t token, int n) {
+  double mx = -INFINITY;
+  for (int i = 0; i < n_vocab; ++i) mx = std::max(mx, static_cast<double>(row[i]));
+  double z = 0.0;
+  for (int i = 0; i < n_vocab; ++i) z += std::exp(static_cast<double>(row[i]) - mx);
+  const double log_z = mx + std::log(z);
+  TokenLogprob lp;
+  lp.token = token;
+  lp.logprob = static_cast<double>(row[token]) - log_z;
+  std::vector<int> idx(static_cast<std::size_t>(n_vocab));
+  for (int i = 0; i < n_vocab; ++i) idx[static_cast<std::size_t>(i)] = i;
+  const auto k = static_cast<std::ptrdiff_t>(std::min(n, n_vocab));
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [row](int a, int b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+  for (std::ptrdiff_t i = 0; i < k; ++i)
+    lp.top.emplace_back(idx[static_cast<std::size_t>(i)],
+                        static_cast<double>(row[idx[static_cast<std::size_t>(i)]]) - log_z);
+  return lp;
+}
+
+// The OpenAI finish_reason of a request that ran to its end.
+std::string FinishReason(const RequestResult& r) {
+  if (r.end == RequestEnd::kCancelled || r.result.stop_reason == "cancelled") return "cancelled";
+  if (r.end != RequestEnd::kFinished) return "error";
+  return r.result.stop_reason == "length" ? "length" : "stop";  // eos or a stop string
+}
+
+// The export's per-stage residency and counters, read on the driver thread when `job` ends.
+void CaptureStageInfo(Engine& engine, const RequestResult& r, ServeJob& job) {
+  for (int is = 0; is < engine.n_stages(); ++is) {
+    const ExpertCache& ec = engine.stage(is).experts();
+    ExportRunInfo::Residency res;
+    res.stage = is;
+    res.layers = ec.n_layers();
+    res.experts = ec.n_experts();
+    for (int il = 0; il < ec.n_layers(); ++il)
+      res.map.insert(res.map.end(), ec.map(il), ec.map(il) + ec.n_experts());
+    job.residency.push_back(std::move(res));
+    ExportRunInfo::Counters ct;
+    ct.stage = is;
+    ct.expert_hits = static_cast<std::int64_t>(ec.counters().hits);
+    ct.expert_misses = static_cast<std::int64_t>(ec.counters().misses);
+    ct.expert_bytes_fetched = static_cast<std::int64_t>(ec.counters().bytes_fetched);
+    ct.host_expert_tokens = static_cast<std::int64_t>(ec.counters().host_tokens);
+    ct.verify_calls = r.result.n_windows;
+    job.stage_counters.push_back(ct);
+  }
+}
+
+}  // namespace
+
+EngineDriver::EngineDriver(Engine& engine, ServeMetrics& metrics)
+    : engine_(engine),
+      metrics_(metrics),
+      scheduler_(engine),
+      n_slots_(engine.max_slots()),
+      thread_([this] { Loop(); }) {}
+
+EngineDriver::~EngineDriver() {
+  Shutdown();
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineDriver::Submit(ServeJobPtr job) {
+  std::lock_guard lk(mu_);
+  if (stop_) {
+    std::lock_guard jl(job->mu);
+    job->error = ApiError::Unavailable("the server is shutting down", "draining");
+    job->done = true;
+    job->cv.notify_all();
+    return;
+  }
+  ++in_flight_;
+  commands_.push_back({Command::kSubmit, std::move(job)});
+  cv_.notify_one();
+}
+
+void EngineDriver::Cancel(ServeJobPtr job) {
+  job->cancel = true;
+  std::lock_guard lk(mu_);
+  commands_.push_back({Command::kCancel, std::move(job)});
+  cv_.notify_one();
+}
+
+void EngineDriver::CancelAll() {
+  std::lock_guard lk(mu_);
+  commands_.push_back({Command::kCancelAll, nullptr});
+  cv_.notify_one();
+}
+
+void EngineDriver::Shutdown() {
+  std::lock_guard lk(mu_);
+  if (stop_) return;
+  stop_ = true;
+  commands_.push_back({Command::kCancelAll, nullptr});
+  cv_.notify_one();
+}
+
+int EngineDriver::in_flight() const {
+  std::lock_guard lk(mu_);
+  return in_flight_;
+}
+
+ServeGauges EngineDriver::Gauges() const {
+  std::lock_guard lk(mu_);
+  ServeGauges g;
+  g.slots_total = n_slots_;
+  g.slots_busy = counters_.live;
+  g.queue_depth = counters_.queue_depth;
+  g.max_queue_depth = counters_.max_queue_depth;
+  g.draining = stop_;
+  return g;
+}
+
+nlohmann::json EngineDriver::Slots() const {
+  std::lock_guard lk(mu_);
+  nlohmann::json slots = nlohmann::json::array();
+  for (int s = 0; s < n_slots_; ++s) {
+    nlohmann::json j = {{"id", s}, {"state", "idle"}, {"request_id", nullptr}};
+    for (const auto& [id, slot] : live_)
+      if (slot == s) j["state"] = "busy", j["request_id"] = id;
+    slots.push_back(j);
+  }
+  nlohmann::json waiting = nlohmann::json::array();
+  for (const auto& [id, slot] : live_)
+    if (slot < 0) waiting.push_back(id);
+  return {{"slots", slots},
+          {"waiting", waiting},
+          {"queue_depth", counters_.queue_depth},
+          {"live", counters_.live}};
+}
+
+void EngineDriver::Loop() {
+  for (;;) {
+    std::deque<Command> cmds;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return !commands_.empty() || !jobs_.empty() || stop_; });
+      cmds.swap(commands_);
+      if (stop_ && cmds.empty() && jobs_.empty()) return;
+    }
+    for (const Command& c : cmds) Run(c);
+    if (!jobs_.empty()) {
+      const std::int64_t steps = scheduler_.counters().steps, t0 = NowNs();
+      Result<bool> stepped = scheduler_.Step();
+      if (scheduler_.counters().steps != steps)
+        metrics_.ObserveStep(static_cast<double>(NowNs() - t0) * 1e-9);
+      if (!stepped.ok()) {
+        // A step error that no request claimed: every live request ends with it (a bug).
+        std::fprintf(stderr, "serve: engine step failed: %s\n", stepped.status().message().c_str());
+        for (auto& [t, job] : jobs_) (void)scheduler_.Cancel(t);
+      }
+    }
+    for (RequestResult& r : scheduler_.TakeFinished()) Deliver(std::move(r));
+    FailLost();
+    Publish();
+  }
+}
+
+void EngineDriver::Run(const Command& c) {
+  switch (c.kind) {
+    case Command::kSubmit:
+      SubmitNow(c.job);
+      return;
+    case Command::kCancel:
+      if (c.job->ticket != 0 && jobs_.count(c.job->ticket)) (void)scheduler_.Cancel(c.job->ticket);
+      return;
+    case Command::kCancelAll:
+      for (auto& [t, job] : jobs_) {
+        job->cancel = true;
+        (void)scheduler_.Cancel(t);
+      }
+      return;
+  }
+}
+
+void EngineDriver::SubmitNow(const ServeJobPtr& job) {
+  InstallHooks(*job);
+  RequestSpec spec;
+  spec.id = job->id;
+  spec.prompt = job->prompt;
+  spec.options = job->options;
+  spec.borrowed_hooks = &job->hooks;
+  Result<Ticket> t = scheduler_.Submit(std::move(spec));
+  std::lock_guard jl(job->mu);
+  if (!t.ok()) {
+    const std::string& m = t.status().message();
+    job->error = t.status().code() == Status::Code::kInvalidArgument ? ApiError::BadRequest(m)
+                 : m.find("queue full") != std::string::npos         ? ApiError::QueueFull(m)
+                                                                     : ApiError::Internal(m);
+    job->done = true;
+    job->cv.notify_all();
+    std::lock_guard lk(mu_);
+    --in_flight_;
+    return;
+  }
+  job->ticket = *t;
+  job->accepted = true;
+  jobs_[*t] = job;
+  job->cv.notify_all();
+}
+
+void EngineDriver::InstallHooks(ServeJob& job) {
+  ServeJob* j = &job;
+  job.hooks = {};
+  job.hooks.observer = job.exporter.get();
+  if (job.req.logprobs >= 0) {
+    const auto V = static_cast<std::size_t>(engine_.weights().config.n_vocab);
+    job.hooks.on_window = [j, V](int, int T, const float* logits) {
+      j->window_logits.assign(logits, logits + static_cast<std::size_t>(T) * V);
+    };
+  }
+  job.hooks.on_record = [this, j](const WindowRecord& rec) {
+    OnWindow(*j, rec);
+    return Status::Ok();
+  };
+  job.hooks.on_prefill = [this, j](int, int) { j->slot = engine_.slot(); };
+  job.hooks.stop_check = [j] {
+    if (j->cancel) return std::string("cancelled");
+    return j->text.stopped() ? std::string("stop") : std::string();
+  };
+}
+
+void EngineDriver::OnWindow(ServeJob& job, const WindowRecord& rec) {
+  job.slot = engine_.slot();
+  const std::int64_t now = NowNs();
+  const auto n = static_cast<double>(rec.emitted.size());
+  if (job.last_token_ns == 0) {
+    metrics_.ObserveTimeToFirstToken(static_cast<double>(now - job.arrive_ns) * 1e-9);
+  } else if (n > 0) {
+    for (std::size_t i = 0; i < rec.emitted.size(); ++i)
+      metrics_.ObserveInterToken(static_cast<double>(now - job.last_token_ns) * 1e-9 / n);
+  }
+  job.last_token_ns = now;
+  std::vector<TokenLogprob> lps;
+  const int V = engine_.weights().config.n_vocab;
+  if (job.req.logprobs >= 0 && job.window_logits.size() >= rec.emitted.size() * std::size_t(V))
+    for (std::size_t i = 0; i < rec.emitted.size(); ++i)
+      lps.push_back(LogprobOf(job.window_logits.data() + i * static_cast<std::size_t>(V), V,
+                              rec.emitted[i], job.req.logprobs));
+  if (!job.text.stopped()) job.text.Append(DecodeTokens(rec.emitted));
+  std::string delta = job.text.Take(false);
+  std::lock_guard jl(job.mu);
+  job.delta += delta;
+  job.n_generated += static_cast<std::int64_t>(rec.emitted.size());
+  for (auto& lp : lps) job.delta_logprobs.push_back(std::move(lp));
+  job.cv.notify_all();
+}
+
+void EngineDriver::Deliver(RequestResult res) {
+  auto it = jobs_.find(res.ticket);
+  if (it == jobs_.end()) return;
+  ServeJobPtr job = it->second;
+  jobs_.erase(it);
+  Publish();  // before the client hears of the end: /slots and /metrics already show it
+  const std::string reason = FinishReason(res);
+  metrics_.CountFinish(reason);
+  metrics_.CountTokens(static_cast<std::int64_t>(job->prompt.size()),
+                       static_cast<std::int64_t>(res.result.output.size()),
+                       res.prefix.reused_tokens);
+  metrics_.CountPrefix(engine_.config().prefix_cache, res.prefix.reused_tokens > 0);
+  for (const WindowRecord& w : res.result.windows)
+    if (w.T > 1) metrics_.CountDrafts(DraftSourceName(w.source), w.T - 1, w.accepted);
+  if (job->exporter) CaptureStageInfo(engine_, res, *job);
+  std::string rest = job->text.Take(true);
+  {
+    std::lock_guard jl(job->mu);
+    job->delta += rest;
+    job->finish_reason = reason;
+    if (res.end == RequestEnd::kFailed)
+      job->error = ApiError::Internal("the request failed: " + res.status.message());
+    if (res.end == RequestEnd::kRefused) job->error = ApiError::QueueFull(res.status.message());
+    job->result = std::move(res);
+    std::lock_guard lk(mu_);
+    --in_flight_;
+    job->done = true;
+    job->cv.notify_all();
+  }
+}
+
+void EngineDriver::FailLost() {
+  // The scheduler idle while requests wait for their end: they would hang their clients and
+  // keep this loop awake forever. Each gets a 500 (a bug: a result the scheduler never gave).
+  if (jobs_.empty() || scheduler_.counters().live > 0 || scheduler_.counters().queue_depth > 0)
+    return;
+  for (auto& [t, job] : jobs_) {
+    std::fprintf(stderr, "serve: %s: lost by the scheduler (ticket %lld)\n", job->id.c_str(),
+                 static_cast<long long>(t));
+    std::lock_guard jl(job->mu);
+    job->error = ApiError::Internal("the request was lost by the scheduler (a bug)");
+    job->finish_reason = "error";
+    std::lock_guard lk(mu_);
+    --in_flight_;
+    job->done = true;
+    job->cv.notify_all();
+  }
+  jobs_.clear();
+}
+
+void EngineDriver::Publish() {
+  std::lock_guard lk(mu_);
+  counters_ = scheduler_.counters();
+  live_.clear();
+  for (const auto& [t, job] : jobs_) live_.emplace_back(job->id, job->slot);
+}
+
+}  // namespace lockstep

@@ -1,0 +1,199 @@
+#include "serve/http_server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+
+#include "serve/auth.h"
+#include "serve/completion_response.h"
+#include "serve/completions_handler.h"
+
+namespace lockstep {
+
+namespace {
+
+// True on a handler thread whose connection was accepted over max_connections.
+thread_local bool t_overloaded = false;
+// True between the completions handler's own count of its answer and the log line.
+thread_local bool t_completion_counted = false;
+
+// httplib's thread pool with a count of the connections waiting or served: one accepted beyond
+// `max` is still handed a thread (httplib owns its socket) but answered 503 and closed at once.
+class BoundedTaskQueue final : public httplib::TaskQueue {
+ public:
+  BoundedTaskQueue(std::size_t threads, int max) : pool_(threads), max_(max) {}
+  void enqueue(std::function<void()> fn) override {
+    const bool over = ++held_ > max_;
+    pool_.enqueue([this, over, fn = std::move(fn)] {
+      t_overloaded = over;
+      fn();
+      --held_;
+    });
+  }
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  httplib::ThreadPool pool_;
+  std::atomic<int> held_{0};
+  const int max_;
+};
+
+// A path as the log prints it: printable ASCII only, at most 128 bytes.
+std::string LogPath(const std::string& path) {
+  std::string out;
+  for (char c : path.substr(0, 128)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return out;
+}
+
+bool Loopback(const std::string& addr) {
+  return addr == "127.0.0.1" || addr == "::1" || addr.rfind("::ffff:127.", 0) == 0;
+}
+
+void HandleHealth(const ServeContext& ctx, httplib::Response& res) {
+  if (!ctx.ready || ctx.draining) {
+    res.status = 503;
+    res.set_content(ctx.draining ? R"({"status":"draining"})" : R"({"status":"loading"})",
+                    "application/json");
+    return;
+  }
+  res.set_content(R"({"status":"ok"})", "application/json");
+}
+
+void HandleModels(const ServeContext& ctx, httplib::Response& res) {
+  nlohmann::json m = {{"id", ctx.limits.model_name},
+                      {"object", "model"},
+                      {"created", 0},
+                      {"owned_by", "lockstep"},
+                      {"n_vocab", ctx.limits.n_vocab},
+                      {"max_context", ctx.limits.max_context}};
+  res.set_content(Dump(nlohmann::json{{"object", "list"}, {"data", {m}}}), "application/json");
+}
+
+// Fills an error body for statuses httplib set itself (404 without a route, 413, 400 on a
+// malformed request line) and for handlers that set a status alone.
+void FillErrorBody(const httplib::Request& req, httplib::Response& res) {
+  if (!res.body.empty()) return;
+  ApiError e;
+  switch (res.status) {
+    case 404:
+      e = ApiError::NotFound("no endpoint " + req.method + " " + req.path);
+      break;
+    case 413:
+      e = ApiError::TooLarge("the request body is larger than --max-body");
+      break;
+    case 405:
+      e = ApiError::NotFound("method not allowed", "method_not_allowed");
+      e.status = 405;
+      break;
+    default:
+      e = ApiError::BadRequest("malformed HTTP request", "", "bad_http");
+      e.status = res.status;
+  }
+  SendError(res, e);
+}
+
+}  // namespace
+
+HttpServer::HttpServer(ServeContext& ctx) : ctx_(ctx), svr_(std::make_unique<httplib::Server>()) {
+  const ServeOptions& o = ctx_.opts;
+  const auto threads = static_cast<std::size_t>(o.http_threads);
+  const int max_conn = o.max_connections;
+  svr_->new_task_queue = [threads, max_conn] { return new BoundedTaskQueue(threads, max_conn); };
+  svr_->set_payload_max_length(o.max_body);
+  svr_->set_read_timeout(o.read_timeout_s, 0);
+  svr_->set_write_timeout(o.write_timeout_s, 0);
+  svr_->set_keep_alive_timeout(o.keep_alive_s);
+  svr_->set_keep_alive_max_count(static_cast<std::size_t>(o.keep_alive_max));
+  Routes();
+}
+
+HttpServer::~HttpServer() { Stop(); }
+
+Result<int> HttpServer::Bind() {
+  const ServeOptions& o = ctx_.opts;
+  const int port = o.port == 0 ? svr_->bind_to_any_port(o.host)
+                               : (svr_->bind_to_port(o.host, o.port) ? o.port : -1);
+  if (port < 0)
+    return Status::InvalidArgument("--host/--port", "cannot listen on " + o.host + ":" +
+                                                        std::to_string(o.port) +
+                                                        " (in use, or not an address here)");
+  return port;
+}
+
+void HttpServer::Start() {
+  listen_ = std::thread([this] { svr_->listen_after_bind(); });
+}
+
+void HttpServer::Stop() {
+  if (!listen_.joinable()) return;
+  svr_->stop();
+  listen_.join();
+}
+
+void HttpServer::Routes() {
+  ServeContext& ctx = ctx_;
+  svr_->set_pre_routing_handler([&ctx](const httplib::Request& req, httplib::Response& res) {
+    if (t_overloaded) {
+      res.set_header("Connection", "close");
+      res.set_header("Retry-After", "1");
+      SendError(res, ApiError::Unavailable("too many connections", "too_many_connections"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (req.path != "/health" &&
+        !BearerAllowed(req.get_header_value("Authorization"), ctx.opts.api_key)) {
+      SendError(res, ApiError::Unauthorized());
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  svr_->Get("/health",
+            [&ctx](const httplib::Request&, httplib::Response& res) { HandleHealth(ctx, res); });
+  svr_->Get("/v1/models",
+            [&ctx](const httplib::Request&, httplib::Response& res) { HandleModels(ctx, res); });
+  svr_->Post("/v1/completions", [&ctx](const httplib::Request& req, httplib::Response& res) {
+    HandleCompletion(ctx, req, res);
+    // Before httplib writes it (/metrics never lags); httplib turns an unset status (-1) into 200.
+    ctx.metrics.CountResponse(res.status == -1 ? 200 : res.status);
+    t_completion_counted = true;
+  });
+  svr_->Get("/slots", [&ctx](const httplib::Request&, httplib::Response& res) {
+    if (!ctx.ready) return SendError(res, ApiError::Unavailable("loading the model", "loading"));
+    res.set_content(Dump(ctx.driver->Slots()), "application/json");
+  });
+  svr_->Post(R"(/slots/(\d+))", [](const httplib::Request&, httplib::Response& res) {
+    SendError(res, ApiError::NotImplemented(
+                       "slot save/restore/erase is not available in this build (slot files are "
+                       "not wired into lockstep serve yet)"));
+  });
+  svr_->Get("/metrics", [&ctx](const httplib::Request&, httplib::Response& res) {
+    ServeGauges g;
+    if (ctx.ready) g = ctx.driver->Gauges();
+    g.draining = ctx.draining;
+    res.set_content(ctx.metrics.Text(g), "text/plain; version=0.0.4");
+  });
+  svr_->set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+        FillErrorBody(req, res);
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  svr_->set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+        SendError(res, ApiError::Internal("internal error (a bug): see the server log"));
+      });
+  svr_->set_logger([&ctx](const httplib::Request& req, const httplib::Response& res) {
+    // Answers the handler counted itself (before the client could read them) are not counted
+    // again; refusals before the handler (401, 413, a malformed request) are counted here.
+    if (req.path == "/v1/completions" && !t_completion_counted)
+      ctx.metrics.CountResponse(res.status);
+    t_completion_counted = false;
+    // Method, path, status and request id only: never a body, a header value or a query.
+    std::fprintf(stderr, "serve: %s %s %d %s%s\n", LogPath(req.method).c_str(),
+                 LogPath(req.path).c_str(), res.status,
+                 res.get_header_value("X-Request-Id").c_str(),
+                 Loopback(req.remote_addr) ? "" : " (remote)");
+  });
+}
+
+}  // namespace lockstep

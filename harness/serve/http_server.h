@@ -1,0 +1,75 @@
+// HttpServer: the routes of `lockstep serve` on cpp-httplib (Debian's libcpp-httplib, 0.11.4).
+//
+//   GET  /health            200 {"status":"ok"}; 503 while loading or draining (no key needed)
+//   GET  /v1/models         the served model (OpenAI list shape)
+//   POST /v1/completions    completions_handler.h
+//   GET  /slots             each slot's state, the waiting requests
+//   POST /slots/{id}?action=save|restore|erase   501 (slot files are not wired in this build)
+//   GET  /metrics           Prometheus text (metrics.h)
+//
+// Every other path is 404, every error an ApiError body. With an API key every endpoint but
+// /health needs `Authorization: Bearer KEY` (constant-time compare). Limits: bodies over
+// max_body are 413 before they are read; header and body reads time out after read_timeout_s
+// (a slow client cannot hold a slot: nothing is submitted before the whole body is in);
+// http_threads connections are served at once, and a connection accepted while max_connections
+// are already waiting or served gets 503 and is closed. The log line of a request names its
+// method, path, status and request id: never a body, a key or an export path.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "lockstep/engine/engine.h"
+#include "lockstep/engine/status.h"
+#include "lockstep/engine/weights.h"
+#include "lockstep/harness/serve_command.h"
+#include "serve/completion_request.h"
+#include "serve/engine_driver.h"
+#include "serve/metrics.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace lockstep {
+
+// What the handlers share. The engine-side pointers are set once, before `ready` turns true.
+struct ServeContext {
+  ServeOptions opts;
+  ServeMetrics metrics;
+  std::atomic<bool> ready{false};     // model loaded, driver running
+  std::atomic<bool> draining{false};  // SIGTERM seen: completions refused with 503
+  const ModelWeights* weights = nullptr;
+  EngineDriver* driver = nullptr;
+  EngineConfig engine_config;  // the engine's effective config (threads resolved)
+  CompletionLimits limits;
+  std::string model_sha256, executable_sha256;
+  std::string id_prefix;  // "cmpl-<8 hex>-" per process
+  std::atomic<std::uint64_t> next_id{1};
+};
+
+class HttpServer {
+ public:
+  explicit HttpServer(ServeContext& ctx);
+  ~HttpServer();  // Stop()
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds host:port (0: any free port) and returns the port. kInvalidArgument when it cannot.
+  Result<int> Bind();
+  // Serves on a thread of its own until Stop().
+  void Start();
+  // Closes the listening socket, lets handler threads return, joins.
+  void Stop();
+
+ private:
+  void Routes();
+  ServeContext& ctx_;
+  std::unique_ptr<httplib::Server> svr_;
+  std::thread listen_;
+};
+
+}  // namespace lockstep

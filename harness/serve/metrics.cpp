@@ -1,0 +1,138 @@
+#include "serve/metrics.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+namespace lockstep {
+
+namespace {
+
+// Prometheus prints floats with Go's shortest form; "{}" (shortest round-trip) matches it.
+std::string Num(double v) { return fmt::format("{}", v); }
+
+void Header(std::string& out, const std::string& name, const char* type, const std::string& help) {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+void Scalar(std::string& out, const std::string& name, const char* type, const std::string& help,
+            double v) {
+  Header(out, name, type, help);
+  out += name + " " + Num(v) + "\n";
+}
+
+std::vector<double> LatencyBounds() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0};
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), buckets_(bounds_.size(), 0) {}
+
+void Histogram::Observe(double v) {
+  ++count_;
+  sum_ += v;
+  for (std::size_t i = 0; i < bounds_.size(); ++i)
+    if (v <= bounds_[i]) {
+      ++buckets_[i];
+      return;
+    }
+}
+
+void Histogram::Render(const std::string& name, const std::string& help, std::string& out) const {
+  Header(out, name, "histogram", help);
+  std::uint64_t cum = 0;
+  for (std::size_t i = 0; i < bounds_.size(); ++i) {
+    cum += buckets_[i];
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, Num(bounds_[i]), cum);
+  }
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, count_, name,
+                     Num(sum_), name, count_);
+}
+
+ServeMetrics::ServeMetrics()
+    : step_(LatencyBounds()), ttft_(LatencyBounds()), itl_(LatencyBounds()) {}
+
+void ServeMetrics::CountResponse(int status) {
+  std::lock_guard lk(mu_);
+  ++responses_[status];
+}
+
+void ServeMetrics::CountTokens(std::int64_t prompt, std::int64_t generated, std::int64_t cached) {
+  std::lock_guard lk(mu_);
+  prompt_tokens_ += prompt;
+  generated_tokens_ += generated;
+  cached_tokens_ += cached;
+}
+
+void ServeMetrics::CountFinish(const std::string& reason) {
+  std::lock_guard lk(mu_);
+  ++finishes_[reason];
+}
+
+void ServeMetrics::CountDrafts(const std::string& source, std::int64_t drafted,
+                               std::int64_t accepted) {
+  std::lock_guard lk(mu_);
+  auto& d = drafts_[source];
+  d[0] += drafted;
+  d[1] += accepted;
+}
+
+void ServeMetrics::CountPrefix(bool queried, bool hit) {
+  std::lock_guard lk(mu_);
+  prefix_queries_ += queried;
+  prefix_hits_ += hit;
+}
+
+void ServeMetrics::ObserveStep(double seconds) {
+  std::lock_guard lk(mu_);
+  step_.Observe(seconds);
+}
+void ServeMetrics::ObserveTimeToFirstToken(double seconds) {
+  std::lock_guard lk(mu_);
+  ttft_.Observe(seconds);
+}
+void ServeMetrics::ObserveInterToken(double seconds) {
+  std::lock_guard lk(mu_);
+  itl_.Observe(seconds);
+}
+
+std::string ServeMetrics::Text(const ServeGauges& g) const {
+  std::lock_guard lk(mu_);
+  std::string out;
+  Header(out, "lockstep_requests_total", "counter", "HTTP API responses by status code");
+  for (const auto& [status, n] : responses_)
+    out += fmt::format("lockstep_requests_total{{status=\"{}\"}} {}\n", status, n);
+  Header(out, "lockstep_completions_total", "counter", "Completions that ran, by finish reason");
+  for (const auto& [reason, n] : finishes_)
+    out += fmt::format("lockstep_completions_total{{finish_reason=\"{}\"}} {}\n", reason, n);
+  Scalar(out, "lockstep_prompt_tokens_total", "counter", "Prompt tokens of completions that ran",
+         static_cast<double>(prompt_tokens_));
+  Scalar(out, "lockstep_generated_tokens_total", "counter", "Tokens generated",
+         static_cast<double>(generated_tokens_));
+  Scalar(out, "lockstep_cached_tokens_total", "counter",
+         "Prompt tokens whose state came from the prefix cache",
+         static_cast<double>(cached_tokens_));
+  Header(out, "lockstep_drafted_tokens_total", "counter", "Draft tokens proposed, by source");
+  for (const auto& [src, d] : drafts_)
+    out += fmt::format("lockstep_drafted_tokens_total{{source=\"{}\"}} {}\n", src, d[0]);
+  Header(out, "lockstep_accepted_tokens_total", "counter", "Draft tokens accepted, by source");
+  for (const auto& [src, d] : drafts_)
+    out += fmt::format("lockstep_accepted_tokens_total{{source=\"{}\"}} {}\n", src, d[1]);
+  Scalar(out, "lockstep_prefix_cache_queries_total", "counter", "Prefix-cache lookups",
+         static_cast<double>(prefix_queries_));
+  Scalar(out, "lockstep_prefix_cache_hits_total", "counter",
+         "Prefix-cache lookups that reused state", static_cast<double>(prefix_hits_));
+  Scalar(out, "lockstep_slots", "gauge", "Engine slots", g.slots_total);
+  Scalar(out, "lockstep_slots_busy", "gauge", "Slots holding a request", g.slots_busy);
+  Scalar(out, "lockstep_queue_depth", "gauge", "Requests waiting for a slot", g.queue_depth);
+  Scalar(out, "lockstep_queue_depth_max", "gauge", "Most requests ever waiting", g.max_queue_depth);
+  Scalar(out, "lockstep_draining", "gauge", "1 while shutting down", g.draining ? 1 : 0);
+  step_.Render("lockstep_step_seconds", "Engine step wall time", out);
+  ttft_.Render("lockstep_time_to_first_token_seconds", "Request arrival to its first token", out);
+  itl_.Render("lockstep_inter_token_seconds", "Time between a request's windows, per token", out);
+  return out;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,68 @@
+// ServeMetrics: the counters and histograms behind `GET /metrics`, rendered in the Prometheus
+// text exposition format (version 0.0.4): raw counters (`_total`), gauges and cumulative
+// histograms (`_bucket{le=...}`, `_sum`, `_count`), every name prefixed `lockstep_`.
+//
+// Thread-safe: HTTP handler threads and the engine driver thread record into it concurrently.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace lockstep {
+
+// Cumulative-bucket histogram over fixed upper bounds (seconds).
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void Observe(double v);
+  // Appends the `_bucket`, `_sum` and `_count` lines of `name`.
+  void Render(const std::string& name, const std::string& help, std::string& out) const;
+  std::uint64_t count() const { return count_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<std::uint64_t> buckets_;  // per bound, not cumulative
+  std::uint64_t count_ = 0;
+  double sum_ = 0.0;
+};
+
+struct ServeGauges {
+  int slots_total = 0;
+  int slots_busy = 0;
+  int queue_depth = 0;
+  int max_queue_depth = 0;
+  bool draining = false;
+};
+
+class ServeMetrics {
+ public:
+  ServeMetrics();
+  // One finished HTTP exchange of an API endpoint by its status (200, 400, 429, ...).
+  void CountResponse(int status);
+  // A completion that ran (finished or cancelled): its token counts.
+  void CountTokens(std::int64_t prompt, std::int64_t generated, std::int64_t cached);
+  void CountFinish(const std::string& reason);  // stop | length | cancelled | error
+  void CountDrafts(const std::string& source, std::int64_t drafted, std::int64_t accepted);
+  void CountPrefix(bool queried, bool hit);
+  void ObserveStep(double seconds);
+  void ObserveTimeToFirstToken(double seconds);
+  void ObserveInterToken(double seconds);
+
+  // The whole exposition text with the gauges of now.
+  std::string Text(const ServeGauges& g) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int, std::uint64_t> responses_;  // GUARDED_BY(mu_): by status
+  std::map<std::string, std::uint64_t> finishes_;
+  std::int64_t prompt_tokens_ = 0, generated_tokens_ = 0, cached_tokens_ = 0;
+  std::map<std::string, std::array<std::int64_t, 2>> drafts_;  // source -> drafted, accepted
+  std::uint64_t prefix_queries_ = 0, prefix_hits_ = 0;
+  Histogram step_, ttft_, itl_;
+};
+
+}  // namespace lockstep

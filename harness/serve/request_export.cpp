@@ -1,0 +1,51 @@
+#include "serve/request_export.h"
+
+#include <chrono>
+#include <ctime>
+
+#include "lockstep/engine/tokenizer.h"
+#include "lockstep/instrument/fingerprint.h"
+#include "serve/http_server.h"
+#include "serve/serve_job.h"
+
+namespace lockstep {
+
+std::string ExportFileName(const std::string& id) { return id + ".h5"; }
+
+Result<std::unique_ptr<H5Exporter>> OpenRequestExport(const std::string& dir, const std::string& id,
+                                                      const ExportRequest& e) {
+  ExportOptions eo;
+  eo.path = dir + "/" + ExportFileName(id);
+  LOCKSTEP_ASSIGN_OR_RETURN(eo.windows, WindowSelection::Parse(e.windows));
+  LOCKSTEP_ASSIGN_OR_RETURN(eo.points, ParseExportPoints(e.points));
+  return H5Exporter::Create(eo);
+}
+
+Status FinishRequestExport(const ServeContext& ctx, ServeJob& job, const RequestResult& r,
+                           const EngineConfig& config) {
+  ExportRunInfo meta;
+  meta.arm = job.req.arm;
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t tt = std::chrono::system_clock::to_time_t(now);
+  char ts[32];
+  std::strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&tt));
+  meta.created_utc = ts;
+  meta.run_id = Sha256Hex(job.id + "/" + ts).substr(0, 16);
+  meta.config_json = config.ToJson();
+  meta.config_sha256 = Sha256Hex(meta.config_json);
+  meta.executable_sha256 = ctx.executable_sha256;
+  meta.model_sha256 = ctx.model_sha256;
+  meta.request_sha256 = Sha256Tokens(job.prompt);
+  meta.seed = config.seed;
+  meta.max_new = config.max_new;
+  meta.request_tokens = job.prompt;
+  meta.output_tokens = r.result.output;
+  meta.stop_reason = r.result.stop_reason;
+  meta.text_sha256 = Sha256Hex(DecodeTokens(r.result.output));
+  meta.injections = r.injections;
+  meta.residency = job.residency;
+  meta.counters = job.stage_counters;
+  return job.exporter->Finish(meta);
+}
+
+}  // namespace lockstep
