@@ -18,6 +18,7 @@
 #include <mutex>
 
 #include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/engine.h"
 #include "lockstep/h5/handle.h"
 #include "lockstep/h5/rows.h"
 
@@ -740,6 +741,36 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
   const auto slash = opts_.path.find_last_of('/');
   return FsyncPath(slash == std::string::npos ? "." : opts_.path.substr(0, slash == 0 ? 1 : slash),
                    true);
+}
+
+void AppendStageInfo(Engine& engine, std::int64_t verify_calls,
+                     std::vector<ExportRunInfo::Residency>* residency,
+                     std::vector<ExportRunInfo::Counters>* counters) {
+  for (int is = 0; is < engine.n_stages(); ++is) {
+    const ExpertCache& ec = engine.stage(is).experts();
+    ExportRunInfo::Residency r;
+    r.stage = is;
+    r.layers = ec.n_layers();
+    r.experts = ec.n_experts();
+    for (int il = 0; il < ec.n_layers(); ++il)
+      r.map.insert(r.map.end(), ec.map(il), ec.map(il) + ec.n_experts());
+    residency->push_back(std::move(r));
+    ExportRunInfo::Counters ct;
+    ct.stage = is;
+    ct.expert_hits = static_cast<std::int64_t>(ec.counters().hits);
+    ct.expert_misses = static_cast<std::int64_t>(ec.counters().misses);
+    ct.expert_bytes_fetched = static_cast<std::int64_t>(ec.counters().bytes_fetched);
+    ct.host_expert_tokens = static_cast<std::int64_t>(ec.counters().host_tokens);
+    ct.verify_calls = verify_calls;
+    // The CPU backend does not separate first-call and graph-capture work from model work:
+    // those stay unknown (-1); the cuda backend measures them and counts its graphs.
+    const StageInitCounters ic = engine.stage(is).init_counters();
+    ct.first_calls = ic.first_calls;
+    ct.first_call_ns = ic.first_call_ns;
+    ct.graph_captures = ic.graph_captures;
+    ct.graph_launches = ic.graph_launches;
+    counters->push_back(ct);
+  }
 }
 
 }  // namespace lockstep

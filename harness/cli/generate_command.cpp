@@ -223,35 +223,6 @@ Result<GenerateResult> GenerateAmong(Engine& engine, const std::vector<std::int3
 
 // ---- phase: the export's run metadata and its finish ----
 
-// Per stage: expert residency and the counters the export's /run group records.
-void AddStageInfo(Engine& engine, const GenerateResult& res, ExportRunInfo& meta) {
-  for (int is = 0; is < engine.n_stages(); ++is) {
-    const ExpertCache& ec = engine.stage(is).experts();
-    ExportRunInfo::Residency r;
-    r.stage = is;
-    r.layers = ec.n_layers();
-    r.experts = ec.n_experts();
-    for (int il = 0; il < ec.n_layers(); ++il)
-      r.map.insert(r.map.end(), ec.map(il), ec.map(il) + ec.n_experts());
-    meta.residency.push_back(std::move(r));
-    ExportRunInfo::Counters ct;
-    ct.stage = is;
-    ct.expert_hits = static_cast<std::int64_t>(ec.counters().hits);
-    ct.expert_misses = static_cast<std::int64_t>(ec.counters().misses);
-    ct.expert_bytes_fetched = static_cast<std::int64_t>(ec.counters().bytes_fetched);
-    ct.host_expert_tokens = static_cast<std::int64_t>(ec.counters().host_tokens);
-    ct.verify_calls = res.n_windows;
-    // The CPU backend does not separate first-call and graph-capture work from model work:
-    // those stay unknown (-1); the cuda backend measures them and counts its graphs.
-    const StageInitCounters ic = engine.stage(is).init_counters();
-    ct.first_calls = ic.first_calls;
-    ct.first_call_ns = ic.first_call_ns;
-    ct.graph_captures = ic.graph_captures;
-    ct.graph_launches = ic.graph_launches;
-    meta.counters.push_back(ct);
-  }
-}
-
 // Weight bytes held in memory per stage (issue 26): matrices in their file type, mapped or owned.
 nlohmann::json WeightsJson(Engine& engine, const ModelWeights& w) {
   nlohmann::json stages = nlohmann::json::array();
@@ -294,7 +265,7 @@ ExportRunInfo BuildRunInfo(const GenerateOptions& opts, Engine& engine, const Mo
   meta.stop_reason = res.stop_reason;
   meta.text_sha256 = Sha256Hex(tok.Decode(res.output));
   meta.injections = engine.InjectionReport();
-  AddStageInfo(engine, res, meta);
+  AppendStageInfo(engine, res.n_windows, &meta.residency, &meta.counters);
   TraceRing::Global().Disable();
   meta.events = TraceRing::Global().Snapshot();
   meta.events_dropped = TraceRing::Global().dropped();

@@ -46,28 +46,6 @@ std::string FinishReason(const RequestResult& r) {
   return r.result.stop_reason == "length" ? "length" : "stop";  // eos or a stop string
 }
 
-// The export's per-stage residency and counters, read on the driver thread when `job` ends.
-void CaptureStageInfo(Engine& engine, const RequestResult& r, ServeJob& job) {
-  for (int is = 0; is < engine.n_stages(); ++is) {
-    const ExpertCache& ec = engine.stage(is).experts();
-    ExportRunInfo::Residency res;
-    res.stage = is;
-    res.layers = ec.n_layers();
-    res.experts = ec.n_experts();
-    for (int il = 0; il < ec.n_layers(); ++il)
-      res.map.insert(res.map.end(), ec.map(il), ec.map(il) + ec.n_experts());
-    job.residency.push_back(std::move(res));
-    ExportRunInfo::Counters ct;
-    ct.stage = is;
-    ct.expert_hits = static_cast<std::int64_t>(ec.counters().hits);
-    ct.expert_misses = static_cast<std::int64_t>(ec.counters().misses);
-    ct.expert_bytes_fetched = static_cast<std::int64_t>(ec.counters().bytes_fetched);
-    ct.host_expert_tokens = static_cast<std::int64_t>(ec.counters().host_tokens);
-    ct.verify_calls = r.result.n_windows;
-    job.stage_counters.push_back(ct);
-  }
-}
-
 }  // namespace
 
 EngineDriver::EngineDriver(Engine& engine, ServeMetrics& metrics)
@@ -282,7 +260,9 @@ void EngineDriver::Deliver(RequestResult res) {
   metrics_.CountPrefix(engine_.config().prefix_cache, res.prefix.reused_tokens > 0);
   for (const WindowRecord& w : res.result.windows)
     if (w.T > 1) metrics_.CountDrafts(DraftSourceName(w.source), w.T - 1, w.accepted);
-  if (job->exporter) CaptureStageInfo(engine_, res, *job);
+  // The export's per-stage residency and counters, read on the driver thread as `job` ends.
+  if (job->exporter)
+    AppendStageInfo(engine_, res.result.n_windows, &job->residency, &job->stage_counters);
   std::string rest = job->text.Take(true);
   {
     std::lock_guard jl(job->mu);

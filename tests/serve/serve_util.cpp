@@ -75,29 +75,6 @@ ExportRunInfo RunInfo(const EngineConfig& cfg, const RequestSpec& spec, const Re
   return m;
 }
 
-// /run residency and /counters of the request's slot (kept open for this).
-void AddStageInfo(Engine& engine, int slot, int n_windows, ExportRunInfo& m) {
-  engine.UseSlot(slot);
-  for (int is = 0; is < engine.n_stages(); ++is) {
-    const ExpertCache& ec = engine.stage(is).experts();
-    ExportRunInfo::Residency res;
-    res.stage = is;
-    res.layers = ec.n_layers();
-    res.experts = ec.n_experts();
-    for (int il = 0; il < ec.n_layers(); ++il)
-      res.map.insert(res.map.end(), ec.map(il), ec.map(il) + ec.n_experts());
-    m.residency.push_back(std::move(res));
-    ExportRunInfo::Counters ct;
-    ct.stage = is;
-    ct.expert_hits = static_cast<std::int64_t>(ec.counters().hits);
-    ct.expert_misses = static_cast<std::int64_t>(ec.counters().misses);
-    ct.expert_bytes_fetched = static_cast<std::int64_t>(ec.counters().bytes_fetched);
-    ct.host_expert_tokens = static_cast<std::int64_t>(ec.counters().host_tokens);
-    ct.verify_calls = n_windows;
-    m.counters.push_back(ct);
-  }
-}
-
 }  // namespace
 
 ServeRun RunRequests(const EngineConfig& cfg, std::vector<ServeRequest> reqs) {
@@ -140,7 +117,8 @@ ServeRun RunRequests(const EngineConfig& cfg, std::vector<ServeRequest> reqs) {
   for (std::size_t i = 0; i < reqs.size(); ++i) {
     if (!exporters[i]) continue;
     ExportRunInfo info = RunInfo(cfg, reqs[i].spec, run.results[i], reqs[i].export_path);
-    AddStageInfo(engine, run.results[i].slot, run.results[i].result.n_windows, info);
+    engine.UseSlot(run.results[i].slot);  // /run residency and /counters of the request's slot
+    AppendStageInfo(engine, run.results[i].result.n_windows, &info.residency, &info.counters);
     const Status fin = exporters[i]->Finish(info);
     EXPECT_TRUE(fin.ok()) << fin.ToString();
   }

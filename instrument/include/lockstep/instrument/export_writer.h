@@ -40,6 +40,8 @@
 
 namespace lockstep {
 
+class Engine;
+
 // The `schema_version` attribute this writer puts on "/" (schema "lockstep.export").
 inline constexpr int kExportSchemaVersion = 1;
 
@@ -94,6 +96,13 @@ struct ExportRunInfo {
   // /injections: one JSON object per --inject (InjectionRecordJson); none: the dataset is absent.
   std::vector<std::string> injections;
 };
+
+// Appends each stage's expert residency map and /counters (expert hits, misses, bytes fetched,
+// host tokens, one-time set-up counters; `verify_calls` windows) for the engine's current slot
+// (Engine::UseSlot): what an export of that request records in /run and /counters.
+void AppendStageInfo(Engine& engine, std::int64_t verify_calls,
+                     std::vector<ExportRunInfo::Residency>* residency,
+                     std::vector<ExportRunInfo::Counters>* counters);
 
 class H5Exporter final : public Observer {
  public:
