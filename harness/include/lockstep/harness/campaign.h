@@ -69,6 +69,26 @@ struct GateSpec {
   bool exact = false;
 };
 
+// Background load sent while a service arm's request runs (`load = {...}` of an arm): `requests`
+// seeded random-token requests, `concurrency` at a time, prompts of prompt_lo..prompt_hi tokens,
+// max_new tokens each. Bounded in count and time (timeout_s for the whole load).
+struct LoadSpec {
+  int requests = 8;
+  int concurrency = 4;
+  int prompt_lo = 50, prompt_hi = 400;
+  int max_new = 16;
+  std::uint64_t seed = 1;
+  double timeout_s = 300.0;
+};
+
+// A server someone else started (`[service] url`, `api_key_env`): every service arm runs there.
+// Empty url: the runner starts its own `lockstep serve` children.
+struct ServiceSpec {
+  std::string url;          // http://HOST:PORT (loopback in tests)
+  std::string api_key_env;  // the environment variable holding the API key ("" none)
+  int line = 0;
+};
+
 struct ArmSpec {
   std::string name;            // unique, [A-Za-z0-9_.-]+
   std::string mode = "state";  // state (exports at the planned checkpoints) | timing (trace only)
@@ -80,7 +100,16 @@ struct ArmSpec {
   bool control = false;                     // the positive-control arm (must FAIL its gates)
   std::optional<std::int64_t> max_skipped;  // overrides GateSpec::max_skipped for this arm
   std::string build;  // the [builds] name it runs on ("": the running executable)
-  int line = 0;       // where it was declared (messages)
+  // Where the arm's request runs: "process" (default: a fresh `lockstep generate`, as in the
+  // seed), "fresh" (a `lockstep serve` the runner starts for this arm and stops after) or
+  // "shared" (the campaign's long-lived server: its conversation cache and slot history carry
+  // over between arms). The issue's `engine = "fresh"` is spelled `server` because `[arm.engine]`
+  // is the overrides table.
+  std::string server = "process";
+  bool prime = false;            // service arms: send the request once (no export) before the
+                                 // arm's own, so the arm's request is warm
+  std::optional<LoadSpec> load;  // service arms: background load during the request
+  int line = 0;                  // where it was declared (messages)
 };
 
 struct StopRule {
@@ -103,6 +132,7 @@ struct Campaign {
   // folder, not checked here (ResolveBuilds in builds.h checks them before anything runs, after
   // the command line's --build overrides).
   std::map<std::string, std::string> builds;
+  ServiceSpec service;         // [service]: a remote server for every service arm
   std::vector<ArmSpec> arms;   // in order; the control arm (if any) is appended last
   std::vector<StopRule> stop;  // the default rule is filled in for A/A-then-B campaigns
   bool default_stop = false;   // stop holds the default rule (none was declared)

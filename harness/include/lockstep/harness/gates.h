@@ -36,6 +36,13 @@ struct ArmOutcome {
   // The --inject records of repeat 0 (generate --json "injections", SCHEMA.md /injections); empty
   // when the arm had none or left no JSON.
   std::vector<nlohmann::json> injections;
+  // Service arms (ArmSpec::server fresh | shared, or a remote server): what the runner recorded
+  // in arms/<arm>/service.json and the ledger's finished entry, `service` (campaigns/README.md
+  // "Service arms"): {"server": "fresh"|"shared"|"remote", "instance", "engine_config_sha256",
+  // "cold": bool, "prompt_tokens_reused", "snapshot_position", "engine_state": "fresh" |
+  // "carried" | "lost: re-primed", "primed": bool, "load": null | {"requests", "concurrency",
+  // "completed", "failed", "digest", "digests": [...]}}. Null for process arms.
+  nlohmann::json service;
 };
 
 struct ComparisonResult {
