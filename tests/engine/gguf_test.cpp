@@ -91,7 +91,7 @@ std::string DequantisedCopy(const std::string& gguf_path, const std::string& nam
 
 // Q8_0 / Q4_K / Q6_K: the engine dequantises in registers in the same accumulation order as the
 // f32 kernels, so a quantised model runs bitwise like its dequantised weights stored as f32
-// (whose agreement with a float64 reference is ops_reference_test's subject).
+// (gguf_reference_test.cpp checks both against the float64 reference, with its own dequantiser).
 TEST(Gguf, QuantisedFilesEqualTheirDequantisedWeights) {
   const std::string st = Init("--preset tiny --seed 5 --vocab 512", "gguf-q-st");
   for (const char* q : {"q8_0", "q4_k", "q6_k"}) {
