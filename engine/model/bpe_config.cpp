@@ -13,20 +13,21 @@ namespace lockstep {
 const char* const kQwenSplitPattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-namespace {
-
-using Json = nlohmann::json;
+namespace bpe {
 
 // GPT-2's byte-level alphabet: printable bytes stand for themselves, the other 68 bytes for
-// U+0100 + k in byte order. cp_of[b] is the character of byte b.
-std::array<char32_t, 256> ByteChars() {
-  std::array<char32_t, 256> cp_of{};
-  char32_t next = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-    cp_of[b] = printable ? static_cast<char32_t>(b) : next++;
-  }
-  return cp_of;
+// U+0100 + k in byte order.
+const std::array<char32_t, 256>& ByteChars() {
+  static const std::array<char32_t, 256> kCpOf = [] {
+    std::array<char32_t, 256> cp_of{};
+    char32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+      cp_of[b] = printable ? static_cast<char32_t>(b) : next++;
+    }
+    return cp_of;
+  }();
+  return kCpOf;
 }
 
 std::string Utf8Of(char32_t cp) {
@@ -46,8 +47,12 @@ std::string Utf8Of(char32_t cp) {
 
 // The bytes a vocabulary token decodes to (Hugging Face's ByteLevel decoder): each character's
 // byte, or the token's own UTF-8 when a character is outside the alphabet.
-std::string TokenBytes(const std::string& token,
-                       const std::unordered_map<char32_t, char>& byte_of) {
+std::string TokenBytes(const std::string& token) {
+  static const std::unordered_map<char32_t, char> byte_of = [] {
+    std::unordered_map<char32_t, char> m;
+    for (int b = 0; b < 256; ++b) m[ByteChars()[b]] = static_cast<char>(b);
+    return m;
+  }();
   std::string out;
   std::size_t i = 0;
   while (i < token.size()) {
@@ -59,6 +64,65 @@ std::string TokenBytes(const std::string& token,
   }
   return out;
 }
+
+constexpr std::int64_t kMaxId = (std::int64_t{1} << 24) - 1;
+
+Status SetToken(const std::string& label, BpeTokenizer& t, std::int64_t id, std::string bytes,
+                const std::string& what) {
+  if (id < 0 || id > kMaxId)
+    return Status::Corruption(label, what + ": id " + std::to_string(id) + " is out of range");
+  const auto u = static_cast<std::size_t>(id);
+  if (u >= t.has_.size()) {
+    t.has_.resize(u + 1, 0);
+    t.bytes_.resize(u + 1);
+  }
+  if (t.has_[u]) return Status::Corruption(label, what + ": id " + std::to_string(id) + " twice");
+  t.has_[u] = 1;
+  t.bytes_[u] = std::move(bytes);
+  return Status::Ok();
+}
+
+Status SetByteIds(const std::string& label, BpeTokenizer& t,
+                  const std::unordered_map<std::string, std::int32_t>& ids) {
+  for (int b = 0; b < 256; ++b) {
+    auto it = ids.find(Utf8Of(ByteChars()[b]));
+    if (it == ids.end())
+      return Status::NotSupported(
+          label,
+          "byte " + std::to_string(b) + " has no token (a byte-level vocabulary needs all 256)");
+    t.byte_id_[b] = it->second;
+  }
+  return Status::Ok();
+}
+
+Status AddMerge(const std::string& label, BpeTokenizer& t,
+                const std::unordered_map<std::string, std::int32_t>& ids, const std::string& a,
+                const std::string& b, std::int32_t rank) {
+  auto ia = ids.find(a), ib = ids.find(b), iab = ids.find(a + b);
+  if (ia == ids.end() || ib == ids.end() || iab == ids.end())
+    return Status::Corruption(label, "merge " + std::to_string(rank) + " ('" + a + "', '" + b +
+                                         "'): a token is not in the vocabulary");
+  const std::uint64_t key =
+      (static_cast<std::uint64_t>(ia->second) << 32) | static_cast<std::uint32_t>(ib->second);
+  t.merges_.emplace(key, BpeMerge{rank, iab->second});  // a repeated pair keeps its first rank
+  return Status::Ok();
+}
+
+void Finish(BpeTokenizer& t, const std::string& label) {
+  std::stable_sort(t.added_.begin(), t.added_.end(), [](const AddedToken& x, const AddedToken& y) {
+    return x.content.size() > y.content.size();
+  });
+  t.info_.type = "bpe";
+  t.info_.vocab_size = static_cast<int>(std::count(t.has_.begin(), t.has_.end(), std::uint8_t{1}));
+  t.info_.max_id = static_cast<int>(t.has_.size()) - 1;
+  t.info_.path = label;
+}
+
+}  // namespace bpe
+
+namespace {
+
+using Json = nlohmann::json;
 
 Status Unsupported(const std::string& label, const std::string& field, const Json& value) {
   return Status::NotSupported(
@@ -120,45 +184,17 @@ Status CheckModel(const std::string& label, const Json& m) {
   return Status::Ok();
 }
 
-constexpr std::int64_t kMaxId = (std::int64_t{1} << 24) - 1;
-
-Status SetToken(const std::string& label, BpeTokenizer& t, std::int64_t id, std::string bytes,
-                const std::string& what) {
-  if (id < 0 || id > kMaxId)
-    return Status::Corruption(label, what + ": id " + std::to_string(id) + " is out of range");
-  const auto u = static_cast<std::size_t>(id);
-  if (u >= t.has_.size()) {
-    t.has_.resize(u + 1, 0);
-    t.bytes_.resize(u + 1);
-  }
-  if (t.has_[u]) return Status::Corruption(label, what + ": id " + std::to_string(id) + " twice");
-  t.has_[u] = 1;
-  t.bytes_[u] = std::move(bytes);
-  return Status::Ok();
-}
-
 Status LoadVocab(const std::string& label, const Json& vocab, BpeTokenizer& t,
                  std::unordered_map<std::string, std::int32_t>& ids) {
-  const std::array<char32_t, 256> cp_of = ByteChars();
-  std::unordered_map<char32_t, char> byte_of;
-  for (int b = 0; b < 256; ++b) byte_of[cp_of[b]] = static_cast<char>(b);
   ids.reserve(vocab.size());
   for (const auto& [token, v] : vocab.items()) {
     if (!v.is_number_integer()) return Status::Corruption(label, "vocab '" + token + "': id");
     const auto id = v.get<std::int64_t>();
     LOCKSTEP_RETURN_IF_ERROR(
-        SetToken(label, t, id, TokenBytes(token, byte_of), "vocab '" + token + "'"));
+        bpe::SetToken(label, t, id, bpe::TokenBytes(token), "vocab '" + token + "'"));
     ids.emplace(token, static_cast<std::int32_t>(id));
   }
-  for (int b = 0; b < 256; ++b) {
-    auto it = ids.find(Utf8Of(cp_of[b]));
-    if (it == ids.end())
-      return Status::NotSupported(
-          label,
-          "byte " + std::to_string(b) + " has no token (a byte-level vocabulary needs all 256)");
-    t.byte_id_[b] = it->second;
-  }
-  return Status::Ok();
+  return bpe::SetByteIds(label, t, ids);
 }
 
 Status LoadMerges(const std::string& label, const Json& merges, BpeTokenizer& t,
@@ -178,13 +214,7 @@ Status LoadMerges(const std::string& label, const Json& merges, BpeTokenizer& t,
     } else {
       return Status::Corruption(label, "merge " + std::to_string(rank) + " is not a pair");
     }
-    auto ia = ids.find(a), ib = ids.find(b), iab = ids.find(a + b);
-    if (ia == ids.end() || ib == ids.end() || iab == ids.end())
-      return Status::Corruption(label, "merge " + std::to_string(rank) + " ('" + a + "', '" + b +
-                                           "'): a token is not in the vocabulary");
-    const std::uint64_t key =
-        (static_cast<std::uint64_t>(ia->second) << 32) | static_cast<std::uint32_t>(ib->second);
-    t.merges_.emplace(key, BpeMerge{rank, iab->second});  // a repeated pair keeps its first rank
+    LOCKSTEP_RETURN_IF_ERROR(bpe::AddMerge(label, t, ids, a, b, rank));
     ++rank;
   }
   return Status::Ok();
@@ -229,13 +259,10 @@ Status LoadAdded(const std::string& label, const Json& added, BpeTokenizer& t,
     } else {
       ids.emplace(content, static_cast<std::int32_t>(id));
     }
-    LOCKSTEP_RETURN_IF_ERROR(SetToken(label, t, id, content, "added token '" + content + "'"));
+    LOCKSTEP_RETURN_IF_ERROR(bpe::SetToken(label, t, id, content, "added token '" + content + "'"));
     t.added_.push_back({content, static_cast<std::int32_t>(id), a.value("special", false)});
     t.added_first_[static_cast<unsigned char>(content[0])] = true;
   }
-  std::stable_sort(t.added_.begin(), t.added_.end(), [](const AddedToken& x, const AddedToken& y) {
-    return x.content.size() > y.content.size();
-  });
   return Status::Ok();
 }
 
@@ -264,11 +291,7 @@ Result<TokenizerPtr> ParseBpeTokenizer(std::string_view json, const std::string&
   } catch (const std::exception& e) {  // a field of the wrong JSON type
     return Status::Corruption(label, e.what());
   }
-  t->info_.type = "bpe";
-  t->info_.vocab_size =
-      static_cast<int>(std::count(t->has_.begin(), t->has_.end(), std::uint8_t{1}));
-  t->info_.max_id = static_cast<int>(t->has_.size()) - 1;
-  t->info_.path = label;
+  bpe::Finish(*t, label);
   return TokenizerPtr(std::move(t));
 }
 

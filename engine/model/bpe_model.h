@@ -1,14 +1,18 @@
 // The BPE tokenizer's tables, private to engine/model: built from tokenizer.json by
-// bpe_config.cpp, used by bpe_tokenizer.cpp (encode, decode).
+// bpe_config.cpp or from a GGUF file's tokenizer.ggml.* metadata by bpe_gguf.cpp (with the
+// builders in bpe:: below), used by bpe_tokenizer.cpp (encode, decode).
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "lockstep/engine/gguf.h"
+#include "lockstep/engine/status.h"
 #include "lockstep/engine/tokenizer.h"
 
 namespace lockstep {
@@ -59,5 +63,37 @@ class BpeTokenizer final : public Tokenizer {
   mutable std::mutex cache_mu_;
   mutable std::unordered_map<std::string, std::vector<std::int32_t>> cache_;
 };
+
+// Building the tables (bpe_config.cpp); `label` names the source in messages.
+namespace bpe {
+
+// GPT-2's byte-level alphabet: the character that stands for each byte.
+const std::array<char32_t, 256>& ByteChars();
+std::string Utf8Of(char32_t cp);
+// The bytes a byte-level vocabulary token decodes to (Hugging Face's ByteLevel decoder): each
+// character's byte, or the token's own UTF-8 when a character is outside the alphabet.
+std::string TokenBytes(const std::string& token);
+// Gives id (< 2^24, not yet taken: kCorruption naming `what`) the bytes `bytes`.
+Status SetToken(const std::string& label, BpeTokenizer& t, std::int64_t id, std::string bytes,
+                const std::string& what);
+// byte_id_ from `ids` (vocabulary token -> id); kNotSupported when a byte has no token.
+Status SetByteIds(const std::string& label, BpeTokenizer& t,
+                  const std::unordered_map<std::string, std::int32_t>& ids);
+// The merge of rank `rank`: a + b -> the token a + b; kCorruption when one of the three is not in
+// `ids`. A repeated pair keeps its first rank.
+Status AddMerge(const std::string& label, BpeTokenizer& t,
+                const std::unordered_map<std::string, std::int32_t>& ids, const std::string& a,
+                const std::string& b, std::int32_t rank);
+// After the last token: added tokens longest first, info_ (type "bpe", sizes, path = label).
+void Finish(BpeTokenizer& t, const std::string& label);
+
+}  // namespace bpe
+
+// The tokenizer.ggml.* metadata of a tokenizer.json (its text; `label` names it) for a model of
+// `n_vocab` ids, added to *kv as llama.cpp's converter writes it (bpe_gguf.cpp has the table; ids
+// without a token become "[PAD<id>]"). Errors: those of ParseBpeTokenizer; kNotSupported without
+// the NFC normalizer; kInvalidArgument for an id >= n_vocab.
+Status GgufVocabulary(std::string_view tokenizer_json, const std::string& label, int n_vocab,
+                      std::map<std::string, GgufValue>* kv);
 
 }  // namespace lockstep

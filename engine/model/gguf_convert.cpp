@@ -5,12 +5,15 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 
+#include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/gguf.h"
 #include "lockstep/engine/model_config.h"
 #include "lockstep/engine/quant.h"
 #include "lockstep/engine/safetensors.h"
+#include "model/bpe_model.h"
 
 namespace lockstep {
 
@@ -272,6 +275,10 @@ Status ConvertToGguf(const std::string& dir, const std::string& out_path,
     kv["tokenizer.ggml.eos_token_id"] = U32(static_cast<std::uint64_t>(c.eos_token_ids[0]));
   if (c.bos_token_id >= 0)
     kv["tokenizer.ggml.bos_token_id"] = U32(static_cast<std::uint64_t>(c.bos_token_id));
+  if (const std::string tj = dir + "/tokenizer.json"; std::filesystem::exists(tj)) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(tj, std::size_t{256} << 20));
+    LOCKSTEP_RETURN_IF_ERROR(GgufVocabulary(text, tj, c.n_vocab, &kv));
+  }
   return WriteGguf(out_path, kv, ts);
 }
 

@@ -5,6 +5,7 @@
 #include <charconv>
 
 #include "lockstep/engine/bpe_tokenizer.h"
+#include "lockstep/engine/gguf.h"
 #include "model/utf8.h"
 
 namespace lockstep {
@@ -54,6 +55,11 @@ class ByteTokenizer final : public Tokenizer {
 TokenizerPtr MakeByteTokenizer() { return std::make_unique<ByteTokenizer>(); }
 
 Result<TokenizerPtr> LoadModelTokenizer(const std::string& model_dir) {
+  if (model_dir.size() > 5 && model_dir.compare(model_dir.size() - 5, 5, ".gguf") == 0) {
+    LOCKSTEP_ASSIGN_OR_RETURN(GgufFilePtr f, GgufFile::Open(model_dir));
+    LOCKSTEP_ASSIGN_OR_RETURN(TokenizerPtr tok, LoadGgufTokenizer(*f));
+    return tok ? std::move(tok) : MakeByteTokenizer();
+  }
   const std::string path = model_dir + "/tokenizer.json";
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return MakeByteTokenizer();

@@ -62,8 +62,10 @@ void AddModelInit(CLI::App& app, std::vector<Command>& commands) {
       ->check(CLI::Range(1, 1 << 24))
       ->default_str("preset")
       ->group(kGroupPipeline);
-  init->add_option("--tokenizer", st->tokenizer,
-                   "Copy this tokenizer.json into the model (needs --vocab above its largest id)")
+  init->add_option(
+          "--tokenizer", st->tokenizer,
+          "Copy this tokenizer.json into the model (GGUF: as tokenizer.ggml.*; needs --vocab above "
+          "its largest id)")
       ->type_name("FILE")
       ->group(kGroupModel);
   init->footer(
@@ -89,7 +91,9 @@ void AddTokenize(CLI::App& app, std::vector<Command>& commands) {
   auto tk = std::make_shared<lockstep::TokenizeOptions>();
   auto* tok = app.add_subcommand("tokenize", "Print the ids the model's tokenizer gives a text");
   tok->add_option("TEXT", tk->text, "Text to encode (UTF-8)");
-  tok->add_option("--model", tk->model, "Model folder (its tokenizer.json, else byte level)")
+  tok->add_option(
+         "--model", tk->model,
+         "Model folder (its tokenizer.json) or FILE.gguf (its vocabulary), else byte level")
       ->required()
       ->group(kGroupModel);
   tok->add_option("--file", tk->file, "Encode this file's bytes instead of TEXT")
@@ -107,7 +111,9 @@ void AddTokenize(CLI::App& app, std::vector<Command>& commands) {
   auto dt = std::make_shared<lockstep::DetokenizeOptions>();
   auto* det = app.add_subcommand("detokenize", "Print the text of token ids");
   det->add_option("IDS", dt->ids, "Ids, whitespace or comma separated (quote them)");
-  det->add_option("--model", dt->model, "Model folder (its tokenizer.json, else byte level)")
+  det->add_option(
+         "--model", dt->model,
+         "Model folder (its tokenizer.json) or FILE.gguf (its vocabulary), else byte level")
       ->required()
       ->group(kGroupModel);
   det->add_option("--file", dt->file, "Read the ids from this file instead")->group(kGroupRequest);

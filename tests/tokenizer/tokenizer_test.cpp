@@ -1,11 +1,14 @@
 // The BPE tokenizer on a small handwritten tokenizer.json (data/tiny_tokenizer.json: Qwen's
 // pipeline, byte ids = byte values, a few ranked merges, three added tokens); the expected ids and
 // pieces below are what Hugging Face's tokenizers 0.23.2 gives for the same file and strings.
-// The comparison on Qwen's own file is tokenizer_hf_test.cpp.
+// The comparison on Qwen's own file is tokenizer_hf_test.cpp. GgufVocabulary.*: the same file
+// embedded in a GGUF model (tokenizer.ggml.*, as llama.cpp's converter writes it) gives the same
+// tokenizer.
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -13,6 +16,7 @@
 
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/bpe_tokenizer.h"
+#include "lockstep/engine/gguf.h"
 #include "model/pretokenize.h"
 #include "test_util.h"
 
@@ -291,6 +295,131 @@ TEST(TokenizeCommand, ModelInitTokenizerNeedsALargeEnoughVocabulary) {
   auto t = test::RunLockstep("tokenize --model " + u + " abc");
   EXPECT_EQ(t.exit_code, 2);
   EXPECT_NE(t.err.find("model.type \"Unigram\" is not supported"), std::string::npos) << t.err;
+}
+
+// ---- the same vocabulary in a GGUF file (tokenizer.ggml.*) ----
+
+std::string TinyGgufWithTokenizer() {
+  static const std::string path = [] {
+    const std::string d = test::NewDir("tok-gguf");
+    auto r = test::RunLockstep("model init --preset tiny --seed 7 --format gguf --tokenizer " +
+                               kTiny + " --out " + d);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("the vocabulary of"), std::string::npos) << r.out;
+    EXPECT_FALSE(std::ifstream(d + "/tokenizer.json").good()) << "the GGUF carries it alone";
+    return d + "/model.gguf";
+  }();
+  return path;
+}
+
+const std::vector<std::string>& VocabTexts() {
+  static const std::vector<std::string> texts = {"hello world",
+                                                 "hello world<|sp|>long <x>",
+                                                 "<|sp|><|sp|>long<|sp|>",
+                                                 "[PAD300] [PAD5]",
+                                                 "e\xcc\x81 caf\xc3\xa9 \xc3\xa9",
+                                                 "  \n\t tabs\r\n\n  ",
+                                                 "\xe6\x97\xa5\xe6\x9c\xac 123 4567",
+                                                 "don't we'll THEY'RE",
+                                                 "a\xc2\xa0"
+                                                 "b",
+                                                 ""};
+  return texts;
+}
+
+TEST(GgufVocabulary, SameTokenizerAsTheTokenizerJson) {
+  auto g = LoadModelTokenizer(TinyGgufWithTokenizer());
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const Tokenizer& gguf = **g;
+  EXPECT_EQ(gguf.info().type, "bpe");
+  EXPECT_EQ(gguf.info().path, TinyGgufWithTokenizer());
+  EXPECT_EQ(gguf.info().vocab_size, Tiny().info().vocab_size);
+  EXPECT_EQ(gguf.info().max_id, Tiny().info().max_id);
+  for (std::int32_t id = 0; id < 512; ++id) {
+    EXPECT_EQ(gguf.Has(id), Tiny().Has(id)) << id;  // "[PAD<id>]" slots: no token, as in the json
+    std::string a, b;
+    gguf.AppendBytes(id, a);
+    Tiny().AppendBytes(id, b);
+    EXPECT_EQ(a, b) << id;
+  }
+  for (const std::string& text : VocabTexts()) {
+    auto ids = gguf.Encode(text);
+    ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+    EXPECT_EQ(*ids, Enc(text)) << text;
+    EXPECT_EQ(gguf.Decode(*ids), Tiny().Decode(*ids)) << text;
+  }
+  EXPECT_EQ(Enc("[PAD300]").size(), 8u) << "a padding slot's name is text, not a token";
+}
+
+TEST(GgufVocabulary, CommandsUseTheGgufsVocabulary) {
+  const std::string gg = TinyGgufWithTokenizer(), st = TinyModelWithTokenizer();
+  for (const char* text : {"hello world<|sp|>", "caf\xc3\xa9 <x> [PAD300]", "THEY RE 42"}) {
+    const std::string q = " '" + std::string(text) + "'";
+    auto a = test::RunLockstep("tokenize --model " + gg + q);
+    auto b = test::RunLockstep("tokenize --model " + st + q);
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_EQ(a.out, b.out) << text;
+  }
+  auto d = test::RunLockstep("detokenize --model " + gg + " '261,266 270'");
+  EXPECT_EQ(d.out, "hello world<|sp|>\n") << d.err;
+  // generate --prompt: the same prompt ids, and (F32 GGUF == safetensors bitwise) the same output.
+  auto a =
+      test::RunLockstep("generate --model " + gg + " --prompt 'hello world' --max-new 4 --json -");
+  auto b =
+      test::RunLockstep("generate --model " + st + " --prompt 'hello world' --max-new 4 --json -");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  EXPECT_EQ(ja["prompt_tokens"], 2);
+  EXPECT_EQ(ja["tokenizer"]["type"], "bpe");
+  EXPECT_EQ(ja["tokenizer"]["vocab_size"], 273);
+  EXPECT_EQ(ja["output_ids"], jb["output_ids"]);
+  EXPECT_EQ(ja["text"], jb["text"]);
+}
+
+TEST(GgufVocabulary, UndeclaredIsBytesUnsupportedIsExit2) {
+  // No tokenizer.ggml.model: byte level, as a folder without tokenizer.json.
+  const std::string plain = test::NewDir("tok-gguf-plain");
+  ASSERT_EQ(
+      test::RunLockstep("model init --preset tiny --seed 7 --format gguf --out " + plain).exit_code,
+      0);
+  auto b = test::RunLockstep("tokenize --model " + plain + "/model.gguf --json - ab");
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  EXPECT_EQ(nlohmann::json::parse(b.out)["tokenizer"]["type"], "byte");
+  // A declared vocabulary of another kind: exit 2 naming it, never bytes.
+  auto f = GgufFile::Open(TinyGgufWithTokenizer());
+  ASSERT_TRUE(f.ok());
+  std::map<std::string, GgufValue> kv((*f)->kv().begin(), (*f)->kv().end());
+  kv["tokenizer.ggml.model"] = {std::string("llama"), 8};
+  std::vector<GgufTensorToWrite> ts;
+  for (const GgufTensor& t : (*f)->tensors())
+    ts.push_back({t.name, static_cast<GgmlType>(t.type), t.ne,
+                  std::vector<std::byte>(t.data, t.data + t.nbytes)});
+  const std::string spm = test::NewDir("tok-gguf-spm") + "/model.gguf";
+  ASSERT_TRUE(WriteGguf(spm, kv, ts).ok());
+  for (const std::string& cmd : {"tokenize --model " + spm + " abc",
+                                 "generate --model " + spm + " --prompt abc --max-new 1"}) {
+    auto r = test::RunLockstep(cmd);
+    EXPECT_EQ(r.exit_code, 2) << cmd;
+    EXPECT_NE(r.err.find("tokenizer.ggml.model 'llama' is not supported"), std::string::npos)
+        << r.err;
+  }
+}
+
+TEST(GgufVocabulary, ModelInitRefusesWhatTheGgufCannotCarry) {
+  const std::string d = test::NewDir("tok-gguf-refuse");
+  auto j = nlohmann::json::parse(TinyText());
+  j["normalizer"] = nullptr;
+  ASSERT_TRUE(WriteFileAtomic(d + "/no_nfc.json", j.dump()).ok());
+  auto r = test::RunLockstep("model init --preset tiny --format gguf --tokenizer " + d +
+                             "/no_nfc.json --out " + d + "/m");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("without the NFC normalizer"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::ifstream(d + "/m/model.gguf").good());
+  auto v = test::RunLockstep("model init --preset tiny --vocab 200 --format gguf --tokenizer " +
+                             kTiny + " --out " + d + "/m2");
+  EXPECT_EQ(v.exit_code, 2);
+  EXPECT_NE(v.err.find("hint: --vocab 273 or more"), std::string::npos) << v.err;
 }
 
 }  // namespace

@@ -15,6 +15,10 @@
 //   decoder         ByteLevel;  post_processor null | ByteLevel;  truncation, padding null
 //   added_tokens    single_word, lstrip, rstrip and normalized false
 // Unicode classes (\p{L}, \p{N}, \s) and NFC come from ICU (libicu), not tables of our own.
+//
+// The same tokenizer is read from a GGUF file's tokenizer.ggml.* metadata (llama.cpp's keys, as
+// its converter writes a Qwen tokenizer.json: model "gpt2", pre "qwen2"; the key table is in
+// engine/model/bpe_gguf.cpp) and written there by ConvertToGguf (gguf.h).
 #pragma once
 
 #include <string>
@@ -32,6 +36,14 @@ Result<TokenizerPtr> LoadBpeTokenizer(const std::string& path);
 
 // The same from the file's text; `label` names it in messages. info().path is `label`.
 Result<TokenizerPtr> ParseBpeTokenizer(std::string_view json, const std::string& label);
+
+class GgufFile;
+
+// The vocabulary `file` declares in its tokenizer.ggml.* metadata; a null pointer (and no error)
+// when it declares none (no tokenizer.ggml.model, or "none"). kNotSupported names an unsupported
+// tokenizer.ggml.model, tokenizer.ggml.pre, token type or option; kCorruption names the key (and
+// the entry) of a missing or malformed value. info().path is the file's path.
+Result<TokenizerPtr> LoadGgufTokenizer(const GgufFile& file);
 
 // Qwen's pre-tokenizer pattern (the only Split pattern supported), as tokenizer.json writes it.
 extern const char* const kQwenSplitPattern;

@@ -126,7 +126,8 @@ Status WriteGguf(const std::string& path, const std::map<std::string, GgufValue>
 // head group, ssm_a = -exp(A_log), ssm_dt.bias, norms stored as 1 + w, stacked experts, the MTP
 // layer as blk.{n_layer}.nextn.*, hyper-parameters under qwen3next.*), written to `out_path`.
 // Matrices keep their dtype, or are quantised to `quant` (q8_0, q4_k, q6_k) where their rows are
-// whole blocks; vectors stay F32.
+// whole blocks; vectors stay F32. A tokenizer.json in the folder is embedded as llama.cpp's
+// tokenizer.ggml.* metadata (model "gpt2", pre "qwen2"; LoadGgufTokenizer reads it back).
 Status ConvertToGguf(const std::string& safetensors_dir, const std::string& out_path,
                      std::optional<WeightType> quant);
 

@@ -2,8 +2,9 @@
 // tokenizer.json beside the weights: bpe_tokenizer.h), streaming decode, and token-file parsing.
 //
 // Byte level: text bytes map to ids 0..255; decoding renders ids >= 256 as "<id>".
-// LoadModelTokenizer picks the tokenizer a model folder implies: `DIR/tokenizer.json` when it
-// exists (an unsupported file is an error, never a fallback to bytes), else byte level.
+// LoadModelTokenizer picks the tokenizer a model implies: for a folder `DIR/tokenizer.json` when it
+// exists, for a GGUF file the vocabulary its metadata declares (an unsupported one is an error,
+// never a fallback to bytes), else byte level.
 // Threading: a Tokenizer is immutable after loading; Encode and Decode may be called from several
 // threads at once (the BPE tokenizer's word cache is locked).
 #pragma once
@@ -23,10 +24,10 @@ std::vector<std::int32_t> EncodeBytes(std::string_view text);
 std::string DecodeTokens(const std::vector<std::int32_t>& ids);
 
 struct TokenizerInfo {
-  std::string type;    // "byte" | "bpe" (the model type of tokenizer.json)
+  std::string type;    // "byte" | "bpe" (the model type of tokenizer.json or GGUF "gpt2")
   int vocab_size = 0;  // ids with a token: 256 for byte level; vocab + added tokens for BPE
   int max_id = 0;      // the largest id with a token
-  std::string path;    // the tokenizer.json it was loaded from ("" for byte level)
+  std::string path;    // the tokenizer.json or GGUF file it was loaded from ("" for byte level)
 };
 
 class Tokenizer {
@@ -49,8 +50,10 @@ using TokenizerPtr = std::unique_ptr<Tokenizer>;
 // The byte-level tokenizer (EncodeBytes / DecodeTokens behind the interface).
 TokenizerPtr MakeByteTokenizer();
 
-// `model_dir`/tokenizer.json when it exists (LoadBpeTokenizer), else the byte-level tokenizer.
-// Errors: those of LoadBpeTokenizer (kNotSupported names the unsupported type or option).
+// `model_dir`/tokenizer.json when it exists (LoadBpeTokenizer); for a path ending in .gguf (a file,
+// or the first of a split set) the vocabulary of its tokenizer.ggml.* metadata
+// (LoadGgufTokenizer); else the byte-level tokenizer. Errors: those of the two loaders and of
+// GgufFile::Open (kNotSupported names the unsupported type or option).
 Result<TokenizerPtr> LoadModelTokenizer(const std::string& model_dir);
 
 // Streaming decode: Push(id) returns the text that became complete with that token (bytes of an
