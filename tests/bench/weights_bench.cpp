@@ -8,6 +8,7 @@
 // env: LOCKSTEP_BENCH_WIDE_MODEL  folder of an existing `wide --layers 8` bf16 model (else one is
 //      generated in /tmp, ~2.7 GB, and removed at exit)
 #include <benchmark/benchmark.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -83,6 +84,13 @@ std::vector<std::int32_t> Tokens(int n, int vocab) {
 
 double g_read_bps = 0;  // 2-thread streaming read bandwidth, this run
 
+// CPU time of every thread of the process (the pool's workers and this one), seconds.
+double ProcessCpuSeconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 // Read-only streaming over 512 MiB, split in contiguous ranges like the decode kernels.
 void BM_MemReadBandwidth(benchmark::State& state) {
   std::vector<float> buf((std::size_t{512} << 20) / sizeof(float), 1.0f);
@@ -128,6 +136,7 @@ void BM_Wide(benchmark::State& state) {
   if (!e->Prefill(Tokens(64, vocab)).ok()) state.SkipWithError("prefill failed");
   int steps = 0;
   std::int32_t tok = 1;
+  const double cpu0 = ProcessCpuSeconds();
   for (auto _ : state) {
     if (!e->Verify(std::span<const std::int32_t>(&tok, 1), logits.data()).ok() ||
         !e->Commit(1).ok())
@@ -137,7 +146,11 @@ void BM_Wide(benchmark::State& state) {
                                     static_cast<unsigned>(vocab));
     benchmark::DoNotOptimize(logits.data());
   }
+  const double cpu = ProcessCpuSeconds() - cpu0;
   const double bytes = static_cast<double>(w.ActiveBytesPerToken());
+  // CPU time per token (all threads): what a loaded machine's wall time cannot show. A step that
+  // waits on memory still burns CPU, so this is the kernel cost, bandwidth stalls included.
+  state.counters["cpu_ms_per_token"] = cpu * 1e3 / static_cast<double>(state.iterations());
   state.counters["tokens_per_s"] =
       benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   state.counters["weight_MB_per_token"] = bytes / 1e6;
@@ -170,6 +183,14 @@ class RatioReporter : public benchmark::ConsoleReporter {
       const bool file = n.find("file_type:1") != std::string::npos;
       const bool prefill = n.find("prefill:1") != std::string::npos;
       rate_[{file, prefill}] = t->second;
+      if (const auto cpu = r.counters.find("cpu_ms_per_token"); cpu != r.counters.end()) {
+        cpu_[file] = cpu->second;
+        if (file && cpu_.count(false))
+          std::printf(
+              "  -> decode CPU ms per token, widened to f32 / bf16 as stored: %.2fx (%.1f "
+              "vs %.1f ms, all threads)\n",
+              cpu_[false] / cpu_[true], cpu_[false], cpu_[true]);
+      }
       const auto g = r.counters.find("weight_GB_per_s");
       if (g != r.counters.end() && g_read_bps > 0)
         std::printf(
@@ -188,6 +209,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
 
  private:
   std::map<std::pair<bool, bool>, double> rate_;
+  std::map<bool, double> cpu_;  // decode CPU ms per token, by file_type
 };
 
 }  // namespace
