@@ -3,8 +3,10 @@
 // response, or Server-Sent Events (`data: {...}` per window's text, a last chunk with
 // finish_reason, usage and the lockstep object, then `data: [DONE]`). A streaming client that
 // goes away (a failed write; an idle stream writes an SSE comment every second to notice)
-// cancels its request, which frees its slot. Refusals: 400 (body), 404 (model), 429 + Retry-After
-// (queue full), 503 + Retry-After (loading, draining).
+// cancels its request, which frees its slot. A finished export is registered for download
+// (export_registry.h) with its SHA-256 in the answer. Refusals: 400 (body; an id_slot prompt that
+// does not continue the slot's conversation), 404 (model), 409 (id_slot names a slot without a
+// kept conversation), 429 + Retry-After (queue full), 503 + Retry-After (loading, draining).
 #pragma once
 
 #include <cstdint>

@@ -97,6 +97,13 @@ void ServeMetrics::CountFinish(const std::string& reason) {
   ++finishes_[reason];
 }
 
+std::uint64_t ServeMetrics::CompletionsRun() const {
+  std::lock_guard lk(mu_);
+  std::uint64_t n = 0;
+  for (const auto& [reason, k] : finishes_) n += k;
+  return n;
+}
+
 void ServeMetrics::CountDrafts(const std::string& source, std::int64_t drafted,
                                std::int64_t accepted) {
   std::lock_guard lk(mu_);

@@ -58,6 +58,9 @@ class ServeMetrics {
   void ObserveTimeToFirstToken(double seconds);
   void ObserveInterToken(double seconds);
 
+  // Completions that ran so far (every finish reason): what the server had served.
+  std::uint64_t CompletionsRun() const;
+
   // The whole exposition text with the gauges of now.
   std::string Text(const ServeGauges& g) const;
 

@@ -179,6 +179,8 @@ TEST(ServeApi, InfoHealthAndCompletionsNameTheEngineInstance) {
   const json r = PostJson(*cli, {{"prompt", {1, 2, 3}}, {"max_tokens", 2}}, &status);
   ASSERT_EQ(status, 200);
   EXPECT_EQ(r["lockstep"]["engine_instance"], inst);
+  EXPECT_EQ(info["completions_run"], 0);
+  EXPECT_EQ(json::parse(cli->Get("/v1/lockstep/info")->body)["completions_run"], 1);
   EXPECT_TRUE(r["lockstep"]["export_sha256"].is_null());
   // Another server is another instance.
   ServeProcess other(Args({}));
