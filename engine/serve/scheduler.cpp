@@ -190,12 +190,12 @@ Status Scheduler::AdmitInto(Entry& e, int slot) {
 }
 
 Status Scheduler::PrefixLookupOnAdmit(Entry& e) {
-  if (!prefix_cache_) return Status::Ok();
+  if (!prefix_cache_ || !e.spec.use_prefix_cache) return Status::Ok();
   return PrefixAdmit(*prefix_cache_, engine_, *e.seq, &e.res.prefix);
 }
 
 Status Scheduler::PrefixCaptureAfterChunk(Entry& e, int chunk_end) {
-  if (!prefix_cache_) return Status::Ok();
+  if (!prefix_cache_ || !e.spec.use_prefix_cache) return Status::Ok();
   return PrefixCapture(*prefix_cache_, engine_, *e.seq, chunk_end);
 }
 
@@ -220,6 +220,9 @@ void Scheduler::Finish(Entry& e, RequestEnd end, Status st) {
   e.res.status = std::move(st);
   e.res.result = e.seq->TakeResult();
   e.res.injections = engine_.InjectionReport();
+  e.res.expert_counters.clear();  // before CloseSlot frees them (exports' /counters)
+  for (int is = 0; is < engine_.n_stages(); ++is)
+    e.res.expert_counters.push_back(engine_.stage(is).experts().counters());
   ++counters_.finished;
   if (end == RequestEnd::kCancelled) ++counters_.cancelled;
   e.kept = e.spec.keep && end == RequestEnd::kFinished;

@@ -1,6 +1,7 @@
 // The JSON of `POST /v1/completions` answers: the whole response, one Server-Sent-Events chunk
 // (`data: {...}\n\n`, object "text_completion" as OpenAI streams it) and the `lockstep` object
-// (output ids, window summary, config and request digests, prefix reuse, export file name).
+// (output ids, window summary, config and request digests, prefix reuse, export file name and
+// digest, the server's engine instance).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "lockstep/engine/scheduler.h"
+#include "lockstep/engine/tokenizer.h"
 #include "serve/serve_job.h"
 
 namespace lockstep {
@@ -18,10 +20,13 @@ struct ResponseContext {
   std::int64_t created = 0;   // unix seconds
   std::string config_sha256;  // of the request's effective EngineConfig
   std::string export_file;    // "" = none
+  std::string export_sha256;  // the finished export's SHA-256 ("" = none)
+  std::string engine_instance;
+  const Tokenizer* tokenizer = nullptr;  // the model's (logprobs' token texts)
 };
 
-// OpenAI's logprobs object for `lps` (tokens as their decoded text).
-nlohmann::json LogprobsJson(const std::vector<TokenLogprob>& lps);
+// OpenAI's logprobs object for `lps` (tokens as `tok` decodes them).
+nlohmann::json LogprobsJson(const std::vector<TokenLogprob>& lps, const Tokenizer& tok);
 
 // The `lockstep` object of a finished request.
 nlohmann::json LockstepJson(const ServeJob& job, const RequestResult& r, const ResponseContext& c);

@@ -1,19 +1,22 @@
 // HttpServer: the routes of `lockstep serve` on cpp-httplib (Debian's libcpp-httplib, 0.11.4).
 //
-//   GET  /health            200 {"status":"ok"}; 503 while loading or draining (no key needed)
+//   GET  /health            200 {"status":"ok","engine_instance":"<hex>"}; 503 while loading or
+//                           draining (no key needed)
 //   GET  /v1/models         the served model (OpenAI list shape)
 //   POST /v1/completions    completions_handler.h
 //   GET  /slots             each slot's state, the waiting requests
-//   POST /slots/{id}?action=save|restore|erase   501 (slot files are not wired in this build)
+//   POST /slots/{id}?action=save|restore|erase   slot files (slot_actions.h)
 //   GET  /metrics           Prometheus text (metrics.h)
+//   GET  /v1/exports/{file}, GET /v1/lockstep/info   lockstep_endpoints.h
 //
 // Every other path is 404, every error an ApiError body. With an API key every endpoint but
 // /health needs `Authorization: Bearer KEY` (constant-time compare). Limits: bodies over
 // max_body are 413 before they are read; header and body reads time out after read_timeout_s
 // (a slow client cannot hold a slot: nothing is submitted before the whole body is in);
 // http_threads connections are served at once, and a connection accepted while max_connections
-// are already waiting or served gets 503 and is closed. The log line of a request names its
-// method, path, status and request id: never a body, a key or an export path.
+// are already waiting or served gets 503 and is closed; the accept backlog holds max_connections
+// (cpp-httplib's own is 5: a burst of connects had SYNs dropped). The log line of a request names
+// its method, path, status and request id: never a body, a key or an export path.
 #pragma once
 
 #include <atomic>
@@ -24,10 +27,12 @@
 
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/status.h"
+#include "lockstep/engine/tokenizer.h"
 #include "lockstep/engine/weights.h"
 #include "lockstep/harness/serve_command.h"
 #include "serve/completion_request.h"
 #include "serve/engine_driver.h"
+#include "serve/export_registry.h"
 #include "serve/metrics.h"
 
 namespace httplib {
@@ -43,12 +48,16 @@ struct ServeContext {
   std::atomic<bool> ready{false};     // model loaded, driver running
   std::atomic<bool> draining{false};  // SIGTERM seen: completions refused with 503
   const ModelWeights* weights = nullptr;
+  const Tokenizer* tokenizer = nullptr;  // the model's (LoadModelTokenizer), as generate uses
   EngineDriver* driver = nullptr;
   EngineConfig engine_config;  // the engine's effective config (threads resolved)
   CompletionLimits limits;
   std::string model_sha256, executable_sha256;
   std::string id_prefix;  // "cmpl-<8 hex>-" per process
   std::atomic<std::uint64_t> next_id{1};
+  std::string engine_instance;    // 128 random bits, hex: this process (set before Bind)
+  std::int64_t started_unix = 0;  // when it started (unix seconds)
+  ExportRegistry exports;         // the exports this server wrote (GET /v1/exports/{file})
 };
 
 class HttpServer {
@@ -70,6 +79,7 @@ class HttpServer {
   ServeContext& ctx_;
   std::unique_ptr<httplib::Server> svr_;
   std::thread listen_;
+  int listen_fd_ = -1;  // the bound socket (set by httplib's socket-options callback)
 };
 
 }  // namespace lockstep

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <ostream>
 
@@ -14,6 +15,7 @@
 #include "serve/engine_driver.h"
 #include "serve/http_server.h"
 #include "serve/lifecycle.h"
+#include "serve/lockstep_endpoints.h"
 
 namespace lockstep {
 
@@ -74,6 +76,8 @@ Status RunServeCommand(const ServeOptions& opts_in, std::ostream& out) {
   ServeContext ctx;
   ctx.opts = opts;
   ctx.id_prefix = IdPrefix();
+  LOCKSTEP_ASSIGN_OR_RETURN(ctx.engine_instance, NewEngineInstance());
+  ctx.started_unix = static_cast<std::int64_t>(std::time(nullptr));
   ctx.limits.model_name = ModelName(opts);
   ctx.limits.max_context = opts.max_context;
   ctx.limits.max_prompt_bytes = opts.max_body;
@@ -83,17 +87,19 @@ Status RunServeCommand(const ServeOptions& opts_in, std::ostream& out) {
   server.Start();  // /health answers 503 while the model loads
 
   LOCKSTEP_ASSIGN_OR_RETURN(ModelWeightsPtr weights, ModelWeights::Load(cfg.model));
+  LOCKSTEP_ASSIGN_OR_RETURN(TokenizerPtr tokenizer, LoadModelTokenizer(cfg.model));
   LOCKSTEP_ASSIGN_OR_RETURN(EnginePtr engine, Engine::Create(cfg, *weights));
   ctx.weights = weights.get();
+  ctx.tokenizer = tokenizer.get();
   ctx.engine_config = engine->config();
   ctx.limits.n_vocab = weights->config.n_vocab;
   if (auto exe = Sha256SelfExe(); exe.ok()) ctx.executable_sha256 = *exe;
   if (auto mh = Sha256Files(weights->files); mh.ok()) ctx.model_sha256 = *mh;
-  EngineDriver driver(*engine, ctx.metrics);
+  EngineDriver driver(*engine, ctx.metrics, *tokenizer);
   ctx.driver = &driver;
   ctx.ready = true;
-  std::fprintf(stderr, "serve: ready: model %s, %d slots\n", ctx.limits.model_name.c_str(),
-               engine->max_slots());
+  std::fprintf(stderr, "serve: ready: model %s, %d slots, engine instance %s\n",
+               ctx.limits.model_name.c_str(), engine->max_slots(), ctx.engine_instance.c_str());
 
   const int sig = signals.Wait();
   ctx.draining = true;
