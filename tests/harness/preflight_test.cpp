@@ -1,0 +1,207 @@
+// `lockstep preflight` on the real binary (issue 25, Must show 5): the default config holds every
+// property it claims (exit 0); draft_policy = latency with the injected stall, suffix_index =
+// async and batch_invariant = off under load are each named by the static part and found by
+// their probe with the first difference (exit 1); `small` takes at most 60 s; bad input is exit 2.
+//
+// What is deterministic and what is not: the stall (latency) and the load (batch_invariant off)
+// probes provoke their difference on every run. The async index's lag is a thread race: the
+// index_timing probe compares up to 16 async runs with the caught-up index and finds a
+// divergence in most invocations on tiny-induction, not in all; the config fails (exit 1) either
+// way, because the static part knows async breaks the property by design. The test asserts that,
+// and the shape of the difference whenever one was found.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "test_util.h"
+
+namespace lockstep {
+namespace {
+
+struct PfRun {
+  test::CmdResult cmd;
+  nlohmann::json json;
+};
+
+PfRun Preflight(const std::string& preset, const std::string& args) {
+  PfRun r;
+  r.cmd =
+      test::RunLockstep("preflight --model " + test::ModelDir(preset) + " " + args + " --json -");
+  r.json = nlohmann::json::parse(r.cmd.out, nullptr, false);
+  return r;
+}
+
+const nlohmann::json& Property(const PfRun& r, const std::string& id) {
+  for (const auto& p : r.json["properties"])
+    if (p["id"] == id) return p;
+  static const nlohmann::json none;
+  ADD_FAILURE() << "no property " << id;
+  return none;
+}
+
+const nlohmann::json* Knob(const PfRun& r, const std::string& key) {
+  for (const auto& k : r.json["knobs"])
+    if (k["knob"] == key) return &k;
+  return nullptr;
+}
+
+void ExpectNamed(const PfRun& r, const std::string& knob, const std::string& property) {
+  const nlohmann::json* k = Knob(r, knob);
+  ASSERT_NE(k, nullptr) << knob << " not named:\n" << r.cmd.err;
+  EXPECT_TRUE((*k)["active"].get<bool>()) << k->dump();
+  EXPECT_EQ((*k)["breaks"], property) << k->dump();
+  const auto& p = Property(r, property);
+  EXPECT_TRUE(p["claimed"].get<bool>()) << p.dump();
+  EXPECT_TRUE(p["fails"].get<bool>()) << p.dump();
+  EXPECT_NE(p["broken_by"].dump().find(knob), std::string::npos) << p.dump();
+  EXPECT_NE(r.cmd.err.find("preflight: FAIL"), std::string::npos) << "verdict line first";
+}
+
+TEST(Preflight, DefaultConfigHoldsEveryPropertyItClaims) {
+  const PfRun r = Preflight("tiny", "");
+  ASSERT_TRUE(r.json.is_object()) << r.cmd.out << r.cmd.err;
+  EXPECT_EQ(r.cmd.exit_code, 0) << r.cmd.err;
+  EXPECT_EQ(r.json["schema"], "lockstep.preflight");
+  EXPECT_EQ(r.json["schema_version"], 1);
+  EXPECT_EQ(r.json["verdict"], "pass");
+  EXPECT_EQ(r.cmd.err.rfind("preflight: PASS", 0), 0u) << "the verdict line comes first";
+  for (const auto& p : r.json["properties"]) {
+    SCOPED_TRACE(p.dump());
+    EXPECT_FALSE(p["fails"].get<bool>());
+    if (p["id"] == "index_timing") {
+      EXPECT_EQ(p["result"], "n/a");  // spec 0: no suffix drafts
+    } else if (p["id"] == "threads") {
+      // Not claimed (bitwise for a fixed thread count only), and real: prefill's GEMM rounds
+      // differently with 1 and 2 threads, within the default thresholds.
+      EXPECT_FALSE(p["claimed"].get<bool>());
+      EXPECT_EQ(p["result"], "differs");
+      EXPECT_EQ(p["first_difference"]["window"], 0);
+      EXPECT_TRUE(p["within_default_thresholds"].get<bool>());
+    } else {
+      // fresh_repeat is claimed; load, cold_warm and verify_single run with the minimal change
+      // (slots 4, prefix_cache on, spec 4) and hold bitwise.
+      EXPECT_EQ(p["result"], "holds");
+      EXPECT_GT(p["items_compared"].get<int>(), 0);
+      EXPECT_EQ(p["items_differ"], 0);
+      EXPECT_EQ(p["claimed"].get<bool>(), p["id"] == "fresh_repeat");
+    }
+  }
+  EXPECT_NE(Property(r, "cold_warm")["probe"].get<std::string>().find("reused 512 tokens"),
+            std::string::npos);
+}
+
+TEST(Preflight, LatencyPolicyWithTheStallIsNamedAndFound) {
+  const PfRun r = Preflight("tiny", "--spec 4 --draft-policy latency --probes fresh_repeat");
+  ASSERT_TRUE(r.json.is_object()) << r.cmd.out << r.cmd.err;
+  EXPECT_EQ(r.cmd.exit_code, 1) << r.cmd.err;
+  ExpectNamed(r, "draft_policy", "fresh_repeat");
+  const auto& p = Property(r, "fresh_repeat");
+  EXPECT_EQ(p["result"], "differs") << p.dump();
+  const auto& d = p["first_difference"];
+  ASSERT_TRUE(d.is_object()) << p.dump();
+  EXPECT_EQ(d["what"], "path");
+  EXPECT_GE(d["window"].get<int>(), 2) << "after the stall window";
+  EXPECT_NE(d["fields"].get<std::string>().find('T'), std::string::npos) << d.dump();
+  std::printf("latency: %s\n", d["text"].get<std::string>().c_str());
+  // The same probe on the static policy holds: the stall alone changes nothing.
+  const PfRun s = Preflight("tiny", "--spec 4 --probes fresh_repeat");
+  EXPECT_EQ(s.cmd.exit_code, 0) << s.cmd.err;
+  EXPECT_EQ(Property(s, "fresh_repeat")["result"], "holds");
+}
+
+TEST(Preflight, AsyncSuffixIndexIsNamedAndItsLagFoundWhenItHappens) {
+  int found = 0;
+  const int tries = 3;
+  for (int i = 0; i < tries; ++i) {
+    const PfRun r =
+        Preflight("tiny-induction", "--spec 4 --suffix-index async --probes index_timing");
+    ASSERT_TRUE(r.json.is_object()) << r.cmd.out << r.cmd.err;
+    EXPECT_EQ(r.cmd.exit_code, 1) << r.cmd.err;  // broken by design, found or not
+    ExpectNamed(r, "suffix_index", "index_timing");
+    const auto& p = Property(r, "index_timing");
+    ASSERT_TRUE(p["result"] == "differs" || p["result"] == "not_provoked") << p.dump();
+    if (p["result"] == "differs") {
+      ++found;
+      const auto& d = p["first_difference"];
+      EXPECT_EQ(d["what"], "path") << d.dump();
+      EXPECT_GE(d["window"].get<int>(), 1) << "window 0 never drafts";
+      std::printf("async: %s\n", d["text"].get<std::string>().c_str());
+    } else {
+      EXPECT_NE(p["reason"].get<std::string>().find("lagging"), std::string::npos) << p.dump();
+    }
+  }
+  std::printf("async index: the lag was provoked in %d of %d preflight runs\n", found, tries);
+}
+
+TEST(Preflight, BatchInvariantOffUnderLoadIsNamedAndFound) {
+  const PfRun r = Preflight("tiny", "--slots 4 --batch-invariant off --probes load");
+  ASSERT_TRUE(r.json.is_object()) << r.cmd.out << r.cmd.err;
+  EXPECT_EQ(r.cmd.exit_code, 1) << r.cmd.err;
+  ExpectNamed(r, "batch_invariant", "load");
+  const auto& p = Property(r, "load");
+  EXPECT_EQ(p["result"], "differs") << p.dump();
+  const auto& d = p["first_difference"];
+  ASSERT_TRUE(d.is_object()) << p.dump();
+  EXPECT_EQ(d["what"], "state");
+  EXPECT_GE(d["window"].get<int>(), 0);
+  EXPECT_GE(d["stage"].get<int>(), 0);
+  EXPECT_FALSE(d["item"].get<std::string>().empty());
+  EXPECT_GT(d["nrmse"].get<double>(), 0.0);
+  EXPECT_TRUE(d["within_default_thresholds"].is_boolean());
+  std::printf("batch_invariant off: %s; %d of %d items differ\n",
+              d["text"].get<std::string>().c_str(), p["items_differ"].get<int>(),
+              p["items_compared"].get<int>());
+  // With invariance on the same load leaves the request bitwise itself.
+  const PfRun on = Preflight("tiny", "--slots 4 --probes load");
+  EXPECT_EQ(on.cmd.exit_code, 0) << on.cmd.err;
+  EXPECT_EQ(Property(on, "load")["result"], "holds");
+  EXPECT_TRUE(Property(on, "load")["claimed"].get<bool>());
+}
+
+TEST(Preflight, StaticPartAloneAndInactiveKnobs) {
+  // slots 1: batch_invariant off cannot act (named, inactive), so nothing claimed fails.
+  const PfRun off1 = Preflight("tiny", "--batch-invariant off --skip-probes");
+  EXPECT_EQ(off1.cmd.exit_code, 0) << off1.cmd.err;
+  const nlohmann::json* k = Knob(off1, "batch_invariant");
+  ASSERT_NE(k, nullptr);
+  EXPECT_FALSE((*k)["active"].get<bool>());
+  // An active knob that breaks a claimed property fails without a probe.
+  const PfRun lat = Preflight("tiny", "--spec 2 --draft-policy latency --skip-probes");
+  EXPECT_EQ(lat.cmd.exit_code, 1) << lat.cmd.err;
+  EXPECT_EQ(Property(lat, "fresh_repeat")["result"], "not_run");
+  // latency with spec 0 drafts nothing: inactive.
+  const PfRun lat0 = Preflight("tiny", "--draft-policy latency --skip-probes");
+  EXPECT_EQ(lat0.cmd.exit_code, 0) << lat0.cmd.err;
+}
+
+TEST(Preflight, BadInputIsExitTwo) {
+  for (const std::string& args :
+       {std::string("--probes nosuch"), std::string("--probe-tokens 1"),
+        std::string("--skip-probes --probes load"), std::string("--snapshot-every 100"),
+        std::string("--prompt-tokens /nonexistent/ids")}) {
+    const auto r = test::RunLockstep("preflight --model " + test::ModelDir("tiny") + " " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+  }
+  const auto m = test::RunLockstep("preflight --model /nonexistent/model --skip-probes");
+  EXPECT_EQ(m.exit_code, 2) << m.err;
+  const auto j = test::RunLockstep("preflight --model " + test::ModelDir("tiny") +
+                                   " --skip-probes --json /nonexistent/dir/p.json");
+  EXPECT_EQ(j.exit_code, 2) << j.err;
+}
+
+TEST(Preflight, SmallTakesAtMostAMinute) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const PfRun r = Preflight("small", "");
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(r.json.is_object()) << r.cmd.out << r.cmd.err;
+  EXPECT_EQ(r.cmd.exit_code, 0) << r.cmd.err;
+  std::printf("preflight on small: %.1f s wall (%.1f s in the probes)\n", wall,
+              r.json["seconds"].get<double>());
+  EXPECT_LE(wall, 60.0);
+}
+
+}  // namespace
+}  // namespace lockstep
