@@ -32,8 +32,8 @@ void AddPreflight(CLI::App& app, std::vector<Command>& commands) {
                  "File of token ids (whitespace or comma separated)")
       ->group(kGroupRequest);
   pf->add_option("--probe-tokens", o.probe_tokens,
-                 "Tokens each probe request generates (ignore_eos on for the probes)")
-      ->capture_default_str()
+                 "Tokens each probe request generates, 4 .. 256 (ignore_eos on for the probes)")
+      ->default_str("--max-new within 4 .. 24")
       ->group(kGroupRequest);
   st->flags.Register(*pf);  // the engine options: the config under test
   pf->add_option("--probes", st->probes,

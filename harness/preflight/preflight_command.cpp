@@ -1,5 +1,6 @@
 // `lockstep preflight`: inputs (config, model, prompt, options) checked as bad input before any
 // probe runs, then RunPreflight, then the text and the JSON document.
+#include <algorithm>
 #include <ostream>
 
 #include "cli/output.h"
@@ -48,8 +49,8 @@ Status CheckOptions(const PreflightOptions& o) {
     }
   if (o.skip_probes && !o.probes.empty())
     return Status::InvalidArgument("--skip-probes", "give --skip-probes or --probes, not both");
-  if (o.probe_tokens < 4 || o.probe_tokens > 256)
-    return Status::InvalidArgument("--probe-tokens", "expected 4 .. 256");
+  if (o.probe_tokens != 0 && (o.probe_tokens < 4 || o.probe_tokens > 256))
+    return Status::InvalidArgument("--probe-tokens", "expected 4 .. 256 (0: from --max-new)");
   if (!o.json.empty() && !IsStdout(o.json))
     LOCKSTEP_RETURN_IF_ERROR(CheckOutputFolder(o.json, "--json"));
   return Status::Ok();
@@ -61,6 +62,7 @@ Status RunPreflightCommand(const PreflightOptions& opts, std::ostream& out) {
   PreflightOptions o = opts;
   LOCKSTEP_RETURN_IF_ERROR(CheckOptions(o));
   LOCKSTEP_RETURN_IF_ERROR(o.config.Validate());
+  if (o.probe_tokens == 0) o.probe_tokens = std::clamp(o.config.max_new, 4, 24);
   if (o.config.model.empty())
     return Status::InvalidArgument("--model", "is required (a folder with config.json)");
   LOCKSTEP_ASSIGN_OR_RETURN(ModelWeightsPtr weights, ModelWeights::Load(o.config.model));

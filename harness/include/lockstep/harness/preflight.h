@@ -153,11 +153,12 @@ struct PreflightOptions {
   std::string prompt_tokens;        // --prompt-tokens FILE; neither: the built-in prompt
   std::vector<std::string> probes;  // --probes: property ids; empty = every probe
   bool skip_probes = false;         // --skip-probes: the static part only
-  int probe_tokens = 24;            // tokens each probe request generates (ignore_eos on)
-  std::string work_dir;             // --work DIR: keep the probes' exports there
-  std::string json;                 // --json PATH|- (lockstep.preflight v1)
-  bool color = false;               // colour the verdict line
-  bool progress = true;             // one stderr line per probe
+  // Tokens each probe request generates (ignore_eos on); 0: the config's max_new within 4 .. 24.
+  int probe_tokens = 0;
+  std::string work_dir;  // --work DIR: keep the probes' exports there
+  std::string json;      // --json PATH|- (lockstep.preflight v1)
+  bool color = false;    // colour the verdict line
+  bool progress = true;  // one stderr line per probe
 };
 
 // The built-in prompt for a vocabulary of `n_vocab` ids: 32 seeded tokens, then a 48-token block
