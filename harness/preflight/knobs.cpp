@@ -257,8 +257,11 @@ std::string PreflightReport::VerdictLine() const {
     if (!p.Fails()) continue;
     std::string why;
     for (const std::string& k : p.broken_by) why += (why.empty() ? "" : ", ") + k;
-    failing += (failing.empty() ? "" : "; ") + std::string(PropertyId(p.property)) + " " +
-               ProbeResultName(p.result) + (why.empty() ? "" : " (" + why + ")");
+    const char* what = p.result == ProbeResult::kDiffers       ? "differs"
+                       : p.result == ProbeResult::kNotProvoked ? "broken by design, not provoked"
+                                                               : "broken by design, not probed";
+    failing += (failing.empty() ? "" : "; ") + std::string(PropertyId(p.property)) + " " + what +
+               (why.empty() ? "" : " (" + why + ")");
   }
   if (failing.empty())
     return "preflight: PASS: every property the config claims holds (" + std::to_string(claimed) +

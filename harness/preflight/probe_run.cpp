@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <memory>
 
 #include "lockstep/compare/align.h"
@@ -236,6 +237,11 @@ std::optional<FirstDifference> PathDifference(const std::vector<WindowRecord>& a
 Result<Comparison> CompareArms(const Arm& a, const Arm& b, const CompareSpec& spec, int threads) {
   Comparison c;
   c.output_equal = a.result.result.output == b.result.result.output;
+  // After a path divergence windows are not paired by index (DESIGN.md): state is compared on
+  // the windows before it only.
+  std::optional<FirstDifference> path;
+  if (spec.compare_path) path = PathDifference(a.result.result.windows, b.result.result.windows);
+  const int state_windows = path ? path->window : std::numeric_limits<int>::max();
   std::optional<FirstDifference> state;
   if (!a.export_path.empty() && !b.export_path.empty()) {
     ReaderLimits lim;
@@ -250,7 +256,8 @@ Result<Comparison> CompareArms(const Arm& a, const Arm& b, const CompareSpec& sp
     o.threads = threads;
     LOCKSTEP_ASSIGN_OR_RETURN(DiffResult d, DiffExports(*ra, *rb, o));
     for (const ItemResult& it : d.items) {
-      if (it.verdict == Verdict::kSkip || Excluded(spec, it.kind)) continue;
+      if (it.verdict == Verdict::kSkip || Excluded(spec, it.kind) || it.window >= state_windows)
+        continue;
       ++c.compared;
       if (it.verdict != Verdict::kFail) continue;
       ++c.differ;
@@ -261,9 +268,7 @@ Result<Comparison> CompareArms(const Arm& a, const Arm& b, const CompareSpec& sp
       if (!state) state = f;
     }
   }
-  std::optional<FirstDifference> path;
-  if (spec.compare_path) path = PathDifference(a.result.result.windows, b.result.result.windows);
-  if (state && (!path || state->window <= path->window)) {
+  if (state) {
     c.first = state;
   } else if (path) {
     c.first = path;

@@ -80,7 +80,9 @@ struct Comparison {
   std::optional<FirstDifference> first;
 };
 
-// Bitwise comparison of b against a (the reference). Errors: the exports cannot be read.
+// Bitwise comparison of b against a (the reference): state items of the windows before the
+// first path divergence (after it windows are not paired by index), the path, the outputs.
+// Errors: the exports cannot be read.
 Result<Comparison> CompareArms(const Arm& a, const Arm& b, const CompareSpec& spec, int threads);
 // The first path divergence of two window-record lists as a FirstDifference (nullopt: none).
 std::optional<FirstDifference> PathDifference(const std::vector<WindowRecord>& a,

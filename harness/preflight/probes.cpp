@@ -54,6 +54,9 @@ struct Ctx {
     if (pinned) {
       if (s.opts.draft_policy == "latency") s.cfg.draft_policy = s.opts.draft_policy = "adaptive";
       if (s.opts.suffix_index == "async") s.cfg.suffix_index = s.opts.suffix_index = "sync";
+      // Injections act by window index, which the probes' pairs do not share (spec 0 vs spec K).
+      s.cfg.inject.clear();
+      s.opts.inject.clear();
     }
     return s;
   }
@@ -62,6 +65,7 @@ struct Ctx {
     if (ropts.draft_policy == "latency") c = "draft_policy latency -> adaptive";
     if (ropts.suffix_index == "async")
       c += (c.empty() ? "" : ", ") + std::string("suffix_index async -> sync");
+    if (!ropts.inject.empty()) c += (c.empty() ? "" : ", ") + std::string("inject cleared");
     return c;
   }
   Result<Arm> RunOne(const ArmSpec& s) {
@@ -394,8 +398,12 @@ std::set<PreflightProperty> Selected(const PreflightOptions& o) {
 // The knobs that break `r.property` by design, and the result that makes of a probe that
 // found nothing.
 void Finalize(PropertyResult& r, const std::vector<KnobFinding>& knobs) {
+  // A fresh A/A is also broken by what breaks the index's timing (its drafts are in the path).
   for (const KnobFinding& k : knobs)
-    if (k.active && k.breaks == r.property) r.broken_by.push_back(k.knob);
+    if (k.active && k.breaks &&
+        (*k.breaks == r.property || (r.property == PreflightProperty::kFreshRepeat &&
+                                     *k.breaks == PreflightProperty::kIndexTiming)))
+      r.broken_by.push_back(k.knob);
   if (!r.broken_by.empty() && r.result == ProbeResult::kHolds) {
     r.result = ProbeResult::kNotProvoked;
     if (r.reason.empty()) r.reason = "the probe found no difference this time";

@@ -54,6 +54,8 @@ void PropertyLines(const PreflightReport& r, std::ostream& o) {
         << " items differ bitwise; max NRMSE " << Num(p.max_nrmse)
         << (p.max_kl > 0 ? ", max logits KL " + Num(p.max_kl) : std::string()) << ": "
         << (p.within_default ? "within" : "beyond") << " the default thresholds\n";
+    else if (p.items_compared > 0)
+      o << "    " << p.items_compared << " items compared: bitwise equal\n";
     if (!p.broken_by.empty()) {
       std::string k;
       for (const std::string& b : p.broken_by) k += (k.empty() ? "" : ", ") + b;
