@@ -9,6 +9,8 @@
 // divergence in most invocations on tiny-induction, not in all; the config fails (exit 1) either
 // way, because the static part knows async breaks the property by design. The test asserts that,
 // and the shape of the difference whenever one was found.
+#include "lockstep/harness/preflight.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -175,6 +177,50 @@ TEST(Preflight, StaticPartAloneAndInactiveKnobs) {
   // latency with spec 0 drafts nothing: inactive.
   const PfRun lat0 = Preflight("tiny", "--draft-policy latency --skip-probes");
   EXPECT_EQ(lat0.cmd.exit_code, 0) << lat0.cmd.err;
+}
+
+// The static part as a pure function: which knobs act in which configs, and the claims.
+TEST(PreflightKnobs, ActiveOnlyWhereTheyCanAct) {
+  auto find = [](const std::vector<KnobFinding>& ks, const std::string& key) {
+    for (const KnobFinding& k : ks)
+      if (k.knob == key) return k;
+    ADD_FAILURE() << key << " not listed";
+    return KnobFinding{};
+  };
+  EngineConfig c;
+  c.draft_policy = "latency";
+  c.suffix_index = "async";
+  c.batch_invariant = false;
+  c.deterministic = false;
+  EXPECT_FALSE(find(StaticKnobs(c, 2), "draft_policy").active) << "spec 0 drafts nothing";
+  EXPECT_FALSE(find(StaticKnobs(c, 2), "suffix_index").active);
+  EXPECT_FALSE(find(StaticKnobs(c, 2), "batch_invariant").active) << "slots 1";
+  EXPECT_FALSE(find(StaticKnobs(c, 2), "deterministic").active) << "cpu";
+  EXPECT_EQ(find(StaticKnobs(c, 2), "threads").value, "0 (auto: 2 here)");
+  c.spec = 4;
+  c.slots = 8;
+  c.backend = "cuda";
+  EXPECT_TRUE(find(StaticKnobs(c, 2), "draft_policy").active);
+  EXPECT_EQ(find(StaticKnobs(c, 2), "draft_policy").breaks, PreflightProperty::kFreshRepeat);
+  EXPECT_TRUE(find(StaticKnobs(c, 2), "suffix_index").active);
+  EXPECT_EQ(find(StaticKnobs(c, 2), "suffix_index").breaks, PreflightProperty::kIndexTiming);
+  EXPECT_TRUE(find(StaticKnobs(c, 2), "batch_invariant").active);
+  EXPECT_TRUE(find(StaticKnobs(c, 2), "deterministic").active);
+  c.spec_max_suffix = 0;
+  EXPECT_FALSE(find(StaticKnobs(c, 2), "suffix_index").active) << "no suffix drafts";
+  c.replay_path = "path.jsonl";
+  EXPECT_FALSE(find(StaticKnobs(c, 2), "draft_policy").active) << "replayed drafts";
+  c.prefill_chunk = 1;
+  EXPECT_FALSE(find(StaticKnobs(c, 2), "threads").active) << "no prefill GEMM";
+  const EngineConfig d;
+  for (const KnobFinding& k : StaticKnobs(d, 2))
+    EXPECT_TRUE(!k.breaks || *k.breaks == PreflightProperty::kThreads) << k.knob;
+  EXPECT_TRUE(ClaimOf(d, PreflightProperty::kFreshRepeat).claimed);
+  EXPECT_FALSE(ClaimOf(d, PreflightProperty::kLoad).claimed);
+  EXPECT_FALSE(ClaimOf(d, PreflightProperty::kColdWarm).claimed);
+  EXPECT_FALSE(ClaimOf(d, PreflightProperty::kVerifySingle).claimed);
+  EXPECT_FALSE(ClaimOf(d, PreflightProperty::kThreads).claimed);
+  EXPECT_TRUE(ClaimOf(c, PreflightProperty::kLoad).claimed);
 }
 
 TEST(Preflight, BadInputIsExitTwo) {
