@@ -31,6 +31,12 @@ class MappedObserver final : public Observer {
     out_.OnCheckpointBegin(Relabel(info));
   }
   void OnState(const CheckpointInfo& info, const StateView& view) override {
+    // At post_verify the committed K/V rows and the GDN checkpoint are still those of the
+    // previous commit (or of window 0's pre_verify), which is exported: only the window's own
+    // items (k_spec, v_spec, hidden_out, logits, draft K/V) are new there.
+    const bool committed = view.kind == ItemKind::kK || view.kind == ItemKind::kV ||
+                           view.kind == ItemKind::kConvState || view.kind == ItemKind::kSsmState;
+    if (!map_.wants && info.point == CheckpointPoint::kPostVerify && committed) return;
     out_.OnState(Relabel(info), view);
   }
   void OnCheckpointEnd(const CheckpointInfo& info) override { out_.OnCheckpointEnd(Relabel(info)); }

@@ -3,8 +3,10 @@
 // or after the same prompt on the same engine (warm); and the comparison of two such runs with
 // the comparator (DiffExports bitwise, AlignWindows on the window records, the outputs).
 //
-// Exports hold window 0's pre_verify (the state prefill left) and every window's post_verify and
-// commit (pre_verify of window w > 0 is the commit of w - 1). A CheckpointMap may instead choose
+// Exports hold window 0's pre_verify (the state prefill left), every window's commit (pre_verify
+// of window w > 0 is the commit of w - 1) and of every post_verify the window's own items
+// (k_spec, v_spec, hidden_out, logits, draft K/V: its committed K/V and GDN state are the
+// previous commit's). A CheckpointMap may instead choose
 // the checkpoints and relabel them (the verify probe names a spec-0 run's commits after the
 // windows of the speculative run they match). Not thread-safe; one run at a time.
 #pragma once

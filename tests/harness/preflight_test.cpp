@@ -12,11 +12,15 @@
 #include "lockstep/harness/preflight.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "test_util.h"
 
@@ -238,15 +242,35 @@ TEST(Preflight, BadInputIsExitTwo) {
   EXPECT_EQ(j.exit_code, 2) << j.err;
 }
 
+// The 60 s bound is wall time on 2 cores. The CPU time the command used is asserted always; the
+// wall time whenever the machine is not oversubscribed (a 1-minute load average under twice its
+// cores: on the shared 2-core machine six other builds can hold it at 10, and the wall time then
+// measures them).
 TEST(Preflight, SmallTakesAtMostAMinute) {
+  double load0[1] = {0.0}, load1[1] = {0.0};
+  ::getloadavg(load0, 1);
+  rusage before{}, after{};
+  ::getrusage(RUSAGE_CHILDREN, &before);
   const auto t0 = std::chrono::steady_clock::now();
   const PfRun r = Preflight("small", "");
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::getrusage(RUSAGE_CHILDREN, &after);
+  ::getloadavg(load1, 1);
+  auto secs = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
+  const double cpu =
+      secs(after.ru_utime) - secs(before.ru_utime) + secs(after.ru_stime) - secs(before.ru_stime);
   ASSERT_TRUE(r.json.is_object()) << r.cmd.out << r.cmd.err;
   EXPECT_EQ(r.cmd.exit_code, 0) << r.cmd.err;
-  std::printf("preflight on small: %.1f s wall (%.1f s in the probes)\n", wall,
-              r.json["seconds"].get<double>());
-  EXPECT_LE(wall, 60.0);
+  const double cores = static_cast<double>(std::thread::hardware_concurrency());
+  const bool busy = std::max(load0[0], load1[0]) >= 2.0 * cores;
+  std::printf("preflight on small: %.1f s wall, %.1f s CPU (load average %.1f on %.0f cores)\n",
+              wall, cpu, std::max(load0[0], load1[0]), cores);
+  EXPECT_LE(cpu, 60.0);
+  if (!busy) {
+    EXPECT_LE(wall, 60.0);
+  }
 }
 
 }  // namespace
