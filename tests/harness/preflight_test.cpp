@@ -242,8 +242,10 @@ TEST(Preflight, BadInputIsExitTwo) {
   EXPECT_EQ(j.exit_code, 2) << j.err;
 }
 
-// The 60 s bound is wall time on 2 cores. The CPU time the command used is asserted always; the
-// wall time whenever the machine is not oversubscribed (a 1-minute load average under twice its
+// The 60 s bound is wall time on 2 cores. On an idle machine the wall time is at most the CPU
+// time plus the time blocked (the stall, at most 3 s; writing the exports, a few seconds), so a
+// CPU time under 40 s keeps it under 60 s: that is asserted always. The wall time itself is
+// asserted whenever the machine is not oversubscribed (a 1-minute load average under twice its
 // cores: on the shared 2-core machine six other builds can hold it at 10, and the wall time then
 // measures them).
 TEST(Preflight, SmallTakesAtMostAMinute) {
@@ -267,7 +269,7 @@ TEST(Preflight, SmallTakesAtMostAMinute) {
   const bool busy = std::max(load0[0], load1[0]) >= 2.0 * cores;
   std::printf("preflight on small: %.1f s wall, %.1f s CPU (load average %.1f on %.0f cores)\n",
               wall, cpu, std::max(load0[0], load1[0]), cores);
-  EXPECT_LE(cpu, 60.0);
+  EXPECT_LE(cpu, 40.0);
   if (!busy) {
     EXPECT_LE(wall, 60.0);
   }
