@@ -22,5 +22,7 @@ void AddModelInit(CLI::App& app, std::vector<Command>& commands);
 void AddTokenize(CLI::App& app, std::vector<Command>& commands);
 // `serve` (serve_cli.cpp).
 void AddServe(CLI::App& app, std::vector<Command>& commands);
+// `preflight` (preflight_cli.cpp).
+void AddPreflight(CLI::App& app, std::vector<Command>& commands);
 
 }  // namespace lockstep::cli

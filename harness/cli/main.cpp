@@ -43,7 +43,8 @@ using lockstep::kGroupCampaign, lockstep::kGroupCompare, lockstep::kGroupDiagnos
     lockstep::kGroupReports, lockstep::kGroupRequest, lockstep::kGroupServer,
     lockstep::kGroupService;
 
-using lockstep::cli::AddModelInit, lockstep::cli::AddTokenize, lockstep::cli::AddServe;
+using lockstep::cli::AddModelInit, lockstep::cli::AddTokenize, lockstep::cli::AddServe,
+    lockstep::cli::AddPreflight;
 using lockstep::cli::Command;
 
 // "lockstep: <what>:" for a message on stderr, <what> in red when a person reads stderr.
@@ -650,7 +651,7 @@ int Main(int argc, char** argv) {
       "Run 'lockstep <command> --help' for a command's options; harness/README.md has them all.");
   std::vector<Command> commands;
   for (auto add : {AddModelInit, AddTokenize, AddGenerate, AddDiff, AddSummarize, AddAlign, AddRun,
-                   AddGate, AddReport, AddGolden, AddServe})
+                   AddGate, AddReport, AddGolden, AddServe, AddPreflight})
     add(app, commands);
   if (RejectUnknownCommand(app, argc, argv)) return 2;
   try {

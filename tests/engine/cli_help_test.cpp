@@ -21,9 +21,9 @@ namespace {
 
 // Every command with its own help, and the words of its command line.
 const std::vector<std::string>& Commands() {
-  static const std::vector<std::string> c = {"model init",    "generate",     "diff", "summarize",
-                                             "align",         "run",          "gate", "report",
-                                             "golden record", "golden check", "serve"};
+  static const std::vector<std::string> c = {"model init",    "generate",     "diff",  "summarize",
+                                             "align",         "run",          "gate",  "report",
+                                             "golden record", "golden check", "serve", "preflight"};
   return c;
 }
 
