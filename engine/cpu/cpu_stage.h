@@ -97,8 +97,11 @@ class CpuStageSession final : public StageSession {
   // Embeds tokens [T] into x f32 [T, H]; kInvalidArgument for a token outside the vocabulary.
   Status Embed(const std::int32_t* tokens, int T, float* x) const;
   // A fused engine step: this stage's layers over `groups` (rows [0, n_rows) of x, contiguous in
-  // order) with `kind` products, then each group's bookkeeping (prefill commits, verify pending).
-  void FusedStep(const std::vector<const RowGroup*>& groups, float* x, int n_rows,
+  // order) with `kind` products and, layer by layer after them, each group of `own` alone on its
+  // rows of x (its single-sequence layer: the bits of its own Forward); then each group's
+  // bookkeeping (prefill commits, verify pending).
+  void FusedStep(const std::vector<const RowGroup*>& groups,
+                 const std::vector<const RowGroup*>& own, float* x, int n_rows,
                  cpu::MatmulKind kind);
 
   const ModelWeights& w_;

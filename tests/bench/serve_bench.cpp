@@ -187,9 +187,10 @@ std::vector<Round> g_rounds;
 struct LatencyFigures {
   double mean_ms[2] = {0, 0}, p90_ms[2] = {0, 0};
   double step_rows[2] = {0, 0};
+  double cpu_ms[2] = {0, 0};  // process CPU per step (less sensitive to other load than wall)
   bool valid = false;
 };
-LatencyFigures g_latency;
+std::map<std::pair<int, int>, LatencyFigures> g_latency;  // (prefill_chunk, batch_tokens) ->
 
 // Averages over the counted steps of one decode run.
 DecodeFigures Summarise(const std::vector<StepSample>& xs, int n) {
@@ -377,8 +378,10 @@ void GapStats(const std::vector<const std::vector<std::vector<std::int64_t>>*>& 
 void BM_ServeLatency(benchmark::State& state) {
   constexpr int kDecoders = 16;
   constexpr int kSteps[3] = {20, 40, 20};
+  const int chunk = static_cast<int>(state.range(0)), budget = static_cast<int>(state.range(1));
+  LatencyFigures& lat = g_latency[{chunk, budget}];
   for (auto _ : state) {
-    EnginePtr e = MakeEngine(kDecoders + 1, 32, 48);
+    EnginePtr e = MakeEngine(kDecoders + 1, chunk, budget);
     Scheduler s(*e);
     // Token times of each decoder per segment, filled by its on_record hook.
     std::vector<std::vector<std::int64_t>> times[3];
@@ -397,33 +400,47 @@ void BM_ServeLatency(benchmark::State& state) {
       const StepSample x = TimedStep(s);
       if (x.ran && x.rec.prefill_rows == 0 && x.rec.verify_rows == kDecoders) ++warm;
     }
-    double rows[3] = {0, 0, 0};
+    double rows[3] = {0, 0, 0}, cpu[3] = {0, 0, 0};
     const std::int64_t t0 = MonotonicNs();
     for (seg = 0; seg < 3; ++seg) {
       const Ticket big = seg == 1 ? MustSubmit(s, Request(*e, "long", Prompt(4000, 7), 1)) : 0;
-      for (int k = 0; k < kSteps[seg]; ++k) rows[seg] += TimedStep(s).rec.rows;
+      for (int k = 0; k < kSteps[seg]; ++k) {
+        const StepSample x = TimedStep(s);
+        rows[seg] += x.rec.rows;
+        cpu[seg] += static_cast<double>(x.cpu_ns) / 1e6;
+      }
       if (big != 0 && !s.Cancel(big).ok()) state.SkipWithError("cancel failed");
     }
     seg = -1;
     state.SetIterationTime(static_cast<double>(MonotonicNs() - t0) / 1e9);
-    GapStats({&times[0], &times[2]}, &g_latency.mean_ms[0], &g_latency.p90_ms[0]);
-    GapStats({&times[1]}, &g_latency.mean_ms[1], &g_latency.p90_ms[1]);
-    g_latency.step_rows[0] = (rows[0] + rows[2]) / (kSteps[0] + kSteps[2]);
-    g_latency.step_rows[1] = rows[1] / kSteps[1];
-    g_latency.valid = true;
+    GapStats({&times[0], &times[2]}, &lat.mean_ms[0], &lat.p90_ms[0]);
+    GapStats({&times[1]}, &lat.mean_ms[1], &lat.p90_ms[1]);
+    lat.step_rows[0] = (rows[0] + rows[2]) / (kSteps[0] + kSteps[2]);
+    lat.step_rows[1] = rows[1] / kSteps[1];
+    lat.cpu_ms[0] = (cpu[0] + cpu[2]) / (kSteps[0] + kSteps[2]);
+    lat.cpu_ms[1] = cpu[1] / kSteps[1];
+    lat.valid = true;
     for (auto& r : s.TakeFinished()) benchmark::DoNotOptimize(r.result.output.data());
   }
-  state.counters["mean_ms_alone"] = g_latency.mean_ms[0];
-  state.counters["p90_ms_alone"] = g_latency.p90_ms[0];
-  state.counters["mean_ms_prefill"] = g_latency.mean_ms[1];
-  state.counters["p90_ms_prefill"] = g_latency.p90_ms[1];
-  state.counters["rows_alone"] = g_latency.step_rows[0];
-  state.counters["rows_prefill"] = g_latency.step_rows[1];
+  state.counters["mean_ms_alone"] = lat.mean_ms[0];
+  state.counters["p90_ms_alone"] = lat.p90_ms[0];
+  state.counters["mean_ms_prefill"] = lat.mean_ms[1];
+  state.counters["p90_ms_prefill"] = lat.p90_ms[1];
+  state.counters["rows_alone"] = lat.step_rows[0];
+  state.counters["rows_prefill"] = lat.step_rows[1];
+  state.counters["cpu_ratio"] = lat.cpu_ms[0] > 0 ? lat.cpu_ms[1] / lat.cpu_ms[0] : 0;
 }
 
 BENCHMARK(BM_ServeThroughput)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PipelineBound)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_ServeLatency)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+// (prefill_chunk, batch_tokens): a 32-row chunk beside the 16 verify rows, and a 16-row one.
+BENCHMARK(BM_ServeLatency)
+    ->ArgNames({"chunk", "batch_tokens"})
+    ->Args({32, 48})
+    ->Args({16, 32})
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 // The ratios of this run, after the table.
 void PrintRound(std::size_t i, const Round& r) {
@@ -488,14 +505,17 @@ class SummaryReporter : public benchmark::ConsoleReporter {
           g_pipe[2][r].cpu_ms, g_pipe[2][r].driver_cpu_ms,
           g_pipe[2][r].cpu_ms - g_pipe[2][r].driver_cpu_ms,
           100 * (g_pipe[2][r].cpu_ms / g_pipe[1][r].cpu_ms - 1));
-    if (g_latency.valid && g_latency.mean_ms[0] > 0)
-      std::printf(
-          "  per-token latency of 16 decoders: alone mean %.2f ms p90 %.2f ms (%.0f rows/step); "
-          "beside a 4,000-token prefill mean %.2f ms p90 %.2f ms (%.0f rows/step); ratio mean "
-          "%.2f p90 %.2f (goal <= 2)\n",
-          g_latency.mean_ms[0], g_latency.p90_ms[0], g_latency.step_rows[0], g_latency.mean_ms[1],
-          g_latency.p90_ms[1], g_latency.step_rows[1], g_latency.mean_ms[1] / g_latency.mean_ms[0],
-          g_latency.p90_ms[1] / g_latency.p90_ms[0]);
+    for (const auto& [cfg, lat] : g_latency)
+      if (lat.valid && lat.mean_ms[0] > 0)
+        std::printf(
+            "  per-token latency of 16 decoders, prefill_chunk %d, batch_tokens %d: alone mean "
+            "%.2f ms p90 %.2f ms (%.0f rows/step, CPU %.2f ms/step); beside a 4,000-token "
+            "prefill mean %.2f ms p90 %.2f ms (%.0f rows/step, CPU %.2f ms/step); ratio mean "
+            "%.2f p90 %.2f, CPU per step %.2f (goal <= 2)\n",
+            cfg.first, cfg.second, lat.mean_ms[0], lat.p90_ms[0], lat.step_rows[0], lat.cpu_ms[0],
+            lat.mean_ms[1], lat.p90_ms[1], lat.step_rows[1], lat.cpu_ms[1],
+            lat.mean_ms[1] / lat.mean_ms[0], lat.p90_ms[1] / lat.p90_ms[0],
+            lat.cpu_ms[1] / lat.cpu_ms[0]);
   }
 };
 
