@@ -6,11 +6,11 @@
 //                       aggregate decode tokens/s of N = 1, 4, 16 concurrent requests on one
 //                       16-slot engine (64-token prompts, max_new 64), counted over the steps where
 //                       all N decode, after two such steps of warm-up; per step: rows, weight
-//                       bytes and flops (estimates, below), GB/s and GFLOP/s, pool utilisation
-//                       (process CPU time / (threads x step wall)) and the serial driver share
-//                       (the step's wall time outside Engine::RunStep: planning, sampling, commit,
-//                       hooks). Ratios are taken within each round; the summary gives each round
-//                       and the medians
+//                       bytes and flops (the StepRecord's, below), GB/s and GFLOP/s, pool
+//                       utilisation (process CPU time / (threads x step wall)) and the serial
+//                       driver share (the step's wall time outside Engine::RunStep: planning,
+//                       sampling, commit, hooks). Ratios are taken within each round; the summary
+//                       gives each round and the medians
 //   BM_PipelineBound    pipelined steps, measured before building them: 16 decoding requests
 //                       (64-token prompts, max_new 32) with 1 and 2 threads, interleaved rounds:
 //                       pool utilisation (process CPU / (threads x step wall), a spinning
@@ -19,22 +19,19 @@
 //                       overlap of steps could gain on 2 cores (1 - (1 thread's step / 2) / 2
 //                       threads' step)
 //   BM_ServeLatency     per-token latency (mean and p90 of the gap between one request's
-//                       emitted tokens) of 16 decoding requests over 40 steps without (20 before,
-//                       20 after) and 40 steps with a 4,000-token prompt prefilled beside them;
-//                       prefill chunk 32 and batch_tokens 48, so each step carries the 16 verify
-//                       rows and one 32-row chunk (a chunk costs about one decode step)
+//                       emitted tokens) and process CPU per step of 16 decoding requests over 40
+//                       steps without (20 before, 20 after) and 40 steps with a 4,000-token prompt
+//                       prefilled beside them, for (prefill_chunk, batch_tokens) = (32, 48) and
+//                       (16, 32): each step carries the 16 verify rows and one chunk
 //
 // The summary after the table prints ratio16_vs_1 (goal >= 2), ratio16_vs_prefill (goal >= 0.6)
 // and the latency ratios (goal <= 2).
 //
 //   build/tests/bench/serve_bench --benchmark_counters_tabular=true
 //
-// Weight bytes and flops of a step are estimates from the model's shapes (StepRecord's own
-// fields are not filled by the scheduler): every non-expert weight once per step (lm_head only
-// when the step has verify rows), routed experts as the expected number of distinct experts of R
-// rows under uniform top-k routing, E (1 - (1 - k/E)^R) per MoE layer, once each; flops are 2 x
-// the multiply-adds of the products (attention scores left out: contexts here are <= 128 rows,
-// except the long prompt's chunks).
+// Weight bytes and flops of a step are the scheduler's StepRecord fields (stage.h StepWork: each
+// product's matrix once per product call, each routed expert once per MoE call that uses it,
+// flops 2 x the products' multiply-adds; attention scores and recurrences left out).
 //
 // env: LOCKSTEP_BENCH_MODEL  folder of an existing `small` model (else one is generated in /tmp)
 #include <benchmark/benchmark.h>
@@ -143,33 +140,6 @@ StepSample TimedStep(Scheduler& s, bool* more = nullptr) {
   return x;
 }
 
-// ---- step cost estimates (see the header) ----
-struct Cost {
-  double weight_bytes = 0, flops = 0;
-};
-
-Cost StepCost(int rows, int verify_rows) {
-  const ModelWeights& w = SmallModel();
-  const ModelConfig& c = w.config;
-  double expert_bytes = 0;
-  int moe_layers = 0;
-  for (const auto& l : w.layers)
-    if (l.moe && !l.ffn_moe.experts.empty()) {
-      ++moe_layers;
-      expert_bytes = static_cast<double>(l.ffn_moe.experts[0].bytes());
-    }
-  const double lm_head = static_cast<double>(w.lm_head.bytes());
-  const double k = c.n_experts_used, E = c.n_experts;
-  const double dense =
-      static_cast<double>(w.ActiveBytesPerToken()) - moe_layers * k * expert_bytes - lm_head;
-  const double distinct = E * (1.0 - std::pow(1.0 - k / E, rows));
-  Cost out;
-  out.weight_bytes = dense + (verify_rows > 0 ? lm_head : 0) + moe_layers * distinct * expert_bytes;
-  // f32 weights: bytes / 4 parameters, one multiply-add per parameter per row.
-  out.flops = 2.0 / 4.0 * (rows * (dense + moe_layers * k * expert_bytes) + verify_rows * lm_head);
-  return out;
-}
-
 // ---- results shared with the summary ----
 struct DecodeFigures {
   double tokens_per_s = 0;
@@ -199,13 +169,12 @@ DecodeFigures Summarise(const std::vector<StepSample>& xs, int n) {
   if (xs.empty()) return f;
   double wall = 0, cpu = 0, fwd = 0, rows = 0, bytes = 0, flops = 0;
   for (const StepSample& x : xs) {
-    const Cost c = StepCost(x.rec.rows, x.rec.verify_rows);
     wall += static_cast<double>(x.wall_ns);
     cpu += static_cast<double>(x.cpu_ns);
     fwd += static_cast<double>(x.forward_ns());
     rows += x.rec.rows;
-    bytes += c.weight_bytes;
-    flops += c.flops;
+    bytes += static_cast<double>(x.rec.weight_bytes);
+    flops += static_cast<double>(x.rec.flops);
   }
   const double k = static_cast<double>(xs.size());
   f.tokens_per_s = n * k / (wall / 1e9);
