@@ -60,6 +60,7 @@ class CpuStageSession final : public StageSession {
   Status ForwardStep(const StepPlan& plan, const std::int32_t* tokens, Activation& act) override;
   void StepLogits(const StepPlan& plan, const Activation& act, float* normed,
                   float* logits) override;
+  StepWork TakeStepWork() override;
 
  private:
   // Everything one sequence owns in this stage. Built fresh on a slot's first use.
@@ -94,7 +95,6 @@ class CpuStageSession final : public StageSession {
   // sequence on its own state (cpu/attention.h, cpu/gdn.h, cpu/moe.h *Seqs).
   void LayerRows(const LayerWeights& lw, int local_moe, float* x, int n_rows,
                  const std::vector<LayerSeq>& seqs, cpu::MatmulKind kind);
-  StepWork TakeStepWork() override;
   // Counts one product of `rows` rows with m into work_.
   void CountProduct(const Mat& m, int rows);
   // Rows of one LayerRows call inside a multi-part layer.
