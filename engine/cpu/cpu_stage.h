@@ -60,6 +60,7 @@ class CpuStageSession final : public StageSession {
   Status ForwardStep(const StepPlan& plan, const std::int32_t* tokens, Activation& act) override;
   void StepLogits(const StepPlan& plan, const Activation& act, float* normed,
                   float* logits) override;
+  StepWork TakeStepWork() override;
 
  private:
   // Everything one sequence owns in this stage. Built fresh on a slot's first use.
@@ -94,11 +95,31 @@ class CpuStageSession final : public StageSession {
   // sequence on its own state (cpu/attention.h, cpu/gdn.h, cpu/moe.h *Seqs).
   void LayerRows(const LayerWeights& lw, int local_moe, float* x, int n_rows,
                  const std::vector<LayerSeq>& seqs, cpu::MatmulKind kind);
+  // Counts one product of `rows` rows with m into work_.
+  void CountProduct(const Mat& m, int rows);
+  // Rows of one LayerRows call inside a multi-part layer.
+  struct RowsPart {
+    float* x;
+    int n_rows;
+    const std::vector<LayerSeq>* seqs;
+    cpu::MatmulKind kind;
+  };
+  // One decoder layer for several parts, each bitwise its own LayerRows call: every part's mixer
+  // half, then one MoE call over all parts (cpu::MoeForwardParts: each expert over every part's
+  // rows back to back) or each part's dense FFN, then the residuals.
+  void LayerParts(const LayerWeights& lw, int local_moe, const std::vector<RowsPart>& parts);
+  // The mixer half of a layer on x f32 [n_rows, H]: x += mixer(norm(x)), then a := post_norm(x)
+  // (a, mix: f32 [n_rows, H] scratch).
+  void LayerMixer(const LayerWeights& lw, float* x, int n_rows, const std::vector<LayerSeq>& seqs,
+                  cpu::MatmulKind kind, float* a, float* mix);
   // Embeds tokens [T] into x f32 [T, H]; kInvalidArgument for a token outside the vocabulary.
   Status Embed(const std::int32_t* tokens, int T, float* x) const;
   // A fused engine step: this stage's layers over `groups` (rows [0, n_rows) of x, contiguous in
-  // order) with `kind` products, then each group's bookkeeping (prefill commits, verify pending).
-  void FusedStep(const std::vector<const RowGroup*>& groups, float* x, int n_rows,
+  // order) with `kind` products and, layer by layer after them, each group of `own` alone on its
+  // rows of x (its single-sequence layer: the bits of its own Forward); then each group's
+  // bookkeeping (prefill commits, verify pending).
+  void FusedStep(const std::vector<const RowGroup*>& groups,
+                 const std::vector<const RowGroup*>& own, float* x, int n_rows,
                  cpu::MatmulKind kind);
 
   const ModelWeights& w_;
@@ -115,6 +136,7 @@ class CpuStageSession final : public StageSession {
   SlotState* cur_ = nullptr;                       // slots_[cur_index_]
   int cur_index_ = 0;
   Arena arena_;
+  StepWork work_;  // products since the last TakeStepWork
 };
 
 // The `cpu` backend: stages are CpuStageSessions sharing the engine's thread pool; the transport

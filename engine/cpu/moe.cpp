@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "cpu/norm.h"
 
@@ -85,84 +86,158 @@ void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T
 void MoeForwardSeqs(const MoeWeights& w, const ModelConfig& c, const float* x, int T,
                     const MoeSeq* seqs, int n_seqs, MatmulKind kind, ThreadPool* pool, Arena& arena,
                     int cache_layer, float* out) {
-  Arena::Scope scope(arena);
-  const int h = c.n_embd, ne = c.n_experts, k = c.n_experts_used;
-  const std::size_t uh = U(h);
+  const MoePart part{x, T, seqs, n_seqs, kind, out};
+  MoeForwardParts(w, c, &part, 1, pool, arena, cache_layer);
+}
+
+namespace {
+
+// One part's routing and per-expert slot lists (arena views).
+struct PartRoutes {
+  float* wts;     // [T, k] routing weights
+  int* slot_of;   // expert-major list of (t*k + r) slots
+  int* first;     // slots of expert e: [first[e], first[e+1])
+  float* ranked;  // [T, k, H] per (token, rank) expert outputs
+  float* scratch;
+  float *sh, *sh_g, *sh_u;  // shared expert output and (as a work item) its gate / up scratch
+  bool shared_item;
+};
+
+PartRoutes RoutePart(const MoeWeights& w, const ModelConfig& c, const MoePart& pt, ThreadPool* pool,
+                     Arena& arena, int cache_layer, bool parallel) {
+  const int T = pt.T, ne = c.n_experts, k = c.n_experts_used;
+  const std::size_t uh = U(c.n_embd);
+  PartRoutes r;
   float* logits = arena.Alloc(U(T) * U(ne));
-  Matmul(kind, x, T, w.router, logits, pool);
+  Matmul(pt.kind, pt.x, T, w.router, logits, pool);
   int* idx = arena.AllocAs<int>(U(T) * U(k));
-  float* wts = arena.Alloc(U(T) * U(k));
+  r.wts = arena.Alloc(U(T) * U(k));
   for (int t = 0; t < T; ++t)
     RouteToken(logits + U(t) * U(ne), ne, k, c.norm_topk_prob, idx + U(t) * U(k),
-               wts + U(t) * U(k));
-
-  // Per (token, rank) expert outputs, gathered per expert so each expert's weights are read once.
-  // The active experts run in parallel, one expert per worker at a time with single-threaded
-  // products (a verify window of T rows activates up to T*k experts, and splitting each small
-  // product over the pool costs more in dispatch than it computes). Each expert's rows see the
-  // same kernel whatever the partition: results are independent of the thread count.
-  float* ranked = arena.Alloc(U(T) * U(k) * uh);   // [T, k, H]
-  int* slot_of = arena.AllocAs<int>(U(T) * U(k));  // expert-major list of (t*k + r) slots
-  int* first = arena.AllocAs<int>(U(ne) + 1);      // slots of expert e: [first[e], first[e+1])
+               r.wts + U(t) * U(k));
+  r.ranked = arena.Alloc(U(T) * U(k) * uh);
+  r.slot_of = arena.AllocAs<int>(U(T) * U(k));
+  r.first = arena.AllocAs<int>(U(ne) + 1);
   int n_slots = 0;
   for (int e = 0; e < ne; ++e) {
-    first[e] = n_slots;
+    r.first[e] = n_slots;
     for (int t = 0; t < T; ++t)
-      for (int r = 0; r < k; ++r)
-        if (idx[U(t) * U(k) + U(r)] == e) slot_of[n_slots++] = t * k + r;
+      for (int q = 0; q < k; ++q)
+        if (idx[U(t) * U(k) + U(q)] == e) r.slot_of[n_slots++] = t * k + q;
   }
-  first[ne] = n_slots;
-  int* active = arena.AllocAs<int>(U(ne));
-  int n_active = 0;
+  r.first[ne] = n_slots;
   for (int e = 0; e < ne; ++e)
-    if (first[e + 1] > first[e]) {
-      active[n_active++] = e;
-      RecordRouted(seqs, n_seqs, cache_layer, e, slot_of + first[e], first[e + 1] - first[e], k);
-    }
-  const int inter = c.moe_ffn;
+    if (r.first[e + 1] > r.first[e])
+      RecordRouted(pt.seqs, pt.n_seqs, cache_layer, e, r.slot_of + r.first[e],
+                   r.first[e + 1] - r.first[e], k);
   // Scratch per slot: gathered input [H], gate and up [I], output [H].
-  const std::size_t per_slot = 2 * uh + 2 * U(inter);
-  float* scratch = arena.Alloc(U(n_slots) * per_slot);
-  auto run_one = [&](std::size_t a) {
-    const int e = active[a], s0 = first[e], n = first[e + 1] - s0;
-    float* xin = scratch + U(s0) * per_slot;
-    float* g = xin + U(n) * uh;
-    float* u = g + U(n) * U(inter);
-    float* yout = u + U(n) * U(inter);
-    for (int i = 0; i < n; ++i) {
-      const int t = slot_of[s0 + i] / k;
-      std::memcpy(xin + U(i) * uh, x + U(t) * uh, uh * sizeof(float));
-    }
-    FfnInto(w.experts[U(e)], xin, n, kind, nullptr, g, u, yout);
-    for (int i = 0; i < n; ++i)
-      std::memcpy(ranked + U(slot_of[s0 + i]) * uh, yout + U(i) * uh, uh * sizeof(float));
-  };
+  r.scratch = arena.Alloc(U(n_slots) * (2 * uh + 2 * U(c.moe_ffn)));
   const bool shared = w.shared.gate.rows > 0;
-  const bool parallel = pool != nullptr && pool->size() > 1;
   // In verify windows (kInvariant) the shared expert is one more work item beside the routed
   // ones rather than three pool-wide products after them: fewer barriers, and its weights stream
   // while the other thread works on routed experts. Its bits are the same either way (each output
   // is one Dot whatever the split). Prefill (kGemm) keeps the pool-wide products.
-  const bool shared_item = shared && parallel && kind == MatmulKind::kInvariant;
-  float* sh = shared ? arena.Alloc(U(T) * uh) : nullptr;
-  float* sh_g = shared_item ? arena.Alloc(U(T) * U(w.shared.gate.rows)) : nullptr;
-  float* sh_u = shared_item ? arena.Alloc(U(T) * U(w.shared.gate.rows)) : nullptr;
-  const int n_items = n_active + (shared_item ? 1 : 0);
-  auto run_item = [&](int a) {
-    if (shared_item && a == 0) {
-      FfnInto(w.shared, x, T, kind, nullptr, sh_g, sh_u, sh);
-    } else {
-      run_one(U(a - (shared_item ? 1 : 0)));
+  r.shared_item = shared && parallel && pt.kind == MatmulKind::kInvariant;
+  r.sh = shared ? arena.Alloc(U(T) * uh) : nullptr;
+  r.sh_g = r.shared_item ? arena.Alloc(U(T) * U(w.shared.gate.rows)) : nullptr;
+  r.sh_u = r.shared_item ? arena.Alloc(U(T) * U(w.shared.gate.rows)) : nullptr;
+  return r;
+}
+
+// Expert e over the rows of one part routed to it.
+void RunExpert(const MoeWeights& w, const ModelConfig& c, const MoePart& pt, const PartRoutes& r,
+               int e) {
+  const int k = c.n_experts_used, s0 = r.first[e], n = r.first[e + 1] - s0;
+  if (n == 0) return;
+  const std::size_t uh = U(c.n_embd), per_slot = 2 * uh + 2 * U(c.moe_ffn);
+  float* xin = r.scratch + U(s0) * per_slot;
+  float* g = xin + U(n) * uh;
+  float* u = g + U(n) * U(c.moe_ffn);
+  float* yout = u + U(n) * U(c.moe_ffn);
+  for (int i = 0; i < n; ++i) {
+    const int t = r.slot_of[s0 + i] / k;
+    std::memcpy(xin + U(i) * uh, pt.x + U(t) * uh, uh * sizeof(float));
+  }
+  FfnInto(w.experts[U(e)], xin, n, pt.kind, nullptr, g, u, yout);
+  for (int i = 0; i < n; ++i)
+    std::memcpy(r.ranked + U(r.slot_of[s0 + i]) * uh, yout + U(i) * uh, uh * sizeof(float));
+}
+
+// Combine in rank order, then the gated shared expert.
+void CombinePart(const MoeWeights& w, const ModelConfig& c, const MoePart& pt, const PartRoutes& r,
+                 ThreadPool* pool, Arena& arena) {
+  const int h = c.n_embd, k = c.n_experts_used;
+  const std::size_t uh = U(h);
+  for (int t = 0; t < pt.T; ++t) {
+    float* o = pt.out + U(t) * uh;
+    std::fill_n(o, h, 0.0f);
+    for (int q = 0; q < k; ++q) {
+      const float wr = r.wts[U(t) * U(k) + U(q)];
+      const float* y = r.ranked + (U(t) * U(k) + U(q)) * uh;
+      for (int i = 0; i < h; ++i) o[i] += wr * y[i];
     }
+  }
+  if (r.sh != nullptr) {
+    if (!r.shared_item) FfnForward(w.shared, pt.x, pt.T, pt.kind, pool, arena, r.sh);
+    for (int t = 0; t < pt.T; ++t) {
+      const float gate = Sigmoid(Dot(pt.x + U(t) * uh, w.shared_gate, h));
+      float* o = pt.out + U(t) * uh;
+      const float* s = r.sh + U(t) * uh;
+      for (int i = 0; i < h; ++i) o[i] += gate * s[i];
+    }
+  }
+}
+
+}  // namespace
+
+void MoeForwardParts(const MoeWeights& w, const ModelConfig& c, const MoePart* parts, int n_parts,
+                     ThreadPool* pool, Arena& arena, int cache_layer, MoeWork* work) {
+  Arena::Scope scope(arena);
+  const int ne = c.n_experts;
+  const bool parallel = pool != nullptr && pool->size() > 1;
+  std::vector<PartRoutes> routes;
+  for (int p = 0; p < n_parts; ++p)
+    routes.push_back(RoutePart(w, c, parts[p], pool, arena, cache_layer, parallel));
+  // Per (token, rank) expert outputs, gathered per expert so each expert's weights are read once
+  // for every part: one work item runs the expert over each part's rows routed to it, back to
+  // back (a prefill chunk's product then finds the weights the verify rows just read in cache).
+  // The active experts run in parallel, one expert per worker at a time with single-threaded
+  // products (a verify window of T rows activates up to T*k experts, and splitting each small
+  // product over the pool costs more in dispatch than it computes). Each expert's rows see the
+  // same kernel whatever the partition: results are independent of the thread count and of the
+  // other parts.
+  std::vector<int> active, rows_of(U(ne), 0);
+  for (int e = 0; e < ne; ++e) {
+    for (const PartRoutes& r : routes) rows_of[U(e)] += r.first[e + 1] - r.first[e];
+    if (rows_of[U(e)] > 0) active.push_back(e);
+  }
+  if (work != nullptr) {
+    work->experts = static_cast<int>(active.size());
+    work->slots = 0;
+    for (const PartRoutes& r : routes) work->slots += r.first[ne];
+  }
+  std::vector<int> shared_parts;
+  for (int p = 0; p < n_parts; ++p)
+    if (routes[U(p)].shared_item) shared_parts.push_back(p);
+  const int n_shared = static_cast<int>(shared_parts.size());
+  const int n_items = n_shared + static_cast<int>(active.size());
+  auto run_item = [&](int a) {
+    if (a < n_shared) {
+      const MoePart& pt = parts[shared_parts[U(a)]];
+      const PartRoutes& r = routes[U(shared_parts[U(a)])];
+      FfnInto(w.shared, pt.x, pt.T, pt.kind, nullptr, r.sh_g, r.sh_u, r.sh);
+      return;
+    }
+    const int e = active[U(a - n_shared)];
+    for (int p = 0; p < n_parts; ++p) RunExpert(w, c, parts[p], routes[U(p)], e);
   };
   if (parallel && n_items > 1) {
     // Work items are handed out one at a time, largest first (the shared expert, then routed
     // experts by row count), to whichever thread is free: a fixed split of the expert list left
     // one thread waiting while the other finished its share (a T = 9 window routes ~21 experts
     // with 1 to 5 rows each). Which thread runs an item changes nothing in its rows' bits.
-    std::stable_sort(active, active + n_active, [&](int a, int b) {
-      return first[a + 1] - first[a] > first[b + 1] - first[b];
-    });
+    std::stable_sort(active.begin(), active.end(),
+                     [&](int a, int b) { return rows_of[U(a)] > rows_of[U(b)]; });
     std::atomic<int> next{0};
     pool->ParallelFor(U(pool->size()), [&](std::size_t, std::size_t) {
       for (int a = next.fetch_add(1, std::memory_order_relaxed); a < n_items;
@@ -172,25 +247,7 @@ void MoeForwardSeqs(const MoeWeights& w, const ModelConfig& c, const float* x, i
   } else {
     for (int a = 0; a < n_items; ++a) run_item(a);
   }
-  // Combine in rank order, then the gated shared expert.
-  for (int t = 0; t < T; ++t) {
-    float* o = out + U(t) * uh;
-    std::fill_n(o, h, 0.0f);
-    for (int r = 0; r < k; ++r) {
-      const float wr = wts[U(t) * U(k) + U(r)];
-      const float* y = ranked + (U(t) * U(k) + U(r)) * uh;
-      for (int i = 0; i < h; ++i) o[i] += wr * y[i];
-    }
-  }
-  if (shared) {
-    if (!shared_item) FfnForward(w.shared, x, T, kind, pool, arena, sh);
-    for (int t = 0; t < T; ++t) {
-      const float gate = Sigmoid(Dot(x + U(t) * uh, w.shared_gate, h));
-      float* o = out + U(t) * uh;
-      const float* s = sh + U(t) * uh;
-      for (int i = 0; i < h; ++i) o[i] += gate * s[i];
-    }
-  }
+  for (int p = 0; p < n_parts; ++p) CombinePart(w, c, parts[p], routes[U(p)], pool, arena);
 }
 
 }  // namespace lockstep::cpu

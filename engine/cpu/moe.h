@@ -47,4 +47,30 @@ void MoeForwardSeqs(const MoeWeights& w, const ModelConfig& c, const float* x, i
                     const MoeSeq* seqs, int n_seqs, MatmulKind kind, ThreadPool* pool, Arena& arena,
                     int cache_layer, float* out);
 
+// One part of a multi-part MoE call: rows x f32 [T, H] of n_seqs sequences computed with `kind`,
+// into out f32 [T, H].
+struct MoePart {
+  const float* x = nullptr;
+  int T = 0;
+  const MoeSeq* seqs = nullptr;
+  int n_seqs = 0;
+  MatmulKind kind = MatmulKind::kInvariant;
+  float* out = nullptr;
+};
+
+// Several parts in one call (a step's verify rows, kInvariant, and a prefill chunk, kGemm): every
+// part's outputs and expert-cache records are bitwise what MoeForwardSeqs gives that part alone
+// (its own router product, routing, per-expert products over its own rows, shared expert and
+// combine); only the order of the work changes: each active expert is one work item running the
+// expert over every part's rows routed to it, back to back, so its weights are read from memory
+// once for all parts. One part is exactly MoeForwardSeqs.
+// `work` (may be null) receives the routed experts' work: distinct active experts (each read
+// once) and (row, rank) slots over all parts.
+struct MoeWork {
+  int experts = 0;
+  int slots = 0;
+};
+void MoeForwardParts(const MoeWeights& w, const ModelConfig& c, const MoePart* parts, int n_parts,
+                     ThreadPool* pool, Arena& arena, int cache_layer, MoeWork* work = nullptr);
+
 }  // namespace lockstep::cpu

@@ -354,6 +354,8 @@ Status Engine::RunStep(const StepPlan& plan, std::span<const std::int32_t> token
                        StepOutputs* out) {
   LOCKSTEP_RETURN_IF_ERROR(CheckPlan(plan, tokens.size()));
   for (const RowGroup& g : plan.groups) slot_state(g.slot).used = true;
+  for (int is = 0; is < n_stages(); ++is) stage(is).TakeStepWork();  // earlier calls' work
+  last_step_work_ = StepWork{};
   Activation act;
   LOCKSTEP_RETURN_IF_ERROR(RunPipeline(plan, tokens, act));
   const std::size_t H = static_cast<std::size_t>(w_.config.n_embd),
@@ -363,8 +365,12 @@ Status Engine::RunStep(const StepPlan& plan, std::span<const std::int32_t> token
   stages_.back()->StepLogits(plan, act, out->normed.data(),
                              out->logits.empty() ? nullptr : out->logits.data());
   LOCKSTEP_RETURN_IF_ERROR(StagesStatus());
-  for (int is = 0; is < n_stages(); ++is)
+  for (int is = 0; is < n_stages(); ++is) {
     stage(is).FillDeviceTiming(&timings_[static_cast<std::size_t>(is)]);
+    const StepWork w = stage(is).TakeStepWork();
+    last_step_work_.weight_bytes += w.weight_bytes;
+    last_step_work_.flops += w.flops;
+  }
   // Verify rows are [0, verify_rows) in plan order, so a verify group's logits start at row0.
   for (const RowGroup& g : plan.groups) {
     Slot& sl = slot_state(g.slot);

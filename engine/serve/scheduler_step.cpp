@@ -87,6 +87,8 @@ Result<bool> Scheduler::Step() {
   rec.begin_ns = MonotonicNs();
   LOCKSTEP_RETURN_IF_ERROR(engine_.RunStep(plan.plan, plan.tokens, &out));
   rec.end_ns = MonotonicNs();
+  rec.weight_bytes = engine_.last_step_work().weight_bytes;
+  rec.flops = engine_.last_step_work().flops;
   ++step_;
   ++counters_.steps;
   records_.push_back(rec);

@@ -42,23 +42,27 @@ void GdnState::Restore(const float* conv, const float* ssm, int position) {
 void GdnState::SwapScratch(GdnState& other) {
   LOCKSTEP_CHECK(other.conv_.size() == conv_.size() && other.ssm_.size() == ssm_.size())
       << "scratch of another shape";
-  scratch_conv_.swap(other.scratch_conv_);
-  scratch_ssm_.swap(other.scratch_ssm_);
+  step_conv_.swap(other.step_conv_);
+  step_ssm_.swap(other.step_ssm_);
   n_steps_ = other.n_steps_ = 0;
 }
 
 void GdnState::BeginSteps(int T) {
-  std::size_t t = static_cast<std::size_t>(T);
+  const std::size_t t = static_cast<std::size_t>(T);
   const float fresh = FreshValue();
-  if (scratch_conv_.size() < t * conv_.size()) scratch_conv_.resize(t * conv_.size(), fresh);
-  if (scratch_ssm_.size() < t * ssm_.size()) scratch_ssm_.resize(t * ssm_.size(), fresh);
+  while (step_conv_.size() < t) step_conv_.emplace_back(conv_.size(), fresh);
+  while (step_ssm_.size() < t) step_ssm_.emplace_back(ssm_.size(), fresh);
   n_steps_ = T;
 }
 
 void GdnState::CommitSteps(int n) {
   LOCKSTEP_CHECK(n >= 1 && n <= n_steps_) << "commit " << n << " of " << n_steps_ << " steps";
-  std::copy_n(step_conv(n - 1), conv_.size(), conv_.data());
-  std::copy_n(step_ssm(n - 1), ssm_.size(), ssm_.data());
+  // The kept step becomes the checkpoint by exchanging buffers (every step is rewritten whole
+  // before it is read, so the old checkpoint's buffer serves as scratch): no copy, and a T = 1
+  // window reads and writes each state once instead of three times (measured on `small`, 16
+  // sequences: the commit copies were ~6% of a decode step).
+  conv_.swap(step_conv_[static_cast<std::size_t>(n - 1)]);
+  ssm_.swap(step_ssm_[static_cast<std::size_t>(n - 1)]);
   position_ += n;
   n_steps_ = 0;
 }

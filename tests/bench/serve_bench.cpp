@@ -6,11 +6,11 @@
 //                       aggregate decode tokens/s of N = 1, 4, 16 concurrent requests on one
 //                       16-slot engine (64-token prompts, max_new 64), counted over the steps where
 //                       all N decode, after two such steps of warm-up; per step: rows, weight
-//                       bytes and flops (estimates, below), GB/s and GFLOP/s, pool utilisation
-//                       (process CPU time / (threads x step wall)) and the serial driver share
-//                       (the step's wall time outside Engine::RunStep: planning, sampling, commit,
-//                       hooks). Ratios are taken within each round; the summary gives each round
-//                       and the medians
+//                       bytes and flops (the StepRecord's, below), GB/s and GFLOP/s, pool
+//                       utilisation (process CPU time / (threads x step wall)) and the serial
+//                       driver share (the step's wall time outside Engine::RunStep: planning,
+//                       sampling, commit, hooks). Ratios are taken within each round; the summary
+//                       gives each round and the medians
 //   BM_PipelineBound    pipelined steps, measured before building them: 16 decoding requests
 //                       (64-token prompts, max_new 32) with 1 and 2 threads, interleaved rounds:
 //                       pool utilisation (process CPU / (threads x step wall), a spinning
@@ -19,22 +19,19 @@
 //                       overlap of steps could gain on 2 cores (1 - (1 thread's step / 2) / 2
 //                       threads' step)
 //   BM_ServeLatency     per-token latency (mean and p90 of the gap between one request's
-//                       emitted tokens) of 16 decoding requests over 40 steps without (20 before,
-//                       20 after) and 40 steps with a 4,000-token prompt prefilled beside them;
-//                       prefill chunk 32 and batch_tokens 48, so each step carries the 16 verify
-//                       rows and one 32-row chunk (a chunk costs about one decode step)
+//                       emitted tokens) and process CPU per step of 16 decoding requests over 40
+//                       steps without (20 before, 20 after) and 40 steps with a 4,000-token prompt
+//                       prefilled beside them, for (prefill_chunk, batch_tokens) = (32, 48) and
+//                       (16, 32): each step carries the 16 verify rows and one chunk
 //
 // The summary after the table prints ratio16_vs_1 (goal >= 2), ratio16_vs_prefill (goal >= 0.6)
 // and the latency ratios (goal <= 2).
 //
 //   build/tests/bench/serve_bench --benchmark_counters_tabular=true
 //
-// Weight bytes and flops of a step are estimates from the model's shapes (StepRecord's own
-// fields are not filled by the scheduler): every non-expert weight once per step (lm_head only
-// when the step has verify rows), routed experts as the expected number of distinct experts of R
-// rows under uniform top-k routing, E (1 - (1 - k/E)^R) per MoE layer, once each; flops are 2 x
-// the multiply-adds of the products (attention scores left out: contexts here are <= 128 rows,
-// except the long prompt's chunks).
+// Weight bytes and flops of a step are the scheduler's StepRecord fields (stage.h StepWork: each
+// product's matrix once per product call, each routed expert once per MoE call that uses it,
+// flops 2 x the products' multiply-adds; attention scores and recurrences left out).
 //
 // env: LOCKSTEP_BENCH_MODEL  folder of an existing `small` model (else one is generated in /tmp)
 #include <benchmark/benchmark.h>
@@ -143,33 +140,6 @@ StepSample TimedStep(Scheduler& s, bool* more = nullptr) {
   return x;
 }
 
-// ---- step cost estimates (see the header) ----
-struct Cost {
-  double weight_bytes = 0, flops = 0;
-};
-
-Cost StepCost(int rows, int verify_rows) {
-  const ModelWeights& w = SmallModel();
-  const ModelConfig& c = w.config;
-  double expert_bytes = 0;
-  int moe_layers = 0;
-  for (const auto& l : w.layers)
-    if (l.moe && !l.ffn_moe.experts.empty()) {
-      ++moe_layers;
-      expert_bytes = static_cast<double>(l.ffn_moe.experts[0].bytes());
-    }
-  const double lm_head = static_cast<double>(w.lm_head.bytes());
-  const double k = c.n_experts_used, E = c.n_experts;
-  const double dense =
-      static_cast<double>(w.ActiveBytesPerToken()) - moe_layers * k * expert_bytes - lm_head;
-  const double distinct = E * (1.0 - std::pow(1.0 - k / E, rows));
-  Cost out;
-  out.weight_bytes = dense + (verify_rows > 0 ? lm_head : 0) + moe_layers * distinct * expert_bytes;
-  // f32 weights: bytes / 4 parameters, one multiply-add per parameter per row.
-  out.flops = 2.0 / 4.0 * (rows * (dense + moe_layers * k * expert_bytes) + verify_rows * lm_head);
-  return out;
-}
-
 // ---- results shared with the summary ----
 struct DecodeFigures {
   double tokens_per_s = 0;
@@ -187,9 +157,10 @@ std::vector<Round> g_rounds;
 struct LatencyFigures {
   double mean_ms[2] = {0, 0}, p90_ms[2] = {0, 0};
   double step_rows[2] = {0, 0};
+  double cpu_ms[2] = {0, 0};  // process CPU per step (less sensitive to other load than wall)
   bool valid = false;
 };
-LatencyFigures g_latency;
+std::map<std::pair<int, int>, LatencyFigures> g_latency;  // (prefill_chunk, batch_tokens) ->
 
 // Averages over the counted steps of one decode run.
 DecodeFigures Summarise(const std::vector<StepSample>& xs, int n) {
@@ -198,13 +169,12 @@ DecodeFigures Summarise(const std::vector<StepSample>& xs, int n) {
   if (xs.empty()) return f;
   double wall = 0, cpu = 0, fwd = 0, rows = 0, bytes = 0, flops = 0;
   for (const StepSample& x : xs) {
-    const Cost c = StepCost(x.rec.rows, x.rec.verify_rows);
     wall += static_cast<double>(x.wall_ns);
     cpu += static_cast<double>(x.cpu_ns);
     fwd += static_cast<double>(x.forward_ns());
     rows += x.rec.rows;
-    bytes += c.weight_bytes;
-    flops += c.flops;
+    bytes += static_cast<double>(x.rec.weight_bytes);
+    flops += static_cast<double>(x.rec.flops);
   }
   const double k = static_cast<double>(xs.size());
   f.tokens_per_s = n * k / (wall / 1e9);
@@ -377,8 +347,10 @@ void GapStats(const std::vector<const std::vector<std::vector<std::int64_t>>*>& 
 void BM_ServeLatency(benchmark::State& state) {
   constexpr int kDecoders = 16;
   constexpr int kSteps[3] = {20, 40, 20};
+  const int chunk = static_cast<int>(state.range(0)), budget = static_cast<int>(state.range(1));
+  LatencyFigures& lat = g_latency[{chunk, budget}];
   for (auto _ : state) {
-    EnginePtr e = MakeEngine(kDecoders + 1, 32, 48);
+    EnginePtr e = MakeEngine(kDecoders + 1, chunk, budget);
     Scheduler s(*e);
     // Token times of each decoder per segment, filled by its on_record hook.
     std::vector<std::vector<std::int64_t>> times[3];
@@ -397,33 +369,47 @@ void BM_ServeLatency(benchmark::State& state) {
       const StepSample x = TimedStep(s);
       if (x.ran && x.rec.prefill_rows == 0 && x.rec.verify_rows == kDecoders) ++warm;
     }
-    double rows[3] = {0, 0, 0};
+    double rows[3] = {0, 0, 0}, cpu[3] = {0, 0, 0};
     const std::int64_t t0 = MonotonicNs();
     for (seg = 0; seg < 3; ++seg) {
       const Ticket big = seg == 1 ? MustSubmit(s, Request(*e, "long", Prompt(4000, 7), 1)) : 0;
-      for (int k = 0; k < kSteps[seg]; ++k) rows[seg] += TimedStep(s).rec.rows;
+      for (int k = 0; k < kSteps[seg]; ++k) {
+        const StepSample x = TimedStep(s);
+        rows[seg] += x.rec.rows;
+        cpu[seg] += static_cast<double>(x.cpu_ns) / 1e6;
+      }
       if (big != 0 && !s.Cancel(big).ok()) state.SkipWithError("cancel failed");
     }
     seg = -1;
     state.SetIterationTime(static_cast<double>(MonotonicNs() - t0) / 1e9);
-    GapStats({&times[0], &times[2]}, &g_latency.mean_ms[0], &g_latency.p90_ms[0]);
-    GapStats({&times[1]}, &g_latency.mean_ms[1], &g_latency.p90_ms[1]);
-    g_latency.step_rows[0] = (rows[0] + rows[2]) / (kSteps[0] + kSteps[2]);
-    g_latency.step_rows[1] = rows[1] / kSteps[1];
-    g_latency.valid = true;
+    GapStats({&times[0], &times[2]}, &lat.mean_ms[0], &lat.p90_ms[0]);
+    GapStats({&times[1]}, &lat.mean_ms[1], &lat.p90_ms[1]);
+    lat.step_rows[0] = (rows[0] + rows[2]) / (kSteps[0] + kSteps[2]);
+    lat.step_rows[1] = rows[1] / kSteps[1];
+    lat.cpu_ms[0] = (cpu[0] + cpu[2]) / (kSteps[0] + kSteps[2]);
+    lat.cpu_ms[1] = cpu[1] / kSteps[1];
+    lat.valid = true;
     for (auto& r : s.TakeFinished()) benchmark::DoNotOptimize(r.result.output.data());
   }
-  state.counters["mean_ms_alone"] = g_latency.mean_ms[0];
-  state.counters["p90_ms_alone"] = g_latency.p90_ms[0];
-  state.counters["mean_ms_prefill"] = g_latency.mean_ms[1];
-  state.counters["p90_ms_prefill"] = g_latency.p90_ms[1];
-  state.counters["rows_alone"] = g_latency.step_rows[0];
-  state.counters["rows_prefill"] = g_latency.step_rows[1];
+  state.counters["mean_ms_alone"] = lat.mean_ms[0];
+  state.counters["p90_ms_alone"] = lat.p90_ms[0];
+  state.counters["mean_ms_prefill"] = lat.mean_ms[1];
+  state.counters["p90_ms_prefill"] = lat.p90_ms[1];
+  state.counters["rows_alone"] = lat.step_rows[0];
+  state.counters["rows_prefill"] = lat.step_rows[1];
+  state.counters["cpu_ratio"] = lat.cpu_ms[0] > 0 ? lat.cpu_ms[1] / lat.cpu_ms[0] : 0;
 }
 
 BENCHMARK(BM_ServeThroughput)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PipelineBound)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_ServeLatency)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+// (prefill_chunk, batch_tokens): a 32-row chunk beside the 16 verify rows, and a 16-row one.
+BENCHMARK(BM_ServeLatency)
+    ->ArgNames({"chunk", "batch_tokens"})
+    ->Args({32, 48})
+    ->Args({16, 32})
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 // The ratios of this run, after the table.
 void PrintRound(std::size_t i, const Round& r) {
@@ -488,14 +474,17 @@ class SummaryReporter : public benchmark::ConsoleReporter {
           g_pipe[2][r].cpu_ms, g_pipe[2][r].driver_cpu_ms,
           g_pipe[2][r].cpu_ms - g_pipe[2][r].driver_cpu_ms,
           100 * (g_pipe[2][r].cpu_ms / g_pipe[1][r].cpu_ms - 1));
-    if (g_latency.valid && g_latency.mean_ms[0] > 0)
-      std::printf(
-          "  per-token latency of 16 decoders: alone mean %.2f ms p90 %.2f ms (%.0f rows/step); "
-          "beside a 4,000-token prefill mean %.2f ms p90 %.2f ms (%.0f rows/step); ratio mean "
-          "%.2f p90 %.2f (goal <= 2)\n",
-          g_latency.mean_ms[0], g_latency.p90_ms[0], g_latency.step_rows[0], g_latency.mean_ms[1],
-          g_latency.p90_ms[1], g_latency.step_rows[1], g_latency.mean_ms[1] / g_latency.mean_ms[0],
-          g_latency.p90_ms[1] / g_latency.p90_ms[0]);
+    for (const auto& [cfg, lat] : g_latency)
+      if (lat.valid && lat.mean_ms[0] > 0)
+        std::printf(
+            "  per-token latency of 16 decoders, prefill_chunk %d, batch_tokens %d: alone mean "
+            "%.2f ms p90 %.2f ms (%.0f rows/step, CPU %.2f ms/step); beside a 4,000-token "
+            "prefill mean %.2f ms p90 %.2f ms (%.0f rows/step, CPU %.2f ms/step); ratio mean "
+            "%.2f p90 %.2f, CPU per step %.2f (goal <= 2)\n",
+            cfg.first, cfg.second, lat.mean_ms[0], lat.p90_ms[0], lat.step_rows[0], lat.cpu_ms[0],
+            lat.mean_ms[1], lat.p90_ms[1], lat.step_rows[1], lat.cpu_ms[1],
+            lat.mean_ms[1] / lat.mean_ms[0], lat.p90_ms[1] / lat.p90_ms[0],
+            lat.cpu_ms[1] / lat.cpu_ms[0]);
   }
 };
 

@@ -302,5 +302,75 @@ TEST(BatchStep, FuseAllDiffersFromAloneAndOneGroupDoesNot) {
   }
 }
 
+// Engine::last_step_work (what the scheduler writes into StepRecord::weight_bytes / flops): a
+// one-row verify step reads every dense product's matrix once and k routed experts, and costs 2
+// flops per weight element per row; a two-row step costs exactly twice the flops (each row runs
+// every dense product and k experts) and reads the dense matrices once.
+TEST(BatchStep, StepWorkCountsTheProducts) {
+  Rig s;
+  s.preset = "small";
+  const ModelWeights& w = test::Model(s.preset);
+  const ModelConfig& c = w.config;
+  std::uint64_t dense_bytes = w.lm_head.bytes(), dense_params = 0;
+  auto add = [&](const Mat& m) {
+    dense_bytes += m.bytes();
+    dense_params += static_cast<std::uint64_t>(m.rows) * static_cast<std::uint64_t>(m.cols);
+  };
+  std::uint64_t expert_bytes = 0, expert_params = 0;
+  for (const LayerWeights& l : w.layers) {
+    if (l.type == LayerType::kFullAttention) {
+      for (const Mat* m : {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj}) add(*m);
+    } else {
+      for (const Mat* m : {&l.gdn.in_proj_qkvz, &l.gdn.in_proj_ba, &l.gdn.out_proj}) add(*m);
+    }
+    ASSERT_TRUE(l.moe);
+    for (const Mat* m :
+         {&l.ffn_moe.router, &l.ffn_moe.shared.gate, &l.ffn_moe.shared.up, &l.ffn_moe.shared.down})
+      add(*m);
+    dense_bytes += Z(c.n_embd) * sizeof(float);  // the shared expert's gate vector
+    dense_params += Z(c.n_embd);
+    const FfnWeights& e0 = l.ffn_moe.experts[0];
+    expert_bytes += e0.gate.bytes() + e0.up.bytes() + e0.down.bytes();
+    expert_params += static_cast<std::uint64_t>(e0.gate.rows) * Z(e0.gate.cols) +
+                     static_cast<std::uint64_t>(e0.up.rows) * Z(e0.up.cols) +
+                     static_cast<std::uint64_t>(e0.down.rows) * Z(e0.down.cols);
+  }
+  const std::uint64_t lm_params = static_cast<std::uint64_t>(w.lm_head.rows) * Z(w.lm_head.cols);
+  auto made = Engine::Create(Config(s, 2), w);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Engine& e = **made;
+  for (int sl = 0; sl < 2; ++sl) {
+    ASSERT_TRUE(e.OpenSlot(sl).ok());
+    e.UseSlot(sl);
+    ASSERT_TRUE(e.Prefill(std::vector<std::int32_t>{5, 9, 11 + sl}).ok());
+  }
+  Engine::StepOutputs out;
+  auto step = [&](int n) {
+    StepPlan plan;
+    std::vector<std::int32_t> toks;
+    for (int sl = 0; sl < n; ++sl) {
+      e.UseSlot(sl);
+      plan.groups.push_back(RowGroup{sl, ForwardMode::kVerify, e.position(), sl, 1});
+      toks.push_back(20 + sl);
+    }
+    EXPECT_TRUE(e.RunStep(plan, toks, &out).ok());
+    for (int sl = 0; sl < n; ++sl) {
+      e.UseSlot(sl);
+      EXPECT_TRUE(e.Commit(1).ok());
+    }
+    return e.last_step_work();
+  };
+  const StepWork one = step(1);
+  EXPECT_EQ(one.weight_bytes,
+            dense_bytes + static_cast<std::uint64_t>(c.n_experts_used) * expert_bytes);
+  EXPECT_EQ(one.flops, 2 * (dense_params + lm_params +
+                            static_cast<std::uint64_t>(c.n_experts_used) * expert_params));
+  const StepWork two = step(2);
+  EXPECT_EQ(two.flops, 2 * one.flops);
+  EXPECT_GE(two.weight_bytes, one.weight_bytes);
+  EXPECT_LE(two.weight_bytes,
+            dense_bytes + 2 * static_cast<std::uint64_t>(c.n_experts_used) * expert_bytes);
+}
+
 }  // namespace
 }  // namespace lockstep

@@ -107,6 +107,45 @@ TEST(MatmulTypes, BlockTypesEqualDequantisedF32) {
       for (int th : {1, 3}) ExpectSame(t, k, th);
 }
 
+// kInvariant's contract (matmul.h) written out in scalars: lane l accumulates x[i] * w[i] for
+// i % 32 == l in increasing i (a tail zero-padded to 32), then lanes combine as (l, l+16),
+// (l, l+8), then 4 + 4, 2 + 2, 1 + 1. The kernels (register widths, rows per block, in-register
+// reductions) must give these bits for every row count and every length, alone or in a block.
+float ScalarLaneDot(const float* x, const float* w, int n) {
+  float lane[32] = {};
+  for (int i = 0; i < n; ++i) lane[i % 32] += x[i] * w[i];
+  for (int i = n; i % 32 != 0; ++i) lane[i % 32] += 0.0f * 0.0f;
+  float a[16], b[8], c[4];
+  for (int l = 0; l < 16; ++l) a[l] = lane[l] + lane[l + 16];
+  for (int l = 0; l < 8; ++l) b[l] = a[l] + a[l + 8];
+  for (int l = 0; l < 4; ++l) c[l] = b[l] + b[l + 4];
+  const float d0 = c[0] + c[2], d1 = c[1] + c[3];
+  return d0 + d1;
+}
+
+TEST(MatmulTypes, InvariantFollowsTheScalarLaneOrder) {
+  ThreadPool pool(2);
+  for (WeightType t : {WeightType::kF32, WeightType::kBF16, WeightType::kF16, WeightType::kQ8_0}) {
+    const bool blocks = weight_block_elems(t) > 1;
+    for (int in : blocks ? std::vector<int>{256, 512} : std::vector<int>{1, 31, 32, 33, 100, 512}) {
+      const int out = 9;
+      const TypedMat w = MakeMat(t, out, in, 40u + static_cast<unsigned>(in));
+      for (int T = 1; T <= 19; ++T) {
+        const std::vector<float> x = test::Random(static_cast<std::size_t>(T) * in, 7u + T);
+        std::vector<float> got(static_cast<std::size_t>(T) * out), ref = got;
+        Matmul(MatmulKind::kInvariant, x.data(), T, w.m, got.data(), T % 2 ? &pool : nullptr);
+        for (int r = 0; r < T; ++r)
+          for (int o = 0; o < out; ++o)
+            ref[static_cast<std::size_t>(r) * out + o] =
+                ScalarLaneDot(x.data() + static_cast<std::size_t>(r) * in,
+                              w.wide.data() + static_cast<std::size_t>(o) * in, in);
+        EXPECT_TRUE(test::BitwiseEqual(got, ref))
+            << weight_type_name(t) << " T=" << T << " in=" << in;
+      }
+    }
+  }
+}
+
 // The kGemm widening path must give the bits of Eigen's own product: shapes large enough to
 // split the reduction (K > kc) and the output rows (N > mc) on every machine.
 TEST(MatmulTypes, GemmSplitsLikeEigen) {

@@ -99,6 +99,9 @@ class Engine {
     std::vector<float> normed;  // f32 [rows, H] final-normed hidden of every row
   };
   Status RunStep(const StepPlan& plan, std::span<const std::int32_t> tokens, StepOutputs* out);
+  // The last RunStep's product work over all stages (stage.h StepWork; zeros on backends that do
+  // not count).
+  StepWork last_step_work() const { return last_step_work_; }
 
   // Window index for fault injection and timing (set by the generation loop before Verify).
   void SetWindow(int idx) { cur().window = idx; }
@@ -173,6 +176,7 @@ class Engine {
   std::vector<Slot> slots_;  // [max_slots]
   int cur_slot_ = 0;
   std::vector<StageTiming> timings_;
+  StepWork last_step_work_;
   std::vector<float> normed_scratch_;
 };
 using EnginePtr = std::unique_ptr<Engine>;

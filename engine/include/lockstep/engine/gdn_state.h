@@ -7,8 +7,9 @@
 //               position()                 tokens folded into the checkpoint
 //   scratch     step t (t < n_steps()): the same two tensors after input t of the window
 //
-// A verify of T tokens reads the checkpoint for step 0 and step t-1 for step t, writes step t;
-// CommitSteps(n) copies step n-1 into the checkpoint and advances position() by n. Rejected
+// A verify of T tokens reads the checkpoint for step 0 and step t-1 for step t, writes step t
+// (each step whole); CommitSteps(n) makes step n-1 the checkpoint (a buffer exchange, no copy)
+// and advances position() by n. Rejected
 // steps never touch the checkpoint. Prefill (chunked form) updates the checkpoint in place and
 // calls Advance(n).
 //
@@ -41,18 +42,13 @@ class GdnState {
   // Prepares scratch for a window of T steps (grows, never shrinks).
   void BeginSteps(int T);
   int n_steps() const { return n_steps_; }
-  float* step_conv(int t) {
-    return scratch_conv_.data() + static_cast<std::size_t>(t) * conv_.size();
-  }
-  float* step_ssm(int t) { return scratch_ssm_.data() + static_cast<std::size_t>(t) * ssm_.size(); }
-  const float* step_conv(int t) const {
-    return scratch_conv_.data() + static_cast<std::size_t>(t) * conv_.size();
-  }
-  const float* step_ssm(int t) const {
-    return scratch_ssm_.data() + static_cast<std::size_t>(t) * ssm_.size();
-  }
+  float* step_conv(int t) { return step_conv_[static_cast<std::size_t>(t)].data(); }
+  float* step_ssm(int t) { return step_ssm_[static_cast<std::size_t>(t)].data(); }
+  const float* step_conv(int t) const { return step_conv_[static_cast<std::size_t>(t)].data(); }
+  const float* step_ssm(int t) const { return step_ssm_[static_cast<std::size_t>(t)].data(); }
 
-  // Keeps the first n steps (1 <= n <= n_steps()): checkpoint := step n-1, position += n.
+  // Keeps the first n steps (1 <= n <= n_steps()): checkpoint := step n-1 (the two buffers are
+  // exchanged: conv() / ssm() point elsewhere afterwards), position += n.
   void CommitSteps(int n);
   void DiscardSteps() { n_steps_ = 0; }
   // Prefill updated the checkpoint in place with n tokens.
@@ -68,10 +64,10 @@ class GdnState {
 
  private:
   int conv_dim_, conv_rows_;
-  std::vector<float> conv_;          // f32 [K-1, conv_dim]
-  std::vector<float> ssm_;           // f32 [Hv, Dk, Dv]
-  std::vector<float> scratch_conv_;  // f32 [T_max, K-1, conv_dim]
-  std::vector<float> scratch_ssm_;   // f32 [T_max, Hv, Dk, Dv]
+  std::vector<float> conv_;                    // f32 [K-1, conv_dim]
+  std::vector<float> ssm_;                     // f32 [Hv, Dk, Dv]
+  std::vector<std::vector<float>> step_conv_;  // T_max x f32 [K-1, conv_dim]
+  std::vector<std::vector<float>> step_ssm_;   // T_max x f32 [Hv, Dk, Dv]
   int n_steps_ = 0;
   int position_ = 0;
 };

@@ -96,6 +96,15 @@ struct StageInitCounters {
   std::int64_t graph_launches = -1;  // forwards replayed from a captured graph
 };
 
+// What a stage's linear products did since the last TakeStepWork: the bytes of every weight
+// matrix a product read (once per product call; a routed expert once per call that uses it) and
+// 2 x their multiply-adds (rows x weight elements). Attention scores and the recurrences are not
+// products of weights and are left out. Backends that do not count report zeros.
+struct StepWork {
+  std::uint64_t weight_bytes = 0;
+  std::uint64_t flops = 0;
+};
+
 class StageSession {
  public:
   StageSession(int index, int n_stages, int layer_begin, int layer_end)
@@ -171,6 +180,8 @@ class StageSession {
   // Device backends: overwrites the dev_* fields of `t` with the device-event timings of the
   // last verify forward (called after the window's logits reached the host). No-op on the CPU.
   virtual void FillDeviceTiming(StageTiming* t) { (void)t; }
+  // The products' work since the previous call (StepWork), and resets it; zeros by default.
+  virtual StepWork TakeStepWork() { return {}; }
   // One-time set-up counters over the session's life (exports' /counters/stage{S}).
   virtual StageInitCounters init_counters() const { return {}; }
   // First failure of a call that returns void (device backends); Ok on the CPU.

@@ -19,8 +19,8 @@ struct StepRecord {
   int prefill_rows = 0;            // rows of prefill chunks
   int queue_depth = 0;             // requests waiting for a slot after admission
   int live = 0;                    // sequences holding a slot
-  std::uint64_t weight_bytes = 0;  // weight bytes the step's products read (estimate)
-  std::uint64_t flops = 0;         // multiply-adds x 2 of the step's products (estimate)
+  std::uint64_t weight_bytes = 0;  // weight bytes the step's products read (stage.h StepWork)
+  std::uint64_t flops = 0;         // multiply-adds x 2 of the step's products (StepWork)
   std::vector<int> slots;          // slot of each group, plan order
   // The step's row groups in plan order (stage.h RowGroup without row0: rows are contiguous).
   struct Group {
