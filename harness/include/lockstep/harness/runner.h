@@ -44,6 +44,12 @@ struct RunOptions {
   // its deadline per file (--isolate-timeout). A child that crashes or hangs fails the
   // comparison's "exports readable" gate; the campaign goes on by its rules.
   double isolate_timeout_s = 30.0;
+  // Service arms on a server someone started (--service-url, --service-key-env): override the
+  // plan's [service] url / api_key_env for a new run (recorded in the planned entry; a resumed
+  // run keeps the recorded server and refuses them). Empty: the plan's.
+  std::string service_url;
+  std::string service_key_env;
+  double service_timeout_s = 600;  // one HTTP request of a service arm at most
 };
 
 // Runs (or resumes) a campaign and writes its reports. OK when the campaign's verdict passes;
