@@ -23,8 +23,11 @@ namespace lockstep {
 const std::vector<std::string>& StopPredicates() {
   static const std::vector<std::string> kPredicates{
       "path_diverged", "path_diverged_early", "window_timing_unstable", "aggregate_timing_failed",
-      "state_failed",  "output_differs",      "resource_guard",         "swap_used",
-      "arm_failed",    "control_missed"};
+      "state_failed", "output_differs", "resource_guard", "swap_used", "arm_failed",
+      "control_missed",
+      // service arms (issue 25)
+      "warm_differs_from_cold", "load_changes_state", "load_changes_path",
+      "engine_reuse_changes_state"};
   return kPredicates;
 }
 
