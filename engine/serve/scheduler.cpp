@@ -190,12 +190,12 @@ Status Scheduler::AdmitInto(Entry& e, int slot) {
 }
 
 Status Scheduler::PrefixLookupOnAdmit(Entry& e) {
-  if (!prefix_cache_) return Status::Ok();
+  if (!prefix_cache_ || !e.spec.use_prefix_cache) return Status::Ok();
   return PrefixAdmit(*prefix_cache_, engine_, *e.seq, &e.res.prefix);
 }
 
 Status Scheduler::PrefixCaptureAfterChunk(Entry& e, int chunk_end) {
-  if (!prefix_cache_) return Status::Ok();
+  if (!prefix_cache_ || !e.spec.use_prefix_cache) return Status::Ok();
   return PrefixCapture(*prefix_cache_, engine_, *e.seq, chunk_end);
 }
 

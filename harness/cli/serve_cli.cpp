@@ -6,6 +6,7 @@
 #include "engine_flags.h"
 #include "lockstep/harness/compare_commands.h"
 #include "lockstep/harness/serve_command.h"
+#include "version.h"
 
 namespace lockstep::cli {
 
@@ -60,6 +61,8 @@ void AddServe(CLI::App& app, std::vector<Command>& commands) {
                         LOCKSTEP_ASSIGN_OR_RETURN(
                             std::int64_t body, lockstep::ParseByteSize(st->max_body, "--max-body"));
                         st->opts.max_body = static_cast<std::size_t>(body);
+                        st->opts.version = lockstep::GetBuildInfo().version;
+                        st->opts.commit = lockstep::GetBuildInfo().commit;
                         return lockstep::RunServeCommand(st->opts, std::cout);
                       }});
 }

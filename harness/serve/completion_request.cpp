@@ -157,7 +157,7 @@ std::optional<ApiError> ParseExport(const json& v, CompletionRequest& r) {
 }
 
 std::optional<ApiError> ParseLockstep(const json& v, CompletionRequest& r) {
-  if (!v.is_object()) return TypeError("lockstep", "an object {arm, export, trace}");
+  if (!v.is_object()) return TypeError("lockstep", "an object {arm, export, trace, cache}");
   for (const auto& [key, val] : v.items()) {
     const std::string field = "lockstep." + key;
     if (key == "arm") {
@@ -168,6 +168,10 @@ std::optional<ApiError> ParseLockstep(const json& v, CompletionRequest& r) {
       if (auto e = ParseExport(val, r)) return e;
     } else if (key == "trace") {
       if (auto e = GetBool(val, field, r.trace)) return e;
+    } else if (key == "cache") {
+      if (!val.is_string() || (val != "use" && val != "bypass"))
+        return TypeError(field, "\"use\" or \"bypass\"");
+      r.cache_bypass = val == "bypass";
     } else {
       return ApiError::BadRequest("unknown field '" + field + "'", field, "unknown_field");
     }

@@ -5,8 +5,9 @@
 // Accepted fields (any other is refused by name): model, prompt (a non-empty string or a
 // non-empty array of token ids), max_tokens (default 16), temperature [0, 2], top_p (0, 1],
 // top_k >= 0, seed (unsigned 64-bit), stop (a string or up to 4 non-empty strings), stream, n
-// (1 only), logprobs (null or 0..5), ignore_eos, and `lockstep` {arm, export, trace}: export is
-// true or {windows, points} (the file is named by the server, never by the client).
+// (1 only), logprobs (null or 0..5), ignore_eos, and `lockstep` {arm, export, trace, cache}:
+// export is true or {windows, points} (the file is named by the server, never by the client);
+// cache is "use" (default) or "bypass" (the request neither reads nor writes the prefix cache).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +50,7 @@ struct CompletionRequest {
   std::string arm;
   std::optional<ExportRequest> export_request;
   bool trace = false;
+  bool cache_bypass = false;  // lockstep.cache = "bypass"
 };
 
 // Parses `body`. Errors (all ApiError 400 unless noted): not JSON or not an object ("invalid

@@ -72,6 +72,10 @@ nlohmann::json LockstepJson(const ServeJob& job, const RequestResult& r, const R
   l["slot"] = r.slot;
   l["steps"] = {{"first", r.first_step}, {"last", r.last_step}};
   l["export"] = c.export_file.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.export_file);
+  l["export_sha256"] =
+      c.export_sha256.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.export_sha256);
+  l["engine_instance"] = c.engine_instance;
+  l["cache"] = job.req.cache_bypass ? "bypass" : "use";
   if (job.req.trace) {
     nlohmann::json t = nlohmann::json::array();
     for (const auto& w : r.result.windows)

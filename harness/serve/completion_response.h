@@ -1,6 +1,7 @@
 // The JSON of `POST /v1/completions` answers: the whole response, one Server-Sent-Events chunk
 // (`data: {...}\n\n`, object "text_completion" as OpenAI streams it) and the `lockstep` object
-// (output ids, window summary, config and request digests, prefix reuse, export file name).
+// (output ids, window summary, config and request digests, prefix reuse, export file name and
+// digest, the server's engine instance).
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,8 @@ struct ResponseContext {
   std::int64_t created = 0;   // unix seconds
   std::string config_sha256;  // of the request's effective EngineConfig
   std::string export_file;    // "" = none
+  std::string export_sha256;  // the finished export's SHA-256 ("" = none)
+  std::string engine_instance;
 };
 
 // OpenAI's logprobs object for `lps` (tokens as their decoded text).

@@ -59,15 +59,34 @@ Outcome TakeOutcome(ServeJob& job) {
   return o;
 }
 
-// Finishes the export of a completed request; the file name for the response ("" if none).
-std::string FinishExport(const ServeContext& ctx, ServeJob& job, const RequestResult& r,
-                         const EngineConfig& cfg) {
-  if (!job.exporter || r.end != RequestEnd::kFinished) return {};
+// Finishes the export of a completed request and registers it for download (its digest computed
+// once, here); a request that did not finish has its name forgotten (404, its `.partial` stays).
+// The answer's context: file name and digest ("" when there is no export).
+ResponseContext Answer(ServeContext& ctx, ServeJob& job, const RequestResult& r,
+                       const EngineConfig& cfg) {
+  ResponseContext rc{ctx.limits.model_name, std::time(nullptr), Sha256Hex(cfg.ToJson()), "", "",
+                     ctx.engine_instance};
+  if (!job.exporter) return rc;
+  const std::string name = ExportFileName(job.id);
+  if (r.end != RequestEnd::kFinished) {
+    ctx.exports.Forget(name);
+    return rc;
+  }
   Status s = FinishRequestExport(ctx, job, r, cfg);
-  if (s.ok()) return ExportFileName(job.id);
-  std::fprintf(stderr, "serve: %s: export not written (%s)\n", job.id.c_str(),
-               std::string(Status::CodeName(s.code())).c_str());
-  return {};
+  if (!s.ok()) {
+    ctx.exports.Forget(name);
+    std::fprintf(stderr, "serve: %s: export not written (%s)\n", job.id.c_str(),
+                 std::string(Status::CodeName(s.code())).c_str());
+    return rc;
+  }
+  rc.export_file = name;
+  auto entry = ctx.exports.Finish(name);
+  if (entry.ok())
+    rc.export_sha256 = entry->sha256;
+  else
+    std::fprintf(stderr, "serve: %s: export written, not hashed (%s)\n", job.id.c_str(),
+                 std::string(Status::CodeName(entry.status().code())).c_str());
+  return rc;
 }
 
 void Respond(ServeContext& ctx, ServeJob& job, const EngineConfig& cfg, httplib::Response& res) {
@@ -77,12 +96,13 @@ void Respond(ServeContext& ctx, ServeJob& job, const EngineConfig& cfg, httplib:
     job.cv.wait(lk, [&] { return job.done; });
     o = TakeOutcome(job);
   }
+  if (o.error || o.finish_reason == "cancelled")
+    if (job.exporter) ctx.exports.Forget(ExportFileName(job.id));
   if (o.error) return SendError(res, *o.error);
   if (o.finish_reason == "cancelled")
     return SendError(
         res, ApiError::Unavailable("the request was cancelled (server shutdown)", "cancelled"));
-  ResponseContext rc{ctx.limits.model_name, std::time(nullptr), Sha256Hex(cfg.ToJson()),
-                     FinishExport(ctx, job, *o.result, cfg)};
+  const ResponseContext rc = Answer(ctx, job, *o.result, cfg);
   res.set_content(Dump(CompletionJson(job, *o.result, job.text.Text(), o.logprobs, rc)),
                   "application/json");
 }
@@ -109,17 +129,17 @@ void Stream(ServeContext& ctx, const ServeJobPtr& job, const EngineConfig& cfg,
         };
         bool ok = true;
         if (!o.delta.empty() || !o.logprobs.empty()) {
-          ResponseContext rc{ctx.limits.model_name, std::time(nullptr), "", ""};
+          ResponseContext rc{ctx.limits.model_name, std::time(nullptr), "", "", "", ""};
           ok = write(SseChunk(*job, o.delta, o.logprobs, nullptr, nullptr, rc));
         } else if (!o.done && NowNs() - *last_write > 1'000'000'000) {
           ok = write(": keep-alive\n\n");  // a gone client fails this write
         }
         if (ok && o.done) {
           if (o.error) {
+            if (job->exporter) ctx.exports.Forget(ExportFileName(job->id));
             ok = write("data: " + o.error->Body() + "\n\n");
           } else {
-            ResponseContext rc{ctx.limits.model_name, std::time(nullptr), Sha256Hex(cfg.ToJson()),
-                               FinishExport(ctx, *job, *o.result, cfg)};
+            const ResponseContext rc = Answer(ctx, *job, *o.result, cfg);
             ok = write(SseChunk(*job, "", {}, &o.finish_reason, &*o.result, rc));
           }
           ok = ok && write("data: [DONE]\n\n");
@@ -128,8 +148,11 @@ void Stream(ServeContext& ctx, const ServeJobPtr& job, const EngineConfig& cfg,
         if (!ok) driver->Cancel(job);
         return ok;
       },
-      [job, driver](bool success) {
-        if (!success) driver->Cancel(job);
+      [&ctx, job, driver](bool success) {
+        if (success) return;
+        driver->Cancel(job);
+        // Gone before its end: its export never finishes (a name still finishing stays).
+        if (job->exporter) ctx.exports.ForgetIfWriting(ExportFileName(job->id));
       });
 }
 
@@ -180,6 +203,7 @@ void HandleCompletion(ServeContext& ctx, const httplib::Request& req, httplib::R
       return SendError(res, ApiError::Internal("the export could not be created"));
     }
     job->exporter = std::move(*ex);
+    ctx.exports.Writing(ExportFileName(id), ctx.opts.export_dir + "/" + ExportFileName(id));
   }
   job->arrive_ns = NowNs();
   res.set_header("X-Request-Id", id);
@@ -190,6 +214,7 @@ void HandleCompletion(ServeContext& ctx, const httplib::Request& req, httplib::R
     if (job->done && job->error) {
       const ApiError e = *job->error;
       lk.unlock();
+      if (job->exporter) ctx.exports.Forget(ExportFileName(id));
       return SendError(res, e);
     }
   }

@@ -180,6 +180,7 @@ void EngineDriver::SubmitNow(const ServeJobPtr& job) {
   spec.prompt = job->prompt;
   spec.options = job->options;
   spec.borrowed_hooks = &job->hooks;
+  spec.use_prefix_cache = !job->req.cache_bypass;
   Result<Ticket> t = scheduler_.Submit(std::move(spec));
   std::lock_guard jl(job->mu);
   if (!t.ok()) {

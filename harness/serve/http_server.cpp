@@ -9,6 +9,7 @@
 #include "serve/auth.h"
 #include "serve/completion_response.h"
 #include "serve/completions_handler.h"
+#include "serve/lockstep_endpoints.h"
 
 namespace lockstep {
 
@@ -52,13 +53,10 @@ bool Loopback(const std::string& addr) {
 }
 
 void HandleHealth(const ServeContext& ctx, httplib::Response& res) {
-  if (!ctx.ready || ctx.draining) {
-    res.status = 503;
-    res.set_content(ctx.draining ? R"({"status":"draining"})" : R"({"status":"loading"})",
-                    "application/json");
-    return;
-  }
-  res.set_content(R"({"status":"ok"})", "application/json");
+  const char* status = ctx.draining ? "draining" : !ctx.ready ? "loading" : "ok";
+  if (!ctx.ready || ctx.draining) res.status = 503;
+  res.set_content(Dump({{"status", status}, {"engine_instance", ctx.engine_instance}}),
+                  "application/json");
 }
 
 void HandleModels(const ServeContext& ctx, httplib::Response& res) {
@@ -167,6 +165,11 @@ void HttpServer::Routes() {
                        "slot save/restore/erase is not available in this build (slot files are "
                        "not wired into lockstep serve yet)"));
   });
+  svr_->Get(R"(/v1/exports/([^/]+))", [&ctx](const httplib::Request& req, httplib::Response& res) {
+    HandleExportDownload(ctx, req, res);
+  });
+  svr_->Get("/v1/lockstep/info",
+            [&ctx](const httplib::Request&, httplib::Response& res) { HandleInfo(ctx, res); });
   svr_->Get("/metrics", [&ctx](const httplib::Request&, httplib::Response& res) {
     ServeGauges g;
     if (ctx.ready) g = ctx.driver->Gauges();

@@ -1,11 +1,13 @@
 // HttpServer: the routes of `lockstep serve` on cpp-httplib (Debian's libcpp-httplib, 0.11.4).
 //
-//   GET  /health            200 {"status":"ok"}; 503 while loading or draining (no key needed)
+//   GET  /health            200 {"status":"ok","engine_instance":"<hex>"}; 503 while loading or
+//                           draining (no key needed)
 //   GET  /v1/models         the served model (OpenAI list shape)
 //   POST /v1/completions    completions_handler.h
 //   GET  /slots             each slot's state, the waiting requests
 //   POST /slots/{id}?action=save|restore|erase   501 (slot files are not wired in this build)
 //   GET  /metrics           Prometheus text (metrics.h)
+//   GET  /v1/exports/{file}, GET /v1/lockstep/info   lockstep_endpoints.h
 //
 // Every other path is 404, every error an ApiError body. With an API key every endpoint but
 // /health needs `Authorization: Bearer KEY` (constant-time compare). Limits: bodies over
@@ -28,6 +30,7 @@
 #include "lockstep/harness/serve_command.h"
 #include "serve/completion_request.h"
 #include "serve/engine_driver.h"
+#include "serve/export_registry.h"
 #include "serve/metrics.h"
 
 namespace httplib {
@@ -49,6 +52,9 @@ struct ServeContext {
   std::string model_sha256, executable_sha256;
   std::string id_prefix;  // "cmpl-<8 hex>-" per process
   std::atomic<std::uint64_t> next_id{1};
+  std::string engine_instance;    // 128 random bits, hex: this process (set before Bind)
+  std::int64_t started_unix = 0;  // when it started (unix seconds)
+  ExportRegistry exports;         // the exports this server wrote (GET /v1/exports/{file})
 };
 
 class HttpServer {

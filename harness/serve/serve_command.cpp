@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <ostream>
 
@@ -14,6 +15,7 @@
 #include "serve/engine_driver.h"
 #include "serve/http_server.h"
 #include "serve/lifecycle.h"
+#include "serve/lockstep_endpoints.h"
 
 namespace lockstep {
 
@@ -74,6 +76,8 @@ Status RunServeCommand(const ServeOptions& opts_in, std::ostream& out) {
   ServeContext ctx;
   ctx.opts = opts;
   ctx.id_prefix = IdPrefix();
+  LOCKSTEP_ASSIGN_OR_RETURN(ctx.engine_instance, NewEngineInstance());
+  ctx.started_unix = static_cast<std::int64_t>(std::time(nullptr));
   ctx.limits.model_name = ModelName(opts);
   ctx.limits.max_context = opts.max_context;
   ctx.limits.max_prompt_bytes = opts.max_body;
@@ -92,8 +96,8 @@ Status RunServeCommand(const ServeOptions& opts_in, std::ostream& out) {
   EngineDriver driver(*engine, ctx.metrics);
   ctx.driver = &driver;
   ctx.ready = true;
-  std::fprintf(stderr, "serve: ready: model %s, %d slots\n", ctx.limits.model_name.c_str(),
-               engine->max_slots());
+  std::fprintf(stderr, "serve: ready: model %s, %d slots, engine instance %s\n",
+               ctx.limits.model_name.c_str(), engine->max_slots(), ctx.engine_instance.c_str());
 
   const int sig = signals.Wait();
   ctx.draining = true;

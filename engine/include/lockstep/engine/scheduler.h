@@ -53,6 +53,9 @@ struct RequestSpec {
   const GenerateHooks* borrowed_hooks = nullptr;
   std::int64_t arrive_step = 0;  // joins the queue at this step (0 or the past: at once)
   bool keep = false;             // keep the slot as a conversation when the request ends
+  // false: this request neither looks up nor stores prefix-cache entries (it runs cold and
+  // leaves the cache as it was; `lockstep serve`'s "lockstep": {"cache": "bypass"}).
+  bool use_prefix_cache = true;
 };
 
 enum class RequestEnd : std::uint8_t {

@@ -30,6 +30,8 @@ struct ServeOptions {
   int keep_alive_s = 5;
   int keep_alive_max = 100;  // requests per connection
   double drain_s = 30;       // SIGTERM: running requests get this long, then are cancelled
+  std::string version;       // GET /v1/lockstep/info: the build's version and commit (the CLI
+  std::string commit;        // sets them from `lockstep --version`'s build info)
 };
 
 // Binds, prints "lockstep serve: listening on http://HOST:PORT" on `out` (one line, flushed),

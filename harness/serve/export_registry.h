@@ -1,0 +1,51 @@
+// ExportRegistry: the exports `lockstep serve` itself wrote, by file name, for
+// `GET /v1/exports/{file}`. Only names in here can be downloaded: a client-chosen name, a path
+// (`..`, `/`) or a file someone else put into --export-dir is never served. A name is
+// registered `writing` when its request opens the export (its file is `<name>.partial`) and
+// `finished` with the file's SHA-256 (computed once, when the export is renamed into place); a
+// request whose export did not finish (cancelled, failed) is forgotten.
+//
+// Thread-safe: handler threads register, finish and look up concurrently.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "lockstep/engine/status.h"
+
+namespace lockstep {
+
+struct ExportEntry {
+  std::string path;    // the finished file
+  std::string sha256;  // lower-case hex of its bytes
+  std::uint64_t bytes = 0;
+};
+
+class ExportRegistry {
+ public:
+  enum class State { kUnknown, kWriting, kFinished };
+
+  // `name` is being written to `path` + ".partial".
+  void Writing(const std::string& name, const std::string& path);
+  // The export `name` is in place at its path: hashes the file and records it. kIOError when it
+  // cannot be read (the name is forgotten).
+  Result<ExportEntry> Finish(const std::string& name);
+  void Forget(const std::string& name);
+  // Forgets `name` only while it is still being written (a client gone before its end).
+  void ForgetIfWriting(const std::string& name);
+  // The state of `name`, and its entry when finished.
+  State Lookup(const std::string& name, ExportEntry* entry) const;
+
+ private:
+  struct Item {
+    ExportEntry entry;
+    bool finished = false;
+  };
+  mutable std::mutex mu_;
+  std::map<std::string, Item> items_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace lockstep

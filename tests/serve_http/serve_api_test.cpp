@@ -1,0 +1,219 @@
+// What the campaign runner (issue 25) needs from `lockstep serve`: a request's export downloaded
+// over HTTP (streamed, authenticated, with its digest; only names the server wrote; never a
+// partial file), the server's identity (`engine_instance`, effective config and its digest) in
+// /v1/lockstep/info, /health and every completion, and `"lockstep": {"cache": "bypass"}` (a
+// request that neither reads nor writes the prefix cache).
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "lockstep/instrument/fingerprint.h"
+#include "serve_process.h"
+#include "test_util.h"
+
+namespace lockstep::test {
+namespace {
+
+using nlohmann::json;
+
+std::vector<std::string> Args(std::vector<std::string> extra) {
+  std::vector<std::string> a = {"--model", ModelDir("tiny"), "--port", "0", "--threads", "1"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+json PostJson(httplib::Client& cli, const json& body, int* status) {
+  auto res = cli.Post("/v1/completions", body.dump(), "application/json");
+  *status = res ? res->status : -1;
+  return res ? json::parse(res->body, nullptr, false) : json();
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool Hex(const std::string& s, std::size_t n) {
+  return s.size() == n && std::regex_match(s, std::regex("[0-9a-f]+"));
+}
+
+constexpr const char* kKey = "campaign-key";
+
+TEST(ServeApi, ExportDownloadIsTheFileWithItsDigest) {
+  const std::string dir = NewDir("api-exports");
+  ServeProcess srv(Args({"--export-dir", dir, "--api-key", kKey}));
+  ASSERT_TRUE(srv.started()) << srv.Log();
+  auto cli = srv.Client(kKey);
+  int status = 0;
+  const json r = PostJson(*cli,
+                          {{"prompt", {1, 2, 3, 4, 5, 6}},
+                           {"max_tokens", 12},
+                           {"temperature", 0},
+                           {"lockstep", {{"export", {{"windows", "all"}}}, {"arm", "A1"}}}},
+                          &status);
+  ASSERT_EQ(status, 200) << r;
+  const std::string name = r["lockstep"]["export"].get<std::string>();
+  const std::string sha = r["lockstep"]["export_sha256"].get<std::string>();
+  const std::string file = ReadAll(dir + "/" + name);
+  ASSERT_GT(file.size(), 1000u);
+  EXPECT_EQ(sha, Sha256Hex(file));
+  auto got = cli->Get(("/v1/exports/" + name).c_str());
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->status, 200);
+  EXPECT_EQ(got->get_header_value("X-Lockstep-Sha256"), sha);
+  EXPECT_EQ(got->get_header_value("Content-Length"), std::to_string(file.size()));
+  EXPECT_TRUE(got->body == file) << got->body.size() << " bytes vs " << file.size();
+  // Authenticated like every endpoint but /health.
+  auto anon = srv.Client(), wrong = srv.Client("campaign-kez");
+  EXPECT_EQ(anon->Get(("/v1/exports/" + name).c_str())->status, 401);
+  EXPECT_EQ(wrong->Get(("/v1/exports/" + name).c_str())->status, 401);
+  // Only names the server wrote: a file someone put into the folder, the partial name, paths.
+  std::ofstream(dir + "/planted.h5") << "not the server's";
+  std::filesystem::create_directories(dir + "/sub");
+  std::ofstream(dir + "/sub/" + name) << "nested";
+  const std::string up = "..%2F" + std::filesystem::path(dir).filename().string() + "%2F";
+  const std::vector<std::string> refused = {
+      "planted.h5",    name + ".partial", "..",  "%2E%2E", "..%2F..%2Fetc%2Fpasswd", "sub/" + name,
+      "sub%2F" + name, up + name,         "%00", "",       "cmpl-00000000-000001.h5"};
+  for (const std::string& bad : refused) {
+    auto res = cli->Get(("/v1/exports/" + bad).c_str());
+    ASSERT_TRUE(res) << bad;
+    EXPECT_EQ(res->status, 404) << bad << ": " << res->body;
+    EXPECT_EQ(res->get_header_value("X-Lockstep-Sha256"), "") << bad;
+  }
+  auto raw = RawExchange(srv.port(),
+                         "GET /v1/exports/../../" + name +
+                             " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + kKey +
+                             "\r\nConnection: close\r\n\r\n",
+                         10);
+  EXPECT_NE(RawStatus(raw), 200) << raw.substr(0, 200);
+  // The server keeps serving, and the download stays the same bytes.
+  PostJson(*cli, {{"prompt", {7, 8}}, {"max_tokens", 2}}, &status);
+  EXPECT_EQ(status, 200);
+  auto again = cli->Get(("/v1/exports/" + name).c_str());
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->status, 200);
+  EXPECT_TRUE(again->body == file);
+  // The log never names the folder.
+  EXPECT_EQ(srv.Log().find(dir), std::string::npos);
+}
+
+// The id of a response from its raw headers ("X-Request-Id: cmpl-...").
+std::string RequestId(const std::string& raw) {
+  const std::size_t at = raw.find("X-Request-Id: ");
+  if (at == std::string::npos) return "";
+  return raw.substr(at + 14, raw.find("\r\n", at) - at - 14);
+}
+
+TEST(ServeApi, AnExportBeingWrittenIsNeverServed) {
+  const std::string dir = NewDir("api-partial");
+  ServeProcess srv(Args({"--export-dir", dir, "--max-context", "4096"}));
+  ASSERT_TRUE(srv.started()) << srv.Log();
+  auto cli = srv.Client();
+  std::string name;
+  {
+    RawStream s(srv.port(), CompletionRequestBytes(json{
+                                {"prompt", "long"},
+                                {"max_tokens", 3000},
+                                {"ignore_eos", true},
+                                {"stream", true},
+                                {"lockstep",
+                                 {{"export", true}}}}.dump()));
+    ASSERT_TRUE(s.ReadUntil("data: ", 30)) << s.data();
+    name = RequestId(s.data()) + ".h5";
+    ASSERT_GT(name.size(), 3u) << s.data();
+    auto res = cli->Get(("/v1/exports/" + name).c_str());
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 409) << res->body;
+    EXPECT_EQ(json::parse(res->body)["error"]["code"], "export_not_finished");
+  }  // the client goes away: the request is cancelled, its export stays .partial
+  for (int i = 0; i < 100; ++i) {
+    auto res = cli->Get(("/v1/exports/" + name).c_str());
+    ASSERT_TRUE(res);
+    if (res->status == 404) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(cli->Get(("/v1/exports/" + name).c_str())->status, 404);
+  EXPECT_EQ(cli->Get(("/v1/exports/" + name + ".partial").c_str())->status, 404);
+}
+
+TEST(ServeApi, InfoHealthAndCompletionsNameTheEngineInstance) {
+  ServeProcess srv(Args({"--api-key", kKey, "--slots", "3"}));
+  ASSERT_TRUE(srv.started()) << srv.Log();
+  auto cli = srv.Client(kKey), anon = srv.Client();
+  EXPECT_EQ(anon->Get("/v1/lockstep/info")->status, 401);
+  auto res = cli->Get("/v1/lockstep/info");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json info = json::parse(res->body);
+  const std::string inst = info["engine_instance"].get<std::string>();
+  EXPECT_TRUE(Hex(inst, 32)) << inst;
+  EXPECT_TRUE(Hex(info["config_sha256"].get<std::string>(), 64)) << info;
+  EXPECT_EQ(info["config_sha256"], Sha256Hex(info["config"].dump())) << info;
+  EXPECT_EQ(info["config"]["slots"], 3) << info;
+  EXPECT_EQ(info["config"]["threads"], 1) << info;
+  EXPECT_EQ(info["model"]["name"], std::filesystem::path(ModelDir("tiny")).filename().string());
+  EXPECT_TRUE(Hex(info["model"]["sha256"].get<std::string>(), 64)) << info;
+  EXPECT_FALSE(info["version"].get<std::string>().empty());
+  EXPECT_GT(info["started_unix"].get<std::int64_t>(), 1'700'000'000);
+  const json health = json::parse(anon->Get("/health")->body);
+  EXPECT_EQ(health["engine_instance"], inst);
+  int status = 0;
+  const json r = PostJson(*cli, {{"prompt", {1, 2, 3}}, {"max_tokens", 2}}, &status);
+  ASSERT_EQ(status, 200);
+  EXPECT_EQ(r["lockstep"]["engine_instance"], inst);
+  EXPECT_TRUE(r["lockstep"]["export_sha256"].is_null());
+  // Another server is another instance.
+  ServeProcess other(Args({}));
+  ASSERT_TRUE(other.started());
+  const json h2 = json::parse(other.Client()->Get("/health")->body);
+  EXPECT_TRUE(Hex(h2["engine_instance"].get<std::string>(), 32));
+  EXPECT_NE(h2["engine_instance"], inst);
+}
+
+TEST(ServeApi, CacheBypassNeitherReadsNorWritesThePrefixCache) {
+  ServeProcess srv(Args({"--prefix-cache", "on", "--prefill", "32", "--slots", "2"}));
+  ASSERT_TRUE(srv.started()) << srv.Log();
+  auto cli = srv.Client();
+  auto ask = [&](int seed, const char* cache) {
+    std::vector<int> ids;
+    for (int i = 0; i < 100; ++i) ids.push_back((seed * 131 + i * 17) % 500);
+    json req = {{"prompt", ids}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}};
+    if (cache) req["lockstep"] = {{"cache", cache}};
+    int status = 0;
+    json r = PostJson(*cli, req, &status);
+    EXPECT_EQ(status, 200) << r;
+    return r;
+  };
+  const json cold = ask(1, nullptr);
+  EXPECT_EQ(cold["lockstep"]["prompt_tokens_reused"], 0);
+  const json warm = ask(1, "use");
+  EXPECT_EQ(warm["lockstep"]["prompt_tokens_reused"], 96) << warm["lockstep"];
+  EXPECT_EQ(warm["lockstep"]["cache"], "use");
+  const json bypassed = ask(1, "bypass");
+  EXPECT_EQ(bypassed["lockstep"]["prompt_tokens_reused"], 0) << bypassed["lockstep"];
+  EXPECT_EQ(bypassed["lockstep"]["snapshot_position"], -1);
+  EXPECT_EQ(bypassed["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(bypassed["lockstep"]["cache"], "bypass");
+  EXPECT_EQ(bypassed["lockstep"]["output_ids"], cold["lockstep"]["output_ids"]);
+  EXPECT_EQ(warm["lockstep"]["output_ids"], cold["lockstep"]["output_ids"]);
+  // A bypassed request stores nothing: the same prompt afterwards is cold.
+  const json first = ask(2, "bypass");
+  const json after = ask(2, "use");
+  EXPECT_EQ(after["lockstep"]["prompt_tokens_reused"], 0) << after["lockstep"];
+  EXPECT_EQ(after["lockstep"]["output_ids"], first["lockstep"]["output_ids"]);
+  int status = 0;
+  const json bad = PostJson(*cli, {{"prompt", {1}}, {"lockstep", {{"cache", "off"}}}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(bad["error"]["param"], "lockstep.cache") << bad;
+}
+
+}  // namespace
+}  // namespace lockstep::test
