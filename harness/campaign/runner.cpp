@@ -781,8 +781,15 @@ std::vector<std::string> LedgerDigest(const std::vector<LedgerEntry>& entries) {
       continue;
     nlohmann::json d = e.data;
     if (e.event == "finished" || e.event == "failed") d.erase("seconds");
-    if (d.contains("service") && d["service"].is_object())
-      d["service"] = ServiceDigest(d["service"]);
+    if (d.contains("service") && d["service"].is_object()) {
+      nlohmann::json& s = d["service"];
+      if (e.event == "compared") {  // the comparison's two sides (gates.h)
+        for (const char* side : {"a", "b"})
+          if (s.contains(side) && s[side].is_object()) s[side] = ServiceDigest(s[side]);
+      } else {
+        s = ServiceDigest(s);
+      }
+    }
     out.push_back(e.event + " " + e.arm + " " + d.dump());
   }
   return out;

@@ -204,6 +204,12 @@ Result<std::unique_ptr<ServerChild>> ServerChild::Start(const ServerChildSpec& s
     if (Since(t0) > spec.start_timeout_s) return fail("not ready (GET /health) in time");
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // The server's own engine instance (GET /v1/lockstep/info), else the random one drawn above.
+  if (auto r = cli.Get("/v1/lockstep/info"); r && r->status == 200) {
+    auto j = nlohmann::json::parse(r->body, nullptr, false);
+    if (j.is_object() && j.contains("engine_instance") && j["engine_instance"].is_string())
+      s->instance_ = j["engine_instance"].get<std::string>();
+  }
   s->start_seconds_ = Since(t0);
   return s;
 }
@@ -326,15 +332,14 @@ nlohmann::json RemoteRequestCount(const Endpoint& ep) {
   std::istringstream in(r->body);
   std::string line;
   double total = 0;
-  bool seen = false;
   while (std::getline(in, line)) {
     if (line.rfind("lockstep_requests_total", 0) != 0) continue;
     const auto sp = line.rfind(' ');
     if (sp == std::string::npos) continue;
     total += std::atof(line.c_str() + sp + 1);
-    seen = true;
   }
-  return seen ? nlohmann::json(static_cast<std::int64_t>(total)) : nlohmann::json(nullptr);
+  // No line yet: the counter has no sample, the server has answered none.
+  return nlohmann::json(static_cast<std::int64_t>(total));
 }
 
 // Streams GET /v1/exports/{file} into `dest`; the X-Lockstep-Sha256 header in `header_sha`.
@@ -670,14 +675,10 @@ Status ServiceHost::Send(const ArmSpec& arm, const EngineConfig& cfg, const std:
                                                    : nlohmann::json(m.shared_requests);
   std::unique_ptr<BackgroundLoad> load;
   if (arm.load) {
-#ifdef LOCKSTEP_HAVE_BACKGROUND_LOAD
     load = std::make_unique<BackgroundLoad>(
         ServiceEndpoint{call.ep.host, call.ep.port, call.ep.api_key}, *arm.load, m.vocab);
     load->Start();
     svc["load_in_flight"] = load->WaitUntilInFlight(30);
-#else
-    return Status::Runtime("load", "background load is not built into this lockstep");
-#endif
   }
   const bool state = arm.mode == "state";
   auto answer = PostCompletion(call.ep, ArmRequestBody(m.c, arm, cfg, m.prompt, state, true, cache),
