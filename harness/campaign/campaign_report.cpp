@@ -457,11 +457,13 @@ void ScopeSection(std::ostream& md, const Loaded& L) {
   campaign_text::BuildsText(md, L.builds, L.arm_builds, c.arms);
   bool any_state = false, any_timing = false;
   for (const auto& a : c.arms) (a.mode == "timing" ? any_timing : any_state) = true;
-  const bool services = std::any_of(c.arms.begin(), c.arms.end(),
-                                    [](const ArmSpec& a) { return a.server != "process"; });
-  md << (services ? "- Process arms ran as fresh `lockstep generate` processes, service arms on "
-                    "`lockstep serve` (below)"
-                  : "- Each arm ran as a fresh `lockstep generate` process");
+  const auto services = std::count_if(c.arms.begin(), c.arms.end(),
+                                      [](const ArmSpec& a) { return a.server != "process"; });
+  md << (services == 0 ? "- Each arm ran as a fresh `lockstep generate` process"
+         : services == static_cast<std::ptrdiff_t>(c.arms.size())
+             ? "- Every arm's request ran on `lockstep serve` (below)"
+             : "- Process arms ran as fresh `lockstep generate` processes, service arms on "
+               "`lockstep serve` (below)");
   if (any_state)
     md << "; state arms exported windows `" << c.export_plan.windows << "` at "
        << fmt::format("{}", fmt::join(c.export_plan.points, " / "));

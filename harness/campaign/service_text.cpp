@@ -196,9 +196,14 @@ void ServiceScopeText(std::ostream& md, const std::vector<ArmSpec>& arms,
     }
     std::string load = "none";
     if (const json& l = s.contains("load") ? s["load"] : json(); l.is_object())
-      load = fmt::format("{} requests (concurrency {}): {} completed, {} failed; digest {}",
+      load = fmt::format("{} requests (concurrency {}): {} completed, {} failed; digest {}{}",
                          Int(l, "requests"), Int(l, "concurrency"), Int(l, "completed"),
-                         Int(l, "failed"), Short(l, "digest"));
+                         Int(l, "failed"), Short(l, "digest"),
+                         !s.contains("load_in_flight") ? ""
+                         : s.value("load_in_flight", false)
+                             ? "; in flight when the request was sent"
+                             : "; NOT seen in flight when the request was sent (it may not "
+                               "have overlapped)");
     const bool cold = s.value("cold", true);
     const std::int64_t snap = Int(s, "snapshot_position");
     md << fmt::format("| {} | {} | {}, config {} | {} | {} | {} | {} | {} | {} | {} |\n", a.name,

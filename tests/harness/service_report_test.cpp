@@ -121,6 +121,7 @@ json Service(const std::string& server, bool cold, int reused, int snapshot,
             {"primed", primed},
             {"requests_before", before},
             {"load", nullptr}};
+  if (load) s["load_in_flight"] = true;
   if (load)
     s["load"] = {{"requests", 8},
                  {"concurrency", 4},
@@ -235,9 +236,7 @@ TEST(ServiceReport, ScopeStatesWhereEachArmRanColdOrWarmAndTheLoad) {
   auto d = RenderCampaign(dir);
   ASSERT_TRUE(d.ok()) << d.status().message();
   const std::string& md = d->markdown;
-  EXPECT_NE(md.find("Process arms ran as fresh `lockstep generate` processes, service arms on "
-                    "`lockstep serve`"),
-            std::string::npos);
+  EXPECT_NE(md.find("- Every arm's request ran on `lockstep serve` (below)"), std::string::npos);
   EXPECT_NE(md.find("| A1 | fresh | f00dfeed0011, config c0ffee000000 | fresh (a server started "
                     "for this arm) | cold | 0 | none | no | 0 | none |"),
             std::string::npos)
@@ -248,7 +247,8 @@ TEST(ServiceReport, ScopeStatesWhereEachArmRanColdOrWarmAndTheLoad) {
       << md;
   EXPECT_NE(md.find("| A4 | fresh | f00dfeed0011, config c0ffee000000 | fresh (a server started "
                     "for this arm) | cold | 0 | none | no | 0 | 8 requests (concurrency 4): 8 "
-                    "completed, 0 failed; digest abcdef012345 |"),
+                    "completed, 0 failed; digest abcdef012345; in flight when the request was "
+                    "sent |"),
             std::string::npos)
       << md;
   // Each pair's contrast and what it did.
