@@ -36,6 +36,14 @@ std::int64_t Int(const json& s, const char* key, std::int64_t dflt = -1) {
                                                                         : dflt;
 }
 
+// Typed fields of a record: a failed arm's service record may hold nulls (unknown).
+bool BoolOr(const json& j, const char* k, bool d) {
+  return j.is_object() && j.contains(k) && j[k].is_boolean() ? j[k].get<bool>() : d;
+}
+std::string StringOr(const json& j, const char* k, const std::string& d) {
+  return j.is_object() && j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : d;
+}
+
 std::string EngineStateText(const std::string& st) {
   if (st == "fresh") return "fresh (a server started for this arm)";
   if (st == "carried") return "carried (the shared server of this run)";
@@ -200,18 +208,18 @@ void ServiceScopeText(std::ostream& md, const std::vector<ArmSpec>& arms,
                          Int(l, "requests"), Int(l, "concurrency"), Int(l, "completed"),
                          Int(l, "failed"), Short(l, "digest"),
                          !s.contains("load_in_flight") ? ""
-                         : s.value("load_in_flight", false)
+                         : BoolOr(s, "load_in_flight", false)
                              ? "; in flight when the request was sent"
                              : "; NOT seen in flight when the request was sent (it may not "
                                "have overlapped)");
-    const bool cold = s.value("cold", true);
+    const bool cold = BoolOr(s, "cold", true);
     const std::int64_t snap = Int(s, "snapshot_position");
-    md << fmt::format("| {} | {} | {}, config {} | {} | {} | {} | {} | {} | {} | {} |\n", a.name,
-                      s.value("server", a.server), Short(s, "instance"),
-                      Short(s, "engine_config_sha256"),
-                      EngineStateText(s.value("engine_state", "")), cold ? "cold" : "**warm**",
-                      Int(s, "prompt_tokens_reused", 0), snap < 0 ? "none" : std::to_string(snap),
-                      s.value("primed", false) ? "yes" : "no", Int(s, "requests_before", 0), load);
+    md << fmt::format(
+        "| {} | {} | {}, config {} | {} | {} | {} | {} | {} | {} | {} |\n", a.name,
+        StringOr(s, "server", a.server), Short(s, "instance"), Short(s, "engine_config_sha256"),
+        EngineStateText(StringOr(s, "engine_state", "")), cold ? "cold" : "**warm**",
+        Int(s, "prompt_tokens_reused", 0), snap < 0 ? "none" : std::to_string(snap),
+        BoolOr(s, "primed", false) ? "yes" : "no", Int(s, "requests_before", 0), load);
   }
   md << "\n";
 }
@@ -234,7 +242,7 @@ void ServicePairText(std::ostream& md, const ArmSpec& a, const json& record) {
   const json& rep = record.value("report", json::object());
   const json& st = rep.contains("state") ? rep["state"] : json();
   const json& preds = cmp.value("predicates", json::object());
-  const bool output_differs = preds.value("output_differs", false);
+  const bool output_differs = BoolOr(preds, "output_differs", false);
   md << (output_differs ? "The output differs. " : "Output identical. ");
   if (st.is_object()) {
     const ChangeFacts f = ChangedItems(st);
@@ -252,7 +260,7 @@ void ServicePairText(std::ostream& md, const ArmSpec& a, const json& record) {
   std::vector<std::string> fired;
   for (const char* p : {"warm_differs_from_cold", "load_changes_state", "load_changes_path",
                         "engine_reuse_changes_state"})
-    if (preds.value(p, false)) fired.push_back(std::string("`") + p + "`");
+    if (BoolOr(preds, p, false)) fired.push_back(std::string("`") + p + "`");
   md << (fired.empty() ? " No service predicate is true."
                        : fmt::format(" True: {}.", fmt::join(fired, ", ")))
      << "\n\n";

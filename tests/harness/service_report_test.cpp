@@ -335,6 +335,20 @@ TEST(ServiceReport, StepCompositionBesideVerifyTimePerMatchedWindow) {
   EXPECT_EQ(html.find("<script"), std::string::npos);
 }
 
+TEST(ServiceReport, AFailedArmsUnknownFieldsRender) {
+  std::vector<Arm> arms = ServiceArms();
+  for (const char* k : {"cold", "primed", "engine_state", "server", "prompt_tokens_reused",
+                        "snapshot_position", "instance", "load_in_flight"})
+    arms[2].service[k] = nullptr;
+  const std::string dir = MakeRun(kServicePlan, arms, 0, "fail");
+  auto d = RenderCampaign(dir);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_NE(d->markdown.find("| A4 | fresh | unknown, config c0ffee000000 | unknown | cold | 0 | "
+                             "none | no | 0 | 8 requests"),
+            std::string::npos)
+      << d->markdown;
+}
+
 TEST(ServiceReport, ProcessOnlyCampaignsKeepTheirReport) {
   const std::string dir =
       MakeRun(kProcessPlan, {{"A1", Alone(), json()}, {"A2", Alone(), json()}}, 0, "pass");
