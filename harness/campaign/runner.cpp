@@ -677,6 +677,11 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
       return Status::InvalidArgument("--service-url",
                                      "a resumed run uses the server its ledger recorded; "
                                      "--service-url / --service-key-env apply to a new run only");
+    if (const std::string env =
+            run.st.service.is_object() ? run.st.service.value("api_key_env", "") : std::string();
+        !env.empty() && std::getenv(env.c_str()) == nullptr)
+      return Status::InvalidArgument(
+          "--resume", "the run's remote server needs its key in $" + env + ", which is not set");
     std::vector<std::string> rerun;
     if (run.st.done) {
       out << fmt::format("campaign {} in {} is complete: rendering its report again\n", run.c.name,

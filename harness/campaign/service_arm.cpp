@@ -60,16 +60,18 @@ int ReapWithin(pid_t pid, double timeout_s) {
   return -1;
 }
 
-// The port of the "lockstep serve: listening on http://HOST:PORT" line in `path`, 0 if not there.
+// The port of the "lockstep serve: listening on http://HOST:PORT" line in `path`, 0 until that
+// line is there whole (ends with a newline).
 int PortFromFile(const std::string& path) {
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.find("listening on") == std::string::npos) continue;
-    const auto colon = line.rfind(':');
-    if (colon != std::string::npos) return std::atoi(line.c_str() + colon + 1);
-  }
-  return 0;
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  const auto at = text.find("listening on");
+  const auto end = at == std::string::npos ? at : text.find('\n', at);
+  if (end == std::string::npos) return 0;
+  const auto colon = text.rfind(':', end);
+  return colon == std::string::npos || colon < at ? 0 : std::atoi(text.c_str() + colon + 1);
 }
 
 }  // namespace
@@ -107,18 +109,20 @@ bool ValidEnvName(std::string_view s) {
   return true;
 }
 
-std::string FileTail(const std::string& path, std::size_t max_bytes) {
+namespace {
+
+// The server log's lines other than its access lines for GET /health (the start polls), last
+// 600 bytes.
+std::string LogNews(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) return "";
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string s = ss.str();
-  if (s.size() > max_bytes) s = s.substr(s.size() - max_bytes);
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-  for (char& ch : s)
-    if (ch == '\n') ch = ' ';
-  return s;
+  std::string line, out;
+  while (std::getline(f, line))
+    if (line.find("GET /health") == std::string::npos) out += line + " | ";
+  if (out.size() > 600) out = "..." + out.substr(out.size() - 600);
+  return out.empty() ? "(empty)" : out.substr(0, out.size() >= 3 ? out.size() - 3 : 0);
 }
+
+}  // namespace
 
 // ---- ServerChild ----
 
@@ -176,14 +180,14 @@ Result<std::unique_ptr<ServerChild>> ServerChild::Start(const ServerChildSpec& s
   const auto fail = [&](const std::string& why) -> Status {
     s->Stop(0);
     return Status::Runtime("lockstep serve (" + spec.dir + ")",
-                           why + "; its log: " + FileTail(s->log_path_, 600));
+                           why + "; its log: " + LogNews(s->log_path_));
   };
   while (s->port_ <= 0) {
     if (const int code = ReapWithin(pid, 0); code >= 0) {
       s->pid_ = -1;
       return Status::Runtime("lockstep serve (" + spec.dir + ")",
                              "exited with " + std::to_string(code) +
-                                 " before listening; its log: " + FileTail(s->log_path_, 600));
+                                 " before listening; its log: " + LogNews(s->log_path_));
     }
     if (Since(t0) > spec.start_timeout_s) return fail("no port line within the start timeout");
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -195,13 +199,18 @@ Result<std::unique_ptr<ServerChild>> ServerChild::Start(const ServerChildSpec& s
   for (;;) {
     auto r = cli.Get("/health");
     if (r && r->status == 200) break;
+    // A refused configuration is a "lockstep: error:" line; the server may not exit promptly
+    // after it (its HTTP thread was already listening), so the line alone ends the wait.
+    if (const std::string log = LogNews(s->log_path_);
+        log.find("lockstep: error:") != std::string::npos)
+      return fail("refused to start");
     if (ReapWithin(pid, 0) >= 0) {
       s->pid_ = -1;
       return Status::Runtime("lockstep serve (" + spec.dir + ")",
-                             "exited while loading; its log: " + FileTail(s->log_path_, 600));
+                             "exited while loading; its log: " + LogNews(s->log_path_));
     }
     if (Since(t0) > spec.start_timeout_s) return fail("not ready (GET /health) in time");
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   // The server's own engine instance (GET /v1/lockstep/info), else the random one drawn above.
   if (auto r = cli.Get("/v1/lockstep/info"); r && r->status == 200) {

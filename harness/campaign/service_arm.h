@@ -82,9 +82,6 @@ class ServerChild {
   double start_seconds_ = 0;
 };
 
-// The tail (at most `max_bytes`) of a file, one line per log line; "" when unreadable.
-std::string FileTail(const std::string& path, std::size_t max_bytes);
-
 struct ServiceOptions {
   std::string url;      // the remote server ("" none: runner-managed servers)
   std::string api_key;  // its key ("" none)
