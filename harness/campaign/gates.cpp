@@ -297,24 +297,34 @@ struct ServiceSide {
   std::string load_digest;
 };
 
+// Fields of a service record, by type: a failed arm's record may hold nulls (unknown), which
+// read as the default.
+bool BoolOr(const nlohmann::json& j, const char* k, bool d) {
+  return j.is_object() && j.contains(k) && j[k].is_boolean() ? j[k].get<bool>() : d;
+}
+std::string StringOr(const nlohmann::json& j, const char* k, const std::string& d) {
+  return j.is_object() && j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : d;
+}
+std::int64_t IntOr(const nlohmann::json& j, const char* k, std::int64_t d) {
+  return j.is_object() && j.contains(k) && j[k].is_number_integer() ? j[k].get<std::int64_t>() : d;
+}
+
 ServiceSide Side(const nlohmann::json& s) {
   ServiceSide v;
   if (!s.is_object()) return v;
   v.service = true;
-  v.cold = s.value("cold", true);
-  const nlohmann::json& rb =
-      s.contains("requests_before") ? s["requests_before"] : nlohmann::json();
-  v.requests_before = rb.is_number_integer() ? rb.get<std::int64_t>() : 0;
+  v.cold = BoolOr(s, "cold", true);
+  v.requests_before = IntOr(s, "requests_before", 0);
   const nlohmann::json& load = s.contains("load") ? s["load"] : nlohmann::json();
   v.has_load = load.is_object();
-  if (v.has_load) v.load_digest = load.value("digest", "");
+  if (v.has_load) v.load_digest = StringOr(load, "digest", "");
   return v;
 }
 
 nlohmann::json SideJson(const ServiceSide& v, const nlohmann::json& s) {
-  return {{"server", s.is_object() ? s.value("server", "") : std::string("process")},
+  return {{"server", s.is_object() ? StringOr(s, "server", "") : std::string("process")},
           {"cold", v.cold},
-          {"prompt_tokens_reused", s.is_object() ? s.value("prompt_tokens_reused", 0) : 0},
+          {"prompt_tokens_reused", IntOr(s, "prompt_tokens_reused", 0)},
           {"requests_before", v.requests_before},
           {"load_digest", v.has_load ? nlohmann::json(v.load_digest) : nlohmann::json()}};
 }

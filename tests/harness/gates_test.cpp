@@ -322,6 +322,17 @@ TEST(ServicePredicates, LoadChangesStateAndPath) {
   EXPECT_TRUE(r.predicates.at("load_changes_state"));
 }
 
+TEST(ServicePredicates, AFailedArmsNullFieldsReadAsUnknown) {
+  const DiffResult changed = Diff(1);
+  nlohmann::json failed = {
+      {"server", "remote"},         {"cold", nullptr}, {"prompt_tokens_reused", nullptr},
+      {"requests_before", nullptr}, {"load", nullptr}, {"instance", nullptr}};
+  auto r = Judge(Sides(Service("fresh", true, 0), failed), &changed);
+  EXPECT_FALSE(r.predicates.at("warm_differs_from_cold")) << "unknown reads as cold";
+  EXPECT_EQ(r.service["b"]["prompt_tokens_reused"], 0);
+  EXPECT_EQ(r.service["b"]["server"], "remote");
+}
+
 TEST(ServicePredicates, EngineReuseChangesState) {
   const DiffResult changed = Diff(1);
   auto r = Judge(Sides(Service("fresh", true, 0), Service("shared", true, 3)), &changed);
