@@ -83,9 +83,15 @@ Result<nlohmann::json> GetJson(const Endpoint& ep, const std::string& path) {
   return j;
 }
 
-// Requests the server has answered so far (the sum of /metrics lockstep_requests_total), or null.
+// Requests the server has run so far: GET /v1/lockstep/info `completions_run`, else the sum of
+// /metrics lockstep_requests_total; null when neither answers.
 nlohmann::json RemoteRequestCount(const Endpoint& ep) {
   auto cli = Client(ep, 30);
+  if (auto info = cli->Get("/v1/lockstep/info"); info && info->status == 200) {
+    auto j = nlohmann::json::parse(info->body, nullptr, false);
+    if (j.is_object() && j.contains("completions_run") && j["completions_run"].is_number())
+      return j["completions_run"];
+  }
   auto r = cli->Get("/metrics");
   if (!r || r->status != 200) return nullptr;
   std::istringstream in(r->body);

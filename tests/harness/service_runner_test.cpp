@@ -494,6 +494,9 @@ TEST(ServiceRunner, RemoteServerGivesTheSameVerdictsAndExports) {
   EXPECT_EQ(a1["cold"], true);
   EXPECT_EQ(a3["cold"], false);
   EXPECT_EQ(a3["export"]["verified"], true);
+  // The server's own count: nothing before A1; A1, A2 and A3's prime before A3.
+  EXPECT_EQ(a1["requests_before"], 0);
+  EXPECT_EQ(a3["requests_before"], 3);
   EXPECT_EQ(a1["instance"], a3["instance"]);
   EXPECT_EQ(Service(remote, "control")["server"], "fresh") << "the control runs on its own server";
   bool recorded = false;
