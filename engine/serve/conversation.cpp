@@ -46,12 +46,13 @@ Status CheckDrafterState(const ConversationState& s, const ModelConfig& c) {
 
 }  // namespace
 
-Result<Ticket> Scheduler::ImportConversation(const ConversationState& state) {
+Result<Ticket> Scheduler::ImportConversation(const ConversationState& state, int want) {
   const std::string what = "import conversation";
   if (state.tokens.empty() || state.slot.position != static_cast<int>(state.tokens.size()) - 1)
     return Status::InvalidArgument(what, "the snapshot is not at the conversation's last token");
-  const int slot = FreeSlot();
-  if (slot < 0) return Status::Runtime(what, "no free slot");
+  const bool wanted_free = want >= 0 && want < n_slots_ && !live_[static_cast<std::size_t>(want)];
+  const int slot = want < 0 ? FreeSlot() : wanted_free ? want : -1;
+  if (slot < 0) return Status::Runtime(what, want < 0 ? "no free slot" : "the slot is not free");
   RequestSpec spec;
   spec.id = state.id;
   spec.prompt = state.tokens;

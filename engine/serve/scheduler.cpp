@@ -220,6 +220,9 @@ void Scheduler::Finish(Entry& e, RequestEnd end, Status st) {
   e.res.status = std::move(st);
   e.res.result = e.seq->TakeResult();
   e.res.injections = engine_.InjectionReport();
+  e.res.expert_counters.clear();  // before CloseSlot frees them (exports' /counters)
+  for (int is = 0; is < engine_.n_stages(); ++is)
+    e.res.expert_counters.push_back(engine_.stage(is).experts().counters());
   ++counters_.finished;
   if (end == RequestEnd::kCancelled) ++counters_.cancelled;
   e.kept = e.spec.keep && end == RequestEnd::kFinished;

@@ -594,28 +594,6 @@ struct Runner {
   }
 };
 
-// The remote server a new run uses: --service-url / --service-key-env over the plan's [service];
-// null when the runner manages its own servers. Recorded in the planned entry.
-Result<nlohmann::json> PlannedService(const RunOptions& opts, const Campaign& c) {
-  std::string url = opts.service_url.empty() ? c.service.url : opts.service_url;
-  std::string env = opts.service_key_env.empty() ? c.service.api_key_env : opts.service_key_env;
-  if (url.empty()) {
-    if (!opts.service_key_env.empty())
-      return Status::InvalidArgument("--service-key-env",
-                                     "needs a server (--service-url or the "
-                                     "plan's [service] url)");
-    return nlohmann::json();
-  }
-  auto parsed = ParseServiceUrl(url);
-  if (!parsed.ok()) return parsed.status().WithContext("--service-url");
-  if (!env.empty() && !ValidEnvName(env))
-    return Status::InvalidArgument("--service-key-env", "'" + env + "' is not a variable name");
-  if (!env.empty() && std::getenv(env.c_str()) == nullptr)
-    return Status::InvalidArgument(
-        "api_key_env", "the variable '" + env + "' (the remote server's key) is not set");
-  return nlohmann::json{{"url", url}, {"api_key_env", env}};
-}
-
 Status CheckedPlanText(const RunOptions& opts, const RunState& st, std::string* text) {
   const std::string copy = opts.out_dir + "/plan.toml";
   LOCKSTEP_ASSIGN_OR_RETURN(*text,
@@ -643,7 +621,9 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
   if (!opts.resume) {
     if (opts.plan.empty()) return Status::InvalidArgument("run", "a campaign file is required");
     LOCKSTEP_ASSIGN_OR_RETURN(run.c, LoadCampaign(opts.plan));
-    LOCKSTEP_ASSIGN_OR_RETURN(const nlohmann::json service, PlannedService(opts, run.c));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        const nlohmann::json service,
+        PlannedService(opts.service_url, opts.service_key_env, run.c.service));
     // Every build is checked before the run folder exists: a refused build runs nothing.
     LOCKSTEP_ASSIGN_OR_RETURN(run.builds, ResolveBuilds(run.c, opts.builds, run.exe));
     if (fs::exists(opts.out_dir) && !fs::is_empty(opts.out_dir, ec))
@@ -697,6 +677,11 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
       return Status::InvalidArgument("--service-url",
                                      "a resumed run uses the server its ledger recorded; "
                                      "--service-url / --service-key-env apply to a new run only");
+    if (const std::string env =
+            run.st.service.is_object() ? run.st.service.value("api_key_env", "") : std::string();
+        !env.empty() && std::getenv(env.c_str()) == nullptr)
+      return Status::InvalidArgument(
+          "--resume", "the run's remote server needs its key in $" + env + ", which is not set");
     std::vector<std::string> rerun;
     if (run.st.done) {
       out << fmt::format("campaign {} in {} is complete: rendering its report again\n", run.c.name,
@@ -738,27 +723,6 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
   if (v != "pass") return Status::GateFailed("campaign " + run.c.name, "verdict " + v);
   return Status::Ok();
 }
-
-namespace {
-
-// A `service` object's decision content: the instance, export file names and digests (exports
-// carry their run id and time) and load seconds are volatile; an engine state "lost: re-primed"
-// reads as "carried" and requests_before as whether the engine had served any (a re-primed
-// server got the history again, without the earlier arms' background load). The ledger keeps
-// both as they were.
-nlohmann::json ServiceDigest(nlohmann::json s) {
-  s.erase("instance");
-  if (s.contains("export") && s["export"].is_object())
-    s["export"] = {{"verified", s["export"].value("verified", nlohmann::json())}};
-  if (s.value("engine_state", "") == "lost: re-primed") s["engine_state"] = "carried";
-  if (s.contains("requests_before") && s["requests_before"].is_number())
-    s["requests_before"] = s["requests_before"].get<std::int64_t>() > 0;
-  if (s.contains("load") && s["load"].is_object()) s["load"].erase("seconds");
-  s.erase("load_in_flight");
-  return s;
-}
-
-}  // namespace
 
 std::vector<std::string> LedgerDigest(const std::vector<LedgerEntry>& entries) {
   // A send counts only if the same (arm, repeat) finished after it with no other send between.

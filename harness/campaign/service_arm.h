@@ -8,7 +8,8 @@
 //                 PR_SET_PDEATHSIG(SIGKILL) so it dies with the runner (forked from the calling
 //                 thread: call it from the runner's main thread); Stop() sends SIGTERM, then
 //                 SIGKILL after a bound, and reaps it.
-//   ServiceHost   the servers of one runner process (a fresh one per fresh arm repeat, the
+//   ServiceHost   (service_host.cpp) the servers of one runner process (a fresh one per fresh arm
+//   repeat, the
 //                 campaign's shared one, or the remote [service] server) and the HTTP requests
 //                 of the arms: prime, background load (BackgroundLoad), the arm's request with
 //                 its export and trace. Run() leaves in the arm's folder what a process arm
@@ -81,9 +82,6 @@ class ServerChild {
   double start_seconds_ = 0;
 };
 
-// The tail (at most `max_bytes`) of a file, one line per log line; "" when unreadable.
-std::string FileTail(const std::string& path, std::size_t max_bytes);
-
 struct ServiceOptions {
   std::string url;      // the remote server ("" none: runner-managed servers)
   std::string api_key;  // its key ("" none)
@@ -151,5 +149,18 @@ nlohmann::json ArmRequestBody(const Campaign& c, const ArmSpec& arm, const Engin
 // not compared. Each entry: "key (server X, arm Y)".
 std::vector<std::string> ServerConfigMismatches(const nlohmann::json& server,
                                                 const EngineConfig& arm);
+
+// The remote server a new run uses: the command line's --service-url / --service-key-env
+// (`url_flag`, `env_flag`) over the plan's [service]; null when the runner manages its own
+// servers; else {"url", "api_key_env"}, recorded in the ledger's planned entry. kInvalidArgument:
+// a bad url or variable name, a key variable that is not set, a key variable without a server.
+Result<nlohmann::json> PlannedService(const std::string& url_flag, const std::string& env_flag,
+                                      const ServiceSpec& plan);
+
+// A `service` object's decision content for LedgerDigest (runner.h): the instance, export names
+// and digests (exports carry their run id and time) and load seconds are volatile; an
+// engine_state "lost: re-primed" reads as "carried" and requests_before as whether the engine had
+// served any (a re-primed server got the history again, without the earlier arms' load).
+nlohmann::json ServiceDigest(nlohmann::json service);
 
 }  // namespace lockstep

@@ -157,7 +157,7 @@ std::optional<ApiError> ParseExport(const json& v, CompletionRequest& r) {
 }
 
 std::optional<ApiError> ParseLockstep(const json& v, CompletionRequest& r) {
-  if (!v.is_object()) return TypeError("lockstep", "an object {arm, export, trace, cache}");
+  if (!v.is_object()) return TypeError("lockstep", "an object {arm, export, trace, cache, keep}");
   for (const auto& [key, val] : v.items()) {
     const std::string field = "lockstep." + key;
     if (key == "arm") {
@@ -168,6 +168,8 @@ std::optional<ApiError> ParseLockstep(const json& v, CompletionRequest& r) {
       if (auto e = ParseExport(val, r)) return e;
     } else if (key == "trace") {
       if (auto e = GetBool(val, field, r.trace)) return e;
+    } else if (key == "keep") {
+      if (auto e = GetBool(val, field, r.keep)) return e;
     } else if (key == "cache") {
       if (!val.is_string() || (val != "use" && val != "bypass"))
         return TypeError(field, "\"use\" or \"bypass\"");
@@ -207,6 +209,7 @@ std::optional<ApiError> ParseField(const std::string& key, const json& v,
   if (key == "seed") return ParseSeed(v, r);
   if (key == "stop") return ParseStop(v, r);
   if (key == "stream") return GetBool(v, key, r.stream);
+  if (key == "id_slot") return GetInt(v, key, -1, 1 << 16, r.id_slot);
   if (key == "ignore_eos") return GetBool(v, key, r.ignore_eos);
   if (key == "lockstep") return ParseLockstep(v, r);
   if (key == "n") {

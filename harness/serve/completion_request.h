@@ -5,9 +5,11 @@
 // Accepted fields (any other is refused by name): model, prompt (a non-empty string or a
 // non-empty array of token ids), max_tokens (default 16), temperature [0, 2], top_p (0, 1],
 // top_k >= 0, seed (unsigned 64-bit), stop (a string or up to 4 non-empty strings), stream, n
-// (1 only), logprobs (null or 0..5), ignore_eos, and `lockstep` {arm, export, trace, cache}:
+// (1 only), logprobs (null or 0..5), ignore_eos, id_slot (-1, or a slot holding a kept
+// conversation that the prompt continues), and `lockstep` {arm, export, trace, cache, keep}:
 // export is true or {windows, points} (the file is named by the server, never by the client);
-// cache is "use" (default) or "bypass" (the request neither reads nor writes the prefix cache).
+// cache is "use" (default) or "bypass" (the request neither reads nor writes the prefix cache);
+// keep = true holds the finished conversation in its slot (POST /slots/{id}, id_slot).
 #pragma once
 
 #include <cstdint>
@@ -51,6 +53,8 @@ struct CompletionRequest {
   std::optional<ExportRequest> export_request;
   bool trace = false;
   bool cache_bypass = false;  // lockstep.cache = "bypass"
+  bool keep = false;          // lockstep.keep: the slot holds the conversation afterwards
+  int id_slot = -1;           // continue the conversation kept in this slot
 };
 
 // Parses `body`. Errors (all ApiError 400 unless noted): not JSON or not an object ("invalid

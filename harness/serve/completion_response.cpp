@@ -28,11 +28,13 @@ nlohmann::json WindowSummary(const RequestResult& r) {
 }
 
 nlohmann::json Choice(const std::string& text, const ServeJob& job,
-                      const std::vector<TokenLogprob>& lps, const std::string* finish_reason) {
+                      const std::vector<TokenLogprob>& lps, const std::string* finish_reason,
+                      const ResponseContext& rc) {
   nlohmann::json c;
   c["text"] = text;
   c["index"] = 0;
-  c["logprobs"] = job.req.logprobs >= 0 ? LogprobsJson(lps) : nlohmann::json(nullptr);
+  c["logprobs"] = job.req.logprobs >= 0 && rc.tokenizer ? LogprobsJson(lps, *rc.tokenizer)
+                                                        : nlohmann::json(nullptr);
   c["finish_reason"] = finish_reason ? nlohmann::json(*finish_reason) : nlohmann::json(nullptr);
   return c;
 }
@@ -43,15 +45,15 @@ std::string Dump(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-nlohmann::json LogprobsJson(const std::vector<TokenLogprob>& lps) {
+nlohmann::json LogprobsJson(const std::vector<TokenLogprob>& lps, const Tokenizer& tok) {
   nlohmann::json tokens = nlohmann::json::array(), token_lps = nlohmann::json::array(),
                  top = nlohmann::json::array(), ids = nlohmann::json::array();
   for (const TokenLogprob& lp : lps) {
-    tokens.push_back(SanitizeUtf8(DecodeTokens({lp.token})));
+    tokens.push_back(SanitizeUtf8(TokenBytes(tok, {lp.token})));
     ids.push_back(lp.token);
     token_lps.push_back(lp.logprob);
     nlohmann::json t = nlohmann::json::object();
-    for (const auto& [id, v] : lp.top) t[SanitizeUtf8(DecodeTokens({id}))] = v;
+    for (const auto& [id, v] : lp.top) t[SanitizeUtf8(TokenBytes(tok, {id}))] = v;
     top.push_back(t);
   }
   return {
@@ -102,7 +104,7 @@ nlohmann::json CompletionJson(const ServeJob& job, const RequestResult& r, const
   j["object"] = "text_completion";
   j["created"] = c.created;
   j["model"] = c.model_name;
-  j["choices"] = nlohmann::json::array({Choice(text, job, lps, &reason)});
+  j["choices"] = nlohmann::json::array({Choice(text, job, lps, &reason, c)});
   j["usage"] = UsageJson(job, r);
   j["lockstep"] = LockstepJson(job, r, c);
   return j;
@@ -116,7 +118,7 @@ std::string SseChunk(const ServeJob& job, const std::string& text,
   j["object"] = "text_completion";
   j["created"] = c.created;
   j["model"] = c.model_name;
-  j["choices"] = nlohmann::json::array({Choice(text, job, lps, finish_reason)});
+  j["choices"] = nlohmann::json::array({Choice(text, job, lps, finish_reason, c)});
   if (last) {
     j["usage"] = UsageJson(job, *last);
     j["lockstep"] = LockstepJson(job, *last, c);

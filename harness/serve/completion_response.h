@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lockstep/engine/scheduler.h"
+#include "lockstep/engine/tokenizer.h"
 #include "serve/serve_job.h"
 
 namespace lockstep {
@@ -21,10 +22,11 @@ struct ResponseContext {
   std::string export_file;    // "" = none
   std::string export_sha256;  // the finished export's SHA-256 ("" = none)
   std::string engine_instance;
+  const Tokenizer* tokenizer = nullptr;  // the model's (logprobs' token texts)
 };
 
-// OpenAI's logprobs object for `lps` (tokens as their decoded text).
-nlohmann::json LogprobsJson(const std::vector<TokenLogprob>& lps);
+// OpenAI's logprobs object for `lps` (tokens as `tok` decodes them).
+nlohmann::json LogprobsJson(const std::vector<TokenLogprob>& lps, const Tokenizer& tok);
 
 // The `lockstep` object of a finished request.
 nlohmann::json LockstepJson(const ServeJob& job, const RequestResult& r, const ResponseContext& c);

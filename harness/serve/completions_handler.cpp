@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "lockstep/engine/tokenizer.h"
+#include "lockstep/harness/tokenize_command.h"
 #include "lockstep/instrument/fingerprint.h"
 #include "serve/completion_response.h"
 #include "serve/http_server.h"
@@ -59,13 +60,23 @@ Outcome TakeOutcome(ServeJob& job) {
   return o;
 }
 
+// The response context every chunk shares (no digests: those are the last chunk's).
+ResponseContext BaseContext(const ServeContext& ctx) {
+  ResponseContext rc;
+  rc.model_name = ctx.limits.model_name;
+  rc.created = std::time(nullptr);
+  rc.engine_instance = ctx.engine_instance;
+  rc.tokenizer = ctx.tokenizer;
+  return rc;
+}
+
 // Finishes the export of a completed request and registers it for download (its digest computed
 // once, here); a request that did not finish has its name forgotten (404, its `.partial` stays).
 // The answer's context: file name and digest ("" when there is no export).
 ResponseContext Answer(ServeContext& ctx, ServeJob& job, const RequestResult& r,
                        const EngineConfig& cfg) {
-  ResponseContext rc{ctx.limits.model_name, std::time(nullptr), Sha256Hex(cfg.ToJson()), "", "",
-                     ctx.engine_instance};
+  ResponseContext rc = BaseContext(ctx);
+  rc.config_sha256 = Sha256Hex(cfg.ToJson());
   if (!job.exporter) return rc;
   const std::string name = ExportFileName(job.id);
   if (r.end != RequestEnd::kFinished) {
@@ -129,7 +140,7 @@ void Stream(ServeContext& ctx, const ServeJobPtr& job, const EngineConfig& cfg,
         };
         bool ok = true;
         if (!o.delta.empty() || !o.logprobs.empty()) {
-          ResponseContext rc{ctx.limits.model_name, std::time(nullptr), "", "", "", ""};
+          const ResponseContext rc = BaseContext(ctx);
           ok = write(SseChunk(*job, o.delta, o.logprobs, nullptr, nullptr, rc));
         } else if (!o.done && NowNs() - *last_write > 1'000'000'000) {
           ok = write(": keep-alive\n\n");  // a gone client fails this write
@@ -164,11 +175,9 @@ void SendError(httplib::Response& res, const ApiError& e) {
   res.set_content(e.Body(), "application/json");
 }
 
-Result<std::vector<std::int32_t>> EncodePrompt(const ModelWeights& model, std::string_view text) {
-  if (model.config.n_vocab < 256)
-    return Status::InvalidArgument(
-        "prompt", "this model has no tokenizer lockstep supports for text (send token ids)");
-  return EncodeBytes(text);
+Result<std::vector<std::int32_t>> EncodePrompt(const Tokenizer& tok, int n_vocab,
+                                               std::string_view text) {
+  return EncodePromptText(tok, text, n_vocab);
 }
 
 void HandleCompletion(ServeContext& ctx, const httplib::Request& req, httplib::Response& res) {
@@ -180,7 +189,7 @@ void HandleCompletion(ServeContext& ctx, const httplib::Request& req, httplib::R
   CompletionRequest r = std::move(std::get<CompletionRequest>(parsed));
   std::vector<std::int32_t> prompt = r.prompt_ids;
   if (r.prompt_text) {
-    auto enc = EncodePrompt(*ctx.weights, *r.prompt_text);
+    auto enc = EncodePrompt(*ctx.tokenizer, ctx.limits.n_vocab, *r.prompt_text);
     if (!enc.ok()) return SendError(res, ApiError::BadRequest(enc.status().message(), "prompt"));
     prompt = std::move(*enc);
     if (auto e = CheckContext(prompt.size(), r.max_tokens, ctx.limits)) return SendError(res, *e);

@@ -3,8 +3,10 @@
 // response, or Server-Sent Events (`data: {...}` per window's text, a last chunk with
 // finish_reason, usage and the lockstep object, then `data: [DONE]`). A streaming client that
 // goes away (a failed write; an idle stream writes an SSE comment every second to notice)
-// cancels its request, which frees its slot. Refusals: 400 (body), 404 (model), 429 + Retry-After
-// (queue full), 503 + Retry-After (loading, draining).
+// cancels its request, which frees its slot. A finished export is registered for download
+// (export_registry.h) with its SHA-256 in the answer. Refusals: 400 (body; an id_slot prompt that
+// does not continue the slot's conversation), 404 (model), 409 (id_slot names a slot without a
+// kept conversation), 429 + Retry-After (queue full), 503 + Retry-After (loading, draining).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "lockstep/engine/status.h"
+#include "lockstep/engine/tokenizer.h"
 #include "lockstep/engine/weights.h"
 #include "serve/api_error.h"
 
@@ -30,9 +33,12 @@ void HandleCompletion(ServeContext& ctx, const httplib::Request& req, httplib::R
 // Sets `res` to `e` (status, JSON body, Retry-After for 429 and 503).
 void SendError(httplib::Response& res, const ApiError& e);
 
-// The prompt text as token ids with the model's tokenizer: byte-level for the synthetic models
-// (a vocabulary of at least 256 ids). The one place a tokenizer is chosen. kInvalidArgument when
-// the model has no tokenizer lockstep supports.
-Result<std::vector<std::int32_t>> EncodePrompt(const ModelWeights& model, std::string_view text);
+// The prompt text as token ids with the model's tokenizer (`tok`: the model folder's
+// tokenizer.json, else byte level; serve_command.cpp loads it as `lockstep generate` does), so a
+// text prompt gets generate's ids. kInvalidArgument (a 400 naming "prompt"): text that is not
+// valid UTF-8 for a BPE tokenizer, an id outside the model's `n_vocab`, or byte level on a
+// vocabulary under 256 ids.
+Result<std::vector<std::int32_t>> EncodePrompt(const Tokenizer& tok, int n_vocab,
+                                               std::string_view text);
 
 }  // namespace lockstep

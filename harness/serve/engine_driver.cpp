@@ -6,6 +6,7 @@
 
 #include "lockstep/engine/clock.h"
 #include "lockstep/engine/expert_cache.h"
+#include "lockstep/engine/prefix_cache.h"
 #include "lockstep/engine/tokenizer.h"
 
 namespace lockstep {
@@ -48,9 +49,10 @@ std::string FinishReason(const RequestResult& r) {
 
 }  // namespace
 
-EngineDriver::EngineDriver(Engine& engine, ServeMetrics& metrics)
+EngineDriver::EngineDriver(Engine& engine, ServeMetrics& metrics, const Tokenizer& tokenizer)
     : engine_(engine),
       metrics_(metrics),
+      tokenizer_(tokenizer),
       scheduler_(engine),
       n_slots_(engine.max_slots()),
       thread_([this] { Loop(); }) {}
@@ -70,20 +72,20 @@ void EngineDriver::Submit(ServeJobPtr job) {
     return;
   }
   ++in_flight_;
-  commands_.push_back({Command::kSubmit, std::move(job)});
+  commands_.push_back({Command::kSubmit, std::move(job), {}});
   cv_.notify_one();
 }
 
 void EngineDriver::Cancel(ServeJobPtr job) {
   job->cancel = true;
   std::lock_guard lk(mu_);
-  commands_.push_back({Command::kCancel, std::move(job)});
+  commands_.push_back({Command::kCancel, std::move(job), {}});
   cv_.notify_one();
 }
 
 void EngineDriver::CancelAll() {
   std::lock_guard lk(mu_);
-  commands_.push_back({Command::kCancelAll, nullptr});
+  commands_.push_back({Command::kCancelAll, nullptr, {}});
   cv_.notify_one();
 }
 
@@ -91,7 +93,7 @@ void EngineDriver::Shutdown() {
   std::lock_guard lk(mu_);
   if (stop_) return;
   stop_ = true;
-  commands_.push_back({Command::kCancelAll, nullptr});
+  commands_.push_back({Command::kCancelAll, nullptr, {}});
   cv_.notify_one();
 }
 
@@ -108,6 +110,10 @@ ServeGauges EngineDriver::Gauges() const {
   g.queue_depth = counters_.queue_depth;
   g.max_queue_depth = counters_.max_queue_depth;
   g.draining = stop_;
+  // From the engine's config (immutable): right from the start, before any step published.
+  g.prefix_cache = engine_.config().prefix_cache;
+  g.prefix = prefix_;
+  g.prefix_budget_bytes = static_cast<std::uint64_t>(engine_.config().prefix_cache_mib) << 20;
   return g;
 }
 
@@ -118,6 +124,8 @@ nlohmann::json EngineDriver::Slots() const {
     nlohmann::json j = {{"id", s}, {"state", "idle"}, {"request_id", nullptr}};
     for (const auto& [id, slot] : live_)
       if (slot == s) j["state"] = "busy", j["request_id"] = id;
+    if (auto k = kept_pub_.find(s); k != kept_pub_.end())
+      j["state"] = "kept", j["request_id"] = k->second.first, j["n_tokens"] = k->second.second;
     slots.push_back(j);
   }
   nlohmann::json waiting = nlohmann::json::array();
@@ -170,33 +178,49 @@ void EngineDriver::Run(const Command& c) {
         (void)scheduler_.Cancel(t);
       }
       return;
+    case Command::kCall:
+      c.fn();
+      return;
   }
 }
 
 void EngineDriver::SubmitNow(const ServeJobPtr& job) {
   InstallHooks(*job);
+  if (job->req.id_slot >= 0) {
+    (void)ContinueKept(job);
+    return;
+  }
   RequestSpec spec;
   spec.id = job->id;
   spec.prompt = job->prompt;
   spec.options = job->options;
   spec.borrowed_hooks = &job->hooks;
   spec.use_prefix_cache = !job->req.cache_bypass;
+  spec.keep = job->req.keep;
   Result<Ticket> t = scheduler_.Submit(std::move(spec));
-  std::lock_guard jl(job->mu);
   if (!t.ok()) {
     const std::string& m = t.status().message();
-    job->error = t.status().code() == Status::Code::kInvalidArgument ? ApiError::BadRequest(m)
-                 : m.find("queue full") != std::string::npos         ? ApiError::QueueFull(m)
-                                                                     : ApiError::Internal(m);
-    job->done = true;
-    job->cv.notify_all();
-    std::lock_guard lk(mu_);
-    --in_flight_;
-    return;
+    return Refuse(job, t.status().code() == Status::Code::kInvalidArgument ? ApiError::BadRequest(m)
+                       : m.find("queue full") != std::string::npos         ? ApiError::QueueFull(m)
+                                                                           : ApiError::Internal(m));
   }
-  job->ticket = *t;
+  Accept(job, *t);
+}
+
+void EngineDriver::Refuse(const ServeJobPtr& job, ApiError e) {
+  std::lock_guard jl(job->mu);
+  job->error = std::move(e);
+  job->done = true;
+  job->cv.notify_all();
+  std::lock_guard lk(mu_);
+  --in_flight_;
+}
+
+void EngineDriver::Accept(const ServeJobPtr& job, Ticket t) {
+  std::lock_guard jl(job->mu);
+  job->ticket = t;
   job->accepted = true;
-  jobs_[*t] = job;
+  jobs_[t] = job;
   job->cv.notify_all();
 }
 
@@ -238,7 +262,7 @@ void EngineDriver::OnWindow(ServeJob& job, const WindowRecord& rec) {
     for (std::size_t i = 0; i < rec.emitted.size(); ++i)
       lps.push_back(LogprobOf(job.window_logits.data() + i * static_cast<std::size_t>(V), V,
                               rec.emitted[i], job.req.logprobs));
-  if (!job.text.stopped()) job.text.Append(DecodeTokens(rec.emitted));
+  if (!job.text.stopped()) job.text.Append(TokenBytes(tokenizer_, rec.emitted));
   std::string delta = job.text.Take(false);
   std::lock_guard jl(job.mu);
   job.delta += delta;
@@ -252,18 +276,36 @@ void EngineDriver::Deliver(RequestResult res) {
   if (it == jobs_.end()) return;
   ServeJobPtr job = it->second;
   jobs_.erase(it);
+  if (res.kept) {
+    Kept& k = kept_[res.slot];
+    k.ticket = res.ticket;
+    k.tokens = job->prompt;
+    k.tokens.insert(k.tokens.end(), res.result.output.begin(), res.result.output.end());
+    k.id = job->id;
+  }
   Publish();  // before the client hears of the end: /slots and /metrics already show it
   const std::string reason = FinishReason(res);
   metrics_.CountFinish(reason);
   metrics_.CountTokens(static_cast<std::int64_t>(job->prompt.size()),
                        static_cast<std::int64_t>(res.result.output.size()),
                        res.prefix.reused_tokens);
-  metrics_.CountPrefix(engine_.config().prefix_cache, res.prefix.reused_tokens > 0);
   for (const WindowRecord& w : res.result.windows)
     if (w.T > 1) metrics_.CountDrafts(DraftSourceName(w.source), w.T - 1, w.accepted);
-  // The export's per-stage residency and counters, read on the driver thread as `job` ends.
-  if (job->exporter)
+  // The export's per-stage residency and counters. The slot is closed by now: its expert
+  // counters are the ones the scheduler took as it ended (the residency map and the one-time
+  // set-up counters are the stage's, the same for every slot).
+  if (job->exporter) {
     AppendStageInfo(engine_, res.result.n_windows, &job->residency, &job->stage_counters);
+    for (std::size_t is = 0; is < job->stage_counters.size(); ++is) {
+      ExportRunInfo::Counters& c = job->stage_counters[is];
+      const ExpertCounters e =
+          is < res.expert_counters.size() ? res.expert_counters[is] : ExpertCounters{};
+      c.expert_hits = static_cast<std::int64_t>(e.hits);
+      c.expert_misses = static_cast<std::int64_t>(e.misses);
+      c.expert_bytes_fetched = static_cast<std::int64_t>(e.bytes_fetched);
+      c.host_expert_tokens = static_cast<std::int64_t>(e.host_tokens);
+    }
+  }
   std::string rest = job->text.Take(true);
   {
     std::lock_guard jl(job->mu);
@@ -283,8 +325,9 @@ void EngineDriver::Deliver(RequestResult res) {
 void EngineDriver::FailLost() {
   // The scheduler idle while requests wait for their end: they would hang their clients and
   // keep this loop awake forever. Each gets a 500 (a bug: a result the scheduler never gave).
-  if (jobs_.empty() || scheduler_.counters().live > 0 || scheduler_.counters().queue_depth > 0)
-    return;
+  // Kept conversations hold slots without running.
+  const int running = scheduler_.counters().live - static_cast<int>(kept_.size());
+  if (jobs_.empty() || running > 0 || scheduler_.counters().queue_depth > 0) return;
   for (auto& [t, job] : jobs_) {
     std::fprintf(stderr, "serve: %s: lost by the scheduler (ticket %lld)\n", job->id.c_str(),
                  static_cast<long long>(t));
@@ -302,8 +345,11 @@ void EngineDriver::FailLost() {
 void EngineDriver::Publish() {
   std::lock_guard lk(mu_);
   counters_ = scheduler_.counters();
+  if (const PrefixCache* pc = scheduler_.prefix_cache()) prefix_ = pc->counters();
   live_.clear();
   for (const auto& [t, job] : jobs_) live_.emplace_back(job->id, job->slot);
+  kept_pub_.clear();
+  for (const auto& [slot, k] : kept_) kept_pub_[slot] = {k.id, k.tokens.size()};
 }
 
 }  // namespace lockstep

@@ -1,15 +1,20 @@
 #include "serve/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 
 #include "serve/auth.h"
 #include "serve/completion_response.h"
 #include "serve/completions_handler.h"
 #include "serve/lockstep_endpoints.h"
+#include "serve/slot_actions.h"
 
 namespace lockstep {
 
@@ -104,6 +109,11 @@ HttpServer::HttpServer(ServeContext& ctx) : ctx_(ctx), svr_(std::make_unique<htt
   svr_->set_write_timeout(o.write_timeout_s, 0);
   svr_->set_keep_alive_timeout(o.keep_alive_s);
   svr_->set_keep_alive_max_count(static_cast<std::size_t>(o.keep_alive_max));
+  // The listening socket, to widen its accept backlog once bound (Bind).
+  svr_->set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd_ = sock;
+  });
   Routes();
 }
 
@@ -117,6 +127,15 @@ Result<int> HttpServer::Bind() {
     return Status::InvalidArgument("--host/--port", "cannot listen on " + o.host + ":" +
                                                         std::to_string(o.port) +
                                                         " (in use, or not an address here)");
+  // cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's
+  // library): a burst of more simultaneous connects than that, while the accept thread waits for
+  // a core, had SYNs dropped (the kernel's ListenOverflows), each costing the client a 1 s, 3 s,
+  // 7 s retransmit, and a client with a 5 s connect timeout failed after three drops: the rare
+  // request without an answer. Listening again on the bound socket sets the backlog to
+  // --max-connections (the kernel caps it at net.core.somaxconn).
+  if (listen_fd_ >= 0 && ::listen(listen_fd_, std::max(o.max_connections, 16)) != 0)
+    return Status::Runtime("--max-connections",
+                           std::string("cannot set the listen backlog: ") + std::strerror(errno));
   return port;
 }
 
@@ -126,6 +145,10 @@ void HttpServer::Start() {
 
 void HttpServer::Stop() {
   if (!listen_.joinable()) return;
+  // httplib's stop() does nothing before the listen thread's loop runs (a refused engine config
+  // returns right after Start()): wait for it (bounded), or accept() would block forever.
+  for (int i = 0; i < 2000 && !svr_->is_running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   svr_->stop();
   listen_.join();
 }
@@ -160,10 +183,8 @@ void HttpServer::Routes() {
     if (!ctx.ready) return SendError(res, ApiError::Unavailable("loading the model", "loading"));
     res.set_content(Dump(ctx.driver->Slots()), "application/json");
   });
-  svr_->Post(R"(/slots/(\d+))", [](const httplib::Request&, httplib::Response& res) {
-    SendError(res, ApiError::NotImplemented(
-                       "slot save/restore/erase is not available in this build (slot files are "
-                       "not wired into lockstep serve yet)"));
+  svr_->Post(R"(/slots/(\d+))", [&ctx](const httplib::Request& req, httplib::Response& res) {
+    HandleSlotAction(ctx, req, res);
   });
   svr_->Get(R"(/v1/exports/([^/]+))", [&ctx](const httplib::Request& req, httplib::Response& res) {
     HandleExportDownload(ctx, req, res);

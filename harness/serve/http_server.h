@@ -5,7 +5,7 @@
 //   GET  /v1/models         the served model (OpenAI list shape)
 //   POST /v1/completions    completions_handler.h
 //   GET  /slots             each slot's state, the waiting requests
-//   POST /slots/{id}?action=save|restore|erase   501 (slot files are not wired in this build)
+//   POST /slots/{id}?action=save|restore|erase   slot files (slot_actions.h)
 //   GET  /metrics           Prometheus text (metrics.h)
 //   GET  /v1/exports/{file}, GET /v1/lockstep/info   lockstep_endpoints.h
 //
@@ -14,8 +14,9 @@
 // max_body are 413 before they are read; header and body reads time out after read_timeout_s
 // (a slow client cannot hold a slot: nothing is submitted before the whole body is in);
 // http_threads connections are served at once, and a connection accepted while max_connections
-// are already waiting or served gets 503 and is closed. The log line of a request names its
-// method, path, status and request id: never a body, a key or an export path.
+// are already waiting or served gets 503 and is closed; the accept backlog holds max_connections
+// (cpp-httplib's own is 5: a burst of connects had SYNs dropped). The log line of a request names
+// its method, path, status and request id: never a body, a key or an export path.
 #pragma once
 
 #include <atomic>
@@ -26,6 +27,7 @@
 
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/status.h"
+#include "lockstep/engine/tokenizer.h"
 #include "lockstep/engine/weights.h"
 #include "lockstep/harness/serve_command.h"
 #include "serve/completion_request.h"
@@ -46,6 +48,7 @@ struct ServeContext {
   std::atomic<bool> ready{false};     // model loaded, driver running
   std::atomic<bool> draining{false};  // SIGTERM seen: completions refused with 503
   const ModelWeights* weights = nullptr;
+  const Tokenizer* tokenizer = nullptr;  // the model's (LoadModelTokenizer), as generate uses
   EngineDriver* driver = nullptr;
   EngineConfig engine_config;  // the engine's effective config (threads resolved)
   CompletionLimits limits;
@@ -76,6 +79,7 @@ class HttpServer {
   ServeContext& ctx_;
   std::unique_ptr<httplib::Server> svr_;
   std::thread listen_;
+  int listen_fd_ = -1;  // the bound socket (set by httplib's socket-options callback)
 };
 
 }  // namespace lockstep

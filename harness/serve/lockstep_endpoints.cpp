@@ -84,6 +84,7 @@ void HandleInfo(const ServeContext& ctx, httplib::Response& res) {
   info["version"] = ctx.opts.version;
   info["commit"] = ctx.opts.commit;
   info["started_unix"] = ctx.started_unix;
+  info["completions_run"] = ctx.metrics.CompletionsRun();
   info["slots"] = ctx.engine_config.slots;
   res.set_content(Dump(info), "application/json");
 }

@@ -10,7 +10,8 @@
 //                           written (never a partial file).
 //   GET /v1/lockstep/info   {"engine_instance", "config" (the effective engine config),
 //                           "config_sha256", "model" {name, sha256, n_vocab},
-//                           "executable_sha256", "slots",
+//                           "executable_sha256", "slots", "completions_run" (completions that
+//                           ran on this instance so far: a campaign's requests_before),
 //                           "version", "commit", "started_unix"}; 503 while loading.
 //
 // Both need the API key like every endpoint but /health (http_server.cpp checks it first).

@@ -21,6 +21,32 @@ void Scalar(std::string& out, const std::string& name, const char* type, const s
   out += name + " " + Num(v) + "\n";
 }
 
+// The prefix cache's counters (one lookup per admitted request that uses the cache).
+void RenderPrefixCache(std::string& out, const ServeGauges& g) {
+  const PrefixCacheCounters& c = g.prefix;
+  const auto d = [](auto v) { return static_cast<double>(v); };
+  Scalar(out, "lockstep_prefix_cache_queries_total", "counter", "Prefix-cache lookups",
+         d(c.queries));
+  Scalar(out, "lockstep_prefix_cache_hits_total", "counter",
+         "Prefix-cache lookups that reused state", d(c.hits));
+  Scalar(out, "lockstep_prefix_cache_misses_total", "counter",
+         "Prefix-cache lookups that found nothing", d(c.queries - c.hits));
+  Scalar(out, "lockstep_prefix_cache_tokens_reused_total", "counter",
+         "Prompt tokens restored from the prefix cache", d(c.tokens_reused));
+  Scalar(out, "lockstep_prefix_cache_inserts_total", "counter", "Prefix-cache entries stored",
+         d(c.inserts));
+  Scalar(out, "lockstep_prefix_cache_evictions_total", "counter",
+         "Prefix-cache entries evicted for the --prefix-cache-mib budget", d(c.evictions));
+  Scalar(out, "lockstep_prefix_cache_snapshot_bytes_total", "counter",
+         "GDN snapshot bytes copied into entries", d(c.snapshot_bytes));
+  Scalar(out, "lockstep_prefix_cache_entries", "gauge", "Prefix-cache entries held", d(c.entries));
+  Scalar(out, "lockstep_prefix_cache_bytes", "gauge",
+         "Bytes the prefix cache holds alone (snapshots and pages no live slot shares)",
+         d(c.bytes));
+  Scalar(out, "lockstep_prefix_cache_budget_bytes", "gauge", "--prefix-cache-mib in bytes",
+         d(g.prefix_budget_bytes));
+}
+
 std::vector<double> LatencyBounds() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0};
 }
@@ -71,18 +97,19 @@ void ServeMetrics::CountFinish(const std::string& reason) {
   ++finishes_[reason];
 }
 
+std::uint64_t ServeMetrics::CompletionsRun() const {
+  std::lock_guard lk(mu_);
+  std::uint64_t n = 0;
+  for (const auto& [reason, k] : finishes_) n += k;
+  return n;
+}
+
 void ServeMetrics::CountDrafts(const std::string& source, std::int64_t drafted,
                                std::int64_t accepted) {
   std::lock_guard lk(mu_);
   auto& d = drafts_[source];
   d[0] += drafted;
   d[1] += accepted;
-}
-
-void ServeMetrics::CountPrefix(bool queried, bool hit) {
-  std::lock_guard lk(mu_);
-  prefix_queries_ += queried;
-  prefix_hits_ += hit;
 }
 
 void ServeMetrics::ObserveStep(double seconds) {
@@ -120,10 +147,7 @@ std::string ServeMetrics::Text(const ServeGauges& g) const {
   Header(out, "lockstep_accepted_tokens_total", "counter", "Draft tokens accepted, by source");
   for (const auto& [src, d] : drafts_)
     out += fmt::format("lockstep_accepted_tokens_total{{source=\"{}\"}} {}\n", src, d[1]);
-  Scalar(out, "lockstep_prefix_cache_queries_total", "counter", "Prefix-cache lookups",
-         static_cast<double>(prefix_queries_));
-  Scalar(out, "lockstep_prefix_cache_hits_total", "counter",
-         "Prefix-cache lookups that reused state", static_cast<double>(prefix_hits_));
+  if (g.prefix_cache) RenderPrefixCache(out, g);
   Scalar(out, "lockstep_slots", "gauge", "Engine slots", g.slots_total);
   Scalar(out, "lockstep_slots_busy", "gauge", "Slots holding a request", g.slots_busy);
   Scalar(out, "lockstep_queue_depth", "gauge", "Requests waiting for a slot", g.queue_depth);

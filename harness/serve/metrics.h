@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/engine/prefix_cache.h"
+
 namespace lockstep {
 
 // Cumulative-bucket histogram over fixed upper bounds (seconds).
@@ -31,6 +33,11 @@ class Histogram {
 };
 
 struct ServeGauges {
+  // The prefix cache's own counters (prefix_cache.h), read after each engine step; absent from
+  // the text when the engine runs without a cache.
+  bool prefix_cache = false;
+  PrefixCacheCounters prefix;
+  std::uint64_t prefix_budget_bytes = 0;
   int slots_total = 0;
   int slots_busy = 0;
   int queue_depth = 0;
@@ -47,10 +54,12 @@ class ServeMetrics {
   void CountTokens(std::int64_t prompt, std::int64_t generated, std::int64_t cached);
   void CountFinish(const std::string& reason);  // stop | length | cancelled | error
   void CountDrafts(const std::string& source, std::int64_t drafted, std::int64_t accepted);
-  void CountPrefix(bool queried, bool hit);
   void ObserveStep(double seconds);
   void ObserveTimeToFirstToken(double seconds);
   void ObserveInterToken(double seconds);
+
+  // Completions that ran so far (every finish reason): what the server had served.
+  std::uint64_t CompletionsRun() const;
 
   // The whole exposition text with the gauges of now.
   std::string Text(const ServeGauges& g) const;
@@ -61,7 +70,6 @@ class ServeMetrics {
   std::map<std::string, std::uint64_t> finishes_;
   std::int64_t prompt_tokens_ = 0, generated_tokens_ = 0, cached_tokens_ = 0;
   std::map<std::string, std::array<std::int64_t, 2>> drafts_;  // source -> drafted, accepted
-  std::uint64_t prefix_queries_ = 0, prefix_hits_ = 0;
   Histogram step_, ttft_, itl_;
 };
 

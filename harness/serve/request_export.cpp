@@ -41,7 +41,7 @@ Status FinishRequestExport(const ServeContext& ctx, ServeJob& job, const Request
   meta.request_tokens = job.prompt;
   meta.output_tokens = r.result.output;
   meta.stop_reason = r.result.stop_reason;
-  meta.text_sha256 = Sha256Hex(DecodeTokens(r.result.output));
+  meta.text_sha256 = Sha256Hex(ctx.tokenizer->Decode(r.result.output));  // as generate's
   meta.injections = r.injections;
   meta.residency = job.residency;
   meta.counters = job.stage_counters;

@@ -87,13 +87,15 @@ Status RunServeCommand(const ServeOptions& opts_in, std::ostream& out) {
   server.Start();  // /health answers 503 while the model loads
 
   LOCKSTEP_ASSIGN_OR_RETURN(ModelWeightsPtr weights, ModelWeights::Load(cfg.model));
+  LOCKSTEP_ASSIGN_OR_RETURN(TokenizerPtr tokenizer, LoadModelTokenizer(cfg.model));
   LOCKSTEP_ASSIGN_OR_RETURN(EnginePtr engine, Engine::Create(cfg, *weights));
   ctx.weights = weights.get();
+  ctx.tokenizer = tokenizer.get();
   ctx.engine_config = engine->config();
   ctx.limits.n_vocab = weights->config.n_vocab;
   if (auto exe = Sha256SelfExe(); exe.ok()) ctx.executable_sha256 = *exe;
   if (auto mh = Sha256Files(weights->files); mh.ok()) ctx.model_sha256 = *mh;
-  EngineDriver driver(*engine, ctx.metrics);
+  EngineDriver driver(*engine, ctx.metrics, *tokenizer);
   ctx.driver = &driver;
   ctx.ready = true;
   std::fprintf(stderr, "serve: ready: model %s, %d slots, engine instance %s\n",

@@ -49,8 +49,8 @@ struct ServeJob {
   std::vector<float> window_logits;  // f32 [T, V] of the last verify (logprobs only)
   std::int64_t last_token_ns = 0;
   int slot = -1;
-  // Filled when the request ends, for its export's /residency and /counters (the engine's expert
-  // caches are shared by every slot: their counters are the engine's, not the request's own).
+  // Filled when the request ends, for its export's /residency and /counters (the expert counters
+  // are its slot's as it ended: RequestResult::expert_counters).
   std::vector<ExportRunInfo::Residency> residency;
   std::vector<ExportRunInfo::Counters> stage_counters;
 

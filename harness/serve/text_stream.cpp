@@ -7,15 +7,21 @@ namespace lockstep {
 
 namespace {
 
-// Length of the valid UTF-8 sequence at bytes[i] (1..4), 0 if invalid, -1 if the bytes end
-// before it is complete but everything seen so far is valid.
-int SequenceAt(std::string_view bytes, std::size_t i) {
+// Length of the valid UTF-8 sequence at bytes[i] (1..4); 0 if invalid, with `*bad` the length
+// of its maximal ill-formed subpart (the lead and the continuation bytes that still fit, at least
+// 1); -1 if the bytes end before it is complete but everything seen so far is valid (`*bad` the
+// bytes present).
+int SequenceAt(std::string_view bytes, std::size_t i, std::size_t* bad = nullptr) {
+  std::size_t unused = 0;
+  if (bad == nullptr) bad = &unused;
+  *bad = 1;
   const auto b = static_cast<unsigned char>(bytes[i]);
   if (b < 0x80) return 1;
   const int n = b >= 0xf5 ? 0 : b >= 0xf0 ? 4 : b >= 0xe0 ? 3 : b >= 0xc2 ? 2 : 0;
   if (n == 0) return 0;
   std::uint32_t cp = n == 4 ? b & 0x07u : n == 3 ? b & 0x0fu : b & 0x1fu;
   for (int k = 1; k < n; ++k) {
+    *bad = static_cast<std::size_t>(k);
     if (i + static_cast<std::size_t>(k) >= bytes.size()) return -1;
     const auto c = static_cast<unsigned char>(bytes[i + static_cast<std::size_t>(k)]);
     if ((c & 0xc0) != 0x80) return 0;
@@ -31,14 +37,17 @@ int SequenceAt(std::string_view bytes, std::size_t i) {
 }  // namespace
 
 std::string SanitizeUtf8(std::string_view bytes) {
+  // One U+FFFD per maximal ill-formed subpart (Unicode 15 section 3.9), as the tokenizers'
+  // decode does (and Rust's from_utf8_lossy): the text equals `lockstep generate`'s.
   std::string out;
   out.reserve(bytes.size());
   std::size_t i = 0;
   while (i < bytes.size()) {
-    const int n = SequenceAt(bytes, i);
+    std::size_t bad = 1;
+    const int n = SequenceAt(bytes, i, &bad);
     if (n <= 0) {
       out += "\xEF\xBF\xBD";
-      ++i;
+      i += bad;
       continue;
     }
     out.append(bytes.substr(i, static_cast<std::size_t>(n)));
@@ -56,6 +65,13 @@ std::size_t StableUtf8Prefix(std::string_view bytes) {
       return i;
     }
   return bytes.size();
+}
+
+std::string TokenBytes(const Tokenizer& tok, const std::vector<std::int32_t>& ids) {
+  if (tok.info().type == "byte") return DecodeTokens(ids);
+  std::string out;
+  for (std::int32_t id : ids) tok.AppendBytes(id, out);
+  return out;
 }
 
 TextStream::TextStream(std::vector<std::string> stop) : stop_(std::move(stop)) {

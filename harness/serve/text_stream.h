@@ -2,8 +2,9 @@
 // the request's stop strings (the text ends before the first one found, which ends the request)
 // and hands out only text that can no longer change: a tail that could still become a stop string
 // or that ends inside a UTF-8 sequence is held back until more tokens come or the request ends.
-// Bytes that are not valid UTF-8 become U+FFFD, one per byte, the same way whatever the chunking,
-// so the streamed chunks concatenate to the text of the non-streamed response.
+// Bytes that are not valid UTF-8 become U+FFFD, one per maximal ill-formed subpart (as the
+// tokenizers' Decode replaces them), the same way whatever the chunking, so the streamed chunks
+// concatenate to the text of the non-streamed response and to `lockstep generate`'s text.
 #pragma once
 
 #include <cstddef>
@@ -12,13 +13,21 @@
 #include <string_view>
 #include <vector>
 
+#include "lockstep/engine/tokenizer.h"
+
 namespace lockstep {
 
-// `bytes` as valid UTF-8: each byte that does not start a complete valid sequence is U+FFFD.
+// `bytes` as valid UTF-8: each maximal ill-formed subpart (Unicode 15 section 3.9; an incomplete
+// sequence at the end is one) is one U+FFFD.
 std::string SanitizeUtf8(std::string_view bytes);
 // The length of the longest prefix of `bytes` that does not end inside a sequence that more bytes
 // could still complete (at most 3 bytes are held back).
 std::size_t StableUtf8Prefix(std::string_view bytes);
+
+// The bytes `ids` stand for in `tok`, undecoded (TextStream cuts and sanitizes them): a BPE
+// token's bytes (nothing for an id without a token); byte level renders ids >= 256 as "<id>", as
+// its Decode does. So SanitizeUtf8(TokenBytes(tok, ids)) == tok.Decode(ids).
+std::string TokenBytes(const Tokenizer& tok, const std::vector<std::int32_t>& ids);
 
 class TextStream {
  public:

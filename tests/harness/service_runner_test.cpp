@@ -102,7 +102,9 @@ std::string WritePlan(const std::string& name, const std::string& text) {
 }
 
 const std::string& Plan() {
-  static const std::string p = WritePlan("svc", std::string(kHead) + kArms);
+  static const std::string p =
+      WritePlan("svc", "control = \"perturb:layer=3:item=k:eps=1e-2:window=1\"\n" +
+                           std::string(kHead) + kArms);
   return p;
 }
 
@@ -161,6 +163,11 @@ TEST(ServiceRunner, FreshAndSharedWarmArmsRecordTheirEngine) {
     const json cmp = ReadJson(dir + "/compare/" + arm + ".json")["comparison"];
     EXPECT_TRUE(cmp["passed"].get<bool>()) << arm << ": " << cmp.dump();
   }
+  // The positive control ran on its own fresh server, its injection read from its export.
+  const json ctl = ReadJson(dir + "/compare/control.json")["comparison"];
+  EXPECT_FALSE(ctl["passed"].get<bool>());
+  EXPECT_TRUE(ctl["control_applied"].get<bool>()) << ctl.dump();
+  EXPECT_EQ(Service(es, "control")["server"], "fresh");
   // service.json is the ledger's `service` object.
   for (const std::string arm : {"A1", "A2", "A3", "A4", "L"})
     EXPECT_EQ(ReadJson(dir + "/arms/" + arm + "/service.json"), Service(es, arm)) << arm;
@@ -198,8 +205,8 @@ TEST(ServiceRunner, FreshAndSharedWarmArmsRecordTheirEngine) {
   int started = 0, stopped = 0;
   for (const auto& e : es)
     started += e.event == "server_started", stopped += e.event == "server_stopped";
-  EXPECT_EQ(started, 3);
-  EXPECT_EQ(stopped, 3);
+  EXPECT_EQ(started, 4);  // A1, A2, the shared one, the control
+  EXPECT_EQ(stopped, 4);
   EXPECT_TRUE(ProcessesHolding(dir).empty());
   // A process arm's output and a service arm's are the same files.
   EXPECT_EQ(ReadJson(dir + "/arms/A3/stdout.json")["output_ids"],
@@ -239,13 +246,34 @@ TEST(ServiceRunner, BadServiceKeysAreRefusedWithTheirPlace) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_FALSE(fs::exists(out));
   // A shared arm may set request keys; the control of a service first arm runs on a fresh server.
-  auto ok = ParseCampaign("control = \"perturb:stage=1:layer=1:item=k:eps=1e-2:window=1\"\n" +
+  auto ok = ParseCampaign("control = \"perturb:layer=3:item=k:eps=1e-2:window=1\"\n" +
                               std::string(kHead) + arm +
                               "server = \"shared\"\n[arm.engine]\nseed = 3\nmax_new = 6\n",
                           "p.toml", test::NewDir("oksvc"));
   ASSERT_TRUE(ok.ok()) << ok.status().message();
   EXPECT_EQ(ok->arms.back().name, "control");
   EXPECT_EQ(ok->arms.back().server, "fresh");
+}
+
+// A server that refuses its configuration fails its arm at once, with the server's own error
+// line (its health polls are not quoted), and leaves no process behind.
+TEST(ServiceRunner, AServerThatRefusesItsConfigFailsTheArm) {
+  const std::string plan =
+      WritePlan("refused", std::string(kHead) +
+                               "[[arm]]\nname = \"A1\"\nserver = \"fresh\"\n[arm.engine]\ninject = "
+                               "[\"perturb:stage=1:layer=1:item=k:eps=1e-2:window=1\"]\n");
+  const std::string dir = test::NewDir("svc-refused") + "/run";
+  const auto t0 = Clock::now();
+  auto r = RunLockstep("run " + plan + " --out " + dir + " --no-progress");
+  EXPECT_LT(Since(t0), 30) << "the server's refusal was waited out, not seen";
+  EXPECT_EQ(r.exit_code, 0) << "a lone arm compares nothing: " << r.out << r.err;
+  EXPECT_NE(r.out.find("A1: FAILED"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layer 1 belongs to stage 0"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("GET /health"), std::string::npos) << r.out;
+  const auto es = ReadLedger(dir);
+  EXPECT_EQ(test::Events(es, "failed"), std::vector<std::string>{"A1"});
+  EXPECT_EQ(test::Events(es, "server_failed"), std::vector<std::string>{"A1"});
+  EXPECT_TRUE(NoneHolding(dir));
 }
 
 pid_t Spawn(const std::vector<std::string>& args) {
@@ -466,7 +494,11 @@ TEST(ServiceRunner, RemoteServerGivesTheSameVerdictsAndExports) {
   EXPECT_EQ(a1["cold"], true);
   EXPECT_EQ(a3["cold"], false);
   EXPECT_EQ(a3["export"]["verified"], true);
+  // The server's own count: nothing before A1; A1, A2 and A3's prime before A3.
+  EXPECT_EQ(a1["requests_before"], 0);
+  EXPECT_EQ(a3["requests_before"], 3);
   EXPECT_EQ(a1["instance"], a3["instance"]);
+  EXPECT_EQ(Service(remote, "control")["server"], "fresh") << "the control runs on its own server";
   bool recorded = false;
   for (const auto& e : remote)
     if (e.event == "planned")

@@ -151,13 +151,14 @@ TEST(ServeTextStream, ChunksConcatenateToTheText) {
   const std::string bytes =
       "ab\xE2\x82\xAC"
       "c\xFF"
+      "\xF0\x9F\x98"
       "dSTOPe";
   TextStream whole({"STOP"});
   whole.Append(bytes);
   const std::string want = whole.Take(true);
   EXPECT_EQ(want,
             "ab\xE2\x82\xAC"
-            "c\xEF\xBF\xBD"
+            "c\xEF\xBF\xBD\xEF\xBF\xBD"
             "d");
   for (std::size_t cut = 0; cut <= bytes.size(); ++cut) {
     TextStream s({"STOP"});
@@ -171,6 +172,14 @@ TEST(ServeTextStream, ChunksConcatenateToTheText) {
     EXPECT_TRUE(s.stopped());
   }
   EXPECT_EQ(SanitizeUtf8("\xC0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong
+  // One U+FFFD per maximal ill-formed subpart, as the tokenizers decode (generate's text).
+  EXPECT_EQ(SanitizeUtf8("\xE2\x82"
+                         "A"),
+            "\xEF\xBF\xBD"
+            "A");
+  EXPECT_EQ(SanitizeUtf8("\xF0\x9F\x98"), "\xEF\xBF\xBD");  // cut at the end: one
+  EXPECT_EQ(SanitizeUtf8("\xE0\x80\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(SanitizeUtf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
   EXPECT_EQ(StableUtf8Prefix("a\xE2\x82"), 1u);
 }
 

@@ -32,6 +32,7 @@
 
 #include "lockstep/engine/conversation.h"
 #include "lockstep/engine/engine.h"
+#include "lockstep/engine/expert_cache.h"
 #include "lockstep/engine/generate.h"
 #include "lockstep/engine/request_options.h"
 #include "lockstep/engine/status.h"
@@ -86,6 +87,9 @@ struct RequestResult {
   PrefixReport prefix;
   std::vector<std::string> injections;  // Engine::InjectionReport() of its slot at the end
   bool kept = false;  // its slot is held as a conversation (keep = true): Continue / Release
+  // Per stage, its slot's expert counters as it ended (read before the slot is freed: an
+  // export's /counters); empty when it was never admitted.
+  std::vector<ExpertCounters> expert_counters;
 };
 
 struct SchedulerCounters {
@@ -166,9 +170,10 @@ class Scheduler {
   Status Release(Ticket t);
   // The kept conversation's state (its slot's snapshot shares K/V pages).
   Result<ConversationState> ExportConversation(Ticket t);
-  // A kept conversation in the lowest free slot from `state` (all or nothing); its ticket.
-  // kRuntime when no slot is free or the reservation does not fit.
-  Result<Ticket> ImportConversation(const ConversationState& state);
+  // A kept conversation in the lowest free slot (or in `slot` when >= 0) from `state` (all or
+  // nothing); its ticket. kRuntime when no slot is free (`slot` is not free) or the reservation
+  // does not fit.
+  Result<Ticket> ImportConversation(const ConversationState& state, int slot = -1);
 
  private:
   struct Entry;  // one request: spec, its Sequence, slot, result so far

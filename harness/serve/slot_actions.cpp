@@ -1,0 +1,265 @@
+// The slot actions: the HTTP side (parse, validate, answer) and the EngineDriver members that run
+// them on the driver thread, which owns the Engine and the Scheduler.
+#include "serve/slot_actions.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/slot_file.h"
+#include "serve/completion_response.h"
+#include "serve/completions_handler.h"
+#include "serve/engine_driver.h"
+#include "serve/http_server.h"
+
+namespace lockstep {
+
+namespace {
+
+double MsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+ApiError Conflict(std::string message, std::string code) {
+  ApiError e = ApiError::BadRequest(std::move(message), "", std::move(code));
+  e.status = 409;
+  return e;
+}
+
+// A slot-file error as the client's answer: the file's own faults are 400 (naming the part),
+// a missing file 404, anything else (reading, writing) 500. `path` never reaches the client.
+ApiError FileError(const Status& s, const std::string& path, const std::string& name) {
+  std::string m = s.message();
+  for (std::size_t at; (at = m.find(path)) != std::string::npos;) m.replace(at, path.size(), name);
+  switch (s.code()) {
+    case Status::Code::kCorruption:
+    case Status::Code::kInvalidArgument:
+      return ApiError::BadRequest(m, "filename", "invalid_slot_file");
+    case Status::Code::kNotFound:
+      return ApiError::NotFound(m, "slot_file_not_found");
+    default:
+      return ApiError::Internal(m);
+  }
+}
+
+// {"filename": NAME} with nothing else.
+std::variant<std::string, ApiError> ParseFileBody(const std::string& body) {
+  const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return ApiError::BadRequest("the body must be a JSON object {\"filename\": NAME}", "",
+                                "invalid_json");
+  for (const auto& [key, v] : j.items())
+    if (key != "filename")
+      return ApiError::BadRequest("unknown field '" + key + "'", key, "unknown_field");
+  if (!j.contains("filename") || !j["filename"].is_string())
+    return ApiError::BadRequest("'filename' must be a string", "filename", "invalid_type");
+  const std::string name = j["filename"].get<std::string>();
+  if (!PlainFileName(name))
+    return ApiError::BadRequest(
+        "'filename' must be 1 to 128 letters, digits, '.', '_' or '-', not starting with '.'",
+        "filename", "invalid_value");
+  return name;
+}
+
+}  // namespace
+
+bool PlainFileName(const std::string& name) {
+  if (name.empty() || name.size() > 128 || name[0] == '.') return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
+  });
+}
+
+void HandleSlotAction(ServeContext& ctx, const httplib::Request& req, httplib::Response& res) {
+  if (!ctx.ready) return SendError(res, ApiError::Unavailable("loading the model", "loading"));
+  const std::string action = req.get_param_value("action");
+  if (action != "save" && action != "restore" && action != "erase")
+    return SendError(res, ApiError::BadRequest("'action' must be save, restore or erase", "action",
+                                               "invalid_value"));
+  const std::string digits = req.matches.size() > 1 ? std::string(req.matches[1]) : "";
+  const int n_slots = ctx.engine_config.slots;
+  const int slot = digits.size() <= 6 ? std::atoi(digits.c_str()) : -1;
+  if (slot < 0 || slot >= n_slots)
+    return SendError(res, ApiError::BadRequest("no slot " + digits.substr(0, 16) + " (0.." +
+                                                   std::to_string(n_slots - 1) + ")",
+                                               "id_slot", "invalid_slot"));
+  EngineDriver::SlotAnswer answer;
+  if (action == "erase") {
+    answer = ctx.driver->EraseSlot(slot);
+  } else {
+    if (ctx.opts.slot_dir.empty()) {
+      ApiError e =
+          ApiError::NotImplemented("slot " + action + " needs a server started with --slot-dir");
+      return SendError(res, e);
+    }
+    auto name = ParseFileBody(req.body);
+    if (auto* e = std::get_if<ApiError>(&name)) return SendError(res, *e);
+    const std::string& n = std::get<std::string>(name);
+    const std::string path = ctx.opts.slot_dir + "/" + n;
+    answer = action == "save" ? ctx.driver->SaveSlot(slot, path, n)
+                              : ctx.driver->RestoreSlot(slot, path, n);
+  }
+  if (auto* e = std::get_if<ApiError>(&answer)) return SendError(res, *e);
+  res.set_content(Dump(std::get<nlohmann::json>(answer)), "application/json");
+}
+
+// ---- on the driver thread ----
+
+bool EngineDriver::Call(std::function<void()> fn) {
+  struct Done {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto d = std::make_shared<Done>();
+  {
+    std::lock_guard lk(mu_);
+    if (stop_) return false;
+    commands_.push_back({Command::kCall, nullptr, [this, d, fn = std::move(fn)] {
+                           fn();
+                           Publish();  // /slots shows the change before the answer goes out
+                           std::lock_guard dl(d->mu);
+                           d->done = true;
+                           d->cv.notify_all();
+                         }});
+    cv_.notify_one();
+  }
+  std::unique_lock dl(d->mu);
+  d->cv.wait(dl, [&] { return d->done; });
+  return true;
+}
+
+namespace {
+ApiError Stopped() { return ApiError::Unavailable("the server is shutting down", "draining"); }
+}  // namespace
+
+EngineDriver::SlotAnswer EngineDriver::SaveSlot(int slot, const std::string& path,
+                                                const std::string& name) {
+  SlotAnswer a = Stopped();
+  Call([&] { a = SaveSlotNow(slot, path, name); });
+  return a;
+}
+
+EngineDriver::SlotAnswer EngineDriver::RestoreSlot(int slot, const std::string& path,
+                                                   const std::string& name) {
+  SlotAnswer a = Stopped();
+  Call([&] { a = RestoreSlotNow(slot, path, name); });
+  return a;
+}
+
+EngineDriver::SlotAnswer EngineDriver::EraseSlot(int slot) {
+  SlotAnswer a = Stopped();
+  Call([&] { a = EraseSlotNow(slot); });
+  return a;
+}
+
+EngineDriver::SlotAnswer EngineDriver::SaveSlotNow(int slot, const std::string& path,
+                                                   const std::string& name) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto it = kept_.find(slot);
+  if (it == kept_.end())
+    return Conflict("slot " + std::to_string(slot) +
+                        " holds no finished conversation (send a request with \"lockstep\": "
+                        "{\"keep\": true})",
+                    "slot_not_kept");
+  Result<ConversationState> st = scheduler_.ExportConversation(it->second.ticket);
+  if (!st.ok()) return ApiError::Internal(st.status().message());
+  Result<std::string> bytes = EncodeConversation(engine_, *st);
+  if (!bytes.ok()) return FileError(bytes.status(), path, name);
+  Status w = WriteFileAtomic(path, std::string_view(*bytes));
+  if (!w.ok()) return FileError(w, path, name);
+  std::fprintf(stderr, "serve: slot %d saved (%zu tokens, request %s)\n", slot, st->tokens.size(),
+               it->second.id.c_str());
+  return nlohmann::json{{"id_slot", slot},
+                        {"filename", name},
+                        {"n_saved", st->tokens.size()},
+                        {"n_written", bytes->size()},
+                        {"timings", {{"save_ms", MsSince(t0)}}}};
+}
+
+EngineDriver::SlotAnswer EngineDriver::RestoreSlotNow(int slot, const std::string& path,
+                                                      const std::string& name) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& [t, job] : jobs_)
+    if (job->slot == slot)
+      return Conflict("slot " + std::to_string(slot) + " is busy", "slot_busy");
+  if (kept_.count(slot))
+    return Conflict("slot " + std::to_string(slot) + " holds a conversation (erase it first)",
+                    "slot_not_free");
+  Result<std::string> bytes = ReadFile(path, kSlotFileMaxBytes);
+  if (!bytes.ok()) return FileError(bytes.status(), path, name);
+  Result<ConversationState> st = DecodeConversation(*bytes, engine_);
+  if (!st.ok()) return FileError(st.status(), path, name);
+  Result<Ticket> t = scheduler_.ImportConversation(*st, slot);
+  if (!t.ok()) {
+    if (t.status().code() == Status::Code::kRuntime)
+      return Conflict("slot " + std::to_string(slot) + ": " + t.status().message(),
+                      "slot_not_free");
+    return FileError(t.status(), path, name);
+  }
+  Kept& k = kept_[slot];
+  k.ticket = *t;
+  k.tokens = st->tokens;
+  k.id = st->id;
+  std::fprintf(stderr, "serve: slot %d restored (%zu tokens)\n", slot, st->tokens.size());
+  return nlohmann::json{{"id_slot", slot},
+                        {"filename", name},
+                        {"n_restored", st->tokens.size()},
+                        {"n_read", bytes->size()},
+                        {"timings", {{"restore_ms", MsSince(t0)}}}};
+}
+
+EngineDriver::SlotAnswer EngineDriver::EraseSlotNow(int slot) {
+  for (const auto& [t, job] : jobs_)
+    if (job->slot == slot)
+      return Conflict("slot " + std::to_string(slot) + " is busy", "slot_busy");
+  auto it = kept_.find(slot);
+  std::size_t n = 0;
+  if (it != kept_.end()) {
+    n = it->second.tokens.size();
+    Status s = scheduler_.Release(it->second.ticket);
+    if (!s.ok()) return ApiError::Internal(s.message());
+    kept_.erase(it);
+  }
+  return nlohmann::json{{"id_slot", slot}, {"n_erased", n}};
+}
+
+bool EngineDriver::ContinueKept(const ServeJobPtr& job) {
+  const int slot = job->req.id_slot;
+  auto it = kept_.find(slot);
+  if (it == kept_.end()) {
+    Refuse(job, Conflict("slot " + std::to_string(slot) +
+                             " holds no conversation to continue (\"lockstep\": {\"keep\": "
+                             "true}, or POST /slots/{id}?action=restore)",
+                         "slot_not_kept"));
+    return false;
+  }
+  const std::vector<std::int32_t>& have = it->second.tokens;
+  if (job->prompt.size() <= have.size() ||
+      !std::equal(have.begin(), have.end(), job->prompt.begin())) {
+    Refuse(job, ApiError::BadRequest(
+                    "the prompt must be slot " + std::to_string(slot) + "'s " +
+                        std::to_string(have.size()) +
+                        " tokens followed by at least one more (GET /slots shows n_tokens)",
+                    "prompt", "prompt_not_continuation"));
+    return false;
+  }
+  std::vector<std::int32_t> more(job->prompt.begin() + static_cast<std::ptrdiff_t>(have.size()),
+                                 job->prompt.end());
+  Result<Ticket> t = scheduler_.Continue(it->second.ticket, std::move(more), job->options,
+                                         &job->hooks, job->req.keep);
+  if (!t.ok()) {
+    Refuse(job, ApiError::BadRequest(t.status().message(), "id_slot"));
+    return false;
+  }
+  kept_.erase(it);
+  job->slot = slot;
+  Accept(job, *t);
+  return true;
+}
+
+}  // namespace lockstep
