@@ -53,6 +53,7 @@ struct Loaded {
   std::string created_utc;
   std::string dir;          // the run folder (traces are read from it)
   json builds, arm_builds;  // the planned entry's (null: a ledger from before named builds)
+  std::map<std::string, json> service;  // service arms' records (campaign_text::ReadServices)
 };
 
 Result<Loaded> Load(const std::string& dir) {
@@ -80,6 +81,7 @@ Result<Loaded> Load(const std::string& dir) {
       L.verdict_reason = e.data.value("reason", "");
     }
   }
+  L.service = campaign_text::ReadServices(dir, L.c.arms, L.entries);
   for (const auto& arm : L.c.arms) {
     ArmFacts& a = L.arms[arm.name];
     const std::string out =
@@ -455,13 +457,20 @@ void ScopeSection(std::ostream& md, const Loaded& L) {
   campaign_text::BuildsText(md, L.builds, L.arm_builds, c.arms);
   bool any_state = false, any_timing = false;
   for (const auto& a : c.arms) (a.mode == "timing" ? any_timing : any_state) = true;
-  md << "- Each arm ran as a fresh `lockstep generate` process";
+  const auto services = std::count_if(c.arms.begin(), c.arms.end(),
+                                      [](const ArmSpec& a) { return a.server != "process"; });
+  md << (services == 0 ? "- Each arm ran as a fresh `lockstep generate` process"
+         : services == static_cast<std::ptrdiff_t>(c.arms.size())
+             ? "- Every arm's request ran on `lockstep serve` (below)"
+             : "- Process arms ran as fresh `lockstep generate` processes, service arms on "
+               "`lockstep serve` (below)");
   if (any_state)
     md << "; state arms exported windows `" << c.export_plan.windows << "` at "
        << fmt::format("{}", fmt::join(c.export_plan.points, " / "));
   if (any_timing) md << "; timing arms recorded the trace only";
   md << ".\n\n";
   ArmTable(md, L);
+  campaign_text::ServiceScopeText(md, c.arms, L.service);
 }
 
 void StateSection(std::ostream& md, const Loaded& L) {
@@ -481,9 +490,11 @@ void StateSection(std::ostream& md, const Loaded& L) {
     if (it == L.records.end()) continue;
     const json& rep = it->second.value("report", json::object());
     const json& st = rep.contains("state") ? rep["state"] : json();
-    if (st.is_null()) continue;
-    any_state = true;
-    ArmStateText(md, a, st);
+    if (!st.is_null()) {
+      any_state = true;
+      ArmStateText(md, a, st);
+    }
+    campaign_text::ServicePairText(md, a, it->second);
   }
   if (!any_state) md << "No state comparison was made (no pair of state arms finished).\n\n";
   for (const auto& a : c.arms) {
@@ -517,6 +528,8 @@ void TimingSection(std::ostream& md, const Loaded& L) {
     }
     ArmIntervalText(md, a, al);
     md << "\n";
+    for (const auto& b : L.c.arms)
+      if (b.name == a.baseline) campaign_text::PairStepText(md, L.dir, a, b);
   }
 }
 
@@ -732,6 +745,7 @@ std::string PairCharts(const Loaded& L, const std::string& run_dir, const ArmSpe
       h += "<h3>" + HtmlEscape(pair) + ": verify time per window</h3>\n" +
            SvgVerifyChart(al, *wa, *wb, a.baseline, a.name);
     }
+    h += campaign_text::PairStepChart(run_dir, a, base);
   }
   if (!cmp.value("passed", true)) {
     // The runner's own file; only a bare <svg> document is inlined.

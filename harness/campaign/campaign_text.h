@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "lockstep/harness/campaign.h"
+#include "lockstep/harness/ledger.h"
 
 namespace lockstep::campaign_text {
 
@@ -75,5 +76,31 @@ std::vector<std::string> ChangeBoxLines(const std::vector<ArmSpec>& arms, const 
 // (`records`: compare/<arm>.json by arm); nothing when the plan compares no two builds.
 void ChangeSection(std::ostream& md, const std::vector<ArmSpec>& arms,
                    const std::map<std::string, json>& records);
+
+// ---- service arms (service_text.cpp) ----
+
+// Each arm's service record: arms/<arm>/service.json, else the ledger's finished entry's
+// `service`; process arms have none.
+std::map<std::string, json> ReadServices(const std::string& dir, const std::vector<ArmSpec>& arms,
+                                         const std::vector<LedgerEntry>& entries);
+// The scope section's table of where each arm ran: server (process, fresh, shared, remote), the
+// engine instance and config digest, engine state (fresh / carried / lost: re-primed), cold or
+// warm with the prompt tokens reused and the snapshot position, primed, requests the engine had
+// served before, the background load (requests, completed, failed, digest). Nothing when every
+// arm is a process arm.
+void ServiceScopeText(std::ostream& md, const std::vector<ArmSpec>& arms,
+                      const std::map<std::string, json>& service);
+// What a pair's service contrast (cold/warm, load, engine reuse) did: output and state bitwise
+// equal or not, the first differing item, threshold failures as measured, the service
+// predicates that are true. Nothing without the comparison record's `service`.
+void ServicePairText(std::ostream& md, const ArmSpec& a, const json& record);
+// The step composition of a pair's matched windows beside their verify times (a Markdown table
+// and each side's summary: windows that shared their step with a prefill chunk, with other
+// sequences only, alone), read from the arms' traces; and its HTML chart (verify ms per window
+// above, each window's step rows below with the prefill rows marked). Both are empty unless a
+// side is a service arm or some window shared its step.
+void PairStepText(std::ostream& md, const std::string& run_dir, const ArmSpec& a,
+                  const ArmSpec& base);
+std::string PairStepChart(const std::string& run_dir, const ArmSpec& a, const ArmSpec& base);
 
 }  // namespace lockstep::campaign_text

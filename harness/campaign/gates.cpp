@@ -277,6 +277,94 @@ void GateInjections(const Campaign& c, const ArmSpec& arm, const ArmOutcome& out
   }
 }
 
+// Whether every compared item is bitwise equal (values, int8 codes) and nothing failed: what the
+// service predicates mean by "state not bitwise equal" (a missing item or a shape mismatch is
+// not equal either).
+bool StateBitwiseEqual(const DiffResult& d) {
+  if (d.model_differs || d.request_differs) return false;
+  for (const ItemResult& it : d.items)
+    if (it.verdict == Verdict::kFail || ItemChanged(it)) return false;
+  return true;
+}
+
+// One side's service facts as the predicates read them: a process arm (no service object) is a
+// fresh engine's cold request without load.
+struct ServiceSide {
+  bool service = false;
+  bool cold = true;
+  std::int64_t requests_before = 0;
+  bool has_load = false;
+  std::string load_digest;
+};
+
+// Fields of a service record, by type: a failed arm's record may hold nulls (unknown), which
+// read as the default.
+bool BoolOr(const nlohmann::json& j, const char* k, bool d) {
+  return j.is_object() && j.contains(k) && j[k].is_boolean() ? j[k].get<bool>() : d;
+}
+std::string StringOr(const nlohmann::json& j, const char* k, const std::string& d) {
+  return j.is_object() && j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : d;
+}
+std::int64_t IntOr(const nlohmann::json& j, const char* k, std::int64_t d) {
+  return j.is_object() && j.contains(k) && j[k].is_number_integer() ? j[k].get<std::int64_t>() : d;
+}
+
+ServiceSide Side(const nlohmann::json& s) {
+  ServiceSide v;
+  if (!s.is_object()) return v;
+  v.service = true;
+  v.cold = BoolOr(s, "cold", true);
+  v.requests_before = IntOr(s, "requests_before", 0);
+  const nlohmann::json& load = s.contains("load") ? s["load"] : nlohmann::json();
+  v.has_load = load.is_object();
+  if (v.has_load) v.load_digest = StringOr(load, "digest", "");
+  return v;
+}
+
+nlohmann::json SideJson(const ServiceSide& v, const nlohmann::json& s) {
+  return {{"server", s.is_object() ? StringOr(s, "server", "") : std::string("process")},
+          {"cold", v.cold},
+          {"prompt_tokens_reused", IntOr(s, "prompt_tokens_reused", 0)},
+          {"requests_before", v.requests_before},
+          {"load_digest", v.has_load ? nlohmann::json(v.load_digest) : nlohmann::json()}};
+}
+
+// The service predicates (warm_differs_from_cold, load_changes_state, load_changes_path,
+// engine_reuse_changes_state) and the comparison's `service` record: what differs between the
+// sides' service settings and whether the result was bitwise the same. Recorded when either side
+// ran on a service, or the plan's stop rules name one of them.
+void ServicePredicates(const Campaign& c, const ArmOutcome& base, const ArmOutcome& out,
+                       bool output_same, const DiffResult* diff, const AlignResult& al,
+                       ComparisonResult& r) {
+  static const std::vector<std::string> kNames = {"warm_differs_from_cold", "load_changes_state",
+                                                  "load_changes_path",
+                                                  "engine_reuse_changes_state"};
+  const ServiceSide a = Side(base.service), b = Side(out.service);
+  bool asked = a.service || b.service;
+  for (const auto& rule : c.stop)
+    for (const auto& p : rule.predicates)
+      asked = asked || std::find(kNames.begin(), kNames.end(), p) != kNames.end();
+  if (!asked) return;
+  const bool same = output_same && (diff == nullptr || StateBitwiseEqual(*diff));
+  const bool warm_vs_cold = a.cold != b.cold;
+  const bool load_differs =
+      a.has_load != b.has_load || (a.has_load && a.load_digest != b.load_digest);
+  const bool reuse_differs = (a.requests_before > 0) != (b.requests_before > 0);
+  r.predicates["warm_differs_from_cold"] = warm_vs_cold && !same;
+  r.predicates["load_changes_state"] = load_differs && !same;
+  r.predicates["load_changes_path"] = load_differs && al.diverged;
+  r.predicates["engine_reuse_changes_state"] = reuse_differs && !same;
+  nlohmann::json contrast = nlohmann::json::array();
+  if (warm_vs_cold) contrast.push_back("cold_warm");
+  if (load_differs) contrast.push_back("load");
+  if (reuse_differs) contrast.push_back("engine_reuse");
+  r.service = {{"a", SideJson(a, base.service)},
+               {"b", SideJson(b, out.service)},
+               {"contrast", contrast},
+               {"bitwise_equal", same},
+               {"state_compared", diff != nullptr}};
+}
+
 }  // namespace
 
 ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const ArmOutcome& base,
@@ -325,6 +413,7 @@ ComparisonResult EvaluateComparison(const Campaign& c, const ArmSpec& arm, const
   r.predicates["swap_used"] = swap;
   r.predicates["arm_failed"] = !base.ok || !out.ok;
   r.predicates["control_missed"] = arm.control && (gates_passed || !r.control_applied);
+  ServicePredicates(c, base, out, output_same, diff, al, r);
   return r;
 }
 
@@ -364,6 +453,7 @@ nlohmann::json ToJson(const ComparisonResult& r) {
     j["gates"].push_back({{"name", g.name}, {"passed", g.passed}, {"message", g.message}});
   j["predicates"] = r.predicates;
   j["timing_repeats"] = {r.timing_repeats_a, r.timing_repeats_b};
+  if (!r.service.is_null()) j["service"] = r.service;
   if (r.timing) {
     const TimingVerdict& t = *r.timing;
     auto stats = [](const SampleStats& s) {
@@ -410,6 +500,7 @@ Result<ComparisonResult> ComparisonFromJson(const nlohmann::json& j) {
     r.predicates = j.at("predicates").get<std::map<std::string, bool>>();
     r.timing_repeats_a = j.at("timing_repeats").at(0).get<int>();
     r.timing_repeats_b = j.at("timing_repeats").at(1).get<int>();
+    r.service = j.value("service", nlohmann::json());
     return r;
   } catch (const nlohmann::json::exception& e) {
     return Status::Corruption("comparison record", e.what());

@@ -23,8 +23,11 @@ namespace lockstep {
 const std::vector<std::string>& StopPredicates() {
   static const std::vector<std::string> kPredicates{
       "path_diverged", "path_diverged_early", "window_timing_unstable", "aggregate_timing_failed",
-      "state_failed",  "output_differs",      "resource_guard",         "swap_used",
-      "arm_failed",    "control_missed"};
+      "state_failed", "output_differs", "resource_guard", "swap_used", "arm_failed",
+      "control_missed",
+      // service arms (issue 25)
+      "warm_differs_from_cold", "load_changes_state", "load_changes_path",
+      "engine_reuse_changes_state"};
   return kPredicates;
 }
 
@@ -247,9 +250,10 @@ Status PlanParser::ParseBuilds(const toml::table& t, Campaign& c) const {
 }
 
 Status PlanParser::ParseArm(const toml::table& t, Campaign& c) {
-  LOCKSTEP_RETURN_IF_ERROR(CheckKeys(t, "in [[arm]]",
-                                     {"name", "mode", "repeat", "baseline", "require", "decision",
-                                      "engine", "max_skipped", "build"}));
+  LOCKSTEP_RETURN_IF_ERROR(
+      CheckKeys(t, "in [[arm]]",
+                {"name", "mode", "repeat", "baseline", "require", "decision", "engine",
+                 "max_skipped", "build", "server", "prime", "load"}));
   ArmSpec arm;
   arm.line = static_cast<int>(t.source().begin.line);
   LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* name, Required(t, "name", "[[arm]]"));
@@ -328,9 +332,11 @@ Status PlanParser::ParseArm(const toml::table& t, Campaign& c) {
     LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* e, Table(*n, "engine"));
     LOCKSTEP_ASSIGN_OR_RETURN(arm.engine, ParseEngine(*e, label + " [arm.engine]", locs));
   }
+  LOCKSTEP_RETURN_IF_ERROR(ParseArmService(t, arm, locs));
   c.arms.push_back(std::move(arm));
   arm_engine_locs_.push_back(std::move(locs));
-  return CheckArmConfig(c, c.arms.size() - 1, t.source());
+  LOCKSTEP_RETURN_IF_ERROR(CheckArmConfig(c, c.arms.size() - 1, t.source()));
+  return CheckLoadSlots(c, c.arms.back(), t);
 }
 
 Status PlanParser::ParseStop(const toml::table& t, Campaign& c) const {
@@ -400,6 +406,12 @@ Status PlanParser::AddControlArm(Campaign& c, const toml::node& control_node) {
   control.line = static_cast<int>(control_node.source().begin.line);
   control.engine = first.engine;
   control.build = first.build;  // it differs from its baseline only by the injection
+  // A service first arm: the control runs on its own fresh server (its injection is an engine
+  // key, which neither the shared server nor a remote one takes per request), primed like it.
+  if (first.server != "process") {
+    control.server = "fresh";
+    control.prime = first.prime;
+  }
   nlohmann::json inject = first.engine.contains("inject") ? first.engine["inject"]
                           : c.engine.contains("inject")   ? c.engine["inject"]
                                                           : nlohmann::json::array();
@@ -461,10 +473,10 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
   }
   toml::source_region top;
   top.begin = toml::source_position{1, 1};
-  LOCKSTEP_RETURN_IF_ERROR(
-      CheckKeys(root, "at the top level",
-                {"name", "question", "hypothesis", "control", "min_timing_repeats", "model",
-                 "request", "engine", "export", "thresholds", "gates", "arm", "stop", "builds"}));
+  LOCKSTEP_RETURN_IF_ERROR(CheckKeys(
+      root, "at the top level",
+      {"name", "question", "hypothesis", "control", "min_timing_repeats", "model", "request",
+       "engine", "export", "thresholds", "gates", "arm", "stop", "builds", "service"}));
   Campaign c;
   c.plan_dir = plan_dir_;
   c.plan_text = std::string(text);
@@ -516,6 +528,9 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
     LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* t, Table(*n, "builds"));
     LOCKSTEP_RETURN_IF_ERROR(ParseBuilds(*t, c));
   }
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* service,
+                            OptTable(root, "service", "[service]", {"url", "api_key_env"}));
+  if (service != nullptr) LOCKSTEP_RETURN_IF_ERROR(ParseService(*service, c.service));
   const toml::node* control = root.get("control");
   if (control != nullptr) {
     LOCKSTEP_ASSIGN_OR_RETURN(c.control, String(*control, "control"));

@@ -36,6 +36,9 @@ bool Contains(const std::vector<std::string>& v, const std::string& s);
 bool ValidName(std::string_view s);
 // A TOML node's type as toml++ names it ("string", "integer", "table", ...).
 std::string TypeName(const toml::node& n);
+// The engine keys a shared arm may override: the request's own fields (seed, temperature, top_k,
+// top_p, max_new, ignore_eos), which `lockstep serve` takes per request.
+const std::vector<std::string>& RequestLevelKeys();
 // The engine keys a plan may set, with their JSON types: the canonical JSON of the defaults.
 const nlohmann::json& EngineDefaults();
 // Those keys, comma-separated, for messages (model and replay_path are not plan keys).
@@ -132,6 +135,12 @@ class PlanParser {
   Status ParseGates(const toml::table& t, GateSpec& g) const;
   Status ParseBuilds(const toml::table& t, Campaign& c) const;
   Status ParseArm(const toml::table& t, Campaign& c);
+  // Service arms (plan_service.cpp): the arm's server, prime and load keys; `locs` are its
+  // [arm.engine] keys (a shared arm may override request keys only).
+  Status ParseArmService(const toml::table& t, ArmSpec& arm, const KeyLocations& locs) const;
+  // After the arm's config is valid: a load arm's engine must hold 2 or more slots.
+  Status CheckLoadSlots(const Campaign& c, const ArmSpec& arm, const toml::table& t) const;
+  Status ParseService(const toml::table& t, ServiceSpec& s) const;
   Status ParseStop(const toml::table& t, Campaign& c) const;
   Status AddControlArm(Campaign& c, const toml::node& control_node);
   Status ArmConfigStatus(const Campaign& c, const ArmSpec& arm) const;

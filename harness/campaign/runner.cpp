@@ -3,15 +3,18 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <ostream>
 #include <set>
 
+#include "campaign/service_arm.h"
 #include "lockstep/compare/export_reader.h"
 #include "lockstep/compare/report.h"
 #include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/model_config.h"
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/harness/builds.h"
 #include "lockstep/harness/campaign.h"
@@ -108,6 +111,8 @@ struct RunState {
   std::set<std::string> not_sent;
   bool done = false;
   std::string verdict;
+  nlohmann::json service;       // the planned entry's remote server ({url, api_key_env}) or null
+  bool shared_started = false;  // some runner process of this folder started the shared server
 
   void Apply(const LedgerEntry& e) {
     const int repeat = e.data.value("repeat", 0);
@@ -115,6 +120,9 @@ struct RunState {
       plan_sha256 = e.data.value("plan_sha256", "");
       plan_dir = e.data.value("plan_dir", "");
       builds = e.data.value("builds", nlohmann::json());
+      service = e.data.value("service", nlohmann::json());
+    } else if (e.event == "server_started") {
+      shared_started = shared_started || e.data.value("role", "") == "shared";
     } else if (e.event == "sent") {
       sent.insert({e.arm, repeat});
     } else if (e.event == "finished" || e.event == "failed") {
@@ -150,6 +158,7 @@ struct Runner {
   RunState st;
   bool progress = false;
   std::map<std::string, ArmBuild> builds;  // every build an arm uses (ArmBuildName)
+  std::unique_ptr<ServiceHost> host;       // the servers of service arms (at the first one)
 
   const ArmBuild& BuildOf(const ArmSpec& arm) const { return builds.at(ArmBuildName(arm)); }
 
@@ -198,6 +207,7 @@ struct Runner {
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(d + "/config.json", cfg.ToJson() + "\n"));
     const ArmBuild& build = BuildOf(arm);
     LOCKSTEP_RETURN_IF_ERROR(CheckBuild(build));
+    if (arm.server != "process") return SendService(arm, repeat, d, cfg, build);
     ChildSpec cs;
     cs.argv = ArmGenerateArgv(c, arm, build.path, d, tokens_path);
     cs.stdout_path = d + "/stdout.json";
@@ -245,6 +255,86 @@ struct Runner {
     return Status::Ok();
   }
 
+  // The service endpoint of this run: the ledger's (a resumed run keeps it), else the command
+  // line's override of the plan's [service].
+  ServiceOptions ServiceOpts() const {
+    ServiceOptions so;
+    if (st.service.is_object()) {
+      so.url = st.service.value("url", "");
+      const std::string env = st.service.value("api_key_env", "");
+      if (const char* k = env.empty() ? nullptr : std::getenv(env.c_str())) so.api_key = k;
+    }
+    so.request_timeout_s = opts.service_timeout_s;
+    return so;
+  }
+
+  Status EnsureHost() {
+    if (host) return Status::Ok();
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(tokens_path, std::size_t{256} << 20));
+    LOCKSTEP_ASSIGN_OR_RETURN(ModelConfig mc, ModelConfig::FromFile(model_dir + "/config.json"));
+    LOCKSTEP_ASSIGN_OR_RETURN(auto ids, ParseTokenList(text, mc.n_vocab, "request.tokens"));
+    host = std::make_unique<ServiceHost>(
+        c, ServiceOpts(), std::move(ids), mc.n_vocab, dir, st.shared_started,
+        [this](const std::string& event, const std::string& arm, nlohmann::json data) {
+          return Append(event, arm, data);
+        });
+    return Status::Ok();
+  }
+
+  // The earlier shared arms that finished (what a replacement shared server gets again).
+  Result<std::vector<SharedHistoryItem>> SharedHistory(const ArmSpec& upto) const {
+    std::vector<SharedHistoryItem> items;
+    for (const ArmSpec& a : c.arms) {
+      if (&a == &upto) break;
+      if (a.server != "shared" || !st.finished.count({a.name, 0})) continue;
+      LOCKSTEP_ASSIGN_OR_RETURN(EngineConfig cfg, EffectiveConfig(c, a, model_dir));
+      int n = 0;
+      while (n < a.repeat && st.finished.count({a.name, n})) ++n;
+      items.push_back(SharedHistoryItem{&a, cfg, n});
+    }
+    return items;
+  }
+
+  // One repeat of a service arm: its request on a server (service_arm.h), recorded like a
+  // process arm's, with the `service` object.
+  Status SendService(const ArmSpec& arm, int repeat, const std::string& d, const EngineConfig& cfg,
+                     const ArmBuild& build) {
+    LOCKSTEP_RETURN_IF_ERROR(EnsureHost());
+    LOCKSTEP_RETURN_IF_ERROR(Append("sent", arm.name,
+                                    {{"repeat", repeat},
+                                     {"mode", arm.mode},
+                                     {"server", arm.server},
+                                     {"engine_config_sha256", EngineConfigHash(cfg)},
+                                     {"build", build.name},
+                                     {"executable_sha256", build.sha256}}));
+    const std::string label = arm.repeat > 1 ? fmt::format("{} #{}", arm.name, repeat) : arm.name;
+    if (progress)
+      std::fprintf(stderr, "\r\033[K  %s: on a %s server", label.c_str(), arm.server.c_str());
+    LOCKSTEP_ASSIGN_OR_RETURN(auto history, SharedHistory(arm));
+    LOCKSTEP_ASSIGN_OR_RETURN(ServiceArmRun run,
+                              host->Run(arm, cfg, build.path, d, repeat, history));
+    if (progress) std::fprintf(stderr, "\r\033[K");
+    nlohmann::json data = {{"repeat", repeat},
+                           {"exit_code", run.ok ? 0 : 3},
+                           {"signal", 0},
+                           {"seconds", run.seconds},
+                           {"service", run.service}};
+    if (!run.ok) data["error"] = run.error;
+    LOCKSTEP_RETURN_IF_ERROR(Append(run.ok ? "finished" : "failed", arm.name, data));
+    const nlohmann::json& svc = run.service;
+    out << fmt::format(
+        "  {}: {} in {:.2f} s ({} server{})", label, run.ok ? "finished" : "FAILED", run.seconds,
+        svc.value("server", ""),
+        svc["cold"].is_boolean()
+            ? svc["cold"].get<bool>()
+                  ? ", cold"
+                  : fmt::format(", warm: {} tokens reused", svc.value("prompt_tokens_reused", 0))
+            : "");
+    if (!run.ok) out << ": " << run.error;
+    out << "\n";
+    return Status::Ok();
+  }
+
   // The arm's outcome from its files (missing or unreadable files make it a failed arm).
   ArmOutcome LoadOutcome(const ArmSpec& arm) {
     ArmOutcome o;
@@ -276,6 +366,9 @@ struct Runner {
       }
       if (r == 0) o.windows = *windows;
       o.repeats.push_back(std::move(*windows));
+      if (r == 0 && arm.server != "process")
+        if (auto svc = ReadFile(d + "/service.json", std::size_t{16} << 20); svc.ok())
+          o.service = nlohmann::json::parse(*svc, nullptr, false);
     }
     o.ok = true;
     o.exit_code = 0;
@@ -310,7 +403,9 @@ struct Runner {
       }
     }
     ComparisonResult cr = EvaluateComparison(c, arm, base, cur, diff ? &*diff : nullptr, al);
-    if (!diff_error.empty())
+    if (const std::string refused = RefusedExports(base, cur); !refused.empty())
+      cr.gates.push_back(GateOutcome{"export digest", false, refused}), cr.passed = false;
+    else if (!diff_error.empty())
       cr.gates.push_back(GateOutcome{"exports readable", false, diff_error}), cr.passed = false;
     ReportInput in;
     in.title = fmt::format("{}: {} vs {}{}", c.name, arm.name, base_spec.name,
@@ -362,6 +457,22 @@ struct Runner {
       out << fmt::format("  {} vs {}: {}{}\n", arm.name, base_spec.name,
                          cr.passed ? "pass" : "FAIL", by.empty() ? "" : " (" + by + ")");
     return Status::Ok();
+  }
+
+  // Service arms whose export failed its digest check (downloaded from a remote server): "export
+  // digest mismatch (A2: ...)"; "" when both sides' exports were accepted.
+  static std::string RefusedExports(const ArmOutcome& a, const ArmOutcome& b) {
+    std::string out;
+    for (const ArmOutcome* o : {&a, &b}) {
+      if (!o->service.is_object() || !o->service.contains("export")) continue;
+      const nlohmann::json& e = o->service["export"];
+      if (!e.is_object() || e.value("verified", nlohmann::json(true)) != false) continue;
+      out += fmt::format("{}{} ({}: the server said {}, received {})", out.empty() ? "" : "; ",
+                         e.value("reason", "export digest mismatch"), o->name,
+                         e.value("sha256", nlohmann::json()).dump(),
+                         e.value("received_sha256", std::string()));
+    }
+    return out;
   }
 
   const ArmSpec* FindArm(const std::string& name) const {
@@ -501,7 +612,7 @@ Status CheckedPlanText(const RunOptions& opts, const RunState& st, std::string* 
 
 Status RunCampaign(const RunOptions& opts, std::ostream& out) {
   if (opts.out_dir.empty()) return Status::InvalidArgument("--out", "a run folder is required");
-  Runner run{opts, out, {}, opts.out_dir, opts.exe, {}, {}, std::nullopt, {}, false, {}};
+  Runner run{opts, out, {}, opts.out_dir, opts.exe, {}, {}, std::nullopt, {}, false, {}, nullptr};
   run.progress = opts.progress < 0 ? ::isatty(STDERR_FILENO) != 0 : opts.progress > 0;
   if (run.exe.empty()) {
     LOCKSTEP_ASSIGN_OR_RETURN(run.exe, SelfExecutable());
@@ -510,6 +621,9 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
   if (!opts.resume) {
     if (opts.plan.empty()) return Status::InvalidArgument("run", "a campaign file is required");
     LOCKSTEP_ASSIGN_OR_RETURN(run.c, LoadCampaign(opts.plan));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        const nlohmann::json service,
+        PlannedService(opts.service_url, opts.service_key_env, run.c.service));
     // Every build is checked before the run folder exists: a refused build runs nothing.
     LOCKSTEP_ASSIGN_OR_RETURN(run.builds, ResolveBuilds(run.c, opts.builds, run.exe));
     if (fs::exists(opts.out_dir) && !fs::is_empty(opts.out_dir, ec))
@@ -528,15 +642,11 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
       nlohmann::json arm_builds = nlohmann::json::object(), builds = nlohmann::json::object();
       for (const auto& a : run.c.arms) arms.push_back(a.name), arm_builds[a.name] = ArmBuildName(a);
       for (const auto& [name, b] : run.builds) builds[name] = BuildJson(b);
-      LOCKSTEP_RETURN_IF_ERROR(l.Append("planned", "",
-                                        {{"campaign", run.c.name},
-                                         {"plan_sha256", run.c.plan_sha256},
-                                         {"plan_dir", run.c.plan_dir},
-                                         {"arms", arms},
-                                         {"builds", builds},
-                                         {"arm_builds", arm_builds}},
-                                        true)
-                                   .status());
+      nlohmann::json planned = {{"campaign", run.c.name},     {"plan_sha256", run.c.plan_sha256},
+                                {"plan_dir", run.c.plan_dir}, {"arms", arms},
+                                {"builds", builds},           {"arm_builds", arm_builds}};
+      if (!service.is_null()) planned["service"] = service;
+      LOCKSTEP_RETURN_IF_ERROR(l.Append("planned", "", planned, true).status());
     }
     fs::remove(opts.out_dir, ec);  // an empty folder may be replaced
     fs::rename(tmp, opts.out_dir, ec);
@@ -563,6 +673,15 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
     LOCKSTEP_ASSIGN_OR_RETURN(run.c,
                               ParseCampaign(text, opts.out_dir + "/plan.toml", run.st.plan_dir));
     LOCKSTEP_RETURN_IF_ERROR(run.ResumeBuilds());
+    if (!opts.service_url.empty() || !opts.service_key_env.empty())
+      return Status::InvalidArgument("--service-url",
+                                     "a resumed run uses the server its ledger recorded; "
+                                     "--service-url / --service-key-env apply to a new run only");
+    if (const std::string env =
+            run.st.service.is_object() ? run.st.service.value("api_key_env", "") : std::string();
+        !env.empty() && std::getenv(env.c_str()) == nullptr)
+      return Status::InvalidArgument(
+          "--resume", "the run's remote server needs its key in $" + env + ", which is not set");
     std::vector<std::string> rerun;
     if (run.st.done) {
       out << fmt::format("campaign {} in {} is complete: rendering its report again\n", run.c.name,
@@ -589,6 +708,7 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
     LOCKSTEP_RETURN_IF_ERROR(run.ProvisionModel());
     LOCKSTEP_RETURN_IF_ERROR(run.ProvisionRequest());
     LOCKSTEP_RETURN_IF_ERROR(run.RunArms());
+    if (run.host) LOCKSTEP_RETURN_IF_ERROR(run.host->StopAll());  // the shared server
     LOCKSTEP_RETURN_IF_ERROR(run.Finish());
   }
   ReportOptions ro;
@@ -619,8 +739,21 @@ std::vector<std::string> LedgerDigest(const std::vector<LedgerEntry>& entries) {
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     if (e.event == "resumed" || (e.event == "sent" && !keep_sends.count(i))) continue;
+    // Servers come and go with runner processes (a killed runner's server is started again).
+    if (e.event == "server_started" || e.event == "server_stopped" || e.event == "server_failed" ||
+        e.event == "reprimed")
+      continue;
     nlohmann::json d = e.data;
     if (e.event == "finished" || e.event == "failed") d.erase("seconds");
+    if (d.contains("service") && d["service"].is_object()) {
+      nlohmann::json& s = d["service"];
+      if (e.event == "compared") {  // the comparison's two sides (gates.h)
+        for (const char* side : {"a", "b"})
+          if (s.contains(side) && s[side].is_object()) s[side] = ServiceDigest(s[side]);
+      } else {
+        s = ServiceDigest(s);
+      }
+    }
     out.push_back(e.event + " " + e.arm + " " + d.dump());
   }
   return out;

@@ -374,6 +374,14 @@ void AddRun(CLI::App& app, std::vector<Command>& commands) {
   run->add_option("--build", st->opts.builds, "Run the plan's build NAME from PATH (repeatable)")
       ->type_name("NAME=PATH")
       ->group(kGroupCampaign);
+  run->add_option("--service-url", st->opts.service_url,
+                  "Run the service arms on this lockstep serve (over the plan's [service] url)")
+      ->type_name("http://HOST:PORT")
+      ->group(kGroupCampaign);
+  run->add_option("--service-key-env", st->opts.service_key_env,
+                  "Environment variable holding that server's API key")
+      ->type_name("NAME")
+      ->group(kGroupCampaign);
   run->add_flag("--gate", st->gate_flag,
                 "CI gate (accepted for scripts; every run already exits 0/1 and writes JUnit XML)")
       ->group(kGroupCampaign);
@@ -428,6 +436,14 @@ void AddGate(CLI::App& app, std::vector<Command>& commands) {
       ->group(kGroupCampaign);
   gate->add_option("--build", st->opts.builds, "Run the plan's build NAME from PATH (repeatable)")
       ->type_name("NAME=PATH")
+      ->group(kGroupCampaign);
+  gate->add_option("--service-url", st->opts.service_url,
+                   "Run the service arms on this lockstep serve (over the plan's [service] url)")
+      ->type_name("http://HOST:PORT")
+      ->group(kGroupCampaign);
+  gate->add_option("--service-key-env", st->opts.service_key_env,
+                   "Environment variable holding that server's API key")
+      ->type_name("NAME")
       ->group(kGroupCampaign);
   gate->add_option("--junit", st->opts.junit, "JUnit XML path")
       ->type_name("PATH|-")

@@ -145,6 +145,10 @@ void HttpServer::Start() {
 
 void HttpServer::Stop() {
   if (!listen_.joinable()) return;
+  // httplib's stop() does nothing before the listen thread's loop runs (a refused engine config
+  // returns right after Start()): wait for it (bounded), or accept() would block forever.
+  for (int i = 0; i < 2000 && !svr_->is_running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   svr_->stop();
   listen_.join();
 }

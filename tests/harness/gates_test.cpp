@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace lockstep {
 namespace {
 
@@ -210,6 +212,167 @@ TEST(Gates, ComparisonJsonRoundTrip) {
   EXPECT_EQ(back->gates.size(), 1u);
   EXPECT_TRUE(back->predicates.at("state_failed"));
   EXPECT_FALSE(ComparisonFromJson(nlohmann::json::object()).ok());
+}
+
+// ---- the service predicates (issue 25): from both sides' ArmOutcome::service and the diff ----
+
+nlohmann::json Service(const std::string& server, bool cold, int requests_before,
+                       const std::string& load_digest = "") {
+  nlohmann::json s = {{"server", server},
+                      {"cold", cold},
+                      {"prompt_tokens_reused", cold ? 0 : 32},
+                      {"requests_before", requests_before},
+                      {"load", nullptr}};
+  if (!load_digest.empty())
+    s["load"] = {{"requests", 8}, {"completed", 8}, {"failed", 0}, {"digest", load_digest}};
+  return s;
+}
+
+// A diff of 4 compared items; `changed` of them differ in some bits (still within thresholds).
+DiffResult Diff(int changed) {
+  DiffResult d;
+  d.compared = d.passed = 4;
+  for (int i = 0; i < 4; ++i) {
+    ItemResult it;
+    it.checkpoint = "00001_commit";
+    it.rel = "stage0/layer" + std::to_string(i) + "/k";
+    it.stats.n_diff = i < changed ? 3 : 0;
+    d.items.push_back(it);
+  }
+  return d;
+}
+
+struct Pair {
+  ArmOutcome a, b;
+};
+
+ComparisonResult Judge(const Pair& p, const DiffResult* d, const Campaign& c = Plan()) {
+  ArmSpec arm;
+  arm.name = p.b.name;
+  return EvaluateComparison(c, arm, p.a, p.b, d, AlignWindows(p.a.windows, p.b.windows));
+}
+
+Pair Sides(nlohmann::json sa, nlohmann::json sb) {
+  Pair p{Arm("A1", {W(0, 1, 10), W(1, 3, 12), W(2, 2, 11)}),
+         Arm("A3", {W(0, 1, 10), W(1, 3, 12), W(2, 2, 11)})};
+  p.a.service = std::move(sa);
+  p.b.service = std::move(sb);
+  return p;
+}
+
+TEST(ServicePredicates, WarmDiffersFromColdNeedsAWarmSideAndABitwiseDifference) {
+  const DiffResult equal = Diff(0), changed = Diff(1);
+  // Cold vs warm, bitwise equal: recorded, false.
+  auto r = Judge(Sides(Service("fresh", true, 0), Service("shared", false, 1)), &equal);
+  EXPECT_FALSE(r.predicates.at("warm_differs_from_cold"));
+  EXPECT_TRUE(r.passed) << "a difference within thresholds passes the gates";
+  // Cold vs warm, one item differs in some bits: true.
+  r = Judge(Sides(Service("fresh", true, 0), Service("shared", false, 1)), &changed);
+  EXPECT_TRUE(r.predicates.at("warm_differs_from_cold"));
+  EXPECT_TRUE(r.predicates.at("engine_reuse_changes_state")) << "A3's engine served A1 first";
+  EXPECT_FALSE(r.predicates.at("load_changes_state"));
+  EXPECT_FALSE(r.service.at("bitwise_equal").get<bool>());
+  EXPECT_EQ(r.service.at("contrast"), (nlohmann::json{"cold_warm", "engine_reuse"}));
+  EXPECT_EQ(r.service["b"]["prompt_tokens_reused"], 32);
+  // Both cold: no contrast, so no predicate, whatever differs.
+  r = Judge(Sides(Service("fresh", true, 0), Service("fresh", true, 0)), &changed);
+  EXPECT_FALSE(r.predicates.at("warm_differs_from_cold"));
+  EXPECT_FALSE(r.predicates.at("engine_reuse_changes_state"));
+  // Cold vs warm with only the output different (no state diff: a timing arm).
+  auto p = Sides(Service("fresh", true, 0), Service("shared", false, 2));
+  p.b.output_ids = {1, 2, 9};
+  r = Judge(p, nullptr);
+  EXPECT_TRUE(r.predicates.at("warm_differs_from_cold"));
+  EXPECT_FALSE(r.service.at("state_compared").get<bool>());
+}
+
+TEST(ServicePredicates, LoadChangesStateAndPath) {
+  const DiffResult equal = Diff(0), changed = Diff(2);
+  auto r = Judge(Sides(Service("fresh", true, 0), Service("fresh", true, 0, "d1")), &changed);
+  EXPECT_TRUE(r.predicates.at("load_changes_state"));
+  EXPECT_FALSE(r.predicates.at("load_changes_path")) << "same windows";
+  EXPECT_FALSE(r.predicates.at("warm_differs_from_cold"));
+  EXPECT_EQ(r.service.at("contrast"), (nlohmann::json{"load"}));
+  EXPECT_EQ(r.service["b"]["load_digest"], "d1");
+  EXPECT_TRUE(r.service["a"]["load_digest"].is_null());
+  // Same load on both sides: no contrast.
+  r = Judge(Sides(Service("fresh", true, 0, "d1"), Service("fresh", true, 0, "d1")), &changed);
+  EXPECT_FALSE(r.predicates.at("load_changes_state"));
+  // Different loads (digests) are a contrast.
+  r = Judge(Sides(Service("fresh", true, 0, "d1"), Service("fresh", true, 0, "d2")), &changed);
+  EXPECT_TRUE(r.predicates.at("load_changes_state"));
+  // Under load, bitwise equal: false.
+  r = Judge(Sides(Service("fresh", true, 0), Service("fresh", true, 0, "d1")), &equal);
+  EXPECT_FALSE(r.predicates.at("load_changes_state"));
+  EXPECT_TRUE(r.service.at("bitwise_equal").get<bool>());
+  // The path diverges under load (window 2 has another T): load_changes_path.
+  auto p = Sides(Service("fresh", true, 0), Service("fresh", true, 0, "d1"));
+  p.b.windows[2].T = 4;
+  r = Judge(p, &equal);
+  EXPECT_TRUE(r.predicates.at("load_changes_path"));
+  EXPECT_FALSE(r.predicates.at("load_changes_state")) << "state and output bitwise equal";
+  // A process baseline is a fresh engine's cold request without load.
+  r = Judge(Sides(nullptr, Service("fresh", true, 0, "d1")), &changed);
+  EXPECT_TRUE(r.predicates.at("load_changes_state"));
+  EXPECT_EQ(r.service["a"]["server"], "process");
+  // A failed item (a shape mismatch) is not bitwise equal either.
+  DiffResult failed = Diff(0);
+  failed.items[1].verdict = Verdict::kFail;
+  r = Judge(Sides(Service("fresh", true, 0), Service("fresh", true, 0, "d1")), &failed);
+  EXPECT_TRUE(r.predicates.at("load_changes_state"));
+}
+
+TEST(ServicePredicates, AFailedArmsNullFieldsReadAsUnknown) {
+  const DiffResult changed = Diff(1);
+  nlohmann::json failed = {
+      {"server", "remote"},         {"cold", nullptr}, {"prompt_tokens_reused", nullptr},
+      {"requests_before", nullptr}, {"load", nullptr}, {"instance", nullptr}};
+  auto r = Judge(Sides(Service("fresh", true, 0), failed), &changed);
+  EXPECT_FALSE(r.predicates.at("warm_differs_from_cold")) << "unknown reads as cold";
+  EXPECT_EQ(r.service["b"]["prompt_tokens_reused"], 0);
+  EXPECT_EQ(r.service["b"]["server"], "remote");
+}
+
+TEST(ServicePredicates, EngineReuseChangesState) {
+  const DiffResult changed = Diff(1);
+  auto r = Judge(Sides(Service("fresh", true, 0), Service("shared", true, 3)), &changed);
+  EXPECT_TRUE(r.predicates.at("engine_reuse_changes_state"));
+  EXPECT_FALSE(r.predicates.at("warm_differs_from_cold")) << "both cold";
+  r = Judge(Sides(Service("shared", true, 1), Service("shared", true, 3)), &changed);
+  EXPECT_FALSE(r.predicates.at("engine_reuse_changes_state")) << "both engines had served";
+}
+
+TEST(ServicePredicates, RecordedOnlyForServiceArmsOrWhenAStopRuleNamesThem) {
+  const DiffResult changed = Diff(1);
+  auto r = Judge(Sides(nullptr, nullptr), &changed);
+  EXPECT_EQ(r.predicates.count("load_changes_state"), 0u);
+  EXPECT_TRUE(r.service.is_null());
+  EXPECT_FALSE(ToJson(r).contains("service"));
+  Campaign c = Plan();
+  c.stop.push_back(StopRule{"s", false, {"load_changes_state"}, "m", {}});
+  r = Judge(Sides(nullptr, nullptr), &changed, c);
+  EXPECT_FALSE(r.predicates.at("load_changes_state"));
+  EXPECT_FALSE(r.predicates.at("warm_differs_from_cold"));
+  // Every service predicate is a name stop rules accept.
+  for (const char* p : {"warm_differs_from_cold", "load_changes_state", "load_changes_path",
+                        "engine_reuse_changes_state"})
+    EXPECT_NE(std::find(StopPredicates().begin(), StopPredicates().end(), p),
+              StopPredicates().end())
+        << p;
+}
+
+TEST(ServicePredicates, ComparisonRecordKeepsServiceAndAStopRuleFiresOnIt) {
+  const DiffResult changed = Diff(1);
+  auto r = Judge(Sides(Service("fresh", true, 0), Service("fresh", true, 0, "d1")), &changed);
+  auto back = ComparisonFromJson(ToJson(r));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->service, r.service);
+  EXPECT_TRUE(back->predicates.at("load_changes_state"));
+  Campaign c = Plan();
+  c.stop.push_back(StopRule{"load_breaks_aa", false, {"load_changes_state"}, "m", {}});
+  auto stop = EvaluateStopRules(c, {*back});
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_EQ(stop->fired_by, (std::vector<std::string>{"load_changes_state"}));
 }
 
 }  // namespace

@@ -58,6 +58,17 @@ struct ComparisonResult {
   bool control_applied = true;
   std::optional<TimingVerdict> timing;  // timing arms
   int timing_repeats_a = 0, timing_repeats_b = 0;
+  // Service arms (either side's ArmOutcome::service set, or a stop rule naming a service
+  // predicate): {"a": side, "b": side, "contrast": ["cold_warm" | "load" | "engine_reuse"...],
+  // "bitwise_equal": output and every compared item bitwise equal, "state_compared": a state
+  // diff was made}; side = {"server" ("process" for a process arm), "cold",
+  // "prompt_tokens_reused", "requests_before", "load_digest" (null: no load)}. Null otherwise.
+  // The service predicates follow from it: warm_differs_from_cold (contrast cold_warm and not
+  // bitwise_equal), load_changes_state (load, not bitwise_equal), load_changes_path (load, and
+  // the window paths diverged), engine_reuse_changes_state (engine_reuse: one side's engine had
+  // served requests before, the other's none; not bitwise_equal). A process arm counts as a
+  // fresh engine's cold request without load.
+  nlohmann::json service;
 };
 
 // Evaluates gates and predicates. A control arm gets the gate "control applied" (its injection's

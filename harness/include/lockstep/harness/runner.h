@@ -1,21 +1,28 @@
 // The campaign runner: `lockstep run PLAN.toml --out DIR`, `--resume DIR`, `lockstep gate`.
 //
 // Run folder:
-//   DIR/plan.toml               the plan as read (its SHA-256 is in the ledger's first entry)
-//   DIR/ledger.jsonl            the request ledger (ledger.h): the only record of what happened
-//   DIR/model/                  the synthetic model (preset plans), created once
-//   DIR/request.tokens          the request's prompt token ids
-//   DIR/arms/<arm>/             config.json, stdout.json, stderr.log, trace.jsonl, export.h5 (state
-//   arms) DIR/arms/<arm>/r<k>/        the same per repeat (timing arms) DIR/compare/<arm>.json
-//   gates, predicates and the comparator's report of arm vs baseline DIR/compare/<arm>.md|.html the
-//   comparator's Markdown / HTML for that pair DIR/report.md|.html, DIR/junit.xml   the campaign
-//   summary (harness/campaign_report.h)
+//   DIR/plan.toml             the plan as read (its SHA-256 is in the ledger's first entry)
+//   DIR/ledger.jsonl          the request ledger (ledger.h): the only record of what happened
+//   DIR/model/                the synthetic model (preset plans), created once
+//   DIR/request.tokens        the request's prompt token ids
+//   DIR/arms/<arm>/           config.json, stdout.json, stderr.log (process arms), trace.jsonl,
+//                             export.h5 (state arms); service arms also service.json (the
+//                             ledger's `service` object) and, on a fresh server, server/
+//                             (server.log, server.stdout, exports/)
+//   DIR/arms/<arm>/r<k>/      the same per repeat (timing arms)
+//   DIR/shared/               the shared server of service arms: config.json, server.log,
+//                             exports/ (replaced when a resumed runner starts it again)
+//   DIR/compare/<arm>.json    gates, predicates and the comparator's report of arm vs baseline
+//   DIR/compare/<arm>.md|.html  the comparator's Markdown / HTML for that pair
+//   DIR/report.md|.html, DIR/junit.xml   the campaign summary (harness/campaign_report.h)
 //
-// Every arm runs as a fresh child process (`lockstep generate --config ...`). The ledger is
-// appended before and after every step (sent, finished/failed, compared, decision, stopped,
-// not_sent, done) and fdatasync'd at each decision point, so a killed runner resumes exactly
-// where it was: finished arms are never re-sent; an arm that was sent but did not finish is
-// re-run (and the resume entry says so); a changed plan is refused.
+// Every process arm runs as a fresh child process (`lockstep generate --config ...`); a service
+// arm's request goes to a `lockstep serve` (campaigns/README.md "Service arms";
+// harness/campaign/service_arm.h). The ledger is appended before and after every step (sent,
+// finished/failed, compared, decision, stopped, not_sent, done; server_started, server_stopped,
+// server_failed and reprimed for service arms) and fdatasync'd at each decision point, so a
+// killed runner resumes exactly where it was: finished arms are never re-sent; an arm that was
+// sent but did not finish is re-run (and the resume entry says so); a changed plan is refused.
 #pragma once
 
 #include <iosfwd>
@@ -44,6 +51,12 @@ struct RunOptions {
   // its deadline per file (--isolate-timeout). A child that crashes or hangs fails the
   // comparison's "exports readable" gate; the campaign goes on by its rules.
   double isolate_timeout_s = 30.0;
+  // Service arms on a server someone started (--service-url, --service-key-env): override the
+  // plan's [service] url / api_key_env for a new run (recorded in the planned entry; a resumed
+  // run keeps the recorded server and refuses them). Empty: the plan's.
+  std::string service_url;
+  std::string service_key_env;
+  double service_timeout_s = 600;  // one HTTP request of a service arm at most
 };
 
 // Runs (or resumes) a campaign and writes its reports. OK when the campaign's verdict passes;
@@ -55,6 +68,11 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out);
 // The ledger's decision content, for comparing runs: one line per entry with volatile fields
 // (times, attempts) removed, 'resumed' entries dropped, and sends that never finished (a killed
 // runner) dropped. Two runs of a deterministic campaign, interrupted or not, give equal digests.
+// Service arms: the server events (server_started / _stopped / _failed, reprimed) are dropped; a
+// `service` object (finished / failed entries, and both sides of a compared entry) loses its
+// instance, export names and digests and load seconds, its engine_state "lost: re-primed" reads
+// as "carried" and requests_before as whether it is > 0 (a re-primed server got the history
+// again without the earlier arms' load); the ledger itself keeps them as they were.
 std::vector<std::string> LedgerDigest(const std::vector<LedgerEntry>& entries);
 
 // ---- the pieces of a run other commands reuse (lockstep golden record / check) ----
