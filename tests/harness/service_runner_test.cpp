@@ -276,6 +276,53 @@ TEST(ServiceRunner, AServerThatRefusesItsConfigFailsTheArm) {
   EXPECT_TRUE(NoneHolding(dir));
 }
 
+// LedgerDigest's reading of service records: volatile fields and the server events dropped,
+// "lost: re-primed" as "carried", requests_before as whether it is above 0; what decides stays.
+TEST(ServiceRunner, LedgerDigestKeepsTheServiceDecisionContent) {
+  auto finished = [](json svc) {
+    return LedgerEntry{0, "finished", "A3", {{"repeat", 0}, {"seconds", 1.0}, {"service", svc}}};
+  };
+  const json base = {{"server", "shared"},
+                     {"instance", "aa"},
+                     {"engine_state", "carried"},
+                     {"cold", false},
+                     {"prompt_tokens_reused", 32},
+                     {"requests_before", 3},
+                     {"export", {{"file", "x.h5"}, {"received_sha256", "1"}, {"verified", true}}},
+                     {"load", {{"digest", "d"}, {"seconds", 0.5}}}};
+  json other = base;
+  other["instance"] = "bb";
+  other["engine_state"] = "lost: re-primed";
+  other["requests_before"] = 7;
+  other["export"] = {{"file", "y.h5"}, {"received_sha256", "2"}, {"verified", true}};
+  other["load"]["seconds"] = 0.9;
+  const LedgerEntry started{0, "server_started", "A3", {{"port", 1}}};
+  EXPECT_EQ(LedgerDigest({finished(base)}), LedgerDigest({started, finished(other)}));
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, json>>{{"cold", true},
+                                                 {"prompt_tokens_reused", 0},
+                                                 {"requests_before", 0},
+                                                 {"load", nullptr},
+                                                 {"server", "fresh"}}) {
+    json changed = base;
+    changed[key] = value;
+    EXPECT_NE(LedgerDigest({finished(base)}), LedgerDigest({finished(changed)})) << key;
+  }
+  json refused = base;
+  refused["export"]["verified"] = false;
+  EXPECT_NE(LedgerDigest({finished(base)}), LedgerDigest({finished(refused)}));
+  // A failed arm's record holds nulls: read, never thrown on.
+  const json failed = {{"server", "remote"},
+                       {"engine_state", nullptr},
+                       {"requests_before", nullptr},
+                       {"export", {{"verified", nullptr}}}};
+  EXPECT_EQ(LedgerDigest({finished(failed)}).size(), 1u);
+  // The comparison's two sides are read the same way.
+  const LedgerEntry cmp_a{0, "compared", "A3", {{"service", {{"b", {{"requests_before", 3}}}}}}};
+  const LedgerEntry cmp_b{0, "compared", "A3", {{"service", {{"b", {{"requests_before", 9}}}}}}};
+  EXPECT_EQ(LedgerDigest({cmp_a}), LedgerDigest({cmp_b}));
+}
+
 pid_t Spawn(const std::vector<std::string>& args) {
   std::vector<std::string> argv{LOCKSTEP_BIN_PATH};
   argv.insert(argv.end(), args.begin(), args.end());
