@@ -213,6 +213,36 @@ TEST(ServiceRunner, FreshAndSharedWarmArmsRecordTheirEngine) {
             ReadJson(dir + "/arms/P/stdout.json")["output_ids"]);
 }
 
+// Timing arms on servers: one fresh server per repeat, or repeats on the shared one, each repeat
+// with its own record.
+TEST(ServiceRunner, TimingArmsRepeatOnServers) {
+  const std::string plan =
+      WritePlan("timing", std::string(kHead) +
+                              "[[arm]]\nname = \"T1\"\nmode = \"timing\"\nrepeat = 2\nserver = "
+                              "\"fresh\"\n[[arm]]\nname = \"T2\"\nmode = \"timing\"\nrepeat = "
+                              "2\nserver = \"shared\"\nbaseline = \"T1\"\n");
+  const std::string dir = test::NewDir("svc-timing") + "/run";
+  auto r = RunLockstep("run " + plan + " --out " + dir + " --no-progress");
+  EXPECT_NE(r.exit_code, 2) << r.out << r.err;
+  const auto es = ReadLedger(dir);
+  std::vector<std::string> records;
+  for (const auto& e : es)
+    if (e.event == "finished")
+      records.push_back(e.arm + "#" + std::to_string(e.data.value("repeat", -1)) + " " +
+                        e.data["service"].value("server", "") + " " +
+                        e.data["service"].value("engine_state", ""));
+  EXPECT_EQ(records, (std::vector<std::string>{"T1#0 fresh fresh", "T1#1 fresh fresh",
+                                               "T2#0 shared carried", "T2#1 shared carried"}));
+  for (const char* rep : {"r0", "r1"}) {
+    EXPECT_GT(test::Slurp(dir + "/arms/T1/" + std::string(rep) + "/trace.jsonl").size(), 10u);
+    EXPECT_EQ(ReadJson(dir + "/arms/T2/" + std::string(rep) + "/service.json")["server"], "shared");
+  }
+  EXPECT_NE(ReadJson(dir + "/arms/T1/r0/service.json")["instance"],
+            ReadJson(dir + "/arms/T1/r1/service.json")["instance"]);
+  EXPECT_EQ(ReadJson(dir + "/arms/T2/r1/service.json")["cold"], false) << "r1 is warm from r0";
+  EXPECT_FALSE(fs::exists(dir + "/arms/T1/r0/export.h5")) << "timing arms export nothing";
+}
+
 // Each bad service key is exit 2 with file:line:col, before anything runs.
 TEST(ServiceRunner, BadServiceKeysAreRefusedWithTheirPlace) {
   const std::string arm = "[[arm]]\nname = \"A1\"\n";  // line 19 of the plan
@@ -539,6 +569,9 @@ TEST(ServiceRunner, RemoteServerGivesTheSameVerdictsAndExports) {
   EXPECT_EQ(a1["server"], "remote");
   EXPECT_EQ(a1["cache"], "bypass");
   EXPECT_EQ(a1["cold"], true);
+  const json a2 = Service(remote, "A2");
+  EXPECT_EQ(a2["cold"], true) << "A2 bypassed the cache A1 left on the remote server";
+  EXPECT_EQ(a2["cache"], "bypass");
   EXPECT_EQ(a3["cold"], false);
   EXPECT_EQ(a3["export"]["verified"], true);
   // The server's own count: nothing before A1; A1, A2 and A3's prime before A3.
