@@ -30,7 +30,8 @@ using json = nlohmann::json;
 // A load request the queue refused (429) or that met a server still loading (503) is retried
 // after this pause while the deadline allows: it is load that has not arrived yet, not a failure.
 constexpr auto kRetryPause = std::chrono::milliseconds(50);
-constexpr auto kSlotsPoll = std::chrono::milliseconds(5);
+// WaitUntilInFlight: how long it waits for a stream's first event between two GET /slots.
+constexpr auto kSlotsPoll = std::chrono::milliseconds(20);
 
 // Seconds from now to `t` (0 when past), as httplib's (sec, usec) timeout.
 void SetTimeouts(httplib::Client& c, Clock::time_point deadline) {
@@ -108,8 +109,9 @@ struct BackgroundLoad::Impl {
 
   std::mutex mu;
   std::condition_variable cv;
-  int next = 0;     // the next request index to send
-  int running = 0;  // client threads still working
+  int next = 0;          // the next request index to send
+  int running = 0;       // client threads still working
+  int streams_live = 0;  // load streams whose first event arrived and that have not ended
   bool stop = false;
   std::vector<httplib::Client*> clients;  // of the running threads (stop() cancels them)
   std::vector<int> status;                // per request: 0 unsent/failed, 1 completed
@@ -137,7 +139,31 @@ struct BackgroundLoad::Impl {
         if (stop) return false;
       }
       SetTimeouts(cli, deadline);
-      auto res = cli.Post("/v1/completions", body, "application/json");
+      // The stream is read as it comes: its first event means the request runs in the server
+      // (WaitUntilInFlight counts such streams, so a load shorter than a GET /slots round trip
+      // is still seen).
+      std::string sse;
+      bool live = false;
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/completions";
+      req.headers = {{"Content-Type", "application/json"}};
+      req.body = body;
+      req.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
+        sse.append(data, n);
+        if (!live && sse.find("data: ") != std::string::npos) {
+          live = true;
+          std::lock_guard lk(mu);
+          ++streams_live;
+          cv.notify_all();
+        }
+        return true;
+      };
+      auto res = cli.send(req);
+      if (live) {
+        std::lock_guard lk(mu);
+        --streams_live;
+      }
       if (!res) return false;  // transport error, or cancelled at the deadline
       if (res->status == 429 || res->status == 503) {
         std::this_thread::sleep_for(kRetryPause);
@@ -145,7 +171,7 @@ struct BackgroundLoad::Impl {
       }
       if (res->status != 200) return false;
       std::vector<std::int32_t> out;
-      if (!StreamOutput(res->body, &out)) return false;
+      if (!StreamOutput(sse, &out)) return false;
       std::lock_guard lk(mu);
       output_digest[static_cast<std::size_t>(k)] = Sha256Tokens(out);
       return true;
@@ -218,7 +244,10 @@ bool BackgroundLoad::WaitUntilInFlight(double timeout_s) {
   auto cli = NewClient(m.ep);
   while (Clock::now() < until) {
     {
-      std::lock_guard lk(m.mu);
+      std::unique_lock lk(m.mu);
+      m.cv.wait_until(lk, std::min(until, Clock::now() + kSlotsPoll),
+                      [&] { return m.streams_live > 0 || m.running == 0; });
+      if (m.streams_live > 0) return true;
       // Nothing is or will be in flight any more: waiting longer cannot help.
       if (m.running == 0) return false;
     }
@@ -229,7 +258,6 @@ bool BackgroundLoad::WaitUntilInFlight(double timeout_s) {
         for (const auto& s : j["slots"])
           if (s.is_object() && s.value("state", "") == "busy") return true;
     }
-    std::this_thread::sleep_for(kSlotsPoll);
   }
   return false;
 }

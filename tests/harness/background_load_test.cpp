@@ -92,7 +92,7 @@ TEST(BackgroundLoad, CountsEveryRequestAndItsDigestsAreRecomputable) {
   spec.concurrency = 3;
   spec.prompt_lo = 20;
   spec.prompt_hi = 80;
-  spec.max_new = 32;  // long enough to be seen in flight
+  spec.max_new = 64;  // long enough to be seen in flight on a loaded machine
   spec.seed = 5;
   spec.timeout_s = 120;
   BackgroundLoad load(Endpoint(srv), spec, vocab);

@@ -61,8 +61,9 @@ class BackgroundLoad {
 
   void Start();
   // Blocks until at least one load request is running in the server (GET /slots shows a busy
-  // slot) or `timeout_s` passed; false on timeout, and false at once when every client thread
-  // has already ended (the load finished or failed before it was seen in flight).
+  // slot, or a load stream has delivered its first event and not ended) or `timeout_s` passed;
+  // false on timeout, and false at once when every client thread has already ended (the load
+  // finished or failed before it was seen in flight).
   bool WaitUntilInFlight(double timeout_s);
   // Waits for every request (bounded by the spec's timeout) and returns the outcome.
   LoadOutcome Finish();
