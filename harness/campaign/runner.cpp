@@ -324,11 +324,11 @@ struct Runner {
     const nlohmann::json& svc = run.service;
     out << fmt::format(
         "  {}: {} in {:.2f} s ({} server{})", label, run.ok ? "finished" : "FAILED", run.seconds,
-        svc.value("server", ""),
+        StringOr(svc, "server", ""),
         svc["cold"].is_boolean()
             ? svc["cold"].get<bool>()
                   ? ", cold"
-                  : fmt::format(", warm: {} tokens reused", svc.value("prompt_tokens_reused", 0))
+                  : fmt::format(", warm: {} tokens reused", IntOr(svc, "prompt_tokens_reused", 0))
             : "");
     if (!run.ok) out << ": " << run.error;
     out << "\n";
@@ -466,11 +466,11 @@ struct Runner {
     for (const ArmOutcome* o : {&a, &b}) {
       if (!o->service.is_object() || !o->service.contains("export")) continue;
       const nlohmann::json& e = o->service["export"];
-      if (!e.is_object() || e.value("verified", nlohmann::json(true)) != false) continue;
+      if (!e.is_object() || !e.contains("verified") || e["verified"] != false) continue;
       out += fmt::format("{}{} ({}: the server said {}, received {})", out.empty() ? "" : "; ",
-                         e.value("reason", "export digest mismatch"), o->name,
-                         e.value("sha256", nlohmann::json()).dump(),
-                         e.value("received_sha256", std::string()));
+                         StringOr(e, "reason", "export digest mismatch"), o->name,
+                         e.contains("sha256") ? e["sha256"].dump() : "null",
+                         StringOr(e, "received_sha256", "?"));
     }
     return out;
   }

@@ -100,6 +100,16 @@ Result<ServiceUrl> ParseServiceUrl(std::string_view url) {
   return u;
 }
 
+std::string StringOr(const nlohmann::json& j, const char* key, const std::string& def) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return def;
+  return j[key].get<std::string>();
+}
+
+std::int64_t IntOr(const nlohmann::json& j, const char* key, std::int64_t def) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer()) return def;
+  return j[key].get<std::int64_t>();
+}
+
 bool ValidEnvName(std::string_view s) {
   if (s.empty() || (s[0] >= '0' && s[0] <= '9')) return false;
   for (char ch : s)
@@ -302,8 +312,9 @@ Result<nlohmann::json> PlannedService(const std::string& url_flag, const std::st
 nlohmann::json ServiceDigest(nlohmann::json s) {
   s.erase("instance");
   if (s.contains("export") && s["export"].is_object())
-    s["export"] = {{"verified", s["export"].value("verified", nlohmann::json())}};
-  if (s.value("engine_state", "") == "lost: re-primed") s["engine_state"] = "carried";
+    s["export"] = {{"verified",
+                    s["export"].contains("verified") ? s["export"]["verified"] : nlohmann::json()}};
+  if (StringOr(s, "engine_state", "") == "lost: re-primed") s["engine_state"] = "carried";
   if (s.contains("requests_before") && s["requests_before"].is_number())
     s["requests_before"] = s["requests_before"].get<std::int64_t>() > 0;
   if (s.contains("load") && s["load"].is_object()) s["load"].erase("seconds");

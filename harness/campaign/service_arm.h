@@ -46,6 +46,11 @@ Result<ServiceUrl> ParseServiceUrl(std::string_view url);
 // An environment variable name: [A-Za-z_][A-Za-z0-9_]*.
 bool ValidEnvName(std::string_view s);
 
+// A member of JSON object `j` when it has the type asked for, else `def` (missing, null, another
+// type, or `j` not an object: never an exception; answers and records may hold nulls).
+std::string StringOr(const nlohmann::json& j, const char* key, const std::string& def);
+std::int64_t IntOr(const nlohmann::json& j, const char* key, std::int64_t def);
+
 struct ServerChildSpec {
   std::string exe;          // the lockstep executable (the arm's build)
   std::string config_path;  // the engine config (--config)

@@ -57,7 +57,7 @@ std::string AnswerError(const httplib::Result& r) {
   std::string msg = "HTTP " + std::to_string(r->status);
   auto j = nlohmann::json::parse(r->body, nullptr, false);
   if (j.is_object() && j.contains("error") && j["error"].is_object())
-    msg += ": " + j["error"].value("message", "");
+    msg += ": " + StringOr(j["error"], "message", "");
   return msg;
 }
 
@@ -286,7 +286,8 @@ struct ServiceHost::Impl {
                 " (the remote server must be a lockstep serve with GET /v1/lockstep/info)");
       remote_info = *info;
     }
-    const auto diff = ServerConfigMismatches(remote_info.value("config", nlohmann::json()), cfg);
+    const auto diff = ServerConfigMismatches(
+        remote_info.contains("config") ? remote_info["config"] : nlohmann::json(), cfg);
     if (diff.empty()) return Status::Ok();
     std::string keys;
     for (const auto& d : diff) keys += (keys.empty() ? "" : "; ") + d;
@@ -322,7 +323,7 @@ Result<nlohmann::json> FetchExport(const std::optional<Endpoint>& remote, const 
     if (ec) return Status::IOError("export '" + file + "'", ec.message());
   }
   LOCKSTEP_ASSIGN_OR_RETURN(std::string got, Sha256File(dest));
-  const std::string said = lk.value("export_sha256", std::string());
+  const std::string said = StringOr(lk, "export_sha256", "");
   nlohmann::json e = {{"file", file},
                       {"sha256", said.empty() ? nlohmann::json(nullptr) : nlohmann::json(said)},
                       {"received_sha256", got}};
@@ -345,16 +346,18 @@ Status WriteArmFiles(const nlohmann::json& answer, const nlohmann::json& injecti
                      const std::string& arm_dir) {
   const nlohmann::json& lk = answer["lockstep"];
   std::string trace;
-  for (const auto& w : lk.value("trace", nlohmann::json::array())) trace += w.dump() + "\n";
+  if (lk.contains("trace") && lk["trace"].is_array())
+    for (const auto& w : lk["trace"]) trace += w.dump() + "\n";
   LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(arm_dir + "/trace.jsonl", trace));
   nlohmann::json l = lk;
   l.erase("trace");
-  nlohmann::json out = {{"output_ids", lk.value("output_ids", nlohmann::json::array())},
-                        {"stop_reason", lk.value("stop_reason", std::string())},
-                        {"resources", nlohmann::json::object()},
-                        {"injections", injections},
-                        {"usage", answer.value("usage", nlohmann::json())},
-                        {"lockstep", l}};
+  nlohmann::json out = {
+      {"output_ids", lk.contains("output_ids") ? lk["output_ids"] : nlohmann::json::array()},
+      {"stop_reason", StringOr(lk, "stop_reason", "")},
+      {"resources", nlohmann::json::object()},
+      {"injections", injections},
+      {"usage", answer.contains("usage") ? answer["usage"] : nlohmann::json()},
+      {"lockstep", l}};
   return WriteFileAtomic(arm_dir + "/stdout.json", out.dump(2) + "\n");
 }
 
@@ -396,7 +399,8 @@ Status ServiceHost::Connect(const ArmSpec& arm, const EngineConfig& cfg, const s
   if (call.remote) {
     LOCKSTEP_RETURN_IF_ERROR(m.CheckRemote(arm.name, cfg));
     call.ep = *m.remote;
-    svc["instance"] = m.remote_info.value("engine_instance", nlohmann::json(nullptr));
+    svc["instance"] = m.remote_info.contains("engine_instance") ? m.remote_info["engine_instance"]
+                                                                : nlohmann::json();
     svc["engine_state"] = "carried";
     return Status::Ok();
   }
@@ -459,16 +463,16 @@ Status ServiceHost::Send(const ArmSpec& arm, const EngineConfig& cfg, const std:
   const nlohmann::json& lk = (*answer)["lockstep"];
   if (lk.contains("engine_instance") && lk["engine_instance"].is_string())
     svc["instance"] = lk["engine_instance"];
-  const std::int64_t reused = lk.value("prompt_tokens_reused", std::int64_t{0});
+  const std::int64_t reused = IntOr(lk, "prompt_tokens_reused", 0);
   svc["cold"] = reused == 0;
   svc["prompt_tokens_reused"] = reused;
-  svc["snapshot_position"] = lk.value("snapshot_position", std::int64_t{-1});
-  nlohmann::json injections = lk.value("injections", nlohmann::json());
+  svc["snapshot_position"] = IntOr(lk, "snapshot_position", -1);
+  nlohmann::json injections = lk.contains("injections") ? lk["injections"] : nlohmann::json();
   if (state) {
     LOCKSTEP_ASSIGN_OR_RETURN(
         svc["export"], FetchExport(call.remote ? m.remote : std::nullopt, call.ep, call.export_dir,
                                    lk, arm_dir + "/export.h5", m.opts.request_timeout_s));
-    if (!injections.is_array() && !cfg.inject.empty() && svc["export"].value("verified", true))
+    if (!injections.is_array() && !cfg.inject.empty() && svc["export"]["verified"] != false)
       injections = ExportInjections(arm_dir + "/export.h5");
   }
   if (!injections.is_array()) injections = nlohmann::json::array();

@@ -213,6 +213,36 @@ TEST(ServiceRunner, FreshAndSharedWarmArmsRecordTheirEngine) {
             ReadJson(dir + "/arms/P/stdout.json")["output_ids"]);
 }
 
+// Timing arms on servers: one fresh server per repeat, or repeats on the shared one, each repeat
+// with its own record.
+TEST(ServiceRunner, TimingArmsRepeatOnServers) {
+  const std::string plan =
+      WritePlan("timing", std::string(kHead) +
+                              "[[arm]]\nname = \"T1\"\nmode = \"timing\"\nrepeat = 2\nserver = "
+                              "\"fresh\"\n[[arm]]\nname = \"T2\"\nmode = \"timing\"\nrepeat = "
+                              "2\nserver = \"shared\"\nbaseline = \"T1\"\n");
+  const std::string dir = test::NewDir("svc-timing") + "/run";
+  auto r = RunLockstep("run " + plan + " --out " + dir + " --no-progress");
+  EXPECT_NE(r.exit_code, 2) << r.out << r.err;
+  const auto es = ReadLedger(dir);
+  std::vector<std::string> records;
+  for (const auto& e : es)
+    if (e.event == "finished")
+      records.push_back(e.arm + "#" + std::to_string(e.data.value("repeat", -1)) + " " +
+                        e.data["service"].value("server", "") + " " +
+                        e.data["service"].value("engine_state", ""));
+  EXPECT_EQ(records, (std::vector<std::string>{"T1#0 fresh fresh", "T1#1 fresh fresh",
+                                               "T2#0 shared carried", "T2#1 shared carried"}));
+  for (const char* rep : {"r0", "r1"}) {
+    EXPECT_GT(test::Slurp(dir + "/arms/T1/" + std::string(rep) + "/trace.jsonl").size(), 10u);
+    EXPECT_EQ(ReadJson(dir + "/arms/T2/" + std::string(rep) + "/service.json")["server"], "shared");
+  }
+  EXPECT_NE(ReadJson(dir + "/arms/T1/r0/service.json")["instance"],
+            ReadJson(dir + "/arms/T1/r1/service.json")["instance"]);
+  EXPECT_EQ(ReadJson(dir + "/arms/T2/r1/service.json")["cold"], false) << "r1 is warm from r0";
+  EXPECT_FALSE(fs::exists(dir + "/arms/T1/r0/export.h5")) << "timing arms export nothing";
+}
+
 // Each bad service key is exit 2 with file:line:col, before anything runs.
 TEST(ServiceRunner, BadServiceKeysAreRefusedWithTheirPlace) {
   const std::string arm = "[[arm]]\nname = \"A1\"\n";  // line 19 of the plan
@@ -274,6 +304,53 @@ TEST(ServiceRunner, AServerThatRefusesItsConfigFailsTheArm) {
   EXPECT_EQ(test::Events(es, "failed"), std::vector<std::string>{"A1"});
   EXPECT_EQ(test::Events(es, "server_failed"), std::vector<std::string>{"A1"});
   EXPECT_TRUE(NoneHolding(dir));
+}
+
+// LedgerDigest's reading of service records: volatile fields and the server events dropped,
+// "lost: re-primed" as "carried", requests_before as whether it is above 0; what decides stays.
+TEST(ServiceRunner, LedgerDigestKeepsTheServiceDecisionContent) {
+  auto finished = [](json svc) {
+    return LedgerEntry{0, "finished", "A3", {{"repeat", 0}, {"seconds", 1.0}, {"service", svc}}};
+  };
+  const json base = {{"server", "shared"},
+                     {"instance", "aa"},
+                     {"engine_state", "carried"},
+                     {"cold", false},
+                     {"prompt_tokens_reused", 32},
+                     {"requests_before", 3},
+                     {"export", {{"file", "x.h5"}, {"received_sha256", "1"}, {"verified", true}}},
+                     {"load", {{"digest", "d"}, {"seconds", 0.5}}}};
+  json other = base;
+  other["instance"] = "bb";
+  other["engine_state"] = "lost: re-primed";
+  other["requests_before"] = 7;
+  other["export"] = {{"file", "y.h5"}, {"received_sha256", "2"}, {"verified", true}};
+  other["load"]["seconds"] = 0.9;
+  const LedgerEntry started{0, "server_started", "A3", {{"port", 1}}};
+  EXPECT_EQ(LedgerDigest({finished(base)}), LedgerDigest({started, finished(other)}));
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, json>>{{"cold", true},
+                                                 {"prompt_tokens_reused", 0},
+                                                 {"requests_before", 0},
+                                                 {"load", nullptr},
+                                                 {"server", "fresh"}}) {
+    json changed = base;
+    changed[key] = value;
+    EXPECT_NE(LedgerDigest({finished(base)}), LedgerDigest({finished(changed)})) << key;
+  }
+  json refused = base;
+  refused["export"]["verified"] = false;
+  EXPECT_NE(LedgerDigest({finished(base)}), LedgerDigest({finished(refused)}));
+  // A failed arm's record holds nulls: read, never thrown on.
+  const json failed = {{"server", "remote"},
+                       {"engine_state", nullptr},
+                       {"requests_before", nullptr},
+                       {"export", {{"verified", nullptr}}}};
+  EXPECT_EQ(LedgerDigest({finished(failed)}).size(), 1u);
+  // The comparison's two sides are read the same way.
+  const LedgerEntry cmp_a{0, "compared", "A3", {{"service", {{"b", {{"requests_before", 3}}}}}}};
+  const LedgerEntry cmp_b{0, "compared", "A3", {{"service", {{"b", {{"requests_before", 9}}}}}}};
+  EXPECT_EQ(LedgerDigest({cmp_a}), LedgerDigest({cmp_b}));
 }
 
 pid_t Spawn(const std::vector<std::string>& args) {
@@ -492,6 +569,9 @@ TEST(ServiceRunner, RemoteServerGivesTheSameVerdictsAndExports) {
   EXPECT_EQ(a1["server"], "remote");
   EXPECT_EQ(a1["cache"], "bypass");
   EXPECT_EQ(a1["cold"], true);
+  const json a2 = Service(remote, "A2");
+  EXPECT_EQ(a2["cold"], true) << "A2 bypassed the cache A1 left on the remote server";
+  EXPECT_EQ(a2["cache"], "bypass");
   EXPECT_EQ(a3["cold"], false);
   EXPECT_EQ(a3["export"]["verified"], true);
   // The server's own count: nothing before A1; A1, A2 and A3's prime before A3.
