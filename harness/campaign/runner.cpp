@@ -22,6 +22,7 @@
 #include "lockstep/harness/gates.h"
 #include "lockstep/harness/model_command.h"
 #include "lockstep/harness/process.h"
+#include "lockstep/harness/tokenize_command.h"
 #include "lockstep/instrument/fingerprint.h"
 
 namespace lockstep {
@@ -48,17 +49,35 @@ Result<std::string> ProvisionPlanModel(const Campaign& c, const std::string& dir
   return model_dir;
 }
 
-Status ProvisionPlanRequest(const Campaign& c, const std::string& tokens_path) {
+namespace {
+
+// A text prompt's ids through the model's tokenizer (tokenizer.json of the folder, a GGUF's
+// vocabulary, else byte level), exactly as `lockstep generate --prompt` encodes it.
+Result<std::vector<std::int32_t>> EncodePlanText(const std::string& model_dir,
+                                                 std::string_view text) {
+  LOCKSTEP_ASSIGN_OR_RETURN(TokenizerPtr tok, LoadModelTokenizer(model_dir));
+  int n_vocab = tok->info().vocab_size;
+  if (fs::is_directory(model_dir)) {
+    LOCKSTEP_ASSIGN_OR_RETURN(ModelConfig mc, ModelConfig::FromFile(model_dir + "/config.json"));
+    n_vocab = mc.n_vocab;
+  }
+  return EncodePromptText(*tok, text, n_vocab);
+}
+
+}  // namespace
+
+Status ProvisionPlanRequest(const Campaign& c, const std::string& model_dir,
+                            const std::string& tokens_path) {
   if (fs::exists(tokens_path)) return Status::Ok();
   std::vector<std::int32_t> ids;
   const RequestSpec& r = c.request;
   if (r.needle) {
-    ids = EncodeBytes(NeedleHaystackPrompt(*r.needle));
+    ids = EncodeBytes(NeedleHaystackPrompt(*r.needle));  // byte tokens by definition (campaign.h)
   } else if (!r.prompt.empty()) {
-    ids = EncodeBytes(r.prompt);
+    LOCKSTEP_ASSIGN_OR_RETURN(ids, EncodePlanText(model_dir, r.prompt));
   } else if (!r.prompt_file.empty()) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.prompt_file, std::size_t{256} << 20));
-    ids = EncodeBytes(text);
+    LOCKSTEP_ASSIGN_OR_RETURN(ids, EncodePlanText(model_dir, text));
   } else {
     LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.token_file, std::size_t{256} << 20));
     return WriteFileAtomic(tokens_path, text);
@@ -194,7 +213,7 @@ struct Runner {
 
   Status ProvisionRequest() {
     tokens_path = dir + "/request.tokens";
-    return ProvisionPlanRequest(c, tokens_path);
+    return ProvisionPlanRequest(c, model_dir, tokens_path);
   }
 
   Status SendRepeat(const ArmSpec& arm, int repeat) {

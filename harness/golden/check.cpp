@@ -167,7 +167,7 @@ struct Checker {
     } else {
       LOCKSTEP_ASSIGN_OR_RETURN(model_dir, ProvisionPlanModel(c, work));
     }
-    return ProvisionPlanRequest(c, work + "/request.tokens");
+    return ProvisionPlanRequest(c, model_dir, work + "/request.tokens");
   }
 
   const ArmSpec* FindArm(const std::string& name) const {

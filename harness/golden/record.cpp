@@ -170,7 +170,7 @@ Status RunGoldenRecord(const GoldenRecordOptions& opts, std::ostream& out) {
                      rec.c.plan_sha256.substr(0, 12), opts.out_dir);
   LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(rec.tmp + "/plan.toml", rec.c.plan_text));
   LOCKSTEP_ASSIGN_OR_RETURN(rec.model_dir, ProvisionPlanModel(rec.c, rec.tmp + "/work"));
-  LOCKSTEP_RETURN_IF_ERROR(ProvisionPlanRequest(rec.c, rec.tmp + "/request.tokens"));
+  LOCKSTEP_RETURN_IF_ERROR(ProvisionPlanRequest(rec.c, rec.model_dir, rec.tmp + "/request.tokens"));
   for (const ArmSpec* a : arms) LOCKSTEP_RETURN_IF_ERROR(rec.RecordArm(*a));
   fs::remove_all(rec.tmp + "/work", ec);  // a synthetic model is made again from the plan
   const nlohmann::json manifest = rec.Manifest(exe_sha);

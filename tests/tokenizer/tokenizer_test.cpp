@@ -6,6 +6,7 @@
 // tokenizer.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -17,6 +18,8 @@
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/bpe_tokenizer.h"
 #include "lockstep/engine/gguf.h"
+#include "lockstep/harness/campaign.h"
+#include "lockstep/harness/runner.h"
 #include "model/pretokenize.h"
 #include "test_util.h"
 
@@ -278,6 +281,38 @@ TEST(TokenizeCommand, GenerateUsesTheModelsTokenizerAndReportsIt) {
   EXPECT_EQ(jb["prompt_tokens"], 11);
   EXPECT_EQ(jb["tokenizer"]["type"], "byte");
   EXPECT_TRUE(jb["tokenizer"]["sha256"].is_null());
+}
+
+// A campaign's text prompt is encoded by the plan model's tokenizer, as generate --prompt does
+// (issue 23: the runner used byte tokens for every text prompt); the needle stays byte tokens.
+TEST(TokenizeCommand, CampaignTextPromptsUseTheModelTokenizer) {
+  const std::string m = TinyModelWithTokenizer();
+  const std::string d = test::NewDir("tok-plan");
+  for (const char* request :
+       {"prompt = \"hello world\"", "prompt_file = \"p.txt\"", "needle = { tokens = 64 }"}) {
+    ASSERT_TRUE(WriteFileAtomic(d + "/p.txt", "hello world").ok());
+    const std::string plan =
+        "name = \"t\"\nquestion = \"q\"\nhypothesis = \"h\"\n[model]\npath = \"" + m +
+        "\"\n[request]\n" + request + "\n[[arm]]\nname = \"A1\"\n";
+    auto c = ParseCampaign(plan, "plan.toml", d);
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    const std::string tokens = d + "/request.tokens";
+    std::filesystem::remove(tokens);
+    ASSERT_TRUE(ProvisionPlanRequest(*c, m, tokens).ok());
+    std::ifstream f(tokens);
+    std::string ids((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (std::string(request).rfind("needle", 0) == 0) {
+      std::istringstream in(ids);
+      int n = 0, id = 0;
+      while (in >> id) {
+        ++n;
+        EXPECT_LT(id, 256);
+      }
+      EXPECT_EQ(n, 64) << "the needle prompt is 64 byte tokens";
+    } else {
+      EXPECT_EQ(ids, "261 266\n") << request;
+    }
+  }
 }
 
 TEST(TokenizeCommand, ModelInitTokenizerNeedsALargeEnoughVocabulary) {

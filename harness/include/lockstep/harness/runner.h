@@ -80,8 +80,11 @@ std::vector<std::string> LedgerDigest(const std::vector<LedgerEntry>& entries);
 // The plan's model folder: [model] path as given, or the synthetic preset created once in
 // `dir`/model (built aside and renamed). Errors: those of RunModelInit, kIOError.
 Result<std::string> ProvisionPlanModel(const Campaign& c, const std::string& dir);
-// The plan's request as token ids in `tokens_path` (left as it is when it exists).
-Status ProvisionPlanRequest(const Campaign& c, const std::string& tokens_path);
+// The plan's request as token ids in `tokens_path` (left as it is when it exists). Text prompts
+// (`prompt`, `prompt_file`) go through the tokenizer of the model at `model_dir`, as `lockstep
+// generate --prompt` does (byte level when the model has none); the needle prompt is byte tokens.
+Status ProvisionPlanRequest(const Campaign& c, const std::string& model_dir,
+                            const std::string& tokens_path);
 // argv of an arm's fresh `lockstep generate` process: `exe` with the config `arm_dir`/config.json
 // (written by the caller), the request's tokens, --json on stdout, the window trace in
 // `arm_dir`/trace.jsonl and, for state arms, the plan's export (`arm_dir`/export.h5, its windows
