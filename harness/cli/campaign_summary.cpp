@@ -15,6 +15,9 @@ namespace {
 struct ArmTally {
   std::set<int> sent, finished, failed;
   std::string not_sent_reason;
+  // Service arms: the `service` object of repeat 0's last finished entry (where the request ran,
+  // cold or warm, engine state, load); null for process arms.
+  nlohmann::json service;
 };
 
 std::string ArmStatus(const ArmTally& t) {
@@ -38,6 +41,8 @@ nlohmann::json PairJson(const nlohmann::json& d) {
                       {"failed_gates", failed}};
   // A positive control must fail a gate: "caught" says it did.
   if (p["control"].get<bool>()) p["caught"] = !p["passed"].get<bool>();
+  // Pairs with a service arm: both sides' service facts, the contrast and bitwise equality.
+  if (d.contains("service")) p["service"] = d["service"];
   return p;
 }
 
@@ -74,6 +79,8 @@ Result<nlohmann::json> CampaignSummaryJson(const std::string& run_dir, const Rep
       arms[e.arm].sent.insert(e.data.value("repeat", 0));
     } else if (e.event == "finished") {
       arms[e.arm].finished.insert(e.data.value("repeat", 0));
+      if (e.data.value("repeat", 0) == 0 && e.data.contains("service"))
+        arms[e.arm].service = e.data["service"];
     } else if (e.event == "failed") {
       arms[e.arm].failed.insert(e.data.value("repeat", 0));
     } else if (e.event == "not_sent") {
@@ -98,6 +105,7 @@ Result<nlohmann::json> CampaignSummaryJson(const std::string& run_dir, const Rep
     if (!t.not_sent_reason.empty()) a["not_sent_reason"] = t.not_sent_reason;
     a["build"] = arm_builds.is_object() && arm_builds.contains(name) ? arm_builds[name]
                                                                      : nlohmann::json(nullptr);
+    a["service"] = t.service;
     arm_list.push_back(a);
   }
   j["arms"] = arm_list;

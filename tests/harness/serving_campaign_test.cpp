@@ -168,6 +168,33 @@ TEST(ServingCampaign, AaServingIsBitwiseEqualFreshWarmAndUnderLoad) {
   EXPECT_NE(html.find("class=\"step-composition\""), std::string::npos);
 }
 
+// The --json campaign summary carries each service arm's record and each pair's service contrast
+// (what a script reading `lockstep report --json` needs to tell warm from cold and load from none).
+TEST(ServingCampaign, SummaryJsonCarriesTheServiceRecords) {
+  const CampaignRun& r = ServingRun("aa-serving");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto rep = RunLockstep("report " + r.dir + " --json -");
+  ASSERT_EQ(rep.exit_code, 0) << rep.err;
+  const json j = json::parse(rep.out);
+  std::map<std::string, json> arms;
+  for (const auto& a : j["arms"]) arms[a["name"].get<std::string>()] = a["service"];
+  EXPECT_EQ(arms["A1"]["server"], "fresh");
+  EXPECT_TRUE(arms["A1"]["cold"].get<bool>());
+  EXPECT_EQ(arms["A3"]["server"], "shared");
+  EXPECT_FALSE(arms["A3"]["cold"].get<bool>());
+  EXPECT_GT(arms["A3"]["prompt_tokens_reused"].get<int>(), 0);
+  ASSERT_TRUE(arms["A4"]["load"].is_object()) << arms["A4"].dump();
+  EXPECT_EQ(arms["A4"]["load"]["completed"], 8);
+  int with_service = 0;
+  for (const auto& p : j["pairs"])
+    if (p.contains("service")) {
+      ++with_service;
+      EXPECT_TRUE(p["service"]["bitwise_equal"].get<bool>() || p["control"].get<bool>())
+          << p.dump();
+    }
+  EXPECT_EQ(with_service, 5) << "every pair of this plan has service arms";
+}
+
 TEST(ServingCampaign, AaServingNondetFindsBitwiseDifferencesUnderLoad) {
   const CampaignRun& r = ServingRun("aa-serving-nondet");
   ASSERT_TRUE(r.exit_code == 0 || r.exit_code == 1) << r.out;
