@@ -349,6 +349,9 @@ struct Runner {
                   ? ", cold"
                   : fmt::format(", warm: {} tokens reused", IntOr(svc, "prompt_tokens_reused", 0))
             : "");
+    if (svc.contains("load") && svc["load"].is_object())
+      out << fmt::format("; under load: {} of {} background requests completed",
+                         IntOr(svc["load"], "completed", 0), IntOr(svc["load"], "requests", 0));
     if (!run.ok) out << ": " << run.error;
     out << "\n";
     return Status::Ok();

@@ -193,6 +193,11 @@ TEST(ServingCampaign, SummaryJsonCarriesTheServiceRecords) {
           << p.dump();
     }
   EXPECT_EQ(with_service, 5) << "every pair of this plan has service arms";
+  // The run's own lines say it too.
+  EXPECT_NE(r.out.find("A4: finished in"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(fresh server, cold); under load: 8 of 8 background requests completed"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(ServingCampaign, AaServingNondetFindsBitwiseDifferencesUnderLoad) {
