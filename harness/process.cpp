@@ -1,4 +1,5 @@
-// RunChild (fork + exec of a campaign arm). The contract is in process.h; here, why.
+// SpawnChild / RunChild (fork + exec of a campaign arm or a server). The contract is in process.h;
+// here, why.
 #include "lockstep/harness/process.h"
 
 #include <fcntl.h>
@@ -19,7 +20,7 @@
 
 namespace lockstep {
 
-Result<ChildResult> RunChild(const ChildSpec& spec, const std::function<void()>& tick) {
+Result<pid_t> SpawnChild(const ChildSpec& spec) {
   if (spec.argv.empty()) return Status::InvalidArgument("child process", "empty command");
   // Everything the child needs is prepared before fork(): after it only async-signal-safe calls.
   std::vector<char*> argv;
@@ -34,7 +35,6 @@ Result<ChildResult> RunChild(const ChildSpec& spec, const std::function<void()>&
     ::close(out_fd);
     return Status::IOError("'" + spec.stderr_path + "'", std::strerror(errno));
   }
-  const auto t0 = std::chrono::steady_clock::now();
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -43,19 +43,26 @@ Result<ChildResult> RunChild(const ChildSpec& spec, const std::function<void()>&
     return Status::Runtime("fork", std::strerror(errno));
   }
   if (pid == 0) {
-    // The arm dies with the runner: a killed runner must not leave an orphan writing into the
-    // arm's folder while the resumed runner sends the arm again.
+    // The child dies with the runner: a killed runner must not leave an orphan (an arm writing
+    // into the folder the resumed runner reuses, a server nobody stops); the getppid check
+    // covers a runner killed before prctl ran.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(126);
     ::dup2(out_fd, STDOUT_FILENO);
     ::dup2(err_fd, STDERR_FILENO);
     ::execv(argv[0], argv.data());
-    const char msg[] = "lockstep: exec of the arm's command failed\n";
+    const char msg[] = "lockstep: exec of the child's command failed\n";
     [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
     ::_exit(127);
   }
   ::close(out_fd);
   ::close(err_fd);
+  return pid;
+}
+
+Result<ChildResult> RunChild(const ChildSpec& spec, const std::function<void()>& tick) {
+  const auto t0 = std::chrono::steady_clock::now();
+  LOCKSTEP_ASSIGN_OR_RETURN(const pid_t pid, SpawnChild(spec));
   int status = 0;
   ChildResult res;
   const bool poll = tick || spec.timeout_s > 0.0;

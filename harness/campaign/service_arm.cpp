@@ -2,9 +2,7 @@
 // (service_arm.h has the contract; campaigns/README.md "Service arms" the plan keys and records).
 #include "campaign/service_arm.h"
 
-#include <fcntl.h>
 #include <httplib.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +18,7 @@
 #include <thread>
 
 #include "lockstep/engine/atomic_file.h"
+#include "lockstep/harness/process.h"
 #include "lockstep/instrument/fingerprint.h"
 
 namespace lockstep {
@@ -154,38 +153,12 @@ Result<std::unique_ptr<ServerChild>> ServerChild::Start(const ServerChildSpec& s
                                    "--max-context", std::to_string(spec.max_context),
                                    "--max-body",    std::to_string(spec.max_body),
                                    "--drain-s",     "5"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const int out_fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  const int err_fd = ::open(s->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (out_fd < 0 || err_fd < 0) {
-    if (out_fd >= 0) ::close(out_fd);
-    if (err_fd >= 0) ::close(err_fd);
-    return Status::IOError("server files in '" + spec.dir + "'", std::strerror(errno));
-  }
+  ChildSpec cs;
+  cs.argv = std::move(args);
+  cs.stdout_path = out_path;
+  cs.stderr_path = s->log_path_;
   const auto t0 = Clock::now();
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(out_fd);
-    ::close(err_fd);
-    return Status::Runtime("fork", std::strerror(errno));
-  }
-  if (pid == 0) {
-    // The server dies with the runner (a killed runner must leave no server behind); the check
-    // covers a runner killed before prctl ran.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(126);
-    ::dup2(out_fd, STDOUT_FILENO);
-    ::dup2(err_fd, STDERR_FILENO);
-    ::execv(argv[0], argv.data());
-    const char msg[] = "lockstep: exec of lockstep serve failed\n";
-    [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
-    ::_exit(127);
-  }
-  ::close(out_fd);
-  ::close(err_fd);
+  LOCKSTEP_ASSIGN_OR_RETURN(const pid_t pid, SpawnChild(cs));
   s->pid_ = pid;
   const auto fail = [&](const std::string& why) -> Status {
     s->Stop(0);

@@ -9,6 +9,8 @@
 // tick still runs). It does not change the caller's signal dispositions.
 #pragma once
 
+#include <sys/types.h>
+
 #include <functional>
 #include <iosfwd>
 #include <string>
@@ -45,6 +47,11 @@ struct ChildResult {
 // gone. A Status error only when nothing ran or the wait failed: kInvalidArgument (empty argv),
 // kIOError (an output file cannot be created), kRuntime (fork or waitpid failed).
 Result<ChildResult> RunChild(const ChildSpec& spec, const std::function<void()>& tick = nullptr);
+
+// Starts the command as RunChild does (the same files, descriptors and PR_SET_PDEATHSIG) and
+// returns its pid without waiting (ChildSpec::timeout_s is not applied): the caller reaps it
+// (a `lockstep serve` the runner keeps while arms run). Errors as RunChild's before the wait.
+Result<pid_t> SpawnChild(const ChildSpec& spec);
 
 // Absolute path of the running executable (/proc/self/exe); kRuntime when it cannot be read.
 Result<std::string> SelfExecutable();
