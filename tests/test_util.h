@@ -39,6 +39,10 @@ struct CmdResult {
   std::string err;
 };
 CmdResult RunLockstep(const std::string& args);
+// Starts `lockstep args` (the built binary, output to /dev/null) as a child the test can kill;
+// its pid. WaitChild reaps it: its exit code, or 128 + the signal that ended it.
+int SpawnLockstep(const std::vector<std::string>& args);
+int WaitChild(int pid);
 
 // NRMSE of b against reference a (float64), as compare/ defines it.
 double Nrmse(const std::vector<float>& a, const std::vector<float>& b);

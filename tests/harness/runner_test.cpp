@@ -231,30 +231,6 @@ TEST(Campaign, AaLatencyStopsAfterTheAA) {
   EXPECT_GT(fs::file_size(png), 10000u);
 }
 
-// Runs `lockstep args` as a child we can kill; returns its pid.
-pid_t Spawn(const std::vector<std::string>& args) {
-  std::vector<std::string> argv{LOCKSTEP_BIN_PATH};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int devnull = ::open("/dev/null", O_WRONLY);
-    ::dup2(devnull, 1);
-    ::dup2(devnull, 2);
-    ::execv(cargv[0], cargv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-int Wait(pid_t pid) {
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 // Every (arm, repeat) is sent at most once after... never again once it finished.
 void ExpectNoSendAfterFinish(const std::vector<LedgerEntry>& es) {
   std::set<std::pair<std::string, int>> finished;
@@ -274,7 +250,8 @@ TEST(Campaign, SigkillAtRandomPointsResumesToTheSameLedger) {
   // Time of an uninterrupted run, to spread the kill points over the whole campaign.
   const std::string timing_dir = test::NewDir("kill-timing") + "/run";
   const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_EQ(Wait(Spawn({"run", plan, "--out", timing_dir, "--no-progress"})), 0);
+  ASSERT_EQ(
+      test::WaitChild(test::SpawnLockstep({"run", plan, "--out", timing_dir, "--no-progress"})), 0);
   const double total_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::mt19937 rng(4069);
@@ -289,15 +266,15 @@ TEST(Campaign, SigkillAtRandomPointsResumesToTheSameLedger) {
           fresh ? std::vector<std::string>{"run", plan, "--out", dir, "--no-progress"}
                 : std::vector<std::string>{"run", "--resume", dir, "--no-progress"};
       resumes += fresh ? 0 : 1;
-      const pid_t pid = Spawn(args);
+      const pid_t pid = test::SpawnLockstep(args);
       if (k == n_kills) {
-        ASSERT_EQ(Wait(pid), 0) << "final attempt of iteration " << iter;
+        ASSERT_EQ(test::WaitChild(pid), 0) << "final attempt of iteration " << iter;
         break;
       }
       const double at = std::uniform_real_distribution<double>(0.0, total_ms * 1.1)(rng);
       std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long>(at * 1000)));
       ::kill(pid, SIGKILL);
-      Wait(pid);
+      test::WaitChild(pid);
       ++kills;
     }
     const auto es = ReadLedger(dir);

@@ -353,29 +353,6 @@ TEST(ServiceRunner, LedgerDigestKeepsTheServiceDecisionContent) {
   EXPECT_EQ(LedgerDigest({cmp_a}), LedgerDigest({cmp_b}));
 }
 
-pid_t Spawn(const std::vector<std::string>& args) {
-  std::vector<std::string> argv{LOCKSTEP_BIN_PATH};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int devnull = ::open("/dev/null", O_WRONLY);
-    ::dup2(devnull, 1);
-    ::dup2(devnull, 2);
-    ::execv(cargv[0], cargv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-int Wait(pid_t pid) {
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 // The ledger's lines so far (a torn last line is fine: it is only read here).
 std::string LedgerText(const std::string& dir) { return test::Slurp(dir + "/ledger.jsonl"); }
 
@@ -408,7 +385,7 @@ bool KillWhen(pid_t pid, const std::string& dir, KillAt at, double delay_ms) {
     std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long>(delay_ms * 1000)));
   }
   const bool killed = ::kill(pid, SIGKILL) == 0;
-  Wait(pid);
+  test::WaitChild(pid);
   return killed;
 }
 
@@ -439,8 +416,9 @@ TEST(ServiceRunner, SigkillAtRandomPointsResumesToTheSameDecision) {
   const auto reference = LedgerDigest(ReadLedger(LocalRun()));
   ASSERT_FALSE(reference.empty());
   const auto t0 = Clock::now();
-  ASSERT_EQ(
-      Wait(Spawn({"run", Plan(), "--out", test::NewDir("svc-time") + "/run", "--no-progress"})), 0);
+  ASSERT_EQ(test::WaitChild(test::SpawnLockstep(
+                {"run", Plan(), "--out", test::NewDir("svc-time") + "/run", "--no-progress"})),
+            0);
   const double total_ms = Since(t0) * 1000;
   std::mt19937 rng(25);
   int kills = 0, survivors = 0, reprimed = 0, in_server_start = 0, in_load = 0;
@@ -450,11 +428,11 @@ TEST(ServiceRunner, SigkillAtRandomPointsResumesToTheSameDecision) {
     const int n_kills = 1 + static_cast<int>(rng() % 2);
     for (int k = 0; k <= n_kills; ++k) {
       const bool fresh = !fs::exists(dir + "/ledger.jsonl");
-      const pid_t pid =
-          Spawn(fresh ? std::vector<std::string>{"run", Plan(), "--out", dir, "--no-progress"}
-                      : std::vector<std::string>{"run", "--resume", dir, "--no-progress"});
+      const pid_t pid = test::SpawnLockstep(
+          fresh ? std::vector<std::string>{"run", Plan(), "--out", dir, "--no-progress"}
+                : std::vector<std::string>{"run", "--resume", dir, "--no-progress"});
       if (k == n_kills) {
-        ASSERT_EQ(Wait(pid), 0) << "final attempt of iteration " << iter;
+        ASSERT_EQ(test::WaitChild(pid), 0) << "final attempt of iteration " << iter;
         break;
       }
       // The first kill of the first iterations lands in a chosen phase; the others at random.
@@ -496,7 +474,7 @@ TEST(ServiceRunner, SigkillAtRandomPointsResumesToTheSameDecision) {
 // a new server that got the history again, are recorded "lost: re-primed" and are still warm.
 TEST(ServiceRunner, SharedArmAfterAResumeIsReprimed) {
   const std::string dir = test::NewDir("svc-reprime") + "/run";
-  const pid_t pid = Spawn({"run", Plan(), "--out", dir, "--no-progress"});
+  const pid_t pid = test::SpawnLockstep({"run", Plan(), "--out", dir, "--no-progress"});
   ASSERT_TRUE(KillWhen(pid, dir, KillAt::kSharedUp, 0));
   ASSERT_TRUE(NoneHolding(dir));
   auto r = RunLockstep("run --resume " + dir + " --no-progress");
