@@ -230,8 +230,11 @@ const char* ProbeResultName(ProbeResult r) {
 
 bool PropertyResult::Fails() const {
   if (!claim.claimed) return false;
+  // A claimed property whose probe ran but could not check it (nothing compared, the request
+  // never shared a step, the warm request reused nothing, the stall did not fire) is not shown
+  // to hold: no PASS after checking nothing.
   return result == ProbeResult::kDiffers || result == ProbeResult::kNotProvoked ||
-         !broken_by.empty();
+         result == ProbeResult::kNotApplicable || !broken_by.empty();
 }
 
 bool PreflightReport::passed() const {
@@ -257,12 +260,21 @@ std::string PreflightReport::VerdictLine() const {
     if (!p.Fails()) continue;
     std::string why;
     for (const std::string& k : p.broken_by) why += (why.empty() ? "" : ", ") + k;
-    const char* what = p.result == ProbeResult::kDiffers       ? "differs"
-                       : p.result == ProbeResult::kNotProvoked ? "broken by design, not provoked"
-                                                               : "broken by design, not probed";
+    const bool unchecked = p.result == ProbeResult::kNotApplicable && p.broken_by.empty();
+    const std::string what = p.result == ProbeResult::kDiffers ? "differs"
+                             : p.result == ProbeResult::kNotProvoked
+                                 ? "broken by design, not provoked"
+                             : unchecked ? "not verified: " + p.reason
+                                         : "broken by design, not probed";
     failing += (failing.empty() ? "" : "; ") + std::string(PropertyId(p.property)) + " " + what +
                (why.empty() ? "" : " (" + why + ")");
   }
+  int not_probed = 0;
+  for (const PropertyResult& p : properties)
+    not_probed += p.claim.claimed && p.result == ProbeResult::kNotRun;
+  if (failing.empty() && not_probed > 0)
+    return "preflight: PASS (static part only): no active knob breaks what the config claims (" +
+           std::to_string(claimed) + " claimed, " + std::to_string(not_probed) + " not probed)";
   if (failing.empty())
     return "preflight: PASS: every property the config claims holds (" + std::to_string(claimed) +
            " claimed)";

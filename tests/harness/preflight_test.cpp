@@ -227,6 +227,32 @@ TEST(PreflightKnobs, ActiveOnlyWhereTheyCanAct) {
   EXPECT_TRUE(ClaimOf(c, PreflightProperty::kLoad).claimed);
 }
 
+// No PASS after checking nothing: a claimed property whose probe ran but could not check it (n/a:
+// nothing compared, never shared a step, reused nothing) fails; one not probed at all
+// (--skip-probes) passes only as "static part only".
+TEST(PreflightKnobs, AClaimedPropertyTheProbeCouldNotCheckIsNotAPass) {
+  PreflightReport r;
+  PropertyResult p;
+  p.property = PreflightProperty::kLoad;
+  p.claim.claimed = true;
+  p.result = ProbeResult::kHolds;
+  r.properties = {p};
+  EXPECT_TRUE(r.passed());
+  EXPECT_EQ(r.VerdictLine().rfind("preflight: PASS: every property", 0), 0u) << r.VerdictLine();
+  r.properties[0].result = ProbeResult::kNotApplicable;
+  r.properties[0].reason = "the request never shared a step";
+  EXPECT_FALSE(r.passed());
+  EXPECT_NE(r.VerdictLine().find("load not verified: the request never shared a step"),
+            std::string::npos)
+      << r.VerdictLine();
+  r.properties[0].result = ProbeResult::kNotRun;
+  EXPECT_TRUE(r.passed());
+  EXPECT_NE(r.VerdictLine().find("PASS (static part only)"), std::string::npos) << r.VerdictLine();
+  r.properties[0].claim.claimed = false;
+  r.properties[0].result = ProbeResult::kNotApplicable;
+  EXPECT_TRUE(r.passed()) << "an unclaimed property never fails the verdict";
+}
+
 TEST(Preflight, BadInputIsExitTwo) {
   for (const std::string& args :
        {std::string("--probes nosuch"), std::string("--probe-tokens 1"),

@@ -127,7 +127,8 @@ struct PropertyResult {
   double max_kl = 0.0;         // over differing logits items
   bool within_default = true;  // every differing item passes the default thresholds
   double seconds = 0.0;
-  // Claimed, and it differs, or an active knob breaks it whatever the probe saw.
+  // Claimed, and it differs, its probe could not check it (n/a), or an active knob breaks it
+  // whatever the probe saw.
   bool Fails() const;
 };
 
