@@ -2,12 +2,12 @@
 
 #include <immintrin.h>
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "cpu/gemm.h"
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/quant.h"
 
@@ -301,140 +301,6 @@ void InvariantBlock(const float* x, int n_rows, const Mat& w, int o_begin, int o
 
 }  // namespace
 
-namespace {
-
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-// The f32 product of one range of W's rows, as Eigen evaluates `Y = X * W^T`.
-void EigenGemmF32(const float* x, int T, const float* wr, int n, int k, float* y, int ldy) {
-  Eigen::Map<const RowMat> X(x, T, k);
-  Eigen::Map<const RowMat> W(wr, n, k);
-  Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y, T, n, Eigen::OuterStride<>(ldy));
-  Y.noalias() = X * W.transpose();
-}
-
-// W[r][c0, c0 + n) as f32 into dst: exact widening, or the chunks' dequantised values.
-void WidenSegment(const Mat& w, int r, int c0, int n, float* dst) {
-  const std::byte* row = w.row_ptr(r);
-  const auto* u16 = reinterpret_cast<const std::uint16_t*>(row) + c0;
-  int j = 0;
-  switch (w.type) {
-    case WeightType::kF32:
-      std::memcpy(dst, row + static_cast<std::size_t>(c0) * sizeof(float),
-                  static_cast<std::size_t>(n) * sizeof(float));
-      return;
-    case WeightType::kBF16:
-      for (; j + kW <= n; j += kW) {
-        const vf v = Bf16Src::Widen(u16 + j);
-        std::memcpy(dst + j, &v, sizeof(v));
-      }
-      for (; j < n; ++j) dst[j] = bf16_to_f32(u16[j]);
-      return;
-    case WeightType::kF16:
-      for (; j + kW <= n; j += kW) {
-        const vf v = F16Src::Widen(u16 + j);
-        std::memcpy(dst + j, &v, sizeof(v));
-      }
-      for (; j < n; ++j) dst[j] = f16_to_f32(u16[j]);
-      return;
-    default:
-      break;
-  }
-  const int be = weight_block_elems(w.type);
-  const std::size_t bb = weight_block_bytes(w.type);
-  alignas(32) float tb[32];
-  for (int c = c0 / 32 * 32; c < c0 + n; c += 32) {
-    DequantizeChunk32(w.type, row + static_cast<std::size_t>(c / be) * bb, (c % be) / 32, tb);
-    const int lo = std::max(c, c0), hi = std::min(c + 32, c0 + n);
-    std::memcpy(dst + (lo - c0), tb + (lo - c), static_cast<std::size_t>(hi - lo) * sizeof(float));
-  }
-}
-
-// Prefill product of W's rows [ob, oe) for a weight not stored as f32, bitwise equal to
-// EigenGemmF32 on an f32 copy of those rows, without making that copy.
-//
-// Numerics: Eigen's result for an element depends on the blocking it picks from the shape
-// (kc splits the reduction; mc, nc and the row / column position inside a block choose the
-// micro-kernel path), so the widening must not change the shape Eigen sees. This function is
-// Eigen 3.4's own sequential GEMM (general_matrix_matrix_product::run, ColMajor result, after
-// the transposition Eigen applies to a row-major destination: lhs = W [N, K] row-major, rhs =
-// X^T, result Y^T), with the same blocking object, the same packing routines and the same gebp
-// kernel; the only change is that each mc x kc block of W is widened into an L2-sized f32 buffer
-// right before pack_lhs packs it. Packing copies values, so the packed block, every gebp call and
-// every result bit are what Eigen computes on the widened matrix. The shapes Eigen does not send
-// to this GEMM (the coefficient-based product for tiny sizes, matrix-vector products when
-// T == 1 or N == 1) go through EigenGemmF32 on a widened copy of the range, exactly as Eigen would.
-// Chunk-size behaviour is therefore unchanged: a prefill chunk of T rows gives the bits the f32
-// weights give for T rows (see matmul.h). tests/engine/matmul_types_test.cpp checks these
-// claims bitwise over many shapes (a change of Eigen version that breaks them fails there).
-void GemmWidened(const float* x, int T, const Mat& w, int ob, int oe, float* y, int ldy) {
-  using Eigen::Index;
-  namespace ei = Eigen::internal;
-  const Index N = oe - ob, K = w.cols;
-  static thread_local std::vector<float, Eigen::aligned_allocator<float>> wide, blk_a, blk_b;
-  if (K + T + N < EIGEN_GEMM_TO_COEFFBASED_THRESHOLD || T == 1 || N == 1) {
-    wide.resize(static_cast<std::size_t>(N * K));
-    for (Index r = 0; r < N; ++r)
-      WidenSegment(w, ob + static_cast<int>(r), 0, static_cast<int>(K),
-                   wide.data() + static_cast<std::size_t>(r * K));
-    EigenGemmF32(x, T, wide.data(), static_cast<int>(N), static_cast<int>(K), y, ldy);
-    return;
-  }
-  Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y, T, N, Eigen::OuterStride<>(ldy));
-  Y.setZero();  // as generic_product_impl::evalTo
-  // The blocking of the row-major product Y [T, N] = X [T, K] * W^T [K, N].
-  ei::gemm_blocking_space<Eigen::RowMajor, float, float, Eigen::Dynamic, Eigen::Dynamic,
-                          Eigen::Dynamic>
-      blocking(T, N, K, 1, true);
-  using Traits = ei::gebp_traits<float, float>;
-  using LhsMapper = ei::const_blas_data_mapper<float, Index, Eigen::RowMajor>;
-  using RhsMapper = ei::const_blas_data_mapper<float, Index, Eigen::ColMajor>;
-  using ResMapper = ei::blas_data_mapper<float, Index, Eigen::ColMajor, Eigen::Unaligned, 1>;
-  const Index rows = N, cols = T, depth = K;
-  const Index kc = blocking.kc(), mc = std::min(rows, blocking.mc()),
-              nc = std::min(cols, blocking.nc());
-  ei::gemm_pack_lhs<float, Index, LhsMapper, Traits::mr, Traits::LhsProgress,
-                    typename Traits::LhsPacket4Packing, Eigen::RowMajor>
-      pack_lhs;
-  ei::gemm_pack_rhs<float, Index, RhsMapper, Traits::nr, Eigen::ColMajor> pack_rhs;
-  ei::gebp_kernel<float, float, Index, ResMapper, Traits::mr, Traits::nr, false, false> gebp;
-  const RhsMapper rhs(x, K);
-  const ResMapper res(y, ldy, 1);
-  wide.resize(static_cast<std::size_t>(kc * mc));
-  blk_a.resize(static_cast<std::size_t>(kc * mc));
-  blk_b.resize(static_cast<std::size_t>(kc * nc));
-  const bool pack_rhs_once = mc != rows && kc == depth && nc == cols;
-  for (Index i2 = 0; i2 < rows; i2 += mc) {
-    const Index actual_mc = std::min(i2 + mc, rows) - i2;
-    for (Index k2 = 0; k2 < depth; k2 += kc) {
-      const Index actual_kc = std::min(k2 + kc, depth) - k2;
-      for (Index r = 0; r < actual_mc; ++r)
-        WidenSegment(w, ob + static_cast<int>(i2 + r), static_cast<int>(k2),
-                     static_cast<int>(actual_kc),
-                     wide.data() + static_cast<std::size_t>(r * actual_kc));
-      pack_lhs(blk_a.data(), LhsMapper(wide.data(), actual_kc), actual_kc, actual_mc);
-      for (Index j2 = 0; j2 < cols; j2 += nc) {
-        const Index actual_nc = std::min(j2 + nc, cols) - j2;
-        if (!pack_rhs_once || i2 == 0)
-          pack_rhs(blk_b.data(), rhs.getSubMapper(k2, j2), actual_kc, actual_nc);
-        gebp(res.getSubMapper(i2, j2), blk_a.data(), blk_b.data(), actual_mc, actual_kc, actual_nc,
-             1.0f);
-      }
-    }
-  }
-}
-
-// One ParallelFor range of the kGemm product.
-void GemmRange(const float* x, int T, const Mat& w, int ob, int oe, float* y, int ldy) {
-  if (w.type == WeightType::kF32) {
-    EigenGemmF32(x, T, w.row(ob), oe - ob, w.cols, y + ob, ldy);
-  } else {
-    GemmWidened(x, T, w, ob, oe, y + ob, ldy);
-  }
-}
-
-}  // namespace
-
 void MatmulRowsRange(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
                      int ldy) {
   InvariantBlock(x, n_rows, w, o_begin, o_end, y, ldy, o_begin);
@@ -458,7 +324,7 @@ void Matmul(MatmulKind kind, const float* x, int n_rows, const Mat& w, float* y,
     return;
   }
   auto body = [&](std::size_t b, std::size_t e) {
-    GemmRange(x, n_rows, w, static_cast<int>(b), static_cast<int>(e), y, ldy);
+    GemmRows(x, n_rows, w, static_cast<int>(b), static_cast<int>(e), y + b, ldy);
   };
   if (pool) {
     pool->ParallelFor(static_cast<std::size_t>(w.rows), body, 64);

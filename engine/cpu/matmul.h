@@ -6,15 +6,16 @@
 //               fixed combine tree. Row t's result is therefore bitwise independent of how many
 //               rows are computed together and of the thread count (threads split the outputs
 //               o, never the reduction).
-//   kGemm       (prefill chunks): Eigen's blocked GEMM. Faster for many rows; its blocking
-//               depends on the shape, so results may differ from kInvariant in the last bits
-//               (measured: prefill chunk size changes logits by NRMSE ~1e-7, see tests).
+//   kGemm       (prefill chunks): bitwise Eigen's blocked GEMM (gemm.h: its arithmetic, our
+//               kernel for most of it). Faster for many rows; its blocking depends on the shape,
+//               so results may differ from kInvariant in the last bits (measured: prefill chunk
+//               size changes logits by NRMSE ~1e-7, see tests).
 //
 // Weights of every WeightType (weights.h) are read as stored and widened (bf16, f16: exact) or
 // dequantised (Q8_0, Q4_K, Q6_K: quant.h) in registers or in cache-sized blocks. Both kinds give
 // bitwise the result of the same product on an f32 copy of the weights (the widened or
 // dequantised values) for every shape and thread count: kInvariant consumes the same f32 values
-// in the same order; kGemm runs Eigen's own blocking and kernels on widened blocks (matmul.cpp).
+// in the same order; kGemm packs widened blocks into the kernels' layouts (gemm.cpp).
 #pragma once
 
 #include "lockstep/engine/thread_pool.h"

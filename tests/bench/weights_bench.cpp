@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/gemm.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/synthetic.h"
 #include "lockstep/engine/thread_pool.h"
@@ -114,9 +115,13 @@ void BM_MemReadBandwidth(benchmark::State& state) {
 }
 
 // Arg 0: 0 = widened to f32 at load, 1 = as the file stores it (bf16). Arg 1: 0 = decode
-// (single-token steps after a 64-token prompt), 1 = prefill of 512 tokens in one chunk.
+// (single-token steps after a 64-token prompt), 1 = prefill of 512 tokens in one chunk. Arg 2:
+// the prefill GEMM, 0 = Eigen's product (cpu::GemmImpl::kEigen, the engine before 2026-12-01),
+// 1 = the own kernel (engine/cpu/gemm.h; the same bits). "Today's" engine of issue 26 is
+// file_type 0 with gemm 0.
 void BM_Wide(benchmark::State& state) {
   const auto res = state.range(0) == 0 ? WeightResidency::kWidenF32 : WeightResidency::kFileType;
+  cpu::SetGemmImpl(state.range(2) == 0 ? cpu::GemmImpl::kEigen : cpu::GemmImpl::kOwn);
   const ModelWeights& w = Model(res);
   const int vocab = w.config.n_vocab;
   if (state.range(1) == 1) {
@@ -160,11 +165,13 @@ void BM_Wide(benchmark::State& state) {
 
 BENCHMARK(BM_MemReadBandwidth)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
 BENCHMARK(BM_Wide)
-    ->ArgNames({"file_type", "prefill"})
-    ->Args({0, 0})
-    ->Args({0, 1})
-    ->Args({1, 0})
-    ->Args({1, 1})
+    ->ArgNames({"file_type", "prefill", "gemm"})
+    ->Args({0, 0, 0})
+    ->Args({0, 1, 0})
+    ->Args({1, 0, 1})
+    ->Args({1, 1, 1})
+    ->Args({1, 1, 0})
+    ->Args({0, 1, 1})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(8.0)
     ->UseRealTime();
@@ -182,7 +189,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
       if (t == r.counters.end()) continue;
       const bool file = n.find("file_type:1") != std::string::npos;
       const bool prefill = n.find("prefill:1") != std::string::npos;
-      rate_[{file, prefill}] = t->second;
+      const bool own = n.find("gemm:1") != std::string::npos;
+      if (!prefill || file == own) rate_[{file, prefill}] = t->second;
+      if (prefill) prefill_[{file, own}] = t->second;
       if (const auto cpu = r.counters.find("cpu_ms_per_token"); cpu != r.counters.end()) {
         cpu_[file] = cpu->second;
         if (file && cpu_.count(false))
@@ -198,18 +207,25 @@ class RatioReporter : public benchmark::ConsoleReporter {
             "GB/s); goal >= 0.8\n",
             n.c_str(), static_cast<double>(g->second),
             static_cast<double>(g->second) * 1e9 / g_read_bps, kThreads, g_read_bps / 1e9);
-      for (bool p : {false, true}) {
-        auto a = rate_.find({false, p}), b = rate_.find({true, p});
-        if (a != rate_.end() && b != rate_.end() && file && p == prefill)
-          std::printf("  -> %s bf16 as stored / widened to f32: %.2fx (%.2f vs %.2f tok/s)\n",
-                      p ? "prefill 512" : "decode", b->second / a->second, b->second, a->second);
-      }
+      auto a = rate_.find({false, prefill}), b = rate_.find({true, prefill});
+      if (a != rate_.end() && b != rate_.end() && file && (!prefill || own))
+        std::printf(
+            "  -> %s, bf16 as stored%s / today's (widened to f32%s): %.2fx (%.2f vs %.2f tok/s)\n",
+            prefill ? "prefill 512" : "decode", prefill ? " + own GEMM" : "",
+            prefill ? " + Eigen's GEMM" : "", b->second / a->second, b->second, a->second);
+      if (prefill && prefill_.size() == 4 && rate_.count({false, true}))
+        std::printf(
+            "  -> prefill 512 tok/s: widened + Eigen %.2f, widened + own %.2f, bf16 + Eigen %.2f, "
+            "bf16 + own %.2f\n",
+            prefill_[{false, false}], prefill_[{false, true}], prefill_[{true, false}],
+            prefill_[{true, true}]);
     }
   }
 
  private:
-  std::map<std::pair<bool, bool>, double> rate_;
-  std::map<bool, double> cpu_;  // decode CPU ms per token, by file_type
+  std::map<std::pair<bool, bool>, double> rate_;     // (file type, prefill) -> tokens/s
+  std::map<std::pair<bool, bool>, double> prefill_;  // (file type, own GEMM) -> tokens/s
+  std::map<bool, double> cpu_;                       // decode CPU ms per token, by file_type
 };
 
 }  // namespace

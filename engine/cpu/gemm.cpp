@@ -1,0 +1,435 @@
+#include "cpu/gemm.h"
+
+#include <immintrin.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "lockstep/engine/dtype.h"
+#include "lockstep/engine/quant.h"
+
+namespace lockstep::cpu {
+
+namespace {
+
+namespace ei = Eigen::internal;
+using Eigen::Index;
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Traits = ei::gebp_traits<float, float>;
+using Packet = Traits::LhsPacket;
+using LhsMapper = ei::const_blas_data_mapper<float, Index, Eigen::RowMajor>;
+using RhsMapper = ei::const_blas_data_mapper<float, Index, Eigen::ColMajor>;
+using ResMapper = ei::blas_data_mapper<float, Index, Eigen::ColMajor, Eigen::Unaligned, 1>;
+using Buffer = std::vector<float, Eigen::aligned_allocator<float>>;
+
+std::atomic<GemmImpl> g_impl{GemmImpl::kOwn};
+
+// ---- widening ----
+
+// 16 bf16 / f16 values widened to f32 (exact), where the CPU converts 16 at once.
+#if defined(__AVX512F__)
+inline __m512 WidenBf16x16(const std::uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 WidenF16x16(const std::uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+#endif
+
+// W[r][c0, c0 + n) as f32 into dst: exact widening, or the chunks' dequantised values.
+void WidenSegment(const Mat& w, int r, int c0, int n, float* dst) {
+  const std::byte* row = w.row_ptr(r);
+  const auto* u16 = reinterpret_cast<const std::uint16_t*>(row) + c0;
+  int j = 0;
+  switch (w.type) {
+    case WeightType::kF32:
+      std::memcpy(dst, row + static_cast<std::size_t>(c0) * sizeof(float),
+                  static_cast<std::size_t>(n) * sizeof(float));
+      return;
+    case WeightType::kBF16:
+#if defined(__AVX512F__)
+      for (; j + 16 <= n; j += 16) _mm512_storeu_ps(dst + j, WidenBf16x16(u16 + j));
+#endif
+      for (; j < n; ++j) dst[j] = bf16_to_f32(u16[j]);
+      return;
+    case WeightType::kF16:
+#if defined(__AVX512F__)
+      for (; j + 16 <= n; j += 16) _mm512_storeu_ps(dst + j, WidenF16x16(u16 + j));
+#endif
+      for (; j < n; ++j) dst[j] = f16_to_f32(u16[j]);
+      return;
+    default:
+      break;
+  }
+  const int be = weight_block_elems(w.type);
+  const std::size_t bb = weight_block_bytes(w.type);
+  alignas(32) float tb[32];
+  for (int c = c0 / 32 * 32; c < c0 + n; c += 32) {
+    DequantizeChunk32(w.type, row + static_cast<std::size_t>(c / be) * bb, (c % be) / 32, tb);
+    const int lo = std::max(c, c0), hi = std::min(c + 32, c0 + n);
+    std::memcpy(dst + (lo - c0), tb + (lo - c), static_cast<std::size_t>(hi - lo) * sizeof(float));
+  }
+}
+
+// Rows [r0, r0 + m) of W, columns [c0, c0 + n), widened into dst (row-major, stride n).
+void WidenRows(const Mat& w, int r0, int m, int c0, int n, float* dst) {
+  for (int r = 0; r < m; ++r)
+    WidenSegment(w, r0 + r, c0, n, dst + static_cast<std::size_t>(r) * static_cast<std::size_t>(n));
+}
+
+// ---- Eigen's own product (the reference, and the shapes Eigen does not send to its GEMM) ----
+
+// The f32 product of rows [0, n) of a row-major W, as Eigen evaluates `Y = X * W^T`.
+void EigenGemmF32(const float* x, Index T, const float* wr, Index n, Index k, float* y, Index ldy) {
+  Eigen::Map<const RowMat> X(x, T, k);
+  Eigen::Map<const RowMat> W(wr, n, k);
+  Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y, T, n, Eigen::OuterStride<>(ldy));
+  Y.noalias() = X * W.transpose();
+}
+
+// Eigen's product on a widened copy of the range.
+//
+// One row of X (T == 1: the prefill's last-token head) is Eigen's row-major matrix-vector
+// product, which runs W's rows in groups of 8 and computes each row alone within its group: on
+// blocks of a multiple of 8 rows every row meets the same code path as in one call over the
+// whole range, so the range is widened and multiplied 256 rows at a time (the block stays in L2
+// instead of a widened copy of the whole head going through memory twice). The last block keeps
+// the rows left over, so the final rows also meet the paths they meet in one call.
+void EigenGemmWidened(const float* x, int T, const Mat& w, int ob, int oe, float* y, int ldy) {
+  static thread_local Buffer wide;
+  const int N = oe - ob;
+  if (w.type == WeightType::kF32) return EigenGemmF32(x, T, w.row(ob), N, w.cols, y, ldy);
+  const int step = T == 1 ? 256 : N;
+  const std::size_t K = static_cast<std::size_t>(w.cols);
+  wide.resize(static_cast<std::size_t>(std::min(2 * step, N)) * K);
+  for (int r = 0, n = 0; r < N; r += n) {
+    // The last block takes the rows left over (a block of one row would be an inner product).
+    n = r + 2 * step > N ? N - r : step;
+    WidenRows(w, ob + r, n, 0, w.cols, wide.data());
+    EigenGemmF32(x, T, wide.data(), n, w.cols, y + r, ldy);
+  }
+}
+
+// The blocking Eigen 3.4 picks for the row-major product Y [T, N] = X [T, K] * W^T [K, N]
+// (general_matrix_matrix_product after the transposition to Y^T = W * X^T): kc splits the
+// reduction, mc W's rows, nc X's rows. Depends on the shape and the CPU's cache sizes.
+struct Blocking {
+  Index kc, mc, nc;
+};
+Blocking EigenBlocking(Index T, Index N, Index K) {
+  ei::gemm_blocking_space<Eigen::RowMajor, float, float, Eigen::Dynamic, Eigen::Dynamic,
+                          Eigen::Dynamic>
+      b(T, N, K, 1, true);
+  return {b.kc(), std::min(N, b.mc()), std::min(T, b.nc())};
+}
+
+// Eigen's sequential GEMM on blocks of W widened right before Eigen packs them: the packed
+// block, every gebp call and every bit are what Eigen computes on the widened matrix.
+void EigenGemmBlocks(const float* x, Index T, const Mat& w, Index ob, Index N, float* y,
+                     Index ldy) {
+  const Index K = w.cols;
+  const Blocking bl = EigenBlocking(T, N, K);
+  Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y, T, N, Eigen::OuterStride<>(ldy));
+  Y.setZero();  // as generic_product_impl::evalTo
+  ei::gemm_pack_lhs<float, Index, LhsMapper, Traits::mr, Traits::LhsProgress,
+                    typename Traits::LhsPacket4Packing, Eigen::RowMajor>
+      pack_lhs;
+  ei::gemm_pack_rhs<float, Index, RhsMapper, Traits::nr, Eigen::ColMajor> pack_rhs;
+  ei::gebp_kernel<float, float, Index, ResMapper, Traits::mr, Traits::nr, false, false> gebp;
+  static thread_local Buffer wide, blk_a, blk_b;
+  const RhsMapper rhs(x, K);
+  const ResMapper res(y, ldy, 1);
+  wide.resize(static_cast<std::size_t>(bl.kc * bl.mc));
+  blk_a.resize(static_cast<std::size_t>(bl.kc * bl.mc));
+  blk_b.resize(static_cast<std::size_t>(bl.kc * bl.nc));
+  const bool pack_rhs_once = bl.mc != N && bl.kc == K && bl.nc == T;
+  for (Index i2 = 0; i2 < N; i2 += bl.mc) {
+    const Index amc = std::min(i2 + bl.mc, N) - i2;
+    for (Index k2 = 0; k2 < K; k2 += bl.kc) {
+      const Index akc = std::min(k2 + bl.kc, K) - k2;
+      WidenRows(w, static_cast<int>(ob + i2), static_cast<int>(amc), static_cast<int>(k2),
+                static_cast<int>(akc), wide.data());
+      pack_lhs(blk_a.data(), LhsMapper(wide.data(), akc), akc, amc);
+      for (Index j2 = 0; j2 < T; j2 += bl.nc) {
+        const Index anc = std::min(j2 + bl.nc, T) - j2;
+        if (!pack_rhs_once || i2 == 0) pack_rhs(blk_b.data(), rhs.getSubMapper(k2, j2), akc, anc);
+        gebp(res.getSubMapper(i2, j2), blk_a.data(), blk_b.data(), amc, akc, anc, 1.0f);
+      }
+    }
+  }
+}
+
+// Eigen sends a product to its GEMM unless it is tiny (coefficient-based) or a matrix-vector one.
+bool EigenUsesGemm(Index T, Index N, Index K) {
+  return K + T + N >= EIGEN_GEMM_TO_COEFFBASED_THRESHOLD && T != 1 && N != 1;
+}
+
+void GemmEigen(const float* x, int T, const Mat& w, int ob, int oe, float* y, int ldy) {
+  if (w.type == WeightType::kF32 || !EigenUsesGemm(T, oe - ob, w.cols))
+    return EigenGemmWidened(x, T, w, ob, oe, y, ldy);
+  EigenGemmBlocks(x, T, w, ob, oe - ob, y, ldy);
+}
+
+// ---- the own kernel ----
+
+// Eigen's register panel: kMr rows of W (kPanels packets of kP lanes) against 4 columns of X.
+constexpr int kP = Traits::LhsProgress;
+constexpr int kMr = Traits::mr;
+constexpr int kPanels = kMr / kP;
+// The own path reproduces the 3-packet micro-kernels only (the FMA targets: AVX2 + FMA, AVX-512);
+// elsewhere GemmRows is Eigen's product.
+constexpr bool kOwnKernel = kPanels == 3;
+// Columns per tile: 8 (two of Eigen's 4-column panels) where there are 32 vector registers
+// (24 accumulators + 3 of W + 1 broadcast), else Eigen's 4.
+constexpr int kPanelsPerTile = EIGEN_ARCH_DEFAULT_NUMBER_OF_REGISTERS >= 32 ? 2 : 1;
+
+// One tile: kMr rows (a: kMr floats per k, k-major) x 4 * NQ columns (NQ of Eigen's packed
+// 4-column rhs panels, 4 floats per k). Each element is one pmadd chain over k from zero, then
+// added to the result: Eigen's 3pX4 arithmetic (gemm.h). `first` (the first kc block) stores the
+// chain instead of adding it to the zeroed result Eigen starts from: 0 + c is c bitwise, because
+// a chain that starts at +0 never ends at -0 (x + (+0) is +0 for x = -0, and exact cancellation
+// rounds to +0), so the result needs no zeroing pass.
+template <int NQ>
+inline void TilePanels(const float* a, const float* const* bq, Index depth, float* res, Index ldr,
+                       bool first) {
+  Packet c[kPanels][4 * NQ];
+  for (int p = 0; p < kPanels; ++p)
+    for (int j = 0; j < 4 * NQ; ++j) c[p][j] = ei::pset1<Packet>(0.0f);
+  const float* b[NQ];
+  for (int q = 0; q < NQ; ++q) b[q] = bq[q];
+  // W's packed panel streams from L2 (the tile's X panels stay in L1): prefetch ~3 KB ahead.
+  constexpr int kAhead = 16 * kMr;
+  for (Index k = 0; k < depth; ++k, a += kMr) {
+    Packet av[kPanels];
+    for (int p = 0; p < kPanels; ++p) av[p] = ei::ploadu<Packet>(a + p * kP);
+    __builtin_prefetch(a + kAhead);
+    for (int q = 0; q < NQ; ++q) {
+      for (int j = 0; j < 4; ++j) {
+        const Packet bb = ei::pset1<Packet>(b[q][j]);
+        for (int p = 0; p < kPanels; ++p) c[p][4 * q + j] = ei::pmadd(av[p], bb, c[p][4 * q + j]);
+      }
+      b[q] += 4;
+    }
+  }
+  for (int j = 0; j < 4 * NQ; ++j) {
+    float* r = res + j * ldr;
+    for (int p = 0; p < kPanels; ++p)
+      ei::pstoreu(r + p * kP, first ? c[p][j] : ei::padd(c[p][j], ei::ploadu<Packet>(r + p * kP)));
+  }
+}
+
+// One column (Eigen's 3pX1: the same chain).
+inline void TileColumn(const float* a, const float* b, Index depth, float* res, bool first) {
+  Packet c[kPanels];
+  for (int p = 0; p < kPanels; ++p) c[p] = ei::pset1<Packet>(0.0f);
+  for (Index k = 0; k < depth; ++k, a += kMr) {
+    const Packet bb = ei::pset1<Packet>(b[k]);
+    for (int p = 0; p < kPanels; ++p) c[p] = ei::pmadd(ei::ploadu<Packet>(a + p * kP), bb, c[p]);
+  }
+  for (int p = 0; p < kPanels; ++p)
+    ei::pstoreu(res + p * kP, first ? c[p] : ei::padd(c[p], ei::ploadu<Packet>(res + p * kP)));
+}
+
+// rows (a multiple of kMr) of packed W against one of Eigen's nc blocks of packed X (cols
+// columns: 4-column panels, then single columns; Eigen's rhs layout). Column groups outside, W's
+// panels inside, so the group's X panels stay in L1 while W's block streams from L2.
+void KernelBlock(const float* apack, Index rows, const float* bpack, Index depth, Index cols,
+                 float* res, Index ldr, bool first) {
+  const Index pc4 = cols / 4 * 4;
+  Index j = 0;
+  for (; j + 4 * kPanelsPerTile <= pc4; j += 4 * kPanelsPerTile) {
+    const float* bq[kPanelsPerTile];
+    for (int q = 0; q < kPanelsPerTile; ++q) bq[q] = bpack + (j + 4 * q) * depth;
+    for (Index i = 0; i < rows; i += kMr)
+      TilePanels<kPanelsPerTile>(apack + i * depth, bq, depth, res + i + j * ldr, ldr, first);
+  }
+  for (; j < pc4; j += 4) {
+    const float* bq[1] = {bpack + j * depth};
+    for (Index i = 0; i < rows; i += kMr)
+      TilePanels<1>(apack + i * depth, bq, depth, res + i + j * ldr, ldr, first);
+  }
+  for (; j < cols; ++j)
+    for (Index i = 0; i < rows; i += kMr)
+      TileColumn(apack + i * depth, bpack + j * depth, depth, res + i + j * ldr, first);
+}
+
+#if defined(__AVX512F__)
+// 16 x 16 f32 transpose in registers: r[i] = row i in, r[j] = column j out.
+inline void Transpose16(__m512* r) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xDD);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD);
+  }
+}
+
+// Loaders of 16 consecutive values of a row, widened to f32 (exact).
+struct LoadF32 {
+  static __m512 At(const std::byte* row, int c) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + c);
+  }
+};
+struct LoadBf16 {
+  static __m512 At(const std::byte* row, int c) {
+    return WidenBf16x16(reinterpret_cast<const std::uint16_t*>(row) + c);
+  }
+};
+struct LoadF16 {
+  static __m512 At(const std::byte* row, int c) {
+    return WidenF16x16(reinterpret_cast<const std::uint16_t*>(row) + c);
+  }
+};
+
+// PackW's AVX-512 body: 16 x 16 blocks widened and transposed in registers.
+template <class Load>
+void PackW16(const Mat& w, int r0, int m, int c0, int n, float* apack) {
+  const int n16 = n / 16 * 16;
+  for (int p = 0; p < m / kMr; ++p) {
+    float* panel = apack + static_cast<std::size_t>(p) * kMr * n;
+    for (int g = 0; g < kPanels; ++g) {
+      const std::byte* rows[16];
+      for (int i = 0; i < 16; ++i) rows[i] = w.row_ptr(r0 + p * kMr + g * 16 + i);
+      for (int k = 0; k < n16; k += 16) {
+        __m512 r[16];
+        for (int i = 0; i < 16; ++i) r[i] = Load::At(rows[i], c0 + k);
+        Transpose16(r);
+        for (int j = 0; j < 16; ++j)
+          _mm512_storeu_ps(panel + static_cast<std::size_t>(k + j) * kMr + g * 16, r[j]);
+      }
+      if (n16 == n) continue;
+      alignas(64) float tail[16];
+      for (int i = 0; i < 16; ++i) {
+        WidenSegment(w, r0 + p * kMr + g * 16 + i, c0 + n16, n - n16, tail);
+        for (int k = n16; k < n; ++k)
+          panel[static_cast<std::size_t>(k) * kMr + g * 16 + i] = tail[k - n16];
+      }
+    }
+  }
+}
+#endif
+
+// W's rows [r0, r0 + m) (m a multiple of kMr), columns [c0, c0 + n), into the own kernel's
+// layout: panel p of kMr rows at apack + p * kMr * n, kMr floats per k (row i of the panel at
+// offset i). The values are the widened weights: packing copies, so it touches no result bit.
+// f32 / bf16 / f16 on AVX-512: 16 x 16 blocks widened and transposed in registers (one pass
+// over the weights instead of widening into a buffer and letting Eigen pack it).
+void PackW(const Mat& w, int r0, int m, int c0, int n, float* apack, Buffer* scratch) {
+#if defined(__AVX512F__)
+  if constexpr (kP == 16) {
+    switch (w.type) {
+      case WeightType::kF32:
+        return PackW16<LoadF32>(w, r0, m, c0, n, apack);
+      case WeightType::kBF16:
+        return PackW16<LoadBf16>(w, r0, m, c0, n, apack);
+      case WeightType::kF16:
+        return PackW16<LoadF16>(w, r0, m, c0, n, apack);
+      default:
+        break;
+    }
+  }
+#endif
+  scratch->resize(static_cast<std::size_t>(n));
+  for (int i = 0; i < m; ++i) {
+    WidenSegment(w, r0 + i, c0, n, scratch->data());
+    float* panel = apack + static_cast<std::size_t>(i / kMr) * kMr * n + i % kMr;
+    for (int k = 0; k < n; ++k) panel[static_cast<std::size_t>(k) * kMr] = (*scratch)[k];
+  }
+}
+
+// Rows of W per packed block of the own kernel: ~768 KB of f32 (the block and one nc block of X
+// stay in the 2 MB L2 of the machines we measure on), at least one panel.
+Index RowsPerBlock(Index depth) {
+  const Index rows = (768 * 1024 / static_cast<Index>(sizeof(float))) / std::max<Index>(1, depth);
+  return std::max<Index>(kMr, rows / kMr * kMr);
+}
+
+struct OwnBuffers {
+  Buffer xpack, apack, wide, blk_a, scratch;
+};
+
+// One kc block of the reduction for Eigen's row block [i2, i2 + amc) of the range: its rows in
+// full kMr panels through the own kernel, the rest through Eigen's packing and gebp kernel.
+void OwnRowBlock(const Mat& w, Index ob, Index i2, Index amc, Index k2, Index akc, Index T,
+                 Index nc, OwnBuffers* b, float* y, Index ldy) {
+  const Index rows3 = amc / kMr * kMr, step = RowsPerBlock(akc);
+  b->apack.resize(static_cast<std::size_t>(std::min(step, std::max<Index>(rows3, 1)) * akc));
+  for (Index i3 = 0; i3 < rows3; i3 += step) {
+    const Index m = std::min(step, rows3 - i3);
+    PackW(w, static_cast<int>(ob + i2 + i3), static_cast<int>(m), static_cast<int>(k2),
+          static_cast<int>(akc), b->apack.data(), &b->scratch);
+    for (Index j2 = 0; j2 < T; j2 += nc)
+      KernelBlock(b->apack.data(), m, b->xpack.data() + j2 * akc, akc, std::min(j2 + nc, T) - j2,
+                  y + (i2 + i3) + j2 * ldy, ldy, k2 == 0);
+  }
+  const Index rem = amc - rows3;
+  if (rem == 0) return;
+  ei::gemm_pack_lhs<float, Index, LhsMapper, Traits::mr, Traits::LhsProgress,
+                    typename Traits::LhsPacket4Packing, Eigen::RowMajor>
+      pack_lhs;
+  ei::gebp_kernel<float, float, Index, ResMapper, Traits::mr, Traits::nr, false, false> gebp;
+  b->wide.resize(static_cast<std::size_t>(rem * akc));
+  b->blk_a.resize(static_cast<std::size_t>(rem * akc));
+  WidenRows(w, static_cast<int>(ob + i2 + rows3), static_cast<int>(rem), static_cast<int>(k2),
+            static_cast<int>(akc), b->wide.data());
+  pack_lhs(b->blk_a.data(), LhsMapper(b->wide.data(), akc), akc, rem);
+  if (k2 == 0)  // gebp adds to the result: these rows start from Eigen's zeros
+    for (Index t = 0; t < T; ++t)
+      std::memset(y + t * ldy + i2 + rows3, 0, static_cast<std::size_t>(rem) * sizeof(float));
+  const ResMapper res(y, ldy, 1);
+  for (Index j2 = 0; j2 < T; j2 += nc)
+    gebp(res.getSubMapper(i2 + rows3, j2), b->blk_a.data(), b->xpack.data() + j2 * akc, rem, akc,
+         std::min(j2 + nc, T) - j2, 1.0f);
+}
+
+void GemmOwn(const float* x, Index T, const Mat& w, Index ob, Index N, float* y, Index ldy) {
+  const Index K = w.cols;
+  const Blocking bl = EigenBlocking(T, N, K);
+  ei::gemm_pack_rhs<float, Index, RhsMapper, Traits::nr, Eigen::ColMajor> pack_rhs;
+  static thread_local OwnBuffers b;
+  b.xpack.resize(static_cast<std::size_t>(bl.kc * T));
+  const RhsMapper rhs(x, K);
+  for (Index k2 = 0; k2 < K; k2 += bl.kc) {
+    const Index akc = std::min(k2 + bl.kc, K) - k2;
+    // X's block in Eigen's packed rhs layout, per nc block (what gebp reads for the remainder
+    // rows; the own kernel reads the same layout), once per kc block for every row block.
+    for (Index j2 = 0; j2 < T; j2 += bl.nc)
+      pack_rhs(b.xpack.data() + j2 * akc, rhs.getSubMapper(k2, j2), akc,
+               std::min(j2 + bl.nc, T) - j2);
+    for (Index i2 = 0; i2 < N; i2 += bl.mc)
+      OwnRowBlock(w, ob, i2, std::min(i2 + bl.mc, N) - i2, k2, akc, T, bl.nc, &b, y, ldy);
+  }
+}
+
+}  // namespace
+
+void SetGemmImpl(GemmImpl impl) { g_impl.store(impl, std::memory_order_relaxed); }
+GemmImpl CurrentGemmImpl() { return g_impl.load(std::memory_order_relaxed); }
+
+void GemmRows(const float* x, int T, const Mat& w, int ob, int oe, float* y, int ldy) {
+  const int N = oe - ob;
+  if (!kOwnKernel || CurrentGemmImpl() == GemmImpl::kEigen || !EigenUsesGemm(T, N, w.cols))
+    return GemmEigen(x, T, w, ob, oe, y, ldy);
+  GemmOwn(x, T, w, ob, N, y, ldy);
+}
+
+}  // namespace lockstep::cpu
