@@ -207,7 +207,7 @@ inline void TilePanels(const float* a, const float* const* bq, Index depth, floa
   for (Index k = 0; k < depth; ++k, a += kMr) {
     Packet av[kPanels];
     for (int p = 0; p < kPanels; ++p) av[p] = ei::ploadu<Packet>(a + p * kP);
-    __builtin_prefetch(a + kAhead);
+    for (int p = 0; p < kPanels; ++p) __builtin_prefetch(a + kAhead + p * kP);
     for (int q = 0; q < NQ; ++q) {
       for (int j = 0; j < 4; ++j) {
         const Packet bb = ei::pset1<Packet>(b[q][j]);
