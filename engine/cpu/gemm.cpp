@@ -97,14 +97,14 @@ void EigenGemmF32(const float* x, Index T, const float* wr, Index n, Index k, fl
 // One row of X (T == 1: the prefill's last-token head) is Eigen's row-major matrix-vector
 // product, which runs W's rows in groups of 8 and computes each row alone within its group: on
 // blocks of a multiple of 8 rows every row meets the same code path as in one call over the
-// whole range, so the range is widened and multiplied 256 rows at a time (the block stays in L2
+// whole range, so the range is widened and multiplied 64 rows at a time (the block stays in L2
 // instead of a widened copy of the whole head going through memory twice). The last block keeps
 // the rows left over, so the final rows also meet the paths they meet in one call.
 void EigenGemmWidened(const float* x, int T, const Mat& w, int ob, int oe, float* y, int ldy) {
   static thread_local Buffer wide;
   const int N = oe - ob;
   if (w.type == WeightType::kF32) return EigenGemmF32(x, T, w.row(ob), N, w.cols, y, ldy);
-  const int step = T == 1 ? 256 : N;
+  const int step = T == 1 ? 64 : N;
   const std::size_t K = static_cast<std::size_t>(w.cols);
   wide.resize(static_cast<std::size_t>(std::min(2 * step, N)) * K);
   for (int r = 0, n = 0; r < N; r += n) {
