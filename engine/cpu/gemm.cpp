@@ -188,74 +188,98 @@ constexpr bool kOwnKernel = kPanels == 3;
 // (24 accumulators + 3 of W + 1 broadcast), else Eigen's 4.
 constexpr int kPanelsPerTile = EIGEN_ARCH_DEFAULT_NUMBER_OF_REGISTERS >= 32 ? 2 : 1;
 
-// One tile: kMr rows (a: kMr floats per k, k-major) x 4 * NQ columns (NQ of Eigen's packed
-// 4-column rhs panels, 4 floats per k). Each element is one pmadd chain over k from zero, then
-// added to the result: Eigen's 3pX4 arithmetic (gemm.h). `first` (the first kc block) stores the
-// chain instead of adding it to the zeroed result Eigen starts from: 0 + c is c bitwise, because
-// a chain that starts at +0 never ends at -0 (x + (+0) is +0 for x = -0, and exact cancellation
-// rounds to +0), so the result needs no zeroing pass.
-template <int NQ>
-inline void TilePanels(const float* a, const float* const* bq, Index depth, float* res, Index ldr,
-                       bool first) {
-  Packet c[kPanels][4 * NQ];
-  for (int p = 0; p < kPanels; ++p)
-    for (int j = 0; j < 4 * NQ; ++j) c[p][j] = ei::pset1<Packet>(0.0f);
+// One tile: NP packets of rows (a: NP * kP floats per k, k-major) x 4 * NQ columns (NQ of Eigen's
+// packed 4-column rhs panels, 4 floats per k), with Eigen's arithmetic for that row panel:
+//   NP = 3, 2 (its 3pX4 / 2pX4 kernels): each element one pmadd chain over k from zero;
+//   NP = 1 with kSplit (its 1pX4 kernel): over the first depth & ~7 steps even k accumulate in
+//     one chain and odd k in another, the two are added, then the remaining k continue the first.
+// Then the chain is added to the result. `first` (the first kc block) stores it instead of adding
+// it to the zeroed result Eigen starts from: 0 + c is c bitwise, because a chain that starts at
+// +0 never ends at -0 (x + (+0) is +0 for x = -0, and exact cancellation rounds to +0), so the
+// result needs no zeroing pass.
+template <int NP, int NQ, bool kSplit>
+inline void TileRows(const float* a, const float* const* bq, Index depth, float* res, Index ldr,
+                     bool first) {
+  constexpr int kRows = NP * kP, kCols = 4 * NQ;
+  Packet c[NP][kCols], d[kSplit ? NP : 1][kSplit ? kCols : 1];
+  for (int p = 0; p < NP; ++p)
+    for (int j = 0; j < kCols; ++j) c[p][j] = ei::pset1<Packet>(0.0f);
+  if constexpr (kSplit)
+    for (int p = 0; p < NP; ++p)
+      for (int j = 0; j < kCols; ++j) d[p][j] = ei::pset1<Packet>(0.0f);
   const float* b[NQ];
   for (int q = 0; q < NQ; ++q) b[q] = bq[q];
-  // W's packed panel streams from L2 (the tile's X panels stay in L1): prefetch ~3 KB ahead.
-  constexpr int kAhead = 16 * kMr;
-  for (Index k = 0; k < depth; ++k, a += kMr) {
-    Packet av[kPanels];
-    for (int p = 0; p < kPanels; ++p) av[p] = ei::ploadu<Packet>(a + p * kP);
-    for (int p = 0; p < kPanels; ++p) __builtin_prefetch(a + kAhead + p * kP);
+  // One k step into accumulators acc; W's packed panel streams from L2 (the tile's X panels stay
+  // in L1): prefetch every line ~16 steps ahead.
+  auto step = [&](Packet(*acc)[kCols]) {
+    Packet av[NP];
+    for (int p = 0; p < NP; ++p) av[p] = ei::ploadu<Packet>(a + p * kP);
+    for (int p = 0; p < NP; ++p) __builtin_prefetch(a + 16 * kRows + p * kP);
     for (int q = 0; q < NQ; ++q) {
       for (int j = 0; j < 4; ++j) {
         const Packet bb = ei::pset1<Packet>(b[q][j]);
-        for (int p = 0; p < kPanels; ++p) c[p][4 * q + j] = ei::pmadd(av[p], bb, c[p][4 * q + j]);
+        for (int p = 0; p < NP; ++p) acc[p][4 * q + j] = ei::pmadd(av[p], bb, acc[p][4 * q + j]);
       }
       b[q] += 4;
     }
+    a += kRows;
+  };
+  Index k = 0;
+  if constexpr (kSplit) {
+    for (const Index peeled = depth & ~Index{7}; k < peeled; k += 2) {
+      step(c);
+      step(d);
+    }
+    for (int p = 0; p < NP; ++p)
+      for (int j = 0; j < kCols; ++j) c[p][j] = ei::padd(c[p][j], d[p][j]);
   }
-  for (int j = 0; j < 4 * NQ; ++j) {
+  for (; k < depth; ++k) step(c);
+  for (int j = 0; j < kCols; ++j) {
     float* r = res + j * ldr;
-    for (int p = 0; p < kPanels; ++p)
+    for (int p = 0; p < NP; ++p)
       ei::pstoreu(r + p * kP, first ? c[p][j] : ei::padd(c[p][j], ei::ploadu<Packet>(r + p * kP)));
   }
 }
 
-// One column (Eigen's 3pX1: the same chain).
+// One column (Eigen's 3pX1, 2pX1 and 1pX1 kernels: one chain for every row panel).
+template <int NP>
 inline void TileColumn(const float* a, const float* b, Index depth, float* res, bool first) {
-  Packet c[kPanels];
-  for (int p = 0; p < kPanels; ++p) c[p] = ei::pset1<Packet>(0.0f);
-  for (Index k = 0; k < depth; ++k, a += kMr) {
+  Packet c[NP];
+  for (int p = 0; p < NP; ++p) c[p] = ei::pset1<Packet>(0.0f);
+  for (Index k = 0; k < depth; ++k, a += NP * kP) {
     const Packet bb = ei::pset1<Packet>(b[k]);
-    for (int p = 0; p < kPanels; ++p) c[p] = ei::pmadd(ei::ploadu<Packet>(a + p * kP), bb, c[p]);
+    for (int p = 0; p < NP; ++p) c[p] = ei::pmadd(ei::ploadu<Packet>(a + p * kP), bb, c[p]);
   }
-  for (int p = 0; p < kPanels; ++p)
+  for (int p = 0; p < NP; ++p)
     ei::pstoreu(res + p * kP, first ? c[p] : ei::padd(c[p], ei::ploadu<Packet>(res + p * kP)));
 }
 
-// rows (a multiple of kMr) of packed W against one of Eigen's nc blocks of packed X (cols
-// columns: 4-column panels, then single columns; Eigen's rhs layout). Column groups outside, W's
-// panels inside, so the group's X panels stay in L1 while W's block streams from L2.
+// rows (a multiple of NP * kP) of packed W, in panels of NP packets, against one of Eigen's nc
+// blocks of packed X (cols columns: 4-column panels, then single columns; Eigen's rhs layout).
+// Column groups outside, W's panels inside, so the group's X panels stay in L1 while W's block
+// streams from L2.
+template <int NP>
 void KernelBlock(const float* apack, Index rows, const float* bpack, Index depth, Index cols,
                  float* res, Index ldr, bool first) {
+  constexpr bool kSplit = NP == 1;  // Eigen's 1pX4 kernel splits its chains
+  constexpr int kRows = NP * kP;
   const Index pc4 = cols / 4 * 4;
   Index j = 0;
   for (; j + 4 * kPanelsPerTile <= pc4; j += 4 * kPanelsPerTile) {
     const float* bq[kPanelsPerTile];
     for (int q = 0; q < kPanelsPerTile; ++q) bq[q] = bpack + (j + 4 * q) * depth;
-    for (Index i = 0; i < rows; i += kMr)
-      TilePanels<kPanelsPerTile>(apack + i * depth, bq, depth, res + i + j * ldr, ldr, first);
+    for (Index i = 0; i < rows; i += kRows)
+      TileRows<NP, kPanelsPerTile, kSplit>(apack + i * depth, bq, depth, res + i + j * ldr, ldr,
+                                           first);
   }
   for (; j < pc4; j += 4) {
     const float* bq[1] = {bpack + j * depth};
-    for (Index i = 0; i < rows; i += kMr)
-      TilePanels<1>(apack + i * depth, bq, depth, res + i + j * ldr, ldr, first);
+    for (Index i = 0; i < rows; i += kRows)
+      TileRows<NP, 1, kSplit>(apack + i * depth, bq, depth, res + i + j * ldr, ldr, first);
   }
   for (; j < cols; ++j)
-    for (Index i = 0; i < rows; i += kMr)
-      TileColumn(apack + i * depth, bpack + j * depth, depth, res + i + j * ldr, first);
+    for (Index i = 0; i < rows; i += kRows)
+      TileColumn<NP>(apack + i * depth, bpack + j * depth, depth, res + i + j * ldr, first);
 }
 
 #if defined(__AVX512F__)
@@ -302,47 +326,47 @@ struct LoadF16 {
 
 // PackW's AVX-512 body: 16 x 16 blocks widened and transposed in registers.
 template <class Load>
-void PackW16(const Mat& w, int r0, int m, int c0, int n, float* apack) {
+void PackW16(const Mat& w, int r0, int m, int ph, int c0, int n, float* apack) {
   const int n16 = n / 16 * 16;
-  for (int p = 0; p < m / kMr; ++p) {
-    float* panel = apack + static_cast<std::size_t>(p) * kMr * n;
-    for (int g = 0; g < kPanels; ++g) {
+  for (int p = 0; p < m / ph; ++p) {
+    float* panel = apack + static_cast<std::size_t>(p) * ph * n;
+    for (int g = 0; g < ph / 16; ++g) {
       const std::byte* rows[16];
-      for (int i = 0; i < 16; ++i) rows[i] = w.row_ptr(r0 + p * kMr + g * 16 + i);
+      for (int i = 0; i < 16; ++i) rows[i] = w.row_ptr(r0 + p * ph + g * 16 + i);
       for (int k = 0; k < n16; k += 16) {
         __m512 r[16];
         for (int i = 0; i < 16; ++i) r[i] = Load::At(rows[i], c0 + k);
         Transpose16(r);
         for (int j = 0; j < 16; ++j)
-          _mm512_storeu_ps(panel + static_cast<std::size_t>(k + j) * kMr + g * 16, r[j]);
+          _mm512_storeu_ps(panel + static_cast<std::size_t>(k + j) * ph + g * 16, r[j]);
       }
       if (n16 == n) continue;
       alignas(64) float tail[16];
       for (int i = 0; i < 16; ++i) {
-        WidenSegment(w, r0 + p * kMr + g * 16 + i, c0 + n16, n - n16, tail);
+        WidenSegment(w, r0 + p * ph + g * 16 + i, c0 + n16, n - n16, tail);
         for (int k = n16; k < n; ++k)
-          panel[static_cast<std::size_t>(k) * kMr + g * 16 + i] = tail[k - n16];
+          panel[static_cast<std::size_t>(k) * ph + g * 16 + i] = tail[k - n16];
       }
     }
   }
 }
 #endif
 
-// W's rows [r0, r0 + m) (m a multiple of kMr), columns [c0, c0 + n), into the own kernel's
-// layout: panel p of kMr rows at apack + p * kMr * n, kMr floats per k (row i of the panel at
-// offset i). The values are the widened weights: packing copies, so it touches no result bit.
-// f32 / bf16 / f16 on AVX-512: 16 x 16 blocks widened and transposed in registers (one pass
+// W's rows [r0, r0 + m) (m a multiple of the panel height ph), columns [c0, c0 + n), into the
+// own kernel's layout: panel p of ph rows at apack + p * ph * n, ph floats per k (row i of the
+// panel at offset i). The values are the widened weights: packing copies, so it touches no result
+// bit. f32 / bf16 / f16 on AVX-512: 16 x 16 blocks widened and transposed in registers (one pass
 // over the weights instead of widening into a buffer and letting Eigen pack it).
-void PackW(const Mat& w, int r0, int m, int c0, int n, float* apack, Buffer* scratch) {
+void PackW(const Mat& w, int r0, int m, int ph, int c0, int n, float* apack, Buffer* scratch) {
 #if defined(__AVX512F__)
   if constexpr (kP == 16) {
     switch (w.type) {
       case WeightType::kF32:
-        return PackW16<LoadF32>(w, r0, m, c0, n, apack);
+        return PackW16<LoadF32>(w, r0, m, ph, c0, n, apack);
       case WeightType::kBF16:
-        return PackW16<LoadBf16>(w, r0, m, c0, n, apack);
+        return PackW16<LoadBf16>(w, r0, m, ph, c0, n, apack);
       case WeightType::kF16:
-        return PackW16<LoadF16>(w, r0, m, c0, n, apack);
+        return PackW16<LoadF16>(w, r0, m, ph, c0, n, apack);
       default:
         break;
     }
@@ -351,37 +375,52 @@ void PackW(const Mat& w, int r0, int m, int c0, int n, float* apack, Buffer* scr
   scratch->resize(static_cast<std::size_t>(n));
   for (int i = 0; i < m; ++i) {
     WidenSegment(w, r0 + i, c0, n, scratch->data());
-    float* panel = apack + static_cast<std::size_t>(i / kMr) * kMr * n + i % kMr;
-    for (int k = 0; k < n; ++k) panel[static_cast<std::size_t>(k) * kMr] = (*scratch)[k];
+    float* panel = apack + static_cast<std::size_t>(i / ph) * ph * n + i % ph;
+    for (int k = 0; k < n; ++k) panel[static_cast<std::size_t>(k) * ph] = (*scratch)[k];
   }
 }
 
 // Rows of W per packed block of the own kernel: ~768 KB of f32 (the block and one nc block of X
-// stay in the 2 MB L2 of the machines we measure on), at least one panel.
+// stay in the 2 MB L2 of the machines we measure on).
 Index RowsPerBlock(Index depth) {
-  const Index rows = (768 * 1024 / static_cast<Index>(sizeof(float))) / std::max<Index>(1, depth);
-  return std::max<Index>(kMr, rows / kMr * kMr);
+  return (768 * 1024 / static_cast<Index>(sizeof(float))) / std::max<Index>(1, depth);
 }
 
 struct OwnBuffers {
   Buffer xpack, apack, wide, blk_a, scratch;
 };
 
-// One kc block of the reduction for Eigen's row block [i2, i2 + amc) of the range: its rows in
-// full kMr panels through the own kernel, the rest through Eigen's packing and gebp kernel.
-void OwnRowBlock(const Mat& w, Index ob, Index i2, Index amc, Index k2, Index akc, Index T,
-                 Index nc, OwnBuffers* b, float* y, Index ldy) {
-  const Index rows3 = amc / kMr * kMr, step = RowsPerBlock(akc);
-  b->apack.resize(static_cast<std::size_t>(std::min(step, std::max<Index>(rows3, 1)) * akc));
-  for (Index i3 = 0; i3 < rows3; i3 += step) {
-    const Index m = std::min(step, rows3 - i3);
-    PackW(w, static_cast<int>(ob + i2 + i3), static_cast<int>(m), static_cast<int>(k2),
+// Rows [r, r + rows) of the range (a multiple of NP packets) through the own kernel with NP-packet
+// panels, in packed blocks of about `step` rows.
+template <int NP>
+void OwnRows(const Mat& w, Index ob, Index r, Index rows, Index k2, Index akc, Index T, Index nc,
+             OwnBuffers* b, float* y, Index ldy) {
+  constexpr int kRows = NP * kP;
+  const Index step = std::max<Index>(kRows, RowsPerBlock(akc) / kRows * kRows);
+  b->apack.resize(static_cast<std::size_t>(std::min(step, rows) * akc));
+  for (Index i3 = 0; i3 < rows; i3 += step) {
+    const Index m = std::min(step, rows - i3);
+    PackW(w, static_cast<int>(ob + r + i3), static_cast<int>(m), kRows, static_cast<int>(k2),
           static_cast<int>(akc), b->apack.data(), &b->scratch);
     for (Index j2 = 0; j2 < T; j2 += nc)
-      KernelBlock(b->apack.data(), m, b->xpack.data() + j2 * akc, akc, std::min(j2 + nc, T) - j2,
-                  y + (i2 + i3) + j2 * ldy, ldy, k2 == 0);
+      KernelBlock<NP>(b->apack.data(), m, b->xpack.data() + j2 * akc, akc,
+                      std::min(j2 + nc, T) - j2, y + (r + i3) + j2 * ldy, ldy, k2 == 0);
   }
-  const Index rem = amc - rows3;
+}
+
+// One kc block of the reduction for Eigen's row block [i2, i2 + amc) of the range, split as
+// Eigen's gebp splits it: rows in 3-, 2- and 1-packet panels through the own kernel (each with
+// that panel's arithmetic), the last rows (fewer than a packet: Eigen's half-, quarter-packet and
+// scalar paths) through Eigen's packing and gebp kernel.
+void OwnRowBlock(const Mat& w, Index ob, Index i2, Index amc, Index k2, Index akc, Index T,
+                 Index nc, OwnBuffers* b, float* y, Index ldy) {
+  const Index r3 = amc / (3 * kP) * (3 * kP);
+  const Index r2 = r3 + (amc - r3) / (2 * kP) * (2 * kP);
+  const Index r1 = r2 + (amc - r2) / kP * kP;
+  if (r3 > 0) OwnRows<3>(w, ob, i2, r3, k2, akc, T, nc, b, y, ldy);
+  if (r2 > r3) OwnRows<2>(w, ob, i2 + r3, r2 - r3, k2, akc, T, nc, b, y, ldy);
+  if (r1 > r2) OwnRows<1>(w, ob, i2 + r2, r1 - r2, k2, akc, T, nc, b, y, ldy);
+  const Index rem = amc - r1;
   if (rem == 0) return;
   ei::gemm_pack_lhs<float, Index, LhsMapper, Traits::mr, Traits::LhsProgress,
                     typename Traits::LhsPacket4Packing, Eigen::RowMajor>
@@ -389,15 +428,15 @@ void OwnRowBlock(const Mat& w, Index ob, Index i2, Index amc, Index k2, Index ak
   ei::gebp_kernel<float, float, Index, ResMapper, Traits::mr, Traits::nr, false, false> gebp;
   b->wide.resize(static_cast<std::size_t>(rem * akc));
   b->blk_a.resize(static_cast<std::size_t>(rem * akc));
-  WidenRows(w, static_cast<int>(ob + i2 + rows3), static_cast<int>(rem), static_cast<int>(k2),
+  WidenRows(w, static_cast<int>(ob + i2 + r1), static_cast<int>(rem), static_cast<int>(k2),
             static_cast<int>(akc), b->wide.data());
   pack_lhs(b->blk_a.data(), LhsMapper(b->wide.data(), akc), akc, rem);
   if (k2 == 0)  // gebp adds to the result: these rows start from Eigen's zeros
     for (Index t = 0; t < T; ++t)
-      std::memset(y + t * ldy + i2 + rows3, 0, static_cast<std::size_t>(rem) * sizeof(float));
+      std::memset(y + t * ldy + i2 + r1, 0, static_cast<std::size_t>(rem) * sizeof(float));
   const ResMapper res(y, ldy, 1);
   for (Index j2 = 0; j2 < T; j2 += nc)
-    gebp(res.getSubMapper(i2 + rows3, j2), b->blk_a.data(), b->xpack.data() + j2 * akc, rem, akc,
+    gebp(res.getSubMapper(i2 + r1, j2), b->blk_a.data(), b->xpack.data() + j2 * akc, rem, akc,
          std::min(j2 + nc, T) - j2, 1.0f);
 }
 
