@@ -197,8 +197,10 @@ constexpr int kPanelsPerTile = EIGEN_ARCH_DEFAULT_NUMBER_OF_REGISTERS >= 32 ? 2 
 // it to the zeroed result Eigen starts from: 0 + c is c bitwise, because a chain that starts at
 // +0 never ends at -0 (x + (+0) is +0 for x = -0, and exact cancellation rounds to +0), so the
 // result needs no zeroing pass.
+// (Not inlined: a tile is thousands of cycles, and profiles then show the tiles apart from the
+// packing.)
 template <int NP, int NQ, bool kSplit>
-inline void TileRows(const float* a, const float* const* bq, Index depth, float* res, Index ldr,
+__attribute__((noinline)) void TileRows(const float* a, const float* const* bq, Index depth, float* res, Index ldr,
                      bool first) {
   constexpr int kRows = NP * kP, kCols = 4 * NQ;
   Packet c[NP][kCols], d[kSplit ? NP : 1][kSplit ? kCols : 1];
@@ -326,7 +328,7 @@ struct LoadF16 {
 
 // PackW's AVX-512 body: 16 x 16 blocks widened and transposed in registers.
 template <class Load>
-void PackW16(const Mat& w, int r0, int m, int ph, int c0, int n, float* apack) {
+__attribute__((noinline)) void PackW16(const Mat& w, int r0, int m, int ph, int c0, int n, float* apack) {
   const int n16 = n / 16 * 16;
   for (int p = 0; p < m / ph; ++p) {
     float* panel = apack + static_cast<std::size_t>(p) * ph * n;
