@@ -200,8 +200,8 @@ constexpr int kPanelsPerTile = EIGEN_ARCH_DEFAULT_NUMBER_OF_REGISTERS >= 32 ? 2 
 // (Not inlined: a tile is thousands of cycles, and profiles then show the tiles apart from the
 // packing.)
 template <int NP, int NQ, bool kSplit>
-__attribute__((noinline)) void TileRows(const float* a, const float* const* bq, Index depth, float* res, Index ldr,
-                     bool first) {
+__attribute__((noinline)) void TileRows(const float* a, const float* const* bq, Index depth,
+                                        float* res, Index ldr, bool first) {
   constexpr int kRows = NP * kP, kCols = 4 * NQ;
   Packet c[NP][kCols], d[kSplit ? NP : 1][kSplit ? kCols : 1];
   for (int p = 0; p < NP; ++p)
@@ -243,17 +243,28 @@ __attribute__((noinline)) void TileRows(const float* a, const float* const* bq, 
   }
 }
 
-// One column (Eigen's 3pX1, 2pX1 and 1pX1 kernels: one chain for every row panel).
-template <int NP>
-inline void TileColumn(const float* a, const float* b, Index depth, float* res, bool first) {
-  Packet c[NP];
-  for (int p = 0; p < NP; ++p) c[p] = ei::pset1<Packet>(0.0f);
+// NC single columns (Eigen's 3pX1, 2pX1 and 1pX1 kernels: one chain for every row panel; X's
+// column c at b + c * depth). Up to 3 columns at once, so that a 1-packet panel still has enough
+// independent chains to fill the FMA pipes.
+template <int NP, int NC>
+inline void TileColumns(const float* a, const float* b, Index depth, float* res, Index ldr,
+                        bool first) {
+  Packet c[NC][NP];
+  for (int j = 0; j < NC; ++j)
+    for (int p = 0; p < NP; ++p) c[j][p] = ei::pset1<Packet>(0.0f);
   for (Index k = 0; k < depth; ++k, a += NP * kP) {
-    const Packet bb = ei::pset1<Packet>(b[k]);
-    for (int p = 0; p < NP; ++p) c[p] = ei::pmadd(ei::ploadu<Packet>(a + p * kP), bb, c[p]);
+    Packet av[NP];
+    for (int p = 0; p < NP; ++p) av[p] = ei::ploadu<Packet>(a + p * kP);
+    for (int j = 0; j < NC; ++j) {
+      const Packet bb = ei::pset1<Packet>(b[j * depth + k]);
+      for (int p = 0; p < NP; ++p) c[j][p] = ei::pmadd(av[p], bb, c[j][p]);
+    }
   }
-  for (int p = 0; p < NP; ++p)
-    ei::pstoreu(res + p * kP, first ? c[p] : ei::padd(c[p], ei::ploadu<Packet>(res + p * kP)));
+  for (int j = 0; j < NC; ++j)
+    for (int p = 0; p < NP; ++p) {
+      float* r = res + j * ldr + p * kP;
+      ei::pstoreu(r, first ? c[j][p] : ei::padd(c[j][p], ei::ploadu<Packet>(r)));
+    }
 }
 
 // rows (a multiple of NP * kP) of packed W, in panels of NP packets, against one of Eigen's nc
@@ -279,9 +290,16 @@ void KernelBlock(const float* apack, Index rows, const float* bpack, Index depth
     for (Index i = 0; i < rows; i += kRows)
       TileRows<NP, 1, kSplit>(apack + i * depth, bq, depth, res + i + j * ldr, ldr, first);
   }
-  for (; j < cols; ++j)
-    for (Index i = 0; i < rows; i += kRows)
-      TileColumn<NP>(apack + i * depth, bpack + j * depth, depth, res + i + j * ldr, first);
+  for (; j < cols; j += 3) {  // Eigen's rhs packs the last cols % 4 columns one by one
+    const int n = static_cast<int>(std::min<Index>(3, cols - j));
+    for (Index i = 0; i < rows; i += kRows) {
+      const float* a = apack + i * depth;
+      float* r = res + i + j * ldr;
+      if (n == 3) TileColumns<NP, 3>(a, bpack + j * depth, depth, r, ldr, first);
+      if (n == 2) TileColumns<NP, 2>(a, bpack + j * depth, depth, r, ldr, first);
+      if (n == 1) TileColumns<NP, 1>(a, bpack + j * depth, depth, r, ldr, first);
+    }
+  }
 }
 
 #if defined(__AVX512F__)
@@ -328,7 +346,8 @@ struct LoadF16 {
 
 // PackW's AVX-512 body: 16 x 16 blocks widened and transposed in registers.
 template <class Load>
-__attribute__((noinline)) void PackW16(const Mat& w, int r0, int m, int ph, int c0, int n, float* apack) {
+__attribute__((noinline)) void PackW16(const Mat& w, int r0, int m, int ph, int c0, int n,
+                                       float* apack) {
   const int n16 = n / 16 * 16;
   for (int p = 0; p < m / ph; ++p) {
     float* panel = apack + static_cast<std::size_t>(p) * ph * n;

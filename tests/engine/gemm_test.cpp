@@ -100,14 +100,14 @@ std::string Name(WeightType t, const Shape& s) {
 }
 
 TEST(Gemm, BitwiseEigenForEveryShapeClass) {
-  // T: 8-column tiles, a 4-column tile, single columns (T % 4), one column. N: remainders of the
-  // 48-row panel (Eigen's 2-, 1-, half- and quarter-packet rows and scalar rows), several own
-  // packed blocks. K: transposes' tails (K % 16), one and several kc blocks.
+  // T: 8-column tiles, a 4-column tile, 1, 2 and 3 single columns (T % 4), one column. N:
+  // remainders of the 48-row panel (Eigen's 2-, 1-, half- and quarter-packet rows and scalar rows),
+  // several own packed blocks. K: transposes' tails (K % 16), one and several kc blocks.
   const std::vector<Shape> shapes = {
       {2, 3, 5},        {1, 50, 70},      {9, 1, 40},      {4, 48, 16},      {5, 49, 33},
       {8, 96, 64},      {12, 97, 100},    {13, 143, 129},  {16, 64, 64},     {17, 200, 300},
       {33, 257, 300},   {64, 300, 2048},  {64, 1500, 520}, {37, 1500, 4100}, {160, 512, 2048},
-      {161, 2048, 512}, {512, 448, 1024}, {30, 4001, 96}};
+      {161, 2048, 512}, {512, 448, 1024}, {30, 4001, 96},  {7, 143, 64},     {19, 96, 520}};
   for (WeightType t : {WeightType::kF32, WeightType::kBF16, WeightType::kF16}) {
     for (const Shape& s : shapes) {
       const TypedMat w = MakeMat(t, s.N, s.K, 100u + static_cast<unsigned>(s.N + s.K));
