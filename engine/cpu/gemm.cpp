@@ -188,8 +188,9 @@ constexpr bool kOwnKernel = kPanels == 3;
 // (24 accumulators + 3 of W + 1 broadcast), else Eigen's 4.
 constexpr int kPanelsPerTile = EIGEN_ARCH_DEFAULT_NUMBER_OF_REGISTERS >= 32 ? 2 : 1;
 
-// One tile: NP packets of rows (a: NP * kP floats per k, k-major) x 4 * NQ columns (NQ of Eigen's
-// packed 4-column rhs panels, 4 floats per k), with Eigen's arithmetic for that row panel:
+// One tile: NP packets of rows (a: NP * kP floats per k, k-major) x 4 * NQ columns of X (column j
+// read straight from X's row: xc[j][k]; X needs no packing), with Eigen's arithmetic for that row
+// panel against one of its 4-column rhs panels:
 //   NP = 3, 2 (its 3pX4 / 2pX4 kernels): each element one pmadd chain over k from zero;
 //   NP = 1 with kSplit (its 1pX4 kernel): over the first depth & ~7 steps even k accumulate in
 //     one chain and odd k in another, the two are added, then the remaining k continue the first.
@@ -200,7 +201,7 @@ constexpr int kPanelsPerTile = EIGEN_ARCH_DEFAULT_NUMBER_OF_REGISTERS >= 32 ? 2 
 // (Not inlined: a tile is thousands of cycles, and profiles then show the tiles apart from the
 // packing.)
 template <int NP, int NQ, bool kSplit>
-__attribute__((noinline)) void TileRows(const float* a, const float* const* bq, Index depth,
+__attribute__((noinline)) void TileRows(const float* a, const float* const* xc, Index depth,
                                         float* res, Index ldr, bool first) {
   constexpr int kRows = NP * kP, kCols = 4 * NQ;
   Packet c[NP][kCols], d[kSplit ? NP : 1][kSplit ? kCols : 1];
@@ -209,20 +210,17 @@ __attribute__((noinline)) void TileRows(const float* a, const float* const* bq, 
   if constexpr (kSplit)
     for (int p = 0; p < NP; ++p)
       for (int j = 0; j < kCols; ++j) d[p][j] = ei::pset1<Packet>(0.0f);
-  const float* b[NQ];
-  for (int q = 0; q < NQ; ++q) b[q] = bq[q];
-  // One k step into accumulators acc; W's packed panel streams from L2 (the tile's X panels stay
+  const float* b[kCols];
+  for (int j = 0; j < kCols; ++j) b[j] = xc[j];
+  // One k step into accumulators acc; W's packed panel streams from L2 (the tile's X rows stay
   // in L1): prefetch every line ~16 steps ahead.
   auto step = [&](Packet(*acc)[kCols]) {
     Packet av[NP];
     for (int p = 0; p < NP; ++p) av[p] = ei::ploadu<Packet>(a + p * kP);
     for (int p = 0; p < NP; ++p) __builtin_prefetch(a + 16 * kRows + p * kP);
-    for (int q = 0; q < NQ; ++q) {
-      for (int j = 0; j < 4; ++j) {
-        const Packet bb = ei::pset1<Packet>(b[q][j]);
-        for (int p = 0; p < NP; ++p) acc[p][4 * q + j] = ei::pmadd(av[p], bb, acc[p][4 * q + j]);
-      }
-      b[q] += 4;
+    for (int j = 0; j < kCols; ++j) {
+      const Packet bb = ei::pset1<Packet>(*b[j]++);
+      for (int p = 0; p < NP; ++p) acc[p][j] = ei::pmadd(av[p], bb, acc[p][j]);
     }
     a += kRows;
   };
@@ -243,11 +241,11 @@ __attribute__((noinline)) void TileRows(const float* a, const float* const* bq, 
   }
 }
 
-// NC single columns (Eigen's 3pX1, 2pX1 and 1pX1 kernels: one chain for every row panel; X's
-// column c at b + c * depth). Up to 3 columns at once, so that a 1-packet panel still has enough
+// NC single columns (Eigen's 3pX1, 2pX1 and 1pX1 kernels: one chain for every row panel; column j
+// read as xc[j][k]). Up to 3 columns at once, so that a 1-packet panel still has enough
 // independent chains to fill the FMA pipes.
 template <int NP, int NC>
-inline void TileColumns(const float* a, const float* b, Index depth, float* res, Index ldr,
+inline void TileColumns(const float* a, const float* const* xc, Index depth, float* res, Index ldr,
                         bool first) {
   Packet c[NC][NP];
   for (int j = 0; j < NC; ++j)
@@ -256,7 +254,7 @@ inline void TileColumns(const float* a, const float* b, Index depth, float* res,
     Packet av[NP];
     for (int p = 0; p < NP; ++p) av[p] = ei::ploadu<Packet>(a + p * kP);
     for (int j = 0; j < NC; ++j) {
-      const Packet bb = ei::pset1<Packet>(b[j * depth + k]);
+      const Packet bb = ei::pset1<Packet>(xc[j][k]);
       for (int p = 0; p < NP; ++p) c[j][p] = ei::pmadd(av[p], bb, c[j][p]);
     }
   }
@@ -268,37 +266,41 @@ inline void TileColumns(const float* a, const float* b, Index depth, float* res,
 }
 
 // rows (a multiple of NP * kP) of packed W, in panels of NP packets, against one of Eigen's nc
-// blocks of packed X (cols columns: 4-column panels, then single columns; Eigen's rhs layout).
-// Column groups outside, W's panels inside, so the group's X panels stay in L1 while W's block
-// streams from L2.
+// blocks of X: cols rows of X from xb (row stride ldx, the block's kc columns), split as Eigen's
+// rhs packing splits them (4-column panels, then the last cols % 4 one by one: the split decides
+// which arithmetic a 1-packet panel uses). Column groups outside, W's panels inside, so the group's
+// X rows stay in L1 while W's block streams from L2.
 template <int NP>
-void KernelBlock(const float* apack, Index rows, const float* bpack, Index depth, Index cols,
-                 float* res, Index ldr, bool first) {
+void KernelBlock(const float* apack, Index rows, const float* xb, Index ldx, Index depth,
+                 Index cols, float* res, Index ldr, bool first) {
   constexpr bool kSplit = NP == 1;  // Eigen's 1pX4 kernel splits its chains
   constexpr int kRows = NP * kP;
   const Index pc4 = cols / 4 * 4;
+  const float* xc[4 * kPanelsPerTile];
+  auto columns = [&](Index j, int n) {
+    for (int c = 0; c < n; ++c) xc[c] = xb + (j + c) * ldx;
+  };
   Index j = 0;
   for (; j + 4 * kPanelsPerTile <= pc4; j += 4 * kPanelsPerTile) {
-    const float* bq[kPanelsPerTile];
-    for (int q = 0; q < kPanelsPerTile; ++q) bq[q] = bpack + (j + 4 * q) * depth;
+    columns(j, 4 * kPanelsPerTile);
     for (Index i = 0; i < rows; i += kRows)
-      TileRows<NP, kPanelsPerTile, kSplit>(apack + i * depth, bq, depth, res + i + j * ldr, ldr,
+      TileRows<NP, kPanelsPerTile, kSplit>(apack + i * depth, xc, depth, res + i + j * ldr, ldr,
                                            first);
   }
   for (; j < pc4; j += 4) {
-    const float* bq[1] = {bpack + j * depth};
+    columns(j, 4);
     for (Index i = 0; i < rows; i += kRows)
-      TileRows<NP, 1, kSplit>(apack + i * depth, bq, depth, res + i + j * ldr, ldr, first);
+      TileRows<NP, 1, kSplit>(apack + i * depth, xc, depth, res + i + j * ldr, ldr, first);
   }
-  for (; j < cols; j += 3) {  // Eigen's rhs packs the last cols % 4 columns one by one
-    const int n = static_cast<int>(std::min<Index>(3, cols - j));
-    for (Index i = 0; i < rows; i += kRows) {
-      const float* a = apack + i * depth;
-      float* r = res + i + j * ldr;
-      if (n == 3) TileColumns<NP, 3>(a, bpack + j * depth, depth, r, ldr, first);
-      if (n == 2) TileColumns<NP, 2>(a, bpack + j * depth, depth, r, ldr, first);
-      if (n == 1) TileColumns<NP, 1>(a, bpack + j * depth, depth, r, ldr, first);
-    }
+  if (j == cols) return;
+  const int n = static_cast<int>(cols - j);  // 1 to 3
+  columns(j, n);
+  for (Index i = 0; i < rows; i += kRows) {
+    const float* a = apack + i * depth;
+    float* r = res + i + j * ldr;
+    if (n == 3) TileColumns<NP, 3>(a, xc, depth, r, ldr, first);
+    if (n == 2) TileColumns<NP, 2>(a, xc, depth, r, ldr, first);
+    if (n == 1) TileColumns<NP, 1>(a, xc, depth, r, ldr, first);
   }
 }
 
@@ -401,8 +403,8 @@ void PackW(const Mat& w, int r0, int m, int ph, int c0, int n, float* apack, Buf
   }
 }
 
-// Rows of W per packed block of the own kernel: ~768 KB of f32 (the block and one nc block of X
-// stay in the 2 MB L2 of the machines we measure on).
+// Rows of W per packed block of the own kernel: ~768 KB of f32 (the block and X's rows for one kc
+// block stay in the 2 MB L2 of the machines we measure on).
 Index RowsPerBlock(Index depth) {
   return (768 * 1024 / static_cast<Index>(sizeof(float))) / std::max<Index>(1, depth);
 }
@@ -411,21 +413,27 @@ struct OwnBuffers {
   Buffer xpack, apack, wide, blk_a, scratch;
 };
 
+// The operands of one kc block [k2, k2 + akc) of the range's product.
+struct KBlock {
+  const float* x;  // X [T, K], row-major
+  Index T, K, k2, akc, nc;
+};
+
 // Rows [r, r + rows) of the range (a multiple of NP packets) through the own kernel with NP-packet
 // panels, in packed blocks of about `step` rows.
 template <int NP>
-void OwnRows(const Mat& w, Index ob, Index r, Index rows, Index k2, Index akc, Index T, Index nc,
-             OwnBuffers* b, float* y, Index ldy) {
+void OwnRows(const Mat& w, Index ob, Index r, Index rows, const KBlock& kb, OwnBuffers* b, float* y,
+             Index ldy) {
   constexpr int kRows = NP * kP;
-  const Index step = std::max<Index>(kRows, RowsPerBlock(akc) / kRows * kRows);
-  b->apack.resize(static_cast<std::size_t>(std::min(step, rows) * akc));
+  const Index step = std::max<Index>(kRows, RowsPerBlock(kb.akc) / kRows * kRows);
+  b->apack.resize(static_cast<std::size_t>(std::min(step, rows) * kb.akc));
   for (Index i3 = 0; i3 < rows; i3 += step) {
     const Index m = std::min(step, rows - i3);
-    PackW(w, static_cast<int>(ob + r + i3), static_cast<int>(m), kRows, static_cast<int>(k2),
-          static_cast<int>(akc), b->apack.data(), &b->scratch);
-    for (Index j2 = 0; j2 < T; j2 += nc)
-      KernelBlock<NP>(b->apack.data(), m, b->xpack.data() + j2 * akc, akc,
-                      std::min(j2 + nc, T) - j2, y + (r + i3) + j2 * ldy, ldy, k2 == 0);
+    PackW(w, static_cast<int>(ob + r + i3), static_cast<int>(m), kRows, static_cast<int>(kb.k2),
+          static_cast<int>(kb.akc), b->apack.data(), &b->scratch);
+    for (Index j2 = 0; j2 < kb.T; j2 += kb.nc)
+      KernelBlock<NP>(b->apack.data(), m, kb.x + j2 * kb.K + kb.k2, kb.K, kb.akc,
+                      std::min(j2 + kb.nc, kb.T) - j2, y + (r + i3) + j2 * ldy, ldy, kb.k2 == 0);
   }
 }
 
@@ -433,16 +441,23 @@ void OwnRows(const Mat& w, Index ob, Index r, Index rows, Index k2, Index akc, I
 // Eigen's gebp splits it: rows in 3-, 2- and 1-packet panels through the own kernel (each with
 // that panel's arithmetic), the last rows (fewer than a packet: Eigen's half-, quarter-packet and
 // scalar paths) through Eigen's packing and gebp kernel.
-void OwnRowBlock(const Mat& w, Index ob, Index i2, Index amc, Index k2, Index akc, Index T,
-                 Index nc, OwnBuffers* b, float* y, Index ldy) {
+void OwnRowBlock(const Mat& w, Index ob, Index i2, Index amc, const KBlock& kb, OwnBuffers* b,
+                 float* y, Index ldy) {
   const Index r3 = amc / (3 * kP) * (3 * kP);
   const Index r2 = r3 + (amc - r3) / (2 * kP) * (2 * kP);
   const Index r1 = r2 + (amc - r2) / kP * kP;
-  if (r3 > 0) OwnRows<3>(w, ob, i2, r3, k2, akc, T, nc, b, y, ldy);
-  if (r2 > r3) OwnRows<2>(w, ob, i2 + r3, r2 - r3, k2, akc, T, nc, b, y, ldy);
-  if (r1 > r2) OwnRows<1>(w, ob, i2 + r2, r1 - r2, k2, akc, T, nc, b, y, ldy);
+  if (r3 > 0) OwnRows<3>(w, ob, i2, r3, kb, b, y, ldy);
+  if (r2 > r3) OwnRows<2>(w, ob, i2 + r3, r2 - r3, kb, b, y, ldy);
+  if (r1 > r2) OwnRows<1>(w, ob, i2 + r2, r1 - r2, kb, b, y, ldy);
   const Index rem = amc - r1;
   if (rem == 0) return;
+  const Index T = kb.T, nc = kb.nc, k2 = kb.k2, akc = kb.akc;
+  // X's block in Eigen's packed rhs layout, per nc block, for gebp.
+  ei::gemm_pack_rhs<float, Index, RhsMapper, Traits::nr, Eigen::ColMajor> pack_rhs;
+  const RhsMapper rhs(kb.x, kb.K);
+  b->xpack.resize(static_cast<std::size_t>(akc * T));
+  for (Index j2 = 0; j2 < T; j2 += nc)
+    pack_rhs(b->xpack.data() + j2 * akc, rhs.getSubMapper(k2, j2), akc, std::min(j2 + nc, T) - j2);
   ei::gemm_pack_lhs<float, Index, LhsMapper, Traits::mr, Traits::LhsProgress,
                     typename Traits::LhsPacket4Packing, Eigen::RowMajor>
       pack_lhs;
@@ -464,19 +479,11 @@ void OwnRowBlock(const Mat& w, Index ob, Index i2, Index amc, Index k2, Index ak
 void GemmOwn(const float* x, Index T, const Mat& w, Index ob, Index N, float* y, Index ldy) {
   const Index K = w.cols;
   const Blocking bl = EigenBlocking(T, N, K);
-  ei::gemm_pack_rhs<float, Index, RhsMapper, Traits::nr, Eigen::ColMajor> pack_rhs;
   static thread_local OwnBuffers b;
-  b.xpack.resize(static_cast<std::size_t>(bl.kc * T));
-  const RhsMapper rhs(x, K);
   for (Index k2 = 0; k2 < K; k2 += bl.kc) {
-    const Index akc = std::min(k2 + bl.kc, K) - k2;
-    // X's block in Eigen's packed rhs layout, per nc block (what gebp reads for the remainder
-    // rows; the own kernel reads the same layout), once per kc block for every row block.
-    for (Index j2 = 0; j2 < T; j2 += bl.nc)
-      pack_rhs(b.xpack.data() + j2 * akc, rhs.getSubMapper(k2, j2), akc,
-               std::min(j2 + bl.nc, T) - j2);
+    const KBlock kb{x, T, K, k2, std::min(k2 + bl.kc, K) - k2, bl.nc};
     for (Index i2 = 0; i2 < N; i2 += bl.mc)
-      OwnRowBlock(w, ob, i2, std::min(i2 + bl.mc, N) - i2, k2, akc, T, bl.nc, &b, y, ldy);
+      OwnRowBlock(w, ob, i2, std::min(i2 + bl.mc, N) - i2, kb, &b, y, ldy);
   }
 }
 
