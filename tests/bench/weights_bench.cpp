@@ -1,7 +1,8 @@
 // Weights kept in their file type (issue 26, Must show 2): decode and prefill of `wide --layers 8`
 // (bf16 file) with the weights as stored vs widened to f32 at load (WeightResidency::kWidenF32,
 // the engine's behaviour before), 2 threads, in the same run (these machines are shared and
-// noisy: only ratios within one run mean much), with the 2-thread read bandwidth measured first.
+// noisy: only ratios within one run mean much), with the 2-thread read bandwidth measured first,
+// and the prefill GEMM alone on the prefill's shapes (own kernel vs Eigen, one thread).
 //
 //   build/tests/bench/weights_bench --benchmark_counters_tabular=true
 //
@@ -163,7 +164,46 @@ void BM_Wide(benchmark::State& state) {
       static_cast<double>(state.iterations()) * bytes / 1e9, benchmark::Counter::kIsRate);
 }
 
+// The prefill GEMM alone (engine/cpu/gemm.h), one thread, bf16 weights of the prefill's shapes on
+// `wide` (per thread of two: GDN projection, output projections, routed experts at ~160 rows,
+// shared expert) and 16- / 32-row chunks: arg 3 = 0 Eigen's product on widened blocks (the
+// engine before 2026-12-01), 1 the own kernel (same bits).
+void BM_PrefillGemm(benchmark::State& state) {
+  const int T = static_cast<int>(state.range(0)), N = static_cast<int>(state.range(1));
+  const int K = static_cast<int>(state.range(2));
+  std::vector<std::uint16_t> w(static_cast<std::size_t>(N) * K);
+  std::vector<float> x(static_cast<std::size_t>(T) * K), y(static_cast<std::size_t>(T) * N);
+  for (std::size_t i = 0; i < w.size(); ++i)
+    w[i] = static_cast<std::uint16_t>(0x3c00u + (i * 2654435761u >> 20) % 0x0300u);  // [0.0078, 1)
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>((i * 40503u) % 2001u) / 1000.0f - 1.0f;
+  Mat m;
+  m.data = w.data();
+  m.rows = N;
+  m.cols = K;
+  m.type = WeightType::kBF16;
+  cpu::SetGemmImpl(state.range(3) == 0 ? cpu::GemmImpl::kEigen : cpu::GemmImpl::kOwn);
+  for (auto _ : state) {
+    cpu::GemmRows(x.data(), T, m, 0, N, y.data(), N);
+    benchmark::DoNotOptimize(y.data());
+  }
+  cpu::SetGemmImpl(cpu::GemmImpl::kOwn);
+  state.counters["GFLOP_per_s"] = benchmark::Counter(
+      2.0 * T * N * K * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
+}
+
 BENCHMARK(BM_MemReadBandwidth)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+BENCHMARK(BM_PrefillGemm)
+    ->ArgNames({"T", "N", "K", "own"})
+    ->ArgsProduct({{512}, {6176}, {2048}, {0, 1}})
+    ->ArgsProduct({{512}, {1024}, {4096}, {0, 1}})
+    ->ArgsProduct({{160}, {1024}, {2048}, {0, 1}})
+    ->ArgsProduct({{160}, {1024}, {512}, {0, 1}})
+    ->ArgsProduct({{32}, {6176}, {2048}, {0, 1}})
+    ->ArgsProduct({{16}, {6176}, {2048}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5)
+    ->UseRealTime();
 BENCHMARK(BM_Wide)
     ->ArgNames({"file_type", "prefill", "gemm"})
     ->Args({0, 0, 0})
@@ -185,6 +225,15 @@ class RatioReporter : public benchmark::ConsoleReporter {
       const std::string n = r.benchmark_name();
       const auto c = r.counters.find("bytes_per_second");
       if (n.rfind("BM_MemReadBandwidth", 0) == 0 && c != r.counters.end()) g_read_bps = c->second;
+      if (const auto g = r.counters.find("GFLOP_per_s"); g != r.counters.end()) {
+        const std::string shape = n.substr(0, n.find("/own:"));
+        gemm_[{shape, n.find("/own:1") != std::string::npos}] = g->second;
+        auto e = gemm_.find({shape, false}), o = gemm_.find({shape, true});
+        if (e != gemm_.end() && o != gemm_.end())
+          std::printf("  -> %s: own kernel / Eigen %.2fx (%.0f vs %.0f GFLOP/s)\n", shape.c_str(),
+                      o->second / e->second, static_cast<double>(o->second),
+                      static_cast<double>(e->second));
+      }
       const auto t = r.counters.find("tokens_per_s");
       if (t == r.counters.end()) continue;
       const bool file = n.find("file_type:1") != std::string::npos;
@@ -223,9 +272,10 @@ class RatioReporter : public benchmark::ConsoleReporter {
   }
 
  private:
-  std::map<std::pair<bool, bool>, double> rate_;     // (file type, prefill) -> tokens/s
-  std::map<std::pair<bool, bool>, double> prefill_;  // (file type, own GEMM) -> tokens/s
-  std::map<bool, double> cpu_;                       // decode CPU ms per token, by file_type
+  std::map<std::pair<bool, bool>, double> rate_;         // (file type, prefill) -> tokens/s
+  std::map<std::pair<bool, bool>, double> prefill_;      // (file type, own GEMM) -> tokens/s
+  std::map<std::pair<std::string, bool>, double> gemm_;  // (shape, own) -> GFLOP/s
+  std::map<bool, double> cpu_;                           // decode CPU ms per token, by file_type
 };
 
 }  // namespace
