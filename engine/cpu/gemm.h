@@ -7,17 +7,20 @@
 // golden exports were recorded under; this file keeps it while reading the weights as stored and
 // running a faster kernel than Eigen's for most of the product.
 //
-// Why that is possible: for the rows Eigen's gebp kernel handles in its widest register panel
-// (mr = 3 packets, the `3pX4` / `3pX1` micro-kernels), each result element is, per reduction block
-// of kc columns (Eigen's blocking for the shape), one sequential chain c = pmadd(w, x, c) over k
-// from c = 0, then y += c; blocks in increasing k. Nothing else (the row or column blocking, the
-// tile shape, the order of tiles) touches an element's arithmetic. gemm.cpp computes those rows
-// with its own tiles (8 columns instead of 4: half the loads of W per multiply-add), its own
-// cache blocking and a packing step that widens bf16 / f16 straight into the packed layout. The
-// remaining rows of each of Eigen's row blocks (fewer than mr; Eigen runs them through other
-// micro-kernels, one of which splits the reduction over two accumulators) go through Eigen's own
-// gebp kernel, packed by Eigen, exactly as Eigen would run them. Shapes Eigen does not send to
-// its GEMM (coefficient-based tiny products, T == 1 or N == 1) go to Eigen's product.
+// Why that is possible: Eigen's gebp kernel cuts each of its row blocks (mc rows, per kc block of
+// the reduction) into panels of 3, 2 and 1 packets of rows and then fewer. For the rows of a 3- or
+// 2-packet panel each result element is one sequential chain c = pmadd(w, x, c) over the block's
+// k from c = 0, then y += c; for a 1-packet panel against a 4-column rhs panel, even and odd k
+// (over the block's first depth & ~7) run in two chains that are added before the rest continues
+// the first; against the last cols % 4 single columns, one chain. Blocks go in increasing k.
+// Nothing else (the row or column blocking, the tile shape, the order of tiles, the packing)
+// touches an element's arithmetic. gemm.cpp computes every row of those panels with its own
+// tiles (48 rows x 8 columns: half the loads of W per multiply-add of Eigen's 48 x 4), its own
+// cache blocking, W widened from bf16 / f16 straight into the packed layout and X read from its
+// rows unpacked, each element with the arithmetic of its Eigen panel. The rows after the last
+// whole packet of a row block (Eigen's half-, quarter-packet and scalar paths) go through
+// Eigen's own packing and gebp kernel, exactly as Eigen would run them. Shapes Eigen does not
+// send to its GEMM (coefficient-based tiny products, T == 1 or N == 1) go to Eigen's product.
 // tests/engine/gemm_test.cpp checks the claim bitwise against Eigen over every shape class.
 #pragma once
 
