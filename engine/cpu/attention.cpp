@@ -71,10 +71,10 @@ AttnRows AttnProject(const AttentionWeights& w, const ModelConfig& c, const floa
   return r;
 }
 
-// One sequence: split q / gate (interleaved per head), normalise, rotate at its own positions,
-// then write its K/V rows to its cache.
-void AttnPrepare(const AttentionWeights& w, const ModelConfig& c, const Rope& rope,
-                 const AttnSeq& sq, const AttnRows& r) {
+// One sequence: split q / gate (interleaved per head), normalise, rotate at its own positions.
+// Touches only the sequence's rows: sequences run in parallel.
+void AttnNormRope(const AttentionWeights& w, const ModelConfig& c, const Rope& rope,
+                  const AttnSeq& sq, const AttnRows& r) {
   const int hq = c.n_heads, hkv = c.n_heads_kv, d = c.head_dim;
   const std::size_t ud = U(d), qg_w = 2 * U(hq) * ud, kv_w = U(hkv) * ud;
   for (int t = 0; t < sq.T; ++t) {
@@ -92,14 +92,15 @@ void AttnPrepare(const AttentionWeights& w, const ModelConfig& c, const Rope& ro
     }
     rope.Apply(r.k + ut_ * kv_w, hkv, d, sq.p + t);
   }
-  sq.cache->Write(sq.p, sq.T, r.k + U(sq.row0) * kv_w, r.v + U(sq.row0) * kv_w);
 }
 
 // Attend: one item per (row, kv head) of every sequence, in row order; per-thread scratch, one
 // slice of items per thread. Each item reads only its own sequence's cache, so its bits do not
-// depend on the slicing. o f32 [n_rows, Hq, D].
+// depend on the slicing; it then applies the output gate to its heads' outputs (o *= sigmoid(g),
+// elementwise: this ran over all rows on the calling thread after the loop).
+// o, gate f32 [n_rows, Hq, D].
 void AttnCore(const ModelConfig& c, const AttnSeq* seqs, int n_seqs, const float* q,
-              ThreadPool* pool, Arena& arena, float* o) {
+              const float* gate, ThreadPool* pool, Arena& arena, float* o) {
   const int hq = c.n_heads, hkv = c.n_heads_kv, d = c.head_dim, group = hq / hkv;
   const std::size_t ud = U(d);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -126,6 +127,7 @@ void AttnCore(const ModelConfig& c, const AttnSeq* seqs, int n_seqs, const float
         std::size_t qoff = (U(sq.row0 + t) * U(hq) + U(j * group)) * ud;
         AttendGroup(q + qoff, group, j, *sq.cache, sq.p + t + 1, scale, o + qoff, sc,
                     sc + U(group) * max_ctx);
+        for (std::size_t i = qoff; i < qoff + U(group) * ud; ++i) o[i] = o[i] * Sigmoid(gate[i]);
       }
     }
   };
@@ -134,14 +136,6 @@ void AttnCore(const ModelConfig& c, const AttnSeq* seqs, int n_seqs, const float
   } else {
     slice_fn(0, 1);
   }
-}
-
-// Output gate and projection over all rows.
-void AttnOut(const AttentionWeights& w, const ModelConfig& c, int n_rows, const float* gate,
-             float* o, MatmulKind kind, ThreadPool* pool, float* out) {
-  const std::size_t n_o = U(n_rows) * U(c.n_heads) * U(c.head_dim);
-  for (std::size_t i = 0; i < n_o; ++i) o[i] = o[i] * Sigmoid(gate[i]);
-  Matmul(kind, o, n_rows, w.o_proj, out, pool);
 }
 
 }  // namespace
@@ -158,10 +152,21 @@ void AttentionForwardSeqs(const AttentionWeights& w, const ModelConfig& c, const
                           MatmulKind kind, ThreadPool* pool, Arena& arena, float* out) {
   Arena::Scope scope(arena);
   const AttnRows r = AttnProject(w, c, a, n_rows, kind, pool, arena);
-  for (int i = 0; i < n_seqs; ++i) AttnPrepare(w, c, rope, seqs[i], r);
+  auto prepare = [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) AttnNormRope(w, c, rope, seqs[i], r);
+  };
+  if (pool)
+    pool->ParallelFor(U(n_seqs), prepare);
+  else
+    prepare(0, U(n_seqs));
+  // K/V rows into each sequence's cache on this thread (pages may be shared copy-on-write).
+  const std::size_t kv_w = U(c.n_heads_kv) * U(c.head_dim);
+  for (int i = 0; i < n_seqs; ++i)
+    seqs[i].cache->Write(seqs[i].p, seqs[i].T, r.k + U(seqs[i].row0) * kv_w,
+                         r.v + U(seqs[i].row0) * kv_w);
   float* o = arena.Alloc(U(n_rows) * U(c.n_heads) * U(c.head_dim));
-  AttnCore(c, seqs, n_seqs, r.q, pool, arena, o);
-  AttnOut(w, c, n_rows, r.gate, o, kind, pool, out);
+  AttnCore(c, seqs, n_seqs, r.q, r.gate, pool, arena, o);
+  Matmul(kind, o, n_rows, w.o_proj, out, pool);
 }
 
 }  // namespace lockstep::cpu

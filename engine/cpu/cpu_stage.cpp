@@ -122,9 +122,20 @@ void CpuStageSession::LayerMixer(const LayerWeights& lw, float* x, int n_rows,
                                  float* mix) {
   const int T = n_rows, h = c_.n_embd;
   const int n_seqs = static_cast<int>(seqs.size());
-  const std::size_t n = U(T) * U(h);
-  for (int t = 0; t < T; ++t)
-    cpu::RmsNormZc(x + U(t) * U(h), h, lw.input_norm, c_.rms_norm_eps, a + U(t) * U(h));
+  // The per-row norms (and the residual add) split over the pool: they ran on the calling thread
+  // while the others waited (~1 us a row, twice per layer). Rows are independent: same bits.
+  auto rows = [&](auto&& fn) {
+    auto body = [&](std::size_t b, std::size_t e) {
+      for (std::size_t t = b; t < e; ++t) fn(t);
+    };
+    if (pool_)
+      pool_->ParallelFor(U(T), body, 4);
+    else
+      body(0, U(T));
+  };
+  rows([&](std::size_t t) {
+    cpu::RmsNormZc(x + t * U(h), h, lw.input_norm, c_.rms_norm_eps, a + t * U(h));
+  });
   if (lw.type == LayerType::kFullAttention) {
     std::vector<cpu::AttnSeq> at;
     for (const LayerSeq& sq : seqs) at.push_back(cpu::AttnSeq{sq.row0, sq.T, sq.p, sq.kv});
@@ -142,9 +153,12 @@ void CpuStageSession::LayerMixer(const LayerWeights& lw, float* x, int n_rows,
     for (const Mat* m : {&lw.gdn.in_proj_qkvz, &lw.gdn.in_proj_ba, &lw.gdn.out_proj})
       CountProduct(*m, T);
   }
-  for (std::size_t i = 0; i < n; ++i) x[i] += mix[i];
-  for (int t = 0; t < T; ++t)
-    cpu::RmsNormZc(x + U(t) * U(h), h, lw.post_norm, c_.rms_norm_eps, a + U(t) * U(h));
+  rows([&](std::size_t t) {
+    float* xt = x + t * U(h);
+    const float* mt = mix + t * U(h);
+    for (int i = 0; i < h; ++i) xt[i] += mt[i];
+    cpu::RmsNormZc(xt, h, lw.post_norm, c_.rms_norm_eps, a + t * U(h));
+  });
 }
 
 void CpuStageSession::LayerParts(const LayerWeights& lw, int local_moe,

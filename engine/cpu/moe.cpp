@@ -92,6 +92,10 @@ void MoeForwardSeqs(const MoeWeights& w, const ModelConfig& c, const float* x, i
 
 namespace {
 
+// Rows per thread at least in the per-row loops (routing, combine): each row costs ~1 us, and
+// they ran on the calling thread while the others waited.
+constexpr std::size_t kRowsPerRange = 4;
+
 // One part's routing and per-expert slot lists (arena views).
 struct PartRoutes {
   float* wts;     // [T, k] routing weights
@@ -112,9 +116,14 @@ PartRoutes RoutePart(const MoeWeights& w, const ModelConfig& c, const MoePart& p
   Matmul(pt.kind, pt.x, T, w.router, logits, pool);
   int* idx = arena.AllocAs<int>(U(T) * U(k));
   r.wts = arena.Alloc(U(T) * U(k));
-  for (int t = 0; t < T; ++t)
-    RouteToken(logits + U(t) * U(ne), ne, k, c.norm_topk_prob, idx + U(t) * U(k),
-               r.wts + U(t) * U(k));
+  auto route = [&](std::size_t b, std::size_t e) {
+    for (std::size_t t = b; t < e; ++t)
+      RouteToken(logits + t * U(ne), ne, k, c.norm_topk_prob, idx + t * U(k), r.wts + t * U(k));
+  };
+  if (pool != nullptr)
+    pool->ParallelFor(U(T), route, kRowsPerRange);
+  else
+    route(0, U(T));
   r.ranked = arena.Alloc(U(T) * U(k) * uh);
   r.slot_of = arena.AllocAs<int>(U(T) * U(k));
   r.first = arena.AllocAs<int>(U(ne) + 1);
@@ -168,24 +177,29 @@ void CombinePart(const MoeWeights& w, const ModelConfig& c, const MoePart& pt, c
                  ThreadPool* pool, Arena& arena) {
   const int h = c.n_embd, k = c.n_experts_used;
   const std::size_t uh = U(h);
-  for (int t = 0; t < pt.T; ++t) {
-    float* o = pt.out + U(t) * uh;
-    std::fill_n(o, h, 0.0f);
-    for (int q = 0; q < k; ++q) {
-      const float wr = r.wts[U(t) * U(k) + U(q)];
-      const float* y = r.ranked + (U(t) * U(k) + U(q)) * uh;
-      for (int i = 0; i < h; ++i) o[i] += wr * y[i];
+  if (r.sh != nullptr && !r.shared_item)
+    FfnForward(w.shared, pt.x, pt.T, pt.kind, pool, arena, r.sh);
+  // Per row, independent of the others: rows split over the pool.
+  auto combine = [&](std::size_t b, std::size_t e) {
+    for (std::size_t t = b; t < e; ++t) {
+      float* o = pt.out + t * uh;
+      std::fill_n(o, h, 0.0f);
+      for (int q = 0; q < k; ++q) {
+        const float wr = r.wts[t * U(k) + U(q)];
+        const float* y = r.ranked + (t * U(k) + U(q)) * uh;
+        for (int i = 0; i < h; ++i) o[i] += wr * y[i];
+      }
+      if (r.sh != nullptr) {
+        const float gate = Sigmoid(Dot(pt.x + t * uh, w.shared_gate, h));
+        const float* s = r.sh + t * uh;
+        for (int i = 0; i < h; ++i) o[i] += gate * s[i];
+      }
     }
-  }
-  if (r.sh != nullptr) {
-    if (!r.shared_item) FfnForward(w.shared, pt.x, pt.T, pt.kind, pool, arena, r.sh);
-    for (int t = 0; t < pt.T; ++t) {
-      const float gate = Sigmoid(Dot(pt.x + U(t) * uh, w.shared_gate, h));
-      float* o = pt.out + U(t) * uh;
-      const float* s = r.sh + U(t) * uh;
-      for (int i = 0; i < h; ++i) o[i] += gate * s[i];
-    }
-  }
+  };
+  if (pool != nullptr)
+    pool->ParallelFor(U(pt.T), combine, kRowsPerRange);
+  else
+    combine(0, U(pt.T));
 }
 
 }  // namespace
