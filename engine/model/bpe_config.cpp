@@ -292,6 +292,7 @@ Result<TokenizerPtr> ParseBpeTokenizer(std::string_view json, const std::string&
     return Status::Corruption(label, e.what());
   }
   bpe::Finish(*t, label);
+  t->info_.source = "tokenizer.json";
   return TokenizerPtr(std::move(t));
 }
 

@@ -171,6 +171,7 @@ Result<TokenizerPtr> Reader::Read() {
   LOCKSTEP_RETURN_IF_ERROR(ReadMerges(ids));
   LOCKSTEP_RETURN_IF_ERROR(CheckSpecialIds((*Array("tokens"))->size()));
   bpe::Finish(*t_, f_.path());
+  t_->info_.source = "gguf";
   return TokenizerPtr(std::move(t_));
 }
 

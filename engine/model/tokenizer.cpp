@@ -33,7 +33,7 @@ namespace {
 
 class ByteTokenizer final : public Tokenizer {
  public:
-  ByteTokenizer() { info_ = {"byte", 256, 255, ""}; }
+  ByteTokenizer() { info_ = {"byte", 256, 255, "", ""}; }
   Result<std::vector<std::int32_t>> Encode(std::string_view text) const override {
     return EncodeBytes(text);
   }

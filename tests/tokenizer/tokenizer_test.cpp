@@ -20,6 +20,7 @@
 #include "lockstep/engine/gguf.h"
 #include "lockstep/harness/campaign.h"
 #include "lockstep/harness/runner.h"
+#include "lockstep/instrument/fingerprint.h"
 #include "model/pretokenize.h"
 #include "test_util.h"
 
@@ -410,6 +411,35 @@ TEST(GgufVocabulary, CommandsUseTheGgufsVocabulary) {
   EXPECT_EQ(ja["tokenizer"]["vocab_size"], 273);
   EXPECT_EQ(ja["output_ids"], jb["output_ids"]);
   EXPECT_EQ(ja["text"], jb["text"]);
+}
+
+// The tokenizer's sha256 (generate / tokenize --json) of a GGUF digests its tokenizer.ggml.*
+// metadata, not the file: weights changed, the same digest; a token changed, another one. (It
+// hashed the whole file, every weight byte on each `generate --json`.)
+TEST(GgufVocabulary, Sha256DigestsTheVocabularyNotTheWeights) {
+  auto digest = [](const std::string& gguf) {
+    auto r = test::RunLockstep("tokenize --model " + gguf + " --json - hi");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out)["tokenizer"]["sha256"].get<std::string>();
+  };
+  const std::string orig = TinyGgufWithTokenizer(), d = test::NewDir("tok-gguf-sha");
+  const std::string base = digest(orig);
+  ASSERT_EQ(base.size(), 64u);
+  auto file = Sha256File(orig);
+  ASSERT_TRUE(file.ok());
+  EXPECT_NE(base, *file) << "the whole file's digest";
+  auto bytes = ReadFile(orig, std::size_t{64} << 20);
+  ASSERT_TRUE(bytes.ok());
+  std::string w = *bytes;  // the last byte is tensor data
+  w.back() = static_cast<char>(w.back() ^ 0x01);
+  ASSERT_TRUE(WriteFileAtomic(d + "/weights.gguf", w).ok());
+  EXPECT_EQ(digest(d + "/weights.gguf"), base) << "a weight byte changed the vocabulary digest";
+  std::string v = *bytes;  // an added token's content, the same length
+  const std::size_t at = v.find("<|sp|>");
+  ASSERT_NE(at, std::string::npos);
+  v[at + 3] = 'q';
+  ASSERT_TRUE(WriteFileAtomic(d + "/vocab.gguf", v).ok());
+  EXPECT_NE(digest(d + "/vocab.gguf"), base) << "a token changed, the digest did not";
 }
 
 TEST(GgufVocabulary, UndeclaredIsBytesUnsupportedIsExit2) {

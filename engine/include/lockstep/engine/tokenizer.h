@@ -28,6 +28,7 @@ struct TokenizerInfo {
   int vocab_size = 0;  // ids with a token: 256 for byte level; vocab + added tokens for BPE
   int max_id = 0;      // the largest id with a token
   std::string path;    // the tokenizer.json or GGUF file it was loaded from ("" for byte level)
+  std::string source;  // "tokenizer.json", "gguf" (its tokenizer.ggml.* metadata), "" byte level
 };
 
 class Tokenizer {
