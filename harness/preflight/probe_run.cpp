@@ -13,6 +13,7 @@
 #include "lockstep/engine/splitmix.h"
 #include "lockstep/instrument/export_writer.h"
 #include "lockstep/instrument/fingerprint.h"
+#include "lockstep/instrument/run_info.h"
 
 namespace lockstep::preflight {
 
@@ -88,20 +89,11 @@ Status SubmitBackground(Scheduler& sched, const ArmSpec& s, int n_vocab) {
 
 ExportRunInfo RunInfo(const ArmSpec& s, const std::string& name, const RequestResult& r,
                       const std::string& model_sha256) {
-  ExportRunInfo m;
+  ExportRunInfo m = RequestRunInfo(s.cfg, s.prompt, s.opts.max_new, r);
   m.arm = name;
   m.run_id = Sha256Hex("preflight/" + name + "/" + std::to_string(MonotonicNs())).substr(0, 16);
   m.created_utc = "1970-01-01T00:00:00Z";
-  m.config_json = s.cfg.ToJson();
-  m.config_sha256 = Sha256Hex(m.config_json);
   m.model_sha256 = model_sha256;
-  m.request_sha256 = Sha256Tokens(s.prompt);
-  m.seed = s.cfg.seed;
-  m.max_new = s.opts.max_new;
-  m.request_tokens = s.prompt;
-  m.output_tokens = r.result.output;
-  m.stop_reason = r.result.stop_reason;
-  m.injections = r.injections;
   return m;
 }
 

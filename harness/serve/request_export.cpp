@@ -5,6 +5,7 @@
 
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/instrument/fingerprint.h"
+#include "lockstep/instrument/run_info.h"
 #include "serve/http_server.h"
 #include "serve/serve_job.h"
 
@@ -23,7 +24,7 @@ Result<std::unique_ptr<H5Exporter>> OpenRequestExport(const std::string& dir, co
 
 Status FinishRequestExport(const ServeContext& ctx, ServeJob& job, const RequestResult& r,
                            const EngineConfig& config) {
-  ExportRunInfo meta;
+  ExportRunInfo meta = RequestRunInfo(config, job.prompt, config.max_new, r);
   meta.arm = job.req.arm;
   const auto now = std::chrono::system_clock::now();
   const std::time_t tt = std::chrono::system_clock::to_time_t(now);
@@ -31,18 +32,9 @@ Status FinishRequestExport(const ServeContext& ctx, ServeJob& job, const Request
   std::strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&tt));
   meta.created_utc = ts;
   meta.run_id = Sha256Hex(job.id + "/" + ts).substr(0, 16);
-  meta.config_json = config.ToJson();
-  meta.config_sha256 = Sha256Hex(meta.config_json);
   meta.executable_sha256 = ctx.executable_sha256;
   meta.model_sha256 = ctx.model_sha256;
-  meta.request_sha256 = Sha256Tokens(job.prompt);
-  meta.seed = config.seed;
-  meta.max_new = config.max_new;
-  meta.request_tokens = job.prompt;
-  meta.output_tokens = r.result.output;
-  meta.stop_reason = r.result.stop_reason;
   meta.text_sha256 = Sha256Hex(ctx.tokenizer->Decode(r.result.output));  // as generate's
-  meta.injections = r.injections;
   meta.residency = job.residency;
   meta.counters = job.stage_counters;
   return job.exporter->Finish(meta);

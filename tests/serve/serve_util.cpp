@@ -8,6 +8,7 @@
 #include "lockstep/compare/export_reader.h"
 #include "lockstep/instrument/export_writer.h"
 #include "lockstep/instrument/fingerprint.h"
+#include "lockstep/instrument/run_info.h"
 #include "test_util.h"
 
 namespace lockstep::test {
@@ -58,20 +59,11 @@ namespace {
 
 ExportRunInfo RunInfo(const EngineConfig& cfg, const RequestSpec& spec, const RequestResult& r,
                       const std::string& path) {
-  ExportRunInfo m;
+  ExportRunInfo m = RequestRunInfo(cfg, spec.prompt, spec.options.max_new, r);
   m.arm = "serve";
   m.run_id = Sha256Hex(path).substr(0, 16);
   m.created_utc = "1970-01-01T00:00:00Z";
-  m.config_json = cfg.ToJson();
-  m.config_sha256 = Sha256Hex(m.config_json);
   m.model_sha256 = Sha256Hex(std::string("tiny"));
-  m.request_sha256 = Sha256Tokens(spec.prompt);
-  m.seed = cfg.seed;
-  m.max_new = spec.options.max_new;
-  m.request_tokens = spec.prompt;
-  m.output_tokens = r.result.output;
-  m.stop_reason = r.result.stop_reason;
-  m.injections = r.injections;
   return m;
 }
 

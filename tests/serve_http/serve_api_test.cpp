@@ -277,6 +277,19 @@ TEST(ServeApi, ExportCountersAreTheRequestsOwnAsGenerateCountsThem) {
   for (const auto& [stage, attrs] : got)
     routed += attrs.at("expert_hits") + attrs.at("expert_misses");
   EXPECT_GT(routed, 0);
+  // The run metadata that follows from the request is generate's too.
+  auto a = ExportReader::Open(gen);
+  auto b = ExportReader::Open(dir + "/" + r["lockstep"]["export"].get<std::string>());
+  ASSERT_TRUE(a.ok() && b.ok());
+  const ExportMeta &ma = (*a)->meta(), &mb = (*b)->meta();
+  ASSERT_FALSE(ma.output_tokens.empty());
+  EXPECT_EQ(mb.request_tokens, ma.request_tokens);
+  EXPECT_EQ(mb.request_sha256, ma.request_sha256);
+  EXPECT_EQ(mb.output_tokens, ma.output_tokens);
+  EXPECT_EQ(mb.stop_reason, ma.stop_reason);
+  EXPECT_EQ(mb.text_sha256, ma.text_sha256);
+  EXPECT_EQ(mb.seed, ma.seed);
+  EXPECT_EQ(mb.max_new, ma.max_new);
 }
 
 // The value of an unlabelled series in Prometheus text; -1 when absent.
