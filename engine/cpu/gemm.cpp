@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "lockstep/engine/dtype.h"
@@ -25,6 +26,15 @@ using LhsMapper = ei::const_blas_data_mapper<float, Index, Eigen::RowMajor>;
 using RhsMapper = ei::const_blas_data_mapper<float, Index, Eigen::ColMajor>;
 using ResMapper = ei::blas_data_mapper<float, Index, Eigen::ColMajor, Eigen::Unaligned, 1>;
 using Buffer = std::vector<float, Eigen::aligned_allocator<float>>;
+
+// Grows `b` to at least n floats and never shrinks it: the buffers are thread_local scratch that
+// is written before it is read, and a resize down then up (the 3- then 2-packet panels of one
+// product ask for different sizes) value-initialised the regrown part on every call (measured: a
+// 2-row product of a 128 x 512 bf16 expert spent 16% of its time in that memset).
+inline float* Ensure(Buffer& b, std::size_t n) {
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
 
 std::atomic<GemmImpl> g_impl{GemmImpl::kOwn};
 
@@ -106,7 +116,7 @@ void EigenGemmWidened(const float* x, int T, const Mat& w, int ob, int oe, float
   if (w.type == WeightType::kF32) return EigenGemmF32(x, T, w.row(ob), N, w.cols, y, ldy);
   const int step = T == 1 ? 64 : N;
   const std::size_t K = static_cast<std::size_t>(w.cols);
-  wide.resize(static_cast<std::size_t>(std::min(2 * step, N)) * K);
+  Ensure(wide, static_cast<std::size_t>(std::min(2 * step, N)) * K);
   for (int r = 0, n = 0; r < N; r += n) {
     // The last block takes the rows left over (a block of one row would be an inner product).
     n = r + 2 * step > N ? N - r : step;
@@ -144,9 +154,9 @@ void EigenGemmBlocks(const float* x, Index T, const Mat& w, Index ob, Index N, f
   static thread_local Buffer wide, blk_a, blk_b;
   const RhsMapper rhs(x, K);
   const ResMapper res(y, ldy, 1);
-  wide.resize(static_cast<std::size_t>(bl.kc * bl.mc));
-  blk_a.resize(static_cast<std::size_t>(bl.kc * bl.mc));
-  blk_b.resize(static_cast<std::size_t>(bl.kc * bl.nc));
+  Ensure(wide, static_cast<std::size_t>(bl.kc * bl.mc));
+  Ensure(blk_a, static_cast<std::size_t>(bl.kc * bl.mc));
+  Ensure(blk_b, static_cast<std::size_t>(bl.kc * bl.nc));
   const bool pack_rhs_once = bl.mc != N && bl.kc == K && bl.nc == T;
   for (Index i2 = 0; i2 < N; i2 += bl.mc) {
     const Index amc = std::min(i2 + bl.mc, N) - i2;
@@ -356,7 +366,28 @@ __attribute__((noinline)) void PackW16(const Mat& w, int r0, int m, int ph, int 
     for (int g = 0; g < ph / 16; ++g) {
       const std::byte* rows[16];
       for (int i = 0; i < 16; ++i) rows[i] = w.row_ptr(r0 + p * ph + g * 16 + i);
-      for (int k = 0; k < n16; k += 16) {
+      int k = 0;
+      if constexpr (std::is_same_v<Load, LoadBf16>) {
+        // bf16: 32 columns at a time as 16 pairs. Row i's 32 bf16 are 16 dwords (columns
+        // c, c + 1 in the low and high half); transposing the dwords puts pair j of all 16 rows in
+        // one register, and the pair's columns widen by a shift (low half) and a mask (high half,
+        // already in place). Half the shuffles of widening first and transposing floats.
+        for (; k + 32 <= n16; k += 32) {
+          __m512 r[16];
+          for (int i = 0; i < 16; ++i)
+            r[i] = _mm512_castsi512_ps(_mm512_loadu_si512(
+                reinterpret_cast<const std::uint16_t*>(rows[i]) + c0 + k));
+          Transpose16(r);
+          for (int j = 0; j < 16; ++j) {
+            const __m512i d = _mm512_castps_si512(r[j]);
+            float* dst = panel + static_cast<std::size_t>(k + 2 * j) * ph + g * 16;
+            _mm512_storeu_ps(dst, _mm512_castsi512_ps(_mm512_slli_epi32(d, 16)));
+            _mm512_storeu_ps(dst + ph, _mm512_castsi512_ps(_mm512_and_si512(
+                                           d, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)))));
+          }
+        }
+      }
+      for (; k < n16; k += 16) {
         __m512 r[16];
         for (int i = 0; i < 16; ++i) r[i] = Load::At(rows[i], c0 + k);
         Transpose16(r);
@@ -395,7 +426,7 @@ void PackW(const Mat& w, int r0, int m, int ph, int c0, int n, float* apack, Buf
     }
   }
 #endif
-  scratch->resize(static_cast<std::size_t>(n));
+  Ensure(*scratch, static_cast<std::size_t>(n));
   for (int i = 0; i < m; ++i) {
     WidenSegment(w, r0 + i, c0, n, scratch->data());
     float* panel = apack + static_cast<std::size_t>(i / ph) * ph * n + i % ph;
@@ -426,7 +457,7 @@ void OwnRows(const Mat& w, Index ob, Index r, Index rows, const KBlock& kb, OwnB
              Index ldy) {
   constexpr int kRows = NP * kP;
   const Index step = std::max<Index>(kRows, RowsPerBlock(kb.akc) / kRows * kRows);
-  b->apack.resize(static_cast<std::size_t>(std::min(step, rows) * kb.akc));
+  Ensure(b->apack, static_cast<std::size_t>(std::min(step, rows) * kb.akc));
   for (Index i3 = 0; i3 < rows; i3 += step) {
     const Index m = std::min(step, rows - i3);
     PackW(w, static_cast<int>(ob + r + i3), static_cast<int>(m), kRows, static_cast<int>(kb.k2),
@@ -455,15 +486,15 @@ void OwnRowBlock(const Mat& w, Index ob, Index i2, Index amc, const KBlock& kb, 
   // X's block in Eigen's packed rhs layout, per nc block, for gebp.
   ei::gemm_pack_rhs<float, Index, RhsMapper, Traits::nr, Eigen::ColMajor> pack_rhs;
   const RhsMapper rhs(kb.x, kb.K);
-  b->xpack.resize(static_cast<std::size_t>(akc * T));
+  Ensure(b->xpack, static_cast<std::size_t>(akc * T));
   for (Index j2 = 0; j2 < T; j2 += nc)
     pack_rhs(b->xpack.data() + j2 * akc, rhs.getSubMapper(k2, j2), akc, std::min(j2 + nc, T) - j2);
   ei::gemm_pack_lhs<float, Index, LhsMapper, Traits::mr, Traits::LhsProgress,
                     typename Traits::LhsPacket4Packing, Eigen::RowMajor>
       pack_lhs;
   ei::gebp_kernel<float, float, Index, ResMapper, Traits::mr, Traits::nr, false, false> gebp;
-  b->wide.resize(static_cast<std::size_t>(rem * akc));
-  b->blk_a.resize(static_cast<std::size_t>(rem * akc));
+  Ensure(b->wide, static_cast<std::size_t>(rem * akc));
+  Ensure(b->blk_a, static_cast<std::size_t>(rem * akc));
   WidenRows(w, static_cast<int>(ob + i2 + r1), static_cast<int>(rem), static_cast<int>(k2),
             static_cast<int>(akc), b->wide.data());
   pack_lhs(b->blk_a.data(), LhsMapper(b->wide.data(), akc), akc, rem);
