@@ -185,6 +185,85 @@ void GemmEigen(const float* x, int T, const Mat& w, int ob, int oe, float* y, in
   EigenGemmBlocks(x, T, w, ob, oe - ob, y, ldy);
 }
 
+// ---- the own matrix-vector product (T == 1 on bf16 / f16 weights) ----
+
+#if defined(__AVX512F__)
+// Eigen 3.4's row-major matrix-vector product (general_matrix_vector_product<RowMajor>, which
+// `Y = X * W^T` with one row of X reaches after Eigen zeroes Y), with W widened in registers
+// instead of into a buffer first (the buffer's writes and reads cost 4x the product itself on the
+// single rows a prefill chunk routes to an expert). Eigen's arithmetic per row i of N:
+//   acc = 0; acc = pmadd(W[i][j..j+16), x[j..j+16), acc) over the whole packets, in order;
+//   cc = predux(acc);
+//   only the last row when N is odd (Eigen's single-row loop): then half packets and quarter
+//     packets the same way, each predux-ed and added to cc;
+//   cc = cc + W[i][j] * x[j] over the columns left; y[i] = 0 + 1 * cc.
+// Eigen interleaves 8, 4 or 2 rows; that changes no row's arithmetic (rows share only x), so this
+// runs 8 rows at a time for the same reason (independent chains). Eigen's own pmadd and predux
+// are called, so the bits are its bits.
+struct GemvBf16 {
+  static __m512 W16(const std::uint16_t* p) { return WidenBf16x16(p); }
+  static __m256 W8(const std::uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static __m128 W4(const std::uint16_t* p) {
+    const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16));
+  }
+  static float W1(std::uint16_t v) { return bf16_to_f32(v); }
+};
+struct GemvF16 {
+  static __m512 W16(const std::uint16_t* p) { return WidenF16x16(p); }
+  static __m256 W8(const std::uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static __m128 W4(const std::uint16_t* p) {
+    return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static float W1(std::uint16_t v) { return f16_to_f32(v); }
+};
+
+// Rows [i, i + G) of the product (all of Eigen's multi-row loops), or the single last row (G 1,
+// single): see above.
+template <class L, int G, bool kSingle = false>
+inline void GemvRows(const float* x, const Mat& w, int r0, int K, float* y) {
+  const std::uint16_t* p[G];
+  ei::Packet16f c[G];
+  for (int g = 0; g < G; ++g) {
+    p[g] = reinterpret_cast<const std::uint16_t*>(w.row_ptr(r0 + g));
+    c[g] = ei::pset1<ei::Packet16f>(0.0f);
+  }
+  int j = 0;
+  for (; j + 16 <= K; j += 16) {
+    const ei::Packet16f b = ei::ploadu<ei::Packet16f>(x + j);
+    for (int g = 0; g < G; ++g) c[g] = ei::pmadd(L::W16(p[g] + j), b, c[g]);
+  }
+  for (int g = 0; g < G; ++g) {
+    float cc = ei::predux(c[g]);
+    int k = j;
+    if constexpr (kSingle) {
+      ei::Packet8f ch = ei::pset1<ei::Packet8f>(0.0f);
+      for (; k + 8 <= K; k += 8) ch = ei::pmadd(L::W8(p[g] + k), ei::ploadu<ei::Packet8f>(x + k), ch);
+      cc += ei::predux(ch);
+      ei::Packet4f cq = ei::pset1<ei::Packet4f>(0.0f);
+      for (; k + 4 <= K; k += 4) cq = ei::pmadd(L::W4(p[g] + k), ei::ploadu<ei::Packet4f>(x + k), cq);
+      cc += ei::predux(cq);
+    }
+    for (; k < K; ++k) cc += L::W1(p[g][k]) * x[k];
+    y[g] = 0.0f + 1.0f * cc;
+  }
+}
+
+template <class L>
+void GemvOwn(const float* x, const Mat& w, int ob, int N, float* y) {
+  const int K = w.cols, grouped = N - N % 2;
+  int i = 0;
+  for (; i + 8 <= grouped; i += 8) GemvRows<L, 8>(x, w, ob + i, K, y + i);
+  for (; i < grouped; ++i) GemvRows<L, 1>(x, w, ob + i, K, y + i);
+  if (grouped < N) GemvRows<L, 1, true>(x, w, ob + grouped, K, y + grouped);
+}
+#endif
+
 // ---- the own kernel ----
 
 // Eigen's register panel: kMr rows of W (kPanels packets of kP lanes) against 4 columns of X.
@@ -398,8 +477,8 @@ __attribute__((noinline)) void PackW16(const Mat& w, int r0, int m, int ph, int 
       alignas(64) float tail[16];
       for (int i = 0; i < 16; ++i) {
         WidenSegment(w, r0 + p * ph + g * 16 + i, c0 + n16, n - n16, tail);
-        for (int k = n16; k < n; ++k)
-          panel[static_cast<std::size_t>(k) * ph + g * 16 + i] = tail[k - n16];
+        for (int kt = n16; kt < n; ++kt)
+          panel[static_cast<std::size_t>(kt) * ph + g * 16 + i] = tail[kt - n16];
       }
     }
   }
@@ -525,6 +604,14 @@ GemmImpl CurrentGemmImpl() { return g_impl.load(std::memory_order_relaxed); }
 
 void GemmRows(const float* x, int T, const Mat& w, int ob, int oe, float* y, int ldy) {
   const int N = oe - ob;
+#if defined(__AVX512F__)
+  // One row of X on bf16 / f16 (f32 needs no widening: Eigen's own product reads it in place).
+  if (T == 1 && N != 1 && CurrentGemmImpl() == GemmImpl::kOwn &&
+      N + 1 + w.cols >= EIGEN_GEMM_TO_COEFFBASED_THRESHOLD) {
+    if (w.type == WeightType::kBF16) return GemvOwn<GemvBf16>(x, w, ob, N, y);
+    if (w.type == WeightType::kF16) return GemvOwn<GemvF16>(x, w, ob, N, y);
+  }
+#endif
   if (!kOwnKernel || CurrentGemmImpl() == GemmImpl::kEigen || !EigenUsesGemm(T, N, w.cols))
     return GemmEigen(x, T, w, ob, oe, y, ldy);
   GemmOwn(x, T, w, ob, N, y, ldy);
