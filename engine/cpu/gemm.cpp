@@ -243,10 +243,12 @@ inline void GemvRows(const float* x, const Mat& w, int r0, int K, float* y) {
     int k = j;
     if constexpr (kSingle) {
       ei::Packet8f ch = ei::pset1<ei::Packet8f>(0.0f);
-      for (; k + 8 <= K; k += 8) ch = ei::pmadd(L::W8(p[g] + k), ei::ploadu<ei::Packet8f>(x + k), ch);
+      for (; k + 8 <= K; k += 8)
+        ch = ei::pmadd(L::W8(p[g] + k), ei::ploadu<ei::Packet8f>(x + k), ch);
       cc += ei::predux(ch);
       ei::Packet4f cq = ei::pset1<ei::Packet4f>(0.0f);
-      for (; k + 4 <= K; k += 4) cq = ei::pmadd(L::W4(p[g] + k), ei::ploadu<ei::Packet4f>(x + k), cq);
+      for (; k + 4 <= K; k += 4)
+        cq = ei::pmadd(L::W4(p[g] + k), ei::ploadu<ei::Packet4f>(x + k), cq);
       cc += ei::predux(cq);
     }
     for (; k < K; ++k) cc += L::W1(p[g][k]) * x[k];
@@ -454,8 +456,8 @@ __attribute__((noinline)) void PackW16(const Mat& w, int r0, int m, int ph, int 
         for (; k + 32 <= n16; k += 32) {
           __m512 r[16];
           for (int i = 0; i < 16; ++i)
-            r[i] = _mm512_castsi512_ps(_mm512_loadu_si512(
-                reinterpret_cast<const std::uint16_t*>(rows[i]) + c0 + k));
+            r[i] = _mm512_castsi512_ps(
+                _mm512_loadu_si512(reinterpret_cast<const std::uint16_t*>(rows[i]) + c0 + k));
           Transpose16(r);
           for (int j = 0; j < 16; ++j) {
             const __m512i d = _mm512_castps_si512(r[j]);

@@ -166,8 +166,10 @@ void BM_Wide(benchmark::State& state) {
 
 // The prefill GEMM alone (engine/cpu/gemm.h), one thread, bf16 weights of the prefill's shapes on
 // `wide` (per thread of two: GDN projection, output projections, routed experts at ~160 rows,
-// shared expert) and 16- / 32-row chunks: arg 3 = 0 Eigen's product on widened blocks (the
-// engine before 2026-12-01), 1 the own kernel (same bits).
+// shared expert) and 16- / 32-row chunks, and `small`'s shapes a 16-row chunk gives its routed
+// experts (1-2 rows of 128 x 512 and 512 x 128) and its last token's head (1 row of 4096 x 512):
+// arg 3 = 0 Eigen's product on widened blocks (the engine before 2026-12-01), 1 the own kernel
+// (same bits).
 void BM_PrefillGemm(benchmark::State& state) {
   const int T = static_cast<int>(state.range(0)), N = static_cast<int>(state.range(1));
   const int K = static_cast<int>(state.range(2));
@@ -201,6 +203,9 @@ BENCHMARK(BM_PrefillGemm)
     ->ArgsProduct({{160}, {1024}, {512}, {0, 1}})
     ->ArgsProduct({{32}, {6176}, {2048}, {0, 1}})
     ->ArgsProduct({{16}, {6176}, {2048}, {0, 1}})
+    ->ArgsProduct({{1, 2}, {128}, {512}, {0, 1}})
+    ->ArgsProduct({{1, 2}, {512}, {128}, {0, 1}})
+    ->ArgsProduct({{1}, {4096}, {512}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.5)
     ->UseRealTime();

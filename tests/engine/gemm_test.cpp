@@ -151,15 +151,14 @@ TEST(Gemm, SplitsRowsAndReductionLikeEigen) {
 // One row of X (the head of a prefill's last token) through the blocked widening: the bits of
 // Eigen's matrix-vector product over the whole range, whatever the row count and length.
 TEST(Gemm, OneRowEqualsEigensMatrixVectorProduct) {
-  for (const Shape& s :
-       std::vector<Shape>{{1, 1000, 2048},
-                         {1, 257, 100},
-                         {1, 3001, 37},
-                         {1, 7, 5},
-                         {1, 129, 8200},
-                         {1, 65, 30},
-                         {1, 9, 14},
-                         {1, 64, 512}}) {
+  for (const Shape& s : std::vector<Shape>{{1, 1000, 2048},
+                                           {1, 257, 100},
+                                           {1, 3001, 37},
+                                           {1, 7, 5},
+                                           {1, 129, 8200},
+                                           {1, 65, 30},
+                                           {1, 9, 14},
+                                           {1, 64, 512}}) {
     for (WeightType t : {WeightType::kBF16, WeightType::kF16}) {
       const TypedMat w = MakeMat(t, s.N, s.K, 21u + static_cast<unsigned>(s.N));
       const std::vector<float> x = test::Random(static_cast<std::size_t>(s.K), 22u);
