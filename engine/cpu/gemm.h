@@ -19,8 +19,12 @@
 // cache blocking, W widened from bf16 / f16 straight into the packed layout and X read from its
 // rows unpacked, each element with the arithmetic of its Eigen panel. The rows after the last
 // whole packet of a row block (Eigen's half-, quarter-packet and scalar paths) go through
-// Eigen's own packing and gebp kernel, exactly as Eigen would run them. Shapes Eigen does not
-// send to its GEMM (coefficient-based tiny products, T == 1 or N == 1) go to Eigen's product.
+// Eigen's own packing and gebp kernel, exactly as Eigen would run them. T == 1 on bf16 / f16 (a
+// prefill chunk's single-row experts, the last token's head) is Eigen's row-major matrix-vector
+// product (one pmadd chain per row over whole packets, predux, the scalar tail; half and quarter
+// packets on an odd last row), computed with Eigen's pmadd and predux on weights widened in
+// registers. Other shapes Eigen does not send to its GEMM (coefficient-based tiny products,
+// N == 1, T == 1 on f32 or block types) go to Eigen's product.
 // tests/engine/gemm_test.cpp checks the claim bitwise against Eigen over every shape class.
 #pragma once
 
