@@ -148,6 +148,7 @@ nlohmann::json EngineDriver::Slots() const {
 }
 
 void EngineDriver::Loop() {
+  bool stalled = false;  // the last Step() ran no engine step
   for (;;) {
     std::deque<Command> cmds;
     {
@@ -157,12 +158,15 @@ void EngineDriver::Loop() {
       if (stop_ && cmds.empty() && jobs_.empty()) return;
     }
     for (const Command& c : cmds) Run(c);
-    ReclaimKept();
+    ReclaimKept(stalled);
+    stalled = false;
     if (!jobs_.empty()) {
       const std::int64_t steps = scheduler_.counters().steps, t0 = NowNs();
       Result<bool> stepped = scheduler_.Step();
       if (scheduler_.counters().steps != steps)
         metrics_.ObserveStep(static_cast<double>(NowNs() - t0) * 1e-9);
+      else
+        stalled = stepped.ok();
       if (!stepped.ok()) {
         // A step error that no request claimed: every live request ends with it (a bug).
         std::fprintf(stderr, "serve: engine step failed: %s\n", stepped.status().message().c_str());
@@ -175,14 +179,16 @@ void EngineDriver::Loop() {
   }
 }
 
+EngineDriver::Clock::duration EngineDriver::IdleLimit() const {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(keep_.idle_s));
+}
+
 void EngineDriver::WaitForWork(std::unique_lock<std::mutex>& lk) {
   const auto ready = [&] { return !commands_.empty() || !jobs_.empty() || stop_; };
   if (keep_.idle_s <= 0 || kept_.empty()) return cv_.wait(lk, ready);
   // A timed wait: the oldest kept conversation's idle release is due then (ReclaimKept).
   Clock::time_point due = Clock::time_point::max();
-  for (const auto& [slot, k] : kept_)
-    due = std::min(due, k.since + std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(keep_.idle_s)));
+  for (const auto& [slot, k] : kept_) due = std::min(due, k.since + IdleLimit());
   (void)cv_.wait_until(lk, due, ready);
 }
 

@@ -10,14 +10,16 @@
 // reads one into a free slot as a kept conversation (slot_actions.cpp). Held state never starves
 // admission: before each step, every new request waiting beyond the free slots takes the least
 // recently used kept conversation's slot ("evicted"; LRU by the time it was kept, restored or last
-// continued). A conversation not continued for KeepPolicy::idle_s is released ("idle"), keeping
-// more than KeepPolicy::max releases the LRU one ("cap"). Every release is POST
-// /slots/{id}?action=erase's (ReleaseKept: the scheduler's Release, so the prefix cache keeps what
-// it stored); a continuation of a released slot is refused with 409 naming the reason, and the
-// client resends the whole conversation without id_slot. A continuation's prompt is the whole
-// conversation so far (every token the slot holds, as /slots lists their count) followed by the new
-// tokens: the slot's state is reused as llama-server reuses a slot's cache, and the new tokens
-// continue it bitwise as if the conversation had never left its slot.
+// continued), and one is evicted when a step ran nothing while requests wait (their memory
+// reservations do not fit beside the kept ones'). A conversation not continued for
+// KeepPolicy::idle_s is released ("idle"), keeping more than KeepPolicy::max releases the LRU one
+// ("cap"). Every release is POST /slots/{id}?action=erase's (ReleaseKept: the scheduler's Release,
+// so the prefix cache keeps what it stored); a continuation of a released slot is refused with 409
+// naming the reason, and the client resends the whole conversation without id_slot. A
+// continuation's prompt is the whole conversation so far (every token the slot holds, as /slots
+// lists their count) followed by the new tokens: the slot's state is reused as llama-server reuses
+// a slot's cache, and the new tokens continue it bitwise as if the conversation had never left its
+// slot.
 //
 // Thread safety: Submit, Cancel, Gauges, Slots, the slot actions and Shutdown may be called from
 // any thread.
@@ -125,11 +127,13 @@ class EngineDriver {
   // A kept conversation was just installed: releases the LRU ones beyond KeepPolicy::max.
   void CapKept();
   // Before each step: idle conversations released, then one per new request that waits beyond
-  // the free slots (LRU first).
-  void ReclaimKept();
+  // the free slots (LRU first), or one when the last step ran nothing (`stalled`) while requests
+  // wait with slots free (their memory reservations do not fit beside the kept ones).
+  void ReclaimKept(bool stalled);
   int LruKept() const;  // the slot of the least recently used kept conversation (kept_ not empty)
   // The 409 of a continuation of `slot`, which holds no kept conversation.
   ApiError NotKept(int slot) const;
+  Clock::duration IdleLimit() const;  // KeepPolicy::idle_s (> 0)
   // The loop's sleep: until a command, a request or the next idle release is due.
   void WaitForWork(std::unique_lock<std::mutex>& lk);
   void Accept(const ServeJobPtr& job, Ticket t);

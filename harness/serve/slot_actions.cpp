@@ -256,10 +256,9 @@ void EngineDriver::CapKept() {
     if (!ReleaseKept(LruKept(), "cap").ok()) return;
 }
 
-void EngineDriver::ReclaimKept() {
+void EngineDriver::ReclaimKept(bool stalled) {
   if (keep_.idle_s > 0) {
-    const auto idle =
-        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(keep_.idle_s));
+    const Clock::duration idle = IdleLimit();
     const Clock::time_point now = Clock::now();
     std::vector<int> due;
     for (const auto& [slot, k] : kept_)
@@ -270,8 +269,11 @@ void EngineDriver::ReclaimKept() {
   // the free slots would wait on held state: each gets a kept conversation's slot, admitted at
   // the coming step.
   const SchedulerCounters& c = scheduler_.counters();
-  for (int short_by = c.queue_depth - (n_slots_ - c.live); short_by > 0 && !kept_.empty();
-       --short_by)
+  int short_by = c.queue_depth - (n_slots_ - c.live);
+  // A step that ran nothing while requests wait beside free slots: admission refused the queue's
+  // head for memory (--memory-mib), which only the kept conversations' reservations can give.
+  if (stalled && c.queue_depth > 0 && short_by <= 0) short_by = 1;
+  for (; short_by > 0 && !kept_.empty(); --short_by)
     if (!ReleaseKept(LruKept(), "evicted").ok()) return;
 }
 

@@ -145,6 +145,44 @@ TEST(ServeKeep, KeptConversationsDoNotStarveNewRequests) {
   EXPECT_EQ(rb2.body["lockstep"]["output_ids"], rb.body["lockstep"]["output_ids"]);
 }
 
+// Slots free but memory held: with --memory-mib 3 a small request (2 to 3 MiB of K/V and state)
+// does not fit beside a kept one, so the kept one's reservation is what admission waits for.
+TEST(ServeKeep, KeptConversationsDoNotStarveAdmissionByMemory) {
+  ServeProcess srv(Args({"--slots", "4", "--keep-max", "3", "--memory-mib", "3"}));
+  ASSERT_TRUE(srv.started()) << srv.Log();
+  auto cli = srv.Client();
+  const KeptTurn a = Keep(*cli, 1);
+  ASSERT_EQ(Slot(*cli, a.slot)["state"], "kept");
+  auto quick = srv.Client();
+  quick->set_read_timeout(20, 0);
+  const Answer b = Post(*quick, "/v1/completions", Turn(Prompt(2), false));
+  ASSERT_EQ(b.status, 200) << b.body << srv.Log();
+  EXPECT_EQ(Slot(*cli, a.slot)["released"], "evicted");
+  EXPECT_EQ(Released(*cli, "evicted"), 1);
+}
+
+// The client's answer to an eviction: the whole conversation again without id_slot, which runs
+// and (with the prefix cache on) reuses the prefix the evicted conversation's prefill stored.
+TEST(ServeKeep, AnEvictedConversationResentWholeHitsThePrefixCache) {
+  ServeProcess srv(
+      Args({"--slots", "2", "--keep-max", "2", "--prefix-cache", "on", "--prefill", "16"}));
+  ASSERT_TRUE(srv.started()) << srv.Log();
+  auto cli = srv.Client();
+  const KeptTurn a = Keep(*cli, 1);
+  const KeptTurn b = Keep(*cli, 2);
+  auto quick = srv.Client();
+  quick->set_read_timeout(20, 0);
+  ASSERT_EQ(Post(*quick, "/v1/completions", Turn(Prompt(3), false)).status, 200);
+  ASSERT_EQ(Slot(*cli, a.slot)["released"], "evicted");
+  EXPECT_EQ(Continue(*cli, a).status, 409);
+  std::vector<int> whole = a.tokens;
+  whole.insert(whole.end(), {7, 8, 9});
+  const Answer r = Post(*cli, "/v1/completions", Turn(whole, false));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_GE(r.body["lockstep"]["prompt_tokens_reused"].get<int>(), 16) << r.body["lockstep"];
+  EXPECT_EQ(Slot(*cli, b.slot)["state"], "kept");
+}
+
 TEST(ServeKeep, IdleKeptConversationIsReleased) {
   ServeProcess srv(Args({"--slots", "2", "--keep-idle", "1"}));
   ASSERT_TRUE(srv.started()) << srv.Log();
