@@ -44,6 +44,12 @@ void AddServe(CLI::App& app, std::vector<Command>& commands) {
   server("--keep-alive", o.keep_alive_s, "Seconds an idle connection stays open");
   server("--drain-s", o.drain_s,
          "SIGTERM / SIGINT: seconds running requests may finish before they are cancelled");
+  server("--keep-max", o.keep_max,
+         "Kept conversations at most (keeping one more releases the least recently used)")
+      ->default_str("--slots - 1, at least 1");
+  server("--keep-idle", o.keep_idle_s,
+         "Seconds a kept conversation waits for its continuation before it is released (0: "
+         "never)");
   serve
       ->add_option("--export-dir", o.export_dir,
                    "Folder for request exports (lockstep.export v1, named by request id)")
@@ -58,6 +64,9 @@ void AddServe(CLI::App& app, std::vector<Command>& commands) {
   commands.push_back({serve, [st, serve]() -> Status {
                         LOCKSTEP_ASSIGN_OR_RETURN(st->opts.config, st->flags.Build());
                         if (serve->get_option("--slots")->count() == 0) st->opts.config.slots = 16;
+                        if (serve->get_option("--keep-max")->count() > 0 && st->opts.keep_max < 0)
+                          return lockstep::Status::InvalidArgument("--keep-max",
+                                                                   "must be 0..--slots");
                         LOCKSTEP_ASSIGN_OR_RETURN(
                             std::int64_t body, lockstep::ParseByteSize(st->max_body, "--max-body"));
                         st->opts.max_body = static_cast<std::size_t>(body);

@@ -49,12 +49,14 @@ std::string FinishReason(const RequestResult& r) {
 
 }  // namespace
 
-EngineDriver::EngineDriver(Engine& engine, ServeMetrics& metrics, const Tokenizer& tokenizer)
+EngineDriver::EngineDriver(Engine& engine, ServeMetrics& metrics, const Tokenizer& tokenizer,
+                           KeepPolicy keep)
     : engine_(engine),
       metrics_(metrics),
       tokenizer_(tokenizer),
       scheduler_(engine),
       n_slots_(engine.max_slots()),
+      keep_(keep),
       thread_([this] { Loop(); }) {}
 
 EngineDriver::~EngineDriver() {
@@ -107,6 +109,7 @@ ServeGauges EngineDriver::Gauges() const {
   ServeGauges g;
   g.slots_total = n_slots_;
   g.slots_busy = counters_.live;
+  g.slots_kept = static_cast<int>(kept_pub_.size());
   g.queue_depth = counters_.queue_depth;
   g.max_queue_depth = counters_.max_queue_depth;
   g.draining = stop_;
@@ -119,13 +122,19 @@ ServeGauges EngineDriver::Gauges() const {
 
 nlohmann::json EngineDriver::Slots() const {
   std::lock_guard lk(mu_);
+  const Clock::time_point now = Clock::now();
   nlohmann::json slots = nlohmann::json::array();
   for (int s = 0; s < n_slots_; ++s) {
     nlohmann::json j = {{"id", s}, {"state", "idle"}, {"request_id", nullptr}};
     for (const auto& [id, slot] : live_)
       if (slot == s) j["state"] = "busy", j["request_id"] = id;
-    if (auto k = kept_pub_.find(s); k != kept_pub_.end())
-      j["state"] = "kept", j["request_id"] = k->second.first, j["n_tokens"] = k->second.second;
+    if (auto k = kept_pub_.find(s); k != kept_pub_.end()) {
+      j["state"] = "kept", j["request_id"] = k->second.id, j["n_tokens"] = k->second.n_tokens;
+      // Seconds since it was kept, restored or last continued: what --keep-idle measures.
+      j["kept_age_s"] = std::chrono::duration<double>(now - k->second.since).count();
+    } else if (auto r = released_pub_.find(s); r != released_pub_.end()) {
+      j["released"] = r->second;  // why its last kept conversation went
+    }
     slots.push_back(j);
   }
   nlohmann::json waiting = nlohmann::json::array();
@@ -134,24 +143,30 @@ nlohmann::json EngineDriver::Slots() const {
   return {{"slots", slots},
           {"waiting", waiting},
           {"queue_depth", counters_.queue_depth},
-          {"live", counters_.live}};
+          {"live", counters_.live},
+          {"keep", {{"max", keep_.max}, {"idle_s", keep_.idle_s}}}};
 }
 
 void EngineDriver::Loop() {
+  bool stalled = false;  // the last Step() ran no engine step
   for (;;) {
     std::deque<Command> cmds;
     {
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return !commands_.empty() || !jobs_.empty() || stop_; });
+      WaitForWork(lk);
       cmds.swap(commands_);
       if (stop_ && cmds.empty() && jobs_.empty()) return;
     }
     for (const Command& c : cmds) Run(c);
+    ReclaimKept(stalled);
+    stalled = false;
     if (!jobs_.empty()) {
       const std::int64_t steps = scheduler_.counters().steps, t0 = NowNs();
       Result<bool> stepped = scheduler_.Step();
       if (scheduler_.counters().steps != steps)
         metrics_.ObserveStep(static_cast<double>(NowNs() - t0) * 1e-9);
+      else
+        stalled = stepped.ok();
       if (!stepped.ok()) {
         // A step error that no request claimed: every live request ends with it (a bug).
         std::fprintf(stderr, "serve: engine step failed: %s\n", stepped.status().message().c_str());
@@ -162,6 +177,19 @@ void EngineDriver::Loop() {
     FailLost();
     Publish();
   }
+}
+
+EngineDriver::Clock::duration EngineDriver::IdleLimit() const {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(keep_.idle_s));
+}
+
+void EngineDriver::WaitForWork(std::unique_lock<std::mutex>& lk) {
+  const auto ready = [&] { return !commands_.empty() || !jobs_.empty() || stop_; };
+  if (keep_.idle_s <= 0 || kept_.empty()) return cv_.wait(lk, ready);
+  // A timed wait: the oldest kept conversation's idle release is due then (ReclaimKept).
+  Clock::time_point due = Clock::time_point::max();
+  for (const auto& [slot, k] : kept_) due = std::min(due, k.since + IdleLimit());
+  (void)cv_.wait_until(lk, due, ready);
 }
 
 void EngineDriver::Run(const Command& c) {
@@ -282,6 +310,9 @@ void EngineDriver::Deliver(RequestResult res) {
     k.tokens = job->prompt;
     k.tokens.insert(k.tokens.end(), res.result.output.begin(), res.result.output.end());
     k.id = job->id;
+    k.since = Clock::now();
+    released_.erase(res.slot);
+    CapKept();
   }
   Publish();  // before the client hears of the end: /slots and /metrics already show it
   const std::string reason = FinishReason(res);
@@ -349,7 +380,9 @@ void EngineDriver::Publish() {
   live_.clear();
   for (const auto& [t, job] : jobs_) live_.emplace_back(job->id, job->slot);
   kept_pub_.clear();
-  for (const auto& [slot, k] : kept_) kept_pub_[slot] = {k.id, k.tokens.size()};
+  for (const auto& [slot, k] : kept_) kept_pub_[slot] = {k.id, k.tokens.size(), k.since};
+  released_pub_.clear();
+  for (const auto& [slot, r] : released_) released_pub_[slot] = r.reason;
 }
 
 }  // namespace lockstep

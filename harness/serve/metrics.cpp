@@ -78,7 +78,9 @@ void Histogram::Render(const std::string& name, const std::string& help, std::st
 }
 
 ServeMetrics::ServeMetrics()
-    : step_(LatencyBounds()), ttft_(LatencyBounds()), itl_(LatencyBounds()) {}
+    : step_(LatencyBounds()), ttft_(LatencyBounds()), itl_(LatencyBounds()) {
+  for (const char* r : {"evicted", "idle", "cap", "erased", "continued"}) kept_released_[r] = 0;
+}
 
 void ServeMetrics::CountResponse(int status) {
   std::lock_guard lk(mu_);
@@ -110,6 +112,11 @@ void ServeMetrics::CountDrafts(const std::string& source, std::int64_t drafted,
   auto& d = drafts_[source];
   d[0] += drafted;
   d[1] += accepted;
+}
+
+void ServeMetrics::CountKeptRelease(const std::string& reason) {
+  std::lock_guard lk(mu_);
+  ++kept_released_[reason];
 }
 
 void ServeMetrics::ObserveStep(double seconds) {
@@ -150,6 +157,11 @@ std::string ServeMetrics::Text(const ServeGauges& g) const {
   if (g.prefix_cache) RenderPrefixCache(out, g);
   Scalar(out, "lockstep_slots", "gauge", "Engine slots", g.slots_total);
   Scalar(out, "lockstep_slots_busy", "gauge", "Slots holding a request", g.slots_busy);
+  Scalar(out, "lockstep_slots_kept", "gauge", "Slots holding a kept conversation", g.slots_kept);
+  Header(out, "lockstep_kept_released_total", "counter",
+         "Kept conversations that left their slot, by reason");
+  for (const auto& [reason, n] : kept_released_)
+    out += fmt::format("lockstep_kept_released_total{{reason=\"{}\"}} {}\n", reason, n);
   Scalar(out, "lockstep_queue_depth", "gauge", "Requests waiting for a slot", g.queue_depth);
   Scalar(out, "lockstep_queue_depth_max", "gauge", "Most requests ever waiting", g.max_queue_depth);
   Scalar(out, "lockstep_draining", "gauge", "1 while shutting down", g.draining ? 1 : 0);

@@ -40,6 +40,7 @@ struct ServeGauges {
   std::uint64_t prefix_budget_bytes = 0;
   int slots_total = 0;
   int slots_busy = 0;
+  int slots_kept = 0;  // slots holding a kept conversation (counted in slots_busy too)
   int queue_depth = 0;
   int max_queue_depth = 0;
   bool draining = false;
@@ -54,6 +55,8 @@ class ServeMetrics {
   void CountTokens(std::int64_t prompt, std::int64_t generated, std::int64_t cached);
   void CountFinish(const std::string& reason);  // stop | length | cancelled | error
   void CountDrafts(const std::string& source, std::int64_t drafted, std::int64_t accepted);
+  // A kept conversation left its slot: evicted | idle | cap | erased | continued.
+  void CountKeptRelease(const std::string& reason);
   void ObserveStep(double seconds);
   void ObserveTimeToFirstToken(double seconds);
   void ObserveInterToken(double seconds);
@@ -70,6 +73,7 @@ class ServeMetrics {
   std::map<std::string, std::uint64_t> finishes_;
   std::int64_t prompt_tokens_ = 0, generated_tokens_ = 0, cached_tokens_ = 0;
   std::map<std::string, std::array<std::int64_t, 2>> drafts_;  // source -> drafted, accepted
+  std::map<std::string, std::uint64_t> kept_released_;         // by reason, each listed from 0
   Histogram step_, ttft_, itl_;
 };
 

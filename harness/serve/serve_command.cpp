@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +22,8 @@ namespace lockstep {
 
 namespace {
 
+constexpr double kMaxKeepIdleS = 365.0 * 24 * 3600;  // a year: far from clock overflow
+
 bool LoopbackHost(const std::string& h) {
   return h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0;
 }
@@ -38,6 +41,11 @@ Status CheckOptions(ServeOptions& o) {
   if (o.http_threads < 1 || o.max_connections < o.http_threads)
     return Status::InvalidArgument("--http-threads",
                                    "needs 1 <= --http-threads <= --max-connections");
+  if (o.keep_max < -1 || o.keep_max > o.config.slots)
+    return Status::InvalidArgument("--keep-max",
+                                   "must be 0..--slots (" + std::to_string(o.config.slots) + ")");
+  if (!(o.keep_idle_s >= 0 && o.keep_idle_s <= kMaxKeepIdleS))
+    return Status::InvalidArgument("--keep-idle", "must be 0 (never) .. 31536000 seconds");
   if (o.read_timeout_s < 1 || o.write_timeout_s < 1 || o.drain_s < 0)
     return Status::InvalidArgument("--read-timeout/--write-timeout/--drain-s",
                                    "timeouts are at least 1 s, the drain at least 0");
@@ -95,7 +103,10 @@ Status RunServeCommand(const ServeOptions& opts_in, std::ostream& out) {
   ctx.limits.n_vocab = weights->config.n_vocab;
   if (auto exe = Sha256SelfExe(); exe.ok()) ctx.executable_sha256 = *exe;
   if (auto mh = Sha256Files(weights->files); mh.ok()) ctx.model_sha256 = *mh;
-  EngineDriver driver(*engine, ctx.metrics, *tokenizer);
+  KeepPolicy keep;
+  keep.max = opts.keep_max >= 0 ? opts.keep_max : std::max(1, engine->max_slots() - 1);
+  keep.idle_s = opts.keep_idle_s;
+  EngineDriver driver(*engine, ctx.metrics, *tokenizer, keep);
   ctx.driver = &driver;
   ctx.ready = true;
   std::fprintf(stderr, "serve: ready: model %s, %d slots, engine instance %s\n",

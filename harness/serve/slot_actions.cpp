@@ -2,11 +2,13 @@
 // them on the driver thread, which owns the Engine and the Scheduler.
 #include "serve/slot_actions.h"
 
+#include <fmt/format.h>
 #include <httplib.h>
 
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <vector>
 
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/slot_file.h"
@@ -205,6 +207,9 @@ EngineDriver::SlotAnswer EngineDriver::RestoreSlotNow(int slot, const std::strin
   k.ticket = *t;
   k.tokens = st->tokens;
   k.id = st->id;
+  k.since = Clock::now();
+  released_.erase(slot);
+  CapKept();
   std::fprintf(stderr, "serve: slot %d restored (%zu tokens)\n", slot, st->tokens.size());
   return nlohmann::json{{"id_slot", slot},
                         {"filename", name},
@@ -221,21 +226,82 @@ EngineDriver::SlotAnswer EngineDriver::EraseSlotNow(int slot) {
   std::size_t n = 0;
   if (it != kept_.end()) {
     n = it->second.tokens.size();
-    Status s = scheduler_.Release(it->second.ticket);
+    Status s = ReleaseKept(slot, "erased");
     if (!s.ok()) return ApiError::Internal(s.message());
-    kept_.erase(it);
   }
   return nlohmann::json{{"id_slot", slot}, {"n_erased", n}};
+}
+
+Status EngineDriver::ReleaseKept(int slot, const std::string& reason) {
+  auto it = kept_.find(slot);
+  if (it == kept_.end()) return Status::InvalidArgument("release", "slot holds no conversation");
+  LOCKSTEP_RETURN_IF_ERROR(scheduler_.Release(it->second.ticket));
+  std::fprintf(stderr, "serve: slot %d released (%s, %zu tokens, request %s)\n", slot,
+               reason.c_str(), it->second.tokens.size(), it->second.id.c_str());
+  released_[slot] = {reason, it->second.id};
+  kept_.erase(it);
+  metrics_.CountKeptRelease(reason);
+  return Status::Ok();
+}
+
+int EngineDriver::LruKept() const {
+  auto lru = kept_.begin();
+  for (auto it = kept_.begin(); it != kept_.end(); ++it)
+    if (it->second.since < lru->second.since) lru = it;
+  return lru->first;
+}
+
+void EngineDriver::CapKept() {
+  while (keep_.max >= 0 && static_cast<int>(kept_.size()) > keep_.max)
+    if (!ReleaseKept(LruKept(), "cap").ok()) return;
+}
+
+void EngineDriver::ReclaimKept(bool stalled) {
+  if (keep_.idle_s > 0) {
+    const Clock::duration idle = IdleLimit();
+    const Clock::time_point now = Clock::now();
+    std::vector<int> due;
+    for (const auto& [slot, k] : kept_)
+      if (now >= k.since + idle) due.push_back(slot);
+    for (int slot : due) (void)ReleaseKept(slot, "idle");
+  }
+  // Requests in the queue are new ones (a continuation takes its own slot at once); those beyond
+  // the free slots would wait on held state: each gets a kept conversation's slot, admitted at
+  // the coming step.
+  const SchedulerCounters& c = scheduler_.counters();
+  int short_by = c.queue_depth - (n_slots_ - c.live);
+  // A step that ran nothing while requests wait beside free slots: admission refused the queue's
+  // head for memory (--memory-mib), which only the kept conversations' reservations can give.
+  if (stalled && c.queue_depth > 0 && short_by <= 0) short_by = 1;
+  for (; short_by > 0 && !kept_.empty(); --short_by)
+    if (!ReleaseKept(LruKept(), "evicted").ok()) return;
+}
+
+ApiError EngineDriver::NotKept(int slot) const {
+  const std::string s = "slot " + std::to_string(slot);
+  auto r = released_.find(slot);
+  if (r == released_.end())
+    return Conflict(s + " holds no conversation to continue (\"lockstep\": {\"keep\": true}, or "
+                        "POST /slots/{id}?action=restore)",
+                    "slot_not_kept");
+  const std::string& why = r->second.reason;
+  const std::string detail =
+      why == "evicted" ? "a new request needed its slot"
+      : why == "idle"  ? "not continued for --keep-idle " + fmt::format("{}", keep_.idle_s) + " s"
+      : why == "cap"   ? "more than --keep-max " + std::to_string(keep_.max) + " kept"
+                       : "POST /slots/" + std::to_string(slot) + "?action=erase";
+  return Conflict(s + "'s conversation (request " + r->second.id + ") was released (" + why + ": " +
+                      detail +
+                      "); resend the whole conversation without id_slot (with --prefix-cache on, "
+                      "what it cached of it is reused)",
+                  "slot_not_kept");
 }
 
 bool EngineDriver::ContinueKept(const ServeJobPtr& job) {
   const int slot = job->req.id_slot;
   auto it = kept_.find(slot);
   if (it == kept_.end()) {
-    Refuse(job, Conflict("slot " + std::to_string(slot) +
-                             " holds no conversation to continue (\"lockstep\": {\"keep\": "
-                             "true}, or POST /slots/{id}?action=restore)",
-                         "slot_not_kept"));
+    Refuse(job, NotKept(slot));
     return false;
   }
   const std::vector<std::int32_t>& have = it->second.tokens;
@@ -257,6 +323,7 @@ bool EngineDriver::ContinueKept(const ServeJobPtr& job) {
     return false;
   }
   kept_.erase(it);
+  metrics_.CountKeptRelease("continued");
   job->slot = slot;
   Accept(job, *t);
   return true;

@@ -12,6 +12,9 @@
 //            "id_slot": id and the conversation's tokens followed by new ones continues it
 //            bitwise as if it had never left its slot.
 //   erase    frees slot id's kept conversation: {"id_slot", "n_erased"} (0 when it held none).
+//            The driver releases kept conversations the same way by itself (evicted for a new
+//            request, idle, over --keep-max: engine_driver.h); a continuation of one gets 409
+//            naming why.
 //
 // NAME: 1 to 128 of [A-Za-z0-9._-], not starting with '.': never a path. Refusals (OpenAI-shaped
 // bodies): 400 an unknown action, a bad body or name, a slot id out of range, a file that is not

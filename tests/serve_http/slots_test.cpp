@@ -122,7 +122,9 @@ TEST(ServeSlots, SavedConversationContinuesBitwiseOnAFreshServer) {
 
 TEST(ServeSlots, RefusalsLeaveTheServerServing) {
   const std::string dir = NewDir("slots-bad");
-  ServeProcess srv(Args({"--slot-dir", dir}));
+  // --keep-max 2: both slots hold a conversation at the end (the default, slots - 1, would
+  // release the first when the second is restored).
+  ServeProcess srv(Args({"--slot-dir", dir, "--keep-max", "2"}));
   ASSERT_TRUE(srv.started()) << srv.Log();
   auto cli = srv.Client();
   json keep = Turn(Prompt());

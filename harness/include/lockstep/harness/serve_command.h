@@ -30,8 +30,14 @@ struct ServeOptions {
   int keep_alive_s = 5;
   int keep_alive_max = 100;  // requests per connection
   double drain_s = 30;       // SIGTERM: running requests get this long, then are cancelled
-  std::string version;       // GET /v1/lockstep/info: the build's version and commit (the CLI
-  std::string commit;        // sets them from `lockstep --version`'s build info)
+  // Kept conversations ("lockstep": {"keep": true}): at most keep_max held (keeping one more
+  // releases the least recently used); -1 = slots - 1 but at least 1, so with 2+ slots one is
+  // always free for new work (with one slot the kept conversation is still evicted for a new
+  // request). keep_idle_s: one not continued that long is released; 0 = never.
+  int keep_max = -1;
+  double keep_idle_s = 600;
+  std::string version;  // GET /v1/lockstep/info: the build's version and commit (the CLI
+  std::string commit;   // sets them from `lockstep --version`'s build info)
 };
 
 // Binds, prints "lockstep serve: listening on http://HOST:PORT" on `out` (one line, flushed),
