@@ -71,6 +71,7 @@ nlohmann::json LockstepJson(const ServeJob& job, const RequestResult& r, const R
   l["request_sha256"] = Sha256Tokens(job.prompt);
   l["prompt_tokens_reused"] = r.prefix.reused_tokens;
   l["snapshot_position"] = r.prefix.snapshot_position;
+  l["slot_tokens_reused"] = job.slot_reused;
   l["slot"] = r.slot;
   l["steps"] = {{"first", r.first_step}, {"last", r.last_step}};
   l["export"] = c.export_file.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.export_file);
@@ -93,7 +94,7 @@ nlohmann::json UsageJson(const ServeJob& job, const RequestResult& r) {
   return {{"prompt_tokens", n_prompt},
           {"completion_tokens", n_out},
           {"total_tokens", n_prompt + n_out},
-          {"prompt_tokens_details", {{"cached_tokens", r.prefix.reused_tokens}}}};
+          {"prompt_tokens_details", {{"cached_tokens", r.prefix.reused_tokens + job.slot_reused}}}};
 }
 
 nlohmann::json CompletionJson(const ServeJob& job, const RequestResult& r, const std::string& text,

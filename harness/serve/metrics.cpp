@@ -146,7 +146,7 @@ std::string ServeMetrics::Text(const ServeGauges& g) const {
   Scalar(out, "lockstep_generated_tokens_total", "counter", "Tokens generated",
          static_cast<double>(generated_tokens_));
   Scalar(out, "lockstep_cached_tokens_total", "counter",
-         "Prompt tokens whose state came from the prefix cache",
+         "Prompt tokens not recomputed: state from the prefix cache or a continued slot",
          static_cast<double>(cached_tokens_));
   Header(out, "lockstep_drafted_tokens_total", "counter", "Draft tokens proposed, by source");
   for (const auto& [src, d] : drafts_)

@@ -49,6 +49,9 @@ struct ServeJob {
   std::vector<float> window_logits;  // f32 [T, V] of the last verify (logprobs only)
   std::int64_t last_token_ns = 0;
   int slot = -1;
+  // A continuation (id_slot): the positions its slot already held in K/V (the conversation but
+  // its last token), reused rather than recomputed; 0 otherwise.
+  std::int64_t slot_reused = 0;
   // Filled when the request ends, for its export's /residency and /counters (the expert counters
   // are its slot's as it ended: RequestResult::expert_counters).
   std::vector<ExportRunInfo::Residency> residency;

@@ -322,6 +322,7 @@ bool EngineDriver::ContinueKept(const ServeJobPtr& job) {
     Refuse(job, ApiError::BadRequest(t.status().message(), "id_slot"));
     return false;
   }
+  job->slot_reused = static_cast<std::int64_t>(have.size()) - 1;
   kept_.erase(it);
   metrics_.CountKeptRelease("continued");
   job->slot = slot;

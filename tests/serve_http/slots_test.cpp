@@ -91,6 +91,10 @@ TEST(ServeSlots, SavedConversationContinuesBitwiseOnAFreshServer) {
     ASSERT_EQ(r2.status, 200) << r2.body;
     live = Ids(r2);
     EXPECT_EQ(r2.body["lockstep"]["slot"], slot);
+    // The slot held the conversation but its last token: those positions are not recomputed.
+    EXPECT_EQ(r2.body["lockstep"]["slot_tokens_reused"], 40 + 16 - 1) << r2.body;
+    EXPECT_EQ(r2.body["usage"]["prompt_tokens_details"]["cached_tokens"], 40 + 16 - 1);
+    EXPECT_EQ(r1.body["lockstep"]["slot_tokens_reused"], 0);
     EXPECT_EQ(SlotState(*cli, slot)["state"], "idle");  // no keep: released at its end
   }
   std::vector<int> next = Prompt();
@@ -109,6 +113,7 @@ TEST(ServeSlots, SavedConversationContinuesBitwiseOnAFreshServer) {
   const Answer r2 = Post(*cli, "/v1/completions", cont);
   ASSERT_EQ(r2.status, 200) << r2.body;
   EXPECT_EQ(Ids(r2), live);
+  EXPECT_EQ(r2.body["lockstep"]["slot_tokens_reused"], 40 + 16 - 1);  // restored: the same
   // `lockstep generate --restore-slot` continues the same file to the same tokens.
   const std::string more = NewDir("slots-more") + "/more.txt";
   std::ofstream(more) << "11 22 33 44 55";
