@@ -28,17 +28,6 @@ std::vector<std::string> Args(std::vector<std::string> extra) {
   return a;
 }
 
-struct Answer {
-  int status = -1;
-  json body;
-};
-
-Answer Post(httplib::Client& cli, const std::string& path, const json& body) {
-  auto res = cli.Post(path.c_str(), body.dump(), "application/json");
-  if (!res) return {};
-  return {res->status, json::parse(res->body, nullptr, false)};
-}
-
 std::vector<int> Prompt(int salt) {
   std::vector<int> p;
   for (int i = 0; i < 24; ++i) p.push_back((i * 29 + 3 + salt * 7) % 500);

@@ -215,4 +215,10 @@ int RawStatus(const std::string& response) {
   return std::atoi(response.c_str() + 9);
 }
 
+Answer Post(httplib::Client& cli, const std::string& path, const nlohmann::json& body) {
+  auto res = cli.Post(path.c_str(), body.dump(), "application/json");
+  if (!res) return {};
+  return {res->status, nlohmann::json::parse(res->body, nullptr, false)};
+}
+
 }  // namespace lockstep::test

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,15 @@ class RawStream {
   int fd_ = -1;
   std::string data_;
 };
+
+// A JSON request's answer: the status (-1 when no response came) and the body parsed (a discarded
+// value when it is not JSON).
+struct Answer {
+  int status = -1;
+  nlohmann::json body;
+};
+// POST `body` as JSON to `path` on `cli`.
+Answer Post(httplib::Client& cli, const std::string& path, const nlohmann::json& body);
 
 // `POST /v1/completions` with `body` as raw bytes (Connection: close).
 std::string CompletionRequestBytes(const std::string& body, const std::string& key = "");

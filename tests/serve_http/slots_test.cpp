@@ -26,17 +26,6 @@ std::vector<std::string> Args(std::vector<std::string> extra) {
   return a;
 }
 
-struct Answer {
-  int status = -1;
-  json body;
-};
-
-Answer Post(httplib::Client& cli, const std::string& path, const json& body) {
-  auto res = cli.Post(path.c_str(), body.dump(), "application/json");
-  if (!res) return {};
-  return {res->status, json::parse(res->body, nullptr, false)};
-}
-
 std::vector<int> Ids(const Answer& a) {
   return a.body["lockstep"]["output_ids"].get<std::vector<int>>();
 }
