@@ -19,6 +19,7 @@
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/harness/campaign.h"
 #include "lockstep/harness/ledger.h"
+#include "lockstep/harness/verdict.h"
 
 namespace lockstep {
 
@@ -33,7 +34,10 @@ using campaign_text::ArmStateText;
 using campaign_text::ArmTimingVerdictText;
 using campaign_text::Cell;
 using campaign_text::Cfg;
+using campaign_text::ModelLine;
 using campaign_text::Num;
+using campaign_text::RequestLine;
+using campaign_text::ResourceLine;
 
 struct ArmFacts {
   bool sent = false, finished = false, failed = false;
@@ -105,30 +109,6 @@ Result<Loaded> Load(const std::string& dir) {
   return L;
 }
 
-std::string ModelLine(const Campaign& c, const json& report) {
-  std::string sha;
-  // null for an arm without an export (a timing arm): the hash is then not known from here.
-  if (report.contains("arms") && report["arms"]["a"].contains("model_sha256_12") &&
-      report["arms"]["a"]["model_sha256_12"].is_string())
-    sha = report["arms"]["a"]["model_sha256_12"].get<std::string>();
-  if (!c.model.preset.empty())
-    return fmt::format("synthetic preset `{}` (weight seed {}{}){}", c.model.preset, c.model.seed,
-                       c.model.induction ? ", induction wiring" : "",
-                       sha.empty() ? "" : ", model SHA-256 " + sha);
-  return "checkpoint" + (sha.empty() ? std::string(" (hash unknown)") : ", model SHA-256 " + sha);
-}
-
-std::string RequestLine(const Campaign& c) {
-  const RequestSpec& r = c.request;
-  if (r.needle)
-    return fmt::format("generated needle-in-a-haystack prompt: {} tokens, {} needles, seed {}",
-                       r.needle->tokens, r.needle->needles, r.needle->seed);
-  if (!r.prompt.empty())
-    return fmt::format("inline prompt of {} tokens (text not published)", r.prompt.size());
-  if (!r.prompt_file.empty()) return "prompt file (text not published)";
-  return "token-id file";
-}
-
 // Engine keys an arm overrides, allowlisted, as "key=value".
 std::string Overrides(const ArmSpec& a) {
   const auto& allowed = ReportConfigKeys();
@@ -138,24 +118,6 @@ std::string Overrides(const ArmSpec& a) {
     s += (s.empty() ? "" : ", ") + it.key() + "=" + Cfg(it.value());
   }
   return s.empty() ? "—" : "`" + s + "`";
-}
-
-std::string ResourceLine(const std::string& arm, const json& r) {
-  if (r.is_null() || r.empty()) return fmt::format("{}: resources not recorded", arm);
-  auto mib = [](const json& v) {
-    const auto b = v.is_number() ? v.get<std::int64_t>() : -1;
-    return b < 0 ? std::string("unknown") : fmt::format("{} MiB", b / 1048576);
-  };
-  std::string s =
-      fmt::format("{}: min host available memory {}, max swap used {}, peak RSS {}, {} samples",
-                  arm, mib(r.value("min_host_available_bytes", json(-1))),
-                  mib(r.value("max_swap_used_bytes", json(-1))),
-                  mib(r.value("max_rss_bytes", json(-1))), r.value("samples", 0));
-  if (r.contains("interval_ms"))
-    s += fmt::format(" (sampling interval median {} ms, max {} ms)",
-                     Num(r["interval_ms"], "median", 1), Num(r["interval_ms"], "max", 1));
-  s += r.contains("guard") ? "; the resource guard TRIPPED" : "; no resource-guard trip";
-  return s;
 }
 
 // The comparisons' limitation lines, deduplicated; lines that differ only in the arms listed in
@@ -220,8 +182,23 @@ std::string PairResult(const Loaded& L, const ArmSpec& a, const json& cmp) {
   const bool passed = cmp.value("passed", false);
   if (a.control) {
     if (L.verdict == "control_not_applied") return "NOT APPLIED: its injection did not fire";
-    return passed ? "NOT CAUGHT: passed every gate (insensitive)"
-                  : "failed as expected: caught (" + failed + ")";
+    if (passed) return "NOT CAUGHT: passed every gate (insensitive)";
+    const auto caught = cmp.value("caught_by", std::vector<std::string>{});
+    if (caught.empty())
+      return "NOT CAUGHT ON ANYTHING: its gates failed with nothing compared (failed gates: " +
+             failed + ")";
+    // Name the gates that caught it as gates; others that failed (with nothing compared) apart.
+    std::vector<std::string> others;
+    for (const auto& g : cmp.value("gates", json::array()))
+      if (!g.value("passed", false) &&
+          std::find(caught.begin(), caught.end(), g.value("name", "")) == caught.end())
+        others.push_back(g.value("name", ""));
+    std::string names;
+    for (const std::string& g : caught) names += (names.empty() ? "'" : ", '") + g + "'";
+    return fmt::format("failed as expected: caught by the failed gate{} {}{}",
+                       caught.size() > 1 ? "s" : "", names,
+                       others.empty() ? std::string()
+                                      : fmt::format(" (also failed: {})", fmt::join(others, ", ")));
   }
   return passed ? "pass" : "FAIL (" + failed + ")";
 }
@@ -267,6 +244,9 @@ VerdictBox CampaignVerdict(const Loaded& L, const RunTally& t) {
         fmt::format("First failing comparison: {} vs {}, {}.", a.name, a.baseline, first));
     break;
   }
+  if (const auto relaxed = RelaxedThresholds(L.c.thresholds); !relaxed.empty())
+    v.compared.push_back(
+        fmt::format("Thresholds relaxed by the plan: {}.", fmt::join(relaxed, "; ")));
   for (auto& line :
        campaign_text::ChangeBoxLines(L.c.arms, L.arm_builds, L.records, L.stopped.is_object()))
     v.details.push_back(std::move(line));
@@ -363,29 +343,6 @@ void DelayText(std::ostream& md, const Loaded& L) {
   }
 }
 
-// The hypothesis is judged by the verdict word it names (campaigns/README.md): "pass", "fail",
-// "stop", "insensitive".
-void HypothesisText(std::ostream& md, const Loaded& L) {
-  if (L.c.hypothesis.empty() || L.verdict.empty()) return;
-  std::string h = L.c.hypothesis;
-  std::transform(h.begin(), h.end(), h.begin(),
-                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  const std::vector<std::pair<std::string, std::string>> words = {
-      {"pass", "pass"}, {"stop", "stopped"}, {"insensitive", "insensitive"}, {"fail", "fail"}};
-  std::string expected;
-  for (const auto& [word, verdict] : words)
-    if (h.find(word) != std::string::npos && expected.empty()) expected = verdict;
-  if (expected.empty()) {
-    md << "Hypothesis check: the hypothesis names no verdict (pass, fail, stop, insensitive); "
-          "compare it with the verdict above.\n\n";
-    return;
-  }
-  md << fmt::format(
-      "Hypothesis check: the hypothesis expects `{}`; the verdict is `{}`: the "
-      "hypothesis {}.\n\n",
-      expected, L.verdict, expected == L.verdict ? "held" : "did not hold");
-}
-
 void SummarySection(std::ostream& md, const Loaded& L, const RunTally& t) {
   const Campaign& c = L.c;
   const std::vector<std::string>& sent_arms = t.sent_arms;
@@ -394,7 +351,7 @@ void SummarySection(std::ostream& md, const Loaded& L, const RunTally& t) {
   md << "## Summary\n\n";
   md << "Question: " << c.question << "\n\n";
   if (!c.hypothesis.empty()) md << "Hypothesis: " << c.hypothesis << "\n\n";
-  HypothesisText(md, L);
+  campaign_text::HypothesisText(md, L.c, L.verdict, L.records);
   DelayText(md, L);
   md << "| comparison | result | pages |\n|---|---|---|\n";
   for (const auto& a : c.arms) {
@@ -443,7 +400,12 @@ void ScopeSection(std::ostream& md, const Loaded& L) {
   md << "## Tested configuration and scope\n\n";
   md << "- Plan SHA-256: " << c.plan_sha256.substr(0, 12)
      << " (the ledger refuses to resume under a changed plan).\n";
-  md << "- Model: " << ModelLine(c, first_report ? *first_report : json()) << ".\n";
+  std::string plan_model;
+  for (const auto& [arm, rec] : L.records)
+    if (rec.contains("fingerprints") && rec["fingerprints"].is_object())
+      plan_model = rec["fingerprints"].value("plan_model_sha256", "");
+  md << "- Model: " << ModelLine(c, first_report ? *first_report : json(), plan_model) << ".\n";
+  campaign_text::FingerprintText(md, L.records, L.entries);
   md << "- Request: " << RequestLine(c) << ".\n";
   {
     std::string fixed;
@@ -479,8 +441,11 @@ void StateSection(std::ostream& md, const Loaded& L) {
   md << fmt::format("Thresholds: NRMSE <= {}", FormatMetric(c.thresholds.nrmse_max));
   for (const auto& [k, v] : c.thresholds.nrmse_by_kind)
     md << fmt::format(" ({} <= {})", k, FormatMetric(v));
-  md << fmt::format(", logits KL <= {}; no tolerance was relaxed.\n\n",
-                    FormatMetric(c.thresholds.kl_max));
+  const auto relaxed = RelaxedThresholds(c.thresholds);
+  md << fmt::format(", logits KL <= {}; {}.\n\n", FormatMetric(c.thresholds.kl_max),
+                    relaxed.empty()
+                        ? std::string("no tolerance was relaxed")
+                        : fmt::format("relaxed by the plan: {}", fmt::join(relaxed, "; ")));
   md << "Unused paged tails were excluded; speculative rows were compared only against speculative "
         "rows of the same "
         "(p, T), never as committed state.\n\n";
@@ -508,12 +473,25 @@ void StateSection(std::ostream& md, const Loaded& L) {
         "later hidden states.\n\n";
 }
 
+// Whether any arm runs on a device backend (the campaign's [engine] or the arm's override).
+bool AnyDeviceArm(const Campaign& c) {
+  auto device = [](const json& e) {
+    return e.contains("backend") && e["backend"].is_string() && e["backend"] != "cpu";
+  };
+  if (device(c.engine)) return true;
+  return std::any_of(c.arms.begin(), c.arms.end(),
+                     [&device](const ArmSpec& a) { return device(a.engine); });
+}
+
 void TimingSection(std::ostream& md, const Loaded& L) {
   md << "## Timing and execution-path observations\n\n";
   md << "Timings are CLOCK_MONOTONIC host-side intervals around the instrumented engine calls, not "
-        "kernel timings. On a device backend the tables add dev_wait, dev_compute and dev_copy "
-        "(CUDA-event spans on each stage's stream, summed over the stages) and init (host time in "
-        "one-time set-up).\n\n";
+        "kernel timings.";
+  if (AnyDeviceArm(L.c))
+    md << " On a device backend the tables add dev_wait, dev_compute and dev_copy (CUDA-event "
+          "spans on each stage's stream, summed over the stages) and init (host time in one-time "
+          "set-up).";
+  md << "\n\n";
   for (const auto& a : L.c.arms) {
     auto it = L.records.find(a.name);
     if (it == L.records.end() || !it->second.contains("report")) continue;
@@ -579,13 +557,19 @@ void StopDecisionText(std::ostream& md, const Loaded& L, const RunTally& t) {
       md << "The positive control's injection did not fire: control not applied (neither caught "
             "nor insensitive); the gates' sensitivity was not tested and the campaign fails.\n\n";
     } else {
-      const bool passed = it->second["comparison"].value("passed", true);
-      md << (passed ? "The positive control (a known injected perturbation) passed every gate: the "
-                      "campaign is "
-                      "INSENSITIVE and fails.\n\n"
-                    : "The positive control (a known injected perturbation) was caught by the "
-                      "gates: the campaign "
-                      "can see a difference of that size.\n\n");
+      const json& cmp = it->second["comparison"];
+      const bool passed = cmp.value("passed", true);
+      const auto caught = cmp.value("caught_by", std::vector<std::string>{});
+      md << (passed ? std::string("The positive control (a known injected perturbation) passed "
+                                  "every gate: the campaign is INSENSITIVE and fails.\n\n")
+             : caught.empty()
+                 ? std::string("The positive control's gates failed with nothing compared: it was "
+                               "caught on nothing, so the gates' sensitivity was not tested and "
+                               "the campaign is NOT CHECKED.\n\n")
+                 : fmt::format("The positive control (a known injected perturbation) was caught "
+                               "by the gates ({}): the campaign can see a difference of that "
+                               "size.\n\n",
+                               fmt::join(caught, ", ")));
     }
   }
 }

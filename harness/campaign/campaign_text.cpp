@@ -46,11 +46,14 @@ void ArmStateText(std::ostream& md, const ArmSpec& a, const json& st) {
     md << "\n";
   }
   const json& ff = st.contains("first_failure") ? st["first_failure"] : json();
-  if (ff.is_object())
-    md << fmt::format("\nFirst failing item: `{}` stage {} layer {} `{}` ({}).\n\n",
-                      ff.value("checkpoint", ""), ff.value("stage", -1), ff.value("layer", -1),
+  if (ff.is_object()) {
+    // A whole-stage item (hidden_out, logits) has no layer: it is not "layer -1".
+    const int layer = ff.value("layer", -1);
+    md << fmt::format("\nFirst failing item: `{}` stage {}{} `{}` ({}).\n\n",
+                      ff.value("checkpoint", ""), ff.value("stage", -1),
+                      layer >= 0 ? fmt::format(" layer {}", layer) : std::string(),
                       ff.value("kind", ""), ff.value("reason", ""));
-  else
+  } else
     md << "\nAll compared items passed.\n\n";
 }
 

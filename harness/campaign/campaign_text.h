@@ -103,4 +103,23 @@ void PairStepText(std::ostream& md, const std::string& run_dir, const ArmSpec& a
                   const ArmSpec& base);
 std::string PairStepChart(const std::string& run_dir, const ArmSpec& a, const ArmSpec& base);
 
+// ---- scope and summary lines (scope_text.cpp) ----
+
+// The plan's model: preset (seed, wiring) or checkpoint, with its SHA-256 (`plan_sha`: as the
+// runner fingerprinted it; "" falls back to the first exported arm's, as in run folders from
+// before the fingerprints were checked).
+std::string ModelLine(const Campaign& c, const json& report, const std::string& plan_sha);
+// The request, allowlisted (no prompt text).
+std::string RequestLine(const Campaign& c);
+// One arm's resources from its generate JSON `resources` (unmeasured values read "unknown").
+std::string ResourceLine(const std::string& arm, const json& r);
+// "- Fingerprints checked: ..." from the comparisons' records (`fingerprints`) and the ledger's
+// remote_checked entry; nothing when neither has any.
+void FingerprintText(std::ostream& md, const std::map<std::string, json>& records,
+                     const std::vector<LedgerEntry>& entries);
+// "Hypothesis check: ..." (campaigns/README.md): the verdict word the hypothesis names against
+// the verdict; a pass with items that differ bitwise within their thresholds says so.
+void HypothesisText(std::ostream& md, const Campaign& c, const std::string& verdict,
+                    const std::map<std::string, json>& records);
+
 }  // namespace lockstep::campaign_text

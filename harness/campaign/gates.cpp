@@ -76,6 +76,10 @@ struct GateSink {
     r.gates.push_back(GateOutcome{name, passed, msg});
     r.passed = r.passed && passed;
   }
+  // A gate that was on and failed on a quantity it compared (campaign verdict rule, issue 35).
+  void Caught(const std::string& name) const { r.caught_by.push_back(name); }
+  // Windows a path or timing gate compared (the largest count of any of them: the same windows).
+  void Windows(std::int64_t n) const { r.checked.windows = std::max(r.checked.windows, n); }
 };
 
 // The timing gates' inputs to the stop rules.
@@ -85,12 +89,19 @@ struct TimingFlags {
 
 void GateOutput(const GateSpec& g, const ArmOutcome& base, const ArmOutcome& out, bool output_same,
                 const GateSink& gate) {
-  if (g.output)
-    gate("output identical", output_same,
-         output_same ? fmt::format("{} tokens, stop {}", out.output_ids.size(), out.stop_reason)
-                     : fmt::format("{}: {} tokens (stop {}), {}: {} tokens (stop {})", base.name,
-                                   base.output_ids.size(), base.stop_reason, out.name,
-                                   out.output_ids.size(), out.stop_reason));
+  if (!g.output) return;
+  // Tokens are compared only when both arms ran: a failed arm's missing output is not a token.
+  const std::int64_t tokens =
+      base.ok && out.ok
+          ? static_cast<std::int64_t>(std::max(base.output_ids.size(), out.output_ids.size()))
+          : 0;
+  gate.r.checked.tokens += tokens;
+  if (!output_same && tokens > 0) gate.Caught("output identical");
+  gate("output identical", output_same,
+       output_same ? fmt::format("{} tokens, stop {}", out.output_ids.size(), out.stop_reason)
+                   : fmt::format("{}: {} tokens (stop {}), {}: {} tokens (stop {})", base.name,
+                                 base.output_ids.size(), base.stop_reason, out.name,
+                                 out.output_ids.size(), out.stop_reason));
 }
 
 // Whether a compared item differs in any bit (values; int8 items: their codes too).
@@ -114,6 +125,11 @@ bool GateState(const GateSpec& g, const ArmSpec& arm, const DiffResult* diff,
     for (const ItemResult& it : diff->items)
       if (ItemChanged(it)) first = first ? first : &it, ++changed;
     const bool ok = diff->Passed() && changed == 0;
+    if (g.state) {
+      gate.r.checked.items += diff->compared;
+      if (changed > 0 && !diff->model_differs && !diff->request_differs)
+        gate.Caught("state bitwise equal");
+    }
     std::string msg = fmt::format("{} compared, {} differ bitwise, {} skipped", diff->compared,
                                   changed, diff->skipped);
     if (first != nullptr)
@@ -126,6 +142,9 @@ bool GateState(const GateSpec& g, const ArmSpec& arm, const DiffResult* diff,
     return ok;
   }
   if (!g.state) return diff->Passed();
+  gate.r.checked.items += diff->compared;
+  if (diff->failed > 0 && diff->compared > 0 && !diff->model_differs && !diff->request_differs)
+    gate.Caught("state within thresholds");
   std::string msg = fmt::format("{} compared, {} passed, {} failed, {} skipped", diff->compared,
                                 diff->passed, diff->failed, diff->skipped);
   if (diff->first_failure >= 0) {
@@ -145,13 +164,18 @@ bool GatePath(const GateSpec& g, const AlignResult& al, const GateSink& gate) {
   if (g.path_within) {
     // A path whose fields cannot differ (every window T = 1) was not checked: not a pass.
     const bool unchecked = !al.diverged && !al.path_unchecked.empty();
+    const std::string name =
+        within == 0 ? "no path divergence"
+                    : fmt::format("no path divergence in the first {} windows", within);
+    if (al.comparable() && !unchecked) {
+      gate.Windows(al.diverged ? al.div_idx + 1 : al.matched);
+      if (early) gate.Caught(name);
+    }
     std::string msg = al.diverged ? fmt::format("first divergence at window {} of {}/{}",
                                                 al.div_idx, al.n_a, al.n_b)
                       : unchecked ? "nothing compared: " + al.path_unchecked
                                   : fmt::format("no divergence over {} windows", al.matched);
-    gate(within == 0 ? "no path divergence"
-                     : fmt::format("no path divergence in the first {} windows", within),
-         !early && !unchecked, msg);
+    gate(name, !early && !unchecked, msg);
   }
   return early;
 }
@@ -191,6 +215,11 @@ TimingFlags GateTiming(const Campaign& c, const ArmSpec& arm, const ArmOutcome& 
       window_unstable = windows_over_band > 0;
     }
     auto refused_msg = fmt::format("no timing verdict: {}", tv.refused_reason);
+    if (!tv.refused && (g.aggregate_rel_max || g.window_abs_ms || g.window_rel))
+      gate.Windows(al.matched);
+    if (!tv.refused && g.aggregate_rel_max && aggregate_failed) gate.Caught("aggregate timing");
+    if (!tv.refused && (g.window_abs_ms || g.window_rel) && window_unstable)
+      gate.Caught("per-window timing");
     if (g.aggregate_rel_max)
       gate("aggregate timing", !tv.refused && !aggregate_failed,
            tv.refused
@@ -219,6 +248,11 @@ TimingFlags GateTiming(const Campaign& c, const ArmSpec& arm, const ArmOutcome& 
         WindowsOverBand(al, base.windows, g.window_abs_ms.value_or(kDefaultWindowAbsMs),
                         g.window_rel.value_or(kDefaultWindowRel), &worst);
     window_unstable = over > 0;
+    const bool known = v && v->known;
+    if (known && (g.aggregate_rel_max || g.window_abs_ms || g.window_rel)) gate.Windows(al.matched);
+    if (known && g.aggregate_rel_max && aggregate_failed) gate.Caught("aggregate timing");
+    if (known && (g.window_abs_ms || g.window_rel) && window_unstable)
+      gate.Caught("per-window timing");
     if (g.aggregate_rel_max)
       gate("aggregate timing", !aggregate_failed,
            v && v->known ? fmt::format("summed verify over {} matched windows: {:.3f} vs {:.3f} ms "
@@ -452,6 +486,9 @@ nlohmann::json ToJson(const ComparisonResult& r) {
   for (const auto& g : r.gates)
     j["gates"].push_back({{"name", g.name}, {"passed", g.passed}, {"message", g.message}});
   j["predicates"] = r.predicates;
+  j["checked"] = {
+      {"tokens", r.checked.tokens}, {"items", r.checked.items}, {"windows", r.checked.windows}};
+  j["caught_by"] = r.caught_by;
   j["timing_repeats"] = {r.timing_repeats_a, r.timing_repeats_b};
   if (!r.service.is_null()) j["service"] = r.service;
   if (r.timing) {
@@ -498,6 +535,13 @@ Result<ComparisonResult> ComparisonFromJson(const nlohmann::json& j) {
       r.gates.push_back(GateOutcome{g.at("name").get<std::string>(), g.at("passed").get<bool>(),
                                     g.at("message").get<std::string>()});
     r.predicates = j.at("predicates").get<std::map<std::string, bool>>();
+    // A record from before issue 35 has neither: it counts as having compared nothing.
+    if (const auto it = j.find("checked"); it != j.end()) {
+      r.checked.tokens = it->value("tokens", std::int64_t{0});
+      r.checked.items = it->value("items", std::int64_t{0});
+      r.checked.windows = it->value("windows", std::int64_t{0});
+    }
+    r.caught_by = j.value("caught_by", std::vector<std::string>{});
     r.timing_repeats_a = j.at("timing_repeats").at(0).get<int>();
     r.timing_repeats_b = j.at("timing_repeats").at(1).get<int>();
     r.service = j.value("service", nlohmann::json());

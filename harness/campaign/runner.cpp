@@ -16,6 +16,7 @@
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/model_config.h"
 #include "lockstep/engine/tokenizer.h"
+#include "lockstep/engine/weights.h"
 #include "lockstep/harness/builds.h"
 #include "lockstep/harness/campaign.h"
 #include "lockstep/harness/campaign_report.h"
@@ -23,115 +24,37 @@
 #include "lockstep/harness/model_command.h"
 #include "lockstep/harness/process.h"
 #include "lockstep/harness/tokenize_command.h"
+#include "lockstep/harness/verdict.h"
 #include "lockstep/instrument/fingerprint.h"
 
 namespace lockstep {
 
 namespace fs = std::filesystem;
 
-Result<std::string> ProvisionPlanModel(const Campaign& c, const std::string& dir) {
-  if (c.model.preset.empty()) return c.model.path;
-  const std::string model_dir = dir + "/model";
-  if (fs::exists(model_dir + "/config.json")) return model_dir;
-  // Built aside and renamed: a killed runner never leaves a half-written model in place.
-  const std::string tmp = dir + "/model.tmp";
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::remove_all(model_dir, ec);
-  SyntheticOptions so;
-  so.preset = c.model.preset;
-  so.seed = c.model.seed;
-  so.induction = c.model.induction;
-  std::ostringstream sink;
-  LOCKSTEP_RETURN_IF_ERROR(RunModelInit(so, tmp, sink));
-  fs::rename(tmp, model_dir, ec);
-  if (ec) return Status::IOError("model folder '" + model_dir + "'", ec.message());
-  return model_dir;
-}
-
-namespace {
-
-// A text prompt's ids through the model's tokenizer (tokenizer.json of the folder, a GGUF's
-// vocabulary, else byte level), exactly as `lockstep generate --prompt` encodes it.
-Result<std::vector<std::int32_t>> EncodePlanText(const std::string& model_dir,
-                                                 std::string_view text) {
-  LOCKSTEP_ASSIGN_OR_RETURN(TokenizerPtr tok, LoadModelTokenizer(model_dir));
-  int n_vocab = tok->info().vocab_size;
-  if (fs::is_directory(model_dir)) {
-    LOCKSTEP_ASSIGN_OR_RETURN(ModelConfig mc, ModelConfig::FromFile(model_dir + "/config.json"));
-    n_vocab = mc.n_vocab;
-  }
-  return EncodePromptText(*tok, text, n_vocab);
-}
-
-}  // namespace
-
-Status ProvisionPlanRequest(const Campaign& c, const std::string& model_dir,
-                            const std::string& tokens_path) {
-  if (fs::exists(tokens_path)) return Status::Ok();
-  std::vector<std::int32_t> ids;
-  const RequestSpec& r = c.request;
-  if (r.needle) {
-    ids = EncodeBytes(NeedleHaystackPrompt(*r.needle));  // byte tokens by definition (campaign.h)
-  } else if (!r.prompt.empty()) {
-    LOCKSTEP_ASSIGN_OR_RETURN(ids, EncodePlanText(model_dir, r.prompt));
-  } else if (!r.prompt_file.empty()) {
-    LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.prompt_file, std::size_t{256} << 20));
-    LOCKSTEP_ASSIGN_OR_RETURN(ids, EncodePlanText(model_dir, text));
-  } else {
-    LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.token_file, std::size_t{256} << 20));
-    return WriteFileAtomic(tokens_path, text);
-  }
-  std::string text;
-  for (std::size_t i = 0; i < ids.size(); ++i) text += (i ? " " : "") + std::to_string(ids[i]);
-  return WriteFileAtomic(tokens_path, text + "\n");
-}
-
-std::vector<std::string> ArmGenerateArgv(const Campaign& c, const ArmSpec& arm,
-                                         const std::string& exe, const std::string& d,
-                                         const std::string& tokens_path) {
-  std::vector<std::string> argv = {exe,
-                                   "generate",
-                                   "--progress",
-                                   "--config",
-                                   d + "/config.json",
-                                   "--prompt-tokens",
-                                   tokens_path,
-                                   "--arm",
-                                   arm.name,
-                                   "--json",
-                                   "--trace-jsonl",
-                                   d + "/trace.jsonl",
-                                   "--sample-ms",
-                                   std::to_string(c.export_plan.sample_ms)};
-  if (arm.mode == "state") {
-    std::string points;
-    for (const auto& p : c.export_plan.points) points += (points.empty() ? "" : ",") + p;
-    for (const std::string& a :
-         {std::string("--export"), d + "/export.h5", std::string("--export-windows"),
-          c.export_plan.windows, std::string("--export-points"), points})
-      argv.push_back(a);
-  }
-  return argv;
-}
-
 namespace {
 
 using ArmRepeat = std::pair<std::string, int>;
+
+// Whether an arm's exit code means it ran: 0, or 1 (it ran and something it checks failed).
+// Anything else (2 bad input, 3 runtime failure, a signal) is a failed arm (issue 35).
+bool ArmRan(int exit_code) { return exit_code == 0 || exit_code == 1; }
 
 // What the ledger says has happened (replayed on resume; kept current while running).
 struct RunState {
   std::string plan_sha256, plan_dir;
   nlohmann::json builds;  // the planned entry's builds (null: a ledger from before named builds)
   std::set<ArmRepeat> sent, finished;
+  std::map<ArmRepeat, int> exit_codes;  // of the finished / failed entries
   std::map<std::string, ComparisonResult> compared;
   std::map<std::string, bool> decisions;
   bool stopped = false;
   std::set<std::string> not_sent;
   bool done = false;
   std::string verdict;
+  std::string verdict_reason;   // the done entry's reason
   nlohmann::json service;       // the planned entry's remote server ({url, api_key_env}) or null
   bool shared_started = false;  // some runner process of this folder started the shared server
+  bool remote_checked = false;  // the remote server's fingerprints were checked and recorded
 
   void Apply(const LedgerEntry& e) {
     const int repeat = e.data.value("repeat", 0);
@@ -140,12 +63,15 @@ struct RunState {
       plan_dir = e.data.value("plan_dir", "");
       builds = e.data.value("builds", nlohmann::json());
       service = e.data.value("service", nlohmann::json());
+    } else if (e.event == "remote_checked") {
+      remote_checked = true;
     } else if (e.event == "server_started") {
       shared_started = shared_started || e.data.value("role", "") == "shared";
     } else if (e.event == "sent") {
       sent.insert({e.arm, repeat});
     } else if (e.event == "finished" || e.event == "failed") {
       finished.insert({e.arm, repeat});
+      exit_codes[{e.arm, repeat}] = e.data.value("exit_code", e.event == "failed" ? 3 : 0);
     } else if (e.event == "compared") {
       if (auto cr = ComparisonFromJson(e.data); cr.ok()) compared[e.arm] = *cr;
     } else if (e.event == "decision") {
@@ -157,6 +83,7 @@ struct RunState {
     } else if (e.event == "done") {
       done = true;
       verdict = e.data.value("verdict", "");
+      verdict_reason = e.data.value("reason", "");
     }
   }
 };
@@ -178,6 +105,8 @@ struct Runner {
   bool progress = false;
   std::map<std::string, ArmBuild> builds;  // every build an arm uses (ArmBuildName)
   std::unique_ptr<ServiceHost> host;       // the servers of service arms (at the first one)
+  // The plan's model as exports fingerprint it: SHA-256 over its checkpoint files.
+  std::string model_sha256;
 
   const ArmBuild& BuildOf(const ArmSpec& arm) const { return builds.at(ArmBuildName(arm)); }
 
@@ -208,6 +137,32 @@ struct Runner {
 
   Status ProvisionModel() {
     LOCKSTEP_ASSIGN_OR_RETURN(model_dir, ProvisionPlanModel(c, dir));
+    return Status::Ok();
+  }
+
+  Status ModelFingerprint() {
+    LOCKSTEP_ASSIGN_OR_RETURN(ModelWeightsPtr w, ModelWeights::Load(model_dir, /*load_mtp=*/false));
+    LOCKSTEP_ASSIGN_OR_RETURN(model_sha256, Sha256Files(w->files));
+    return Status::Ok();
+  }
+
+  // A remote server must serve the plan's model on the arms' build with their engine config
+  // before any arm is sent to it (exit 2 otherwise, naming each field that differs). What was
+  // checked is recorded once in the ledger (remote_checked) for the report.
+  Status CheckRemote() {
+    if (!st.service.is_object() || st.service.value("url", "").empty()) return Status::Ok();
+    bool recorded = st.remote_checked;
+    for (const ArmSpec& a : c.arms) {
+      if (a.server == "process" || a.control) continue;
+      LOCKSTEP_RETURN_IF_ERROR(EnsureHost());
+      LOCKSTEP_ASSIGN_OR_RETURN(EngineConfig cfg, EffectiveConfig(c, a, model_dir));
+      LOCKSTEP_ASSIGN_OR_RETURN(nlohmann::json checked,
+                                host->CheckRemoteServes(a.name, model_sha256, BuildOf(a), cfg));
+      if (!recorded) {
+        LOCKSTEP_RETURN_IF_ERROR(Append("remote_checked", a.name, checked));
+        recorded = true;
+      }
+    }
     return Status::Ok();
   }
 
@@ -260,13 +215,14 @@ struct Runner {
     }
     LOCKSTEP_ASSIGN_OR_RETURN(ChildResult cr, RunChild(cs, tick));
     if (progress) std::fprintf(stderr, "\r\033[K");
-    const bool ok = cr.exit_code == 0;
+    const bool ok = ArmRan(cr.exit_code);
     LOCKSTEP_RETURN_IF_ERROR(Append(ok ? "finished" : "failed", arm.name,
                                     {{"repeat", repeat},
                                      {"exit_code", cr.exit_code},
                                      {"signal", cr.signal},
                                      {"seconds", cr.seconds}}));
     out << fmt::format("  {}: {} in {:.2f} s", label, ok ? "finished" : "FAILED", cr.seconds);
+    if (ok && cr.exit_code != 0) out << fmt::format(" (exit {})", cr.exit_code);
     if (!ok)
       out << fmt::format(" (exit {}{}; see arms/{}/stderr.log)", cr.exit_code,
                          cr.signal ? fmt::format(", signal {}", cr.signal) : "", arm.name);
@@ -361,8 +317,15 @@ struct Runner {
   ArmOutcome LoadOutcome(const ArmSpec& arm) {
     ArmOutcome o;
     o.name = arm.name;
+    int failed_exit = 0;  // the first repeat's exit code that means it did not run
     for (int r = 0; r < arm.repeat; ++r) {
       const std::string d = ArmDir(arm.name, r, arm);
+      // An arm that exited other than 0 or 1 failed, whatever files it left (generate writes its
+      // outputs before it exits 2 for an injection that never fired): it never counts as run.
+      // Its files are still read (its injection records say what did not fire).
+      if (auto it = st.exit_codes.find({arm.name, r});
+          it != st.exit_codes.end() && !ArmRan(it->second) && failed_exit == 0)
+        failed_exit = it->second;
       auto text = ReadFile(d + "/stdout.json", std::size_t{64} << 20);
       auto windows = ReadWindowRecords(d + "/trace.jsonl");
       bool ok = text.ok() && windows.ok();
@@ -383,7 +346,7 @@ struct Runner {
       }
       if (!ok) {
         o.ok = false;
-        o.exit_code = 3;
+        o.exit_code = failed_exit != 0 ? failed_exit : 3;
         return o;
       }
       if (r == 0) o.windows = *windows;
@@ -392,8 +355,8 @@ struct Runner {
         if (auto svc = ReadFile(d + "/service.json", std::size_t{16} << 20); svc.ok())
           o.service = nlohmann::json::parse(*svc, nullptr, false);
     }
-    o.ok = true;
-    o.exit_code = 0;
+    o.ok = failed_exit == 0;
+    o.exit_code = failed_exit;
     return o;
   }
 
@@ -425,6 +388,16 @@ struct Runner {
       }
     }
     ComparisonResult cr = EvaluateComparison(c, arm, base, cur, diff ? &*diff : nullptr, al);
+    nlohmann::json fingerprints = nlohmann::json::object();
+    if (ra && rb) {
+      const std::string bad = FingerprintMismatches(base_spec, ra->meta(), arm, rb->meta());
+      if (!bad.empty())
+        cr.gates.push_back(GateOutcome{"fingerprints", false, bad}), cr.passed = false;
+      fingerprints = {{"plan_model_sha256", model_sha256},
+                      {"a", MetaFingerprints(ra->meta())},
+                      {"b", MetaFingerprints(rb->meta())},
+                      {"mismatch", bad.empty() ? nlohmann::json() : nlohmann::json(bad)}};
+    }
     if (const std::string refused = RefusedExports(base, cur); !refused.empty())
       cr.gates.push_back(GateOutcome{"export digest", false, refused}), cr.passed = false;
     else if (!diff_error.empty())
@@ -454,6 +427,7 @@ struct Runner {
       s["sha256"] = b.sha256, s["version"] = b.version, s["commit"] = b.commit;
     }
     rec["report"] = nlohmann::json::parse(RenderJson(in));
+    if (!fingerprints.empty()) rec["fingerprints"] = fingerprints;
     const std::string stem = dir + "/compare/" + arm.name;
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".json", rec.dump(2) + "\n"));
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".md", RenderMarkdown(in)));
@@ -472,6 +446,11 @@ struct Runner {
           "  {} vs {}: NOT APPLIED (positive control: its injection did not fire; "
           "the gates were not tested)\n",
           arm.name, base_spec.name);
+    else if (arm.control && !cr.passed && cr.caught_by.empty())
+      out << fmt::format(
+          "  {} vs {}: NOT CAUGHT ON ANYTHING (positive control; {}, none on a compared "
+          "quantity)\n",
+          arm.name, base_spec.name, by);
     else if (arm.control)
       out << fmt::format("  {} vs {}: {} (positive control{})\n", arm.name, base_spec.name,
                          cr.passed ? "NOT CAUGHT" : "caught", by.empty() ? "" : "; " + by);
@@ -479,6 +458,36 @@ struct Runner {
       out << fmt::format("  {} vs {}: {}{}\n", arm.name, base_spec.name,
                          cr.passed ? "pass" : "FAIL", by.empty() ? "" : " (" + by + ")");
     return Status::Ok();
+  }
+
+  static nlohmann::json MetaFingerprints(const ExportMeta& m) {
+    return {{"model_sha256", m.model_sha256},
+            {"executable_sha256", m.executable_sha256},
+            {"config_sha256", m.config_sha256}};
+  }
+
+  // What the exports say they ran against, checked against what the plan names: its model and
+  // each arm's build. "" when both match; otherwise each mismatch, named.
+  std::string FingerprintMismatches(const ArmSpec& a, const ExportMeta& ma, const ArmSpec& b,
+                                    const ExportMeta& mb) const {
+    std::string bad;
+    const std::pair<const ArmSpec*, const ExportMeta*> sides[] = {{&a, &ma}, {&b, &mb}};
+    for (const auto& side : sides) {
+      const std::string& arm = side.first->name;
+      auto add = [&bad, &arm](const std::string& what, const std::string& got,
+                              const std::string& want) {
+        bad += fmt::format("{}{}'s export: {} {} (the plan's: {})", bad.empty() ? "" : "; ", arm,
+                           what, got.empty() ? "unknown" : got.substr(0, 12), want);
+      };
+      const ExportMeta& m = *side.second;
+      if (m.model_sha256 != model_sha256)
+        add("model SHA-256", m.model_sha256, model_sha256.substr(0, 12));
+      const ArmBuild& build = BuildOf(*side.first);
+      if (m.executable_sha256 != build.sha256)
+        add("executable SHA-256", m.executable_sha256,
+            build.sha256.substr(0, 12) + ", build " + build.name);
+    }
+    return bad;
   }
 
   // Service arms whose export failed its digest check (downloaded from a remote server): "export
@@ -581,38 +590,11 @@ struct Runner {
     return Status::Ok();
   }
 
+  // The verdict, by the one rule of lockstep/harness/verdict.h.
   Status Finish() {
     if (st.done) return Status::Ok();
-    std::string verdict = "pass", why;
-    bool control_seen = false, control_unapplied = false;
-    for (const auto& a : c.arms) {
-      auto it = st.compared.find(a.name);
-      if (it == st.compared.end()) continue;
-      const ComparisonResult& cr = it->second;
-      if (cr.control) {
-        control_seen = true;
-        if (!cr.control_applied) {
-          control_unapplied = true;
-        } else if (cr.passed) {
-          verdict = "insensitive", why = "the positive control passed every gate";
-        }
-      } else if (!cr.passed && verdict == "pass") {
-        verdict = "fail";
-        why = cr.arm + " vs " + cr.baseline + " failed its gates";
-      }
-    }
-    if (st.stopped && verdict != "insensitive")
-      verdict = "stopped", why = "a stop rule fired; attribution stopped";
-    if (!c.control.empty() && !control_seen && verdict == "pass") {
-      verdict = "fail";
-      why = "the positive control did not run";
-    }
-    // Neither "caught" nor "insensitive" can be said of a control that never took effect.
-    if (control_unapplied)
-      verdict = "control_not_applied",
-      why = "the positive control's injection '" + c.control +
-            "' did not fire: the gates' sensitivity was not tested";
-    return Append("done", "", {{"verdict", verdict}, {"reason", why}});
+    const CampaignDecision d = DecideCampaignVerdict(c, st.compared, st.stopped);
+    return Append("done", "", {{"verdict", d.verdict}, {"reason", d.reason}});
   }
 };
 
@@ -634,7 +616,8 @@ Status CheckedPlanText(const RunOptions& opts, const RunState& st, std::string* 
 
 Status RunCampaign(const RunOptions& opts, std::ostream& out) {
   if (opts.out_dir.empty()) return Status::InvalidArgument("--out", "a run folder is required");
-  Runner run{opts, out, {}, opts.out_dir, opts.exe, {}, {}, std::nullopt, {}, false, {}, nullptr};
+  Runner run{opts,         out, {},    opts.out_dir, opts.exe, {}, {},
+             std::nullopt, {},  false, {},           nullptr,  {}};
   run.progress = opts.progress < 0 ? ::isatty(STDERR_FILENO) != 0 : opts.progress > 0;
   if (run.exe.empty()) {
     LOCKSTEP_ASSIGN_OR_RETURN(run.exe, SelfExecutable());
@@ -643,6 +626,7 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
   if (!opts.resume) {
     if (opts.plan.empty()) return Status::InvalidArgument("run", "a campaign file is required");
     LOCKSTEP_ASSIGN_OR_RETURN(run.c, LoadCampaign(opts.plan));
+    LOCKSTEP_RETURN_IF_ERROR(CheckPlanCanPass(run.c, opts.plan));
     LOCKSTEP_ASSIGN_OR_RETURN(
         const nlohmann::json service,
         PlannedService(opts.service_url, opts.service_key_env, run.c.service));
@@ -729,6 +713,8 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
   if (!run.st.done) {
     LOCKSTEP_RETURN_IF_ERROR(run.ProvisionModel());
     LOCKSTEP_RETURN_IF_ERROR(run.ProvisionRequest());
+    LOCKSTEP_RETURN_IF_ERROR(run.ModelFingerprint());
+    LOCKSTEP_RETURN_IF_ERROR(run.CheckRemote());
     LOCKSTEP_RETURN_IF_ERROR(run.RunArms());
     if (run.host) LOCKSTEP_RETURN_IF_ERROR(run.host->StopAll());  // the shared server
     LOCKSTEP_RETURN_IF_ERROR(run.Finish());
@@ -738,11 +724,19 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
   ro.junit = opts.junit;
   LOCKSTEP_RETURN_IF_ERROR(RunCampaignReport(ro, out));
   const std::string& v = run.st.verdict;
-  out << fmt::format("verdict: {}\n", v == "pass"                  ? "PASS"
-                                      : v == "insensitive"         ? "FAIL (insensitive)"
-                                      : v == "control_not_applied" ? "FAIL (control not applied)"
-                                                                   : "FAIL (" + v + ")");
+  if (const auto relaxed = RelaxedThresholds(run.c.thresholds); !relaxed.empty())
+    out << fmt::format("thresholds relaxed by the plan: {}\n", fmt::join(relaxed, "; "));
+  const std::string& why = run.st.verdict_reason;
+  out << fmt::format("verdict: {}{}\n", VerdictWords(v), why.empty() ? "" : ": " + why);
   if (v != "pass") return Status::GateFailed("campaign " + run.c.name, "verdict " + v);
+  return Status::Ok();
+}
+
+Status CheckCampaignPlan(const std::string& plan, std::ostream& out) {
+  LOCKSTEP_ASSIGN_OR_RETURN(Campaign c, LoadCampaign(plan));
+  LOCKSTEP_RETURN_IF_ERROR(CheckPlanCanPass(c, plan));
+  out << fmt::format("plan {} (campaign {}) can pass on what it checks:\n", plan, c.name);
+  for (const std::string& line : PlanCheckLines(c)) out << "  " << line << "\n";
   return Status::Ok();
 }
 

@@ -33,6 +33,7 @@
 
 #include "lockstep/engine/engine_config.h"
 #include "lockstep/engine/status.h"
+#include "lockstep/harness/builds.h"
 #include "lockstep/harness/campaign.h"
 
 namespace lockstep {
@@ -131,6 +132,15 @@ class ServiceHost {
                             const std::vector<SharedHistoryItem>& history);
   // Stops the shared server (SIGTERM, bounded) and records it.
   Status StopAll();
+
+  // The remote server (ServiceOptions::url) must serve what arm `arm` names: the plan's model
+  // (`model_sha256`, as exports fingerprint it), the arm's build (its executable's SHA-256) and
+  // its engine config (the server-level keys, ServerConfigMismatches). Reads GET
+  // /v1/lockstep/info once. Returns what was checked ({url, model_sha256, executable_sha256,
+  // config_sha256, version}); kInvalidArgument naming every field that differs, with the
+  // server's value and the plan's; kRuntime when the server cannot be asked.
+  Result<nlohmann::json> CheckRemoteServes(const std::string& arm, const std::string& model_sha256,
+                                           const ArmBuild& build, const EngineConfig& cfg);
 
  private:
   struct Impl;

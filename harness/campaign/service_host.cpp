@@ -1,6 +1,7 @@
 // ServiceHost: the servers of one runner process and the HTTP requests of service arms (prime,
 // background load, the arm's request, its export fetched and checked). The contract is in
 // service_arm.h; the plan keys and records in campaigns/README.md "Service arms".
+#include <fmt/format.h>
 #include <httplib.h>
 
 #include <chrono>
@@ -77,6 +78,10 @@ Result<nlohmann::json> PostCompletion(const Endpoint& ep, const nlohmann::json& 
 Result<nlohmann::json> GetJson(const Endpoint& ep, const std::string& path) {
   auto cli = Client(ep, 30);
   auto r = cli->Get(path);
+  // A 4xx is the server refusing what we sent (a missing or wrong key, an unknown path): bad
+  // input on our side (exit 2); no answer or a 5xx is a runtime failure.
+  if (r && r->status >= 400 && r->status < 500)
+    return Status::InvalidArgument("GET " + Where(ep, path), AnswerError(r));
   if (!r || r->status != 200) return Status::Runtime("GET " + Where(ep, path), AnswerError(r));
   auto j = nlohmann::json::parse(r->body, nullptr, false);
   if (!j.is_object()) return Status::Runtime("GET " + Where(ep, path), "not a JSON object");
@@ -389,6 +394,51 @@ ServiceHost::~ServiceHost() {
 }
 
 Status ServiceHost::StopAll() { return impl_->StopServer(impl_->shared, "shared", ""); }
+
+Result<nlohmann::json> ServiceHost::CheckRemoteServes(const std::string& arm,
+                                                      const std::string& model_sha256,
+                                                      const ArmBuild& build,
+                                                      const EngineConfig& cfg) {
+  Impl& m = *impl_;
+  if (!m.remote) return Status::InvalidArgument("arm '" + arm + "'", "no remote server to check");
+  if (m.remote_info.is_null()) {
+    auto info = GetJson(*m.remote, "/v1/lockstep/info");
+    // Its code stays: a 4xx (a wrong key) is exit 2, no answer exit 3.
+    if (!info.ok())
+      return info.status().WithContext(
+          "remote server " + m.opts.url +
+          " (it must be a lockstep serve answering GET /v1/lockstep/info before any arm is sent)");
+    m.remote_info = *info;
+  }
+  const nlohmann::json& info = m.remote_info;
+  const nlohmann::json model = info.contains("model") ? info["model"] : nlohmann::json();
+  const std::string served_model = StringOr(model, "sha256", "");
+  const std::string served_exe = StringOr(info, "executable_sha256", "");
+  std::vector<std::string> diff;
+  auto field = [&diff](const std::string& name, const std::string& served,
+                       const std::string& plan) {
+    if (served != plan)
+      diff.push_back(fmt::format("{}: the server's {}, the plan's {}", name,
+                                 served.empty() ? "unknown" : served.substr(0, 12),
+                                 plan.substr(0, 12)));
+  };
+  field("model SHA-256", served_model, model_sha256);
+  field("executable SHA-256", served_exe, build.sha256);
+  for (const std::string& d :
+       ServerConfigMismatches(info.contains("config") ? info["config"] : nlohmann::json(), cfg))
+    diff.push_back("engine config " + d);
+  if (!diff.empty())
+    return Status::InvalidArgument(
+        "arm '" + arm + "'",
+        fmt::format("the remote server {} does not serve what the plan names (refused before "
+                    "any arm was sent): {}",
+                    m.opts.url, fmt::join(diff, "; ")));
+  return nlohmann::json{{"url", m.opts.url},
+                        {"model_sha256", served_model},
+                        {"executable_sha256", served_exe},
+                        {"config_sha256", StringOr(info, "config_sha256", "")},
+                        {"version", StringOr(info, "version", "")}};
+}
 
 // The server the arm's request goes to: the remote one, a fresh child, or the shared one.
 Status ServiceHost::Connect(const ArmSpec& arm, const EngineConfig& cfg, const std::string& exe,

@@ -333,9 +333,16 @@ Status AlignBody(const AlignCommandOptions& opts, std::ostream& out) {
   in.windows_a = &sa.windows;
   in.windows_b = &sb.windows;
   LOCKSTEP_RETURN_IF_ERROR(WriteReports(opts.reports, in));
+  // Paths of different models or requests are not comparable: bad input, as `diff` says of the
+  // same pair (exit 2), never a pass.
+  if (!al.comparable()) {
+    std::string why;
+    for (const auto& f : al.fingerprint_differences)
+      if (f.rfind("config: ", 0) != 0) why += (why.empty() ? "" : "; ") + f;
+    return Status::InvalidArgument(
+        "align", "the paths are not comparable (" + why + "): align runs of one model and request");
+  }
   if (!opts.fail_on_divergence) return Status::Ok();
-  if (!al.comparable())
-    return Status::GateFailed("align", "the paths are not comparable (model or request differ)");
   if (al.diverged)
     return Status::GateFailed("align", "paths diverge at window " + std::to_string(al.div_idx));
   if (!al.path_unchecked.empty())

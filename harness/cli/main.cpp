@@ -361,7 +361,7 @@ Status RunWithDocuments(lockstep::RunOptions r, const std::string& json) {
 void AddRun(CLI::App& app, std::vector<Command>& commands) {
   struct State {
     lockstep::RunOptions opts;
-    std::string resume_dir, json;
+    std::string resume_dir, json, check_plan;
     bool no_progress = false, gate_flag = false;
   };
   auto st = std::make_shared<State>();
@@ -370,6 +370,11 @@ void AddRun(CLI::App& app, std::vector<Command>& commands) {
   run->add_option("PLAN", st->opts.plan, "Campaign file (TOML, campaigns/README.md)");
   run->add_option("--out", st->opts.out_dir, "Run folder (new, or empty)")->group(kGroupCampaign);
   run->add_option("--resume", st->resume_dir, "Continue the campaign in this run folder")
+      ->group(kGroupCampaign);
+  run->add_option("--check-plan", st->check_plan,
+                  "Say whether PLAN can pass on what it checks (its pairs and the gates that apply "
+                  "to each), without running anything: exit 0, or 2 with the reason")
+      ->type_name("PLAN")
       ->group(kGroupCampaign);
   run->add_option("--build", st->opts.builds, "Run the plan's build NAME from PATH (repeatable)")
       ->type_name("NAME=PATH")
@@ -398,6 +403,7 @@ void AddRun(CLI::App& app, std::vector<Command>& commands) {
       "Examples:\n"
       "  lockstep run campaigns/aa-smoke.toml --out out/smoke\n"
       "  lockstep run --resume out/smoke\n"
+      "  lockstep run --check-plan campaigns/aa-demo.toml\n"
       "  lockstep run campaigns/aa-demo.toml --out out/demo --json - | jq .verdict");
   run->add_option("--isolate-timeout", st->opts.isolate_timeout_s,
                   "Seconds each export's isolated HDF5 parse may take")
@@ -407,6 +413,13 @@ void AddRun(CLI::App& app, std::vector<Command>& commands) {
   commands.push_back(
       {run, [st]() -> Status {
          lockstep::RunOptions& r = st->opts;
+         if (!st->check_plan.empty()) {
+           if (!r.plan.empty() || !r.out_dir.empty() || !st->resume_dir.empty())
+             return Status::InvalidArgument("--check-plan",
+                                            "checks one plan and runs nothing: give no PLAN, "
+                                            "--out or --resume with it");
+           return lockstep::CheckCampaignPlan(st->check_plan, std::cout);
+         }
          if (!st->resume_dir.empty()) {
            if (!r.out_dir.empty() && r.out_dir != st->resume_dir)
              return Status::InvalidArgument("--resume", "give the run folder once (--resume DIR)");

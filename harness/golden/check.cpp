@@ -76,8 +76,9 @@ nlohmann::json ItemJson(const ItemResult& it) {
 }
 
 std::string ItemText(const ItemResult& it) {
-  std::string s = fmt::format("window {} ({}), stage {}, layer {}, item {} ({})", it.window,
-                              it.checkpoint, it.stage, it.layer, it.kind, it.rel);
+  std::string s = fmt::format(
+      "window {} ({}), stage {}, {}item {} ({})", it.window, it.checkpoint, it.stage,
+      it.layer >= 0 ? fmt::format("layer {}, ", it.layer) : std::string(), it.kind, it.rel);
   if (it.verdict == Verdict::kSkip) return s + ": not compared: " + it.reason;
   s += fmt::format(": NRMSE {:.3g}, KL {}", it.stats.nrmse,
                    it.has_kl ? fmt::format("{:.3g}", it.kl.kl_max) : std::string("n/a"));
@@ -98,6 +99,7 @@ struct Checker {
   std::string work, exe, model_dir;
   nlohmann::json overrides;
   bool bitwise = true;
+  bool arm_failed = false;  // an arm's generate did not exit 0 (its files are kept)
   std::vector<std::unique_ptr<ExportReader>> refs;  // per manifest arm
   nlohmann::json arms = nlohmann::json::array();    // the summary's
   nlohmann::json first_changed;                     // {arm, ...} of the first change
@@ -188,10 +190,22 @@ struct Checker {
     const std::string d = work + "/arms/" + name;
     LOCKSTEP_ASSIGN_OR_RETURN(ChildResult cr,
                               golden::RunArm(c, arm, cfg, exe, d, work + "/request.tokens", {}));
-    if (cr.exit_code != 0)
-      return Status::Runtime(
-          "arm " + name, fmt::format("generate failed (exit {}, signal {}); see {}", cr.exit_code,
-                                     cr.signal, d + "/stderr.log"));
+    if (cr.exit_code != 0) {
+      // The child's own last words lead: "see stderr.log" alone is no answer.
+      std::string last;
+      if (auto log = ReadFile(d + "/stderr.log", std::size_t{1} << 20); log.ok()) {
+        std::string t = *log;
+        while (!t.empty() && (t.back() == '\n' || t.back() == '\r')) t.pop_back();
+        last = t.substr(t.rfind('\n') == std::string::npos ? 0 : t.rfind('\n') + 1);
+      }
+      arm_failed = true;
+      // The child's exit 2 (bad input: an override, an injection that never fired) stays 2.
+      return (cr.exit_code == 2 ? Status::InvalidArgument : Status::Runtime)(
+          "arm " + name,
+          fmt::format("generate failed (exit {}{}){}; see {}", cr.exit_code,
+                      cr.signal ? fmt::format(", signal {}", cr.signal) : std::string(),
+                      last.empty() ? std::string() : ": " + last, d + "/stderr.log"));
+    }
     LOCKSTEP_ASSIGN_OR_RETURN(golden::ArmOutput o, golden::ReadArmOutput(d));
     ReaderLimits limits;
     limits.isolate_timeout_s = opts.isolate_timeout_s;
@@ -296,18 +310,27 @@ Status RunGoldenCheck(const GoldenCheckOptions& opts, std::ostream& out) {
     return Status::InvalidArgument("golden check", "a reference folder is required");
   Checker ck(opts, out);
   const Status s = CheckReference(ck);
+  // A check that could not finish keeps the files its error points at (a temporary folder is
+  // otherwise removed); one that reached a verdict needs none of them.
+  const bool error = ck.arm_failed || s.exit_code() > 2;
   if (!ck.work.empty() && opts.work_dir.empty()) {
     std::error_code ec;
-    fs::remove_all(ck.work, ec);
+    if (error)
+      out << "the check's files are kept in " << ck.work << "\n";
+    else
+      fs::remove_all(ck.work, ec);
   }
-  if (s.exit_code() > 2) return s;
   out << "verdict: "
       << (s.ok()               ? "PASS"
           : s.exit_code() == 1 ? "FAIL (changed)"
+          : error              ? "FAIL (error: " + s.message() + ")"
                                : "FAIL (the reference does not fit)")
       << "\n";
   if (!opts.json.empty()) {
-    const std::string verdict = s.ok() ? "pass" : s.exit_code() == 1 ? "changed" : "does_not_fit";
+    const std::string verdict = s.ok()               ? "pass"
+                                : s.exit_code() == 1 ? "changed"
+                                : error              ? "error"
+                                                     : "does_not_fit";
     LOCKSTEP_RETURN_IF_ERROR(
         WriteOutput(opts.json, ck.Summary(verdict, s.ok() ? "" : s.message()).dump(2) + "\n"));
   }

@@ -232,6 +232,27 @@ TEST(ChangeGate, UnstableAaOnEitherBuildStopsBeforeTheComparison) {
   }
 }
 
+// Issue 35: a candidate whose injection never fires makes both candidate arms exit 2 after they
+// wrote their outputs. They are failed arms (ledger `failed`, predicate arm_failed), so the stop
+// rule fires: STOPPED, never a FAIL attributed to the change.
+TEST(ChangeGate, CandidateArmsThatExitTwoStopTheGate) {
+  PlanEdit e;
+  e.arms = {"cand-A1", "cand-A2"};
+  e.arm_engine = "inject = [\"delay:stage=1:window=15:ms=1\"]";
+  const std::string dir = RunGate(EditedPlan(e), 1);
+  const auto es = ReadLedger(dir);
+  EXPECT_EQ(Events(es, "failed"), (std::vector<std::string>{"cand-A1", "cand-A2"}));
+  bool arm_failed = false;
+  for (const auto& s : es)
+    if (s.event == "compared" && s.arm == "cand-A2")
+      arm_failed = s.data["predicates"]["arm_failed"].get<bool>();
+  EXPECT_TRUE(arm_failed);
+  ASSERT_FALSE(es.empty());
+  EXPECT_EQ(es.back().data["verdict"], "stopped");
+  const auto not_sent = Events(es, "not_sent");
+  EXPECT_NE(std::find(not_sent.begin(), not_sent.end(), "change"), not_sent.end());
+}
+
 void WriteScript(const std::string& path, const std::string& body) {
   ASSERT_TRUE(WriteFileAtomic(path, "#!/bin/sh\n" + body).ok());
   ::chmod(path.c_str(), 0755);

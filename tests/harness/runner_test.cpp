@@ -107,10 +107,14 @@ TEST(Campaign, ReportLeadsWithTheVerdict) {
   const std::string box = md.substr(0, box_end);
   EXPECT_NE(box.find("> - Arms: 3 of 3 sent (A1, A2, control)"), std::string::npos) << box;
   EXPECT_NE(box.find("> - Comparisons: A2 vs A1; control vs A1."), std::string::npos) << box;
-  EXPECT_NE(box.find("failed as expected: caught (state within thresholds)"), std::string::npos);
+  // The gate that caught it is named as a failed gate (issue 35: "caught (state within
+  // thresholds)" read as its opposite).
+  EXPECT_NE(box.find("failed as expected: caught by the failed gate 'state within thresholds'"),
+            std::string::npos)
+      << box;
   EXPECT_TRUE(md.substr(box_end + 2).starts_with("# aa-smoke: "));
-  EXPECT_NE(md.find("| control vs A1 (positive control) | failed as expected: caught (state "
-                    "within thresholds) | [HTML](compare/control.html), "
+  EXPECT_NE(md.find("| control vs A1 (positive control) | failed as expected: caught by the "
+                    "failed gate 'state within thresholds' | [HTML](compare/control.html), "
                     "[Markdown](compare/control.md) |"),
             std::string::npos)
       << md;

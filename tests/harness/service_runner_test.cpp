@@ -291,12 +291,14 @@ TEST(ServiceRunner, AServerThatRefusesItsConfigFailsTheArm) {
   const std::string plan =
       WritePlan("refused", std::string(kHead) +
                                "[[arm]]\nname = \"A1\"\nserver = \"fresh\"\n[arm.engine]\ninject = "
-                               "[\"perturb:stage=1:layer=1:item=k:eps=1e-2:window=1\"]\n");
+                               "[\"perturb:stage=1:layer=1:item=k:eps=1e-2:window=1\"]\n"
+                               "[[arm]]\nname = \"A2\"\nserver = \"fresh\"\nbaseline = \"A1\"\n");
   const std::string dir = test::NewDir("svc-refused") + "/run";
   const auto t0 = Clock::now();
   auto r = RunLockstep("run " + plan + " --out " + dir + " --no-progress");
   EXPECT_LT(Since(t0), 30) << "the server's refusal was waited out, not seen";
-  EXPECT_EQ(r.exit_code, 0) << "a lone arm compares nothing: " << r.out << r.err;
+  // A lone arm is refused as a plan (issue 35: nothing paired); A2 against the failed A1 fails.
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("A1: FAILED"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("layer 1 belongs to stage 0"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("GET /health"), std::string::npos) << r.out;
@@ -570,9 +572,10 @@ TEST(ServiceRunner, RemoteServerGivesTheSameVerdictsAndExports) {
       RunLockstep("run " + Plan() + " --out " + nokey +
                   " --no-progress --service-url http://127.0.0.1:" + std::to_string(srv->port()) +
                   " --service-key-env LOCKSTEP_TEST_WRONG_KEY");
-  EXPECT_EQ(n.exit_code, 1) << n.out << n.err;
-  EXPECT_NE(n.out.find("A1: FAILED"), std::string::npos) << n.out;
-  EXPECT_NE(n.out.find("401"), std::string::npos) << n.out;
+  // Refused before any arm is sent: the server's fingerprints cannot be checked (issue 35).
+  EXPECT_EQ(n.exit_code, 2) << n.out << n.err;
+  EXPECT_NE(n.err.find("401"), std::string::npos) << n.err;
+  EXPECT_TRUE(test::Events(ReadLedger(nokey), "sent").empty());
 }
 
 TEST(ServiceRunner, RemoteConfigMismatchNamesTheKey) {
@@ -588,10 +591,10 @@ TEST(ServiceRunner, RemoteConfigMismatchNamesTheKey) {
   auto r =
       RunLockstep("run " + Plan() + " --out " + dir +
                   " --no-progress --service-url http://127.0.0.1:" + std::to_string(srv.port()));
-  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(r.out.find("differs from the arm's in server-level key(s): spec (server 3, arm 2)"),
-            std::string::npos)
-      << r.out;
+  // Refused before any arm is sent, exit 2, naming the key (issue 35).
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("engine config spec (server 3, arm 2)"), std::string::npos) << r.err;
+  EXPECT_TRUE(test::Events(ReadLedger(dir), "sent").empty());
 }
 
 // A proxy in front of the real server that flips one byte of every export it passes on, keeping

@@ -28,7 +28,8 @@ double Since(Clock::time_point t0) {
 }
 
 // Starts `lockstep serve args...` with stdout on a pipe (returned) and stderr on `log`.
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log, int* out_fd) {
+pid_t Spawn(const std::string& exe, const std::vector<std::string>& args, const std::string& log,
+            int* out_fd) {
   int fds[2];
   if (::pipe(fds) != 0) return -1;
   const pid_t pid = ::fork();
@@ -37,7 +38,7 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log, int* o
     const int err = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (err >= 0) ::dup2(err, 2);
     ::close(fds[0]);
-    std::vector<std::string> argv_s = {LOCKSTEP_BIN_PATH, "serve"};
+    std::vector<std::string> argv_s = {exe.empty() ? std::string(LOCKSTEP_BIN_PATH) : exe, "serve"};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
@@ -69,10 +70,11 @@ int ReadPort(int fd, double timeout_s) {
 
 }  // namespace
 
-ServeProcess::ServeProcess(const std::vector<std::string>& args, bool wait_ready) {
+ServeProcess::ServeProcess(const std::vector<std::string>& args, bool wait_ready,
+                           const std::string& exe) {
   log_path_ = NewDir("serve") + "/stderr.log";
   int out_fd = -1;
-  pid_ = Spawn(args, log_path_, &out_fd);
+  pid_ = Spawn(exe, args, log_path_, &out_fd);
   if (pid_ < 0) return;
   port_ = ReadPort(out_fd, 30);
   ::close(out_fd);
@@ -131,7 +133,7 @@ std::string ServeProcess::Log() const {
 int ServeExitCode(const std::vector<std::string>& args, double timeout_s, std::string* err) {
   const std::string log = NewDir("serve-exit") + "/stderr.log";
   int out_fd = -1;
-  const pid_t pid = Spawn(args, log, &out_fd);
+  const pid_t pid = Spawn("", args, log, &out_fd);
   ::close(out_fd);
   const auto t0 = Clock::now();
   int code = -1;

@@ -19,8 +19,10 @@ namespace lockstep::test {
 class ServeProcess {
  public:
   // `args`: everything after `lockstep serve` (model, flags). Waits (up to 30 s) for the port
-  // line and then for GET /health to answer 200.
-  explicit ServeProcess(const std::vector<std::string>& args, bool wait_ready = true);
+  // line and then for GET /health to answer 200. `exe`: another lockstep executable ("" the
+  // built one).
+  explicit ServeProcess(const std::vector<std::string>& args, bool wait_ready = true,
+                        const std::string& exe = "");
   ~ServeProcess();
   ServeProcess(const ServeProcess&) = delete;
   ServeProcess& operator=(const ServeProcess&) = delete;

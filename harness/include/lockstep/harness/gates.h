@@ -45,13 +45,29 @@ struct ArmOutcome {
   nlohmann::json service;
 };
 
+// What the gates that were on actually compared in one comparison (issue 35). A gate that compared
+// nothing proves nothing: a comparison whose gates compared 0 tokens, 0 items and 0 windows cannot
+// make a campaign pass, and a positive control counts as caught only by a gate that failed on a
+// compared quantity (`ComparisonResult::caught_by`).
+struct CheckedCounts {
+  std::int64_t tokens = 0;   // output gate: output tokens compared (the longer side's count)
+  std::int64_t items = 0;    // state gate: checkpoint items compared
+  std::int64_t windows = 0;  // path and timing gates: verify windows compared
+  bool any() const { return tokens + items + windows > 0; }
+};
+
 struct ComparisonResult {
   std::string arm, baseline;
   bool control = false;
   std::vector<GateOutcome> gates;  // evaluated gates in declaration order
   std::map<std::string, bool>
-      predicates;      // StopPredicates() -> value (timing ones only when the plan asks)
-  bool passed = true;  // every evaluated gate passed
+      predicates;         // StopPredicates() -> value (timing ones only when the plan asks)
+  bool passed = true;     // every evaluated gate passed
+  CheckedCounts checked;  // what the gates that were on compared
+  // The gates that failed on something they compared (tokens that differ, items beyond their
+  // thresholds, a path divergence, timing outside its band), in order. A gate that failed with
+  // nothing compared ("nothing compared", an arm that failed, the models differ) is not here.
+  std::vector<std::string> caught_by;
   // Control arms: the control injection fired (its record says so). False: "control not
   // applied": the comparison says nothing about the gates' sensitivity (neither caught nor
   // insensitive), and the campaign fails with verdict "control_not_applied".

@@ -65,6 +65,12 @@ struct RunOptions {
 // kInvalidArgument (exit 2) for a bad plan or folder.
 Status RunCampaign(const RunOptions& opts, std::ostream& out);
 
+// `lockstep run --check-plan PLAN`: parses the plan and applies the campaign verdict rule's
+// load-time checks (lockstep/harness/verdict.h) without running anything. OK (printing the plan's
+// pairs and the gates that apply to each, and any relaxed threshold) or kInvalidArgument with
+// the reason.
+Status CheckCampaignPlan(const std::string& plan, std::ostream& out);
+
 // The ledger's decision content, for comparing runs: one line per entry with volatile fields
 // (times, attempts) removed, 'resumed' entries dropped, and sends that never finished (a killed
 // runner) dropped. Two runs of a deterministic campaign, interrupted or not, give equal digests.
