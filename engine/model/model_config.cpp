@@ -1,7 +1,13 @@
 #include "lockstep/engine/model_config.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "lockstep/engine/atomic_file.h"
 #include "util/json_util.h"
@@ -41,6 +47,32 @@ Result<int> GetIntOr(const JsonDoc& doc, std::string_view key, int fallback) {
   return static_cast<int>(v);
 }
 
+// A hyperparameter outside its range: kInvalidArgument naming the key, the range and the value
+// (issue 43: a negative rotary factor crashed the loader, a zero epsilon loaded silently).
+Status OutOfRange(const JsonDoc& doc, std::string_view key, std::string_view range, double got) {
+  return Status::InvalidArgument(doc.label(),
+                                 fmt::format("key '{}': expected {}, got {}", key, range, got));
+}
+
+// The value of the first of `keys` present (the newer rope_parameters.* spelling first), checked
+// to be finite and within (lo, hi] (`hi_open`: (lo, hi)); `fallback` when none is present.
+Result<double> GetRangedDouble(const JsonDoc& doc, std::initializer_list<std::string_view> keys,
+                               double lo, double hi, bool hi_open, std::string_view range,
+                               std::optional<double> fallback) {
+  for (std::string_view key : keys) {
+    if (!doc.Has(key)) continue;
+    LOCKSTEP_ASSIGN_OR_RETURN(double v, doc.GetDouble(key));
+    if (!std::isfinite(v) || v <= lo || v > hi || (hi_open && v == hi))
+      return OutOfRange(doc, key, range, v);
+    return v;
+  }
+  if (fallback) return *fallback;
+  std::string names;
+  for (std::string_view key : keys)
+    names += (names.empty() ? "'" : " or '") + std::string(key) + "'";
+  return Status::NotFound(doc.label(), "missing key " + names);
+}
+
 }  // namespace
 
 Result<ModelConfig> ModelConfig::FromJsonText(std::string_view text, const std::string& label) {
@@ -57,21 +89,17 @@ Result<ModelConfig> ModelConfig::FromJsonText(std::string_view text, const std::
   LOCKSTEP_ASSIGN_OR_RETURN(c.n_heads, GetPositiveInt(doc, "num_attention_heads"));
   LOCKSTEP_ASSIGN_OR_RETURN(c.n_heads_kv, GetPositiveInt(doc, "num_key_value_heads"));
   LOCKSTEP_ASSIGN_OR_RETURN(c.head_dim, GetIntOr(doc, "head_dim", 256));
+  if (c.head_dim < 1 || c.head_dim > 512)
+    return OutOfRange(doc, "head_dim", "an integer in [1, 512]", c.head_dim);
   // Partial rotary factor and theta: top level (older config.json) or rope_parameters (newer).
-  if (doc.Has("rope_parameters.partial_rotary_factor")) {
-    LOCKSTEP_ASSIGN_OR_RETURN(c.partial_rotary_factor,
-                              doc.GetDouble("rope_parameters.partial_rotary_factor"));
-  } else if (doc.Has("partial_rotary_factor")) {
-    LOCKSTEP_ASSIGN_OR_RETURN(c.partial_rotary_factor, doc.GetDouble("partial_rotary_factor"));
-  }
-  if (doc.Has("rope_parameters.rope_theta")) {
-    LOCKSTEP_ASSIGN_OR_RETURN(c.rope_theta, doc.GetDouble("rope_parameters.rope_theta"));
-  } else if (doc.Has("rope_theta")) {
-    LOCKSTEP_ASSIGN_OR_RETURN(c.rope_theta, doc.GetDouble("rope_theta"));
-  } else {
-    return Status::NotFound(label,
-                            "missing key 'rope_theta' (top level or rope_parameters.rope_theta)");
-  }
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      c.partial_rotary_factor,
+      GetRangedDouble(doc, {"rope_parameters.partial_rotary_factor", "partial_rotary_factor"}, 0.0,
+                      1.0, false, "a number in (0, 1]", c.partial_rotary_factor));
+  LOCKSTEP_ASSIGN_OR_RETURN(c.rope_theta,
+                            GetRangedDouble(doc, {"rope_parameters.rope_theta", "rope_theta"}, 0.0,
+                                            std::numeric_limits<double>::max(), false,
+                                            "a positive finite number", std::nullopt));
   if (doc.Has("rope_scaling")) {
     return Status::NotSupported(label, "rope_scaling is set; only default RoPE is implemented");
   }
@@ -94,10 +122,10 @@ Result<ModelConfig> ModelConfig::FromJsonText(std::string_view text, const std::
     LOCKSTEP_ASSIGN_OR_RETURN(auto v, doc.GetIntList("mlp_only_layers"));
     for (auto x : v) c.mlp_only_layers.push_back(static_cast<int>(x));
   }
-  if (doc.Has("rms_norm_eps")) {
-    LOCKSTEP_ASSIGN_OR_RETURN(double eps, doc.GetDouble("rms_norm_eps"));
-    c.rms_norm_eps = static_cast<float>(eps);
-  }
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      const double eps, GetRangedDouble(doc, {"rms_norm_eps"}, 0.0, 1.0, true, "a number in (0, 1)",
+                                        double{c.rms_norm_eps}));
+  c.rms_norm_eps = static_cast<float>(eps);
   if (doc.Has("tie_word_embeddings")) {
     LOCKSTEP_ASSIGN_OR_RETURN(c.tie_word_embeddings, doc.GetBool("tie_word_embeddings"));
   }
@@ -153,18 +181,30 @@ Result<ModelConfig> ModelConfig::FromFile(const std::string& path) {
 }
 
 Status ModelConfig::Validate() const {
+  // Each message names the config.json key(s) and the range (issue 43).
   auto bad = [](const std::string& m) { return Status::InvalidArgument("model config", m); };
   if (n_heads % n_heads_kv != 0)
     return bad("num_attention_heads must be a multiple of num_key_value_heads");
   if (n_v_heads % n_k_heads != 0)
     return bad("linear_num_value_heads must be a multiple of linear_num_key_heads");
-  if (rotary_dim % 2 != 0 || rotary_dim > head_dim)
-    return bad("rotary dims must be even and <= head_dim");
-  if (n_experts > 4096) return bad("more than 4096 experts are not supported");
-  if (head_dim > 512) return bad("head_dim above 512 is not supported");
+  if (rotary_dim < 2 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
+    return bad(fmt::format(
+        "partial_rotary_factor x head_dim must be an even number of rotary dims in [2, head_dim "
+        "{}], got {}",
+        head_dim, rotary_dim));
+  if (n_experts > 4096) return bad("num_experts above 4096 is not supported");
+  if (head_dim < 1 || head_dim > 512) return bad("head_dim must be in [1, 512]");
   if (v_head_dim > 1024 || k_head_dim > 1024)
-    return bad("linear head dims above 1024 are not supported");
+    return bad("linear_key_head_dim and linear_value_head_dim must be in [1, 1024]");
   if (conv_kernel < 1 || conv_kernel > 16) return bad("linear_conv_kernel_dim must be in [1, 16]");
+  if (n_experts > 0 && decoder_sparse_step < 1)
+    return bad("decoder_sparse_step must be >= 1 when num_experts > 0");
+  for (int il : mlp_only_layers)
+    if (il < 0 || il >= n_layers)
+      return bad(fmt::format("mlp_only_layers: layer {} is not in [0, num_hidden_layers {})", il,
+                             n_layers));
+  if (bos_token_id >= n_vocab)
+    return bad(fmt::format("bos_token_id {} is not in [0, vocab_size {})", bos_token_id, n_vocab));
   bool any_moe = false, any_dense = false;
   for (int il = 0; il < n_layers; ++il) (is_moe(il) ? any_moe : any_dense) = true;
   if (any_moe && (n_experts_used <= 0 || n_experts_used > n_experts || moe_ffn <= 0))
@@ -173,7 +213,8 @@ Status ModelConfig::Validate() const {
   if (any_dense && dense_ffn <= 0) return bad("dense layers need intermediate_size > 0");
   if (n_mtp_layers < 0 || n_mtp_layers > 1) return bad("only 0 or 1 MTP layers are supported");
   for (int e : eos_token_ids)
-    if (e < 0) return bad("eos_token_id must be non-negative");
+    if (e < 0 || e >= n_vocab)
+      return bad(fmt::format("eos_token_id {} is not in [0, vocab_size {})", e, n_vocab));
   return Status::Ok();
 }
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/engine_config.h"
 #include "lockstep/engine/model_config.h"
 #include "lockstep/engine/synthetic.h"
@@ -73,6 +74,84 @@ TEST(ModelConfig, ClearErrors) {
   std::string other = k80B;
   other.replace(other.find("qwen3_next"), 10, "llama");
   EXPECT_EQ(ModelConfig::FromJsonText(other, "cfg").status().code(), Status::Code::kNotSupported);
+}
+
+// Issue 43, Must show 4: every out-of-range hyperparameter of config.json is one exit-2 refusal
+// naming its key (table-driven; the 80B release's config with one value replaced).
+TEST(ModelConfig, OutOfRangeValuesAreRefusedNamingTheKey) {
+  struct Case {
+    const char* key;  // JSON pointer into the config ("/rope_parameters/rope_theta")
+    nlohmann::json value;
+    const char* named;  // in the message
+  };
+  const std::vector<Case> cases = {
+      {"/partial_rotary_factor", -1, "partial_rotary_factor"},
+      {"/partial_rotary_factor", 0, "partial_rotary_factor"},
+      {"/partial_rotary_factor", 1.5, "partial_rotary_factor"},
+      {"/partial_rotary_factor", 0.001, "partial_rotary_factor"},  // 0 rotary dims
+      {"/rope_theta", 0, "rope_theta"},
+      {"/rope_theta", -10000, "rope_theta"},
+      {"/rms_norm_eps", 0, "rms_norm_eps"},
+      {"/rms_norm_eps", -1e-6, "rms_norm_eps"},
+      {"/rms_norm_eps", 1, "rms_norm_eps"},
+      {"/head_dim", 0, "head_dim"},
+      {"/head_dim", 1024, "head_dim"},
+      {"/num_key_value_heads", 3, "num_key_value_heads"},
+      {"/num_key_value_heads", 32, "num_key_value_heads"},
+      {"/linear_num_key_heads", 12, "linear_num_key_heads"},
+      {"/linear_conv_kernel_dim", 0, "linear_conv_kernel_dim"},
+      {"/linear_conv_kernel_dim", 64, "linear_conv_kernel_dim"},
+      {"/linear_key_head_dim", 4096, "linear_key_head_dim"},
+      {"/num_experts", 8192, "num_experts"},
+      {"/num_experts_per_tok", 600, "num_experts_per_tok"},
+      {"/num_experts_per_tok", 0, "num_experts_per_tok"},
+      {"/moe_intermediate_size", 0, "moe_intermediate_size"},
+      {"/decoder_sparse_step", 0, "decoder_sparse_step"},
+      {"/mlp_only_layers", nlohmann::json::array({48}), "mlp_only_layers"},
+      {"/mlp_only_layers", nlohmann::json::array({-1}), "mlp_only_layers"},
+      {"/bos_token_id", 151936, "bos_token_id"},
+      {"/eos_token_id", 200000, "eos_token_id"},
+      {"/full_attention_interval", 0, "full_attention_interval"},
+      {"/vocab_size", 0, "vocab_size"},
+      {"/num_hidden_layers", -4, "num_hidden_layers"},
+      {"/num_nextn_predict_layers", 2, "MTP"},
+  };
+  ASSERT_GE(cases.size(), 20u);
+  for (const Case& c : cases) {
+    nlohmann::json j = nlohmann::json::parse(k80B);
+    j[nlohmann::json::json_pointer(c.key)] = c.value;
+    auto r = ModelConfig::FromJsonText(j.dump(), "m/config.json");
+    ASSERT_FALSE(r.ok()) << c.key << " = " << c.value.dump() << " was accepted";
+    EXPECT_EQ(r.status().exit_code(), 2) << c.key << ": " << r.status().ToString();
+    EXPECT_NE(r.status().message().find(c.named), std::string::npos)
+        << c.key << ": " << r.status().message();
+  }
+  // The newer spelling is checked under its own name.
+  nlohmann::json nested = nlohmann::json::parse(k80B);
+  nested.erase("rope_theta");
+  nested.erase("partial_rotary_factor");
+  nested["rope_parameters"] = {{"rope_theta", -1.0}, {"partial_rotary_factor", 0.25}};
+  auto r = ModelConfig::FromJsonText(nested.dump(), "m/config.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("rope_parameters.rope_theta"), std::string::npos)
+      << r.status().message();
+}
+
+// The same refusal through the CLI: exit 2 with the key, never "internal error" (issue 43:
+// partial_rotary_factor -1 exited 3 with vector::_M_default_append).
+TEST(ModelConfig, CliRefusesANegativeRotaryFactor) {
+  const std::string dir = test::NewDir("bad-rotary");
+  auto init = test::RunLockstep("model init --preset tiny --seed 7 --out " + dir);
+  ASSERT_EQ(init.exit_code, 0) << init.err;
+  auto text = ReadFile(dir + "/config.json");
+  ASSERT_TRUE(text.ok());
+  nlohmann::json j = nlohmann::json::parse(*text);
+  j["partial_rotary_factor"] = -1;
+  ASSERT_TRUE(WriteFileAtomic(dir + "/config.json", j.dump()).ok());
+  auto r = test::RunLockstep("generate --model " + dir + " --prompt abc --max-new 2");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("partial_rotary_factor"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
 }
 
 TEST(ModelConfig, RoundTripsThroughToJson) {
