@@ -18,6 +18,7 @@
 #include "lockstep/compare/report.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/harness/campaign.h"
+#include "lockstep/harness/campaign_outcome.h"
 #include "lockstep/harness/ledger.h"
 
 namespace lockstep {
@@ -231,6 +232,7 @@ std::string PairResult(const Loaded& L, const ArmSpec& a, const json& cmp) {
 VerdictBox CampaignVerdict(const Loaded& L, const RunTally& t) {
   VerdictBox v;
   v.status = L.verdict.empty() ? "not finished" : L.verdict;
+  v.tone = CampaignOutcomeTone(ParseCampaignOutcome(L.verdict));
   std::string label = v.status;  // the ledger's verdict: "control_not_applied" reads as words
   std::transform(label.begin(), label.end(), label.begin(), [](unsigned char ch) {
     return ch == '_' ? ' ' : static_cast<char>(std::toupper(ch));
