@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/engine/digest.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/gdn_state.h"
 #include "lockstep/engine/kv_cache.h"
