@@ -20,9 +20,9 @@
 #include "lockstep/harness/campaign.h"
 #include "lockstep/harness/campaign_report.h"
 #include "lockstep/harness/gates.h"
-#include "lockstep/harness/model_command.h"
+#include "lockstep/harness/model_init.h"
 #include "lockstep/harness/process.h"
-#include "lockstep/harness/tokenize_command.h"
+#include "lockstep/harness/prompt_text.h"
 #include "lockstep/instrument/fingerprint.h"
 
 namespace lockstep {

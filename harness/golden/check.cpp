@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <ostream>
 
-#include "cli/output.h"
+#include "commands/output.h"
 #include "golden_internal.h"
 #include "lockstep/compare/state_diff.h"
 #include "lockstep/engine/atomic_file.h"
