@@ -23,6 +23,7 @@
 #include "lockstep/harness/model_init.h"
 #include "lockstep/harness/process.h"
 #include "lockstep/harness/prompt_text.h"
+#include "lockstep/harness/run_record.h"
 #include "lockstep/instrument/fingerprint.h"
 
 namespace lockstep {
@@ -194,10 +195,8 @@ struct Runner {
                  : "cannot be read any more: " + sha.status().message());
   }
 
-  std::string ArmDir(const std::string& arm, int repeat, const ArmSpec& spec) const {
-    std::string d = dir + "/arms/" + arm;
-    if (spec.mode == "timing") d += "/r" + std::to_string(repeat);
-    return d;
+  std::string ArmDir(const ArmSpec& spec, int repeat) const {
+    return RunPaths(dir).RepeatDir(spec, repeat);
   }
 
   Status Append(const std::string& event, const std::string& arm, const nlohmann::json& data) {
@@ -217,7 +216,7 @@ struct Runner {
   }
 
   Status SendRepeat(const ArmSpec& arm, int repeat) {
-    const std::string d = ArmDir(arm.name, repeat, arm);
+    const std::string d = ArmDir(arm, repeat);
     std::error_code ec;
     fs::remove_all(d, ec);  // a re-sent arm starts from nothing
     fs::create_directories(d, ec);
@@ -362,7 +361,7 @@ struct Runner {
     ArmOutcome o;
     o.name = arm.name;
     for (int r = 0; r < arm.repeat; ++r) {
-      const std::string d = ArmDir(arm.name, r, arm);
+      const std::string d = ArmDir(arm, r);
       auto text = ReadFile(d + "/stdout.json", std::size_t{64} << 20);
       auto windows = ReadWindowRecords(d + "/trace.jsonl");
       bool ok = text.ok() && windows.ok();
@@ -407,8 +406,8 @@ struct Runner {
     if (arm.mode == "state" && base_spec.mode == "state" && base.ok && cur.ok) {
       ReaderLimits limits;  // isolated: a crash parsing an arm's export fails this comparison only
       limits.isolate_timeout_s = opts.isolate_timeout_s;
-      auto a = ExportReader::Open(ArmDir(base_spec.name, 0, base_spec) + "/export.h5", limits);
-      auto b = ExportReader::Open(ArmDir(arm.name, 0, arm) + "/export.h5", limits);
+      auto a = ExportReader::Open(ArmDir(base_spec, 0) + "/export.h5", limits);
+      auto b = ExportReader::Open(ArmDir(arm, 0) + "/export.h5", limits);
       if (a.ok() && b.ok()) {
         ra = std::move(a).value();
         rb = std::move(b).value();
@@ -454,7 +453,7 @@ struct Runner {
       s["sha256"] = b.sha256, s["version"] = b.version, s["commit"] = b.commit;
     }
     rec["report"] = nlohmann::json::parse(RenderJson(in));
-    const std::string stem = dir + "/compare/" + arm.name;
+    const std::string stem = RunPaths(dir).Compare(arm.name, "");
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".json", rec.dump(2) + "\n"));
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".md", RenderMarkdown(in)));
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".html", RenderHtml(in)));
@@ -659,7 +658,7 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
     if (ec) return Status::IOError("run folder '" + tmp + "'", ec.message());
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(tmp + "/plan.toml", run.c.plan_text));
     {
-      LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Create(tmp + "/ledger.jsonl"));
+      LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Create(RunPaths(tmp).Ledger()));
       std::vector<std::string> arms;
       nlohmann::json arm_builds = nlohmann::json::object(), builds = nlohmann::json::object();
       for (const auto& a : run.c.arms) arms.push_back(a.name), arm_builds[a.name] = ArmBuildName(a);
@@ -674,13 +673,13 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
     fs::rename(tmp, opts.out_dir, ec);
     if (ec) return Status::IOError("run folder '" + opts.out_dir + "'", ec.message());
     LedgerLoad loaded;
-    LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Open(opts.out_dir + "/ledger.jsonl", &loaded));
+    LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Open(RunPaths(opts.out_dir).Ledger(), &loaded));
     run.ledger.emplace(std::move(l));
     for (const auto& e : loaded.entries) run.st.Apply(e);
     out << fmt::format("campaign {} (plan SHA-256 {}), run folder {}\n", run.c.name,
                        run.c.plan_sha256.substr(0, 12), opts.out_dir);
   } else {
-    const std::string lp = opts.out_dir + "/ledger.jsonl";
+    const std::string lp = RunPaths(opts.out_dir).Ledger();
     if (!fs::exists(lp))
       return Status::InvalidArgument("--resume '" + opts.out_dir + "'",
                                      "not a run folder (no ledger.jsonl)");
