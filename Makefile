@@ -47,7 +47,7 @@ FUZZ_FLAGS := -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitiz
 test-fuzz:
 	@if command -v clang++ >/dev/null 2>&1; then \
 	  mkdir -p $(FUZZ_BIN) && \
-	  clang++ $(FUZZ_FLAGS) tests/fuzz/trace_fuzz.cpp compare/align.cpp engine/observe/window.cpp engine/util/status.cpp \
+	  clang++ $(FUZZ_FLAGS) tests/fuzz/trace_fuzz.cpp compare/align.cpp engine/observe/window.cpp engine/util/status.cpp engine/util/median.cpp \
 	    engine/util/atomic_file.cpp -lfmt -o $(FUZZ_BIN)/trace_fuzz && \
 	  rm -rf $(FUZZ_BIN)/corpus && cp -r tests/fuzz/corpus/trace $(FUZZ_BIN)/corpus && \
 	  { $(FUZZ_BIN)/trace_fuzz -runs=10000 -seed=1 -max_len=4096 $(FUZZ_BIN)/corpus >$(FUZZ_BIN)/trace_fuzz.log 2>&1 \

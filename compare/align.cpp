@@ -6,6 +6,8 @@
 #include <limits>
 #include <utility>
 
+#include "lockstep/engine/median.h"
+
 namespace lockstep {
 namespace {
 
@@ -91,18 +93,6 @@ double NsToMs(std::int64_t ns) { return static_cast<double>(ns) / kNsPerMs; }
 // observer) and any other negative value can only come from a damaged trace, so it is treated the
 // same way rather than summed as a real duration.
 bool IsKnown(std::int64_t ns) { return ns >= 0; }
-
-// Median of `v` (mean of the two middle values for an even count); 0 for an empty vector.
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  const std::size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
-  const double upper = v[mid];
-  if (v.size() % 2 == 1) return upper;
-  // The lower middle is the largest element of the left partition nth_element left behind.
-  const double lower = *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid));
-  return (lower + upper) / 2.0;
-}
 
 std::string JoinNames(const std::vector<std::string>& names) {
   std::string out;

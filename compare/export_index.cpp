@@ -35,34 +35,6 @@ bool ItemOrder(const ExportItem& a, const ExportItem& b) {
   return key(a) < key(b);
 }
 
-// "stage{S}/layer{L}/<k|v|k_spec|v_spec|conv_state|ssm_state>", "stage{S}/mtp/<k|v>",
-// "stage{S}/<hidden_out|logits>" -> stage, layer (-1), kind; false for anything else.
-bool ParseRel(const std::string& rel, int* stage, int* layer, ItemKind* kind) {
-  const auto a = rel.find('/');
-  if (a == std::string::npos) return false;
-  *stage = ParseIndex(rel.substr(0, a), "stage");
-  if (*stage < 0) return false;
-  const std::string rest = rel.substr(a + 1);
-  const auto b = rest.find('/');
-  if (b == std::string::npos) {
-    *layer = -1;
-    const std::optional<ItemKind> k = ParseItemKind(rest);
-    if (k) *kind = *k;
-    return k == ItemKind::kHiddenOut || k == ItemKind::kLogits;
-  }
-  const std::string dir = rest.substr(0, b), leaf = rest.substr(b + 1);
-  if (dir == "mtp") {
-    *layer = -1;
-    const std::optional<ItemKind> k = ParseItemKind("mtp_" + leaf);
-    if (k) *kind = *k;
-    return k == ItemKind::kMtpK || k == ItemKind::kMtpV;
-  }
-  *layer = ParseIndex(dir, "layer");
-  const std::optional<ItemKind> k = ParseItemKind(leaf);
-  if (k) *kind = *k;
-  return *layer >= 0 && k && IsLayerItem(*k);
-}
-
 }  // namespace
 
 // Records how to read `ds`: pread() at its file offset when the raw bytes are exactly what the
@@ -192,10 +164,8 @@ Status ExportReader::Impl::ReadCheckpointAttrs(hid_t group, const std::string& n
   LOCKSTEP_ASSIGN_OR_RETURN(cp.committed_rows, IntAttr(group, path, "committed_rows"));
   LOCKSTEP_ASSIGN_OR_RETURN(cp.spec_rows, IntAttr(group, path, "spec_rows"));
   LOCKSTEP_ASSIGN_OR_RETURN(cp.recurrent_pos, IntAttr(group, path, "recurrent_pos"));
-  char expect[64];
-  std::snprintf(expect, sizeof(expect), "%05d_%s", cp.window, point.c_str());
   const std::optional<CheckpointPoint> parsed = ParseCheckpointPoint(point);
-  if (!parsed || cp.window < 0 || name != expect)
+  if (!parsed || cp.window < 0 || name != CheckpointName(cp.window, *parsed))
     return Bad(
         path,
         "attributes window " + std::to_string(cp.window) + ", point '" + point +
@@ -366,10 +336,10 @@ Result<ExportItem> ExportReader::Impl::IndexedItem(IndexRow& r, const std::strin
                                                    std::int64_t* bytes_out) {
   r.kind[sizeof(r.kind) - 1] = r.dtype[sizeof(r.dtype) - 1] = 0;
   const std::string rel = r.rel;
-  int stage = -1, layer = -1;
-  ItemKind kind = ItemKind::kK;
-  if (!ParseRel(rel, &stage, &layer, &kind))
-    return Bad(where, "'" + rel + "' is not an item path of lockstep.export v1");
+  const std::optional<ItemAddress> addr = ParseItemRel(rel);
+  if (!addr) return Bad(where, "'" + rel + "' is not an item path of lockstep.export v1");
+  const int stage = addr->stage, layer = addr->layer;
+  const ItemKind kind = addr->kind;
   if (ParseItemKind(r.kind) != kind || stage != r.stage || layer != r.layer)
     return Bad(path, "index row says kind " + std::string(r.kind) + " stage " +
                          std::to_string(r.stage) + " layer " + std::to_string(r.layer) +

@@ -23,17 +23,6 @@ bool HasHdf5Signature(int fd, ssize_t* got) {
 }
 
 // "stage12" -> 12 (digits only, no sign, fits an int); -1 otherwise.
-int ParseIndex(const std::string& name, std::string_view prefix) {
-  if (name.size() <= prefix.size() || name.size() > prefix.size() + 9 ||
-      name.compare(0, prefix.size(), prefix) != 0)
-    return -1;
-  int v = -1;
-  const char* b = name.data() + prefix.size();
-  const char* e = name.data() + name.size();
-  auto [p, ec] = std::from_chars(b, e, v);
-  return ec == std::errc() && p == e && *b != '+' && *b != '-' ? v : -1;
-}
-
 std::string DescribeType(hid_t t) {
   const std::string size = std::to_string(H5Tget_size(t)) + "-byte ";
   switch (H5Tget_class(t)) {

@@ -18,6 +18,7 @@
 #include "lockstep/compare/export_reader.h"
 #include "lockstep/engine/status.h"
 #include "lockstep/h5/handle.h"
+#include "lockstep/h5/paths.h"  // ParseIndex
 #include "lockstep/h5/rows.h"
 
 namespace lockstep {
@@ -28,9 +29,6 @@ Status Bad(const std::string& path, const std::string& detail);
 // True when the first 8 bytes at offset 0 of `fd` are the HDF5 signature (the exporter writes no
 // user block). *got: what pread() returned (< 0: read error, errno set).
 bool HasHdf5Signature(int fd, ssize_t* got);
-
-// "stage12" with prefix "stage" -> 12 (digits only, no sign, fits an int); -1 otherwise.
-int ParseIndex(const std::string& name, std::string_view prefix);
 
 // "4-byte floats", "2-byte unsigned integers", ...: an HDF5 type for messages.
 std::string DescribeType(hid_t t);

@@ -314,11 +314,9 @@ std::string RenderHtml(const ReportInput& in) {
 }
 
 std::string HtmlVerdictBox(const VerdictBox& v) {
-  const std::string tone =
-      v.status == "pass" ? "pass"
-      : v.status == "fail" || v.status == "insensitive" || v.status == "control_not_applied"
-          ? "fail"
-          : "warn";
+  const std::string tone = v.tone == VerdictTone::kPass   ? "pass"
+                           : v.tone == VerdictTone::kFail ? "fail"
+                                                          : "warn";
   std::string h = "<div id=\"verdict\" class=\"verdict verdict-" + tone +
                   "\" role=\"status\">\n<p class=\"word\">" + HtmlEscape(v.label) +
                   "</p>\n<p class=\"reason\">" + HtmlEscape(v.reason) + "</p>\n";

@@ -159,7 +159,7 @@ std::string ResourceLine(const std::string& name, const SamplerSummary& s) {
       "maximum swap used {}",
       Md(name), s.n_samples, known(s.interval_median_ns, 1e6, "{:.1f} ms"),
       known(s.interval_max_ns, 1e6, "{:.1f} ms"),
-      known(s.min_host_available_bytes, 1073741824.0, "{:.1f} GiB"),
+      known(s.min_host_available_bytes, 1048576.0, "{:.0f} MiB"),
       known(s.max_swap_used_bytes, 1048576.0, "{:.0f} MiB"));
   if (s.n_device_samples > 0) {
     line += fmt::format(

@@ -117,6 +117,7 @@ VerdictBox ReportVerdict(const ReportInput& in) {
   }
   if (fails.empty()) {
     v.status = "pass";
+    v.tone = VerdictTone::kPass;
     v.label = "PASS";
     std::vector<std::string> held;
     if (in.diff != nullptr)
@@ -127,6 +128,7 @@ VerdictBox ReportVerdict(const ReportInput& in) {
     return v;
   }
   v.status = "fail";
+  v.tone = VerdictTone::kFail;
   // Only a report whose every failure is vacuity says NOTHING COMPARED: a real failure leads.
   const bool only_vacuous = vacuous && (fails.size() == 1);
   v.label = only_vacuous ? "NOTHING COMPARED" : "FAIL";

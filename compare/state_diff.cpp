@@ -139,16 +139,18 @@ Status CompareItem(const ExportReader& ra, const ExportReader& rb, const Job& jo
 
 void Judge(ItemResult& r) {
   if (r.verdict != Verdict::kPass) return;
-  auto fail = [&](std::string why) {
+  auto fail = [&](ItemFailure f, std::string why) {
     r.verdict = Verdict::kFail;
+    r.failure = f;
     r.reason = std::move(why);
   };
   if (r.stats.non_finite || (r.has_kl && r.kl.non_finite)) {
-    fail("NaN or Inf in the data");
+    fail(ItemFailure::kNonFinite, "NaN or Inf in the data");
   } else if (!(r.stats.nrmse <= r.nrmse_max)) {
-    fail("NRMSE " + std::to_string(r.stats.nrmse) + " > " + std::to_string(r.nrmse_max));
+    fail(ItemFailure::kNrmse,
+         "NRMSE " + std::to_string(r.stats.nrmse) + " > " + std::to_string(r.nrmse_max));
   } else if (r.has_kl && !(r.kl.kl_max <= r.kl_max)) {
-    fail("KL " + std::to_string(r.kl.kl_max) + " > " + std::to_string(r.kl_max));
+    fail(ItemFailure::kKl, "KL " + std::to_string(r.kl.kl_max) + " > " + std::to_string(r.kl_max));
   }
 }
 
@@ -357,20 +359,25 @@ void PlanCheckpoint(const CheckpointPair& pair, const std::string& skip, const D
     ItemResult r = SkeletonFor(any, *it, opts.thresholds);
     if (!skip.empty()) {
       r.verdict = Verdict::kSkip;
+      r.failure = ItemFailure::kSkipped;
       r.reason = skip;
     } else if (!xa || !xb) {
       r.verdict = Verdict::kFail;
+      r.failure = ItemFailure::kMissing;
       r.reason = std::string("missing in ") + (xa ? "B" : "A");
     } else if (xa->kind != xb->kind || xa->dtype != xb->dtype) {
       r.verdict = Verdict::kFail;
+      r.failure = ItemFailure::kKindDtype;
       r.reason = std::string("kind/dtype differ: A ") + ItemKindName(xa->kind) + "/" +
                  std::string(dtype_name(xa->dtype)) + ", B " + ItemKindName(xb->kind) + "/" +
                  std::string(dtype_name(xb->dtype));
     } else if (xa->shape != xb->shape) {
       r.verdict = Verdict::kFail;
+      r.failure = ItemFailure::kShape;
       r.reason = "shape differs: A " + ShapeText(xa->shape) + ", B " + ShapeText(xb->shape);
     } else if (xa->has_scales != xb->has_scales) {
       r.verdict = Verdict::kFail;
+      r.failure = ItemFailure::kScales;
       r.reason = "int8 scales present on one side only";
     } else {
       jobs.push_back(Job{ca, cb, xa, xb, d.items.size()});

@@ -20,32 +20,10 @@
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/h5/handle.h"
+#include "lockstep/h5/paths.h"
 #include "lockstep/h5/rows.h"
 
 namespace lockstep {
-
-// ---- names ----
-
-std::string CheckpointGroupName(int window, CheckpointPoint point) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "checkpoints/%05d_%s", window, CheckpointPointName(point));
-  return buf;
-}
-
-std::string ItemPath(int window, CheckpointPoint point, int stage, int layer, ItemKind kind) {
-  std::string g = CheckpointGroupName(window, point) + "/stage" + std::to_string(stage) + "/";
-  switch (kind) {
-    case ItemKind::kMtpK:
-      return g + "mtp/k";
-    case ItemKind::kMtpV:
-      return g + "mtp/v";
-    case ItemKind::kHiddenOut:
-    case ItemKind::kLogits:
-      return g + ItemKindName(kind);
-    default:
-      return g + "layer" + std::to_string(layer) + "/" + ItemKindName(kind);
-  }
-}
 
 // ---- selections ----
 
@@ -418,9 +396,8 @@ void H5Exporter::OnState(const CheckpointInfo& info, const StateView& v) {
                   AttrStr(ds.get(), "dtype", std::string(dtype_name(meta.dtype)));
         if (!ok) return H5Fail(path + " attributes");
         IndexRow row{};
-        const std::string cp =
-            CheckpointGroupName(info.window, info.point).substr(std::strlen("checkpoints/"));
-        const std::string rel = path.substr(std::strlen("checkpoints/") + cp.size() + 1);
+        const std::string cp = CheckpointName(info.window, info.point);
+        const std::string rel = ItemRel(meta.stage, meta.layer, meta.kind);
         std::snprintf(row.checkpoint, sizeof(row.checkpoint), "%s", cp.c_str());
         std::snprintf(row.rel, sizeof(row.rel), "%s", rel.c_str());
         std::snprintf(row.kind, sizeof(row.kind), "%s", ItemKindName(meta.kind));

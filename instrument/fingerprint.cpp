@@ -1,61 +1,35 @@
 #include "lockstep/instrument/fingerprint.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <memory>
 
+#include "lockstep/engine/digest.h"
+
 namespace lockstep {
 
 namespace {
 
-// RAII for the OpenSSL digest context.
-struct CtxDeleter {
-  void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
-};
-using CtxPtr = std::unique_ptr<EVP_MD_CTX, CtxDeleter>;
-
-std::string Hex(const unsigned char* d, unsigned n) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string s(2 * n, '0');
-  for (unsigned i = 0; i < n; ++i) {
-    s[2 * i] = kDigits[d[i] >> 4];
-    s[2 * i + 1] = kDigits[d[i] & 15];
-  }
-  return s;
-}
-
+// The engine's hasher with a hex Final: every fingerprint is lower-case hex.
 class Hasher {
  public:
-  Hasher() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr); }
-  void Update(const void* p, std::size_t n) { EVP_DigestUpdate(ctx_.get(), p, n); }
-  std::string Final() {
-    unsigned char d[EVP_MAX_MD_SIZE];
-    unsigned n = 0;
-    EVP_DigestFinal_ex(ctx_.get(), d, &n);
-    return Hex(d, n);
-  }
+  void Update(const void* p, std::size_t n) { h_.Update(p, n); }
+  std::string Final() { return HexOf(h_.Final()); }
 
  private:
-  CtxPtr ctx_;
+  Sha256Hasher h_;
 };
 
 }  // namespace
 
 std::string Sha256Hex(std::span<const std::byte> bytes) {
-  Hasher h;
-  h.Update(bytes.data(), bytes.size());
-  return h.Final();
+  return HexOf(Sha256(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
 }
 
-std::string Sha256Hex(std::string_view text) {
-  Hasher h;
-  h.Update(text.data(), text.size());
-  return h.Final();
-}
+std::string Sha256Hex(std::string_view text) { return HexOf(Sha256(text)); }
 
 Result<std::string> Sha256File(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

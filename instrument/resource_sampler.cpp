@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "lockstep/engine/clock.h"
+#include "lockstep/engine/median.h"
 
 namespace lockstep {
 namespace {
@@ -348,17 +349,9 @@ IntervalStats ComputeIntervals(std::span<const ResourceSample> samples) {
   auto [mn, mx] = std::minmax_element(gaps.begin(), gaps.end());
   st.min_ns = *mn;
   st.max_ns = *mx;
-  // nth_element instead of a sort: O(n) on up to max_samples gaps while the caller holds mu_.
-  std::size_t mid = gaps.size() / 2;
-  std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(mid), gaps.end());
-  std::int64_t upper = gaps[mid];
-  if (gaps.size() % 2 == 1) {
-    st.median_ns = upper;
-  } else {
-    std::int64_t lower =
-        *std::max_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(mid));
-    st.median_ns = lower + (upper - lower) / 2;  // no overflow, rounds down for lower <= upper
-  }
+  // Median is O(n) (nth_element, no sort) on up to max_samples gaps while the caller holds mu_;
+  // an even count's mean rounds down.
+  st.median_ns = Median(std::move(gaps));
   return st;
 }
 

@@ -28,14 +28,20 @@ def blank(src):
 
 def functions(path):
     """(first line, lines, head text) of each function body found in path."""
+    return [(first, n, head) for first, n, head, _, _ in function_spans(path)]
+
+
+def function_spans(path):
+    """(first line, lines, head text, offset of '{', offset of '}') of each function body in path
+    (the offsets index the file's text as read; scripts/duplicate_functions.py reads the bodies)."""
     src = blank(open(path, encoding='utf-8', errors='replace').read())
     # preprocessor lines, with their backslash continuations (macro bodies are not functions)
     src = re.sub(r'^[ \t]*#(?:[^\n]*\\\n)*[^\n]*', lambda m: re.sub(r'[^\n]', ' ', m.group(0)), src, flags=re.M)
-    out, stack, head_start = [], [], 0  # stack: ('scope'|'func'|'block', start offset, head)
+    out, stack, head_start = [], [], 0  # stack: ('scope'|'func'|'block', start, head, '{' offset)
     for i, ch in enumerate(src):
         if ch == '{':
             head = src[head_start:i]
-            in_func = any(k != 'scope' for k, _, _ in stack)
+            in_func = any(e[0] != 'scope' for e in stack)
             if in_func:
                 kind = 'block'
             elif SCOPE.search(head.strip().split('(')[0]) or '(' not in head or re.search(r'=\s*$', head.strip()):
@@ -43,17 +49,17 @@ def functions(path):
             else:
                 kind = 'func'
             start = head_start + (len(head) - len(head.lstrip()))
-            stack.append((kind, start, head))
+            stack.append((kind, start, head, i))
             head_start = i + 1
         elif ch == '}':
             if stack:
-                kind, start, head = stack.pop()
+                kind, start, head, brace = stack.pop()
                 if kind == 'func':
                     first = src.count('\n', 0, start) + 1
                     last = src.count('\n', 0, i) + 1
-                    out.append((first, last - first + 1, ' '.join(head.split())))
+                    out.append((first, last - first + 1, ' '.join(head.split()), brace, i))
             head_start = i + 1
-        elif ch == ';' and not any(k != 'scope' for k, _, _ in stack):
+        elif ch == ';' and not any(e[0] != 'scope' for e in stack):
             head_start = i + 1
     return out
 

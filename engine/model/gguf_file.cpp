@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/errno_text.h"
 #include "lockstep/engine/gguf.h"
 
 namespace lockstep {
@@ -56,8 +57,6 @@ const TypeInfo* TypeOf(std::uint32_t id) {
     if (t.id == id) return &t;
   return nullptr;
 }
-
-std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 // Reads little-endian values from [0, size) of `p`; every read checks the bytes that remain.
 class Cursor {

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/errno_text.h"
 
 namespace lockstep {
 namespace {
@@ -33,8 +34,6 @@ constexpr std::uint64_t kMaxIndexBytes = std::uint64_t{100} << 20;
 // Deepest JSON nesting accepted in a header (real headers: 3; metadata values are strings).
 constexpr int kMaxHeaderDepth = 8;
 struct HeaderTooDeep {};  // thrown from the parser callback to stop a runaway parse
-
-std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 std::string FileWhat(const std::string& label) { return fmt::format("safetensors '{}'", label); }
 

@@ -94,12 +94,17 @@ std::uint64_t Scheduler::ReservationBytes(const RequestSpec& spec) const {
   return ReserveRequest(engine_.config(), engine_.weights().config, mtp, rows, max_T).total();
 }
 
-Result<Ticket> Scheduler::Submit(RequestSpec spec) {
+Result<Ticket> Scheduler::Submit(RequestSpec spec, SubmitError* why) {
+  SubmitError unused = SubmitError::kNone;
+  SubmitError& err = why ? *why : unused;
+  err = SubmitError::kNone;
   ++counters_.submitted;
   const Ticket t = next_ticket_++;
   auto made = MakeEntry(std::move(spec), t);
   if (!made.ok()) {
     ++counters_.refused;
+    err = made.status().code() == Status::Code::kInvalidArgument ? SubmitError::kInvalid
+                                                                 : SubmitError::kOther;
     return made.status();
   }
   std::unique_ptr<Entry> e = std::move(made).value();
@@ -114,6 +119,7 @@ Result<Ticket> Scheduler::Submit(RequestSpec spec) {
   const int depth = engine_.config().queue_depth;
   if (static_cast<int>(queue_.size()) >= depth) {
     ++counters_.refused;
+    err = SubmitError::kQueueFull;
     return Status::Runtime("request '" + e->spec.id + "'",
                            "queue full: " + std::to_string(queue_.size()) +
                                " waiting (--queue-depth " + std::to_string(depth) + ")");

@@ -8,33 +8,16 @@
 // Per-section digests are only used after a failed whole-file digest, to name what was damaged.
 #include "serve/slot_file.h"
 
-#include <openssl/evp.h>
-
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "lockstep/engine/digest.h"
 #include "serve/slot_file_state.h"
 
 namespace lockstep::slot_file {
 
 namespace {
-
-struct CtxDeleter {
-  void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
-};
-
-std::string Hex(std::string_view raw) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string s;
-  s.reserve(raw.size() * 2);
-  for (char ch : raw) {
-    const auto b = static_cast<unsigned char>(ch);
-    s.push_back(kDigits[b >> 4]);
-    s.push_back(kDigits[b & 15]);
-  }
-  return s;
-}
 
 template <typename T>
 T LoadLe(const char* p) {
@@ -94,7 +77,7 @@ Status NameDamage(std::string_view bytes) {
     if (e.offset > bytes.size() || e.bytes > bytes.size() - e.offset)
       return Status::Corruption(what, "truncated: the file ends at byte " +
                                           std::to_string(bytes.size()) + " (digest mismatch)");
-    if (Hex(Sha256(bytes.substr(e.offset, e.bytes))) != e.sha256)
+    if (HexOf(Sha256(bytes.substr(e.offset, e.bytes))) != e.sha256)
       return Status::Corruption(what, "altered (its SHA-256 differs; digest mismatch)");
   }
   return digest;
@@ -140,16 +123,6 @@ Result<SectionEntry> ParseEntry(const nlohmann::json& s, std::uint64_t data_begi
 
 }  // namespace
 
-std::string Sha256(std::string_view bytes) {
-  std::unique_ptr<EVP_MD_CTX, CtxDeleter> ctx(EVP_MD_CTX_new());
-  unsigned char d[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
-  EVP_DigestUpdate(ctx.get(), bytes.data(), bytes.size());
-  EVP_DigestFinal_ex(ctx.get(), d, &n);
-  return std::string(reinterpret_cast<const char*>(d), n);
-}
-
 Result<std::vector<SectionEntry>> ReadSectionTable(std::string_view bytes) {
   LOCKSTEP_ASSIGN_OR_RETURN(std::uint64_t header_len, ReadPreamble(bytes));
   LOCKSTEP_ASSIGN_OR_RETURN(nlohmann::json j, ParseHeaderJson(bytes, header_len));
@@ -178,7 +151,7 @@ Result<std::string> EncodeFile(const nlohmann::json& header_fields,
                      {"bytes", s.data.size()},
                      {"dtype", s.dtype},
                      {"shape", s.shape},
-                     {"sha256", Hex(Sha256(s.data))}});
+                     {"sha256", HexOf(Sha256(s.data))}});
     offset += s.data.size();
   }
   header["sections"] = std::move(table);

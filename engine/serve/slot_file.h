@@ -32,7 +32,4 @@ struct SectionEntry {
 // read). kCorruption when the preamble or the header cannot be read.
 Result<std::vector<SectionEntry>> ReadSectionTable(std::string_view bytes);
 
-// SHA-256 of `bytes` (32 raw bytes).
-std::string Sha256(std::string_view bytes);
-
 }  // namespace lockstep::slot_file

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/digest.h"
 #include "lockstep/engine/kv_cache.h"
 #include "lockstep/engine/slot_file.h"
 
@@ -50,24 +51,13 @@ struct Expected {
 std::string Name(DType t) { return std::string(dtype_name(t)); }
 std::string LayerBase(int il) { return "layer." + std::to_string(il); }
 
-std::string HexOf(std::string_view raw) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string s;
-  for (char ch : raw) {
-    const auto b = static_cast<unsigned char>(ch);
-    s += kDigits[b >> 4];
-    s += kDigits[b & 15];
-  }
-  return s;
-}
-
 std::string_view FloatBytes(const float* p, std::size_t n) {
   return {reinterpret_cast<const char*>(p), n * sizeof(float)};
 }
 
 // The config's canonical JSON, and a sample of the weights (embedding and lm_head rows, every
 // norm and conv kernel): two checkpoints of one preset with other seeds differ there.
-std::string ConfigSha(const ModelWeights& w) { return HexOf(slot_file::Sha256(w.config.ToJson())); }
+std::string ConfigSha(const ModelWeights& w) { return HexOf(Sha256(w.config.ToJson())); }
 std::string WeightsSha(const ModelWeights& w) {
   const ModelConfig& c = w.config;
   const auto H = static_cast<std::size_t>(c.n_embd);
@@ -82,7 +72,7 @@ std::string WeightsSha(const ModelWeights& w) {
     if (lw.type == LayerType::kLinearAttention)
       s.append(FloatBytes(lw.gdn.conv1d, static_cast<std::size_t>(c.conv_dim() * c.conv_kernel)));
   }
-  return HexOf(slot_file::Sha256(s));
+  return HexOf(Sha256(s));
 }
 
 void AddKvExpected(const Engine& e, const std::string& base, int rows, std::vector<Expected>& out) {

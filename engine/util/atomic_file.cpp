@@ -11,11 +11,10 @@
 #include <system_error>
 #include <utility>
 
+#include "lockstep/engine/errno_text.h"
+
 namespace lockstep {
 namespace {
-
-// strerror() is not thread-safe; std::error_code::message() is (libstdc++ uses strerror_r).
-std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 // Writes all of `bytes` to `fd`, retrying partial writes and EINTR. Returns 0 or an errno.
 int WriteAll(int fd, const std::byte* p, std::size_t n) {

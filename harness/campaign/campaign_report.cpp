@@ -17,8 +17,11 @@
 #include "lockstep/compare/markdown_html.h"
 #include "lockstep/compare/report.h"
 #include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/median.h"
 #include "lockstep/harness/campaign.h"
+#include "lockstep/harness/campaign_outcome.h"
 #include "lockstep/harness/ledger.h"
+#include "lockstep/harness/run_record.h"
 #include "lockstep/harness/verdict.h"
 
 namespace lockstep {
@@ -63,7 +66,7 @@ struct Loaded {
 Result<Loaded> Load(const std::string& dir) {
   Loaded L;
   L.dir = dir;
-  LOCKSTEP_ASSIGN_OR_RETURN(LedgerLoad ll, Ledger::Read(dir + "/ledger.jsonl"));
+  LOCKSTEP_ASSIGN_OR_RETURN(LedgerLoad ll, Ledger::Read(RunPaths(dir).Ledger()));
   L.entries = std::move(ll.entries);
   if (L.entries.empty() || L.entries.front().event != "planned")
     return Status::InvalidArgument("report '" + dir + "'",
@@ -88,8 +91,7 @@ Result<Loaded> Load(const std::string& dir) {
   L.service = campaign_text::ReadServices(dir, L.c.arms, L.entries);
   for (const auto& arm : L.c.arms) {
     ArmFacts& a = L.arms[arm.name];
-    const std::string out =
-        dir + "/arms/" + arm.name + (arm.mode == "timing" ? "/r0" : "") + "/stdout.json";
+    const std::string out = RunPaths(dir).FirstRunFile(arm, arm_file::kStdout);
     if (auto t = ReadFile(out, std::size_t{64} << 20); t.ok()) {
       try {
         json j = json::parse(*t);
@@ -99,7 +101,8 @@ Result<Loaded> Load(const std::string& dir) {
       } catch (const json::exception&) {
       }
     }
-    if (auto t = ReadFile(dir + "/compare/" + arm.name + ".json", std::size_t{256} << 20); t.ok()) {
+    if (auto t = ReadFile(RunPaths(dir).Compare(arm.name, ".json"), std::size_t{256} << 20);
+        t.ok()) {
       try {
         L.records[arm.name] = json::parse(*t);
       } catch (const json::exception&) {
@@ -208,6 +211,7 @@ std::string PairResult(const Loaded& L, const ArmSpec& a, const json& cmp) {
 VerdictBox CampaignVerdict(const Loaded& L, const RunTally& t) {
   VerdictBox v;
   v.status = L.verdict.empty() ? "not finished" : L.verdict;
+  v.tone = CampaignOutcomeTone(ParseCampaignOutcome(L.verdict));
   std::string label = v.status;  // the ledger's verdict: "control_not_applied" reads as words
   std::transform(label.begin(), label.end(), label.begin(), [](unsigned char ch) {
     return ch == '_' ? ' ' : static_cast<char>(std::toupper(ch));
@@ -273,8 +277,7 @@ VerdictBox CampaignVerdict(const Loaded& L, const RunTally& t) {
 // Verify ms of window `idx` in repeat 0 of `arm`'s trace, and the trace's median verify (-1:
 // unknown).
 std::pair<double, double> VerifyAt(const Loaded& L, const ArmSpec& arm, int idx) {
-  auto w = ReadWindowRecords(L.dir + "/arms/" + arm.name + (arm.mode == "timing" ? "/r0" : "") +
-                             "/trace.jsonl");
+  auto w = ReadWindowRecords(RunPaths(L.dir).FirstRunFile(arm, arm_file::kTrace));
   if (!w.ok()) return {-1.0, -1.0};
   double at = -1.0;
   std::vector<double> all;
@@ -284,9 +287,7 @@ std::pair<double, double> VerifyAt(const Loaded& L, const ArmSpec& arm, int idx)
     if (r.idx == idx) at = all.back();
   }
   if (all.empty()) return {at, -1.0};
-  std::nth_element(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(all.size() / 2),
-                   all.end());
-  return {at, all[all.size() / 2]};
+  return {at, MiddleValues(all).second};
 }
 
 // The injected delays of the plan's arms, tied to the verify time recorded at their window in
@@ -719,8 +720,7 @@ std::string PairCharts(const Loaded& L, const std::string& run_dir, const ArmSpe
                             a.name, title);
   } else {
     auto trace = [&](const ArmSpec& s) {
-      return ReadWindowRecords(run_dir + "/arms/" + s.name + (s.mode == "timing" ? "/r0" : "") +
-                               "/trace.jsonl");
+      return ReadWindowRecords(RunPaths(run_dir).FirstRunFile(s, arm_file::kTrace));
     };
     auto wa = trace(base);
     auto wb = trace(a);
@@ -733,7 +733,7 @@ std::string PairCharts(const Loaded& L, const std::string& run_dir, const ArmSpe
   }
   if (!cmp.value("passed", true)) {
     // The runner's own file; only a bare <svg> document is inlined.
-    auto svg = ReadFile(run_dir + "/compare/" + a.name + ".nrmse.svg", std::size_t{16} << 20);
+    auto svg = ReadFile(RunPaths(run_dir).Compare(a.name, ".nrmse.svg"), std::size_t{16} << 20);
     if (svg.ok() && svg->starts_with("<svg") && svg->find("<script") == std::string::npos &&
         svg->find("<foreignObject") == std::string::npos)
       h += "<h3>" + HtmlEscape(pair) + ": NRMSE per item group and checkpoint</h3>\n" + *svg;
@@ -767,9 +767,10 @@ Result<CampaignDocuments> RenderCampaign(const std::string& run_dir) {
 
 Status RunCampaignReport(const ReportOptions& opts, std::ostream& out) {
   LOCKSTEP_ASSIGN_OR_RETURN(CampaignDocuments d, RenderCampaign(opts.dir));
-  const std::string md = opts.md.empty() ? opts.dir + "/report.md" : opts.md;
-  const std::string html = opts.html.empty() ? opts.dir + "/report.html" : opts.html;
-  const std::string junit = opts.junit.empty() ? opts.dir + "/junit.xml" : opts.junit;
+  const RunPaths run(opts.dir);
+  const std::string md = opts.md.empty() ? run.ReportMd() : opts.md;
+  const std::string html = opts.html.empty() ? run.ReportHtml() : opts.html;
+  const std::string junit = opts.junit.empty() ? run.Junit() : opts.junit;
   LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(md, d.markdown));
   LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(html, d.html));
   LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(junit, d.junit));

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lockstep/engine/median.h"
+
 namespace lockstep {
 
 namespace {
@@ -13,13 +15,6 @@ namespace {
 constexpr double kDefaultWindowAbsMs = 1.0;
 constexpr double kDefaultWindowRel = 0.5;
 constexpr double kDefaultAggregateRel = 0.10;
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 const IntervalDiff* Verify(const AlignResult& al) {
   for (const auto& t : al.timing)

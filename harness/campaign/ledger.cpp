@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/errno_text.h"
 
 namespace lockstep {
 namespace {
@@ -30,9 +31,6 @@ constexpr std::size_t kMaxLineBytes = std::size_t{16} << 20;
 constexpr int kMaxDepth = 512;
 // The whole ledger is read into memory; a campaign writes a few kilobytes.
 constexpr std::size_t kMaxLedgerBytes = std::size_t{1} << 30;
-
-// strerror() is not thread-safe; std::error_code::message() is (libstdc++ uses strerror_r).
-std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 // Reads the whole of `fd` from offset 0 (pread: the file offset of an O_APPEND descriptor does
 // not matter, and we do not disturb it).

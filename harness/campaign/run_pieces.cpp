@@ -8,9 +8,10 @@
 #include "lockstep/engine/model_config.h"
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/harness/campaign.h"
-#include "lockstep/harness/model_command.h"
+#include "lockstep/harness/model_init.h"
+#include "lockstep/harness/prompt_text.h"
+#include "lockstep/harness/run_record.h"
 #include "lockstep/harness/runner.h"
-#include "lockstep/harness/tokenize_command.h"
 
 namespace lockstep {
 
@@ -18,10 +19,10 @@ namespace fs = std::filesystem;
 
 Result<std::string> ProvisionPlanModel(const Campaign& c, const std::string& dir) {
   if (c.model.preset.empty()) return c.model.path;
-  const std::string model_dir = dir + "/model";
+  const std::string model_dir = RunPaths(dir).Model();
   if (fs::exists(model_dir + "/config.json")) return model_dir;
   // Built aside and renamed: a killed runner never leaves a half-written model in place.
-  const std::string tmp = dir + "/model.tmp";
+  const std::string tmp = model_dir + ".tmp";
   std::error_code ec;
   fs::remove_all(tmp, ec);
   fs::remove_all(model_dir, ec);

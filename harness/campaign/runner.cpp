@@ -21,9 +21,10 @@
 #include "lockstep/harness/campaign.h"
 #include "lockstep/harness/campaign_report.h"
 #include "lockstep/harness/gates.h"
-#include "lockstep/harness/model_command.h"
+#include "lockstep/harness/model_init.h"
 #include "lockstep/harness/process.h"
-#include "lockstep/harness/tokenize_command.h"
+#include "lockstep/harness/prompt_text.h"
+#include "lockstep/harness/run_record.h"
 #include "lockstep/harness/verdict.h"
 #include "lockstep/instrument/fingerprint.h"
 
@@ -123,10 +124,8 @@ struct Runner {
                  : "cannot be read any more: " + sha.status().message());
   }
 
-  std::string ArmDir(const std::string& arm, int repeat, const ArmSpec& spec) const {
-    std::string d = dir + "/arms/" + arm;
-    if (spec.mode == "timing") d += "/r" + std::to_string(repeat);
-    return d;
+  std::string ArmDir(const ArmSpec& spec, int repeat) const {
+    return RunPaths(dir).RepeatDir(spec, repeat);
   }
 
   Status Append(const std::string& event, const std::string& arm, const nlohmann::json& data) {
@@ -172,7 +171,7 @@ struct Runner {
   }
 
   Status SendRepeat(const ArmSpec& arm, int repeat) {
-    const std::string d = ArmDir(arm.name, repeat, arm);
+    const std::string d = ArmDir(arm, repeat);
     std::error_code ec;
     fs::remove_all(d, ec);  // a re-sent arm starts from nothing
     fs::create_directories(d, ec);
@@ -319,7 +318,7 @@ struct Runner {
     o.name = arm.name;
     int failed_exit = 0;  // the first repeat's exit code that means it did not run
     for (int r = 0; r < arm.repeat; ++r) {
-      const std::string d = ArmDir(arm.name, r, arm);
+      const std::string d = ArmDir(arm, r);
       // An arm that exited other than 0 or 1 failed, whatever files it left (generate writes its
       // outputs before it exits 2 for an injection that never fired): it never counts as run.
       // Its files are still read (its injection records say what did not fire).
@@ -370,8 +369,8 @@ struct Runner {
     if (arm.mode == "state" && base_spec.mode == "state" && base.ok && cur.ok) {
       ReaderLimits limits;  // isolated: a crash parsing an arm's export fails this comparison only
       limits.isolate_timeout_s = opts.isolate_timeout_s;
-      auto a = ExportReader::Open(ArmDir(base_spec.name, 0, base_spec) + "/export.h5", limits);
-      auto b = ExportReader::Open(ArmDir(arm.name, 0, arm) + "/export.h5", limits);
+      auto a = ExportReader::Open(ArmDir(base_spec, 0) + "/export.h5", limits);
+      auto b = ExportReader::Open(ArmDir(arm, 0) + "/export.h5", limits);
       if (a.ok() && b.ok()) {
         ra = std::move(a).value();
         rb = std::move(b).value();
@@ -428,7 +427,7 @@ struct Runner {
     }
     rec["report"] = nlohmann::json::parse(RenderJson(in));
     if (!fingerprints.empty()) rec["fingerprints"] = fingerprints;
-    const std::string stem = dir + "/compare/" + arm.name;
+    const std::string stem = RunPaths(dir).Compare(arm.name, "");
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".json", rec.dump(2) + "\n"));
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".md", RenderMarkdown(in)));
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".html", RenderHtml(in)));
@@ -594,7 +593,7 @@ struct Runner {
   Status Finish() {
     if (st.done) return Status::Ok();
     const CampaignDecision d = DecideCampaignVerdict(c, st.compared, st.stopped);
-    return Append("done", "", {{"verdict", d.verdict}, {"reason", d.reason}});
+    return Append("done", "", {{"verdict", CampaignOutcomeName(d.outcome)}, {"reason", d.reason}});
   }
 };
 
@@ -643,7 +642,7 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
     if (ec) return Status::IOError("run folder '" + tmp + "'", ec.message());
     LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(tmp + "/plan.toml", run.c.plan_text));
     {
-      LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Create(tmp + "/ledger.jsonl"));
+      LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Create(RunPaths(tmp).Ledger()));
       std::vector<std::string> arms;
       nlohmann::json arm_builds = nlohmann::json::object(), builds = nlohmann::json::object();
       for (const auto& a : run.c.arms) arms.push_back(a.name), arm_builds[a.name] = ArmBuildName(a);
@@ -658,13 +657,13 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
     fs::rename(tmp, opts.out_dir, ec);
     if (ec) return Status::IOError("run folder '" + opts.out_dir + "'", ec.message());
     LedgerLoad loaded;
-    LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Open(opts.out_dir + "/ledger.jsonl", &loaded));
+    LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Open(RunPaths(opts.out_dir).Ledger(), &loaded));
     run.ledger.emplace(std::move(l));
     for (const auto& e : loaded.entries) run.st.Apply(e);
     out << fmt::format("campaign {} (plan SHA-256 {}), run folder {}\n", run.c.name,
                        run.c.plan_sha256.substr(0, 12), opts.out_dir);
   } else {
-    const std::string lp = opts.out_dir + "/ledger.jsonl";
+    const std::string lp = RunPaths(opts.out_dir).Ledger();
     if (!fs::exists(lp))
       return Status::InvalidArgument("--resume '" + opts.out_dir + "'",
                                      "not a run folder (no ledger.jsonl)");

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/digest.h"
 #include "lockstep/harness/process.h"
 #include "lockstep/instrument/fingerprint.h"
 
@@ -40,10 +41,7 @@ std::string RandomHex128() {
     const auto t = Clock::now().time_since_epoch().count();
     return Sha256Hex(std::to_string(t) + "/" + std::to_string(::getpid())).substr(0, 32);
   }
-  std::string out;
-  char hex[3];
-  for (unsigned char c : b) std::snprintf(hex, sizeof(hex), "%02x", c), out += hex;
-  return out;
+  return HexOf(b, sizeof(b));
 }
 
 // Reaps `pid` within `timeout_s`: its exit code / 128 + signal, or -1 when still running.

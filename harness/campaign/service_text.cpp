@@ -13,6 +13,8 @@
 #include "lockstep/compare/align.h"
 #include "lockstep/compare/report.h"
 #include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/median.h"
+#include "lockstep/harness/run_record.h"
 
 namespace lockstep::campaign_text {
 
@@ -51,13 +53,6 @@ std::string EngineStateText(const std::string& st) {
     return "lost: re-primed (the shared server was gone after a resume: a new one was started "
            "and the arm's history sent again; not silently warm)";
   return st.empty() ? "unknown" : st;
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 double VerifyMs(const WindowRecord& w) { return static_cast<double>(w.verify_ns) * 1e-6; }
@@ -168,7 +163,7 @@ std::map<std::string, json> ReadServices(const std::string& dir, const std::vect
     if (e.event == "finished" && e.data.contains("service") && e.data["service"].is_object())
       out[e.arm] = e.data["service"];
   for (const ArmSpec& a : arms) {
-    auto t = ReadFile(dir + "/arms/" + a.name + "/service.json", std::size_t{16} << 20);
+    auto t = ReadFile(RunPaths(dir).ArmFile(a.name, arm_file::kService), std::size_t{16} << 20);
     if (!t.ok()) continue;
     json j = json::parse(*t, nullptr, false);
     if (j.is_object()) out[a.name] = std::move(j);
@@ -404,7 +399,7 @@ std::string SvgStepComposition(const ArmSpec& a, const std::vector<WindowRecord>
 namespace {
 
 std::string TracePath(const std::string& dir, const ArmSpec& a) {
-  return dir + "/arms/" + a.name + (a.mode == "timing" ? "/r0" : "") + "/trace.jsonl";
+  return RunPaths(dir).FirstRunFile(a, arm_file::kTrace);
 }
 
 // Both traces of a pair when the step composition says something: either side is a service arm,

@@ -151,7 +151,7 @@ std::vector<std::string> RelaxedThresholds(const Thresholds& t) {
 CampaignDecision DecideCampaignVerdict(const Campaign& c,
                                        const std::map<std::string, ComparisonResult>& compared,
                                        bool stopped) {
-  CampaignDecision d{"pass", ""};
+  CampaignDecision d{CampaignOutcome::kPass, ""};
   bool control_seen = false, control_unapplied = false, control_on_nothing = false;
   std::string control_gates;
   const ComparisonResult* first_unchecked = nullptr;
@@ -165,7 +165,7 @@ CampaignDecision DecideCampaignVerdict(const Campaign& c,
       if (!cr.control_applied) {
         control_unapplied = true;
       } else if (cr.passed) {
-        d = {"insensitive", "the positive control passed every gate"};
+        d = {CampaignOutcome::kInsensitive, "the positive control passed every gate"};
       } else if (cr.caught_by.empty()) {
         control_on_nothing = true;
         for (const GateOutcome& g : cr.gates)
@@ -174,33 +174,34 @@ CampaignDecision DecideCampaignVerdict(const Campaign& c,
       continue;
     }
     ++pairs;
-    if (!cr.passed && d.verdict == "pass") {
-      d = {"fail", cr.arm + " vs " + cr.baseline + " failed its gates"};
+    if (!cr.passed && d.outcome == CampaignOutcome::kPass) {
+      d = {CampaignOutcome::kFail, cr.arm + " vs " + cr.baseline + " failed its gates"};
     } else if (cr.passed && !cr.checked.any() && first_unchecked == nullptr) {
       first_unchecked = &cr;
     }
   }
-  if (stopped && d.verdict != "insensitive")
-    d = {"stopped", "a stop rule fired; attribution stopped"};
-  if (d.verdict == "pass") {
+  if (stopped && d.outcome != CampaignOutcome::kInsensitive)
+    d = {CampaignOutcome::kStopped, "a stop rule fired; attribution stopped"};
+  if (d.outcome == CampaignOutcome::kPass) {
     if (pairs == 0) {
-      d = {"not_checked", "no predeclared pair was compared"};
+      d = {CampaignOutcome::kNotChecked, "no predeclared pair was compared"};
     } else if (first_unchecked != nullptr) {
-      d = {"not_checked",
+      d = {CampaignOutcome::kNotChecked,
            fmt::format("{} vs {} compared nothing under its gates (0 tokens, 0 items, 0 windows)",
                        first_unchecked->arm, first_unchecked->baseline)};
     } else if (!c.control.empty() && !control_seen) {
-      d = {"fail", "the positive control did not run"};
+      d = {CampaignOutcome::kFail, "the positive control did not run"};
     } else if (control_on_nothing) {
-      d = {"not_checked", "the positive control failed only where nothing was compared (" +
-                              control_gates +
-                              "): the gates' sensitivity was not tested on any quantity"};
+      d = {CampaignOutcome::kNotChecked,
+           "the positive control failed only where nothing was compared (" + control_gates +
+               "): the gates' sensitivity was not tested on any quantity"};
     }
   }
   // Neither "caught" nor "insensitive" can be said of a control that never took effect.
   if (control_unapplied)
-    d = {"control_not_applied", "the positive control's injection '" + c.control +
-                                    "' did not fire: the gates' sensitivity was not tested"};
+    d = {CampaignOutcome::kControlNotApplied,
+         "the positive control's injection '" + c.control +
+             "' did not fire: the gates' sensitivity was not tested"};
   return d;
 }
 

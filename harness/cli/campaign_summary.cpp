@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "lockstep/harness/ledger.h"
+#include "lockstep/harness/run_record.h"
 
 namespace lockstep {
 
@@ -49,7 +50,7 @@ nlohmann::json PairJson(const nlohmann::json& d) {
 }  // namespace
 
 Result<nlohmann::json> CampaignSummaryJson(const std::string& run_dir, const ReportPaths& reports) {
-  LOCKSTEP_ASSIGN_OR_RETURN(LedgerLoad load, Ledger::Read(run_dir + "/ledger.jsonl"));
+  LOCKSTEP_ASSIGN_OR_RETURN(LedgerLoad load, Ledger::Read(RunPaths(run_dir).Ledger()));
   nlohmann::json j;
   j["schema"] = "lockstep.campaign_summary";
   j["schema_version"] = 1;

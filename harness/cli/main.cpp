@@ -21,6 +21,8 @@
 
 #include "campaign_summary.h"
 #include "commands.h"
+#include "commands/output.h"
+#include "commands/terminal.h"
 #include "engine_flags.h"
 #include "help.h"
 #include "lockstep/engine/atomic_file.h"
@@ -28,11 +30,9 @@
 #include "lockstep/harness/compare_commands.h"
 #include "lockstep/harness/generate_command.h"
 #include "lockstep/harness/golden.h"
-#include "lockstep/harness/model_command.h"
+#include "lockstep/harness/model_init.h"
 #include "lockstep/harness/runner.h"
 #include "lockstep/instrument/export_writer.h"
-#include "output.h"
-#include "terminal.h"
 #include "version.h"
 
 namespace {

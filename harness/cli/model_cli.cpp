@@ -4,7 +4,7 @@
 
 #include "commands.h"
 #include "engine_flags.h"
-#include "lockstep/harness/model_command.h"
+#include "lockstep/harness/model_init.h"
 #include "lockstep/harness/tokenize_command.h"
 
 namespace lockstep::cli {

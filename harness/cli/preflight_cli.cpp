@@ -6,10 +6,10 @@
 #include <sstream>
 
 #include "commands.h"
+#include "commands/output.h"
+#include "commands/terminal.h"
 #include "engine_flags.h"
 #include "lockstep/harness/preflight.h"
-#include "output.h"
-#include "terminal.h"
 
 namespace lockstep::cli {
 

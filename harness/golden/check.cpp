@@ -9,10 +9,11 @@
 #include <filesystem>
 #include <ostream>
 
-#include "cli/output.h"
+#include "commands/output.h"
 #include "golden_internal.h"
 #include "lockstep/compare/state_diff.h"
 #include "lockstep/engine/atomic_file.h"
+#include "lockstep/harness/run_record.h"
 #include "lockstep/harness/runner.h"
 #include "lockstep/instrument/export_writer.h"
 #include "lockstep/instrument/fingerprint.h"
@@ -187,7 +188,7 @@ struct Checker {
     ArmSpec arm = *spec;
     for (const auto& [k, v] : overrides.items()) arm.engine[k] = v;
     LOCKSTEP_ASSIGN_OR_RETURN(EngineConfig cfg, EffectiveConfig(c, arm, model_dir));
-    const std::string d = work + "/arms/" + name;
+    const std::string d = RunPaths(work).ArmDir(name);
     LOCKSTEP_ASSIGN_OR_RETURN(ChildResult cr,
                               golden::RunArm(c, arm, cfg, exe, d, work + "/request.tokens", {}));
     if (cr.exit_code != 0) {

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <ostream>
 
-#include "cli/output.h"
+#include "commands/output.h"
 #include "golden_internal.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/harness/runner.h"

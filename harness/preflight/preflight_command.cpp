@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <ostream>
 
-#include "cli/output.h"
+#include "commands/output.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/harness/preflight.h"
-#include "lockstep/harness/tokenize_command.h"
+#include "lockstep/harness/prompt_text.h"
 
 namespace lockstep {
 

@@ -185,8 +185,7 @@ FirstDifference StateDifference(const ItemResult& it) {
   f.item = it.kind;
   f.rel = it.rel;
   // A structural failure (missing, shape, dtype) carries no metric.
-  const bool measured = it.reason.rfind("NRMSE", 0) == 0 || it.reason.rfind("KL", 0) == 0 ||
-                        it.reason.rfind("NaN", 0) == 0;
+  const bool measured = IsMeasured(it.failure);
   f.nrmse = measured ? it.stats.nrmse : -1.0;
   f.kl = it.has_kl ? it.kl.kl_max : -1.0;
   f.within_default = measured && !it.stats.non_finite &&

@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "cli/terminal.h"
+#include "commands/terminal.h"
 #include "lockstep/compare/state_diff.h"
 #include "lockstep/harness/preflight.h"
 

@@ -42,4 +42,17 @@ ApiError ApiError::Internal(std::string message) {
   return {500, std::move(message), "server_error", "", "internal_error"};
 }
 
+ApiError ApiError::FromSubmit(SubmitError why, std::string message) {
+  switch (why) {
+    case SubmitError::kInvalid:
+      return BadRequest(std::move(message));
+    case SubmitError::kQueueFull:
+      return QueueFull(std::move(message));
+    case SubmitError::kNone:
+    case SubmitError::kOther:
+      break;
+  }
+  return Internal(std::move(message));
+}
+
 }  // namespace lockstep

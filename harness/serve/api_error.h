@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "lockstep/engine/scheduler.h"
+
 namespace lockstep {
 
 struct ApiError {
@@ -26,6 +28,9 @@ struct ApiError {
   static ApiError Unavailable(std::string message, std::string code);
   static ApiError NotImplemented(std::string message);
   static ApiError Internal(std::string message);
+  // The scheduler's refusal of a submission, by its type: kInvalid 400, kQueueFull 429,
+  // anything else 500.
+  static ApiError FromSubmit(SubmitError why, std::string message);
 };
 
 }  // namespace lockstep

@@ -8,8 +8,9 @@
 #include <utility>
 #include <variant>
 
+#include "lockstep/engine/clock.h"
 #include "lockstep/engine/tokenizer.h"
-#include "lockstep/harness/tokenize_command.h"
+#include "lockstep/harness/prompt_text.h"
 #include "lockstep/instrument/fingerprint.h"
 #include "serve/completion_response.h"
 #include "serve/http_server.h"
@@ -18,12 +19,6 @@
 namespace lockstep {
 
 namespace {
-
-std::int64_t NowNs() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
 
 // The server's config with the request's own fields: what `lockstep generate` would run with
 // the same engine flags and --max-new / --temperature / --top-p / --top-k / --seed.
@@ -78,20 +73,19 @@ ResponseContext Answer(ServeContext& ctx, ServeJob& job, const RequestResult& r,
   ResponseContext rc = BaseContext(ctx);
   rc.config_sha256 = Sha256Hex(cfg.ToJson());
   if (!job.exporter) return rc;
-  const std::string name = ExportFileName(job.id);
   if (r.end != RequestEnd::kFinished) {
-    ctx.exports.Forget(name);
+    job.served.Forget();
     return rc;
   }
   Status s = FinishRequestExport(ctx, job, r, cfg);
   if (!s.ok()) {
-    ctx.exports.Forget(name);
+    job.served.Forget();
     std::fprintf(stderr, "serve: %s: export not written (%s)\n", job.id.c_str(),
                  std::string(Status::CodeName(s.code())).c_str());
     return rc;
   }
-  rc.export_file = name;
-  auto entry = ctx.exports.Finish(name);
+  rc.export_file = job.served.name();
+  auto entry = job.served.Finish();
   if (entry.ok())
     rc.export_sha256 = entry->sha256;
   else
@@ -107,8 +101,7 @@ void Respond(ServeContext& ctx, ServeJob& job, const EngineConfig& cfg, httplib:
     job.cv.wait(lk, [&] { return job.done; });
     o = TakeOutcome(job);
   }
-  if (o.error || o.finish_reason == "cancelled")
-    if (job.exporter) ctx.exports.Forget(ExportFileName(job.id));
+  if (o.error || o.finish_reason == "cancelled") job.served.Forget();
   if (o.error) return SendError(res, *o.error);
   if (o.finish_reason == "cancelled")
     return SendError(
@@ -121,7 +114,7 @@ void Respond(ServeContext& ctx, ServeJob& job, const EngineConfig& cfg, httplib:
 void Stream(ServeContext& ctx, const ServeJobPtr& job, const EngineConfig& cfg,
             httplib::Response& res) {
   res.set_header("Cache-Control", "no-cache");
-  auto last_write = std::make_shared<std::int64_t>(NowNs());
+  auto last_write = std::make_shared<std::int64_t>(MonotonicNs());
   EngineDriver* driver = ctx.driver;
   res.set_chunked_content_provider(
       "text/event-stream",
@@ -135,19 +128,19 @@ void Stream(ServeContext& ctx, const ServeJobPtr& job, const EngineConfig& cfg,
           o = TakeOutcome(*job);
         }
         auto write = [&](const std::string& s) {
-          *last_write = NowNs();
+          *last_write = MonotonicNs();
           return sink.write(s.data(), s.size());
         };
         bool ok = true;
         if (!o.delta.empty() || !o.logprobs.empty()) {
           const ResponseContext rc = BaseContext(ctx);
           ok = write(SseChunk(*job, o.delta, o.logprobs, nullptr, nullptr, rc));
-        } else if (!o.done && NowNs() - *last_write > 1'000'000'000) {
+        } else if (!o.done && MonotonicNs() - *last_write > 1'000'000'000) {
           ok = write(": keep-alive\n\n");  // a gone client fails this write
         }
         if (ok && o.done) {
           if (o.error) {
-            if (job->exporter) ctx.exports.Forget(ExportFileName(job->id));
+            job->served.Forget();
             ok = write("data: " + o.error->Body() + "\n\n");
           } else {
             const ResponseContext rc = Answer(ctx, *job, *o.result, cfg);
@@ -163,7 +156,7 @@ void Stream(ServeContext& ctx, const ServeJobPtr& job, const EngineConfig& cfg,
         if (success) return;
         driver->Cancel(job);
         // Gone before its end: its export never finishes (a name still finishing stays).
-        if (job->exporter) ctx.exports.ForgetIfWriting(ExportFileName(job->id));
+        job->served.ForgetIfWriting();
       });
 }
 
@@ -212,9 +205,10 @@ void HandleCompletion(ServeContext& ctx, const httplib::Request& req, httplib::R
       return SendError(res, ApiError::Internal("the export could not be created"));
     }
     job->exporter = std::move(*ex);
-    ctx.exports.Writing(ExportFileName(id), ctx.opts.export_dir + "/" + ExportFileName(id));
+    job->served = ServedExport(ctx.exports, ExportFileName(id),
+                               ctx.opts.export_dir + "/" + ExportFileName(id));
   }
-  job->arrive_ns = NowNs();
+  job->arrive_ns = MonotonicNs();
   res.set_header("X-Request-Id", id);
   ctx.driver->Submit(job);
   {
@@ -223,7 +217,7 @@ void HandleCompletion(ServeContext& ctx, const httplib::Request& req, httplib::R
     if (job->done && job->error) {
       const ApiError e = *job->error;
       lk.unlock();
-      if (job->exporter) ctx.exports.Forget(ExportFileName(id));
+      job->served.Forget();
       return SendError(res, e);
     }
   }

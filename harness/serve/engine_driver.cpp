@@ -13,12 +13,6 @@ namespace lockstep {
 
 namespace {
 
-std::int64_t NowNs() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
 // Log-softmax of one logits row: the chosen token's log-probability and the `n` best.
 TokenLogprob LogprobOf(const float* row, int n_vocab, std::int32_t token, int n) {
   double mx = -INFINITY;
@@ -161,10 +155,10 @@ void EngineDriver::Loop() {
     ReclaimKept(stalled);
     stalled = false;
     if (!jobs_.empty()) {
-      const std::int64_t steps = scheduler_.counters().steps, t0 = NowNs();
+      const std::int64_t steps = scheduler_.counters().steps, t0 = MonotonicNs();
       Result<bool> stepped = scheduler_.Step();
       if (scheduler_.counters().steps != steps)
-        metrics_.ObserveStep(static_cast<double>(NowNs() - t0) * 1e-9);
+        metrics_.ObserveStep(static_cast<double>(MonotonicNs() - t0) * 1e-9);
       else
         stalled = stepped.ok();
       if (!stepped.ok()) {
@@ -225,13 +219,9 @@ void EngineDriver::SubmitNow(const ServeJobPtr& job) {
   spec.borrowed_hooks = &job->hooks;
   spec.use_prefix_cache = !job->req.cache_bypass;
   spec.keep = job->req.keep;
-  Result<Ticket> t = scheduler_.Submit(std::move(spec));
-  if (!t.ok()) {
-    const std::string& m = t.status().message();
-    return Refuse(job, t.status().code() == Status::Code::kInvalidArgument ? ApiError::BadRequest(m)
-                       : m.find("queue full") != std::string::npos         ? ApiError::QueueFull(m)
-                                                                           : ApiError::Internal(m));
-  }
+  SubmitError why = SubmitError::kNone;
+  Result<Ticket> t = scheduler_.Submit(std::move(spec), &why);
+  if (!t.ok()) return Refuse(job, ApiError::FromSubmit(why, t.status().message()));
   Accept(job, *t);
 }
 
@@ -275,7 +265,7 @@ void EngineDriver::InstallHooks(ServeJob& job) {
 
 void EngineDriver::OnWindow(ServeJob& job, const WindowRecord& rec) {
   job.slot = engine_.slot();
-  const std::int64_t now = NowNs();
+  const std::int64_t now = MonotonicNs();
   const auto n = static_cast<double>(rec.emitted.size());
   if (job.last_token_ns == 0) {
     metrics_.ObserveTimeToFirstToken(static_cast<double>(now - job.arrive_ns) * 1e-9);

@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <utility>
+
 #include "lockstep/instrument/fingerprint.h"
 
 namespace lockstep {
@@ -53,6 +55,38 @@ ExportRegistry::State ExportRegistry::Lookup(const std::string& name, ExportEntr
   if (!it->second.finished) return State::kWriting;
   if (entry) *entry = it->second.entry;
   return State::kFinished;
+}
+
+ServedExport::ServedExport(ExportRegistry& registry, std::string name, const std::string& path)
+    : registry_(&registry), name_(std::move(name)) {
+  registry_->Writing(name_, path);
+}
+
+ServedExport::~ServedExport() { ForgetIfWriting(); }
+
+ServedExport::ServedExport(ServedExport&& o) noexcept
+    : registry_(std::exchange(o.registry_, nullptr)), name_(std::move(o.name_)) {}
+
+ServedExport& ServedExport::operator=(ServedExport&& o) noexcept {
+  if (this != &o) {
+    ForgetIfWriting();
+    registry_ = std::exchange(o.registry_, nullptr);
+    name_ = std::move(o.name_);
+  }
+  return *this;
+}
+
+Result<ExportEntry> ServedExport::Finish() {
+  if (!registry_) return Status::NotFound("export", "no export");
+  return registry_->Finish(name_);
+}
+
+void ServedExport::Forget() {
+  if (registry_) registry_->Forget(name_);
+}
+
+void ServedExport::ForgetIfWriting() {
+  if (registry_) registry_->ForgetIfWriting(name_);
 }
 
 }  // namespace lockstep

@@ -48,4 +48,34 @@ class ExportRegistry {
   std::map<std::string, Item> items_;  // GUARDED_BY(mu_)
 };
 
+// The owner of one served export's registration, for the request's lifetime: constructed, the
+// name is registered `writing` (its file `path` + ".partial"); Finish() records it for download;
+// Forget() drops it (the request failed or was cancelled); ForgetIfWriting() drops it unless it
+// finished (a client gone before its end). Destroyed, it forgets a name that never finished, so
+// no path can leave a `writing` name behind. An empty owner (no export) does nothing. Each call
+// goes to the thread-safe registry, so the owner may be used from the handler's and the stream's
+// threads; it must outlive neither the registry nor be moved while in use.
+class ServedExport {
+ public:
+  ServedExport() = default;
+  ServedExport(ExportRegistry& registry, std::string name, const std::string& path);
+  ~ServedExport();
+  ServedExport(ServedExport&& o) noexcept;
+  ServedExport& operator=(ServedExport&& o) noexcept;
+  ServedExport(const ServedExport&) = delete;
+  ServedExport& operator=(const ServedExport&) = delete;
+
+  explicit operator bool() const { return registry_ != nullptr; }
+  const std::string& name() const { return name_; }
+
+  // ExportRegistry::Finish of the name (kNotFound for an empty owner).
+  Result<ExportEntry> Finish();
+  void Forget();
+  void ForgetIfWriting();
+
+ private:
+  ExportRegistry* registry_ = nullptr;
+  std::string name_;
+};
+
 }  // namespace lockstep

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "lockstep/engine/digest.h"
 #include "lockstep/instrument/fingerprint.h"
 #include "serve/completion_response.h"
 #include "serve/completions_handler.h"
@@ -95,10 +96,7 @@ Result<std::string> NewEngineInstance() {
   const bool ok = f != nullptr && std::fread(bytes, 1, sizeof(bytes), f) == sizeof(bytes);
   if (f) std::fclose(f);
   if (!ok) return Status::IOError("engine instance", "cannot read 16 bytes of /dev/urandom");
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  for (unsigned char b : bytes) s += hex[b >> 4], s += hex[b & 15];
-  return s;
+  return HexOf(bytes, sizeof(bytes));
 }
 
 }  // namespace lockstep

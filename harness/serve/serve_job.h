@@ -20,6 +20,7 @@
 #include "lockstep/instrument/export_writer.h"
 #include "serve/api_error.h"
 #include "serve/completion_request.h"
+#include "serve/export_registry.h"
 #include "serve/text_stream.h"
 
 namespace lockstep {
@@ -40,6 +41,7 @@ struct ServeJob {
   const std::vector<std::int32_t> prompt;
   RequestOptions options;
   std::unique_ptr<H5Exporter> exporter;  // the request's own observer; null without export
+  ServedExport served;                   // its download registration (empty without export)
   std::int64_t arrive_ns = 0;            // CLOCK_MONOTONIC when the handler received it
 
   // ---- driver ----

@@ -294,6 +294,18 @@ TEST(ReportMarkdownTest, HeadingsInOrder) {
   EXPECT_EQ(headings, want);
 }
 
+// Host memory is MiB in every report (issue 36: the campaign report's unit), never GiB.
+TEST(ReportMarkdownTest, MemoryIsInMiB) {
+  Fixture f;
+  f.in.a.sampler.min_host_available_bytes = std::int64_t{3} << 30;
+  f.in.a.sampler.max_swap_used_bytes = std::int64_t{5} << 20;
+  const std::string md = RenderMarkdown(f.in);
+  EXPECT_NE(md.find("minimum host available memory 3072 MiB; maximum swap used 5 MiB"),
+            std::string::npos)
+      << md;
+  EXPECT_EQ(md.find("GiB"), std::string::npos) << md;
+}
+
 TEST(ReportMarkdownTest, PassingStateKeyLines) {
   Fixture f;
   DiffResult pass = PassingDiff();

@@ -71,5 +71,36 @@ TEST(Layout, ProductFilesOver800LinesSayWhy) {
                            << ::testing::PrintToString(bad);
 }
 
+// No arrow back up inside harness/ (issue 36): harness/cli/ is the `lockstep` executable alone, so
+// no other room includes a file of it, by its "cli/" path or by the name of one of its headers.
+TEST(Layout, NothingIncludesUpIntoHarnessCli) {
+  std::vector<std::string> cli_headers;
+  for (const auto& e : fs::directory_iterator(kRoot / "harness/cli"))
+    if (e.path().extension() == ".h") cli_headers.push_back(e.path().filename().string());
+  ASSERT_FALSE(cli_headers.empty());
+  std::vector<std::string> bad;
+  int files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(kRoot / "harness")) {
+    const std::string rel = fs::relative(e.path(), kRoot).string();
+    const std::string ext = e.path().extension().string();
+    if (!e.is_regular_file() || rel.rfind("harness/cli/", 0) == 0 || (ext != ".cpp" && ext != ".h"))
+      continue;
+    ++files;
+    std::ifstream f(e.path());
+    std::string line;
+    for (int n = 1; std::getline(f, line); ++n) {
+      if (line.rfind("#include \"", 0) != 0) continue;
+      const std::string inc = line.substr(10, line.find('"', 10) - 10);
+      bool up = inc.rfind("cli/", 0) == 0;
+      for (const std::string& h : cli_headers) up = up || inc == h;
+      if (up) bad.push_back(rel + ":" + std::to_string(n) + " " + inc);
+    }
+  }
+  EXPECT_GT(files, 50) << "the walk found too few harness files to mean anything";
+  EXPECT_TRUE(bad.empty()) << "includes up into harness/cli/ (move what they need to "
+                              "harness/commands/): "
+                           << ::testing::PrintToString(bad);
+}
+
 }  // namespace
 }  // namespace lockstep

@@ -1,4 +1,4 @@
-// EscapeText (harness/cli/generate_command.cpp): what `lockstep generate` prints is safe on a
+// EscapeText (harness/commands/generate_command.cpp): what `lockstep generate` prints is safe on a
 // terminal; printable text, UTF-8 included, is unchanged.
 #include "lockstep/harness/generate_command.h"
 

@@ -62,39 +62,42 @@ Campaign TwoArms(bool control) {
 TEST(CampaignVerdict, PassNeedsAComparisonThatComparedSomething) {
   const Campaign c = TwoArms(false);
   std::map<std::string, ComparisonResult> m;
-  EXPECT_EQ(DecideCampaignVerdict(c, m, false).verdict, "not_checked") << "nothing compared";
+  EXPECT_STREQ(CampaignOutcomeName(DecideCampaignVerdict(c, m, false).outcome), "not_checked")
+      << "nothing compared";
   m["A2"] = Pair("A2", true, {});
   const CampaignDecision zero = DecideCampaignVerdict(c, m, false);
-  EXPECT_EQ(zero.verdict, "not_checked");
+  EXPECT_STREQ(CampaignOutcomeName(zero.outcome), "not_checked");
   EXPECT_NE(zero.reason.find("A2 vs A1 compared nothing"), std::string::npos) << zero.reason;
   for (const CheckedCounts n :
        {CheckedCounts{1, 0, 0}, CheckedCounts{0, 1, 0}, CheckedCounts{0, 0, 1}}) {
     m["A2"] = Pair("A2", true, n);
-    EXPECT_EQ(DecideCampaignVerdict(c, m, false).verdict, "pass");
+    EXPECT_STREQ(CampaignOutcomeName(DecideCampaignVerdict(c, m, false).outcome), "pass");
   }
   m["A2"] = Pair("A2", false, {0, 186, 0});
-  EXPECT_EQ(DecideCampaignVerdict(c, m, false).verdict, "fail");
-  EXPECT_EQ(DecideCampaignVerdict(c, m, true).verdict, "stopped");
+  EXPECT_STREQ(CampaignOutcomeName(DecideCampaignVerdict(c, m, false).outcome), "fail");
+  EXPECT_STREQ(CampaignOutcomeName(DecideCampaignVerdict(c, m, true).outcome), "stopped");
 }
 
 TEST(CampaignVerdict, AControlCountsAsCaughtOnlyOnACompardQuantity) {
   const Campaign c = TwoArms(true);
   std::map<std::string, ComparisonResult> m;
   m["A2"] = Pair("A2", true, {16, 186, 6});
-  EXPECT_EQ(DecideCampaignVerdict(c, m, false).verdict, "fail") << "the control did not run";
+  EXPECT_STREQ(CampaignOutcomeName(DecideCampaignVerdict(c, m, false).outcome), "fail")
+      << "the control did not run";
   ComparisonResult ctl = Pair("control", false, {16, 0, 6});
   ctl.control = true;
   ctl.gates.push_back(GateOutcome{"state within thresholds", false, "nothing compared"});
   m["control"] = ctl;
   const CampaignDecision nothing = DecideCampaignVerdict(c, m, false);
-  EXPECT_EQ(nothing.verdict, "not_checked");
+  EXPECT_STREQ(CampaignOutcomeName(nothing.outcome), "not_checked");
   EXPECT_NE(nothing.reason.find("state within thresholds"), std::string::npos) << nothing.reason;
   m["control"].caught_by = {"state within thresholds"};
-  EXPECT_EQ(DecideCampaignVerdict(c, m, false).verdict, "pass");
+  EXPECT_STREQ(CampaignOutcomeName(DecideCampaignVerdict(c, m, false).outcome), "pass");
   m["control"].passed = true;
-  EXPECT_EQ(DecideCampaignVerdict(c, m, false).verdict, "insensitive");
+  EXPECT_STREQ(CampaignOutcomeName(DecideCampaignVerdict(c, m, false).outcome), "insensitive");
   m["control"].control_applied = false;
-  EXPECT_EQ(DecideCampaignVerdict(c, m, false).verdict, "control_not_applied");
+  EXPECT_STREQ(CampaignOutcomeName(DecideCampaignVerdict(c, m, false).outcome),
+               "control_not_applied");
 }
 
 TEST(CampaignVerdict, RelaxedThresholdsAreNamedWithTheirDefaults) {

@@ -21,6 +21,7 @@
 
 #include "lockstep/compare/export_reader.h"
 #include "lockstep/h5/handle.h"
+#include "lockstep/h5/paths.h"
 #include "lockstep/h5/rows.h"
 #include "lockstep/instrument/export_writer.h"
 #include "test_util.h"

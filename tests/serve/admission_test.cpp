@@ -105,9 +105,11 @@ TEST(Admission, ARequestTooLargeForTheEngineIsRefusedWithTheReason) {
   EXPECT_EQ(sched.counters().refused, 1);
   RequestSpec bad = s;
   bad.prompt = {1, 2, -3};
-  auto b = sched.Submit(bad);
+  SubmitError why = SubmitError::kNone;
+  auto b = sched.Submit(bad, &why);
   ASSERT_FALSE(b.ok());
   EXPECT_NE(b.status().ToString().find("outside the vocabulary"), std::string::npos);
+  EXPECT_EQ(why, SubmitError::kInvalid);
 }
 
 TEST(Admission, ABurstPastTheQueueBoundIsRefusedQueueFull) {
@@ -123,7 +125,10 @@ TEST(Admission, ABurstPastTheQueueBoundIsRefusedQueueFull) {
     s.id = "b" + std::to_string(i);
     s.prompt = test::RandomTokens(20, static_cast<std::uint64_t>(i), V);
     s.options = test::SpecOptions(3);
-    auto t = sched.Submit(s);
+    SubmitError why = SubmitError::kOther;
+    auto t = sched.Submit(s, &why);
+    EXPECT_EQ(why, t.ok() ? SubmitError::kNone : SubmitError::kQueueFull)
+        << "the type, not the text";
     if (!t.ok()) {
       ++refused;
       EXPECT_EQ(t.status().code(), Status::Code::kRuntime);

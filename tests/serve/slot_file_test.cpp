@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/engine/digest.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/gdn_state.h"
 #include "lockstep/engine/kv_cache.h"
@@ -175,7 +176,7 @@ std::string Encode(const Engine& e, const ConversationState& st) {
 // Replaces the trailing digest so that an edited file passes the digest check.
 void Redigest(std::string& f) {
   f.resize(f.size() - slot_file::kDigestBytes);
-  f += slot_file::Sha256(f);
+  f += Sha256(f);
 }
 
 class SlotFileDtype : public ::testing::TestWithParam<DType> {};

@@ -64,9 +64,14 @@ std::vector<std::string> Limitations(const ReportInput& in);
 // the fingerprints agree and the paths do not diverge. A vacuous diff (DiffResult::vacuous), or an
 // alignment whose path check cannot fail (AlignResult::path_unchecked) in a report without a
 // state diff, is "NOTHING COMPARED", never a pass.
+// How a verdict box is coloured: set by whoever decides the verdict (ReportVerdict for a
+// comparison, the campaign report for a campaign), so compare/ knows no campaign's words.
+enum class VerdictTone : std::uint8_t { kPass, kFail, kWarn };
+
 struct VerdictBox {
-  std::string status;  // "pass" | "fail" | "stopped" | "insensitive" | "control_not_applied" |
-                       // "not finished" (campaigns use every value; comparisons pass / fail)
+  std::string status;  // the deciding command's word: "pass" | "fail" for a comparison (a campaign
+                       // has words of its own, harness/campaign_outcome.h)
+  VerdictTone tone = VerdictTone::kWarn;
   std::string label;   // the word shown: "PASS", "FAIL", "NOTHING COMPARED", "STOPPED", ...
   std::string reason;  // one sentence: why this verdict
   std::vector<std::string> compared;  // what was compared, one line each (items, windows, arms)

@@ -46,6 +46,25 @@ const std::vector<std::string>& ItemKinds();
 enum class Verdict : std::uint8_t { kPass, kFail, kSkip };
 const char* VerdictName(Verdict v);  // "pass" | "fail" | "skip"
 
+// Why an item failed or was skipped, as a type: what readers outside compare/ (preflight, campaign
+// gates) test instead of the words of `reason`, which is the sentence for people.
+enum class ItemFailure : std::uint8_t {
+  kNone,       // passed
+  kSkipped,    // not compared (the checkpoint on one side only, a model or request mismatch)
+  kMissing,    // present on one side only
+  kKindDtype,  // kind or dtype differ
+  kShape,      // shapes differ
+  kScales,     // int8 scales on one side only
+  kNonFinite,  // NaN or Inf in the data
+  kNrmse,      // NRMSE above its threshold
+  kKl,         // logits KL above its threshold
+};
+// True for the failures a metric was measured for (kNonFinite, kNrmse, kKl): the structural ones
+// (missing, kind/dtype, shape, scales) carry no value.
+constexpr bool IsMeasured(ItemFailure f) {
+  return f == ItemFailure::kNonFinite || f == ItemFailure::kNrmse || f == ItemFailure::kKl;
+}
+
 struct ItemResult {
   std::string checkpoint;  // "00000_commit"
   int window = 0;
@@ -56,7 +75,8 @@ struct ItemResult {
   std::string dtype;  // of A (or B when A lacks the item)
   std::string label;  // "committed" | "speculative" | "state" | "activations" | "logits" | "draft"
   Verdict verdict = Verdict::kPass;
-  std::string reason;     // why it failed / was skipped (empty on pass)
+  ItemFailure failure = ItemFailure::kNone;  // why it failed / was skipped, as a type
+  std::string reason;     // why it failed / was skipped, as a sentence (empty on pass)
   std::int64_t rows = 0;  // rows compared
   std::int64_t capacity_rows = 0;
   std::uint64_t elements = 0;

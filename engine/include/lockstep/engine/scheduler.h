@@ -67,6 +67,15 @@ enum class RequestEnd : std::uint8_t {
 };
 const char* RequestEndName(RequestEnd e);
 
+// Why Scheduler::Submit returned an error, typed for a caller that maps refusals to answers of
+// its own (lockstep serve: 400, 429, 500) without reading the message.
+enum class SubmitError : std::uint8_t {
+  kNone,       // Submit succeeded
+  kInvalid,    // the request itself is bad (kInvalidArgument)
+  kQueueFull,  // it would arrive now into a full queue (kRuntime "queue full: ...")
+  kOther,      // anything else
+};
+
 struct PrefixReport {
   int reused_tokens = 0;       // prompt tokens whose state came from the prefix cache
   int snapshot_position = -1;  // the snapshot position it resumed from; -1 = cold
@@ -133,7 +142,8 @@ class Scheduler {
   // prompt + max_new positions beyond --memory-mib: the message says how much; the model has no
   // position limit of its own);
   // kRuntime "queue full: N waiting (--queue-depth)" when it would arrive now into a full queue.
-  Result<Ticket> Submit(RequestSpec spec);
+  // `why` (when given) says which, as a type.
+  Result<Ticket> Submit(RequestSpec spec, SubmitError* why = nullptr);
   // Ends a waiting or live request (RequestEnd::kCancelled, output so far kept); its slot is
   // free before the next step. kInvalidArgument for an unknown or already ended ticket.
   Status Cancel(Ticket t);

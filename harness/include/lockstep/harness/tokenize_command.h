@@ -1,6 +1,6 @@
 // `lockstep tokenize` and `lockstep detokenize`: the model's tokenizer (tokenizer.json beside
 // the weights, else byte level: engine/include/lockstep/engine/tokenizer.h) for users checking
-// their prompts, and the tokenizer's record in `generate --json`.
+// their prompts. The prompt's encoding and the tokenizer's record are prompt_text.h.
 #pragma once
 
 #include <cstdint>
@@ -39,15 +39,5 @@ struct DetokenizeOptions {
 // stderr; byte level renders them "<id>". kInvalidArgument for an entry that is not an id
 // (negative, not a number, 2^24 or more).
 Status RunDetokenize(const DetokenizeOptions& opts, std::ostream& out);
-
-// The ids of a text prompt (generate --prompt / --prompt-file) for a model of `n_vocab` ids.
-// kInvalidArgument naming "prompt": text that is not valid UTF-8 (BPE), an id the model's
-// vocabulary lacks, or (byte level) a vocabulary under 256.
-Result<std::vector<std::int32_t>> EncodePromptText(const Tokenizer& tok, std::string_view text,
-                                                   int n_vocab);
-
-// {"type", "vocab_size", "sha256"}: sha256 of tokenizer.json, null for byte level.
-// kIOError when the file cannot be read again.
-Result<nlohmann::json> TokenizerJson(const Tokenizer& tok);
 
 }  // namespace lockstep

@@ -23,6 +23,7 @@
 #include "lockstep/compare/state_diff.h"
 #include "lockstep/engine/status.h"
 #include "lockstep/harness/campaign.h"
+#include "lockstep/harness/campaign_outcome.h"
 #include "lockstep/harness/gates.h"
 
 namespace lockstep {
@@ -43,9 +44,8 @@ std::vector<std::string> PlanCheckLines(const Campaign& c);
 std::vector<std::string> RelaxedThresholds(const Thresholds& t);
 
 struct CampaignDecision {
-  // pass | fail | stopped | not_checked | insensitive | control_not_applied
-  std::string verdict;
-  std::string reason;  // one sentence, "" for pass
+  CampaignOutcome outcome = CampaignOutcome::kPass;  // the ledger's word: CampaignOutcomeName
+  std::string reason;                                // one sentence, "" for pass
 };
 
 // The verdict from the comparisons the ledger recorded (by arm) and whether a stop rule fired.
@@ -54,6 +54,7 @@ CampaignDecision DecideCampaignVerdict(const Campaign& c,
                                        bool stopped);
 
 // The verdict line's words for a ledger verdict: "PASS", "FAIL (insensitive)", "NOT CHECKED", ...
+// (a word this build does not know reads "FAIL (word)").
 std::string VerdictWords(const std::string& verdict);
 
 }  // namespace lockstep

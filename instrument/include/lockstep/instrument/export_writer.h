@@ -165,10 +165,4 @@ class H5Exporter final : public Observer {
   bool finished_ = false;
 };
 
-// The HDF5 path of one state item ("checkpoints/00003_commit/stage1/layer7/k"): the one place
-// that turns (checkpoint, stage, layer, item) into a path, shared by the writer, compare/ and
-// tests.
-std::string CheckpointGroupName(int window, CheckpointPoint point);
-std::string ItemPath(int window, CheckpointPoint point, int stage, int layer, ItemKind kind);
-
 }  // namespace lockstep

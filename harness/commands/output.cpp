@@ -1,4 +1,4 @@
-#include "cli/output.h"
+#include "commands/output.h"
 
 #include <unistd.h>
 

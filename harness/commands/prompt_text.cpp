@@ -1,32 +1,14 @@
-#include "lockstep/harness/tokenize_command.h"
+#include "lockstep/harness/prompt_text.h"
 
-#include <cstdio>
 #include <cstring>
-#include <ostream>
 #include <variant>
 
-#include "cli/output.h"
-#include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/gguf.h"
 #include "lockstep/instrument/fingerprint.h"
 
 namespace lockstep {
 
 namespace {
-
-constexpr std::size_t kMaxInput = std::size_t{256} << 20;
-
-Result<TokenizerPtr> ModelTokenizer(const std::string& model) {
-  if (model.empty()) return Status::InvalidArgument("--model", "is required (a model folder)");
-  return LoadModelTokenizer(model);
-}
-
-Result<std::string> OneInput(const std::string& text, const std::string& file, const char* what) {
-  if (text.empty() == file.empty())
-    return Status::InvalidArgument(what, "give exactly one of it or --file");
-  if (!file.empty()) return ReadFile(file, kMaxInput);
-  return text;
-}
 
 // A GGUF value in a fixed binary form: its type id (u32), then the value (integers and doubles
 // as 8 little-endian bytes, a bool as one byte, a string or array as its u64 count, then the
@@ -70,22 +52,6 @@ Result<std::string> GgufVocabularySha256(const std::string& path) {
   return Sha256Hex(canon);
 }
 
-Status Emit(const std::string& json_path, const nlohmann::json& j, const std::string& plain,
-            std::ostream& out) {
-  if (json_path.empty()) {
-    out << plain;
-    return Status::Ok();
-  }
-  const std::string doc = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  if (IsStdout(json_path)) {
-    out << doc;
-    return Status::Ok();
-  }
-  out << plain;
-  out.flush();
-  return WriteOutput(json_path, doc);
-}
-
 }  // namespace
 
 Result<std::vector<std::int32_t>> EncodePromptText(const Tokenizer& tok, std::string_view text,
@@ -111,41 +77,6 @@ Result<nlohmann::json> TokenizerJson(const Tokenizer& tok) {
     LOCKSTEP_ASSIGN_OR_RETURN(j["sha256"], Sha256File(info.path));
   }
   return j;
-}
-
-Status RunTokenize(const TokenizeOptions& opts, std::ostream& out) {
-  LOCKSTEP_ASSIGN_OR_RETURN(std::string text, OneInput(opts.text, opts.file, "TEXT"));
-  LOCKSTEP_ASSIGN_OR_RETURN(TokenizerPtr tok, ModelTokenizer(opts.model));
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::int32_t> ids, tok->Encode(text));
-  std::string plain;
-  for (std::size_t i = 0; i < ids.size(); ++i) plain += (i ? " " : "") + std::to_string(ids[i]);
-  plain += "\n";
-  nlohmann::json j = {{"schema", "lockstep.tokenize"}, {"schema_version", 1}};
-  if (!opts.json.empty()) {
-    LOCKSTEP_ASSIGN_OR_RETURN(j["tokenizer"], TokenizerJson(*tok));
-    j["ids"] = ids;
-  }
-  return Emit(opts.json, j, plain, out);
-}
-
-Status RunDetokenize(const DetokenizeOptions& opts, std::ostream& out) {
-  LOCKSTEP_ASSIGN_OR_RETURN(std::string list, OneInput(opts.ids, opts.file, "IDS"));
-  LOCKSTEP_ASSIGN_OR_RETURN(TokenizerPtr tok, ModelTokenizer(opts.model));
-  // Any id a model may emit: a model's vocabulary is often larger than its tokenizer's.
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::int32_t> ids, ParseTokenList(list, 1 << 24, "IDS"));
-  std::size_t skipped = 0;
-  for (std::int32_t id : ids) skipped += !tok->Has(id);
-  if (skipped && tok->info().type != "byte")
-    std::fprintf(stderr, "detokenize: %zu ids have no token (skipped, as Hugging Face does)\n",
-                 skipped);
-  const std::string text = tok->Decode(ids);
-  nlohmann::json j = {{"schema", "lockstep.detokenize"}, {"schema_version", 1}};
-  if (!opts.json.empty()) {
-    LOCKSTEP_ASSIGN_OR_RETURN(j["tokenizer"], TokenizerJson(*tok));
-    j["text"] = text;
-    j["skipped_ids"] = tok->info().type == "byte" ? 0 : skipped;
-  }
-  return Emit(opts.json, j, text + "\n", out);
 }
 
 }  // namespace lockstep

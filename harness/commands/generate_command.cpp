@@ -14,7 +14,7 @@
 #include <optional>
 #include <ostream>
 
-#include "cli/output.h"
+#include "commands/output.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/generate.h"
@@ -23,7 +23,7 @@
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/engine/trace_ring.h"
 #include "lockstep/engine/weights.h"
-#include "lockstep/harness/tokenize_command.h"
+#include "lockstep/harness/prompt_text.h"
 #include "lockstep/instrument/chrome_trace.h"
 #include "lockstep/instrument/export_writer.h"
 #include "lockstep/instrument/fingerprint.h"

@@ -1,4 +1,4 @@
-#include "cli/terminal.h"
+#include "commands/terminal.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "lockstep/harness/model_command.h"
+#include "lockstep/harness/model_init.h"
 
 #include <filesystem>
 #include <ostream>

@@ -8,8 +8,8 @@
 #include <ostream>
 #include <sstream>
 
-#include "cli/output.h"
-#include "cli/terminal.h"
+#include "commands/output.h"
+#include "commands/terminal.h"
 #include "lockstep/compare/align.h"
 #include "lockstep/compare/export_reader.h"
 #include "lockstep/compare/report.h"
