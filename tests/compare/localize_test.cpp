@@ -201,5 +201,53 @@ TEST(Localize, BatchVariantProductIsARealBirth) {
   }
 }
 
+// Must show 5 (for a pair of exports; not yet from a campaign folder): exports without op digests
+// and `localize --rerun` re-run both requests (fresh processes, their recorded configs and
+// prompts) with digests and name the op; a pair made different by a timing-only knob (the latency
+// draft policy with a delay injection) never names an op: "did not reproduce" or a path
+// difference, with the knob named.
+TEST(Localize, RerunReproducesAndTimingKnobsNeverNameAnOp) {
+  const std::string dir = test::NewDir("localize-rerun");
+  const std::string model = test::ModelDir("tiny");
+  auto plain = [&](const std::string& name, const std::string& extra) {
+    const std::string path = dir + "/" + name + ".h5";
+    auto r = test::RunLockstep("generate --model " + model +
+                               " --prompt 'Re-run me with digests, please.' --max-new 12 "
+                               "--ignore-eos --threads 2 --spec 4 --export-windows none --export " +
+                               path + " " + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return path;
+  };
+  const std::string a = plain("a", "");
+  const std::string b = plain("b", "--inject perturb-op:layer=5:op=moe_combine:window=3:row=0:ulps=2");
+  auto no = test::RunLockstep("localize " + a + " " + b);
+  EXPECT_EQ(no.exit_code, 2) << "no digests and no --rerun is never a pass";
+  const std::string out = dir + "/rerun.json";
+  auto r = test::RunLockstep("localize " + a + " " + b + " --rerun --work " + dir +
+                             "/work --json " + out);
+  ASSERT_EQ(r.exit_code, 1) << r.out << r.err;
+  json j = json::parse(Slurp(out));
+  EXPECT_EQ(j["verdict"], "born") << j.dump(2);
+  EXPECT_EQ(j["first"]["op"], "moe_combine");
+  EXPECT_EQ(j["first"]["layer"], 5);
+  EXPECT_EQ(j["first"]["window"], 3);
+  EXPECT_TRUE(j["rerun"]["reproduced"].get<bool>());
+
+  const std::string la = plain("la", "--draft-policy latency");
+  const std::string lb =
+      plain("lb", "--draft-policy latency --inject delay:stage=0:window=2:ms=200");
+  const std::string out2 = dir + "/timing.json";
+  auto t = test::RunLockstep("localize " + la + " " + lb + " --rerun --work " + dir +
+                             "/work2 --json " + out2);
+  ASSERT_EQ(t.exit_code, 1) << t.out << t.err;
+  json k = json::parse(Slurp(out2));
+  EXPECT_NE(k["verdict"], "born") << k.dump(2);
+  EXPECT_TRUE(k["verdict"] == "path" || k["kind"] == "did not reproduce") << k.dump(2);
+  bool named = false;
+  for (const auto& knob : k["rerun"]["timing_knobs"])
+    named = named || knob.get<std::string>() == "draft_policy=latency";
+  EXPECT_TRUE(named) << k.dump(2);
+}
+
 }  // namespace
 }  // namespace lockstep
