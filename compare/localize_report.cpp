@@ -55,7 +55,8 @@ std::string Shared(const LocalizeResult& r) {
 std::string LocalizeVerdictLine(const LocalizeResult& r) {
   switch (r.verdict) {
     case LocalizeVerdict::kNoDifference:
-      return "no difference: " + std::to_string(r.compared) + " op records compared, all equal";
+      return std::string(r.kind == "did not reproduce" ? "did not reproduce: " : "no difference: ") +
+             std::to_string(r.compared) + " op records compared, all equal";
     case LocalizeVerdict::kNothing:
       return "nothing comparable: " + r.why;
     case LocalizeVerdict::kBorn:

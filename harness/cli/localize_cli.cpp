@@ -106,7 +106,8 @@ Status RunLocalize(const LocalizeOptions& o) {
     const ExportMeta &ma = ra->meta(), &mb = rb->meta();
     std::string work = o.work;
     if (work.empty()) work = std::filesystem::path(o.a).parent_path().string() + "/localize-rerun";
-    if (std::filesystem::path(o.a).parent_path().empty()) work = "localize-rerun";
+    if (o.work.empty() && std::filesystem::path(o.a).parent_path().empty())
+      work = "localize-rerun";
     std::error_code ec;
     std::filesystem::create_directories(work, ec);
     if (ec) return Status::IOError("localize --work '" + work + "'", ec.message());
