@@ -363,7 +363,7 @@ void GdnCore(const GdnWeights& w, const ModelConfig& c, const GdnSeq* seqs, int 
              int n_rows, const GdnRows& rw, ThreadPool* pool, Arena& arena, float* On) {
   const int hv = c.n_v_heads, dv = c.v_head_dim, kr = c.conv_kernel - 1;
   const std::size_t uhv = U(hv), o_row = uhv * U(dv);
-  // Reporting ops: the recurrence and the gated norm run apart (same bits, one more barrier).
+  // Reporting ops: the recurrence and the gated norm run apart (same bits).
   const bool split = CurrentOpTap() != nullptr;
   for (int i = 0; i < n_seqs; ++i) {  // the checkpoint each sequence starts from
     const GdnState* st = seqs[i].state;
@@ -425,13 +425,7 @@ void GdnCore(const GdnWeights& w, const ModelConfig& c, const GdnSeq* seqs, int 
     }
   if (split) {
     ReportOp(OpId::kRecurrence, rw.O, 0, n_rows, o_row);
-    auto norm = [&](std::size_t b, std::size_t e) {
-      for (std::size_t t = b; t < e; ++t) norm_rows(static_cast<int>(t), 1, 0, uhv);
-    };
-    if (pool)
-      pool->ParallelFor(U(n_rows), norm);
-    else
-      norm(0, U(n_rows));
+    norm_rows(0, n_rows, 0, uhv);  // on this thread: a pool barrier costs more at decode sizes
     ReportOp(OpId::kGatedNorm, On, 0, n_rows, o_row);
   }
 }

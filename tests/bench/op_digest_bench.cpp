@@ -57,8 +57,13 @@ double DecodeOnce(const std::string& path, const std::string& windows, int max_n
   hooks.observer = ex->get();
   auto r = Generate(**e, prompt, &hooks);
   if (!r.ok()) return 0;
-  ExportRunInfo meta;
+  ExportRunInfo meta;  // what the reader requires besides the trace
   meta.config_json = "{}";
+  meta.request_tokens = prompt;
+  meta.output_tokens = r->output;
+  meta.max_new = max_new;
+  meta.stop_reason = r->stop_reason;
+  AppendStageInfo(**e, r->n_windows, &meta.residency, &meta.counters);
   if (!(*ex)->Finish(meta).ok()) return 0;
   return static_cast<double>(r->decode_ns) * 1e-9;
 }

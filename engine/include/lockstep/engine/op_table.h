@@ -84,9 +84,10 @@ std::span<const OpDef> OpTable();
 // The op named `name` of the table; nullptr for anything else.
 const OpDef* FindOpDef(std::string_view name);
 
-// The 64-bit digest of a row's bytes: equal bytes give equal digests; any change of a bit changes
-// it with probability 1 - 2^-64 (SplitMix64 over 8-byte words in four lanes, the length folded
-// in). Bitwise, not numeric: -0.0 and 0.0 differ, as do NaN payloads.
+// The 64-bit digest of a row's bytes: equal bytes give equal digests; a change of one 8-byte
+// word always changes a lane's state, and the lanes are mixed with the length by SplitMix64 (a
+// changed row keeps its digest with probability about 2^-64). Bitwise, not numeric: -0.0 and 0.0
+// differ, as do NaN payloads.
 std::uint64_t RowDigest(const void* data, std::size_t bytes);
 // Continues a digest over more bytes (state items whose rows are not contiguous).
 std::uint64_t RowDigestAppend(std::uint64_t h, const void* data, std::size_t bytes);
