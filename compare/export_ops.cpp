@@ -40,8 +40,8 @@ Status ReadOps(hid_t f, const ReaderLimits& lim, ExportMeta* meta) {
   for (std::size_t i = 0; i < table.size(); ++i) {
     const std::string at = "/ops/table row " + std::to_string(i);
     const nlohmann::json j = nlohmann::json::parse(table[i], nullptr, false);
-    if (!j.is_object() || !j.contains("name") || !j["name"].is_string() ||
-        !j.contains("inputs") || !j["inputs"].is_array())
+    if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("inputs") ||
+        !j["inputs"].is_array())
       return Bad(at, "expected {\"name\": ..., \"inputs\": [...], \"state\": ...}");
     ExportOpName n;
     n.name = j["name"].get<std::string>();
@@ -57,11 +57,11 @@ Status ReadOps(hid_t f, const ReaderLimits& lim, ExportMeta* meta) {
   LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kOpRecordFields, lim,
                                                  lim.max_windows, meta->file_bytes));
   std::vector<double> l2;
-  LOCKSTEP_RETURN_IF_ERROR(ReadFloats(f, "/ops/l2", lim, lim.max_windows, meta->file_bytes,
-                                      H5T_NATIVE_DOUBLE, &l2));
+  LOCKSTEP_RETURN_IF_ERROR(
+      ReadFloats(f, "/ops/l2", lim, lim.max_windows, meta->file_bytes, H5T_NATIVE_DOUBLE, &l2));
   if (l2.size() != rows.size())
-    return Bad("/ops/l2", std::to_string(l2.size()) + " values for " +
-                              std::to_string(rows.size()) + " records (one per record)");
+    return Bad("/ops/l2", std::to_string(l2.size()) + " values for " + std::to_string(rows.size()) +
+                              " records (one per record)");
   if (H5Lexists(f, "ops/dump", H5P_DEFAULT) > 0)
     LOCKSTEP_RETURN_IF_ERROR(ReadFloats(f, "/ops/dump", lim, lim.max_item_bytes / 4,
                                         meta->file_bytes, H5T_NATIVE_FLOAT, &meta->op_dump));

@@ -202,8 +202,8 @@ LocalizeResult Localize(const ExportMeta& ma, const ExportMeta& mb) {
   if (a.size() == 0 || b.size() == 0) {
     out.verdict = LocalizeVerdict::kNothing;
     out.why = std::string(a.size() == 0 && b.size() == 0 ? "neither export holds"
-                          : a.size() == 0               ? "export A holds no"
-                                                        : "export B holds no") +
+                          : a.size() == 0                ? "export A holds no"
+                                                         : "export B holds no") +
               " op records (/ops): rerun both with --op-digests WINDOWS, or use localize --rerun";
     return out;
   }
@@ -266,8 +266,10 @@ LocalizeResult Localize(const ExportMeta& ma, const ExportMeta& mb) {
           li.name = in;
           const std::int64_t k = Resolve(a, i, in);
           li.recorded = k >= 0;
-          if (li.recorded) li.site = SiteOf(a, static_cast<std::size_t>(k), &b, static_cast<std::size_t>(k));
-          else out.inputs_unrecorded.push_back(in);
+          if (li.recorded)
+            li.site = SiteOf(a, static_cast<std::size_t>(k), &b, static_cast<std::size_t>(k));
+          else
+            out.inputs_unrecorded.push_back(in);
           out.inputs.push_back(std::move(li));
         }
       out.kind = out.inputs_unrecorded.empty() ? "same inputs, different output"

@@ -34,10 +34,17 @@ std::string Num(double v) {
 }
 
 nlohmann::json SiteJson(const OpSite& s) {
-  return {{"window", s.window}, {"stage", s.stage},       {"layer", s.layer},
-          {"op", s.op},         {"index", s.index},       {"row", s.row},
-          {"position", s.position}, {"digest_a", Hex(s.digest_a)}, {"digest_b", Hex(s.digest_b)},
-          {"l2_a", s.l2_a},     {"l2_b", s.l2_b}};
+  return {{"window", s.window},
+          {"stage", s.stage},
+          {"layer", s.layer},
+          {"op", s.op},
+          {"index", s.index},
+          {"row", s.row},
+          {"position", s.position},
+          {"digest_a", Hex(s.digest_a)},
+          {"digest_b", Hex(s.digest_b)},
+          {"l2_a", s.l2_a},
+          {"l2_b", s.l2_b}};
 }
 
 std::string Shared(const LocalizeResult& r) {
@@ -55,7 +62,8 @@ std::string Shared(const LocalizeResult& r) {
 std::string LocalizeVerdictLine(const LocalizeResult& r) {
   switch (r.verdict) {
     case LocalizeVerdict::kNoDifference:
-      return std::string(r.kind == "did not reproduce" ? "did not reproduce: " : "no difference: ") +
+      return std::string(r.kind == "did not reproduce" ? "did not reproduce: "
+                                                       : "no difference: ") +
              std::to_string(r.compared) + " op records compared, all equal";
     case LocalizeVerdict::kNothing:
       return "nothing comparable: " + r.why;
@@ -117,12 +125,12 @@ std::string LocalizeJson(const LocalizeResult& r, const std::string& a_name,
                  {"a", r.element_a},
                  {"b", r.element_b}};
   if (r.verdict == LocalizeVerdict::kCarried)
-    j["carried"] = {{"item", r.item},
-                    {"window", r.first.window},
-                    {"equal_at_window", r.origin_window_equal >= -1
-                                            ? nlohmann::json(r.origin_window_equal)
-                                            : nlohmann::json(nullptr)},
-                    {"injection", r.origin_injection}};
+    j["carried"] = {
+        {"item", r.item},
+        {"window", r.first.window},
+        {"equal_at_window", r.origin_window_equal >= -1 ? nlohmann::json(r.origin_window_equal)
+                                                        : nlohmann::json(nullptr)},
+        {"injection", r.origin_injection}};
   j["step"] = {{"rows_a", r.step_rows_a},
                {"seqs_a", r.step_seqs_a},
                {"rows_b", r.step_rows_b},
@@ -161,7 +169,8 @@ std::string LocalizeMarkdown(const LocalizeResult& r, const std::string& a_name,
   }
   if (!r.layers.empty()) {
     md += "\n## Added divergence per layer (window " + std::to_string(r.first.window) + ", " +
-          r.divergence_metric + ")\n\n| stage | layer | input | output | added |\n|---|---|---|---|---|\n";
+          r.divergence_metric +
+          ")\n\n| stage | layer | input | output | added |\n|---|---|---|---|---|\n";
     for (const LayerDivergence& l : r.layers)
       md += "| " + std::to_string(l.stage) + " | " + std::to_string(l.layer) + " | " + Num(l.in) +
             " | " + Num(l.out) + " | " + Num(l.added) + " |\n";

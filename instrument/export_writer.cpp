@@ -17,11 +17,11 @@
 #include <cstring>
 #include <mutex>
 
+#include "export_h5.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/h5/handle.h"
 #include "lockstep/h5/rows.h"
-#include "export_h5.h"
 
 namespace lockstep {
 

@@ -24,7 +24,8 @@ Result<OpWindows> OpWindows::Parse(std::string_view text, std::string_view optio
     }
     b = e + 1;
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(w.windows_, WindowSelection::Parse(rest.empty() ? "none" : rest, option));
+  LOCKSTEP_ASSIGN_OR_RETURN(w.windows_,
+                            WindowSelection::Parse(rest.empty() ? "none" : rest, option));
   return w;
 }
 
@@ -70,8 +71,8 @@ void OpCollector::Add(const OpRecord& rec, bool dump) {
   } else {
     op = it->second;
   }
-  Record r{rec.window, rec.stage, rec.layer, op, rec.index, rec.position, rec.row,
-           rec.digest, rec.l2,     -1,        0};
+  Record r{rec.window, rec.stage,  rec.layer, op, rec.index, rec.position,
+           rec.row,    rec.digest, rec.l2,    -1, 0};
   if (dump && rec.data != nullptr) {
     r.dump_offset = static_cast<std::int64_t>(dump_.size());
     r.dump_len = static_cast<std::int64_t>(rec.width);

@@ -359,8 +359,8 @@ GdnInputs GdnPrepare(const GdnWeights& w, const ModelConfig& c, const GdnSeq& sq
 // only its own sequence's rows and state, so the split over threads changes no bit. (The
 // preparation and the norm ran on the calling thread while the others waited: with 16 decoding
 // sequences on 2 threads, moving them into the loops took ~9% off the step's wall time.)
-void GdnCore(const GdnWeights& w, const ModelConfig& c, const GdnSeq* seqs, int n_seqs,
-             int n_rows, const GdnRows& rw, ThreadPool* pool, Arena& arena, float* On) {
+void GdnCore(const GdnWeights& w, const ModelConfig& c, const GdnSeq* seqs, int n_seqs, int n_rows,
+             const GdnRows& rw, ThreadPool* pool, Arena& arena, float* On) {
   const int hv = c.n_v_heads, dv = c.v_head_dim, kr = c.conv_kernel - 1;
   const std::size_t uhv = U(hv), o_row = uhv * U(dv);
   // Reporting ops: the recurrence and the gated norm run apart (same bits).

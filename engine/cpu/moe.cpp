@@ -271,7 +271,8 @@ void MoeForwardParts(const MoeWeights& w, const ModelConfig& c, const MoePart* p
   for (int p = 0; p < n_parts; ++p) {
     const MoePart& pt = parts[p];
     const PartRoutes& r = routes[U(p)];
-    if (r.sh != nullptr && !r.shared_item) FfnForward(w.shared, pt.x, pt.T, pt.kind, pool, arena, r.sh);
+    if (r.sh != nullptr && !r.shared_item)
+      FfnForward(w.shared, pt.x, pt.T, pt.kind, pool, arena, r.sh);
     if (CurrentOpTap() == nullptr) continue;
     SetOpRow0(pt.row0);
     for (int t = 0; t < pt.T; ++t)

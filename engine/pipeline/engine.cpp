@@ -488,7 +488,7 @@ Status Engine::CheckPerturbOp(Injection& inj) const {
   if (mtp_op) return Status::Ok();
   const LayerWeights& lw =
       mtp_layer ? w_.mtp.layer : w_.layers[static_cast<std::size_t>(inj.layer)];
-  static const std::vector<std::string> attn = {"q_proj", "k_proj", "v_proj", "q_rope",
+  static const std::vector<std::string> attn = {"q_proj", "k_proj",   "v_proj", "q_rope",
                                                 "k_rope", "attn_out", "o_proj"};
   static const std::vector<std::string> gdn = {"in_proj", "in_proj_ba", "conv",       "gates",
                                                "l2norm",  "recurrence", "gated_norm", "out_proj"};
@@ -501,8 +501,7 @@ Status Engine::CheckPerturbOp(Injection& inj) const {
   if (in(attn) && !attention)
     return bad("layer " + std::to_string(inj.layer) + " is a GDN layer (no " + op + ")");
   if (in(gdn) && attention)
-    return bad("layer " + std::to_string(inj.layer) + " is a full-attention layer (no " + op +
-               ")");
+    return bad("layer " + std::to_string(inj.layer) + " is a full-attention layer (no " + op + ")");
   if (in(moe) && !lw.moe)
     return bad("layer " + std::to_string(inj.layer) + " has a dense FFN (no " + op + ")");
   if (op == "ffn_out" && lw.moe)

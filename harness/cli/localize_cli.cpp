@@ -26,17 +26,17 @@ struct LocalizeOptions {
   std::string a, b;
   std::string json, md, html;
   bool no_isolate = false;
-  bool rerun = false;      // exports without op digests: re-run both requests with them
-  std::string work;        // --work: the re-runs' folder (default: next to A)
-  std::string model;       // --model: the model at hand (default: the path the config records)
+  bool rerun = false;  // exports without op digests: re-run both requests with them
+  std::string work;    // --work: the re-runs' folder (default: next to A)
+  std::string model;   // --model: the model at hand (default: the path the config records)
 };
 
 // What a re-run found, for the reports.
 struct RerunInfo {
   bool ran = false;
-  std::string a, b;                 // the re-runs' exports
-  bool originals_differ = false;    // outputs or window paths of the given exports differ
-  std::vector<std::string> knobs;   // timing- or batch-dependent knobs active in the configs
+  std::string a, b;                // the re-runs' exports
+  bool originals_differ = false;   // outputs or window paths of the given exports differ
+  std::vector<std::string> knobs;  // timing- or batch-dependent knobs active in the configs
 };
 
 // Re-runs the request `m` records as a fresh `lockstep generate` with its recorded config and
@@ -55,9 +55,18 @@ Result<std::string> Rerun(const ExportMeta& m, const std::string& side, const Lo
   LOCKSTEP_RETURN_IF_ERROR(WriteOutput(base + ".tokens", ids + "\n"));
   LOCKSTEP_ASSIGN_OR_RETURN(std::string self, SelfExecutable());
   ChildSpec spec;
-  spec.argv = {self,         "generate",       "--config",      base + ".config.json",
-               "--prompt-tokens", base + ".tokens", "--export",   base + ".rerun.h5",
-               "--export-windows", "none",         "--op-digests", "all",
+  spec.argv = {self,
+               "generate",
+               "--config",
+               base + ".config.json",
+               "--prompt-tokens",
+               base + ".tokens",
+               "--export",
+               base + ".rerun.h5",
+               "--export-windows",
+               "none",
+               "--op-digests",
+               "all",
                "--no-progress"};
   spec.stdout_path = base + ".rerun.out";
   spec.stderr_path = base + ".rerun.err";
@@ -72,10 +81,13 @@ Result<std::string> Rerun(const ExportMeta& m, const std::string& side, const Lo
   LOCKSTEP_ASSIGN_OR_RETURN(auto r, ExportReader::Open(base + ".rerun.h5", lim));
   const ExportMeta& n = r->meta();
   auto refuse = [&](const std::string& what) {
-    return Status::InvalidArgument("localize --rerun",
-                                   side + ": the " + what + " at hand is not the one the export "
-                                   "records (fingerprint " + what + "_sha256 differs): refusing to "
-                                   "call a re-run of another " + what + " a reproduction");
+    return Status::InvalidArgument("localize --rerun", side + ": the " + what +
+                                                           " at hand is not the one the export "
+                                                           "records (fingerprint " +
+                                                           what +
+                                                           "_sha256 differs): refusing to "
+                                                           "call a re-run of another " +
+                                                           what + " a reproduction");
   };
   if (n.model_sha256 != m.model_sha256) return refuse("model");
   if (n.request_sha256 != m.request_sha256) return refuse("request");
@@ -106,16 +118,15 @@ Status RunLocalize(const LocalizeOptions& o) {
     const ExportMeta &ma = ra->meta(), &mb = rb->meta();
     std::string work = o.work;
     if (work.empty()) work = std::filesystem::path(o.a).parent_path().string() + "/localize-rerun";
-    if (o.work.empty() && std::filesystem::path(o.a).parent_path().empty())
-      work = "localize-rerun";
+    if (o.work.empty() && std::filesystem::path(o.a).parent_path().empty()) work = "localize-rerun";
     std::error_code ec;
     std::filesystem::create_directories(work, ec);
     if (ec) return Status::IOError("localize --work '" + work + "'", ec.message());
     LOCKSTEP_ASSIGN_OR_RETURN(rerun.a, Rerun(ma, "a", o, work));
     LOCKSTEP_ASSIGN_OR_RETURN(rerun.b, Rerun(mb, "b", o, work));
     rerun.ran = true;
-    rerun.originals_differ = ma.output_tokens != mb.output_tokens ||
-                             ma.windows.size() != mb.windows.size();
+    rerun.originals_differ =
+        ma.output_tokens != mb.output_tokens || ma.windows.size() != mb.windows.size();
     for (std::size_t i = 0; !rerun.originals_differ && i < ma.windows.size(); ++i)
       rerun.originals_differ = !ma.windows[i].SamePath(mb.windows[i]);
     for (const ExportMeta* m : {&ma, &mb})
@@ -132,10 +143,11 @@ Status RunLocalize(const LocalizeOptions& o) {
     if (knobs.empty()) knobs = "none active";
     if (r.verdict == LocalizeVerdict::kNoDifference) {
       r.kind = "did not reproduce";
-      r.why = "timing-dependent: did not reproduce (the re-runs are bitwise equal in every op; "
-              "the given exports " +
-              std::string(rerun.originals_differ ? "differ" : "do not differ in outputs or path") +
-              "); timing-dependent knobs: " + knobs;
+      r.why =
+          "timing-dependent: did not reproduce (the re-runs are bitwise equal in every op; "
+          "the given exports " +
+          std::string(rerun.originals_differ ? "differ" : "do not differ in outputs or path") +
+          "); timing-dependent knobs: " + knobs;
     } else if (r.verdict == LocalizeVerdict::kPath) {
       r.why += "; timing-dependent knobs: " + knobs;
     }
@@ -158,7 +170,9 @@ Status RunLocalize(const LocalizeOptions& o) {
   if (!o.html.empty()) LOCKSTEP_RETURN_IF_ERROR(WriteOutput(o.html, LocalizeHtml(r, o.a, o.b)));
   std::ostream& out = on_stdout > 0 ? std::cerr : std::cout;
   out << "localize: " << LocalizeVerdictLine(r) << "\n";
-  if (rerun.ran) out << "localize: re-ran both requests (" << rerun.a << ", " << rerun.b << "): " << r.why << "\n";
+  if (rerun.ran)
+    out << "localize: re-ran both requests (" << rerun.a << ", " << rerun.b << "): " << r.why
+        << "\n";
   if (rerun.ran && r.verdict == LocalizeVerdict::kNoDifference)
     return Status::GateFailed("localize", "did not reproduce");
   switch (LocalizeExitCode(r)) {

@@ -83,9 +83,9 @@ TEST(Localize, CleanPairsAreNoDifferenceAndNoDigestsIsNotAPass) {
 
 // The ops a draw may plant a fault in, for a layer of kind `attention`.
 std::vector<std::string> LayerOps(bool attention) {
-  std::vector<std::string> ops = {"attn_norm",   "attn_residual", "ffn_norm",     "router_logits",
-                                  "topk",        "expert_out",    "shared_expert", "moe_combine",
-                                  "residual"};
+  std::vector<std::string> ops = {"attn_norm",     "attn_residual", "ffn_norm",
+                                  "router_logits", "topk",          "expert_out",
+                                  "shared_expert", "moe_combine",   "residual"};
   const std::vector<std::string> attn = {"q_proj", "k_proj",   "v_proj", "q_rope",
                                          "k_rope", "attn_out", "o_proj"};
   const std::vector<std::string> gdn = {"in_proj", "in_proj_ba", "conv",       "gates",
@@ -191,9 +191,9 @@ TEST(Localize, BatchVariantProductIsARealBirth) {
     ASSERT_EQ(l.exit_code, 1) << l.err;
     EXPECT_EQ(l.j["verdict"], "born") << l.j.dump(2);
     EXPECT_EQ(l.j["kind"], "same inputs, different output");
-    const std::set<std::string> products = {"q_proj",   "k_proj",        "v_proj",  "o_proj",
-                                            "in_proj",  "in_proj_ba",    "out_proj", "router_logits",
-                                            "mtp_fc",   "shared_expert", "lm_head", "expert_out"};
+    const std::set<std::string> products = {"q_proj",  "k_proj",        "v_proj",   "o_proj",
+                                            "in_proj", "in_proj_ba",    "out_proj", "router_logits",
+                                            "mtp_fc",  "shared_expert", "lm_head",  "expert_out"};
     EXPECT_TRUE(products.count(l.j["first"]["op"].get<std::string>())) << l.j["first"].dump();
     EXPECT_GE(l.j["first"]["window"].get<int>(), 0) << "the background arrives after the prefill";
     EXPECT_GT(l.j["step"]["rows_b"].get<int>(), l.j["step"]["rows_a"].get<int>()) << l.j.dump(2);
@@ -219,7 +219,8 @@ TEST(Localize, RerunReproducesAndTimingKnobsNeverNameAnOp) {
     return path;
   };
   const std::string a = plain("a", "");
-  const std::string b = plain("b", "--inject perturb-op:layer=5:op=moe_combine:window=3:row=0:ulps=2");
+  const std::string b =
+      plain("b", "--inject perturb-op:layer=5:op=moe_combine:window=3:row=0:ulps=2");
   auto no = test::RunLockstep("localize " + a + " " + b);
   EXPECT_EQ(no.exit_code, 2) << "no digests and no --rerun is never a pass";
   const std::string out = dir + "/rerun.json";

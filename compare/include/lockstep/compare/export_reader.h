@@ -167,8 +167,8 @@ struct ExportOpName {
 // in execution order.
 struct ExportOpRecord {
   std::int32_t window = -1, stage = 0, layer = -1, op = 0, index = -1, position = 0, row = 0;
-  std::int64_t digest = 0;  // the 64-bit row digest's bits
-  double l2 = 0.0;          // -1: not computed (state reads)
+  std::int64_t digest = 0;                      // the 64-bit row digest's bits
+  double l2 = 0.0;                              // -1: not computed (state reads)
   std::int64_t dump_offset = -1, dump_len = 0;  // into ExportMeta::op_dump (-1: not dumped)
 };
 

@@ -55,13 +55,13 @@ struct LayerDivergence {
 
 struct LocalizeResult {
   LocalizeVerdict verdict = LocalizeVerdict::kNothing;
-  std::string why;               // one line: what the verdict rests on
-  std::int64_t compared = 0;     // records compared bitwise (equal ones and the first differing)
+  std::string why;            // one line: what the verdict rests on
+  std::int64_t compared = 0;  // records compared bitwise (equal ones and the first differing)
   std::int64_t records_a = 0, records_b = 0;
-  OpSite first;                  // kBorn / kCarried / kPath: the first differing record (A's)
-  OpSite first_b;                // kPath: B's record at that place (when it has one)
-  std::vector<LocalizeInput> inputs;             // kBorn: what the op reads
-  std::vector<std::string> inputs_unrecorded;    // kBorn: inputs with no record
+  OpSite first;                       // kBorn / kCarried / kPath: the first differing record (A's)
+  OpSite first_b;                     // kPath: B's record at that place (when it has one)
+  std::vector<LocalizeInput> inputs;  // kBorn: what the op reads
+  std::vector<std::string> inputs_unrecorded;  // kBorn: inputs with no record
   std::string kind;  // "same inputs, different output" | "carried" | "path" | ...
   // From dumps of the first differing row (both exports): has_dump, NRMSE, max |a - b|, the
   // first element that differs and its values.
@@ -70,9 +70,9 @@ struct LocalizeResult {
   std::int64_t first_element = -1;
   double element_a = 0.0, element_b = 0.0;
   // kCarried: the state item and where it came from.
-  std::string item;               // "stage1/layer7/ssm_state"
-  int origin_window_equal = -2;   // last window whose read of the item was equal (-2: none seen)
-  std::string origin_injection;   // the --inject text that fired on it, if the export says so
+  std::string item;              // "stage1/layer7/ssm_state"
+  int origin_window_equal = -2;  // last window whose read of the item was equal (-2: none seen)
+  std::string origin_injection;  // the --inject text that fired on it, if the export says so
   // Who shared the step of the first differing window (both runs; -1 unknown).
   int step_rows_a = -1, step_seqs_a = -1, step_rows_b = -1, step_seqs_b = -1;
   // Per layer of the first differing window (execution order).

@@ -59,8 +59,8 @@ Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& s
 struct InjectionFiring {
   int window = -1, stage = -1, layer = -1;
   int p = 0, T = 0;
-  double factor = 0.0;  // perturb: 1 + eps
-  double ms = 0.0;      // delay
+  double factor = 0.0;                        // perturb: 1 + eps
+  double ms = 0.0;                            // delay
   int row = -1, position = -1, element = -1;  // perturb-op: the row, its position, the element
 };
 

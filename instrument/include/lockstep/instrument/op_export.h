@@ -69,8 +69,8 @@ class OpCollector {
 
  private:
   std::vector<Record> records_;
-  std::vector<const OpDef*> ops_;             // /ops/table order
-  std::map<std::string, int> op_index_;       // name -> index in ops_
+  std::vector<const OpDef*> ops_;        // /ops/table order
+  std::map<std::string, int> op_index_;  // name -> index in ops_
   std::vector<float> dump_;
 };
 
