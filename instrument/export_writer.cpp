@@ -594,13 +594,6 @@ Status WriteStrings(hid_t file, hid_t lcpl, const char* path,
 
 namespace {
 
-// /injections: one JSON object each; written only when the run had injections, so a run without
-// them has the same file layout as before.
-Status WriteInjections(hid_t file, hid_t lcpl, const std::vector<std::string>& records) {
-  if (records.empty()) return Status::Ok();
-  return WriteStrings(file, lcpl, "injections", records);
-}
-
 Status WriteTokens(hid_t file, hid_t lcpl, const std::string& path,
                    const std::vector<std::int32_t>& ids) {
   hsize_t n = ids.size();
@@ -699,7 +692,9 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
           LOCKSTEP_RETURN_IF_ERROR(WriteString(file, lcpl, "weights", meta.weights_json));
         LOCKSTEP_RETURN_IF_ERROR(WriteTokens(file, lcpl, "request/tokens", meta.request_tokens));
         LOCKSTEP_RETURN_IF_ERROR(WriteTokens(file, lcpl, "output/tokens", meta.output_tokens));
-        LOCKSTEP_RETURN_IF_ERROR(WriteInjections(file, lcpl, meta.injections));
+        // /injections only when the run had some: a run without has the layout it always had.
+        if (!meta.injections.empty())
+          LOCKSTEP_RETURN_IF_ERROR(WriteStrings(file, lcpl, "injections", meta.injections));
         LOCKSTEP_RETURN_IF_ERROR(WriteOpTables(file, lcpl, *ops));
         for (const auto& r : meta.residency) {
           const std::string path = "residency/stage" + std::to_string(r.stage);

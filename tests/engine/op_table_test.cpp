@@ -123,9 +123,10 @@ TEST(OpReports, EveryOpIsReportedAndRecordingChangesNothing) {
     EXPECT_TRUE(ra->windows[i].SamePath(rb->windows[i])) << "window " << i;
   std::set<std::string> seen;
   for (const Rec& r : obs.recs) seen.insert(r.op);
-  for (const OpDef& d : OpTable())
-    if (std::string(d.name) != "ffn_out")  // tiny's layers are all MoE
-      EXPECT_TRUE(seen.count(d.name)) << "op " << d.name << " never reported";
+  for (const OpDef& d : OpTable()) {
+    if (std::string(d.name) == "ffn_out") continue;  // tiny's layers are all MoE
+    EXPECT_TRUE(seen.count(d.name)) << "op " << d.name << " never reported";
+  }
   // Each verify window's main-layer rows: one record per (op, layer, index, row).
   std::map<std::tuple<int, std::string, int, int, int>, int> n;
   for (const Rec& r : obs.recs)
@@ -142,6 +143,26 @@ TEST(OpReports, EveryOpIsReportedAndRecordingChangesNothing) {
       ++rows;
     }
   EXPECT_EQ(rows, w3.T);
+}
+
+// Dense FFN layers report ffn_out instead of the MoE ops (tiny-dense: layers 2 and 3 dense).
+TEST(OpReports, DenseLayersReportFfnOut) {
+  const auto& w = test::Model("tiny-dense");
+  auto e = Engine::Create(TinySpec(), w);
+  ASSERT_TRUE(e.ok());
+  OpRecorder obs({0, 1});
+  GenerateHooks hooks;
+  hooks.observer = &obs;
+  auto r = Generate(**e, EncodeBytes("dense layers"), &hooks);
+  ASSERT_TRUE(r.ok());
+  std::map<int, std::set<std::string>> by_layer;
+  for (const Rec& x : obs.recs) by_layer[x.layer].insert(x.op);
+  for (int il : {2, 3}) {
+    EXPECT_TRUE(by_layer[il].count("ffn_out")) << il;
+    EXPECT_FALSE(by_layer[il].count("moe_combine")) << il;
+  }
+  EXPECT_TRUE(by_layer[1].count("moe_combine"));
+  EXPECT_FALSE(by_layer[1].count("ffn_out"));
 }
 
 // A perturb-op moves exactly the named row's largest element by K ULPs before anything reads it:
@@ -192,7 +213,9 @@ TEST(OpReports, PerturbOpThatCanNeverFireIsRefused) {
     c.inject = {text};
     auto e = Engine::Create(c, w);
     EXPECT_FALSE(e.ok()) << text;
-    if (!e.ok()) EXPECT_EQ(e.status().exit_code(), 2) << text;
+    if (!e.ok()) {
+      EXPECT_EQ(e.status().exit_code(), 2) << text;
+    }
   }
 }
 
