@@ -81,6 +81,34 @@ TEST(Localize, CleanPairsAreNoDifferenceAndNoDigestsIsNotAPass) {
   EXPECT_EQ(bad.exit_code, 2) << bad.err;
 }
 
+// Must show 8 (the engine half; the goldens are the other): recording op digests for every
+// window changes no state bit: every checkpoint item of a run with --op-digests all equals the
+// same run's without (`lockstep diff` at NRMSE 0 and KL 0), and the export without digests has
+// no /ops.
+TEST(Localize, DigestsChangeNoStateBit) {
+  const std::string dir = test::NewDir("localize-bits");
+  const std::string model = test::ModelDir("tiny");
+  auto run = [&](const std::string& name, const std::string& digests) {
+    const std::string path = dir + "/" + name + ".h5";
+    auto r = test::RunLockstep("generate --model " + model +
+                               " --prompt 'byte for byte' --max-new 8 --ignore-eos --threads 2 "
+                               "--spec 4 --export-windows all --op-digests " +
+                               digests + " --export " + path);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return path;
+  };
+  const std::string off = run("off", "none"), on = run("on", "all");
+  auto d = test::RunLockstep("diff " + off + " " + on + " --nrmse-max 0 --kl-max 0");
+  EXPECT_EQ(d.exit_code, 0) << d.out << d.err;
+  EXPECT_NE(d.out.find("0 failed, 0 skipped"), std::string::npos) << d.out;
+  ReaderLimits lim;
+  lim.isolate = false;
+  auto ro = ExportReader::Open(off, lim);
+  ASSERT_TRUE(ro.ok());
+  EXPECT_TRUE((*ro)->meta().op_records.empty());
+  EXPECT_TRUE((*ro)->meta().op_table.empty());
+}
+
 // The ops a draw may plant a fault in, for a layer of kind `attention`.
 std::vector<std::string> LayerOps(bool attention) {
   std::vector<std::string> ops = {"attn_norm",     "attn_residual", "ffn_norm",
