@@ -217,4 +217,33 @@ Result<std::vector<std::int64_t>> Shape(hid_t ds, const std::string& path,
   return shape;
 }
 
+Status ReadStringList(hid_t f, const char* name, std::int64_t max_bytes,
+                      std::vector<std::string>* out) {
+  if (H5Lexists(f, name, H5P_DEFAULT) <= 0) return Status::Ok();
+  const std::string what = std::string("/") + name;
+  H5Handle ds(H5Dopen2(f, name, H5P_DEFAULT));
+  H5Handle ft(ds.valid() ? H5Dget_type(ds.get()) : H5I_INVALID_HID);
+  H5Handle sp(ds.valid() ? H5Dget_space(ds.get()) : H5I_INVALID_HID);
+  if (!ft.valid() || !sp.valid() || H5Tget_class(ft.get()) != H5T_STRING ||
+      H5Tis_variable_str(ft.get()) != 0 || H5Sget_simple_extent_ndims(sp.get()) != 1)
+    return Bad(what, "expected a 1-D dataset of fixed-length strings");
+  const std::size_t width = H5Tget_size(ft.get());
+  const hssize_t n = H5Sget_simple_extent_npoints(sp.get());
+  if (width == 0 || n < 0 || n > 4096 ||
+      static_cast<double>(width) * static_cast<double>(n) > static_cast<double>(max_bytes))
+    return Bad(what, std::to_string(n) + " records of " + std::to_string(width) +
+                         " bytes exceed the limits");
+  H5Handle mt(H5Tcopy(H5T_C_S1));
+  H5Tset_size(mt.get(), width);
+  H5Tset_strpad(mt.get(), H5T_STR_NULLPAD);
+  std::string buf(width * static_cast<std::size_t>(n), '\0');
+  if (n > 0 && H5Dread(ds.get(), mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
+    return Bad(what, "unreadable (corrupt file?)");
+  for (hssize_t i = 0; i < n; ++i) {
+    const char* p = buf.data() + static_cast<std::size_t>(i) * width;
+    out->emplace_back(p, strnlen(p, width));
+  }
+  return Status::Ok();
+}
+
 }  // namespace lockstep

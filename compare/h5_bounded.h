@@ -70,6 +70,11 @@ Result<int> SmallIntAttr(hid_t obj, const std::string& path, const char* name);
 Result<std::string> StrAttr(hid_t obj, const std::string& path, const char* name,
                             std::int64_t max_bytes);
 
+// A 1-D dataset `name` (relative to the root) of fixed-length strings, absent = no strings: at
+// most 4096 records and `max_bytes` in all (/injections, /ops/table).
+Status ReadStringList(hid_t f, const char* name, std::int64_t max_bytes,
+                      std::vector<std::string>* out);
+
 // ---- datasets ----
 
 // Dimensions of a dataset, each checked against the limits (rank, every dimension).

@@ -4,6 +4,8 @@
 // behind in the child.
 #include "isolated_wire.h"
 
+#include <bit>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <tuple>
@@ -58,10 +60,14 @@ LOCKSTEP_FIELDS(SamplerSummary, n_samples, interval_min_ns, interval_median_ns, 
                 nvml, guard, min_host_available_bytes, max_swap_used_bytes, max_rss_bytes,
                 n_device_samples, min_device_free_bytes, max_temperature_c, min_sm_clock_mhz,
                 max_sm_clock_mhz, pcie_gen, pcie_width)
+LOCKSTEP_FIELDS(ExportOpName, name, inputs, state)
+LOCKSTEP_FIELDS(ExportOpRecord, window, stage, layer, op, index, position, row, digest, l2,
+                dump_offset, dump_len)
 LOCKSTEP_FIELDS(ExportMeta, schema, schema_version, arm, run_id, created_utc, executable_sha256,
                 config_sha256, model_sha256, request_sha256, request_id, seed, config_json,
                 request_tokens, max_new, output_tokens, stop_reason, text_sha256, checkpoints,
-                windows, steps, counters, sampler, unknowns, injections, file_bytes)
+                windows, steps, counters, sampler, unknowns, injections, op_table, op_records,
+                op_dump, file_bytes)
 LOCKSTEP_FIELDS(ExportReader::Impl::ItemLoc, data, scale)
 // Loc's element type (mem_type) is a libhdf5 id, meaningless in another process: not sent (the
 // receiving side never calls libhdf5). Its binding still names it, so a new field is caught.
@@ -107,6 +113,8 @@ class Writer {
     if constexpr (std::is_same_v<V, std::string>) {
       Int(static_cast<std::int64_t>(v.size()));
       out += v;
+    } else if constexpr (std::is_floating_point_v<V>) {
+      Int(std::bit_cast<std::int64_t>(static_cast<double>(v)));
     } else if constexpr (kScalar<V>) {
       Int(static_cast<std::int64_t>(v));
     } else if constexpr (IsVector<V>::value) {
@@ -147,6 +155,8 @@ class Reader {
       if (!ok_) return;
       v.assign(w_.data(), n);
       w_.remove_prefix(n);
+    } else if constexpr (std::is_floating_point_v<V>) {
+      v = static_cast<V>(std::bit_cast<double>(Int()));
     } else if constexpr (std::is_same_v<V, bool>) {
       const std::int64_t x = Int();
       if (x != 0 && x != 1) Fail();
@@ -216,6 +226,10 @@ class Dumper {
   void Field(const std::string& name, const V& v) {
     if constexpr (std::is_same_v<V, std::string>) {
       out += name + "=" + Quote(v) + "\n";
+    } else if constexpr (std::is_floating_point_v<V>) {
+      char b[32];
+      std::snprintf(b, sizeof(b), "%.17g", static_cast<double>(v));
+      out += name + "=" + b + "\n";
     } else if constexpr (kScalar<V>) {
       out += name + "=" + std::to_string(static_cast<long long>(v)) + "\n";
     } else if constexpr (IsVector<V>::value) {

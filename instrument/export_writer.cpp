@@ -17,6 +17,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "export_h5.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/engine.h"
 #include "lockstep/h5/handle.h"
@@ -80,6 +81,8 @@ void KeepFreedMemory() {
 #endif
 }
 
+}  // namespace
+
 Status H5Fail(const std::string& what) {
   return Status::IOError("export", "HDF5 failed writing '" + what + "'" + SysError());
 }
@@ -94,6 +97,8 @@ Result<H5Handle> WriteRecords(hid_t file, hid_t lcpl, const char* path, hid_t t,
     return H5Fail(path);
   return ds;
 }
+
+namespace {
 
 hid_t FileType(DType t) {
   switch (t) {
@@ -438,6 +443,14 @@ void H5Exporter::OnWindow(const WindowRecord& rec) { windows_.push_back(rec); }
 
 void H5Exporter::OnStep(const StepRecord& step) { steps_.push_back(step); }
 
+bool H5Exporter::WantsOps(int window) const { return opts_.op_digests.Contains(window); }
+
+void H5Exporter::OnOp(const OpRecord& rec) {
+  bool dump = false;
+  for (const OpDump& d : opts_.op_dumps) dump = dump || d.Wants(rec.def->name, rec.window);
+  ops_.Add(rec, dump);
+}
+
 // ---- finish ----
 
 namespace {
@@ -535,10 +548,11 @@ Status WriteString(hid_t file, hid_t lcpl, const std::string& path, const std::s
   return Status::Ok();
 }
 
-// /injections: a 1-D dataset of fixed-length (null-padded) strings, one JSON object each; written
-// only when the run had injections, so a run without them has the same file layout as before.
-Status WriteInjections(hid_t file, hid_t lcpl, const std::vector<std::string>& records) {
-  if (records.empty()) return Status::Ok();
+}  // namespace
+
+// A 1-D dataset of fixed-length (null-padded) strings (/injections, /ops/table).
+Status WriteStrings(hid_t file, hid_t lcpl, const char* path,
+                    const std::vector<std::string>& records) {
   std::size_t width = 1;
   for (const auto& r : records) width = std::max(width, r.size());
   std::string buf(width * records.size(), '\0');
@@ -549,11 +563,13 @@ Status WriteInjections(hid_t file, hid_t lcpl, const std::vector<std::string>& r
   H5Tset_strpad(t.get(), H5T_STR_NULLPAD);
   hsize_t n = records.size();
   H5Handle sp(H5Screate_simple(1, &n, nullptr));
-  H5Handle ds(H5Dcreate2(file, "injections", t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
+  H5Handle ds(H5Dcreate2(file, path, t.get(), sp.get(), lcpl, H5P_DEFAULT, H5P_DEFAULT));
   if (!ds.valid() || H5Dwrite(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
-    return H5Fail("injections");
+    return H5Fail(path);
   return Status::Ok();
 }
+
+namespace {
 
 Status WriteTokens(hid_t file, hid_t lcpl, const std::string& path,
                    const std::vector<std::int32_t>& ids) {
@@ -639,8 +655,9 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
   File* f = file_.get();
   std::vector<WindowRecord> ws = windows_;
   std::vector<StepRecord> steps = steps_;
+  auto ops = std::make_shared<OpCollector>(std::move(ops_));
   Enqueue(
-      [f, ws, steps, meta] {
+      [f, ws, steps, meta, ops] {
         const hid_t file = f->file.get(), lcpl = f->lcpl.get();
         LOCKSTEP_RETURN_IF_ERROR(WriteTrace(file, lcpl, ws));
         LOCKSTEP_RETURN_IF_ERROR(WriteSteps(file, lcpl, steps, ws));
@@ -652,7 +669,10 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
           LOCKSTEP_RETURN_IF_ERROR(WriteString(file, lcpl, "weights", meta.weights_json));
         LOCKSTEP_RETURN_IF_ERROR(WriteTokens(file, lcpl, "request/tokens", meta.request_tokens));
         LOCKSTEP_RETURN_IF_ERROR(WriteTokens(file, lcpl, "output/tokens", meta.output_tokens));
-        LOCKSTEP_RETURN_IF_ERROR(WriteInjections(file, lcpl, meta.injections));
+        // /injections only when the run had some: a run without has the layout it always had.
+        if (!meta.injections.empty())
+          LOCKSTEP_RETURN_IF_ERROR(WriteStrings(file, lcpl, "injections", meta.injections));
+        LOCKSTEP_RETURN_IF_ERROR(WriteOpTables(file, lcpl, *ops));
         for (const auto& r : meta.residency) {
           const std::string path = "residency/stage" + std::to_string(r.stage);
           hsize_t dims[2] = {static_cast<hsize_t>(r.layers), static_cast<hsize_t>(r.experts)};

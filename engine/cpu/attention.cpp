@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "cpu/norm.h"
+#include "cpu/op_report.h"
 
 namespace lockstep::cpu {
 
@@ -152,6 +153,10 @@ void AttentionForwardSeqs(const AttentionWeights& w, const ModelConfig& c, const
                           MatmulKind kind, ThreadPool* pool, Arena& arena, float* out) {
   Arena::Scope scope(arena);
   const AttnRows r = AttnProject(w, c, a, n_rows, kind, pool, arena);
+  const std::size_t ud = U(c.head_dim), q_w = U(c.n_heads) * ud, kv_w = U(c.n_heads_kv) * ud;
+  ReportOp(OpId::kQProj, r.qg, 0, n_rows, 2 * q_w);
+  ReportOp(OpId::kKProj, r.k, 0, n_rows, kv_w);
+  ReportOp(OpId::kVProj, r.v, 0, n_rows, kv_w);
   auto prepare = [&](std::size_t b, std::size_t e) {
     for (std::size_t i = b; i < e; ++i) AttnNormRope(w, c, rope, seqs[i], r);
   };
@@ -159,14 +164,24 @@ void AttentionForwardSeqs(const AttentionWeights& w, const ModelConfig& c, const
     pool->ParallelFor(U(n_seqs), prepare);
   else
     prepare(0, U(n_seqs));
+  ReportOp(OpId::kQRope, r.q, 0, n_rows, q_w);
+  ReportOp(OpId::kKRope, r.k, 0, n_rows, kv_w);
+  for (int i = 0; i < n_seqs; ++i) {  // the committed rows each sequence attends to
+    const KvCache* kc = seqs[i].cache;
+    ReportState(OpId::kStateK, seqs[i].row0, seqs[i].p, kc->row_bytes(),
+                [kc](int u) -> const void* { return kc->KRaw(u); });
+    ReportState(OpId::kStateV, seqs[i].row0, seqs[i].p, kc->row_bytes(),
+                [kc](int u) -> const void* { return kc->VRaw(u); });
+  }
   // K/V rows into each sequence's cache on this thread (pages may be shared copy-on-write).
-  const std::size_t kv_w = U(c.n_heads_kv) * U(c.head_dim);
   for (int i = 0; i < n_seqs; ++i)
     seqs[i].cache->Write(seqs[i].p, seqs[i].T, r.k + U(seqs[i].row0) * kv_w,
                          r.v + U(seqs[i].row0) * kv_w);
   float* o = arena.Alloc(U(n_rows) * U(c.n_heads) * U(c.head_dim));
   AttnCore(c, seqs, n_seqs, r.q, r.gate, pool, arena, o);
+  ReportOp(OpId::kAttnOut, o, 0, n_rows, q_w);
   Matmul(kind, o, n_rows, w.o_proj, out, pool);
+  ReportOp(OpId::kOProj, out, 0, n_rows, U(c.n_embd));
 }
 
 }  // namespace lockstep::cpu

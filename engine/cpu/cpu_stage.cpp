@@ -8,6 +8,7 @@
 #include "cpu/matmul.h"
 #include "cpu/moe.h"
 #include "cpu/norm.h"
+#include "cpu/op_report.h"
 #include "cpu/rope.h"
 #include "lockstep/engine/trace_ring.h"
 #include "util/check.h"
@@ -136,6 +137,7 @@ void CpuStageSession::LayerMixer(const LayerWeights& lw, float* x, int n_rows,
   rows([&](std::size_t t) {
     cpu::RmsNormZc(x + t * U(h), h, lw.input_norm, c_.rms_norm_eps, a + t * U(h));
   });
+  cpu::ReportOp(OpId::kAttnNorm, a, 0, T, U(h));
   if (lw.type == LayerType::kFullAttention) {
     std::vector<cpu::AttnSeq> at;
     for (const LayerSeq& sq : seqs) at.push_back(cpu::AttnSeq{sq.row0, sq.T, sq.p, sq.kv});
@@ -159,6 +161,8 @@ void CpuStageSession::LayerMixer(const LayerWeights& lw, float* x, int n_rows,
     for (int i = 0; i < h; ++i) xt[i] += mt[i];
     cpu::RmsNormZc(xt, h, lw.post_norm, c_.rms_norm_eps, a + t * U(h));
   });
+  cpu::ReportOp(OpId::kAttnResidual, x, 0, T, U(h));
+  cpu::ReportOp(OpId::kFfnNorm, a, 0, T, U(h));
 }
 
 void CpuStageSession::LayerParts(const LayerWeights& lw, int local_moe,
@@ -170,6 +174,7 @@ void CpuStageSession::LayerParts(const LayerWeights& lw, int local_moe,
     const RowsPart& pt = parts[i];
     a[i] = arena_.Alloc(U(pt.n_rows) * h);
     mix[i] = arena_.Alloc(U(pt.n_rows) * h);
+    cpu::SetOpRow0(pt.row0);
     LayerMixer(lw, pt.x, pt.n_rows, *pt.seqs, pt.kind, a[i], mix[i]);
   }
   if (lw.moe) {
@@ -179,7 +184,7 @@ void CpuStageSession::LayerParts(const LayerWeights& lw, int local_moe,
       for (const LayerSeq& sq : *parts[i].seqs)
         ms[i].push_back(cpu::MoeSeq{sq.row0, sq.T, sq.experts});
       mp.push_back(cpu::MoePart{a[i], parts[i].n_rows, ms[i].data(), static_cast<int>(ms[i].size()),
-                                parts[i].kind, mix[i]});
+                                parts[i].kind, mix[i], parts[i].row0});
     }
     cpu::MoeWork mw;
     cpu::MoeForwardParts(lw.ffn_moe, c_, mp.data(), static_cast<int>(mp.size()), pool_, arena_,
@@ -206,6 +211,8 @@ void CpuStageSession::LayerParts(const LayerWeights& lw, int local_moe,
   } else {
     for (std::size_t i = 0; i < parts.size(); ++i) {
       cpu::FfnForward(lw.ffn_dense, a[i], parts[i].n_rows, parts[i].kind, pool_, arena_, mix[i]);
+      cpu::SetOpRow0(parts[i].row0);
+      cpu::ReportOp(OpId::kFfnOut, mix[i], 0, parts[i].n_rows, h);
       for (const Mat* f : {&lw.ffn_dense.gate, &lw.ffn_dense.up, &lw.ffn_dense.down})
         CountProduct(*f, parts[i].n_rows);
     }
@@ -213,12 +220,14 @@ void CpuStageSession::LayerParts(const LayerWeights& lw, int local_moe,
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const std::size_t n = U(parts[i].n_rows) * h;
     for (std::size_t j = 0; j < n; ++j) parts[i].x[j] += mix[i][j];
+    cpu::SetOpRow0(parts[i].row0);
+    cpu::ReportOp(OpId::kResidual, parts[i].x, 0, parts[i].n_rows, h);
   }
 }
 
 void CpuStageSession::LayerRows(const LayerWeights& lw, int local_moe, float* x, int n_rows,
                                 const std::vector<LayerSeq>& seqs, cpu::MatmulKind kind) {
-  LayerParts(lw, local_moe, {RowsPart{x, n_rows, &seqs, kind}});
+  LayerParts(lw, local_moe, {RowsPart{x, n_rows, &seqs, kind, 0}});
 }
 
 Status CpuStageSession::Embed(const std::int32_t* tokens, int T, float* x) const {
@@ -236,15 +245,18 @@ Status CpuStageSession::Embed(const std::int32_t* tokens, int T, float* x) const
 Status CpuStageSession::Forward(ForwardMode mode, const std::int32_t* tokens, Activation& act) {
   LOCKSTEP_CHECK_EQ(act.p, cur_->position);
   const int T = act.T, h = c_.n_embd;
+  cpu::OpTapScope tap(op_sink_, index());
   if (is_first()) {
     act.hidden.resize(U(T) * U(h));
     LOCKSTEP_RETURN_IF_ERROR(Embed(tokens, T, act.hidden.data()));
+    cpu::ReportOp(OpId::kEmbed, act.hidden.data(), 0, T, U(h));
   }
   LOCKSTEP_CHECK_EQ(act.hidden.size(), U(T) * U(h));
   LOCKSTEP_TRACE(TraceEventId::kStageBegin, index(), static_cast<std::uint16_t>(T));
   for (int il = layer_begin(); il < layer_end(); ++il) {
     const int l = il - layer_begin();
     LOCKSTEP_TRACE(TraceEventId::kLayerBegin, il, static_cast<std::uint16_t>(index()));
+    cpu::SetOpLayer(il);
     LayerForward(w_.layers[U(il)], moe_local_[U(l)], act, mode, cur_->kv[U(l)].get(),
                  cur_->gdn[U(l)].get());
     LOCKSTEP_TRACE(TraceEventId::kLayerEnd, il, static_cast<std::uint16_t>(index()));
@@ -274,15 +286,19 @@ void CpuStageSession::Commit(int n) {
 
 void CpuStageSession::FinalNorm(const Activation& act, float* normed) {
   LOCKSTEP_CHECK(is_last());
+  cpu::OpTapScope tap(op_sink_, index());
   const int h = c_.n_embd;
   for (int t = 0; t < act.T; ++t)
     cpu::RmsNormZc(act.hidden.data() + U(t) * U(h), h, w_.final_norm, c_.rms_norm_eps,
                    normed + U(t) * U(h));
+  cpu::ReportOp(OpId::kFinalNorm, normed, 0, act.T, U(h));
 }
 
 void CpuStageSession::Logits(const Activation& act, float* normed, float* logits) {
   FinalNorm(act, normed);
+  cpu::OpTapScope tap(op_sink_, index());
   cpu::Matmul(cpu::MatmulKind::kInvariant, normed, act.T, w_.lm_head, logits, pool_);
+  cpu::ReportOp(OpId::kLmHead, logits, 0, act.T, U(c_.n_vocab));
   CountProduct(w_.lm_head, act.T);
 }
 
@@ -290,6 +306,8 @@ void CpuStageSession::MtpForward(const float* hid, const std::int32_t* next_toke
                                  ForwardMode mode, float* m, float* logits, int n_logits) {
   LOCKSTEP_CHECK(has_mtp());
   Arena::Scope scope(arena_);
+  cpu::OpTapScope tap(op_sink_, index());
+  cpu::SetOpLayer(c_.n_layers);  // the MTP layer is keyed after the main layers
   const int h = c_.n_embd;
   const MtpWeights& mw = w_.mtp;
   float* cat = arena_.Alloc(U(T) * U(2 * h));
@@ -303,14 +321,18 @@ void CpuStageSession::MtpForward(const float* hid, const std::int32_t* next_toke
   act.p = p;
   act.T = T;
   act.hidden.resize(U(T) * U(h));
+  cpu::ReportOp(OpId::kMtpIn, cat, 0, T, U(2 * h));
   cpu::Matmul(KindOf(mode), cat, T, mw.fc, act.hidden.data(), pool_);
+  cpu::ReportOp(OpId::kMtpFc, act.hidden.data(), 0, T, U(h));
   CountProduct(mw.fc, T);
   LayerForward(mw.layer, -1, act, mode, cur_->mtp_kv.get(), nullptr);
   for (int t = 0; t < T; ++t)
     cpu::RmsNormZc(act.hidden.data() + U(t) * U(h), h, mw.norm, c_.rms_norm_eps, m + U(t) * U(h));
+  cpu::ReportOp(OpId::kMtpNorm, m, 0, T, U(h));
   n_logits = std::min(n_logits, T);
   cpu::Matmul(cpu::MatmulKind::kInvariant, m + U(T - n_logits) * U(h), n_logits, w_.lm_head, logits,
               pool_);
+  cpu::ReportOp(OpId::kMtpLmHead, logits, T - n_logits, n_logits, U(c_.n_vocab));
   CountProduct(w_.lm_head, n_logits);
 }
 
@@ -331,6 +353,8 @@ Status CpuStageSession::ForwardStep(const StepPlan& plan, const std::int32_t* to
     LOCKSTEP_RETURN_IF_ERROR(Embed(tokens, rows, act.hidden.data()));
   }
   LOCKSTEP_CHECK_EQ(act.hidden.size(), U(rows) * h);
+  cpu::OpTapScope tap(op_sink_, index());
+  if (is_first()) cpu::ReportOp(OpId::kEmbed, act.hidden.data(), 0, rows, h);
   std::vector<const RowGroup*> fused, own;
   int n_fused = 0;
   for (const RowGroup& g : plan.groups) {
@@ -380,19 +404,20 @@ void CpuStageSession::FusedStep(const std::vector<const RowGroup*>& groups,
     const std::size_t l = U(il - layer_begin());
     const LayerWeights& lw = w_.layers[U(il)];
     LOCKSTEP_TRACE(TraceEventId::kLayerBegin, il, static_cast<std::uint16_t>(index()));
+    cpu::SetOpLayer(il);
     for (std::size_t i = 0; i < groups.size(); ++i) {
       const RowGroup& g = *groups[i];
       seqs[i] = LayerSeq{
           g.row0, g.T, g.p, g.mode, st[i]->kv[l].get(), st[i]->gdn[l].get(), st[i]->experts.get()};
     }
     std::vector<RowsPart> parts;
-    if (!groups.empty()) parts.push_back(RowsPart{x, n_rows, &seqs, kind});
+    if (!groups.empty()) parts.push_back(RowsPart{x, n_rows, &seqs, kind, 0});
     for (std::size_t i = 0; i < own.size(); ++i) {
       const RowGroup& g = *own[i];
       SlotState& s = *ost[i];
       ExpertCache* cache = moe_local_[l] >= 0 ? s.experts.get() : s.mtp_experts.get();
       one[i] = {LayerSeq{0, g.T, g.p, g.mode, s.kv[l].get(), s.gdn[l].get(), cache}};
-      parts.push_back(RowsPart{x + U(g.row0) * h, g.T, &one[i], KindOf(g.mode)});
+      parts.push_back(RowsPart{x + U(g.row0) * h, g.T, &one[i], KindOf(g.mode), g.row0});
     }
     LayerParts(lw, moe_local_[l], parts);
     LOCKSTEP_TRACE(TraceEventId::kLayerEnd, il, static_cast<std::uint16_t>(index()));
@@ -418,7 +443,9 @@ void CpuStageSession::StepLogits(const StepPlan& plan, const Activation& act, fl
   // Verify groups come first, so their rows are [0, verify_rows); lm_head is batch-invariant.
   const int n_verify = plan.verify_rows();
   if (n_verify > 0) {
+    cpu::OpTapScope tap(op_sink_, index());
     cpu::Matmul(cpu::MatmulKind::kInvariant, normed, n_verify, w_.lm_head, logits, pool_);
+    cpu::ReportOp(OpId::kLmHead, logits, 0, n_verify, U(c_.n_vocab));
     CountProduct(w_.lm_head, n_verify);
   }
 }

@@ -61,6 +61,7 @@ class CpuStageSession final : public StageSession {
   void StepLogits(const StepPlan& plan, const Activation& act, float* normed,
                   float* logits) override;
   StepWork TakeStepWork() override;
+  void SetOpSink(OpSink* sink) override { op_sink_ = sink; }
 
  private:
   // Everything one sequence owns in this stage. Built fresh on a slot's first use.
@@ -103,6 +104,7 @@ class CpuStageSession final : public StageSession {
     int n_rows;
     const std::vector<LayerSeq>* seqs;
     cpu::MatmulKind kind;
+    int row0;  // x's first row in the step (op reports)
   };
   // One decoder layer for several parts, each bitwise its own LayerRows call: every part's mixer
   // half, then one MoE call over all parts (cpu::MoeForwardParts: each expert over every part's
@@ -136,7 +138,8 @@ class CpuStageSession final : public StageSession {
   SlotState* cur_ = nullptr;                       // slots_[cur_index_]
   int cur_index_ = 0;
   Arena arena_;
-  StepWork work_;  // products since the last TakeStepWork
+  StepWork work_;              // products since the last TakeStepWork
+  OpSink* op_sink_ = nullptr;  // op reports (op_table.h) while the engine sets one
 };
 
 // The `cpu` backend: stages are CpuStageSessions sharing the engine's thread pool; the transport

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu/norm.h"
+#include "cpu/op_report.h"
 
 namespace lockstep::cpu {
 
@@ -358,10 +359,19 @@ GdnInputs GdnPrepare(const GdnWeights& w, const ModelConfig& c, const GdnSeq& sq
 // only its own sequence's rows and state, so the split over threads changes no bit. (The
 // preparation and the norm ran on the calling thread while the others waited: with 16 decoding
 // sequences on 2 threads, moving them into the loops took ~9% off the step's wall time.)
-void GdnCore(const GdnWeights& w, const ModelConfig& c, const GdnSeq* seqs, int n_seqs,
+void GdnCore(const GdnWeights& w, const ModelConfig& c, const GdnSeq* seqs, int n_seqs, int n_rows,
              const GdnRows& rw, ThreadPool* pool, Arena& arena, float* On) {
   const int hv = c.n_v_heads, dv = c.v_head_dim, kr = c.conv_kernel - 1;
   const std::size_t uhv = U(hv), o_row = uhv * U(dv);
+  // Reporting ops: the recurrence and the gated norm run apart (same bits).
+  const bool split = CurrentOpTap() != nullptr;
+  for (int i = 0; i < n_seqs; ++i) {  // the checkpoint each sequence starts from
+    const GdnState* st = seqs[i].state;
+    ReportState(OpId::kStateConv, seqs[i].row0, 1, st->conv_size() * sizeof(float),
+                [st](int) -> const void* { return st->conv(); });
+    ReportState(OpId::kStateSsm, seqs[i].row0, 1, st->ssm_size() * sizeof(float),
+                [st](int) -> const void* { return st->ssm(); });
+  }
   std::vector<std::optional<GdnInputs>> ins(U(n_seqs));
   std::vector<float*> wins(U(n_seqs));
   for (int i = 0; i < n_seqs; ++i) wins[U(i)] = arena.Alloc(U(kr + seqs[i].T) * U(c.conv_dim()));
@@ -375,6 +385,14 @@ void GdnCore(const GdnWeights& w, const ModelConfig& c, const GdnSeq* seqs, int 
     pool->ParallelFor(U(n_seqs), prepare);
   else
     prepare(0, U(n_seqs));
+  {
+    const int hk = c.n_k_heads, dk = c.k_head_dim;
+    ReportOp(OpId::kConv, rw.Uc, 0, n_rows, U(c.conv_dim()));
+    ReportOp(OpId::kGates, rw.beta, 0, n_rows, uhv, 0, 0);
+    ReportOp(OpId::kGates, rw.gdec, 0, n_rows, uhv, 0, 1);
+    ReportOp(OpId::kL2Norm, rw.qh, 0, n_rows, U(hk) * U(dk), 0, 0);
+    ReportOp(OpId::kL2Norm, rw.kh, 0, n_rows, U(hk) * U(dk), 0, 1);
+  }
   std::vector<int> verify;
   for (int i = 0; i < n_seqs; ++i)
     if (seqs[i].mode == GdnMode::kVerify) verify.push_back(i);
@@ -391,7 +409,7 @@ void GdnCore(const GdnWeights& w, const ModelConfig& c, const GdnSeq* seqs, int 
       const int i = verify[item / uhv];
       const std::size_t j = item % uhv;
       VerifyHead(*ins[U(i)], *seqs[i].state, j, rw.O + U(seqs[i].row0) * o_row);
-      norm_rows(seqs[i].row0, seqs[i].T, j, j + 1);
+      if (!split) norm_rows(seqs[i].row0, seqs[i].T, j, j + 1);
     }
   };
   if (!verify.empty()) {
@@ -403,8 +421,13 @@ void GdnCore(const GdnWeights& w, const ModelConfig& c, const GdnSeq* seqs, int 
   for (int i = 0; i < n_seqs; ++i)
     if (seqs[i].mode == GdnMode::kPrefill) {
       RecurPrefill(*ins[U(i)], *seqs[i].state, pool, arena, rw.O + U(seqs[i].row0) * o_row);
-      norm_rows(seqs[i].row0, seqs[i].T, 0, uhv);
+      if (!split) norm_rows(seqs[i].row0, seqs[i].T, 0, uhv);
     }
+  if (split) {
+    ReportOp(OpId::kRecurrence, rw.O, 0, n_rows, o_row);
+    norm_rows(0, n_rows, 0, uhv);  // on this thread: a pool barrier costs more at decode sizes
+    ReportOp(OpId::kGatedNorm, On, 0, n_rows, o_row);
+  }
 }
 
 }  // namespace
@@ -421,10 +444,13 @@ void GdnForwardSeqs(const GdnWeights& w, const ModelConfig& c, const float* a, i
   Arena::Scope scope(arena);
   const int hv = c.n_v_heads, dv = c.v_head_dim;
   const GdnRows rw = GdnProject(w, c, a, n_rows, kind, pool, arena);
+  ReportOp(OpId::kInProj, rw.P, 0, n_rows, U(c.qkvz_dim()));
+  ReportOp(OpId::kInProjBa, rw.B, 0, n_rows, U(2 * hv));
   // Recurrences and the gated RMSNorm per (row, value head) into On, then out_proj.
   float* On = arena.Alloc(U(n_rows) * U(hv) * U(dv));
-  GdnCore(w, c, seqs, n_seqs, rw, pool, arena, On);
+  GdnCore(w, c, seqs, n_seqs, n_rows, rw, pool, arena, On);
   Matmul(kind, On, n_rows, w.out_proj, out, pool);
+  ReportOp(OpId::kOutProj, out, 0, n_rows, U(c.n_embd));
 }
 
 }  // namespace lockstep::cpu

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpu/norm.h"
+#include "cpu/op_report.h"
 
 namespace lockstep::cpu {
 
@@ -86,7 +87,7 @@ void MoeForward(const MoeWeights& w, const ModelConfig& c, const float* x, int T
 void MoeForwardSeqs(const MoeWeights& w, const ModelConfig& c, const float* x, int T,
                     const MoeSeq* seqs, int n_seqs, MatmulKind kind, ThreadPool* pool, Arena& arena,
                     int cache_layer, float* out) {
-  const MoePart part{x, T, seqs, n_seqs, kind, out};
+  const MoePart part{x, T, seqs, n_seqs, kind, out, 0};
   MoeForwardParts(w, c, &part, 1, pool, arena, cache_layer);
 }
 
@@ -101,6 +102,7 @@ struct PartRoutes {
   float* wts;     // [T, k] routing weights
   int* slot_of;   // expert-major list of (t*k + r) slots
   int* first;     // slots of expert e: [first[e], first[e+1])
+  int* idx;       // [T, k] selected experts
   float* ranked;  // [T, k, H] per (token, rank) expert outputs
   float* scratch;
   float *sh, *sh_g, *sh_u;  // shared expert output and (as a work item) its gate / up scratch
@@ -114,7 +116,10 @@ PartRoutes RoutePart(const MoeWeights& w, const ModelConfig& c, const MoePart& p
   PartRoutes r;
   float* logits = arena.Alloc(U(T) * U(ne));
   Matmul(pt.kind, pt.x, T, w.router, logits, pool);
+  SetOpRow0(pt.row0);
+  ReportOp(OpId::kRouterLogits, logits, 0, T, U(ne));
   int* idx = arena.AllocAs<int>(U(T) * U(k));
+  r.idx = idx;
   r.wts = arena.Alloc(U(T) * U(k));
   auto route = [&](std::size_t b, std::size_t e) {
     for (std::size_t t = b; t < e; ++t)
@@ -124,6 +129,7 @@ PartRoutes RoutePart(const MoeWeights& w, const ModelConfig& c, const MoePart& p
     pool->ParallelFor(U(T), route, kRowsPerRange);
   else
     route(0, U(T));
+  ReportOp(OpId::kTopk, r.wts, 0, T, U(k));
   r.ranked = arena.Alloc(U(T) * U(k) * uh);
   r.slot_of = arena.AllocAs<int>(U(T) * U(k));
   r.first = arena.AllocAs<int>(U(ne) + 1);
@@ -177,8 +183,7 @@ void CombinePart(const MoeWeights& w, const ModelConfig& c, const MoePart& pt, c
                  ThreadPool* pool, Arena& arena) {
   const int h = c.n_embd, k = c.n_experts_used;
   const std::size_t uh = U(h);
-  if (r.sh != nullptr && !r.shared_item)
-    FfnForward(w.shared, pt.x, pt.T, pt.kind, pool, arena, r.sh);
+  (void)arena;
   // Per row, independent of the others: rows split over the pool.
   auto combine = [&](std::size_t b, std::size_t e) {
     for (std::size_t t = b; t < e; ++t) {
@@ -261,7 +266,26 @@ void MoeForwardParts(const MoeWeights& w, const ModelConfig& c, const MoePart* p
   } else {
     for (int a = 0; a < n_items; ++a) run_item(a);
   }
-  for (int p = 0; p < n_parts; ++p) CombinePart(w, c, parts[p], routes[U(p)], pool, arena);
+  const int k = c.n_experts_used;
+  const std::size_t uh = U(c.n_embd);
+  for (int p = 0; p < n_parts; ++p) {
+    const MoePart& pt = parts[p];
+    const PartRoutes& r = routes[U(p)];
+    if (r.sh != nullptr && !r.shared_item)
+      FfnForward(w.shared, pt.x, pt.T, pt.kind, pool, arena, r.sh);
+    if (CurrentOpTap() == nullptr) continue;
+    SetOpRow0(pt.row0);
+    for (int t = 0; t < pt.T; ++t)
+      for (int q = 0; q < k; ++q)
+        ReportOp(OpId::kExpertOut, r.ranked + (U(t) * U(k) + U(q)) * uh, t, 1, uh, 0,
+                 r.idx[U(t) * U(k) + U(q)]);
+    if (r.sh != nullptr) ReportOp(OpId::kSharedExpert, r.sh, 0, pt.T, uh);
+  }
+  for (int p = 0; p < n_parts; ++p) {
+    CombinePart(w, c, parts[p], routes[U(p)], pool, arena);
+    SetOpRow0(parts[p].row0);
+    ReportOp(OpId::kMoeCombine, parts[p].out, 0, parts[p].T, uh);
+  }
 }
 
 }  // namespace lockstep::cpu

@@ -56,6 +56,7 @@ struct MoePart {
   int n_seqs = 0;
   MatmulKind kind = MatmulKind::kInvariant;
   float* out = nullptr;
+  int row0 = 0;  // the part's first row in the step (op reports, op_report.h)
 };
 
 // Several parts in one call (a step's verify rows, kInvariant, and a prefill chunk, kGemm): every

@@ -112,6 +112,7 @@ int Sequence::MaxWindow() const {
 
 void Sequence::OnAdmit() {
   engine_.UseSlot(slot_);
+  engine_.SetOpObserver(hooks_ ? hooks_->observer : nullptr);
   admitted_ = true;
   admit_ns_ = MonotonicNs();
   ReserveWindowScratch(engine_, MaxWindow());
@@ -175,6 +176,7 @@ Status Sequence::BeginWindow() {
   w_.rec.p = engine_.position();
   w_.rec.chain_n = streak_;
   w_.rec.begin_ns = MonotonicNs();
+  engine_.SetWindow(w_.rec.idx);  // before the MTP drafts: their op records belong to the window
   LOCKSTEP_RETURN_IF_ERROR(Draft());
   Checkpoint(CheckpointPoint::kPreVerify, nullptr);
   WindowRecord& rec = w_.rec;

@@ -5,11 +5,13 @@
 #include <thread>
 
 #include "lockstep/engine/clock.h"
+#include "pipeline/op_dispatch.h"
 #include "util/check.h"
 
 namespace lockstep {
 
-Engine::Engine(const EngineConfig& cfg, const ModelWeights& w) : cfg_(cfg), w_(w) {}
+Engine::Engine(const EngineConfig& cfg, const ModelWeights& w)
+    : cfg_(cfg), w_(w), ops_(std::make_unique<OpDispatch>()) {}
 Engine::~Engine() = default;
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& cfg_in,
@@ -71,6 +73,10 @@ Result<std::vector<Injection>> Engine::ParseInjectionList(const std::vector<std:
                  std::to_string(max_new) + " runs at most " + std::to_string(max_new) +
                  " verify windows" +
                  (max_new > 0 ? " (0.." + std::to_string(max_new - 1) + ")" : ""));
+    if (inj.kind == Injection::Kind::kPerturbOp) {
+      LOCKSTEP_RETURN_IF_ERROR(CheckPerturbOp(inj));
+      continue;
+    }
     if (inj.kind != Injection::Kind::kPerturb) continue;
     if (inj.layer >= 0) {
       if (inj.layer >= mc.n_layers)
@@ -116,6 +122,7 @@ Status Engine::OpenSlot(int s, std::vector<Injection> injections) {
   sl.injections = std::move(injections);
   sl.records.assign(sl.injections.size(), InjectionRecord{});
   sl.capture_hidden = false;
+  sl.op_observer = nullptr;
   for (auto& h : sl.hidden_out) h.clear();
   return Status::Ok();
 }
@@ -129,6 +136,7 @@ void Engine::CloseSlot(int s) {
   sl.open = sl.used = false;
   sl.position = sl.pending = 0;
   sl.window = -1;
+  sl.op_observer = nullptr;
   for (auto& h : sl.hidden_out) h.clear();
 }
 
@@ -195,6 +203,11 @@ Status Engine::RunPipeline(const StepPlan& plan, std::span<const std::int32_t> t
   act.T = plan.rows();
   const bool verify = plan.verify_rows() > 0;
   std::vector<float> hidden;
+  BeginOps(plan.groups);
+  struct End {
+    Engine* e;
+    ~End() { e->EndOps(); }
+  } end_ops{this};
   const std::int64_t t0 = MonotonicNs();
   for (int is = 0; is < n_stages(); ++is) {
     if (is > 0) {
@@ -314,7 +327,9 @@ Status Engine::Prefill(std::span<const std::int32_t> tokens, const PrefillHook& 
     sl.position += static_cast<int>(part.size());
     if (hook) {
       normed_scratch_.resize(part.size() * static_cast<std::size_t>(w_.config.n_embd));
+      BeginOps(plan.groups);
       stages_.back()->FinalNorm(act, normed_scratch_.data());
+      EndOps();
       LOCKSTEP_RETURN_IF_ERROR(StagesStatus());
       LOCKSTEP_RETURN_IF_ERROR(hook(p, static_cast<int>(part.size()), normed_scratch_.data()));
     }
@@ -341,7 +356,9 @@ Status Engine::Verify(std::span<const std::int32_t> tokens, float* logits, float
     normed_scratch_.resize(tokens.size() * static_cast<std::size_t>(w_.config.n_embd));
     normed = normed_scratch_.data();
   }
+  BeginOps(plan.groups);
   stages_.back()->Logits(act, normed, logits);
+  EndOps();
   LOCKSTEP_RETURN_IF_ERROR(StagesStatus());
   for (int is = 0; is < n_stages(); ++is)
     stage(is).FillDeviceTiming(&timings_[static_cast<std::size_t>(is)]);
@@ -362,8 +379,10 @@ Status Engine::RunStep(const StepPlan& plan, std::span<const std::int32_t> token
                     V = static_cast<std::size_t>(w_.config.n_vocab);
   out->normed.resize(static_cast<std::size_t>(plan.rows()) * H);
   out->logits.resize(static_cast<std::size_t>(plan.verify_rows()) * V);
+  BeginOps(plan.groups);
   stages_.back()->StepLogits(plan, act, out->normed.data(),
                              out->logits.empty() ? nullptr : out->logits.data());
+  EndOps();
   LOCKSTEP_RETURN_IF_ERROR(StagesStatus());
   for (int is = 0; is < n_stages(); ++is) {
     stage(is).FillDeviceTiming(&timings_[static_cast<std::size_t>(is)]);
@@ -394,6 +413,102 @@ Status Engine::Commit(int n) {
   sl.position += n;
   sl.pending = 0;
   return StagesStatus();
+}
+
+void Engine::MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T,
+                        ForwardMode mode, float* m, float* logits, int n_logits) {
+  BeginOps({RowGroup{cur_slot_, mode, p, 0, T}});
+  stages_.back()->MtpForward(h, next_tokens, p, T, mode, m, logits, n_logits);
+  EndOps();
+}
+
+void Engine::BeginOps(const std::vector<RowGroup>& groups) {
+  std::vector<OpDispatch::Group> out;
+  for (const RowGroup& g : groups) {
+    Slot& sl = slot_state(g.slot);
+    OpDispatch::Group og;
+    og.window = g.mode == ForwardMode::kPrefill ? -1 : sl.window;
+    og.p = g.p, og.row0 = g.row0, og.T = g.T;
+    if (sl.op_observer != nullptr && sl.op_observer->WantsOps(og.window)) og.obs = sl.op_observer;
+    for (std::size_t i = 0; i < sl.injections.size(); ++i)
+      if (sl.injections[i].kind == Injection::Kind::kPerturbOp &&
+          sl.injections[i].window == og.window && og.window >= 0) {
+        og.inj.push_back(&sl.injections[i]);
+        og.records.push_back(&sl.records[i]);
+      }
+    if (og.obs != nullptr || !og.inj.empty()) out.push_back(std::move(og));
+  }
+  if (out.empty() && !ops_->active()) return;
+  ops_->Begin(std::move(out));
+  OpSink* sink = ops_->active() ? ops_.get() : nullptr;
+  for (auto& st : stages_) st->SetOpSink(sink);
+}
+
+void Engine::EndOps() {
+  if (!ops_->active()) return;
+  ops_->End();
+  for (auto& st : stages_) st->SetOpSink(nullptr);
+}
+
+// A perturb-op that can never fire is refused here: a layer that does not exist, an op of another
+// layer kind (attention / GDN, MoE / dense) or of the stage rather than a layer.
+Status Engine::CheckPerturbOp(Injection& inj) const {
+  auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("--inject '" + inj.text + "'", why);
+  };
+  const ModelConfig& mc = w_.config;
+  const std::string op = inj.op;
+  const bool stage_op = op == "embed" || op == "final_norm" || op == "lm_head";
+  const bool mtp_op = op.rfind("mtp_", 0) == 0;
+  const int last = cfg_.stages - 1;
+  if (stage_op) {
+    if (inj.layer != -1) return bad("op " + op + " is a stage op: give layer=-1");
+    const int owner = op == "embed" ? 0 : last;
+    if (inj.stage >= 0 && inj.stage != owner)
+      return bad("op " + op + " runs on stage " + std::to_string(owner));
+    inj.stage = owner;
+    return Status::Ok();
+  }
+  const bool mtp_layer = inj.layer == mc.n_layers;
+  if (mtp_layer && !w_.mtp.present) return bad("the model has no MTP layer");
+  if (inj.layer < 0 || inj.layer > mc.n_layers)
+    return bad("layer " + std::to_string(inj.layer) + " does not exist (" +
+               std::to_string(mc.n_layers) + " layers; " + std::to_string(mc.n_layers) +
+               " is the MTP layer)");
+  if (mtp_op && !mtp_layer)
+    return bad("op " + op + " runs in the MTP layer " + std::to_string(mc.n_layers));
+  int owner = last;
+  if (!mtp_layer) {
+    owner = 0;
+    while (bounds_[static_cast<std::size_t>(owner) + 1] <= inj.layer) ++owner;
+  }
+  if (inj.stage >= 0 && inj.stage != owner)
+    return bad("layer " + std::to_string(inj.layer) + " belongs to stage " + std::to_string(owner));
+  inj.stage = owner;
+  if (mtp_op) return Status::Ok();
+  const LayerWeights& lw =
+      mtp_layer ? w_.mtp.layer : w_.layers[static_cast<std::size_t>(inj.layer)];
+  static const std::vector<std::string> attn = {"q_proj", "k_proj",   "v_proj", "q_rope",
+                                                "k_rope", "attn_out", "o_proj"};
+  static const std::vector<std::string> gdn = {"in_proj", "in_proj_ba", "conv",       "gates",
+                                               "l2norm",  "recurrence", "gated_norm", "out_proj"};
+  static const std::vector<std::string> moe = {"router_logits", "topk", "expert_out",
+                                               "shared_expert", "moe_combine"};
+  auto in = [&](const std::vector<std::string>& v) {
+    return std::find(v.begin(), v.end(), op) != v.end();
+  };
+  const bool attention = lw.type == LayerType::kFullAttention;
+  if (in(attn) && !attention)
+    return bad("layer " + std::to_string(inj.layer) + " is a GDN layer (no " + op + ")");
+  if (in(gdn) && attention)
+    return bad("layer " + std::to_string(inj.layer) + " is a full-attention layer (no " + op + ")");
+  if (in(moe) && !lw.moe)
+    return bad("layer " + std::to_string(inj.layer) + " has a dense FFN (no " + op + ")");
+  if (op == "ffn_out" && lw.moe)
+    return bad("layer " + std::to_string(inj.layer) + " is a MoE layer (no ffn_out)");
+  if (op == "shared_expert" && lw.ffn_moe.shared.gate.rows <= 0)
+    return bad("layer " + std::to_string(inj.layer) + " has no shared expert");
+  return Status::Ok();
 }
 
 }  // namespace lockstep

@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "lockstep/engine/op_table.h"
+
 namespace lockstep {
 
 namespace {
@@ -16,6 +18,64 @@ Result<double> Number(std::string_view v, const std::string& text) {
     return Status::InvalidArgument("--inject '" + text + "'",
                                    "'" + std::string(v) + "' is not a non-negative number");
   return d;
+}
+
+// perturb-op:stage=S:layer=L:op=NAME:window=W:row=R:ulps=K (every key required but stage, which
+// defaults to the layer's; layer -1 = a stage op such as final_norm or lm_head).
+Status ParsePerturbOp(std::string_view s, std::size_t colon, const std::string& text,
+                      Injection* inj) {
+  auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("--inject '" + text + "'", why);
+  };
+  bool have_layer = false, have_op = false, have_window = false, have_row = false,
+       have_ulps = false;
+  while (colon != std::string_view::npos) {
+    s = s.substr(colon + 1);
+    colon = s.find(':');
+    std::string_view kv = s.substr(0, colon);
+    auto eq = kv.find('=');
+    if (eq == std::string_view::npos)
+      return bad("expected key=value, got '" + std::string(kv) + "'");
+    std::string_view key = kv.substr(0, eq), val = kv.substr(eq + 1);
+    if (key == "op") {
+      if (FindOpDef(val) == nullptr || FindOpDef(val)->state) {
+        std::string names;
+        for (const OpDef& d : OpTable())
+          if (!d.state) names += (names.empty() ? "" : ", ") + std::string(d.name);
+        return bad("unknown op '" + std::string(val) + "' (expected one of " + names + ")");
+      }
+      inj->op = std::string(val);
+      have_op = true;
+      continue;
+    }
+    if (key == "layer" && val == "-1") {
+      inj->layer = -1;
+      have_layer = true;
+      continue;
+    }
+    LOCKSTEP_ASSIGN_OR_RETURN(double d, Number(val, text));
+    if (d > 1e9 || d != static_cast<double>(static_cast<std::int64_t>(d)))
+      return bad("'" + std::string(val) + "' is not an integer in range");
+    const int v = static_cast<int>(d);
+    if (key == "stage") {
+      inj->stage = v;
+    } else if (key == "layer") {
+      inj->layer = v, have_layer = true;
+    } else if (key == "window") {
+      inj->window = v, have_window = true;
+    } else if (key == "row") {
+      inj->row = v, have_row = true;
+    } else if (key == "ulps") {
+      inj->ulps = v, have_ulps = true;
+    } else {
+      return bad("unknown key '" + std::string(key) +
+                 "' (expected stage, layer, op, window, row, ulps)");
+    }
+  }
+  if (!have_op || !have_layer || !have_window || !have_row || !have_ulps)
+    return bad("perturb-op needs layer=L, op=NAME, window=W, row=R and ulps=K");
+  if (inj->ulps == 0) return bad("ulps=0 changes nothing");
+  return Status::Ok();
 }
 
 }  // namespace
@@ -35,8 +95,16 @@ Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& s
       inj.kind = Injection::Kind::kDelay;
     } else if (kind == "perturb") {
       inj.kind = Injection::Kind::kPerturb;
+    } else if (kind == "perturb-op") {
+      inj.kind = Injection::Kind::kPerturbOp;
     } else {
-      return bad("unknown kind '" + std::string(kind) + "' (expected delay or perturb)");
+      return bad("unknown kind '" + std::string(kind) +
+                 "' (expected delay, perturb or perturb-op)");
+    }
+    if (inj.kind == Injection::Kind::kPerturbOp) {
+      LOCKSTEP_RETURN_IF_ERROR(ParsePerturbOp(s, colon, text, &inj));
+      out.push_back(inj);
+      continue;
     }
     const bool perturb = inj.kind == Injection::Kind::kPerturb;
     bool have_ms = false, have_eps = false, have_item = false;
@@ -96,11 +164,17 @@ Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& s
 std::string InjectionRecordJson(const Injection& inj, const InjectionRecord& rec) {
   using nlohmann::json;
   const bool perturb = inj.kind == Injection::Kind::kPerturb;
+  const bool op = inj.kind == Injection::Kind::kPerturbOp;
   auto any = [](int v) { return v < 0 ? json(nullptr) : json(v); };
   json j;
   j["text"] = inj.text;
-  j["kind"] = perturb ? "perturb" : "delay";
-  if (perturb) {
+  j["kind"] = op ? "perturb-op" : perturb ? "perturb" : "delay";
+  if (op) {
+    j["op"] = inj.op;
+    j["layer"] = any(inj.layer);
+    j["row"] = inj.row;
+    j["ulps"] = inj.ulps;
+  } else if (perturb) {
     j["item"] = ItemKindName(inj.item);
     j["eps"] = inj.eps;
     j["layer"] = any(inj.layer);
@@ -114,7 +188,14 @@ std::string InjectionRecordJson(const Injection& inj, const InjectionRecord& rec
   json fs = json::array();
   for (const InjectionFiring& f : rec.firings) {
     json fj{{"window", f.window}, {"stage", f.stage}, {"p", f.p}, {"T", f.T}};
-    if (perturb) {
+    if (op) {
+      fj["op"] = inj.op;
+      if (f.layer >= 0) fj["layer"] = f.layer;
+      fj["row"] = f.row;
+      fj["position"] = f.position;
+      fj["element"] = f.element;
+      fj["ulps"] = inj.ulps;
+    } else if (perturb) {
       fj["factor"] = f.factor;
       if (f.layer >= 0) fj["layer"] = f.layer;
       fj["item"] = ItemKindName(inj.item);

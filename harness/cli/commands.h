@@ -24,5 +24,7 @@ void AddTokenize(CLI::App& app, std::vector<Command>& commands);
 void AddServe(CLI::App& app, std::vector<Command>& commands);
 // `preflight` (preflight_cli.cpp).
 void AddPreflight(CLI::App& app, std::vector<Command>& commands);
+// `localize` (localize_cli.cpp).
+void AddLocalize(CLI::App& app, std::vector<Command>& commands);
 
 }  // namespace lockstep::cli

@@ -44,7 +44,7 @@ using lockstep::kGroupCampaign, lockstep::kGroupCompare, lockstep::kGroupDiagnos
     lockstep::kGroupService;
 
 using lockstep::cli::AddModelInit, lockstep::cli::AddTokenize, lockstep::cli::AddServe,
-    lockstep::cli::AddPreflight;
+    lockstep::cli::AddPreflight, lockstep::cli::AddLocalize;
 using lockstep::cli::Command;
 
 // "lockstep: <what>:" for a message on stderr, <what> in red when a person reads stderr.
@@ -125,6 +125,15 @@ void AddGenerate(CLI::App& app, std::vector<Command>& commands) {
   gen->add_option("--export-compress", g.export_compress,
                   "none | lz4 (chunked, through the LZ4 HDF5 filter plugin)")
       ->default_str("none")
+      ->group(kGroupExport);
+  gen->add_option("--op-digests", g.op_digests,
+                  "Windows whose named ops are digested per row into the export: none | all | "
+                  "LIST (indices, ranges, prefill)")
+      ->capture_default_str()
+      ->group(kGroupExport);
+  gen->add_option("--op-dump", g.op_dumps,
+                  "Also store the full rows of these ops: OPS@WINDOWS (repeatable)")
+      ->type_name("OPS@WINDOWS")
       ->group(kGroupExport);
   gen->add_option("--arm", g.arm, "Arm name recorded in the export")->group(kGroupExport);
   gen->add_option("--trace-jsonl", g.trace_jsonl,
@@ -680,7 +689,7 @@ int Main(int argc, char** argv) {
       "Run 'lockstep <command> --help' for a command's options; harness/README.md has them all.");
   std::vector<Command> commands;
   for (auto add : {AddModelInit, AddTokenize, AddGenerate, AddDiff, AddSummarize, AddAlign, AddRun,
-                   AddGate, AddReport, AddGolden, AddServe, AddPreflight})
+                   AddGate, AddReport, AddGolden, AddServe, AddPreflight, AddLocalize})
     add(app, commands);
   if (RejectUnknownCommand(app, argc, argv)) return 2;
   try {

@@ -150,8 +150,20 @@ Status OpenTraceJsonl(const GenerateOptions& opts, TraceFile& trace, GenerateHoo
 
 // The exporter for --export (null without it), set as the request's observer.
 Result<std::unique_ptr<H5Exporter>> OpenExport(const GenerateOptions& opts, GenerateHooks& hooks) {
-  if (opts.export_path.empty()) return std::unique_ptr<H5Exporter>();
+  LOCKSTEP_ASSIGN_OR_RETURN(OpWindows op_windows, OpWindows::Parse(opts.op_digests));
+  std::vector<OpDump> dumps;
+  for (const std::string& d : opts.op_dumps) {
+    LOCKSTEP_ASSIGN_OR_RETURN(OpDump dump, OpDump::Parse(d));
+    dumps.push_back(std::move(dump));
+  }
+  if (opts.export_path.empty()) {
+    if (!op_windows.none() || !dumps.empty())
+      return Status::InvalidArgument("--op-digests / --op-dump", "needs --export FILE");
+    return std::unique_ptr<H5Exporter>();
+  }
   ExportOptions eo;
+  eo.op_digests = op_windows;
+  eo.op_dumps = std::move(dumps);
   eo.path = opts.export_path;
   LOCKSTEP_ASSIGN_OR_RETURN(eo.windows, WindowSelection::Parse(opts.export_windows));
   LOCKSTEP_ASSIGN_OR_RETURN(eo.points, ParseExportPoints(opts.export_points));

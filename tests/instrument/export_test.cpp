@@ -89,10 +89,12 @@ std::string RunExport(const std::string& name, const std::string& extra,
 }
 
 TEST(Export, PathsMatchSchemaBothWays) {
-  // All windows, all points, an int8 cache so scale datasets appear too, and a (0 ms) injection so
-  // /injections does.
+  // All windows, all points, an int8 cache so scale datasets appear too, a (0 ms) injection so
+  // /injections does, and op digests with a dump so /ops does.
   const std::string path =
-      RunExport("schema", "--export-windows all --kv int8 --inject delay:stage=0:window=0:ms=0");
+      RunExport("schema",
+                "--export-windows all --kv int8 --inject delay:stage=0:window=0:ms=0 "
+                "--op-digests 0 --op-dump residual@0");
   EXPECT_FALSE(fs::exists(path + ".partial"));
   H5Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   ASSERT_TRUE(f.valid());

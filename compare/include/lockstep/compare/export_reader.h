@@ -156,6 +156,22 @@ struct ExportStep {
   std::int64_t weight_bytes = 0, flops = 0;
 };
 
+// /ops/table (optional, issue 37): one named op of the export's op records.
+struct ExportOpName {
+  std::string name;
+  std::vector<std::string> inputs;  // as op_table.h spells them ("residual|embed", "state:k")
+  bool state = false;               // a state item as an op reads it
+};
+
+// One row of /ops/records with its /ops/l2 value: an op's output row (or a state read: row -1),
+// in execution order.
+struct ExportOpRecord {
+  std::int32_t window = -1, stage = 0, layer = -1, op = 0, index = -1, position = 0, row = 0;
+  std::int64_t digest = 0;                      // the 64-bit row digest's bits
+  double l2 = 0.0;                              // -1: not computed (state reads)
+  std::int64_t dump_offset = -1, dump_len = 0;  // into ExportMeta::op_dump (-1: not dumped)
+};
+
 // Every field of ExportMeta (and of the structs it holds) crosses the isolation pipe: the wire
 // (compare/isolated_wire.cpp) names each one in a structured binding, so a field added here does
 // not compile until it is added there too, and tests/compare/isolate_test.cpp compares an isolated
@@ -197,6 +213,11 @@ struct ExportMeta {
   // /injections (absent: none): one JSON object per --inject of the run, in the order given,
   // recording whether and where it fired (instrument/SCHEMA.md).
   std::vector<std::string> injections;
+  // /ops (optional, issue 37; absent: the run recorded no op digests): the op table, the op
+  // records in execution order, and the dumped rows they point into (instrument/SCHEMA.md).
+  std::vector<ExportOpName> op_table;
+  std::vector<ExportOpRecord> op_records;
+  std::vector<float> op_dump;
   std::int64_t file_bytes = 0;  // length of the file when it was opened
 };
 

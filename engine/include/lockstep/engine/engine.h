@@ -31,6 +31,8 @@
 
 namespace lockstep {
 
+class OpDispatch;  // engine/pipeline/op_dispatch.h
+
 class Engine {
  public:
   // Validates `cfg` against the model (split, dtype, backend) and builds the stage sessions.
@@ -116,6 +118,10 @@ class Engine {
   // stage hands to the next (hidden_out f32 [T, H] per stage but the last) for observers. Per
   // slot; off by default (no copies).
   void SetCaptureHidden(bool on) { cur().capture_hidden = on; }
+  // The current slot's op observer (op_table.h, Observer::WantsOps / OnOp): every forward call
+  // with rows of this slot reports its ops to it while it wants them. Borrowed; null (the
+  // default, and after OpenSlot / CloseSlot): none.
+  void SetOpObserver(Observer* obs) { cur().op_observer = obs; }
   const std::vector<float>& hidden_out(int is) const {
     return cur().hidden_out[static_cast<std::size_t>(is)];
   }
@@ -126,9 +132,7 @@ class Engine {
   // writes draft K/V rows (speculative until MtpCommit); m f32 [T, H], logits of the last
   // n_logits rows f32 [n_logits, V].
   void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode,
-                  float* m, float* logits, int n_logits = 1) {
-    stages_.back()->MtpForward(h, next_tokens, p, T, mode, m, logits, n_logits);
-  }
+                  float* m, float* logits, int n_logits = 1);
   void MtpCommit(int rows) { stages_.back()->MtpCommit(rows); }
   // Draft K/V rows whose inputs were true (h, next token) pairs.
   int mtp_position() const {
@@ -148,6 +152,7 @@ class Engine {
     std::vector<InjectionRecord> records;  // parallel to injections
     bool capture_hidden = false;
     std::vector<std::vector<float>> hidden_out;  // [n_stages] f32 [T, H] of the last verify
+    Observer* op_observer = nullptr;
   };
   Slot& cur() { return slots_[static_cast<std::size_t>(cur_slot_)]; }
   const Slot& cur() const { return slots_[static_cast<std::size_t>(cur_slot_)]; }
@@ -165,6 +170,12 @@ class Engine {
   void PerturbLogits(Slot& sl, float* logits, std::size_t n);
   // The first recorded failure of any stage (device backends), else Ok.
   Status StagesStatus() const;
+  // Op reports for the next stage calls over `groups` (row groups of one call; mtp: an MTP
+  // step): installs the dispatcher in every stage when a group's request wants op records or has
+  // a perturb-op injection for its window; EndOps uninstalls it.
+  void BeginOps(const std::vector<RowGroup>& groups);
+  void EndOps();
+  Status CheckPerturbOp(Injection& inj) const;
 
   EngineConfig cfg_;
   const ModelWeights& w_;
@@ -178,6 +189,7 @@ class Engine {
   std::vector<StageTiming> timings_;
   StepWork last_step_work_;
   std::vector<float> normed_scratch_;
+  std::unique_ptr<OpDispatch> ops_;
 };
 using EnginePtr = std::unique_ptr<Engine>;
 

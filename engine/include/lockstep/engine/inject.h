@@ -10,6 +10,13 @@
 //                                 logits (the window's verify logits, last stage). The perturbed
 //                                 item and everything computed from it afterwards differ; nothing
 //                                 before it does. This is the positive control of a campaign.
+//   perturb-op:stage=S:layer=L:op=NAME:window=W:row=R:ulps=K
+//                                 move one output element of one named op (op_table.h) by K ULPs
+//                                 (the element's bits as an integer + K) in verify window W, row R
+//                                 of the window, layer L (-1: a stage op such as lm_head; the MTP
+//                                 layer is n_layers), before anything reads it. Which element: the
+//                                 row's first element whose magnitude is its largest. The planted
+//                                 fault of a localisation's positive control (issue 37).
 // `stage` and `window` may be omitted (= every stage / every window; for layer items the stage is
 // the layer's). A malformed or unknown injection is kInvalidArgument naming the text.
 //
@@ -31,7 +38,7 @@
 namespace lockstep {
 
 struct Injection {
-  enum class Kind { kDelay, kPerturb };
+  enum class Kind { kDelay, kPerturb, kPerturbOp };
   Kind kind = Kind::kDelay;
   int stage = -1;                // -1: any
   int window = -1;               // -1: any
@@ -39,6 +46,9 @@ struct Injection {
   int layer = -1;                // perturb: global layer index (layer items)
   ItemKind item = ItemKind::kK;  // perturb: one of IsPerturbable (observer.h)
   double eps = 0.0;              // perturb: relative size, the item is multiplied by (1 + eps)
+  std::string op;                // perturb-op: the op's name (op_table.h)
+  int row = -1;                  // perturb-op: the row of the window
+  int ulps = 0;                  // perturb-op: ULPs added to the element's bits
   std::string text;              // as given
 };
 
@@ -49,8 +59,9 @@ Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& s
 struct InjectionFiring {
   int window = -1, stage = -1, layer = -1;
   int p = 0, T = 0;
-  double factor = 0.0;  // perturb: 1 + eps
-  double ms = 0.0;      // delay
+  double factor = 0.0;                        // perturb: 1 + eps
+  double ms = 0.0;                            // delay
+  int row = -1, position = -1, element = -1;  // perturb-op: the row, its position, the element
 };
 
 // What one injection did over a run: how often it fired and the first kMaxFirings firings.

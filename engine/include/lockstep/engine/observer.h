@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "lockstep/engine/dtype.h"
+#include "lockstep/engine/op_table.h"
 #include "lockstep/engine/step_record.h"
 #include "lockstep/engine/window.h"
 
@@ -140,6 +141,16 @@ class Observer {
   // After every engine step the observed request had rows in (its verify window or a prefill
   // chunk), with that step's record (step_record.h). Called by the scheduler.
   virtual void OnStep(const StepRecord& step) { (void)step; }
+  // Op records (op_table.h), for an observer the engine was given as the request's op observer
+  // (Engine::SetOpObserver): asked per forward call with the request's window (-1: prefill
+  // chunks and their MTP rows); when true, OnOp is called for every output row of every named op
+  // of the request in that call and for every state item an op reads, in execution order, from
+  // the driver thread. `rec.data` is valid during the call only.
+  virtual bool WantsOps(int window) const {
+    (void)window;
+    return false;
+  }
+  virtual void OnOp(const OpRecord& rec) { (void)rec; }
 };
 
 }  // namespace lockstep

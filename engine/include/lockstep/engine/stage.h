@@ -27,6 +27,7 @@
 #include "lockstep/engine/gdn_state.h"
 #include "lockstep/engine/kv_cache.h"
 #include "lockstep/engine/observer.h"
+#include "lockstep/engine/op_table.h"
 #include "lockstep/engine/status.h"
 #include "lockstep/engine/transport.h"
 #include "lockstep/engine/window.h"
@@ -184,6 +185,10 @@ class StageSession {
   virtual StepWork TakeStepWork() { return {}; }
   // One-time set-up counters over the session's life (exports' /counters/stage{S}).
   virtual StageInitCounters init_counters() const { return {}; }
+  // Op reports (op_table.h): while `sink` is set, every forward call reports each named op's
+  // output rows and the state items it reads to it; null: none (the default). A backend that does
+  // not report ops (cuda today) ignores it.
+  virtual void SetOpSink(OpSink* sink) { (void)sink; }
   // First failure of a call that returns void (device backends); Ok on the CPU.
   virtual Status status() const { return Status::Ok(); }
 

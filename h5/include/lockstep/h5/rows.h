@@ -9,6 +9,7 @@
 //   /trace/window_steps   TraceWindowStepRow kTraceWindowStepFields
 //   /trace/samples        HostSampleRow      kHostSampleFields
 //   /trace/device_samples DeviceSampleRow    kDeviceSampleFields
+//   /ops/records          OpRecordRow        kOpRecordFields
 //
 // The file's bytes are these structs as they are (one H5Dwrite of the row vector), so changing a
 // struct, a field's type or the order of a table changes the file format: bump schema_version.
@@ -257,6 +258,26 @@ inline constexpr std::array<RowField, 8> kDeviceSampleFields = {
     LOCKSTEP_ROW_FIELD_(DeviceSampleRow, sm_clock_mhz, kI32),
     LOCKSTEP_ROW_FIELD_(DeviceSampleRow, pcie_gen, kI32),
     LOCKSTEP_ROW_FIELD_(DeviceSampleRow, pcie_width, kI32),
+};
+// One row of /ops/records (issue 37): one output row of one named op, or one state read, in
+// execution order. `op` indexes /ops/table; `digest` is the 64-bit row digest's bits; dump_offset
+// is the row's first float in /ops/dump (-1: not dumped), dump_len its floats.
+struct OpRecordRow {
+  std::int32_t window, stage, layer, op, index, position, row, pad;
+  std::int64_t digest, dump_offset, dump_len;
+};
+
+inline constexpr std::array<RowField, 10> kOpRecordFields = {
+    LOCKSTEP_ROW_FIELD_(OpRecordRow, window, kI32),
+    LOCKSTEP_ROW_FIELD_(OpRecordRow, stage, kI32),
+    LOCKSTEP_ROW_FIELD_(OpRecordRow, layer, kI32),
+    LOCKSTEP_ROW_FIELD_(OpRecordRow, op, kI32),
+    LOCKSTEP_ROW_FIELD_(OpRecordRow, index, kI32),
+    LOCKSTEP_ROW_FIELD_(OpRecordRow, position, kI32),
+    LOCKSTEP_ROW_FIELD_(OpRecordRow, row, kI32),
+    LOCKSTEP_ROW_FIELD_(OpRecordRow, digest, kI64),
+    LOCKSTEP_ROW_FIELD_(OpRecordRow, dump_offset, kI64),
+    LOCKSTEP_ROW_FIELD_(OpRecordRow, dump_len, kI64),
 };
 #undef LOCKSTEP_ROW_FIELD_
 

@@ -30,6 +30,10 @@ struct GenerateOptions {
   std::string export_windows = "0-2";  // --export-windows all|none|LIST
   std::string export_points = "pre_verify,post_verify,commit";
   std::string export_compress;  // --export-compress none|lz4 ("" = none)
+  // Op digests (issue 37, instrument op_export.h): --op-digests none|all|LIST (with `prefill`)
+  // and --op-dump OPS@WINDOWS (repeatable); both need --export.
+  std::string op_digests = "none";
+  std::vector<std::string> op_dumps;
   // Progress on stderr: -1 when stderr is a terminal (a line redrawn in place, then a summary
   // line), 1 always (--progress; not a terminal: "progress: prefill D/N" and throttled
   // "progress: decode N/M tokens" lines, which the campaign runner reads), 0 never.

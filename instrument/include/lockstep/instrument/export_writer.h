@@ -36,6 +36,7 @@
 #include "lockstep/engine/step_record.h"
 #include "lockstep/engine/trace_ring.h"
 #include "lockstep/engine/window_selection.h"
+#include "lockstep/instrument/op_export.h"
 #include "lockstep/instrument/resource_sampler.h"
 
 namespace lockstep {
@@ -55,6 +56,10 @@ struct ExportOptions {
   // the rows the engine appends) through the LZ4 HDF5 filter plugin (id 32004, Debian package
   // hdf5-filter-plugin). Create() fails with kNotSupported when the plugin is not available.
   std::string compress;
+  // Op digests (issue 37, op_export.h): the windows whose ops are recorded (none: no /ops) and
+  // the ops whose rows are stored in full.
+  OpWindows op_digests;
+  std::vector<OpDump> op_dumps;
 };
 
 // HDF5 filter id of the LZ4 plugin (registered with The HDF Group).
@@ -118,6 +123,8 @@ class H5Exporter final : public Observer {
   void OnCheckpointEnd(const CheckpointInfo& info) override;
   void OnWindow(const WindowRecord& rec) override;
   void OnStep(const StepRecord& step) override;
+  bool WantsOps(int window) const override;
+  void OnOp(const OpRecord& rec) override;
 
   // Writes /trace/windows and the metadata, drains the queue, closes, fsyncs, renames.
   // Errors: the first write error (kIOError), or one from close/fsync/rename.
@@ -140,6 +147,7 @@ class H5Exporter final : public Observer {
   std::unique_ptr<File> file_;  // HDF5 handles; used by the writer thread only
   std::vector<WindowRecord> windows_;
   std::vector<StepRecord> steps_;  // OnStep, in call order
+  OpCollector ops_;                // OnOp, in call order
   std::map<CheckpointPoint, std::vector<int>> counts_;
   int items_in_checkpoint_ = 0;
 
