@@ -18,6 +18,7 @@
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/harness/builds.h"
 #include "lockstep/harness/campaign.h"
+#include "lockstep/harness/chat_prompt.h"
 #include "lockstep/harness/campaign_report.h"
 #include "lockstep/harness/gates.h"
 #include "lockstep/harness/model_command.h"
@@ -77,6 +78,9 @@ Status ProvisionPlanRequest(const Campaign& c, const std::string& model_dir,
     LOCKSTEP_ASSIGN_OR_RETURN(ids, EncodePlanText(model_dir, r.prompt));
   } else if (!r.prompt_file.empty()) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.prompt_file, std::size_t{256} << 20));
+    LOCKSTEP_ASSIGN_OR_RETURN(ids, EncodePlanText(model_dir, text));
+  } else if (!r.chat_file.empty()) {  // the model's chat template, as `generate --chat`
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string text, RenderChatFile(model_dir, r.chat_file));
     LOCKSTEP_ASSIGN_OR_RETURN(ids, EncodePlanText(model_dir, text));
   } else {
     LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.token_file, std::size_t{256} << 20));

@@ -123,9 +123,10 @@ TEST(ServeAuth, BearerComparedWhole) {
 
 TEST(ServeMetrics, PrometheusTextAddsUp) {
   ServeMetrics m;
-  m.CountResponse(200);
-  m.CountResponse(200);
-  m.CountResponse(429);
+  m.CountResponse("/v1/completions", 200);
+  m.CountResponse("/v1/completions", 200);
+  m.CountResponse("/v1/completions", 429);
+  m.CountResponse("/health", 200);
   m.CountTokens(5, 7, 2);
   m.ObserveStep(0.003);
   m.ObserveStep(0.2);
@@ -133,8 +134,13 @@ TEST(ServeMetrics, PrometheusTextAddsUp) {
   g.slots_total = 4;
   g.slots_busy = 1;
   const std::string t = m.Text(g);
-  EXPECT_NE(t.find("lockstep_requests_total{status=\"200\"} 2\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("lockstep_requests_total{status=\"429\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("lockstep_requests_total{endpoint=\"/v1/completions\",code=\"200\"} 2\n"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("lockstep_requests_total{endpoint=\"/v1/completions\",code=\"429\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("lockstep_requests_total{endpoint=\"/health\",code=\"200\"} 1\n"),
+            std::string::npos);
   EXPECT_NE(t.find("lockstep_generated_tokens_total 7\n"), std::string::npos);
   EXPECT_NE(t.find("lockstep_cached_tokens_total 2\n"), std::string::npos);
   EXPECT_NE(t.find("lockstep_slots_busy 1\n"), std::string::npos);
