@@ -20,8 +20,8 @@ Status CheckMessage(J& m, std::size_t k) {
     return Bad(at + ".role", "is required (a string)");
   const std::string role = m["role"].get<std::string>();
   if (role != "system" && role != "user" && role != "assistant" && role != "tool")
-    return Bad(at + ".role", "must be one of system, user, assistant, tool (not '" +
-                                 role.substr(0, 32) + "')");
+    return Bad(at + ".role",
+               "must be one of system, user, assistant, tool (not '" + role.substr(0, 32) + "')");
   if (!m.contains("content")) {
     if (role == "assistant" && m.contains("tool_calls")) return Status::Ok();
     return Bad(at + ".content", "is required");
@@ -35,7 +35,8 @@ Status CheckMessage(J& m, std::size_t k) {
     const std::string pat = at + ".content[" + std::to_string(p) + "]";
     if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
         !part["text"].is_string())
-      return Bad(pat, "must be {\"type\": \"text\", \"text\": ...} (only text parts are supported)");
+      return Bad(pat,
+                 "must be {\"type\": \"text\", \"text\": ...} (only text parts are supported)");
     if (p) joined += "\n";
     joined += part["text"].get<std::string>();
   }
@@ -103,8 +104,9 @@ Result<std::string> RenderChatFile(const std::string& model_path, const std::str
   LOCKSTEP_ASSIGN_OR_RETURN(std::optional<ChatTemplate> t, LoadChatTemplate(model_path));
   if (!t)
     return Status::InvalidArgument(
-        "--chat", "the model has no chat template (chat_template.jinja, tokenizer_config.json's "
-                  "chat_template, or a GGUF's tokenizer.chat_template)");
+        "--chat",
+        "the model has no chat template (chat_template.jinja, tokenizer_config.json's "
+        "chat_template, or a GGUF's tokenizer.chat_template)");
   return RenderChatPrompt(*t, *p);
 }
 

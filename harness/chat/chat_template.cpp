@@ -80,13 +80,12 @@ Result<std::optional<ChatTemplate>> LoadChatTemplate(const std::string& model_pa
                               ParseFrom(*src, model_path + " (tokenizer.chat_template)"));
     // The special tokens' texts, from their ids in the vocabulary (llama.cpp's keys).
     auto tokens = g->kv().find("tokenizer.ggml.tokens");
-    const auto* vocab = tokens == g->kv().end()
-                            ? nullptr
-                            : std::get_if<std::vector<GgufValue>>(&tokens->second.v);
+    const auto* vocab =
+        tokens == g->kv().end() ? nullptr : std::get_if<std::vector<GgufValue>>(&tokens->second.v);
     const std::pair<const char*, const char*> keys[] = {{"bos", "bos_token"},
-                                                         {"eos", "eos_token"},
-                                                         {"padding", "pad_token"},
-                                                         {"unknown", "unk_token"}};
+                                                        {"eos", "eos_token"},
+                                                        {"padding", "pad_token"},
+                                                        {"unknown", "unk_token"}};
     for (const auto& [gguf_key, var] : keys) {
       auto id = g->Int(std::string("tokenizer.ggml.") + gguf_key + "_token_id");
       if (!vocab || !id || *id < 0 || static_cast<std::size_t>(*id) >= vocab->size()) continue;

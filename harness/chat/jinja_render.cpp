@@ -366,8 +366,8 @@ class Renderer {
       LOCKSTEP_ASSIGN_OR_RETURN(Value obj, Eval(*callee.args[0]));
       if (obj.is_string() || obj.kind == K::kObject || obj.kind == K::kArray)
         return Method(obj, callee.name, args, e.line);
-      return Error(e.line, std::string(KindName(obj.kind)) + " has no method '" + callee.name +
-                               "'");
+      return Error(e.line,
+                   std::string(KindName(obj.kind)) + " has no method '" + callee.name + "'");
     }
     LOCKSTEP_ASSIGN_OR_RETURN(Value fn, Eval(callee));
     if (fn.kind != K::kFunction)
@@ -391,7 +391,8 @@ class Renderer {
     if (args.size() >= 2) lo = args[0].i, hi = args[1].i;
     if (args.size() == 3) step = args[2].i;
     if (args.empty() || args.size() > 3 || step == 0) return Error(e.line, "bad range()");
-    const double n_items = (static_cast<double>(hi) - static_cast<double>(lo)) / static_cast<double>(step);
+    const double n_items =
+        (static_cast<double>(hi) - static_cast<double>(lo)) / static_cast<double>(step);
     if (n_items > kMaxRange)
       return Error(e.line, "range() of more than " + std::to_string(kMaxRange) + " items");
     Array out;
@@ -415,8 +416,7 @@ class Renderer {
       }
       if (name == "keys" || name == "values") {
         Array out;
-        for (const auto& [k, v] : obj.obj->items)
-          out.push_back(name == "keys" ? Value::Str(k) : v);
+        for (const auto& [k, v] : obj.obj->items) out.push_back(name == "keys" ? Value::Str(k) : v);
         return Value::List(std::move(out));
       }
       if (name == "get") {
@@ -514,8 +514,7 @@ class Renderer {
     if (name == "tojson") {
       const Value* indent = kwarg("indent", 0);
       std::string out;
-      if (!ToJsonText(x, indent && indent->kind == K::kInt ? static_cast<int>(indent->i) : -1,
-                      out))
+      if (!ToJsonText(x, indent && indent->kind == K::kInt ? static_cast<int>(indent->i) : -1, out))
         return Error(line, "tojson: value cannot be written as JSON");
       LOCKSTEP_RETURN_IF_ERROR(CheckSize(line, out.size()));
       return Value::Str(std::move(out));
@@ -540,7 +539,8 @@ class Renderer {
       if (x.is_string()) {
         const auto at = CodePoints(x.s);
         std::string out;
-        for (std::size_t k = at.size() - 1; k > 0; --k) out.append(x.s, at[k - 1], at[k] - at[k - 1]);
+        for (std::size_t k = at.size() - 1; k > 0; --k)
+          out.append(x.s, at[k - 1], at[k] - at[k - 1]);
         return Value::Str(std::move(out));
       }
       LOCKSTEP_ASSIGN_OR_RETURN(Array items, Items(x, line));
@@ -580,8 +580,8 @@ class Renderer {
       return Error(line, "abs of " + std::string(KindName(x.kind)));
     }
     if (!x.is_string())
-      return Error(line, "filter '" + name + "' of " + std::string(KindName(x.kind)) +
-                             " is not supported");
+      return Error(
+          line, "filter '" + name + "' of " + std::string(KindName(x.kind)) + " is not supported");
     return StringFilter(name, x.s, args, line);
   }
 

@@ -63,8 +63,8 @@ void HandleChatCompletion(ServeContext& ctx, const httplib::Request& req, httpli
     return SendError(res, ApiError::BadRequest(prompt.status().message(), "messages"));
   auto text = RenderChatPrompt(*ctx.chat_template, *prompt);
   if (!text.ok())
-    return SendError(res, ApiError::BadRequest(text.status().message(), "messages",
-                                               "chat_template_failed"));
+    return SendError(
+        res, ApiError::BadRequest(text.status().message(), "messages", "chat_template_failed"));
   if (text->empty())
     return SendError(res, ApiError::BadRequest("the chat template rendered an empty prompt",
                                                "messages", "chat_template_failed"));
@@ -77,8 +77,8 @@ void HandleChatCompletion(ServeContext& ctx, const httplib::Request& req, httpli
     body.erase("max_completion_tokens");
   }
   body["prompt"] = std::move(*text);
-  auto parsed = ParseCompletionRequest(body.dump(-1, ' ', false, J::error_handler_t::replace),
-                                       ctx.limits);
+  auto parsed =
+      ParseCompletionRequest(body.dump(-1, ' ', false, J::error_handler_t::replace), ctx.limits);
   if (auto* e = std::get_if<ApiError>(&parsed)) return SendError(res, *e);
   CompletionRequest r = std::move(std::get<CompletionRequest>(parsed));
   if (r.logprobs >= 0)

@@ -9,8 +9,8 @@ nlohmann::json ToChatJson(nlohmann::json j, bool chunk) {
   j["object"] = chunk ? "chat.completion.chunk" : "chat.completion";
   if (!j.contains("choices")) return j;
   for (auto& c : j["choices"]) {
-    std::string text = c.contains("text") && c["text"].is_string() ? c["text"].get<std::string>()
-                                                                    : std::string();
+    std::string text =
+        c.contains("text") && c["text"].is_string() ? c["text"].get<std::string>() : std::string();
     c.erase("text");
     if (!chunk) {
       c["message"] = {{"role", "assistant"}, {"content", std::move(text)}};

@@ -245,18 +245,20 @@ std::optional<ApiError> ParseField(const std::string& key, const json& v,
     bool echo = false;
     if (auto e = GetBool(v, key, echo)) return e;
     if (echo)
-      return ApiError::BadRequest("'echo' is not supported: the answer holds the generated text "
-                                  "only (the prompt is the request's own)",
-                                  key, "unsupported_field");
+      return ApiError::BadRequest(
+          "'echo' is not supported: the answer holds the generated text "
+          "only (the prompt is the request's own)",
+          key, "unsupported_field");
     return std::nullopt;
   }
   if (key == "best_of") {
     int best_of = 1;
     if (auto e = GetInt(v, key, 1, 1 << 20, best_of)) return e;
     if (best_of != 1)
-      return ApiError::BadRequest("'best_of' > 1 is not supported: ranking candidates by their "
-                                  "log probability is not implemented (use n and logprobs)",
-                                  key, "unsupported_field");
+      return ApiError::BadRequest(
+          "'best_of' > 1 is not supported: ranking candidates by their "
+          "log probability is not implemented (use n and logprobs)",
+          key, "unsupported_field");
     return std::nullopt;
   }
   if (key == "presence_penalty" || key == "frequency_penalty" || key == "repeat_penalty") {

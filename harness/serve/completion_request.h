@@ -55,10 +55,10 @@ struct CompletionRequest {
   std::string arm;
   std::optional<ExportRequest> export_request;
   bool trace = false;
-  bool cache_bypass = false;  // lockstep.cache = "bypass"
-  bool keep = false;          // lockstep.keep: the slot holds the conversation afterwards
-  int id_slot = -1;           // continue the conversation kept in this slot
-  bool chat = false;          // POST /v1/chat/completions: the answer in chat shape
+  bool cache_bypass = false;   // lockstep.cache = "bypass"
+  bool keep = false;           // lockstep.keep: the slot holds the conversation afterwards
+  int id_slot = -1;            // continue the conversation kept in this slot
+  bool chat = false;           // POST /v1/chat/completions: the answer in chat shape
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage alone
   bool user_given = false;     // `user` was sent (accepted, not used; the log says so)
 };

@@ -133,8 +133,11 @@ std::string SseChunk(const ServeJob& job, const std::string& text,
   if (!last || !job.req.include_usage) return "data: " + Dump(j) + "\n\n";
   // stream_options.include_usage: as OpenAI streams it, usage comes in a chunk of its own with
   // no choices after the one with finish_reason.
-  nlohmann::json usage = {{"id", j["id"]},       {"object", j["object"]}, {"created", j["created"]},
-                          {"model", j["model"]}, {"choices", nlohmann::json::array()},
+  nlohmann::json usage = {{"id", j["id"]},
+                          {"object", j["object"]},
+                          {"created", j["created"]},
+                          {"model", j["model"]},
+                          {"choices", nlohmann::json::array()},
                           {"usage", j["usage"]}};
   j["usage"] = nullptr;
   return "data: " + Dump(j) + "\n\ndata: " + Dump(usage) + "\n\n";

@@ -208,7 +208,8 @@ void RunCompletion(ServeContext& ctx, CompletionRequest r, httplib::Response& re
   char num[24];
   std::snprintf(num, sizeof(num), "%06llu", static_cast<unsigned long long>(ctx.next_id++));
   const std::string id = ctx.id_prefix + num;
-  if (r.user_given) std::fprintf(stderr, "serve: %s: 'user' given (accepted, not used)\n", id.c_str());
+  if (r.user_given)
+    std::fprintf(stderr, "serve: %s: 'user' given (accepted, not used)\n", id.c_str());
   auto job = std::make_shared<ServeJob>(id, std::move(r), std::move(prompt));
   const EngineConfig cfg = RequestConfig(ctx.engine_config, job->req);
   job->options = RequestOptions::FromConfig(cfg);

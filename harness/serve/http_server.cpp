@@ -44,8 +44,9 @@ struct Route {
 
 std::optional<Route> FindRoute(const std::string& path) {
   static const std::pair<const char*, const char*> kExact[] = {
-      {"/health", "GET"},         {"/v1/models", "GET"}, {"/v1/completions", "POST"},
-      {"/v1/chat/completions", "POST"}, {"/slots", "GET"},   {"/metrics", "GET"},
+      {"/health", "GET"},          {"/v1/models", "GET"},
+      {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
+      {"/slots", "GET"},           {"/metrics", "GET"},
       {"/v1/lockstep/info", "GET"}};
   for (const auto& [p, allow] : kExact)
     if (path == p) return Route{p, allow};
@@ -125,7 +126,8 @@ void HandleModels(const ServeContext& ctx, httplib::Response& res) {
 void FillErrorBody(const ServeContext& ctx, const httplib::Request& req, httplib::Response& res) {
   if (!res.body.empty()) return;
   if (res.status == 400 && req.method == "POST" && t_routing_ns > 0 &&
-      MonoNs() - t_routing_ns >= std::int64_t{ctx.opts.read_timeout_s} * 1'000'000'000 - 250'000'000) {
+      MonoNs() - t_routing_ns >=
+          std::int64_t{ctx.opts.read_timeout_s} * 1'000'000'000 - 250'000'000) {
     res.set_header("Connection", "close");
     ApiError e = ApiError::BadRequest("the request body did not arrive within --read-timeout (" +
                                           std::to_string(ctx.opts.read_timeout_s) + " s)",
@@ -224,7 +226,8 @@ void HttpServer::Routes() {
     if (!origin.empty()) {
       res.set_header("Access-Control-Allow-Origin", origin);
       if (origin != "*") res.set_header("Vary", "Origin");
-      res.set_header("Access-Control-Expose-Headers", "X-Request-Id, X-Lockstep-Sha256, Retry-After");
+      res.set_header("Access-Control-Expose-Headers",
+                     "X-Request-Id, X-Lockstep-Sha256, Retry-After");
     }
     if (req.method == "OPTIONS" && route && !ctx.opts.cors_origin.empty()) {  // CORS preflight
       res.status = 204;
@@ -252,7 +255,8 @@ void HttpServer::Routes() {
     }
     // A POST without Content-Length (and not chunked) would be read until the client closes:
     // answered at once instead, as is an empty completion body.
-    const bool chunked = req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
+    const bool chunked =
+        req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
     const std::string length = req.get_header_value("Content-Length");
     const bool json_endpoint = route && route->allow == "POST" && route->endpoint != "/slots/{id}";
     if (req.method == "POST" && !chunked && (length.empty() || (length == "0" && json_endpoint))) {
@@ -298,8 +302,8 @@ void HttpServer::Routes() {
     g.draining = ctx.draining;
     res.set_content(ctx.metrics.Text(g), "text/plain; version=0.0.4");
   });
-  svr_->set_error_handler(
-      httplib::Server::HandlerWithResponse([&ctx](const httplib::Request& req, httplib::Response& res) {
+  svr_->set_error_handler(httplib::Server::HandlerWithResponse(
+      [&ctx](const httplib::Request& req, httplib::Response& res) {
         FillErrorBody(ctx, req, res);
         return httplib::Server::HandlerResponse::Handled;
       }));

@@ -101,7 +101,8 @@ Status RunServeCommand(const ServeOptions& opts_in, std::ostream& out) {
   ctx.tokenizer = tokenizer.get();
   auto chat = LoadChatTemplate(cfg.model);
   if (!chat.ok())
-    ctx.chat_template_error = "the model's chat template cannot be used: " + chat.status().message();
+    ctx.chat_template_error =
+        "the model's chat template cannot be used: " + chat.status().message();
   else if (!*chat)
     ctx.chat_template_error =
         "the model has no chat template (chat_template.jinja, tokenizer_config.json's "
@@ -109,7 +110,8 @@ Status RunServeCommand(const ServeOptions& opts_in, std::ostream& out) {
   else
     ctx.chat_template = std::move(**chat);
   if (!ctx.chat_template_error.empty())
-    std::fprintf(stderr, "serve: chat completions answer 400: %s\n", ctx.chat_template_error.c_str());
+    std::fprintf(stderr, "serve: chat completions answer 400: %s\n",
+                 ctx.chat_template_error.c_str());
   ctx.engine_config = engine->config();
   ctx.limits.n_vocab = weights->config.n_vocab;
   if (auto exe = Sha256SelfExe(); exe.ok()) ctx.executable_sha256 = *exe;

@@ -48,8 +48,8 @@ class TextStream {
  private:
   std::vector<std::string> stop_;
   std::size_t max_stop_ = 0;
-  std::string raw_;       // decoded bytes, cut at a stop string
-  std::size_t sent_ = 0;  // raw bytes handed out
+  std::string raw_;                                          // decoded bytes, cut at a stop string
+  std::size_t sent_ = 0;                                     // raw bytes handed out
   std::vector<std::pair<std::size_t, std::size_t>> opaque_;  // [begin, end) placeholders in raw_
   bool stopped_ = false;
 };

@@ -8,10 +8,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "lockstep/harness/chat_template.h"
 
@@ -43,7 +42,8 @@ class ChatTemplateHf : public ::testing::Test {
       std::string why((std::istreambuf_iterator<char>(skip)), std::istreambuf_iterator<char>());
       GTEST_SKIP() << why;
     }
-    ASSERT_TRUE(std::filesystem::exists(kDir + "/hf.jsonl")) << "run the chat_template_hf_setup test first";
+    ASSERT_TRUE(std::filesystem::exists(kDir + "/hf.jsonl"))
+        << "run the chat_template_hf_setup test first";
   }
 };
 
@@ -64,16 +64,20 @@ TEST_F(ChatTemplateHf, Qwen3TemplateMatchesHuggingFaceJinja) {
     if (c.contains("enable_thinking")) o.enable_thinking = c["enable_thinking"].get<bool>();
     if (c.contains("tools")) o.tools = c["tools"];
     auto ours = t.Render(c["messages"], o);
-    ASSERT_TRUE(hf[k].contains("text")) << "conversation " << k << ": Hugging Face failed: " << hf[k].dump();
+    ASSERT_TRUE(hf[k].contains("text"))
+        << "conversation " << k << ": Hugging Face failed: " << hf[k].dump();
     ASSERT_TRUE(ours.ok()) << "conversation " << k << ": " << ours.status().ToString();
     const std::string theirs = hf[k]["text"].get<std::string>();
     if (c["set"] == "main") {
       ++n_main;
-      ASSERT_EQ(*ours, theirs) << "conversation " << k << " (line " << k + 1 << " of conversations.jsonl)";
+      ASSERT_EQ(*ours, theirs) << "conversation " << k << " (line " << k + 1
+                               << " of conversations.jsonl)";
     } else {
       ++n_strip;
       EXPECT_EQ(NoSpace(*ours), NoSpace(theirs)) << "conversation " << k;
-      if (!py.empty()) EXPECT_EQ(*ours, py[k]["text"].get<std::string>()) << "conversation " << k;
+      if (!py.empty()) {
+        EXPECT_EQ(*ours, py[k]["text"].get<std::string>()) << "conversation " << k;
+      }
     }
     n_thinking_off += o.enable_thinking == false;
     n_no_prompt += !o.add_generation_prompt;

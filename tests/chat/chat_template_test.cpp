@@ -2,21 +2,21 @@
 // HF's trim/lstrip_blocks, scoping (set in a loop, namespace), Python string methods, slices,
 // filters and tests; refusals by name; hostile templates stopped by the limits; where
 // LoadChatTemplate finds a model's template (chat_template.jinja, tokenizer_config.json, GGUF).
+#include "lockstep/harness/chat_template.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "lockstep/engine/gguf.h"
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/harness/campaign.h"
 #include "lockstep/harness/chat_prompt.h"
-#include "lockstep/harness/chat_template.h"
 #include "lockstep/harness/runner.h"
 #include "test_util.h"
 
@@ -37,8 +37,8 @@ std::string Render(const std::string& src, const J& messages = J::array(),
 TEST(ChatTemplate, WhitespaceControlAndBlocks) {
   EXPECT_EQ(Render("a  {{- 'b' -}}  c"), "abc");
   EXPECT_EQ(Render("{% if true %}\nx\n{% endif %}\ny\n"), "x\ny");  // trim_blocks, one \n dropped
-  EXPECT_EQ(Render("  {% if true %}x{% endif %}"), "x");              // lstrip_blocks
-  EXPECT_EQ(Render("  {{ 'x' }}"), "  x");                            // not for expressions
+  EXPECT_EQ(Render("  {% if true %}x{% endif %}"), "x");            // lstrip_blocks
+  EXPECT_EQ(Render("  {{ 'x' }}"), "  x");                          // not for expressions
   EXPECT_EQ(Render("a{# note #}b{#- c -#} d"), "abd");
   EXPECT_EQ(Render("{% if 0 %}a{% elif none %}b{% elif 'x' %}c{% else %}d{% endif %}"), "c");
   EXPECT_EQ(Render("{% for x in [] %}a{% else %}empty{% endfor %}"), "empty");
@@ -48,7 +48,7 @@ TEST(ChatTemplate, WhitespaceControlAndBlocks) {
 TEST(ChatTemplate, LoopsScopesAndNamespaces) {
   EXPECT_EQ(Render("{% for x in [1,2,3] %}{{ loop.index0 }}{{ loop.first }}{{ loop.last }};"
                    "{% endfor %}"),
-               "0TrueFalse;1FalseFalse;2FalseTrue;");
+            "0TrueFalse;1FalseFalse;2FalseTrue;");
   // set inside a loop stays in the iteration; a namespace attribute outlives it.
   EXPECT_EQ(Render("{% set a = 1 %}{% set ns = namespace(b=1) %}{% for x in [5] %}{% set a = x %}"
                    "{% set ns.b = x %}{% endfor %}{{ a }} {{ ns.b }}"),
@@ -64,17 +64,17 @@ TEST(ChatTemplate, ExpressionsMethodsFiltersTests) {
             "[4, 3, 2, 1] bcd 3 é");
   // Python's strip(chars): only those characters (@huggingface/jinja strips all whitespace).
   EXPECT_EQ(Render("[{{ '\\n \\tx \\n'.strip('\\n') }}][{{ '  x  '.lstrip() }}]"), "[ \tx ][x  ]");
-  EXPECT_EQ(Render("{{ 'a</t>b</t>c'.split('</t>')[-1] }} {{ ' a  b '.split() | length }}"),
-            "c 2");
-  EXPECT_EQ(Render("{{ 'abc'.startswith('ab') }} {{ 'abc'.endswith(('x', 'bc')) }}"),
-            "True True");
+  EXPECT_EQ(Render("{{ 'a</t>b</t>c'.split('</t>')[-1] }} {{ ' a  b '.split() | length }}"), "c 2");
+  EXPECT_EQ(Render("{{ 'abc'.startswith('ab') }} {{ 'abc'.endswith(('x', 'bc')) }}"), "True True");
   EXPECT_EQ(Render("{{ messages | length - 1 }}", J::array({J::object(), J::object()})), "1");
-  EXPECT_EQ(Render("{{ {'b': [1, 'x', none, true]} | tojson }}"), "{\"b\": [1, \"x\", null, true]}");
+  EXPECT_EQ(Render("{{ {'b': [1, 'x', none, true]} | tojson }}"),
+            "{\"b\": [1, \"x\", null, true]}");
   EXPECT_EQ(Render("{{ 'Qué' | tojson }} {{ 'a\"\\n' | tojson }}"), "\"Qué\" \"a\\\"\\n\"");
   EXPECT_EQ(Render("{{ x is defined }} {{ none is none }} {{ 'a' is string }} {{ 1 is string }}"),
             "False True True False");
-  EXPECT_EQ(Render("{{ 'y' if not x is defined else 'n' }} {{ 7 // 2 }} {{ -7 % 3 }} {{ 2 ** 10 }}"),
-            "y 3 2 1024");
+  EXPECT_EQ(
+      Render("{{ 'y' if not x is defined else 'n' }} {{ 7 // 2 }} {{ -7 % 3 }} {{ 2 ** 10 }}"),
+      "y 3 2 1024");
   EXPECT_EQ(Render("{{ 'a' ~ 1 ~ none }} {{ 'b' in 'abc' }} {{ 3 not in [1, 2] }}"),
             "a1None True True");
   EXPECT_EQ(Render("{{ x | default('d') }} {{ ['a','b'] | join('-') }} {{ ' t ' | trim | upper }}"),
@@ -93,8 +93,10 @@ TEST(ChatTemplate, RefusesWhatItDoesNotSupportByName) {
   EXPECT_EQ(t.status().code(), Status::Code::kNotSupported);
   EXPECT_NE(t.status().message().find("unsupported tag 'macro' at line 2"), std::string::npos)
       << t.status().message();
-  EXPECT_EQ(Render("{{ x | wordwrap }}").rfind("RENDER: invalid argument: chat template: "
-                                               "filter 'wordwrap'", 0),
+  EXPECT_EQ(Render("{{ x | wordwrap }}")
+                .rfind("RENDER: invalid argument: chat template: "
+                       "filter 'wordwrap'",
+                       0),
             0u);
   EXPECT_NE(Render("{% if x %}never closed").find("missing '{% endif %}'"), std::string::npos);
   EXPECT_NE(Render("{{ 'unterminated }}").find("unterminated string"), std::string::npos);
@@ -123,7 +125,8 @@ TEST(ChatTemplate, HostileTemplatesStopQuickly) {
                 .find("bytes"),
             std::string::npos);
   EXPECT_NE(Render("{{ 'x' * 1000000000 }}").find("bytes"), std::string::npos);
-  EXPECT_NE(Render("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}").find("too deeply"),
+  EXPECT_NE(Render("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}")
+                .find("too deeply"),
             std::string::npos);
   std::string deep;
   for (int k = 0; k < 200; ++k) deep += "{% if true %}";
@@ -162,10 +165,9 @@ TEST(ChatTemplate, FoundBesideTheModel) {
   std::map<std::string, GgufValue> kv;
   kv["general.architecture"] = GgufValue{std::string("qwen3next"), 8};
   kv["tokenizer.chat_template"] = GgufValue{std::string("gguf {{ eos_token }}"), 8};
-  kv["tokenizer.ggml.tokens"] =
-      GgufValue{std::vector<GgufValue>{GgufValue{std::string("a"), 8},
-                                       GgufValue{std::string("<|end|>"), 8}},
-                9};
+  kv["tokenizer.ggml.tokens"] = GgufValue{
+      std::vector<GgufValue>{GgufValue{std::string("a"), 8}, GgufValue{std::string("<|end|>"), 8}},
+      9};
   kv["tokenizer.ggml.eos_token_id"] = GgufValue{std::uint64_t{1}, 4};
   ASSERT_TRUE(WriteGguf(dir + "/m.gguf", kv, {}).ok());
   auto g = LoadChatTemplate(dir + "/m.gguf");

@@ -47,8 +47,8 @@ std::string Shell(const std::string& s) {
 json Generate(const std::string& model, const std::string& request, int max_new,
               std::uint64_t seed) {
   CmdResult r = RunLockstep("generate --model " + model + " --threads 1 " + request +
-                            " --max-new " + std::to_string(max_new) +
-                            " --temperature 0.8 --seed " + std::to_string(seed) + " --json -");
+                            " --max-new " + std::to_string(max_new) + " --temperature 0.8 --seed " +
+                            std::to_string(seed) + " --json -");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return json::parse(r.out, nullptr, false);
 }
@@ -67,10 +67,10 @@ TEST(OpenAiClient, EveryCallSucceedsAndMatchesGenerate) {
                     "--model-name", "tiny-chat"});
   ASSERT_TRUE(srv.started()) << srv.Log();
   const std::string out = NewDir("openai-out") + "/calls.json";
-  const std::string cmd = "NODE_PATH=" + Shell(kDir + "/npm/node_modules") + " node " +
-                          Shell(std::string(LOCKSTEP_SOURCE_DIR) + "/tests/openai/openai_calls.js") +
-                          " http://127.0.0.1:" + std::to_string(srv.port()) + "/v1 tiny-chat " +
-                          Shell(out) + " 2>&1";
+  const std::string cmd =
+      "NODE_PATH=" + Shell(kDir + "/npm/node_modules") + " node " +
+      Shell(std::string(LOCKSTEP_SOURCE_DIR) + "/tests/openai/openai_calls.js") +
+      " http://127.0.0.1:" + std::to_string(srv.port()) + "/v1 tiny-chat " + Shell(out) + " 2>&1";
   const int rc = std::system(cmd.c_str());
   ASSERT_EQ(rc, 0) << "openai_calls.js failed; server log:\n" << srv.Log();
   std::ifstream in(out);

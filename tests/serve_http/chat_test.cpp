@@ -82,8 +82,9 @@ TEST(ServeChat, AnswersInChatShapeWithGeneratesTokens) {
   EXPECT_TRUE(choice["finish_reason"] == "length" || choice["finish_reason"] == "stop");
   EXPECT_EQ(a.body["usage"]["completion_tokens"], a.body["lockstep"]["output_ids"].size());
   // The rendered prompt: ChatML with the thinking switch off, byte-level ids of that text.
-  const std::string prompt = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhy is "
-                             "the sky blue? ü<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+  const std::string prompt =
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhy is "
+      "the sky blue? ü<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
   EXPECT_EQ(a.body["usage"]["prompt_tokens"], prompt.size());
   const json chat_file = {{"messages", kMessages},
                           {"chat_template_kwargs", {{"enable_thinking", false}}}};
@@ -138,8 +139,7 @@ TEST(ServeChat, RefusesWhatItCannotRenderOrAnswer) {
     auto cli = srv.Client();
     Answer a = Post(*cli, "/v1/chat/completions", {{"messages", kMessages}});
     EXPECT_EQ(a.status, 400);
-    EXPECT_NE(a.body.dump().find("unsupported tag 'macro' at line 1"), std::string::npos)
-        << a.body;
+    EXPECT_NE(a.body.dump().find("unsupported tag 'macro' at line 1"), std::string::npos) << a.body;
   }
   const std::string file = NewDir("chat-macro-file") + "/chat.json";
   std::ofstream(file) << kMessages.dump();
@@ -161,7 +161,8 @@ TEST(ServeChat, RefusesWhatItCannotRenderOrAnswer) {
       {{{"messages", {{{"role", "user"}}}}}, "messages[0].content is required"},
       {{{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}},
        "only text parts"},
-      {{{"messages", kMessages}, {"tools", json::array({json::object()})}}, "'tools' is not supported"},
+      {{{"messages", kMessages}, {"tools", json::array({json::object()})}},
+       "'tools' is not supported"},
       {{{"messages", kMessages}, {"logprobs", true}}, "chat logprobs are not implemented"},
       {{{"messages", kMessages}, {"prompt", "x"}}, "unknown field 'prompt'"},
       {{{"messages", kMessages}, {"bogus", 1}}, "unknown field 'bogus'"},
@@ -172,14 +173,17 @@ TEST(ServeChat, RefusesWhatItCannotRenderOrAnswer) {
     EXPECT_NE(a.body.dump().find(c.needle), std::string::npos) << c.needle << " in " << a.body;
   }
   // Text parts are joined with "\n" (as vLLM does): the same prompt as the joined string.
-  Answer parts = Post(*cli, "/v1/chat/completions",
-                      {{"messages", {{{"role", "user"},
-                                      {"content", {{{"type", "text"}, {"text", "a"}},
-                                                   {{"type", "text"}, {"text", "b"}}}}}}},
-                       {"max_tokens", 3}, {"temperature", 0}});
+  Answer parts = Post(
+      *cli, "/v1/chat/completions",
+      {{"messages",
+        {{{"role", "user"},
+          {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}}}},
+       {"max_tokens", 3},
+       {"temperature", 0}});
   Answer joined = Post(*cli, "/v1/chat/completions",
                        {{"messages", {{{"role", "user"}, {"content", "a\nb"}}}},
-                        {"max_tokens", 3}, {"temperature", 0}});
+                        {"max_tokens", 3},
+                        {"temperature", 0}});
   ASSERT_EQ(parts.status, 200) << parts.body;
   EXPECT_EQ(parts.body["lockstep"]["request_sha256"], joined.body["lockstep"]["request_sha256"]);
 }

@@ -12,9 +12,8 @@
 // level (llama-server's).
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "lockstep/engine/status.h"
 #include "lockstep/harness/chat_template.h"

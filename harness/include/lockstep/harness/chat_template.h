@@ -15,11 +15,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "lockstep/engine/status.h"
 
@@ -55,8 +54,8 @@ class ChatTemplate {
                              const ChatRenderOptions& options) const;
 
   const std::string& source() const { return source_; }
-  const std::string& sha256() const { return sha256_; }    // of the source text
-  const std::string& origin() const { return origin_; }    // file it came from ("" = given)
+  const std::string& sha256() const { return sha256_; }  // of the source text
+  const std::string& origin() const { return origin_; }  // file it came from ("" = given)
   void set_origin(std::string o) { origin_ = std::move(o); }
   // tokenizer_config.json's special tokens, as template variables.
   nlohmann::ordered_json& special_tokens() { return special_tokens_; }

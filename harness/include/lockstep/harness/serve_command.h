@@ -41,8 +41,8 @@ struct ServeOptions {
   // "fixed" keeps seed 0 (every seedless request samples alike). Greedy requests keep 0.
   std::string seed_default = "random";
   std::string cors_origin;  // --cors ORIGIN: CORS headers and preflight answers; "" = off
-  std::string version;  // GET /v1/lockstep/info: the build's version and commit (the CLI
-  std::string commit;   // sets them from `lockstep --version`'s build info)
+  std::string version;      // GET /v1/lockstep/info: the build's version and commit (the CLI
+  std::string commit;       // sets them from `lockstep --version`'s build info)
 };
 
 // Binds, prints "lockstep serve: listening on http://HOST:PORT" on `out` (one line, flushed),
