@@ -72,12 +72,16 @@ Status PlanParser::ParseModel(const toml::table& t, ModelSpec& m) {
 Status PlanParser::ParseRequest(const toml::table& t, RequestSpec& r) const {
   const std::size_t given = t.size();
   if (given != 1)
-    return Error(t.source(),
-                 "[request]: give exactly one of prompt, prompt_file, token_file or needle (got " +
-                     std::to_string(given) + ")");
+    return Error(
+        t.source(),
+        "[request]: give exactly one of prompt, prompt_file, token_file, chat or needle (got " +
+            std::to_string(given) + ")");
   LOCKSTEP_RETURN_IF_ERROR(OptString(t, "prompt", r.prompt));
   if (const toml::node* n = t.get("prompt_file")) {
     LOCKSTEP_ASSIGN_OR_RETURN(r.prompt_file, ExistingPath(*n, "prompt_file", /*folder=*/false));
+  }
+  if (const toml::node* n = t.get("chat")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(r.chat_file, ExistingPath(*n, "chat", /*folder=*/false));
   }
   if (const toml::node* n = t.get("token_file")) {
     LOCKSTEP_ASSIGN_OR_RETURN(r.token_file, ExistingPath(*n, "token_file", /*folder=*/false));
@@ -500,13 +504,14 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
   if (model == nullptr)
     return Error(top, "missing [model] table (required: exactly one of path or preset)");
   LOCKSTEP_RETURN_IF_ERROR(ParseModel(*model, c.model));
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      const toml::table* request,
-      OptTable(root, "request", "[request]", {"prompt", "prompt_file", "token_file", "needle"}));
+  LOCKSTEP_ASSIGN_OR_RETURN(const toml::table* request,
+                            OptTable(root, "request", "[request]",
+                                     {"prompt", "prompt_file", "token_file", "chat", "needle"}));
   if (request == nullptr)
     return Error(
         top,
-        "missing [request] table (required: one of prompt, prompt_file, token_file or needle)");
+        "missing [request] table (required: one of prompt, prompt_file, token_file, chat or "
+        "needle)");
   LOCKSTEP_RETURN_IF_ERROR(ParseRequest(*request, c.request));
 
   if (const toml::node* n = root.get("engine")) {

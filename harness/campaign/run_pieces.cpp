@@ -8,6 +8,7 @@
 #include "lockstep/engine/model_config.h"
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/harness/campaign.h"
+#include "lockstep/harness/chat_prompt.h"
 #include "lockstep/harness/model_init.h"
 #include "lockstep/harness/prompt_text.h"
 #include "lockstep/harness/run_record.h"
@@ -65,6 +66,9 @@ Status ProvisionPlanRequest(const Campaign& c, const std::string& model_dir,
     LOCKSTEP_ASSIGN_OR_RETURN(ids, EncodePlanText(model_dir, r.prompt));
   } else if (!r.prompt_file.empty()) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.prompt_file, std::size_t{256} << 20));
+    LOCKSTEP_ASSIGN_OR_RETURN(ids, EncodePlanText(model_dir, text));
+  } else if (!r.chat_file.empty()) {  // the model's chat template, as `generate --chat`
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string text, RenderChatFile(model_dir, r.chat_file));
     LOCKSTEP_ASSIGN_OR_RETURN(ids, EncodePlanText(model_dir, text));
   } else {
     LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(r.token_file, std::size_t{256} << 20));

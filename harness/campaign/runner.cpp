@@ -20,6 +20,7 @@
 #include "lockstep/harness/builds.h"
 #include "lockstep/harness/campaign.h"
 #include "lockstep/harness/campaign_report.h"
+#include "lockstep/harness/chat_prompt.h"
 #include "lockstep/harness/gates.h"
 #include "lockstep/harness/model_init.h"
 #include "lockstep/harness/process.h"

@@ -34,6 +34,7 @@ std::string RequestLine(const Campaign& c) {
   if (!r.prompt.empty())
     return fmt::format("inline prompt of {} tokens (text not published)", r.prompt.size());
   if (!r.prompt_file.empty()) return "prompt file (text not published)";
+  if (!r.chat_file.empty()) return "chat messages rendered with the model's chat template";
   return "token-id file";
 }
 

@@ -98,6 +98,11 @@ void AddGenerate(CLI::App& app, std::vector<Command>& commands) {
   gen->add_option("--prompt-tokens", g.prompt_tokens,
                   "File of token ids (whitespace or comma separated)")
       ->group(kGroupRequest);
+  gen->add_option("--chat", g.chat_file,
+                  "JSON file of chat messages ({\"messages\": [...]} or the array), rendered "
+                  "with the model's chat template")
+      ->type_name("FILE")
+      ->group(kGroupRequest);
   st->json = gen->add_option("--json", g.json_path,
                              "Print one JSON object (ids, text, stop reason, timings) instead of "
                              "the text; with PATH, write it there and print the text")

@@ -40,6 +40,13 @@ void AddServe(CLI::App& app, std::vector<Command>& commands) {
   server("--max-connections", o.max_connections,
          "Connections waiting or served at most (beyond: 503)");
   server("--read-timeout", o.read_timeout_s, "Seconds to read a request's headers and body");
+  server("--seed-default", o.seed_default,
+         "Seedless sampled requests: random (a drawn seed, reported as lockstep.seed) or fixed "
+         "(seed 0)")
+      ->check(CLI::IsMember({"random", "fixed"}));
+  server("--cors", o.cors_origin,
+         "Allow browser pages from ORIGIN (or *): CORS headers and OPTIONS preflight answers")
+      ->default_str("off");
   server("--write-timeout", o.write_timeout_s, "Seconds a response write may block");
   server("--keep-alive", o.keep_alive_s, "Seconds an idle connection stays open");
   server("--drain-s", o.drain_s,

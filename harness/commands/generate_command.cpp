@@ -23,6 +23,7 @@
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/engine/trace_ring.h"
 #include "lockstep/engine/weights.h"
+#include "lockstep/harness/chat_prompt.h"
 #include "lockstep/harness/prompt_text.h"
 #include "lockstep/instrument/chrome_trace.h"
 #include "lockstep/instrument/export_writer.h"
@@ -35,10 +36,11 @@ namespace {
 
 Result<std::vector<std::int32_t>> LoadPrompt(const GenerateOptions& o, int n_vocab,
                                              const Tokenizer& tok) {
-  int given = (!o.prompt_text.empty()) + (!o.prompt_file.empty()) + (!o.prompt_tokens.empty());
+  int given = (!o.prompt_text.empty()) + (!o.prompt_file.empty()) + (!o.prompt_tokens.empty()) +
+              (!o.chat_file.empty());
   if (given != 1)
     return Status::InvalidArgument(
-        "prompt", "give exactly one of --prompt, --prompt-file or --prompt-tokens");
+        "prompt", "give exactly one of --prompt, --prompt-file, --prompt-tokens or --chat");
   std::vector<std::int32_t> ids;
   if (!o.prompt_tokens.empty()) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(o.prompt_tokens, std::size_t{256} << 20));
@@ -48,6 +50,9 @@ Result<std::vector<std::int32_t>> LoadPrompt(const GenerateOptions& o, int n_voc
     std::string text = o.prompt_text;
     if (!o.prompt_file.empty()) {
       LOCKSTEP_ASSIGN_OR_RETURN(text, ReadFile(o.prompt_file, std::size_t{256} << 20));
+    }
+    if (!o.chat_file.empty()) {
+      LOCKSTEP_ASSIGN_OR_RETURN(text, RenderChatFile(o.config.model, o.chat_file));
     }
     LOCKSTEP_ASSIGN_OR_RETURN(ids, EncodePromptText(tok, text, n_vocab));
   }

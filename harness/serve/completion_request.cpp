@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 #include <utility>
 
@@ -11,6 +12,14 @@ namespace lockstep {
 namespace {
 
 using nlohmann::json;
+
+}  // namespace
+
+std::uint64_t DrawSeed() {
+  std::random_device rd;
+  const std::uint64_t bits = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+  return bits & ((std::uint64_t{1} << 53) - 1);  // a JavaScript number holds it exactly
+}
 
 // Nesting depth of `body` outside strings: nlohmann's parser is iterative, but a deep document
 // costs memory and time for nothing a completion needs; refused before parsing.
@@ -36,6 +45,8 @@ bool NestsDeeperThan(std::string_view body, int limit) {
   }
   return false;
 }
+
+namespace {
 
 ApiError TypeError(const std::string& field, const char* want) {
   return ApiError::BadRequest("'" + field + "' must be " + want, field, "invalid_type");
@@ -187,6 +198,7 @@ std::optional<ApiError> ParseSeed(const json& v, CompletionRequest& r) {
   if (!v.is_number_unsigned() && v.get<std::int64_t>() < 0)
     return RangeError("seed", "a non-negative integer (64 bits)");
   r.seed = v.get<std::uint64_t>();
+  r.seed_given = true;
   return std::nullopt;
 }
 
@@ -212,10 +224,52 @@ std::optional<ApiError> ParseField(const std::string& key, const json& v,
   if (key == "id_slot") return GetInt(v, key, -1, 1 << 16, r.id_slot);
   if (key == "ignore_eos") return GetBool(v, key, r.ignore_eos);
   if (key == "lockstep") return ParseLockstep(v, r);
-  if (key == "n") {
-    int n = 1;
-    if (auto e = GetInt(v, key, 1, 1 << 20, n)) return e;
-    if (n != 1) return RangeError(key, "1 (one choice per request)");
+  if (key == "n") return GetInt(v, key, 1, 16, r.n);
+  if (key == "stream_options") {
+    if (v.is_null()) return std::nullopt;
+    if (!v.is_object()) return TypeError(key, "an object {include_usage}");
+    for (const auto& [k, x] : v.items()) {
+      if (k != "include_usage")
+        return ApiError::BadRequest("unknown field 'stream_options." + k + "'",
+                                    "stream_options." + k, "unknown_field");
+      if (auto e = GetBool(x, "stream_options.include_usage", r.include_usage)) return e;
+    }
+    return std::nullopt;
+  }
+  if (key == "user") {  // an end-user id for abuse tracking: nothing to do with it here
+    if (!v.is_string()) return TypeError(key, "a string");
+    r.user_given = true;
+    return std::nullopt;
+  }
+  if (key == "echo") {
+    bool echo = false;
+    if (auto e = GetBool(v, key, echo)) return e;
+    if (echo)
+      return ApiError::BadRequest(
+          "'echo' is not supported: the answer holds the generated text "
+          "only (the prompt is the request's own)",
+          key, "unsupported_field");
+    return std::nullopt;
+  }
+  if (key == "best_of") {
+    int best_of = 1;
+    if (auto e = GetInt(v, key, 1, 1 << 20, best_of)) return e;
+    if (best_of != 1)
+      return ApiError::BadRequest(
+          "'best_of' > 1 is not supported: ranking candidates by their "
+          "log probability is not implemented (use n and logprobs)",
+          key, "unsupported_field");
+    return std::nullopt;
+  }
+  if (key == "presence_penalty" || key == "frequency_penalty" || key == "repeat_penalty") {
+    double p = 0;
+    const bool repeat = key == "repeat_penalty";
+    if (auto e = GetNumber(v, key, repeat ? 0.0 : -2.0, 2.0, false, p)) return e;
+    if (p != (repeat ? 1.0 : 0.0))
+      return ApiError::BadRequest("'" + key + "' other than " + (repeat ? "1" : "0") +
+                                      " is not supported: the deterministic sampler has no token "
+                                      "penalties yet",
+                                  key, "unsupported_field");
     return std::nullopt;
   }
   if (key == "logprobs") {

@@ -44,6 +44,9 @@ struct CompletionRequest {
   double top_p = 1.0;
   int top_k = 0;
   std::uint64_t seed = 0;
+  bool seed_given = false;  // the body had a seed (else the server's --seed-default decides)
+  bool seed_drawn = false;  // the server drew `seed` (reported as lockstep.seed_drawn)
+  int n = 1;                // choices: choice k runs with seed + k (choices.h)
   std::vector<std::string> stop;
   bool stream = false;
   int logprobs = -1;  // -1 = none
@@ -52,9 +55,12 @@ struct CompletionRequest {
   std::string arm;
   std::optional<ExportRequest> export_request;
   bool trace = false;
-  bool cache_bypass = false;  // lockstep.cache = "bypass"
-  bool keep = false;          // lockstep.keep: the slot holds the conversation afterwards
-  int id_slot = -1;           // continue the conversation kept in this slot
+  bool cache_bypass = false;   // lockstep.cache = "bypass"
+  bool keep = false;           // lockstep.keep: the slot holds the conversation afterwards
+  int id_slot = -1;            // continue the conversation kept in this slot
+  bool chat = false;           // POST /v1/chat/completions: the answer in chat shape
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with usage alone
+  bool user_given = false;     // `user` was sent (accepted, not used; the log says so)
 };
 
 // Parses `body`. Errors (all ApiError 400 unless noted): not JSON or not an object ("invalid
@@ -66,6 +72,14 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(std::string_vie
 
 // The context check, also run after a text prompt is encoded: 400 when n_prompt + max_tokens
 // exceeds limits.max_context (the message gives both numbers).
+// A seed for a request that gave none: 53 bits from std::random_device (the OS's entropy), so
+// a JavaScript client reads the reported seed exactly.
+std::uint64_t DrawSeed();
+
+// True when `body` nests arrays / objects deeper than `limit` outside strings (refused before
+// parsing: a deep document costs memory and time for nothing a request needs).
+bool NestsDeeperThan(std::string_view body, int limit);
+
 std::optional<ApiError> CheckContext(std::size_t n_prompt, int max_tokens,
                                      const CompletionLimits& limits);
 

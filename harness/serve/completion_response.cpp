@@ -4,6 +4,7 @@
 
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/instrument/fingerprint.h"
+#include "serve/chat_response.h"
 #include "serve/text_stream.h"
 
 namespace lockstep {
@@ -79,6 +80,8 @@ nlohmann::json LockstepJson(const ServeJob& job, const RequestResult& r, const R
       c.export_sha256.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.export_sha256);
   l["engine_instance"] = c.engine_instance;
   l["cache"] = job.req.cache_bypass ? "bypass" : "use";
+  l["seed"] = job.req.seed;
+  l["seed_drawn"] = job.req.seed_drawn;
   if (job.req.trace) {
     nlohmann::json t = nlohmann::json::array();
     for (const auto& w : r.result.windows)
@@ -99,7 +102,9 @@ nlohmann::json UsageJson(const ServeJob& job, const RequestResult& r) {
 
 nlohmann::json CompletionJson(const ServeJob& job, const RequestResult& r, const std::string& text,
                               const std::vector<TokenLogprob>& lps, const ResponseContext& c) {
-  const std::string reason = r.result.stop_reason == "length" ? "length" : "stop";
+  // "stop" whenever a stop string ended the text, also on the last allowed token.
+  const std::string reason =
+      r.result.stop_reason == "length" && !job.text.stopped() ? "length" : "stop";
   nlohmann::json j;
   j["id"] = job.id;
   j["object"] = "text_completion";
@@ -108,7 +113,7 @@ nlohmann::json CompletionJson(const ServeJob& job, const RequestResult& r, const
   j["choices"] = nlohmann::json::array({Choice(text, job, lps, &reason, c)});
   j["usage"] = UsageJson(job, r);
   j["lockstep"] = LockstepJson(job, r, c);
-  return j;
+  return job.req.chat ? ToChatJson(std::move(j), false) : j;
 }
 
 std::string SseChunk(const ServeJob& job, const std::string& text,
@@ -124,7 +129,18 @@ std::string SseChunk(const ServeJob& job, const std::string& text,
     j["usage"] = UsageJson(job, *last);
     j["lockstep"] = LockstepJson(job, *last, c);
   }
-  return "data: " + Dump(j) + "\n\n";
+  if (job.req.chat) j = ToChatJson(std::move(j), true);
+  if (!last || !job.req.include_usage) return "data: " + Dump(j) + "\n\n";
+  // stream_options.include_usage: as OpenAI streams it, usage comes in a chunk of its own with
+  // no choices after the one with finish_reason.
+  nlohmann::json usage = {{"id", j["id"]},
+                          {"object", j["object"]},
+                          {"created", j["created"]},
+                          {"model", j["model"]},
+                          {"choices", nlohmann::json::array()},
+                          {"usage", j["usage"]}};
+  j["usage"] = nullptr;
+  return "data: " + Dump(j) + "\n\ndata: " + Dump(usage) + "\n\n";
 }
 
 }  // namespace lockstep

@@ -12,6 +12,7 @@
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/harness/prompt_text.h"
 #include "lockstep/instrument/fingerprint.h"
+#include "serve/choices.h"
 #include "serve/completion_response.h"
 #include "serve/http_server.h"
 #include "serve/request_export.h"
@@ -179,7 +180,14 @@ void HandleCompletion(ServeContext& ctx, const httplib::Request& req, httplib::R
     return SendError(res, ApiError::Unavailable("the server is shutting down", "draining"));
   auto parsed = ParseCompletionRequest(req.body, ctx.limits);
   if (auto* e = std::get_if<ApiError>(&parsed)) return SendError(res, *e);
-  CompletionRequest r = std::move(std::get<CompletionRequest>(parsed));
+  RunChoices(ctx, std::move(std::get<CompletionRequest>(parsed)), res);
+}
+
+void RunCompletion(ServeContext& ctx, CompletionRequest r, httplib::Response& res) {
+  if (!r.seed_given && !r.seed_drawn && r.temperature > 0 && ctx.opts.seed_default == "random") {
+    r.seed = DrawSeed();
+    r.seed_drawn = true;
+  }
   std::vector<std::int32_t> prompt = r.prompt_ids;
   if (r.prompt_text) {
     auto enc = EncodePrompt(*ctx.tokenizer, ctx.limits.n_vocab, *r.prompt_text);
@@ -193,6 +201,8 @@ void HandleCompletion(ServeContext& ctx, const httplib::Request& req, httplib::R
   char num[24];
   std::snprintf(num, sizeof(num), "%06llu", static_cast<unsigned long long>(ctx.next_id++));
   const std::string id = ctx.id_prefix + num;
+  if (r.user_given)
+    std::fprintf(stderr, "serve: %s: 'user' given (accepted, not used)\n", id.c_str());
   auto job = std::make_shared<ServeJob>(id, std::move(r), std::move(prompt));
   const EngineConfig cfg = RequestConfig(ctx.engine_config, job->req);
   job->options = RequestOptions::FromConfig(cfg);

@@ -18,6 +18,7 @@
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/engine/weights.h"
 #include "serve/api_error.h"
+#include "serve/completion_request.h"
 
 namespace httplib {
 struct Request;
@@ -29,6 +30,10 @@ namespace lockstep {
 struct ServeContext;
 
 void HandleCompletion(ServeContext& ctx, const httplib::Request& req, httplib::Response& res);
+
+// Everything after the body is parsed: encode, export, submit, answer (JSON or SSE). The chat
+// endpoint (chat_handler.h) comes in here with its rendered prompt (`r.chat` shapes the answer).
+void RunCompletion(ServeContext& ctx, CompletionRequest r, httplib::Response& res);
 
 // Sets `res` to `e` (status, JSON body, Retry-After for 429 and 503).
 void SendError(httplib::Response& res, const ApiError& e);

@@ -35,10 +35,11 @@ TokenLogprob LogprobOf(const float* row, int n_vocab, std::int32_t token, int n)
 }
 
 // The OpenAI finish_reason of a request that ran to its end.
-std::string FinishReason(const RequestResult& r) {
+// `stopped`: a stop string ended the text ("stop" even when that was the last allowed token).
+std::string FinishReason(const RequestResult& r, bool stopped) {
   if (r.end == RequestEnd::kCancelled || r.result.stop_reason == "cancelled") return "cancelled";
   if (r.end != RequestEnd::kFinished) return "error";
-  return r.result.stop_reason == "length" ? "length" : "stop";  // eos or a stop string
+  return r.result.stop_reason == "length" && !stopped ? "length" : "stop";  // eos or a stop string
 }
 
 }  // namespace
@@ -280,7 +281,7 @@ void EngineDriver::OnWindow(ServeJob& job, const WindowRecord& rec) {
     for (std::size_t i = 0; i < rec.emitted.size(); ++i)
       lps.push_back(LogprobOf(job.window_logits.data() + i * static_cast<std::size_t>(V), V,
                               rec.emitted[i], job.req.logprobs));
-  if (!job.text.stopped()) job.text.Append(TokenBytes(tokenizer_, rec.emitted));
+  if (!job.text.stopped()) job.text.AppendTokens(tokenizer_, rec.emitted);
   std::string delta = job.text.Take(false);
   std::lock_guard jl(job.mu);
   job.delta += delta;
@@ -305,7 +306,7 @@ void EngineDriver::Deliver(RequestResult res) {
     CapKept();
   }
   Publish();  // before the client hears of the end: /slots and /metrics already show it
-  const std::string reason = FinishReason(res);
+  const std::string reason = FinishReason(res, job->text.stopped());
   metrics_.CountFinish(reason);
   metrics_.CountTokens(static_cast<std::int64_t>(job->prompt.size()),
                        static_cast<std::int64_t>(res.result.output.size()),

@@ -9,8 +9,11 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <optional>
+#include <string>
 
 #include "serve/auth.h"
+#include "serve/chat_handler.h"
 #include "serve/completion_response.h"
 #include "serve/completions_handler.h"
 #include "serve/lockstep_endpoints.h"
@@ -22,8 +25,51 @@ namespace {
 
 // True on a handler thread whose connection was accepted over max_connections.
 thread_local bool t_overloaded = false;
-// True between the completions handler's own count of its answer and the log line.
-thread_local bool t_completion_counted = false;
+// True between a handler's own count of its answer and the log line.
+thread_local bool t_counted = false;
+// When routing began (monotonic ns): a body read that failed after --read-timeout is a 408.
+thread_local std::int64_t t_routing_ns = 0;
+
+std::int64_t MonoNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A known endpoint: its name in the metrics and the methods it answers.
+struct Route {
+  std::string endpoint;
+  std::string allow;
+};
+
+std::optional<Route> FindRoute(const std::string& path) {
+  static const std::pair<const char*, const char*> kExact[] = {
+      {"/health", "GET"},          {"/v1/models", "GET"},
+      {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
+      {"/slots", "GET"},           {"/metrics", "GET"},
+      {"/v1/lockstep/info", "GET"}};
+  for (const auto& [p, allow] : kExact)
+    if (path == p) return Route{p, allow};
+  const std::string slots = "/slots/", exports = "/v1/exports/";
+  if (path.size() > slots.size() && path.rfind(slots, 0) == 0 &&
+      path.find_first_not_of("0123456789", slots.size()) == std::string::npos)
+    return Route{"/slots/{id}", "POST"};
+  if (path.size() > exports.size() && path.rfind(exports, 0) == 0 &&
+      path.find('/', exports.size()) == std::string::npos)
+    return Route{"/v1/exports/{file}", "GET"};
+  return std::nullopt;
+}
+
+bool Allowed(const Route& r, const std::string& method) {
+  return method == r.allow || (method == "HEAD" && r.allow == "GET");
+}
+
+// --cors: the origin header for this request ("" when the origin is not the allowed one).
+std::string CorsOrigin(const ServeOptions& o, const httplib::Request& req) {
+  if (o.cors_origin.empty()) return "";
+  if (o.cors_origin == "*") return "*";
+  return req.get_header_value("Origin") == o.cors_origin ? o.cors_origin : "";
+}
 
 // httplib's thread pool with a count of the connections waiting or served: one accepted beyond
 // `max` is still handed a thread (httplib owns its socket) but answered 503 and closed at once.
@@ -75,9 +121,20 @@ void HandleModels(const ServeContext& ctx, httplib::Response& res) {
 }
 
 // Fills an error body for statuses httplib set itself (404 without a route, 413, 400 on a
-// malformed request line) and for handlers that set a status alone.
-void FillErrorBody(const httplib::Request& req, httplib::Response& res) {
+// malformed request line or a body that did not arrive: 408 when that took --read-timeout) and
+// for handlers that set a status alone.
+void FillErrorBody(const ServeContext& ctx, const httplib::Request& req, httplib::Response& res) {
   if (!res.body.empty()) return;
+  if (res.status == 400 && req.method == "POST" && t_routing_ns > 0 &&
+      MonoNs() - t_routing_ns >=
+          std::int64_t{ctx.opts.read_timeout_s} * 1'000'000'000 - 250'000'000) {
+    res.set_header("Connection", "close");
+    ApiError e = ApiError::BadRequest("the request body did not arrive within --read-timeout (" +
+                                          std::to_string(ctx.opts.read_timeout_s) + " s)",
+                                      "", "request_timeout");
+    e.status = 408;
+    return SendError(res, e);
+  }
   ApiError e;
   switch (res.status) {
     case 404:
@@ -156,18 +213,61 @@ void HttpServer::Stop() {
 void HttpServer::Routes() {
   ServeContext& ctx = ctx_;
   svr_->set_pre_routing_handler([&ctx](const httplib::Request& req, httplib::Response& res) {
+    t_routing_ns = MonoNs();
+    using HR = httplib::Server::HandlerResponse;
     if (t_overloaded) {
       res.set_header("Connection", "close");
       res.set_header("Retry-After", "1");
       SendError(res, ApiError::Unavailable("too many connections", "too_many_connections"));
-      return httplib::Server::HandlerResponse::Handled;
+      return HR::Handled;
+    }
+    const std::optional<Route> route = FindRoute(req.path);
+    const std::string origin = CorsOrigin(ctx.opts, req);
+    if (!origin.empty()) {
+      res.set_header("Access-Control-Allow-Origin", origin);
+      if (origin != "*") res.set_header("Vary", "Origin");
+      res.set_header("Access-Control-Expose-Headers",
+                     "X-Request-Id, X-Lockstep-Sha256, Retry-After");
+    }
+    if (req.method == "OPTIONS" && route && !ctx.opts.cors_origin.empty()) {  // CORS preflight
+      res.status = 204;
+      res.set_header("Allow", route->allow + ", OPTIONS");
+      if (!origin.empty()) {
+        res.set_header("Access-Control-Allow-Methods", route->allow + ", OPTIONS");
+        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        res.set_header("Access-Control-Max-Age", "600");
+      }
+      return HR::Handled;
+    }
+    if (route && !Allowed(*route, req.method)) {
+      res.set_header("Allow", route->allow + (ctx.opts.cors_origin.empty() ? "" : ", OPTIONS"));
+      ApiError e = ApiError::BadRequest(req.method.substr(0, 16) + " is not allowed on " +
+                                            route->endpoint + " (Allow: " + route->allow + ")",
+                                        "", "method_not_allowed");
+      e.status = 405;
+      SendError(res, e);
+      return HR::Handled;
     }
     if (req.path != "/health" &&
         !BearerAllowed(req.get_header_value("Authorization"), ctx.opts.api_key)) {
       SendError(res, ApiError::Unauthorized());
-      return httplib::Server::HandlerResponse::Handled;
+      return HR::Handled;
     }
-    return httplib::Server::HandlerResponse::Unhandled;
+    // A POST without Content-Length (and not chunked) would be read until the client closes:
+    // answered at once instead, as is an empty completion body.
+    const bool chunked =
+        req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
+    const std::string length = req.get_header_value("Content-Length");
+    const bool json_endpoint = route && route->allow == "POST" && route->endpoint != "/slots/{id}";
+    if (req.method == "POST" && !chunked && (length.empty() || (length == "0" && json_endpoint))) {
+      res.set_header("Connection", "close");
+      SendError(res, ApiError::BadRequest(length.empty() ? "a POST needs a body with Content-Length"
+                                                         : "the request body is empty (a JSON "
+                                                           "object is needed)",
+                                          "", "empty_body"));
+      return HR::Handled;
+    }
+    return HR::Unhandled;
   });
   svr_->Get("/health",
             [&ctx](const httplib::Request&, httplib::Response& res) { HandleHealth(ctx, res); });
@@ -176,8 +276,13 @@ void HttpServer::Routes() {
   svr_->Post("/v1/completions", [&ctx](const httplib::Request& req, httplib::Response& res) {
     HandleCompletion(ctx, req, res);
     // Before httplib writes it (/metrics never lags); httplib turns an unset status (-1) into 200.
-    ctx.metrics.CountResponse(res.status == -1 ? 200 : res.status);
-    t_completion_counted = true;
+    ctx.metrics.CountResponse("/v1/completions", res.status == -1 ? 200 : res.status);
+    t_counted = true;
+  });
+  svr_->Post("/v1/chat/completions", [&ctx](const httplib::Request& req, httplib::Response& res) {
+    HandleChatCompletion(ctx, req, res);
+    ctx.metrics.CountResponse("/v1/chat/completions", res.status == -1 ? 200 : res.status);
+    t_counted = true;
   });
   svr_->Get("/slots", [&ctx](const httplib::Request&, httplib::Response& res) {
     if (!ctx.ready) return SendError(res, ApiError::Unavailable("loading the model", "loading"));
@@ -197,9 +302,9 @@ void HttpServer::Routes() {
     g.draining = ctx.draining;
     res.set_content(ctx.metrics.Text(g), "text/plain; version=0.0.4");
   });
-  svr_->set_error_handler(
-      httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-        FillErrorBody(req, res);
+  svr_->set_error_handler(httplib::Server::HandlerWithResponse(
+      [&ctx](const httplib::Request& req, httplib::Response& res) {
+        FillErrorBody(ctx, req, res);
         return httplib::Server::HandlerResponse::Handled;
       }));
   svr_->set_exception_handler(
@@ -207,11 +312,14 @@ void HttpServer::Routes() {
         SendError(res, ApiError::Internal("internal error (a bug): see the server log"));
       });
   svr_->set_logger([&ctx](const httplib::Request& req, const httplib::Response& res) {
-    // Answers the handler counted itself (before the client could read them) are not counted
-    // again; refusals before the handler (401, 413, a malformed request) are counted here.
-    if (req.path == "/v1/completions" && !t_completion_counted)
-      ctx.metrics.CountResponse(res.status);
-    t_completion_counted = false;
+    // Every response is counted: those a handler counted itself (before the client could read
+    // them) not again; the rest (refusals before a handler, other endpoints) here.
+    if (!t_counted) {
+      const std::optional<Route> route = FindRoute(req.path);
+      ctx.metrics.CountResponse(route ? route->endpoint : "other", res.status);
+    }
+    t_counted = false;
+    t_routing_ns = 0;
     // Method, path, status and request id only: never a body, a header value or a query.
     std::fprintf(stderr, "serve: %s %s %d %s%s\n", LogPath(req.method).c_str(),
                  LogPath(req.path).c_str(), res.status,

@@ -4,6 +4,7 @@
 //                           draining (no key needed)
 //   GET  /v1/models         the served model (OpenAI list shape)
 //   POST /v1/completions    completions_handler.h
+//   POST /v1/chat/completions   chat_handler.h
 //   GET  /slots             each slot's state, the waiting requests
 //   POST /slots/{id}?action=save|restore|erase   slot files (slot_actions.h)
 //   GET  /metrics           Prometheus text (metrics.h)
@@ -29,6 +30,7 @@
 #include "lockstep/engine/status.h"
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/engine/weights.h"
+#include "lockstep/harness/chat_template.h"
 #include "lockstep/harness/serve_command.h"
 #include "serve/completion_request.h"
 #include "serve/engine_driver.h"
@@ -58,6 +60,10 @@ struct ServeContext {
   std::string engine_instance;    // 128 random bits, hex: this process (set before Bind)
   std::int64_t started_unix = 0;  // when it started (unix seconds)
   ExportRegistry exports;         // the exports this server wrote (GET /v1/exports/{file})
+  // The model's chat template (chat_template.h), loaded with the model; without one (none, or
+  // outside the interpreter's subset) chat completions answer 400 with chat_template_error.
+  std::optional<ChatTemplate> chat_template;
+  std::string chat_template_error;
 };
 
 class HttpServer {

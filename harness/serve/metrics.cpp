@@ -82,9 +82,9 @@ ServeMetrics::ServeMetrics()
   for (const char* r : {"evicted", "idle", "cap", "erased", "continued"}) kept_released_[r] = 0;
 }
 
-void ServeMetrics::CountResponse(int status) {
+void ServeMetrics::CountResponse(const std::string& endpoint, int status) {
   std::lock_guard lk(mu_);
-  ++responses_[status];
+  ++responses_[{endpoint, status}];
 }
 
 void ServeMetrics::CountTokens(std::int64_t prompt, std::int64_t generated, std::int64_t cached) {
@@ -135,9 +135,10 @@ void ServeMetrics::ObserveInterToken(double seconds) {
 std::string ServeMetrics::Text(const ServeGauges& g) const {
   std::lock_guard lk(mu_);
   std::string out;
-  Header(out, "lockstep_requests_total", "counter", "HTTP API responses by status code");
-  for (const auto& [status, n] : responses_)
-    out += fmt::format("lockstep_requests_total{{status=\"{}\"}} {}\n", status, n);
+  Header(out, "lockstep_requests_total", "counter", "HTTP responses by endpoint and status code");
+  for (const auto& [key, n] : responses_)
+    out += fmt::format("lockstep_requests_total{{endpoint=\"{}\",code=\"{}\"}} {}\n", key.first,
+                       key.second, n);
   Header(out, "lockstep_completions_total", "counter", "Completions that ran, by finish reason");
   for (const auto& [reason, n] : finishes_)
     out += fmt::format("lockstep_completions_total{{finish_reason=\"{}\"}} {}\n", reason, n);

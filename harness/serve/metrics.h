@@ -49,8 +49,9 @@ struct ServeGauges {
 class ServeMetrics {
  public:
   ServeMetrics();
-  // One finished HTTP exchange of an API endpoint by its status (200, 400, 429, ...).
-  void CountResponse(int status);
+  // One HTTP response by its endpoint (the route: "/v1/completions", "/slots/{id}", "other" for
+  // a path that is none) and status code (200, 400, 429, ...).
+  void CountResponse(const std::string& endpoint, int status);
   // A completion that ran (finished or cancelled): its token counts.
   void CountTokens(std::int64_t prompt, std::int64_t generated, std::int64_t cached);
   void CountFinish(const std::string& reason);  // stop | length | cancelled | error
@@ -69,7 +70,7 @@ class ServeMetrics {
 
  private:
   mutable std::mutex mu_;
-  std::map<int, std::uint64_t> responses_;  // GUARDED_BY(mu_): by status
+  std::map<std::pair<std::string, int>, std::uint64_t> responses_;  // GUARDED_BY(mu_)
   std::map<std::string, std::uint64_t> finishes_;
   std::int64_t prompt_tokens_ = 0, generated_tokens_ = 0, cached_tokens_ = 0;
   std::map<std::string, std::array<std::int64_t, 2>> drafts_;  // source -> drafted, accepted

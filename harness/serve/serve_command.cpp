@@ -99,6 +99,19 @@ Status RunServeCommand(const ServeOptions& opts_in, std::ostream& out) {
   LOCKSTEP_ASSIGN_OR_RETURN(EnginePtr engine, Engine::Create(cfg, *weights));
   ctx.weights = weights.get();
   ctx.tokenizer = tokenizer.get();
+  auto chat = LoadChatTemplate(cfg.model);
+  if (!chat.ok())
+    ctx.chat_template_error =
+        "the model's chat template cannot be used: " + chat.status().message();
+  else if (!*chat)
+    ctx.chat_template_error =
+        "the model has no chat template (chat_template.jinja, tokenizer_config.json's "
+        "chat_template, or a GGUF's tokenizer.chat_template): use /v1/completions";
+  else
+    ctx.chat_template = std::move(**chat);
+  if (!ctx.chat_template_error.empty())
+    std::fprintf(stderr, "serve: chat completions answer 400: %s\n",
+                 ctx.chat_template_error.c_str());
   ctx.engine_config = engine->config();
   ctx.limits.n_vocab = weights->config.n_vocab;
   if (auto exe = Sha256SelfExe(); exe.ok()) ctx.executable_sha256 = *exe;

@@ -78,16 +78,35 @@ TextStream::TextStream(std::vector<std::string> stop) : stop_(std::move(stop)) {
   for (const auto& s : stop_) max_stop_ = std::max(max_stop_, s.size());
 }
 
-bool TextStream::Append(std::string_view bytes) {
+bool TextStream::AppendTokens(const Tokenizer& tok, const std::vector<std::int32_t>& ids) {
+  const bool byte_level = tok.info().type == "byte";
+  for (std::int32_t id : ids)
+    if (Append(TokenBytes(tok, {id}), byte_level && id >= 256)) return true;
+  return false;
+}
+
+bool TextStream::Append(std::string_view bytes, bool opaque) {
   if (stopped_) return true;
   const std::size_t old = raw_.size();
   raw_.append(bytes);
+  if (opaque) {
+    opaque_.emplace_back(old, raw_.size());
+    return false;  // a placeholder can neither hold nor complete a stop string
+  }
+  auto crosses_placeholder = [&](std::size_t at, std::size_t n) {
+    for (auto it = opaque_.rbegin(); it != opaque_.rend() && it->second > at; ++it)
+      if (it->first < at + n) return true;
+    return false;
+  };
   // A stop string found in the new bytes or straddling the old tail.
   const std::size_t from = old > max_stop_ ? old - max_stop_ : 0;
   std::size_t cut = std::string::npos;
   for (const auto& s : stop_) {
-    const std::size_t at = raw_.find(s, from);
-    if (at != std::string::npos) cut = std::min(cut, at);
+    for (std::size_t at = raw_.find(s, from); at != std::string::npos; at = raw_.find(s, at + 1))
+      if (!crosses_placeholder(at, s.size())) {
+        cut = std::min(cut, at);
+        break;
+      }
   }
   if (cut == std::string::npos) return false;
   raw_.resize(std::max(cut, sent_));

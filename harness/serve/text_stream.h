@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "lockstep/engine/tokenizer.h"
@@ -33,8 +34,11 @@ class TextStream {
  public:
   explicit TextStream(std::vector<std::string> stop);
   // Appends the decoded bytes of new tokens. Returns true when a stop string was found (the text
-  // is cut before it; later Append calls are ignored).
-  bool Append(std::string_view bytes);
+  // is cut before it; later Append calls are ignored). `opaque`: the bytes are a placeholder
+  // (byte level's "<id>" for an id >= 256), not text: no stop string matches across them.
+  bool Append(std::string_view bytes, bool opaque = false);
+  // Append of each token's bytes (TokenBytes), byte level's placeholders opaque.
+  bool AppendTokens(const Tokenizer& tok, const std::vector<std::int32_t>& ids);
   // Text ready to send since the last call (valid UTF-8); `final`: everything left.
   std::string Take(bool final);
   bool stopped() const { return stopped_; }
@@ -44,8 +48,9 @@ class TextStream {
  private:
   std::vector<std::string> stop_;
   std::size_t max_stop_ = 0;
-  std::string raw_;       // decoded bytes, cut at a stop string
-  std::size_t sent_ = 0;  // raw bytes handed out
+  std::string raw_;                                          // decoded bytes, cut at a stop string
+  std::size_t sent_ = 0;                                     // raw bytes handed out
+  std::vector<std::pair<std::size_t, std::size_t>> opaque_;  // [begin, end) placeholders in raw_
   bool stopped_ = false;
 };
 

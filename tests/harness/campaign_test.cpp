@@ -349,7 +349,7 @@ TEST(Campaign, RequestNeedsExactlyOneSource) {
   const std::string two =
       kHead + kModel + "[request]\nprompt = \"a\"\ntoken_file = \"tokens.txt\"\n" + kArmA1;
   ExpectInvalid(two, Loc(two, "[request]"),
-                "give exactly one of prompt, prompt_file, token_file or needle (got 2)");
+                "give exactly one of prompt, prompt_file, token_file, chat or needle (got 2)");
   const std::string missing =
       kHead + kModel + "[request]\nprompt_file = \"prompts/none.txt\"\n" + kArmA1;
   ExpectInvalid(missing, Loc(missing, "\"prompts/none.txt\""), "file 'prompts/none.txt' not found");

@@ -70,10 +70,10 @@ std::vector<Bad> BadRequests(int max_context) {
       Body("stop a number", R"({"prompt":"hi","stop":5})"),
       Body("stop empty string", R"({"prompt":"hi","stop":[""]})"),
       Body("stream a string", R"({"prompt":"hi","stream":"yes"})"),
-      Body("n = 2", R"({"prompt":"hi","n":2})"),
+      Body("n = 17", R"({"prompt":"hi","n":17})"),
       Body("logprobs 6", R"({"prompt":"hi","logprobs":6})"),
       Body("logprobs negative", R"({"prompt":"hi","logprobs":-1})"),
-      Body("unknown field", R"({"prompt":"hi","frequency_penalty":0.5})"),
+      Body("unknown field", R"({"prompt":"hi","logit_bias":{}})"),
       Body("unknown lockstep field", R"({"prompt":"hi","lockstep":{"bogus":1}})"),
       Body("export path from the client",
            R"({"prompt":"hi","lockstep":{"export":{"path":"/tmp/x.h5"}}})"),
@@ -84,7 +84,7 @@ std::vector<Bad> BadRequests(int max_context) {
       Body("invalid UTF-8 outside strings", "{\"prompt\":\"hi\"\xc3}"),
       Body("nested 200 deep", deep),
       {"unknown path", "GET /v1/chat HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404},
-      {"wrong method", "GET /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404},
+      {"wrong method", "GET /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405},
       {"a 100 MB body",
        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: "
        "104857600\r\n\r\n" +
@@ -122,7 +122,7 @@ TEST(ServeBadInput, EveryMalformedRequestGetsItsStatusAndTheServerKeepsServing) 
                   body["error"]["type"].is_string())
           << b.name << ": " << raw.substr(0, 300);
       if (b.name == "unknown field") {
-        EXPECT_EQ(body["error"]["param"], "frequency_penalty");
+        EXPECT_EQ(body["error"]["param"], "logit_bias");
       }
     }
     auto ok = cli->Post("/v1/completions", valid, "application/json");

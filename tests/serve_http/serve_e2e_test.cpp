@@ -213,7 +213,9 @@ TEST(ServeHttp, SixteenClientsGetTheirSoloOutputs) {
   const int n_total = kVariants + kClients * kRounds;
   std::int64_t solo_tokens = 0;
   for (const auto& [v, ids] : solo) solo_tokens += static_cast<std::int64_t>(ids.size());
-  EXPECT_EQ(MetricValue(res->body, "lockstep_requests_total{status=\"200\"}"), n_total)
+  EXPECT_EQ(
+      MetricValue(res->body, "lockstep_requests_total{endpoint=\"/v1/completions\",code=\"200\"}"),
+      n_total)
       << res->body;
   EXPECT_EQ(MetricValue(res->body, "lockstep_generated_tokens_total"), solo_tokens + generated);
   EXPECT_EQ(MetricValue(res->body, "lockstep_completions_total{finish_reason=\"length\"}"),

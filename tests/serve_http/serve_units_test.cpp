@@ -68,7 +68,13 @@ TEST(ServeRequest, RefusesWithTheFieldNamed) {
       {"{", 400, ""},
       {R"({"prompt":"hi")", 400, ""},
       {"[1]", 400, ""},
-      {R"({"prompt":"hi","frequency_penalty":0})", 400, "frequency_penalty"},
+      {R"({"prompt":"hi","frequency_penalty":0.5})", 400, "frequency_penalty"},
+      {R"({"prompt":"hi","logit_bias":{}})", 400, "logit_bias"},
+      {R"({"prompt":"hi","n":17})", 400, "n"},
+      {R"({"prompt":"hi","echo":true})", 400, "echo"},
+      {R"({"prompt":"hi","best_of":2})", 400, "best_of"},
+      {R"({"prompt":"hi","stream_options":{"x":1}})", 400, "stream_options.x"},
+      {R"({"prompt":"hi","user":7})", 400, "user"},
       {R"({"prompt":5})", 400, "prompt"},
       {R"({"prompt":[]})", 400, "prompt"},
       {R"({"prompt":[512]})", 400, "prompt"},
@@ -85,7 +91,6 @@ TEST(ServeRequest, RefusesWithTheFieldNamed) {
       {R"({"prompt":"hi","top_k":-1})", 400, "top_k"},
       {R"({"prompt":"hi","seed":-1})", 400, "seed"},
       {R"({"prompt":"hi","stop":["a","b","c","d","e"]})", 400, "stop"},
-      {R"({"prompt":"hi","n":2})", 400, "n"},
       {R"({"prompt":"hi","logprobs":6})", 400, "logprobs"},
       {R"({"prompt":"hi","stream":1})", 400, "stream"},
       {R"({"prompt":"hi","lockstep":{"export":{"path":"/etc/x"}}})", 400, "lockstep.export.path"},
@@ -123,9 +128,10 @@ TEST(ServeAuth, BearerComparedWhole) {
 
 TEST(ServeMetrics, PrometheusTextAddsUp) {
   ServeMetrics m;
-  m.CountResponse(200);
-  m.CountResponse(200);
-  m.CountResponse(429);
+  m.CountResponse("/v1/completions", 200);
+  m.CountResponse("/v1/completions", 200);
+  m.CountResponse("/v1/completions", 429);
+  m.CountResponse("/health", 200);
   m.CountTokens(5, 7, 2);
   m.ObserveStep(0.003);
   m.ObserveStep(0.2);
@@ -133,8 +139,13 @@ TEST(ServeMetrics, PrometheusTextAddsUp) {
   g.slots_total = 4;
   g.slots_busy = 1;
   const std::string t = m.Text(g);
-  EXPECT_NE(t.find("lockstep_requests_total{status=\"200\"} 2\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("lockstep_requests_total{status=\"429\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("lockstep_requests_total{endpoint=\"/v1/completions\",code=\"200\"} 2\n"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("lockstep_requests_total{endpoint=\"/v1/completions\",code=\"429\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("lockstep_requests_total{endpoint=\"/health\",code=\"200\"} 1\n"),
+            std::string::npos);
   EXPECT_NE(t.find("lockstep_generated_tokens_total 7\n"), std::string::npos);
   EXPECT_NE(t.find("lockstep_cached_tokens_total 2\n"), std::string::npos);
   EXPECT_NE(t.find("lockstep_slots_busy 1\n"), std::string::npos);

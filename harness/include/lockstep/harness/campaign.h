@@ -40,6 +40,8 @@ struct RequestSpec {
   std::string prompt_file;  // raw text (absolute after parsing)
   std::string token_file;   // token ids (absolute after parsing)
   std::string prompt;       // inline text
+  std::string chat_file;    // chat messages (JSON, as `generate --chat`), rendered with the model's
+                            // chat template (absolute after parsing)
   std::optional<NeedleSpec> needle;
 };
 

@@ -21,6 +21,8 @@ struct GenerateOptions {
   std::string prompt_text;      // --prompt (text: the model's tokenizer.json, else byte level)
   std::string prompt_file;      // --prompt-file (text, likewise)
   std::string prompt_tokens;    // --prompt-tokens (file of ids)
+  std::string chat_file;        // --chat FILE.json: messages rendered by the model's chat
+                                // template (chat_prompt.h), then encoded as text
   bool json = false;            // one JSON object (lockstep.generate v1) instead of the text
   std::string json_path = "-";  // --json PATH: the object goes there (WriteOutput) and the text to
                                 // `out`; "-": the object goes to `out`

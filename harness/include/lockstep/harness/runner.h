@@ -88,7 +88,8 @@ std::vector<std::string> LedgerDigest(const std::vector<LedgerEntry>& entries);
 Result<std::string> ProvisionPlanModel(const Campaign& c, const std::string& dir);
 // The plan's request as token ids in `tokens_path` (left as it is when it exists). Text prompts
 // (`prompt`, `prompt_file`) go through the tokenizer of the model at `model_dir`, as `lockstep
-// generate --prompt` does (byte level when the model has none); the needle prompt is byte tokens.
+// generate --prompt` does (byte level when the model has none); `chat` messages are rendered with
+// the model's chat template first (as `generate --chat`); the needle prompt is byte tokens.
 Status ProvisionPlanRequest(const Campaign& c, const std::string& model_dir,
                             const std::string& tokens_path);
 // argv of an arm's fresh `lockstep generate` process: `exe` with the config `arm_dir`/config.json

@@ -36,8 +36,13 @@ struct ServeOptions {
   // request). keep_idle_s: one not continued that long is released; 0 = never.
   int keep_max = -1;
   double keep_idle_s = 600;
-  std::string version;  // GET /v1/lockstep/info: the build's version and commit (the CLI
-  std::string commit;   // sets them from `lockstep --version`'s build info)
+  // A sampled request (temperature > 0) without `seed`: "random" draws one (64 bits from the
+  // OS), reported as lockstep.seed and recorded in the export so the answer can be replayed;
+  // "fixed" keeps seed 0 (every seedless request samples alike). Greedy requests keep 0.
+  std::string seed_default = "random";
+  std::string cors_origin;  // --cors ORIGIN: CORS headers and preflight answers; "" = off
+  std::string version;      // GET /v1/lockstep/info: the build's version and commit (the CLI
+  std::string commit;       // sets them from `lockstep --version`'s build info)
 };
 
 // Binds, prints "lockstep serve: listening on http://HOST:PORT" on `out` (one line, flushed),
