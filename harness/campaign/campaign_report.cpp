@@ -66,28 +66,23 @@ struct Loaded {
 Result<Loaded> Load(const std::string& dir) {
   Loaded L;
   L.dir = dir;
-  LOCKSTEP_ASSIGN_OR_RETURN(LedgerLoad ll, Ledger::Read(RunPaths(dir).Ledger()));
-  L.entries = std::move(ll.entries);
+  LOCKSTEP_ASSIGN_OR_RETURN(RunRead run, ReadRun(dir));
+  L.entries = std::move(run.ledger.entries);
   if (L.entries.empty() || L.entries.front().event != "planned")
     return Status::InvalidArgument("report '" + dir + "'",
                                    "not a run folder (the ledger has no planned entry)");
   LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/plan.toml", std::size_t{16} << 20));
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      L.c, ParseCampaign(text, "plan.toml", L.entries.front().data.value("plan_dir", "")));
-  L.builds = L.entries.front().data.value("builds", json());
-  L.arm_builds = L.entries.front().data.value("arm_builds", json());
-  for (const auto& e : L.entries) {
-    ArmFacts& a = L.arms[e.arm];
-    if (e.event == "sent") a.sent = true;
-    if (e.event == "finished") a.finished = true;
-    if (e.event == "failed") a.failed = true;
-    if (e.event == "not_sent") a.not_sent = e.data.value("reason", "");
-    if (e.event == "stopped") L.stopped = e.data;
-    if (e.event == "done") {
-      L.verdict = e.data.value("verdict", "");
-      L.verdict_reason = e.data.value("reason", "");
-    }
-  }
+  const RunRecord& rec = run.record;
+  LOCKSTEP_ASSIGN_OR_RETURN(L.c, ParseCampaign(text, "plan.toml", rec.plan_dir));
+  L.builds = rec.builds;
+  L.arm_builds = rec.arm_builds;
+  for (const auto& ar : rec.sent) L.arms[ar.first].sent = true;
+  for (const auto& ar : rec.ran) L.arms[ar.first].finished = true;
+  for (const auto& ar : rec.failed) L.arms[ar.first].failed = true;
+  for (const auto& [arm, why] : rec.not_sent_reason) L.arms[arm].not_sent = why;
+  L.stopped = rec.stopped_data;
+  L.verdict = rec.verdict;
+  L.verdict_reason = rec.verdict_reason;
   L.service = campaign_text::ReadServices(dir, L.c.arms, L.entries);
   for (const auto& arm : L.c.arms) {
     ArmFacts& a = L.arms[arm.name];

@@ -42,53 +42,7 @@ using ArmRepeat = std::pair<std::string, int>;
 bool ArmRan(int exit_code) { return exit_code == 0 || exit_code == 1; }
 
 // What the ledger says has happened (replayed on resume; kept current while running).
-struct RunState {
-  std::string plan_sha256, plan_dir;
-  nlohmann::json builds;  // the planned entry's builds (null: a ledger from before named builds)
-  std::set<ArmRepeat> sent, finished;
-  std::map<ArmRepeat, int> exit_codes;  // of the finished / failed entries
-  std::map<std::string, ComparisonResult> compared;
-  std::map<std::string, bool> decisions;
-  bool stopped = false;
-  std::set<std::string> not_sent;
-  bool done = false;
-  std::string verdict;
-  std::string verdict_reason;   // the done entry's reason
-  nlohmann::json service;       // the planned entry's remote server ({url, api_key_env}) or null
-  bool shared_started = false;  // some runner process of this folder started the shared server
-  bool remote_checked = false;  // the remote server's fingerprints were checked and recorded
-
-  void Apply(const LedgerEntry& e) {
-    const int repeat = e.data.value("repeat", 0);
-    if (e.event == "planned") {
-      plan_sha256 = e.data.value("plan_sha256", "");
-      plan_dir = e.data.value("plan_dir", "");
-      builds = e.data.value("builds", nlohmann::json());
-      service = e.data.value("service", nlohmann::json());
-    } else if (e.event == "remote_checked") {
-      remote_checked = true;
-    } else if (e.event == "server_started") {
-      shared_started = shared_started || e.data.value("role", "") == "shared";
-    } else if (e.event == "sent") {
-      sent.insert({e.arm, repeat});
-    } else if (e.event == "finished" || e.event == "failed") {
-      finished.insert({e.arm, repeat});
-      exit_codes[{e.arm, repeat}] = e.data.value("exit_code", e.event == "failed" ? 3 : 0);
-    } else if (e.event == "compared") {
-      if (auto cr = ComparisonFromJson(e.data); cr.ok()) compared[e.arm] = *cr;
-    } else if (e.event == "decision") {
-      decisions[e.data.value("name", "")] = e.data.value("value", false);
-    } else if (e.event == "stopped") {
-      stopped = true;
-    } else if (e.event == "not_sent") {
-      not_sent.insert(e.arm);
-    } else if (e.event == "done") {
-      done = true;
-      verdict = e.data.value("verdict", "");
-      verdict_reason = e.data.value("reason", "");
-    }
-  }
-};
+using RunState = RunRecord;
 
 // SHA-256 of the arm's effective config without the model path: the model is fixed by the plan,
 // while its folder differs between run folders (the ledgers of two runs stay comparable).
@@ -658,7 +612,7 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
     fs::rename(tmp, opts.out_dir, ec);
     if (ec) return Status::IOError("run folder '" + opts.out_dir + "'", ec.message());
     LedgerLoad loaded;
-    LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Open(RunPaths(opts.out_dir).Ledger(), &loaded));
+    LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, OpenRunLedger(opts.out_dir, &loaded));
     run.ledger.emplace(std::move(l));
     for (const auto& e : loaded.entries) run.st.Apply(e);
     out << fmt::format("campaign {} (plan SHA-256 {}), run folder {}\n", run.c.name,
@@ -669,7 +623,7 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
       return Status::InvalidArgument("--resume '" + opts.out_dir + "'",
                                      "not a run folder (no ledger.jsonl)");
     LedgerLoad loaded;
-    LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Open(lp, &loaded));
+    LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, OpenRunLedger(opts.out_dir, &loaded));
     run.ledger.emplace(std::move(l));
     if (loaded.entries.empty() || loaded.entries.front().event != "planned")
       return Status::Corruption("ledger '" + lp + "'", "does not start with the planned entry");

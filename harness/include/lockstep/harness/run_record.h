@@ -8,11 +8,21 @@
 //     config.json stdout.json stderr.log trace.jsonl export.h5 service.json   (arm_file::k*)
 //   DIR/compare/<arm>.json|.md|.html|.nrmse.svg                               (Compare)
 //   DIR/report.md  DIR/report.html  DIR/junit.xml
+//
+// RunRecord (below) is the ledger of such a folder replayed once into types: the runner and its
+// resume, the campaign report and the summary JSON read it instead of each replaying the JSON.
 #pragma once
 
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
+
+#include "lockstep/harness/gates.h"
+#include "lockstep/harness/ledger.h"
 
 namespace lockstep {
 
@@ -58,5 +68,54 @@ class RunPaths {
  private:
   std::string dir_;
 };
+
+// ---- the ledger, replayed once ----
+
+// What a run folder's ledger says (harness/campaign/runner.cpp writes it; campaigns/README.md
+// lists the events). Apply() takes the entries in ledger order; an event this build does not
+// know is ignored, a compared entry whose record does not decode is left out of `compared`.
+// Thread-compatible (a value).
+struct RunRecord {
+  using ArmRepeat = std::pair<std::string, int>;  // (arm, repeat)
+
+  // planned: the campaign, its plan, the arms in plan order, the builds (null: a ledger from
+  // before named builds), the remote server ({url, api_key_env}; null none).
+  std::string campaign, plan_sha256, plan_dir;
+  std::vector<std::string> arm_order;
+  nlohmann::json builds, arm_builds, service;
+
+  std::set<ArmRepeat> sent;
+  std::set<ArmRepeat> finished;  // a finished or failed entry (the repeat is no longer in flight)
+  std::set<ArmRepeat> ran;       // a finished entry (it exited 0 or 1)
+  std::set<ArmRepeat> failed;    // a failed entry
+  std::map<ArmRepeat, int> exit_codes;                  // of the finished / failed entries
+  std::map<std::string, nlohmann::json> first_service;  // repeat 0's last finished `service`
+  std::map<std::string, ComparisonResult> compared;     // by arm
+  std::vector<std::string> compared_order;              // arms, in the order they were compared
+  std::map<std::string, bool> decisions;
+  bool stopped = false;
+  nlohmann::json stopped_data;                         // the stopped entry's data (null none)
+  std::set<std::string> not_sent;                      // arms
+  std::map<std::string, std::string> not_sent_reason;  // by arm
+  bool done = false;
+  std::string verdict, verdict_reason;  // the done entry's
+  bool shared_started = false;  // some runner process of this folder started the shared server
+  bool remote_checked = false;  // a remote server's fingerprints were checked (remote_checked)
+  nlohmann::json remote;        // what was checked (null none)
+
+  void Apply(const LedgerEntry& e);
+  static RunRecord Replay(const std::vector<LedgerEntry>& entries);
+};
+
+// A run folder's ledger read without changing it (Ledger::Read: a torn tail is reported, not
+// moved) and replayed: what the campaign report and the summary read. Errors: Ledger::Read's.
+struct RunRead {
+  LedgerLoad ledger;
+  RunRecord record;
+};
+Result<RunRead> ReadRun(const std::string& dir);
+// The run folder's ledger opened for appending (Ledger::Open: a torn tail set aside first), its
+// entries in `loaded`: what the runner and its resume append to.
+Result<Ledger> OpenRunLedger(const std::string& dir, LedgerLoad* loaded);
 
 }  // namespace lockstep
