@@ -252,6 +252,8 @@ spec = 2
 [export]
 windows = "0"
 points = ["commit"]
+[gates]
+state = true
 [[arm]]
 name = "A1"
 [[arm]]

@@ -242,6 +242,8 @@ max_new = 4
 spec = 2
 [export]
 windows = "0"
+[gates]
+state = true
 [[arm]]
 name = "A1"
 [[arm]]
