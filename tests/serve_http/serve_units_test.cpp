@@ -194,5 +194,21 @@ TEST(ServeTextStream, ChunksConcatenateToTheText) {
   EXPECT_EQ(StableUtf8Prefix("a\xE2\x82"), 1u);
 }
 
+TEST(ServeTextStream, StopStringsMatchTextNeverPlaceholders) {
+  // Byte level renders ids >= 256 as "<id>": a stop string never matches inside one or across
+  // its edge, and matches the same characters when they are real text.
+  TextStream s({"<30", "0>x"});
+  EXPECT_FALSE(s.Append("<300>", /*opaque=*/true));
+  EXPECT_FALSE(s.Append("x"));  // "0>x" spans the placeholder's end: no match
+  EXPECT_TRUE(s.Append("a<30"));
+  EXPECT_EQ(s.Take(true), "<300>xa");
+  // Through AppendTokens: the byte tokenizer's ids >= 256 are the placeholders.
+  auto tok = MakeByteTokenizer();
+  TextStream t({"<2"});
+  EXPECT_FALSE(t.AppendTokens(*tok, {65, 257, 66}));
+  EXPECT_TRUE(t.AppendTokens(*tok, {'<', '2'}));
+  EXPECT_EQ(t.Take(true), "A<257>B");
+}
+
 }  // namespace
 }  // namespace lockstep
