@@ -60,15 +60,17 @@ Result<TokenizerPtr> LoadModelTokenizer(const std::string& model_dir) {
     LOCKSTEP_ASSIGN_OR_RETURN(TokenizerPtr tok, LoadGgufTokenizer(*f));
     return tok ? std::move(tok) : MakeByteTokenizer();
   }
-  // A path that is no model must not fall back to bytes silently (`tokenize --model nope`).
+  // A path that is no model must not fall back to bytes silently (`tokenize --model nope`): a
+  // folder with config.json (a checkpoint) or tokenizer.json (a tokenizer alone), or a .gguf.
   struct stat st {};
-  if (::stat(model_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
-      ::stat((model_dir + "/config.json").c_str(), &st) != 0)
-    return Status::InvalidArgument(
-        "--model '" + model_dir + "'",
-        "is not a model (expected a checkpoint folder with config.json, or a .gguf file)");
   const std::string path = model_dir + "/tokenizer.json";
-  if (::stat(path.c_str(), &st) != 0) return MakeByteTokenizer();
+  const bool has_tokenizer = ::stat(path.c_str(), &st) == 0;
+  if (::stat(model_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+      (!has_tokenizer && ::stat((model_dir + "/config.json").c_str(), &st) != 0))
+    return Status::InvalidArgument("--model '" + model_dir + "'",
+                                   "is not a model (expected a checkpoint folder with config.json "
+                                   "or tokenizer.json, or a .gguf file)");
+  if (!has_tokenizer) return MakeByteTokenizer();
   return LoadBpeTokenizer(path);
 }
 

@@ -54,8 +54,8 @@ TokenizerPtr MakeByteTokenizer();
 // `model_dir`/tokenizer.json when it exists (LoadBpeTokenizer); for a path ending in .gguf (a file,
 // or the first of a split set) the vocabulary of its tokenizer.ggml.* metadata
 // (LoadGgufTokenizer); else the byte-level tokenizer. Errors: kInvalidArgument when `model_dir`
-// is neither a .gguf path nor a folder holding config.json (no silent fallback to bytes for a
-// mistyped path); those of the two loaders and of GgufFile::Open (kNotSupported names the
+// is neither a .gguf path nor a folder holding config.json or tokenizer.json (no silent fallback
+// to bytes for a mistyped path); those of the two loaders and of GgufFile::Open (kNotSupported names the
 // unsupported type or option).
 Result<TokenizerPtr> LoadModelTokenizer(const std::string& model_dir);
 
