@@ -16,7 +16,7 @@
 #include "lockstep/engine/thread_pool.h"
 #include "lockstep/harness/preflight.h"
 #include "lockstep/harness/process.h"
-#include "output.h"
+#include "commands/output.h"
 
 namespace lockstep::cli {
 
