@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "commands/output.h"
 #include "engine_flags.h"
 #include "lockstep/compare/export_reader.h"
 #include "lockstep/compare/localize.h"
@@ -16,7 +17,6 @@
 #include "lockstep/engine/thread_pool.h"
 #include "lockstep/harness/preflight.h"
 #include "lockstep/harness/process.h"
-#include "commands/output.h"
 
 namespace lockstep::cli {
 

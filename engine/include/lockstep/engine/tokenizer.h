@@ -55,8 +55,8 @@ TokenizerPtr MakeByteTokenizer();
 // or the first of a split set) the vocabulary of its tokenizer.ggml.* metadata
 // (LoadGgufTokenizer); else the byte-level tokenizer. Errors: kInvalidArgument when `model_dir`
 // is neither a .gguf path nor a folder holding config.json or tokenizer.json (no silent fallback
-// to bytes for a mistyped path); those of the two loaders and of GgufFile::Open (kNotSupported names the
-// unsupported type or option).
+// to bytes for a mistyped path); those of the two loaders and of GgufFile::Open (kNotSupported
+// names the unsupported type or option).
 Result<TokenizerPtr> LoadModelTokenizer(const std::string& model_dir);
 
 // Streaming decode: Push(id) returns the text that became complete with that token (bytes of an
