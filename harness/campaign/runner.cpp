@@ -95,7 +95,8 @@ struct Runner {
   }
 
   Status ModelFingerprint() {
-    LOCKSTEP_ASSIGN_OR_RETURN(ModelWeightsPtr w, ModelWeights::Load(model_dir, /*load_mtp=*/false));
+    // Loaded as generate and serve load it, so its file list (and digest) is theirs.
+    LOCKSTEP_ASSIGN_OR_RETURN(ModelWeightsPtr w, ModelWeights::Load(model_dir));
     LOCKSTEP_ASSIGN_OR_RETURN(model_sha256, Sha256Files(w->files));
     return Status::Ok();
   }
