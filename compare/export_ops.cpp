@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "h5_bounded.h"
+#include "lockstep/h5/paths.h"
 #include "lockstep/h5/rows.h"
 
 namespace lockstep {
@@ -32,13 +33,13 @@ Status ReadFloats(hid_t f, const std::string& path, const ReaderLimits& lim, std
 }  // namespace
 
 Status ReadOps(hid_t f, const ReaderLimits& lim, ExportMeta* meta) {
-  if (H5Lexists(f, "ops", H5P_DEFAULT) <= 0) return Status::Ok();
-  LOCKSTEP_RETURN_IF_ERROR(OpenObject(f, "/ops", H5I_GROUP).status());
+  if (H5Lexists(f, kOpsGroupPath, H5P_DEFAULT) <= 0) return Status::Ok();
+  LOCKSTEP_RETURN_IF_ERROR(OpenObject(f, kOpsGroupPath, H5I_GROUP).status());
   const std::int64_t max_str = std::min(lim.max_string_bytes, meta->file_bytes);
   std::vector<std::string> table;
-  LOCKSTEP_RETURN_IF_ERROR(ReadStringList(f, "ops/table", max_str, &table));
+  LOCKSTEP_RETURN_IF_ERROR(ReadStringList(f, kOpsTablePath, max_str, &table));
   for (std::size_t i = 0; i < table.size(); ++i) {
-    const std::string at = "/ops/table row " + std::to_string(i);
+    const std::string at = "/" + std::string(kOpsTablePath) + " row " + std::to_string(i);
     const nlohmann::json j = nlohmann::json::parse(table[i], nullptr, false);
     if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("inputs") ||
         !j["inputs"].is_array())
@@ -52,18 +53,19 @@ Status ReadOps(hid_t f, const ReaderLimits& lim, ExportMeta* meta) {
     n.state = j.value("state", false);
     meta->op_table.push_back(std::move(n));
   }
-  const std::string path = "/ops/records";
+  const std::string path = "/" + std::string(kOpsRecordsPath);
   LOCKSTEP_ASSIGN_OR_RETURN(H5Handle ds, OpenObject(f, path, H5I_DATASET));
   LOCKSTEP_ASSIGN_OR_RETURN(auto rows, ReadTable(ds.get(), path, kOpRecordFields, lim,
                                                  lim.max_windows, meta->file_bytes));
   std::vector<double> l2;
   LOCKSTEP_RETURN_IF_ERROR(
-      ReadFloats(f, "/ops/l2", lim, lim.max_windows, meta->file_bytes, H5T_NATIVE_DOUBLE, &l2));
+      ReadFloats(f, kOpsL2Path, lim, lim.max_windows, meta->file_bytes, H5T_NATIVE_DOUBLE, &l2));
   if (l2.size() != rows.size())
-    return Bad("/ops/l2", std::to_string(l2.size()) + " values for " + std::to_string(rows.size()) +
-                              " records (one per record)");
-  if (H5Lexists(f, "ops/dump", H5P_DEFAULT) > 0)
-    LOCKSTEP_RETURN_IF_ERROR(ReadFloats(f, "/ops/dump", lim, lim.max_item_bytes / 4,
+    return Bad(std::string("/") + kOpsL2Path, std::to_string(l2.size()) + " values for " +
+                                                  std::to_string(rows.size()) +
+                                                  " records (one per record)");
+  if (H5Lexists(f, kOpsDumpPath, H5P_DEFAULT) > 0)
+    LOCKSTEP_RETURN_IF_ERROR(ReadFloats(f, kOpsDumpPath, lim, lim.max_item_bytes / 4,
                                         meta->file_bytes, H5T_NATIVE_FLOAT, &meta->op_dump));
   const auto n_ops = static_cast<std::int64_t>(meta->op_table.size());
   const auto n_dump = static_cast<std::int64_t>(meta->op_dump.size());

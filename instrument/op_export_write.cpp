@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "export_h5.h"
+#include "lockstep/h5/paths.h"
 #include "lockstep/h5/rows.h"
 
 namespace lockstep {

@@ -123,6 +123,14 @@ inline std::optional<ItemAddress> ParseItemRel(std::string_view rel) {
 // The HDF5 path of one state item ("checkpoints/00003_commit/stage1/layer7/k"): the one place
 // that turns (checkpoint, stage, layer, item) into a path, shared by the writer, compare/ and
 // tests.
+// The optional op-digest tables (instrument/SCHEMA.md "/ops"): written by instrument/'s op
+// export, read by compare/'s export reader.
+inline constexpr const char* kOpsGroupPath = "ops";
+inline constexpr const char* kOpsTablePath = "ops/table";
+inline constexpr const char* kOpsRecordsPath = "ops/records";
+inline constexpr const char* kOpsL2Path = "ops/l2";
+inline constexpr const char* kOpsDumpPath = "ops/dump";
+
 inline std::string ItemPath(int window, CheckpointPoint point, int stage, int layer,
                             ItemKind kind) {
   return CheckpointGroupName(window, point) + "/" + ItemRel(stage, layer, kind);

@@ -22,12 +22,7 @@
 
 namespace lockstep {
 
-// The export paths of the op tables (one place, to fold into h5/paths.h).
-inline constexpr const char* kOpsGroupPath = "ops";
-inline constexpr const char* kOpsTablePath = "ops/table";
-inline constexpr const char* kOpsRecordsPath = "ops/records";
-inline constexpr const char* kOpsL2Path = "ops/l2";
-inline constexpr const char* kOpsDumpPath = "ops/dump";
+// The export paths of the op tables are kOps*Path in h5/paths.h (the writer's and the reader's).
 
 // "none" | "all" (every verify window and the prefill) | a comma list of window indices, ranges
 // ("24-26") and `prefill`. kInvalidArgument labelled with `option` for anything else.
