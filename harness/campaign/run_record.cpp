@@ -26,47 +26,136 @@ std::string RunPaths::Compare(std::string_view arm, std::string_view ext) const 
   return dir_ + "/compare/" + std::string(arm) + std::string(ext);
 }
 
+nlohmann::json PlannedEntry::Encode() const {
+  nlohmann::json d = {{"campaign", campaign}, {"plan_sha256", plan_sha256},
+                      {"plan_dir", plan_dir}, {"arms", arms},
+                      {"builds", builds},     {"arm_builds", arm_builds}};
+  if (!service.is_null()) d["service"] = service;
+  return d;
+}
+
+PlannedEntry PlannedEntry::Decode(const nlohmann::json& d) {
+  PlannedEntry p;
+  p.campaign = d.value("campaign", "");
+  p.plan_sha256 = d.value("plan_sha256", "");
+  p.plan_dir = d.value("plan_dir", "");
+  p.arms = d.value("arms", std::vector<std::string>{});
+  p.builds = d.value("builds", nlohmann::json());  // null: a ledger from before named builds
+  p.arm_builds = d.value("arm_builds", nlohmann::json());
+  p.service = d.value("service", nlohmann::json());
+  return p;
+}
+
+nlohmann::json SentEntry::Encode() const {
+  nlohmann::json d = {{"repeat", repeat},
+                      {"mode", mode},
+                      {"engine_config_sha256", engine_config_sha256},
+                      {"build", build},
+                      {"executable_sha256", executable_sha256}};
+  if (!server.empty()) d["server"] = server;
+  return d;
+}
+
+SentEntry SentEntry::Decode(const nlohmann::json& d) {
+  SentEntry s;
+  s.repeat = d.value("repeat", 0);
+  s.mode = d.value("mode", "");
+  s.server = d.value("server", "");
+  s.engine_config_sha256 = d.value("engine_config_sha256", "");
+  s.build = d.value("build", "");
+  s.executable_sha256 = d.value("executable_sha256", "");
+  return s;
+}
+
+nlohmann::json RunEndEntry::Encode() const {
+  nlohmann::json d = {
+      {"repeat", repeat}, {"exit_code", exit_code}, {"signal", signal}, {"seconds", seconds}};
+  if (!service.is_null()) d["service"] = service;
+  if (!error.empty()) d["error"] = error;
+  return d;
+}
+
+RunEndEntry RunEndEntry::Decode(const LedgerEntry& e) {
+  RunEndEntry r;
+  r.failed = e.event == "failed";
+  r.repeat = e.data.value("repeat", 0);
+  r.exit_code = e.data.value("exit_code", r.failed ? 3 : 0);
+  r.signal = e.data.value("signal", 0);
+  r.seconds = e.data.value("seconds", 0.0);
+  r.service = e.data.value("service", nlohmann::json());
+  r.error = e.data.value("error", "");
+  return r;
+}
+
+nlohmann::json NotSentEntry::Encode() const { return {{"reason", reason}}; }
+NotSentEntry NotSentEntry::Decode(const nlohmann::json& d) {
+  return NotSentEntry{d.value("reason", "not sent")};
+}
+
+nlohmann::json StoppedEntry::Encode() const {
+  return {{"rule", rule}, {"message", message}, {"fired_by", fired_by}, {"before_arm", before_arm}};
+}
+StoppedEntry StoppedEntry::Decode(const nlohmann::json& d) {
+  StoppedEntry s;
+  s.rule = d.value("rule", "");
+  s.message = d.value("message", "");
+  s.before_arm = d.value("before_arm", "");
+  s.fired_by = d.value("fired_by", std::vector<std::string>{});
+  return s;
+}
+
+nlohmann::json DecisionEntry::Encode() const { return {{"name", name}, {"value", value}}; }
+DecisionEntry DecisionEntry::Decode(const nlohmann::json& d) {
+  return DecisionEntry{d.value("name", ""), d.value("value", false)};
+}
+
+nlohmann::json DoneEntry::Encode() const { return {{"verdict", verdict}, {"reason", reason}}; }
+DoneEntry DoneEntry::Decode(const nlohmann::json& d) {
+  return DoneEntry{d.value("verdict", ""), d.value("reason", "")};
+}
+
 void RunRecord::Apply(const LedgerEntry& e) {
-  const int repeat = e.data.value("repeat", 0);
-  if (e.event == "planned") {
-    campaign = e.data.value("campaign", "");
-    plan_sha256 = e.data.value("plan_sha256", "");
-    plan_dir = e.data.value("plan_dir", "");
-    arm_order = e.data.value("arms", std::vector<std::string>{});
-    builds = e.data.value("builds", nlohmann::json());
-    arm_builds = e.data.value("arm_builds", nlohmann::json());
-    service = e.data.value("service", nlohmann::json());
+  if (e.event == PlannedEntry::kEvent) {
+    PlannedEntry p = PlannedEntry::Decode(e.data);
+    campaign = std::move(p.campaign);
+    plan_sha256 = std::move(p.plan_sha256);
+    plan_dir = std::move(p.plan_dir);
+    arm_order = std::move(p.arms);
+    builds = std::move(p.builds);
+    arm_builds = std::move(p.arm_builds);
+    service = std::move(p.service);
   } else if (e.event == "remote_checked") {
     remote_checked = true;
     remote = e.data;
   } else if (e.event == "server_started") {
     shared_started = shared_started || e.data.value("role", "") == "shared";
-  } else if (e.event == "sent") {
-    sent.insert({e.arm, repeat});
+  } else if (e.event == SentEntry::kEvent) {
+    sent.insert({e.arm, SentEntry::Decode(e.data).repeat});
   } else if (e.event == "finished" || e.event == "failed") {
-    const bool fail = e.event == "failed";
-    finished.insert({e.arm, repeat});
-    (fail ? failed : ran).insert({e.arm, repeat});
-    exit_codes[{e.arm, repeat}] = e.data.value("exit_code", fail ? 3 : 0);
-    if (!fail && repeat == 0 && e.data.contains("service"))
-      first_service[e.arm] = e.data["service"];
+    const RunEndEntry r = RunEndEntry::Decode(e);
+    finished.insert({e.arm, r.repeat});
+    (r.failed ? failed : ran).insert({e.arm, r.repeat});
+    exit_codes[{e.arm, r.repeat}] = r.exit_code;
+    if (!r.failed && r.repeat == 0 && !r.service.is_null()) first_service[e.arm] = r.service;
   } else if (e.event == "compared") {
     if (auto cr = ComparisonFromJson(e.data); cr.ok()) {
       if (!compared.count(e.arm)) compared_order.push_back(e.arm);
       compared[e.arm] = *cr;
     }
-  } else if (e.event == "decision") {
-    decisions[e.data.value("name", "")] = e.data.value("value", false);
-  } else if (e.event == "stopped") {
+  } else if (e.event == DecisionEntry::kEvent) {
+    const DecisionEntry d = DecisionEntry::Decode(e.data);
+    decisions[d.name] = d.value;
+  } else if (e.event == StoppedEntry::kEvent) {
     stopped = true;
     stopped_data = e.data;
-  } else if (e.event == "not_sent") {
+  } else if (e.event == NotSentEntry::kEvent) {
     not_sent.insert(e.arm);
-    not_sent_reason[e.arm] = e.data.value("reason", "not sent");
-  } else if (e.event == "done") {
+    not_sent_reason[e.arm] = NotSentEntry::Decode(e.data).reason;
+  } else if (e.event == DoneEntry::kEvent) {
+    const DoneEntry d = DoneEntry::Decode(e.data);
     done = true;
-    verdict = e.data.value("verdict", "");
-    verdict_reason = e.data.value("reason", "");
+    verdict = d.verdict;
+    verdict_reason = d.reason;
   }
 }
 

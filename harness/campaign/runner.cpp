@@ -141,12 +141,8 @@ struct Runner {
     cs.argv = ArmGenerateArgv(c, arm, build.path, d, tokens_path);
     cs.stdout_path = d + "/stdout.json";
     cs.stderr_path = d + "/stderr.log";
-    LOCKSTEP_RETURN_IF_ERROR(Append("sent", arm.name,
-                                    {{"repeat", repeat},
-                                     {"mode", arm.mode},
-                                     {"engine_config_sha256", EngineConfigHash(cfg)},
-                                     {"build", build.name},
-                                     {"executable_sha256", build.sha256}}));
+    SentEntry sent{repeat, arm.mode, "", EngineConfigHash(cfg), build.name, build.sha256};
+    LOCKSTEP_RETURN_IF_ERROR(Append(SentEntry::kEvent, arm.name, sent.Encode()));
     const std::string label = arm.repeat > 1 ? fmt::format("{} #{}", arm.name, repeat) : arm.name;
     std::function<void()> tick;
     if (progress) {
@@ -171,11 +167,13 @@ struct Runner {
     LOCKSTEP_ASSIGN_OR_RETURN(ChildResult cr, RunChild(cs, tick));
     if (progress) std::fprintf(stderr, "\r\033[K");
     const bool ok = ArmRan(cr.exit_code);
-    LOCKSTEP_RETURN_IF_ERROR(Append(ok ? "finished" : "failed", arm.name,
-                                    {{"repeat", repeat},
-                                     {"exit_code", cr.exit_code},
-                                     {"signal", cr.signal},
-                                     {"seconds", cr.seconds}}));
+    RunEndEntry end;
+    end.failed = !ok;
+    end.repeat = repeat;
+    end.exit_code = cr.exit_code;
+    end.signal = cr.signal;
+    end.seconds = cr.seconds;
+    LOCKSTEP_RETURN_IF_ERROR(Append(end.event(), arm.name, end.Encode()));
     out << fmt::format("  {}: {} in {:.2f} s", label, ok ? "finished" : "FAILED", cr.seconds);
     if (ok && cr.exit_code != 0) out << fmt::format(" (exit {})", cr.exit_code);
     if (!ok)
@@ -230,13 +228,8 @@ struct Runner {
   Status SendService(const ArmSpec& arm, int repeat, const std::string& d, const EngineConfig& cfg,
                      const ArmBuild& build) {
     LOCKSTEP_RETURN_IF_ERROR(EnsureHost());
-    LOCKSTEP_RETURN_IF_ERROR(Append("sent", arm.name,
-                                    {{"repeat", repeat},
-                                     {"mode", arm.mode},
-                                     {"server", arm.server},
-                                     {"engine_config_sha256", EngineConfigHash(cfg)},
-                                     {"build", build.name},
-                                     {"executable_sha256", build.sha256}}));
+    SentEntry sent{repeat, arm.mode, arm.server, EngineConfigHash(cfg), build.name, build.sha256};
+    LOCKSTEP_RETURN_IF_ERROR(Append(SentEntry::kEvent, arm.name, sent.Encode()));
     const std::string label = arm.repeat > 1 ? fmt::format("{} #{}", arm.name, repeat) : arm.name;
     if (progress)
       std::fprintf(stderr, "\r\033[K  %s: on a %s server", label.c_str(), arm.server.c_str());
@@ -244,13 +237,14 @@ struct Runner {
     LOCKSTEP_ASSIGN_OR_RETURN(ServiceArmRun run,
                               host->Run(arm, cfg, build.path, d, repeat, history));
     if (progress) std::fprintf(stderr, "\r\033[K");
-    nlohmann::json data = {{"repeat", repeat},
-                           {"exit_code", run.ok ? 0 : 3},
-                           {"signal", 0},
-                           {"seconds", run.seconds},
-                           {"service", run.service}};
-    if (!run.ok) data["error"] = run.error;
-    LOCKSTEP_RETURN_IF_ERROR(Append(run.ok ? "finished" : "failed", arm.name, data));
+    RunEndEntry end;
+    end.failed = !run.ok;
+    end.repeat = repeat;
+    end.exit_code = run.ok ? 0 : 3;
+    end.seconds = run.seconds;
+    end.service = run.service;
+    if (!run.ok) end.error = run.error;
+    LOCKSTEP_RETURN_IF_ERROR(Append(end.event(), arm.name, end.Encode()));
     const nlohmann::json& svc = run.service;
     out << fmt::format(
         "  {}: {} in {:.2f} s ({} server{})", label, run.ok ? "finished" : "FAILED", run.seconds,
@@ -480,18 +474,17 @@ struct Runner {
             so_far.push_back(it->second);
         if (!st.stopped) {
           if (auto stop = EvaluateStopRules(c, so_far)) {
-            LOCKSTEP_RETURN_IF_ERROR(Append("stopped", "",
-                                            {{"rule", stop->rule->name},
-                                             {"message", stop->rule->message},
-                                             {"fired_by", stop->fired_by},
-                                             {"before_arm", arm.name}}));
+            const StoppedEntry entry{stop->rule->name, stop->rule->message, arm.name,
+                                     stop->fired_by};
+            LOCKSTEP_RETURN_IF_ERROR(Append(StoppedEntry::kEvent, "", entry.Encode()));
             out << fmt::format("  stop rule '{}' fired ({}): {}\n", stop->rule->name,
                                fmt::join(stop->fired_by, ", "), stop->rule->message);
           }
         }
         if (st.stopped) {
           LOCKSTEP_RETURN_IF_ERROR(
-              Append("not_sent", arm.name, {{"reason", "the campaign stopped (stop rule fired)"}}));
+              Append(NotSentEntry::kEvent, arm.name,
+                     NotSentEntry{"the campaign stopped (stop rule fired)"}.Encode()));
           out << fmt::format("  {}: not sent (campaign stopped)\n", arm.name);
           continue;
         }
@@ -504,7 +497,7 @@ struct Runner {
         }
         if (!missing.empty()) {
           LOCKSTEP_RETURN_IF_ERROR(
-              Append("not_sent", arm.name, {{"reason", "requires " + missing}}));
+              Append(NotSentEntry::kEvent, arm.name, NotSentEntry{"requires " + missing}.Encode()));
           out << fmt::format("  {}: not sent (requires {})\n", arm.name, missing);
           continue;
         }
@@ -520,8 +513,8 @@ struct Runner {
       }
       if (!arm.decision.empty() && !st.decisions.count(arm.decision) && st.compared.count(arm.name))
         LOCKSTEP_RETURN_IF_ERROR(
-            Append("decision", arm.name,
-                   {{"name", arm.decision}, {"value", st.compared[arm.name].passed}}));
+            Append(DecisionEntry::kEvent, arm.name,
+                   DecisionEntry{arm.decision, st.compared[arm.name].passed}.Encode()));
     }
     return Status::Ok();
   }
@@ -549,7 +542,8 @@ struct Runner {
   Status Finish() {
     if (st.done) return Status::Ok();
     const CampaignDecision d = DecideCampaignVerdict(c, st.compared, st.stopped);
-    return Append("done", "", {{"verdict", CampaignOutcomeName(d.outcome)}, {"reason", d.reason}});
+    return Append(DoneEntry::kEvent, "",
+                  DoneEntry{CampaignOutcomeName(d.outcome), d.reason}.Encode());
   }
 };
 
@@ -603,11 +597,9 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
       nlohmann::json arm_builds = nlohmann::json::object(), builds = nlohmann::json::object();
       for (const auto& a : run.c.arms) arms.push_back(a.name), arm_builds[a.name] = ArmBuildName(a);
       for (const auto& [name, b] : run.builds) builds[name] = BuildJson(b);
-      nlohmann::json planned = {{"campaign", run.c.name},     {"plan_sha256", run.c.plan_sha256},
-                                {"plan_dir", run.c.plan_dir}, {"arms", arms},
-                                {"builds", builds},           {"arm_builds", arm_builds}};
-      if (!service.is_null()) planned["service"] = service;
-      LOCKSTEP_RETURN_IF_ERROR(l.Append("planned", "", planned, true).status());
+      const PlannedEntry planned{run.c.name, run.c.plan_sha256, run.c.plan_dir, arms,
+                                 builds,     arm_builds,        service};
+      LOCKSTEP_RETURN_IF_ERROR(l.Append(PlannedEntry::kEvent, "", planned.Encode(), true).status());
     }
     fs::remove(opts.out_dir, ec);  // an empty folder may be replaced
     fs::rename(tmp, opts.out_dir, ec);

@@ -78,6 +78,48 @@ TEST(RunRecord, AResentRepeatThatFinishedCountsAsRun) {
   EXPECT_EQ(r.exit_codes.at({"T", 1}), 0) << "the last attempt's exit code";
 }
 
+// Every entry type decodes what it encodes, and writes the keys the ledgers of earlier builds
+// have (campaigns/README.md "Ledger events"): a resumed old run folder reads the same.
+TEST(RunRecord, EntryTypesRoundTripWithTheLedgersKeys) {
+  const SentEntry sent{1, "timing", "shared", "cfg", "candidate", "exe"};
+  const SentEntry s = SentEntry::Decode(sent.Encode());
+  EXPECT_EQ(s.repeat, 1);
+  EXPECT_EQ(s.server, "shared");
+  EXPECT_EQ(s.executable_sha256, "exe");
+  const SentEntry process{0, "state", "", "c", "b", "e"};
+  EXPECT_FALSE(process.Encode().contains("server"))
+      << "a process arm's sent entry has no server key";
+  RunEndEntry end;
+  end.failed = true;
+  end.repeat = 2;
+  end.exit_code = 2;
+  end.signal = 9;
+  end.seconds = 1.5;
+  end.error = "refused";
+  const nlohmann::json ej = end.Encode();
+  EXPECT_EQ(ej, nlohmann::json::parse(
+                    R"({"repeat":2,"exit_code":2,"signal":9,"seconds":1.5,"error":"refused"})"));
+  const RunEndEntry e = RunEndEntry::Decode(LedgerEntry{0, end.event(), "A2", ej});
+  EXPECT_TRUE(e.failed);
+  EXPECT_EQ(e.exit_code, 2);
+  EXPECT_EQ(e.error, "refused");
+  const StoppedEntry stop{"r", "m", "B", {"path_diverged"}};
+  EXPECT_EQ(StoppedEntry::Decode(stop.Encode()).fired_by,
+            std::vector<std::string>{"path_diverged"});
+  EXPECT_EQ(StoppedEntry::Decode(stop.Encode()).before_arm, "B");
+  const NotSentEntry not_sent{"requires x"};
+  EXPECT_EQ(NotSentEntry::Decode(not_sent.Encode()).reason, "requires x");
+  const DecisionEntry decision{"aa_stable", true};
+  EXPECT_TRUE(DecisionEntry::Decode(decision.Encode()).value);
+  const DoneEntry done{"not_checked", "why"};
+  EXPECT_EQ(DoneEntry::Decode(done.Encode()).verdict, "not_checked");
+  PlannedEntry p;
+  p.campaign = "c";
+  p.arms = {"A1", "A2"};
+  EXPECT_FALSE(p.Encode().contains("service")) << "no remote server: no key";
+  EXPECT_EQ(PlannedEntry::Decode(p.Encode()).arms, p.arms);
+}
+
 TEST(RunPaths, NamesEveryPathOfARunFolder) {
   const RunPaths p("/r");
   ArmSpec timing;

@@ -69,6 +69,70 @@ class RunPaths {
   std::string dir_;
 };
 
+// ---- ledger entries as types: the runner writes them with Encode(), RunRecord reads them with
+// Decode() (missing keys read as their defaults, as in ledgers of older builds) ----
+
+struct PlannedEntry {  // "planned": the first entry of every ledger
+  static constexpr const char* kEvent = "planned";
+  std::string campaign, plan_sha256, plan_dir;
+  std::vector<std::string> arms;  // in plan order
+  nlohmann::json builds = nlohmann::json::object(), arm_builds = nlohmann::json::object();
+  nlohmann::json service;  // the remote server ({url, api_key_env}); null: none (not written)
+  nlohmann::json Encode() const;
+  static PlannedEntry Decode(const nlohmann::json& d);
+};
+
+struct SentEntry {  // "sent": one repeat of an arm handed to its process or server
+  static constexpr const char* kEvent = "sent";
+  int repeat = 0;
+  std::string mode;    // state | timing
+  std::string server;  // fresh | shared for a service arm; "" for a process arm (not written)
+  std::string engine_config_sha256, build, executable_sha256;
+  nlohmann::json Encode() const;
+  static SentEntry Decode(const nlohmann::json& d);
+};
+
+struct RunEndEntry {  // "finished" (it exited 0 or 1) or "failed" (anything else)
+  bool failed = false;
+  int repeat = 0, exit_code = 0, signal = 0;
+  double seconds = 0;
+  nlohmann::json service;  // a service arm's record (null: a process arm, not written)
+  std::string error;       // why a service arm failed ("": not written)
+  const char* event() const { return failed ? "failed" : "finished"; }
+  nlohmann::json Encode() const;
+  static RunEndEntry Decode(const LedgerEntry& e);
+};
+
+struct NotSentEntry {  // "not_sent"
+  static constexpr const char* kEvent = "not_sent";
+  std::string reason;
+  nlohmann::json Encode() const;
+  static NotSentEntry Decode(const nlohmann::json& d);
+};
+
+struct StoppedEntry {  // "stopped": the stop rule that fired, before which arm
+  static constexpr const char* kEvent = "stopped";
+  std::string rule, message, before_arm;
+  std::vector<std::string> fired_by;
+  nlohmann::json Encode() const;
+  static StoppedEntry Decode(const nlohmann::json& d);
+};
+
+struct DecisionEntry {  // "decision": a comparison's verdict under its plan name
+  static constexpr const char* kEvent = "decision";
+  std::string name;
+  bool value = false;
+  nlohmann::json Encode() const;
+  static DecisionEntry Decode(const nlohmann::json& d);
+};
+
+struct DoneEntry {  // "done": the campaign's verdict (CampaignOutcomeName) and its reason
+  static constexpr const char* kEvent = "done";
+  std::string verdict, reason;
+  nlohmann::json Encode() const;
+  static DoneEntry Decode(const nlohmann::json& d);
+};
+
 // ---- the ledger, replayed once ----
 
 // What a run folder's ledger says (harness/campaign/runner.cpp writes it; campaigns/README.md
