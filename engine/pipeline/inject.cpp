@@ -20,6 +20,22 @@ Result<double> Number(std::string_view v, const std::string& text) {
   return d;
 }
 
+// One "key=value" field of an injection spec: the one after `colon` in `s`, both advanced past it
+// (colon is npos after the last field). kInvalidArgument when the field has no '='.
+struct KeyValue {
+  std::string_view key, val;
+};
+Result<KeyValue> NextField(std::string_view& s, std::size_t& colon, const std::string& text) {
+  s = s.substr(colon + 1);
+  colon = s.find(':');
+  const std::string_view kv = s.substr(0, colon);
+  const auto eq = kv.find('=');
+  if (eq == std::string_view::npos)
+    return Status::InvalidArgument("--inject '" + text + "'",
+                                   "expected key=value, got '" + std::string(kv) + "'");
+  return KeyValue{kv.substr(0, eq), kv.substr(eq + 1)};
+}
+
 // perturb-op:stage=S:layer=L:op=NAME:window=W:row=R:ulps=K (every key required but stage, which
 // defaults to the layer's; layer -1 = a stage op such as final_norm or lm_head).
 Status ParsePerturbOp(std::string_view s, std::size_t colon, const std::string& text,
@@ -30,13 +46,8 @@ Status ParsePerturbOp(std::string_view s, std::size_t colon, const std::string& 
   bool have_layer = false, have_op = false, have_window = false, have_row = false,
        have_ulps = false;
   while (colon != std::string_view::npos) {
-    s = s.substr(colon + 1);
-    colon = s.find(':');
-    std::string_view kv = s.substr(0, colon);
-    auto eq = kv.find('=');
-    if (eq == std::string_view::npos)
-      return bad("expected key=value, got '" + std::string(kv) + "'");
-    std::string_view key = kv.substr(0, eq), val = kv.substr(eq + 1);
+    LOCKSTEP_ASSIGN_OR_RETURN(const KeyValue field, NextField(s, colon, text));
+    const std::string_view key = field.key, val = field.val;
     if (key == "op") {
       if (FindOpDef(val) == nullptr || FindOpDef(val)->state) {
         std::string names;
@@ -109,13 +120,8 @@ Result<std::vector<Injection>> ParseInjections(const std::vector<std::string>& s
     const bool perturb = inj.kind == Injection::Kind::kPerturb;
     bool have_ms = false, have_eps = false, have_item = false;
     while (colon != std::string_view::npos) {
-      s = s.substr(colon + 1);
-      colon = s.find(':');
-      std::string_view kv = s.substr(0, colon);
-      auto eq = kv.find('=');
-      if (eq == std::string_view::npos)
-        return bad("expected key=value, got '" + std::string(kv) + "'");
-      std::string_view key = kv.substr(0, eq), val = kv.substr(eq + 1);
+      LOCKSTEP_ASSIGN_OR_RETURN(const KeyValue field, NextField(s, colon, text));
+      const std::string_view key = field.key, val = field.val;
       if (perturb && key == "item") {
         const std::optional<ItemKind> item = ParseItemKind(val);
         if (!item || !IsPerturbable(*item)) {
