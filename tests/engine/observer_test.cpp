@@ -92,6 +92,22 @@ TEST(ObserverNames, UnknownNamesAreRejected) {
 
 // --inject perturb:...:item=I takes the perturbable kinds by their schema names; the messages
 // list them.
+// Every kind's fields go through the one key=value splitter: a field without '=' is refused by
+// name, and the last field of a spec is read too (the splitter stops at the end, not before it).
+TEST(ObserverNames, InjectionFieldsAreKeyValueForEveryKind) {
+  for (const char* spec : {"delay:stage=1:window", "perturb:layer=1:item=k:eps",
+                           "perturb-op:layer=1:op=q_proj:window=0:row=0:ulps"}) {
+    auto bad = ParseInjections({spec});
+    ASSERT_FALSE(bad.ok()) << spec;
+    EXPECT_NE(bad.status().message().find("expected key=value, got '"), std::string::npos)
+        << bad.status().ToString();
+  }
+  auto last = ParseInjections({"delay:stage=1:window=2:ms=7"});
+  ASSERT_TRUE(last.ok()) << last.status().ToString();
+  EXPECT_EQ((*last)[0].window, 2);
+  EXPECT_DOUBLE_EQ((*last)[0].ms, 7.0);
+}
+
 TEST(ObserverNames, InjectionItemsAreKindsByName) {
   auto ok = ParseInjections({"perturb:layer=3:item=ssm_state:eps=0.1",
                              "perturb:stage=1:item=hidden_out:eps=1", "perturb:item=logits:eps=0.5",
