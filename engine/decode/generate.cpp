@@ -16,6 +16,10 @@ SamplingParams SamplingFrom(const EngineConfig& cfg) {
   p.top_k = cfg.top_k;
   p.top_p = cfg.top_p;
   p.seed = cfg.seed;
+  p.presence_penalty = cfg.presence_penalty;
+  p.frequency_penalty = cfg.frequency_penalty;
+  p.repeat_penalty = cfg.repeat_penalty;
+  p.repeat_last_n = cfg.repeat_last_n;
   return p;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <unordered_map>
 
 namespace lockstep {
 
@@ -64,6 +65,38 @@ int SampleToken(const float* logits, int n_vocab, const SamplingParams& params,
     if (cum > target) return order[i];
   }
   return order[n - 1];
+}
+
+void ApplyPenalties(const float* logits, int n_vocab, const SamplingParams& params,
+                    const PenaltyContext& history, std::vector<float>* out) {
+  out->assign(logits, logits + n_vocab);
+  const std::size_t n_context = history.base.size() + history.more.size();
+  auto at = [&](std::size_t i) {
+    return i < history.base.size() ? history.base[i] : history.more[i - history.base.size()];
+  };
+  struct Seen {
+    bool in_window = false;  // among the last repeat_last_n context tokens
+    int count = 0;           // occurrences in the output so far
+  };
+  std::unordered_map<std::int32_t, Seen> seen;  // only the tokens the history holds
+  auto note = [&](std::size_t begin, auto&& mark) {
+    for (std::size_t i = begin; i < n_context; ++i)
+      if (at(i) >= 0 && at(i) < n_vocab) mark(seen[at(i)]);
+  };
+  if (params.repeat_penalty != 1.0 && params.repeat_last_n != 0) {
+    const std::size_t n = params.repeat_last_n < 0
+                              ? n_context
+                              : std::min(n_context, static_cast<std::size_t>(params.repeat_last_n));
+    note(n_context - n, [](Seen& e) { e.in_window = true; });  // once per distinct token
+  }
+  if (params.presence_penalty != 0.0 || params.frequency_penalty != 0.0)
+    note(n_context - std::min(history.n_output, n_context), [](Seen& e) { ++e.count; });
+  for (const auto& [t, e] : seen) {
+    double l = static_cast<double>(logits[t]);
+    if (e.in_window) l = l > 0 ? l / params.repeat_penalty : l * params.repeat_penalty;
+    l -= params.frequency_penalty * e.count + (e.count > 0 ? params.presence_penalty : 0.0);
+    (*out)[static_cast<std::size_t>(t)] = static_cast<float>(l);
+  }
 }
 
 }  // namespace lockstep

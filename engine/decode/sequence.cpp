@@ -298,8 +298,19 @@ Status Sequence::AcceptAndCommit(const float* logits) {
   const std::size_t T = window_tokens_.size();
   int n = 0;  // rows kept
   for (std::size_t i = 0; i < T; ++i) {
-    const std::int32_t y = SampleToken(logits + i * static_cast<std::size_t>(V), V, opts_.sampling,
-                                       rec.p + static_cast<int>(i), &scratch_);
+    const float* row = logits + i * static_cast<std::size_t>(V);
+    if (opts_.sampling.penalized()) {
+      // Row i sees the history a plain decode would: every committed token, then this window's
+      // tokens accepted so far (so speculation never changes a penalised draw).
+      ApplyPenalties(row, V, opts_.sampling,
+                     {.base = tokens_,
+                      .more = rec.emitted,
+                      .n_output = res_.output.size() + rec.emitted.size()},
+                     &penalized_);
+      row = penalized_.data();
+    }
+    const std::int32_t y =
+        SampleToken(row, V, opts_.sampling, rec.p + static_cast<int>(i), &scratch_);
     rec.emitted.push_back(y);
     ++n;
     if (IsEos(y) || static_cast<int>(res_.output.size() + rec.emitted.size()) >= opts_.max_new)

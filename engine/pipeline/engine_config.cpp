@@ -167,6 +167,17 @@ Status CheckTopP(const EngineConfig& c) {
   if (!(c.top_p > 0.0 && c.top_p <= 1.0)) return Bad("--top-p", "expected a value in (0, 1]");
   return Status::Ok();
 }
+Status CheckPenalties(const EngineConfig& c) {
+  auto in = [](double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; };
+  if (!in(c.presence_penalty, -2.0, 2.0))
+    return Bad("--presence-penalty", "expected a value in [-2, 2]");
+  if (!in(c.frequency_penalty, -2.0, 2.0))
+    return Bad("--frequency-penalty", "expected a value in [-2, 2]");
+  if (!in(c.repeat_penalty, 0.0, 10.0) || c.repeat_penalty == 0.0)
+    return Bad("--repeat-penalty", "expected a value in (0, 10]");
+  if (c.repeat_last_n < -1) return Bad("--repeat-last-n", "expected -1 (all) or >= 0 tokens");
+  return Status::Ok();
+}
 Status CheckSpec(const EngineConfig& c) {
   if (c.spec < 0 || c.spec > 64) return Bad("--spec", "expected 0 .. 64 draft tokens");
   return Status::Ok();
@@ -318,6 +329,19 @@ const std::vector<EngineOption> kOptions = {
      .group = G::kRequest, .doc = "Top-p cut (1 = off)", .validate = CheckTopP},
     {.key = "ignore_eos", .flag = "--ignore-eos", .field = &C::ignore_eos,
      .group = G::kRequest, .doc = "Keep generating past EOS"},
+    {.key = "presence_penalty", .flag = "--presence-penalty", .field = &C::presence_penalty,
+     .group = G::kRequest, .doc = "Minus this for each token the output has used (0 = off)",
+     .validate = CheckPenalties, .omit_default = true},
+    {.key = "frequency_penalty", .flag = "--frequency-penalty", .field = &C::frequency_penalty,
+     .group = G::kRequest, .doc = "Minus this per earlier use in the output (0 = off)",
+     .omit_default = true},
+    {.key = "repeat_penalty", .flag = "--repeat-penalty", .field = &C::repeat_penalty,
+     .group = G::kRequest,
+     .doc = "Logits of recent tokens divided (> 0) or multiplied by this (1 = off)",
+     .omit_default = true},
+    {.key = "repeat_last_n", .flag = "--repeat-last-n", .field = &C::repeat_last_n,
+     .group = G::kRequest, .doc = "Tokens of prompt + output --repeat-penalty looks at (-1 = all)",
+     .omit_default = true},
     // ---- speculative decoding ----
     {.key = "spec", .flag = "--spec", .field = &C::spec,
      .group = G::kSpeculative,
@@ -454,7 +478,12 @@ std::string FormatEngineOption(const EngineOption& o, const EngineConfig& c) {
 
 std::string EngineConfig::ToJson() const {
   nlohmann::json j;  // std::map-backed: keys come out sorted, whatever the table's order
-  for (const EngineOption& o : kOptions) j[std::string(o.key)] = FieldToJson(o.field, *this);
+  static const EngineConfig kDefaults;
+  for (const EngineOption& o : kOptions) {
+    nlohmann::json v = FieldToJson(o.field, *this);
+    if (o.omit_default && v == FieldToJson(o.field, kDefaults)) continue;
+    j[std::string(o.key)] = std::move(v);
+  }
   return j.dump();
 }
 

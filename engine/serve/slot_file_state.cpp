@@ -118,19 +118,26 @@ KvCache ScratchCache(const Engine& e) {
 }
 
 json RequestJson(const RequestOptions& o) {
-  return {{"max_new", o.max_new},
-          {"temperature", o.sampling.temperature},
-          {"top_k", o.sampling.top_k},
-          {"top_p", o.sampling.top_p},
-          {"seed", o.sampling.seed},
-          {"ignore_eos", o.ignore_eos},
-          {"spec", o.spec},
-          {"mtp", o.mtp},
-          {"spec_max_suffix", o.spec_max_suffix},
-          {"suffix_index", o.suffix_index},
-          {"draft_policy", o.draft_policy},
-          {"replay_path", o.replay_path},
-          {"inject", o.inject}};
+  json j = {{"max_new", o.max_new},
+            {"temperature", o.sampling.temperature},
+            {"top_k", o.sampling.top_k},
+            {"top_p", o.sampling.top_p},
+            {"seed", o.sampling.seed},
+            {"ignore_eos", o.ignore_eos},
+            {"spec", o.spec},
+            {"mtp", o.mtp},
+            {"spec_max_suffix", o.spec_max_suffix},
+            {"suffix_index", o.suffix_index},
+            {"draft_policy", o.draft_policy},
+            {"replay_path", o.replay_path},
+            {"inject", o.inject}};
+  // Only when set: a file of a request without penalties is what earlier builds wrote.
+  if (o.sampling.penalized())
+    j["penalties"] = {{"presence", o.sampling.presence_penalty},
+                      {"frequency", o.sampling.frequency_penalty},
+                      {"repeat", o.sampling.repeat_penalty},
+                      {"repeat_last_n", o.sampling.repeat_last_n}};
+  return j;
 }
 
 // ---- save ----
@@ -375,14 +382,36 @@ Result<ConvHeader> ParseConversation(const json& hdr, const Engine& e) {
   return h;
 }
 
+// header.request.penalties (written only for a penalised request), range-checked as the engine
+// option's are.
+Status ParsePenalties(const json& p, RequestOptions& o) {
+  const std::string w = "header.request.penalties";
+  LOCKSTEP_RETURN_IF_ERROR(KeysExactly(p, {"presence", "frequency", "repeat", "repeat_last_n"}, w));
+  auto number = [&](const char* k, double lo, double hi, double& out) -> Status {
+    if (!p.contains(k) || !p.at(k).is_number() || !(p.at(k).get<double>() >= lo) ||
+        !(p.at(k).get<double>() <= hi))
+      return Bad(w, std::string("'") + k + "' missing or outside [" + std::to_string(lo) + ", " +
+                        std::to_string(hi) + "]");
+    out = p.at(k).get<double>();
+    return Status::Ok();
+  };
+  LOCKSTEP_RETURN_IF_ERROR(number("presence", -2, 2, o.sampling.presence_penalty));
+  LOCKSTEP_RETURN_IF_ERROR(number("frequency", -2, 2, o.sampling.frequency_penalty));
+  LOCKSTEP_RETURN_IF_ERROR(number("repeat", 1e-6, 10, o.sampling.repeat_penalty));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t n,
+                            IntIn(p, "repeat_last_n", w, -1, std::int64_t{1} << 30));
+  o.sampling.repeat_last_n = static_cast<int>(n);
+  return Status::Ok();
+}
+
 Result<RequestOptions> ParseRequest(const json& hdr) {
   const std::string w = "header.request";
   LOCKSTEP_ASSIGN_OR_RETURN(const json* r, Member(hdr, "request", "header", json::value_t::object));
-  LOCKSTEP_RETURN_IF_ERROR(
-      KeysExactly(*r,
-                  {"max_new", "temperature", "top_k", "top_p", "seed", "ignore_eos", "spec", "mtp",
-                   "spec_max_suffix", "suffix_index", "draft_policy", "replay_path", "inject"},
-                  w));
+  LOCKSTEP_RETURN_IF_ERROR(KeysExactly(
+      *r,
+      {"max_new", "temperature", "top_k", "top_p", "seed", "ignore_eos", "spec", "mtp",
+       "spec_max_suffix", "suffix_index", "draft_policy", "replay_path", "inject", "penalties"},
+      w));
   RequestOptions o;
   constexpr std::int64_t kBig = std::int64_t{1} << 30;
   LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t max_new, IntIn(*r, "max_new", w, 0, kBig));
@@ -410,6 +439,7 @@ Result<RequestOptions> ParseRequest(const json& hdr) {
     if (!x.is_string()) return Bad(w, "'inject' holds a value that is not a string");
     o.inject.push_back(x.get<std::string>());
   }
+  if (r->contains("penalties")) LOCKSTEP_RETURN_IF_ERROR(ParsePenalties(r->at("penalties"), o));
   return o;
 }
 

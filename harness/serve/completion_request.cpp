@@ -261,17 +261,10 @@ std::optional<ApiError> ParseField(const std::string& key, const json& v,
           key, "unsupported_field");
     return std::nullopt;
   }
-  if (key == "presence_penalty" || key == "frequency_penalty" || key == "repeat_penalty") {
-    double p = 0;
-    const bool repeat = key == "repeat_penalty";
-    if (auto e = GetNumber(v, key, repeat ? 0.0 : -2.0, 2.0, false, p)) return e;
-    if (p != (repeat ? 1.0 : 0.0))
-      return ApiError::BadRequest("'" + key + "' other than " + (repeat ? "1" : "0") +
-                                      " is not supported: the deterministic sampler has no token "
-                                      "penalties yet",
-                                  key, "unsupported_field");
-    return std::nullopt;
-  }
+  if (key == "presence_penalty") return GetNumber(v, key, -2.0, 2.0, false, r.presence_penalty);
+  if (key == "frequency_penalty") return GetNumber(v, key, -2.0, 2.0, false, r.frequency_penalty);
+  if (key == "repeat_penalty") return GetNumber(v, key, 0.0, 10.0, true, r.repeat_penalty);
+  if (key == "repeat_last_n") return GetInt(v, key, -1, 1 << 30, r.repeat_last_n);
   if (key == "logprobs") {
     if (v.is_null()) return std::nullopt;
     return GetInt(v, key, 0, 5, r.logprobs);

@@ -5,7 +5,8 @@
 // Accepted fields (any other is refused by name): model, prompt (a non-empty string or a
 // non-empty array of token ids), max_tokens (default 16), temperature [0, 2], top_p (0, 1],
 // top_k >= 0, seed (unsigned 64-bit), stop (a string or up to 4 non-empty strings), stream, n
-// (1 only), logprobs (null or 0..5), ignore_eos, id_slot (-1, or a slot holding a kept
+// (1 only), logprobs (null or 0..5), ignore_eos, presence_penalty / frequency_penalty [-2, 2],
+// repeat_penalty (0, 10], repeat_last_n >= -1, id_slot (-1, or a slot holding a kept
 // conversation that the prompt continues), and `lockstep` {arm, export, trace, cache, keep}:
 // export is true or {windows, points} (the file is named by the server, never by the client);
 // cache is "use" (default) or "bypass" (the request neither reads nor writes the prefix cache);
@@ -43,6 +44,10 @@ struct CompletionRequest {
   double temperature = 1.0;  // OpenAI's default; 0 = greedy
   double top_p = 1.0;
   int top_k = 0;
+  double presence_penalty = 0.0;   // OpenAI's; SamplingParams says how each penalty acts
+  double frequency_penalty = 0.0;  // OpenAI's
+  double repeat_penalty = 1.0;     // llama.cpp's (llama-server spells it so)
+  int repeat_last_n = 64;          // llama.cpp's; -1 = the whole context
   std::uint64_t seed = 0;
   bool seed_given = false;  // the body had a seed (else the server's --seed-default decides)
   bool seed_drawn = false;  // the server drew `seed` (reported as lockstep.seed_drawn)

@@ -29,6 +29,10 @@ EngineConfig RequestConfig(const EngineConfig& base, const CompletionRequest& r)
   c.temperature = r.temperature;
   c.top_p = r.top_p;
   c.top_k = r.top_k;
+  c.presence_penalty = r.presence_penalty;
+  c.frequency_penalty = r.frequency_penalty;
+  c.repeat_penalty = r.repeat_penalty;
+  c.repeat_last_n = r.repeat_last_n;
   c.seed = r.seed;
   c.ignore_eos = r.ignore_eos;
   return c;

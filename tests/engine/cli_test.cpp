@@ -130,6 +130,10 @@ const std::map<std::string, FlagValue>& FlagValues() {
       {"top_k", {"40", "40", ""}},
       {"top_p", {"0.9", "0.9", ""}},
       {"ignore_eos", {"", "true", ""}},  // a switch: the flag alone
+      {"presence_penalty", {"0.5", "0.5", ""}},
+      {"frequency_penalty", {"-1.25", "-1.25", ""}},
+      {"repeat_penalty", {"1.5", "1.5", ""}},
+      {"repeat_last_n", {"-1", "-1", ""}},
       {"spec", {"4", "4", ""}},
       {"mtp", {"off", "false", ""}},
       {"spec_max_suffix", {"3", "3", ""}},

@@ -196,10 +196,42 @@ TEST(EngineConfig, OptionTableIsTheOneList) {
     EXPECT_FALSE(o.doc.empty()) << o.key;
     EXPECT_EQ(o.doc.find('\n'), std::string_view::npos) << o.key << ": docs are one line";
   }
+  // ToJson covers every key, except that an omit_default option is left out at its default.
+  std::set<std::string> omitted;
+  for (const EngineOption& o : EngineOptions())
+    if (o.omit_default) omitted.insert(std::string(o.key));
   const auto j = nlohmann::json::parse(EngineConfig{}.ToJson());
   std::set<std::string> json_keys;
   for (auto it = j.begin(); it != j.end(); ++it) json_keys.insert(it.key());
+  for (const std::string& k : omitted) EXPECT_EQ(json_keys.count(k), 0u) << k;
+  json_keys.insert(omitted.begin(), omitted.end());
   EXPECT_EQ(json_keys, keys);
+}
+
+// The penalties (issue 42) are left out of the config while neutral, so every earlier export's
+// /config (and its digest) is unchanged; set, they are written and read back, and range-checked.
+TEST(EngineConfig, PenaltiesOnlyInTheJsonWhenSet) {
+  const std::string plain = EngineConfig{}.ToJson();
+  for (const char* k : {"presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n"})
+    EXPECT_EQ(plain.find(k), std::string::npos) << k;
+  EngineConfig c;
+  c.frequency_penalty = 0.5;
+  c.repeat_last_n = -1;
+  const auto j = nlohmann::json::parse(c.ToJson());
+  EXPECT_EQ(j.at("frequency_penalty"), 0.5);
+  EXPECT_EQ(j.at("repeat_last_n"), -1);
+  EXPECT_FALSE(j.contains("presence_penalty"));
+  auto back = EngineConfig::FromJson(c.ToJson(), "cfg");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, c);
+  for (const char* bad : {R"({"presence_penalty": 2.5})", R"({"frequency_penalty": -3})",
+                          R"({"repeat_penalty": 0})", R"({"repeat_last_n": -2})"}) {
+    auto r = EngineConfig::FromJson(bad, "cfg");
+    ASSERT_FALSE(r.ok()) << bad;
+    const std::string m = r.status().message();
+    EXPECT_TRUE(m.find("penalty") != std::string::npos || m.find("last-n") != std::string::npos)
+        << m;
+  }
 }
 
 // Each special spelling reads back what it prints (help shows the default through `format`).

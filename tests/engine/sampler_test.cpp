@@ -61,5 +61,41 @@ TEST(Sampler, TopKAndTopPCut) {
   EXPECT_EQ(SampleToken(logits.data(), 4, greedy, 0, &scratch), 3);
 }
 
+// ApplyPenalties against the formula worked by hand: repeat over the last repeat_last_n tokens
+// of prompt + output (each distinct token once), presence / frequency over the output only.
+TEST(Sampler, PenaltiesFollowTheirFormula) {
+  const std::vector<float> logits{2.0f, -1.0f, 0.5f, 3.0f, 1.0f};
+  const std::vector<std::int32_t> prompt{0, 0, 1};  // token 0 twice, 1 once: prompt only
+  const std::vector<std::int32_t> output{2, 2, 3};  // output: 2 twice, 3 once
+  SamplingParams sp;
+  sp.presence_penalty = 0.25;
+  sp.frequency_penalty = 0.5;
+  sp.repeat_penalty = 2.0;
+  sp.repeat_last_n = 4;  // tokens 1, 2, 2, 3 (the prompt's 0s are out of the window)
+  std::vector<float> out;
+  ApplyPenalties(logits.data(), 5, sp, {.base = prompt, .more = output, .n_output = 3}, &out);
+  ASSERT_EQ(out.size(), 5u);
+  EXPECT_EQ(out[0], 2.0f);                  // outside the window, not in the output
+  EXPECT_EQ(out[1], -2.0f);                 // negative: multiplied by 2, once
+  EXPECT_EQ(out[2], 0.25f - 1.0f - 0.25f);  // 0.5 / 2, minus 2 * 0.5, minus 0.25
+  EXPECT_EQ(out[3], 1.5f - 0.5f - 0.25f);   // 3 / 2, one use
+  EXPECT_EQ(out[4], 1.0f);                  // never seen
+  sp.repeat_last_n = -1;                    // the whole context: token 0 now too
+  ApplyPenalties(logits.data(), 5, sp, {.base = prompt, .more = output, .n_output = 3}, &out);
+  EXPECT_EQ(out[0], 1.0f);
+  // The split between base and more does not matter, only the sequence.
+  std::vector<std::int32_t> all = prompt;
+  all.insert(all.end(), output.begin(), output.end());
+  std::vector<float> joined;
+  ApplyPenalties(logits.data(), 5, sp, {.base = all, .more = {}, .n_output = 3}, &joined);
+  EXPECT_EQ(out, joined);
+  // Out-of-vocabulary ids in the history are ignored, and neutral values change nothing.
+  const std::vector<std::int32_t> odd{-1, 9, 4};
+  ApplyPenalties(logits.data(), 5, SamplingParams{}, {.base = odd, .more = {}, .n_output = 3},
+                 &out);
+  EXPECT_EQ(out, logits);
+  EXPECT_FALSE(SamplingParams{}.penalized());
+}
+
 }  // namespace
 }  // namespace lockstep

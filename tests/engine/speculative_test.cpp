@@ -141,6 +141,35 @@ TEST(Speculative, SampledOutputEqualsPlainSampling) {
   EXPECT_GT(accepted, 0);
 }
 
+// Penalties (issue 42) read the request's history, and a verify window's row i must see the
+// tokens accepted before it in the same window: greedy and sampled, penalised speculative ==
+// penalised plain, on the repetitive prompt where drafts are accepted and penalties bite.
+TEST(Speculative, PenalisedOutputEqualsPlainDecoding) {
+  for (double temperature : {0.0, 0.9}) {
+    EngineConfig plain = Config("tiny");
+    plain.temperature = temperature;
+    plain.seed = 7;
+    const auto prompt = Repetitive();
+    const auto unpenalised = RunGen(plain, prompt, "tiny").output;
+    plain.presence_penalty = 0.5;
+    plain.frequency_penalty = 0.75;
+    plain.repeat_penalty = 1.3;
+    plain.repeat_last_n = 32;
+    const auto ref = RunGen(plain, prompt, "tiny").output;
+    EXPECT_NE(ref, unpenalised) << "T=" << temperature << ": the penalties changed nothing";
+    int accepted = 0;
+    for (bool mtp : {true, false}) {
+      EngineConfig c = plain;
+      c.spec = 4;
+      c.mtp = mtp;
+      auto r = RunGen(c, prompt, "tiny");
+      EXPECT_EQ(r.output, ref) << "T=" << temperature << " mtp=" << mtp;
+      for (const auto& w : r.windows) accepted += w.accepted;
+    }
+    EXPECT_GT(accepted, 0) << "T=" << temperature << ": no draft accepted, nothing proven";
+  }
+}
+
 // ---- Must show 2: after every commit, committed state == plain decoding at that position ----
 TEST(Speculative, CommittedStateEqualsPlainAfterEveryCommit) {
   const auto prompt = Varied();

@@ -1,7 +1,7 @@
 // The official OpenAI Node client (npm `openai`, pinned by setup_openai.sh) against a running
 // `lockstep serve`:  node openai_calls.js BASE_URL MODEL OUT_JSON
 // Completions and chat completions, plain and streamed with stream_options.include_usage, with
-// `user` and the penalties at their defaults set, n = 2, and two seedless sampled chats. Writes
+// `user` and the penalties (presence 0.5, frequency 0.25) set, n = 2, and two seedless sampled chats. Writes
 // what each call returned (texts, finish reasons, usage, lockstep objects) for
 // openai_client_test.cpp to compare with `lockstep generate`. Any failed call exits 1.
 const fs = require('fs');
@@ -11,7 +11,7 @@ const messages = [
   { role: 'system', content: 'You are terse.' },
   { role: 'user', content: 'Name a colour. ü' },
 ];
-const common = { user: 'openai-node-test', presence_penalty: 0, frequency_penalty: 0, temperature: 0.8 };
+const common = { user: 'openai-node-test', presence_penalty: 0.5, frequency_penalty: 0.25, temperature: 0.8 };
 
 async function drain(stream) {
   let text = '', usage = null, lockstep = null, finish = null, chunks = 0, usageChunks = 0;

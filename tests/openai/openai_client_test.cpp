@@ -1,8 +1,8 @@
 // Must show 1 of issue 42: the official OpenAI Node client (npm openai 6.49.0, installed at test
 // time by setup_openai.sh) against the real `lockstep serve` on 127.0.0.1 (openai_calls.js):
 // completions and chat completions, plain and streamed with stream_options.include_usage, `user`
-// and the penalties (at their defaults) set, n = 2; every call succeeds and every text equals
-// `lockstep generate`'s with the same seed (choice k of n = 2: seed + k). Must show 3: two
+// and the penalties (presence 0.5, frequency 0.25) set, n = 2; every call succeeds and every text
+// equals `lockstep generate`'s with the same seed (choice k of n = 2: seed + k). Must show 3: two
 // seedless chats at temperature 0.8 draw different seeds and differ, and each reported seed
 // replays its answer exactly with `lockstep generate --seed`.
 #include <gtest/gtest.h>
@@ -42,13 +42,16 @@ std::string Shell(const std::string& s) {
   return out + "'";
 }
 
-// `lockstep generate` with `request` ("--prompt ..." or "--chat FILE") at temperature 0.8:
+// `lockstep generate` with `request` ("--prompt ..." or "--chat FILE") at temperature 0.8 and
+// the penalties openai_calls.js sets:
 // its text and ids.
 json Generate(const std::string& model, const std::string& request, int max_new,
               std::uint64_t seed) {
-  CmdResult r = RunLockstep("generate --model " + model + " --threads 1 " + request +
-                            " --max-new " + std::to_string(max_new) + " --temperature 0.8 --seed " +
-                            std::to_string(seed) + " --json -");
+  CmdResult r =
+      RunLockstep("generate --model " + model + " --threads 1 " + request + " --max-new " +
+                  std::to_string(max_new) +
+                  " --presence-penalty 0.5 --frequency-penalty 0.25 --temperature 0.8 --seed " +
+                  std::to_string(seed) + " --json -");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return json::parse(r.out, nullptr, false);
 }

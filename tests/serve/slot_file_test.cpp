@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -439,6 +440,38 @@ TEST_F(SlotFileConversation, RestoredContinuesBitwiseLikeLive) {
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   Turn rest2 = NextTurn(restored, *t, more_);
   ExpectSameTurn(*fresh, live2, rest2);
+}
+
+// The request's penalties travel in the header (issue 42); a request without them writes the
+// header earlier builds wrote (no "penalties" key), so their files and digests stay as they were.
+TEST_F(SlotFileConversation, PenaltiesTravelAndOnlyWhenSet) {
+  EnginePtr e = MakeEngine(Cfg());
+  Scheduler s(*e);
+  Turn turn = FirstTurn(s, prompt_);
+  const std::string dir = test::NewDir("slot-penalties");
+  auto bytes = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  ASSERT_TRUE(SaveConversation(dir + "/plain.slot", *e, turn.state).ok());
+  EXPECT_EQ(bytes(dir + "/plain.slot").find("penalties"), std::string::npos);
+  ConversationState st = turn.state;
+  st.options.sampling.presence_penalty = 0.5;
+  st.options.sampling.frequency_penalty = -0.25;
+  st.options.sampling.repeat_penalty = 1.5;
+  st.options.sampling.repeat_last_n = -1;
+  ASSERT_TRUE(SaveConversation(dir + "/pen.slot", *e, st).ok());
+  EXPECT_NE(bytes(dir + "/pen.slot").find("penalties"), std::string::npos);
+  EnginePtr fresh = MakeEngine(Cfg());
+  auto back = LoadConversation(dir + "/pen.slot", *fresh);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->options.sampling.presence_penalty, 0.5);
+  EXPECT_EQ(back->options.sampling.frequency_penalty, -0.25);
+  EXPECT_EQ(back->options.sampling.repeat_penalty, 1.5);
+  EXPECT_EQ(back->options.sampling.repeat_last_n, -1);
+  auto plain = LoadConversation(dir + "/plain.slot", *fresh);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(plain->options.sampling.penalized());
 }
 
 // A probe request on `e` (a fresh scheduler over its free slots): its tokens, path and state,

@@ -104,6 +104,15 @@ TEST(ServeHttp, CompletionsEqualGenerateStreamedAndNot) {
         {"top_p", 0.95},
         {"seed", 11}},
        "--prompt Seeded --max-new 10 --temperature 0.9 --top-k 40 --top-p 0.95 --seed 11"},
+      {{{"prompt", "aaaa aaaa aaaa"},
+        {"max_tokens", 12},
+        {"temperature", 0},
+        {"presence_penalty", 0.5},
+        {"frequency_penalty", 1.25},
+        {"repeat_penalty", 1.5},
+        {"repeat_last_n", 16}},
+       "--prompt 'aaaa aaaa aaaa' --max-new 12 --presence-penalty 0.5 --frequency-penalty 1.25 "
+       "--repeat-penalty 1.5 --repeat-last-n 16"},
   };
   for (const Case& c : cases) {
     const std::vector<int> want = GenerateIds(c.gen);

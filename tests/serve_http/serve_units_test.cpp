@@ -34,7 +34,8 @@ TEST(ServeRequest, ParsesEveryField) {
   CompletionRequest r;
   ASSERT_FALSE(Parse(R"({"model":"tiny","prompt":[1,2,3],"max_tokens":5,"temperature":0.5,
       "top_p":0.9,"top_k":7,"seed":18446744073709551615,"stop":["a","bc"],"stream":true,"n":1,
-      "logprobs":2,"ignore_eos":true,"lockstep":{"arm":"A1","export":{"windows":"all"},
+      "logprobs":2,"ignore_eos":true,"presence_penalty":-0.5,"frequency_penalty":1.5,
+      "repeat_penalty":1.25,"repeat_last_n":-1,"lockstep":{"arm":"A1","export":{"windows":"all"},
       "trace":true}})",
                      &r));
   EXPECT_EQ(r.prompt_ids, (std::vector<std::int32_t>{1, 2, 3}));
@@ -47,6 +48,10 @@ TEST(ServeRequest, ParsesEveryField) {
   EXPECT_TRUE(r.stream);
   EXPECT_EQ(r.logprobs, 2);
   EXPECT_TRUE(r.ignore_eos);
+  EXPECT_EQ(r.presence_penalty, -0.5);
+  EXPECT_EQ(r.frequency_penalty, 1.5);
+  EXPECT_EQ(r.repeat_penalty, 1.25);
+  EXPECT_EQ(r.repeat_last_n, -1);
   EXPECT_EQ(r.arm, "A1");
   ASSERT_TRUE(r.export_request);
   EXPECT_EQ(r.export_request->windows, "all");
@@ -68,7 +73,10 @@ TEST(ServeRequest, RefusesWithTheFieldNamed) {
       {"{", 400, ""},
       {R"({"prompt":"hi")", 400, ""},
       {"[1]", 400, ""},
-      {R"({"prompt":"hi","frequency_penalty":0.5})", 400, "frequency_penalty"},
+      {R"({"prompt":"hi","frequency_penalty":2.5})", 400, "frequency_penalty"},
+      {R"({"prompt":"hi","presence_penalty":-3})", 400, "presence_penalty"},
+      {R"({"prompt":"hi","repeat_penalty":0})", 400, "repeat_penalty"},
+      {R"({"prompt":"hi","repeat_last_n":-2})", 400, "repeat_last_n"},
       {R"({"prompt":"hi","logit_bias":{}})", 400, "logit_bias"},
       {R"({"prompt":"hi","n":17})", 400, "n"},
       {R"({"prompt":"hi","echo":true})", 400, "echo"},

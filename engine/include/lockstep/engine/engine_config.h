@@ -60,12 +60,16 @@ struct EngineConfig {
   int queue_depth = 64;         // requests waiting for a slot at most
 
   // ---- request / sampling ----
-  int max_new = 64;          // output tokens at most
-  std::uint64_t seed = 0;    // counter-RNG key for sampling
-  double temperature = 0.0;  // 0 = greedy
-  int top_k = 0;             // 0 = off
-  double top_p = 1.0;        // 1 = off
-  bool ignore_eos = false;   // keep generating past EOS (benchmarks)
+  int max_new = 64;               // output tokens at most
+  std::uint64_t seed = 0;         // counter-RNG key for sampling
+  double temperature = 0.0;       // 0 = greedy
+  int top_k = 0;                  // 0 = off
+  double top_p = 1.0;             // 1 = off
+  bool ignore_eos = false;        // keep generating past EOS (benchmarks)
+  double presence_penalty = 0.0;  // SamplingParams' penalties (sampler.h); neutral = off
+  double frequency_penalty = 0.0;
+  double repeat_penalty = 1.0;
+  int repeat_last_n = 64;  // -1 = the whole context
 
   // ---- speculative decoding ----
   int spec = 0;                         // draft budget K; 0 = plain decoding (T = 1)
@@ -145,6 +149,9 @@ struct EngineOption {
   // This option's checks (it may read other fields: --devices against --stages); the error
   // names the flag. Null: every value is valid.
   Status (*validate)(const EngineConfig& c) = nullptr;
+  // ToJson leaves the key out while it holds its default: options added after exports were
+  // pinned, so the /config of a run that does not use them stays byte-for-byte what it was.
+  bool omit_default = false;
 };
 
 // Every engine option, in EngineConfig's field order (the order of Validate's checks, and of
