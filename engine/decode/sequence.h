@@ -146,9 +146,9 @@ class Sequence {
   std::int64_t admit_ns_ = 0;         // OnAdmit / Continue
   std::int64_t decode_begin_ns_ = 0;  // end of prefill
   Window w_;
-  int idx_ = 0;               // the next window's index in this request
-  int windows_total_ = 0;     // windows over the whole conversation
-  std::vector<int> scratch_;  // SampleToken's
+  int idx_ = 0;                   // the next window's index in this request
+  int windows_total_ = 0;         // windows over the whole conversation
+  std::vector<int> scratch_;      // SampleToken's
   std::vector<float> penalized_;  // f32 [n_vocab]: a row's logits after ApplyPenalties
   std::vector<std::int32_t> window_tokens_;
   std::int32_t cur_ = 0;  // the token the next window starts with
