@@ -49,7 +49,7 @@ async function main() {
   out.completion_n2 = { texts: cn2.choices.map((x) => x.text), indices: cn2.choices.map((x) => x.index) };
   out.seedless = [];
   for (let k = 0; k < 2; ++k) {
-    const s = await client.chat.completions.create({ model, messages, max_tokens: 16, temperature: 0.8, user: 'u' });
+    const s = await client.chat.completions.create({ model, messages, max_tokens: 16, ...common });
     out.seedless.push({ text: s.choices[0].message.content, seed: s.lockstep.seed, seed_drawn: s.lockstep.seed_drawn,
                         output_ids: s.lockstep.output_ids });
   }
