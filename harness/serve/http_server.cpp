@@ -1,13 +1,10 @@
 #include "serve/http_server.h"
 
 #include <httplib.h>
-#include <sys/socket.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <optional>
 #include <string>
@@ -23,18 +20,8 @@ namespace lockstep {
 
 namespace {
 
-// True on a handler thread whose connection was accepted over max_connections.
-thread_local bool t_overloaded = false;
 // True between a handler's own count of its answer and the log line.
 thread_local bool t_counted = false;
-// When routing began (monotonic ns): a body read that failed after --read-timeout is a 408.
-thread_local std::int64_t t_routing_ns = 0;
-
-std::int64_t MonoNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // A known endpoint: its name in the metrics and the methods it answers.
 struct Route {
@@ -71,27 +58,6 @@ std::string CorsOrigin(const ServeOptions& o, const httplib::Request& req) {
   return req.get_header_value("Origin") == o.cors_origin ? o.cors_origin : "";
 }
 
-// httplib's thread pool with a count of the connections waiting or served: one accepted beyond
-// `max` is still handed a thread (httplib owns its socket) but answered 503 and closed at once.
-class BoundedTaskQueue final : public httplib::TaskQueue {
- public:
-  BoundedTaskQueue(std::size_t threads, int max) : pool_(threads), max_(max) {}
-  void enqueue(std::function<void()> fn) override {
-    const bool over = ++held_ > max_;
-    pool_.enqueue([this, over, fn = std::move(fn)] {
-      t_overloaded = over;
-      fn();
-      --held_;
-    });
-  }
-  void shutdown() override { pool_.shutdown(); }
-
- private:
-  httplib::ThreadPool pool_;
-  std::atomic<int> held_{0};
-  const int max_;
-};
-
 // A path as the log prints it: printable ASCII only, at most 128 bytes.
 std::string LogPath(const std::string& path) {
   std::string out;
@@ -99,8 +65,9 @@ std::string LogPath(const std::string& path) {
   return out;
 }
 
-bool Loopback(const std::string& addr) {
-  return addr == "127.0.0.1" || addr == "::1" || addr.rfind("::ffff:127.", 0) == 0;
+// Decided by the front on the parsed peer address (http_front.h).
+bool Loopback(const httplib::Request& req) {
+  return req.get_header_value("X-Lockstep-Loopback") == "1";
 }
 
 void HandleHealth(const ServeContext& ctx, httplib::Response& res) {
@@ -121,20 +88,10 @@ void HandleModels(const ServeContext& ctx, httplib::Response& res) {
 }
 
 // Fills an error body for statuses httplib set itself (404 without a route, 413, 400 on a
-// malformed request line or a body that did not arrive: 408 when that took --read-timeout) and
-// for handlers that set a status alone.
-void FillErrorBody(const ServeContext& ctx, const httplib::Request& req, httplib::Response& res) {
+// malformed request) and for handlers that set a status alone. (Slow heads and bodies are the
+// front's 408.)
+void FillErrorBody(const httplib::Request& req, httplib::Response& res) {
   if (!res.body.empty()) return;
-  if (res.status == 400 && req.method == "POST" && t_routing_ns > 0 &&
-      MonoNs() - t_routing_ns >=
-          std::int64_t{ctx.opts.read_timeout_s} * 1'000'000'000 - 250'000'000) {
-    res.set_header("Connection", "close");
-    ApiError e = ApiError::BadRequest("the request body did not arrive within --read-timeout (" +
-                                          std::to_string(ctx.opts.read_timeout_s) + " s)",
-                                      "", "request_timeout");
-    e.status = 408;
-    return SendError(res, e);
-  }
   ApiError e;
   switch (res.status) {
     case 404:
@@ -158,19 +115,13 @@ void FillErrorBody(const ServeContext& ctx, const httplib::Request& req, httplib
 
 HttpServer::HttpServer(ServeContext& ctx) : ctx_(ctx), svr_(std::make_unique<httplib::Server>()) {
   const ServeOptions& o = ctx_.opts;
-  const auto threads = static_cast<std::size_t>(o.http_threads);
-  const int max_conn = o.max_connections;
-  svr_->new_task_queue = [threads, max_conn] { return new BoundedTaskQueue(threads, max_conn); };
+  // The front relays at most --http-threads requests at once, each on a connection of its own
+  // (Connection: close); two more threads cover a connection still closing.
+  const auto threads = static_cast<std::size_t>(o.http_threads) + 2;
+  svr_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   svr_->set_payload_max_length(o.max_body);
   svr_->set_read_timeout(o.read_timeout_s, 0);
   svr_->set_write_timeout(o.write_timeout_s, 0);
-  svr_->set_keep_alive_timeout(o.keep_alive_s);
-  svr_->set_keep_alive_max_count(static_cast<std::size_t>(o.keep_alive_max));
-  // The listening socket, to widen its accept backlog once bound (Bind).
-  svr_->set_socket_options([this](socket_t sock) {
-    httplib::default_socket_options(sock);
-    listen_fd_ = sock;
-  });
   Routes();
 }
 
@@ -178,30 +129,40 @@ HttpServer::~HttpServer() { Stop(); }
 
 Result<int> HttpServer::Bind() {
   const ServeOptions& o = ctx_.opts;
-  const int port = o.port == 0 ? svr_->bind_to_any_port(o.host)
-                               : (svr_->bind_to_port(o.host, o.port) ? o.port : -1);
-  if (port < 0)
-    return Status::InvalidArgument("--host/--port", "cannot listen on " + o.host + ":" +
-                                                        std::to_string(o.port) +
-                                                        " (in use, or not an address here)");
-  // cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's
-  // library): a burst of more simultaneous connects than that, while the accept thread waits for
-  // a core, had SYNs dropped (the kernel's ListenOverflows), each costing the client a 1 s, 3 s,
-  // 7 s retransmit, and a client with a 5 s connect timeout failed after three drops: the rare
-  // request without an answer. Listening again on the bound socket sets the backlog to
-  // --max-connections (the kernel caps it at net.core.somaxconn).
-  if (listen_fd_ >= 0 && ::listen(listen_fd_, std::max(o.max_connections, 16)) != 0)
-    return Status::Runtime("--max-connections",
-                           std::string("cannot set the listen backlog: ") + std::strerror(errno));
-  return port;
+  LOCKSTEP_ASSIGN_OR_RETURN(token_, NewEngineInstance());
+  const int backend = svr_->bind_to_any_port("127.0.0.1");
+  if (backend < 0) return Status::Runtime("serve", "cannot listen on a loopback port");
+  FrontLimits lim;
+  lim.max_body = o.max_body;
+  lim.max_connections = o.max_connections;
+  lim.workers = o.http_threads;
+  lim.read_timeout_s = o.read_timeout_s;
+  lim.write_timeout_s = o.write_timeout_s;
+  lim.keep_alive_s = o.keep_alive_s;
+  lim.keep_alive_max = o.keep_alive_max;
+  lim.api_key = o.api_key;
+  ServeContext& ctx = ctx_;
+  front_ = std::make_unique<HttpFront>(
+      lim, backend, token_,
+      [&ctx](const std::string& method, const std::string& path, int status, bool loopback) {
+        const std::optional<Route> route = FindRoute(path);
+        ctx.metrics.CountResponse(route ? route->endpoint : "other", status);
+        std::fprintf(stderr, "serve: %s %s %d (refused by the front)%s\n",
+                     method.empty() ? "-" : LogPath(method).c_str(),
+                     path.empty() ? "-" : LogPath(path).c_str(), status,
+                     loopback ? "" : " (remote)");
+      });
+  return front_->Bind(o.host, o.port);
 }
 
 void HttpServer::Start() {
   listen_ = std::thread([this] { svr_->listen_after_bind(); });
+  front_->Start();
 }
 
 void HttpServer::Stop() {
   if (!listen_.joinable()) return;
+  front_->Stop();
   // httplib's stop() does nothing before the listen thread's loop runs (a refused engine config
   // returns right after Start()): wait for it (bounded), or accept() would block forever.
   for (int i = 0; i < 2000 && !svr_->is_running(); ++i)
@@ -212,13 +173,14 @@ void HttpServer::Stop() {
 
 void HttpServer::Routes() {
   ServeContext& ctx = ctx_;
-  svr_->set_pre_routing_handler([&ctx](const httplib::Request& req, httplib::Response& res) {
-    t_routing_ns = MonoNs();
+  const std::string& token = token_;
+  svr_->set_pre_routing_handler([&ctx, &token](const httplib::Request& req,
+                                               httplib::Response& res) {
     using HR = httplib::Server::HandlerResponse;
-    if (t_overloaded) {
+    // Only the front's relays: a request to the internal port from anyone else is refused.
+    if (!ConstantTimeEqual(req.get_header_value("X-Lockstep-Front"), token)) {
       res.set_header("Connection", "close");
-      res.set_header("Retry-After", "1");
-      SendError(res, ApiError::Unavailable("too many connections", "too_many_connections"));
+      SendError(res, ApiError::NotFound("not the server's public port", "not_found"));
       return HR::Handled;
     }
     const std::optional<Route> route = FindRoute(req.path);
@@ -302,9 +264,9 @@ void HttpServer::Routes() {
     g.draining = ctx.draining;
     res.set_content(ctx.metrics.Text(g), "text/plain; version=0.0.4");
   });
-  svr_->set_error_handler(httplib::Server::HandlerWithResponse(
-      [&ctx](const httplib::Request& req, httplib::Response& res) {
-        FillErrorBody(ctx, req, res);
+  svr_->set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+        FillErrorBody(req, res);
         return httplib::Server::HandlerResponse::Handled;
       }));
   svr_->set_exception_handler(
@@ -319,12 +281,10 @@ void HttpServer::Routes() {
       ctx.metrics.CountResponse(route ? route->endpoint : "other", res.status);
     }
     t_counted = false;
-    t_routing_ns = 0;
     // Method, path, status and request id only: never a body, a header value or a query.
     std::fprintf(stderr, "serve: %s %s %d %s%s\n", LogPath(req.method).c_str(),
                  LogPath(req.path).c_str(), res.status,
-                 res.get_header_value("X-Request-Id").c_str(),
-                 Loopback(req.remote_addr) ? "" : " (remote)");
+                 res.get_header_value("X-Request-Id").c_str(), Loopback(req) ? "" : " (remote)");
   });
 }
 

@@ -11,13 +11,13 @@
 //   GET  /v1/exports/{file}, GET /v1/lockstep/info   lockstep_endpoints.h
 //
 // Every other path is 404, every error an ApiError body. With an API key every endpoint but
-// /health needs `Authorization: Bearer KEY` (constant-time compare). Limits: bodies over
-// max_body are 413 before they are read; header and body reads time out after read_timeout_s
-// (a slow client cannot hold a slot: nothing is submitted before the whole body is in);
-// http_threads connections are served at once, and a connection accepted while max_connections
-// are already waiting or served gets 503 and is closed; the accept backlog holds max_connections
-// (cpp-httplib's own is 5: a burst of connects had SYNs dropped). The log line of a request names
-// its method, path, status and request id: never a body, a key or an export path.
+// /health needs `Authorization: Bearer KEY` (constant-time compare). The sockets are the HTTP
+// front's (http_front.h): it reads every request under bounds (head size and count, deadlines for
+// the head and the body, --max-body counted as a body arrives, --max-connections) and relays
+// complete requests to the routes below, which cpp-httplib serves on an internal loopback port
+// that answers only requests carrying the front's per-process token. Nothing is submitted before
+// the whole body is in. The log line of a request names its method, path, status and request id:
+// never a body, a key or an export path.
 #pragma once
 
 #include <atomic>
@@ -35,6 +35,7 @@
 #include "serve/completion_request.h"
 #include "serve/engine_driver.h"
 #include "serve/export_registry.h"
+#include "serve/http_front.h"
 #include "serve/metrics.h"
 
 namespace httplib {
@@ -73,19 +74,21 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Binds host:port (0: any free port) and returns the port. kInvalidArgument when it cannot.
+  // Binds host:port (0: any free port) for the front and a free loopback port for the routes;
+  // returns the front's port. kInvalidArgument when it cannot.
   Result<int> Bind();
   // Serves on a thread of its own until Stop().
   void Start();
-  // Closes the listening socket, lets handler threads return, joins.
+  // Closes the front (every client connection) and the routes' server, joins.
   void Stop();
 
  private:
   void Routes();
   ServeContext& ctx_;
+  std::string token_;  // X-Lockstep-Front: 128 random bits, hex
   std::unique_ptr<httplib::Server> svr_;
+  std::unique_ptr<HttpFront> front_;
   std::thread listen_;
-  int listen_fd_ = -1;  // the bound socket (set by httplib's socket-options callback)
 };
 
 }  // namespace lockstep
