@@ -247,27 +247,61 @@ Status GgufSource::AddLayer(const std::string& p, const std::string& g, int il, 
   return Status::Ok();
 }
 
+namespace {
+
+const char* GgufTypeName(std::uint32_t t) {
+  static const char* kNames[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+                                 "bool", "string", "array", "u64", "i64", "f64"};
+  return t < 13 ? kNames[t] : "an unknown type";
+}
+
+}  // namespace
+
 Status GgufSource::ReadConfig(const GgufFile& f, ModelConfig* c) {
   const std::string what = fmt::format("GGUF '{}'", f.path());
   const auto arch = f.String("general.architecture");
   if (!arch || *arch != "qwen3next")
     return Status::InvalidArgument(
         what, fmt::format("general.architecture is '{}', expected 'qwen3next'", arch.value_or("")));
+  // Every hyper-parameter is type-checked against what llama.cpp's converter writes (counts as
+  // integers, epsilons and thetas as floats): a value of another type (epsilon as i32 loaded
+  // silently with other outputs) is refused naming the key and both types. freq_base and the
+  // RMS epsilon are required (they were silently defaulted to 10000 and 1e-6).
   Status missing = Status::Ok();
-  auto need = [&](const char* key) -> int {
-    const auto v = f.Int(std::string("qwen3next.") + key);
-    if (!v || *v < 0 || *v > (1 << 30)) {
-      if (missing.ok())
-        missing = Status::Corruption(what, fmt::format("qwen3next.{} is missing or not a count "
-                                                       "in [0, 2^30]",
-                                                       key));
+  auto fail = [&](Status s) {
+    if (missing.ok()) missing = std::move(s);
+  };
+  auto typed = [&](const std::string& key, bool want_float, bool allow_bool) {
+    const auto it = f.kv().find(key);
+    if (it == f.kv().end()) return false;
+    const std::uint32_t t = it->second.type;
+    const bool is_int = t <= 5 || t == 10 || t == 11;
+    const bool ok = want_float ? (t == 6 || t == 12) : (is_int || (allow_bool && t == 7));
+    if (!ok)
+      fail(Status::InvalidArgument(
+          what, fmt::format("{} is stored as {}, expected {}", key, GgufTypeName(t),
+                            want_float ? "a float (f32 or f64)" : "an integer (u32)")));
+    return ok;
+  };
+  auto count = [&](const char* key, std::optional<int> def, bool allow_bool = false) -> int {
+    const std::string k = std::string("qwen3next.") + key;
+    const bool present = typed(k, false, allow_bool);
+    const auto v = present ? f.Int(k) : std::nullopt;
+    if (present && v && *v >= 0 && *v <= (1 << 30)) return static_cast<int>(*v);
+    if (present || !def)
+      fail(Status::Corruption(what, fmt::format("{} is missing or not a count in [0, 2^30]", k)));
+    return def.value_or(0);
+  };
+  auto need = [&](const char* key) { return count(key, std::nullopt); };
+  auto opt = [&](const char* key, int def) { return count(key, def); };
+  auto real = [&](const char* key) -> double {
+    const std::string k = std::string("qwen3next.") + key;
+    if (!typed(k, true, false)) {
+      if (f.kv().find(k) == f.kv().end())
+        fail(Status::InvalidArgument(what, fmt::format("{} is missing (a float is required)", k)));
       return 0;
     }
-    return static_cast<int>(*v);
-  };
-  auto opt = [&](const char* key, int def) {
-    const auto v = f.Int(std::string("qwen3next.") + key);
-    return v && *v >= 0 && *v <= (1 << 30) ? static_cast<int>(*v) : def;
+    return *f.Float(k);
   };
   const int n_mtp = opt("nextn_predict_layers", 0);
   c->n_layers = need("block_count") - n_mtp;
@@ -280,9 +314,8 @@ Status GgufSource::ReadConfig(const GgufFile& f, ModelConfig* c) {
   c->rotary_dim = need("rope.dimension_count");
   c->partial_rotary_factor =
       c->head_dim > 0 ? static_cast<double>(c->rotary_dim) / c->head_dim : 0.25;
-  c->rope_theta = f.Float("qwen3next.rope.freq_base").value_or(10000.0);
-  c->rms_norm_eps =
-      static_cast<float>(f.Float("qwen3next.attention.layer_norm_rms_epsilon").value_or(1e-6));
+  c->rope_theta = real("rope.freq_base");
+  c->rms_norm_eps = static_cast<float>(real("attention.layer_norm_rms_epsilon"));
   c->n_k_heads = need("ssm.group_count");
   c->n_v_heads = need("ssm.time_step_rank");
   c->k_head_dim = need("ssm.state_size");
@@ -292,7 +325,7 @@ Status GgufSource::ReadConfig(const GgufFile& f, ModelConfig* c) {
   c->n_experts_used = need("expert_used_count");
   c->moe_ffn = need("expert_feed_forward_length");
   c->shared_ffn = opt("expert_shared_feed_forward_length", 0);
-  c->norm_topk_prob = opt("expert_weights_norm", 1) != 0;
+  c->norm_topk_prob = count("expert_weights_norm", 1, /*allow_bool=*/true) != 0;
   LOCKSTEP_RETURN_IF_ERROR(missing);
   const int interval = std::max(1, opt("full_attention_interval", 4));
   if (c->n_layers <= 0)

@@ -25,6 +25,11 @@ constexpr std::uint64_t kMaxTensors = std::uint64_t{1} << 20;
 constexpr std::uint64_t kMaxKv = std::uint64_t{1} << 16;
 constexpr std::uint64_t kMaxString = std::uint64_t{1} << 26;  // 64 MiB
 constexpr std::uint64_t kMaxArray = std::uint64_t{1} << 28;
+// All metadata array elements of a file together (issue 43): each is held as a GgufValue (~100
+// bytes with the map's share), so a 16 Mi-element u8 array nobody reads took 1.63 GB and 8 s.
+// 4 Mi elements is ~10x the largest real tokenizer (151,669 tokens + 151,387 merges in Qwen3's
+// GGUFs, ~2.6e5 in Gemma's); past it the file is refused at the array's header (exit 2).
+constexpr std::uint64_t kMaxArrayElements = std::uint64_t{1} << 22;
 constexpr int kMaxArrayDepth = 2;
 constexpr std::uint32_t kMaxDims = 4;
 constexpr std::uint64_t kMaxAlignment = std::uint64_t{1} << 16;
@@ -65,6 +70,7 @@ class Cursor {
       : p_(p), size_(size), what_(std::move(what)) {}
   std::uint64_t pos() const { return pos_; }
   std::uint64_t left() const { return size_ - pos_; }
+  std::uint64_t array_elements = 0;  // read so far in this file (kMaxArrayElements)
 
   Status Need(std::uint64_t n, std::string_view item) const {
     if (n > left())
@@ -150,6 +156,12 @@ Status ReadArray(Cursor& c, int depth, const std::string& item, GgufValue* out) 
     return Status::Corruption(
         c.what(), fmt::format("{}: array of {} elements does not fit in the {} bytes that remain",
                               item, n, c.left()));
+  c.array_elements += n;
+  if (c.array_elements > kMaxArrayElements)
+    return Status::Corruption(
+        c.what(), fmt::format("{}: metadata arrays hold more than {} elements in all (this one "
+                              "has {}): refused before reading them",
+                              item, kMaxArrayElements, n));
   std::vector<GgufValue> v;
   v.reserve(static_cast<std::size_t>(n));
   for (std::uint64_t i = 0; i < n; ++i) {

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <random>
 
 #include "engine/state_digest.h"
@@ -136,6 +138,78 @@ TEST(Gguf, SplitSetLoads) {
   auto second = ModelWeights::Load(b);
   ASSERT_FALSE(second.ok());
   EXPECT_NE(second.status().message().find("named by its first file"), std::string::npos);
+}
+
+// Issue 43: hyper-parameters of the wrong type or missing are refused naming the key (they
+// loaded silently with other outputs, or defaulted), and metadata arrays are bounded.
+TEST(Gguf, WrongTypedOrMissingHyperparametersAreRefusedNamingTheKey) {
+  const std::string gg = Init("--preset tiny --seed 7 --format gguf", "gguf-typed");
+  auto f = GgufFile::Open(gg + "/model.gguf");
+  ASSERT_TRUE(f.ok());
+  std::vector<GgufTensorToWrite> tensors;
+  for (const GgufTensor& t : (*f)->tensors())
+    tensors.push_back({t.name, static_cast<GgmlType>(t.type), t.ne,
+                       std::vector<std::byte>(t.data, t.data + t.nbytes)});
+  const std::map<std::string, GgufValue> base((*f)->kv().begin(), (*f)->kv().end());
+  ASSERT_TRUE(ModelWeights::Load(gg + "/model.gguf").ok());  // lockstep's own file loads
+  const std::string eps = "qwen3next.attention.layer_norm_rms_epsilon";
+  const std::string theta = "qwen3next.rope.freq_base", blocks = "qwen3next.block_count";
+  struct Case {
+    std::string key;
+    std::optional<GgufValue> value;  // nullopt: removed
+    std::string expect;              // in the message besides the key
+  };
+  const Case cases[] = {{eps, GgufValue{std::int64_t{0}, 5}, "stored as i32"},
+                        {theta, GgufValue{std::uint64_t{10000}, 4}, "stored as u32"},
+                        {blocks, GgufValue{4.0, 6}, "stored as f32"},
+                        {"qwen3next.expert_count", GgufValue{std::string("8"), 8}, "string"},
+                        {eps, std::nullopt, "missing"},
+                        {theta, std::nullopt, "missing"}};
+  for (const Case& c : cases) {
+    std::map<std::string, GgufValue> kv = base;
+    if (c.value)
+      kv[c.key] = *c.value;
+    else
+      kv.erase(c.key);
+    const std::string path = gg + "/bad.gguf";
+    ASSERT_TRUE(WriteGguf(path, kv, tensors).ok());
+    auto w = ModelWeights::Load(path);
+    ASSERT_FALSE(w.ok()) << c.key;
+    const std::string m = w.status().ToString();
+    EXPECT_NE(m.find(c.key), std::string::npos) << m;
+    EXPECT_NE(m.find(c.expect), std::string::npos) << m;
+    EXPECT_TRUE(w.status().code() == Status::Code::kInvalidArgument ||
+                w.status().code() == Status::Code::kCorruption)
+        << m;
+  }
+}
+
+TEST(Gguf, A16MiElementMetadataArrayIsRefusedByTheCap) {
+  // The issue's file: one unused u8 array of 16 Mi elements (it took 1.63 GB and 8 s).
+  std::vector<std::byte> b;
+  auto put = [&b](const void* p, std::size_t n) {
+    const auto* c = static_cast<const std::byte*>(p);
+    b.insert(b.end(), c, c + n);
+  };
+  const std::uint32_t version = 3, array = 9, u8 = 0;
+  const std::uint64_t n_tensors = 0, n_kv = 1, n = std::uint64_t{16} << 20;
+  const std::string key = "junk.array";
+  const std::uint64_t key_len = key.size();
+  put("GGUF", 4);
+  put(&version, 4);
+  put(&n_tensors, 8);
+  put(&n_kv, 8);
+  put(&key_len, 8);
+  put(key.data(), key.size());
+  put(&array, 4);
+  put(&u8, 4);
+  put(&n, 8);
+  b.resize(b.size() + n);
+  auto f = GgufFile::FromMemory(b, "junk.gguf");
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), Status::Code::kCorruption);
+  EXPECT_NE(f.status().message().find("metadata arrays hold more than"), std::string::npos)
+      << f.status().ToString();
 }
 
 }  // namespace
