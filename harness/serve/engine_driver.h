@@ -82,10 +82,11 @@ class EngineDriver {
 
   // POST /slots/{id}?action=... on the driver thread between two steps (slot_actions.cpp): the
   // answer's JSON (llama-server's fields) or the refusal. `path` is the file under --slot-dir,
-  // `name` its file name (what the answer shows).
+  // `name` its file name (what the answer shows); a restore gets the file's `bytes`, read on the
+  // HTTP thread (slot_actions.cpp: ReadSlotFile), so no file read blocks the engine.
   using SlotAnswer = std::variant<nlohmann::json, ApiError>;
   SlotAnswer SaveSlot(int slot, const std::string& path, const std::string& name);
-  SlotAnswer RestoreSlot(int slot, const std::string& path, const std::string& name);
+  SlotAnswer RestoreSlot(int slot, std::string bytes, const std::string& name);
   SlotAnswer EraseSlot(int slot);
 
  private:
@@ -116,7 +117,7 @@ class EngineDriver {
   // Runs `fn` on the driver thread and waits for it; false (not run) once the driver stopped.
   bool Call(std::function<void()> fn);
   SlotAnswer SaveSlotNow(int slot, const std::string& path, const std::string& name);
-  SlotAnswer RestoreSlotNow(int slot, const std::string& path, const std::string& name);
+  SlotAnswer RestoreSlotNow(int slot, const std::string& bytes, const std::string& name);
   SlotAnswer EraseSlotNow(int slot);
   // A request with id_slot: continues that slot's kept conversation; false when refused (the
   // job has its error).

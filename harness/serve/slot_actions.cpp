@@ -2,11 +2,16 @@
 // them on the driver thread, which owns the Engine and the Scheduler.
 #include "serve/slot_actions.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <httplib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -33,6 +38,52 @@ ApiError Conflict(std::string message, std::string code) {
 
 // A slot-file error as the client's answer: the file's own faults are 400 (naming the part),
 // a missing file 404, anything else (reading, writing) 500. `path` never reaches the client.
+// A slot file is read on the HTTP thread, never the engine's (a FIFO there wedged the engine
+// while /health said 200). The name's last component is opened with O_NOFOLLOW (a symbolic link
+// is refused, pointing in or out of the folder) and O_NONBLOCK (a FIFO cannot block the open),
+// then fstat'ed: only a regular file of at most `max` bytes is read. The name itself cannot
+// leave the folder (ParseFileBody: no '/', no leading '.').
+Result<std::string> ReadSlotFile(const std::string& path, const std::string& name,
+                                 std::uint64_t max) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    if (e == ENOENT) return Status::NotFound("slot file '" + name + "'", "does not exist");
+    if (e == ELOOP)
+      return Status::InvalidArgument("slot file '" + name + "'", "is a symbolic link (refused)");
+    return Status::InvalidArgument("slot file '" + name + "'", std::strerror(e));
+  }
+  struct Fd {
+    int fd;
+    ~Fd() { ::close(fd); }
+  } guard{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return Status::InvalidArgument("slot file '" + name + "'",
+                                   "is not a regular file (a folder, FIFO, socket or device)");
+  if (static_cast<std::uint64_t>(st.st_size) > max)
+    return Status::InvalidArgument("slot file '" + name + "'", "is larger than the slot limit");
+  std::string bytes(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return Status::IOError("slot file '" + name + "'", "read failed or cut short");
+    got += static_cast<std::size_t>(r);
+  }
+  return bytes;
+}
+
+// Saving over a name that is there and not a regular file (a folder, FIFO, symbolic link) is
+// refused rather than replaced.
+Status CheckSaveTarget(const std::string& path, const std::string& name) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return Status::Ok();
+  if (S_ISREG(st.st_mode)) return Status::Ok();
+  return Status::InvalidArgument("slot file '" + name + "'",
+                                 "exists and is not a regular file (refused)");
+}
+
 ApiError FileError(const Status& s, const std::string& path, const std::string& name) {
   std::string m = s.message();
   for (std::size_t at; (at = m.find(path)) != std::string::npos;) m.replace(at, path.size(), name);
@@ -102,8 +153,15 @@ void HandleSlotAction(ServeContext& ctx, const httplib::Request& req, httplib::R
     if (auto* e = std::get_if<ApiError>(&name)) return SendError(res, *e);
     const std::string& n = std::get<std::string>(name);
     const std::string path = ctx.opts.slot_dir + "/" + n;
-    answer = action == "save" ? ctx.driver->SaveSlot(slot, path, n)
-                              : ctx.driver->RestoreSlot(slot, path, n);
+    if (action == "save") {
+      if (Status s = CheckSaveTarget(path, n); !s.ok())
+        return SendError(res, FileError(s, path, n));
+      answer = ctx.driver->SaveSlot(slot, path, n);
+    } else {
+      Result<std::string> bytes = ReadSlotFile(path, n, kSlotFileMaxBytes);
+      if (!bytes.ok()) return SendError(res, FileError(bytes.status(), path, n));
+      answer = ctx.driver->RestoreSlot(slot, std::move(*bytes), n);
+    }
   }
   if (auto* e = std::get_if<ApiError>(&answer)) return SendError(res, *e);
   res.set_content(Dump(std::get<nlohmann::json>(answer)), "application/json");
@@ -146,10 +204,10 @@ EngineDriver::SlotAnswer EngineDriver::SaveSlot(int slot, const std::string& pat
   return a;
 }
 
-EngineDriver::SlotAnswer EngineDriver::RestoreSlot(int slot, const std::string& path,
+EngineDriver::SlotAnswer EngineDriver::RestoreSlot(int slot, std::string bytes,
                                                    const std::string& name) {
   SlotAnswer a = Stopped();
-  Call([&] { a = RestoreSlotNow(slot, path, name); });
+  Call([&] { a = RestoreSlotNow(slot, bytes, name); });
   return a;
 }
 
@@ -183,8 +241,9 @@ EngineDriver::SlotAnswer EngineDriver::SaveSlotNow(int slot, const std::string& 
                         {"timings", {{"save_ms", MsSince(t0)}}}};
 }
 
-EngineDriver::SlotAnswer EngineDriver::RestoreSlotNow(int slot, const std::string& path,
+EngineDriver::SlotAnswer EngineDriver::RestoreSlotNow(int slot, const std::string& bytes_in,
                                                       const std::string& name) {
+  const std::string& path = name;  // (the bytes were read on the HTTP thread: ReadSlotFile)
   const auto t0 = std::chrono::steady_clock::now();
   for (const auto& [t, job] : jobs_)
     if (job->slot == slot)
@@ -192,8 +251,7 @@ EngineDriver::SlotAnswer EngineDriver::RestoreSlotNow(int slot, const std::strin
   if (kept_.count(slot))
     return Conflict("slot " + std::to_string(slot) + " holds a conversation (erase it first)",
                     "slot_not_free");
-  Result<std::string> bytes = ReadFile(path, kSlotFileMaxBytes);
-  if (!bytes.ok()) return FileError(bytes.status(), path, name);
+  const std::string* bytes = &bytes_in;
   Result<ConversationState> st = DecodeConversation(*bytes, engine_);
   if (!st.ok()) return FileError(st.status(), path, name);
   Result<Ticket> t = scheduler_.ImportConversation(*st, slot);

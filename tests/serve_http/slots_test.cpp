@@ -5,7 +5,11 @@
 // and the server keeps serving.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -208,6 +212,47 @@ TEST(ServeSlots, RefusalsLeaveTheServerServing) {
   EXPECT_EQ(Post(*pc, "/slots/0?action=save", {{"filename", "x"}}).status, 501);
   EXPECT_EQ(Post(*pc, "/slots/0?action=restore", {{"filename", "x"}}).status, 501);
   EXPECT_EQ(Post(*pc, "/slots/0?action=erase", json::object()).status, 200);
+}
+
+// Issue 43: a FIFO, a symbolic link (to a file in the folder or out of it), a folder and a
+// device node as a slot name are each refused at once with 400 (a FIFO wedged the engine's
+// thread; links were followed out of the folder), and the engine keeps serving.
+TEST(ServeSlots, NonRegularAndLinkedSlotFilesAreRefusedAtOnce) {
+  const std::string dir = NewDir("slots-hostile");
+  const std::string outside = NewDir("slots-outside") + "/secret";
+  std::ofstream(outside) << "not a slot";
+  std::ofstream(dir + "/plain") << "not a slot either";
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  ASSERT_EQ(::symlink(outside.c_str(), (dir + "/out").c_str()), 0);
+  ASSERT_EQ(::symlink((dir + "/plain").c_str(), (dir + "/in").c_str()), 0);
+  std::filesystem::create_directory(dir + "/sub");
+  const std::string kLink = "symbolic link", kNotRegular = "not a regular file";
+  std::vector<std::pair<std::string, std::string>> names = {
+      {"fifo", kNotRegular}, {"out", kLink}, {"in", kLink}, {"sub", kNotRegular}};
+  if (::mknod((dir + "/dev").c_str(), S_IFCHR | 0600, makedev(1, 3)) == 0)
+    names.emplace_back("dev", kNotRegular);
+  ServeProcess srv(Args({"--slot-dir", dir}));
+  ASSERT_TRUE(srv.started()) << srv.Log();
+  auto cli = srv.Client();
+  for (const auto& [n, why] : names) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Answer a = Post(*cli, "/slots/0?action=restore", {{"filename", n}});
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(a.status, 400) << n << ": " << a.body.dump();
+    EXPECT_NE(a.body.dump().find(why), std::string::npos) << n << ": " << a.body.dump();
+    EXPECT_LT(s, 1.0) << n;
+    const Answer c = Post(*cli, "/v1/completions", {{"prompt", Prompt()}, {"max_tokens", 2}});
+    EXPECT_EQ(c.status, 200) << "after " << n << ": " << c.body.dump();
+  }
+  // Saving over the FIFO, the folder or a link is refused too (not replaced, not followed).
+  for (const std::string n : {"fifo", "sub", "out"}) {
+    const Answer a = Post(*cli, "/slots/0?action=save", {{"filename", n}});
+    EXPECT_EQ(a.status, 400) << n << ": " << a.body.dump();
+  }
+  std::ifstream in(outside);
+  std::string text;
+  std::getline(in, text);
+  EXPECT_EQ(text, "not a slot");
 }
 
 }  // namespace
