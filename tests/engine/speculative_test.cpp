@@ -170,6 +170,34 @@ TEST(Speculative, PenalisedOutputEqualsPlainDecoding) {
   }
 }
 
+// The in-window half of that history, where it bites: the induction model copies "abc" with
+// suffix drafts accepted several to a window, and a small frequency penalty decides at which step
+// the copied token's growing count flips the argmax. A row that did not count the tokens accepted
+// before it in its own window flips later than plain decoding does (planted: `.more = {}` in
+// Sequence::AcceptAndCommit; this test fails, the one above does not).
+TEST(Speculative, PenaltiesCountTheTokensAcceptedEarlierInTheWindow) {
+  const std::string preset = "tiny-induction";
+  std::string text;
+  for (int i = 0; i < 8; ++i) text += "abc";
+  const auto prompt = EncodeBytes(text);
+  EngineConfig plain = Config("tiny");
+  plain.model = test::ModelDir(preset);
+  const auto unpenalised = RunGen(plain, prompt, preset).output;
+  plain.frequency_penalty = 0.2;
+  const auto ref = RunGen(plain, prompt, preset).output;
+  EXPECT_NE(ref, unpenalised) << "the penalty changed nothing";
+  for (bool mtp : {true, false}) {
+    EngineConfig c = plain;
+    c.spec = 4;
+    c.mtp = mtp;
+    const auto r = RunGen(c, prompt, preset);
+    EXPECT_EQ(r.output, ref) << "mtp=" << mtp;
+    int multi = 0;  // windows where a row had accepted tokens before it
+    for (const auto& w : r.windows) multi += w.accepted >= 1;
+    EXPECT_GT(multi, 0) << "mtp=" << mtp << ": no window accepted a draft, nothing proven";
+  }
+}
+
 // ---- Must show 2: after every commit, committed state == plain decoding at that position ----
 TEST(Speculative, CommittedStateEqualsPlainAfterEveryCommit) {
   const auto prompt = Varied();
