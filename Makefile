@@ -72,7 +72,7 @@ test-fuzz:
 	  rm -rf $(FUZZ_BIN)/gguf_corpus && cp -r tests/fuzz/corpus/gguf $(FUZZ_BIN)/gguf_corpus && \
 	  { $(FUZZ_BIN)/gguf_fuzz -runs=20000 -seed=1 -max_len=8192 $(FUZZ_BIN)/gguf_corpus >$(FUZZ_BIN)/gguf_fuzz.log 2>&1 \
 	    && tail -1 $(FUZZ_BIN)/gguf_fuzz.log || { tail -40 $(FUZZ_BIN)/gguf_fuzz.log; exit 1; }; } && \
-	  clang++ $(FUZZ_FLAGS) -Iharness tests/fuzz/serve_request_fuzz.cpp harness/serve/completion_request.cpp \
+	  clang++ $(FUZZ_FLAGS) -Iharness tests/fuzz/serve_request_fuzz.cpp harness/serve/completion_request.cpp harness/serve/json_body.cpp \
 	    harness/serve/api_error.cpp -o $(FUZZ_BIN)/serve_request_fuzz && \
 	  rm -rf $(FUZZ_BIN)/serve_corpus && cp -r tests/fuzz/corpus/serve_request $(FUZZ_BIN)/serve_corpus && \
 	  { $(FUZZ_BIN)/serve_request_fuzz -runs=10000 -seed=1 -max_len=4096 $(FUZZ_BIN)/serve_corpus >$(FUZZ_BIN)/serve_request_fuzz.log 2>&1 \

@@ -1,5 +1,6 @@
 #include "serve/auth.h"
 
+#include <cctype>
 #include <cstddef>
 
 namespace lockstep {
@@ -18,9 +19,15 @@ bool ConstantTimeEqual(std::string_view a, std::string_view b) {
 
 bool BearerAllowed(std::string_view header, const std::string& key) {
   if (key.empty()) return true;
-  constexpr std::string_view kScheme = "Bearer ";
-  if (header.size() < kScheme.size() || header.substr(0, kScheme.size()) != kScheme) return false;
-  return ConstantTimeEqual(header.substr(kScheme.size()), key);
+  // The scheme is case-insensitive (RFC 9110 11.1: "bearer", "BEARER"), then one or more spaces.
+  constexpr std::string_view kScheme = "bearer";
+  if (header.size() <= kScheme.size()) return false;
+  for (std::size_t i = 0; i < kScheme.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(header[i])) != kScheme[i]) return false;
+  std::size_t at = kScheme.size();
+  if (header[at] != ' ') return false;
+  while (at < header.size() && header[at] == ' ') ++at;
+  return ConstantTimeEqual(header.substr(at), key);
 }
 
 }  // namespace lockstep

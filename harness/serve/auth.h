@@ -11,7 +11,8 @@ namespace lockstep {
 // True when `a` and `b` are equal; reads every byte of `a` whatever `b` holds.
 bool ConstantTimeEqual(std::string_view a, std::string_view b);
 
-// True when `header` (the Authorization value) is "Bearer <key>" with <key> == `key`. An empty
+// True when `header` (the Authorization value) is "Bearer <key>" (the scheme in any case, one or
+// more spaces) with <key> == `key`. An empty
 // `key` means no key is configured: everything is allowed.
 bool BearerAllowed(std::string_view header, const std::string& key);
 

@@ -9,6 +9,7 @@
 #include "serve/choices.h"
 #include "serve/completions_handler.h"
 #include "serve/http_server.h"
+#include "serve/json_body.h"
 
 namespace lockstep {
 
@@ -44,15 +45,9 @@ void HandleChatCompletion(ServeContext& ctx, const httplib::Request& req, httpli
   if (!ctx.chat_template)
     return SendError(res, ApiError::BadRequest(ctx.chat_template_error, "messages",
                                                "chat_template_unavailable"));
-  if (NestsDeeperThan(req.body, 32))
-    return SendError(res, ApiError::BadRequest("invalid JSON: nested deeper than 32 levels", "",
-                                               "invalid_json"));
-  J body = J::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded())
-    return SendError(res, ApiError::BadRequest("invalid JSON (or not UTF-8)", "", "invalid_json"));
-  if (!body.is_object())
-    return SendError(res,
-                     ApiError::BadRequest("the body must be a JSON object", "", "invalid_json"));
+  auto parsed_body = ParseJsonObjectBody<J>(req.body);
+  if (auto* e = std::get_if<ApiError>(&parsed_body)) return SendError(res, *e);
+  J body = std::move(std::get<J>(parsed_body));
   if (auto e = RefuseUnsupported(body)) return SendError(res, *e);
   if (body.contains("prompt"))
     return SendError(res, ApiError::BadRequest("unknown field 'prompt' (a chat request has "

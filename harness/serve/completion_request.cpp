@@ -7,6 +7,8 @@
 #include <set>
 #include <utility>
 
+#include "serve/json_body.h"
+
 namespace lockstep {
 
 namespace {
@@ -19,31 +21,6 @@ std::uint64_t DrawSeed() {
   std::random_device rd;
   const std::uint64_t bits = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
   return bits & ((std::uint64_t{1} << 53) - 1);  // a JavaScript number holds it exactly
-}
-
-// Nesting depth of `body` outside strings: nlohmann's parser is iterative, but a deep document
-// costs memory and time for nothing a completion needs; refused before parsing.
-bool NestsDeeperThan(std::string_view body, int limit) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : body) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    if (c == '[' || c == '{') {
-      if (++depth > limit) return true;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return false;
 }
 
 namespace {
@@ -287,13 +264,9 @@ std::optional<ApiError> CheckContext(std::size_t n_prompt, int max_tokens,
 
 std::variant<CompletionRequest, ApiError> ParseCompletionRequest(std::string_view body,
                                                                  const CompletionLimits& limits) {
-  if (NestsDeeperThan(body, 32))
-    return ApiError::BadRequest("invalid JSON: nested deeper than 32 levels", "", "invalid_json");
-  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded())
-    return ApiError::BadRequest("invalid JSON (or not UTF-8)", "", "invalid_json");
-  if (!j.is_object())
-    return ApiError::BadRequest("the body must be a JSON object", "", "invalid_json");
+  auto parsed = ParseJsonObjectBody<json>(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& j = std::get<json>(parsed);
   CompletionRequest r;
   for (const auto& [key, v] : j.items())
     if (auto e = ParseField(key, v, limits, r)) return *e;

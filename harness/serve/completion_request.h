@@ -81,10 +81,6 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(std::string_vie
 // a JavaScript client reads the reported seed exactly.
 std::uint64_t DrawSeed();
 
-// True when `body` nests arrays / objects deeper than `limit` outside strings (refused before
-// parsing: a deep document costs memory and time for nothing a request needs).
-bool NestsDeeperThan(std::string_view body, int limit);
-
 std::optional<ApiError> CheckContext(std::size_t n_prompt, int max_tokens,
                                      const CompletionLimits& limits);
 

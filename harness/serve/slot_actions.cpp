@@ -21,6 +21,7 @@
 #include "serve/completions_handler.h"
 #include "serve/engine_driver.h"
 #include "serve/http_server.h"
+#include "serve/json_body.h"
 
 namespace lockstep {
 
@@ -100,10 +101,12 @@ ApiError FileError(const Status& s, const std::string& path, const std::string& 
 
 // {"filename": NAME} with nothing else.
 std::variant<std::string, ApiError> ParseFileBody(const std::string& body) {
-  const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    return ApiError::BadRequest("the body must be a JSON object {\"filename\": NAME}", "",
-                                "invalid_json");
+  auto parsed = ParseJsonObjectBody<nlohmann::json>(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) {
+    e->message += " (the body is {\"filename\": NAME})";
+    return *e;
+  }
+  const nlohmann::json& j = std::get<nlohmann::json>(parsed);
   for (const auto& [key, v] : j.items())
     if (key != "filename")
       return ApiError::BadRequest("unknown field '" + key + "'", key, "unknown_field");

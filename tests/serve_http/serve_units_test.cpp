@@ -132,6 +132,40 @@ TEST(ServeAuth, BearerComparedWhole) {
   EXPECT_FALSE(BearerAllowed("Basic secret", "secret"));
   EXPECT_FALSE(BearerAllowed("", "secret"));
   EXPECT_TRUE(BearerAllowed("", ""));  // no key configured
+  // The scheme in any case, then one or more spaces (issue 43); the key itself is exact.
+  EXPECT_TRUE(BearerAllowed("bearer secret", "secret"));
+  EXPECT_TRUE(BearerAllowed("BEARER  secret", "secret"));
+  EXPECT_FALSE(BearerAllowed("bearer Secret", "secret"));
+  EXPECT_FALSE(BearerAllowed("Bearersecret", "secret"));
+  EXPECT_FALSE(BearerAllowed("Bearer", "secret"));
+}
+
+// A body is one JSON object and nothing else: a byte-order mark, a NUL byte (nlohmann's parser
+// stops there, so `{...}\0junk` read as `{...}`), trailing bytes, or a non-object: 400
+// invalid_json, naming why; whitespace around the object is fine.
+TEST(ServeRequest, BodiesWithABomANulOrTrailingBytesAreRefused) {
+  using namespace std::string_literals;
+  const std::string ok = R"({"prompt":"hi"})";
+  EXPECT_FALSE(Parse(ok));
+  EXPECT_FALSE(Parse(" \n" + ok + "\r\n "));
+  const struct {
+    std::string body, says;
+  } bad[] = {
+      {"\xEF\xBB\xBF" + ok, "byte-order mark"},
+      {ok + "\0junk"s, "NUL byte at offset 15"},
+      {ok + "\0"s, "NUL"},
+      {R"({"prompt":"h)" + "\0"s + R"(i"})", "NUL"},
+      {ok + "junk", "invalid JSON"},
+      {ok + ok, "invalid JSON"},
+      {"[1]", "JSON object"},
+  };
+  for (const auto& c : bad) {
+    auto e = Parse(c.body);
+    ASSERT_TRUE(e) << c.body;
+    EXPECT_EQ(e->status, 400) << c.body;
+    EXPECT_EQ(e->code, "invalid_json") << c.body;
+    EXPECT_NE(e->message.find(c.says), std::string::npos) << c.body << ": " << e->message;
+  }
 }
 
 TEST(ServeMetrics, PrometheusTextAddsUp) {
