@@ -3,6 +3,7 @@
 // of the same layout).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -242,6 +243,18 @@ Status ConvertToGguf(const std::string& dir, const std::string& out_path,
   std::vector<GgufTensorToWrite> ts;
   Converter conv(*store, c, quant);
   LOCKSTEP_RETURN_IF_ERROR(conv.Run(&ts));
+  if (quant) {
+    // A matrix whose rows are not a whole number of blocks stays in its float type (as
+    // llama.cpp's quantiser falls back per tensor); a file where that is every matrix would be
+    // an unquantised file under a quantised name, so it is refused.
+    const GgmlType want = GgmlOfWeightType(*quant);
+    if (std::none_of(ts.begin(), ts.end(), [&](const auto& t) { return t.type == want; }))
+      return Status::InvalidArgument("--quant " + std::string(weight_type_name(*quant)) +
+                                     ": no matrix of this model has rows of a multiple of " +
+                                     std::to_string(weight_block_elems(*quant)) +
+                                     " elements (the block size), so nothing would be quantised; "
+                                     "use a wider preset or another --quant");
+  }
   const bool mtp = c.n_mtp_layers > 0 && store->Find("mtp.fc.weight") != nullptr;
   std::map<std::string, GgufValue> kv;
   const std::string a = "qwen3next.";

@@ -109,6 +109,20 @@ TEST(Gguf, QuantisedFilesEqualTheirDequantisedWeights) {
   }
 }
 
+// A quantisation no matrix of the model can take (tiny's rows are 64 wide, K blocks hold 256)
+// would write a float file under a quantised name: exit 2 naming the block size, no file left
+// (issue 43; it used to write the unquantised file and exit 0).
+TEST(Gguf, AQuantisationNoMatrixCanTakeIsRefused) {
+  for (const char* q : {"q4_k", "q6_k"}) {
+    const std::string dir = test::NewDir(std::string("gguf-noquant-") + q);
+    auto r = test::RunLockstep("model init --preset tiny --format gguf --quant " + std::string(q) +
+                               " --out " + dir + "/m");
+    EXPECT_EQ(r.exit_code, 2) << q << ": " << r.err;
+    EXPECT_NE(r.err.find("multiple of 256"), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir + "/m/model.gguf")) << q;
+  }
+}
+
 // A split set (NAME-00001-of-00002.gguf ...) loads like the single file: the tensors of one
 // model spread over two files, the metadata in the first.
 TEST(Gguf, SplitSetLoads) {
