@@ -11,7 +11,7 @@ ifeq ($(CI),true)
 CMAKE_FLAGS += -DLOCKSTEP_WERROR=ON
 endif
 
-.PHONY: deps build demo test test-clang-dtype test-fuzz bench clean format format-check
+.PHONY: deps build demo test test-under-load test-clang-dtype test-fuzz bench clean format format-check
 
 deps:
 	@scripts/install-deps.sh
@@ -36,6 +36,11 @@ test: build
 	@$(MAKE) --no-print-directory test-clang-dtype
 	@$(MAKE) --no-print-directory test-fuzz
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 600
+
+# The e2e suites beside a CPU hog (one busy process per core), RUNS times in a row (default 3):
+# every run must pass with no retry (scripts/test-under-load.sh). Not part of `make test`.
+test-under-load: build
+	@BUILD=$(BUILD) JOBS=$(JOBS) scripts/test-under-load.sh
 
 # The dtype conversions must be right under g++ and clang (g++ 12.2 miscompiles a masked bf16
 # truncation at -O1+): the same tests, built with clang++ -O2, when clang++ is installed.

@@ -108,20 +108,36 @@ const std::string& Plan() {
   return p;
 }
 
-// pids of processes (not zombies) whose command line holds `needle` (a run folder).
+// The bytes of a /proc file, or "" when the process has gone: reading a file of a process that
+// just exited fails with ESRCH, which libstdc++'s filebuf turns into an exception (the flake of
+// issue 43: "basic_filebuf::underflow error reading the file: No such process").
+std::string ReadProcFile(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string s;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n <= 0) break;  // end, or the process went away mid-read: what was read is all there is
+    s.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return s;
+}
+
+// pids of processes (not zombies) whose command line holds `needle` (a run folder). Processes
+// may exit at any point of the scan: the listing and every read tolerate it.
 std::vector<int> ProcessesHolding(const std::string& needle) {
   std::vector<int> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
+  std::error_code ec;
+  for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream cmd(e.path() / "cmdline", std::ios::binary);
-    std::string s((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
-    if (s.find(needle) == std::string::npos) continue;
-    std::ifstream stat(e.path() / "stat");
-    std::string st;
-    std::getline(stat, st);
+    if (ReadProcFile(it->path() / "cmdline").find(needle) == std::string::npos) continue;
+    const std::string st = ReadProcFile(it->path() / "stat");
     const auto rp = st.rfind(')');
-    if (rp != std::string::npos && rp + 2 < st.size() && st[rp + 2] == 'Z') continue;
+    if (rp == std::string::npos) continue;  // gone between the two reads
+    if (rp + 2 < st.size() && st[rp + 2] == 'Z') continue;
     out.push_back(std::stoi(name));
   }
   return out;
