@@ -199,7 +199,11 @@ Result<H5Handle> WriteDataset(hid_t file, hid_t lcpl, const std::string& path, D
 
 // ---- lifecycle ----
 
-H5Exporter::H5Exporter(const ExportOptions& opts) : opts_(opts), partial_(opts.path + ".partial") {}
+H5Exporter::H5Exporter(const ExportOptions& opts)
+    : opts_(opts),
+      partial_(opts.path + ".partial"),
+      quota_(opts.max_bytes, opts.max_windows, opts.windows, static_cast<int>(opts.points.size())) {
+}
 
 Result<std::unique_ptr<H5Exporter>> H5Exporter::Create(const ExportOptions& opts) {
   // A write past RLIMIT_FSIZE must fail with EFBIG, not kill the process: the run keeps its output.
@@ -299,7 +303,7 @@ Status H5Exporter::Drain() {
 // ---- observer ----
 
 bool H5Exporter::WantsCheckpoint(int window, CheckpointPoint point) const {
-  return opts_.windows.Contains(window) && opts_.points.count(point) > 0;
+  return !quota_.over() && opts_.windows.Contains(window) && opts_.points.count(point) > 0;
 }
 
 void H5Exporter::OnCheckpointBegin(const CheckpointInfo& info) {
@@ -364,6 +368,7 @@ void H5Exporter::ReturnBuffer(Buffer buf) {
 void H5Exporter::OnState(const CheckpointInfo& info, const StateView& v) {
   // Copy now (the view points into live engine memory); the writer thread does the I/O.
   const std::size_t n_bytes = static_cast<std::size_t>(v.rows) * v.row_bytes;
+  if (!quota_.Take(n_bytes, info.window)) return;  // over the budget: abandoned at Finish
   Buffer data = TakeBuffer(n_bytes);
   for (int r = 0; r < v.rows; ++r)
     std::memcpy(data.data.get() + static_cast<std::size_t>(r) * v.row_bytes, v.row(r), v.row_bytes);
@@ -437,6 +442,7 @@ void H5Exporter::OnState(const CheckpointInfo& info, const StateView& v) {
 
 void H5Exporter::OnCheckpointEnd(const CheckpointInfo& info) {
   counts_[info.point].push_back(items_in_checkpoint_);
+  quota_.EndCheckpoint(info.window);
 }
 
 void H5Exporter::OnWindow(const WindowRecord& rec) { windows_.push_back(rec); }
@@ -656,8 +662,10 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
   std::vector<WindowRecord> ws = windows_;
   std::vector<StepRecord> steps = steps_;
   auto ops = std::make_shared<OpCollector>(std::move(ops_));
+  const bool abandon = quota_.over();
   Enqueue(
-      [f, ws, steps, meta, ops] {
+      [f, ws, steps, meta, ops, abandon] {
+        if (abandon) return Status::Ok();  // the file is removed below
         const hid_t file = f->file.get(), lcpl = f->lcpl.get();
         LOCKSTEP_RETURN_IF_ERROR(WriteTrace(file, lcpl, ws));
         LOCKSTEP_RETURN_IF_ERROR(WriteSteps(file, lcpl, steps, ws));
@@ -729,6 +737,10 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
   f->lcpl.reset();
   errno = 0;
   const bool closed = f->file.reset();
+  if (abandon) {
+    ::unlink(partial_.c_str());
+    return quota_.Error();
+  }
   if (!s.ok()) return s;
   if (!closed) return Status::IOError("export", "closing '" + partial_ + "' failed" + SysError());
   LOCKSTEP_RETURN_IF_ERROR(FsyncPath(partial_, false));

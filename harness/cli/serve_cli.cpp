@@ -36,6 +36,10 @@ void AddServe(CLI::App& app, std::vector<Command>& commands) {
       ->default_str("the model folder's name");
   server("--max-context", o.max_context, "Prompt + max_tokens at most");
   server("--max-body", st->max_body, "Request bodies at most (larger: 413)");
+  server("--max-export-mib", o.max_export_mib,
+         "One request's export at most, MiB of state (over it: the request ends, 413, nothing "
+         "kept; 0: no limit)")
+      ->check(CLI::NonNegativeNumber);
   server("--http-threads", o.http_threads, "Connections served at once");
   server("--max-connections", o.max_connections,
          "Connections waiting or served at most (beyond: 503)");

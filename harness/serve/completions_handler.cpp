@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <optional>
 #include <utility>
 #include <variant>
 
@@ -72,9 +73,11 @@ ResponseContext BaseContext(const ServeContext& ctx) {
 
 // Finishes the export of a completed request and registers it for download (its digest computed
 // once, here); a request that did not finish has its name forgotten (404, its `.partial` stays).
-// The answer's context: file name and digest ("" when there is no export).
+// The answer's context: file name and digest ("" when there is no export). An export that passed
+// its byte budget (--max-export-mib) sets `*refused` (413: the request is answered with it; the
+// exporter has removed the file).
 ResponseContext Answer(ServeContext& ctx, ServeJob& job, const RequestResult& r,
-                       const EngineConfig& cfg) {
+                       const EngineConfig& cfg, std::optional<ApiError>* refused) {
   ResponseContext rc = BaseContext(ctx);
   rc.config_sha256 = Sha256Hex(cfg.ToJson());
   if (!job.exporter) return rc;
@@ -82,9 +85,17 @@ ResponseContext Answer(ServeContext& ctx, ServeJob& job, const RequestResult& r,
     job.served.Forget();
     return rc;
   }
+  const bool over_budget = job.exporter->over_budget();
   Status s = FinishRequestExport(ctx, job, r, cfg);
   if (!s.ok()) {
     job.served.Forget();
+    if (over_budget) {
+      std::fprintf(stderr, "serve: %s: export over --max-export-mib, removed\n", job.id.c_str());
+      *refused = ApiError::TooLarge(s.message());
+      refused->value().param = "lockstep.export";
+      refused->value().code = "export_too_large";
+      return rc;
+    }
     std::fprintf(stderr, "serve: %s: export not written (%s)\n", job.id.c_str(),
                  std::string(Status::CodeName(s.code())).c_str());
     return rc;
@@ -111,7 +122,9 @@ void Respond(ServeContext& ctx, ServeJob& job, const EngineConfig& cfg, httplib:
   if (o.finish_reason == "cancelled")
     return SendError(
         res, ApiError::Unavailable("the request was cancelled (server shutdown)", "cancelled"));
-  const ResponseContext rc = Answer(ctx, job, *o.result, cfg);
+  std::optional<ApiError> refused;
+  const ResponseContext rc = Answer(ctx, job, *o.result, cfg, &refused);
+  if (refused) return SendError(res, *refused);
   res.set_content(Dump(CompletionJson(job, *o.result, job.text.Text(), o.logprobs, rc)),
                   "application/json");
 }
@@ -148,8 +161,10 @@ void Stream(ServeContext& ctx, const ServeJobPtr& job, const EngineConfig& cfg,
             job->served.Forget();
             ok = write("data: " + o.error->Body() + "\n\n");
           } else {
-            const ResponseContext rc = Answer(ctx, *job, *o.result, cfg);
-            ok = write(SseChunk(*job, "", {}, &o.finish_reason, &*o.result, rc));
+            std::optional<ApiError> refused;
+            const ResponseContext rc = Answer(ctx, *job, *o.result, cfg, &refused);
+            ok = refused ? write("data: " + refused->Body() + "\n\n")
+                         : write(SseChunk(*job, "", {}, &o.finish_reason, &*o.result, rc));
           }
           ok = ok && write("data: [DONE]\n\n");
           if (ok) sink.done();
@@ -211,7 +226,8 @@ void RunCompletion(ServeContext& ctx, CompletionRequest r, httplib::Response& re
   const EngineConfig cfg = RequestConfig(ctx.engine_config, job->req);
   job->options = RequestOptions::FromConfig(cfg);
   if (job->req.export_request) {
-    auto ex = OpenRequestExport(ctx.opts.export_dir, id, *job->req.export_request);
+    auto ex = OpenRequestExport(ctx.opts.export_dir, id, *job->req.export_request,
+                                ctx.opts.max_export_mib, job->req.max_tokens);
     if (!ex.ok()) {
       if (ex.status().code() == Status::Code::kInvalidArgument)
         return SendError(res, ApiError::BadRequest(ex.status().message(), "lockstep.export"));

@@ -260,6 +260,8 @@ void EngineDriver::InstallHooks(ServeJob& job) {
   job.hooks.on_prefill = [this, j](int, int) { j->slot = engine_.slot(); };
   job.hooks.stop_check = [j] {
     if (j->cancel) return std::string("cancelled");
+    // An export past its budget: the request ends now (answered 413, the file removed).
+    if (j->exporter && j->exporter->over_budget()) return std::string("export_budget");
     return j->text.stopped() ? std::string("stop") : std::string();
   };
 }

@@ -14,8 +14,11 @@ namespace lockstep {
 std::string ExportFileName(const std::string& id) { return id + ".h5"; }
 
 Result<std::unique_ptr<H5Exporter>> OpenRequestExport(const std::string& dir, const std::string& id,
-                                                      const ExportRequest& e) {
+                                                      const ExportRequest& e, int max_mib,
+                                                      int max_windows) {
   ExportOptions eo;
+  eo.max_bytes = static_cast<std::uint64_t>(max_mib) << 20;
+  eo.max_windows = max_windows;
   eo.path = dir + "/" + ExportFileName(id);
   LOCKSTEP_ASSIGN_OR_RETURN(eo.windows, WindowSelection::Parse(e.windows));
   LOCKSTEP_ASSIGN_OR_RETURN(eo.points, ParseExportPoints(e.points));

@@ -17,10 +17,12 @@ namespace lockstep {
 struct ServeContext;
 struct ServeJob;
 
-// The exporter of a request (Create'd: `<dir>/<id>.h5.partial` exists). kInvalidArgument for a
-// bad windows / points text.
+// The exporter of a request (Create'd: `<dir>/<id>.h5.partial` exists), with the byte budget
+// `max_mib` (0 = none) projected over the `max_windows` windows the request can run.
+// kInvalidArgument for a bad windows / points text.
 Result<std::unique_ptr<H5Exporter>> OpenRequestExport(const std::string& dir, const std::string& id,
-                                                      const ExportRequest& e);
+                                                      const ExportRequest& e, int max_mib,
+                                                      int max_windows);
 
 // The export's file name (no folder: what the response names).
 std::string ExportFileName(const std::string& id);

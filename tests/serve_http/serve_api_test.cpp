@@ -154,6 +154,49 @@ TEST(ServeApi, AnExportBeingWrittenIsNeverServed) {
   EXPECT_EQ(cli->Get(("/v1/exports/" + name + ".partial").c_str())->status, 404);
 }
 
+// An export over --max-export-mib (issue 43): the all-windows export of a long request is
+// answered 413 naming the budget, plain and streamed, and leaves no file (no .partial either);
+// an export within the budget is written as before.
+TEST(ServeApi, AnExportOverItsBudgetIs413AndLeavesNoFile) {
+  const std::string dir = NewDir("api-budget");
+  ServeProcess srv(Args({"--export-dir", dir, "--max-export-mib", "1"}));
+  ASSERT_TRUE(srv.started()) << srv.Log();
+  auto cli = srv.Client();
+  const json big = {{"prompt", "hello there"},
+                    {"max_tokens", 200},
+                    {"ignore_eos", true},
+                    {"lockstep", {{"export", {{"windows", "all"}}}}}};
+  int status = 0;
+  const json r = PostJson(*cli, big, &status);
+  EXPECT_EQ(status, 413) << r.dump();
+  EXPECT_EQ(r["error"]["code"], "export_too_large") << r.dump();
+  EXPECT_EQ(r["error"]["param"], "lockstep.export") << r.dump();
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("--max-export-mib (1.0 MiB)"),
+            std::string::npos)
+      << r.dump();
+  // It ended at the budget, not after its 200 tokens (the export stopped it at its first
+  // checkpoint: a few tokens at most).
+  auto m = cli->Get("/metrics");
+  ASSERT_TRUE(m);
+  const auto at = m->body.find("\nlockstep_generated_tokens_total ");
+  ASSERT_NE(at, std::string::npos) << m->body;
+  EXPECT_LT(std::stod(m->body.substr(at + 33)), 10.0) << m->body.substr(at, 60);
+  json streamed = big;
+  streamed["stream"] = true;
+  auto res = cli->Post("/v1/completions", streamed.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_NE(res->body.find("export_too_large"), std::string::npos) << res->body;
+  EXPECT_EQ(res->body.find("\"finish_reason\":\"stop\""), std::string::npos) << res->body;
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "an export over its budget left a file";
+  const json small = {{"prompt", "hello there"},
+                      {"max_tokens", 8},
+                      {"lockstep", {{"export", {{"windows", "0-2"}}}}}};
+  const json ok = PostJson(*cli, small, &status);
+  ASSERT_EQ(status, 200) << ok.dump();
+  EXPECT_TRUE(std::filesystem::exists(dir + "/" + ok["lockstep"]["export"].get<std::string>()))
+      << ok.dump();
+}
+
 TEST(ServeApi, InfoHealthAndCompletionsNameTheEngineInstance) {
   ServeProcess srv(Args({"--api-key", kKey, "--slots", "3"}));
   ASSERT_TRUE(srv.started()) << srv.Log();

@@ -21,7 +21,10 @@ struct ServeOptions {
   std::string model_name;  // the `model` of /v1/models; "" = the model folder's name
   std::string export_dir;  // request exports go here, named by request id; "" = refused
   std::string slot_dir;    // POST /slots/{id}?action=save|restore files; "" = refused
-  int max_context = 4096;  // prompt + max_tokens at most
+  // One request's export at most, in MiB of state (ExportQuota: projected at its first
+  // checkpoint, then a hard stop); over it the request ends, 413, no file kept. 0 = no limit.
+  int max_export_mib = 256;
+  int max_context = 4096;                       // prompt + max_tokens at most
   std::size_t max_body = std::size_t{1} << 20;  // bytes; larger bodies get 413
   int http_threads = 32;                        // connections served at once
   int max_connections = 128;  // accepted connections waiting or served; beyond: 503

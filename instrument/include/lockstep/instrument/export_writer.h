@@ -8,6 +8,8 @@
 // leaves a file that looks complete. A failed write (disk full, RLIMIT_FSIZE: SIGXFSZ is ignored
 // process-wide so the write returns EFBIG) makes every later write a no-op and Finish() return a
 // kIOError naming the dataset and the system error; the `.partial` file stays for inspection.
+// An export past its byte budget (ExportOptions::max_bytes, ExportQuota) copies nothing more, and
+// Finish() removes its `.partial` file and returns the budget's error.
 //
 // Engine steps (continuous batching): OnStep records each step the request had rows in and
 // OnWindow the step each window ran in (WindowRecord::step); Finish writes them as /trace/steps
@@ -36,6 +38,7 @@
 #include "lockstep/engine/step_record.h"
 #include "lockstep/engine/trace_ring.h"
 #include "lockstep/engine/window_selection.h"
+#include "lockstep/instrument/export_quota.h"
 #include "lockstep/instrument/op_export.h"
 #include "lockstep/instrument/resource_sampler.h"
 
@@ -52,6 +55,10 @@ struct ExportOptions {
   std::set<CheckpointPoint> points{CheckpointPoint::kPreVerify, CheckpointPoint::kPostVerify,
                                    CheckpointPoint::kCommit};
   std::size_t max_queue_bytes = std::size_t{256} << 20;
+  // The export's byte budget (ExportQuota: 0 = none) and the most windows the request can run
+  // (0 = unknown: no projection). Over it, Finish() removes the `.partial` file and fails.
+  std::uint64_t max_bytes = 0;
+  int max_windows = 0;
   // "" (contiguous, uncompressed) or "lz4": chunked datasets (rows of ~1 MiB per chunk, following
   // the rows the engine appends) through the LZ4 HDF5 filter plugin (id 32004, Debian package
   // hdf5-filter-plugin). Create() fails with kNotSupported when the plugin is not available.
@@ -133,6 +140,9 @@ class H5Exporter final : public Observer {
   // Items written per exported checkpoint, in order, by point (the seed's "93 / 94 / 93").
   const std::map<CheckpointPoint, std::vector<int>>& item_counts() const { return counts_; }
   const std::string& partial_path() const { return partial_; }
+  // True once the export passed its byte budget (ExportOptions::max_bytes): nothing more is
+  // copied and Finish() will fail. Any thread may ask (a request's stop check does).
+  bool over_budget() const { return quota_.over(); }
 
  private:
   using Job = std::function<Status()>;
@@ -148,6 +158,7 @@ class H5Exporter final : public Observer {
   std::vector<WindowRecord> windows_;
   std::vector<StepRecord> steps_;  // OnStep, in call order
   OpCollector ops_;                // OnOp, in call order
+  ExportQuota quota_;
   std::map<CheckpointPoint, std::vector<int>> counts_;
   int items_in_checkpoint_ = 0;
 
