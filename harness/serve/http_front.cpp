@@ -384,11 +384,14 @@ void HttpFront::Start() {
   for (int i = 0; i < limits_.workers; ++i) workers_.emplace_back([this] { Work(); });
 }
 
-void HttpFront::Stop() {
+void HttpFront::Stop(std::chrono::milliseconds grace) {
   if (!loop_.joinable()) return;
   stopping_ = true;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    // A request that finished in the drain may still be writing its answer (a long completion's
+    // JSON, a stream's last chunk): it gets `grace` to reach its client.
+    relayed_.wait_for(lock, grace, [this] { return relaying_.empty(); });
     for (int fd : relaying_) ::shutdown(fd, SHUT_RDWR);  // the relay's next read or write ends
   }
   cv_.notify_all();
@@ -699,6 +702,7 @@ void HttpFront::Work() {
     const bool keep = Relay(*c, backend_port_, token_, limits_, stopping_);
     std::lock_guard<std::mutex> lock(mu_);
     relaying_.erase(c->fd);
+    relayed_.notify_all();
     if (!keep || stopping_) {
       c.reset();
       --n_open_;

@@ -24,8 +24,9 @@
 // - connections: at most max_connections; one more evicts the oldest idle keep-alive connection
 //   (then the oldest unfinished head), else it is answered 503. Waiting clients hold no thread:
 //   a live request always reaches a worker.
-// - Stop(): closes the listener and every connection at once (the drain before it is the
-//   caller's), so SIGTERM is bounded whatever the clients do.
+// - Stop(grace): closes the listener and every waiting connection at once; answers already being
+//   relayed (requests the caller's drain let finish) get up to `grace` to reach their clients,
+//   then their connections are shut too, so SIGTERM is bounded whatever the clients do.
 //
 // The handlers see each request as sent, but always with Content-Length (a chunked body arrives
 // decoded), `Connection: close` (the front keeps the client's connection), and three headers of
@@ -37,6 +38,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -86,8 +88,9 @@ class HttpFront {
   // Listens on host:port (0: any free port); returns the port, kInvalidArgument when it cannot.
   Result<int> Bind(const std::string& host, int port);
   void Start();  // the event thread and the workers
-  // Closes the listener and every connection (in a worker: shut down, so its relay ends), joins.
-  void Stop();
+  // Closes the listener and every connection, joins. A connection whose answer is being relayed
+  // gets up to `grace` to finish it, then is shut down (its relay ends).
+  void Stop(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
 
   struct Conn;  // one client connection (http_front.cpp)
 
@@ -111,6 +114,7 @@ class HttpFront {
 
   std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable relayed_;          // a worker finished relaying (Stop waits on relaying_)
   std::deque<std::unique_ptr<Conn>> queue_;  // GUARDED_BY(mu_): complete requests
   std::vector<std::unique_ptr<Conn>> back_;  // GUARDED_BY(mu_): kept alive, for the loop
   std::set<int> relaying_;                   // GUARDED_BY(mu_): client fds in a worker

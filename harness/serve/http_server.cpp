@@ -160,9 +160,9 @@ void HttpServer::Start() {
   front_->Start();
 }
 
-void HttpServer::Stop() {
+void HttpServer::Stop(std::chrono::milliseconds grace) {
   if (!listen_.joinable()) return;
-  front_->Stop();
+  front_->Stop(grace);
   // httplib's stop() does nothing before the listen thread's loop runs (a refused engine config
   // returns right after Start()): wait for it (bounded), or accept() would block forever.
   for (int i = 0; i < 2000 && !svr_->is_running(); ++i)

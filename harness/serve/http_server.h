@@ -21,6 +21,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -79,8 +80,9 @@ class HttpServer {
   Result<int> Bind();
   // Serves on a thread of its own until Stop().
   void Start();
-  // Closes the front (every client connection) and the routes' server, joins.
-  void Stop();
+  // Closes the front (every client connection; answers being relayed get up to `grace`) and the
+  // routes' server, joins.
+  void Stop(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
 
  private:
   void Routes();

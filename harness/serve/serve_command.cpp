@@ -126,11 +126,18 @@ Status RunServeCommand(const ServeOptions& opts_in, std::ostream& out) {
                ctx.limits.model_name.c_str(), engine->max_slots(), ctx.engine_instance.c_str());
 
   const int sig = signals.Wait();
+  const auto drain_end = std::chrono::steady_clock::now() +
+                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double>(opts.drain_s));
   ctx.draining = true;
   std::fprintf(stderr, "serve: %s: draining %d requests (up to %.0f s)\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM", driver.in_flight(), opts.drain_s);
   const int cancelled = Drain(driver, opts.drain_s);
-  server.Stop();
+  // Answers of the requests that finished (or were cancelled) still reach their clients: the
+  // rest of the drain, and at least half a second.
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      drain_end - std::chrono::steady_clock::now());
+  server.Stop(std::max(left, std::chrono::milliseconds(500)));
   driver.Shutdown();
   std::fprintf(stderr, "serve: stopped (%d requests cancelled at the drain limit)\n", cancelled);
   return Status::Ok();
