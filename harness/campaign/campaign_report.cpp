@@ -429,6 +429,7 @@ void ScopeSection(std::ostream& md, const Loaded& L) {
   md << ".\n\n";
   ArmTable(md, L);
   campaign_text::ServiceScopeText(md, c.arms, L.service);
+  campaign_text::UnitsScopeText(md, c, L.entries);
 }
 
 void StateSection(std::ostream& md, const Loaded& L) {

@@ -90,6 +90,12 @@ std::map<std::string, json> ReadServices(const std::string& dir, const std::vect
 // arm is a process arm.
 void ServiceScopeText(std::ostream& md, const std::vector<ArmSpec>& arms,
                       const std::map<std::string, json>& service);
+// The order the timing arms' repeats were sent in, when the plan's `order` is not "plan" (the
+// ledger's sent entries, e.g. "T1#0 T2#0 T2#1 T1#1"), and for a campaign merged from units
+// (units.h): the hosts each arm ran on, every comparison whose sides ran on different hosts
+// ("this A/A also measures host differences") and each placement the hosts violated. Hostnames
+// never appear (host labels are digests). Nothing for a local run in plan order.
+void UnitsScopeText(std::ostream& md, const Campaign& c, const std::vector<LedgerEntry>& entries);
 // What a pair's service contrast (cold/warm, load, engine reuse) did: output and state bitwise
 // equal or not, the first differing item, threshold failures as measured, the service
 // predicates that are true. Nothing without the comparison record's `service`.

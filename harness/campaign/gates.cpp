@@ -486,6 +486,7 @@ nlohmann::json ToJson(const ComparisonResult& r) {
   j["caught_by"] = r.caught_by;
   j["timing_repeats"] = {r.timing_repeats_a, r.timing_repeats_b};
   if (!r.service.is_null()) j["service"] = r.service;
+  if (!r.hosts.is_null()) j["hosts"] = r.hosts;
   if (r.timing) {
     const TimingVerdict& t = *r.timing;
     auto stats = [](const SampleStats& s) {
@@ -540,6 +541,7 @@ Result<ComparisonResult> ComparisonFromJson(const nlohmann::json& j) {
     r.timing_repeats_a = j.at("timing_repeats").at(0).get<int>();
     r.timing_repeats_b = j.at("timing_repeats").at(1).get<int>();
     r.service = j.value("service", nlohmann::json());
+    r.hosts = j.value("hosts", nlohmann::json());
     return r;
   } catch (const nlohmann::json::exception& e) {
     return Status::Corruption("comparison record", e.what());

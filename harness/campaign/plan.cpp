@@ -257,7 +257,7 @@ Status PlanParser::ParseArm(const toml::table& t, Campaign& c) {
   LOCKSTEP_RETURN_IF_ERROR(
       CheckKeys(t, "in [[arm]]",
                 {"name", "mode", "repeat", "baseline", "require", "decision", "engine",
-                 "max_skipped", "build", "server", "prime", "load"}));
+                 "max_skipped", "build", "server", "prime", "load", "same_host_as", "placement"}));
   ArmSpec arm;
   arm.line = static_cast<int>(t.source().begin.line);
   LOCKSTEP_ASSIGN_OR_RETURN(const toml::node* name, Required(t, "name", "[[arm]]"));
@@ -337,6 +337,7 @@ Status PlanParser::ParseArm(const toml::table& t, Campaign& c) {
     LOCKSTEP_ASSIGN_OR_RETURN(arm.engine, ParseEngine(*e, label + " [arm.engine]", locs));
   }
   LOCKSTEP_RETURN_IF_ERROR(ParseArmService(t, arm, locs));
+  LOCKSTEP_RETURN_IF_ERROR(ParseArmPlacement(t, arm, earlier_names));
   c.arms.push_back(std::move(arm));
   arm_engine_locs_.push_back(std::move(locs));
   LOCKSTEP_RETURN_IF_ERROR(CheckArmConfig(c, c.arms.size() - 1, t.source()));
@@ -477,10 +478,11 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
   }
   toml::source_region top;
   top.begin = toml::source_position{1, 1};
-  LOCKSTEP_RETURN_IF_ERROR(CheckKeys(
-      root, "at the top level",
-      {"name", "question", "hypothesis", "control", "min_timing_repeats", "model", "request",
-       "engine", "export", "thresholds", "gates", "arm", "stop", "builds", "service"}));
+  LOCKSTEP_RETURN_IF_ERROR(
+      CheckKeys(root, "at the top level",
+                {"name", "question", "hypothesis", "control", "min_timing_repeats", "model",
+                 "request", "engine", "export", "thresholds", "gates", "arm", "stop", "builds",
+                 "service", "order", "order_seed"}));
   Campaign c;
   c.plan_dir = plan_dir_;
   c.plan_text = std::string(text);
@@ -497,6 +499,17 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
   LOCKSTEP_RETURN_IF_ERROR(OptString(root, "hypothesis", c.hypothesis, /*allow_empty=*/true));
   LOCKSTEP_RETURN_IF_ERROR(
       OptInteger(root, "min_timing_repeats", 2, 1000000, c.min_timing_repeats));
+  if (const toml::node* n = root.get("order")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(c.order, String(*n, "order"));
+    if (c.order != "plan" && c.order != "abba" && c.order != "random")
+      return Error(n->source(), "'order' must be plan, abba or random, got '" + c.order + "'");
+  }
+  if (const toml::node* n = root.get("order_seed")) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t seed, Integer(*n, "order_seed", 0, kInt64Max));
+    if (c.order != "random")
+      return Error(n->source(), "'order_seed' applies to order = \"random\" only");
+    c.order_seed = static_cast<std::uint64_t>(seed);
+  }
 
   LOCKSTEP_ASSIGN_OR_RETURN(
       const toml::table* model,

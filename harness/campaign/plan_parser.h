@@ -138,6 +138,9 @@ class PlanParser {
   // Service arms (plan_service.cpp): the arm's server, prime and load keys; `locs` are its
   // [arm.engine] keys (a shared arm may override request keys only).
   Status ParseArmService(const toml::table& t, ArmSpec& arm, const KeyLocations& locs) const;
+  // same_host_as = "ARM" (an earlier arm, not itself) | placement = "spread" (plan_service.cpp).
+  Status ParseArmPlacement(const toml::table& t, ArmSpec& arm,
+                           const std::vector<std::string>& earlier_names) const;
   // After the arm's config is valid: a load arm's engine must hold 2 or more slots.
   Status CheckLoadSlots(const Campaign& c, const ArmSpec& arm, const toml::table& t) const;
   Status ParseService(const toml::table& t, ServiceSpec& s) const;

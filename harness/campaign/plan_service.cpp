@@ -91,4 +91,30 @@ Status PlanParser::ParseService(const toml::table& t, ServiceSpec& s) const {
   return Status::Ok();
 }
 
+Status PlanParser::ParseArmPlacement(const toml::table& t, ArmSpec& arm,
+                                     const std::vector<std::string>& earlier_names) const {
+  const std::string label = "arm '" + arm.name + "'";
+  const toml::node* same = t.get("same_host_as");
+  const toml::node* placement = t.get("placement");
+  if (same != nullptr && placement != nullptr)
+    return Error(placement->source(),
+                 label + ": give 'same_host_as' or 'placement' = \"spread\", not both");
+  if (same != nullptr) {
+    LOCKSTEP_ASSIGN_OR_RETURN(arm.same_host_as, Name(*same, "same_host_as"));
+    if (!Contains(earlier_names, arm.same_host_as))
+      return Error(same->source(),
+                   label + ": same_host_as '" + arm.same_host_as +
+                       "' is not an earlier arm (earlier arms: " +
+                       (earlier_names.empty() ? std::string("none") : Join(earlier_names)) + ")");
+  }
+  if (placement != nullptr) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string p, String(*placement, "placement"));
+    if (p != "spread")
+      return Error(placement->source(), label + ": 'placement' must be \"spread\", got '" + p +
+                                            "' (same host: same_host_as = \"ARM\")");
+    arm.spread = true;
+  }
+  return Status::Ok();
+}
+
 }  // namespace lockstep::plan_internal

@@ -31,6 +31,7 @@ nlohmann::json PlannedEntry::Encode() const {
                       {"plan_dir", plan_dir}, {"arms", arms},
                       {"builds", builds},     {"arm_builds", arm_builds}};
   if (!service.is_null()) d["service"] = service;
+  if (order != "plan") d["order"] = order, d["order_seed"] = order_seed;
   return d;
 }
 
@@ -43,6 +44,8 @@ PlannedEntry PlannedEntry::Decode(const nlohmann::json& d) {
   p.builds = d.value("builds", nlohmann::json());  // null: a ledger from before named builds
   p.arm_builds = d.value("arm_builds", nlohmann::json());
   p.service = d.value("service", nlohmann::json());
+  p.order = d.value("order", "plan");
+  p.order_seed = d.value("order_seed", std::uint64_t{0});
   return p;
 }
 
@@ -72,6 +75,7 @@ nlohmann::json RunEndEntry::Encode() const {
       {"repeat", repeat}, {"exit_code", exit_code}, {"signal", signal}, {"seconds", seconds}};
   if (!service.is_null()) d["service"] = service;
   if (!error.empty()) d["error"] = error;
+  if (!unit.is_null()) d["unit"] = unit;
   return d;
 }
 
@@ -84,6 +88,7 @@ RunEndEntry RunEndEntry::Decode(const LedgerEntry& e) {
   r.seconds = e.data.value("seconds", 0.0);
   r.service = e.data.value("service", nlohmann::json());
   r.error = e.data.value("error", "");
+  r.unit = e.data.value("unit", nlohmann::json());
   return r;
 }
 
@@ -124,6 +129,8 @@ void RunRecord::Apply(const LedgerEntry& e) {
     builds = std::move(p.builds);
     arm_builds = std::move(p.arm_builds);
     service = std::move(p.service);
+    order = std::move(p.order);
+    order_seed = p.order_seed;
   } else if (e.event == "remote_checked") {
     remote_checked = true;
     remote = e.data;
@@ -136,6 +143,7 @@ void RunRecord::Apply(const LedgerEntry& e) {
     finished.insert({e.arm, r.repeat});
     (r.failed ? failed : ran).insert({e.arm, r.repeat});
     exit_codes[{e.arm, r.repeat}] = r.exit_code;
+    if (!r.unit.is_null()) units[{e.arm, r.repeat}] = r.unit;
     if (!r.failed && r.repeat == 0 && !r.service.is_null()) first_service[e.arm] = r.service;
   } else if (e.event == "compared") {
     if (auto cr = ComparisonFromJson(e.data); cr.ok()) {

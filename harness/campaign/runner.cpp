@@ -26,12 +26,20 @@
 #include "lockstep/harness/process.h"
 #include "lockstep/harness/prompt_text.h"
 #include "lockstep/harness/run_record.h"
+#include "lockstep/harness/units.h"
 #include "lockstep/harness/verdict.h"
 #include "lockstep/instrument/fingerprint.h"
 
 namespace lockstep {
 
 namespace fs = std::filesystem;
+
+// The model is fixed by the plan, while its folder differs between run folders (the ledgers of
+// two runs stay comparable).
+std::string EngineConfigHash(EngineConfig cfg) {
+  cfg.model.clear();
+  return Sha256Hex(cfg.ToJson());
+}
 
 namespace {
 
@@ -43,13 +51,6 @@ bool ArmRan(int exit_code) { return exit_code == 0 || exit_code == 1; }
 
 // What the ledger says has happened (replayed on resume; kept current while running).
 using RunState = RunRecord;
-
-// SHA-256 of the arm's effective config without the model path: the model is fixed by the plan,
-// while its folder differs between run folders (the ledgers of two runs stay comparable).
-std::string EngineConfigHash(EngineConfig cfg) {
-  cfg.model.clear();
-  return Sha256Hex(cfg.ToJson());
-}
 
 struct Runner {
   const RunOptions& opts;
@@ -63,6 +64,7 @@ struct Runner {
   std::unique_ptr<ServiceHost> host;       // the servers of service arms (at the first one)
   // The plan's model as exports fingerprint it: SHA-256 over its checkpoint files.
   std::string model_sha256;
+  bool pending = false;  // opts.source had not run an arm yet: stopped there, no verdict
 
   const ArmBuild& BuildOf(const ArmSpec& arm) const { return builds.at(ArmBuildName(arm)); }
 
@@ -180,6 +182,35 @@ struct Runner {
       out << fmt::format(" (exit {}{}; see arms/{}/stderr.log)", cr.exit_code,
                          cr.signal ? fmt::format(", signal {}", cr.signal) : "", arm.name);
     out << "\n";
+    return Status::Ok();
+  }
+
+  // One repeat from opts.source (lockstep merge): recorded as a child's would be, with its unit.
+  Status TakeRepeat(const ArmSpec& arm, int repeat) {
+    const std::string d = ArmDir(arm, repeat);
+    LOCKSTEP_ASSIGN_OR_RETURN(EngineConfig cfg, EffectiveConfig(c, arm, model_dir));
+    const ArmBuild& build = BuildOf(arm);
+    const RunExpect expect{EngineConfigHash(cfg), build.sha256, build.name, model_sha256};
+    LOCKSTEP_ASSIGN_OR_RETURN(RunTaken t, opts.source->Take(arm, repeat, d, expect));
+    if (t.pending) {
+      pending = true;
+      return Status::Ok();
+    }
+    SentEntry sent{repeat, arm.mode, "", expect.engine_config_sha256, build.name, build.sha256};
+    LOCKSTEP_RETURN_IF_ERROR(Append(SentEntry::kEvent, arm.name, sent.Encode()));
+    RunEndEntry end;
+    end.failed = t.failed;
+    end.repeat = repeat;
+    end.exit_code = t.exit_code;
+    end.signal = t.signal;
+    end.seconds = t.seconds;
+    end.error = t.error;
+    end.unit = t.unit;
+    LOCKSTEP_RETURN_IF_ERROR(Append(end.event(), arm.name, end.Encode()));
+    const std::string label = arm.repeat > 1 ? fmt::format("{} #{}", arm.name, repeat) : arm.name;
+    out << fmt::format("  {}: {} (unit {}, attempt {}){}\n", label,
+                       t.failed ? "FAILED" : "finished", IntOr(t.unit, "index", -1),
+                       IntOr(t.unit, "attempt", 1), t.note.empty() ? "" : ": " + t.note);
     return Status::Ok();
   }
 
@@ -347,6 +378,12 @@ struct Runner {
                       {"b", MetaFingerprints(rb->meta())},
                       {"mismatch", bad.empty() ? nlohmann::json() : nlohmann::json(bad)}};
     }
+    if (opts.source) {
+      std::string violation;
+      cr.hosts = opts.source->PairHosts(base_spec, arm, &violation);
+      if (!violation.empty())
+        cr.gates.push_back(GateOutcome{"placement", false, violation}), cr.passed = false;
+    }
     if (const std::string refused = RefusedExports(base, cur); !refused.empty())
       cr.gates.push_back(GateOutcome{"export digest", false, refused}), cr.passed = false;
     else if (!diff_error.empty())
@@ -461,60 +498,77 @@ struct Runner {
     return nullptr;
   }
 
+  // Whether `arm` is to be sent: the stop rules and its requirements, decided once, before its
+  // first send (a not_sent entry otherwise). An arm with a send on record goes on.
+  Result<bool> DecideSend(const ArmSpec& arm) {
+    if (st.not_sent.count(arm.name)) return false;
+    for (int r = 0; r < arm.repeat; ++r)
+      if (st.sent.count({arm.name, r})) return true;
+    std::vector<ComparisonResult> so_far;
+    for (const auto& a : c.arms)
+      if (auto it = st.compared.find(a.name); it != st.compared.end()) so_far.push_back(it->second);
+    if (!st.stopped) {
+      if (auto stop = EvaluateStopRules(c, so_far)) {
+        const StoppedEntry entry{stop->rule->name, stop->rule->message, arm.name, stop->fired_by};
+        LOCKSTEP_RETURN_IF_ERROR(Append(StoppedEntry::kEvent, "", entry.Encode()));
+        out << fmt::format("  stop rule '{}' fired ({}): {}\n", stop->rule->name,
+                           fmt::join(stop->fired_by, ", "), stop->rule->message);
+      }
+    }
+    if (st.stopped) {
+      LOCKSTEP_RETURN_IF_ERROR(
+          Append(NotSentEntry::kEvent, arm.name,
+                 NotSentEntry{"the campaign stopped (stop rule fired)"}.Encode()));
+      out << fmt::format("  {}: not sent (campaign stopped)\n", arm.name);
+      return false;
+    }
+    std::string missing;
+    for (const auto& req : arm.require) {
+      auto it = st.decisions.find(req);
+      if (it == st.decisions.end() || !it->second)
+        missing += (missing.empty() ? "" : ", ") + req +
+                   (it == st.decisions.end() ? " (not decided)" : " (failed)");
+    }
+    if (!missing.empty()) {
+      LOCKSTEP_RETURN_IF_ERROR(
+          Append(NotSentEntry::kEvent, arm.name, NotSentEntry{"requires " + missing}.Encode()));
+      out << fmt::format("  {}: not sent (requires {})\n", arm.name, missing);
+      return false;
+    }
+    return true;
+  }
+
+  // The arms in send groups (units.h SendGroups: one arm each, or consecutive timing arms
+  // interleaved by the plan's order): each arm decided, the group's repeats sent in
+  // GroupSendOrder, then its arms compared and their decisions recorded, in plan order.
   Status RunArms() {
-    for (const ArmSpec& arm : c.arms) {
-      if (st.not_sent.count(arm.name)) continue;
-      bool any_sent = false;
-      for (int r = 0; r < arm.repeat; ++r) any_sent = any_sent || st.sent.count({arm.name, r});
-      if (!any_sent) {
-        // Stop rules and requirements are decided once, before the arm's first send.
-        std::vector<ComparisonResult> so_far;
-        for (const auto& a : c.arms)
-          if (auto it = st.compared.find(a.name); it != st.compared.end())
-            so_far.push_back(it->second);
-        if (!st.stopped) {
-          if (auto stop = EvaluateStopRules(c, so_far)) {
-            const StoppedEntry entry{stop->rule->name, stop->rule->message, arm.name,
-                                     stop->fired_by};
-            LOCKSTEP_RETURN_IF_ERROR(Append(StoppedEntry::kEvent, "", entry.Encode()));
-            out << fmt::format("  stop rule '{}' fired ({}): {}\n", stop->rule->name,
-                               fmt::join(stop->fired_by, ", "), stop->rule->message);
-          }
-        }
-        if (st.stopped) {
-          LOCKSTEP_RETURN_IF_ERROR(
-              Append(NotSentEntry::kEvent, arm.name,
-                     NotSentEntry{"the campaign stopped (stop rule fired)"}.Encode()));
-          out << fmt::format("  {}: not sent (campaign stopped)\n", arm.name);
-          continue;
-        }
-        std::string missing;
-        for (const auto& req : arm.require) {
-          auto it = st.decisions.find(req);
-          if (it == st.decisions.end() || !it->second)
-            missing += (missing.empty() ? "" : ", ") + req +
-                       (it == st.decisions.end() ? " (not decided)" : " (failed)");
-        }
-        if (!missing.empty()) {
-          LOCKSTEP_RETURN_IF_ERROR(
-              Append(NotSentEntry::kEvent, arm.name, NotSentEntry{"requires " + missing}.Encode()));
-          out << fmt::format("  {}: not sent (requires {})\n", arm.name, missing);
-          continue;
-        }
+    for (const std::vector<std::size_t>& group : SendGroups(c)) {
+      std::set<std::size_t> go;
+      for (std::size_t ai : group) {
+        LOCKSTEP_ASSIGN_OR_RETURN(bool send, DecideSend(c.arms[ai]));
+        if (send) go.insert(ai);
       }
-      for (int r = 0; r < arm.repeat; ++r)
-        if (!st.finished.count({arm.name, r})) LOCKSTEP_RETURN_IF_ERROR(SendRepeat(arm, r));
-      if (!arm.baseline.empty() && !st.compared.count(arm.name)) {
-        const ArmSpec* base = FindArm(arm.baseline);
-        if (!base)
-          return Status::InvalidArgument("arm '" + arm.name + "'",
-                                         "baseline '" + arm.baseline + "' is not an arm");
-        LOCKSTEP_RETURN_IF_ERROR(Compare(arm, *base));
+      for (const auto& [ai, r] : GroupSendOrder(c, group)) {
+        const ArmSpec& arm = c.arms[ai];
+        if (!go.count(ai) || st.finished.count({arm.name, r})) continue;
+        LOCKSTEP_RETURN_IF_ERROR(opts.source ? TakeRepeat(arm, r) : SendRepeat(arm, r));
+        if (pending) return Status::Ok();
       }
-      if (!arm.decision.empty() && !st.decisions.count(arm.decision) && st.compared.count(arm.name))
-        LOCKSTEP_RETURN_IF_ERROR(
-            Append(DecisionEntry::kEvent, arm.name,
-                   DecisionEntry{arm.decision, st.compared[arm.name].passed}.Encode()));
+      for (std::size_t ai : go) {
+        const ArmSpec& arm = c.arms[ai];
+        if (!arm.baseline.empty() && !st.compared.count(arm.name)) {
+          const ArmSpec* base = FindArm(arm.baseline);
+          if (!base)
+            return Status::InvalidArgument("arm '" + arm.name + "'",
+                                           "baseline '" + arm.baseline + "' is not an arm");
+          LOCKSTEP_RETURN_IF_ERROR(Compare(arm, *base));
+        }
+        if (!arm.decision.empty() && !st.decisions.count(arm.decision) &&
+            st.compared.count(arm.name))
+          LOCKSTEP_RETURN_IF_ERROR(
+              Append(DecisionEntry::kEvent, arm.name,
+                     DecisionEntry{arm.decision, st.compared[arm.name].passed}.Encode()));
+      }
     }
     return Status::Ok();
   }
@@ -563,6 +617,45 @@ Status CheckedPlanText(const RunOptions& opts, const RunState& st, std::string* 
 
 }  // namespace
 
+Status CreateRunFolder(const RunOptions& opts, const std::string& exe, Campaign* c,
+                       std::map<std::string, ArmBuild>* builds_out) {
+  if (opts.out_dir.empty()) return Status::InvalidArgument("--out", "a run folder is required");
+  if (opts.plan.empty()) return Status::InvalidArgument("run", "a campaign file is required");
+  LOCKSTEP_ASSIGN_OR_RETURN(*c, LoadCampaign(opts.plan));
+  LOCKSTEP_RETURN_IF_ERROR(CheckPlanCanPass(*c, opts.plan));
+  LOCKSTEP_ASSIGN_OR_RETURN(const nlohmann::json service,
+                            PlannedService(opts.service_url, opts.service_key_env, c->service));
+  // Every build is checked before the run folder exists: a refused build runs nothing.
+  LOCKSTEP_ASSIGN_OR_RETURN(*builds_out, ResolveBuilds(*c, opts.builds, exe));
+  const auto& builds = *builds_out;
+  std::error_code ec;
+  if (fs::exists(opts.out_dir) && !fs::is_empty(opts.out_dir, ec))
+    return Status::InvalidArgument(
+        "--out '" + opts.out_dir + "'",
+        "exists and is not empty (continue it with --resume, or choose a new folder)");
+  // The folder appears complete (plan + ledger with its first entry) or not at all.
+  const std::string tmp = opts.out_dir + ".creating";
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) return Status::IOError("run folder '" + tmp + "'", ec.message());
+  LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(tmp + "/plan.toml", c->plan_text));
+  {
+    LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Create(RunPaths(tmp).Ledger()));
+    std::vector<std::string> arms;
+    nlohmann::json arm_builds = nlohmann::json::object(), bj = nlohmann::json::object();
+    for (const auto& a : c->arms) arms.push_back(a.name), arm_builds[a.name] = ArmBuildName(a);
+    for (const auto& [name, b] : builds) bj[name] = BuildJson(b);
+    PlannedEntry planned{c->name, c->plan_sha256, c->plan_dir, arms, bj, arm_builds, service};
+    planned.order = c->order;
+    planned.order_seed = c->order_seed;
+    LOCKSTEP_RETURN_IF_ERROR(l.Append(PlannedEntry::kEvent, "", planned.Encode(), true).status());
+  }
+  fs::remove(opts.out_dir, ec);  // an empty folder may be replaced
+  fs::rename(tmp, opts.out_dir, ec);
+  if (ec) return Status::IOError("run folder '" + opts.out_dir + "'", ec.message());
+  return Status::Ok();
+}
+
 Status RunCampaign(const RunOptions& opts, std::ostream& out) {
   if (opts.out_dir.empty()) return Status::InvalidArgument("--out", "a run folder is required");
   Runner run{opts,         out, {},    opts.out_dir, opts.exe, {}, {},
@@ -571,39 +664,10 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
   if (run.exe.empty()) {
     LOCKSTEP_ASSIGN_OR_RETURN(run.exe, SelfExecutable());
   }
-  std::error_code ec;
+  if (opts.source && !opts.resume)
+    return Status::InvalidArgument("run", "runs from units continue a run folder (resume)");
   if (!opts.resume) {
-    if (opts.plan.empty()) return Status::InvalidArgument("run", "a campaign file is required");
-    LOCKSTEP_ASSIGN_OR_RETURN(run.c, LoadCampaign(opts.plan));
-    LOCKSTEP_RETURN_IF_ERROR(CheckPlanCanPass(run.c, opts.plan));
-    LOCKSTEP_ASSIGN_OR_RETURN(
-        const nlohmann::json service,
-        PlannedService(opts.service_url, opts.service_key_env, run.c.service));
-    // Every build is checked before the run folder exists: a refused build runs nothing.
-    LOCKSTEP_ASSIGN_OR_RETURN(run.builds, ResolveBuilds(run.c, opts.builds, run.exe));
-    if (fs::exists(opts.out_dir) && !fs::is_empty(opts.out_dir, ec))
-      return Status::InvalidArgument(
-          "--out '" + opts.out_dir + "'",
-          "exists and is not empty (continue it with --resume, or choose a new folder)");
-    // The folder appears complete (plan + ledger with its first entry) or not at all.
-    const std::string tmp = opts.out_dir + ".creating";
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp, ec);
-    if (ec) return Status::IOError("run folder '" + tmp + "'", ec.message());
-    LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(tmp + "/plan.toml", run.c.plan_text));
-    {
-      LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, Ledger::Create(RunPaths(tmp).Ledger()));
-      std::vector<std::string> arms;
-      nlohmann::json arm_builds = nlohmann::json::object(), builds = nlohmann::json::object();
-      for (const auto& a : run.c.arms) arms.push_back(a.name), arm_builds[a.name] = ArmBuildName(a);
-      for (const auto& [name, b] : run.builds) builds[name] = BuildJson(b);
-      const PlannedEntry planned{run.c.name, run.c.plan_sha256, run.c.plan_dir, arms,
-                                 builds,     arm_builds,        service};
-      LOCKSTEP_RETURN_IF_ERROR(l.Append(PlannedEntry::kEvent, "", planned.Encode(), true).status());
-    }
-    fs::remove(opts.out_dir, ec);  // an empty folder may be replaced
-    fs::rename(tmp, opts.out_dir, ec);
-    if (ec) return Status::IOError("run folder '" + opts.out_dir + "'", ec.message());
+    LOCKSTEP_RETURN_IF_ERROR(CreateRunFolder(opts, run.exe, &run.c, &run.builds));
     LedgerLoad loaded;
     LOCKSTEP_ASSIGN_OR_RETURN(Ledger l, OpenRunLedger(opts.out_dir, &loaded));
     run.ledger.emplace(std::move(l));
@@ -663,6 +727,7 @@ Status RunCampaign(const RunOptions& opts, std::ostream& out) {
     LOCKSTEP_RETURN_IF_ERROR(run.ModelFingerprint());
     LOCKSTEP_RETURN_IF_ERROR(run.CheckRemote());
     LOCKSTEP_RETURN_IF_ERROR(run.RunArms());
+    if (run.pending) return Status::Ok();  // opts.source: more units must run (no verdict yet)
     if (run.host) LOCKSTEP_RETURN_IF_ERROR(run.host->StopAll());  // the shared server
     LOCKSTEP_RETURN_IF_ERROR(run.Finish());
   }
@@ -707,7 +772,8 @@ std::vector<std::string> LedgerDigest(const std::vector<LedgerEntry>& entries) {
         e.event == "reprimed")
       continue;
     nlohmann::json d = e.data;
-    if (e.event == "finished" || e.event == "failed") d.erase("seconds");
+    // A unit's attempt and host say where it ran, not what it decided (units.h).
+    if (e.event == "finished" || e.event == "failed") d.erase("seconds"), d.erase("unit");
     if (d.contains("service") && d["service"].is_object()) {
       nlohmann::json& s = d["service"];
       if (e.event == "compared") {  // the comparison's two sides (gates.h)

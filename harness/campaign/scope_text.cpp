@@ -2,6 +2,7 @@
 // model, request and resource lines, the fingerprints that were checked, the hypothesis check
 // (declared in campaign_text.h).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
@@ -141,6 +142,47 @@ void FingerprintText(std::ostream& md, const std::map<std::string, json>& record
   md << "- Fingerprints checked: " << fmt::format("{}", fmt::join(parts, "; "));
   if (!mismatches.empty()) md << "; MISMATCHED: " << fmt::format("{}", fmt::join(mismatches, "; "));
   md << ".\n";
+}
+
+void UnitsScopeText(std::ostream& md, const Campaign& c, const std::vector<LedgerEntry>& entries) {
+  std::map<std::string, std::string> mode;
+  for (const ArmSpec& a : c.arms) mode[a.name] = a.mode;
+  std::vector<std::string> timing_sends;
+  std::map<std::string, std::set<std::string>> hosts;  // arm -> host labels
+  std::vector<std::string> notes;
+  for (const LedgerEntry& e : entries) {
+    if (e.event == "sent" && mode[e.arm] == "timing")
+      timing_sends.push_back(fmt::format("{}#{}", e.arm, e.data.value("repeat", 0)));
+    if ((e.event == "finished" || e.event == "failed") && e.data.contains("unit")) {
+      const json& u = e.data["unit"];
+      if (u.contains("host_sha256") && u["host_sha256"].is_string())
+        hosts[e.arm].insert("host " + u["host_sha256"].get<std::string>().substr(0, 8));
+      if (u.contains("scheduler") && u["scheduler"].is_object())
+        notes.push_back(fmt::format(
+            "unit {} ({} #{}): the scheduler says {} (ExitCode {}): "
+            "failed",
+            u.value("index", -1), e.arm, e.data.value("repeat", 0),
+            u["scheduler"].value("state", "?"), u["scheduler"].value("exit_code_text", "?")));
+    }
+    if (e.event == "compared" && e.data.contains("hosts") && e.data["hosts"].is_object() &&
+        !e.data["hosts"].value("note", "").empty())
+      notes.push_back("**hosts differ**: " + e.data["hosts"].value("note", ""));
+    if (e.event == "compared")
+      for (const json& g : e.data.value("gates", json::array()))
+        if (g.value("name", "") == "placement" && !g.value("passed", true))
+          notes.push_back("**placement violated**: " + g.value("message", ""));
+  }
+  if (c.order != "plan")
+    md << fmt::format("- Timing arms' repeats ran in `{}` order{}: {}.\n", c.order,
+                      c.order == "random" ? fmt::format(" (seed {})", c.order_seed) : "",
+                      fmt::join(timing_sends, " "));
+  if (hosts.empty() && notes.empty()) return;
+  std::vector<std::string> per_arm;
+  for (const auto& [arm, labels] : hosts)
+    per_arm.push_back(fmt::format("{} on {}", arm, fmt::join(labels, " and ")));
+  md << fmt::format("- Arms ran as units (`lockstep run-unit`), merged by `lockstep merge`: {}.\n",
+                    fmt::join(per_arm, "; "));
+  for (const std::string& n : notes) md << "- " << n << "\n";
 }
 
 }  // namespace lockstep::campaign_text

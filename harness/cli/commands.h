@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "lockstep/engine/status.h"
@@ -15,6 +16,8 @@ namespace lockstep::cli {
 struct Command {
   CLI::App* app = nullptr;
   std::function<Status()> run;
+  // Where `run` left the exit code for an OK status (null, or 0: exit 0), e.g. `merge`'s 4.
+  std::shared_ptr<int> ok_exit = nullptr;
 };
 
 // `model init`, `tokenize`, `detokenize` (model_cli.cpp).
@@ -26,5 +29,7 @@ void AddServe(CLI::App& app, std::vector<Command>& commands);
 void AddPreflight(CLI::App& app, std::vector<Command>& commands);
 // `localize` (localize_cli.cpp).
 void AddLocalize(CLI::App& app, std::vector<Command>& commands);
+// `plan expand`, `run-unit`, `merge` (units_cli.cpp).
+void AddUnits(CLI::App& app, std::vector<Command>& commands);
 
 }  // namespace lockstep::cli

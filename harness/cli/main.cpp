@@ -32,6 +32,7 @@
 #include "lockstep/harness/golden.h"
 #include "lockstep/harness/model_init.h"
 #include "lockstep/harness/runner.h"
+#include "lockstep/harness/units_executor.h"
 #include "lockstep/instrument/export_writer.h"
 #include "version.h"
 
@@ -44,7 +45,7 @@ using lockstep::kGroupCampaign, lockstep::kGroupCompare, lockstep::kGroupDiagnos
     lockstep::kGroupService;
 
 using lockstep::cli::AddModelInit, lockstep::cli::AddTokenize, lockstep::cli::AddServe,
-    lockstep::cli::AddPreflight, lockstep::cli::AddLocalize;
+    lockstep::cli::AddPreflight, lockstep::cli::AddLocalize, lockstep::cli::AddUnits;
 using lockstep::cli::Command;
 
 // "lockstep: <what>:" for a message on stderr, <what> in red when a person reads stderr.
@@ -361,12 +362,15 @@ Status WriteCampaignDocuments(const std::string& dir, const std::string& json,
 // RunCampaign with its documents: the progress text on stderr when a document takes stdout;
 // the summary written when the campaign ran to a verdict (exit 0 or 1), never for a run that
 // was refused (that folder's ledger may be another run's).
-Status RunWithDocuments(lockstep::RunOptions r, const std::string& json) {
+Status RunWithDocuments(lockstep::RunOptions r, const std::string& json,
+                        const lockstep::ExecutorOptions& eo = {}) {
   LOCKSTEP_ASSIGN_OR_RETURN(std::ostream * out,
                             SummaryStream({{"--json", json}, {"--junit", r.junit}}));
   const std::string junit = r.junit;
   if (IsStdout(junit)) r.junit.clear();  // the run folder's junit.xml, copied to stdout after
-  const Status s = lockstep::RunCampaign(r, *out);
+  // Units (units_executor.h): a new run with --executor units|slurm, or a resumed units folder.
+  const bool units = r.resume ? lockstep::IsUnitsRunFolder(r.out_dir) : eo.executor != "local";
+  const Status s = units ? lockstep::RunUnitsCampaign(r, eo, *out) : lockstep::RunCampaign(r, *out);
   if (s.exit_code() > 1) return s;
   LOCKSTEP_RETURN_IF_ERROR(WriteCampaignDocuments(r.out_dir, json, junit));
   return s;
@@ -377,6 +381,7 @@ void AddRun(CLI::App& app, std::vector<Command>& commands) {
     lockstep::RunOptions opts;
     std::string resume_dir, json, check_plan;
     bool no_progress = false, gate_flag = false;
+    lockstep::ExecutorOptions exec;
   };
   auto st = std::make_shared<State>();
   auto* run = app.add_subcommand(
@@ -411,6 +416,15 @@ void AddRun(CLI::App& app, std::vector<Command>& commands) {
   run->add_option("--json", st->json, "Write the JSON summary (keys: harness/README.md)")
       ->type_name("PATH|-")
       ->group(kGroupReports);
+  run->add_option("--executor", st->exec.executor,
+                  "local: arms as children of this process; units: each (arm, repeat) a "
+                  "`run-unit` child, merged per wave; slurm: one sbatch --array per wave")
+      ->check(CLI::IsMember({"local", "units", "slurm"}))
+      ->default_str("local")
+      ->group(kGroupCampaign);
+  run->add_option("--slurm-arg", st->exec.slurm_args,
+                  "An sbatch argument for every wave (repeatable: --slurm-arg=--partition=gpu)")
+      ->group(kGroupCampaign);
   run->add_flag("--no-progress", st->no_progress, "No progress lines on stderr")
       ->group(kGroupDiagnostics);
   run->footer(
@@ -444,7 +458,12 @@ void AddRun(CLI::App& app, std::vector<Command>& commands) {
                "run", "usage: lockstep run PLAN.toml --out DIR | lockstep run --resume DIR");
          }
          if (st->no_progress) r.progress = 0;
-         return RunWithDocuments(r, st->json);
+         if (r.resume && st->exec.executor != "local")
+           return Status::InvalidArgument("--executor",
+                                          "a resumed run uses the executor it recorded");
+         if (!st->exec.slurm_args.empty() && st->exec.executor != "slurm" && !r.resume)
+           return Status::InvalidArgument("--slurm-arg", "applies to --executor slurm");
+         return RunWithDocuments(r, st->json, st->exec);
        }});
 }
 
@@ -694,7 +713,7 @@ int Main(int argc, char** argv) {
       "Run 'lockstep <command> --help' for a command's options; harness/README.md has them all.");
   std::vector<Command> commands;
   for (auto add : {AddModelInit, AddTokenize, AddGenerate, AddDiff, AddSummarize, AddAlign, AddRun,
-                   AddGate, AddReport, AddGolden, AddServe, AddPreflight, AddLocalize})
+                   AddGate, AddReport, AddGolden, AddServe, AddPreflight, AddLocalize, AddUnits})
     add(app, commands);
   if (RejectUnknownCommand(app, argc, argv)) return 2;
   try {
@@ -710,8 +729,11 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "run 'lockstep %s--help' for usage\n", path.c_str());
     return 2;
   }
-  for (const Command& c : commands)
-    if (c.app->parsed()) return Fail(c.run());
+  for (const Command& c : commands) {
+    if (!c.app->parsed()) continue;
+    const Status s = c.run();
+    return s.ok() && c.ok_exit ? *c.ok_exit : Fail(s);
+  }
   return 2;
 }
 

@@ -111,7 +111,12 @@ struct ArmSpec {
   bool prime = false;            // service arms: send the request once (no export) before the
                                  // arm's own, so the arm's request is warm
   std::optional<LoadSpec> load;  // service arms: background load during the request
-  int line = 0;                  // where it was declared (messages)
+  // Placement of the arm's units on a scheduler (units.h): `same_host_as = "A1"` asks for the
+  // host of that arm's units (checked at merge from the host fingerprints, never trusted);
+  // `placement = "spread"` asks for any other host. Neither: anywhere.
+  std::string same_host_as;
+  bool spread = false;
+  int line = 0;  // where it was declared (messages)
 };
 
 struct StopRule {
@@ -140,9 +145,13 @@ struct Campaign {
   bool default_stop = false;   // stop holds the default rule (none was declared)
   std::string control;         // injection text of the positive control ("" none)
   int min_timing_repeats = 6;  // below: no timing verdict
-  std::string plan_dir;        // folder of the plan file (relative paths resolve here)
-  std::string plan_text;       // the file as read
-  std::string plan_sha256;     // SHA-256 of plan_text
+  // The order in which consecutive timing arms (same requirements) send their repeats: "plan"
+  // (arm by arm), "abba" (A B B A A B ...) or "random" (seeded by order_seed). units.h.
+  std::string order = "plan";
+  std::uint64_t order_seed = 0;
+  std::string plan_dir;     // folder of the plan file (relative paths resolve here)
+  std::string plan_text;    // the file as read
+  std::string plan_sha256;  // SHA-256 of plan_text
 };
 
 // Predicates stop rules may name (each is true when any comparison so far shows it).

@@ -85,6 +85,10 @@ struct ComparisonResult {
   // served requests before, the other's none; not bitwise_equal). A process arm counts as a
   // fresh engine's cold request without load.
   nlohmann::json service;
+  // Units merged from a scheduler (units.h): {"a": host label, "b": host label, "same": bool,
+  // "note": the report's sentence when the two sides ran on different hosts ("" same)}. Null: the
+  // sides' hosts are not known (a local run's children).
+  nlohmann::json hosts;
 };
 
 // Evaluates gates and predicates. A control arm gets the gate "control applied" (its injection's

@@ -13,6 +13,7 @@
 // resume, the campaign report and the summary JSON read it instead of each replaying the JSON.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -78,6 +79,10 @@ struct PlannedEntry {  // "planned": the first entry of every ledger
   std::vector<std::string> arms;  // in plan order
   nlohmann::json builds = nlohmann::json::object(), arm_builds = nlohmann::json::object();
   nlohmann::json service;  // the remote server ({url, api_key_env}); null: none (not written)
+  // The plan's `order` for timing arms (units.h GroupSendOrder) and its seed: written only when
+  // not "plan" (the ledgers of plans without it are unchanged).
+  std::string order = "plan";
+  std::uint64_t order_seed = 0;
   nlohmann::json Encode() const;
   static PlannedEntry Decode(const nlohmann::json& d);
 };
@@ -98,6 +103,10 @@ struct RunEndEntry {  // "finished" (it exited 0 or 1) or "failed" (anything els
   double seconds = 0;
   nlohmann::json service;  // a service arm's record (null: a process arm, not written)
   std::string error;       // why a service arm failed ("": not written)
+  // A unit's run merged from its fragment (units.h): {"index", "attempt", "host" (the
+  // HostFingerprint), "host_sha256", "retry_differs" (null: no earlier attempt), "scheduler"
+  // (a scheduler's failure record, null none)}. Null: a child of the runner (not written).
+  nlohmann::json unit;
   const char* event() const { return failed ? "failed" : "finished"; }
   nlohmann::json Encode() const;
   static RunEndEntry Decode(const LedgerEntry& e);
@@ -152,7 +161,10 @@ struct RunRecord {
   std::set<ArmRepeat> finished;  // a finished or failed entry (the repeat is no longer in flight)
   std::set<ArmRepeat> ran;       // a finished entry (it exited 0 or 1)
   std::set<ArmRepeat> failed;    // a failed entry
-  std::map<ArmRepeat, int> exit_codes;                  // of the finished / failed entries
+  std::map<ArmRepeat, int> exit_codes;        // of the finished / failed entries
+  std::map<ArmRepeat, nlohmann::json> units;  // the merged entries' `unit` objects
+  std::string order = "plan";                 // the planned entry's
+  std::uint64_t order_seed = 0;
   std::map<std::string, nlohmann::json> first_service;  // repeat 0's last finished `service`
   std::map<std::string, ComparisonResult> compared;     // by arm
   std::vector<std::string> compared_order;              // arms, in the order they were compared

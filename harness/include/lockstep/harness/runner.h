@@ -26,6 +26,8 @@
 #pragma once
 
 #include <iosfwd>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,36 @@ namespace lockstep {
 
 struct Campaign;
 struct ArmSpec;
+struct ArmBuild;
+
+// Where a run's arms come from when they are not the runner's children: the units a scheduler
+// ran (lockstep merge, units.h). Take() is asked for each (arm, repeat) the campaign sends, in
+// send order, and either puts its outputs into `arm_dir` (config.json, stdout.json, trace.jsonl,
+// export.h5, ... as a child leaves them) and says how it ended, or says it has not run yet: the
+// runner then stops where it is (no entry written for it), and RunCampaign returns OK without a
+// verdict (RunSource::pending()). Checking the unit's fingerprints against `expect` is Take()'s.
+struct RunExpect {
+  std::string engine_config_sha256, executable_sha256, build, model_sha256;
+};
+struct RunTaken {
+  bool pending = false;  // not run yet: nothing to record
+  bool failed = false;   // a failed run (RunEndEntry::failed)
+  int exit_code = 0, signal = 0;
+  double seconds = 0;
+  std::string error;    // why it failed, when it is not an exit code ("" none)
+  nlohmann::json unit;  // RunEndEntry::unit
+  std::string note;     // a line for the output ("" none): a retry that differs, a refusal
+};
+class RunSource {
+ public:
+  virtual ~RunSource() = default;
+  virtual Result<RunTaken> Take(const ArmSpec& arm, int repeat, const std::string& arm_dir,
+                                const RunExpect& expect) = 0;
+  // The hosts of a comparison's two sides (ComparisonResult::hosts) and, when `b` (or `a`)
+  // asked for same_host_as and did not get it, the violation ("" none).
+  virtual nlohmann::json PairHosts(const ArmSpec& a, const ArmSpec& b, std::string* violation) = 0;
+  virtual bool pending() const = 0;
+};
 
 struct RunOptions {
   std::string plan;     // PLAN.toml (new run; with resume: must hash like the recorded plan)
@@ -57,6 +89,9 @@ struct RunOptions {
   std::string service_url;
   std::string service_key_env;
   double service_timeout_s = 600;  // one HTTP request of a service arm at most
+  // Not null: the arms' runs come from here (lockstep merge) instead of child processes; a
+  // resumed run only. Borrowed: it outlives RunCampaign.
+  RunSource* source = nullptr;
 };
 
 // Runs (or resumes) a campaign and writes its reports. OK when the campaign's verdict passes;
@@ -81,7 +116,20 @@ Status CheckCampaignPlan(const std::string& plan, std::ostream& out);
 // again without the earlier arms' load); the ledger itself keeps them as they were.
 std::vector<std::string> LedgerDigest(const std::vector<LedgerEntry>& entries);
 
-// ---- the pieces of a run other commands reuse (lockstep golden record / check) ----
+// ---- the pieces of a run other commands reuse (lockstep golden record / check, plan expand) ----
+
+// A new run folder for opts.plan in opts.out_dir, as `lockstep run` makes it: the plan checked
+// (CheckPlanCanPass) and its builds resolved before the folder exists, then plan.toml and the
+// ledger's planned entry, appearing together (built aside and renamed). *c is the parsed plan.
+// Errors: the plan's and the builds' (exit 2), a folder that exists and is not empty (2).
+// *builds: the resolved builds by name (builds.h).
+Status CreateRunFolder(const RunOptions& opts, const std::string& exe, Campaign* c,
+                       std::map<std::string, ArmBuild>* builds);
+
+// SHA-256 of an arm's effective config without the model path (the ledger's
+// engine_config_sha256): the model is fixed by the plan, its folder differs between run folders.
+struct EngineConfig;
+std::string EngineConfigHash(EngineConfig cfg);
 
 // The plan's model folder: [model] path as given, or the synthetic preset created once in
 // `dir`/model (built aside and renamed). Errors: those of RunModelInit, kIOError.
