@@ -14,8 +14,9 @@ PACKAGES=(
 # Optional: installed when possible, never a reason to fail (features that need them say so and
 # their tests skip): the LZ4 HDF5 filter plugin behind `--export-compress lz4`, and Chromium for
 # the tests that check where a report's verdict lands on screen (headless screenshots), and
-# Node.js + npm for the tokenizer tests against Hugging Face's tokenizers (tests/tokenizer/).
-OPTIONAL=(hdf5-filter-plugin chromium)
+# Node.js + npm for the tokenizer tests against Hugging Face's tokenizers (tests/tokenizer/), and
+# Slurm + munge for the test that runs a campaign on a real single-node Slurm (issue 41).
+OPTIONAL=(hdf5-filter-plugin chromium slurm-wlm munge)
 # npm may come with another nodejs build (NodeSource's bundles it): only asked for when absent.
 command -v npm >/dev/null 2>&1 || OPTIONAL+=(nodejs npm)
 
@@ -29,6 +30,7 @@ for p in "${OPTIONAL[@]}"; do
     case "$p" in
       chromium) why="runs the report screenshot tests" ;;
       nodejs | npm) why="runs the tokenizer comparison with Hugging Face's tokenizers" ;;
+      slurm-wlm | munge) why="runs the --executor slurm test on a single-node Slurm" ;;
       *) why="enables --export-compress lz4" ;;
     esac
     echo "lockstep: optional package $p is not installed (apt install $p $why)" >&2

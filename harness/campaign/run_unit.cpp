@@ -5,9 +5,12 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <ostream>
+#include <thread>
 
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/engine_config.h"
@@ -186,6 +189,14 @@ std::string OutputsDigest(const std::string& d, int exit_code, int signal) {
   return Sha256Hex(fmt::format("exit {} signal {} output_ids {}", exit_code, signal, ids));
 }
 
+// The test hook's action for unit `index` (kUnitHookEnv): "sleep:S", "kill", "fail" or "".
+std::string UnitHook(int index) {
+  const char* v = std::getenv(kUnitHookEnv);
+  if (v == nullptr) return "";
+  const std::string s = v, prefix = std::to_string(index) + ":";
+  return s.rfind(prefix, 0) == 0 ? s.substr(prefix.size()) : "";
+}
+
 Status SyncDir(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Status::IOError("folder '" + path + "'", "cannot be opened to sync");
@@ -268,7 +279,12 @@ Status RunUnit(const RunUnitOptions& o, std::ostream& out) {
   cs.argv = ArmGenerateArgv(c, *arm, build.path, tmp, tokens);
   cs.stdout_path = tmp + "/stdout.json";
   cs.stderr_path = tmp + "/stderr.log";
+  const std::string hook = UnitHook(idx);
+  if (hook.rfind("sleep:", 0) == 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(hook.c_str() + 6)));
+  if (hook == "fail") cs.argv.push_back("--lockstep-test-hook-unknown-flag");
   LOCKSTEP_ASSIGN_OR_RETURN(ChildResult cr, RunChild(cs));
+  if (hook == "kill") ::kill(::getpid(), SIGKILL);
   f.exit_code = cr.exit_code;
   f.signal = cr.signal;
   f.seconds = cr.seconds;

@@ -135,6 +135,12 @@ Status ExpandPlan(const ExpandOptions& o, std::ostream& out);
 // `lockstep plan expand PLAN --wave N --count`: units in wave N (0 when it has none).
 Result<int> WaveUnitCount(const std::string& plan, int wave);
 
+// A test hook, named as one: "N:sleep:S" makes run-unit of unit N wait S seconds before its
+// child starts (a unit to scancel while it runs), "N:kill" SIGKILLs run-unit itself after its
+// child ended and before the fragment is written (a node that died mid-unit), "N:fail" gives
+// the child an unknown flag (a failed attempt, exit 2). Never set it outside tests.
+inline constexpr const char* kUnitHookEnv = "LOCKSTEP_TEST_HOOK_UNIT";
+
 struct RunUnitOptions {
   std::string dir;
   int index = -1;         // global index
