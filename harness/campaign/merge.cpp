@@ -76,7 +76,6 @@ class UnitRunSource : public RunSource {
     t.exit_code = f.exit_code;
     t.signal = f.signal;
     t.seconds = f.seconds;
-    hosts_[arm.name].push_back(f.host);
     if (const std::string bad = Mismatches(f, expect); !bad.empty()) {
       t.failed = true;
       t.exit_code = 2;
@@ -107,6 +106,7 @@ class UnitRunSource : public RunSource {
   }
 
   nlohmann::json PairHosts(const ArmSpec& a, const ArmSpec& b, std::string* violation) override {
+    for (const ArmSpec* s : {&a, &b}) LoadHosts(s->name);
     for (const ArmSpec* s : {&a, &b}) {
       if (!s->same_host_as.empty() && !SameHosts(s->name, s->same_host_as))
         *violation += fmt::format("{}{} asked for the host of {} (same_host_as) and ran on {}",
@@ -140,6 +140,22 @@ class UnitRunSource : public RunSource {
     for (const Unit& u : units_)
       if (u.arm == arm && u.repeat == repeat) return &u;
     return nullptr;
+  }
+
+  // The hosts of every unit of `arm` with a fragment (merged in this merge or an earlier one:
+  // a comparison's baseline may come from an earlier wave). Its fragments were verified when
+  // they were taken; one unreadable now adds no host.
+  void LoadHosts(const std::string& arm) {
+    std::vector<HostFingerprint>& hosts = hosts_[arm];
+    hosts.clear();
+    for (const Unit& u : units_) {
+      if (u.arm != arm) continue;
+      auto text = ReadFile(UnitDir(dir_, u.index) + "/fragment.json", std::size_t{16} << 20);
+      if (!text.ok()) continue;
+      if (auto f = UnitFragment::FromJson(nlohmann::json::parse(*text, nullptr, false)); f.ok())
+        hosts.push_back(f->host);
+    }
+    if (hosts.empty()) hosts_.erase(arm);
   }
 
   std::string Mismatches(const UnitFragment& f, const RunExpect& e) const {
@@ -179,7 +195,7 @@ class UnitRunSource : public RunSource {
   std::string dir_;
   std::vector<Unit> units_;
   std::string plan_sha256_, request_sha256_;
-  std::map<std::string, std::vector<HostFingerprint>> hosts_;  // by arm, merged units
+  std::map<std::string, std::vector<HostFingerprint>> hosts_;  // by arm (LoadHosts)
   int pending_wave_ = -1;
   std::vector<std::string> notes_;
 };

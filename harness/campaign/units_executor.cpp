@@ -19,6 +19,7 @@
 #include "lockstep/harness/process.h"
 #include "lockstep/harness/run_record.h"
 #include "lockstep/harness/units.h"
+#include "lockstep/instrument/fingerprint.h"
 
 namespace lockstep {
 
@@ -201,12 +202,16 @@ Status RunWaveOnSlurm(const std::string& dir, const std::string& campaign, int w
     if (!active && !tasks.empty() && (*sub).value("recorded", false)) sub = nullptr;
   }
   if (sub == nullptr) {
-    DriverStep();
+    // The name finds the job again after a kill between this intent and sbatch's answer: the
+    // run folder's digest keeps two campaigns of one name apart.
     const std::string name =
-        fmt::format("lockstep-{}-w{}-{}", campaign, wave, subs.j["submissions"].size());
+        fmt::format("lockstep-{}-{}-w{}-{}", campaign,
+                    Sha256Hex(fs::absolute(dir).lexically_normal().string()).substr(0, 8), wave,
+                    subs.j["submissions"].size());
     subs.j["submissions"].push_back(
         {{"wave", wave}, {"name", name}, {"job", nullptr}, {"indices", indices}});
     LOCKSTEP_RETURN_IF_ERROR(subs.Save());
+    DriverStep();
     LOCKSTEP_ASSIGN_OR_RETURN(std::string self, SelfExecutable());
     std::vector<std::string> argv = {"sbatch", "--parsable", "--array=" + IndexRanges(indices),
                                      "--job-name=" + name,
