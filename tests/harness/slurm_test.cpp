@@ -120,7 +120,7 @@ TEST_F(Slurm, CancelledAndTimedOutUnitsAreFailedNeverPassed) {
     EXPECT_EQ(std::system(("scancel " + job + "_1").c_str()), 0);
     EXPECT_EQ(test::WaitChild(pid), 1);
   }
-  const auto a2 = test::EndOf(dir, "A2");
+  auto a2 = test::EndOf(dir, "A2");
   EXPECT_EQ(a2.value("event", ""), "failed") << a2.dump();
   EXPECT_EQ(a2["unit"]["scheduler"]["state"], "CANCELLED") << a2.dump();
   EXPECT_EQ(test::Verdict(dir), "stopped");
@@ -145,7 +145,7 @@ done
   ::chmod((bin + "/sacct").c_str(), 0755);
   ScopedEnv path("PATH", bin + ":" + std::getenv("PATH"));
   const std::string to = RunPlan(AaPlan(), "slurm-timeout", "--executor slurm", 1);
-  const auto t2 = test::EndOf(to, "A2");
+  auto t2 = test::EndOf(to, "A2");
   EXPECT_EQ(t2.value("event", ""), "failed") << t2.dump();
   EXPECT_EQ(t2["unit"]["scheduler"]["state"], "TIMEOUT") << t2.dump();
   EXPECT_EQ(t2["unit"]["scheduler"]["exit_code_text"], "0:0") << t2.dump();

@@ -121,7 +121,7 @@ inline std::string Verdict(const std::string& dir) {
   return !es.empty() && es.back().event == "done" ? es.back().data.value("verdict", "") : "";
 }
 
-// The ledger's `failed` / `finished` entry of `arm` (null: none).
+// The ledger's `failed` / `finished` entry of `arm` with its "event" ({} when there is none).
 inline nlohmann::json EndOf(const std::string& dir, const std::string& arm) {
   for (const auto& e : ReadLedger(dir))
     if ((e.event == "finished" || e.event == "failed") && e.arm == arm) {
@@ -129,7 +129,7 @@ inline nlohmann::json EndOf(const std::string& dir, const std::string& arm) {
       j["event"] = e.event;
       return j;
     }
-  return nullptr;
+  return nlohmann::json::object();
 }
 
 // Same verdict, same decision content and the same per-item digests of every state arm's export
