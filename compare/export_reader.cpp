@@ -291,6 +291,9 @@ Status ExportReader::Impl::ReadRoot() {
   if (H5Aexists(root.get(), "request_id") > 0) {  // optional: one-request runs, older files
     LOCKSTEP_ASSIGN_OR_RETURN(meta.request_id, StrAttr(root.get(), "/", "request_id", max_str));
   }
+  if (H5Aexists(root.get(), "host") > 0) {  // optional: older files
+    LOCKSTEP_ASSIGN_OR_RETURN(meta.host, StrAttr(root.get(), "/", "host", max_str));
+  }
   LOCKSTEP_ASSIGN_OR_RETURN(meta.seed, IntAttr(root.get(), "/", "seed"));
   if (meta.executable_sha256.empty())
     meta.unknowns.push_back("executable_sha256: empty (the binary was unreadable)");

@@ -64,7 +64,7 @@ LOCKSTEP_FIELDS(ExportOpName, name, inputs, state)
 LOCKSTEP_FIELDS(ExportOpRecord, window, stage, layer, op, index, position, row, digest, l2,
                 dump_offset, dump_len)
 LOCKSTEP_FIELDS(ExportMeta, schema, schema_version, arm, run_id, created_utc, executable_sha256,
-                config_sha256, model_sha256, request_sha256, request_id, seed, config_json,
+                config_sha256, model_sha256, request_sha256, request_id, host, seed, config_json,
                 request_tokens, max_new, output_tokens, stop_reason, text_sha256, checkpoints,
                 windows, steps, counters, sampler, unknowns, injections, op_table, op_records,
                 op_dump, file_bytes)

@@ -722,7 +722,8 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
                   AttrStr(root.get(), "model_sha256", meta.model_sha256) &&
                   AttrStr(root.get(), "request_sha256", meta.request_sha256) &&
                   AttrInt(root.get(), "seed", static_cast<std::int64_t>(meta.seed)) &&
-                  (meta.request_id.empty() || AttrStr(root.get(), "request_id", meta.request_id));
+                  (meta.request_id.empty() || AttrStr(root.get(), "request_id", meta.request_id)) &&
+                  (meta.host_json.empty() || AttrStr(root.get(), "host", meta.host_json));
         return ok ? Status::Ok() : H5Fail("root attributes");
       },
       0);

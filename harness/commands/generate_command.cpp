@@ -24,6 +24,7 @@
 #include "lockstep/engine/trace_ring.h"
 #include "lockstep/engine/weights.h"
 #include "lockstep/harness/chat_prompt.h"
+#include "lockstep/harness/host_fingerprint.h"
 #include "lockstep/harness/prompt_text.h"
 #include "lockstep/instrument/chrome_trace.h"
 #include "lockstep/instrument/export_writer.h"
@@ -275,6 +276,7 @@ ExportRunInfo BuildRunInfo(const GenerateOptions& opts, Engine& engine, const Mo
   if (auto exe = Sha256SelfExe(); exe.ok()) meta.executable_sha256 = *exe;
   if (auto mh = Sha256Files(weights.files); mh.ok()) meta.model_sha256 = *mh;
   meta.request_sha256 = Sha256Tokens(prompt);
+  meta.host_json = ProbeHost(engine.config().threads).ToJson().dump();
   meta.seed = engine.config().seed;
   meta.max_new = engine.config().max_new;
   meta.request_tokens = prompt;

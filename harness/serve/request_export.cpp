@@ -4,6 +4,7 @@
 #include <ctime>
 
 #include "lockstep/engine/tokenizer.h"
+#include "lockstep/harness/host_fingerprint.h"
 #include "lockstep/instrument/fingerprint.h"
 #include "lockstep/instrument/run_info.h"
 #include "serve/http_server.h"
@@ -37,6 +38,7 @@ Status FinishRequestExport(const ServeContext& ctx, ServeJob& job, const Request
   meta.run_id = Sha256Hex(job.id + "/" + ts).substr(0, 16);
   meta.executable_sha256 = ctx.executable_sha256;
   meta.model_sha256 = ctx.model_sha256;
+  meta.host_json = ProbeHost(config.threads).ToJson().dump();
   meta.text_sha256 = Sha256Hex(ctx.tokenizer->Decode(r.result.output));  // as generate's
   meta.residency = job.residency;
   meta.counters = job.stage_counters;

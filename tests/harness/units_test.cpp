@@ -209,6 +209,13 @@ TEST(Units, SecondHostIsFlaggedAndSameHostAsIsChecked) {
     ASSERT_EQ(RunLockstep("run-unit " + dir + " --index 1").exit_code, 0);
   }
   EXPECT_NE(Fragment(dir, 0)["host_sha256"], Fragment(dir, 1)["host_sha256"]);
+  // Each unit's export carries the host it ran on (root attribute `host`), as its fragment does.
+  for (int i = 0; i < 2; ++i) {
+    auto r = ExportReader::Open(UnitDir(dir, i) + "/export.h5");
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    const auto host = nlohmann::json::parse((*r)->meta().host, nullptr, false);
+    EXPECT_EQ(host, Fragment(dir, i)["host"]) << "unit " << i;
+  }
   auto m = RunLockstep("merge " + dir);
   EXPECT_EQ(m.exit_code, 1) << m.out << m.err;  // A2's comparison failed: B is not sent
   nlohmann::json a2;

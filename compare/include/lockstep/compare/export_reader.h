@@ -183,6 +183,7 @@ struct ExportMeta {
   std::string arm, run_id, created_utc, executable_sha256, config_sha256, model_sha256,
       request_sha256;
   std::string request_id;  // attr `request_id`; "" when absent (one-request runs, older files)
+  std::string host;        // attr `host`: the host fingerprint (JSON); "" in older files
   std::int64_t seed = 0;
   std::string config_json;  // /config (canonical JSON of the effective engine config)
   std::vector<std::int32_t> request_tokens;  // /request/tokens

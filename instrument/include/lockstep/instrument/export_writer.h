@@ -76,6 +76,7 @@ inline constexpr int kH5FilterLz4 = 32004;
 struct ExportRunInfo {
   std::string arm, run_id, created_utc;
   std::string request_id;    // root attribute `request_id`; "" = not written (one-request runs)
+  std::string host_json;     // root attribute `host` (the host fingerprint); "" = not written
   std::string config_json;   // canonical effective config
   std::string weights_json;  // /weights: resident weight bytes per stage ("" = not written)
   std::string executable_sha256, config_sha256, model_sha256, request_sha256;
