@@ -97,10 +97,11 @@ TEST_F(Slurm, ExecutorSlurmEqualsLocal) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(Fragment(dir, i)["attempt"], 1) << i;
 }
 
-// Must show 2: a unit scancel'ed while it runs, and one Slurm reports as TIMEOUT with ExitCode
-// 0:0 (vLLM's false green; a fake sacct on PATH says so of a unit that wrote good outputs) are
-// failed arms: the stop rule fires, B is not sent, the report says the scheduler's state.
-TEST_F(Slurm, CancelledAndTimedOutUnitsAreFailedNeverPassed) {
+// Must show 2: a unit scancel'ed while it runs, one whose process is SIGKILLed, and one that
+// Slurm reports as TIMEOUT with ExitCode 0:0 (vLLM's false green; a fake sacct on PATH says so
+// of a unit that wrote good outputs) are failed arms: the stop rule fires, B is not sent, the
+// report says the scheduler's state.
+TEST_F(Slurm, CancelledKilledAndTimedOutUnitsAreFailedNeverPassed) {
   const std::string dir = test::NewDir("slurm-cancel") + "/run";
   {
     ScopedEnv hook(kUnitHookEnv, "1:sleep:60");
@@ -126,6 +127,15 @@ TEST_F(Slurm, CancelledAndTimedOutUnitsAreFailedNeverPassed) {
   EXPECT_EQ(test::Verdict(dir), "stopped");
   EXPECT_EQ(Events(ReadLedger(dir), "not_sent"), (std::vector<std::string>{"B"}));
   EXPECT_NE(Slurp(dir + "/report.md").find("the scheduler says CANCELLED"), std::string::npos);
+
+  {  // unit 1's run-unit SIGKILLed (the hook) before its fragment: Slurm says FAILED 0:9
+    ScopedEnv hook(kUnitHookEnv, "1:kill");
+    const std::string k = RunPlan(AaPlan(), "slurm-sigkill", "--executor slurm", 1);
+    auto k2 = test::EndOf(k, "A2");
+    EXPECT_EQ(k2.value("event", ""), "failed") << k2.dump();
+    EXPECT_EQ(k2["unit"]["scheduler"]["state"], "FAILED") << k2.dump();
+    EXPECT_EQ(test::Verdict(k), "stopped");
+  }
 
   // TIMEOUT 0:0 for unit 1, whose outputs are complete: the scheduler's State wins.
   const std::string bin = test::NewDir("fake-sacct");
