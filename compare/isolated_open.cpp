@@ -95,8 +95,21 @@ std::int64_t AddressSpaceBytes() {
 
 [[noreturn]] void OomExit() { ::_exit(kOomExit); }
 
-// Every chunked / compressed / unallocated dataset, read through libhdf5 into the spill file.
-Status Spill(ExportReader::Impl* impl) {
+// Every chunked / compressed / unallocated dataset, read through libhdf5 into the spill file;
+// refused before a byte is written when their rows in all pass the limits' spill bound.
+Status Spill(ExportReader::Impl* impl, const ReaderLimits& limits) {
+  std::int64_t need = 0;
+  for (const auto& [key, il] : impl->locs)
+    for (const Loc* loc : {&il.data, &il.scale})
+      if (!loc->path.empty() && loc->offset < 0) need += loc->rows * loc->row_bytes;
+  const std::int64_t file_bytes = impl->meta.file_bytes;
+  const std::int64_t bound = limits.spill_factor * file_bytes + limits.spill_slack_bytes;
+  if (need > bound)
+    return Status::InvalidArgument(
+        impl->file_path,
+        fmt::format("its chunked items claim {} bytes of rows, more than the spill bound of {} "
+                    "bytes ({}x the file's {} bytes + {}): refused before decompressing",
+                    need, bound, limits.spill_factor, file_bytes, limits.spill_slack_bytes));
   std::vector<char> buf;
   for (auto& [key, il] : impl->locs) {
     for (Loc* loc : {&il.data, &il.scale}) {
@@ -165,7 +178,7 @@ struct ChildArgs {
     s = Status::IOError(a.path, "the file changed while it was being opened");
   if (s.ok()) {
     impl->spill_fd = a.spill_fd;
-    s = Spill(impl);
+    s = Spill(impl, a.limits);
   }
   const std::string wire = EncodeOpenResult(s, s.ok() ? impl : nullptr);
   const bool sent = WriteAll(a.out_fd, wire);

@@ -23,18 +23,36 @@ Result<ExportEntry> ExportRegistry::Finish(const std::string& name) {
     if (it == items_.end()) return Status::NotFound("export", "no export " + name);
     path = it->second.entry.path;
   }
-  // Hashed outside the lock: a large export must not stall other requests' lookups.
+  // Hashed outside the lock: a large export must not stall other requests' lookups. The file
+  // is stat'ed before and after: one changed while it was hashed is not recorded.
+  struct stat before {
+  }, after{};
+  const bool stat_before = ::lstat(path.c_str(), &before) == 0 && S_ISREG(before.st_mode);
   Result<std::string> sha = Sha256File(path);
-  struct stat st {};
-  if (!sha.ok() || ::stat(path.c_str(), &st) != 0) {
+  ExportEntry e{path, sha.ok() ? *sha : "", 0};
+  if (stat_before && sha.ok() && ::lstat(path.c_str(), &after) == 0) {
+    e.bytes = static_cast<std::uint64_t>(after.st_size);
+    e.dev = static_cast<std::uint64_t>(after.st_dev);
+    e.ino = static_cast<std::uint64_t>(after.st_ino);
+    e.mtime_ns = std::int64_t{after.st_mtim.tv_sec} * 1'000'000'000 + after.st_mtim.tv_nsec;
+  }
+  if (!sha.ok() || !stat_before || e.bytes == 0 || !SameFileAsHashed(e, before)) {
     Forget(name);
-    return sha.ok() ? Status::IOError("export", "cannot stat the finished export") : sha.status();
+    return sha.ok() ? Status::IOError("export", "the finished export changed while it was hashed")
+                    : sha.status();
   }
   std::lock_guard lk(mu_);
   Item& it = items_[name];
-  it.entry = {path, *sha, static_cast<std::uint64_t>(st.st_size)};
+  it.entry = std::move(e);
   it.finished = true;
   return it.entry;
+}
+
+bool SameFileAsHashed(const ExportEntry& e, const struct stat& st) {
+  return S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_dev) == e.dev &&
+         static_cast<std::uint64_t>(st.st_ino) == e.ino &&
+         static_cast<std::uint64_t>(st.st_size) == e.bytes &&
+         std::int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec == e.mtime_ns;
 }
 
 void ExportRegistry::Forget(const std::string& name) {

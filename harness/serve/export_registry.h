@@ -8,6 +8,8 @@
 // Thread-safe: handler threads register, finish and look up concurrently.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -22,7 +24,14 @@ struct ExportEntry {
   std::string path;    // the finished file
   std::string sha256;  // lower-case hex of its bytes
   std::uint64_t bytes = 0;
+  // The file that was hashed (fstat): a download serves it only while the name still holds
+  // the same file, unchanged (a replaced or rewritten file would carry a digest not its own).
+  std::uint64_t dev = 0, ino = 0;
+  std::int64_t mtime_ns = 0;
 };
+
+// True when `st` (an fstat of the file a download opened) is the file `e` was hashed from.
+bool SameFileAsHashed(const ExportEntry& e, const struct stat& st);
 
 class ExportRegistry {
  public:

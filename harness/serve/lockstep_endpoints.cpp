@@ -52,10 +52,9 @@ void HandleExportDownload(const ServeContext& ctx, const httplib::Request& req,
   // Opened now, so the bytes served are the file that was hashed even if the name is replaced
   // or removed while the body is being sent.
   auto file = std::make_shared<OpenFile>();
-  file->fd = ::open(entry.path.c_str(), O_RDONLY | O_CLOEXEC);
+  file->fd = ::open(entry.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   struct stat st {};
-  if (file->fd < 0 || ::fstat(file->fd, &st) != 0 ||
-      static_cast<std::uint64_t>(st.st_size) != entry.bytes) {
+  if (file->fd < 0 || ::fstat(file->fd, &st) != 0 || !SameFileAsHashed(entry, st)) {
     std::fprintf(stderr, "serve: export %s: gone or changed since it was finished\n", name.c_str());
     return SendError(res, ApiError::NotFound("the export '" + name + "' is no longer available",
                                              "export_not_found"));

@@ -99,6 +99,12 @@ void ServeMetrics::CountFinish(const std::string& reason) {
   ++finishes_[reason];
 }
 
+void ServeMetrics::CountStaleRemoved(std::uint64_t files, std::uint64_t bytes) {
+  std::lock_guard lk(mu_);
+  stale_files_ += files;
+  stale_bytes_ += bytes;
+}
+
 std::uint64_t ServeMetrics::CompletionsRun() const {
   std::lock_guard lk(mu_);
   std::uint64_t n = 0;
@@ -142,6 +148,11 @@ std::string ServeMetrics::Text(const ServeGauges& g) const {
   Header(out, "lockstep_completions_total", "counter", "Completions that ran, by finish reason");
   for (const auto& [reason, n] : finishes_)
     out += fmt::format("lockstep_completions_total{{finish_reason=\"{}\"}} {}\n", reason, n);
+  Scalar(out, "lockstep_stale_files_removed_total", "counter",
+         "Unfinished exports and temp files of earlier processes removed at start",
+         static_cast<double>(stale_files_));
+  Scalar(out, "lockstep_stale_bytes_removed_total", "counter", "Their bytes",
+         static_cast<double>(stale_bytes_));
   Scalar(out, "lockstep_prompt_tokens_total", "counter", "Prompt tokens of completions that ran",
          static_cast<double>(prompt_tokens_));
   Scalar(out, "lockstep_generated_tokens_total", "counter", "Tokens generated",

@@ -58,6 +58,8 @@ class ServeMetrics {
   void CountDrafts(const std::string& source, std::int64_t drafted, std::int64_t accepted);
   // A kept conversation left its slot: evicted | idle | cap | erased | continued.
   void CountKeptRelease(const std::string& reason);
+  // Leftovers of earlier processes removed at start (stale_files.h): files and their bytes.
+  void CountStaleRemoved(std::uint64_t files, std::uint64_t bytes);
   void ObserveStep(double seconds);
   void ObserveTimeToFirstToken(double seconds);
   void ObserveInterToken(double seconds);
@@ -73,6 +75,7 @@ class ServeMetrics {
   std::map<std::pair<std::string, int>, std::uint64_t> responses_;  // GUARDED_BY(mu_)
   std::map<std::string, std::uint64_t> finishes_;
   std::int64_t prompt_tokens_ = 0, generated_tokens_ = 0, cached_tokens_ = 0;
+  std::uint64_t stale_files_ = 0, stale_bytes_ = 0;
   std::map<std::string, std::array<std::int64_t, 2>> drafts_;  // source -> drafted, accepted
   std::map<std::string, std::uint64_t> kept_released_;         // by reason, each listed from 0
   Histogram step_, ttft_, itl_;

@@ -17,6 +17,7 @@
 #include "serve/http_server.h"
 #include "serve/lifecycle.h"
 #include "serve/lockstep_endpoints.h"
+#include "serve/stale_files.h"
 
 namespace lockstep {
 
@@ -86,6 +87,18 @@ Status RunServeCommand(const ServeOptions& opts_in, std::ostream& out) {
   ctx.id_prefix = IdPrefix();
   LOCKSTEP_ASSIGN_OR_RETURN(ctx.engine_instance, NewEngineInstance());
   ctx.started_unix = static_cast<std::int64_t>(std::time(nullptr));
+  // Leftovers of earlier processes (unfinished exports, slot temp files) in the two folders:
+  // those unchanged for a minute before this start (a live process's file is recent).
+  for (const std::string* d : {&opts.export_dir, &opts.slot_dir}) {
+    if (d->empty()) continue;
+    const StaleSweep sw = RemoveStaleFiles(*d, static_cast<std::time_t>(ctx.started_unix - 60));
+    ctx.metrics.CountStaleRemoved(sw.files, sw.bytes);
+    if (sw.files > 0)
+      std::fprintf(stderr, "serve: removed %llu stale files (%llu bytes) left in %s\n",
+                   static_cast<unsigned long long>(sw.files),
+                   static_cast<unsigned long long>(sw.bytes),
+                   d == &opts.export_dir ? "--export-dir" : "--slot-dir");
+  }
   ctx.limits.model_name = ModelName(opts);
   ctx.limits.max_context = opts.max_context;
   ctx.limits.max_prompt_bytes = opts.max_body;

@@ -4,9 +4,13 @@
 #include "serve/export_registry.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "test_util.h"
@@ -63,6 +67,42 @@ TEST(ServedExport, ForgetDropsAFinishedNameAndMovesHandOver) {
   EXPECT_EQ(reg.Lookup("c.h5", nullptr), State::kUnknown);
   ServedExport none;
   EXPECT_FALSE(none.Finish().ok());
+}
+
+// The digest served is the file's own (issue 43): a download checks that the name still holds
+// the very file that was hashed. A file rewritten in place with other bytes of the same size, or
+// replaced by another file (rename), or by a symlink, is no longer the hashed one.
+TEST(ExportRegistry, OnlyTheFileThatWasHashedIsTheFinishedExport) {
+  ExportRegistry reg;
+  const std::string dir = test::NewDir("export_same_file");
+  const std::string path = WriteFile(dir + "/a.h5", "0123456789");
+  reg.Writing("a.h5", path);
+  auto e = reg.Finish("a.h5");
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  auto now = [&] {
+    struct stat st {};
+    EXPECT_EQ(::lstat(path.c_str(), &st), 0);
+    return st;
+  };
+  EXPECT_TRUE(SameFileAsHashed(*e, now()));
+  // Rewritten in place, same size, other bytes (mtime moves on).
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  WriteFile(path, "9876543210");
+  EXPECT_FALSE(SameFileAsHashed(*e, now()));
+  // Replaced by another file of the same bytes: another inode.
+  reg.Writing("b.h5", WriteFile(dir + "/b.h5", "0123456789"));
+  auto b = reg.Finish("b.h5");
+  ASSERT_TRUE(b.ok());
+  WriteFile(dir + "/c.h5", "0123456789");
+  std::filesystem::rename(dir + "/c.h5", dir + "/b.h5");
+  struct stat st {};
+  ASSERT_EQ(::lstat((dir + "/b.h5").c_str(), &st), 0);
+  EXPECT_FALSE(SameFileAsHashed(*b, st));
+  // A symlink is never finished.
+  std::filesystem::create_symlink(dir + "/b.h5", dir + "/l.h5");
+  reg.Writing("l.h5", dir + "/l.h5");
+  EXPECT_FALSE(reg.Finish("l.h5").ok());
+  EXPECT_EQ(reg.Lookup("l.h5", nullptr), State::kUnknown);
 }
 
 }  // namespace

@@ -197,6 +197,38 @@ TEST(ServeApi, AnExportOverItsBudgetIs413AndLeavesNoFile) {
       << ok.dump();
 }
 
+// Leftovers of earlier processes (issue 43): unfinished exports and atomic-write temp files
+// older than a minute before the start are removed at start and counted in /metrics; a fresh
+// one (a live process may be writing it), other names, a symlink and a folder are left alone.
+TEST(ServeApi, StaleLeftoversAreRemovedAtStartAndCounted) {
+  namespace fs = std::filesystem;
+  const std::string ex = NewDir("api-stale-ex"), sl = NewDir("api-stale-sl");
+  auto put = [](const std::string& path, std::size_t bytes, bool old) {
+    std::ofstream(path, std::ios::binary) << std::string(bytes, 'x');
+    if (old) fs::last_write_time(path, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  };
+  put(ex + "/cmpl-1-000001.h5.partial", 1000, true);
+  put(sl + "/conv.slot.tmp.4242", 24, true);
+  put(ex + "/cmpl-2-000001.h5.partial", 10, false);  // fresh: kept
+  put(ex + "/kept.h5", 10, true);                    // a finished export: kept
+  put(sl + "/conv.tmp.x1", 10, true);                // not <name>.tmp.<pid>: kept
+  put(ex + "/target", 10, true);
+  fs::create_symlink(ex + "/target", ex + "/link.h5.partial");  // a symlink: kept, and its target
+  fs::create_directory(ex + "/dir.partial");
+  ServeProcess srv(Args({"--export-dir", ex, "--slot-dir", sl}));
+  ASSERT_TRUE(srv.started()) << srv.Log();
+  EXPECT_FALSE(fs::exists(ex + "/cmpl-1-000001.h5.partial"));
+  EXPECT_FALSE(fs::exists(sl + "/conv.slot.tmp.4242"));
+  for (const std::string& kept : {ex + "/cmpl-2-000001.h5.partial", ex + "/kept.h5",
+                                  sl + "/conv.tmp.x1", ex + "/target", ex + "/dir.partial"})
+    EXPECT_TRUE(fs::exists(kept)) << kept;
+  EXPECT_TRUE(fs::is_symlink(ex + "/link.h5.partial"));
+  auto m = srv.Client()->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("\nlockstep_stale_files_removed_total 2\n"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("\nlockstep_stale_bytes_removed_total 1024\n"), std::string::npos);
+}
+
 TEST(ServeApi, InfoHealthAndCompletionsNameTheEngineInstance) {
   ServeProcess srv(Args({"--api-key", kKey, "--slots", "3"}));
   ASSERT_TRUE(srv.started()) << srv.Log();

@@ -313,6 +313,8 @@ std::pair<int, int> Exports(const std::string& dir) {
   return {complete, partial};
 }
 
+// All 3,000 windows exported: far over the default --max-export-mib, so the servers that take it
+// run with --max-export-mib 0 (no budget: the request must still be writing when it is stopped).
 std::string LongExportRequest() {
   return json{{"prompt", "long"},
               {"max_tokens", 3000},
@@ -325,7 +327,8 @@ std::string LongExportRequest() {
 TEST(ServeHttp, DrainLimitCancelsAndKillLeavesOnlyPartialExports) {
   {
     const std::string dir = NewDir("serve-drain");
-    ServeProcess srv(Args({"--export-dir", dir, "--drain-s", "0.3", "--max-context", "4096"}));
+    ServeProcess srv(Args({"--export-dir", dir, "--drain-s", "0.3", "--max-context", "4096",
+                           "--max-export-mib", "0"}));
     ASSERT_TRUE(srv.started()) << srv.Log();
     RawStream s(srv.port(), CompletionRequestBytes(LongExportRequest()));
     ASSERT_TRUE(s.ReadUntil("data: ", 30)) << s.data();
@@ -336,7 +339,7 @@ TEST(ServeHttp, DrainLimitCancelsAndKillLeavesOnlyPartialExports) {
     EXPECT_EQ(Exports(dir), std::make_pair(0, 1));
   }
   const std::string dir = NewDir("serve-kill");
-  ServeProcess srv(Args({"--export-dir", dir, "--max-context", "4096"}));
+  ServeProcess srv(Args({"--export-dir", dir, "--max-context", "4096", "--max-export-mib", "0"}));
   ASSERT_TRUE(srv.started()) << srv.Log();
   RawStream s(srv.port(), CompletionRequestBytes(LongExportRequest()));
   ASSERT_TRUE(s.ReadUntil("data: ", 30)) << s.data();

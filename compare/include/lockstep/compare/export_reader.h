@@ -105,6 +105,12 @@ struct ReaderLimits {
   // Address space the child may add to its start size (RLIMIT_AS): metadata cache, tables, the
   // row blocks of chunked items it decompresses.
   std::int64_t isolate_memory_bytes = std::int64_t{4} << 30;
+  // The rows the child decompresses from chunked items into its spill file, at most
+  // spill_factor x the file's bytes + spill_slack_bytes, checked before any is written: LZ4 on
+  // exported state does not even halve it (measured: lz4 exports are larger than plain ones),
+  // while a crafted 10 MB file claimed 1.5 GB of chunks.
+  std::int64_t spill_factor = 16;
+  std::int64_t spill_slack_bytes = std::int64_t{64} << 20;
 };
 
 // One checkpoint item (a dataset under /checkpoints/{W:05d}_{point}/...).
