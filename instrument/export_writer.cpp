@@ -723,7 +723,10 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
                   AttrStr(root.get(), "request_sha256", meta.request_sha256) &&
                   AttrInt(root.get(), "seed", static_cast<std::int64_t>(meta.seed)) &&
                   (meta.request_id.empty() || AttrStr(root.get(), "request_id", meta.request_id)) &&
-                  (meta.host_json.empty() || AttrStr(root.get(), "host", meta.host_json));
+                  (meta.host_json.empty() || AttrStr(root.get(), "host", meta.host_json)) &&
+                  (meta.engine.empty() || AttrStr(root.get(), "engine", meta.engine)) &&
+                  (meta.engine_commit.empty() ||
+                   AttrStr(root.get(), "llama_cpp_commit", meta.engine_commit));
         return ok ? Status::Ok() : H5Fail("root attributes");
       },
       0);

@@ -291,6 +291,10 @@ Status ConvertToGguf(const std::string& dir, const std::string& out_path,
   if (const std::string tj = dir + "/tokenizer.json"; std::filesystem::exists(tj)) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::string text, ReadFile(tj, std::size_t{256} << 20));
     LOCKSTEP_RETURN_IF_ERROR(GgufVocabulary(text, tj, c.n_vocab, &kv));
+  } else {
+    // No tokenizer: say so. llama.cpp refuses a file without the key ("key not found in model:
+    // tokenizer.ggml.model"); "none" loads there with no vocabulary, and here as no tokenizer.
+    kv["tokenizer.ggml.model"] = Str("none");
   }
   return WriteGguf(out_path, kv, ts);
 }

@@ -111,6 +111,28 @@ void AddGenerate(CLI::App& app, std::vector<Command>& commands) {
                  ->type_name("[PATH|-]")
                  ->group(kGroupRequest);
   st->flags.Register(*gen);  // the engine options, each in its row's group
+  // llama.cpp (issue 38): --model FILE.gguf, --threads, --max-new and --slots apply too.
+  gen->add_option("--engine", g.engine,
+                  "lockstep | llama.cpp (scripts/install-llamacpp.sh; greedy decoding)")
+      ->capture_default_str()
+      ->group(kGroupModel);
+  gen->add_option("--llama-batch", g.llama.batch, "llama.cpp n_batch")
+      ->capture_default_str()
+      ->group(kGroupModel);
+  gen->add_option("--llama-ubatch", g.llama.ubatch, "llama.cpp n_ubatch")
+      ->capture_default_str()
+      ->group(kGroupModel);
+  gen->add_option("--llama-kv-type", g.llama.kv_type, "llama.cpp K/V type: f32 | f16 | bf16 | q8_0")
+      ->capture_default_str()
+      ->group(kGroupModel);
+  gen->add_option("--llama-flash-attn", g.llama.flash_attn,
+                  "llama.cpp flash attention: off | on | auto")
+      ->capture_default_str()
+      ->group(kGroupModel);
+  gen->add_option("--llama-background-prompt", g.llama.background_prompt,
+                  "llama.cpp --slots: prompt tokens of each background sequence")
+      ->capture_default_str()
+      ->group(kGroupModel);
   gen->add_option("--save-slot", g.save_slot,
                   "Save the conversation after the request (lockstep.slot v1)")
       ->type_name("FILE")
@@ -611,7 +633,10 @@ std::string VersionText() {
   const lockstep::BuildInfo& b = lockstep::GetBuildInfo();
   return std::string("lockstep ") + b.version + "\ncommit: " + b.commit +
          "\nbuild type: " + b.build_type + "\ncuda backend: " + (b.cuda ? "on" : "off") +
-         "\nexport schema: lockstep.export v" + std::to_string(lockstep::kExportSchemaVersion);
+         "\nexport schema: lockstep.export v" + std::to_string(lockstep::kExportSchemaVersion) +
+         "\nllama.cpp: " +
+         (lockstep::LlamaCppBuilt() ? std::string(lockstep::LlamaCppBuiltCommit())
+                                    : std::string("not built (scripts/install-llamacpp.sh)"));
 }
 
 // ---- golden references ----

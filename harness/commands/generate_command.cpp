@@ -14,6 +14,7 @@
 #include <optional>
 #include <ostream>
 
+#include "commands/llamacpp_generate.h"
 #include "commands/output.h"
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/engine/engine.h"
@@ -33,10 +34,8 @@
 
 namespace lockstep {
 
-namespace {
-
-Result<std::vector<std::int32_t>> LoadPrompt(const GenerateOptions& o, int n_vocab,
-                                             const Tokenizer& tok) {
+Result<std::vector<std::int32_t>> LoadGeneratePrompt(const GenerateOptions& o, int n_vocab,
+                                                     const Tokenizer& tok) {
   int given = (!o.prompt_text.empty()) + (!o.prompt_file.empty()) + (!o.prompt_tokens.empty()) +
               (!o.chat_file.empty());
   if (given != 1)
@@ -61,6 +60,8 @@ Result<std::vector<std::int32_t>> LoadPrompt(const GenerateOptions& o, int n_voc
     return Status::InvalidArgument("prompt", "is empty (at least one token is needed)");
   return ids;
 }
+
+namespace {
 
 // --trace-jsonl: the file window records stream to, closed when the request ends.
 struct TraceFile {
@@ -539,6 +540,10 @@ Status WriteOutputs(const GenerateOptions& opts, Engine& engine, const ModelWeig
 }  // namespace
 
 Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
+  if (opts.engine == "llama.cpp") return RunLlamaGenerate(opts, out);
+  if (opts.engine != "lockstep")
+    return Status::InvalidArgument("--engine '" + opts.engine + "'",
+                                   "expected lockstep or llama.cpp");
   // ---- config, model, prompt, engine ----
   EngineConfig cfg = opts.config;
   LOCKSTEP_RETURN_IF_ERROR(cfg.Validate());
@@ -552,7 +557,7 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   LOCKSTEP_ASSIGN_OR_RETURN(ModelWeightsPtr weights, ModelWeights::Load(cfg.model));
   LOCKSTEP_ASSIGN_OR_RETURN(TokenizerPtr tok, LoadModelTokenizer(cfg.model));
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::int32_t> prompt,
-                            LoadPrompt(opts, weights->config.n_vocab, *tok));
+                            LoadGeneratePrompt(opts, weights->config.n_vocab, *tok));
   LOCKSTEP_ASSIGN_OR_RETURN(EnginePtr engine, Engine::Create(cfg, *weights));
   std::optional<BackgroundSpec> background;
   if (!opts.background.empty()) {

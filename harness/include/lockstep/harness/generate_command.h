@@ -13,11 +13,16 @@
 
 #include "lockstep/engine/engine_config.h"
 #include "lockstep/engine/status.h"
+#include "lockstep/llamacpp/llama_engine.h"
 
 namespace lockstep {
 
 struct GenerateOptions {
   EngineConfig config;
+  // --engine lockstep | llama.cpp (issue 38): llama.cpp takes config's model, threads, max_new and
+  // slots, and its own knobs from `llama` (batch, ubatch, K/V type, flash attention).
+  std::string engine = "lockstep";
+  LlamaOptions llama;
   std::string prompt_text;      // --prompt (text: the model's tokenizer.json, else byte level)
   std::string prompt_file;      // --prompt-file (text, likewise)
   std::string prompt_tokens;    // --prompt-tokens (file of ids)

@@ -75,8 +75,11 @@ inline constexpr int kH5FilterLz4 = 32004;
 // What Finish() writes besides the checkpoints (DESIGN.md root attributes and groups).
 struct ExportRunInfo {
   std::string arm, run_id, created_utc;
-  std::string request_id;    // root attribute `request_id`; "" = not written (one-request runs)
-  std::string host_json;     // root attribute `host` (the host fingerprint); "" = not written
+  std::string request_id;  // root attribute `request_id`; "" = not written (one-request runs)
+  std::string host_json;   // root attribute `host` (the host fingerprint); "" = not written
+  // Root attributes `engine` ("llama.cpp") and `llama_cpp_commit` (issue 38); "" = not written
+  // (the lockstep engine's exports are the files they always were).
+  std::string engine, engine_commit;
   std::string config_json;   // canonical effective config
   std::string weights_json;  // /weights: resident weight bytes per stage ("" = not written)
   std::string executable_sha256, config_sha256, model_sha256, request_sha256;

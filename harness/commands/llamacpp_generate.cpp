@@ -1,0 +1,233 @@
+#include "commands/llamacpp_generate.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "commands/output.h"
+#include "lockstep/engine/atomic_file.h"
+#include "lockstep/instrument/export_writer.h"
+#include "lockstep/instrument/fingerprint.h"
+#include "lockstep/llamacpp/llama_engine.h"
+
+namespace lockstep {
+
+namespace {
+
+// Options of the lockstep engine that llama.cpp's generate does not take: refused by name rather
+// than silently ignored.
+Status RefuseLockstepOnly(const GenerateOptions& o) {
+  const EngineConfig& c = o.config;
+  const char* flag = c.spec != 0               ? "--spec"
+                     : c.temperature != 0.0    ? "--temperature"
+                     : !c.inject.empty()       ? "--inject"
+                     : !c.replay_path.empty()  ? "--replay-path"
+                     : !o.save_slot.empty()    ? "--save-slot"
+                     : !o.restore_slot.empty() ? "--restore-slot"
+                     : !o.background.empty()   ? "--background (use --slots N)"
+                     : !o.trace_json.empty()   ? "--trace-json"
+                     : o.export_compress.size() > 0 && o.export_compress != "none"
+                         ? "--export-compress"
+                         : nullptr;
+  if (flag == nullptr) return Status::Ok();
+  return Status::InvalidArgument(flag,
+                                 "is a lockstep-engine option; --engine llama.cpp decodes "
+                                 "greedily without it");
+}
+
+// A one-row f32 view of `data` (n floats) as state item `kind` of stage 0.
+StateView RowView(ItemKind kind, DType dtype, const void* data, std::size_t bytes,
+                  std::int64_t elems) {
+  StateView v;
+  v.kind = kind;
+  v.stage = 0;
+  v.layer = -1;
+  v.dtype = dtype;
+  v.shape = {1, elems};
+  v.rows = v.rows_capacity = 1;
+  v.row_bytes = bytes;
+  const auto* p = static_cast<const std::byte*>(data);
+  v.row = [p](int) { return p; };
+  return v;
+}
+
+std::string UtcNow() {
+  const std::time_t tt = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  char ts[32];
+  std::strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&tt));
+  return ts;
+}
+
+}  // namespace
+
+Status RunLlamaGenerate(const GenerateOptions& opts, std::ostream& out) {
+  LOCKSTEP_RETURN_IF_ERROR(RefuseLockstepOnly(opts));
+  LlamaOptions lo = opts.llama;
+  lo.model = opts.config.model;
+  lo.threads = opts.config.threads;
+  lo.max_new = opts.config.max_new;
+  lo.slots = opts.config.slots;
+  LOCKSTEP_RETURN_IF_ERROR(lo.Validate());
+  if (opts.print_config) {
+    out << lo.ToJson() << "\n";
+    return Status::Ok();
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(LlamaEnginePtr engine, LlamaEngine::Open(lo));
+  LOCKSTEP_ASSIGN_OR_RETURN(TokenizerPtr tok, LoadModelTokenizer(lo.model));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::int32_t> prompt,
+                            LoadGeneratePrompt(opts, engine->n_vocab(), *tok));
+
+  // ---- sinks: the export and the window lines ----
+  LOCKSTEP_ASSIGN_OR_RETURN(OpWindows op_windows, OpWindows::Parse(opts.op_digests));
+  std::vector<OpDump> dumps;
+  for (const std::string& d : opts.op_dumps) {
+    LOCKSTEP_ASSIGN_OR_RETURN(OpDump dump, OpDump::Parse(d));
+    dumps.push_back(std::move(dump));
+  }
+  if (opts.export_path.empty() && (!op_windows.none() || !dumps.empty()))
+    return Status::InvalidArgument("--op-digests / --op-dump", "needs --export FILE");
+  std::unique_ptr<H5Exporter> exporter;
+  if (!opts.export_path.empty()) {
+    ExportOptions eo;
+    eo.path = opts.export_path;
+    eo.op_digests = op_windows;
+    eo.op_dumps = std::move(dumps);
+    LOCKSTEP_ASSIGN_OR_RETURN(eo.windows, WindowSelection::Parse(opts.export_windows));
+    LOCKSTEP_ASSIGN_OR_RETURN(eo.points, ParseExportPoints(opts.export_points));
+    LOCKSTEP_ASSIGN_OR_RETURN(exporter, H5Exporter::Create(eo));
+  }
+  int trace_fd = -1;
+  if (!opts.trace_jsonl.empty()) {
+    LOCKSTEP_RETURN_IF_ERROR(CheckOutputFolder(opts.trace_jsonl, "--trace-jsonl"));
+    trace_fd =
+        ::open(opts.trace_jsonl.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    if (trace_fd < 0)
+      return Status::IOError("--trace-jsonl '" + opts.trace_jsonl + "'", std::strerror(errno));
+  }
+  struct Fd {
+    int fd;
+    ~Fd() {
+      if (fd >= 0) ::close(fd);
+    }
+  } trace_close{trace_fd};
+
+  // ---- the request ----
+  LlamaHooks hooks;
+  Status trace_status;
+  int step_rows = 0, step_seqs = 0;
+  std::int64_t steps = 0;
+  hooks.on_step = [&](int window, int rows, int seqs) {
+    (void)window;
+    step_rows = rows, step_seqs = seqs;
+    ++steps;
+  };
+  if (exporter) {
+    H5Exporter* ex = exporter.get();
+    hooks.wants_ops = [ex](int window) { return ex->WantsOps(window); };
+    hooks.on_op = [ex](const OpRecord& rec) { ex->OnOp(rec); };
+    hooks.on_logits = [ex](int w, int pos, std::span<const float> lg) {
+      if (!ex->WantsCheckpoint(w, CheckpointPoint::kPostVerify)) return;
+      CheckpointInfo info{w, CheckpointPoint::kPostVerify, pos, 1, pos, 1, pos};
+      ex->OnCheckpointBegin(info);
+      ex->OnState(info, RowView(ItemKind::kLogits, DType::kF32, lg.data(), lg.size_bytes(),
+                                static_cast<std::int64_t>(lg.size())));
+      ex->OnCheckpointEnd(info);
+    };
+  }
+  std::vector<WindowRecord> windows;
+  std::int64_t last_ns = 0;
+  auto on_logits = hooks.on_logits;
+  hooks.on_logits = [&](int w, int pos, std::span<const float> lg) {
+    if (on_logits) on_logits(w, pos, lg);
+    WindowRecord r;
+    r.idx = w;
+    r.p = pos;
+    r.T = 1;
+    r.step = steps - 1;
+    r.step_rows = step_rows;
+    r.step_seqs = step_seqs;
+    windows.push_back(std::move(r));
+    (void)last_ns;
+  };
+  LOCKSTEP_ASSIGN_OR_RETURN(LlamaResult res, engine->Generate(prompt, hooks));
+  for (std::size_t i = 0; i < windows.size() && i < res.output.size(); ++i) {
+    windows[i].emitted = {res.output[i]};
+    if (exporter) exporter->OnWindow(windows[i]);
+    if (trace_fd >= 0) {
+      const std::string line = windows[i].ToJsonLine() + "\n";
+      if (::write(trace_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+        trace_status =
+            Status::IOError("--trace-jsonl '" + opts.trace_jsonl + "'", std::strerror(errno));
+    }
+  }
+
+  // ---- outputs ----
+  const std::string text = tok->Decode(res.output);
+  if (exporter) {
+    ExportRunInfo meta;
+    meta.arm = opts.arm;
+    meta.created_utc = UtcNow();
+    meta.run_id = Sha256Hex(meta.created_utc + "/" + std::to_string(::getpid())).substr(0, 16);
+    meta.config_json = lo.ToJson();
+    meta.config_sha256 = Sha256Hex(meta.config_json);
+    if (auto exe = Sha256SelfExe(); exe.ok()) meta.executable_sha256 = *exe;
+    if (auto mh = Sha256Files({lo.model}); mh.ok()) meta.model_sha256 = *mh;
+    meta.request_sha256 = Sha256Tokens(prompt);
+    meta.max_new = lo.max_new;
+    meta.request_tokens = prompt;
+    meta.output_tokens = res.output;
+    meta.stop_reason = res.stop_reason;
+    meta.text_sha256 = Sha256Hex(text);
+    meta.engine = "llama.cpp";
+    meta.engine_commit = engine->commit();
+    Status st = exporter->Finish(meta);
+    if (!st.ok()) {
+      out << EscapeText(text) << "\n";
+      return st;
+    }
+    std::fprintf(stderr, "export: wrote %s (llama.cpp %s)\n", opts.export_path.c_str(),
+                 engine->commit().c_str());
+  }
+  LOCKSTEP_RETURN_IF_ERROR(trace_status);
+  if (!opts.json) {
+    out << EscapeText(text) << "\n";
+    return Status::Ok();
+  }
+  nlohmann::json j;
+  j["schema"] = "lockstep.generate";
+  j["schema_version"] = 1;
+  j["engine"] = "llama.cpp";
+  j["llama_cpp_commit"] = engine->commit();
+  j["prompt_tokens"] = prompt.size();
+  j["output_tokens"] = res.output.size();
+  j["output_ids"] = res.output;
+  j["text"] = text;
+  j["stop_reason"] = res.stop_reason;
+  j["windows"] = res.n_windows;
+  j["config"] = nlohmann::json::parse(lo.ToJson());
+  j["config_sha256"] = Sha256Hex(lo.ToJson());
+  j["request_sha256"] = Sha256Tokens(prompt);
+  const double pre_s = static_cast<double>(res.prefill_ns) * 1e-9,
+               dec_s = static_cast<double>(res.decode_ns) * 1e-9;
+  j["timings"] = {
+      {"prefill_ms", pre_s * 1e3},
+      {"decode_ms", dec_s * 1e3},
+      {"decode_tokens_per_s", dec_s > 0 ? static_cast<double>(res.output.size()) / dec_s : 0.0},
+      {"clock", "CLOCK_MONOTONIC wall time around the llama_decode calls"}};
+  const std::string json = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  if (opts.json_path.empty() || IsStdout(opts.json_path)) {
+    out << json;
+    return Status::Ok();
+  }
+  out << EscapeText(text) << "\n";
+  out.flush();
+  return WriteOutput(opts.json_path, json);
+}
+
+}  // namespace lockstep
