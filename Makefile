@@ -35,7 +35,7 @@ demo: deps
 
 # The optional llama.cpp component (issue 38): two pinned npm tarballs, checksummed, into
 # .cache/llamacpp. Only `make test` fetches; a failed fetch leaves the build without the adapter.
-llamacpp:
+llamacpp: deps
 	@scripts/install-llamacpp.sh || echo "llama.cpp component not installed: its tests will skip"
 
 test: llamacpp
