@@ -184,6 +184,11 @@ Status RunLlamaGenerate(const GenerateOptions& opts, std::ostream& out) {
     meta.output_tokens = res.output;
     meta.stop_reason = res.stop_reason;
     meta.text_sha256 = Sha256Hex(text);
+    // One stage; llama.cpp counts none of these (-1: not measured, never zero).
+    ExportRunInfo::Counters c;
+    c.expert_hits = c.expert_misses = c.expert_bytes_fetched = c.host_expert_tokens = -1;
+    c.verify_calls = res.n_windows;
+    meta.counters.push_back(c);
     meta.engine = "llama.cpp";
     meta.engine_commit = engine->commit();
     Status st = exporter->Finish(meta);
