@@ -7,6 +7,7 @@
 #include "llama_lib.h"
 #include "lockstep/engine/gguf.h"
 #include "lockstep/engine/sampler.h"
+#include "lockstep/engine/splitmix.h"
 
 namespace lockstep {
 
@@ -31,11 +32,11 @@ llama_flash_attn_type FlashAttn(const std::string& s) {
   return LLAMA_FLASH_ATTN_TYPE_DISABLED;
 }
 
-std::uint64_t SplitMix(std::uint64_t& x) {
-  std::uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+// The next value of a SplitMix64 stream whose state is x.
+std::uint64_t NextSplitMix(std::uint64_t& x) {
+  const std::uint64_t z = SplitMix64(x);
+  x += kSplitMix64Gamma;
+  return z;
 }
 
 // A llama_batch with RAII.
@@ -168,7 +169,7 @@ Result<LlamaResult> LlamaEngine::Generate(std::span<const std::int32_t> prompt,
   for (std::size_t s = 0; s < bg.size(); ++s) {
     for (int i = 0; i < o.background_prompt; ++i)
       bg[s].prompt.push_back(
-          static_cast<llama_token>(SplitMix(rng) % static_cast<std::uint64_t>(m.n_vocab)));
+          static_cast<llama_token>(NextSplitMix(rng) % static_cast<std::uint64_t>(m.n_vocab)));
     for (int b0 = 0; b0 < o.background_prompt; b0 += chunk) {
       batch.Clear();
       const int e = std::min(o.background_prompt, b0 + chunk);

@@ -81,6 +81,33 @@ Documents ReportDocuments(const lockstep::ReportOutputs& r) {
 }
 
 // ---- generate ----
+// `generate --engine llama.cpp` (issue 38): --model FILE.gguf, --threads, --max-new and --slots
+// apply too.
+void AddLlamaFlags(CLI::App& gen_app, lockstep::GenerateOptions& g) {
+  CLI::App* gen = &gen_app;
+  gen->add_option("--engine", g.engine,
+                  "lockstep | llama.cpp (scripts/install-llamacpp.sh; greedy decoding)")
+      ->capture_default_str()
+      ->group(kGroupModel);
+  gen->add_option("--llama-batch", g.llama.batch, "llama.cpp n_batch")
+      ->capture_default_str()
+      ->group(kGroupModel);
+  gen->add_option("--llama-ubatch", g.llama.ubatch, "llama.cpp n_ubatch")
+      ->capture_default_str()
+      ->group(kGroupModel);
+  gen->add_option("--llama-kv-type", g.llama.kv_type, "llama.cpp K/V type: f32 | f16 | bf16 | q8_0")
+      ->capture_default_str()
+      ->group(kGroupModel);
+  gen->add_option("--llama-flash-attn", g.llama.flash_attn,
+                  "llama.cpp flash attention: off | on | auto")
+      ->capture_default_str()
+      ->group(kGroupModel);
+  gen->add_option("--llama-background-prompt", g.llama.background_prompt,
+                  "llama.cpp --slots: prompt tokens of each background sequence")
+      ->capture_default_str()
+      ->group(kGroupModel);
+}
+
 void AddGenerate(CLI::App& app, std::vector<Command>& commands) {
   auto* gen = app.add_subcommand("generate", "Run one request on the engine and print the output");
   struct State {
@@ -111,28 +138,7 @@ void AddGenerate(CLI::App& app, std::vector<Command>& commands) {
                  ->type_name("[PATH|-]")
                  ->group(kGroupRequest);
   st->flags.Register(*gen);  // the engine options, each in its row's group
-  // llama.cpp (issue 38): --model FILE.gguf, --threads, --max-new and --slots apply too.
-  gen->add_option("--engine", g.engine,
-                  "lockstep | llama.cpp (scripts/install-llamacpp.sh; greedy decoding)")
-      ->capture_default_str()
-      ->group(kGroupModel);
-  gen->add_option("--llama-batch", g.llama.batch, "llama.cpp n_batch")
-      ->capture_default_str()
-      ->group(kGroupModel);
-  gen->add_option("--llama-ubatch", g.llama.ubatch, "llama.cpp n_ubatch")
-      ->capture_default_str()
-      ->group(kGroupModel);
-  gen->add_option("--llama-kv-type", g.llama.kv_type, "llama.cpp K/V type: f32 | f16 | bf16 | q8_0")
-      ->capture_default_str()
-      ->group(kGroupModel);
-  gen->add_option("--llama-flash-attn", g.llama.flash_attn,
-                  "llama.cpp flash attention: off | on | auto")
-      ->capture_default_str()
-      ->group(kGroupModel);
-  gen->add_option("--llama-background-prompt", g.llama.background_prompt,
-                  "llama.cpp --slots: prompt tokens of each background sequence")
-      ->capture_default_str()
-      ->group(kGroupModel);
+  AddLlamaFlags(*gen, g);
   gen->add_option("--save-slot", g.save_slot,
                   "Save the conversation after the request (lockstep.slot v1)")
       ->type_name("FILE")

@@ -64,6 +64,82 @@ std::string UtcNow() {
   return ts;
 }
 
+// The export of `opts` (null without --export); --op-digests / --op-dump need one.
+Result<std::unique_ptr<H5Exporter>> MakeExporter(const GenerateOptions& opts) {
+  LOCKSTEP_ASSIGN_OR_RETURN(OpWindows op_windows, OpWindows::Parse(opts.op_digests));
+  std::vector<OpDump> dumps;
+  for (const std::string& d : opts.op_dumps) {
+    LOCKSTEP_ASSIGN_OR_RETURN(OpDump dump, OpDump::Parse(d));
+    dumps.push_back(std::move(dump));
+  }
+  if (opts.export_path.empty() && (!op_windows.none() || !dumps.empty()))
+    return Status::InvalidArgument("--op-digests / --op-dump", "needs --export FILE");
+  if (opts.export_path.empty()) return std::unique_ptr<H5Exporter>();
+  ExportOptions eo;
+  eo.path = opts.export_path;
+  eo.op_digests = op_windows;
+  eo.op_dumps = std::move(dumps);
+  LOCKSTEP_ASSIGN_OR_RETURN(eo.windows, WindowSelection::Parse(opts.export_windows));
+  LOCKSTEP_ASSIGN_OR_RETURN(eo.points, ParseExportPoints(opts.export_points));
+  return H5Exporter::Create(eo);
+}
+
+// The export's run attributes, counters and fingerprints (the config names the commit).
+Status FinishExport(H5Exporter& exporter, const LlamaOptions& lo, const std::string& commit,
+                    const std::string& arm, const std::vector<std::int32_t>& prompt,
+                    const LlamaResult& res, const std::string& text) {
+  ExportRunInfo meta;
+  meta.arm = arm;
+  meta.created_utc = UtcNow();
+  meta.run_id = Sha256Hex(meta.created_utc + "/" + std::to_string(::getpid())).substr(0, 16);
+  meta.config_json = lo.ToJson();
+  meta.config_sha256 = Sha256Hex(meta.config_json);
+  if (auto exe = Sha256SelfExe(); exe.ok()) meta.executable_sha256 = *exe;
+  if (auto mh = Sha256Files({lo.model}); mh.ok()) meta.model_sha256 = *mh;
+  meta.request_sha256 = Sha256Tokens(prompt);
+  meta.max_new = lo.max_new;
+  meta.request_tokens = prompt;
+  meta.output_tokens = res.output;
+  meta.stop_reason = res.stop_reason;
+  meta.text_sha256 = Sha256Hex(text);
+  // One stage; llama.cpp counts none of these (-1: not measured, never zero).
+  ExportRunInfo::Counters c;
+  c.expert_hits = c.expert_misses = c.expert_bytes_fetched = c.host_expert_tokens = -1;
+  c.verify_calls = res.n_windows;
+  meta.counters.push_back(c);
+  meta.engine = "llama.cpp";
+  meta.engine_commit = commit;
+  return exporter.Finish(meta);
+}
+
+// The --json object of a llama.cpp run.
+std::string RunJson(const LlamaOptions& lo, const std::string& commit,
+                    const std::vector<std::int32_t>& prompt, const LlamaResult& res,
+                    const std::string& text) {
+  nlohmann::json j;
+  j["schema"] = "lockstep.generate";
+  j["schema_version"] = 1;
+  j["engine"] = "llama.cpp";
+  j["llama_cpp_commit"] = commit;
+  j["prompt_tokens"] = prompt.size();
+  j["output_tokens"] = res.output.size();
+  j["output_ids"] = res.output;
+  j["text"] = text;
+  j["stop_reason"] = res.stop_reason;
+  j["windows"] = res.n_windows;
+  j["config"] = nlohmann::json::parse(lo.ToJson());
+  j["config_sha256"] = Sha256Hex(lo.ToJson());
+  j["request_sha256"] = Sha256Tokens(prompt);
+  const double pre_s = static_cast<double>(res.prefill_ns) * 1e-9,
+               dec_s = static_cast<double>(res.decode_ns) * 1e-9;
+  j["timings"] = {
+      {"prefill_ms", pre_s * 1e3},
+      {"decode_ms", dec_s * 1e3},
+      {"decode_tokens_per_s", dec_s > 0 ? static_cast<double>(res.output.size()) / dec_s : 0.0},
+      {"clock", "CLOCK_MONOTONIC wall time around the llama_decode calls"}};
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
 }  // namespace
 
 Status RunLlamaGenerate(const GenerateOptions& opts, std::ostream& out) {
@@ -84,24 +160,7 @@ Status RunLlamaGenerate(const GenerateOptions& opts, std::ostream& out) {
                             LoadGeneratePrompt(opts, engine->n_vocab(), *tok));
 
   // ---- sinks: the export and the window lines ----
-  LOCKSTEP_ASSIGN_OR_RETURN(OpWindows op_windows, OpWindows::Parse(opts.op_digests));
-  std::vector<OpDump> dumps;
-  for (const std::string& d : opts.op_dumps) {
-    LOCKSTEP_ASSIGN_OR_RETURN(OpDump dump, OpDump::Parse(d));
-    dumps.push_back(std::move(dump));
-  }
-  if (opts.export_path.empty() && (!op_windows.none() || !dumps.empty()))
-    return Status::InvalidArgument("--op-digests / --op-dump", "needs --export FILE");
-  std::unique_ptr<H5Exporter> exporter;
-  if (!opts.export_path.empty()) {
-    ExportOptions eo;
-    eo.path = opts.export_path;
-    eo.op_digests = op_windows;
-    eo.op_dumps = std::move(dumps);
-    LOCKSTEP_ASSIGN_OR_RETURN(eo.windows, WindowSelection::Parse(opts.export_windows));
-    LOCKSTEP_ASSIGN_OR_RETURN(eo.points, ParseExportPoints(opts.export_points));
-    LOCKSTEP_ASSIGN_OR_RETURN(exporter, H5Exporter::Create(eo));
-  }
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<H5Exporter> exporter, MakeExporter(opts));
   int trace_fd = -1;
   if (!opts.trace_jsonl.empty()) {
     LOCKSTEP_RETURN_IF_ERROR(CheckOutputFolder(opts.trace_jsonl, "--trace-jsonl"));
@@ -141,7 +200,6 @@ Status RunLlamaGenerate(const GenerateOptions& opts, std::ostream& out) {
     };
   }
   std::vector<WindowRecord> windows;
-  std::int64_t last_ns = 0;
   auto on_logits = hooks.on_logits;
   hooks.on_logits = [&](int w, int pos, std::span<const float> lg) {
     if (on_logits) on_logits(w, pos, lg);
@@ -153,7 +211,6 @@ Status RunLlamaGenerate(const GenerateOptions& opts, std::ostream& out) {
     r.step_rows = step_rows;
     r.step_seqs = step_seqs;
     windows.push_back(std::move(r));
-    (void)last_ns;
   };
   LOCKSTEP_ASSIGN_OR_RETURN(LlamaResult res, engine->Generate(prompt, hooks));
   for (std::size_t i = 0; i < windows.size() && i < res.output.size(); ++i) {
@@ -170,28 +227,7 @@ Status RunLlamaGenerate(const GenerateOptions& opts, std::ostream& out) {
   // ---- outputs ----
   const std::string text = tok->Decode(res.output);
   if (exporter) {
-    ExportRunInfo meta;
-    meta.arm = opts.arm;
-    meta.created_utc = UtcNow();
-    meta.run_id = Sha256Hex(meta.created_utc + "/" + std::to_string(::getpid())).substr(0, 16);
-    meta.config_json = lo.ToJson();
-    meta.config_sha256 = Sha256Hex(meta.config_json);
-    if (auto exe = Sha256SelfExe(); exe.ok()) meta.executable_sha256 = *exe;
-    if (auto mh = Sha256Files({lo.model}); mh.ok()) meta.model_sha256 = *mh;
-    meta.request_sha256 = Sha256Tokens(prompt);
-    meta.max_new = lo.max_new;
-    meta.request_tokens = prompt;
-    meta.output_tokens = res.output;
-    meta.stop_reason = res.stop_reason;
-    meta.text_sha256 = Sha256Hex(text);
-    // One stage; llama.cpp counts none of these (-1: not measured, never zero).
-    ExportRunInfo::Counters c;
-    c.expert_hits = c.expert_misses = c.expert_bytes_fetched = c.host_expert_tokens = -1;
-    c.verify_calls = res.n_windows;
-    meta.counters.push_back(c);
-    meta.engine = "llama.cpp";
-    meta.engine_commit = engine->commit();
-    Status st = exporter->Finish(meta);
+    Status st = FinishExport(*exporter, lo, engine->commit(), opts.arm, prompt, res, text);
     if (!st.ok()) {
       out << EscapeText(text) << "\n";
       return st;
@@ -204,28 +240,7 @@ Status RunLlamaGenerate(const GenerateOptions& opts, std::ostream& out) {
     out << EscapeText(text) << "\n";
     return Status::Ok();
   }
-  nlohmann::json j;
-  j["schema"] = "lockstep.generate";
-  j["schema_version"] = 1;
-  j["engine"] = "llama.cpp";
-  j["llama_cpp_commit"] = engine->commit();
-  j["prompt_tokens"] = prompt.size();
-  j["output_tokens"] = res.output.size();
-  j["output_ids"] = res.output;
-  j["text"] = text;
-  j["stop_reason"] = res.stop_reason;
-  j["windows"] = res.n_windows;
-  j["config"] = nlohmann::json::parse(lo.ToJson());
-  j["config_sha256"] = Sha256Hex(lo.ToJson());
-  j["request_sha256"] = Sha256Tokens(prompt);
-  const double pre_s = static_cast<double>(res.prefill_ns) * 1e-9,
-               dec_s = static_cast<double>(res.decode_ns) * 1e-9;
-  j["timings"] = {
-      {"prefill_ms", pre_s * 1e3},
-      {"decode_ms", dec_s * 1e3},
-      {"decode_tokens_per_s", dec_s > 0 ? static_cast<double>(res.output.size()) / dec_s : 0.0},
-      {"clock", "CLOCK_MONOTONIC wall time around the llama_decode calls"}};
-  const std::string json = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  const std::string json = RunJson(lo, engine->commit(), prompt, res, text);
   if (opts.json_path.empty() || IsStdout(opts.json_path)) {
     out << json;
     return Status::Ok();

@@ -178,13 +178,21 @@ TEST(CliHelp, VersionNamesTheBuild) {
   std::istringstream in(r.out);
   std::vector<std::string> lines;
   for (std::string l; std::getline(in, l);) lines.push_back(l);
-  ASSERT_EQ(lines.size(), 5u) << r.out;
+  ASSERT_EQ(lines.size(), 6u) << r.out;
   EXPECT_EQ(lines[0].rfind("lockstep 0.", 0), 0u) << r.out;
   EXPECT_EQ(lines[1].rfind("commit: ", 0), 0u) << r.out;
   EXPECT_GT(lines[1].size(), std::string("commit: ").size()) << r.out;
   EXPECT_EQ(lines[2].rfind("build type: ", 0), 0u) << r.out;
   EXPECT_TRUE(lines[3] == "cuda backend: on" || lines[3] == "cuda backend: off") << r.out;
   EXPECT_EQ(lines[4], "export schema: lockstep.export v1");
+  // The llama.cpp commit the adapter was compiled against (40 hex digits), or why there is none.
+  const std::string llama = lines[5].substr(0, std::min<std::size_t>(lines[5].size(), 11));
+  EXPECT_EQ(llama, "llama.cpp: ") << r.out;
+  const std::string rest = lines[5].substr(llama.size());
+  EXPECT_TRUE(
+      (rest.size() == 40 && rest.find_first_not_of("0123456789abcdef") == std::string::npos) ||
+      rest == "not built (scripts/install-llamacpp.sh)")
+      << r.out;
 }
 
 TEST(CliHelp, MisspelledCommandsAndFlagsGetTheNearestName) {
