@@ -80,12 +80,14 @@ Status LlamaEngine::Impl::Decode(Batch& batch, int window, const std::vector<int
                                  int n_seqs, const LlamaHooks& hooks) {
   const bool want = hooks.on_op && hooks.wants_ops && hooks.wants_ops(window);
   ops->BeginCall(window, row_pos, n_seqs, want ? &hooks.on_op : nullptr);
+  const std::int64_t begin_ns = NowNs();
   const int rc = lib->llama_decode(ctx, batch.b);
+  const std::int64_t end_ns = NowNs();
   ops->EndCall();
   if (rc != 0)
     return Status::Runtime(
         "llama_decode", "returned " + std::to_string(rc) + " at window " + std::to_string(window));
-  if (hooks.on_step) hooks.on_step(window, batch.b.n_tokens, n_seqs);
+  if (hooks.on_step) hooks.on_step(window, batch.b.n_tokens, n_seqs, begin_ns, end_ns);
   return Status::Ok();
 }
 
@@ -129,7 +131,7 @@ Result<std::unique_ptr<LlamaEngine>> LlamaEngine::Open(const LlamaOptions& opts)
   cp.n_threads = cp.n_threads_batch = impl->opts.threads;
   cp.type_k = cp.type_v = KvType(opts.kv_type);
   cp.flash_attn_type = FlashAttn(opts.flash_attn);
-  cp.kv_unified = true;  // llama-server's default for several slots
+  cp.kv_unified = opts.kv_unified;
   cp.no_perf = true;
   cp.cb_eval = &GraphOps::Callback;
   cp.cb_eval_user_data = impl->ops.get();

@@ -36,6 +36,7 @@ std::string LlamaOptions::ToJson() const {
                       {"ubatch", ubatch},
                       {"kv_type", kv_type},
                       {"flash_attn", flash_attn},
+                      {"kv_unified", kv_unified},
                       {"max_new", max_new},
                       {"slots", slots},
                       {"background_prompt", background_prompt},

@@ -102,6 +102,11 @@ void AddLlamaFlags(CLI::App& gen_app, lockstep::GenerateOptions& g) {
                   "llama.cpp flash attention: off | on | auto")
       ->capture_default_str()
       ->group(kGroupModel);
+  gen->add_option("--llama-kv-unified", g.llama.kv_unified,
+                  "llama.cpp: one K/V buffer for all sequences (true, llama-server's default) or "
+                  "one per sequence (false)")
+      ->capture_default_str()
+      ->group(kGroupModel);
   gen->add_option("--llama-background-prompt", g.llama.background_prompt,
                   "llama.cpp --slots: prompt tokens of each background sequence")
       ->capture_default_str()

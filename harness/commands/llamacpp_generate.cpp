@@ -12,6 +12,7 @@
 
 #include "commands/output.h"
 #include "lockstep/engine/atomic_file.h"
+#include "lockstep/engine/step_record.h"
 #include "lockstep/instrument/export_writer.h"
 #include "lockstep/instrument/fingerprint.h"
 #include "lockstep/llamacpp/llama_engine.h"
@@ -181,9 +182,23 @@ Status RunLlamaGenerate(const GenerateOptions& opts, std::ostream& out) {
   Status trace_status;
   int step_rows = 0, step_seqs = 0;
   std::int64_t steps = 0;
-  hooks.on_step = [&](int window, int rows, int seqs) {
-    (void)window;
+  // Every llama_decode is a step; the export's /trace/steps holds those the request had rows in
+  // (its prefill chunks and windows), so localize can say who shared a window's step.
+  hooks.on_step = [&](int window, int rows, int seqs, std::int64_t begin_ns, std::int64_t end_ns) {
     step_rows = rows, step_seqs = seqs;
+    if (exporter && window >= -1) {
+      StepRecord s;
+      s.step = steps;
+      s.begin_ns = begin_ns;
+      s.end_ns = end_ns;
+      s.rows = rows;
+      s.seqs = seqs;
+      s.verify_rows = window >= 0 ? seqs : 0;
+      s.prefill_rows = window >= 0 ? 0 : rows;
+      s.live = lo.slots;
+      for (int q = 0; q < seqs; ++q) s.slots.push_back(q);
+      exporter->OnStep(s);
+    }
     ++steps;
   };
   if (exporter) {

@@ -46,6 +46,9 @@ struct LlamaOptions {
   int ubatch = 512;                // n_ubatch
   std::string kv_type = "f16";     // type_k and type_v: f32 | f16 | bf16 | q8_0
   std::string flash_attn = "off";  // off | on | auto
+  // One K/V buffer for every sequence (llama-server's default with several slots: a sequence's
+  // attention then spans other sequences' cells, masked) or one stream per sequence.
+  bool kv_unified = true;
   int max_new = 64;            // output tokens at most (greedy; stops early at end-of-generation)
   int slots = 1;               // sequences per step: the request and slots-1 background ones
   int background_prompt = 16;  // prompt tokens of each background sequence
@@ -65,8 +68,10 @@ struct LlamaHooks {
   std::function<void(int window, int position, std::span<const float> logits)> on_logits;
   // Window w's sequence state after its decode (llama_state_seq_get_data of sequence 0).
   std::function<void(int window, int position, std::span<const std::uint8_t> state)> on_state;
-  // Per llama_decode: window, rows of the batch, sequences in it.
-  std::function<void(int window, int rows, int seqs)> on_step;
+  // Per llama_decode: window (-2: a background sequence's prefill), rows of the batch, sequences
+  // in it, CLOCK_MONOTONIC ns around the call.
+  std::function<void(int window, int rows, int seqs, std::int64_t begin_ns, std::int64_t end_ns)>
+      on_step;
 };
 
 struct LlamaResult {
