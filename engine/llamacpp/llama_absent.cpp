@@ -12,12 +12,15 @@ struct LlamaEngine::Impl {
 
 bool LlamaCppBuilt() { return false; }
 const char* LlamaCppBuiltCommit() { return ""; }
-
-Result<std::unique_ptr<LlamaEngine>> LlamaEngine::Open(const LlamaOptions& opts) {
-  (void)opts;
+Status LlamaCppAvailable() {
   return Status::InvalidArgument(
       "--engine llama.cpp",
       std::string("this lockstep was built without llama.cpp (") + kLlamaCppInstallHint + ")");
+}
+
+Result<std::unique_ptr<LlamaEngine>> LlamaEngine::Open(const LlamaOptions& opts) {
+  (void)opts;
+  return LlamaCppAvailable();
 }
 
 LlamaEngine::LlamaEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -111,6 +111,7 @@ Result<const LlamaLib*> LlamaLib::Get() {
 }
 
 bool LlamaCppBuilt() { return true; }
+Status LlamaCppAvailable() { return LlamaLib::Get().status(); }
 const char* LlamaCppBuiltCommit() { return LOCKSTEP_LLAMACPP_COMMIT; }
 
 }  // namespace lockstep
