@@ -85,6 +85,15 @@ Result<std::unique_ptr<H5Exporter>> MakeExporter(const GenerateOptions& opts) {
   return H5Exporter::Create(eo);
 }
 
+// The --trace-jsonl file opened for appends (-1 without one).
+Result<int> OpenTrace(const std::string& path) {
+  if (path.empty()) return -1;
+  LOCKSTEP_RETURN_IF_ERROR(CheckOutputFolder(path, "--trace-jsonl"));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::IOError("--trace-jsonl '" + path + "'", std::strerror(errno));
+  return fd;
+}
+
 // The export's run attributes, counters and fingerprints (the config names the commit).
 Status FinishExport(H5Exporter& exporter, const LlamaOptions& lo, const std::string& commit,
                     const std::string& arm, const std::vector<std::int32_t>& prompt,
@@ -162,14 +171,7 @@ Status RunLlamaGenerate(const GenerateOptions& opts, std::ostream& out) {
 
   // ---- sinks: the export and the window lines ----
   LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<H5Exporter> exporter, MakeExporter(opts));
-  int trace_fd = -1;
-  if (!opts.trace_jsonl.empty()) {
-    LOCKSTEP_RETURN_IF_ERROR(CheckOutputFolder(opts.trace_jsonl, "--trace-jsonl"));
-    trace_fd =
-        ::open(opts.trace_jsonl.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-    if (trace_fd < 0)
-      return Status::IOError("--trace-jsonl '" + opts.trace_jsonl + "'", std::strerror(errno));
-  }
+  LOCKSTEP_ASSIGN_OR_RETURN(const int trace_fd, OpenTrace(opts.trace_jsonl));
   struct Fd {
     int fd;
     ~Fd() {
