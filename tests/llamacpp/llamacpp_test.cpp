@@ -126,6 +126,8 @@ TEST(LlamaCppInterop, BothEnginesGiveTheSameGreedyTokensPerFormat) {
       {"f32", "", "--prompt-tokens " + PromptFile(), "--llama-kv-type f32", 1e-5},
       {"f32, f16 K/V", "", "--prompt-tokens " + PromptFile(), "", 1e-3},
       {"bf16", "--dtype bf16", "--prompt-tokens " + PromptFile(), "", 5e-2},
+      // llama.cpp multiplies q8_0 weights with activations quantised to q8_0 (lockstep: f32).
+      {"q8_0", "--quant q8_0", "--prompt-tokens " + PromptFile(), "--llama-kv-type f32", 1e-1},
       {"f32+tokenizer", "--tokenizer " + tok, "--prompt 'hello world'", "--llama-kv-type f32",
        1e-5},
   };
