@@ -109,6 +109,20 @@ TEST(LlamaCpp, WithoutTheLibrariesExitsTwoNamingTheScript) {
   EXPECT_TRUE(r.out.empty()) << r.out;
 }
 
+// Options of the lockstep engine that llama.cpp's generate does not take are refused by name
+// (exit 2), never silently ignored.
+TEST(LlamaCpp, LockstepOnlyFlagsAreRefusedByName) {
+  SKIP_WITHOUT_LLAMACPP();
+  const std::string base = "generate --engine llama.cpp --model " + TinyGguf("") +
+                           " --prompt-tokens " + PromptFile() + " --max-new 2 ";
+  for (const char* flag : {"--spec 2", "--temperature 0.5", "--trace-json t.json"}) {
+    const auto r = test::RunLockstep(base + flag);
+    EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;
+    const std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
+    EXPECT_NE(r.err.find(name), std::string::npos) << r.err;
+  }
+}
+
 // Both engines on the same file and request, 32 greedy steps: the same tokens (a difference is
 // only allowed at a near-tie of lockstep's logits, named), per-step logits NRMSE under the
 // format's bound. The figures are printed for the note / README.
@@ -176,6 +190,13 @@ TEST(LlamaCppAA, FreshProcessesAreBitwiseEqual) {
   ASSERT_EQ(la.size(), lb.size());
   for (std::size_t w = 0; w < la.size(); ++w) EXPECT_TRUE(test::BitwiseEqual(la[w], lb[w])) << w;
   EXPECT_EQ(a->meta().config_sha256, b->meta().config_sha256);
+  // The fingerprinted config names the engine and the llama.cpp commit.
+  EXPECT_NE(a->meta().config_json.find("\"engine\":\"llama.cpp\""), std::string::npos);
+  EXPECT_NE(a->meta().config_json.find(std::string("\"llama_cpp_commit\":\"") +
+                                       LlamaCppBuiltCommit() + "\""),
+            std::string::npos)
+      << a->meta().config_json;
+  EXPECT_EQ(std::string(LlamaCppBuiltCommit()).size(), 40u);
   const LocalizeResult r = Localize(a->meta(), b->meta());
   EXPECT_EQ(r.verdict, LocalizeVerdict::kNoDifference) << LocalizeVerdictLine(r);
   EXPECT_GT(r.compared, 1000) << "every named graph tensor of 4 windows and the prefill";
