@@ -466,6 +466,34 @@ void CpuStageSession::Perturb(ItemKind item, int layer, float factor, Activation
   }
 }
 
+Status CpuStageSession::Graft(const lockstep::Graft& g) {
+  const bool mtp = g.item == ItemKind::kMtpK || g.item == ItemKind::kMtpV;
+  if (g.item == ItemKind::kConvState || g.item == ItemKind::kSsmState) {
+    GdnState* st = gdn(g.layer);
+    const bool conv = g.item == ItemKind::kConvState;
+    const std::size_t n = conv ? st->conv_size() : st->ssm_size();
+    if (g.dtype != DType::kF32 || g.data.size() != n * sizeof(float))
+      return Status::InvalidArgument("--graft '" + g.text + "'",
+                                     "FROM holds " + std::to_string(g.data.size()) +
+                                         " bytes, this run's item has " +
+                                         std::to_string(n * sizeof(float)) + " (f32)");
+    std::memcpy(conv ? st->conv() : st->ssm(), g.data.data(), g.data.size());
+    return Status::Ok();
+  }
+  KvCache* c = mtp ? mtp_kv() : kv(g.layer);
+  const int committed = c->rows_committed();
+  if (g.rows != committed)
+    return Status::InvalidArgument(
+        "--graft '" + g.text + "'",
+        "FROM holds " + std::to_string(g.rows) + " rows at window " + std::to_string(g.window) +
+            " " + CheckpointPointName(g.point) + ", this run has " + std::to_string(committed) +
+            " committed rows there (the runs' paths differ before this point)");
+  const int which = g.item == ItemKind::kV || g.item == ItemKind::kMtpV ? 1 : 0;
+  c->OverwriteRows(which, 0, committed, g.data.data(),
+                   g.scales.empty() ? nullptr : g.scales.data());
+  return Status::Ok();
+}
+
 Result<StageSessionPtr> CpuBackend::CreateStage(const StageParams& params) {
   return StageSessionPtr(std::make_unique<CpuStageSession>(params));
 }

@@ -38,6 +38,7 @@ class CpuStageSession final : public StageSession {
   void FinalNorm(const Activation& act, float* normed) override;
   void HiddenToHost(const Activation& act, std::vector<float>* out) override { *out = act.hidden; }
   void Perturb(ItemKind item, int layer, float factor, Activation& act) override;
+  Status Graft(const lockstep::Graft& g) override;
 
   bool has_mtp() const override { return has_mtp_; }
   void MtpForward(const float* h, const std::int32_t* next_tokens, int p, int T, ForwardMode mode,

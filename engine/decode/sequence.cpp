@@ -178,6 +178,7 @@ Status Sequence::BeginWindow() {
   w_.rec.begin_ns = MonotonicNs();
   engine_.SetWindow(w_.rec.idx);  // before the MTP drafts: their op records belong to the window
   LOCKSTEP_RETURN_IF_ERROR(Draft());
+  LOCKSTEP_RETURN_IF_ERROR(engine_.ApplyGrafts(w_.rec.idx, CheckpointPoint::kPreVerify));
   Checkpoint(CheckpointPoint::kPreVerify, nullptr);
   WindowRecord& rec = w_.rec;
   window_tokens_.assign(1, cur_);
@@ -283,9 +284,11 @@ Status Sequence::OnVerified(const float* logits, const float* normed, const Step
   rec.step_seqs = step.seqs;
   rec.step_prefill_rows = step.prefill_rows;
   if (hooks_ && hooks_->on_window) hooks_->on_window(rec.p, rec.T, logits);
+  LOCKSTEP_RETURN_IF_ERROR(engine_.ApplyGrafts(rec.idx, CheckpointPoint::kPostVerify));
   Checkpoint(CheckpointPoint::kPostVerify, logits);
   LOCKSTEP_RETURN_IF_ERROR(AcceptAndCommit(logits));
   // Commit checkpoint: before the next MTP write (draft K/V extends lazily at the next draft).
+  LOCKSTEP_RETURN_IF_ERROR(engine_.ApplyGrafts(rec.idx, CheckpointPoint::kCommit));
   w_.commit_export_ns = Checkpoint(CheckpointPoint::kCommit, nullptr);
   LOCKSTEP_RETURN_IF_ERROR(Advance(normed));
   return EndWindow();

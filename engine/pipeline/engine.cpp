@@ -123,6 +123,8 @@ Status Engine::OpenSlot(int s, std::vector<Injection> injections) {
   sl.records.assign(sl.injections.size(), InjectionRecord{});
   sl.capture_hidden = false;
   sl.op_observer = nullptr;
+  sl.grafts.clear();
+  sl.graft_records.clear();
   for (auto& h : sl.hidden_out) h.clear();
   return Status::Ok();
 }
@@ -137,6 +139,8 @@ void Engine::CloseSlot(int s) {
   sl.position = sl.pending = 0;
   sl.window = -1;
   sl.op_observer = nullptr;
+  sl.grafts.clear();
+  sl.graft_records.clear();
   for (auto& h : sl.hidden_out) h.clear();
 }
 
@@ -308,6 +312,8 @@ std::vector<std::string> Engine::InjectionReport() const {
   const Slot& sl = cur();
   for (std::size_t i = 0; i < sl.injections.size(); ++i)
     out.push_back(InjectionRecordJson(sl.injections[i], sl.records[i]));
+  for (std::size_t i = 0; i < sl.grafts.size(); ++i)
+    out.push_back(GraftRecordJson(sl.grafts[i], sl.graft_records[i]));
   return out;
 }
 

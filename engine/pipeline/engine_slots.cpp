@@ -50,8 +50,13 @@ Status Engine::OpenSlotFrom(int s, const SlotSnapshot& snap, std::vector<Injecti
   for (const StageSlotSnapshot& ss : snap.stages)
     if (ss.position != snap.position)
       return Status::InvalidArgument("slot snapshot", "stages at different positions");
+  // A prefix-cache hit reopens the admitted request's own slot: its grafts stay with it.
+  std::vector<Graft> grafts = std::move(slot_state(s).grafts);
+  std::vector<GraftRecord> graft_records = std::move(slot_state(s).graft_records);
   LOCKSTEP_RETURN_IF_ERROR(OpenSlot(s, std::move(injections)));
   Slot& sl = slot_state(s);
+  sl.grafts = std::move(grafts);
+  sl.graft_records = std::move(graft_records);
   for (std::size_t is = 0; is < stages_.size(); ++is) {
     Status st = stages_[is]->RestoreSlot(s, snap.stages[is]);
     if (!st.ok()) {

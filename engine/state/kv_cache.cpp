@@ -192,6 +192,19 @@ void KvCache::WriteRaw(int pos, int n, const std::byte* k, const std::byte* v,
   rows_written_ = pos + n;
 }
 
+void KvCache::OverwriteRows(int which, int row0, int n, const std::byte* src, const float* scales) {
+  LOCKSTEP_CHECK(row0 >= 0 && n >= 0 && row0 + n <= rows_written_)
+      << "overwrite of rows [" << row0 << ", " << row0 + n << ") with written=" << rows_written_;
+  MakeWritable(row0, n);
+  const std::size_t rb = row_bytes(), hk = static_cast<std::size_t>(n_heads_kv_);
+  for (int t = 0; t < n; ++t) {
+    const std::size_t ut = static_cast<std::size_t>(t);
+    std::memcpy(RowPtrMut(which, row0 + t), src + ut * rb, rb);
+    if (dtype_ == DType::kI8)
+      std::memcpy(ScalePtrMut(which, row0 + t), scales + ut * hk, hk * sizeof(float));
+  }
+}
+
 void KvCache::Commit(int rows) {
   LOCKSTEP_CHECK(rows >= rows_committed_ && rows <= rows_written_)
       << "commit " << rows << " with committed=" << rows_committed_ << " written=" << rows_written_;

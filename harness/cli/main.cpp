@@ -174,6 +174,11 @@ void AddGenerate(CLI::App& app, std::vector<Command>& commands) {
                   "Also store the full rows of these ops: OPS@WINDOWS (repeatable)")
       ->type_name("OPS@WINDOWS")
       ->group(kGroupExport);
+  gen->add_option("--graft", g.grafts,
+                  "Take a state item's value from another run's export at one checkpoint: "
+                  "FROM.h5:ITEM@WINDOW:CHECKPOINT (repeatable; ITEM as diff names it)")
+      ->type_name("FROM.h5:ITEM@W:POINT")
+      ->group(kGroupExport);
   gen->add_option("--arm", g.arm, "Arm name recorded in the export")->group(kGroupExport);
   gen->add_option("--trace-jsonl", g.trace_jsonl,
                   "Stream window records as JSON lines (one write per window)")

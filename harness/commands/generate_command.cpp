@@ -26,6 +26,7 @@
 #include "lockstep/engine/weights.h"
 #include "lockstep/harness/chat_prompt.h"
 #include "lockstep/harness/host_fingerprint.h"
+#include "lockstep/harness/graft_spec.h"
 #include "lockstep/harness/prompt_text.h"
 #include "lockstep/instrument/chrome_trace.h"
 #include "lockstep/instrument/export_writer.h"
@@ -567,6 +568,17 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
                                      "cannot be combined with --save-slot / --restore-slot");
   }
 
+  if (!opts.grafts.empty()) {
+    if (background || !opts.save_slot.empty() || !opts.restore_slot.empty())
+      return Status::InvalidArgument("--graft",
+                                     "cannot be combined with --background, --save-slot or "
+                                     "--restore-slot (a graft acts on the one request)");
+    LOCKSTEP_ASSIGN_OR_RETURN(std::string model_sha, Sha256Files(weights->files));
+    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<Graft> grafts,
+                              LoadGrafts(opts.grafts, engine->config().ToJson(), model_sha));
+    LOCKSTEP_RETURN_IF_ERROR(engine->SetGrafts(std::move(grafts)));
+  }
+
   // ---- sinks, then the request (a missing output folder is bad input, before the run) ----
   for (const auto& [path, what] :
        {std::pair{opts.trace_jsonl, "--trace-jsonl"}, std::pair{opts.trace_json, "--trace-json"},
@@ -618,8 +630,10 @@ Status RunGenerateCommand(const GenerateOptions& opts, std::ostream& out) {
   }
   LOCKSTEP_RETURN_IF_ERROR(written);
   // Whether every injection fired (its record is in the outputs either way).
-  return CheckInjectionsFired(engine->injections(), engine->injection_records(), res.n_windows,
-                              res.stop_reason);
+  LOCKSTEP_RETURN_IF_ERROR(CheckInjectionsFired(engine->injections(), engine->injection_records(),
+                                                res.n_windows, res.stop_reason));
+  return CheckGraftsFired(engine->grafts(), engine->graft_records(), res.n_windows,
+                          res.stop_reason);
 }
 
 Result<BackgroundSpec> ParseBackgroundSpec(std::string_view text) {

@@ -21,6 +21,7 @@
 
 #include "lockstep/engine/backend.h"
 #include "lockstep/engine/engine_config.h"
+#include "lockstep/engine/graft.h"
 #include "lockstep/engine/inject.h"
 #include "lockstep/engine/stage.h"
 #include "lockstep/engine/status.h"
@@ -110,8 +111,21 @@ class Engine {
   // The current slot's --inject list and, index for index, what each did so far (inject.h).
   const std::vector<Injection>& injections() const { return cur().injections; }
   const std::vector<InjectionRecord>& injection_records() const { return cur().records; }
-  // InjectionRecordJson of each injection, in order (empty without injections).
+  // InjectionRecordJson of each injection, in order, then GraftRecordJson of each graft (empty
+  // without either).
   std::vector<std::string> InjectionReport() const;
+  // ---- state transplant (graft.h) ----
+  // Installs `grafts` in the current slot (OpenSlot and CloseSlot clear them). Checks each
+  // against this engine: the stage and layer exist and hold that kind of item, and the value's
+  // dtype and row shape are the item's here (rows are checked when the graft fires).
+  // kInvalidArgument naming the --graft text otherwise; kNotSupported on the cuda backend.
+  Status SetGrafts(std::vector<Graft> grafts);
+  // The current slot's grafts for (window, point): each item takes its value (StageSession::
+  // Graft) and the firing is recorded. Called by the generation loop before the checkpoint's
+  // observer calls. Errors: the stage's (a row count that is not this run's).
+  Status ApplyGrafts(int window, CheckpointPoint point);
+  const std::vector<Graft>& grafts() const { return cur().grafts; }
+  const std::vector<GraftRecord>& graft_records() const { return cur().graft_records; }
   // Per-stage timing of the last Verify or step (wait for input vs compute).
   const std::vector<StageTiming>& stage_timings() const { return timings_; }
   // When on, Verify (or a step's verify group of this slot) keeps a copy of the activations each
@@ -153,6 +167,8 @@ class Engine {
     bool capture_hidden = false;
     std::vector<std::vector<float>> hidden_out;  // [n_stages] f32 [T, H] of the last verify
     Observer* op_observer = nullptr;
+    std::vector<Graft> grafts;
+    std::vector<GraftRecord> graft_records;  // parallel to grafts
   };
   Slot& cur() { return slots_[static_cast<std::size_t>(cur_slot_)]; }
   const Slot& cur() const { return slots_[static_cast<std::size_t>(cur_slot_)]; }
@@ -176,6 +192,7 @@ class Engine {
   void BeginOps(const std::vector<RowGroup>& groups);
   void EndOps();
   Status CheckPerturbOp(Injection& inj) const;
+  Status CheckGraft(const Graft& g);
 
   EngineConfig cfg_;
   const ModelWeights& w_;

@@ -72,6 +72,11 @@ class KvCache {
   // by `factor` in place (f32 exactly, bf16 re-rounded, int8 through the per-row scales).
   // Rows must be written and not committed.
   void ScaleRows(int which, int row0, int n, float factor);
+  // State transplant (graft.h): overwrites K (which = 0) or V (1) of written rows
+  // [row0, row0+n) with raw stored elements src [n, n_heads_kv, head_dim] (dtype-sized) and, for
+  // int8, scales f32 [n, n_heads_kv] (ignored otherwise). Committed rows may be overwritten
+  // (shared pages are copied first). Requires row0 + n <= rows_written().
+  void OverwriteRows(int which, int row0, int n, const std::byte* src, const float* scales);
   // Drops all speculative rows.
   void DiscardSpeculative() { rows_written_ = rows_committed_; }
   // Rows [0, rows) (rows <= rows_committed()) as shared pages; cheap (no row is copied).

@@ -25,6 +25,7 @@
 
 #include "lockstep/engine/expert_cache.h"
 #include "lockstep/engine/gdn_state.h"
+#include "lockstep/engine/graft.h"
 #include "lockstep/engine/kv_cache.h"
 #include "lockstep/engine/observer.h"
 #include "lockstep/engine/op_table.h"
@@ -178,6 +179,11 @@ class StageSession {
   // K/V: the window's speculative rows; GDN: every per-step state of the window. Other kinds:
   // no-op (logits are perturbed by the engine on the host).
   virtual void Perturb(ItemKind item, int layer, float factor, Activation& act) = 0;
+  // State transplant (graft.h): the current slot's `g.item` of layer `g.layer` (or the MTP
+  // draft K/V) takes g's value. kInvalidArgument when g's rows are not this slot's committed
+  // rows there (K/V) or its shape is not the item's; kNotSupported by default (backends whose
+  // state lives on a device: cuda today).
+  virtual Status Graft(const lockstep::Graft& g);
   // Device backends: overwrites the dev_* fields of `t` with the device-event timings of the
   // last verify forward (called after the window's logits reached the host). No-op on the CPU.
   virtual void FillDeviceTiming(StageTiming* t) { (void)t; }

@@ -41,6 +41,9 @@ struct GenerateOptions {
   // and --op-dump OPS@WINDOWS (repeatable); both need --export.
   std::string op_digests = "none";
   std::vector<std::string> op_dumps;
+  // State transplant (issue 37, graft_spec.h): --graft FROM.h5:ITEM@WINDOW:CHECKPOINT
+  // (repeatable). Not part of the config (config_sha256 is unchanged); recorded in /injections.
+  std::vector<std::string> grafts;
   // Progress on stderr: -1 when stderr is a terminal (a line redrawn in place, then a summary
   // line), 1 always (--progress; not a terminal: "progress: prefill D/N" and throttled
   // "progress: decode N/M tokens" lines, which the campaign runner reads), 0 never.
