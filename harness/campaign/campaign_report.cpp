@@ -243,6 +243,17 @@ VerdictBox CampaignVerdict(const Loaded& L, const RunTally& t) {
         fmt::format("First failing comparison: {} vs {}, {}.", a.name, a.baseline, first));
     break;
   }
+  for (const auto& a : L.c.arms) {  // plan key localize: where each failing pair's diff is born
+    if (a.control || !L.records.count(a.name)) continue;
+    auto text =
+        ReadFile(RunPaths(L.dir).Localize(a.baseline, a.name, ".json"), std::size_t{16} << 20);
+    const json loc = text.ok() ? json::parse(*text, nullptr, false) : json();
+    if (!loc.is_object()) continue;
+    v.details.push_back(loc.contains("summary")
+                            ? "Localized: " + loc["summary"].value("sentence", "") + "."
+                            : "Localize " + a.baseline + " vs " + a.name +
+                                  ": failed (its reason is in the run folder's localize/).");
+  }
   if (const auto relaxed = RelaxedThresholds(L.c.thresholds); !relaxed.empty())
     v.compared.push_back(
         fmt::format("Thresholds relaxed by the plan: {}.", fmt::join(relaxed, "; ")));

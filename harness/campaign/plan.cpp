@@ -483,6 +483,10 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
                 {"name", "question", "hypothesis", "control", "min_timing_repeats", "model",
                  "request", "engine", "export", "thresholds", "gates", "arm", "stop", "builds",
                  "service", "order", "order_seed"}));
+  LOCKSTEP_RETURN_IF_ERROR(CheckKeys(
+      root, "at the top level",
+      {"name", "question", "hypothesis", "control", "min_timing_repeats", "localize", "model",
+       "request", "engine", "export", "thresholds", "gates", "arm", "stop", "builds", "service"}));
   Campaign c;
   c.plan_dir = plan_dir_;
   c.plan_text = std::string(text);
@@ -510,6 +514,7 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
       return Error(n->source(), "'order_seed' applies to order = \"random\" only");
     c.order_seed = static_cast<std::uint64_t>(seed);
   }
+  LOCKSTEP_RETURN_IF_ERROR(OptBool(root, "localize", c.localize));
 
   LOCKSTEP_ASSIGN_OR_RETURN(
       const toml::table* model,

@@ -22,6 +22,7 @@
 #include "lockstep/harness/campaign_report.h"
 #include "lockstep/harness/chat_prompt.h"
 #include "lockstep/harness/gates.h"
+#include "lockstep/harness/localize_run.h"
 #include "lockstep/harness/model_init.h"
 #include "lockstep/harness/process.h"
 #include "lockstep/harness/prompt_text.h"
@@ -421,6 +422,13 @@ struct Runner {
     if (diff)  // the campaign report embeds the heat map of a failing pair
       LOCKSTEP_RETURN_IF_ERROR(WriteFileAtomic(stem + ".nrmse.svg", SvgNrmseHeatmap(*diff)));
     LOCKSTEP_RETURN_IF_ERROR(Append("compared", arm.name, ToJson(cr)));
+    if (c.localize && !cr.passed && !arm.control && ra && rb) {
+      // Plan key localize: where the failing pair's difference is born (localize_run.h).
+      auto where = LocalizeCampaignPair(dir, base_spec.name, arm.name, BuildOf(base_spec).path,
+                                        BuildOf(arm).path);
+      out << fmt::format("  localize: {}\n",
+                         where.ok() ? *where : "failed: " + where.status().ToString());
+    }
     std::string failed;
     for (const auto& g : cr.gates)
       if (!g.passed) failed += (failed.empty() ? "" : ", ") + g.name;

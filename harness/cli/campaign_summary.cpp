@@ -5,6 +5,7 @@
 #include <set>
 #include <vector>
 
+#include "lockstep/engine/atomic_file.h"
 #include "lockstep/harness/ledger.h"
 #include "lockstep/harness/run_record.h"
 
@@ -85,7 +86,19 @@ Result<nlohmann::json> CampaignSummaryJson(const std::string& run_dir, const Rep
   }
   j["arms"] = arm_list;
   nlohmann::json pairs = nlohmann::json::array();
-  for (const std::string& arm : rec.compared_order) pairs.push_back(PairJson(rec.compared.at(arm)));
+  for (const std::string& arm : rec.compared_order) {
+    const ComparisonResult& c = rec.compared.at(arm);
+    nlohmann::json p = PairJson(c);
+    // Plan key localize: the allowlisted summary of where the pair's difference is born.
+    if (auto t = ReadFile(RunPaths(run_dir).Localize(c.baseline, c.arm, ".json"), 16 << 20);
+        t.ok()) {
+      const nlohmann::json loc = nlohmann::json::parse(*t, nullptr, false);
+      if (loc.is_object())
+        p["localize"] = loc.contains("summary") ? loc["summary"]
+                                                : nlohmann::json{{"error", "localisation failed"}};
+    }
+    pairs.push_back(std::move(p));
+  }
   j["pairs"] = pairs;
   j["reports"] = {{"md", reports.md}, {"html", reports.html}, {"junit", reports.junit}};
   return j;

@@ -78,9 +78,10 @@ Status LocalizeByGraft(const ExportMeta& ma, const ExportMeta& mb, const Localiz
   rr.originals_differ = true;
   rr.knobs = TimingKnobs(ma, mb);
   const std::string knobs = Joined(rr.knobs, "none active");
-  RerunSpec spec{"a.graft", false, "all", "commit", {}};
+  RerunSpec spec{"a.graft", false, "all", "commit", {}, false};
   LOCKSTEP_ASSIGN_OR_RETURN(rr.a, RerunRequest(ma, spec, o, work));
   spec.stem = "b.graft";
+  spec.side_b = true;
   LOCKSTEP_ASSIGN_OR_RETURN(rr.b, RerunRequest(mb, spec, o, work));
   LOCKSTEP_ASSIGN_OR_RETURN(auto xa, OpenOwn(rr.a));
   LOCKSTEP_ASSIGN_OR_RETURN(auto xb, OpenOwn(rr.b));
@@ -110,7 +111,7 @@ Status LocalizeByGraft(const ExportMeta& ma, const ExportMeta& mb, const Localiz
 
   int n_trials = 0;
   auto trial = [&](const std::vector<std::string>& items) -> Result<bool> {
-    RerunSpec t{"b.graft" + std::to_string(++n_trials), false, "none", "", {}};
+    RerunSpec t{"b.graft" + std::to_string(++n_trials), false, "none", "", {}, true};
     for (const std::string& rel : items)
       t.grafts.push_back(rr.a + ":" + rel + "@" + std::to_string(g.graft_window) + ":commit");
     LOCKSTEP_ASSIGN_OR_RETURN(std::string path, RerunRequest(mb, t, o, work));

@@ -18,6 +18,7 @@ struct RerunSpec {
   std::string export_windows = "none";  // --export-windows
   std::string export_points;            // --export-points ("" = the default)
   std::vector<std::string> grafts;
+  bool side_b = false;  // B's request: runs on o.exe_b when given
 };
 
 // Re-runs the request `m` records as a fresh `lockstep generate` with its recorded config (the

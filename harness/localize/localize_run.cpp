@@ -84,8 +84,10 @@ std::string Joined(const std::vector<std::string>& v, const char* none) {
 Status LocalizeByRerun(const ExportMeta& ma, const ExportMeta& mb, const LocalizeRunOptions& o,
                        const std::string& work, LocalizeRun* run) {
   LocalizeRerun& rr = run->rerun;
-  LOCKSTEP_ASSIGN_OR_RETURN(rr.a, RerunRequest(ma, RerunSpec{"a", true, "none", "", {}}, o, work));
-  LOCKSTEP_ASSIGN_OR_RETURN(rr.b, RerunRequest(mb, RerunSpec{"b", true, "none", "", {}}, o, work));
+  LOCKSTEP_ASSIGN_OR_RETURN(rr.a,
+                            RerunRequest(ma, RerunSpec{"a", true, "none", "", {}, false}, o, work));
+  LOCKSTEP_ASSIGN_OR_RETURN(rr.b,
+                            RerunRequest(mb, RerunSpec{"b", true, "none", "", {}, true}, o, work));
   rr.ran = true;
   rr.originals_differ = RunsDiffer(ma, mb);
   rr.knobs = TimingKnobs(ma, mb);
@@ -126,7 +128,7 @@ Result<std::string> RerunRequest(const ExportMeta& m, const RerunSpec& rs,
   std::string ids;
   for (std::int32_t t : m.request_tokens) ids += std::to_string(t) + " ";
   LOCKSTEP_RETURN_IF_ERROR(WriteOutput(base + ".tokens", ids + "\n"));
-  std::string exe = o.exe;
+  std::string exe = rs.side_b && !o.exe_b.empty() ? o.exe_b : o.exe;
   if (exe.empty()) {
     LOCKSTEP_ASSIGN_OR_RETURN(exe, SelfExecutable());
   }
@@ -357,6 +359,51 @@ std::string LocalizeVerdictSentence(const LocalizeRun& run) {
   s += "`" + f.op + "`, row " + std::to_string(f.row);
   s += r.kind == "same inputs, different output" ? " (inputs equal)" : " (" + r.kind + ")";
   return s;
+}
+
+nlohmann::json LocalizeSummaryJson(const LocalizeRun& run) {
+  const LocalizeResult& r = run.result;
+  nlohmann::json j = {{"pair", run.pair},
+                      {"verdict", LocalizeVerdictName(r.verdict)},
+                      {"kind", r.kind},
+                      {"sentence", LocalizeVerdictSentence(run)}};
+  if (r.verdict == LocalizeVerdict::kBorn || r.verdict == LocalizeVerdict::kCarried ||
+      r.verdict == LocalizeVerdict::kPath) {
+    j["window"] = r.first.window;
+    j["stage"] = r.first.stage;
+    j["layer"] = r.first.layer;
+    j["op"] = r.first.op;
+    j["row"] = r.first.row;
+  }
+  if (!r.item.empty()) j["item"] = r.item;
+  if (run.graft.ran) j["state_is_cause"] = run.graft.state_is_cause;
+  return j;
+}
+
+Result<std::string> LocalizeCampaignPair(const std::string& dir, const std::string& baseline,
+                                         const std::string& arm, const std::string& exe_a,
+                                         const std::string& exe_b) {
+  LocalizeRunOptions o;
+  o.a = dir;
+  o.comparison = baseline + ":" + arm;
+  o.rerun = true;
+  o.exe = exe_a;
+  o.exe_b = exe_b;
+  const RunPaths paths(dir);
+  LOCKSTEP_RETURN_IF_ERROR(MakeDir(dir + "/localize"));
+  Result<LocalizeRun> run = RunLocalization(o);
+  if (!run.ok()) {
+    const nlohmann::json err = {{"pair", baseline + " vs " + arm},
+                                {"error", run.status().ToString()}};
+    LOCKSTEP_RETURN_IF_ERROR(WriteOutput(paths.Localize(baseline, arm, ".json"), err.dump(2)));
+    return run.status();
+  }
+  nlohmann::json j = nlohmann::json::parse(LocalizeRunJson(*run));
+  j["summary"] = LocalizeSummaryJson(*run);
+  LOCKSTEP_RETURN_IF_ERROR(WriteOutput(paths.Localize(baseline, arm, ".json"), j.dump(2) + "\n"));
+  LOCKSTEP_RETURN_IF_ERROR(
+      WriteOutput(paths.Localize(baseline, arm, ".md"), LocalizeRunMarkdown(*run)));
+  return LocalizeVerdictSentence(*run);
 }
 
 }  // namespace lockstep

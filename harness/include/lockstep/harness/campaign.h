@@ -149,6 +149,10 @@ struct Campaign {
   // (arm by arm), "abba" (A B B A A B ...) or "random" (seeded by order_seed). units.h.
   std::string order = "plan";
   std::uint64_t order_seed = 0;
+  // localize = true (issue 37): a failing comparison (an A/A, or a change gate's) is localised
+  // after it is made (localize_run.h, re-run with op digests): DIR/localize/<baseline>-<arm>.json
+  // and .md, and the verdict box names where the difference is born.
+  bool localize = false;
   std::string plan_dir;     // folder of the plan file (relative paths resolve here)
   std::string plan_text;    // the file as read
   std::string plan_sha256;  // SHA-256 of plan_text

@@ -24,6 +24,7 @@
 // DIR/localize/work-<baseline>-<arm> for a run folder). Not thread-safe (runs child processes).
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,7 @@ struct LocalizeRunOptions {
   std::string work;         // the re-runs' folder (empty: the default above)
   std::string model;        // the model at hand (empty: the recorded path; a run folder: DIR/model)
   std::string exe;          // the lockstep binary re-runs use (empty: this executable)
+  std::string exe_b;        // B's re-runs (a change gate's candidate build; empty: exe)
 };
 
 // What the re-runs were (rerun or graft mode).
@@ -101,5 +103,18 @@ std::string LocalizeRunHtml(const LocalizeRun& run);
 // stage 2, layer 19, `moe_combine`, row 3 (inputs equal)", "... path differs at window 14; the
 // state is not the cause (draft_policy=latency)", "... carried in stage0/layer1/ssm_state".
 std::string LocalizeVerdictSentence(const LocalizeRun& run);
+// The allowlisted part of a result, for a campaign's summary (no paths, no values): pair,
+// verdict, kind, window, stage, layer, op, row, item, state_is_cause (graft), sentence.
+nlohmann::json LocalizeSummaryJson(const LocalizeRun& run);
+
+// Campaigns (plan key `localize = true`, runner.h): localises the comparison BASELINE:ARM of run
+// folder `dir` (already in its ledger) with re-runs on `exe_a` / `exe_b` (each side's build), and
+// writes DIR/localize/<baseline>-<arm>.json (LocalizeRunJson plus `summary`, the allowlisted
+// LocalizeSummaryJson) and .md. Returns the verdict sentence. When the localisation itself fails
+// (a re-run that crashes, fingerprints that do not match) the json file holds {"error": ...} and
+// that Status is returned; the campaign goes on either way.
+Result<std::string> LocalizeCampaignPair(const std::string& dir, const std::string& baseline,
+                                         const std::string& arm, const std::string& exe_a,
+                                         const std::string& exe_b);
 
 }  // namespace lockstep

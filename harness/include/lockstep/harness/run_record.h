@@ -7,6 +7,7 @@
 //   DIR/arms/<arm>/                 (ArmDir)     DIR/arms/<arm>/r<k>/ (RepeatDir, timing arms)
 //     config.json stdout.json stderr.log trace.jsonl export.h5 service.json   (arm_file::k*)
 //   DIR/compare/<arm>.json|.md|.html|.nrmse.svg                               (Compare)
+//   DIR/localize/<baseline>-<arm>.json|.md  (plan key localize)               (Localize)
 //   DIR/report.md  DIR/report.html  DIR/junit.xml
 //
 // RunRecord (below) is the ledger of such a folder replayed once into types: the runner and its
@@ -61,6 +62,12 @@ class RunPaths {
 
   // DIR/compare/<arm><ext>: the comparison of `arm` with its baseline (ext ".json", ".md", ...).
   std::string Compare(std::string_view arm, std::string_view ext) const;
+
+  // DIR/localize/<baseline>-<arm><ext>: a failing comparison localised (plan key localize).
+  std::string Localize(std::string_view baseline, std::string_view arm,
+                       std::string_view ext) const {
+    return dir_ + "/localize/" + std::string(baseline) + "-" + std::string(arm) + std::string(ext);
+  }
 
   std::string ReportMd() const { return dir_ + "/report.md"; }
   std::string ReportHtml() const { return dir_ + "/report.html"; }
