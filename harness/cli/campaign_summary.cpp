@@ -7,6 +7,7 @@
 
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/harness/ledger.h"
+#include "lockstep/harness/localize_run.h"
 #include "lockstep/harness/run_record.h"
 
 namespace lockstep {
@@ -94,7 +95,7 @@ Result<nlohmann::json> CampaignSummaryJson(const std::string& run_dir, const Rep
         t.ok()) {
       const nlohmann::json loc = nlohmann::json::parse(*t, nullptr, false);
       if (loc.is_object())
-        p["localize"] = loc.contains("summary") ? loc["summary"]
+        p["localize"] = loc.contains("summary") ? AllowlistedLocalizeSummary(loc["summary"])
                                                 : nlohmann::json{{"error", "localisation failed"}};
     }
     pairs.push_back(std::move(p));

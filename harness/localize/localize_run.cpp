@@ -380,6 +380,17 @@ nlohmann::json LocalizeSummaryJson(const LocalizeRun& run) {
   return j;
 }
 
+nlohmann::json AllowlistedLocalizeSummary(const nlohmann::json& summary) {
+  static const char* const kKeys[] = {"pair",           "verdict", "kind",    "window",
+                                      "stage",          "layer",   "op",      "row",
+                                      "state_is_cause", "item",    "sentence"};
+  nlohmann::json out = nlohmann::json::object();
+  if (!summary.is_object()) return out;
+  for (const char* k : kKeys)
+    if (summary.contains(k)) out[k] = summary[k];
+  return out;
+}
+
 Result<std::string> LocalizeCampaignPair(const std::string& dir, const std::string& baseline,
                                          const std::string& arm, const std::string& exe_a,
                                          const std::string& exe_b) {
@@ -399,7 +410,7 @@ Result<std::string> LocalizeCampaignPair(const std::string& dir, const std::stri
     return run.status();
   }
   nlohmann::json j = nlohmann::json::parse(LocalizeRunJson(*run));
-  j["summary"] = LocalizeSummaryJson(*run);
+  j["summary"] = AllowlistedLocalizeSummary(LocalizeSummaryJson(*run));
   LOCKSTEP_RETURN_IF_ERROR(WriteOutput(paths.Localize(baseline, arm, ".json"), j.dump(2) + "\n"));
   LOCKSTEP_RETURN_IF_ERROR(
       WriteOutput(paths.Localize(baseline, arm, ".md"), LocalizeRunMarkdown(*run)));

@@ -106,6 +106,9 @@ std::string LocalizeVerdictSentence(const LocalizeRun& run);
 // The allowlisted part of a result, for a campaign's summary (no paths, no values): pair,
 // verdict, kind, window, stage, layer, op, row, item, state_is_cause (graft), sentence.
 nlohmann::json LocalizeSummaryJson(const LocalizeRun& run);
+// Of a summary read back from a run folder (DIR/localize/<baseline>-<arm>.json's `summary`), the
+// allowlisted keys above only; anything else in the file is dropped.
+nlohmann::json AllowlistedLocalizeSummary(const nlohmann::json& summary);
 
 // Campaigns (plan key `localize = true`, runner.h): localises the comparison BASELINE:ARM of run
 // folder `dir` (already in its ledger) with re-runs on `exe_a` / `exe_b` (each side's build), and
