@@ -480,13 +480,9 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
   top.begin = toml::source_position{1, 1};
   LOCKSTEP_RETURN_IF_ERROR(
       CheckKeys(root, "at the top level",
-                {"name", "question", "hypothesis", "control", "min_timing_repeats", "model",
-                 "request", "engine", "export", "thresholds", "gates", "arm", "stop", "builds",
-                 "service", "order", "order_seed"}));
-  LOCKSTEP_RETURN_IF_ERROR(CheckKeys(
-      root, "at the top level",
-      {"name", "question", "hypothesis", "control", "min_timing_repeats", "localize", "model",
-       "request", "engine", "export", "thresholds", "gates", "arm", "stop", "builds", "service"}));
+                {"name", "question", "hypothesis", "control", "min_timing_repeats", "localize",
+                 "model", "request", "engine", "export", "thresholds", "gates", "arm", "stop",
+                 "builds", "service", "order", "order_seed"}));
   Campaign c;
   c.plan_dir = plan_dir_;
   c.plan_text = std::string(text);
