@@ -294,6 +294,11 @@ Status ExportReader::Impl::ReadRoot() {
   if (H5Aexists(root.get(), "host") > 0) {  // optional: older files
     LOCKSTEP_ASSIGN_OR_RETURN(meta.host, StrAttr(root.get(), "/", "host", max_str));
   }
+  if (H5Aexists(root.get(), "prefix_reuse") > 0) {  // optional: served requests, older files
+    LOCKSTEP_ASSIGN_OR_RETURN(meta.prefix_reuse, StrAttr(root.get(), "/", "prefix_reuse", max_str));
+    LOCKSTEP_ASSIGN_OR_RETURN(meta.prompt_tokens_reused,
+                              IntAttr(root.get(), "/", "prompt_tokens_reused"));
+  }
   LOCKSTEP_ASSIGN_OR_RETURN(meta.seed, IntAttr(root.get(), "/", "seed"));
   if (meta.executable_sha256.empty())
     meta.unknowns.push_back("executable_sha256: empty (the binary was unreadable)");

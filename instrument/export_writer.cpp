@@ -726,7 +726,10 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
                   (meta.host_json.empty() || AttrStr(root.get(), "host", meta.host_json)) &&
                   (meta.engine.empty() || AttrStr(root.get(), "engine", meta.engine)) &&
                   (meta.engine_commit.empty() ||
-                   AttrStr(root.get(), "llama_cpp_commit", meta.engine_commit));
+                   AttrStr(root.get(), "llama_cpp_commit", meta.engine_commit)) &&
+                  (meta.prefix_reuse.empty() ||
+                   (AttrStr(root.get(), "prefix_reuse", meta.prefix_reuse) &&
+                    AttrInt(root.get(), "prompt_tokens_reused", meta.prompt_tokens_reused)));
         return ok ? Status::Ok() : H5Fail("root attributes");
       },
       0);

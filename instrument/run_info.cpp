@@ -16,6 +16,9 @@ ExportRunInfo RequestRunInfo(const EngineConfig& config, std::span<const std::in
   m.output_tokens = r.result.output;
   m.stop_reason = r.result.stop_reason;
   m.injections = r.injections;
+  m.prefix_reuse = ReuseReasonText(r.prefix);
+  m.prompt_tokens_reused =
+      r.prefix.reason == ReuseReason::kKeptSlot ? r.prefix.kept_tokens : r.prefix.reused_tokens;
   return m;
 }
 

@@ -90,6 +90,13 @@ bool PrefixCache::Wants(int s, std::span<const std::int32_t> prompt, bool uses_m
 
 void PrefixCache::Insert(PrefixEntry entry) {
   LOCKSTEP_CHECK_EQ(entry.tokens.size(), static_cast<std::size_t>(entry.position()) + 1);
+  if (!entry.source) entry.source = std::make_shared<const std::vector<std::int32_t>>(entry.tokens);
+  // The entries one prompt stores after each chunk share one copy of it.
+  for (const auto& held : entries_)
+    if (held->entry.source != entry.source && *held->entry.source == *entry.source) {
+      entry.source = held->entry.source;
+      break;
+    }
   auto s = std::make_unique<Slot>();
   s->hash = hash_(entry.tokens);
   s->last_used = ++tick_;
@@ -126,12 +133,87 @@ void PrefixCache::Trim() {
     auto lru = std::min_element(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) {
       return a->last_used < b->last_used;
     });
+    evicted_.push_back({(*lru)->entry.source, (*lru)->entry.position(), (*lru)->entry.uses_mtp});
+    if (evicted_.size() > kEvictedKeys) evicted_.pop_front();
     entries_.erase(lru);
     ++counters_.evictions;
   }
 }
 
-void PrefixCache::Clear() { entries_.clear(); }
+void PrefixCache::Clear() {
+  entries_.clear();
+  evicted_.clear();
+}
+
+const char* ReuseReasonName(ReuseReason r) {
+  switch (r) {
+    case ReuseReason::kCacheOff:
+      return "cache_off";
+    case ReuseReason::kKeptSlot:
+      return "kept_slot";
+    case ReuseReason::kDifferentConfig:
+      return "different_config";
+    case ReuseReason::kEvicted:
+      return "evicted";
+    case ReuseReason::kPrefixMismatch:
+      return "prefix_mismatch";
+    case ReuseReason::kSnapshotGrid:
+      return "snapshot_grid";
+    case ReuseReason::kNoEntry:
+      return "no_entry";
+  }
+  return "?";
+}
+
+namespace {
+
+// How many leading tokens a and b share.
+int SharedPrefix(std::span<const std::int32_t> a, std::span<const std::int32_t> b) {
+  const auto m = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+  return static_cast<int>(m.first - a.begin());
+}
+
+}  // namespace
+
+bool PrefixCache::WasEvicted(std::span<const std::int32_t> prompt, bool uses_mtp, int after,
+                             int upto) const {
+  for (const Evicted& e : evicted_) {
+    if (e.uses_mtp != uses_mtp || e.position <= after || e.position > upto) continue;
+    if (SharedPrefix(*e.source, prompt) >= e.position + 1) return true;
+  }
+  return false;
+}
+
+ReuseExplanation PrefixCache::Explain(std::span<const std::int32_t> prompt, bool uses_mtp,
+                                      int reused) const {
+  const int n = static_cast<int>(prompt.size());
+  auto grid_floor = [&](int tokens) { return tokens < 1 ? 0 : (tokens - 1) / grid_ * grid_; };
+  const int deepest = grid_floor(n);  // the deepest position any entry could give this prompt
+  for (int q = reused + grid_; q <= deepest; q += grid_)
+    if (Find(prompt.first(static_cast<std::size_t>(q) + 1), !uses_mtp) != nullptr)
+      return {ReuseReason::kDifferentConfig, -1};
+  if (WasEvicted(prompt, uses_mtp, reused, deepest)) return {ReuseReason::kEvicted, -1};
+  int longest = 0;
+  bool differs = false;  // a stored prompt that goes on past `longest` with another token
+  for (const auto& held : entries_) {
+    if (held->entry.uses_mtp != uses_mtp) continue;
+    const std::vector<std::int32_t>& src = *held->entry.source;
+    const int l = SharedPrefix(src, prompt);
+    const bool d = l < static_cast<int>(src.size()) && l < n;
+    if (l > longest) {
+      longest = l;
+      differs = d;
+    } else if (l == longest) {
+      differs = differs || d;
+    }
+  }
+  if (longest == 0) return {ReuseReason::kNoEntry, -1};
+  // A stored prompt shares a deeper grid prefix than the lookup found and no entry of it is
+  // there (nor among the evicted keys): it ended before its prefill got there.
+  if (grid_floor(longest) > reused) return {ReuseReason::kNoEntry, -1};
+  if (differs) return {ReuseReason::kPrefixMismatch, longest};
+  return {ReuseReason::kSnapshotGrid, -1};
+}
 
 PrefixCacheCounters PrefixCache::counters() const {
   PrefixCacheCounters c = counters_;

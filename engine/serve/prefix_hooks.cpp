@@ -21,6 +21,9 @@ Status PrefixAdmit(PrefixCache& cache, Engine& engine, Sequence& seq, PrefixRepo
     report->reused_tokens = s;
     report->snapshot_position = s;
   }
+  const ReuseExplanation why = cache.Explain(tokens, seq.has_mtp(), report->reused_tokens);
+  report->reason = why.reason;
+  report->reason_at = why.at;
   cache.Trim();
   return Status::Ok();
 }
@@ -37,6 +40,7 @@ Status PrefixCapture(PrefixCache& cache, Engine& engine, const Sequence& seq, in
                                                std::to_string(chunk_end));
   PrefixEntry entry;
   entry.tokens.assign(tokens.begin(), tokens.begin() + chunk_end + 1);
+  entry.source = std::make_shared<const std::vector<std::int32_t>>(tokens);  // the prompt
   entry.uses_mtp = seq.has_mtp();
   entry.snap = std::move(snap);
   if (seq.has_mtp()) entry.mtp = seq.SaveMtp();

@@ -24,6 +24,12 @@ RequestOptions RequestOptions::FromConfig(const EngineConfig& cfg) {
   return o;
 }
 
+std::string ReuseReasonText(const PrefixReport& p) {
+  std::string s = ReuseReasonName(p.reason);
+  if (p.reason == ReuseReason::kPrefixMismatch) s += "_at=" + std::to_string(p.reason_at);
+  return s;
+}
+
 const char* RequestEndName(RequestEnd e) {
   switch (e) {
     case RequestEnd::kFinished:
@@ -196,6 +202,7 @@ Status Scheduler::AdmitInto(Entry& e, int slot) {
 }
 
 Status Scheduler::PrefixLookupOnAdmit(Entry& e) {
+  e.res.prefix.reason = ReuseReason::kCacheOff;
   if (!prefix_cache_ || !e.spec.use_prefix_cache) return Status::Ok();
   return PrefixAdmit(*prefix_cache_, engine_, *e.seq, &e.res.prefix);
 }

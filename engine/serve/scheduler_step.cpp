@@ -155,6 +155,7 @@ Result<Ticket> Scheduler::Continue(Ticket t, std::vector<std::int32_t> more, Req
   e->spec.hooks = GenerateHooks{};
   e->spec.borrowed_hooks = hooks;
   e->hooks = hooks != nullptr ? hooks : &e->spec.hooks;
+  const int committed = static_cast<int>(e->seq->tokens().size()) - 1;  // the slot's position
   LOCKSTEP_RETURN_IF_ERROR(e->seq->Continue(std::move(more), std::move(opts), e->hooks));
   counters_.reserved_bytes = counters_.reserved_bytes - e->reserved + reserve;
   e->reserved = reserve;
@@ -165,6 +166,8 @@ Result<Ticket> Scheduler::Continue(Ticket t, std::vector<std::int32_t> more, Req
   e->res.ticket = next_ticket_++;
   e->res.slot = slot;
   e->res.arrive_step = e->res.admit_step = step_;
+  e->res.prefix.reason = ReuseReason::kKeptSlot;
+  e->res.prefix.kept_tokens = committed;
   e->admit_order = admit_seq_++;
   ++counters_.submitted;
   ++counters_.admitted;

@@ -73,6 +73,7 @@ nlohmann::json LockstepJson(const ServeJob& job, const RequestResult& r, const R
   l["prompt_tokens_reused"] = r.prefix.reused_tokens;
   l["snapshot_position"] = r.prefix.snapshot_position;
   l["slot_tokens_reused"] = job.slot_reused;
+  l["prefix_reuse"] = ReuseReasonText(r.prefix);
   l["slot"] = r.slot;
   l["steps"] = {{"first", r.first_step}, {"last", r.last_step}};
   l["export"] = c.export_file.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.export_file);

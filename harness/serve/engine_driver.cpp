@@ -313,6 +313,7 @@ void EngineDriver::Deliver(RequestResult res) {
   metrics_.CountTokens(static_cast<std::int64_t>(job->prompt.size()),
                        static_cast<std::int64_t>(res.result.output.size()),
                        res.prefix.reused_tokens + job->slot_reused);
+  metrics_.CountReuse(res.prefix.reason);
   for (const WindowRecord& w : res.result.windows)
     if (w.T > 1) metrics_.CountDrafts(DraftSourceName(w.source), w.T - 1, w.accepted);
   // The export's per-stage residency and counters. The slot is closed by now: its expert

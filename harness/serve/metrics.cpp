@@ -80,6 +80,7 @@ void Histogram::Render(const std::string& name, const std::string& help, std::st
 ServeMetrics::ServeMetrics()
     : step_(LatencyBounds()), ttft_(LatencyBounds()), itl_(LatencyBounds()) {
   for (const char* r : {"evicted", "idle", "cap", "erased", "continued"}) kept_released_[r] = 0;
+  for (ReuseReason r : kAllReuseReasons) reuse_[ReuseReasonName(r)] = 0;
 }
 
 void ServeMetrics::CountResponse(const std::string& endpoint, int status) {
@@ -123,6 +124,11 @@ void ServeMetrics::CountDrafts(const std::string& source, std::int64_t drafted,
 void ServeMetrics::CountKeptRelease(const std::string& reason) {
   std::lock_guard lk(mu_);
   ++kept_released_[reason];
+}
+
+void ServeMetrics::CountReuse(ReuseReason reason) {
+  std::lock_guard lk(mu_);
+  ++reuse_[ReuseReasonName(reason)];
 }
 
 void ServeMetrics::ObserveStep(double seconds) {
@@ -174,6 +180,10 @@ std::string ServeMetrics::Text(const ServeGauges& g) const {
          "Kept conversations that left their slot, by reason");
   for (const auto& [reason, n] : kept_released_)
     out += fmt::format("lockstep_kept_released_total{{reason=\"{}\"}} {}\n", reason, n);
+  Header(out, "lockstep_prefix_reuse_total", "counter",
+         "Completions by why they reused no more of their prompt (prefix_cache.h ReuseReason)");
+  for (const auto& [reason, n] : reuse_)
+    out += fmt::format("lockstep_prefix_reuse_total{{reason=\"{}\"}} {}\n", reason, n);
   Scalar(out, "lockstep_queue_depth", "gauge", "Requests waiting for a slot", g.queue_depth);
   Scalar(out, "lockstep_queue_depth_max", "gauge", "Most requests ever waiting", g.max_queue_depth);
   Scalar(out, "lockstep_draining", "gauge", "1 while shutting down", g.draining ? 1 : 0);

@@ -60,6 +60,8 @@ class ServeMetrics {
   void CountKeptRelease(const std::string& reason);
   // Leftovers of earlier processes removed at start (stale_files.h): files and their bytes.
   void CountStaleRemoved(std::uint64_t files, std::uint64_t bytes);
+  // A completion that ran: why it reused no more of its prompt (every reason listed from 0).
+  void CountReuse(ReuseReason reason);
   void ObserveStep(double seconds);
   void ObserveTimeToFirstToken(double seconds);
   void ObserveInterToken(double seconds);
@@ -78,6 +80,7 @@ class ServeMetrics {
   std::uint64_t stale_files_ = 0, stale_bytes_ = 0;
   std::map<std::string, std::array<std::int64_t, 2>> drafts_;  // source -> drafted, accepted
   std::map<std::string, std::uint64_t> kept_released_;         // by reason, each listed from 0
+  std::map<std::string, std::uint64_t> reuse_;                 // by ReuseReasonName, from 0
   Histogram step_, ttft_, itl_;
 };
 

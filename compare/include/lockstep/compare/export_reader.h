@@ -190,6 +190,9 @@ struct ExportMeta {
       request_sha256;
   std::string request_id;  // attr `request_id`; "" when absent (one-request runs, older files)
   std::string host;        // attr `host`: the host fingerprint (JSON); "" in older files
+  // attrs `prefix_reuse` / `prompt_tokens_reused` (issue 40): "" and -1 when absent
+  std::string prefix_reuse;
+  std::int64_t prompt_tokens_reused = -1;
   std::int64_t seed = 0;
   std::string config_json;  // /config (canonical JSON of the effective engine config)
   std::vector<std::int32_t> request_tokens;  // /request/tokens

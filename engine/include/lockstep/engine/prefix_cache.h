@@ -18,14 +18,19 @@
 // least recently used entries are evicted (Trim); evicting only drops references, so a page a
 // live slot uses is never freed.
 //
+// Reuse reasons (issue 40, item 3): after a lookup, Explain says why a prompt reused no more than
+// it did, from the entries held, the prompts that stored them and the keys evicted lately.
+//
 // Not thread-safe: the scheduler's driver thread.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "lockstep/engine/conversation.h"
@@ -45,8 +50,37 @@ struct PrefixCacheCounters {
   std::uint64_t bytes = 0;           // bytes() now
 };
 
+// Why a request reused no more prompt tokens than it did (its PrefixReport, responses, exports,
+// `/metrics`), checked in this order:
+enum class ReuseReason : std::uint8_t {
+  kCacheOff,         // the engine runs without a prefix cache, or the request bypassed it
+  kKeptSlot,         // a kept conversation's continuation: its state came from its own slot
+  kDifferentConfig,  // a deeper grid prefix is held, but with the other MTP use (another key)
+  kEvicted,          // a deeper grid prefix was held and evicted for the budget
+  kPrefixMismatch,   // every cached prompt differs from this one at token P (reason_at)
+  kSnapshotGrid,     // the shared prefix ends between snapshots (or at the prompt's end): reused
+                     // up to the last grid position inside it
+  kNoEntry,          // no entry holds a deeper prefix: no cached prompt shares even its first
+                     // token, or the one that shares more ended before its prefill got there
+};
+// "cache_off", "kept_slot", "different_config", "evicted", "prefix_mismatch", "snapshot_grid",
+// "no_entry" (the `/metrics` label; the response's text adds "_at=P").
+const char* ReuseReasonName(ReuseReason r);
+inline constexpr ReuseReason kAllReuseReasons[] = {
+    ReuseReason::kCacheOff, ReuseReason::kKeptSlot,       ReuseReason::kDifferentConfig,
+    ReuseReason::kEvicted,  ReuseReason::kPrefixMismatch, ReuseReason::kSnapshotGrid,
+    ReuseReason::kNoEntry};
+
+struct ReuseExplanation {
+  ReuseReason reason = ReuseReason::kNoEntry;
+  int at = -1;  // kPrefixMismatch: P, the first token that differs
+};
+
 struct PrefixEntry {
   std::vector<std::int32_t> tokens;  // [0, s]: s + 1 tokens
+  // The whole prompt of the request that stored it (tokens is its prefix); null = tokens. The
+  // entries of one prompt share it (Insert). Only Explain reads it.
+  std::shared_ptr<const std::vector<std::int32_t>> source;
   bool uses_mtp = false;
   Engine::SlotSnapshot snap;  // position s
   // The MTP drafter at s (uses_mtp): nothing queued, last extended row s-1 (its m and logits).
@@ -72,6 +106,15 @@ class PrefixCache {
   // Whether a prefill chunk ending at `s` of `prompt` should be captured: s on the grid,
   // 1 <= s <= n-1, and no entry holds (prompt[0, s], uses_mtp) yet.
   bool Wants(int s, std::span<const std::int32_t> prompt, bool uses_mtp) const;
+  // Why `prompt` (n tokens, `uses_mtp`), which Lookup gave `reused` tokens (0 on a miss), got
+  // no more: a held entry at a deeper grid position s <= n-1 with the other MTP use
+  // (kDifferentConfig); a deeper grid prefix among the last kEvictedKeys evicted keys (kEvicted);
+  // else L, the longest prefix any stored prompt shares with it: 0, or a deeper grid prefix
+  // than `reused` inside L (the entry there was never stored) (kNoEntry), a token that differs
+  // at L (kPrefixMismatch, at = L), or a stored prompt or this one ending at L (kSnapshotGrid).
+  // Counts nothing and marks nothing used.
+  ReuseExplanation Explain(std::span<const std::int32_t> prompt, bool uses_mtp, int reused) const;
+  static constexpr std::size_t kEvictedKeys = 4096;
   // Stores `entry` (most recently used) and trims to the budget.
   void Insert(PrefixEntry entry);
   // Evicts least recently used entries while bytes() > budget.
@@ -85,14 +128,21 @@ class PrefixCache {
   PrefixCacheCounters counters() const;
 
  private:
-  struct Slot;  // one stored entry with its key and LRU tick
+  struct Slot;      // one stored entry with its key and LRU tick
+  struct Evicted {  // an evicted key: its prompt's first position + 1 tokens, its MTP use
+    std::shared_ptr<const std::vector<std::int32_t>> source;
+    int position = 0;
+    bool uses_mtp = false;
+  };
   const Slot* Find(std::span<const std::int32_t> key_tokens, bool uses_mtp) const;
+  bool WasEvicted(std::span<const std::int32_t> prompt, bool uses_mtp, int after, int upto) const;
 
   int grid_;
   std::uint64_t budget_;
   TokenHash hash_;
   std::uint64_t tick_ = 0;
   std::vector<std::unique_ptr<Slot>> entries_;
+  std::deque<Evicted> evicted_;  // the last kEvictedKeys evicted keys, oldest first
   PrefixCacheCounters counters_;
 };
 

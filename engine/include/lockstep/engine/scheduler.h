@@ -34,6 +34,7 @@
 #include "lockstep/engine/engine.h"
 #include "lockstep/engine/expert_cache.h"
 #include "lockstep/engine/generate.h"
+#include "lockstep/engine/prefix_cache.h"
 #include "lockstep/engine/request_options.h"
 #include "lockstep/engine/status.h"
 #include "lockstep/engine/step_record.h"
@@ -80,7 +81,15 @@ struct PrefixReport {
   int reused_tokens = 0;       // prompt tokens whose state came from the prefix cache
   int snapshot_position = -1;  // the snapshot position it resumed from; -1 = cold
   int prefill_computed = 0;    // prompt rows this request's prefill actually ran
+  // Why it reused no more than reused_tokens (prefix_cache.h ReuseReason); `reason_at` is P of
+  // kPrefixMismatch (the first prompt token no cached prefix shares), else -1.
+  ReuseReason reason = ReuseReason::kCacheOff;
+  int reason_at = -1;
+  int kept_tokens = 0;  // kKeptSlot: the conversation's committed tokens the slot held
 };
+// "no_entry", "prefix_mismatch_at=P", "snapshot_grid", ...: the reason as responses and exports
+// write it.
+std::string ReuseReasonText(const PrefixReport& p);
 
 struct RequestResult {
   std::string id;

@@ -80,6 +80,10 @@ struct ExportRunInfo {
   // Root attributes `engine` ("llama.cpp") and `llama_cpp_commit` (issue 38); "" = not written
   // (the lockstep engine's exports are the files they always were).
   std::string engine, engine_commit;
+  // Root attributes `prefix_reuse` (ReuseReasonText) and `prompt_tokens_reused`: why the request
+  // reused what it did of its prompt (issue 40); "" = neither is written.
+  std::string prefix_reuse;
+  std::int64_t prompt_tokens_reused = 0;
   std::string config_json;   // canonical effective config
   std::string weights_json;  // /weights: resident weight bytes per stage ("" = not written)
   std::string executable_sha256, config_sha256, model_sha256, request_sha256;
