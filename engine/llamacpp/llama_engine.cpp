@@ -5,6 +5,7 @@
 
 #include "graph_ops.h"
 #include "llama_lib.h"
+#include "lockstep/engine/clock.h"
 #include "lockstep/engine/gguf.h"
 #include "lockstep/engine/sampler.h"
 #include "lockstep/engine/splitmix.h"
@@ -12,12 +13,6 @@
 namespace lockstep {
 
 namespace {
-
-std::int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 ggml_type KvType(const std::string& s) {
   if (s == "f32") return GGML_TYPE_F32;
@@ -80,9 +75,9 @@ Status LlamaEngine::Impl::Decode(Batch& batch, int window, const std::vector<int
                                  int n_seqs, const LlamaHooks& hooks) {
   const bool want = hooks.on_op && hooks.wants_ops && hooks.wants_ops(window);
   ops->BeginCall(window, row_pos, n_seqs, want ? &hooks.on_op : nullptr);
-  const std::int64_t begin_ns = NowNs();
+  const std::int64_t begin_ns = MonotonicNs();
   const int rc = lib->llama_decode(ctx, batch.b);
-  const std::int64_t end_ns = NowNs();
+  const std::int64_t end_ns = MonotonicNs();
   ops->EndCall();
   if (rc != 0)
     return Status::Runtime(
@@ -187,7 +182,7 @@ Result<LlamaResult> LlamaEngine::Generate(std::span<const std::int32_t> prompt,
   }
 
   // The request's prefill: the first n-1 prompt tokens (window -1).
-  const std::int64_t t0 = NowNs();
+  const std::int64_t t0 = MonotonicNs();
   for (int b0 = 0; b0 < n - 1; b0 += chunk) {
     batch.Clear();
     std::vector<int> row_pos;
@@ -197,7 +192,7 @@ Result<LlamaResult> LlamaEngine::Generate(std::span<const std::int32_t> prompt,
     }
     LOCKSTEP_RETURN_IF_ERROR(m.Decode(batch, -1, row_pos, 1, hooks));
   }
-  const std::int64_t t1 = NowNs();
+  const std::int64_t t1 = MonotonicNs();
   res.prefill_ns = t1 - t0;
 
   // Windows: the request's token in row 0, each background sequence's next token after it.
@@ -236,7 +231,7 @@ Result<LlamaResult> LlamaEngine::Generate(std::span<const std::int32_t> prompt,
       break;
     }
   }
-  res.decode_ns = NowNs() - t1;
+  res.decode_ns = MonotonicNs() - t1;
   return res;
 }
 

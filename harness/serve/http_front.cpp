@@ -16,18 +16,13 @@
 #include <optional>
 #include <utility>
 
+#include "lockstep/engine/clock.h"
 #include "serve/api_error.h"
 #include "serve/auth.h"
 
 namespace lockstep {
 
 namespace {
-
-std::int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 constexpr std::int64_t kSecNs = 1'000'000'000;
 // After a refusal with the request unread, the input is read and dropped this long before the
@@ -466,7 +461,7 @@ void HttpFront::Loop() {
       for (auto& c : back_) conns_.push_back(std::move(c));
       back_.clear();
     }
-    std::int64_t now = NowNs();
+    std::int64_t now = MonotonicNs();
     // Each connection: parse what it has (a kept connection may hold a pipelined request),
     // time out, or wait for input.
     std::vector<std::unique_ptr<Conn>> keep;
@@ -532,7 +527,7 @@ void HttpFront::Loop() {
     }
     const int wait_ms = static_cast<int>(std::max<std::int64_t>(0, next - now) / 1'000'000) + 1;
     if (::poll(fds.data(), fds.size(), wait_ms) < 0 && errno != EINTR) break;
-    now = NowNs();
+    now = MonotonicNs();
     if (fds[0].revents & POLLIN) {
       std::uint64_t n = 0;
       (void)!::read(wake_fd_, &n, sizeof(n));
@@ -710,7 +705,7 @@ void HttpFront::Work() {
     }
     ++c->served;
     c->Reset();
-    c->since_ns = NowNs();
+    c->since_ns = MonotonicNs();
     c->deadline_ns = c->since_ns + std::int64_t{limits_.keep_alive_s} * kSecNs;
     back_.push_back(std::move(c));
     const std::uint64_t one = 1;
