@@ -309,7 +309,8 @@ void EngineDriver::Deliver(RequestResult res) {
   }
   Publish();  // before the client hears of the end: /slots and /metrics already show it
   const std::string reason = FinishReason(res, job->text.stopped());
-  metrics_.CountFinish(reason);
+  // A request ended by its export budget is answered 413: an error, whatever its text says.
+  metrics_.CountFinish(res.result.stop_reason == "export_budget" ? "error" : reason);
   metrics_.CountTokens(static_cast<std::int64_t>(job->prompt.size()),
                        static_cast<std::int64_t>(res.result.output.size()),
                        res.prefix.reused_tokens + job->slot_reused);

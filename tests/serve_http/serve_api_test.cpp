@@ -181,6 +181,12 @@ TEST(ServeApi, AnExportOverItsBudgetIs413AndLeavesNoFile) {
   const auto at = m->body.find("\nlockstep_generated_tokens_total ");
   ASSERT_NE(at, std::string::npos) << m->body;
   EXPECT_LT(std::stod(m->body.substr(at + 33)), 10.0) << m->body.substr(at, 60);
+  // Counted as the error it was answered as, never as a completion that stopped.
+  EXPECT_NE(m->body.find("lockstep_completions_total{finish_reason=\"error\"} 1\n"),
+            std::string::npos)
+      << m->body;
+  EXPECT_EQ(m->body.find("lockstep_completions_total{finish_reason=\"stop\"}"), std::string::npos)
+      << m->body;
   json streamed = big;
   streamed["stream"] = true;
   auto res = cli->Post("/v1/completions", streamed.dump(), "application/json");
