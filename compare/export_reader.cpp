@@ -299,6 +299,9 @@ Status ExportReader::Impl::ReadRoot() {
     LOCKSTEP_ASSIGN_OR_RETURN(meta.prompt_tokens_reused,
                               IntAttr(root.get(), "/", "prompt_tokens_reused"));
   }
+  if (H5Aexists(root.get(), "preemptions") > 0) {  // optional: preempted served requests
+    LOCKSTEP_ASSIGN_OR_RETURN(meta.preemptions, StrAttr(root.get(), "/", "preemptions", max_str));
+  }
   LOCKSTEP_ASSIGN_OR_RETURN(meta.seed, IntAttr(root.get(), "/", "seed"));
   if (meta.executable_sha256.empty())
     meta.unknowns.push_back("executable_sha256: empty (the binary was unreadable)");

@@ -65,9 +65,9 @@ LOCKSTEP_FIELDS(ExportOpRecord, window, stage, layer, op, index, position, row, 
                 dump_offset, dump_len)
 LOCKSTEP_FIELDS(ExportMeta, schema, schema_version, arm, run_id, created_utc, executable_sha256,
                 config_sha256, model_sha256, request_sha256, request_id, host, prefix_reuse,
-                prompt_tokens_reused, seed, config_json, request_tokens, max_new, output_tokens,
-                stop_reason, text_sha256, checkpoints, windows, steps, counters, sampler, unknowns,
-                injections, op_table, op_records, op_dump, file_bytes)
+                prompt_tokens_reused, preemptions, seed, config_json, request_tokens, max_new,
+                output_tokens, stop_reason, text_sha256, checkpoints, windows, steps, counters,
+                sampler, unknowns, injections, op_table, op_records, op_dump, file_bytes)
 LOCKSTEP_FIELDS(ExportReader::Impl::ItemLoc, data, scale)
 // Loc's element type (mem_type) is a libhdf5 id, meaningless in another process: not sent (the
 // receiving side never calls libhdf5). Its binding still names it, so a new field is caught.

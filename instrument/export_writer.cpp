@@ -708,28 +708,29 @@ Status H5Exporter::Finish(const ExportRunInfo& meta) {
         H5Handle req(H5Oopen(file, "request", H5P_DEFAULT)),
             out(H5Oopen(file, "output", H5P_DEFAULT));
         H5Handle root(H5Gopen2(file, "/", H5P_DEFAULT));
-        bool ok = AttrInt(req.get(), "max_new", meta.max_new) &&
-                  AttrInt(req.get(), "seed", static_cast<std::int64_t>(meta.seed)) &&
-                  AttrStr(out.get(), "stop_reason", meta.stop_reason) &&
-                  AttrStr(out.get(), "text_sha256", meta.text_sha256) &&
-                  AttrStr(root.get(), "schema", "lockstep.export") &&
-                  AttrInt(root.get(), "schema_version", kExportSchemaVersion) &&
-                  AttrStr(root.get(), "arm", meta.arm) &&
-                  AttrStr(root.get(), "run_id", meta.run_id) &&
-                  AttrStr(root.get(), "created_utc", meta.created_utc) &&
-                  AttrStr(root.get(), "executable_sha256", meta.executable_sha256) &&
-                  AttrStr(root.get(), "config_sha256", meta.config_sha256) &&
-                  AttrStr(root.get(), "model_sha256", meta.model_sha256) &&
-                  AttrStr(root.get(), "request_sha256", meta.request_sha256) &&
-                  AttrInt(root.get(), "seed", static_cast<std::int64_t>(meta.seed)) &&
-                  (meta.request_id.empty() || AttrStr(root.get(), "request_id", meta.request_id)) &&
-                  (meta.host_json.empty() || AttrStr(root.get(), "host", meta.host_json)) &&
-                  (meta.engine.empty() || AttrStr(root.get(), "engine", meta.engine)) &&
-                  (meta.engine_commit.empty() ||
-                   AttrStr(root.get(), "llama_cpp_commit", meta.engine_commit)) &&
-                  (meta.prefix_reuse.empty() ||
-                   (AttrStr(root.get(), "prefix_reuse", meta.prefix_reuse) &&
-                    AttrInt(root.get(), "prompt_tokens_reused", meta.prompt_tokens_reused)));
+        bool ok =
+            AttrInt(req.get(), "max_new", meta.max_new) &&
+            AttrInt(req.get(), "seed", static_cast<std::int64_t>(meta.seed)) &&
+            AttrStr(out.get(), "stop_reason", meta.stop_reason) &&
+            AttrStr(out.get(), "text_sha256", meta.text_sha256) &&
+            AttrStr(root.get(), "schema", "lockstep.export") &&
+            AttrInt(root.get(), "schema_version", kExportSchemaVersion) &&
+            AttrStr(root.get(), "arm", meta.arm) && AttrStr(root.get(), "run_id", meta.run_id) &&
+            AttrStr(root.get(), "created_utc", meta.created_utc) &&
+            AttrStr(root.get(), "executable_sha256", meta.executable_sha256) &&
+            AttrStr(root.get(), "config_sha256", meta.config_sha256) &&
+            AttrStr(root.get(), "model_sha256", meta.model_sha256) &&
+            AttrStr(root.get(), "request_sha256", meta.request_sha256) &&
+            AttrInt(root.get(), "seed", static_cast<std::int64_t>(meta.seed)) &&
+            (meta.request_id.empty() || AttrStr(root.get(), "request_id", meta.request_id)) &&
+            (meta.host_json.empty() || AttrStr(root.get(), "host", meta.host_json)) &&
+            (meta.engine.empty() || AttrStr(root.get(), "engine", meta.engine)) &&
+            (meta.engine_commit.empty() ||
+             AttrStr(root.get(), "llama_cpp_commit", meta.engine_commit)) &&
+            (meta.prefix_reuse.empty() ||
+             (AttrStr(root.get(), "prefix_reuse", meta.prefix_reuse) &&
+              AttrInt(root.get(), "prompt_tokens_reused", meta.prompt_tokens_reused))) &&
+            (meta.preemptions.empty() || AttrStr(root.get(), "preemptions", meta.preemptions));
         return ok ? Status::Ok() : H5Fail("root attributes");
       },
       0);

@@ -19,6 +19,7 @@ ExportRunInfo RequestRunInfo(const EngineConfig& config, std::span<const std::in
   m.prefix_reuse = ReuseReasonText(r.prefix);
   m.prompt_tokens_reused =
       r.prefix.reason == ReuseReason::kKeptSlot ? r.prefix.kept_tokens : r.prefix.reused_tokens;
+  if (!r.preemptions.empty()) m.preemptions = PreemptionsJson(r.preemptions);
   return m;
 }
 

@@ -115,9 +115,11 @@ void Sequence::OnAdmit() {
   engine_.SetOpObserver(hooks_ ? hooks_->observer : nullptr);
   admitted_ = true;
   admit_ns_ = MonotonicNs();
-  ReserveWindowScratch(engine_, MaxWindow());
+  ReserveScratch();
   if (!prefilling()) EndPrefill();
 }
+
+void Sequence::ReserveScratch() { ReserveWindowScratch(engine_, MaxWindow()); }
 
 void Sequence::ResumeAt(int p, const MtpDrafterState* mtp) {
   next_ = std::min(p, prefill_end_);
@@ -143,13 +145,17 @@ Status Sequence::OnPrefillChunk(int p, int T, const float* normed) {
     mtp_->Queue(p, T, normed, tokens_.data() + p + 1);
     mtp_->Extend(ForwardMode::kPrefill);
   }
+  const bool recompute = p + T <= recompute_until_;
   next_ = p + T;
-  if (hooks_ != nullptr && hooks_->on_prefill) hooks_->on_prefill(next_, prefill_end_);
-  if (!prefilling()) EndPrefill();
+  if (!recompute && hooks_ != nullptr && hooks_->on_prefill)
+    hooks_->on_prefill(next_, prefill_end_);
+  if (!prefilling() && !prefill_ended_) EndPrefill();
+  if (next_ == recompute_until_ && !recomputing()) EndRecompute();
   return Status::Ok();
 }
 
 void Sequence::EndPrefill() {
+  prefill_ended_ = true;
   if (suffix_ && suffix_len_ < tokens_.size()) {
     suffix_->Append(std::vector<std::int32_t>(
         tokens_.begin() + static_cast<std::ptrdiff_t>(suffix_len_), tokens_.end()));
@@ -178,6 +184,7 @@ Status Sequence::BeginWindow() {
   w_.rec.begin_ns = MonotonicNs();
   engine_.SetWindow(w_.rec.idx);  // before the MTP drafts: their op records belong to the window
   LOCKSTEP_RETURN_IF_ERROR(Draft());
+  mtp_rows_after_draft_.push_back(engine_.mtp_position());
   LOCKSTEP_RETURN_IF_ERROR(engine_.ApplyGrafts(w_.rec.idx, CheckpointPoint::kPreVerify));
   Checkpoint(CheckpointPoint::kPreVerify, nullptr);
   WindowRecord& rec = w_.rec;
@@ -403,6 +410,9 @@ Status Sequence::Continue(std::vector<std::int32_t> more, RequestOptions opts,
   idx_ = 0;
   streak_ = 0;
   done_ = false;
+  prefill_ended_ = false;
+  mtp_rows_after_draft_.clear();
+  recompute_until_ = replay_k_ = replay_end_ = replayed_rows_ = 0;
   res_ = GenerateResult{};
   res_.stop_reason = "length";
   decode_begin_ns_ = 0;

@@ -79,6 +79,7 @@ class Sequence {
 
   // ---- decode ----
   bool done() const { return done_; }
+  int windows_run() const { return idx_; }  // windows of this request so far
   // hooks->stop_check: true, with the stop reason set, when the request should end here.
   bool StopRequested();
   // BeginWindow + Draft + the pre_verify checkpoint; window_tokens() is then the window.
@@ -105,6 +106,33 @@ class Sequence {
   // state.slot); it is then done, ready for Continue.
   Status Restore(const ConversationState& state);
 
+  // ---- preemption (engine/serve/preempt.cpp; sequence_recompute.cpp) ----
+  // Its slot is about to be freed between two steps (no window in flight): remembers how far
+  // prefill got and how many windows ran, the part a resumption recomputes (mid-recompute: the
+  // earlier preemption's, unchanged).
+  void OnPreempt();
+  // Its slot is open again, selected and at committed position `from` (0, a prefix-cache
+  // snapshot on the prefill grid, or a slot file at the preemption point); `mtp` the drafter's
+  // state there (null: a fresh drafter, from = 0). Recompute then runs, invisible to the hooks:
+  // prefill chunks up to where prefill had got, then every window run so far, replayed.
+  // kInvalidArgument when `from` is past the preemption point or inside the windows.
+  Status BeginRecompute(int from, const MtpDrafterState* mtp);
+  bool recomputing() const { return next_ < recompute_until_ || replaying(); }
+  // The point the last OnPreempt recorded: committed positions, prefill done, windows run.
+  int preempt_position() const { return preempt_position_; }
+  bool preempted_decoding() const { return preempt_next_ >= prefill_end_; }
+  int preempt_windows() const { return replay_end_; }
+  // Decoding with recorded windows left to replay (before any new window).
+  bool replaying() const { return !prefilling() && replay_k_ < replay_end_; }
+  // The next recorded window as window_tokens() / window_p(): its tokens (cur + draft), the MTP
+  // extension its draft had made. Then, after the step, OnReplayed: commit of its accepted + 1
+  // rows and the MTP rows; `*diverged` when the logits do not give its emitted tokens again.
+  Status BeginReplayWindow();
+  bool in_replay_window() const { return in_replay_; }
+  Status OnReplayed(const float* logits, const float* normed, bool* diverged);
+  // Committed rows of the windows replayed so far (the recompute's decode share).
+  int replayed_rows() const { return replayed_rows_; }
+
  private:
   // One window in flight: its record and what one phase hands the next.
   struct Window {
@@ -116,6 +144,8 @@ class Sequence {
   };
   bool IsEos(std::int32_t t) const;
   void EndPrefill();
+  void EndRecompute();    // recompute is over: the op observer is the hooks' again
+  void ReserveScratch();  // the GDN window scratch of its slot for MaxWindow()
   Status MakeDrafters();
   Status Draft();
   Status DraftFromReplay(std::vector<std::int32_t>& draft);
@@ -151,8 +181,17 @@ class Sequence {
   std::vector<int> scratch_;      // SampleToken's
   std::vector<float> penalized_;  // f32 [n_vocab]: a row's logits after ApplyPenalties
   std::vector<std::int32_t> window_tokens_;
-  std::int32_t cur_ = 0;  // the token the next window starts with
-  int streak_ = 0;        // preceding windows that accepted all of their drafts
+  std::int32_t cur_ = 0;        // the token the next window starts with
+  int streak_ = 0;              // preceding windows that accepted all of their drafts
+  bool prefill_ended_ = false;  // EndPrefill ran for this request
+  // Preemption: the MTP committed rows after each window's draft (replay extends the same).
+  std::vector<int> mtp_rows_after_draft_;
+  int preempt_next_ = 0;               // prefill progress when preempted
+  int preempt_position_ = 0;           // committed positions when preempted
+  int recompute_until_ = 0;            // prefill rows below this are recomputed (hooks silent)
+  int replay_k_ = 0, replay_end_ = 0;  // windows [replay_k_, replay_end_) still to replay
+  int replayed_rows_ = 0;
+  bool in_replay_ = false;
 };
 
 }  // namespace lockstep

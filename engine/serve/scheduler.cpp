@@ -1,6 +1,7 @@
 #include "serve/scheduler.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "lockstep/engine/clock.h"
 #include "lockstep/engine/prefix_cache.h"
@@ -62,6 +63,9 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions opts)
 }
 
 Scheduler::~Scheduler() {
+  for (const auto* v : {&queue_, &future_})
+    for (const auto& e : *v)
+      if (!e->slot_file.empty()) std::remove(e->slot_file.c_str());
   if (opts_.leave_slots_open) return;
   for (auto& e : live_)
     if (e) engine_.CloseSlot(e->res.slot);
@@ -136,7 +140,14 @@ Result<Ticket> Scheduler::Submit(RequestSpec spec, SubmitError* why) {
 }
 
 void Scheduler::Enqueue(std::unique_ptr<Entry> e) {
-  queue_.push_back(std::move(e));
+  if (e->queue_order < 0) e->queue_order = queue_seq_++;
+  // Higher priority first, FIFO by first enqueue within one (a preempted request keeps its place).
+  const Entry& n = *e;
+  const auto at = std::find_if(queue_.begin(), queue_.end(), [&n](const auto& q) {
+    return q->spec.priority < n.spec.priority ||
+           (q->spec.priority == n.spec.priority && q->queue_order > n.queue_order);
+  });
+  queue_.insert(at, std::move(e));
   Count();
 }
 
@@ -151,7 +162,7 @@ void Scheduler::Arrive() {
   future_.erase(future_.begin(), future_.begin() + static_cast<std::ptrdiff_t>(n));
   const int depth = engine_.config().queue_depth;
   for (auto& e : due) {
-    if (static_cast<int>(queue_.size()) >= depth) {
+    if (!e->resume && static_cast<int>(queue_.size()) >= depth) {  // a preempted one never is
       ++counters_.refused;
       const std::string why = "queue full: " + std::to_string(queue_.size()) +
                               " waiting (--queue-depth " + std::to_string(depth) + ")";
@@ -173,16 +184,18 @@ void Scheduler::Admit() {
   const std::uint64_t limit = MemoryLimitBytes(engine_.config());
   while (!queue_.empty()) {
     const int s = FreeSlot();
-    if (s < 0) break;
     Entry& head = *queue_.front();
-    if (limit > 0 && counters_.reserved_bytes + head.reserved > limit) break;
+    if (s < 0 || (limit > 0 && counters_.reserved_bytes + head.reserved > limit)) {
+      if (!PreemptFor(head)) break;  // lower-priority requests hold what it needs
+      continue;
+    }
     std::unique_ptr<Entry> e = std::move(queue_.front());
     queue_.erase(queue_.begin());
     live_[static_cast<std::size_t>(s)] = std::move(e);
     Entry& en = *live_[static_cast<std::size_t>(s)];
     counters_.reserved_bytes += en.reserved;
     ++counters_.admitted;
-    Status st = AdmitInto(en, s);
+    Status st = en.resume ? ResumeInto(en, s) : AdmitInto(en, s);
     if (!st.ok()) Finish(en, RequestEnd::kFailed, st);
   }
   Count();
@@ -255,6 +268,8 @@ void Scheduler::EndUnadmitted(std::unique_ptr<Entry> e, RequestEnd end, Status s
   e->res.status = std::move(st);
   e->res.result = e->seq->TakeResult();
   if (end == RequestEnd::kCancelled) ++counters_.cancelled;
+  if (!e->res.preemptions.empty()) ++counters_.finished;  // it had been admitted
+  if (!e->slot_file.empty()) std::remove(e->slot_file.c_str());
   finished_.push_back(std::move(e->res));
 }
 

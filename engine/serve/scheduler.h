@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "decode/sequence.h"
@@ -20,6 +21,11 @@ struct Scheduler::Entry {
   std::int64_t admit_order = -1;
   bool kept = false;  // a finished keep = true request holding its slot as a conversation
   RequestResult res;
+  // ---- preemption (engine/serve/preempt.cpp) ----
+  std::int64_t queue_order = -1;  // first enqueue: FIFO within a priority, kept when preempted
+  bool resume = false;            // preempted: its next admission resumes it
+  std::string slot_file;          // its state at preemption (SchedulerOptions::preempt_slot_dir)
+  int chunks_run = 0;             // prefill chunks it ran, recompute not counted (preempt_at)
 };
 
 struct Scheduler::Plan {

@@ -15,11 +15,12 @@ void Scheduler::PlanStep(Plan& plan) {
   for (int s = 0; s < n_slots_; ++s) {
     Entry* e = live_[static_cast<std::size_t>(s)].get();
     if (e == nullptr || e->kept || e->seq->prefilling()) continue;
-    if (e->seq->done() || e->seq->StopRequested()) {
+    const bool replay = e->seq->replaying();  // a resumed request's recorded windows first
+    if (!replay && (e->seq->done() || e->seq->StopRequested())) {
       Finish(*e, RequestEnd::kFinished, Status::Ok());
       continue;
     }
-    Status st = e->seq->BeginWindow();
+    Status st = replay ? e->seq->BeginReplayWindow() : e->seq->BeginWindow();
     if (!st.ok()) {
       Finish(*e, RequestEnd::kFailed, st);
       continue;
@@ -107,6 +108,7 @@ void Scheduler::FinishStep(Plan& plan, const Engine::StepOutputs& out, const Ste
   ctx.prefill_rows = rec.prefill_rows;
   ctx.begin_ns = rec.begin_ns;
   ctx.end_ns = rec.end_ns;
+  std::vector<std::pair<Entry*, bool>> hooked;  // preempt_at candidates: (entry, decode)
   for (std::size_t i = 0; i < plan.plan.groups.size(); ++i) {
     const RowGroup& g = plan.plan.groups[i];
     Entry& e = *plan.entries[i];
@@ -114,12 +116,27 @@ void Scheduler::FinishStep(Plan& plan, const Engine::StepOutputs& out, const Ste
     e.res.last_step = rec.step;
     // Verify rows are [0, verify_rows) in plan order, so a verify group's logits start at row0.
     const float* normed = out.normed.data() + static_cast<std::size_t>(g.row0) * H;
+    const float* logits = out.logits.data() + static_cast<std::size_t>(g.row0) * V;
+    const bool recompute = e.seq->recomputing();
     Status st;
-    if (g.mode == ForwardMode::kVerify) {
-      st = e.seq->OnVerified(out.logits.data() + static_cast<std::size_t>(g.row0) * V, normed, ctx);
+    if (g.mode == ForwardMode::kVerify && e.seq->in_replay_window()) {
+      PreemptionRecord& pr = e.res.preemptions.back();
+      const int rows = e.seq->replayed_rows();
+      bool diverged = false;
+      st = e.seq->OnReplayed(logits, normed, &diverged);
+      pr.tokens_recomputed += e.seq->replayed_rows() - rows;
+      ++pr.windows_replayed;
+      pr.windows_diverged += diverged ? 1 : 0;
+    } else if (g.mode == ForwardMode::kVerify) {
+      st = e.seq->OnVerified(logits, normed, ctx);
     } else {
       st = e.seq->OnPrefillChunk(g.p, g.T, normed);
-      e.res.prefix.prefill_computed += g.T;
+      if (recompute) {
+        e.res.preemptions.back().tokens_recomputed += g.T;
+      } else {
+        e.res.prefix.prefill_computed += g.T;
+        ++e.chunks_run;
+      }
       if (st.ok()) st = PrefixCaptureAfterChunk(e, g.p + g.T);
     }
     if (e.hooks->observer != nullptr) e.hooks->observer->OnStep(rec);
@@ -127,8 +144,11 @@ void Scheduler::FinishStep(Plan& plan, const Engine::StepOutputs& out, const Ste
       Finish(e, RequestEnd::kFailed, st);
     } else if (e.seq->done()) {
       Finish(e, RequestEnd::kFinished, Status::Ok());
+    } else if (!recompute && !e.spec.preempt_at.empty()) {
+      hooked.emplace_back(&e, g.mode == ForwardMode::kVerify);
     }
   }
+  for (auto [e, decode] : hooked) PreemptAtHook(*e, decode);
 }
 
 Result<Ticket> Scheduler::Continue(Ticket t, std::vector<std::int32_t> more, RequestOptions opts,

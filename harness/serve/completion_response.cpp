@@ -75,6 +75,8 @@ nlohmann::json LockstepJson(const ServeJob& job, const RequestResult& r, const R
   l["slot_tokens_reused"] = job.slot_reused;
   l["prefix_reuse"] = ReuseReasonText(r.prefix);
   l["slot"] = r.slot;
+  if (!r.preemptions.empty())  // issue 40: each preemption (scheduler.h PreemptionRecord)
+    l["preemptions"] = nlohmann::json::parse(PreemptionsJson(r.preemptions));
   l["steps"] = {{"first", r.first_step}, {"last", r.last_step}};
   l["export"] = c.export_file.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.export_file);
   l["export_sha256"] =

@@ -88,6 +88,10 @@ class EngineDriver {
   SlotAnswer SaveSlot(int slot, const std::string& path, const std::string& name);
   SlotAnswer RestoreSlot(int slot, std::string bytes, const std::string& name);
   SlotAnswer EraseSlot(int slot);
+  // POST /slots/{id}?action=preempt: the request running in the slot is preempted (Scheduler::
+  // Preempt); its client sees nothing but a pause. {"id_slot", "preempted" (its request id),
+  // "n_tokens" (its tokens so far)}; 409 when the slot runs no request or it cannot be preempted.
+  SlotAnswer PreemptSlot(int slot);
 
  private:
   struct Command {
@@ -119,6 +123,7 @@ class EngineDriver {
   SlotAnswer SaveSlotNow(int slot, const std::string& path, const std::string& name);
   SlotAnswer RestoreSlotNow(int slot, const std::string& bytes, const std::string& name);
   SlotAnswer EraseSlotNow(int slot);
+  SlotAnswer PreemptSlotNow(int slot);
   // A request with id_slot: continues that slot's kept conversation; false when refused (the
   // job has its error).
   bool ContinueKept(const ServeJobPtr& job);

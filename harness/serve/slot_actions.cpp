@@ -133,9 +133,9 @@ bool PlainFileName(const std::string& name) {
 void HandleSlotAction(ServeContext& ctx, const httplib::Request& req, httplib::Response& res) {
   if (!ctx.ready) return SendError(res, ApiError::Unavailable("loading the model", "loading"));
   const std::string action = req.get_param_value("action");
-  if (action != "save" && action != "restore" && action != "erase")
-    return SendError(res, ApiError::BadRequest("'action' must be save, restore or erase", "action",
-                                               "invalid_value"));
+  if (action != "save" && action != "restore" && action != "erase" && action != "preempt")
+    return SendError(res, ApiError::BadRequest("'action' must be save, restore, erase or preempt",
+                                               "action", "invalid_value"));
   const std::string digits = req.matches.size() > 1 ? std::string(req.matches[1]) : "";
   const int n_slots = ctx.engine_config.slots;
   const int slot = digits.size() <= 6 ? std::atoi(digits.c_str()) : -1;
@@ -146,6 +146,8 @@ void HandleSlotAction(ServeContext& ctx, const httplib::Request& req, httplib::R
   EngineDriver::SlotAnswer answer;
   if (action == "erase") {
     answer = ctx.driver->EraseSlot(slot);
+  } else if (action == "preempt") {
+    answer = ctx.driver->PreemptSlot(slot);
   } else {
     if (ctx.opts.slot_dir.empty()) {
       ApiError e =
@@ -218,6 +220,29 @@ EngineDriver::SlotAnswer EngineDriver::EraseSlot(int slot) {
   SlotAnswer a = Stopped();
   Call([&] { a = EraseSlotNow(slot); });
   return a;
+}
+
+EngineDriver::SlotAnswer EngineDriver::PreemptSlot(int slot) {
+  SlotAnswer a = Stopped();
+  Call([&] { a = PreemptSlotNow(slot); });
+  return a;
+}
+
+EngineDriver::SlotAnswer EngineDriver::PreemptSlotNow(int slot) {
+  const Ticket t = scheduler_.RunningIn(slot);
+  const auto job = jobs_.find(t);
+  if (t == 0 || job == jobs_.end())
+    return Conflict("slot " + std::to_string(slot) + " runs no request", "slot_idle");
+  std::int64_t n_tokens = static_cast<std::int64_t>(job->second->prompt.size());
+  {
+    std::lock_guard jl(job->second->mu);
+    n_tokens += job->second->n_generated;
+  }
+  Status s = scheduler_.Preempt(t, PreemptReason::kRequest);
+  if (s.code() == Status::Code::kInvalidArgument) return Conflict(s.message(), "not_preemptible");
+  if (!s.ok()) return ApiError::Internal(s.message());
+  std::fprintf(stderr, "serve: slot %d preempted (request %s)\n", slot, job->second->id.c_str());
+  return nlohmann::json{{"id_slot", slot}, {"preempted", job->second->id}, {"n_tokens", n_tokens}};
 }
 
 EngineDriver::SlotAnswer EngineDriver::SaveSlotNow(int slot, const std::string& path,

@@ -11,6 +11,12 @@
 //            "n_restored", "n_read", "timings": {"restore_ms"}}. A completion with
 //            "id_slot": id and the conversation's tokens followed by new ones continues it
 //            bitwise as if it had never left its slot.
+//   preempt  the request running in slot id is preempted (lockstep/engine/scheduler.h,
+//            "Preemption"): its slot is freed at once and the request resumes by recompute when
+//            a slot is free again, its stream pausing meanwhile; its tokens are unchanged (with
+//            batch_invariant on, bitwise its unpreempted run). No body. {"id_slot",
+//            "preempted" (the request id), "n_tokens"}; 409 when the slot runs no request
+//            ("slot_idle") or the request cannot be preempted ("not_preemptible").
 //   erase    frees slot id's kept conversation: {"id_slot", "n_erased"} (0 when it held none).
 //            The driver releases kept conversations the same way by itself (evicted for a new
 //            request, idle, over --keep-max: engine_driver.h); a continuation of one gets 409

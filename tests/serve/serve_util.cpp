@@ -69,7 +69,8 @@ ExportRunInfo RunInfo(const EngineConfig& cfg, const RequestSpec& spec, const Re
 
 }  // namespace
 
-ServeRun RunRequests(const EngineConfig& cfg, std::vector<ServeRequest> reqs) {
+ServeRun RunRequests(const EngineConfig& cfg, std::vector<ServeRequest> reqs,
+                     const SchedulerOptions& so) {
   ServeRun run;
   const auto preset = PresetOfDir().find(cfg.model);
   auto made = Engine::Create(
@@ -79,7 +80,7 @@ ServeRun RunRequests(const EngineConfig& cfg, std::vector<ServeRequest> reqs) {
     return run;
   }
   Engine& engine = **made;
-  Scheduler sched(engine);
+  Scheduler sched(engine, so);
   std::vector<std::unique_ptr<H5Exporter>> exporters(reqs.size());
   std::map<Ticket, std::size_t> index;
   for (std::size_t i = 0; i < reqs.size(); ++i) {

@@ -38,7 +38,9 @@ struct ServeRun {
 // Runs `reqs` on a fresh engine of `cfg` (the model of cfg.model, made by ServeConfig) until idle.
 // Each export is finished with the request's tokens and output (fingerprints: config, model "tiny",
 // request tokens).
-ServeRun RunRequests(const EngineConfig& cfg, std::vector<ServeRequest> reqs);
+// `so`: the scheduler's options (preempt_slot_dir).
+ServeRun RunRequests(const EngineConfig& cfg, std::vector<ServeRequest> reqs,
+                     const SchedulerOptions& so = {});
 
 // StateDiff of two exports at NRMSE 0 and KL 0 (every item, every window, no skips).
 DiffResult DiffExact(const std::string& a, const std::string& b);

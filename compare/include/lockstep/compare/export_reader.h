@@ -193,6 +193,8 @@ struct ExportMeta {
   // attrs `prefix_reuse` / `prompt_tokens_reused` (issue 40): "" and -1 when absent
   std::string prefix_reuse;
   std::int64_t prompt_tokens_reused = -1;
+  // attr `preemptions` (issue 40): the JSON array of the request's preemptions; "" when absent
+  std::string preemptions;
   std::int64_t seed = 0;
   std::string config_json;  // /config (canonical JSON of the effective engine config)
   std::vector<std::int32_t> request_tokens;  // /request/tokens

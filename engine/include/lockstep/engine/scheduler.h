@@ -18,6 +18,18 @@
 //
 // `Generate()` (generate.h) is the one-request case: a scheduler over slot 0 of a fresh engine.
 //
+// Preemption (issue 40): Preempt(), a waiting request of higher priority (a free slot or memory
+// it needs held by a lower-priority one) or a RequestSpec::preempt_at test hook frees a running
+// request's slot between two steps; the request waits at the front of its priority class and,
+// when admitted again, recomputes its state: from the deepest prefix-cache snapshot of its prompt
+// (else from position 0), prefill chunks on the same absolute grid, then every window it had run
+// replayed with its recorded tokens (cur + draft) and committed to its recorded length; or, with
+// SchedulerOptions::preempt_slot_dir, it was saved to a slot file and is read back (nothing
+// recomputed). Recompute is invisible to the request's hooks (no observer checkpoints, window
+// records or op records, no on_window / on_record / on_prefill): its export and output are those
+// of an unpreempted run. With batch_invariant on the recomputed state is bitwise the original
+// (tests/serve/preempt_test.cpp). RequestResult::preemptions records each preemption.
+//
 // Borrowed: the engine outlives the scheduler. Not thread-safe: one driver thread.
 #pragma once
 
@@ -46,6 +58,51 @@ class PrefixCache;  // lockstep/engine/prefix_cache.h
 
 using Ticket = std::int64_t;  // one per submitted request, from 1 per scheduler; 0 = none
 
+// A test hook (RequestSpec::preempt_at): preempt the request right after the engine step that ran
+// its prefill chunk `index` (0-based, counting the chunks it ran; decode = false) or its window
+// `index` (decode = true); it re-enters the queue `hold_steps` steps later.
+struct PreemptAt {
+  bool decode = false;
+  int index = 0;
+  int hold_steps = 0;
+};
+
+enum class PreemptReason : std::uint8_t {
+  kMemory,    // a waiting request of higher priority needed the memory it reserved
+  kPriority,  // a waiting request of higher priority needed its slot
+  kRequest,   // Scheduler::Preempt (lockstep serve: POST /slots/{id}?action=preempt)
+  kTest,      // RequestSpec::preempt_at
+};
+const char* PreemptReasonName(PreemptReason r);
+enum class ResumeFrom : std::uint8_t {
+  kSnapshot,  // a prefix-cache snapshot of its prompt, then recompute
+  kSlotFile,  // the slot file written at preemption (SchedulerOptions::preempt_slot_dir)
+  kScratch,   // position 0, then recompute
+};
+const char* ResumeFromName(ResumeFrom r);
+
+// One preemption of a request (RequestResult::preemptions; exports: root attribute
+// `preemptions`, instrument/SCHEMA.md).
+struct PreemptionRecord {
+  PreemptReason reason = PreemptReason::kRequest;
+  std::int64_t step = -1;  // the first engine step it was out of (its slot freed before it)
+  bool decode = false;     // preempted while decoding (else during prefill)
+  int position = 0;        // its slot's committed positions then
+  int window = -1;         // decode: windows it had run (the next window's index); prefill: -1
+  // Filled when it is admitted again (resume_step -1: never resumed, e.g. cancelled).
+  std::int64_t resume_step = -1;  // the step at whose start it was admitted again
+  int resume_slot = -1;
+  ResumeFrom from = ResumeFrom::kScratch;
+  int from_position = 0;      // the position recompute started at
+  int tokens_recomputed = 0;  // prefill rows and committed window rows recomputed
+  int windows_replayed = 0;
+  // Replayed windows whose logits did not give the recorded tokens again (0 with batch_invariant
+  // on; with it off the recorded tokens are kept and the state is the recompute's).
+  int windows_diverged = 0;
+};
+// The records as the export's JSON array (one object per record, the fields above by name).
+std::string PreemptionsJson(const std::vector<PreemptionRecord>& records);
+
 struct RequestSpec {
   std::string id;                    // the request id (exports, traces, results)
   std::vector<std::int32_t> prompt;  // at least one token, each inside the vocabulary
@@ -58,6 +115,10 @@ struct RequestSpec {
   // false: this request neither looks up nor stores prefix-cache entries (it runs cold and
   // leaves the cache as it was; `lockstep serve`'s "lockstep": {"cache": "bypass"}).
   bool use_prefix_cache = true;
+  // Admission order: a waiting request of higher priority is admitted first and may preempt a
+  // running one of lower priority (PreemptReason kPriority / kMemory); equal priorities: FIFO.
+  int priority = 0;
+  std::vector<PreemptAt> preempt_at;  // test hook (see PreemptAt)
 };
 
 enum class RequestEnd : std::uint8_t {
@@ -108,6 +169,7 @@ struct RequestResult {
   // Per stage, its slot's expert counters as it ended (read before the slot is freed: an
   // export's /counters); empty when it was never admitted.
   std::vector<ExpertCounters> expert_counters;
+  std::vector<PreemptionRecord> preemptions;  // in order
 };
 
 struct SchedulerCounters {
@@ -122,6 +184,8 @@ struct SchedulerCounters {
   std::int64_t refused = 0;          // Submit refusals and queue-full arrivals
   std::uint64_t reserved_bytes = 0;  // memory reservations of the requests holding slots now
   std::uint64_t max_reserved_bytes = 0;
+  std::int64_t preempted = 0;  // preemptions (a request can be preempted more than once)
+  std::int64_t resumed = 0;
 };
 
 struct SchedulerOptions {
@@ -135,6 +199,10 @@ struct SchedulerOptions {
   // Leave every slot as it is when the scheduler is destroyed (Generate: the engine keeps the
   // request's state for the caller to read). false: live slots are closed.
   bool leave_slots_open = false;
+  // Non-empty: a preempted request's state is saved to a slot file in this folder
+  // (`preempt-<ticket>-<n>.slot`, slot_file.h) and read back when it resumes (then removed);
+  // empty: it resumes by recompute.
+  std::string preempt_slot_dir;
 };
 
 class Scheduler {
@@ -160,6 +228,15 @@ class Scheduler {
   // nothing to do: no live request, nothing queued and nothing due to arrive. When only future
   // arrivals remain, it jumps to the next arrival step (no engine step) and returns true.
   Result<bool> Step();
+  // Preempts the running request `t` now (its slot is free before the next step; see the file
+  // comment). kInvalidArgument for a ticket that is not running (waiting, ended, a kept
+  // conversation) or cannot be preempted: --inject or grafts (their firings are not replayed), a
+  // continuation or imported conversation without preempt_slot_dir (its state holds rows of
+  // earlier requests' windows). kIOError when the slot file cannot be written (it keeps running).
+  Status Preempt(Ticket t, PreemptReason why = PreemptReason::kRequest);
+  // The ticket of the request running in `slot`; 0 when the slot is free or holds a kept
+  // conversation.
+  Ticket RunningIn(int slot) const;
   // Step() until it returns false.
   Status RunUntilIdle();
   // Requests that ended since the last call, in the order they ended.
@@ -211,7 +288,17 @@ class Scheduler {
   void Arrive();
   void Enqueue(std::unique_ptr<Entry> e);
   void Admit();
+  // The queue head needs a slot or memory held by lower-priority requests: preempts them (the
+  // lowest priority, latest admitted first) while that helps; true when any was preempted.
+  bool PreemptFor(const Entry& head);
+  // Frees `e`'s slot (a slot file first with preempt_slot_dir); it waits again, from
+  // `hold_steps` steps on.
+  Status PreemptNow(Entry& e, PreemptReason why, int hold_steps);
   Status AdmitInto(Entry& e, int slot);
+  // Admission of a preempted request: reopens its state (engine/serve/preempt.cpp).
+  Status ResumeInto(Entry& e, int slot);
+  // RequestSpec::preempt_at after a step that ran a chunk or window of `e`.
+  void PreemptAtHook(Entry& e, bool decode);
   int FreeSlot() const;
   void PlanStep(Plan& plan);
   void FinishStep(Plan& plan, const Engine::StepOutputs& out, const StepRecord& rec);
@@ -227,6 +314,7 @@ class Scheduler {
   std::int64_t step_ = 0;
   Ticket next_ticket_ = 1;
   std::int64_t admit_seq_ = 0;                  // admission order
+  std::int64_t queue_seq_ = 0;                  // first-enqueue order (FIFO within a priority)
   std::vector<std::unique_ptr<Entry>> future_;  // arrive_step > step_, submission order
   std::vector<std::unique_ptr<Entry>> queue_;   // FIFO waiting for a slot
   std::vector<std::unique_ptr<Entry>> live_;    // indexed by slot; null = free

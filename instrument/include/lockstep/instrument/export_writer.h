@@ -84,6 +84,8 @@ struct ExportRunInfo {
   // reused what it did of its prompt (issue 40); "" = neither is written.
   std::string prefix_reuse;
   std::int64_t prompt_tokens_reused = 0;
+  // Root attribute `preemptions`: the request's PreemptionsJson (scheduler.h); "" = not written.
+  std::string preemptions;
   std::string config_json;   // canonical effective config
   std::string weights_json;  // /weights: resident weight bytes per stage ("" = not written)
   std::string executable_sha256, config_sha256, model_sha256, request_sha256;
