@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -43,7 +44,8 @@ json LastLockstepChunk(const std::string& raw) {
 
 TEST(ServePreempt, PreemptActionIsInvisibleToTheStreamingClient) {
   ServeProcess srv({"--model", ModelDir("tiny"), "--port", "0", "--threads", "1", "--slots", "2",
-                    "--prefill-chunk", "16", "--max-context", "1024"});
+                    "--prefill", "16", "--prefix-cache", "on", "--spec", "4", "--max-context",
+                    "1024"});
   ASSERT_TRUE(srv.started()) << srv.Log();
   auto cli = srv.Client();
   auto ref = cli->Post("/v1/completions", Body(false).dump(), "application/json");
@@ -90,6 +92,7 @@ TEST(ServePreempt, PreemptActionIsInvisibleToTheStreamingClient) {
     EXPECT_NE(p["resumed_from"], "slot_file");
   }
   EXPECT_NE(srv.Log().find("preempted"), std::string::npos);
+  std::printf("served preemptions: %s\n", pre.dump().c_str());
 }
 
 }  // namespace
