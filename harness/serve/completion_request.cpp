@@ -145,7 +145,8 @@ std::optional<ApiError> ParseExport(const json& v, CompletionRequest& r) {
 }
 
 std::optional<ApiError> ParseLockstep(const json& v, CompletionRequest& r) {
-  if (!v.is_object()) return TypeError("lockstep", "an object {arm, export, trace, cache, keep}");
+  if (!v.is_object())
+    return TypeError("lockstep", "an object {arm, export, trace, cache, keep, priority}");
   for (const auto& [key, val] : v.items()) {
     const std::string field = "lockstep." + key;
     if (key == "arm") {
@@ -158,6 +159,8 @@ std::optional<ApiError> ParseLockstep(const json& v, CompletionRequest& r) {
       if (auto e = GetBool(val, field, r.trace)) return e;
     } else if (key == "keep") {
       if (auto e = GetBool(val, field, r.keep)) return e;
+    } else if (key == "priority") {
+      if (auto e = GetInt(val, field, -1000, 1000, r.priority)) return e;
     } else if (key == "cache") {
       if (!val.is_string() || (val != "use" && val != "bypass"))
         return TypeError(field, "\"use\" or \"bypass\"");

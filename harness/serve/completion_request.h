@@ -7,10 +7,13 @@
 // top_k >= 0, seed (unsigned 64-bit), stop (a string or up to 4 non-empty strings), stream, n
 // (1 only), logprobs (null or 0..5), ignore_eos, presence_penalty / frequency_penalty [-2, 2],
 // repeat_penalty (0, 10], repeat_last_n >= -1, id_slot (-1, or a slot holding a kept
-// conversation that the prompt continues), and `lockstep` {arm, export, trace, cache, keep}:
+// conversation that the prompt continues), and `lockstep` {arm, export, trace, cache, keep,
+// priority}:
 // export is true or {windows, points} (the file is named by the server, never by the client);
 // cache is "use" (default) or "bypass" (the request neither reads nor writes the prefix cache);
-// keep = true holds the finished conversation in its slot (POST /slots/{id}, id_slot).
+// keep = true holds the finished conversation in its slot (POST /slots/{id}, id_slot); priority
+// (-1000..1000, default 0): a waiting request preempts running ones of lower priority
+// (lockstep/engine/scheduler.h, "Preemption").
 #pragma once
 
 #include <cstdint>
@@ -62,6 +65,7 @@ struct CompletionRequest {
   bool trace = false;
   bool cache_bypass = false;   // lockstep.cache = "bypass"
   bool keep = false;           // lockstep.keep: the slot holds the conversation afterwards
+  int priority = 0;            // lockstep.priority (RequestSpec::priority)
   int id_slot = -1;            // continue the conversation kept in this slot
   bool chat = false;           // POST /v1/chat/completions: the answer in chat shape
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage alone

@@ -219,6 +219,7 @@ void EngineDriver::SubmitNow(const ServeJobPtr& job) {
   spec.options = job->options;
   spec.borrowed_hooks = &job->hooks;
   spec.use_prefix_cache = !job->req.cache_bypass;
+  spec.priority = job->req.priority;
   spec.keep = job->req.keep;
   SubmitError why = SubmitError::kNone;
   Result<Ticket> t = scheduler_.Submit(std::move(spec), &why);

@@ -2,6 +2,8 @@
 // preempted twice while it decodes; its stream goes on, and its tokens are those of the same
 // request unpreempted (seeded sampling, batch_invariant on), its final chunk listing both
 // preemptions (reason "request", resumed by recompute). A slot that runs nothing answers 409.
+// With one slot, a request sent with "lockstep": {"priority": 1} preempts the running priority-0
+// stream (reason "priority"), which then ends with its unpreempted tokens.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -93,6 +95,36 @@ TEST(ServePreempt, PreemptActionIsInvisibleToTheStreamingClient) {
   }
   EXPECT_NE(srv.Log().find("preempted"), std::string::npos);
   std::printf("served preemptions: %s\n", pre.dump().c_str());
+}
+
+TEST(ServePreempt, AHigherPriorityRequestPreemptsTheRunningStream) {
+  ServeProcess srv({"--model", ModelDir("tiny"), "--port", "0", "--threads", "1", "--slots", "1",
+                    "--prefill", "16", "--spec", "4", "--max-context", "1024"});
+  ASSERT_TRUE(srv.started()) << srv.Log();
+  auto cli = srv.Client();
+  auto ref = cli->Post("/v1/completions", Body(false).dump(), "application/json");
+  ASSERT_TRUE(ref && ref->status == 200) << (ref ? ref->body : "no answer");
+  const json want = json::parse(ref->body);
+
+  RawStream s(srv.port(), CompletionRequestBytes(Body(true).dump()));
+  ASSERT_TRUE(s.ReadUntil("data: {", 30)) << s.data();
+  json urgent = {{"prompt", "urgent"}, {"max_tokens", 8}, {"lockstep", {{"priority", 1}}}};
+  auto u = cli->Post("/v1/completions", urgent.dump(), "application/json");
+  ASSERT_TRUE(u && u->status == 200) << (u ? u->body : "no answer");
+  EXPECT_FALSE(json::parse(u->body)["lockstep"].contains("preemptions"));
+  urgent["lockstep"]["priority"] = 1001;
+  auto bad = cli->Post("/v1/completions", urgent.dump(), "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400) << bad->body;
+  s.ReadAll(120);
+  const json last = LastLockstepChunk(s.data());
+  ASSERT_TRUE(last.is_object()) << s.data().substr(0, 2000);
+  EXPECT_EQ(last["lockstep"]["output_ids"], want["lockstep"]["output_ids"]);
+  const json& pre = last["lockstep"]["preemptions"];
+  ASSERT_TRUE(pre.is_array() && pre.size() == 1) << last.dump();
+  EXPECT_EQ(pre[0]["reason"], "priority");
+  EXPECT_EQ(pre[0]["windows_diverged"], 0);
+  EXPECT_EQ(pre[0]["resumed_from"], "scratch");  // no prefix cache on this server
 }
 
 }  // namespace
