@@ -66,8 +66,8 @@ std::vector<test::ServeRequest> Mixed(const RequestSpec& target, std::uint64_t s
     } else {
       q.spec.id = "bg" + std::to_string(i);
       q.spec.prompt =
-          test::RandomTokens(std::uniform_int_distribution<int>(20, 160)(rng), rng(), V);
-      q.spec.options = test::SpecOptions(std::uniform_int_distribution<int>(8, 20)(rng));
+          test::RandomTokens(std::uniform_int_distribution<int>(20, 100)(rng), rng(), V);
+      q.spec.options = test::SpecOptions(std::uniform_int_distribution<int>(8, 16)(rng));
       q.spec.arrive_step = std::uniform_int_distribution<int>(0, 12)(rng);
     }
     reqs.push_back(std::move(q));
@@ -83,6 +83,7 @@ const RequestResult& ById(const test::ServeRun& run, const std::string& id) {
 
 struct Tally {
   int prefill = 0, decode = 0, snapshot = 0, scratch = 0, slot_file = 0, recomputed = 0;
+  int shared = 0;  // target windows whose step carried other requests' rows
 };
 
 // One seed: the target alone, then among 7 others with its preemption points; asserts the
@@ -113,6 +114,7 @@ Tally RunSeed(std::uint64_t seed, Mode mode, const EngineConfig& cfg, int V) {
   EXPECT_EQ(t.result.windows.size(), alone.result.windows.size());
   for (std::size_t i = 0; i < std::min(t.result.windows.size(), alone.result.windows.size()); ++i)
     EXPECT_TRUE(t.result.windows[i].SamePath(alone.result.windows[i])) << "window " << i;
+  for (const WindowRecord& w : t.result.windows) tally.shared += w.step_seqs > 1 ? 1 : 0;
   for (const RequestResult& r : run.results)
     EXPECT_EQ(r.end, RequestEnd::kFinished) << r.id << ": " << r.status.ToString();
   EXPECT_GE(t.preemptions.size(), 2u) << "the hook preempted too little";
@@ -197,6 +199,7 @@ TEST(Preempt, SeededPreemptionsAreBitwiseTheSoloRun) {
     all.scratch += t.scratch;
     all.slot_file += t.slot_file;
     all.recomputed += t.recomputed;
+    all.shared += t.shared;
   }
   std::printf(
       "preempt: %d prefill + %d decode preemptions (%d snapshot, %d scratch, %d slot file), "
@@ -210,6 +213,8 @@ TEST(Preempt, SeededPreemptionsAreBitwiseTheSoloRun) {
   EXPECT_GT(all.scratch, 0);
   EXPECT_GT(all.slot_file, 0);
   EXPECT_GT(all.recomputed, 0);
+  EXPECT_GT(all.shared, 0) << "the target never shared a step with the background requests";
+  std::printf("preempt: %d target windows shared a step\n", all.shared);
 }
 
 // Solo outputs of `reqs` (each alone on a fresh engine of `cfg`).
