@@ -34,8 +34,11 @@ void GatedDeltaStepFrom(const float* S_in, float* S_out, const float* q, const f
 // Chunked form over T tokens for one value head: Q, K f32 [T, Dk], V f32 [T, Dv], g (log
 // decay, <= 0) and beta f32 [T]; S f32 [Dk, Dv] is the entering state and is replaced by the
 // state after token T-1; O f32 [T, Dv].
+// The chunk of the prefill form: a prefill chunk's GDN rows run in blocks of this many tokens.
+inline constexpr int kGdnPrefillChunk = 64;
 void GatedDeltaChunked(float* S, const float* Q, const float* K, const float* V, const float* g,
-                       const float* beta, int T, int dk, int dv, float* O, int chunk = 64);
+                       const float* beta, int T, int dk, int dv, float* O,
+                       int chunk = kGdnPrefillChunk);
 
 // Causal depthwise conv + SiLU for T rows: `win` f32 [K-1+T, C] holds the K-1 previous inputs
 // followed by the T new ones; weight f32 [C, K]; U f32 [T, C].

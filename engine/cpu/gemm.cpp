@@ -603,6 +603,8 @@ void GemmOwn(const float* x, Index T, const Mat& w, Index ob, Index N, float* y,
 
 void SetGemmImpl(GemmImpl impl) { g_impl.store(impl, std::memory_order_relaxed); }
 GemmImpl CurrentGemmImpl() { return g_impl.load(std::memory_order_relaxed); }
+int GemmColumnPanel() { return 4; }
+int GemmColumnTile() { return 4 * kPanelsPerTile; }
 
 void GemmRows(const float* x, int T, const Mat& w, int ob, int oe, float* y, int ldy) {
   const int N = oe - ob;

@@ -42,4 +42,10 @@ enum class GemmImpl { kOwn, kEigen };
 void SetGemmImpl(GemmImpl impl);
 GemmImpl CurrentGemmImpl();
 
+// The row counts (T, X's rows) where the kernel's blocking changes: Eigen's rhs panel of 4
+// columns (the last T % 4 one by one) and the own kernel's tile of 4 x kPanelsPerTile columns (8
+// with 32 vector registers). T == 1 on bf16 / f16 is the matrix-vector path.
+int GemmColumnPanel();
+int GemmColumnTile();
+
 }  // namespace lockstep::cpu

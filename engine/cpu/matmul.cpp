@@ -335,6 +335,8 @@ void MatmulRowsRange(const float* x, int n_rows, const Mat& w, int o_begin, int 
   InvariantBlock(x, n_rows, w, o_begin, o_end, y, ldy, o_begin);
 }
 
+int InvariantRowBlock() { return kMaxRows; }
+
 void Matmul(MatmulKind kind, const float* x, int n_rows, const Mat& w, float* y, ThreadPool* pool,
             int ldy) {
   if (ldy < 0) ldy = w.rows;

@@ -38,4 +38,8 @@ void Matmul(MatmulKind kind, const float* x, int n_rows, const Mat& w, float* y,
 void MatmulRowsRange(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
                      int ldy);
 
+// Rows per DotRows block of kInvariant (8 with AVX-512, else 4): the rows of x are computed in
+// blocks of this many (then one block of the rest). Same bits whatever the blocking (above).
+int InvariantRowBlock();
+
 }  // namespace lockstep::cpu

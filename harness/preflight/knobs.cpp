@@ -26,6 +26,8 @@ constexpr PropertyName kProperties[] = {
     {PreflightProperty::kVerifySingle, "verify_single",
      "a verify window == the same tokens one by one"},
     {PreflightProperty::kThreads, "threads", "1 thread == 2 threads"},
+    {PreflightProperty::kEngineAge, "engine_age",
+     "request 1 on a fresh engine == the same request as request k"},
 };
 
 bool Speculative(const EngineConfig& c) { return c.spec > 0 || !c.replay_path.empty(); }
@@ -208,6 +210,11 @@ Claim ClaimOf(const EngineConfig& c, PreflightProperty p) {
     case PreflightProperty::kThreads:
       return {false, "the cpu backend is bitwise for a fixed thread count only (threads " +
                          (c.threads > 0 ? std::to_string(c.threads) : std::string("auto")) + ")"};
+    case PreflightProperty::kEngineAge:
+      if (c.slots > 1 || c.prefix_cache)
+        return {true, "an engine that serves many requests (slots " + std::to_string(c.slots) +
+                          ", prefix_cache " + (c.prefix_cache ? "on" : "off") + ")"};
+      return {false, "slots 1, prefix_cache off: one request per engine"};
   }
   return {false, "?"};
 }
@@ -240,7 +247,7 @@ bool PropertyResult::Fails() const {
 bool PreflightReport::passed() const {
   for (const PropertyResult& p : properties)
     if (p.Fails()) return false;
-  return true;
+  return !sweep.ran || sweep.passed();
 }
 
 std::string PreflightReport::FailingSummary() const {
@@ -248,8 +255,12 @@ std::string PreflightReport::FailingSummary() const {
   int n = 0;
   for (const PropertyResult& p : properties)
     if (p.Fails()) ids += (n++ ? ", " : "") + std::string(PropertyId(p.property));
-  return std::to_string(n) + " claimed propert" + (n == 1 ? "y does" : "ies do") +
-         " not hold: " + ids;
+  std::string out = std::to_string(n) + " claimed propert" + (n == 1 ? "y does" : "ies do") +
+                    " not hold" + (n > 0 ? ": " + ids : std::string());
+  if (const SweepPoint* f = sweep.ran ? sweep.FirstFailing() : nullptr)
+    out += "; the sweep " + std::string(f->result == ProbeResult::kDiffers ? "differs" : "fails") +
+           " first at " + f->Label();
+  return out;
 }
 
 std::string PreflightReport::VerdictLine() const {
@@ -272,9 +283,20 @@ std::string PreflightReport::VerdictLine() const {
   int not_probed = 0;
   for (const PropertyResult& p : properties)
     not_probed += p.claim.claimed && p.result == ProbeResult::kNotRun;
-  if (failing.empty() && not_probed > 0)
+  if (sweep.ran && !sweep.passed()) {
+    const SweepPoint* f = sweep.FirstFailing();
+    failing +=
+        (failing.empty() ? "" : "; ") + std::string("sweep ") +
+        (f == nullptr                         ? "has no point"
+         : f->result == ProbeResult::kDiffers ? "differs first at " + f->Label()
+                                              : "did not verify " + f->Label() + ": " + f->reason);
+  }
+  if (failing.empty() && not_probed > 0 && !sweep.ran)
     return "preflight: PASS (static part only): no active knob breaks what the config claims (" +
            std::to_string(claimed) + " claimed, " + std::to_string(not_probed) + " not probed)";
+  if (failing.empty() && sweep.ran)
+    return "preflight: PASS: every sweep point is bitwise the solo run (" +
+           std::to_string(sweep.points.size()) + " points)";
   if (failing.empty())
     return "preflight: PASS: every property the config claims holds (" + std::to_string(claimed) +
            " claimed)";

@@ -51,6 +51,28 @@ Status CheckOptions(const PreflightOptions& o) {
     return Status::InvalidArgument("--skip-probes", "give --skip-probes or --probes, not both");
   if (o.probe_tokens != 0 && (o.probe_tokens < 4 || o.probe_tokens > 256))
     return Status::InvalidArgument("--probe-tokens", "expected 4 .. 256 (0: from --max-new)");
+  for (int k : o.sweep_k)
+    if (k < 0 || k > 255)
+      return Status::InvalidArgument(
+          "--sweep", "k " + std::to_string(k) + ": expected 0 .. 255 background requests");
+  if (o.sweep_rows)
+    for (int r : *o.sweep_rows)
+      if (r < 1 || r > 8192)
+        return Status::InvalidArgument("--sweep-rows",
+                                       std::to_string(r) + ": expected 1 .. 8192 rows");
+  if (!o.sweep && (!o.sweep_k.empty() || o.sweep_rows))
+    return Status::InvalidArgument("--sweep-rows", "needs --sweep");
+  if (o.sweep && o.skip_probes)
+    return Status::InvalidArgument("--sweep", "give --sweep or --skip-probes, not both");
+  if (o.sweep && o.config.backend == "cuda")
+    return Status::InvalidArgument("--sweep", "--backend cuda runs one sequence per engine");
+  if (o.age_k.empty())
+    return Status::InvalidArgument("--age", "give at least one request position k");
+  for (int k : o.age_k)
+    if (k < 2 || k > 64)
+      return Status::InvalidArgument(
+          "--age",
+          std::to_string(k) + ": expected 2 .. 64 (request k on an engine that served k - 1)");
   if (!o.json.empty() && !IsStdout(o.json))
     LOCKSTEP_RETURN_IF_ERROR(CheckOutputFolder(o.json, "--json"));
   return Status::Ok();

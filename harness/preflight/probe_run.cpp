@@ -61,28 +61,49 @@ struct Target {
   Ticket ticket = 0;
 };
 
-// Seeded background requests (the --background machinery's shape: random-token prompts, their
-// own max_new, arrivals at early steps), with the target's options but no injection or replay.
-Status SubmitBackground(Scheduler& sched, const ArmSpec& s, int n_vocab) {
-  std::uint64_t x = 0x5eedu;
+// One seeded request of `shape` (x: the seed stream, advanced).
+RequestSpec SeededRequest(const ArmSpec& s, const BackgroundShape& shape, std::uint64_t& x,
+                          int n_vocab, std::string id) {
   auto in = [&x](int lo, int hi) {
     x = SplitMix64(x);
     return lo + static_cast<int>(x % static_cast<std::uint64_t>(hi - lo + 1));
   };
-  for (int i = 0; i < s.background; ++i) {
-    RequestSpec r;
-    r.id = "background" + std::to_string(i);
-    r.options = s.opts;
-    r.options.inject.clear();
-    r.options.replay_path.clear();
-    r.options.max_new = in(4, 12);
-    r.arrive_step = in(0, 4);
-    r.prompt.resize(static_cast<std::size_t>(in(32, 160)));
-    for (auto& t : r.prompt) {
-      x = SplitMix64(x);
-      t = static_cast<std::int32_t>(x % static_cast<std::uint64_t>(n_vocab));
-    }
+  RequestSpec r;
+  r.id = std::move(id);
+  r.options = s.opts;
+  r.options.inject.clear();
+  r.options.replay_path.clear();
+  r.options.max_new = in(shape.max_new_lo, shape.max_new_hi);
+  r.arrive_step = in(0, shape.arrive_hi);
+  r.prompt.resize(static_cast<std::size_t>(in(shape.prompt_lo, shape.prompt_hi)));
+  for (auto& t : r.prompt) {
+    x = SplitMix64(x);
+    t = static_cast<std::int32_t>(x % static_cast<std::uint64_t>(n_vocab));
+  }
+  return r;
+}
+
+Status SubmitBackground(Scheduler& sched, const ArmSpec& s, int n_vocab) {
+  std::uint64_t x = s.shape.seed;
+  for (int i = 0; i < s.background; ++i)
+    LOCKSTEP_RETURN_IF_ERROR(
+        sched.Submit(SeededRequest(s, s.shape, x, n_vocab, "background" + std::to_string(i)))
+            .status());
+  return Status::Ok();
+}
+
+// The requests served before the target, each run to its end alone.
+Status ServeBefore(Scheduler& sched, const ArmSpec& s, int n_vocab) {
+  std::uint64_t x = s.before.seed;
+  for (int i = 0; i < s.served_before; ++i) {
+    RequestSpec r = SeededRequest(s, s.before, x, n_vocab, "served" + std::to_string(i));
+    r.arrive_step = 0;
     LOCKSTEP_RETURN_IF_ERROR(sched.Submit(std::move(r)).status());
+    LOCKSTEP_RETURN_IF_ERROR(sched.RunUntilIdle());
+    for (RequestResult& f : sched.TakeFinished())
+      if (f.end != RequestEnd::kFinished)
+        return Status::Runtime("preflight " + s.name,
+                               "an earlier request failed: " + f.status.ToString());
   }
   return Status::Ok();
 }
@@ -144,7 +165,10 @@ Result<Arm> FinishTarget(Engine& engine, Scheduler& sched, Target& t, const ArmS
     arm.export_path = t.path;
   }
   if (mine->kept) LOCKSTEP_RETURN_IF_ERROR(sched.Release(mine->ticket));
-  for (const WindowRecord& w : mine->result.windows) arm.shared_windows += w.step_seqs > 1;
+  for (const WindowRecord& w : mine->result.windows) {
+    arm.shared_windows += w.step_seqs > 1;
+    arm.seqs_max = std::max(arm.seqs_max, w.step_seqs);
+  }
   arm.result = std::move(*mine);
   return arm;
 }
@@ -154,6 +178,7 @@ Result<Arm> FinishTarget(Engine& engine, Scheduler& sched, Target& t, const ArmS
 Result<std::vector<Arm>> ProbeRunner::Run(const ArmSpec& s) {
   LOCKSTEP_ASSIGN_OR_RETURN(EnginePtr engine, Engine::Create(s.cfg, weights_));
   Scheduler sched(*engine);
+  if (s.served_before > 0) LOCKSTEP_RETURN_IF_ERROR(ServeBefore(sched, s, weights_.config.n_vocab));
   std::vector<Arm> arms;
   for (int k = 0; k < (s.warm ? 2 : 1); ++k) {
     LOCKSTEP_ASSIGN_OR_RETURN(Target t, SubmitTarget(sched, s, k, dir_));
@@ -253,8 +278,9 @@ Result<Comparison> CompareArms(const Arm& a, const Arm& b, const CompareSpec& sp
     o.threads = threads;
     LOCKSTEP_ASSIGN_OR_RETURN(DiffResult d, DiffExports(*ra, *rb, o));
     for (const ItemResult& it : d.items) {
-      if (it.verdict == Verdict::kSkip || Excluded(spec, it.kind) || it.window >= state_windows)
-        continue;
+      if (Excluded(spec, it.kind)) continue;
+      ++c.total;
+      if (it.verdict == Verdict::kSkip || it.window >= state_windows) continue;
       ++c.compared;
       if (it.verdict != Verdict::kFail) continue;
       ++c.differ;

@@ -33,13 +33,29 @@ struct CheckpointMap {
   std::function<void(CheckpointInfo& info)> relabel;  // rewrites window / p / T
 };
 
+// Seeded random-token requests beside (or before) the target: prompts of prompt_lo .. prompt_hi
+// tokens, max_new of max_new_lo .. max_new_hi, arriving at steps 0 .. arrive_hi, the target's
+// options without injection or replay. The default is the load probe's (the --background
+// machinery's shape).
+struct BackgroundShape {
+  int prompt_lo = 32, prompt_hi = 160;
+  int max_new_lo = 4, max_new_hi = 12;
+  int arrive_hi = 4;
+  std::uint64_t seed = 0x5eedu;
+};
+
 struct ArmSpec {
   std::string name;  // file stem in the probe folder, and the export's arm name
   EngineConfig cfg;  // the engine (threads resolved)
   RequestOptions opts;
   std::vector<std::int32_t> prompt;
   int background = 0;  // seeded background requests sharing the engine (needs cfg.slots >= 2)
-  bool warm = false;   // run the prompt twice on one engine: result 0 cold, result 1 warm
+  BackgroundShape shape;
+  // Requests the engine serves to their end, one after another, before the target (engine_age:
+  // the target is then request served_before + 1 of its engine), shaped by `before`.
+  int served_before = 0;
+  BackgroundShape before;
+  bool warm = false;  // run the prompt twice on one engine: result 0 cold, result 1 warm
   bool export_state = true;
   CheckpointMap map;
 };
@@ -49,6 +65,7 @@ struct Arm {
   RequestResult result;     // the target's
   std::string export_path;  // "" without an export
   int shared_windows = 0;   // target windows whose engine step carried another request
+  int seqs_max = 0;         // most sequences in one engine step of the target's windows
 };
 
 class ProbeRunner {
@@ -75,6 +92,7 @@ struct CompareSpec {
 };
 
 struct Comparison {
+  int total = 0;  // state items of a's export of the compared kinds (paired or not)
   int compared = 0, differ = 0;
   double max_nrmse = 0.0, max_kl = 0.0;
   bool within_default = true;

@@ -17,6 +17,7 @@
 #include "lockstep/engine/thread_pool.h"
 #include "lockstep/instrument/fingerprint.h"
 #include "preflight/probe_run.h"
+#include "preflight/sweep.h"
 
 namespace lockstep {
 
@@ -340,6 +341,72 @@ Status ProbeThreads(Ctx& x, PropertyResult& r) {
   return Status::Ok();
 }
 
+// ---- engine_age: request 1 on a fresh engine vs request k on an engine that served k - 1 ----
+
+// The requests served first: seeded prompts of 1 .. 3 x the probe's length (some shorter than
+// it, some longer, some past a prefill chunk) and max_new 1 .. 8, each run to its end alone.
+preflight::BackgroundShape AgeShape(int prompt) {
+  preflight::BackgroundShape b;
+  b.prompt_lo = 1;
+  b.prompt_hi = 3 * prompt;
+  b.max_new_lo = 1;
+  b.max_new_hi = 8;
+  b.arrive_hi = 0;
+  b.seed = 0xa9e40u;
+  return b;
+}
+
+Status ProbeEngineAge(Ctx& x, PropertyResult& r) {
+  r.change = x.PinnedChange();
+  std::string ks;
+  for (int k : x.opts.age_k) ks += (ks.empty() ? "" : ", ") + std::to_string(k);
+  r.probe = "request 1 on a fresh engine vs the same request as request k = " + ks +
+            " (k - 1 seeded requests of 1 .. " + std::to_string(3 * x.prompt.size()) +
+            " tokens served first), prefix cache on and off";
+  for (bool cache : {x.cfg.prefix_cache, !x.cfg.prefix_cache}) {
+    const std::string tag = cache ? "age_cache_on" : "age_cache_off";
+    ArmSpec s = x.Spec(tag + "-1", true);
+    s.cfg.prefix_cache = cache;
+    LOCKSTEP_ASSIGN_OR_RETURN(Arm fresh, x.RunOne(s));
+    for (int k : x.opts.age_k) {
+      SweepPoint p;
+      p.axis = tag;
+      p.value = k;
+      s.name = tag + "-" + std::to_string(k);
+      s.served_before = k - 1;
+      s.before = AgeShape(static_cast<int>(x.prompt.size()));
+      LOCKSTEP_ASSIGN_OR_RETURN(Arm aged, x.RunOne(s));
+      LOCKSTEP_RETURN_IF_ERROR(preflight::JudgePoint(fresh, aged, x.threads(), p));
+      if (aged.result.prefix.reused_tokens > 0) {
+        // Not this property's question (that is cold_warm): an earlier request shared a prefix.
+        p.result = ProbeResult::kNotApplicable;
+        p.reason = "the aged request reused " + std::to_string(aged.result.prefix.reused_tokens) +
+                   " cached tokens";
+      }
+      r.items_compared += p.items_compared;
+      r.items_differ += p.items_differ;
+      r.max_nrmse = std::max(r.max_nrmse, p.max_nrmse);
+      if (p.first) {
+        r.within_default = r.within_default && p.first->within_default;
+        if (!r.first) {
+          r.first = p.first;
+          r.first->text = p.Label() + ": " + r.first->text;
+        }
+      }
+      if (p.result == ProbeResult::kDiffers) {
+        r.result = ProbeResult::kDiffers;
+      } else if (p.result == ProbeResult::kNotApplicable && r.result != ProbeResult::kDiffers) {
+        r.result = ProbeResult::kNotApplicable;
+        if (r.reason.empty()) r.reason = p.Label() + ": " + p.reason;
+      } else if (r.result == ProbeResult::kNotRun) {
+        r.result = ProbeResult::kHolds;
+      }
+      r.points.push_back(p);
+    }
+  }
+  return Status::Ok();
+}
+
 Status RunProbe(Ctx& x, PropertyResult& r) {
   switch (r.property) {
     case PreflightProperty::kFreshRepeat:
@@ -354,6 +421,8 @@ Status RunProbe(Ctx& x, PropertyResult& r) {
       return ProbeVerifySingle(x, r);
     case PreflightProperty::kThreads:
       return ProbeThreads(x, r);
+    case PreflightProperty::kEngineAge:
+      return ProbeEngineAge(x, r);
   }
   return Status::Ok();
 }
@@ -388,7 +457,7 @@ Status MakeProbeDir(const std::string& work, ProbeDir& d) {
 
 std::set<PreflightProperty> Selected(const PreflightOptions& o) {
   std::set<PreflightProperty> s;
-  if (o.skip_probes) return s;
+  if (o.skip_probes || (o.sweep && o.probes.empty())) return s;
   for (const std::string& id : o.probes)
     if (auto p = ParsePropertyId(id)) s.insert(*p);
   if (o.probes.empty()) s.insert(AllPreflightProperties().begin(), AllPreflightProperties().end());
@@ -445,7 +514,7 @@ Result<PreflightReport> RunPreflight(const PreflightOptions& opts, const ModelWe
     r.claim = ClaimOf(opts.config, p);
     rep.properties.push_back(r);
   }
-  if (!selected.empty()) {
+  if (!selected.empty() || opts.sweep) {
     LOCKSTEP_ASSIGN_OR_RETURN(rep.model_sha256, Sha256Files(weights.files));
     ProbeDir dir;
     LOCKSTEP_RETURN_IF_ERROR(MakeProbeDir(opts.work_dir, dir));
@@ -470,6 +539,16 @@ Result<PreflightReport> RunPreflight(const PreflightOptions& opts, const ModelWe
       if (opts.progress)
         std::fprintf(stderr, "preflight: %s: %s (%.1f s)\n", PropertyId(r.property),
                      ProbeResultName(r.result), r.seconds);
+    }
+    if (opts.sweep) {
+      preflight::SweepOptions so;
+      so.k = opts.sweep_k;
+      so.rows = opts.sweep_rows;
+      so.keep_exports = !dir.owned;
+      so.progress = opts.progress;
+      LOCKSTEP_RETURN_IF_ERROR(
+          preflight::RunSweep(so, runner, x.Spec("sweep", true), rep.sweep).WithContext("sweep"));
+      rep.sweep.change = x.PinnedChange();
     }
   }
   for (PropertyResult& r : rep.properties) Finalize(r, rep.knobs);

@@ -39,6 +39,23 @@ void KnobLines(const PreflightReport& r, std::ostream& o) {
   }
 }
 
+// One row per point: the point, its background requests and co-residency, the counts, the
+// largest NRMSE, the result and the first difference (or why it could not be checked).
+void PointLines(const std::vector<SweepPoint>& points, const std::string& indent, std::ostream& o) {
+  o << indent << Pad("point", 13) << Pad("bg", 5) << Pad("seqs", 6) << Pad("items", 8)
+    << Pad("compared", 10) << Pad("differ", 8) << Pad("max NRMSE", 11) << Pad("result", 9)
+    << "first difference\n";
+  for (const SweepPoint& p : points) {
+    std::string first = p.first ? p.first->text : "-";
+    if (p.result == ProbeResult::kNotApplicable) first = p.reason;
+    o << indent << Pad(p.Label(), 13) << Pad(std::to_string(p.background), 5)
+      << Pad(std::to_string(p.seqs_max), 6) << Pad(std::to_string(p.items_total), 8)
+      << Pad(std::to_string(p.items_compared), 10) << Pad(std::to_string(p.items_differ), 8)
+      << Pad(p.items_differ > 0 ? Num(p.max_nrmse) : "0", 11) << Pad(ProbeResultName(p.result), 9)
+      << first << "\n";
+  }
+}
+
 void PropertyLines(const PreflightReport& r, std::ostream& o) {
   o << Pad("property", 15) << Pad("claimed", 9) << Pad("result", 15) << "first difference\n";
   for (const PropertyResult& p : r.properties) {
@@ -61,7 +78,34 @@ void PropertyLines(const PreflightReport& r, std::ostream& o) {
       for (const std::string& b : p.broken_by) k += (k.empty() ? "" : ", ") + b;
       o << "    broken by design by: " << k << "\n";
     }
+    if (!p.points.empty()) PointLines(p.points, "    ", o);
     o << "    claim: " << p.claim.why << "\n";
+  }
+}
+
+void SweepLines(const SweepReport& s, std::ostream& o) {
+  if (!s.ran) return;
+  std::string k, clipped, tiles;
+  for (int v : s.k_declared) k += (k.empty() ? "" : ",") + std::to_string(v);
+  for (int v : s.k_clipped) clipped += (clipped.empty() ? "" : ",") + std::to_string(v);
+  for (const RowTile& t : s.tiles)
+    tiles += (tiles.empty() ? "" : ", ") + t.name + " " + std::to_string(t.rows);
+  o << "sweep: the probe beside k co-resident background requests (k = " << k << "; slots "
+    << s.slots << ")";
+  if (!clipped.empty()) o << ", k over slots - 1 not run: " << clipped;
+  o << "; rows R: prefill chunks of R rows beside " << s.rows_background
+    << " background requests (tile boundaries: " << tiles << ")\n";
+  if (!s.change.empty()) o << "  changed for the sweep: " << s.change << "\n";
+  PointLines(s.points, "  ", o);
+  const SweepPoint* f = s.FirstFailing();
+  if (s.points.empty()) {
+    o << "  no point ran: the sweep checked nothing\n";
+  } else if (f == nullptr) {
+    o << "  every point is bitwise the solo run on every compared item\n";
+  } else if (f->result == ProbeResult::kDiffers) {
+    o << "  first point where anything differs: " << f->Label() << " (" << f->first->text << ")\n";
+  } else {
+    o << "  first point not verified: " << f->Label() << " (" << f->reason << ")\n";
   }
 }
 
@@ -84,6 +128,48 @@ nlohmann::json DifferenceJson(const FirstDifference& f) {
   return j;
 }
 
+nlohmann::json PointJson(const SweepPoint& p) {
+  return {{"point", p.Label()},
+          {"axis", p.axis},
+          {"value", p.value},
+          {"background", p.background},
+          {"seqs_max", p.seqs_max},
+          {"windows", p.windows},
+          {"shared_windows", p.shared_windows},
+          {"items_total", p.items_total},
+          {"items_compared", p.items_compared},
+          {"items_differ", p.items_differ},
+          {"max_nrmse", p.max_nrmse},
+          {"output_equal", p.output_equal},
+          {"result", ProbeResultName(p.result)},
+          {"reason", p.reason},
+          {"first_difference", p.first ? DifferenceJson(*p.first) : nlohmann::json()},
+          {"seconds", p.seconds}};
+}
+
+nlohmann::json PointsJson(const std::vector<SweepPoint>& points) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const SweepPoint& p : points) a.push_back(PointJson(p));
+  return a;
+}
+
+nlohmann::json SweepJson(const SweepReport& s) {
+  if (!s.ran) return nlohmann::json();
+  nlohmann::json tiles = nlohmann::json::array();
+  for (const RowTile& t : s.tiles)
+    tiles.push_back({{"name", t.name}, {"rows", t.rows}, {"where", t.where}});
+  const SweepPoint* f = s.FirstFailing();
+  return {{"passed", s.passed()},
+          {"slots", s.slots},
+          {"k_declared", s.k_declared},
+          {"k_clipped", s.k_clipped},
+          {"tiles", tiles},
+          {"rows_background", s.rows_background},
+          {"change", s.change},
+          {"points", PointsJson(s.points)},
+          {"first_failing", f ? nlohmann::json(f->Label()) : nlohmann::json()}};
+}
+
 nlohmann::json PropertyJson(const PropertyResult& p) {
   return {{"id", PropertyId(p.property)},
           {"title", PropertyTitle(p.property)},
@@ -102,6 +188,7 @@ nlohmann::json PropertyJson(const PropertyResult& p) {
           {"max_kl", p.max_kl},
           {"within_default_thresholds", p.within_default},
           {"first_difference", p.first ? DifferenceJson(*p.first) : nlohmann::json()},
+          {"points", PointsJson(p.points)},
           {"seconds", p.seconds}};
 }
 
@@ -116,6 +203,7 @@ std::string PreflightText(const PreflightReport& r, bool color) {
     << " tokens per probe request, " << Num(r.seconds) << " s\n";
   KnobLines(r, o);
   PropertyLines(r, o);
+  SweepLines(r.sweep, o);
   o << "(* a claimed property that does not hold; bitwise comparison, default thresholds NRMSE "
     << Num(Thresholds{}.nrmse_max) << ", KL " << Num(Thresholds{}.kl_max) << ")\n";
   if (!r.work_dir.empty()) o << "probe exports kept in " << r.work_dir << "\n";
@@ -149,6 +237,7 @@ nlohmann::json PreflightJson(const PreflightReport& r) {
           {"knobs", knobs},
           {"properties", props},
           {"work_dir", r.work_dir.empty() ? nlohmann::json() : nlohmann::json(r.work_dir)},
+          {"sweep", SweepJson(r.sweep)},
           {"seconds", r.seconds}};
 }
 

@@ -23,9 +23,17 @@
 //                       steps without (20 before, 20 after) and 40 steps with a 4,000-token prompt
 //                       prefilled beside them, for (prefill_chunk, batch_tokens) = (32, 48) and
 //                       (16, 32): each step carries the 16 verify rows and one chunk
+//   BM_ServeSlots       the cost of the sweep's limits (issue 40, item 5): aggregate decode
+//   tokens/s
+//                       and resident memory at N = 1, 16, 64 and 256 (the maximum --slots) on an
+//                       engine of N slots, N requests (32-token prompts, max_new 24; batch_tokens
+//                       33 N at least, so all are admitted in the first step), counted over
+//                       the steps where all N decode after two of warm-up; RSS (VmRSS) during
+//                       those steps, and its growth over the RSS before the engine was made.
+//                       Rounds of N = 1, 16, 64, 256 back to back; ratios within a round
 //
-// The summary after the table prints ratio16_vs_1 (goal >= 2), ratio16_vs_prefill (goal >= 0.6)
-// and the latency ratios (goal <= 2).
+// The summary after the table prints ratio16_vs_1 (goal >= 2), ratio16_vs_prefill (goal >= 0.6),
+// the latency ratios (goal <= 2) and the slots table (tokens/s and RSS per N, ratios to N = 1).
 //
 //   build/tests/bench/serve_bench --benchmark_counters_tabular=true
 //
@@ -400,6 +408,75 @@ void BM_ServeLatency(benchmark::State& state) {
   state.counters["cpu_ratio"] = lat.cpu_ms[0] > 0 ? lat.cpu_ms[1] / lat.cpu_ms[0] : 0;
 }
 
+// Resident set size now (VmRSS of /proc/self/status), MB; 0 when unreadable.
+double RssMb() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  double kb = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr)
+    if (std::sscanf(line, "VmRSS: %lf kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb / 1024.0;
+}
+
+struct SlotsFigures {
+  double tokens_per_s = 0, step_ms = 0, rss_mb = 0, rss_growth_mb = 0;
+  int steps = 0;
+};
+std::vector<std::map<int, SlotsFigures>> g_slots;  // one map N -> figures per round
+constexpr int kSlotsN[] = {1, 16, 64, 256};
+
+// N requests on a fresh engine of N slots: decode tokens/s over the all-decoding steps (after
+// two), RSS sampled on each of those steps (the largest), and its growth over the RSS before.
+SlotsFigures SlotsOnce(int n, unsigned seed) {
+  const double rss0 = RssMb();
+  // batch_tokens fits every prompt in the first step: all N decode from the second on.
+  EnginePtr e = MakeEngine(n, 512, std::max(512, 33 * n));
+  Scheduler s(*e);
+  for (int i = 0; i < n; ++i)
+    MustSubmit(s, Request(*e, "s" + std::to_string(i), Prompt(32, seed + i), 24));
+  std::vector<StepSample> counted;
+  SlotsFigures f;
+  int all_decode = 0;
+  for (bool more = true; more;) {
+    const StepSample x = TimedStep(s, &more);
+    if (!x.ran || x.rec.prefill_rows != 0 || x.rec.verify_rows != n) continue;
+    if (++all_decode <= 2) continue;
+    counted.push_back(x);
+    f.rss_mb = std::max(f.rss_mb, RssMb());
+  }
+  const DecodeFigures d = Summarise(counted, n);
+  f.tokens_per_s = d.tokens_per_s;
+  f.step_ms = d.step_ms;
+  f.steps = d.steps;
+  f.rss_growth_mb = f.rss_mb - rss0;
+  return f;
+}
+
+void BM_ServeSlots(benchmark::State& state) {
+  SmallModel();  // loaded before the first RSS baseline
+  for (auto _ : state) {
+    const std::int64_t t0 = MonotonicNs();
+    std::map<int, SlotsFigures> round;
+    for (int n : kSlotsN)
+      round[n] = SlotsOnce(n, 3000 + 1000 * static_cast<unsigned>(g_slots.size()));
+    state.SetIterationTime(static_cast<double>(MonotonicNs() - t0) / 1e9);
+    g_slots.push_back(round);
+  }
+  for (int n : kSlotsN) {
+    std::vector<double> tps, ratio, rss;
+    for (const auto& r : g_slots) {
+      tps.push_back(r.at(n).tokens_per_s);
+      ratio.push_back(r.at(n).tokens_per_s / r.at(1).tokens_per_s);
+      rss.push_back(r.at(n).rss_mb);
+    }
+    state.counters["decode" + std::to_string(n) + "_tok_s"] = Median(tps);
+    state.counters["ratio" + std::to_string(n) + "_vs_1"] = Median(ratio);
+    state.counters["rss" + std::to_string(n) + "_mb"] = Median(rss);
+  }
+}
+
 BENCHMARK(BM_ServeThroughput)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PipelineBound)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
 // (prefill_chunk, batch_tokens): a 32-row chunk beside the 16 verify rows, and a 16-row one.
@@ -410,6 +487,7 @@ BENCHMARK(BM_ServeLatency)
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ServeSlots)->Iterations(2)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 // The ratios of this run, after the table.
 void PrintRound(std::size_t i, const Round& r) {
@@ -485,6 +563,16 @@ class SummaryReporter : public benchmark::ConsoleReporter {
             lat.mean_ms[1], lat.p90_ms[1], lat.step_rows[1], lat.cpu_ms[1],
             lat.mean_ms[1] / lat.mean_ms[0], lat.p90_ms[1] / lat.p90_ms[0],
             lat.cpu_ms[1] / lat.cpu_ms[0]);
+    for (std::size_t r = 0; r < g_slots.size(); ++r) {
+      std::printf("  slots, round %zu (N requests on an engine of N slots, 32-token prompts):\n",
+                  r);
+      std::printf("  %5s %10s %9s %11s %8s %9s %14s\n", "N", "tok/s", "step_ms", "vs_N=1", "steps",
+                  "RSS_MB", "RSS_growth_MB");
+      for (const auto& [n, f] : g_slots[r])
+        std::printf("  %5d %10.1f %9.2f %11.2f %8d %9.0f %14.0f\n", n, f.tokens_per_s, f.step_ms,
+                    f.tokens_per_s / g_slots[r].at(1).tokens_per_s, f.steps, f.rss_mb,
+                    f.rss_growth_mb);
+    }
   }
 };
 

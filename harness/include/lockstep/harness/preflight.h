@@ -11,11 +11,15 @@
 //    one pair per property: the same request twice on fresh engines with a stall injected into
 //    the second; drafts against an always caught-up suffix index; alone vs among background
 //    requests; cold vs warm through the prefix cache; verify windows vs the same tokens one by
-//    one (spec 0); 1 vs 2 threads.
+//    one (spec 0); 1 vs 2 threads; request 1 on a fresh engine vs the same request as request k
+//    on an engine that served k - 1 others (engine_age, prefix cache on and off).
+//  * Sweep (--sweep): the probe beside k background requests for k up to slots - 1, and with
+//    prefill chunks straddling the CPU kernels' tile boundaries (SweepReport).
 //
 // Claims: a config claims a property when the property is about something the config does:
 // fresh_repeat and index_timing always (the premise of an A/A), load when slots > 1, cold_warm
-// when prefix_cache is on, verify_single when spec > 0 (or replay_path), threads never (the cpu
+// when prefix_cache is on, verify_single when spec > 0 (or replay_path), engine_age when slots > 1
+// or prefix_cache is on (an engine that serves many requests), threads never (the cpu
 // backend is bitwise for a fixed thread count only). A probe the config makes inapplicable is run
 // with the minimal change (PropertyResult::change says which); its result is then reported but not
 // claimed. A claimed property fails when its probe finds a difference, or when an active knob
@@ -37,6 +41,7 @@
 #include <string_view>
 #include <vector>
 
+#include "lockstep/engine/cpu_tiles.h"
 #include "lockstep/engine/engine_config.h"
 #include "lockstep/engine/status.h"
 #include "lockstep/engine/weights.h"
@@ -52,8 +57,10 @@ enum class PreflightProperty : std::uint8_t {
   kColdWarm,      // cold == warm (the prefix cache)
   kVerifySingle,  // a verify window == the same tokens one by one (T = 1)
   kThreads,       // 1 thread == 2 threads
+  kEngineAge,     // request 1 on a fresh engine == the same request as request k (issue 40)
 };
-// "fresh_repeat" | "index_timing" | "load" | "cold_warm" | "verify_single" | "threads".
+// "fresh_repeat" | "index_timing" | "load" | "cold_warm" | "verify_single" | "threads" |
+// "engine_age".
 const char* PropertyId(PreflightProperty p);
 // One line: what the property says.
 const char* PropertyTitle(PreflightProperty p);
@@ -111,6 +118,30 @@ struct FirstDifference {
   std::string text;             // one line for the table
 };
 
+// ---- the sweep (`--sweep`, issue 40; harness/README.md "Sweeps") ----
+//
+// One probe request beside k co-resident background requests for each k of a declared set (k
+// points), and with prefill chunks of R rows for each R straddling a kernel tile boundary of the
+// CPU backend (rows points, beside a few background requests): each point is an A/A of the probe
+// against its solo run (same config) on every exported item, bitwise.
+struct SweepPoint {
+  std::string axis;  // "k" | "rows"
+  int value = 0;     // k: background requests; rows: the prefill chunk R
+  int background = 0;
+  int seqs_max = 0;  // most sequences in one engine step of the probe's windows (k + 1: all)
+  int windows = 0, shared_windows = 0;  // the probe's windows, and those that shared a step
+  int items_total = 0;     // state items the solo run's export holds (the compared kinds)
+  int items_compared = 0;  // of those, paired and compared bitwise
+  int items_differ = 0;
+  double max_nrmse = 0.0;
+  bool output_equal = true;
+  std::optional<FirstDifference> first;
+  ProbeResult result = ProbeResult::kNotRun;  // holds | differs | n/a (compared nothing)
+  std::string reason;                         // n/a: why
+  double seconds = 0.0;
+  std::string Label() const;  // "k=7" | "rows=64"
+};
+
 struct PropertyResult {
   PreflightProperty property = PreflightProperty::kFreshRepeat;
   Claim claim;
@@ -120,6 +151,8 @@ struct PropertyResult {
   std::string reason;  // n/a: why; not_provoked: what was tried
   std::vector<std::string> broken_by;  // active knobs that break it by design ("draft_policy")
   std::optional<FirstDifference> first;
+  // engine_age: one point per (prefix cache setting, k) (axis "age_cache_on" | "age_cache_off").
+  std::vector<SweepPoint> points;
   int runs = 0;                // requests the probe ran
   int items_compared = 0;      // state items compared bitwise (both sides)
   int items_differ = 0;        // of those, bitwise different
@@ -132,6 +165,27 @@ struct PropertyResult {
   bool Fails() const;
 };
 
+struct SweepReport {
+  bool ran = false;
+  int slots = 0;                   // the engine's --slots (k <= slots - 1)
+  std::vector<int> k_declared;     // as asked (the default set or --sweep K-LIST)
+  std::vector<int> k_clipped;      // declared but over slots - 1: not run
+  std::vector<RowTile> tiles;      // the boundaries the rows points straddle
+  int rows_background = 0;         // background requests of each rows point
+  std::string change;              // the pinned timing knobs (as the probes' change)
+  std::vector<SweepPoint> points;  // k points in increasing k, then rows points
+  // Holds when it ran, has points, and every point holds (a point that compared nothing is n/a,
+  // a failure, never a pass).
+  bool passed() const;
+  // The first point (in the table's order) where anything differs or nothing was compared;
+  // nullptr when none.
+  const SweepPoint* FirstFailing() const;
+};
+
+// The default k set: 0, 1, 2, 3, 7, 8, 15, 16, 31, 32, 63, 64 and slots - 1 (the maximum), each
+// clipped to slots - 1.
+std::vector<int> DefaultSweepK(int slots);
+
 struct PreflightReport {
   EngineConfig config;  // effective (threads resolved)
   std::string config_sha256, model_sha256;
@@ -140,7 +194,9 @@ struct PreflightReport {
   std::vector<KnobFinding> knobs;
   std::vector<PropertyResult> properties;  // AllPreflightProperties() order
   std::string work_dir;                    // where the probes' exports were kept ("" = removed)
+  SweepReport sweep;                       // --sweep (ran = false without it)
   double seconds = 0.0;
+  // No claimed property fails, and the sweep (when it ran) passed.
   bool passed() const;
   // The first line: "preflight: PASS: ..." | "preflight: FAIL: ..." naming the failing properties.
   std::string VerdictLine() const;
@@ -160,6 +216,15 @@ struct PreflightOptions {
   std::string json;      // --json PATH|- (lockstep.preflight v1)
   bool color = false;    // colour the verdict line
   bool progress = true;  // one stderr line per probe
+  // --sweep [K-LIST]: the sweep instead of the property probes (which then do not run unless
+  // --probes names some). Empty sweep_k: DefaultSweepK.
+  bool sweep = false;
+  std::vector<int> sweep_k;
+  // --sweep-rows LIST | none: the rows points' prefill chunks; unset: StraddlingRows of the
+  // CPU backend's tiles; empty (none): no rows points.
+  std::optional<std::vector<int>> sweep_rows;
+  // --age LIST: the request positions k of the engine_age probe (each >= 2).
+  std::vector<int> age_k = {2, 5, 20};
 };
 
 // The built-in prompt for a vocabulary of `n_vocab` ids: 32 seeded tokens, then a 48-token block
