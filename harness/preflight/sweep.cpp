@@ -54,11 +54,12 @@ BackgroundShape KShape(int probe_tokens) {
   return b;
 }
 
-// Background requests of a rows point: prompts about the probe's length (their chunks of R rows
-// share the probe's prefill steps, and its windows), arriving in the first steps.
+// Background requests of a rows point: prompts of the probe's length to 2 R more (their chunks of
+// R rows share the probe's prefill steps; none ends its prefill before the probe's, so they decode
+// beside its windows), arriving in the first steps.
 BackgroundShape RowsShape(int prompt, int rows, int probe_tokens) {
   BackgroundShape b;
-  b.prompt_lo = std::max(2, prompt / 2);
+  b.prompt_lo = prompt;
   b.prompt_hi = prompt + 2 * rows;
   b.max_new_lo = probe_tokens;
   b.max_new_hi = probe_tokens + 4;
