@@ -66,11 +66,11 @@ void AddPreflight(CLI::App& app, std::vector<Command>& commands) {
       ->group(kGroupCompare);
   pf->add_option("--sweep", st->sweep,
                  "The sweep instead of the probes: the probe beside k co-resident background "
-                 "requests for each k (clipped to --slots - 1), and prefill chunks straddling "
-                 "the CPU kernels' tile boundaries")
+                 "requests for each k (default 0 1 2 3 7 8 15 16 31 32 63 64 and the maximum, "
+                 "clipped to --slots - 1), and prefill chunks straddling the CPU kernels' tile "
+                 "boundaries")
       ->expected(0, 1)
       ->type_name("[K-LIST]")
-      ->default_str("0,1,2,3,7,8,15,16,31,32,63,64 and the maximum")
       ->group(kGroupCompare);
   pf->add_option("--sweep-rows", st->sweep_rows,
                  "The sweep's rows points: prefill chunk sizes (comma separated) or none")

@@ -159,6 +159,20 @@ TEST(PreflightAge, RequestKIsBitwiseRequestOne) {
   EXPECT_EQ(seen, want);
 }
 
+// A bare --sweep takes the default k set, clipped to slots - 1 (here 0, 1, 2: tiny, 3 slots).
+TEST(PreflightSweep, BareSweepTakesTheDefaultSetClipped) {
+  const PfRun r = Preflight("tiny", "--slots 3 --sweep --sweep-rows none --probe-tokens 4");
+  ASSERT_TRUE(r.json.is_object()) << r.cmd.out << r.cmd.err;
+  EXPECT_EQ(r.cmd.exit_code, 0) << r.cmd.err;
+  const auto& s = r.json["sweep"];
+  EXPECT_EQ(s["k_declared"], nlohmann::json({0, 1, 2}));
+  EXPECT_EQ(Values(s["points"], "k"), (std::set<int>{0, 1, 2}));
+  EXPECT_TRUE(Values(s["points"], "rows").empty());
+  const PfRun c = Preflight("tiny", "--slots 3 --sweep 0,2,7 --sweep-rows none --probe-tokens 4");
+  EXPECT_EQ(c.json["sweep"]["k_clipped"], nlohmann::json({7}));
+  EXPECT_EQ(Values(c.json["sweep"]["points"], "k"), (std::set<int>{0, 2}));
+}
+
 TEST(PreflightSweep, BadInputIsExitTwo) {
   for (const std::string& args :
        {std::string("--sweep 1,x"), std::string("--sweep 300"),
