@@ -260,9 +260,11 @@ void AddDiffOptions(CLI::App* sc, lockstep::DiffCommandOptions& d, std::string& 
   sc->add_option("B", d.b, "Export to compare (.h5)")->required();
   sc->add_option("--nrmse-max", d.diff.thresholds.nrmse_max, "NRMSE threshold for every item kind")
       ->capture_default_str()
+      ->each([&d](const std::string&) { d.nrmse_max_given = true; })
       ->group(kGroupCompare);
   sc->add_option("--kl-max", d.diff.thresholds.kl_max, "Logits KL threshold")
       ->capture_default_str()
+      ->each([&d](const std::string&) { d.kl_max_given = true; })
       ->group(kGroupCompare);
   sc->add_option("--nrmse-kind", d.kind_overrides,
                  "Per-kind NRMSE threshold KIND=VALUE (repeatable)")

@@ -12,6 +12,7 @@
 #include "commands/terminal.h"
 #include "lockstep/compare/align.h"
 #include "lockstep/compare/export_reader.h"
+#include "lockstep/compare/port_check.h"
 #include "lockstep/compare/report.h"
 #include "lockstep/engine/atomic_file.h"
 
@@ -225,8 +226,8 @@ struct Diffed {
   DiffResult d;
 };
 
-Result<Diffed> OpenAndDiff(const DiffCommandOptions& opts) {
-  Diffed x;
+// Both exports opened (A's error, if any, is the one reported).
+Status OpenBoth(const DiffCommandOptions& opts, Diffed& x) {
   ReaderLimits limits;
   limits.use_index = !opts.no_index;
   limits.isolate = opts.isolate;
@@ -243,17 +244,72 @@ Result<Diffed> OpenAndDiff(const DiffCommandOptions& opts) {
     LOCKSTEP_ASSIGN_OR_RETURN(x.ra, ExportReader::Open(opts.a, limits));
     LOCKSTEP_ASSIGN_OR_RETURN(x.rb, ExportReader::Open(opts.b, limits));
   }
+  return Status::Ok();
+}
+
+// The A/A diff of two opened exports with the command's thresholds.
+Status DiffOpened(const DiffCommandOptions& opts, Diffed& x) {
   DiffOptions dopt = opts.diff;
   for (const auto& k : opts.kind_overrides)
     LOCKSTEP_RETURN_IF_ERROR(dopt.thresholds.SetKindOverride(k));
   LOCKSTEP_ASSIGN_OR_RETURN(x.d, DiffExports(*x.ra, *x.rb, dopt));
+  return Status::Ok();
+}
+
+// Exports of two engines (lockstep and llama.cpp): not an A/A pair, the port check's.
+Status RefuseCrossEngine(const Diffed& x, const char* command) {
+  if (!IsCrossEngine(x.ra->meta(), x.rb->meta())) return Status::Ok();
+  return Status::InvalidArgument(command, "A (" + ExportEngine(x.ra->meta()) + ") and B (" +
+                                              ExportEngine(x.rb->meta()) +
+                                              ") are exports of different engines: compare them "
+                                              "with `lockstep diff A B` (the port check)");
+}
+
+Result<Diffed> OpenAndDiff(const DiffCommandOptions& opts, const char* command) {
+  Diffed x;
+  LOCKSTEP_RETURN_IF_ERROR(OpenBoth(opts, x));
+  LOCKSTEP_RETURN_IF_ERROR(RefuseCrossEngine(x, command));
+  LOCKSTEP_RETURN_IF_ERROR(DiffOpened(opts, x));
   return x;
+}
+
+// The cross-engine profile with the thresholds the command line gave instead.
+PortThresholds PortProfile(const DiffCommandOptions& opts) {
+  PortThresholds th = CrossEngineProfile();
+  if (opts.nrmse_max_given) {
+    th.logits_nrmse_max = th.op_nrmse_max = opts.diff.thresholds.nrmse_max;
+    th.overridden.push_back("--nrmse-max " + FormatMetric(opts.diff.thresholds.nrmse_max));
+  }
+  if (opts.kl_max_given) {
+    th.kl_max = opts.diff.thresholds.kl_max;
+    th.overridden.push_back("--kl-max " + FormatMetric(opts.diff.thresholds.kl_max));
+  }
+  return th;
+}
+
+// `lockstep diff` of a lockstep and a llama.cpp export (port_check.h): steps and the op table.
+Status PortBody(const DiffCommandOptions& opts, const Diffed& x, std::ostream& out) {
+  const ReportOutputs& o = opts.reports;
+  for (const auto& [path, what] :
+       {std::pair{o.md, "--md"}, std::pair{o.html, "--html"}, std::pair{o.junit, "--junit"}})
+    if (!path.empty())
+      return Status::InvalidArgument(what,
+                                     "is not written for a cross-engine diff (the port "
+                                     "check); it writes the text and --json");
+  LOCKSTEP_ASSIGN_OR_RETURN(PortResult r, PortCheck(*x.ra, *x.rb, PortProfile(opts)));
+  out << (opts.quiet ? PortVerdictLine(r) + "\n" : PortText(r, opts.a, opts.b));
+  if (!o.json.empty()) LOCKSTEP_RETURN_IF_ERROR(WriteOutput(o.json, PortJson(r, opts.a, opts.b)));
+  if (!r.Passed()) return Status::GateFailed("diff", PortVerdictLine(r));
+  return Status::Ok();
 }
 
 Status DiffBody(const DiffCommandOptions& opts, std::ostream& out) {
   LOCKSTEP_RETURN_IF_ERROR(CheckReportFolders(opts.reports));
   LOCKSTEP_RETURN_IF_ERROR(CheckNotSameFile(opts.a, opts.b, opts.diff.allow_self, "diff"));
-  LOCKSTEP_ASSIGN_OR_RETURN(Diffed x, OpenAndDiff(opts));
+  Diffed x;
+  LOCKSTEP_RETURN_IF_ERROR(OpenBoth(opts, x));
+  if (IsCrossEngine(x.ra->meta(), x.rb->meta())) return PortBody(opts, x, out);
+  LOCKSTEP_RETURN_IF_ERROR(DiffOpened(opts, x));
   const auto& ra = x.ra;
   const auto& rb = x.rb;
   const DiffResult& d = x.d;
@@ -354,7 +410,7 @@ Status SummarizeBody(const SummarizeCommandOptions& opts, std::ostream& out) {
   const DiffCommandOptions& dc = opts.diff;
   LOCKSTEP_RETURN_IF_ERROR(CheckReportFolders(dc.reports));
   LOCKSTEP_RETURN_IF_ERROR(CheckNotSameFile(dc.a, dc.b, dc.diff.allow_self, "summarize"));
-  LOCKSTEP_ASSIGN_OR_RETURN(Diffed x, OpenAndDiff(dc));
+  LOCKSTEP_ASSIGN_OR_RETURN(Diffed x, OpenAndDiff(dc, "summarize"));
   const auto& ra = x.ra;
   const auto& rb = x.rb;
   const DiffResult& d = x.d;

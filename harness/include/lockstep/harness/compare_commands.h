@@ -33,6 +33,8 @@ struct DiffCommandOptions {
   bool no_index =
       false;           // ignore /index/items and open every dataset (files edited by other tools)
   bool color = false;  // colour the verdict line (main sets it: stdout a TTY, NO_COLOR unset)
+  // --nrmse-max / --kl-max given: they replace the cross-engine profile's values (port check).
+  bool nrmse_max_given = false, kl_max_given = false;
 };
 
 struct AlignCommandOptions {

@@ -1,0 +1,237 @@
+// The port check (issue 38, item 4; compare/include/lockstep/compare/port_check.h) through the
+// real binary: `lockstep diff` of a lockstep and a llama.cpp export of one request on one f32
+// GGUF reports the per-(op, layer) NRMSE table at the float floor for every mapped op; a
+// `perturb-op` planted in one of our ops at layer L makes L the table's first layer over the
+// cross-engine threshold; different models or requests are refused (exit 2); the verdict uses
+// the cross_engine profile, not the A/A defaults. Skips with the reason without the component.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "lockstep/engine/atomic_file.h"
+#include "lockstep/llamacpp/llamacpp_build.h"
+#include "test_util.h"
+
+namespace lockstep {
+namespace {
+
+#define SKIP_WITHOUT_LLAMACPP_PORT()                                            \
+  do {                                                                          \
+    const Status available = LlamaCppAvailable();                               \
+    if (!available.ok()) GTEST_SKIP() << "llama.cpp: " << available.ToString(); \
+  } while (0)
+
+using nlohmann::json;
+
+// `model init --preset tiny --format gguf` (f32), once per seed.
+std::string F32Gguf(int seed) {
+  static std::map<int, std::string> made;
+  if (auto it = made.find(seed); it != made.end()) return it->second;
+  const std::string dir = test::NewDir("port-gguf");
+  const auto r = test::RunLockstep("model init --preset tiny --format gguf --seed " +
+                                   std::to_string(seed) + " --out " + dir);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  made[seed] = dir + "/model.gguf";
+  return made[seed];
+}
+
+std::string Prompt(const std::string& ids) {
+  const std::string p = test::NewDir("port-prompt") + "/p.txt";
+  EXPECT_TRUE(WriteFileAtomic(p, ids + "\n").ok());
+  return p;
+}
+
+// The op windows both runs digest and dump: the prefill (8 rows) and decode window 2.
+constexpr const char* kOpWindows = "prefill,2";
+
+// One engine's export of the request, with every op of kOpWindows dumped. `extra`: more flags.
+std::string PortExport(const std::string& engine, const std::string& model,
+                       const std::string& prompt, const std::string& extra = "") {
+  const std::string out = test::NewDir("port-run") + "/" + engine + ".h5";
+  std::string cmd = "generate --engine " + engine + " --model " + model + " --prompt-tokens " +
+                    prompt + " --max-new 4 --threads 1 --export-windows all --export-points " +
+                    "post_verify --op-digests " + kOpWindows + " --op-dump all@" + kOpWindows +
+                    " --export " + out + " " + extra;
+  if (engine == "llama.cpp") cmd += " --llama-kv-type f32";
+  const auto r = test::RunLockstep(cmd);
+  EXPECT_EQ(r.exit_code, 0) << cmd << ": " << r.err;
+  return out;
+}
+
+struct Port {
+  int exit_code = -1;
+  std::string out, err;
+  json j;
+};
+
+Port Diff(const std::string& a, const std::string& b, const std::string& extra = "") {
+  const std::string jpath = test::NewDir("port-json") + "/port.json";
+  const auto r = test::RunLockstep("diff " + a + " " + b + " --json " + jpath + " " + extra);
+  Port p{r.exit_code, r.out, r.err, json()};
+  if (auto text = ReadFile(jpath); text.ok()) p.j = json::parse(*text, nullptr, false);
+  return p;
+}
+
+// The mapped (op, layer) cells a tiny model has (8 layers, full attention in layers 3 and 7):
+// embed, final_norm, lm_head; in every layer attn_norm, attn_residual, ffn_norm, router_logits,
+// topk, shared_expert, moe_combine, residual; q_proj, q_rope, attn_out, o_proj in the two
+// full-attention layers; in_proj_ba, conv, recurrence, gated_norm, out_proj in the six GDN ones.
+constexpr int kTinyLayers = 8;
+constexpr int kTinyCells = 3 + kTinyLayers * 8 + 2 * 4 + 6 * 5;
+
+const std::string& Lockstep() {
+  static const std::string p = PortExport("lockstep", F32Gguf(1), Prompt("1 2 3 4 5 6 7 8"));
+  return p;
+}
+const std::string& Llama() {
+  static const std::string p = PortExport("llama.cpp", F32Gguf(1), Prompt("1 2 3 4 5 6 7 8"));
+  return p;
+}
+
+TEST(PortCheck, F32TableIsAtTheFloorForEveryMappedOp) {
+  SKIP_WITHOUT_LLAMACPP_PORT();
+  const Port p = Diff(Lockstep(), Llama());
+  ASSERT_TRUE(p.j.is_object()) << p.out << p.err;
+  EXPECT_EQ(p.exit_code, 0) << p.out << p.err;
+  EXPECT_EQ(p.j["schema"], "lockstep.port");
+  EXPECT_EQ(p.j["verdict"], "pass");
+  EXPECT_EQ(p.j["a"]["engine"], "lockstep");
+  EXPECT_EQ(p.j["b"]["engine"], "llama.cpp");
+  EXPECT_EQ(p.j["thresholds"]["profile"], "cross_engine");
+  const json& steps = p.j["steps"];
+  EXPECT_EQ(steps["compared"], 4);
+  EXPECT_EQ(steps["greedy_agree"], 4);
+  for (const json& s : steps["rows"]) EXPECT_LT(s["nrmse"].get<double>(), 1e-5) << s.dump();
+  const json& ops = p.j["ops"];
+  ASSERT_EQ(ops["cells_compared"], kTinyCells) << p.out;
+  EXPECT_EQ(ops["cells_over"], 0) << p.out;
+  EXPECT_TRUE(ops["first_layer_over"].is_null());
+  std::map<std::string, int> per_op;
+  double worst = 0.0;
+  for (const json& c : ops["cells"]) {
+    const double e = c["nrmse"].get<double>();
+    EXPECT_LT(e, 1e-5) << c.dump();
+    // The prefill's 7 rows (the prompt's 8th is window 0's) and window 2's; final_norm and
+    // lm_head only where llama.cpp outputs a row: window 2.
+    const bool head = c["layer"] == -1 && c["ours"] != "embed";
+    EXPECT_EQ(c["rows"].get<int>(), head ? 1 : 8) << c.dump();
+    worst = std::max(worst, e);
+    per_op[c["ours"].get<std::string>()]++;
+  }
+  EXPECT_EQ(per_op["attn_norm"], kTinyLayers);
+  EXPECT_EQ(per_op["residual"], kTinyLayers);
+  EXPECT_EQ(per_op["o_proj"] + per_op["out_proj"], kTinyLayers);
+  EXPECT_EQ(per_op["recurrence"], 6);
+  EXPECT_EQ(per_op["q_rope"], 2);
+  EXPECT_EQ(per_op["embed"], 1);
+  std::printf("port check f32 tiny: %d cells, worst NRMSE %.2e\n", kTinyCells, worst);
+  // The human table names the ops in both engines' words.
+  EXPECT_NE(p.out.find("attn_post_norm / ffn_norm"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("PASS: 4 steps, " + std::to_string(kTinyCells) + " op cells"),
+            std::string::npos)
+      << p.out;
+}
+
+// A planted change in one of our ops at layer L: the table's first layer over threshold is L.
+TEST(PortCheck, PlantedPerturbationIsTheFirstLayerOverThreshold) {
+  SKIP_WITHOUT_LLAMACPP_PORT();
+  struct Plant {
+    const char* op;
+    int layer;
+  };
+  // attn_norm (every layer), o_proj (full attention: layers 3 and 7), recurrence (GDN, not
+  // mapped itself: seen first in that layer's gated_norm), router_logits.
+  for (const Plant& pl : {Plant{"attn_norm", 1}, Plant{"o_proj", 3}, Plant{"recurrence", 5},
+                          Plant{"router_logits", 6}, Plant{"attn_norm", 0}}) {
+    SCOPED_TRACE(std::string(pl.op) + " layer " + std::to_string(pl.layer));
+    // tiny runs 4 stages of 2 layers.
+    const std::string inj = "--inject perturb-op:stage=" + std::to_string(pl.layer / 2) +
+                            ":layer=" + std::to_string(pl.layer) + ":op=" + pl.op +
+                            ":window=2:row=0:ulps=20000";
+    const std::string a = PortExport("lockstep", F32Gguf(1), Prompt("1 2 3 4 5 6 7 8"), inj);
+    const Port p = Diff(a, Llama());
+    ASSERT_TRUE(p.j.is_object()) << p.out << p.err;
+    EXPECT_EQ(p.exit_code, 1) << p.out;
+    EXPECT_EQ(p.j["verdict"], "fail");
+    const json& ops = p.j["ops"];
+    EXPECT_EQ(ops["cells_compared"], kTinyCells);
+    ASSERT_FALSE(ops["first_layer_over"].is_null()) << p.out;
+    EXPECT_EQ(ops["first_layer_over"].get<int>(), pl.layer) << p.out;
+    EXPECT_NE(p.out.find("the engines part at layer " + std::to_string(pl.layer)),
+              std::string::npos)
+        << p.out;
+  }
+}
+
+// The thresholds are the cross_engine profile: 4000 ULPs on one row of attn_norm-2 (measured:
+// that cell's NRMSE 4.2e-5, window 2's logits 4.7e-5: far above the f32 floor, under the A/A
+// defaults of 2e-4 and KL 1e-5) fail the port check.
+TEST(PortCheck, ThresholdsAreTheCrossEngineProfile) {
+  SKIP_WITHOUT_LLAMACPP_PORT();
+  const std::string a =
+      PortExport("lockstep", F32Gguf(1), Prompt("1 2 3 4 5 6 7 8"),
+                 "--inject perturb-op:stage=1:layer=2:op=attn_norm:window=2:row=0:ulps=4000");
+  const Port p = Diff(a, Llama());
+  ASSERT_TRUE(p.j.is_object()) << p.out << p.err;
+  EXPECT_EQ(p.j["thresholds"]["profile"], "cross_engine");
+  EXPECT_EQ(p.j["thresholds"]["op_nrmse_max"].get<double>(), 1e-5);
+  EXPECT_EQ(p.j["thresholds"]["logits_nrmse_max"].get<double>(), 1e-5);
+  EXPECT_EQ(p.exit_code, 1) << p.out;
+  EXPECT_EQ(p.j["ops"]["first_layer_over"], 2) << p.out;
+  EXPECT_NE(p.out.find("profile cross_engine"), std::string::npos) << p.out;
+  // Explicit thresholds replace the profile's, and the report says so.
+  const Port loose = Diff(a, Llama(), "--nrmse-max 1e-1 --kl-max 1");
+  EXPECT_EQ(loose.exit_code, 0) << loose.out;
+  EXPECT_EQ(loose.j["thresholds"]["overridden"].size(), 2u);
+}
+
+TEST(PortCheck, DifferentModelsOrRequestsAreRefused) {
+  SKIP_WITHOUT_LLAMACPP_PORT();
+  const std::string other_model = PortExport("llama.cpp", F32Gguf(2), Prompt("1 2 3 4 5 6 7 8"));
+  const Port m = Diff(Lockstep(), other_model);
+  EXPECT_EQ(m.exit_code, 2) << m.out << m.err;
+  EXPECT_NE(m.err.find("different models"), std::string::npos) << m.err;
+  EXPECT_EQ(std::count(m.err.begin(), m.err.end(), '\n'), 1) << m.err;
+  const std::string other_request = PortExport("llama.cpp", F32Gguf(1), Prompt("1 2 3 4 5 6 7 9"));
+  const Port q = Diff(Lockstep(), other_request);
+  EXPECT_EQ(q.exit_code, 2) << q.out << q.err;
+  EXPECT_NE(q.err.find("different requests"), std::string::npos) << q.err;
+  // summarize and the reports the port check does not write say so (exit 2).
+  const auto s = test::RunLockstep("summarize " + Lockstep() + " " + Llama());
+  EXPECT_EQ(s.exit_code, 2) << s.err;
+  EXPECT_NE(s.err.find("different engines"), std::string::npos) << s.err;
+  const auto md = test::RunLockstep("diff " + Lockstep() + " " + Llama() + " --md -");
+  EXPECT_EQ(md.exit_code, 2) << md.err;
+}
+
+// Without op dumps the steps are still compared and the table says why it is empty; a pair with
+// no step in common is never a pass.
+TEST(PortCheck, WithoutDumpsTheTableSaysWhyAndNothingComparedFails) {
+  SKIP_WITHOUT_LLAMACPP_PORT();
+  const std::string dir = test::NewDir("port-nodump");
+  const auto r = test::RunLockstep("generate --engine llama.cpp --model " + F32Gguf(1) +
+                                   " --prompt-tokens " + Prompt("1 2 3 4 5 6 7 8") +
+                                   " --max-new 4 --threads 1 --llama-kv-type f32 "
+                                   "--export-windows all --export-points post_verify --export " +
+                                   dir + "/a.h5");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Port p = Diff(Lockstep(), dir + "/a.h5");
+  EXPECT_EQ(p.exit_code, 0) << p.out;
+  EXPECT_EQ(p.j["ops"]["cells_compared"], 0);
+  EXPECT_NE(p.out.find("no op dumps (--op-dump OPS@WINDOWS) in B"), std::string::npos) << p.out;
+  const auto n = test::RunLockstep("generate --engine llama.cpp --model " + F32Gguf(1) +
+                                   " --prompt-tokens " + Prompt("1 2 3 4 5 6 7 8") +
+                                   " --max-new 4 --threads 1 --export-windows none --export " +
+                                   dir + "/none.h5");
+  ASSERT_EQ(n.exit_code, 0) << n.err;
+  const Port v = Diff(Lockstep(), dir + "/none.h5");
+  EXPECT_EQ(v.exit_code, 1) << v.out;
+  EXPECT_NE(v.out.find("FAIL: nothing compared"), std::string::npos) << v.out;
+}
+
+}  // namespace
+}  // namespace lockstep
