@@ -70,7 +70,7 @@ std::pair<std::string_view, int> SplitLayer(std::string_view s) {
 }
 
 // The top value's index (lowest on ties) and the gap to the second largest.
-std::pair<std::int32_t, double> Top1AndGap(const std::vector<float>& v) {
+std::pair<std::int32_t, double> Top1AndGap(std::span<const float> v) {
   if (v.empty()) return {-1, 0.0};
   std::int32_t best = 0;
   for (std::size_t i = 1; i < v.size(); ++i)
@@ -175,38 +175,7 @@ void CompareSteps(const StepRows& ra, const StepRows& rb, const ExportMeta& ma,
                                 " on: the emitted tokens before them differ (the requests part)";
       continue;
     }
-    const std::vector<float>& b = it->second;
-    PortStep s;
-    s.window = w;
-    s.position = key.second;
-    if (a.size() != b.size()) {
-      s.passed = false;
-      s.reason = "vocabularies differ (" + std::to_string(a.size()) + " vs " +
-                 std::to_string(b.size()) + " logits)";
-      r->steps.push_back(s);
-      ++r->steps_failed;
-      continue;
-    }
-    const DiffStats d = CompareF32(a.data(), b.data(), a.size());
-    const KlStats kl = CompareLogits(a.data(), b.data(), 1, a.size());
-    s.nrmse = d.nrmse;
-    s.kl = kl.kl_max;
-    std::tie(s.top1_a, s.gap_a) = Top1AndGap(a);
-    std::tie(s.top1_b, s.gap_b) = Top1AndGap(b);
-    s.agree = s.top1_a == s.top1_b;
-    s.near_tie = s.gap_a < th.near_tie_gap;
-    if (d.non_finite || kl.non_finite) {
-      s.passed = false, s.reason = "NaN or Inf in the logits";
-    } else if (!(s.nrmse <= th.logits_nrmse_max)) {
-      s.passed = false,
-      s.reason = "logits NRMSE " + Fmt(s.nrmse) + " > " + Fmt(th.logits_nrmse_max);
-    } else if (!(s.kl <= th.kl_max)) {
-      s.passed = false, s.reason = "KL " + Fmt(s.kl) + " > " + Fmt(th.kl_max);
-    } else if (!s.agree && !s.near_tie) {
-      s.passed = false, s.reason = "greedy tokens differ (" + std::to_string(s.top1_a) + " vs " +
-                                   std::to_string(s.top1_b) + ") with a top-2 gap of " +
-                                   Fmt(s.gap_a) + ", not a near-tie";
-    }
+    PortStep s = ComparePortStep(w, key.second, a, it->second, th);
     if (s.agree) ++r->greedy_agree;
     if (!s.agree && s.near_tie) ++r->near_ties;
     if (!s.agree && r->first_disagreement < 0) r->first_disagreement = w;
@@ -303,6 +272,39 @@ void CompareCells(const ExportMeta& ma, const ExportMeta& mb, bool llama_a, Port
 std::string Sha12(const std::string& s) { return s.substr(0, std::min<std::size_t>(12, s.size())); }
 
 }  // namespace
+
+PortStep ComparePortStep(int window, std::int64_t position, std::span<const float> a,
+                         std::span<const float> b, const PortThresholds& th) {
+  PortStep s;
+  s.window = window;
+  s.position = position;
+  if (a.size() != b.size() || a.empty()) {
+    s.passed = s.agree = false;
+    s.reason = "no logits to compare (" + std::to_string(a.size()) + " vs " +
+               std::to_string(b.size()) + " values: the vocabularies differ)";
+    return s;
+  }
+  const DiffStats d = CompareF32(a.data(), b.data(), a.size());
+  const KlStats kl = CompareLogits(a.data(), b.data(), 1, a.size());
+  s.nrmse = d.nrmse;
+  s.kl = kl.kl_max;
+  std::tie(s.top1_a, s.gap_a) = Top1AndGap(a);
+  std::tie(s.top1_b, s.gap_b) = Top1AndGap(b);
+  s.agree = s.top1_a == s.top1_b;
+  s.near_tie = s.gap_a < th.near_tie_gap;
+  if (d.non_finite || kl.non_finite) {
+    s.passed = false, s.reason = "NaN or Inf in the logits";
+  } else if (!(s.nrmse <= th.logits_nrmse_max)) {
+    s.passed = false, s.reason = "logits NRMSE " + Fmt(s.nrmse) + " > " + Fmt(th.logits_nrmse_max);
+  } else if (!(s.kl <= th.kl_max)) {
+    s.passed = false, s.reason = "KL " + Fmt(s.kl) + " > " + Fmt(th.kl_max);
+  } else if (!s.agree && !s.near_tie) {
+    s.passed = false, s.reason = "greedy tokens differ (" + std::to_string(s.top1_a) + " vs " +
+                                 std::to_string(s.top1_b) + ") with a top-2 gap of " +
+                                 Fmt(s.gap_a) + ", not a near-tie";
+  }
+  return s;
+}
 
 std::span<const PortOpPair> PortOpMap() { return kPairs; }
 

@@ -4,6 +4,8 @@
 // `perturb-op` planted in one of our ops at layer L makes L the table's first layer over the
 // cross-engine threshold; different models or requests are refused (exit 2); the verdict uses
 // the cross_engine profile, not the A/A defaults. Skips with the reason without the component.
+#include "lockstep/compare/port_check.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +13,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "lockstep/engine/atomic_file.h"
 #include "lockstep/llamacpp/llamacpp_build.h"
@@ -27,16 +31,18 @@ namespace {
 
 using nlohmann::json;
 
-// `model init --preset tiny --format gguf` (f32), once per seed.
-std::string F32Gguf(int seed) {
-  static std::map<int, std::string> made;
-  if (auto it = made.find(seed); it != made.end()) return it->second;
+// `model init --preset PRESET --format gguf --dtype f32`, once per (preset, seed); PRESET may
+// carry more flags ("small --layers 4").
+std::string F32Gguf(int seed, const std::string& preset = "tiny") {
+  static std::map<std::pair<std::string, int>, std::string> made;
+  if (auto it = made.find({preset, seed}); it != made.end()) return it->second;
   const std::string dir = test::NewDir("port-gguf");
-  const auto r = test::RunLockstep("model init --preset tiny --format gguf --seed " +
-                                   std::to_string(seed) + " --out " + dir);
+  const auto r =
+      test::RunLockstep("model init --preset " + preset + " --dtype f32 --format gguf --seed " +
+                        std::to_string(seed) + " --out " + dir);
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  made[seed] = dir + "/model.gguf";
-  return made[seed];
+  made[{preset, seed}] = dir + "/model.gguf";
+  return made[{preset, seed}];
 }
 
 std::string Prompt(const std::string& ids) {
@@ -76,12 +82,17 @@ Port Diff(const std::string& a, const std::string& b, const std::string& extra =
   return p;
 }
 
-// The mapped (op, layer) cells a tiny model has (8 layers, full attention in layers 3 and 7):
+// The mapped (op, layer) cells of a model of `layers` layers with full attention in every 4th:
 // embed, final_norm, lm_head; in every layer attn_norm, attn_residual, ffn_norm, router_logits,
-// topk, shared_expert, moe_combine, residual; q_proj, q_rope, attn_out, o_proj in the two
-// full-attention layers; in_proj_ba, conv, recurrence, gated_norm, out_proj in the six GDN ones.
+// topk, shared_expert, moe_combine, residual; q_proj, q_rope, attn_out, o_proj in a full-attention
+// layer; in_proj_ba, conv, recurrence, gated_norm, out_proj in a GDN one.
+constexpr int MappedCells(int layers) {
+  const int attention = layers / 4;
+  return 3 + layers * 8 + attention * 4 + (layers - attention) * 5;
+}
 constexpr int kTinyLayers = 8;
-constexpr int kTinyCells = 3 + kTinyLayers * 8 + 2 * 4 + 6 * 5;
+constexpr int kTinyCells = MappedCells(kTinyLayers);
+static_assert(kTinyCells == 105);
 
 const std::string& Lockstep() {
   static const std::string p = PortExport("lockstep", F32Gguf(1), Prompt("1 2 3 4 5 6 7 8"));
@@ -92,48 +103,59 @@ const std::string& Llama() {
   return p;
 }
 
+// tiny (8 layers) and small in 4 layers (its widths: 512 hidden, 32 experts, 4096 vocabulary; the
+// whole 16 layers are a 544 MB f32 file), f32: every mapped cell at the float floor (measured:
+// worst cell 4.3e-6 on tiny; small, all 16 layers, by hand: 207 cells, worst 2.7e-6; logits
+// 3-10e-7).
 TEST(PortCheck, F32TableIsAtTheFloorForEveryMappedOp) {
   SKIP_WITHOUT_LLAMACPP_PORT();
-  const Port p = Diff(Lockstep(), Llama());
-  ASSERT_TRUE(p.j.is_object()) << p.out << p.err;
-  EXPECT_EQ(p.exit_code, 0) << p.out << p.err;
-  EXPECT_EQ(p.j["schema"], "lockstep.port");
-  EXPECT_EQ(p.j["verdict"], "pass");
-  EXPECT_EQ(p.j["a"]["engine"], "lockstep");
-  EXPECT_EQ(p.j["b"]["engine"], "llama.cpp");
-  EXPECT_EQ(p.j["thresholds"]["profile"], "cross_engine");
-  const json& steps = p.j["steps"];
-  EXPECT_EQ(steps["compared"], 4);
-  EXPECT_EQ(steps["greedy_agree"], 4);
-  for (const json& s : steps["rows"]) EXPECT_LT(s["nrmse"].get<double>(), 1e-5) << s.dump();
-  const json& ops = p.j["ops"];
-  ASSERT_EQ(ops["cells_compared"], kTinyCells) << p.out;
-  EXPECT_EQ(ops["cells_over"], 0) << p.out;
-  EXPECT_TRUE(ops["first_layer_over"].is_null());
-  std::map<std::string, int> per_op;
-  double worst = 0.0;
-  for (const json& c : ops["cells"]) {
-    const double e = c["nrmse"].get<double>();
-    EXPECT_LT(e, 1e-5) << c.dump();
-    // The prefill's 7 rows (the prompt's 8th is window 0's) and window 2's; final_norm and
-    // lm_head only where llama.cpp outputs a row: window 2.
-    const bool head = c["layer"] == -1 && c["ours"] != "embed";
-    EXPECT_EQ(c["rows"].get<int>(), head ? 1 : 8) << c.dump();
-    worst = std::max(worst, e);
-    per_op[c["ours"].get<std::string>()]++;
+  for (const auto& [preset, layers] : {std::pair{"tiny", 8}, std::pair{"small --layers 4", 4}}) {
+    SCOPED_TRACE(preset);
+    const std::string model = F32Gguf(1, preset);
+    const std::string prompt = Prompt("1 2 3 4 5 6 7 8");
+    const Port p =
+        Diff(PortExport("lockstep", model, prompt), PortExport("llama.cpp", model, prompt));
+    ASSERT_TRUE(p.j.is_object()) << p.out << p.err;
+    EXPECT_EQ(p.exit_code, 0) << p.out << p.err;
+    EXPECT_EQ(p.j["schema"], "lockstep.port");
+    EXPECT_EQ(p.j["verdict"], "pass");
+    EXPECT_EQ(p.j["a"]["engine"], "lockstep");
+    EXPECT_EQ(p.j["b"]["engine"], "llama.cpp");
+    EXPECT_EQ(p.j["thresholds"]["profile"], "cross_engine");
+    const json& steps = p.j["steps"];
+    EXPECT_EQ(steps["compared"], 4);
+    EXPECT_EQ(steps["greedy_agree"], 4);
+    for (const json& s : steps["rows"]) EXPECT_LT(s["nrmse"].get<double>(), 1e-5) << s.dump();
+    const json& ops = p.j["ops"];
+    const int cells = MappedCells(layers);
+    ASSERT_EQ(ops["cells_compared"], cells) << p.out;
+    EXPECT_EQ(ops["cells_over"], 0) << p.out;
+    EXPECT_TRUE(ops["first_layer_over"].is_null());
+    std::map<std::string, int> per_op;
+    double worst = 0.0;
+    for (const json& c : ops["cells"]) {
+      const double e = c["nrmse"].get<double>();
+      EXPECT_LT(e, 1e-5) << c.dump();
+      // The prefill's 7 rows (the prompt's 8th is window 0's) and window 2's; final_norm and
+      // lm_head only where llama.cpp outputs a row: window 2.
+      const bool head = c["layer"] == -1 && c["ours"] != "embed";
+      EXPECT_EQ(c["rows"].get<int>(), head ? 1 : 8) << c.dump();
+      worst = std::max(worst, e);
+      per_op[c["ours"].get<std::string>()]++;
+    }
+    EXPECT_EQ(per_op["attn_norm"], layers);
+    EXPECT_EQ(per_op["residual"], layers);
+    EXPECT_EQ(per_op["o_proj"] + per_op["out_proj"], layers);
+    EXPECT_EQ(per_op["recurrence"], layers - layers / 4);
+    EXPECT_EQ(per_op["q_rope"], layers / 4);
+    EXPECT_EQ(per_op["embed"], 1);
+    std::printf("port check f32 %s: %d cells, worst NRMSE %.2e\n", preset, cells, worst);
+    // The human table names the ops in both engines' words.
+    EXPECT_NE(p.out.find("attn_post_norm / ffn_norm"), std::string::npos) << p.out;
+    EXPECT_NE(p.out.find("PASS: 4 steps, " + std::to_string(cells) + " op cells"),
+              std::string::npos)
+        << p.out;
   }
-  EXPECT_EQ(per_op["attn_norm"], kTinyLayers);
-  EXPECT_EQ(per_op["residual"], kTinyLayers);
-  EXPECT_EQ(per_op["o_proj"] + per_op["out_proj"], kTinyLayers);
-  EXPECT_EQ(per_op["recurrence"], 6);
-  EXPECT_EQ(per_op["q_rope"], 2);
-  EXPECT_EQ(per_op["embed"], 1);
-  std::printf("port check f32 tiny: %d cells, worst NRMSE %.2e\n", kTinyCells, worst);
-  // The human table names the ops in both engines' words.
-  EXPECT_NE(p.out.find("attn_post_norm / ffn_norm"), std::string::npos) << p.out;
-  EXPECT_NE(p.out.find("PASS: 4 steps, " + std::to_string(kTinyCells) + " op cells"),
-            std::string::npos)
-      << p.out;
 }
 
 // A planted change in one of our ops at layer L: the table's first layer over threshold is L.
@@ -231,6 +253,72 @@ TEST(PortCheck, WithoutDumpsTheTableSaysWhyAndNothingComparedFails) {
   const Port v = Diff(Lockstep(), dir + "/none.h5");
   EXPECT_EQ(v.exit_code, 1) << v.out;
   EXPECT_NE(v.out.find("FAIL: nothing compared"), std::string::npos) << v.out;
+}
+
+// The step rule without llama.cpp (these run in every build): a greedy split is a named near-tie
+// only where A's top-2 gap is under the profile's; elsewhere, and over the NRMSE / KL bounds, the
+// step fails.
+TEST(PortStep, GreedySplitPassesOnlyAtANearTie) {
+  const PortThresholds th = CrossEngineProfile();
+  std::vector<float> a(64), b(64);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = b[i] = 0.01f * static_cast<float>(i % 7);
+  a[10] = 3.0f, a[20] = 2.9999990f;  // A's top two within 1e-6
+  b = a;
+  std::swap(b[10], b[20]);  // B prefers the other: a split at a near-tie
+  const PortStep tie = ComparePortStep(0, 8, a, b, th);
+  EXPECT_FALSE(tie.agree);
+  EXPECT_TRUE(tie.near_tie);
+  EXPECT_TRUE(tie.passed) << tie.reason;
+  EXPECT_EQ(tie.top1_a, 10);
+  EXPECT_EQ(tie.top1_b, 20);
+  EXPECT_LT(tie.gap_a, 1e-5);
+  // The same split where A's gap is 0.5: a failure that names the gap, whatever the NRMSE.
+  a[20] = 2.5f;
+  b = a;
+  b[20] = 3.0f, b[10] = 2.5f;
+  PortThresholds loose = th;
+  loose.logits_nrmse_max = loose.kl_max = 1e9;
+  const PortStep split = ComparePortStep(0, 8, a, b, loose);
+  EXPECT_FALSE(split.agree);
+  EXPECT_FALSE(split.near_tie);
+  EXPECT_FALSE(split.passed);
+  EXPECT_NE(split.reason.find("not a near-tie"), std::string::npos) << split.reason;
+  // Agreement with logits 1e-4 apart: over the profile's NRMSE bound.
+  b = a;
+  for (float& v : b) v *= 1.0001f;
+  const PortStep far = ComparePortStep(0, 8, a, b, th);
+  EXPECT_TRUE(far.agree);
+  EXPECT_FALSE(far.passed);
+  EXPECT_NE(far.reason.find("logits NRMSE"), std::string::npos) << far.reason;
+  // Bitwise equal rows pass with NRMSE and KL 0.
+  const PortStep same = ComparePortStep(0, 8, a, a, th);
+  EXPECT_TRUE(same.passed && same.agree);
+  EXPECT_EQ(same.nrmse, 0.0);
+  EXPECT_EQ(same.kl, 0.0);
+}
+
+// The profile is its own, never the A/A defaults, and the map is what REPORTS.md documents.
+TEST(PortStep, ProfileAndMap) {
+  const PortThresholds th = CrossEngineProfile();
+  EXPECT_EQ(th.profile, "cross_engine");
+  EXPECT_LT(th.op_nrmse_max, 2e-4);
+  EXPECT_LT(th.kl_max, 1e-5);
+  EXPECT_EQ(PortOpMap().size(), 20u);
+  int layer = -9;
+  const auto two = FindPortPairsTheirs("attn_output-7", &layer);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(layer, 7);
+  EXPECT_STREQ(two[0]->ours, "o_proj");
+  EXPECT_STREQ(two[1]->ours, "recurrence");
+  const auto norm = FindPortPairsTheirs("attn_post_norm-12", &layer);
+  ASSERT_EQ(norm.size(), 1u);
+  EXPECT_STREQ(norm[0]->ours, "ffn_norm");
+  EXPECT_EQ(layer, 12);
+  EXPECT_EQ(FindPortPairsTheirs("result_norm", &layer).size(), 1u);
+  EXPECT_EQ(layer, -1);
+  EXPECT_TRUE(FindPortPairsTheirs("Kcur-3", &layer).empty());
+  EXPECT_TRUE(FindPortPairsTheirs("attn_norm", &layer).empty()) << "a layer op needs its layer";
+  EXPECT_EQ(FindPortPairOurs("in_proj"), nullptr);
 }
 
 }  // namespace

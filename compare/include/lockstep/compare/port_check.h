@@ -77,6 +77,11 @@ struct PortStep {
   std::string reason;  // why it failed ("" on pass)
 };
 
+// One step's logits row of each side (A the reference): NRMSE, KL, top-1s, top-2 gaps and the
+// verdict (a greedy disagreement passes only at a near-tie of A: gap_a < near_tie_gap).
+PortStep ComparePortStep(int window, std::int64_t position, std::span<const float> a,
+                         std::span<const float> b, const PortThresholds& th);
+
 // One (op, layer) cell of the per-layer table.
 struct PortCell {
   std::string ours, theirs;  // "attn_norm", "attn_norm-3"
