@@ -15,7 +15,7 @@ namespace {
 
 // The element types an export's items hold, by their `dtype` attribute (dtype_name spelling).
 std::optional<DType> ParseItemDtype(std::string_view name) {
-  for (DType t : {DType::kF32, DType::kBF16, DType::kI8})
+  for (DType t : {DType::kF32, DType::kBF16, DType::kI8, DType::kU8})
     if (name == dtype_name(t)) return t;
   return std::nullopt;
 }
@@ -24,6 +24,7 @@ std::optional<DType> ParseItemDtype(std::string_view name) {
 hid_t ItemMemType(DType t) {
   return t == DType::kBF16 ? H5T_NATIVE_UINT16
          : t == DType::kI8 ? H5T_NATIVE_INT8
+         : t == DType::kU8 ? H5T_NATIVE_UINT8
                            : H5T_NATIVE_FLOAT;
 }
 
@@ -104,13 +105,15 @@ Result<ExportItem> ExportReader::Impl::ReadItem(hid_t parent, const std::string&
   const bool is_int = cls == H5T_INTEGER;
   const std::optional<DType> dtype = ParseItemDtype(dtype_attr);
   if (!dtype)
-    return Bad(path, "unknown dtype attribute '" + dtype_attr + "' (expected f32, bf16 or int8)");
+    return Bad(path,
+               "unknown dtype attribute '" + dtype_attr + "' (expected f32, bf16, int8 or u8)");
   it.dtype = *dtype;
   const hid_t mem_type = ItemMemType(it.dtype);
-  const bool type_ok = it.dtype == DType::kF32 ? cls == H5T_FLOAT && size == 4
-                       : it.dtype == DType::kBF16
-                           ? is_int && size == 2 && H5Tget_sign(ft.get()) == H5T_SGN_NONE
-                           : is_int && size == 1 && H5Tget_sign(ft.get()) == H5T_SGN_2;
+  const bool type_ok =
+      it.dtype == DType::kF32    ? cls == H5T_FLOAT && size == 4
+      : it.dtype == DType::kBF16 ? is_int && size == 2 && H5Tget_sign(ft.get()) == H5T_SGN_NONE
+      : it.dtype == DType::kU8   ? is_int && size == 1 && H5Tget_sign(ft.get()) == H5T_SGN_NONE
+                                 : is_int && size == 1 && H5Tget_sign(ft.get()) == H5T_SGN_2;
   if (!type_ok)
     return Bad(path, "dtype attribute '" + dtype_attr + "' but the dataset holds " +
                          DescribeType(ft.get()));

@@ -293,7 +293,8 @@ Status CheckIndex(const ExportReader::Impl& impl, std::int64_t file_bytes) {
       const ExportReader::Impl::ItemLoc* il = impl.Find(cp, it);
       if (il == nullptr || it.shape.empty() || it.shape.size() > 8 ||
           ParseItemKind(ItemKindName(it.kind)) != it.kind ||
-          (it.dtype != DType::kF32 && it.dtype != DType::kBF16 && it.dtype != DType::kI8))
+          (it.dtype != DType::kF32 && it.dtype != DType::kBF16 && it.dtype != DType::kI8 &&
+           it.dtype != DType::kU8))
         return bad;
       std::int64_t elems = 1;
       for (std::size_t d = 1; d < it.shape.size(); ++d) {

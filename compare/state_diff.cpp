@@ -37,6 +37,8 @@ const char* LabelFor(ItemKind kind) {
       return "draft";
     case ItemKind::kHiddenOut:
       return "activations";
+    case ItemKind::kSeqState:
+      return "sequence state";
     case ItemKind::kLogits:
       break;
   }
@@ -113,6 +115,14 @@ Status CompareItem(const ExportReader& ra, const ExportReader& rb, const Job& jo
     } else if (ia.dtype == DType::kBF16) {
       acc.AddBf16(reinterpret_cast<const std::uint16_t*>(ba),
                   reinterpret_cast<const std::uint16_t*>(bb), count);
+    } else if (ia.dtype == DType::kU8) {  // opaque bytes (seq_state): compared bitwise
+      for (std::size_t e = 0; e < count; ++e)
+        if (ba[e] != bb[e]) {
+          if (r.first_code_diff < 0)
+            r.first_code_diff =
+                r0 * static_cast<std::int64_t>(elems) + static_cast<std::int64_t>(e);
+          ++r.code_diff;
+        }
     } else {  // int8 codes with per-row-per-head scales
       if (scale_row <= 0)
         return Status::InvalidArgument(r.checkpoint + "/" + r.rel, "int8 item without scales");
@@ -128,8 +138,12 @@ Status CompareItem(const ExportReader& ra, const ExportReader& rb, const Job& jo
   r.rows = rows;
   r.elements = static_cast<std::uint64_t>(rows) * elems;
   r.stats = acc.Finish();
-  r.code_diff = r.stats.code_diff;
-  r.first_code_diff = r.stats.first_code_diff;
+  if (ia.dtype != DType::kU8) {
+    r.code_diff = r.stats.code_diff;
+    r.first_code_diff = r.stats.first_code_diff;
+  } else {  // opaque bytes: no NRMSE (0), the differing bytes are the measure (Judge)
+    r.stats.n_diff = r.code_diff;
+  }
   if (logits) {
     r.has_kl = true;
     r.kl = kl.Finish();
@@ -146,6 +160,8 @@ void Judge(ItemResult& r) {
   };
   if (r.stats.non_finite || (r.has_kl && r.kl.non_finite)) {
     fail(ItemFailure::kNonFinite, "NaN or Inf in the data");
+  } else if (r.dtype == dtype_name(DType::kU8) && r.code_diff > 0) {
+    fail(ItemFailure::kNrmse, std::to_string(r.code_diff) + " bytes differ (compared bitwise)");
   } else if (!(r.stats.nrmse <= r.nrmse_max)) {
     fail(ItemFailure::kNrmse,
          "NRMSE " + std::to_string(r.stats.nrmse) + " > " + std::to_string(r.nrmse_max));

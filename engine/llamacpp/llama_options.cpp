@@ -45,4 +45,27 @@ std::string LlamaOptions::ToJson() const {
   return j.dump();
 }
 
+Result<LlamaOptions> LlamaOptions::FromJson(std::string_view text, const std::string& label) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object() || j.value("engine", "") != "llama.cpp")
+    return Status::InvalidArgument(label, "is not a llama.cpp config (LlamaOptions::ToJson)");
+  LlamaOptions o;
+  try {
+    o.model = j.at("model").get<std::string>();
+    o.threads = j.at("threads").get<int>();
+    o.batch = j.at("batch").get<int>();
+    o.ubatch = j.at("ubatch").get<int>();
+    o.kv_type = j.at("kv_type").get<std::string>();
+    o.flash_attn = j.at("flash_attn").get<std::string>();
+    o.kv_unified = j.at("kv_unified").get<bool>();
+    o.max_new = j.at("max_new").get<int>();
+    o.slots = j.at("slots").get<int>();
+    o.background_prompt = j.at("background_prompt").get<int>();
+    o.background_seed = j.at("background_seed").get<std::uint64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    return Status::InvalidArgument(label, std::string("llama.cpp config: ") + e.what());
+  }
+  return o;
+}
+
 }  // namespace lockstep

@@ -10,10 +10,10 @@ namespace {
 constexpr std::array<const char*, kNumCheckpointPoints> kPointNames = {"pre_verify", "post_verify",
                                                                        "commit"};
 constexpr std::array<const char*, kNumItemKinds> kKindNames = {
-    "k",         "v",     "k_spec", "v_spec",     "conv_state",
-    "ssm_state", "mtp_k", "mtp_v",  "hidden_out", "logits"};
+    "k",     "v",     "k_spec",     "v_spec", "conv_state", "ssm_state",
+    "mtp_k", "mtp_v", "hidden_out", "logits", "seq_state"};
 static_assert(static_cast<std::size_t>(CheckpointPoint::kCommit) + 1 == kNumCheckpointPoints);
-static_assert(static_cast<std::size_t>(ItemKind::kLogits) + 1 == kNumItemKinds);
+static_assert(static_cast<std::size_t>(ItemKind::kSeqState) + 1 == kNumItemKinds);
 
 }  // namespace
 

@@ -225,6 +225,7 @@ VerdictBox CampaignVerdict(const Loaded& L, const RunTally& t) {
   std::vector<std::string> pairs;
   for (const auto& a : L.c.arms)
     if (L.records.count(a.name)) pairs.push_back(a.name + " vs " + a.baseline);
+  v.compared = campaign_text::LlamaInvarianceLines(L.c, L.records, L.dir);  // first, when any
   v.compared.push_back(fmt::format(
       "Arms: {} of {} sent ({}); {} generation requests.", t.sent_arms.size(), L.c.arms.size(),
       t.sent_arms.empty() ? "none" : fmt::format("{}", fmt::join(t.sent_arms, ", ")), t.requests));

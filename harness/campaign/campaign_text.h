@@ -128,4 +128,12 @@ void FingerprintText(std::ostream& md, const std::map<std::string, json>& record
 void HypothesisText(std::ostream& md, const Campaign& c, const std::string& verdict,
                     const std::map<std::string, json>& records);
 
+// The first lines of a campaign report with llama.cpp arms (llama_arm.h): whether llama.cpp is
+// batch-invariant on this model (the comparisons whose arms differ in engine keys, such as slots
+// or llama_ubatch; the A/A pairs, which differ in none, said apart) and, from the run folder's
+// localize/ of the first differing one, where that difference is born. Empty without such arms.
+std::vector<std::string> LlamaInvarianceLines(const Campaign& c,
+                                              const std::map<std::string, json>& records,
+                                              const std::string& dir);
+
 }  // namespace lockstep::campaign_text

@@ -16,6 +16,8 @@
 #include "lockstep/engine/window_selection.h"
 #include "lockstep/harness/builds.h"
 #include "lockstep/harness/campaign.h"
+#include "lockstep/harness/llama_arm.h"
+#include "lockstep/harness/model_init.h"
 #include "lockstep/instrument/fingerprint.h"
 
 namespace lockstep {
@@ -49,7 +51,7 @@ Status PlanParser::ParseModel(const toml::table& t, ModelSpec& m) {
     if (!known.ok()) return Error(preset->source(), known.status().message());
     model_config_ = std::move(known).value();
   }
-  for (const char* key : {"seed", "induction"}) {
+  for (const char* key : {"seed", "induction", "format", "dtype", "quant", "layers"}) {
     const toml::node* n = t.get(key);
     if (n != nullptr && path != nullptr)
       return Error(n->source(),
@@ -57,6 +59,7 @@ Status PlanParser::ParseModel(const toml::table& t, ModelSpec& m) {
   }
   LOCKSTEP_RETURN_IF_ERROR(OptInteger(t, "seed", 0, kInt64Max, m.seed));
   LOCKSTEP_RETURN_IF_ERROR(OptBool(t, "induction", m.induction));
+  LOCKSTEP_RETURN_IF_ERROR(ParseModelFile(t, m));
   if (path != nullptr) {
     LOCKSTEP_ASSIGN_OR_RETURN(m.path, ExistingPath(*path, "path", /*folder=*/true));
     auto config = ModelConfig::FromFile((fs::path(m.path) / "config.json").string());
@@ -65,6 +68,27 @@ Status PlanParser::ParseModel(const toml::table& t, ModelSpec& m) {
                    "'path': '" + path->as_string()->get() +
                        "' is not a checkpoint folder: " + config.status().message());
     model_config_ = std::move(config).value();
+  }
+  return Status::Ok();
+}
+
+// [model] format / dtype / quant / layers (presets only): the file `lockstep model init` writes.
+Status PlanParser::ParseModelFile(const toml::table& t, ModelSpec& m) {
+  LOCKSTEP_RETURN_IF_ERROR(OptString(t, "format", m.format));
+  LOCKSTEP_RETURN_IF_ERROR(OptString(t, "quant", m.quant));
+  LOCKSTEP_RETURN_IF_ERROR(OptString(t, "dtype", m.dtype));
+  if (auto f = ParseModelFormat(m.format, m.quant); !f.ok()) {
+    const bool bad_format = m.format != "safetensors" && m.format != "gguf";
+    return Error(t.get(bad_format ? "format" : "quant")->source(), f.status().message());
+  }
+  if (!m.dtype.empty())
+    if (auto d = ParseModelDtype(m.dtype); !d.ok())
+      return Error(t.get("dtype")->source(), d.status().message());
+  if (const toml::node* n = t.get("layers")) {
+    const int most = model_config_ ? model_config_->n_layers : kIntMax;
+    LOCKSTEP_ASSIGN_OR_RETURN(std::int64_t layers, Integer(*n, "layers", 1, most));
+    m.layers = static_cast<int>(layers);
+    if (model_config_) model_config_->n_layers = m.layers;
   }
   return Status::Ok();
 }
@@ -117,10 +141,11 @@ Result<nlohmann::json> PlanParser::ParseEngine(const toml::table& t, const std::
                    where + ": 'model' is set by the [model] table, not by engine overrides");
     if (k == "replay_path")
       return Error(key.source(), where + ": 'replay_path' cannot be set in a campaign");
-    if (!EngineDefaults().contains(k))
+    const bool llama = LlamaPlanDefaults().contains(k);  // llama.cpp arms (llama_arm.h)
+    if (!EngineDefaults().contains(k) && !llama)
       return Error(key.source(), where + ": unknown engine field '" + k +
                                      "' (EngineConfig keys: " + EngineKeyList() + ")");
-    const nlohmann::json& def = EngineDefaults()[k];
+    const nlohmann::json& def = llama ? LlamaPlanDefaults()[k] : EngineDefaults()[k];
     if (def.is_array()) {
       const toml::array* a = node.as_array();
       // Element types of the list keys (others: any scalar, FromJson checks them).
@@ -430,7 +455,8 @@ Status PlanParser::AddControlArm(Campaign& c, const toml::node& control_node) {
 Status PlanParser::ArmConfigStatus(const Campaign& c, const ArmSpec& arm) const {
   const std::string model = c.model.path.empty() ? "preset:" + c.model.preset : c.model.path;
   LOCKSTEP_ASSIGN_OR_RETURN(EngineConfig cfg, EffectiveConfig(c, arm, model));
-  if (model_config_.has_value()) {
+  LOCKSTEP_RETURN_IF_ERROR(CheckArmEngine(c, arm, cfg));
+  if (model_config_.has_value() && !IsLlamaArm(c, arm)) {
     auto bounds = cfg.StageBoundaries(*model_config_);
     if (!bounds.ok()) return bounds.status().WithContext("arm '" + arm.name + "'");
   }
@@ -514,7 +540,8 @@ Result<Campaign> PlanParser::Parse(std::string_view text) {
 
   LOCKSTEP_ASSIGN_OR_RETURN(
       const toml::table* model,
-      OptTable(root, "model", "[model]", {"path", "preset", "seed", "induction"}));
+      OptTable(root, "model", "[model]",
+               {"path", "preset", "seed", "induction", "format", "dtype", "quant", "layers"}));
   if (model == nullptr)
     return Error(top, "missing [model] table (required: exactly one of path or preset)");
   LOCKSTEP_RETURN_IF_ERROR(ParseModel(*model, c.model));
@@ -620,6 +647,8 @@ Result<EngineConfig> EffectiveConfig(const Campaign& c, const ArmSpec& arm,
     for (auto it = c.engine.begin(); it != c.engine.end(); ++it) merged[it.key()] = it.value();
     for (auto it = arm.engine.begin(); it != arm.engine.end(); ++it) merged[it.key()] = it.value();
     merged["model"] = model_dir;
+    for (auto it = LlamaPlanDefaults().begin(); it != LlamaPlanDefaults().end(); ++it)
+      merged.erase(it.key());  // llama.cpp's keys (llama_arm.h) are not EngineConfig's
     LOCKSTEP_ASSIGN_OR_RETURN(EngineConfig cfg, EngineConfig::FromJson(merged.dump(), label));
     auto injections = ParseInjections(cfg.inject);
     if (!injections.ok()) return injections.status().WithContext(label);

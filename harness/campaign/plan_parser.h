@@ -127,6 +127,7 @@ class PlanParser {
   }
 
   Status ParseModel(const toml::table& t, ModelSpec& m);
+  Status ParseModelFile(const toml::table& t, ModelSpec& m);
   Status ParseRequest(const toml::table& t, RequestSpec& r) const;
   Result<nlohmann::json> ParseEngine(const toml::table& t, const std::string& where,
                                      KeyLocations& locs) const;

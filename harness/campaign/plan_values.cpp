@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "campaign/plan_parser.h"
+#include "lockstep/harness/llama_arm.h"
 
 namespace lockstep::plan_internal {
 
@@ -48,6 +49,8 @@ std::string EngineKeyList() {
   std::vector<std::string> keys;
   for (auto it = EngineDefaults().begin(); it != EngineDefaults().end(); ++it)
     if (it.key() != "model" && it.key() != "replay_path") keys.push_back(it.key());
+  for (auto it = LlamaPlanDefaults().begin(); it != LlamaPlanDefaults().end(); ++it)
+    keys.push_back(it.key());  // llama.cpp arms (llama_arm.h)
   return Join(keys);
 }
 

@@ -9,6 +9,7 @@
 #include "lockstep/engine/tokenizer.h"
 #include "lockstep/harness/campaign.h"
 #include "lockstep/harness/chat_prompt.h"
+#include "lockstep/harness/llama_arm.h"
 #include "lockstep/harness/model_init.h"
 #include "lockstep/harness/prompt_text.h"
 #include "lockstep/harness/run_record.h"
@@ -18,10 +19,16 @@ namespace lockstep {
 
 namespace fs = std::filesystem;
 
+std::string PlanModelPath(const Campaign& c, const std::string& dir) {
+  if (c.model.preset.empty()) return c.model.path;
+  return c.model.format == "gguf" ? RunPaths(dir).Model() + ".gguf" : RunPaths(dir).Model();
+}
+
 Result<std::string> ProvisionPlanModel(const Campaign& c, const std::string& dir) {
   if (c.model.preset.empty()) return c.model.path;
-  const std::string model_dir = RunPaths(dir).Model();
-  if (fs::exists(model_dir + "/config.json")) return model_dir;
+  const std::string model_dir = PlanModelPath(c, dir);
+  if (c.model.format == "gguf" ? fs::exists(model_dir) : fs::exists(model_dir + "/config.json"))
+    return model_dir;
   // Built aside and renamed: a killed runner never leaves a half-written model in place.
   const std::string tmp = model_dir + ".tmp";
   std::error_code ec;
@@ -31,9 +38,16 @@ Result<std::string> ProvisionPlanModel(const Campaign& c, const std::string& dir
   so.preset = c.model.preset;
   so.seed = c.model.seed;
   so.induction = c.model.induction;
+  so.n_layers = c.model.layers;
+  if (!c.model.dtype.empty()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(so.dtype, ParseModelDtype(c.model.dtype));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(const ModelFormat format,
+                            ParseModelFormat(c.model.format, c.model.quant));
   std::ostringstream sink;
-  LOCKSTEP_RETURN_IF_ERROR(RunModelInit(so, tmp, sink));
-  fs::rename(tmp, model_dir, ec);
+  LOCKSTEP_RETURN_IF_ERROR(RunModelInit(so, tmp, sink, format));
+  fs::rename(format.gguf ? tmp + "/model.gguf" : tmp, model_dir, ec);
+  if (format.gguf) fs::remove_all(tmp, ec);
   if (ec) return Status::IOError("model folder '" + model_dir + "'", ec.message());
   return model_dir;
 }
@@ -96,6 +110,16 @@ std::vector<std::string> ArmGenerateArgv(const Campaign& c, const ArmSpec& arm,
                                    d + "/trace.jsonl",
                                    "--sample-ms",
                                    std::to_string(c.export_plan.sample_ms)};
+  if (IsLlamaArm(c, arm)) {
+    // The adapter (llama_arm.h), with the model, threads, max_new and slots of the config the
+    // caller wrote; a config that does not read back leaves the flags out and the child says why.
+    auto text = ReadFile(d + "/config.json", std::size_t{16} << 20);
+    auto cfg = text.ok() ? EngineConfig::FromJson(*text, d + "/config.json")
+                         : Result<EngineConfig>(text.status());
+    auto lo = cfg.ok() ? ArmLlamaOptions(c, arm, *cfg) : Result<LlamaOptions>(cfg.status());
+    if (lo.ok())
+      for (std::string& f : LlamaGenerateFlags(*lo)) argv.push_back(std::move(f));
+  }
   if (arm.mode == "state") {
     std::string points;
     for (const auto& p : c.export_plan.points) points += (points.empty() ? "" : ",") + p;

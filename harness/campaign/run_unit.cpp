@@ -18,6 +18,7 @@
 #include "lockstep/harness/builds.h"
 #include "lockstep/harness/campaign.h"
 #include "lockstep/harness/ledger.h"
+#include "lockstep/harness/llama_arm.h"
 #include "lockstep/harness/process.h"
 #include "lockstep/harness/run_record.h"
 #include "lockstep/harness/runner.h"
@@ -258,7 +259,7 @@ Status RunUnit(const RunUnitOptions& o, std::ostream& out) {
   const ArmBuild build = BuildFromJson(build_name, rec.builds[build_name]);
   LOCKSTEP_ASSIGN_OR_RETURN(f.executable_sha256, Sha256File(build.path));
   f.build = build.name;
-  const std::string model_dir = c.model.preset.empty() ? c.model.path : RunPaths(dir).Model();
+  const std::string model_dir = PlanModelPath(c, dir);
   const std::string tokens = RunPaths(dir).RequestTokens();
   LOCKSTEP_ASSIGN_OR_RETURN(f.request_sha256, Sha256File(tokens));
   {
@@ -266,7 +267,7 @@ Status RunUnit(const RunUnitOptions& o, std::ostream& out) {
     LOCKSTEP_ASSIGN_OR_RETURN(f.model_sha256, Sha256Files(w->files));
   }
   LOCKSTEP_ASSIGN_OR_RETURN(EngineConfig cfg, EffectiveConfig(c, *arm, model_dir));
-  f.engine_config_sha256 = EngineConfigHash(cfg);
+  f.engine_config_sha256 = ArmConfigSha256(c, *arm, cfg);
   f.host = ProbeHost(cfg.threads);
 
   const std::string tmp = fmt::format("{}/units/.{}.tmp-{}", dir, idx, ::getpid());

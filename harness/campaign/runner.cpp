@@ -22,6 +22,7 @@
 #include "lockstep/harness/campaign_report.h"
 #include "lockstep/harness/chat_prompt.h"
 #include "lockstep/harness/gates.h"
+#include "lockstep/harness/llama_arm.h"
 #include "lockstep/harness/localize_run.h"
 #include "lockstep/harness/model_init.h"
 #include "lockstep/harness/process.h"
@@ -144,7 +145,7 @@ struct Runner {
     cs.argv = ArmGenerateArgv(c, arm, build.path, d, tokens_path);
     cs.stdout_path = d + "/stdout.json";
     cs.stderr_path = d + "/stderr.log";
-    SentEntry sent{repeat, arm.mode, "", EngineConfigHash(cfg), build.name, build.sha256};
+    SentEntry sent{repeat, arm.mode, "", ArmConfigSha256(c, arm, cfg), build.name, build.sha256};
     LOCKSTEP_RETURN_IF_ERROR(Append(SentEntry::kEvent, arm.name, sent.Encode()));
     const std::string label = arm.repeat > 1 ? fmt::format("{} #{}", arm.name, repeat) : arm.name;
     std::function<void()> tick;
@@ -191,7 +192,7 @@ struct Runner {
     const std::string d = ArmDir(arm, repeat);
     LOCKSTEP_ASSIGN_OR_RETURN(EngineConfig cfg, EffectiveConfig(c, arm, model_dir));
     const ArmBuild& build = BuildOf(arm);
-    const RunExpect expect{EngineConfigHash(cfg), build.sha256, build.name, model_sha256};
+    const RunExpect expect{ArmConfigSha256(c, arm, cfg), build.sha256, build.name, model_sha256};
     LOCKSTEP_ASSIGN_OR_RETURN(RunTaken t, opts.source->Take(arm, repeat, d, expect));
     if (t.pending) {
       pending = true;

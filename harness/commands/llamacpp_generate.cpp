@@ -42,7 +42,7 @@ Status RefuseLockstepOnly(const GenerateOptions& o) {
                                  "greedily without it");
 }
 
-// A one-row f32 view of `data` (n floats) as state item `kind` of stage 0.
+// A one-row view of `data` (`elems` elements of `dtype`, `bytes` bytes) as item `kind` of stage 0.
 StateView RowView(ItemKind kind, DType dtype, const void* data, std::size_t bytes,
                   std::int64_t elems) {
   StateView v;
@@ -140,6 +140,7 @@ std::string RunJson(const LlamaOptions& lo, const std::string& commit,
   j["config"] = nlohmann::json::parse(lo.ToJson());
   j["config_sha256"] = Sha256Hex(lo.ToJson());
   j["request_sha256"] = Sha256Tokens(prompt);
+  j["resources"] = nlohmann::json::object();  // not sampled on llama.cpp (no guard, no swap figure)
   const double pre_s = static_cast<double>(res.prefill_ns) * 1e-9,
                dec_s = static_cast<double>(res.decode_ns) * 1e-9;
   j["timings"] = {
@@ -213,6 +214,15 @@ Status RunLlamaGenerate(const GenerateOptions& opts, std::ostream& out) {
       ex->OnCheckpointBegin(info);
       ex->OnState(info, RowView(ItemKind::kLogits, DType::kF32, lg.data(), lg.size_bytes(),
                                 static_cast<std::int64_t>(lg.size())));
+      ex->OnCheckpointEnd(info);
+    };
+    // The commit checkpoint: the request's sequence as llama.cpp serialises it, one u8 row.
+    hooks.on_state = [ex](int w, int pos, std::span<const std::uint8_t> st) {
+      if (!ex->WantsCheckpoint(w, CheckpointPoint::kCommit)) return;
+      CheckpointInfo info{w, CheckpointPoint::kCommit, pos, 1, pos + 1, 0, pos + 1};
+      ex->OnCheckpointBegin(info);
+      ex->OnState(info, RowView(ItemKind::kSeqState, DType::kU8, st.data(), st.size_bytes(),
+                                static_cast<std::int64_t>(st.size())));
       ex->OnCheckpointEnd(info);
     };
   }

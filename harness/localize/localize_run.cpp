@@ -10,6 +10,7 @@
 #include "localize/localize_rerun.h"
 #include "lockstep/engine/engine_config.h"
 #include "lockstep/engine/thread_pool.h"
+#include "lockstep/harness/llama_arm.h"
 #include "lockstep/harness/preflight.h"
 #include "lockstep/harness/process.h"
 #include "lockstep/harness/run_record.h"
@@ -57,6 +58,8 @@ Status ResolveRunFolder(std::string dir, std::string which, LocalizeRun* run,
     *out = e;
   }
   if (o->model.empty() && IsDir(paths.Model())) o->model = paths.Model();
+  if (o->model.empty() && std::filesystem::exists(paths.Model() + ".gguf"))
+    o->model = paths.Model() + ".gguf";  // [model] format = "gguf"
   if (o->work.empty()) o->work = dir + "/localize/work-" + pick->baseline + "-" + pick->arm;
   return Status::Ok();
 }
@@ -133,17 +136,16 @@ Result<std::string> RerunRequest(const ExportMeta& m, const RerunSpec& rs,
     LOCKSTEP_ASSIGN_OR_RETURN(exe, SelfExecutable());
   }
   ChildSpec spec;
-  spec.argv = {exe,
-               "generate",
-               "--config",
-               base + ".config.json",
-               "--prompt-tokens",
-               base + ".tokens",
-               "--export",
-               base + ".rerun.h5",
-               "--export-windows",
-               rs.export_windows,
-               "--no-progress"};
+  spec.argv = {exe, "generate"};
+  if (cfg.value("engine", "") == "llama.cpp") {  // a llama.cpp export: its options as flags
+    LOCKSTEP_ASSIGN_OR_RETURN(LlamaOptions lo, LlamaOptions::FromJson(cfg.dump(), what));
+    for (std::string& f : LlamaGenerateFlags(lo)) spec.argv.push_back(std::move(f));
+  } else {
+    spec.argv.insert(spec.argv.end(), {"--config", base + ".config.json"});
+  }
+  spec.argv.insert(spec.argv.end(),
+                   {"--prompt-tokens", base + ".tokens", "--export", base + ".rerun.h5",
+                    "--export-windows", rs.export_windows, "--no-progress"});
   if (!rs.export_points.empty())
     spec.argv.insert(spec.argv.end(), {"--export-points", rs.export_points});
   if (rs.digests) spec.argv.insert(spec.argv.end(), {"--op-digests", "all"});

@@ -58,9 +58,9 @@ class RecordingObserver final : public Observer {
 
 // The one spelling of every kind and point: the schema's (instrument/SCHEMA.md), in its order.
 TEST(ObserverNames, EveryKindAndPointRoundTripsInSchemaOrder) {
-  const std::vector<std::string> kinds = {"k",          "v",         "k_spec", "v_spec",
-                                          "conv_state", "ssm_state", "mtp_k",  "mtp_v",
-                                          "hidden_out", "logits"};
+  const std::vector<std::string> kinds = {"k",          "v",         "k_spec",   "v_spec",
+                                          "conv_state", "ssm_state", "mtp_k",    "mtp_v",
+                                          "hidden_out", "logits",    "seq_state"};
   ASSERT_EQ(AllItemKinds().size(), kinds.size());
   std::size_t i = 0;
   for (ItemKind k : AllItemKinds()) {

@@ -79,11 +79,14 @@ enum class ItemKind : std::uint8_t {
   kMtpK,
   kMtpV,
   kHiddenOut,
-  kLogits
+  kLogits,
+  // A sequence's whole state as another engine serialises it (llama.cpp's
+  // llama_state_seq_get_data): opaque bytes (u8), compared bitwise.
+  kSeqState
 };
-inline constexpr std::size_t kNumItemKinds = 10;
+inline constexpr std::size_t kNumItemKinds = 11;
 // "k", "v", "k_spec", "v_spec", "conv_state", "ssm_state", "mtp_k", "mtp_v", "hidden_out",
-// "logits" (the schema's `kind` attribute); "?" for a value outside the enum.
+// "logits", "seq_state" (the schema's `kind` attribute); "?" for a value outside the enum.
 const char* ItemKindName(ItemKind k);
 // The kind spelled `name` exactly (case-sensitive); nullopt for anything else.
 std::optional<ItemKind> ParseItemKind(std::string_view name);

@@ -89,6 +89,7 @@ inline std::string ItemRel(int stage, int layer, ItemKind kind) {
       return g + "mtp/v";
     case ItemKind::kHiddenOut:
     case ItemKind::kLogits:
+    case ItemKind::kSeqState:
       return g + ItemKindName(kind);
     default:
       return g + "layer" + std::to_string(layer) + "/" + ItemKindName(kind);
@@ -107,7 +108,8 @@ inline std::optional<ItemAddress> ParseItemRel(std::string_view rel) {
   std::optional<ItemKind> k;
   if (b == std::string_view::npos) {
     k = ParseItemKind(rest);
-    if (k != ItemKind::kHiddenOut && k != ItemKind::kLogits) return std::nullopt;
+    if (k != ItemKind::kHiddenOut && k != ItemKind::kLogits && k != ItemKind::kSeqState)
+      return std::nullopt;
   } else if (rest.substr(0, b) == "mtp") {
     k = ParseItemKind("mtp_" + std::string(rest.substr(b + 1)));
     if (k != ItemKind::kMtpK && k != ItemKind::kMtpV) return std::nullopt;

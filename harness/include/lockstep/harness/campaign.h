@@ -26,6 +26,12 @@ struct ModelSpec {
   std::string preset;      // synthetic preset (tiny | small | seed48), created on demand
   std::uint64_t seed = 0;  // synthetic seed
   bool induction = false;  // synthetic induction wiring (repetitive text drafts well)
+  // The preset's file (`lockstep model init --format F --quant Q --dtype D --layers N`):
+  // "safetensors" (a folder, DIR/model) or "gguf" (DIR/model.gguf; llama.cpp arms need it).
+  std::string format = "safetensors";
+  std::string quant;  // gguf: q8_0 | q4_k | q6_k ("": the dtype's matrices)
+  std::string dtype;  // f32 | bf16 | f16 ("": the preset's default)
+  int layers = 0;     // a cut in depth (0: the preset's)
 };
 
 // Generated needle-in-a-haystack prompt (byte tokens): filler sentences with `needles` facts

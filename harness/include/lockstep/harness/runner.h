@@ -132,8 +132,11 @@ struct EngineConfig;
 std::string EngineConfigHash(EngineConfig cfg);
 
 // The plan's model folder: [model] path as given, or the synthetic preset created once in
-// `dir`/model (built aside and renamed). Errors: those of RunModelInit, kIOError.
+// `dir`/model (built aside and renamed), or `dir`/model.gguf for [model] format = "gguf".
+// Errors: those of RunModelInit, kIOError.
 Result<std::string> ProvisionPlanModel(const Campaign& c, const std::string& dir);
+// Where ProvisionPlanModel puts (or finds) the model of run folder `dir`.
+std::string PlanModelPath(const Campaign& c, const std::string& dir);
 // The plan's request as token ids in `tokens_path` (left as it is when it exists). Text prompts
 // (`prompt`, `prompt_file`) go through the tokenizer of the model at `model_dir`, as `lockstep
 // generate --prompt` does (byte level when the model has none); `chat` messages are rendered with
@@ -143,7 +146,7 @@ Status ProvisionPlanRequest(const Campaign& c, const std::string& model_dir,
 // argv of an arm's fresh `lockstep generate` process: `exe` with the config `arm_dir`/config.json
 // (written by the caller), the request's tokens, --json on stdout, the window trace in
 // `arm_dir`/trace.jsonl and, for state arms, the plan's export (`arm_dir`/export.h5, its windows
-// and points).
+// and points). A llama.cpp arm (llama_arm.h) adds LlamaGenerateFlags of that config.
 std::vector<std::string> ArmGenerateArgv(const Campaign& c, const ArmSpec& arm,
                                          const std::string& exe, const std::string& arm_dir,
                                          const std::string& tokens_path);

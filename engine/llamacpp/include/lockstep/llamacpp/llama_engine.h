@@ -57,6 +57,10 @@ struct LlamaOptions {
   Status Validate() const;
   // Canonical JSON of every option and the llama.cpp commit (the export's config fingerprint).
   std::string ToJson() const;
+  // The options ToJson wrote (an export's /config, for `localize --rerun`); the commit and
+  // "sampling" are not options and are not read. kInvalidArgument naming `label` for text that
+  // is not such an object.
+  static Result<LlamaOptions> FromJson(std::string_view text, const std::string& label);
 };
 
 // What Generate hands out while it runs (all optional).
