@@ -25,6 +25,10 @@ std::string PlanModelPath(const Campaign& c, const std::string& dir) {
 }
 
 Result<std::string> ProvisionPlanModel(const Campaign& c, const std::string& dir) {
+  for (const ArmSpec& a : c.arms)  // llama.cpp arms need the component: exit 2 before any runs
+    if (IsLlamaArm(c, a))
+      LOCKSTEP_RETURN_IF_ERROR(
+          LlamaCppAvailable().WithContext("arm '" + a.name + "' (engine = \"llama.cpp\")"));
   if (c.model.preset.empty()) return c.model.path;
   const std::string model_dir = PlanModelPath(c, dir);
   if (c.model.format == "gguf" ? fs::exists(model_dir) : fs::exists(model_dir + "/config.json"))

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -212,6 +213,26 @@ TEST(LlamaCppCampaign, SmallBesideThreeLocalizesTheBornOp) {
       << head;
   EXPECT_NE(head.find("linear_attn_qkv_mixed-0"), std::string::npos) << head;
   std::printf("small bf16: %s\n", sum.value("sentence", "").c_str());
+}
+
+// Without the component (no libraries where LOCKSTEP_LLAMACPP_DIR points, or a build without the
+// headers) a campaign with llama.cpp arms is exit 2 naming the install script before any arm runs.
+TEST(LlamaCppCampaign, WithoutTheLibrariesExitsTwoNamingTheScript) {
+  const std::string empty = test::NewDir("no-llamacpp");
+  const char* old = std::getenv("LOCKSTEP_LLAMACPP_DIR");
+  const std::string saved = old ? old : "";
+  ::setenv("LOCKSTEP_LLAMACPP_DIR", empty.c_str(), 1);
+  const std::string dir = test::NewDir("aa-llamacpp-absent") + "/run";
+  const auto r =
+      test::RunLockstep("run " + Campaigns() + "/aa-llamacpp.toml --out " + dir + " --no-progress");
+  if (old)
+    ::setenv("LOCKSTEP_LLAMACPP_DIR", saved.c_str(), 1);
+  else
+    ::unsetenv("LOCKSTEP_LLAMACPP_DIR");
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("scripts/install-llamacpp.sh"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("arm 'A1'"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir + "/arms/A1")) << "no arm ran";
 }
 
 // What a llama.cpp arm cannot honour is refused when the plan is read (exit 2, one line naming

@@ -133,7 +133,8 @@ std::string EngineConfigHash(EngineConfig cfg);
 
 // The plan's model folder: [model] path as given, or the synthetic preset created once in
 // `dir`/model (built aside and renamed), or `dir`/model.gguf for [model] format = "gguf".
-// Errors: those of RunModelInit, kIOError.
+// Errors: those of RunModelInit, kIOError; kInvalidArgument naming scripts/install-llamacpp.sh
+// when an arm runs on llama.cpp and the component is absent.
 Result<std::string> ProvisionPlanModel(const Campaign& c, const std::string& dir);
 // Where ProvisionPlanModel puts (or finds) the model of run folder `dir`.
 std::string PlanModelPath(const Campaign& c, const std::string& dir);
