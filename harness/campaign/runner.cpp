@@ -22,7 +22,6 @@
 #include "lockstep/harness/campaign_report.h"
 #include "lockstep/harness/chat_prompt.h"
 #include "lockstep/harness/gates.h"
-#include "lockstep/harness/llama_arm.h"
 #include "lockstep/harness/localize_run.h"
 #include "lockstep/harness/model_init.h"
 #include "lockstep/harness/process.h"

@@ -44,8 +44,6 @@ Status CheckArmEngine(const Campaign& c, const ArmSpec& arm, const EngineConfig&
 // (--model, --threads, --max-new, --slots, --llama-*), so nothing is left to defaults.
 std::vector<std::string> LlamaGenerateFlags(const LlamaOptions& o);
 
-// The engine_config_sha256 a campaign records for the arm: EngineConfigHash(cfg) for a lockstep
-// arm; for a llama.cpp arm the SHA-256 of its llama.cpp options (model left out, as there).
-std::string ArmConfigSha256(const Campaign& c, const ArmSpec& arm, const EngineConfig& cfg);
+// ArmConfigSha256 (the config digest a campaign records for an arm) is declared in runner.h.
 
 }  // namespace lockstep

@@ -130,6 +130,9 @@ Status CreateRunFolder(const RunOptions& opts, const std::string& exe, Campaign*
 // engine_config_sha256): the model is fixed by the plan, its folder differs between run folders.
 struct EngineConfig;
 std::string EngineConfigHash(EngineConfig cfg);
+// The engine_config_sha256 a campaign records for `arm`: EngineConfigHash(cfg) for a lockstep
+// arm; for a llama.cpp arm (llama_arm.h) the SHA-256 of its llama.cpp options, model left out.
+std::string ArmConfigSha256(const Campaign& c, const ArmSpec& arm, const EngineConfig& cfg);
 
 // The plan's model folder: [model] path as given, or the synthetic preset created once in
 // `dir`/model (built aside and renamed), or `dir`/model.gguf for [model] format = "gguf".
