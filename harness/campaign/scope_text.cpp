@@ -21,9 +21,17 @@ std::string ModelLine(const Campaign& c, const json& report, const std::string& 
       report["arms"]["a"]["model_sha256_12"].is_string())
     sha = report["arms"]["a"]["model_sha256_12"].get<std::string>();
   if (!c.model.preset.empty())
-    return fmt::format("synthetic preset `{}` (weight seed {}{}){}", c.model.preset, c.model.seed,
-                       c.model.induction ? ", induction wiring" : "",
-                       sha.empty() ? "" : ", model SHA-256 " + sha);
+    return fmt::format(
+        "synthetic preset `{}` (weight seed {}{}{}){}", c.model.preset, c.model.seed,
+        c.model.induction ? ", induction wiring" : "",
+        c.model.format == "gguf" || !c.model.dtype.empty() || c.model.layers > 0
+            ? fmt::format(", {} {}{}", c.model.format == "gguf" ? "GGUF" : "safetensors",
+                          !c.model.quant.empty()   ? c.model.quant
+                          : !c.model.dtype.empty() ? c.model.dtype
+                                                   : "default dtype",
+                          c.model.layers > 0 ? fmt::format(", {} layers", c.model.layers) : "")
+            : "",
+        sha.empty() ? "" : ", model SHA-256 " + sha);
   return "checkpoint" + (sha.empty() ? std::string(" (hash unknown)") : ", model SHA-256 " + sha);
 }
 

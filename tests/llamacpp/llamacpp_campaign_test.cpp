@@ -215,6 +215,33 @@ TEST(LlamaCppCampaign, SmallBesideThreeLocalizesTheBornOp) {
   std::printf("small bf16: %s\n", sum.value("sentence", "").c_str());
 }
 
+// The same campaign through the scheduler path (plan expand, one run-unit per arm, merge): the
+// same comparisons, the same first report lines as the local run.
+TEST(LlamaCppCampaign, UnitsGiveTheLocalRunsReportLines) {
+  SKIP_WITHOUT_LLAMACPP();
+  const std::string plan = PlanFile(CutPlan("tiny", "tiny", {"A1", "A2", "beside-3"}));
+  const std::string local = test::NewDir("llamacpp-local") + "/run";
+  const std::string units = test::NewDir("llamacpp-units") + "/run";
+  ASSERT_EQ(test::RunLockstep("run " + plan + " --out " + local + " --no-progress").exit_code, 1);
+  const auto ex = test::RunLockstep("plan expand " + plan + " --out " + units);
+  ASSERT_EQ(ex.exit_code, 0) << ex.err;
+  for (int i = 0; i < 3; ++i) {
+    const auto u = test::RunLockstep("run-unit " + units + " --index " + std::to_string(i));
+    ASSERT_EQ(u.exit_code, 0) << u.out << u.err;
+  }
+  const auto m = test::RunLockstep("merge " + units);
+  EXPECT_EQ(m.exit_code, 1) << m.out << m.err;
+  // Lines 3 and 4: the llama.cpp lines (batch invariance, where the difference is born).
+  const auto lines = [](const std::string& path) {
+    const std::string head = Head(Slurp(path), 4);
+    const auto at = head.find("> - llama.cpp");
+    return at == std::string::npos ? head : head.substr(at);
+  };
+  const std::string a = lines(local + "/report.md"), b = lines(units + "/report.md");
+  EXPECT_NE(a.find("NOT batch-invariant on this model: 1 of 1"), std::string::npos) << a;
+  EXPECT_EQ(a, b);
+}
+
 // Without the component (no libraries where LOCKSTEP_LLAMACPP_DIR points, or a build without the
 // headers) a campaign with llama.cpp arms is exit 2 naming the install script before any arm runs.
 TEST(LlamaCppCampaign, WithoutTheLibrariesExitsTwoNamingTheScript) {
