@@ -81,7 +81,7 @@ void AddPreflight(CLI::App& app, std::vector<Command>& commands) {
                  "The engine_age probe's request positions k (request k on an engine that "
                  "served k - 1 others; comma separated)")
       ->type_name("K-LIST")
-      ->default_str("2,5,20")
+      ->default_str("2,5")
       ->group(kGroupCompare);
   pf->add_option("--json", o.json, "Write the lockstep.preflight v1 object")
       ->type_name("PATH|-")
