@@ -151,6 +151,29 @@ std::string RunJson(const LlamaOptions& lo, const std::string& commit,
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
+// The export's hooks: op records, the logits (post-verify) and the sequence state (commit).
+void AttachExportHooks(H5Exporter* ex, LlamaHooks& hooks) {
+  hooks.wants_ops = [ex](int window) { return ex->WantsOps(window); };
+  hooks.on_op = [ex](const OpRecord& rec) { ex->OnOp(rec); };
+  hooks.on_logits = [ex](int w, int pos, std::span<const float> lg) {
+    if (!ex->WantsCheckpoint(w, CheckpointPoint::kPostVerify)) return;
+    CheckpointInfo info{w, CheckpointPoint::kPostVerify, pos, 1, pos, 1, pos};
+    ex->OnCheckpointBegin(info);
+    ex->OnState(info, RowView(ItemKind::kLogits, DType::kF32, lg.data(), lg.size_bytes(),
+                              static_cast<std::int64_t>(lg.size())));
+    ex->OnCheckpointEnd(info);
+  };
+  // The commit checkpoint: the request's sequence as llama.cpp serialises it, one u8 row.
+  hooks.on_state = [ex](int w, int pos, std::span<const std::uint8_t> st) {
+    if (!ex->WantsCheckpoint(w, CheckpointPoint::kCommit)) return;
+    CheckpointInfo info{w, CheckpointPoint::kCommit, pos, 1, pos + 1, 0, pos + 1};
+    ex->OnCheckpointBegin(info);
+    ex->OnState(info, RowView(ItemKind::kSeqState, DType::kU8, st.data(), st.size_bytes(),
+                              static_cast<std::int64_t>(st.size())));
+    ex->OnCheckpointEnd(info);
+  };
+}
+
 }  // namespace
 
 Status RunLlamaGenerate(const GenerateOptions& opts, std::ostream& out) {
@@ -204,28 +227,7 @@ Status RunLlamaGenerate(const GenerateOptions& opts, std::ostream& out) {
     }
     ++steps;
   };
-  if (exporter) {
-    H5Exporter* ex = exporter.get();
-    hooks.wants_ops = [ex](int window) { return ex->WantsOps(window); };
-    hooks.on_op = [ex](const OpRecord& rec) { ex->OnOp(rec); };
-    hooks.on_logits = [ex](int w, int pos, std::span<const float> lg) {
-      if (!ex->WantsCheckpoint(w, CheckpointPoint::kPostVerify)) return;
-      CheckpointInfo info{w, CheckpointPoint::kPostVerify, pos, 1, pos, 1, pos};
-      ex->OnCheckpointBegin(info);
-      ex->OnState(info, RowView(ItemKind::kLogits, DType::kF32, lg.data(), lg.size_bytes(),
-                                static_cast<std::int64_t>(lg.size())));
-      ex->OnCheckpointEnd(info);
-    };
-    // The commit checkpoint: the request's sequence as llama.cpp serialises it, one u8 row.
-    hooks.on_state = [ex](int w, int pos, std::span<const std::uint8_t> st) {
-      if (!ex->WantsCheckpoint(w, CheckpointPoint::kCommit)) return;
-      CheckpointInfo info{w, CheckpointPoint::kCommit, pos, 1, pos + 1, 0, pos + 1};
-      ex->OnCheckpointBegin(info);
-      ex->OnState(info, RowView(ItemKind::kSeqState, DType::kU8, st.data(), st.size_bytes(),
-                                static_cast<std::int64_t>(st.size())));
-      ex->OnCheckpointEnd(info);
-    };
-  }
+  if (exporter) AttachExportHooks(exporter.get(), hooks);
   std::vector<WindowRecord> windows;
   auto on_logits = hooks.on_logits;
   hooks.on_logits = [&](int w, int pos, std::span<const float> lg) {
