@@ -221,7 +221,9 @@ TEST(PreflightSweepReport, DefaultKAndTileRows) {
   const std::vector<int> rows = StraddlingRows(tiles);
   for (const RowTile& t : tiles)
     for (int r : {t.rows - 1, t.rows, t.rows + 1})
-      if (r >= 1) EXPECT_NE(std::find(rows.begin(), rows.end(), r), rows.end()) << t.name << r;
+      if (r >= 1) {
+        EXPECT_NE(std::find(rows.begin(), rows.end(), r), rows.end()) << t.name << r;
+      }
   EXPECT_TRUE(std::is_sorted(rows.begin(), rows.end()));
 }
 
