@@ -158,21 +158,38 @@ Status GgufSource::AddQkvz(const std::string& hf, int il, const ModelConfig& c) 
       qkv->ne[1] != 2 * kd + vd || gate->ne[1] != vd)
     return Status::Corruption(
         what, fmt::format("expected [{}, {}] and [{}, {}] (ne)", H, 2 * kd + vd, H, vd));
-  if (qkv->type != gate->type)
-    return Status::Corruption(what, "attn_qkv and attn_gate have different types");
+  // llama.cpp's mixes give the two halves different types (Q4_K_M: attn_qkv Q5_K, attn_gate
+  // Q4_K; small rows fall back to Q5_0 / Q8_0 per tensor). Same type: the rows are regrouped as
+  // stored. Different types: regrouped as their exact f32 values (the kernels' products are
+  // bitwise those of the stored types; the cost is 4 bytes per weight for this one matrix).
   SourceTensor s = Describe(*qkv);
-  const std::uint64_t rb = RowBytes(qkv->type, H);
-  if (!s.type || rb == 0) {  // unusable type: the loader names it
-    tensors_[hf] = std::move(s);
+  const SourceTensor sg = Describe(*gate);
+  if (!s.type || !sg.type) {  // unusable type: the loader names it
+    tensors_[hf] = std::move(!s.type ? s : sg);
     return Status::Ok();
   }
+  const bool mixed = qkv->type != gate->type;
+  const WeightType out_type = mixed ? WeightType::kF32 : *s.type;
+  const std::uint64_t rb =
+      H / static_cast<std::uint64_t>(weight_block_elems(out_type)) * weight_block_bytes(out_type);
   const std::uint64_t rows = 2 * kd + 2 * vd;
   owned_.emplace_back(new std::byte[rows * rb]);
   std::byte* dst = owned_.back().get();
   const std::uint64_t Dk = static_cast<std::uint64_t>(c.k_head_dim);
   const std::uint64_t Vg = vd / static_cast<std::uint64_t>(c.n_k_heads);  // v rows per key head
   auto copy = [&](const GgufTensor* src, std::uint64_t r0, std::uint64_t n) {
-    std::memcpy(dst, src->data + r0 * rb, n * rb);
+    const std::uint64_t srb = RowBytes(src->type, H);
+    if (!mixed) {
+      std::memcpy(dst, src->data + r0 * srb, n * srb);
+    } else {
+      Mat m;
+      m.type = *WeightTypeOfGgml(src->type);
+      m.rows = static_cast<int>(src->ne[1]);
+      m.cols = static_cast<int>(H);
+      m.data = src->data;
+      for (std::uint64_t r = 0; r < n; ++r)
+        m.RowToF32(static_cast<int>(r0 + r), reinterpret_cast<float*>(dst + r * rb));
+    }
     dst += n * rb;
   };
   for (std::uint64_t h = 0; h < static_cast<std::uint64_t>(c.n_k_heads); ++h) {
@@ -180,6 +197,10 @@ Status GgufSource::AddQkvz(const std::string& hf, int il, const ModelConfig& c) 
     copy(qkv, kd + h * Dk, Dk);      // k
     copy(qkv, 2 * kd + h * Vg, Vg);  // v
     copy(gate, h * Vg, Vg);          // z
+  }
+  if (mixed) {
+    s.type = WeightType::kF32;
+    s.type_name = "F32 (from " + s.type_name + " + " + sg.type_name + ")";
   }
   s.shape = {static_cast<std::int64_t>(rows), static_cast<std::int64_t>(H)};
   s.data = owned_.back().get();

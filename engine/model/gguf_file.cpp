@@ -328,41 +328,14 @@ std::string GgmlTypeName(std::uint32_t id) {
 }
 
 std::optional<WeightType> WeightTypeOfGgml(std::uint32_t id) {
-  switch (id) {
-    case 0:
-      return WeightType::kF32;
-    case 1:
-      return WeightType::kF16;
-    case 30:
-      return WeightType::kBF16;
-    case 8:
-      return WeightType::kQ8_0;
-    case 12:
-      return WeightType::kQ4_K;
-    case 14:
-      return WeightType::kQ6_K;
-    default:
-      return std::nullopt;
+  for (int i = 0; i < kWeightTypeCount; ++i) {
+    const auto t = static_cast<WeightType>(i);
+    if (weight_type_ggml_id(t) == id) return t;
   }
+  return std::nullopt;
 }
 
-GgmlType GgmlOfWeightType(WeightType t) {
-  switch (t) {
-    case WeightType::kF32:
-      return GgmlType::kF32;
-    case WeightType::kF16:
-      return GgmlType::kF16;
-    case WeightType::kBF16:
-      return GgmlType::kBF16;
-    case WeightType::kQ8_0:
-      return GgmlType::kQ8_0;
-    case WeightType::kQ4_K:
-      return GgmlType::kQ4_K;
-    case WeightType::kQ6_K:
-      return GgmlType::kQ6_K;
-  }
-  return GgmlType::kF32;
-}
+GgmlType GgmlOfWeightType(WeightType t) { return static_cast<GgmlType>(weight_type_ggml_id(t)); }
 
 GgufFile::~GgufFile() {
   if (map_ != nullptr) ::munmap(map_, map_size_);

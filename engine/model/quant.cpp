@@ -1,10 +1,9 @@
 #include "lockstep/engine/quant.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "lockstep/engine/dtype.h"
+#include "model/quant_iq.h"
 
 namespace lockstep {
 
@@ -16,17 +15,93 @@ float Half(const std::byte* p) {
   return f16_to_f32(h);
 }
 
-void PutHalf(std::byte* p, float v) {
-  const std::uint16_t h = f32_to_f16(v);
-  std::memcpy(p, &h, 2);
-}
-
 const std::uint8_t* U8(const std::byte* p) { return reinterpret_cast<const std::uint8_t*>(p); }
 
 void Q8Chunk(const std::byte* b, float* out) {
   const float d = Half(b);
   const auto* q = reinterpret_cast<const std::int8_t*>(b + 2);
   for (int l = 0; l < 32; ++l) out[l] = d * static_cast<float>(q[l]);
+}
+
+// Q4_0 / Q4_1: nibble j of byte j is element j, the high nibble element j + 16.
+void Q4LegacyChunk(const std::byte* b, bool with_min, float* out) {
+  const float d = Half(b);
+  const std::uint8_t* q = U8(b + (with_min ? 4 : 2));
+  if (!with_min) {
+    for (int j = 0; j < 16; ++j) {
+      out[j] = static_cast<float>((q[j] & 0xF) - 8) * d;
+      out[j + 16] = static_cast<float>((q[j] >> 4) - 8) * d;
+    }
+    return;
+  }
+  const float m = Half(b + 2);
+  for (int j = 0; j < 16; ++j) {
+    out[j] = static_cast<float>(q[j] & 0xF) * d + m;
+    out[j + 16] = static_cast<float>(q[j] >> 4) * d + m;
+  }
+}
+
+// Q5_0 / Q5_1: as Q4_0 / Q4_1 with a fifth bit per element from the 32-bit qh (bit j: element j).
+void Q5LegacyChunk(const std::byte* b, bool with_min, float* out) {
+  const float d = Half(b);
+  const std::byte* h = b + (with_min ? 4 : 2);
+  std::uint32_t qh;
+  std::memcpy(&qh, h, 4);
+  const std::uint8_t* q = U8(h + 4);
+  const float m = with_min ? Half(b + 2) : 0.0f;
+  for (int j = 0; j < 16; ++j) {
+    const int h0 = static_cast<int>(((qh >> j) << 4) & 0x10);
+    const int h1 = static_cast<int>((qh >> (j + 12)) & 0x10);
+    const int x0 = (q[j] & 0xF) | h0, x1 = (q[j] >> 4) | h1;
+    if (with_min) {
+      out[j] = static_cast<float>(x0) * d + m;
+      out[j + 16] = static_cast<float>(x1) * d + m;
+    } else {
+      out[j] = static_cast<float>(x0 - 16) * d;
+      out[j + 16] = static_cast<float>(x1 - 16) * d;
+    }
+  }
+}
+
+// Chunk c of a Q2_K block: 128-element half n = c / 4 uses qs[32n, 32n + 32), bits 2j..2j+1
+// (j = c % 4); its two 16-element halves have scale bytes 8n + 2j and 8n + 2j + 1.
+void Q2KChunk(const std::byte* b, int c, float* out) {
+  const int n = c / 4, j = c % 4;
+  const std::uint8_t* sc = U8(b) + 8 * n + 2 * j;
+  const std::uint8_t* q = U8(b + 16) + 32 * n;
+  const float d = Half(b + 80), dmin = Half(b + 82);
+  for (int h = 0; h < 2; ++h) {
+    const float dl = d * static_cast<float>(sc[h] & 0xF),
+                ml = dmin * static_cast<float>(sc[h] >> 4);
+    for (int l = 0; l < 16; ++l)
+      out[16 * h + l] = dl * static_cast<float>((q[16 * h + l] >> (2 * j)) & 3) - ml;
+  }
+}
+
+// Q3_K's 6-bit scale i (0..15): low 4 bits from the nibbles of bytes 0..7, high 2 bits from
+// bytes 8..11.
+int Q3KScale(const std::uint8_t* s, int i) {
+  const int lo = i < 8 ? s[i] & 0xF : s[i - 8] >> 4;
+  const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
+// Chunk c of a Q3_K block: low 2 bits as Q2_K's, the third bit is bit c of hmask[l] (set: +0,
+// clear: -4).
+void Q3KChunk(const std::byte* b, int c, float* out) {
+  const int n = c / 4, j = c % 4;
+  const std::uint8_t* hm = U8(b);
+  const std::uint8_t* q = U8(b + 32) + 32 * n;
+  const std::uint8_t* s = U8(b + 96);
+  const float d = Half(b + 108);
+  for (int h = 0; h < 2; ++h) {
+    const float dl = d * static_cast<float>(Q3KScale(s, 8 * n + 2 * j + h));
+    for (int l = 0; l < 16; ++l) {
+      const int k = 16 * h + l;
+      const int v = ((q[k] >> (2 * j)) & 3) - ((hm[k] >> c) & 1 ? 0 : 4);
+      out[k] = dl * static_cast<float>(v);
+    }
+  }
 }
 
 void Q4KChunk(const std::byte* b, int c, float* out) {
@@ -38,6 +113,21 @@ void Q4KChunk(const std::byte* b, int c, float* out) {
   const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
   const int shift = (c % 2) * 4;
   for (int l = 0; l < 32; ++l) out[l] = d1 * static_cast<float>((q[l] >> shift) & 0xF) - m1;
+}
+
+// Q5_K: Q4_K with a fifth bit, bit c of qh[l].
+void Q5KChunk(const std::byte* b, int c, float* out) {
+  const float d = Half(b), dmin = Half(b + 2);
+  const std::uint8_t* qh = U8(b + 16);
+  const std::uint8_t* q = U8(b + 48) + 32 * (c / 2);
+  std::uint8_t sc, m;
+  Q4KScaleMin(c, U8(b + 4), &sc, &m);
+  const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+  const int shift = (c % 2) * 4;
+  for (int l = 0; l < 32; ++l) {
+    const int v = ((q[l] >> shift) & 0xF) + ((qh[l] >> c) & 1 ? 16 : 0);
+    out[l] = d1 * static_cast<float>(v) - m1;
+  }
 }
 
 // Chunk c (0..7) of a Q6_K block: half n = c / 4 (128 elements each), quarter j = c % 4.
@@ -54,100 +144,30 @@ void Q6KChunk(const std::byte* b, int c, float* out) {
   }
 }
 
-void QuantizeQ8(const float* x, std::byte* b) {
-  float amax = 0;
-  for (int l = 0; l < 32; ++l) amax = std::max(amax, std::fabs(x[l]));
-  const float d = amax / 127.0f;
-  const float id = d != 0 ? 1.0f / d : 0.0f;
-  PutHalf(b, d);
-  auto* q = reinterpret_cast<std::int8_t*>(b + 2);
-  for (int l = 0; l < 32; ++l)
-    q[l] = static_cast<std::int8_t>(std::clamp(std::nearbyint(x[l] * id), -127.0f, 127.0f));
-}
-
-void QuantizeQ4K(const float* x, std::byte* b) {
-  float scale[8], minv[8];
-  for (int s = 0; s < 8; ++s) {
-    float lo = x[32 * s], hi = x[32 * s];
-    for (int l = 0; l < 32; ++l) lo = std::min(lo, x[32 * s + l]), hi = std::max(hi, x[32 * s + l]);
-    lo = std::min(lo, 0.0f);
-    scale[s] = (hi - lo) / 15.0f;
-    minv[s] = -lo;
-  }
-  const float ms = *std::max_element(scale, scale + 8), mm = *std::max_element(minv, minv + 8);
-  PutHalf(b, ms / 63.0f);
-  PutHalf(b + 2, mm / 63.0f);
-  const float d = Half(b), dmin = Half(b + 2);
-  std::uint8_t sc[8], m[8];
-  for (int s = 0; s < 8; ++s) {
-    sc[s] = static_cast<std::uint8_t>(d > 0 ? std::clamp(std::nearbyint(scale[s] / d), 0.0f, 63.0f)
-                                            : 0);
-    m[s] = static_cast<std::uint8_t>(
-        dmin > 0 ? std::clamp(std::nearbyint(minv[s] / dmin), 0.0f, 63.0f) : 0);
-  }
-  auto* sb = reinterpret_cast<std::uint8_t*>(b + 4);
-  for (int j = 0; j < 4; ++j) {
-    sb[j] = static_cast<std::uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
-    sb[j + 4] = static_cast<std::uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
-    sb[j + 8] = static_cast<std::uint8_t>((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
-  }
-  auto* q = reinterpret_cast<std::uint8_t*>(b + 16);
-  std::memset(q, 0, 128);
-  for (int s = 0; s < 8; ++s) {
-    std::uint8_t scv, mv;
-    Q4KScaleMin(s, sb, &scv, &mv);
-    const float d1 = d * static_cast<float>(scv), m1 = dmin * static_cast<float>(mv);
-    for (int l = 0; l < 32; ++l) {
-      const float v = d1 > 0 ? std::nearbyint((x[32 * s + l] + m1) / d1) : 0.0f;
-      const auto qi = static_cast<std::uint8_t>(std::clamp(v, 0.0f, 15.0f));
-      q[32 * (s / 2) + l] |= static_cast<std::uint8_t>(qi << ((s % 2) * 4));
-    }
-  }
-}
-
-void QuantizeQ6K(const float* x, std::byte* b) {
-  float scale[16];
-  for (int s = 0; s < 16; ++s) {
-    float amax = 0;
-    for (int l = 0; l < 16; ++l) amax = std::max(amax, std::fabs(x[16 * s + l]));
-    scale[s] = amax / 31.0f;
-  }
-  const float ms = *std::max_element(scale, scale + 16);
-  PutHalf(b + 208, ms / 127.0f);
-  const float d = Half(b + 208);
-  auto* sc = reinterpret_cast<std::int8_t*>(b + 192);
-  for (int s = 0; s < 16; ++s)
-    sc[s] = static_cast<std::int8_t>(
-        d > 0 ? std::clamp(std::nearbyint(scale[s] / d), -127.0f, 127.0f) : 0);
-  auto* ql = reinterpret_cast<std::uint8_t*>(b);
-  auto* qh = reinterpret_cast<std::uint8_t*>(b + 128);
-  std::memset(ql, 0, 192);
-  for (int c = 0; c < 8; ++c) {
-    const int n = c / 4, j = c % 4;
-    for (int l = 0; l < 32; ++l) {
-      const float ds = d * static_cast<float>(sc[8 * n + l / 16 + 2 * j]);
-      const float v = ds != 0 ? std::nearbyint(x[128 * n + 32 * j + l] / ds) : 0.0f;
-      const int q = static_cast<int>(std::clamp(v, -32.0f, 31.0f)) + 32;
-      ql[64 * n + (j % 2) * 32 + l] |= static_cast<std::uint8_t>((q & 0xF) << ((j / 2) * 4));
-      qh[32 * n + l] |= static_cast<std::uint8_t>((q >> 4) << (2 * j));
-    }
-  }
-}
-
 }  // namespace
 
 void DequantizeChunk32(WeightType t, const std::byte* block, int c, float* out) {
   switch (t) {
     case WeightType::kQ8_0:
-      Q8Chunk(block, out);
-      return;
+      return Q8Chunk(block, out);
+    case WeightType::kQ4_0:
+    case WeightType::kQ4_1:
+      return Q4LegacyChunk(block, t == WeightType::kQ4_1, out);
+    case WeightType::kQ5_0:
+    case WeightType::kQ5_1:
+      return Q5LegacyChunk(block, t == WeightType::kQ5_1, out);
+    case WeightType::kQ2_K:
+      return Q2KChunk(block, c, out);
+    case WeightType::kQ3_K:
+      return Q3KChunk(block, c, out);
     case WeightType::kQ4_K:
-      Q4KChunk(block, c, out);
-      return;
+      return Q4KChunk(block, c, out);
+    case WeightType::kQ5_K:
+      return Q5KChunk(block, c, out);
     case WeightType::kQ6_K:
-      Q6KChunk(block, c, out);
-      return;
+      return Q6KChunk(block, c, out);
     default:
+      quant_detail::DequantizeChunkIq(t, block, c, out);
       return;
   }
 }
@@ -155,18 +175,6 @@ void DequantizeChunk32(WeightType t, const std::byte* block, int c, float* out) 
 void DequantizeBlock(WeightType t, const std::byte* block, float* out) {
   const int chunks = weight_block_elems(t) / 32;
   for (int c = 0; c < chunks; ++c) DequantizeChunk32(t, block, c, out + 32 * c);
-}
-
-void QuantizeRow(WeightType t, const float* x, std::size_t n, std::byte* out) {
-  const auto be = static_cast<std::size_t>(weight_block_elems(t));
-  const std::size_t bb = weight_block_bytes(t);
-  for (std::size_t i = 0; i < n / be; ++i) {
-    const float* xs = x + i * be;
-    std::byte* b = out + i * bb;
-    if (t == WeightType::kQ8_0) QuantizeQ8(xs, b);
-    if (t == WeightType::kQ4_K) QuantizeQ4K(xs, b);
-    if (t == WeightType::kQ6_K) QuantizeQ6K(xs, b);
-  }
 }
 
 }  // namespace lockstep

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <map>
 
@@ -29,51 +30,67 @@ constexpr const char* kHint =
 
 // ---- weight types and Mat ----
 
-std::string_view weight_type_name(WeightType t) {
-  switch (t) {
-    case WeightType::kF32:
-      return "f32";
-    case WeightType::kBF16:
-      return "bf16";
-    case WeightType::kF16:
-      return "f16";
-    case WeightType::kQ8_0:
-      return "q8_0";
-    case WeightType::kQ4_K:
-      return "q4_k";
-    case WeightType::kQ6_K:
-      return "q6_k";
-  }
-  return "?";
+namespace {
+
+struct WeightTypeInfo {
+  WeightType type;
+  const char* name;
+  int elems;
+  std::size_t bytes;
+  std::uint32_t ggml_id;
+};
+
+// Block sizes and bytes as ggml defines them (ggml-common.h's block_* structs).
+constexpr WeightTypeInfo kWeightTypes[kWeightTypeCount] = {
+    {WeightType::kF32, "f32", 1, 4, 0},
+    {WeightType::kBF16, "bf16", 1, 2, 30},
+    {WeightType::kF16, "f16", 1, 2, 1},
+    {WeightType::kQ8_0, "q8_0", 32, 34, 8},
+    {WeightType::kQ4_K, "q4_k", 256, 144, 12},
+    {WeightType::kQ6_K, "q6_k", 256, 210, 14},
+    {WeightType::kQ4_0, "q4_0", 32, 18, 2},
+    {WeightType::kQ4_1, "q4_1", 32, 20, 3},
+    {WeightType::kQ5_0, "q5_0", 32, 22, 6},
+    {WeightType::kQ5_1, "q5_1", 32, 24, 7},
+    {WeightType::kQ2_K, "q2_k", 256, 84, 10},
+    {WeightType::kQ3_K, "q3_k", 256, 110, 11},
+    {WeightType::kQ5_K, "q5_k", 256, 176, 13},
+    {WeightType::kIQ4_NL, "iq4_nl", 32, 18, 20},
+    {WeightType::kIQ4_XS, "iq4_xs", 256, 136, 23},
+    {WeightType::kIQ3_S, "iq3_s", 256, 110, 21},
+    {WeightType::kIQ3_XXS, "iq3_xxs", 256, 98, 18},
+    {WeightType::kIQ2_XXS, "iq2_xxs", 256, 66, 16},
+    {WeightType::kIQ2_XS, "iq2_xs", 256, 74, 17},
+    {WeightType::kIQ2_S, "iq2_s", 256, 82, 22},
+    {WeightType::kIQ1_S, "iq1_s", 256, 50, 19},
+    {WeightType::kIQ1_M, "iq1_m", 256, 56, 29},
+    {WeightType::kTQ1_0, "tq1_0", 256, 54, 34},
+    {WeightType::kTQ2_0, "tq2_0", 256, 66, 35},
+};
+
+const WeightTypeInfo& InfoOf(WeightType t) {
+  const auto i = static_cast<std::size_t>(t);
+  LOCKSTEP_CHECK(i < static_cast<std::size_t>(kWeightTypeCount) && kWeightTypes[i].type == t)
+      << "weight type " << i;
+  return kWeightTypes[i];
 }
 
-int weight_block_elems(WeightType t) {
-  switch (t) {
-    case WeightType::kQ8_0:
-      return kQ8_0Elems;
-    case WeightType::kQ4_K:
-    case WeightType::kQ6_K:
-      return kQkK;
-    default:
-      return 1;
-  }
-}
+}  // namespace
 
-std::size_t weight_block_bytes(WeightType t) {
-  switch (t) {
-    case WeightType::kF32:
-      return 4;
-    case WeightType::kBF16:
-    case WeightType::kF16:
-      return 2;
-    case WeightType::kQ8_0:
-      return kQ8_0Bytes;
-    case WeightType::kQ4_K:
-      return kQ4_KBytes;
-    case WeightType::kQ6_K:
-      return kQ6_KBytes;
+std::string_view weight_type_name(WeightType t) { return InfoOf(t).name; }
+int weight_block_elems(WeightType t) { return InfoOf(t).elems; }
+std::size_t weight_block_bytes(WeightType t) { return InfoOf(t).bytes; }
+std::uint32_t weight_type_ggml_id(WeightType t) { return InfoOf(t).ggml_id; }
+
+std::optional<WeightType> weight_type_from_name(std::string_view name) {
+  for (const WeightTypeInfo& i : kWeightTypes) {
+    const std::string_view n = i.name;
+    if (n.size() == name.size() && std::equal(n.begin(), n.end(), name.begin(), [](char a, char b) {
+          return a == static_cast<char>(std::tolower(static_cast<unsigned char>(b)));
+        }))
+      return i.type;
   }
-  return 1;
+  return std::nullopt;
 }
 
 const float* Mat::row(int r) const {
@@ -131,10 +148,14 @@ class WeightLoader {
     if (!t->type)
       return Status::Corruption(
           "tensor '" + name + "'",
-          fmt::format(
-              "expected {}, got {} ({})",
-              src_.format() == "gguf" ? "F32, F16, BF16, Q8_0, Q4_K or Q6_K" : "f32, bf16 or f16",
-              t->type_name, t->file));
+          fmt::format("expected {}, got {} ({})",
+                      src_.format() == "gguf"
+                          ? "a type lockstep reads (F32, F16, BF16, Q4_0, Q4_1, "
+                            "Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, IQ3_S, "
+                            "IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, TQ1_0, "
+                            "TQ2_0)"
+                          : "f32, bf16 or f16",
+                      t->type_name, t->file));
     // [1, H] and [H] are interchangeable for vectors stored either way.
     const std::vector<std::int64_t>& got = t->shape;
     if (got != shape &&

@@ -243,7 +243,8 @@ using G = EngineOptionGroup;
 const std::vector<EngineOption> kOptions = {
     // ---- model and backend ----
     {.key = "model", .flag = "--model", .field = &C::model,
-     .group = G::kModel, .doc = "Checkpoint folder (config.json + *.safetensors)"},
+     .group = G::kModel,
+     .doc = "Checkpoint: a folder (config.json + *.safetensors) or a .gguf file (a split set: its first)"},
     {.key = "backend", .flag = "--backend", .field = &C::backend,
      .group = G::kModel, .doc = "cpu | cuda", .validate = CheckBackend},
     {.key = "threads", .flag = "--threads", .field = &C::threads,

@@ -35,7 +35,10 @@ void AddModelInit(CLI::App& app, std::vector<Command>& commands) {
                    "safetensors (HF layout) | gguf (llama.cpp's qwen3next layout, DIR/model.gguf)")
       ->capture_default_str()
       ->group(kGroupModel);
-  init->add_option("--quant", st->quant, "GGUF only: quantise matrices to q8_0 | q4_k | q6_k")
+  init->add_option("--quant", st->quant,
+                   "GGUF only: quantise matrices to a ggml block type (q4_0 .. q8_0, q2_k .. "
+                   "q6_k, iq4_nl, iq4_xs, iq3_s, iq3_xxs, iq2_xxs, iq2_xs, iq2_s, iq1_s, iq1_m, "
+                   "tq1_0, tq2_0)")
       ->default_str("none")
       ->group(kGroupModel);
   init->add_flag("--no-mtp", st->no_mtp, "Omit the mtp.* tensors")->group(kGroupModel);

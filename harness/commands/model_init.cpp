@@ -77,15 +77,15 @@ Result<ModelFormat> ParseModelFormat(std::string_view format, std::string_view q
   }
   if (quant.empty() || quant == "none") return f;
   if (!f.gguf) return Status::InvalidArgument("--quant", "only with --format gguf");
-  if (quant == "q8_0")
-    f.quant = WeightType::kQ8_0;
-  else if (quant == "q4_k")
-    f.quant = WeightType::kQ4_K;
-  else if (quant == "q6_k")
-    f.quant = WeightType::kQ6_K;
-  else
-    return Status::InvalidArgument("--quant",
-                                   "expected q8_0, q4_k or q6_k, got '" + std::string(quant) + "'");
+  const auto t = weight_type_from_name(quant);
+  if (!t || weight_block_elems(*t) == 1)
+    return Status::InvalidArgument(
+        "--quant",
+        "expected a ggml block type (q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, "
+        "q5_k, q6_k, iq4_nl, iq4_xs, iq3_s, iq3_xxs, iq2_xxs, iq2_xs, iq2_s, iq1_s, "
+        "iq1_m, tq1_0, tq2_0), got '" +
+            std::string(quant) + "'");
+  f.quant = *t;
   return f;
 }
 

@@ -172,6 +172,19 @@ TEST(CliHelp, DefaultsAreShown) {
   }
 }
 
+// --model takes a folder or a GGUF file (issue 39, item 4): generate and serve say both.
+TEST(CliHelp, ModelIsAFolderOrAGgufFile) {
+  for (const std::string cmd : {"generate", "serve"}) {
+    const auto r = test::RunLockstep(cmd + " --help");
+    ASSERT_EQ(r.exit_code, 0) << cmd;
+    const HelpText h = ParseHelp(r.out);
+    ASSERT_TRUE(h.line_of_flag.count("--model")) << cmd << ":\n" << r.out;
+    const std::string& line = h.line_of_flag.at("--model");
+    EXPECT_NE(line.find("folder"), std::string::npos) << cmd << ": " << line;
+    EXPECT_NE(line.find(".gguf"), std::string::npos) << cmd << ": " << line;
+  }
+}
+
 TEST(CliHelp, VersionNamesTheBuild) {
   const auto r = test::RunLockstep("--version");
   ASSERT_EQ(r.exit_code, 0) << r.err;

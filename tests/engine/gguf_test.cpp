@@ -13,6 +13,7 @@
 #include <optional>
 #include <random>
 
+#include "engine/gguf_test_util.h"
 #include "engine/state_digest.h"
 #include "lockstep/engine/safetensors.h"
 #include "lockstep/engine/synthetic.h"
@@ -22,27 +23,9 @@
 namespace lockstep {
 namespace {
 
-std::string Init(const std::string& args, const std::string& name) {
-  const std::string dir = test::NewDir(name);
-  auto r = test::RunLockstep("model init " + args + " --out " + dir);
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  return dir;
-}
-
-void ExpectSameRun(const std::string& a_path, const std::string& b_path, const std::string& what) {
-  auto a = ModelWeights::Load(a_path);
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
-  auto b = ModelWeights::Load(b_path);
-  ASSERT_TRUE(b.ok()) << b.status().ToString();
-  const test::DigestRun ra = test::GenerateDigests(**a, a_path);
-  const test::DigestRun rb = test::GenerateDigests(**b, b_path);
-  EXPECT_EQ(ra.tokens, rb.tokens) << what;
-  ASSERT_EQ(ra.items.size(), rb.items.size()) << what;
-  EXPECT_GT(ra.items.size(), 50u);
-  int differ = 0;
-  for (const auto& [k, h] : ra.items) differ += h != rb.items.at(k);
-  EXPECT_EQ(differ, 0) << what << ": items differ";
-}
+using test::DequantisedCopy;
+using test::ExpectSameRun;
+using test::Init;
 
 // F32 and BF16 GGUF files of the same synthetic weights: the same tokens and every state item
 // bitwise (the derived ssm_a and 1 + w norms are read back to the exact values, see gguf.cpp).
@@ -56,39 +39,6 @@ TEST(Gguf, FloatFilesEqualSafetensors) {
     EXPECT_TRUE((*w)->mtp.present);
     ExpectSameRun(st, gg + "/model.gguf", args);
   }
-}
-
-// The dequantised weights of a GGUF model as an f32 safetensors checkpoint with its config.
-std::string DequantisedCopy(const std::string& gguf_path, const std::string& names_from) {
-  ModelConfig c;
-  auto src = OpenGgufSource(gguf_path, &c);
-  EXPECT_TRUE(src.ok()) << src.status().ToString();
-  auto store = TensorStore::OpenDir(names_from);
-  EXPECT_TRUE(store.ok());
-  std::vector<std::vector<float>> keep;
-  std::vector<TensorToWrite> ts;
-  for (const std::string& name : (*store)->Names()) {
-    const SourceTensor* t = (*src)->Find(name);
-    if (t == nullptr) ADD_FAILURE() << "no GGUF tensor for " << name;
-    if (t == nullptr) continue;
-    Mat m;
-    m.type = *t->type;
-    m.rows = static_cast<int>(t->shape[0]);
-    m.cols = static_cast<int>(t->nbytes / static_cast<std::size_t>(m.rows) /
-                              weight_block_bytes(m.type)) *
-             weight_block_elems(m.type);
-    m.data = t->data;
-    keep.emplace_back(static_cast<std::size_t>(m.rows) * static_cast<std::size_t>(m.cols));
-    for (int r = 0; r < m.rows; ++r)
-      m.RowToF32(
-          r, keep.back().data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(m.cols));
-    ts.push_back({name, DType::kF32, (*store)->Find(name)->shape,
-                  std::as_bytes(std::span<const float>(keep.back()))});
-  }
-  const std::string dir = test::NewDir("gguf-deq");
-  EXPECT_TRUE(WriteSafetensors(dir + "/model.safetensors", ts).ok());
-  std::filesystem::copy_file(names_from + "/config.json", dir + "/config.json");
-  return dir;
 }
 
 // Q8_0 / Q4_K / Q6_K: the engine dequantises in registers in the same accumulation order as the

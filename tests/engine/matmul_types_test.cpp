@@ -5,7 +5,10 @@
 // micro-kernel tiles) and for 1 and 3 threads.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "cpu/matmul.h"
@@ -105,6 +108,20 @@ TEST(MatmulTypes, BlockTypesEqualDequantisedF32) {
   for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_K, WeightType::kQ6_K})
     for (MatmulKind k : {MatmulKind::kInvariant, MatmulKind::kGemm})
       for (int th : {1, 3}) ExpectSame(t, k, th);
+}
+
+// Every other block type (issue 39) through the same kernels, 3 threads.
+TEST(MatmulTypes, EveryBlockTypeEqualsDequantisedF32) {
+  int n = 0;
+  for (int i = 0; i < kWeightTypeCount; ++i) {
+    const auto t = static_cast<WeightType>(i);
+    if (weight_block_elems(t) == 1 || t == WeightType::kQ8_0 || t == WeightType::kQ4_K ||
+        t == WeightType::kQ6_K)
+      continue;
+    ++n;
+    for (MatmulKind k : {MatmulKind::kInvariant, MatmulKind::kGemm}) ExpectSame(t, k, 3);
+  }
+  EXPECT_EQ(n, 18);
 }
 
 // kInvariant's contract (matmul.h) written out in scalars: lane l accumulates x[i] * w[i] for
@@ -210,7 +227,17 @@ TEST(MatmulTypes, BlockLayouts) {
 // the values they were made from).
 TEST(MatmulTypes, QuantisersRoundTrip) {
   const std::vector<float> v = test::Random(1024, 77);
-  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_K, WeightType::kQ6_K}) {
+  // NRMSE bounds per type, about 1.5x what the quantisers give on these values.
+  const std::map<std::string, double> tol = {
+      {"q8_0", 0.01},  {"q6_k", 0.04},    {"q5_0", 0.06},    {"q5_1", 0.06},   {"q5_k", 0.06},
+      {"q4_0", 0.12},  {"q4_1", 0.12},    {"q4_k", 0.15},    {"iq4_nl", 0.12}, {"iq4_xs", 0.12},
+      {"q3_k", 0.3},   {"iq3_s", 0.3},    {"iq3_xxs", 0.35}, {"q2_k", 0.5},    {"iq2_s", 0.5},
+      {"iq2_xs", 0.5}, {"iq2_xxs", 0.55}, {"iq1_s", 0.8},    {"iq1_m", 0.8},   {"tq1_0", 0.8},
+      {"tq2_0", 0.8}};
+  int n = 0;
+  for (int i = 0; i < kWeightTypeCount; ++i) {
+    const auto t = static_cast<WeightType>(i);
+    if (weight_block_elems(t) == 1) continue;
     Mat m;
     m.type = t;
     m.rows = 1;
@@ -220,9 +247,14 @@ TEST(MatmulTypes, QuantisersRoundTrip) {
     m.data = b.data();
     std::vector<float> back(1024);
     m.RowToF32(0, back.data());
-    const double tol = t == WeightType::kQ4_K ? 0.15 : t == WeightType::kQ6_K ? 0.04 : 0.01;
-    EXPECT_LT(test::Nrmse(v, back), tol) << weight_type_name(t);
+    const std::string name(weight_type_name(t));
+    ASSERT_TRUE(tol.count(name)) << name;
+    const double e = test::Nrmse(v, back);
+    EXPECT_LT(e, tol.at(name)) << name;
+    std::printf("  %-8s NRMSE %.4f\n", name.c_str(), e);
+    ++n;
   }
+  EXPECT_EQ(n, 21);
 }
 
 }  // namespace

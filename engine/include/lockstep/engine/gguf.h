@@ -47,11 +47,23 @@ enum class GgmlType : std::uint32_t {
   kQ5_K = 13,
   kQ6_K = 14,
   kQ8_K = 15,
+  kIQ2_XXS = 16,
+  kIQ2_XS = 17,
+  kIQ3_XXS = 18,
+  kIQ1_S = 19,
+  kIQ4_NL = 20,
+  kIQ3_S = 21,
+  kIQ2_S = 22,
+  kIQ4_XS = 23,
+  kIQ1_M = 29,
   kBF16 = 30,
+  kTQ1_0 = 34,
+  kTQ2_0 = 35,
 };
 // "F32", "Q4_K", ... ; "type 17" for an id without a name here.
 std::string GgmlTypeName(std::uint32_t id);
-// The engine's WeightType for a ggml type it computes with (F32, F16, BF16, Q8_0, Q4_K, Q6_K).
+// The engine's WeightType for a ggml type it computes with (every WeightType; not Q8_1, Q8_K,
+// MXFP4 or the integer types).
 std::optional<WeightType> WeightTypeOfGgml(std::uint32_t id);
 GgmlType GgmlOfWeightType(WeightType t);
 

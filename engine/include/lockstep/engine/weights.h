@@ -1,9 +1,9 @@
 // Model weights in memory, each matrix kept in the type its file stores it in.
 //
-// Matrices (Mat) are f32, bf16 or f16 rows as in a safetensors file, or Q8_0 / Q4_K / Q6_K blocks
-// as in a GGUF file. They point straight into the file's read-only mapping where the file's
-// layout allows (element-aligned data, the same row-major order); otherwise (a misaligned tensor,
-// a GGUF tensor that must be regrouped or have its values derived) into an arena owned by
+// Matrices (Mat) are f32, bf16 or f16 rows as in a safetensors file, or ggml blocks (Q4_K, IQ4_XS,
+// ..., quant.h) as in a GGUF file. They point straight into the file's read-only mapping where the
+// file's layout allows (element-aligned data, the same row-major order); otherwise (a misaligned
+// tensor, a GGUF tensor that must be regrouped or have its values derived) into an arena owned by
 // ModelWeights. The kernels (engine/cpu/matmul.h) widen or dequantise a matrix in registers; the
 // widening of bf16/f16 to f32 is exact, so every product is bitwise what an f32 copy of the
 // weights gives. Vectors (norm weights, conv1d, dt_bias, A_log) are small and always widened to
@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,12 +29,42 @@
 namespace lockstep {
 
 // How a matrix's elements are stored. The block types follow ggml's layouts (block sizes 32 and
-// 256, little-endian, f16 scales); their dequantised value is defined in quant.h.
-enum class WeightType : std::uint8_t { kF32, kBF16, kF16, kQ8_0, kQ4_K, kQ6_K };
+// 256, little-endian, f16 scales); their dequantised value is defined in quant.h. Every ggml
+// block type a published Qwen3-Next GGUF uses is here; a file may mix them per tensor.
+enum class WeightType : std::uint8_t {
+  kF32,
+  kBF16,
+  kF16,
+  kQ8_0,
+  kQ4_K,
+  kQ6_K,  // the first types (values kept)
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ2_K,
+  kQ3_K,
+  kQ5_K,  // the other legacy and k-quants
+  kIQ4_NL,
+  kIQ4_XS,
+  kIQ3_S,
+  kIQ3_XXS,
+  kIQ2_XXS,
+  kIQ2_XS,
+  kIQ2_S,
+  kIQ1_S,
+  kIQ1_M,  // i-quants
+  kTQ1_0,
+  kTQ2_0,  // ternary
+};
+inline constexpr int kWeightTypeCount = 24;
 
-std::string_view weight_type_name(WeightType t);  // "f32", "bf16", "f16", "q8_0", "q4_k", "q6_k"
-int weight_block_elems(WeightType t);             // elements per block: 1, 1, 1, 32, 256, 256
-std::size_t weight_block_bytes(WeightType t);     // bytes per block: 4, 2, 2, 34, 144, 210
+std::string_view weight_type_name(WeightType t);  // "f32", "bf16", "f16", "q8_0", "q4_k", ...
+int weight_block_elems(WeightType t);             // elements per block: 1, 1, 1, 32, 256, ...
+std::size_t weight_block_bytes(WeightType t);     // bytes per block: 4, 2, 2, 34, 144, ...
+std::uint32_t weight_type_ggml_id(WeightType t);  // ggml's type id (GGUF tensor info)
+// The type named `name` (weight_type_name, case-insensitive), if any.
+std::optional<WeightType> weight_type_from_name(std::string_view name);
 
 // A row-major weight matrix view [rows=out, cols=in]; acts as y = x . W^T. `data` points at row 0;
 // row r starts row_bytes() * r bytes later (cols is a multiple of the block size). `data` is
