@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu/gemm.h"
+#include "cpu/quant_src.h"
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/quant.h"
 
@@ -177,6 +178,54 @@ struct Prefetch {
 // R rows of x against one weight row b: R x kNV independent accumulator chains (ILP), each weight
 // vector loaded once. Every (row, weight) pair goes through exactly the same per-lane adds, tail
 // padding and reduction whatever R is, so results are bitwise independent of how rows are grouped.
+#if defined(LOCKSTEP_QUANT_SRC)
+// A super-block type (quant_src.h: Prepare / Chunk<c>): DotRows' loop a block at a time, its 8
+// chunks unrolled. The same chunks in the same order into the same lanes, so the same bits.
+template <class Src>
+concept SuperBlockSrc = requires(const std::byte* blk) {
+  Src::Prepare(blk);
+};
+
+template <class Src>
+constexpr int StepOf() {
+  if constexpr (requires { Src::kStep; }) return Src::kStep;
+  return 1;
+}
+
+template <int R, class Src, int kC = 0>
+inline void SuperChunks(const float* const* x, int i, const std::byte* blk,
+                        const typename Src::Scales& s, vf (&acc)[R][kNV]) {
+  constexpr int kStep = StepOf<Src>();
+  if constexpr (kC < 8) {
+    vf bv[kStep * kNV];
+    Src::template Chunk<kC>(blk, s, bv);
+    for (int u = 0; u < kStep; ++u)
+      for (int r = 0; r < R; ++r)
+        for (int k = 0; k < kNV; ++k)
+          acc[r][k] += LoadW(x[r] + i + 32 * (kC + u) + kW * k) * bv[u * kNV + k];
+    SuperChunks<R, Src, kC + kStep>(x, i, blk, s, acc);
+  }
+}
+
+template <int R, class Src>
+requires SuperBlockSrc<Src>
+inline void DotRows(const float* const* x, const Src& b, int n, float* out, Prefetch pf = {}) {
+  vf acc[R][kNV];
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < kNV; ++k) acc[r][k] = vf{};
+  const std::byte* blk = b.p;
+  for (int i = 0; i + 256 <= n; i += 256, blk += Src::kBlockBytes) {
+    if (pf.p < pf.end) {  // the block's lines, kPrefetchBytes ahead (as the chunked stream)
+      for (std::size_t c = 0; c < Src::kBlockBytes; c += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(pf.p + c), _MM_HINT_T2);
+      pf.p += Src::kBlockBytes;
+    }
+    SuperChunks<R, Src>(x, i, blk, Src::Prepare(blk), acc);
+  }
+  for (int r = 0; r < R; ++r) out[r] = ReduceLanes(acc[r]);
+}
+#endif
+
 template <int R, class Src>
 inline void DotRows(const float* const* x, const Src& b, int n, float* out, Prefetch pf = {}) {
   vf acc[R][kNV];
@@ -185,9 +234,16 @@ inline void DotRows(const float* const* x, const Src& b, int n, float* out, Pref
   int i = 0;
   for (; i + 32 <= n; i += 32) {
     if (pf.p < pf.end) {
-      for (int c = 0; c < Src::kChunkBytes; c += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(pf.p + c), _MM_HINT_T2);
-      pf.p += Src::kChunkBytes;
+      if constexpr (Src::kChunkBytes % 64 == 0) {
+        for (int c = 0; c < Src::kChunkBytes; c += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(pf.p + c), _MM_HINT_T2);
+        pf.p += Src::kChunkBytes;
+      } else {  // chunks of a block type (< 64 bytes): one line each time the stream crosses one
+        const auto line = reinterpret_cast<std::uintptr_t>(pf.p) >> 6;
+        pf.p += Src::kChunkBytes;
+        if ((reinterpret_cast<std::uintptr_t>(pf.p) >> 6) != line)
+          _mm_prefetch(reinterpret_cast<const char*>(pf.p), _MM_HINT_T2);
+      }
     }
     vf bv[kNV];
     b.Load32(i, bv);
@@ -255,7 +311,13 @@ void InvariantBlockT(const float* x, int n_rows, const Mat& w, int o_begin, int 
   const std::size_t rb = w.row_bytes();
   constexpr std::size_t kPrefetchBytes = 4096;
   using Src = decltype(make(w.row_ptr(o_begin)));
-  constexpr bool kStream = Src::kChunkBytes > 0;
+  constexpr bool kStream = [] {
+#if defined(LOCKSTEP_QUANT_SRC)
+    if constexpr (SuperBlockSrc<Src>) return true;  // prefetched a block at a time
+#endif
+    if constexpr (requires { Src::kChunkBytes; }) return Src::kChunkBytes > 0;
+    return false;
+  }();
   const int ahead =
       static_cast<int>(std::max<std::size_t>(1, kPrefetchBytes / std::max<std::size_t>(1, rb)));
   const std::byte* end = w.row_ptr(o_end);
@@ -305,7 +367,23 @@ void InvariantBlockT(const float* x, int n_rows, const Mat& w, int o_begin, int 
 }
 
 void InvariantBlock(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
+                    int ldy, int y_col0);
+
+// A stacked matrix (weights.h) part by part: each part's rows are a row range of its own matrix,
+// written where the stacked matrix puts them. Every output is still one DotRows of one weight
+// row, so the split changes no bit.
+void InvariantStacked(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
+                      int ldy, int y_col0) {
+  for (int i = 0; i < w.n_parts; ++i) {
+    const MatPart& p = w.parts[i];
+    const int lo = std::max(o_begin, p.row0), hi = std::min(o_end, p.row0 + p.m.rows);
+    if (lo < hi) InvariantBlock(x, n_rows, p.m, lo - p.row0, hi - p.row0, y, ldy, y_col0 - p.row0);
+  }
+}
+
+void InvariantBlock(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
                     int ldy, int y_col0) {
+  if (w.parts != nullptr) return InvariantStacked(x, n_rows, w, o_begin, o_end, y, ldy, y_col0);
   auto u16 = [](const std::byte* p) { return reinterpret_cast<const std::uint16_t*>(p); };
   switch (w.type) {
     case WeightType::kF32:
@@ -318,6 +396,35 @@ void InvariantBlock(const float* x, int n_rows, const Mat& w, int o_begin, int o
     case WeightType::kF16:
       return InvariantBlockT(x, n_rows, w, o_begin, o_end, y, ldy, y_col0,
                              [&](const std::byte* p) { return F16Src{u16(p)}; });
+#if defined(LOCKSTEP_QUANT_SRC)
+    case WeightType::kQ8_0:
+      return InvariantBlockT(x, n_rows, w, o_begin, o_end, y, ldy, y_col0,
+                             [](const std::byte* p) { return qsrc::Q8_0Src{p}; });
+    case WeightType::kQ4_0:
+      return InvariantBlockT(x, n_rows, w, o_begin, o_end, y, ldy, y_col0,
+                             [](const std::byte* p) { return qsrc::Q4LegacySrc<false>{p}; });
+    case WeightType::kQ4_1:
+      return InvariantBlockT(x, n_rows, w, o_begin, o_end, y, ldy, y_col0,
+                             [](const std::byte* p) { return qsrc::Q4LegacySrc<true>{p}; });
+    case WeightType::kQ5_0:
+      return InvariantBlockT(x, n_rows, w, o_begin, o_end, y, ldy, y_col0,
+                             [](const std::byte* p) { return qsrc::Q5_0Src{p}; });
+    case WeightType::kQ4_K:
+      return InvariantBlockT(x, n_rows, w, o_begin, o_end, y, ldy, y_col0,
+                             [](const std::byte* p) { return qsrc::QkKSrc<false>{p}; });
+    case WeightType::kQ5_K:
+      return InvariantBlockT(x, n_rows, w, o_begin, o_end, y, ldy, y_col0,
+                             [](const std::byte* p) { return qsrc::QkKSrc<true>{p}; });
+    case WeightType::kQ6_K:
+      return InvariantBlockT(x, n_rows, w, o_begin, o_end, y, ldy, y_col0,
+                             [](const std::byte* p) { return qsrc::Q6KSrc{p}; });
+    case WeightType::kIQ4_NL:
+      return InvariantBlockT(x, n_rows, w, o_begin, o_end, y, ldy, y_col0,
+                             [](const std::byte* p) { return qsrc::Iq4NlSrc{p}; });
+    case WeightType::kIQ4_XS:
+      return InvariantBlockT(x, n_rows, w, o_begin, o_end, y, ldy, y_col0,
+                             [](const std::byte* p) { return qsrc::Iq4XsSrc{p}; });
+#endif
     default: {
       const int be = weight_block_elems(w.type);
       const std::size_t bb = weight_block_bytes(w.type);
@@ -326,6 +433,22 @@ void InvariantBlock(const float* x, int n_rows, const Mat& w, int o_begin, int o
       });
     }
   }
+}
+
+// kGemm on rows [b, e) of W. A stacked matrix's range is widened to f32 first (exact) and goes
+// through GemmRows as those rows of an f32 copy would: the same ranges, so the same bits (gemm.h).
+// Prefill only; the widening costs a pass over the range's weights per chunk.
+void GemmRange(const float* x, int n_rows, const Mat& w, int b, int e, float* y, int ldy) {
+  if (w.parts == nullptr) return GemmRows(x, n_rows, w, b, e, y, ldy);
+  thread_local std::vector<float> wide;
+  const std::size_t cols = static_cast<std::size_t>(w.cols);
+  wide.resize(static_cast<std::size_t>(e - b) * cols);
+  for (int r = b; r < e; ++r) w.RowToF32(r, wide.data() + static_cast<std::size_t>(r - b) * cols);
+  Mat f;
+  f.data = wide.data();
+  f.rows = e - b;
+  f.cols = w.cols;
+  GemmRows(x, n_rows, f, 0, e - b, y, ldy);
 }
 
 }  // namespace
@@ -355,7 +478,7 @@ void Matmul(MatmulKind kind, const float* x, int n_rows, const Mat& w, float* y,
     return;
   }
   auto body = [&](std::size_t b, std::size_t e) {
-    GemmRows(x, n_rows, w, static_cast<int>(b), static_cast<int>(e), y + b, ldy);
+    GemmRange(x, n_rows, w, static_cast<int>(b), static_cast<int>(e), y + b, ldy);
   };
   if (pool) {
     pool->ParallelFor(static_cast<std::size_t>(w.rows), body, 64);

@@ -19,7 +19,7 @@ namespace {
 // kept for the life of the process (the host weights stay in their file type, the packer
 // uploads from f32). Thread-safe: stages may initialise concurrently.
 const float* HostF32(const Mat& m) {
-  if (m.type == WeightType::kF32) return static_cast<const float*>(m.data);
+  if (m.type == WeightType::kF32 && m.parts == nullptr) return static_cast<const float*>(m.data);
   static std::mutex mu;
   static std::map<const void*, std::vector<float>> widened;
   std::lock_guard<std::mutex> lock(mu);
@@ -136,7 +136,7 @@ class Packer {
 // value. One pass over the host weights at start-up.
 bool MatricesAreBf16(const ModelWeights& w, int layer_begin, int layer_end, bool last, bool mtp) {
   auto exact = [](const Mat& m) {
-    if (m.type == WeightType::kBF16) return true;
+    if (m.type == WeightType::kBF16 && m.parts == nullptr) return true;
     const float* data = HostF32(m);
     const std::size_t n = U(m.rows) * U(m.cols);
     std::uint32_t any = 0;  // OR of the low halves: zero iff all are bf16 values

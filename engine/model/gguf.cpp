@@ -160,8 +160,8 @@ Status GgufSource::AddQkvz(const std::string& hf, int il, const ModelConfig& c) 
         what, fmt::format("expected [{}, {}] and [{}, {}] (ne)", H, 2 * kd + vd, H, vd));
   // llama.cpp's mixes give the two halves different types (Q4_K_M: attn_qkv Q5_K, attn_gate
   // Q4_K; small rows fall back to Q5_0 / Q8_0 per tensor). Same type: the rows are regrouped as
-  // stored. Different types: regrouped as their exact f32 values (the kernels' products are
-  // bitwise those of the stored types; the cost is 4 bytes per weight for this one matrix).
+  // stored. Different types: a stacked matrix (weights.h) whose parts are the regrouped row
+  // ranges, views into the mapping in their own types (no byte converted or copied).
   SourceTensor s = Describe(*qkv);
   const SourceTensor sg = Describe(*gate);
   if (!s.type || !sg.type) {  // unusable type: the loader names it
@@ -169,28 +169,30 @@ Status GgufSource::AddQkvz(const std::string& hf, int il, const ModelConfig& c) 
     return Status::Ok();
   }
   const bool mixed = qkv->type != gate->type;
-  const WeightType out_type = mixed ? WeightType::kF32 : *s.type;
-  const std::uint64_t rb =
-      H / static_cast<std::uint64_t>(weight_block_elems(out_type)) * weight_block_bytes(out_type);
   const std::uint64_t rows = 2 * kd + 2 * vd;
-  owned_.emplace_back(new std::byte[rows * rb]);
-  std::byte* dst = owned_.back().get();
   const std::uint64_t Dk = static_cast<std::uint64_t>(c.k_head_dim);
   const std::uint64_t Vg = vd / static_cast<std::uint64_t>(c.n_k_heads);  // v rows per key head
+  std::byte* dst = nullptr;
+  if (!mixed) {
+    owned_.emplace_back(new std::byte[rows * RowBytes(qkv->type, H)]);
+    dst = owned_.back().get();
+  }
+  std::uint64_t row = 0;
   auto copy = [&](const GgufTensor* src, std::uint64_t r0, std::uint64_t n) {
     const std::uint64_t srb = RowBytes(src->type, H);
     if (!mixed) {
       std::memcpy(dst, src->data + r0 * srb, n * srb);
+      dst += n * srb;
     } else {
-      Mat m;
-      m.type = *WeightTypeOfGgml(src->type);
-      m.rows = static_cast<int>(src->ne[1]);
-      m.cols = static_cast<int>(H);
-      m.data = src->data;
-      for (std::uint64_t r = 0; r < n; ++r)
-        m.RowToF32(static_cast<int>(r0 + r), reinterpret_cast<float*>(dst + r * rb));
+      MatPart part;
+      part.row0 = static_cast<int>(row);
+      part.m.type = *WeightTypeOfGgml(src->type);
+      part.m.rows = static_cast<int>(n);
+      part.m.cols = static_cast<int>(H);
+      part.m.data = src->data + r0 * srb;
+      s.parts.push_back(part);
     }
-    dst += n * rb;
+    row += n;
   };
   for (std::uint64_t h = 0; h < static_cast<std::uint64_t>(c.n_k_heads); ++h) {
     copy(qkv, h * Dk, Dk);           // q
@@ -198,13 +200,11 @@ Status GgufSource::AddQkvz(const std::string& hf, int il, const ModelConfig& c) 
     copy(qkv, 2 * kd + h * Vg, Vg);  // v
     copy(gate, h * Vg, Vg);          // z
   }
-  if (mixed) {
-    s.type = WeightType::kF32;
-    s.type_name = "F32 (from " + s.type_name + " + " + sg.type_name + ")";
-  }
+  if (mixed) s.type_name += " + " + sg.type_name;
   s.shape = {static_cast<std::int64_t>(rows), static_cast<std::int64_t>(H)};
-  s.data = owned_.back().get();
-  s.nbytes = static_cast<std::size_t>(rows * rb);
+  s.data = mixed ? static_cast<const std::byte*>(s.parts.front().m.data) : owned_.back().get();
+  s.nbytes = static_cast<std::size_t>((qkv->ne[1] * RowBytes(qkv->type, H)) +
+                                      gate->ne[1] * RowBytes(gate->type, H));
   tensors_[hf] = std::move(s);
   return Status::Ok();
 }

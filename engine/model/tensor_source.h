@@ -23,6 +23,9 @@ struct SourceTensor {
   const std::byte* data = nullptr;  // in a mapping or buffer the source owns; any alignment
   std::size_t nbytes = 0;           // rows x row bytes (checked by the source)
   std::string file;
+  // A stacked matrix (weights.h): its row ranges as views into the source's data (type, data,
+  // rows and cols per part); empty for a plain tensor. `type` is then part 0's, `nbytes` the sum.
+  std::vector<MatPart> parts;
 };
 
 class TensorSource {

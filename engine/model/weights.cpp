@@ -101,6 +101,11 @@ const float* Mat::row(int r) const {
 }
 
 void Mat::RowToF32(int r, float* out) const {
+  if (parts != nullptr) {
+    int i = n_parts - 1;
+    while (i > 0 && parts[i].row0 > r) --i;
+    return parts[i].m.RowToF32(r - parts[i].row0, out);
+  }
   const std::byte* p = row_ptr(r);
   const std::size_t n = static_cast<std::size_t>(cols);
   switch (type) {
@@ -190,10 +195,25 @@ class WeightLoader {
   }
 
   // A view of t's bytes as `rows` rows of `cols` elements (no copy).
-  static Mat ViewOf(const SourceTensor& t, int rows, int) {
+  Mat ViewOf(const SourceTensor& t, int rows, int cols) {
     Mat m;
     m.type = *t.type;
     m.rows = rows;
+    if (!t.parts.empty()) {  // stacked: the parts are views into the source's mapping
+      std::vector<MatPart> parts = t.parts;
+      for (MatPart& p : parts) {  // copied as stored where misaligned for the element type
+        const std::size_t align = p.m.type == WeightType::kF32 ? 4 : 2;
+        if (reinterpret_cast<std::uintptr_t>(p.m.data) % align == 0) continue;
+        std::byte* dst = w_.AllocBytes(p.m.bytes());
+        std::memcpy(dst, p.m.data, p.m.bytes());
+        p.m.data = dst;
+      }
+      m.cols = cols;
+      m.data = parts.front().m.data;
+      m.n_parts = static_cast<int>(parts.size());
+      m.parts = w_.KeepParts(std::move(parts));
+      return m;
+    }
     const std::size_t rb = RowBytesOf(t, rows);
     m.cols = static_cast<int>(rb / weight_block_bytes(m.type) *
                               static_cast<std::size_t>(weight_block_elems(m.type)));
@@ -213,7 +233,9 @@ class WeightLoader {
         v.RowToF32(r, dst + static_cast<std::size_t>(r) * static_cast<std::size_t>(cols));
       v.data = dst;
       v.type = WeightType::kF32;
-    } else {
+      v.parts = nullptr;
+      v.n_parts = 0;
+    } else if (v.parts == nullptr) {
       const std::size_t align = v.type == WeightType::kF32 ? 4 : 2;
       if (reinterpret_cast<std::uintptr_t>(t->data) % align != 0) {
         std::byte* dst = w_.AllocBytes(t->nbytes);
@@ -416,6 +438,11 @@ std::byte* ModelWeights::AllocBytes(std::size_t n) {
   owned_bytes_.emplace_back(new std::byte[std::max<std::size_t>(n, 1)]());
   owned_bytes_total_ += n;
   return owned_bytes_.back().get();
+}
+
+const MatPart* ModelWeights::KeepParts(std::vector<MatPart> parts) {
+  owned_parts_.push_back(std::make_unique<std::vector<MatPart>>(std::move(parts)));
+  return owned_parts_.back()->data();
 }
 
 void ModelWeights::KeepSource(std::unique_ptr<TensorSource> src) {

@@ -209,15 +209,16 @@ TEST(GgufMalformed, CliExitsTwoNamingTheProblem) {
   expect(rewrite(
              "nokey.gguf", [](auto& kv) { kv.erase("qwen3next.embedding_length"); }, same_ts),
          "qwen3next.embedding_length is missing");
-  expect(rewrite("q4_0.gguf", same_kv,
+  // Q8_1 (an activation type no published checkpoint stores; every weight type is read).
+  expect(rewrite("q8_1.gguf", same_kv,
                  [](auto& ts) {
                    for (auto& t : ts)
                      if (t.name == "blk.0.ssm_out.weight") {
-                       t.type = GgmlType::kQ4_0;  // 18 bytes per 32 values
-                       t.data.resize(t.ne[0] / 32 * t.ne[1] * 18);
+                       t.type = GgmlType::kQ8_1;  // 36 bytes per 32 values
+                       t.data.resize(t.ne[0] / 32 * t.ne[1] * 36);
                      }
                  }),
-         "got Q4_0");
+         "got Q8_1");
   expect(rewrite("qkvdims.gguf", same_kv,
                  [](auto& ts) {
                    for (auto& t : ts)

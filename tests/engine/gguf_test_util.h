@@ -61,6 +61,11 @@ inline std::string DequantisedCopy(const std::string& gguf_path, const std::stri
                               weight_block_bytes(m.type)) *
              weight_block_elems(m.type);
     m.data = t->data;
+    if (!t->parts.empty()) {  // a stacked matrix (Q4_K_M's attn_qkv + attn_gate)
+      m.parts = t->parts.data();
+      m.n_parts = static_cast<int>(t->parts.size());
+      m.cols = static_cast<int>(t->shape[1]);
+    }
     keep.emplace_back(static_cast<std::size_t>(m.rows) * static_cast<std::size_t>(m.cols));
     for (int r = 0; r < m.rows; ++r)
       m.RowToF32(

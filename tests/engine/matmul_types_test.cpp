@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,50 @@ TEST(MatmulTypes, EveryBlockTypeEqualsDequantisedF32) {
     for (MatmulKind k : {MatmulKind::kInvariant, MatmulKind::kGemm}) ExpectSame(t, k, 3);
   }
   EXPECT_EQ(n, 18);
+}
+
+// Blocks of random bytes (every code, every scale and min bit pattern, every Q5 high bit) with
+// finite f16 scales: the invariant product (which dequantises in registers for the common types,
+// engine/cpu/quant_src.h) equals the product on the scalar dequantisation (quant.h's
+// DequantizeChunk32, checked against ggml by QuantOracle.*), for 1..9 rows and 2 threads.
+TEST(MatmulTypes, RandomBlockBytesEqualTheScalarDequantisation) {
+  // Where each type keeps its f16 scales (d, and dmin / m where it has one).
+  const std::map<WeightType, std::vector<int>> halves = {
+      {WeightType::kQ8_0, {0}},   {WeightType::kQ4_0, {0}},    {WeightType::kQ4_1, {0, 2}},
+      {WeightType::kQ5_0, {0}},   {WeightType::kQ5_1, {0, 2}}, {WeightType::kQ2_K, {80, 82}},
+      {WeightType::kQ3_K, {108}}, {WeightType::kQ4_K, {0, 2}}, {WeightType::kQ5_K, {0, 2}},
+      {WeightType::kQ6_K, {208}}, {WeightType::kIQ4_NL, {0}},  {WeightType::kIQ4_XS, {0}}};
+  ThreadPool pool(2);
+  std::mt19937_64 rng(2026);
+  for (const auto& [t, at] : halves) {
+    const int rows = 37, cols = 768;
+    Mat m;
+    m.type = t;
+    m.rows = rows;
+    m.cols = cols;
+    std::vector<std::byte> bytes(m.bytes());
+    for (std::byte& b : bytes) b = static_cast<std::byte>(rng());
+    const std::size_t bb = weight_block_bytes(t);
+    for (std::size_t b0 = 0; b0 < bytes.size(); b0 += bb)
+      for (int o : at) {
+        const float v = std::uniform_real_distribution<float>(-0.1f, 0.1f)(rng);
+        const std::uint16_t h = f32_to_f16(v);
+        std::memcpy(bytes.data() + b0 + static_cast<std::size_t>(o), &h, 2);
+      }
+    m.data = bytes.data();
+    std::vector<float> wide(static_cast<std::size_t>(rows) * cols);
+    for (int r = 0; r < rows; ++r) m.RowToF32(r, wide.data() + static_cast<std::size_t>(r) * cols);
+    Mat f = m;
+    f.type = WeightType::kF32;
+    f.data = wide.data();
+    for (int T = 1; T <= 9; ++T) {
+      const std::vector<float> x = test::Random(static_cast<std::size_t>(T) * cols, 40u + T);
+      std::vector<float> got(static_cast<std::size_t>(T) * rows), ref = got;
+      Matmul(MatmulKind::kInvariant, x.data(), T, m, got.data(), &pool);
+      Matmul(MatmulKind::kInvariant, x.data(), T, f, ref.data(), &pool);
+      EXPECT_TRUE(test::BitwiseEqual(got, ref)) << weight_type_name(t) << " T=" << T;
+    }
+  }
 }
 
 // kInvariant's contract (matmul.h) written out in scalars: lane l accumulates x[i] * w[i] for

@@ -71,10 +71,16 @@ ExportRunInfo RunInfo(const EngineConfig& cfg, const RequestSpec& spec, const Re
 
 ServeRun RunRequests(const EngineConfig& cfg, std::vector<ServeRequest> reqs,
                      const SchedulerOptions& so) {
-  ServeRun run;
   const auto preset = PresetOfDir().find(cfg.model);
-  auto made = Engine::Create(
-      cfg, Model(preset == PresetOfDir().end() ? std::string("tiny") : preset->second));
+  return RunRequestsOn(cfg,
+                       Model(preset == PresetOfDir().end() ? std::string("tiny") : preset->second),
+                       std::move(reqs), so);
+}
+
+ServeRun RunRequestsOn(const EngineConfig& cfg, const ModelWeights& weights,
+                       std::vector<ServeRequest> reqs, const SchedulerOptions& so) {
+  ServeRun run;
+  auto made = Engine::Create(cfg, weights);
   if (!made.ok()) {
     ADD_FAILURE() << made.status().ToString();
     return run;

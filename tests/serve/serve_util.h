@@ -41,6 +41,9 @@ struct ServeRun {
 // `so`: the scheduler's options (preempt_slot_dir).
 ServeRun RunRequests(const EngineConfig& cfg, std::vector<ServeRequest> reqs,
                      const SchedulerOptions& so = {});
+// The same on the given weights (a model that is not a preset: a GGUF file).
+ServeRun RunRequestsOn(const EngineConfig& cfg, const ModelWeights& weights,
+                       std::vector<ServeRequest> reqs, const SchedulerOptions& so = {});
 
 // StateDiff of two exports at NRMSE 0 and KL 0 (every item, every window, no skips).
 DiffResult DiffExact(const std::string& a, const std::string& b);

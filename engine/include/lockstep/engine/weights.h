@@ -66,14 +66,24 @@ std::uint32_t weight_type_ggml_id(WeightType t);  // ggml's type id (GGUF tensor
 // The type named `name` (weight_type_name, case-insensitive), if any.
 std::optional<WeightType> weight_type_from_name(std::string_view name);
 
+struct MatPart;
+
 // A row-major weight matrix view [rows=out, cols=in]; acts as y = x . W^T. `data` points at row 0;
 // row r starts row_bytes() * r bytes later (cols is a multiple of the block size). `data` is
 // aligned to the element type (2 bytes for the block types).
+//
+// A stacked matrix (parts != nullptr) is made of row ranges of other matrices, each of its own
+// type: a GGUF pair regrouped without converting a byte (llama.cpp's Q4_K_M stores attn_qkv in
+// Q5_K beside attn_gate in Q4_K; gguf.cpp). Part i holds rows [parts[i].row0, parts[i].row0 +
+// parts[i].m.rows), in order, covering [0, rows). `type` and `data` are part 0's; row_ptr and
+// row_bytes mean nothing for it: the products (cpu/matmul.h), bytes() and RowToF32 go by part.
 struct Mat {
   const void* data = nullptr;
   int rows = 0;
   int cols = 0;
   WeightType type = WeightType::kF32;
+  const MatPart* parts = nullptr;
+  int n_parts = 0;
 
   std::size_t row_bytes() const {
     return static_cast<std::size_t>(cols) / static_cast<std::size_t>(weight_block_elems(type)) *
@@ -87,8 +97,20 @@ struct Mat {
   // Row r widened (or dequantised) to f32 into out[cols]: exact for f32/bf16/f16.
   void RowToF32(int r, float* out) const;
   // Bytes the matrix occupies in memory (= in the file for the types a file stores).
-  std::size_t bytes() const { return static_cast<std::size_t>(rows) * row_bytes(); }
+  std::size_t bytes() const;
 };
+
+struct MatPart {
+  int row0 = 0;
+  Mat m;  // a plain matrix (no parts of its own), m.cols == the stacked matrix's cols
+};
+
+inline std::size_t Mat::bytes() const {
+  if (parts == nullptr) return static_cast<std::size_t>(rows) * row_bytes();
+  std::size_t b = 0;
+  for (int i = 0; i < n_parts; ++i) b += parts[i].m.bytes();
+  return b;
+}
 
 struct AttentionWeights {
   Mat q_proj;  // [2*Hq*D, H]: per head h rows [2hD, 2hD+D) query, [2hD+D, 2hD+2D) gate
@@ -189,11 +211,13 @@ class ModelWeights {
   // The loader's storage (internal: used by the loaders in engine/model/).
   float* AllocF32(std::size_t n);
   std::byte* AllocBytes(std::size_t n);
+  const MatPart* KeepParts(std::vector<MatPart> parts);  // storage for a stacked Mat's parts
   void KeepSource(std::unique_ptr<TensorSource> src);
 
  private:
   std::vector<std::unique_ptr<float[]>> owned_f32_;
   std::vector<std::unique_ptr<std::byte[]>> owned_bytes_;
+  std::vector<std::unique_ptr<std::vector<MatPart>>> owned_parts_;
   std::size_t owned_bytes_total_ = 0;
   std::vector<std::unique_ptr<TensorSource>> sources_;
 };

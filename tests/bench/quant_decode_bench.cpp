@@ -1,0 +1,237 @@
+// Quantised decode, lockstep vs llama.cpp on the same file (issue 39, Must show 3): `wide --layers
+// 8` (`lockstep model init --preset wide --layers 8 --dtype bf16 --format gguf --seed 1`) as bf16
+// and as llama.cpp's own Q8_0, Q4_K_M and IQ4_XS quantisations of it (llama_model_quantize from
+// the prebuilt libllama, as llama-quantize makes them), 2 threads, single-token decode steps
+// after an 8-token prompt. Each iteration decodes 16 tokens on each engine back to back
+// (alternating which goes first), so both see the same machine; the 2-thread read bandwidth is
+// measured first in the same run, and the report prints, per file, lockstep / llama.cpp and the
+// share of the read bandwidth lockstep's decode streams (the file's bytes of the active weights
+// per token, ModelWeights::ActiveBytesPerToken).
+//
+//   build/tests/bench/quant_decode_bench --benchmark_counters_tabular=true
+//
+// llama.cpp runs with the adapter's defaults (engine/llamacpp: f16 K/V, flash attention off,
+// n_batch = n_ubatch = 512); lockstep with 4 stages, spec off, batch invariance on (its default).
+// Only llama_decode of the 16 windows is timed on llama.cpp (LlamaResult::decode_ns) and only
+// the 16 Verify + Commit calls on lockstep. Skips with the reason without the llama.cpp component.
+//
+// env: LOCKSTEP_BENCH_QUANT_DIR  a folder for bf16.gguf, q8_0.gguf, q4_k_m.gguf and iq4_xs.gguf:
+//      those missing are made there and kept (else all four are made in /tmp, ~5.8 GB, and
+//      removed at exit)
+#include <benchmark/benchmark.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/ggml_lib.h"
+#include "lockstep/engine/engine.h"
+#include "lockstep/engine/thread_pool.h"
+#include "lockstep/engine/weights.h"
+#include "lockstep/llamacpp/llama_engine.h"
+
+namespace lockstep {
+namespace {
+
+constexpr int kThreads = 2;
+constexpr int kSteps = 16;
+
+struct File {
+  const char* name;
+  int ftype;  // llama_ftype; 0: the bf16 file itself
+};
+#if defined(LOCKSTEP_TEST_GGML_DIR)
+const File kFiles[] = {{"bf16", 0},
+                       {"q8_0", LLAMA_FTYPE_MOSTLY_Q8_0},
+                       {"q4_k_m", LLAMA_FTYPE_MOSTLY_Q4_K_M},
+                       {"iq4_xs", LLAMA_FTYPE_MOSTLY_IQ4_XS}};
+#else
+const File kFiles[] = {{"bf16", 0}, {"q8_0", 0}, {"q4_k_m", 0}, {"iq4_xs", 0}};
+#endif
+
+// The folder of the four files, made on first use where missing ("" when they could not be).
+const std::string& Dir() {
+  static const std::string dir = []() -> std::string {
+    const char* env = std::getenv("LOCKSTEP_BENCH_QUANT_DIR");  // env: LOCKSTEP_BENCH_QUANT_DIR
+    const bool keep = env != nullptr && *env != '\0';
+    const std::string d =
+        keep ? std::string(env) : "/tmp/lockstep-bench-quant-" + std::to_string(::getpid());
+    if (!keep) {
+      static const struct Remove {
+        std::string d;
+        ~Remove() { std::filesystem::remove_all(d); }
+      } remove{d};
+    }
+    namespace fs = std::filesystem;
+    if (!fs::exists(d + "/bf16.gguf")) {
+      const std::string cmd = std::string(LOCKSTEP_BIN_PATH) +
+                              " model init --preset wide --layers 8 --dtype bf16 --format gguf "
+                              "--seed 1 --out " +
+                              d + "/init > /dev/null";
+      if (std::system(cmd.c_str()) != 0) return "";
+      fs::rename(d + "/init/model.gguf", d + "/bf16.gguf");
+    }
+#if defined(LOCKSTEP_TEST_GGML_DIR)
+    const auto& lib = test::GgmlLib::Get();
+    if (!lib.error.empty()) return "";
+    for (const File& f : kFiles) {
+      const std::string out = d + "/" + f.name + ".gguf";
+      if (f.ftype == 0 || fs::exists(out)) continue;
+      llama_model_quantize_params p = lib.quantize_default_params();
+      p.nthread = kThreads;
+      p.ftype = static_cast<llama_ftype>(f.ftype);
+      if (lib.model_quantize((d + "/bf16.gguf").c_str(), (out + ".tmp").c_str(), &p) != 0)
+        return "";
+      fs::rename(out + ".tmp", out);
+    }
+    return d;
+#else
+    return "";
+#endif
+  }();
+  return dir;
+}
+
+std::string PathOf(int file) { return Dir() + "/" + kFiles[file].name + ".gguf"; }
+
+double g_read_bps = 0;  // 2-thread streaming read bandwidth, this run
+
+// Read-only streaming over 512 MiB in contiguous per-thread ranges (weights_bench's probe).
+void BM_MemReadBandwidth(benchmark::State& state) {
+  std::vector<float> buf((std::size_t{512} << 20) / sizeof(float), 1.0f);
+  ThreadPool pool(kThreads);
+  std::vector<float> sink(static_cast<std::size_t>(kThreads) * 16, 0.0f);
+  for (auto _ : state) {
+    pool.ParallelFor(kThreads, [&](std::size_t b, std::size_t e) {
+      for (std::size_t w = b; w < e; ++w) {
+        const std::size_t n = buf.size() / kThreads;
+        const float* p = buf.data() + w * n;
+        float acc[16] = {0};
+        for (std::size_t i = 0; i + 16 <= n; i += 16)
+          for (int j = 0; j < 16; ++j) acc[j] += p[i + static_cast<std::size_t>(j)];
+        std::copy(acc, acc + 16, sink.begin() + static_cast<std::ptrdiff_t>(w * 16));
+      }
+    });
+    benchmark::DoNotOptimize(sink.data());
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(buf.size() * sizeof(float)));
+}
+
+// kSteps decode steps on lockstep: seconds (0: failed).
+double LockstepDecode(const ModelWeights& w) {
+  EngineConfig c;
+  c.threads = kThreads;
+  c.stages = 4;
+  auto e = Engine::Create(c, w);
+  if (!e.ok()) return 0;
+  std::vector<std::int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  if (!(*e)->Prefill(prompt).ok()) return 0;
+  std::vector<float> logits(static_cast<std::size_t>(w.config.n_vocab));
+  std::int32_t tok = 9;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int s = 0; s < kSteps; ++s) {
+    if (!(*e)->Verify(std::span<const std::int32_t>(&tok, 1), logits.data()).ok() ||
+        !(*e)->Commit(1).ok())
+      return 0;
+    tok = static_cast<std::int32_t>((static_cast<unsigned>(s + 10) * 2654435761u) %
+                                    static_cast<unsigned>(w.config.n_vocab));
+    benchmark::DoNotOptimize(logits.data());
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// kSteps decode windows on llama.cpp (prompt 1..8, greedy): seconds per window x kSteps.
+double LlamaDecode(int file) {
+  LlamaOptions o;
+  o.model = PathOf(file);
+  o.threads = kThreads;
+  o.max_new = kSteps + 1;
+  auto engine = LlamaEngine::Open(o);
+  if (!engine.ok()) return 0;
+  std::vector<std::int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto r = (*engine)->Generate(prompt, LlamaHooks{});
+  if (!r.ok() || r->n_windows <= 0) return 0;
+  return static_cast<double>(r->decode_ns) * 1e-9 / r->n_windows * kSteps;
+}
+
+// Arg: the file (0 bf16, 1 Q8_0, 2 Q4_K_M, 3 IQ4_XS).
+void BM_Decode(benchmark::State& state) {
+  const Status available = LlamaCppAvailable();
+  if (!available.ok()) return state.SkipWithError(available.ToString().c_str());
+  if (Dir().empty()) return state.SkipWithError("the model files could not be made");
+  const int file = static_cast<int>(state.range(0));
+  auto w = ModelWeights::Load(PathOf(file), false);
+  if (!w.ok()) return state.SkipWithError(w.status().ToString().c_str());
+  double ours = 0, theirs = 0;
+  bool ours_first = true;
+  for (auto _ : state) {
+    double a = 0, b = 0;
+    if (ours_first) {
+      a = LockstepDecode(**w);
+      b = LlamaDecode(file);
+    } else {
+      b = LlamaDecode(file);
+      a = LockstepDecode(**w);
+    }
+    ours_first = !ours_first;
+    if (a <= 0 || b <= 0) return state.SkipWithError("decode failed");
+    ours += a;
+    theirs += b;
+    state.SetIterationTime(a + b);
+  }
+  const double n = static_cast<double>(state.iterations()) * kSteps;
+  const double bytes = static_cast<double>((*w)->ActiveBytesPerToken());
+  state.counters["lockstep_tok_s"] = n / ours;
+  state.counters["llama_tok_s"] = n / theirs;
+  state.counters["ratio"] = theirs / ours;  // lockstep's tokens/s over llama.cpp's
+  state.counters["weight_MB_per_token"] = bytes / 1e6;
+  state.counters["lockstep_GB_s"] = n * bytes / ours / 1e9;
+}
+
+BENCHMARK(BM_MemReadBandwidth)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+BENCHMARK(BM_Decode)->ArgName("file")->DenseRange(0, 3)->UseManualTime()->Iterations(4)->Unit(
+    benchmark::kSecond);
+
+// Prints, per file, lockstep / llama.cpp and lockstep's share of this run's read bandwidth.
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const auto& r : runs) {
+      const std::string n = r.benchmark_name();
+      if (const auto c = r.counters.find("bytes_per_second"); c != r.counters.end())
+        g_read_bps = c->second;
+      const auto ratio = r.counters.find("ratio");
+      const auto gbs = r.counters.find("lockstep_GB_s");
+      if (ratio == r.counters.end() || gbs == r.counters.end() || r.error_occurred) continue;
+      const int file = std::atoi(n.substr(n.find("file:") + 5).c_str());
+      std::printf(
+          "  -> %s: lockstep %.2f tok/s, llama.cpp %.2f tok/s: %.2fx (goal >= 1.1x); %.2f GB/s "
+          "of weights = %.2f of the %d-thread read bandwidth (%.2f GB/s; goal >= 0.8)\n",
+          kFiles[file].name, static_cast<double>(r.counters.at("lockstep_tok_s")),
+          static_cast<double>(r.counters.at("llama_tok_s")), static_cast<double>(ratio->second),
+          static_cast<double>(gbs->second),
+          g_read_bps > 0 ? static_cast<double>(gbs->second) * 1e9 / g_read_bps : 0.0, kThreads,
+          g_read_bps / 1e9);
+    }
+  }
+};
+
+}  // namespace
+}  // namespace lockstep
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  lockstep::RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  return 0;
+}
