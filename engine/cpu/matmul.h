@@ -12,7 +12,8 @@
 //               size changes logits by NRMSE ~1e-7, see tests).
 //
 // Weights of every WeightType (weights.h) are read as stored and widened (bf16, f16: exact) or
-// dequantised (Q8_0, Q4_K, Q6_K: quant.h) in registers or in cache-sized blocks. Both kinds give
+// dequantised (the ggml block types: quant.h; cpu/quant_src.h) in registers or in cache-sized
+// blocks; a stacked matrix (weights.h) goes part by part. Both kinds give
 // bitwise the result of the same product on an f32 copy of the weights (the widened or
 // dequantised values) for every shape and thread count: kInvariant consumes the same f32 values
 // in the same order; kGemm packs widened blocks into the kernels' layouts (gemm.cpp).
