@@ -73,12 +73,12 @@ test-fuzz:
 	    && tail -1 $(FUZZ_BIN)/trace_fuzz.log || { tail -40 $(FUZZ_BIN)/trace_fuzz.log; exit 1; }; } && \
 	  clang++ $(FUZZ_FLAGS) -DLOCKSTEP_TINY_TOKENIZER='"$(CURDIR)/tests/tokenizer/data/tiny_tokenizer.json"' \
 	    tests/fuzz/tokenizer_fuzz.cpp engine/model/tokenizer.cpp engine/model/utf8.cpp engine/model/pretokenize.cpp \
-	    engine/model/bpe_config.cpp engine/model/bpe_tokenizer.cpp engine/model/bpe_gguf.cpp engine/model/gguf_file.cpp \
+	    engine/model/bpe_config.cpp engine/model/bpe_tokenizer.cpp engine/model/bpe_gguf.cpp engine/model/gguf_file.cpp engine/model/weight_types.cpp \
 	    engine/util/status.cpp engine/util/atomic_file.cpp -licuuc -lfmt -o $(FUZZ_BIN)/tokenizer_fuzz && \
 	  rm -rf $(FUZZ_BIN)/tokenizer-corpus && cp -r tests/fuzz/corpus/tokenizer $(FUZZ_BIN)/tokenizer-corpus && \
 	  { $(FUZZ_BIN)/tokenizer_fuzz -runs=30000 -seed=1 -max_len=512 $(FUZZ_BIN)/tokenizer-corpus \
 	      >$(FUZZ_BIN)/tokenizer_fuzz.log 2>&1 && tail -1 $(FUZZ_BIN)/tokenizer_fuzz.log || { tail -40 $(FUZZ_BIN)/tokenizer_fuzz.log; exit 1; }; } && \
-	  clang++ $(FUZZ_FLAGS) tests/fuzz/gguf_fuzz.cpp engine/model/gguf_file.cpp engine/util/status.cpp \
+	  clang++ $(FUZZ_FLAGS) tests/fuzz/gguf_fuzz.cpp engine/model/gguf_file.cpp engine/model/weight_types.cpp engine/util/status.cpp \
 	    engine/util/atomic_file.cpp engine/model/bpe_gguf.cpp engine/model/bpe_config.cpp engine/model/bpe_tokenizer.cpp \
 	    engine/model/tokenizer.cpp engine/model/utf8.cpp engine/model/pretokenize.cpp -licuuc -lfmt -o $(FUZZ_BIN)/gguf_fuzz && \
 	  rm -rf $(FUZZ_BIN)/gguf_corpus && cp -r tests/fuzz/corpus/gguf $(FUZZ_BIN)/gguf_corpus && \

@@ -17,8 +17,9 @@ namespace lockstep {
 
 namespace {
 inline std::size_t U(int x) { return static_cast<std::size_t>(x); }
-cpu::MatmulKind KindOf(ForwardMode m) {
-  return m == ForwardMode::kPrefill ? cpu::MatmulKind::kGemm : cpu::MatmulKind::kInvariant;
+cpu::MatmulKind KindOf(ForwardMode m, bool q8) {
+  return cpu::WithQuantDot(
+      m == ForwardMode::kPrefill ? cpu::MatmulKind::kGemm : cpu::MatmulKind::kInvariant, q8);
 }
 }  // namespace
 
@@ -27,6 +28,7 @@ CpuStageSession::CpuStageSession(const StageParams& params)
       w_(*params.weights),
       c_(params.weights->config),
       cfg_(*params.cfg),
+      q8_(params.cfg->quant_dot == "ggml"),
       pool_(params.pool),
       rope_(std::make_unique<cpu::Rope>(c_.rotary_dim, c_.rope_theta)) {
   for (int il = params.layer_begin; il < params.layer_end; ++il) {
@@ -102,7 +104,7 @@ void CpuStageSession::LayerForward(const LayerWeights& lw, int local_moe, Activa
                                    ForwardMode mode, KvCache* kv, GdnState* gdn) {
   ExpertCache* cache = local_moe >= 0 ? cur_->experts.get() : cur_->mtp_experts.get();
   const std::vector<LayerSeq> seq = {LayerSeq{0, act.T, act.p, mode, kv, gdn, cache}};
-  LayerRows(lw, local_moe, act.hidden.data(), act.T, seq, KindOf(mode));
+  LayerRows(lw, local_moe, act.hidden.data(), act.T, seq, KindOf(mode, q8_));
 }
 
 void CpuStageSession::CountProduct(const Mat& m, int rows) {
@@ -297,7 +299,8 @@ void CpuStageSession::FinalNorm(const Activation& act, float* normed) {
 void CpuStageSession::Logits(const Activation& act, float* normed, float* logits) {
   FinalNorm(act, normed);
   cpu::OpTapScope tap(op_sink_, index());
-  cpu::Matmul(cpu::MatmulKind::kInvariant, normed, act.T, w_.lm_head, logits, pool_);
+  cpu::Matmul(cpu::WithQuantDot(cpu::MatmulKind::kInvariant, q8_), normed, act.T, w_.lm_head,
+              logits, pool_);
   cpu::ReportOp(OpId::kLmHead, logits, 0, act.T, U(c_.n_vocab));
   CountProduct(w_.lm_head, act.T);
 }
@@ -322,7 +325,7 @@ void CpuStageSession::MtpForward(const float* hid, const std::int32_t* next_toke
   act.T = T;
   act.hidden.resize(U(T) * U(h));
   cpu::ReportOp(OpId::kMtpIn, cat, 0, T, U(2 * h));
-  cpu::Matmul(KindOf(mode), cat, T, mw.fc, act.hidden.data(), pool_);
+  cpu::Matmul(KindOf(mode, q8_), cat, T, mw.fc, act.hidden.data(), pool_);
   cpu::ReportOp(OpId::kMtpFc, act.hidden.data(), 0, T, U(h));
   CountProduct(mw.fc, T);
   LayerForward(mw.layer, -1, act, mode, cur_->mtp_kv.get(), nullptr);
@@ -330,8 +333,8 @@ void CpuStageSession::MtpForward(const float* hid, const std::int32_t* next_toke
     cpu::RmsNormZc(act.hidden.data() + U(t) * U(h), h, mw.norm, c_.rms_norm_eps, m + U(t) * U(h));
   cpu::ReportOp(OpId::kMtpNorm, m, 0, T, U(h));
   n_logits = std::min(n_logits, T);
-  cpu::Matmul(cpu::MatmulKind::kInvariant, m + U(T - n_logits) * U(h), n_logits, w_.lm_head, logits,
-              pool_);
+  cpu::Matmul(cpu::WithQuantDot(cpu::MatmulKind::kInvariant, q8_), m + U(T - n_logits) * U(h),
+              n_logits, w_.lm_head, logits, pool_);
   cpu::ReportOp(OpId::kMtpLmHead, logits, T - n_logits, n_logits, U(c_.n_vocab));
   CountProduct(w_.lm_head, n_logits);
 }
@@ -368,8 +371,9 @@ Status CpuStageSession::ForwardStep(const StepPlan& plan, const std::int32_t* to
   }
   const int prev = slot();
   LOCKSTEP_TRACE(TraceEventId::kStageBegin, index(), static_cast<std::uint16_t>(rows));
-  FusedStep(fused, own, act.hidden.data(), n_fused,
-            plan.fuse_all ? cpu::MatmulKind::kGemm : cpu::MatmulKind::kInvariant);
+  FusedStep(
+      fused, own, act.hidden.data(), n_fused,
+      cpu::WithQuantDot(plan.fuse_all ? cpu::MatmulKind::kGemm : cpu::MatmulKind::kInvariant, q8_));
   LOCKSTEP_TRACE(TraceEventId::kStageEnd, index(), static_cast<std::uint16_t>(rows));
   UseSlot(prev);
   act.p = 0;
@@ -417,7 +421,7 @@ void CpuStageSession::FusedStep(const std::vector<const RowGroup*>& groups,
       SlotState& s = *ost[i];
       ExpertCache* cache = moe_local_[l] >= 0 ? s.experts.get() : s.mtp_experts.get();
       one[i] = {LayerSeq{0, g.T, g.p, g.mode, s.kv[l].get(), s.gdn[l].get(), cache}};
-      parts.push_back(RowsPart{x + U(g.row0) * h, g.T, &one[i], KindOf(g.mode), g.row0});
+      parts.push_back(RowsPart{x + U(g.row0) * h, g.T, &one[i], KindOf(g.mode, q8_), g.row0});
     }
     LayerParts(lw, moe_local_[l], parts);
     LOCKSTEP_TRACE(TraceEventId::kLayerEnd, il, static_cast<std::uint16_t>(index()));
@@ -444,7 +448,8 @@ void CpuStageSession::StepLogits(const StepPlan& plan, const Activation& act, fl
   const int n_verify = plan.verify_rows();
   if (n_verify > 0) {
     cpu::OpTapScope tap(op_sink_, index());
-    cpu::Matmul(cpu::MatmulKind::kInvariant, normed, n_verify, w_.lm_head, logits, pool_);
+    cpu::Matmul(cpu::WithQuantDot(cpu::MatmulKind::kInvariant, q8_), normed, n_verify, w_.lm_head,
+                logits, pool_);
     cpu::ReportOp(OpId::kLmHead, logits, 0, n_verify, U(c_.n_vocab));
     CountProduct(w_.lm_head, n_verify);
   }

@@ -128,6 +128,8 @@ class CpuStageSession final : public StageSession {
   const ModelWeights& w_;
   const ModelConfig& c_;
   const EngineConfig& cfg_;
+  // quant_dot = ggml: the products on 8-bit-kernel weights take kInvariantQ8 / kGemmQ8.
+  bool q8_ = false;
   ThreadPool* pool_;
   std::unique_ptr<cpu::Rope> rope_;
   std::vector<int> moe_local_;      // [layers in stage] index into the expert cache or -1

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu/gemm.h"
+#include "cpu/matmul_q8.h"
 #include "cpu/quant_src.h"
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/quant.h"
@@ -451,6 +452,30 @@ void GemmRange(const float* x, int n_rows, const Mat& w, int b, int e, float* y,
   GemmRows(x, n_rows, f, 0, e - b, y, ldy);
 }
 
+// W's rows split between the pool's threads (the reduction never is), ~16 KiB of weights per
+// range at least, so dispatch stays cheap relative to work.
+template <class F>
+void SplitRows(const Mat& w, ThreadPool* pool, const F& body) {
+  if (pool) {
+    std::size_t min_rows = static_cast<std::size_t>(std::max(1, 4096 / std::max(1, w.cols)));
+    pool->ParallelFor(static_cast<std::size_t>(w.rows), body, min_rows);
+  } else {
+    body(0, static_cast<std::size_t>(w.rows));
+  }
+}
+
+// The 8-bit product (matmul_q8.h): x rounded once on the calling thread, the weight rows split
+// between the threads as kInvariant splits them.
+void MatmulQ8(const float* x, int n_rows, const Mat& w, float* y, ThreadPool* pool, int ldy) {
+  thread_local q8::QuantRows rows;
+  q8::QuantRows& q =
+      rows;  // the calling thread's (a thread_local named in the lambda is the worker's)
+  q8::Quantise(x, n_rows, w, q);
+  SplitRows(w, pool, [&](std::size_t b, std::size_t e) {
+    q8::Rows(q, n_rows, w, static_cast<int>(b), static_cast<int>(e), y, ldy, 0);
+  });
+}
+
 }  // namespace
 
 void MatmulRowsRange(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
@@ -464,17 +489,24 @@ void Matmul(MatmulKind kind, const float* x, int n_rows, const Mat& w, float* y,
             int ldy) {
   if (ldy < 0) ldy = w.rows;
   if (n_rows <= 0 || w.rows <= 0) return;
-  if (kind == MatmulKind::kInvariant) {
-    auto body = [&](std::size_t b, std::size_t e) {
-      InvariantBlock(x, n_rows, w, static_cast<int>(b), static_cast<int>(e), y, ldy, 0);
-    };
-    if (pool) {
-      // ~16 KiB of weights per range at least, so dispatch stays cheap relative to work.
-      std::size_t min_rows = static_cast<std::size_t>(std::max(1, 4096 / std::max(1, w.cols)));
-      pool->ParallelFor(static_cast<std::size_t>(w.rows), body, min_rows);
-    } else {
-      body(0, static_cast<std::size_t>(w.rows));
+  if (kind == MatmulKind::kInvariantQ8 || kind == MatmulKind::kGemmQ8) {
+    if (q8::HasKernel(w)) return MatmulQ8(x, n_rows, w, y, pool, ldy);
+    kind = kind == MatmulKind::kGemmQ8 ? MatmulKind::kGemm : MatmulKind::kInvariant;
+    // ggml multiplies a bf16 / f16 weight with x rounded to that type (its vec_dot_type); the
+    // products of two such values are exact in f32, so the rounding is the whole difference.
+    if (w.parts == nullptr && (w.type == WeightType::kBF16 || w.type == WeightType::kF16)) {
+      thread_local std::vector<float> rounded;
+      rounded.resize(static_cast<std::size_t>(n_rows) * static_cast<std::size_t>(w.cols));
+      const bool bf = w.type == WeightType::kBF16;
+      for (std::size_t i = 0; i < rounded.size(); ++i)
+        rounded[i] = bf ? round_to_bf16(x[i]) : f16_to_f32(f32_to_f16(x[i]));
+      x = rounded.data();
     }
+  }
+  if (kind == MatmulKind::kInvariant) {
+    SplitRows(w, pool, [&](std::size_t b, std::size_t e) {
+      InvariantBlock(x, n_rows, w, static_cast<int>(b), static_cast<int>(e), y, ldy, 0);
+    });
     return;
   }
   auto body = [&](std::size_t b, std::size_t e) {

@@ -17,6 +17,13 @@
 // bitwise the result of the same product on an f32 copy of the weights (the widened or
 // dequantised values) for every shape and thread count: kInvariant consumes the same f32 values
 // in the same order; kGemm packs widened blocks into the kernels' layouts (gemm.cpp).
+//
+//   kInvariantQ8 / kGemmQ8  (`quant_dot = ggml`): a weight whose types all have an 8-bit kernel
+//               (matmul_q8.h: Q8_0, Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS) takes x rounded
+//               to 8 bits per block and integer dot products, as llama.cpp computes, in one fixed
+//               order whatever the row count (prefill chunks too: batch- and T-invariant);
+//               a bf16 / f16 weight takes x rounded to bf16 / f16 (ggml's vec_dot_type for
+//               them) into kInvariant / kGemm; every other weight is kInvariant / kGemm's.
 #pragma once
 
 #include "lockstep/engine/thread_pool.h"
@@ -24,7 +31,18 @@
 
 namespace lockstep::cpu {
 
-enum class MatmulKind { kInvariant, kGemm };
+enum class MatmulKind { kInvariant, kGemm, kInvariantQ8, kGemmQ8 };
+
+// kind with quant_dot = ggml applied (q8) or not.
+inline MatmulKind WithQuantDot(MatmulKind kind, bool q8) {
+  if (!q8) return kind;
+  return kind == MatmulKind::kGemm || kind == MatmulKind::kGemmQ8 ? MatmulKind::kGemmQ8
+                                                                  : MatmulKind::kInvariantQ8;
+}
+// Whether kind's f32 products are kInvariant's (a decode / verify product).
+inline bool IsInvariant(MatmulKind kind) {
+  return kind == MatmulKind::kInvariant || kind == MatmulKind::kInvariantQ8;
+}
 
 // Dot product with the fixed reduction order described above (n >= 0).
 float Dot(const float* a, const float* b, int n);

@@ -152,7 +152,7 @@ PartRoutes RoutePart(const MoeWeights& w, const ModelConfig& c, const MoePart& p
   // ones rather than three pool-wide products after them: fewer barriers, and its weights stream
   // while the other thread works on routed experts. Its bits are the same either way (each output
   // is one Dot whatever the split). Prefill (kGemm) keeps the pool-wide products.
-  r.shared_item = shared && parallel && pt.kind == MatmulKind::kInvariant;
+  r.shared_item = shared && parallel && IsInvariant(pt.kind);
   r.sh = shared ? arena.Alloc(U(T) * uh) : nullptr;
   r.sh_g = r.shared_item ? arena.Alloc(U(T) * U(w.shared.gate.rows)) : nullptr;
   r.sh_u = r.shared_item ? arena.Alloc(U(T) * U(w.shared.gate.rows)) : nullptr;

@@ -150,6 +150,15 @@ Status CheckPcieFrac(const EngineConfig& c) {
     return Bad("--pcie-frac", "expected a fraction in [0, 1]");
   return Status::Ok();
 }
+Status CheckQuantDot(const EngineConfig& c) {
+  if (c.quant_dot != "exact" && c.quant_dot != "ggml")
+    return Bad("--quant-dot", "expected exact or ggml, got '" + c.quant_dot + "'");
+  if (c.quant_dot == "ggml" && c.backend == "cuda")
+    return Bad("--quant-dot",
+               "ggml is built for --backend cpu only (the cuda backend has no 8-bit "
+               "products yet)");
+  return Status::Ok();
+}
 Status CheckMaxNew(const EngineConfig& c) {
   if (c.max_new < 0 || c.max_new > (1 << 24)) return Bad("--max-new", "expected 0 .. 16777216");
   return Status::Ok();
@@ -250,6 +259,12 @@ const std::vector<EngineOption> kOptions = {
     {.key = "threads", .flag = "--threads", .field = &C::threads,
      .group = G::kModel,
      .doc = "Worker threads (0 = one per hardware thread)", .validate = CheckThreads},
+    {.key = "quant_dot", .flag = "--quant-dot", .field = &C::quant_dot,
+     .group = G::kModel,
+     .doc = "Products on quantised / 16-bit weights: exact (the weights' f32 values, x in f32) | "
+            "ggml (llama.cpp's arithmetic: x to 8 bits per block and integer dots for Q8_0 Q4_0 "
+            "Q5_0 IQ4_NL Q4_K Q5_K Q6_K IQ4_XS, x rounded to bf16 / f16 for those weights)",
+     .validate = CheckQuantDot, .omit_default = true},
     {.key = "deterministic", .flag = "--deterministic", .field = &C::deterministic,
      .group = G::kCuda, .doc = "cuda: on (bitwise reproducible) | off (faster paths)",
      .parse = ParseOnOff, .format = FormatOnOff},

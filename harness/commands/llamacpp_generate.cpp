@@ -27,6 +27,7 @@ Status RefuseLockstepOnly(const GenerateOptions& o) {
   const EngineConfig& c = o.config;
   const char* flag = c.spec != 0               ? "--spec"
                      : c.temperature != 0.0    ? "--temperature"
+                     : c.quant_dot != "exact"  ? "--quant-dot (llama.cpp's own products are ggml's)"
                      : !c.inject.empty()       ? "--inject"
                      : !c.replay_path.empty()  ? "--replay-path"
                      : !o.save_slot.empty()    ? "--save-slot"

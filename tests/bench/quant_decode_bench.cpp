@@ -12,8 +12,10 @@
 //
 // llama.cpp runs with the adapter's defaults (engine/llamacpp: f16 K/V, flash attention off,
 // n_batch = n_ubatch = 512); lockstep with 4 stages, spec off, batch invariance on (its default).
-// Only llama_decode of the 16 windows is timed on llama.cpp (LlamaResult::decode_ns) and only
-// the 16 Verify + Commit calls on lockstep. Skips with the reason without the llama.cpp component.
+// lockstep runs twice, with quant_dot = exact (its default) and = ggml (8-bit x, integer dots:
+// cpu/matmul_q8.h). Only llama_decode of the 16 windows is timed on llama.cpp
+// (LlamaResult::decode_ns) and only the 16 Verify + Commit calls on lockstep. Skips with the reason
+// without the llama.cpp component.
 //
 // env: LOCKSTEP_BENCH_QUANT_DIR  a folder for bf16.gguf, q8_0.gguf, q4_k_m.gguf and iq4_xs.gguf:
 //      those missing are made there and kept (else all four are made in /tmp, ~5.8 GB, and
@@ -125,10 +127,11 @@ void BM_MemReadBandwidth(benchmark::State& state) {
 }
 
 // kSteps decode steps on lockstep: seconds (0: failed).
-double LockstepDecode(const ModelWeights& w) {
+double LockstepDecode(const ModelWeights& w, const char* quant_dot) {
   EngineConfig c;
   c.threads = kThreads;
   c.stages = 4;
+  c.quant_dot = quant_dot;
   auto e = Engine::Create(c, w);
   if (!e.ok()) return 0;
   std::vector<std::int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
@@ -169,30 +172,31 @@ void BM_Decode(benchmark::State& state) {
   const int file = static_cast<int>(state.range(0));
   auto w = ModelWeights::Load(PathOf(file), false);
   if (!w.ok()) return state.SkipWithError(w.status().ToString().c_str());
-  double ours = 0, theirs = 0;
-  bool ours_first = true;
+  // Three arms per iteration, the order rotating: lockstep exact, lockstep quant_dot = ggml,
+  // llama.cpp.
+  double sum[3] = {0, 0, 0};
+  int it = 0;
   for (auto _ : state) {
-    double a = 0, b = 0;
-    if (ours_first) {
-      a = LockstepDecode(**w);
-      b = LlamaDecode(file);
-    } else {
-      b = LlamaDecode(file);
-      a = LockstepDecode(**w);
+    double t[3] = {0, 0, 0};
+    for (int k = 0; k < 3; ++k) {
+      const int arm = (it + k) % 3;
+      t[arm] = arm == 2 ? LlamaDecode(file) : LockstepDecode(**w, arm == 0 ? "exact" : "ggml");
     }
-    ours_first = !ours_first;
-    if (a <= 0 || b <= 0) return state.SkipWithError("decode failed");
-    ours += a;
-    theirs += b;
-    state.SetIterationTime(a + b);
+    ++it;
+    if (t[0] <= 0 || t[1] <= 0 || t[2] <= 0) return state.SkipWithError("decode failed");
+    for (int k = 0; k < 3; ++k) sum[k] += t[k];
+    state.SetIterationTime(t[0] + t[1] + t[2]);
   }
   const double n = static_cast<double>(state.iterations()) * kSteps;
   const double bytes = static_cast<double>((*w)->ActiveBytesPerToken());
-  state.counters["lockstep_tok_s"] = n / ours;
-  state.counters["llama_tok_s"] = n / theirs;
-  state.counters["ratio"] = theirs / ours;  // lockstep's tokens/s over llama.cpp's
+  state.counters["lockstep_tok_s"] = n / sum[0];
+  state.counters["ggml_dot_tok_s"] = n / sum[1];
+  state.counters["llama_tok_s"] = n / sum[2];
+  state.counters["ratio"] = sum[2] / sum[0];  // lockstep's tokens/s over llama.cpp's
+  state.counters["ratio_ggml_dot"] = sum[2] / sum[1];
   state.counters["weight_MB_per_token"] = bytes / 1e6;
-  state.counters["lockstep_GB_s"] = n * bytes / ours / 1e9;
+  state.counters["lockstep_GB_s"] = n * bytes / sum[0] / 1e9;
+  state.counters["ggml_dot_GB_s"] = n * bytes / sum[1] / 1e9;
 }
 
 BENCHMARK(BM_MemReadBandwidth)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
@@ -212,14 +216,17 @@ class RatioReporter : public benchmark::ConsoleReporter {
       const auto gbs = r.counters.find("lockstep_GB_s");
       if (ratio == r.counters.end() || gbs == r.counters.end() || r.error_occurred) continue;
       const int file = std::atoi(n.substr(n.find("file:") + 5).c_str());
+      const double bw = g_read_bps > 0 ? 1e9 / g_read_bps : 0.0;
       std::printf(
-          "  -> %s: lockstep %.2f tok/s, llama.cpp %.2f tok/s: %.2fx (goal >= 1.1x); %.2f GB/s "
-          "of weights = %.2f of the %d-thread read bandwidth (%.2f GB/s; goal >= 0.8)\n",
-          kFiles[file].name, static_cast<double>(r.counters.at("lockstep_tok_s")),
-          static_cast<double>(r.counters.at("llama_tok_s")), static_cast<double>(ratio->second),
-          static_cast<double>(gbs->second),
-          g_read_bps > 0 ? static_cast<double>(gbs->second) * 1e9 / g_read_bps : 0.0, kThreads,
-          g_read_bps / 1e9);
+          "  -> %s: llama.cpp %.2f tok/s; lockstep exact %.2f tok/s (%.2fx, %.2f of the %d-thread "
+          "read bandwidth), quant_dot = ggml %.2f tok/s (%.2fx, %.2f); read bandwidth %.2f GB/s; "
+          "goals >= 1.1x and >= 0.8\n",
+          kFiles[file].name, static_cast<double>(r.counters.at("llama_tok_s")),
+          static_cast<double>(r.counters.at("lockstep_tok_s")), static_cast<double>(ratio->second),
+          static_cast<double>(gbs->second) * bw, kThreads,
+          static_cast<double>(r.counters.at("ggml_dot_tok_s")),
+          static_cast<double>(r.counters.at("ratio_ggml_dot")),
+          static_cast<double>(r.counters.at("ggml_dot_GB_s")) * bw, g_read_bps / 1e9);
     }
   }
 };

@@ -105,6 +105,7 @@ const std::map<std::string, FlagValue>& FlagValues() {
       {"model", {"/some/model", R"("/some/model")", ""}},
       {"backend", {"cuda", R"("cuda")", ""}},
       {"threads", {"37", "37", ""}},
+      {"quant_dot", {"ggml", R"("ggml")", ""}},
       {"deterministic", {"off", "false", ""}},
       {"cuda_graphs", {"off", "false", ""}},
       {"cuda_attn_split", {"0", "0", ""}},

@@ -234,6 +234,27 @@ TEST(EngineConfig, PenaltiesOnlyInTheJsonWhenSet) {
   }
 }
 
+// quant_dot: absent from the JSON at its default (the exports of exact runs keep their /config
+// bytes), "ggml" round-trips, other values and ggml on the cuda backend are refused naming the
+// flag.
+TEST(EngineConfig, QuantDotOnlyInTheJsonWhenSetAndCpuOnly) {
+  EXPECT_EQ(EngineConfig{}.ToJson().find("quant_dot"), std::string::npos);
+  EngineConfig c;
+  c.quant_dot = "ggml";
+  EXPECT_TRUE(c.Validate().ok());
+  EXPECT_EQ(nlohmann::json::parse(c.ToJson()).at("quant_dot"), "ggml");
+  auto back = EngineConfig::FromJson(c.ToJson(), "cfg");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, c);
+  c.quant_dot = "int8";
+  EXPECT_NE(c.Validate().ToString().find("--quant-dot"), std::string::npos);
+  c.quant_dot = "ggml";
+  c.backend = "cuda";
+  const std::string m = c.Validate().ToString();
+  EXPECT_NE(m.find("--quant-dot"), std::string::npos) << m;
+  EXPECT_NE(m.find("cpu"), std::string::npos) << m;
+}
+
 // Each special spelling reads back what it prints (help shows the default through `format`).
 TEST(EngineConfig, OptionParseReadsWhatFormatPrints) {
   EngineConfig c;

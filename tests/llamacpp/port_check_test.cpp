@@ -189,6 +189,46 @@ TEST(PortCheck, PlantedPerturbationIsTheFirstLayerOverThreshold) {
   }
 }
 
+// quant_dot = ggml is llama.cpp's arithmetic (cpu/matmul_q8.h: x rounded to 8 bits per block as
+// ggml rounds it, integer dot products): on lockstep's q8_0 / q4_k / q6_k GGUFs of small (4
+// layers, the router and norms f32), a one-token prompt, the mapped op cells of the prefill and
+// window 2 are at the float floor against llama.cpp, where the exact products part from layer 0's
+// first projection (x's rounding: ~1e-3). Measured (1-token prompt): q8_0 and q6_k 0 of 54 cells
+// over 1e-5, q4_k 5; exact 52 each. Where the engines' f32 floor flips the rounding of an x
+// element (one flip costs ~1e-4 in that product's rows) the later cells part: with the 8-token
+// prompt (bf16 router) q8_0 has 22 cells over, from layer 2.
+TEST(PortCheck, GgmlProductsAreLlamaCppsArithmeticOnQuantisedFiles) {
+  SKIP_WITHOUT_LLAMACPP_PORT();
+  for (const char* quant : {"q8_0", "q4_k", "q6_k"}) {
+    SCOPED_TRACE(quant);
+    const std::string model = F32Gguf(1, std::string("small --layers 4 --quant ") + quant);
+    const std::string prompt = Prompt("5");
+    const std::string llama = PortExport("llama.cpp", model, prompt);
+    const Port g = Diff(PortExport("lockstep", model, prompt, "--quant-dot ggml"), llama);
+    const Port e = Diff(PortExport("lockstep", model, prompt), llama);
+    ASSERT_TRUE(g.j.is_object() && e.j.is_object()) << g.out << g.err << e.out << e.err;
+    EXPECT_EQ(g.j["ops"]["cells_compared"], MappedCells(4));
+    // Layer 0's first product (its input attn_norm-0 bitwise equal in both engines): at the floor
+    // with ggml's arithmetic, x's rounding away from it without.
+    auto first_product = [](const json& j) {
+      for (const json& c : j["ops"]["cells"])
+        if (c["ours"] == "in_proj_ba" && c["layer"] == 0) return c["nrmse"].get<double>();
+      return -1.0;
+    };
+    EXPECT_GE(first_product(g.j), 0.0);
+    EXPECT_LT(first_product(g.j), 1e-6) << g.out;
+    EXPECT_GT(first_product(e.j), 1e-4) << e.out;
+    // A rounding flip of x on the engines' f32 floor may part a few later cells (~1e-4 each).
+    EXPECT_LE(g.j["ops"]["cells_over"].get<int>(), 6) << g.out;
+    EXPECT_EQ(e.exit_code, 1) << e.out;
+    EXPECT_GT(e.j["ops"]["cells_over"].get<int>(), 40) << e.out;
+    EXPECT_EQ(e.j["ops"]["first_layer_over"], 0) << e.out;
+    std::printf("port check %s, 1-token prompt: quant_dot ggml %d of %d cells over, exact %d\n",
+                quant, g.j["ops"]["cells_over"].get<int>(), MappedCells(4),
+                e.j["ops"]["cells_over"].get<int>());
+  }
+}
+
 // The thresholds are the cross_engine profile: 4000 ULPs on one row of attn_norm-2 (measured:
 // that cell's NRMSE 4.2e-5, window 2's logits 4.7e-5: far above the f32 floor, under the A/A
 // defaults of 2e-4 and KL 1e-5) fail the port check.

@@ -2,7 +2,8 @@
 // Q4_K_M of `small` (4 layers, 8 experts; llama_model_quantize from the f32 GGUF, as
 // llama-quantize makes it: Q4_K and Q6_K with Q5_0 / Q8_0 where a row does not fit a K block,
 // and attn_qkv + attn_gate of different types, loaded as a stacked matrix). The weights are
-// dequantised in registers (engine/cpu/quant_src.h), so these are the kernels under test:
+// dequantised in registers (engine/cpu/quant_src.h), or with quant_dot = ggml multiplied as
+// integers with x rounded to 8 bits (cpu/matmul_q8.h), so these are the kernels under test:
 //   - a verify window of T rows equals T single-token decodes bitwise (logits and the state the
 //     next step reads), T = 1..9;
 //   - the needle: a spec-on request alone equals itself among 3 and 7 background requests of
@@ -12,6 +13,8 @@
 
 #include <cstdio>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "engine/ggml_lib.h"
 #include "serve/serve_util.h"
@@ -79,16 +82,17 @@ TEST(QuantInvariance, Q4KMIsStackedWhereLlamaCppMixesTypes) {
 #endif
 }
 
-TEST(QuantInvariance, VerifyWindowEqualsTSingleDecodesOnQ4KM) {
-  LOCKSTEP_NEED_Q4KM();
 #if defined(LOCKSTEP_TEST_GGML_DIR)
+void VerifyEqualsDecodes(const std::string& quant_dot) {
   const ModelWeights& w = Weights();
   const std::size_t v = static_cast<std::size_t>(w.config.n_vocab);
   const std::vector<std::int32_t> prompt = test::Tokens(30, 3), window = test::Tokens(10, 99);
   for (int T = 1; T <= 9; ++T) {
+    SCOPED_TRACE("quant_dot " + quant_dot);
     EngineConfig c;
     c.threads = 2;
     c.prefill_chunk = 8;
+    c.quant_dot = quant_dot;
     auto batched = Engine::Create(c, w);
     auto single = Engine::Create(c, w);
     ASSERT_TRUE(batched.ok() && single.ok());
@@ -111,12 +115,9 @@ TEST(QuantInvariance, VerifyWindowEqualsTSingleDecodesOnQ4KM) {
     ASSERT_TRUE((*single)->Verify(std::span<const std::int32_t>(&window[9], 1), ns.data()).ok());
     EXPECT_TRUE(test::BitwiseEqual(nb, ns)) << "after T=" << T;
   }
-#endif
 }
 
-TEST(QuantInvariance, NeedleOnQ4KMIsBitwiseItselfAmongBackgroundRequests) {
-  LOCKSTEP_NEED_Q4KM();
-#if defined(LOCKSTEP_TEST_GGML_DIR)
+void Needle(const std::string& quant_dot, const std::vector<int>& backgrounds) {
   const ModelWeights& w = Weights();
   const int V = w.config.n_vocab;
   EngineConfig cfg;
@@ -125,13 +126,14 @@ TEST(QuantInvariance, NeedleOnQ4KMIsBitwiseItselfAmongBackgroundRequests) {
   cfg.slots = 8;
   cfg.prefill_chunk = 32;
   cfg.batch_tokens = 128;
+  cfg.quant_dot = quant_dot;
   std::mt19937_64 rng(7);
   RequestSpec target;
   target.id = "target";
   const auto block = test::RandomTokens(24, rng(), V);
   for (int k = 0; k < 3; ++k) target.prompt.insert(target.prompt.end(), block.begin(), block.end());
   target.options = test::SpecOptions(16);
-  const std::string dir = test::NewDir("qinv-needle");
+  const std::string dir = test::NewDir("qinv-needle-" + quant_dot);
   std::vector<test::ServeRequest> one(1);
   one[0].spec = target;
   one[0].export_path = dir + "/alone.h5";
@@ -140,7 +142,7 @@ TEST(QuantInvariance, NeedleOnQ4KMIsBitwiseItselfAmongBackgroundRequests) {
   bool multi_row = false;
   for (const WindowRecord& win : alone.results[0].result.windows) multi_row |= win.T_mtp > 0;
   EXPECT_TRUE(multi_row) << "no verify window carried an MTP draft";
-  for (int n_bg : {3, 7}) {
+  for (int n_bg : backgrounds) {
     SCOPED_TRACE(std::to_string(n_bg) + " background requests");
     std::vector<test::ServeRequest> reqs;
     const int at = std::uniform_int_distribution<int>(0, n_bg)(rng);
@@ -170,9 +172,33 @@ TEST(QuantInvariance, NeedleOnQ4KMIsBitwiseItselfAmongBackgroundRequests) {
         test::DiffExact(dir + "/alone.h5", dir + "/mixed" + std::to_string(n_bg) + ".h5");
     EXPECT_TRUE(d.Passed()) << d.failed << " items differ; " << d.vacuous;
     EXPECT_GT(d.compared, 0);
-    std::printf("q4_k_m needle, %d background: %zu windows (%d shared a step), %d items equal\n",
-                n_bg, t.result.windows.size(), shared, d.passed);
+    std::printf(
+        "q4_k_m needle, quant_dot %s, %d background: %zu windows (%d shared a step), %d "
+        "items equal\n",
+        quant_dot.c_str(), n_bg, t.result.windows.size(), shared, d.passed);
   }
+}
+#endif
+
+TEST(QuantInvariance, VerifyWindowEqualsTSingleDecodesOnQ4KM) {
+  LOCKSTEP_NEED_Q4KM();
+#if defined(LOCKSTEP_TEST_GGML_DIR)
+  for (const std::string quant_dot : {"exact", "ggml"}) VerifyEqualsDecodes(quant_dot);
+#endif
+}
+
+TEST(QuantInvariance, NeedleOnQ4KMIsBitwiseItselfAmongBackgroundRequests) {
+  LOCKSTEP_NEED_Q4KM();
+#if defined(LOCKSTEP_TEST_GGML_DIR)
+  Needle("exact", {3, 7});
+#endif
+}
+
+// quant_dot = ggml (cpu/matmul_q8.h): the 8-bit products keep both properties.
+TEST(QuantInvariance, NeedleWithGgmlProductsIsBitwiseItselfAmongBackgroundRequests) {
+  LOCKSTEP_NEED_Q4KM();
+#if defined(LOCKSTEP_TEST_GGML_DIR)
+  Needle("ggml", {7});
 #endif
 }
 

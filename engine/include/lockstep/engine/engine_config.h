@@ -21,6 +21,11 @@ struct EngineConfig {
   std::string model;  // checkpoint folder (config.json + *.safetensors)
   std::string backend = "cpu";
   int threads = 0;  // worker threads; 0 = one per hardware core (resolved at start)
+  // Products on quantised and 16-bit weights: "exact" (the weights' f32 values with x in f32,
+  // bitwise a product on an f32 copy of the weights) or "ggml" (llama.cpp's arithmetic: x rounded
+  // to 8 bits per block with integer dot products for the block types of cpu/matmul_q8.h, x
+  // rounded to bf16 / f16 for bf16 / f16 weights). Both deterministic and batch-invariant.
+  std::string quant_dot = "exact";
   // cuda: no atomics, fixed cuBLAS math and workspace, batch-invariant verify kernels. `false`
   // lets verify windows use cuBLAS GEMMs (TF32, shape-dependent algorithms) and the MoE combine
   // any order: faster, not reproducible. The cpu backend is always deterministic.

@@ -1,0 +1,644 @@
+// The 8-bit products of `quant_dot = ggml` (matmul_q8.h has the arithmetic). Written here rather
+// than taken from ggml: ggml's vec_dot kernels sum in an order that depends on the build's
+// instruction set, and ours must be one fixed order on every machine (the portable form below is
+// the definition; the AVX-512 form computes the same integers and the same f32 operations).
+#include "cpu/matmul_q8.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "lockstep/engine/dtype.h"
+#include "lockstep/engine/quant.h"
+#include "model/quant_grids.h"
+#include "util/check.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+#define LOCKSTEP_Q8_SIMD 1
+#endif
+
+namespace lockstep::cpu::q8 {
+
+namespace {
+
+using iq_grids::kIq4nl;
+
+
+using U8 = std::uint8_t;
+
+inline U8 Byte(const std::byte* p, std::size_t i) { return static_cast<U8>(p[i]); }
+
+inline float HalfAt(const std::byte* p) {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// One row of x in one format: pointers into QuantRows.
+struct XRow {
+  const std::int8_t* q;
+  const std::int32_t* n4;
+  const float* d;
+  const std::int32_t* bsum;
+};
+
+XRow RowOf(const QuantRows::Format& f, int cols, int t, int block) {
+  const std::size_t c = static_cast<std::size_t>(cols), r = static_cast<std::size_t>(t);
+  return XRow{f.q.data() + r * c, f.n4.data() + r * c / 4, f.d.data() + r * c / block,
+              f.bsum.empty() ? nullptr : f.bsum.data() + r * c / 32};
+}
+
+// ---- the weight types: integers per block (portable and AVX-512 forms) ----
+
+// 32-element types: 32 signed integers and the f16 scale d at byte 0.
+struct Q8_0B {
+  static constexpr std::size_t kBytes = 34;
+  static void Ints(const std::byte* b, int* v) {
+    for (int j = 0; j < 32; ++j) v[j] = static_cast<std::int8_t>(Byte(b, 2 + j));
+  }
+#if defined(LOCKSTEP_Q8_SIMD)
+  static __m256i Ints256(const std::byte* b) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+  }
+#endif
+};
+
+#if defined(LOCKSTEP_Q8_SIMD)
+// Byte j of the 16 at p: its low nibble as element j, its high nibble as element j + 16.
+inline __m256i Nibbles32(const std::byte* p) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+}
+#endif
+
+struct Q4_0B {
+  static constexpr std::size_t kBytes = 18;
+  static void Ints(const std::byte* b, int* v) {
+    for (int j = 0; j < 16; ++j) {
+      v[j] = (Byte(b, 2 + j) & 15) - 8;
+      v[j + 16] = (Byte(b, 2 + j) >> 4) - 8;
+    }
+  }
+#if defined(LOCKSTEP_Q8_SIMD)
+  static __m256i Ints256(const std::byte* b) {
+    return _mm256_sub_epi8(Nibbles32(b + 2), _mm256_set1_epi8(8));
+  }
+#endif
+};
+
+struct Q5_0B {
+  static constexpr std::size_t kBytes = 22;
+  static std::uint32_t Qh(const std::byte* b) {
+    std::uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    return qh;
+  }
+  static void Ints(const std::byte* b, int* v) {
+    const std::uint32_t qh = Qh(b);
+    for (int j = 0; j < 16; ++j) {
+      v[j] = ((Byte(b, 6 + j) & 15) | static_cast<int>(((qh >> j) & 1) << 4)) - 16;
+      v[j + 16] = ((Byte(b, 6 + j) >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4)) - 16;
+    }
+  }
+#if defined(LOCKSTEP_Q8_SIMD)
+  static __m256i Ints256(const std::byte* b) {
+    const __m256i u = Nibbles32(b + 6);
+    const __m256i h = _mm256_mask_add_epi8(u, Qh(b), u, _mm256_set1_epi8(16));
+    return _mm256_sub_epi8(h, _mm256_set1_epi8(16));
+  }
+#endif
+};
+
+struct Iq4NlB {
+  static constexpr std::size_t kBytes = 18;
+  static void Ints(const std::byte* b, int* v) {
+    for (int j = 0; j < 16; ++j) {
+      v[j] = kIq4nl[Byte(b, 2 + j) & 15];
+      v[j + 16] = kIq4nl[Byte(b, 2 + j) >> 4];
+    }
+  }
+#if defined(LOCKSTEP_Q8_SIMD)
+  static __m256i Ints256(const std::byte* b) {
+    const __m256i t = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const void*>(kIq4nl))));
+    return _mm256_shuffle_epi8(t, Nibbles32(b + 2));
+  }
+#endif
+};
+
+// K types (256 elements): integers v[256] as the formula multiplies them (Q6_K's q - 32, IQ4_XS's
+// table value), the scale of each sub-block (8 of 32, or Q6_K's 16 of 16), d, and the mins.
+struct KBlock {
+  int v[256];
+  int sc[16];
+  int n_sc = 8;
+  int m[8];
+  float d = 0.0f, dmin = 0.0f;
+};
+
+inline void Q45KScales(const std::byte* b, KBlock& k) {
+  const auto* s = reinterpret_cast<const U8*>(b + 4);
+  for (int j = 0; j < 8; ++j) {
+    U8 sc, m;
+    Q4KScaleMin(j, s, &sc, &m);
+    k.sc[j] = sc;
+    k.m[j] = m;
+  }
+  k.d = HalfAt(b);
+  k.dmin = HalfAt(b + 2);
+}
+
+struct Q4KB {
+  static constexpr std::size_t kBytes = 144;
+  static constexpr bool kMins = true;
+  static void Decode(const std::byte* b, KBlock& k) {
+    Q45KScales(b, k);
+    for (int c = 0; c < 4; ++c)
+      for (int l = 0; l < 32; ++l) {
+        const U8 q = Byte(b, 16 + 32 * c + l);
+        k.v[64 * c + l] = q & 15;
+        k.v[64 * c + 32 + l] = q >> 4;
+      }
+  }
+};
+
+struct Q5KB {
+  static constexpr std::size_t kBytes = 176;
+  static constexpr bool kMins = true;
+  static void Decode(const std::byte* b, KBlock& k) {
+    Q45KScales(b, k);
+    for (int c = 0; c < 4; ++c)
+      for (int l = 0; l < 32; ++l) {
+        const U8 q = Byte(b, 48 + 32 * c + l), h = Byte(b, 16 + l);
+        k.v[64 * c + l] = (q & 15) | (((h >> (2 * c)) & 1) << 4);
+        k.v[64 * c + 32 + l] = (q >> 4) | (((h >> (2 * c + 1)) & 1) << 4);
+      }
+  }
+};
+
+struct Q6KB {
+  static constexpr std::size_t kBytes = 210;
+  static constexpr bool kMins = false;
+  static void Decode(const std::byte* b, KBlock& k) {
+    for (int h = 0; h < 2; ++h)
+      for (int l = 0; l < 32; ++l) {
+        const U8 a = Byte(b, 64 * h + l), c = Byte(b, 64 * h + l + 32), e = Byte(b, 128 + 32 * h + l);
+        int* v = k.v + 128 * h;
+        v[l] = ((a & 15) | ((e & 3) << 4)) - 32;
+        v[l + 32] = ((c & 15) | (((e >> 2) & 3) << 4)) - 32;
+        v[l + 64] = ((a >> 4) | (((e >> 4) & 3) << 4)) - 32;
+        v[l + 96] = ((c >> 4) | (((e >> 6) & 3) << 4)) - 32;
+      }
+    for (int j = 0; j < 16; ++j) k.sc[j] = static_cast<std::int8_t>(Byte(b, 192 + j));
+    k.n_sc = 16;
+    k.d = HalfAt(b + 208);
+  }
+};
+
+struct Iq4XsB {
+  static constexpr std::size_t kBytes = 136;
+  static constexpr bool kMins = false;
+  static int Ls(const std::byte* b, int ib) {
+    std::uint16_t sh;
+    std::memcpy(&sh, b + 2, 2);
+    return ((Byte(b, 4 + ib / 2) >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) << 4);
+  }
+  static void Decode(const std::byte* b, KBlock& k) {
+    for (int ib = 0; ib < 8; ++ib) {
+      k.sc[ib] = Ls(b, ib) - 32;
+      for (int j = 0; j < 16; ++j) {
+        const U8 q = Byte(b, 8 + 16 * ib + j);
+        k.v[32 * ib + j] = kIq4nl[q & 15];
+        k.v[32 * ib + 16 + j] = kIq4nl[q >> 4];
+      }
+    }
+    k.d = HalfAt(b);
+  }
+};
+
+// The fixed 16-lane tree (matmul_q8.h): a[i] + a[i+8], then + 4, + 2, + 1.
+float Reduce16(const float* a) {
+  float s[8], u[4];
+  for (int i = 0; i < 8; ++i) s[i] = a[i] + a[i + 8];
+  for (int i = 0; i < 4; ++i) u[i] = s[i] + s[i + 4];
+  const float w0 = u[0] + u[2], w1 = u[1] + u[3];
+  return w0 + w1;
+}
+
+// The 8-lane tree of the mins' lanes: a[i] + a[i+4], then + 2, + 1.
+float Reduce8(const float* a) {
+  float s[4];
+  for (int i = 0; i < 4; ++i) s[i] = a[i] + a[i + 4];
+  const float w0 = s[0] + s[2], w1 = s[1] + s[3];
+  return w0 + w1;
+}
+
+// ---- the portable form (the definition) ----
+
+template <class B>
+float Dot32Portable(const std::byte* row, int nb, const XRow& x) {
+  float acc[16] = {0};
+  int v[32];
+  for (int b = 0; b < nb; ++b) {
+    const std::byte* blk = row + static_cast<std::size_t>(b) * B::kBytes;
+    B::Ints(blk, v);
+    const float s = HalfAt(blk) * x.d[b];
+    const std::int8_t* xq = x.q + 32 * b;
+    for (int j = 0; j < 8; ++j) {
+      int isum = 0;
+      for (int k = 0; k < 4; ++k) isum += v[4 * j + k] * xq[4 * j + k];
+      acc[8 * (b % 2) + j] += static_cast<float>(isum) * s;
+    }
+  }
+  return Reduce16(acc);
+}
+
+template <class K>
+float DotKPortable(const std::byte* row, int nsb, const XRow& x) {
+  float acc[16] = {0};
+  float accm[8] = {0};
+  KBlock k;
+  for (int sb = 0; sb < nsb; ++sb) {
+    K::Decode(row + static_cast<std::size_t>(sb) * K::kBytes, k);
+    const std::int8_t* xq = x.q + 256 * sb;
+    const int per_sc = 256 / k.n_sc;
+    for (int l = 0; l < 16; ++l) {
+      int isum = 0;
+      for (int c = 0; c < 4; ++c) {
+        const int e = 64 * c + 4 * l;
+        int s4 = 0;
+        for (int j = 0; j < 4; ++j) s4 += k.v[e + j] * xq[e + j];
+        isum += k.sc[e / per_sc] * s4;
+      }
+      acc[l] += static_cast<float>(isum) * (k.d * x.d[sb]);
+    }
+    if constexpr (K::kMins)
+      for (int j = 0; j < 8; ++j)
+        accm[j] += static_cast<float>(k.m[j] * x.bsum[8 * sb + j]) * (k.dmin * x.d[sb]);
+  }
+  return Reduce16(acc) - Reduce8(accm);
+}
+
+// ---- the AVX-512 VNNI form (the same integers, the same f32 operations per lane) ----
+
+#if defined(LOCKSTEP_Q8_SIMD)
+
+float Reduce16(__m512 a) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, a);
+  return Reduce16(t);
+}
+
+inline __m512i Load64(const void* p) { return _mm512_loadu_si512(p); }
+
+// Lanes 0-7 = i, lanes 8-15 = i + 1: the scale of a pair of 32-element blocks.
+inline __m512i PairIndex(int i) {
+  return _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(i), _mm512_set1_epi32(i + 1));
+}
+
+// R rows of x against one weight row of a 32-element type, two blocks per step: blocks 2i, 2i+1
+// of a group of 16 fill lanes 0-7 and 8-15 (b % 2, as the portable form), their scales
+// d_w(b) * d_x(b) computed 16 at a time. vpdpbusd multiplies unsigned by signed bytes, so the
+// weights go as w + 128 (an xor) and the sums start from x's -128 * sum (n4).
+template <int R, class B>
+void Dot32Simd(const std::byte* row, int nb, const XRow* x, float* out) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i k80 = _mm512_set1_epi8(static_cast<char>(0x80));
+  alignas(32) std::uint16_t h[16];
+  for (int g = 0; g < nb; g += 16) {
+    const int n = std::min(16, nb - g);
+    for (int b = 0; b < 16; ++b) {
+      h[b] = 0;
+      if (b < n) std::memcpy(&h[b], row + static_cast<std::size_t>(g + b) * B::kBytes, 2);
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h)));
+    const __mmask16 m16 = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+    __m512 s[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(m16, x[r].d + g));
+    for (int p = 0; p < n; p += 2) {
+      const std::byte* b0 = row + static_cast<std::size_t>(g + p) * B::kBytes;
+      const bool two = p + 1 < n;
+      const __m256i w1 = two ? B::Ints256(b0 + B::kBytes) : _mm256_setzero_si256();
+      const __m512i w =
+          _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(B::Ints256(b0)), w1, 1), k80);
+      const __m512i idx = PairIndex(p);
+      const std::size_t e = static_cast<std::size_t>(g + p) * 32;
+      for (int r = 0; r < R; ++r) {
+        const __m512i dp = _mm512_dpbusd_epi32(Load64(x[r].n4 + e / 4), w, Load64(x[r].q + e));
+        const __m512 prod =
+            _mm512_mul_ps(_mm512_cvtepi32_ps(dp), _mm512_permutexvar_ps(idx, s[r]));
+        acc[r] = two ? _mm512_add_ps(acc[r], prod) : _mm512_mask_add_ps(acc[r], 0x00FF, acc[r], prod);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = Reduce16(acc[r]);
+}
+
+// The low and high nibbles of 32 bytes as 64 bytes: [low 0..31 | high 0..31].
+inline __m512i NibbleHalves(const std::byte* p) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m)),
+                            _mm256_and_si256(_mm256_srli_epi16(v, 4), m), 1);
+}
+
+// Per K type: Prepare (the block's scales as 16 int32 lanes, d, dmin, mins), Chunk<c> (the 64
+// elements 64c .. 64c+63 as unsigned bytes, in order), Idx (lane l of chunk c -> its scale) and
+// Init (the sums' start: 0, or x's offset for the types stored with one).
+struct KScales {
+  __m512i s;
+  float d, dmin;
+  __m256i m;  // the mins as 8 int32 lanes (Q4_K, Q5_K)
+};
+
+// An f16 scale through F16C (quant_src.h's Half: the same value as f16_to_f32 but for signalling
+// NaNs, which it quiets as the products below would).
+inline float HalfF16c(const std::byte* p) {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+
+inline __m512i SubBlockIdx(int c) {  // scale 2c + l / 8 (sub-blocks of 32)
+  return PairIndex(2 * c);
+}
+
+struct Q4KSimd : Q4KB {
+  // Q4KScaleMin for all 8 sub-blocks at once, on the 12 bytes as three words (ggml's own
+  // arrangement): bytes 0-7 of w the scales, 8-15 the mins.
+  static KScales Prepare(const std::byte* b) {
+    constexpr std::uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    std::uint32_t u[3], w[4];
+    std::memcpy(u, b + 4, 12);
+    w[0] = u[0] & k1;
+    w[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    w[2] = u[1] & k1;
+    w[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    KScales s;
+    s.s = _mm512_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w)));
+    s.m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 2)));
+    s.d = HalfF16c(b);
+    s.dmin = HalfF16c(b + 2);
+    return s;
+  }
+  static __m512i Chunk(const std::byte* b, int c) { return NibbleHalves(b + 16 + 32 * c); }
+  static __m512i Idx(int c) { return SubBlockIdx(c); }
+  static __m512i Init(const std::int32_t*) { return _mm512_setzero_si512(); }
+};
+
+struct Q5KSimd : Q5KB {
+  static KScales Prepare(const std::byte* b) { return Q4KSimd::Prepare(b); }
+  static __m512i Chunk(const std::byte* b, int c) {
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+    const __mmask32 lo = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << (2 * c))));
+    const __mmask32 hi =
+        _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << (2 * c + 1))));
+    const __mmask64 m = static_cast<__mmask64>(lo) | (static_cast<__mmask64>(hi) << 32);
+    const __m512i q = NibbleHalves(b + 48 + 32 * c);
+    return _mm512_mask_add_epi8(q, m, q, _mm512_set1_epi8(16));
+  }
+  static __m512i Idx(int c) { return SubBlockIdx(c); }
+  static __m512i Init(const std::int32_t*) { return _mm512_setzero_si512(); }
+};
+
+struct Q6KSimd : Q6KB {
+  static KScales Prepare(const std::byte* b) {
+    KScales s;
+    s.s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+    s.d = HalfF16c(b + 208);
+    s.dmin = 0.0f;
+    return s;
+  }
+  // Stored as q in 0..63 (the formula's q - 32 is the Init below: -32 * x's sum per 4).
+  static __m512i Chunk(const std::byte* b, int c) {
+    const int h = c / 2, shift = 4 * (c % 2);
+    const __m512i ql = Load64(b + 64 * h);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+    const __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+    const __m512i lo4 = _mm512_and_si512(_mm512_srli_epi16(ql, shift), _mm512_set1_epi8(15));
+    const __m512i hi2 = _mm512_and_si512(_mm512_srli_epi16(hh, shift), _mm512_set1_epi8(3));
+    return _mm512_or_si512(lo4, _mm512_slli_epi16(hi2, 4));
+  }
+  static __m512i Idx(int c) {  // scale 4c + l / 4 (sub-blocks of 16)
+    return _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_set1_epi32(16 * c),
+                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)),
+        2);
+  }
+  static __m512i Init(const std::int32_t* n4) { return _mm512_srai_epi32(Load64(n4), 2); }
+};
+
+struct Iq4XsSimd : Iq4XsB {
+  // Ls of the 8 sub-blocks in 8 lanes: nibble ib of scales_l, bits 2 ib of scales_h.
+  static KScales Prepare(const std::byte* b) {
+    std::uint32_t sl;
+    std::uint16_t sh;
+    std::memcpy(&sl, b + 4, 4);
+    std::memcpy(&sh, b + 2, 2);
+    const __m256i lo = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sl)),
+                          _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+        _mm256_set1_epi32(15));
+    const __m256i hi = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        _mm256_set1_epi32(3));
+    KScales s;
+    s.s = _mm512_zextsi256_si512(_mm256_sub_epi32(
+        _mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32)));
+    s.d = HalfF16c(b);
+    s.dmin = 0.0f;
+    return s;
+  }
+  // Table values + 128 (unsigned); Init takes the 128 back off (n4 = -128 * x's sum per 4).
+  static __m512i Chunk(const std::byte* b, int c) {
+    alignas(16) static const U8 kShifted[16] = {1, 24, 45, 63, 79, 93, 106, 118,
+                                                129, 141, 153, 166, 181, 197, 217, 241};
+    const __m512i z = NibbleHalves(b + 8 + 32 * c);  // [lo sb0 | lo sb1 | hi sb0 | hi sb1]
+    const __m512i o = _mm512_shuffle_i32x4(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+    const __m512i t = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kShifted)));
+    return _mm512_shuffle_epi8(t, o);
+  }
+  static __m512i Idx(int c) { return SubBlockIdx(c); }
+  static __m512i Init(const std::int32_t* n4) { return Load64(n4); }
+};
+
+template <int R, class K>
+void DotKSimd(const std::byte* row, int nsb, const XRow* x, float* out) {
+  __m512 acc[R];
+  __m256 accm[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    accm[r] = _mm256_setzero_ps();
+  }
+  for (int sb = 0; sb < nsb; ++sb) {
+    const std::byte* blk = row + static_cast<std::size_t>(sb) * K::kBytes;
+    const KScales ks = K::Prepare(blk);
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      const __m512i q = K::Chunk(blk, c);
+      const __m512i sc = _mm512_permutexvar_epi32(K::Idx(c), ks.s);
+      const std::size_t e = static_cast<std::size_t>(sb) * 256 + 64 * static_cast<std::size_t>(c);
+      for (int r = 0; r < R; ++r) {
+        const __m512i dp = _mm512_dpbusd_epi32(K::Init(x[r].n4 + e / 4), q, Load64(x[r].q + e));
+        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dp, sc));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const float dx = x[r].d[sb];
+      acc[r] = _mm512_add_ps(acc[r],
+                             _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_set1_ps(ks.d * dx)));
+      if constexpr (K::kMins) {
+        const __m256i mb = _mm256_mullo_epi32(
+            ks.m, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].bsum + 8 * sb)));
+        accm[r] = _mm256_add_ps(
+            accm[r], _mm256_mul_ps(_mm256_cvtepi32_ps(mb), _mm256_set1_ps(ks.dmin * dx)));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float m[8];
+    _mm256_store_ps(m, accm[r]);
+    out[r] = Reduce16(acc[r]) - Reduce8(m);
+  }
+}
+
+#endif  // LOCKSTEP_Q8_SIMD
+
+// ---- rows ----
+
+// Calls f(std::integral_constant<int, R>{}, t) for the row blocks of n_rows: 8 at a time (AVX-512),
+// then one block of the rest. Every row's bits are the same whatever its block.
+template <class F>
+void ForRowBlocks(int n_rows, F&& f) {
+  int t = 0;
+#if defined(LOCKSTEP_Q8_SIMD)
+  for (; t + 8 <= n_rows; t += 8) f(std::integral_constant<int, 8>{}, t);
+  switch (n_rows - t) {
+    case 1: return f(std::integral_constant<int, 1>{}, t);
+    case 2: return f(std::integral_constant<int, 2>{}, t);
+    case 3: return f(std::integral_constant<int, 3>{}, t);
+    case 4: return f(std::integral_constant<int, 4>{}, t);
+    case 5: return f(std::integral_constant<int, 5>{}, t);
+    case 6: return f(std::integral_constant<int, 6>{}, t);
+    case 7: return f(std::integral_constant<int, 7>{}, t);
+    default: return;
+  }
+#else
+  for (; t < n_rows; ++t) f(std::integral_constant<int, 1>{}, t);
+#endif
+}
+
+// Rows [o_begin, o_end) of one (unstacked) matrix of a 32-element type B or a K type (Simd S).
+template <class B, bool kK, class S = B>
+void RowsOf(const QuantRows& q, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
+            std::size_t ldy, int y_col0) {
+  const QuantRows::Format& f = kK ? q.b256 : q.b32;
+  const int block = kK ? 256 : 32;
+  const int nb = w.cols / block;
+  for (int o = o_begin; o < o_end; ++o) {
+    const std::byte* row = w.row_ptr(o);
+    float* yc = y + (o - y_col0);
+#if defined(LOCKSTEP_Q8_SIMD)
+    if (!detail::g_portable) {
+      ForRowBlocks(n_rows, [&](auto rc, int t) {
+        constexpr int R = decltype(rc)::value;
+        XRow xr[R];
+        float out[R];
+        for (int r = 0; r < R; ++r) xr[r] = RowOf(f, q.cols, t + r, block);
+        if constexpr (kK)
+          DotKSimd<R, S>(row, nb, xr, out);
+        else
+          Dot32Simd<R, B>(row, nb, xr, out);
+        for (int r = 0; r < R; ++r) yc[static_cast<std::size_t>(t + r) * ldy] = out[r];
+      });
+      continue;
+    }
+#endif
+    for (int t = 0; t < n_rows; ++t) {
+      const XRow xr = RowOf(f, q.cols, t, block);
+      if constexpr (kK)
+        yc[static_cast<std::size_t>(t) * ldy] = DotKPortable<B>(row, nb, xr);
+      else
+        yc[static_cast<std::size_t>(t) * ldy] = Dot32Portable<B>(row, nb, xr);
+    }
+  }
+}
+
+}  // namespace
+
+bool HasKernel(WeightType t) {
+  switch (t) {
+    case WeightType::kQ8_0:
+    case WeightType::kQ4_0:
+    case WeightType::kQ5_0:
+    case WeightType::kIQ4_NL:
+    case WeightType::kQ4_K:
+    case WeightType::kQ5_K:
+    case WeightType::kQ6_K:
+    case WeightType::kIQ4_XS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool HasKernel(const Mat& w) {
+  if (w.parts == nullptr) return HasKernel(w.type);
+  for (int i = 0; i < w.n_parts; ++i)
+    if (!HasKernel(w.parts[i].m)) return false;
+  return true;
+}
+
+void Rows(const QuantRows& q, int n_rows, const Mat& w, int o_begin, int o_end, float* y, int ldy,
+          int y_col0) {
+  if (w.parts != nullptr) {
+    for (int i = 0; i < w.n_parts; ++i) {
+      const MatPart& p = w.parts[i];
+      const int lo = std::max(o_begin, p.row0), hi = std::min(o_end, p.row0 + p.m.rows);
+      if (lo < hi) Rows(q, n_rows, p.m, lo - p.row0, hi - p.row0, y, ldy, y_col0 - p.row0);
+    }
+    return;
+  }
+  LOCKSTEP_CHECK(q.cols == w.cols && q.rows >= n_rows) << "x quantised for another product";
+  const std::size_t sy = static_cast<std::size_t>(ldy);
+  switch (w.type) {
+    case WeightType::kQ8_0: return RowsOf<Q8_0B, false>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+    case WeightType::kQ4_0: return RowsOf<Q4_0B, false>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+    case WeightType::kQ5_0: return RowsOf<Q5_0B, false>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+    case WeightType::kIQ4_NL:
+      return RowsOf<Iq4NlB, false>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+#if defined(LOCKSTEP_Q8_SIMD)
+    case WeightType::kQ4_K:
+      return RowsOf<Q4KB, true, Q4KSimd>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+    case WeightType::kQ5_K:
+      return RowsOf<Q5KB, true, Q5KSimd>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+    case WeightType::kQ6_K:
+      return RowsOf<Q6KB, true, Q6KSimd>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+    case WeightType::kIQ4_XS:
+      return RowsOf<Iq4XsB, true, Iq4XsSimd>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+#else
+    case WeightType::kQ4_K: return RowsOf<Q4KB, true>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+    case WeightType::kQ5_K: return RowsOf<Q5KB, true>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+    case WeightType::kQ6_K: return RowsOf<Q6KB, true>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+    case WeightType::kIQ4_XS:
+      return RowsOf<Iq4XsB, true>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+#endif
+    default:
+      LOCKSTEP_CHECK(false) << "no 8-bit kernel for " << weight_type_name(w.type);
+  }
+}
+
+namespace detail {
+bool g_portable = false;
+}  // namespace detail
+
+void UsePortableForTest(bool on) { detail::g_portable = on; }
+
+}  // namespace lockstep::cpu::q8

@@ -1,0 +1,221 @@
+// x rounded to 8 bits the ways ggml rounds activations (matmul_q8.h, QuantRows): the portable
+// functions are the definition, the AVX-512 ones give the same bytes (tests/engine/matmul_q8_test).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu/matmul_q8.h"
+#include "lockstep/engine/dtype.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+#define LOCKSTEP_Q8_SIMD 1
+#endif
+
+namespace lockstep::cpu::q8 {
+
+namespace {
+
+#if defined(LOCKSTEP_Q8_SIMD)
+inline __m512i Load64(const void* p) { return _mm512_loadu_si512(p); }
+#endif
+
+// ---- x rounded to 8 bits ----
+
+void Sums(QuantRows::Format& f, std::size_t at, std::size_t n) {
+  for (std::size_t i = at; i < at + n; i += 4)
+    f.n4[i / 4] = -128 * (f.q[i] + f.q[i + 1] + f.q[i + 2] + f.q[i + 3]);
+}
+
+// ggml's Q8_0 as its x86 build rounds (quantize_row_q8_0): d = amax / 127 kept as f16, each
+// element x * (127 / amax) to the nearest integer (ties to even).
+void Quantise32(const float* x, std::size_t at, QuantRows::Format& f) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127.0f;
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  f.d[at / 32] = f16_to_f32(f32_to_f16(d));
+  for (int j = 0; j < 32; ++j)
+    f.q[at + j] = static_cast<std::int8_t>(std::nearbyint(x[j] * id));
+  Sums(f, at, 32);
+}
+
+// ggml's Q8_K (quantize_row_q8_K_ref): the element of largest magnitude sets iscale = -127 / max,
+// each element nearest(iscale * x) capped at 127, d = 1 / iscale, and the sums per 32.
+void Quantise256(const float* x, std::size_t at, QuantRows::Format& f) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 256; ++j) {
+    const float ax = std::fabs(x[j]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[j];
+    }
+  }
+  if (amax == 0.0f) {
+    f.d[at / 256] = 0.0f;
+    std::memset(f.q.data() + at, 0, 256);
+  } else {
+    const float iscale = -127.0f / max;
+    for (int j = 0; j < 256; ++j)
+      f.q[at + j] = static_cast<std::int8_t>(std::min(127.0f, std::nearbyint(iscale * x[j])));
+    f.d[at / 256] = 1.0f / iscale;
+  }
+  Sums(f, at, 256);
+  for (int j = 0; j < 8; ++j) {
+    std::int32_t s = 0;
+    for (int i = 0; i < 32; ++i) s += f.q[at + 32 * static_cast<std::size_t>(j) + i];
+    f.bsum[at / 32 + static_cast<std::size_t>(j)] = s;
+  }
+}
+
+#if defined(LOCKSTEP_Q8_SIMD)
+// GCC 12's AVX-512 intrinsics pass an uninitialised `__Y = __Y` operand as their merge source
+// (_mm512_undefined_*), and -Wuninitialized fires on it once inlined into these loops: a known
+// false positive of the headers, silenced for these functions only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+// The same roundings with AVX-512 (the portable functions above are the definition; tests hold the
+// two to the same bytes): max of |x| is exact in any order, x * id and its conversion to the
+// nearest integer (ties to even, the default rounding) are the same operations per element.
+inline __m512 Abs(__m512 v) { return _mm512_andnot_ps(_mm512_set1_ps(-0.0f), v); }
+
+// Lane max / sum through memory: GCC 12's _mm512_reduce_* trip -Werror=uninitialized on their
+// undefined pass-through operands. Max is exact in any order, integer sums too.
+inline float MaxLanes(__m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  float m = t[0];
+  for (int i = 1; i < 16; ++i) m = std::max(m, t[i]);
+  return m;
+}
+inline std::int32_t SumLanes(__m512i v) {
+  alignas(64) std::int32_t t[16];
+  _mm512_store_si512(t, v);
+  std::int32_t s = 0;
+  for (int i = 0; i < 16; ++i) s += t[i];
+  return s;
+}
+
+// -128 * the sums of 4 consecutive q: vpdpbusd of 1s (unsigned) with q (signed).
+inline void SimdSums(const std::int8_t* q, std::int32_t* n4, int n) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int i = 0; i < n; i += 64) {
+    const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, Load64(q + i));
+    _mm512_storeu_si512(n4 + i / 4, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, 7)));
+  }
+}
+
+// Two blocks of 32 per call (64 elements; the row's last odd block goes through Quantise32).
+void Quantise32Pair(const float* x, std::size_t at, QuantRows::Format& f) {
+  for (int b = 0; b < 2; ++b) {
+    const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+    // NaN elements passed over, as the scalar loop does (max_ps returns its second operand).
+    const float amax =
+        MaxLanes(_mm512_max_ps(Abs(v1), _mm512_max_ps(Abs(v0), _mm512_setzero_ps())));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    f.d[at / 32 + static_cast<std::size_t>(b)] = f16_to_f32(f32_to_f16(d));
+    const __m512 m = _mm512_set1_ps(id);
+    std::int8_t* q = f.q.data() + at + 32 * static_cast<std::size_t>(b);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q),
+                     _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, m))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16),
+                     _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, m))));
+  }
+  SimdSums(f.q.data() + at, f.n4.data() + at / 4, 64);
+}
+
+void Quantise256Simd(const float* x, std::size_t at, QuantRows::Format& f) {
+  __m512 v[16], mx = _mm512_setzero_ps();
+  for (int i = 0; i < 16; ++i) {
+    v[i] = _mm512_loadu_ps(x + 16 * i);
+    mx = _mm512_max_ps(Abs(v[i]), mx);  // a NaN element is passed over, as the scalar loop does
+  }
+  const float amax = MaxLanes(mx);
+  std::int8_t* q = f.q.data() + at;
+  if (amax == 0.0f) {
+    f.d[at / 256] = 0.0f;
+    std::memset(q, 0, 256);
+  } else {
+    float max = 0.0f;  // the first element of the largest magnitude, with its sign
+    for (int i = 0; i < 16; ++i)
+      if (const __mmask16 k = _mm512_cmp_ps_mask(Abs(v[i]), _mm512_set1_ps(amax), _CMP_EQ_OQ)) {
+        max = x[16 * i + __builtin_ctz(k)];
+        break;
+      }
+    const float iscale = -127.0f / max;
+    const __m512 m = _mm512_set1_ps(iscale);
+    for (int i = 0; i < 16; ++i) {
+      const __m512i qi =
+          _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v[i], m)), _mm512_set1_epi32(127));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * i), _mm512_cvtsepi32_epi8(qi));
+    }
+    f.d[at / 256] = 1.0f / iscale;
+  }
+  SimdSums(q, f.n4.data() + at / 4, 256);
+  for (int j = 0; j < 8; ++j) {
+    const std::int8_t* p = q + 32 * j;
+    f.bsum[at / 32 + static_cast<std::size_t>(j)] = SumLanes(_mm512_add_epi32(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))));
+  }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+bool IsK(WeightType t) {
+  return t == WeightType::kQ4_K || t == WeightType::kQ5_K || t == WeightType::kQ6_K ||
+         t == WeightType::kIQ4_XS;
+}
+
+void NeedFormats(const Mat& w, bool& b32, bool& b256) {
+  if (w.parts != nullptr) {
+    for (int i = 0; i < w.n_parts; ++i) NeedFormats(w.parts[i].m, b32, b256);
+    return;
+  }
+  (IsK(w.type) ? b256 : b32) = true;
+}
+
+// 64 bytes of padding after each buffer: a 32-element row's odd last block is read as a pair.
+void Resize(QuantRows::Format& f, std::size_t n, int block) {
+  f.on = true;
+  f.q.resize(n + 64);
+  f.n4.resize(n / 4 + 16);
+  f.d.resize(n / static_cast<std::size_t>(block) + 16);
+  if (block == 256) f.bsum.resize(n / 32);
+}
+
+}  // namespace
+
+void Quantise(const float* x, int n_rows, const Mat& w, QuantRows& q) {
+  bool b32 = false, b256 = false;
+  NeedFormats(w, b32, b256);
+  q.rows = n_rows;
+  q.cols = w.cols;
+  q.b32.on = q.b256.on = false;
+  const std::size_t n = static_cast<std::size_t>(n_rows) * static_cast<std::size_t>(w.cols);
+  if (b32) Resize(q.b32, n, 32);
+  if (b256) Resize(q.b256, n, 256);
+#if defined(LOCKSTEP_Q8_SIMD)
+  if (!detail::g_portable) {
+    const std::size_t cols = static_cast<std::size_t>(w.cols);
+    for (std::size_t r = 0; b32 && r < n; r += cols) {
+      std::size_t at = r;
+      for (; at + 64 <= r + cols; at += 64) Quantise32Pair(x + at, at, q.b32);
+      if (at < r + cols) Quantise32(x + at, at, q.b32);
+    }
+    for (std::size_t at = 0; b256 && at < n; at += 256) Quantise256Simd(x + at, at, q.b256);
+    return;
+  }
+#endif
+  for (std::size_t at = 0; b32 && at < n; at += 32) Quantise32(x + at, at, q.b32);
+  for (std::size_t at = 0; b256 && at < n; at += 256) Quantise256(x + at, at, q.b256);
+}
+
+}  // namespace lockstep::cpu::q8
