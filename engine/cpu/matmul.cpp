@@ -375,11 +375,9 @@ void InvariantBlock(const float* x, int n_rows, const Mat& w, int o_begin, int o
 // row, so the split changes no bit.
 void InvariantStacked(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
                       int ldy, int y_col0) {
-  for (int i = 0; i < w.n_parts; ++i) {
-    const MatPart& p = w.parts[i];
-    const int lo = std::max(o_begin, p.row0), hi = std::min(o_end, p.row0 + p.m.rows);
-    if (lo < hi) InvariantBlock(x, n_rows, p.m, lo - p.row0, hi - p.row0, y, ldy, y_col0 - p.row0);
-  }
+  ForEachPartRows(w, o_begin, o_end, [&](const MatPart& p, int lo, int hi) {
+    InvariantBlock(x, n_rows, p.m, lo, hi, y, ldy, y_col0 - p.row0);
+  });
 }
 
 void InvariantBlock(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
@@ -467,9 +465,10 @@ void SplitRows(const Mat& w, ThreadPool* pool, const F& body) {
 // The 8-bit product (matmul_q8.h): x rounded once on the calling thread, the weight rows split
 // between the threads as kInvariant splits them.
 void MatmulQ8(const float* x, int n_rows, const Mat& w, float* y, ThreadPool* pool, int ldy) {
+  // A reference to the calling thread's buffer: a thread_local named inside the lambda would be
+  // each worker's own.
   thread_local q8::QuantRows rows;
-  q8::QuantRows& q =
-      rows;  // the calling thread's (a thread_local named in the lambda is the worker's)
+  q8::QuantRows& q = rows;
   q8::Quantise(x, n_rows, w, q);
   SplitRows(w, pool, [&](std::size_t b, std::size_t e) {
     q8::Rows(q, n_rows, w, static_cast<int>(b), static_cast<int>(e), y, ldy, 0);

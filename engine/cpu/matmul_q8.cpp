@@ -11,22 +11,17 @@
 #include <cstring>
 #include <type_traits>
 
+#include "cpu/quant_src.h"
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/quant.h"
 #include "model/quant_grids.h"
 #include "util/check.h"
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    defined(__AVX512VNNI__)
-#define LOCKSTEP_Q8_SIMD 1
-#endif
 
 namespace lockstep::cpu::q8 {
 
 namespace {
 
 using iq_grids::kIq4nl;
-
 
 using U8 = std::uint8_t;
 
@@ -153,33 +148,26 @@ inline void Q45KScales(const std::byte* b, KBlock& k) {
   k.dmin = HalfAt(b + 2);
 }
 
-struct Q4KB {
-  static constexpr std::size_t kBytes = 144;
+// Q4_K (kFive false) and Q5_K: element 64c + l (l < 32) is the low nibble of byte 32c + l of
+// the codes, element 64c + 32 + l its high nibble; Q5_K adds bit 2c (or 2c + 1) of qh[l] as 16.
+template <bool kFive>
+struct QkKB {
+  static constexpr std::size_t kBytes = kFive ? 176 : 144;
+  static constexpr std::size_t kCodes = kFive ? 48 : 16;  // where the nibbles start
   static constexpr bool kMins = true;
   static void Decode(const std::byte* b, KBlock& k) {
     Q45KScales(b, k);
     for (int c = 0; c < 4; ++c)
       for (int l = 0; l < 32; ++l) {
-        const U8 q = Byte(b, 16 + 32 * c + l);
-        k.v[64 * c + l] = q & 15;
-        k.v[64 * c + 32 + l] = q >> 4;
-      }
-  }
-};
-
-struct Q5KB {
-  static constexpr std::size_t kBytes = 176;
-  static constexpr bool kMins = true;
-  static void Decode(const std::byte* b, KBlock& k) {
-    Q45KScales(b, k);
-    for (int c = 0; c < 4; ++c)
-      for (int l = 0; l < 32; ++l) {
-        const U8 q = Byte(b, 48 + 32 * c + l), h = Byte(b, 16 + l);
+        const U8 q = Byte(b, kCodes + 32 * static_cast<std::size_t>(c) + l);
+        const int h = kFive ? Byte(b, 16 + static_cast<std::size_t>(l)) : 0;
         k.v[64 * c + l] = (q & 15) | (((h >> (2 * c)) & 1) << 4);
         k.v[64 * c + 32 + l] = (q >> 4) | (((h >> (2 * c + 1)) & 1) << 4);
       }
   }
 };
+using Q4KB = QkKB<false>;
+using Q5KB = QkKB<true>;
 
 struct Q6KB {
   static constexpr std::size_t kBytes = 210;
@@ -187,7 +175,8 @@ struct Q6KB {
   static void Decode(const std::byte* b, KBlock& k) {
     for (int h = 0; h < 2; ++h)
       for (int l = 0; l < 32; ++l) {
-        const U8 a = Byte(b, 64 * h + l), c = Byte(b, 64 * h + l + 32), e = Byte(b, 128 + 32 * h + l);
+        const U8 a = Byte(b, 64 * h + l), c = Byte(b, 64 * h + l + 32),
+                 e = Byte(b, 128 + 32 * h + l);
         int* v = k.v + 128 * h;
         v[l] = ((a & 15) | ((e & 3) << 4)) - 32;
         v[l + 32] = ((c & 15) | (((e >> 2) & 3) << 4)) - 32;
@@ -331,9 +320,9 @@ void Dot32Simd(const std::byte* row, int nb, const XRow* x, float* out) {
       const std::size_t e = static_cast<std::size_t>(g + p) * 32;
       for (int r = 0; r < R; ++r) {
         const __m512i dp = _mm512_dpbusd_epi32(Load64(x[r].n4 + e / 4), w, Load64(x[r].q + e));
-        const __m512 prod =
-            _mm512_mul_ps(_mm512_cvtepi32_ps(dp), _mm512_permutexvar_ps(idx, s[r]));
-        acc[r] = two ? _mm512_add_ps(acc[r], prod) : _mm512_mask_add_ps(acc[r], 0x00FF, acc[r], prod);
+        const __m512 prod = _mm512_mul_ps(_mm512_cvtepi32_ps(dp), _mm512_permutexvar_ps(idx, s[r]));
+        acc[r] =
+            two ? _mm512_add_ps(acc[r], prod) : _mm512_mask_add_ps(acc[r], 0x00FF, acc[r], prod);
       }
     }
   }
@@ -357,13 +346,9 @@ struct KScales {
   __m256i m;  // the mins as 8 int32 lanes (Q4_K, Q5_K)
 };
 
-// An f16 scale through F16C (quant_src.h's Half: the same value as f16_to_f32 but for signalling
-// NaNs, which it quiets as the products below would).
-inline float HalfF16c(const std::byte* p) {
-  std::uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
-}
+// f16 scales through F16C: quant_src.h's Half (f16_to_f32's value, a signalling NaN quieted as
+// the products below would quiet it).
+using qsrc::Half;
 
 inline __m512i SubBlockIdx(int c) {  // scale 2c + l / 8 (sub-blocks of 32)
   return PairIndex(2 * c);
@@ -383,8 +368,8 @@ struct Q4KSimd : Q4KB {
     KScales s;
     s.s = _mm512_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w)));
     s.m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 2)));
-    s.d = HalfF16c(b);
-    s.dmin = HalfF16c(b + 2);
+    s.d = Half(b);
+    s.dmin = Half(b + 2);
     return s;
   }
   static __m512i Chunk(const std::byte* b, int c) { return NibbleHalves(b + 16 + 32 * c); }
@@ -396,7 +381,8 @@ struct Q5KSimd : Q5KB {
   static KScales Prepare(const std::byte* b) { return Q4KSimd::Prepare(b); }
   static __m512i Chunk(const std::byte* b, int c) {
     const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
-    const __mmask32 lo = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << (2 * c))));
+    const __mmask32 lo =
+        _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << (2 * c))));
     const __mmask32 hi =
         _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << (2 * c + 1))));
     const __mmask64 m = static_cast<__mmask64>(lo) | (static_cast<__mmask64>(hi) << 32);
@@ -411,7 +397,7 @@ struct Q6KSimd : Q6KB {
   static KScales Prepare(const std::byte* b) {
     KScales s;
     s.s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
-    s.d = HalfF16c(b + 208);
+    s.d = Half(b + 208);
     s.dmin = 0.0f;
     return s;
   }
@@ -441,27 +427,28 @@ struct Iq4XsSimd : Iq4XsB {
     std::uint16_t sh;
     std::memcpy(&sl, b + 4, 4);
     std::memcpy(&sh, b + 2, 2);
-    const __m256i lo = _mm256_and_si256(
-        _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sl)),
-                          _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-        _mm256_set1_epi32(15));
+    const __m256i lo =
+        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sl)),
+                                           _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                         _mm256_set1_epi32(15));
     const __m256i hi = _mm256_and_si256(
         _mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
         _mm256_set1_epi32(3));
     KScales s;
-    s.s = _mm512_zextsi256_si512(_mm256_sub_epi32(
-        _mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32)));
-    s.d = HalfF16c(b);
+    s.s = _mm512_zextsi256_si512(
+        _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32)));
+    s.d = Half(b);
     s.dmin = 0.0f;
     return s;
   }
   // Table values + 128 (unsigned); Init takes the 128 back off (n4 = -128 * x's sum per 4).
   static __m512i Chunk(const std::byte* b, int c) {
-    alignas(16) static const U8 kShifted[16] = {1, 24, 45, 63, 79, 93, 106, 118,
+    alignas(16) static const U8 kShifted[16] = {1,   24,  45,  63,  79,  93,  106, 118,
                                                 129, 141, 153, 166, 181, 197, 217, 241};
     const __m512i z = NibbleHalves(b + 8 + 32 * c);  // [lo sb0 | lo sb1 | hi sb0 | hi sb1]
     const __m512i o = _mm512_shuffle_i32x4(z, z, _MM_SHUFFLE(3, 1, 2, 0));
-    const __m512i t = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kShifted)));
+    const __m512i t =
+        _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kShifted)));
     return _mm512_shuffle_epi8(t, o);
   }
   static __m512i Idx(int c) { return SubBlockIdx(c); }
@@ -521,14 +508,22 @@ void ForRowBlocks(int n_rows, F&& f) {
 #if defined(LOCKSTEP_Q8_SIMD)
   for (; t + 8 <= n_rows; t += 8) f(std::integral_constant<int, 8>{}, t);
   switch (n_rows - t) {
-    case 1: return f(std::integral_constant<int, 1>{}, t);
-    case 2: return f(std::integral_constant<int, 2>{}, t);
-    case 3: return f(std::integral_constant<int, 3>{}, t);
-    case 4: return f(std::integral_constant<int, 4>{}, t);
-    case 5: return f(std::integral_constant<int, 5>{}, t);
-    case 6: return f(std::integral_constant<int, 6>{}, t);
-    case 7: return f(std::integral_constant<int, 7>{}, t);
-    default: return;
+    case 1:
+      return f(std::integral_constant<int, 1>{}, t);
+    case 2:
+      return f(std::integral_constant<int, 2>{}, t);
+    case 3:
+      return f(std::integral_constant<int, 3>{}, t);
+    case 4:
+      return f(std::integral_constant<int, 4>{}, t);
+    case 5:
+      return f(std::integral_constant<int, 5>{}, t);
+    case 6:
+      return f(std::integral_constant<int, 6>{}, t);
+    case 7:
+      return f(std::integral_constant<int, 7>{}, t);
+    default:
+      return;
   }
 #else
   for (; t < n_rows; ++t) f(std::integral_constant<int, 1>{}, t);
@@ -571,6 +566,19 @@ void RowsOf(const QuantRows& q, int n_rows, const Mat& w, int o_begin, int o_end
   }
 }
 
+// The K types' vector forms (RowsOf's S; the portable form where they are not built).
+#if defined(LOCKSTEP_Q8_SIMD)
+using Q4KV = Q4KSimd;
+using Q5KV = Q5KSimd;
+using Q6KV = Q6KSimd;
+using Iq4XsV = Iq4XsSimd;
+#else
+using Q4KV = Q4KB;
+using Q5KV = Q5KB;
+using Q6KV = Q6KB;
+using Iq4XsV = Iq4XsB;
+#endif
+
 }  // namespace
 
 bool HasKernel(WeightType t) {
@@ -598,38 +606,29 @@ bool HasKernel(const Mat& w) {
 
 void Rows(const QuantRows& q, int n_rows, const Mat& w, int o_begin, int o_end, float* y, int ldy,
           int y_col0) {
-  if (w.parts != nullptr) {
-    for (int i = 0; i < w.n_parts; ++i) {
-      const MatPart& p = w.parts[i];
-      const int lo = std::max(o_begin, p.row0), hi = std::min(o_end, p.row0 + p.m.rows);
-      if (lo < hi) Rows(q, n_rows, p.m, lo - p.row0, hi - p.row0, y, ldy, y_col0 - p.row0);
-    }
-    return;
-  }
+  if (w.parts != nullptr)
+    return ForEachPartRows(w, o_begin, o_end, [&](const MatPart& p, int lo, int hi) {
+      Rows(q, n_rows, p.m, lo, hi, y, ldy, y_col0 - p.row0);
+    });
   LOCKSTEP_CHECK(q.cols == w.cols && q.rows >= n_rows) << "x quantised for another product";
   const std::size_t sy = static_cast<std::size_t>(ldy);
   switch (w.type) {
-    case WeightType::kQ8_0: return RowsOf<Q8_0B, false>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
-    case WeightType::kQ4_0: return RowsOf<Q4_0B, false>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
-    case WeightType::kQ5_0: return RowsOf<Q5_0B, false>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+    case WeightType::kQ8_0:
+      return RowsOf<Q8_0B, false>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+    case WeightType::kQ4_0:
+      return RowsOf<Q4_0B, false>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+    case WeightType::kQ5_0:
+      return RowsOf<Q5_0B, false>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
     case WeightType::kIQ4_NL:
       return RowsOf<Iq4NlB, false>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
-#if defined(LOCKSTEP_Q8_SIMD)
     case WeightType::kQ4_K:
-      return RowsOf<Q4KB, true, Q4KSimd>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+      return RowsOf<Q4KB, true, Q4KV>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
     case WeightType::kQ5_K:
-      return RowsOf<Q5KB, true, Q5KSimd>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+      return RowsOf<Q5KB, true, Q5KV>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
     case WeightType::kQ6_K:
-      return RowsOf<Q6KB, true, Q6KSimd>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
+      return RowsOf<Q6KB, true, Q6KV>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
     case WeightType::kIQ4_XS:
-      return RowsOf<Iq4XsB, true, Iq4XsSimd>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
-#else
-    case WeightType::kQ4_K: return RowsOf<Q4KB, true>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
-    case WeightType::kQ5_K: return RowsOf<Q5KB, true>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
-    case WeightType::kQ6_K: return RowsOf<Q6KB, true>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
-    case WeightType::kIQ4_XS:
-      return RowsOf<Iq4XsB, true>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
-#endif
+      return RowsOf<Iq4XsB, true, Iq4XsV>(q, n_rows, w, o_begin, o_end, y, sy, y_col0);
     default:
       LOCKSTEP_CHECK(false) << "no 8-bit kernel for " << weight_type_name(w.type);
   }

@@ -29,6 +29,13 @@
 
 #include "lockstep/engine/weights.h"
 
+// The vector form's instruction sets (matmul_q8.cpp, matmul_q8_x.cpp); without them the portable
+// form runs.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+#define LOCKSTEP_Q8_SIMD 1
+#endif
+
 namespace lockstep::cpu::q8 {
 
 // Whether `t` has an integer kernel here (the other types keep the exact product).
@@ -44,7 +51,6 @@ struct QuantRows {
   int rows = 0;
   int cols = 0;
   struct Format {
-    bool on = false;
     std::vector<std::int8_t> q;
     std::vector<std::int32_t> n4;
     std::vector<float> d;

@@ -9,11 +9,6 @@
 #include "cpu/matmul_q8.h"
 #include "lockstep/engine/dtype.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    defined(__AVX512VNNI__)
-#define LOCKSTEP_Q8_SIMD 1
-#endif
-
 namespace lockstep::cpu::q8 {
 
 namespace {
@@ -37,8 +32,7 @@ void Quantise32(const float* x, std::size_t at, QuantRows::Format& f) {
   const float d = amax / 127.0f;
   const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
   f.d[at / 32] = f16_to_f32(f32_to_f16(d));
-  for (int j = 0; j < 32; ++j)
-    f.q[at + j] = static_cast<std::int8_t>(std::nearbyint(x[j] * id));
+  for (int j = 0; j < 32; ++j) f.q[at + j] = static_cast<std::int8_t>(std::nearbyint(x[j] * id));
   Sums(f, at, 32);
 }
 
@@ -105,7 +99,8 @@ inline void SimdSums(const std::int8_t* q, std::int32_t* n4, int n) {
   const __m512i ones = _mm512_set1_epi8(1);
   for (int i = 0; i < n; i += 64) {
     const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, Load64(q + i));
-    _mm512_storeu_si512(n4 + i / 4, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, 7)));
+    _mm512_storeu_si512(n4 + i / 4,
+                        _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, 7)));
   }
 }
 
@@ -184,7 +179,6 @@ void NeedFormats(const Mat& w, bool& b32, bool& b256) {
 
 // 64 bytes of padding after each buffer: a 32-element row's odd last block is read as a pair.
 void Resize(QuantRows::Format& f, std::size_t n, int block) {
-  f.on = true;
   f.q.resize(n + 64);
   f.n4.resize(n / 4 + 16);
   f.d.resize(n / static_cast<std::size_t>(block) + 16);
@@ -198,7 +192,6 @@ void Quantise(const float* x, int n_rows, const Mat& w, QuantRows& q) {
   NeedFormats(w, b32, b256);
   q.rows = n_rows;
   q.cols = w.cols;
-  q.b32.on = q.b256.on = false;
   const std::size_t n = static_cast<std::size_t>(n_rows) * static_cast<std::size_t>(w.cols);
   if (b32) Resize(q.b32, n, 32);
   if (b256) Resize(q.b256, n, 256);

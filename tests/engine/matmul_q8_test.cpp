@@ -2,6 +2,8 @@
 // portable definition, every row's bits are independent of the row count, the thread count and
 // the product kind, and the arithmetic is ggml's (its own vec_dot on the same blocks, through the
 // prebuilt libggml-cpu of the llama.cpp component, differs only by the order of f32 sums).
+#include "cpu/matmul_q8.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,7 +14,6 @@
 #include <vector>
 
 #include "cpu/matmul.h"
-#include "cpu/matmul_q8.h"
 #include "engine/ggml_lib.h"
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/thread_pool.h"
@@ -151,6 +152,35 @@ TEST(Q8Matmul, CloseToTheExactProductAndExactWhereNoKernel) {
   EXPECT_FALSE(cpu::q8::HasKernel(m));
   EXPECT_TRUE(test::BitwiseEqual(Product(MatmulKind::kInvariantQ8, x, 1, m, nullptr),
                                  Product(MatmulKind::kInvariant, x, 1, m, nullptr)));
+}
+
+// A bf16 / f16 weight has no 8-bit kernel: with the Q8 kinds it takes x rounded to its own type
+// (ggml's vec_dot_type for it) into the exact product, for both kinds.
+TEST(Q8Matmul, SixteenBitWeightsTakeXRoundedToTheirType) {
+  for (WeightType t : {WeightType::kBF16, WeightType::kF16}) {
+    SCOPED_TRACE(std::string(weight_type_name(t)));
+    const int rows = 12, cols = 200, n = 3;
+    Mat m;
+    m.type = t;
+    m.rows = rows;
+    m.cols = cols;
+    std::vector<std::uint16_t> bits(static_cast<std::size_t>(rows) * cols);
+    const std::vector<float> wv = test::Random(bits.size(), 21);
+    for (std::size_t i = 0; i < bits.size(); ++i)
+      bits[i] = t == WeightType::kBF16 ? f32_to_bf16(wv[i]) : f32_to_f16(wv[i]);
+    m.data = bits.data();
+    const std::vector<float> x = test::Random(static_cast<std::size_t>(n) * cols, 22);
+    std::vector<float> xr(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i)
+      xr[i] = t == WeightType::kBF16 ? round_to_bf16(x[i]) : f16_to_f32(f32_to_f16(x[i]));
+    EXPECT_FALSE(cpu::q8::HasKernel(m));
+    const std::vector<float> want = Product(MatmulKind::kInvariant, xr, n, m, nullptr);
+    EXPECT_TRUE(test::BitwiseEqual(Product(MatmulKind::kInvariantQ8, x, n, m, nullptr), want));
+    EXPECT_TRUE(test::BitwiseEqual(Product(MatmulKind::kGemmQ8, x, n, m, nullptr),
+                                   Product(MatmulKind::kGemm, xr, n, m, nullptr)));
+    EXPECT_FALSE(test::BitwiseEqual(Product(MatmulKind::kInvariant, x, n, m, nullptr), want))
+        << "x's rounding changed nothing: the test cannot tell";
+  }
 }
 
 #if defined(LOCKSTEP_TEST_GGML_DIR)

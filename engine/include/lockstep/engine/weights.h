@@ -105,6 +105,18 @@ struct MatPart {
   Mat m;  // a plain matrix (no parts of its own), m.cols == the stacked matrix's cols
 };
 
+// For each part of the stacked matrix `w` overlapping its rows [b, e): f(part, lo, hi), rows
+// [lo, hi) of part.m (w's rows [part.row0 + lo, part.row0 + hi)). The products use it to run a
+// stacked range part by part.
+template <class F>
+void ForEachPartRows(const Mat& w, int b, int e, F&& f) {
+  for (int i = 0; i < w.n_parts; ++i) {
+    const MatPart& p = w.parts[i];
+    const int lo = b > p.row0 ? b : p.row0, hi = e < p.row0 + p.m.rows ? e : p.row0 + p.m.rows;
+    if (lo < hi) f(p, lo - p.row0, hi - p.row0);
+  }
+}
+
 inline std::size_t Mat::bytes() const {
   if (parts == nullptr) return static_cast<std::size_t>(rows) * row_bytes();
   std::size_t b = 0;
