@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -36,14 +37,15 @@ inline float HalfAt(const std::byte* p) {
 // One row of x in one format: pointers into QuantRows.
 struct XRow {
   const std::int8_t* q;
-  const std::int32_t* n4;
+  const std::int32_t* n;
   const float* d;
   const std::int32_t* bsum;
 };
 
 XRow RowOf(const QuantRows::Format& f, int cols, int t, int block) {
   const std::size_t c = static_cast<std::size_t>(cols), r = static_cast<std::size_t>(t);
-  return XRow{f.q.data() + r * c, f.n4.data() + r * c / 4, f.d.data() + r * c / block,
+  return XRow{f.q.data() + r * c, f.n.data() + r * c / (block == 256 ? 16 : 4),
+              f.d.data() + r * c / static_cast<std::size_t>(block),
               f.bsum.empty() ? nullptr : f.bsum.data() + r * c / 32};
 }
 
@@ -241,7 +243,7 @@ float Dot32Portable(const std::byte* row, int nb, const XRow& x) {
     for (int j = 0; j < 8; ++j) {
       int isum = 0;
       for (int k = 0; k < 4; ++k) isum += v[4 * j + k] * xq[4 * j + k];
-      acc[8 * (b % 2) + j] += static_cast<float>(isum) * s;
+      acc[8 * (b % 2) + j] = std::fma(static_cast<float>(isum), s, acc[8 * (b % 2) + j]);
     }
   }
   return Reduce16(acc);
@@ -254,21 +256,19 @@ float DotKPortable(const std::byte* row, int nsb, const XRow& x) {
   KBlock k;
   for (int sb = 0; sb < nsb; ++sb) {
     K::Decode(row + static_cast<std::size_t>(sb) * K::kBytes, k);
-    const std::int8_t* xq = x.q + 256 * sb;
-    const int per_sc = 256 / k.n_sc;
+    const std::int8_t* xq = x.q + 256 * sb;  // lane order (QuantRows)
+    const float s = k.d * x.d[sb];
     for (int l = 0; l < 16; ++l) {
-      int isum = 0;
-      for (int c = 0; c < 4; ++c) {
-        const int e = 64 * c + 4 * l;
-        int s4 = 0;
-        for (int j = 0; j < 4; ++j) s4 += k.v[e + j] * xq[e + j];
-        isum += k.sc[e / per_sc] * s4;
-      }
-      acc[l] += static_cast<float>(isum) * (k.d * x.d[sb]);
+      int s16 = 0;
+      for (int c = 0; c < 4; ++c)
+        for (int j = 0; j < 4; ++j) s16 += k.v[16 * l + 4 * c + j] * xq[64 * c + 4 * l + j];
+      const int sc = k.sc[k.n_sc == 16 ? l : l / 2];
+      acc[l] = std::fma(static_cast<float>(sc * s16), s, acc[l]);
     }
     if constexpr (K::kMins)
       for (int j = 0; j < 8; ++j)
-        accm[j] += static_cast<float>(k.m[j] * x.bsum[8 * sb + j]) * (k.dmin * x.d[sb]);
+        accm[j] =
+            std::fma(static_cast<float>(k.m[j] * x.bsum[8 * sb + j]), k.dmin * x.d[sb], accm[j]);
   }
   return Reduce16(acc) - Reduce8(accm);
 }
@@ -285,6 +285,15 @@ float Reduce16(__m512 a) {
 
 inline __m512i Load64(const void* p) { return _mm512_loadu_si512(p); }
 
+// Software prefetch this far ahead in a weight row: the kernels need about as long per byte as
+// memory takes to bring it (2 cores), so the hardware prefetcher alone left them waiting; 2 KiB
+// ahead took a 2-thread streamed product from ~0.67 to ~0.8 of the read bandwidth
+// (q8_kernel_bench; 1 and 4 KiB measured within noise of it).
+constexpr std::size_t kPrefetch = 2048;
+inline void Prefetch(const std::byte* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);
+}
+
 // Lanes 0-7 = i, lanes 8-15 = i + 1: the scale of a pair of 32-element blocks.
 inline __m512i PairIndex(int i) {
   return _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(i), _mm512_set1_epi32(i + 1));
@@ -293,7 +302,7 @@ inline __m512i PairIndex(int i) {
 // R rows of x against one weight row of a 32-element type, two blocks per step: blocks 2i, 2i+1
 // of a group of 16 fill lanes 0-7 and 8-15 (b % 2, as the portable form), their scales
 // d_w(b) * d_x(b) computed 16 at a time. vpdpbusd multiplies unsigned by signed bytes, so the
-// weights go as w + 128 (an xor) and the sums start from x's -128 * sum (n4).
+// weights go as w + 128 (an xor) and the sums start from x's -128 * sum (n).
 template <int R, class B>
 void Dot32Simd(const std::byte* row, int nb, const XRow* x, float* out) {
   __m512 acc[R];
@@ -312,6 +321,8 @@ void Dot32Simd(const std::byte* row, int nb, const XRow* x, float* out) {
     for (int r = 0; r < R; ++r) s[r] = _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(m16, x[r].d + g));
     for (int p = 0; p < n; p += 2) {
       const std::byte* b0 = row + static_cast<std::size_t>(g + p) * B::kBytes;
+      Prefetch(b0);  // the pair's first and last lines (a middle one is the neighbours')
+      Prefetch(b0 + 2 * B::kBytes - 1);
       const bool two = p + 1 < n;
       const __m256i w1 = two ? B::Ints256(b0 + B::kBytes) : _mm256_setzero_si256();
       const __m512i w =
@@ -319,27 +330,22 @@ void Dot32Simd(const std::byte* row, int nb, const XRow* x, float* out) {
       const __m512i idx = PairIndex(p);
       const std::size_t e = static_cast<std::size_t>(g + p) * 32;
       for (int r = 0; r < R; ++r) {
-        const __m512i dp = _mm512_dpbusd_epi32(Load64(x[r].n4 + e / 4), w, Load64(x[r].q + e));
-        const __m512 prod = _mm512_mul_ps(_mm512_cvtepi32_ps(dp), _mm512_permutexvar_ps(idx, s[r]));
+        const __m512 dp =
+            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(Load64(x[r].n + e / 4), w, Load64(x[r].q + e)));
+        const __m512 sc = _mm512_permutexvar_ps(idx, s[r]);
         acc[r] =
-            two ? _mm512_add_ps(acc[r], prod) : _mm512_mask_add_ps(acc[r], 0x00FF, acc[r], prod);
+            two ? _mm512_fmadd_ps(dp, sc, acc[r]) : _mm512_mask3_fmadd_ps(dp, sc, acc[r], 0x00FF);
       }
     }
   }
   for (int r = 0; r < R; ++r) out[r] = Reduce16(acc[r]);
 }
 
-// The low and high nibbles of 32 bytes as 64 bytes: [low 0..31 | high 0..31].
-inline __m512i NibbleHalves(const std::byte* p) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i m = _mm256_set1_epi8(0x0F);
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m)),
-                            _mm256_and_si256(_mm256_srli_epi16(v, 4), m), 1);
-}
-
-// Per K type: Prepare (the block's scales as 16 int32 lanes, d, dmin, mins), Chunk<c> (the 64
-// elements 64c .. 64c+63 as unsigned bytes, in order), Idx (lane l of chunk c -> its scale) and
-// Init (the sums' start: 0, or x's offset for the types stored with one).
+// Per K type: Load (the block's code bytes in registers), Prepare (the scale of each of the 16
+// lanes, d, dmin, the mins), Chunk<C> (chunk C of the block in lane order as unsigned bytes: byte
+// k of lane l is element 16l + 4C + k, QuantRows) and Init (the sums' start: 0, or x's offset for
+// the types stored with one). The chunks gather each lane's 4 bytes as a dword (vpermt2d over
+// the codes) and pick its nibble with a masked shift.
 struct KScales {
   __m512i s;
   float d, dmin;
@@ -350,13 +356,23 @@ struct KScales {
 // the products below would quiet it).
 using qsrc::Half;
 
-inline __m512i SubBlockIdx(int c) {  // scale 2c + l / 8 (sub-blocks of 32)
-  return PairIndex(2 * c);
+// 16 int32 lanes f(0) .. f(15), made at compile time.
+template <class F>
+constexpr std::array<std::int32_t, 16> MakeLanes(F f) {
+  std::array<std::int32_t, 16> a{};
+  for (int l = 0; l < 16; ++l) a[static_cast<std::size_t>(l)] = f(l);
+  return a;
 }
+inline __m512i Lanes(const std::array<std::int32_t, 16>& a) { return Load64(a.data()); }
+
+// Two 64-byte halves of a block's codes (and Q5_K / Q6_K's high bits).
+struct Codes {
+  __m512i a, b, h;
+};
 
 struct Q4KSimd : Q4KB {
   // Q4KScaleMin for all 8 sub-blocks at once, on the 12 bytes as three words (ggml's own
-  // arrangement): bytes 0-7 of w the scales, 8-15 the mins.
+  // arrangement): bytes 0-7 of w the scales, 8-15 the mins. Lanes 2s and 2s + 1 are sub-block s.
   static KScales Prepare(const std::byte* b) {
     constexpr std::uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
     std::uint32_t u[3], w[4];
@@ -365,31 +381,48 @@ struct Q4KSimd : Q4KB {
     w[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
     w[2] = u[1] & k1;
     w[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w));
     KScales s;
-    s.s = _mm512_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w)));
+    s.s = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sc, sc));
     s.m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 2)));
     s.d = Half(b);
     s.dmin = Half(b + 2);
     return s;
   }
-  static __m512i Chunk(const std::byte* b, int c) { return NibbleHalves(b + 16 + 32 * c); }
-  static __m512i Idx(int c) { return SubBlockIdx(c); }
+  static Codes Load(const std::byte* b) {
+    return {Load64(b + 16), Load64(b + 80), _mm512_setzero_si512()};
+  }
+  // Element 16l + 4C + k: byte 32 (l / 4) + 16 (l % 2) + 4C + k of the codes, its high nibble
+  // where l % 4 >= 2.
+  template <int C>
+  static __m512i Nibbles(const Codes& k) {
+    static constexpr auto kIdx = MakeLanes([](int l) { return 8 * (l >> 2) + 4 * (l & 1) + C; });
+    const __m512i v = _mm512_permutex2var_epi32(k.a, Lanes(kIdx), k.b);
+    return _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xF0F0F0F0u, v, 4), _mm512_set1_epi8(15));
+  }
+  template <int C>
+  static __m512i Chunk(const Codes& k) {
+    return Nibbles<C>(k);
+  }
   static __m512i Init(const std::int32_t*) { return _mm512_setzero_si512(); }
 };
 
 struct Q5KSimd : Q5KB {
   static KScales Prepare(const std::byte* b) { return Q4KSimd::Prepare(b); }
-  static __m512i Chunk(const std::byte* b, int c) {
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
-    const __mmask32 lo =
-        _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << (2 * c))));
-    const __mmask32 hi =
-        _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << (2 * c + 1))));
-    const __mmask64 m = static_cast<__mmask64>(lo) | (static_cast<__mmask64>(hi) << 32);
-    const __m512i q = NibbleHalves(b + 48 + 32 * c);
-    return _mm512_mask_add_epi8(q, m, q, _mm512_set1_epi8(16));
+  static Codes Load(const std::byte* b) {
+    return {Load64(b + 48), Load64(b + 112),
+            _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)))};
   }
-  static __m512i Idx(int c) { return SubBlockIdx(c); }
+  // Q4_K's nibbles plus bit l / 2 of qh byte 16 (l % 2) + 4C + k as 16.
+  template <int C>
+  static __m512i Chunk(const Codes& k) {
+    static constexpr auto kIdx = MakeLanes([](int l) { return 4 * (l & 1) + C; });
+    static constexpr auto kBit =
+        MakeLanes([](int l) { return static_cast<std::int32_t>((1u << (l >> 1)) * 0x01010101u); });
+    const __m512i q = Q4KSimd::Nibbles<C>(k);
+    const __m512i h = _mm512_permutexvar_epi32(Lanes(kIdx), k.h);
+    return _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(h, Lanes(kBit)), q, _mm512_set1_epi8(16));
+  }
   static __m512i Init(const std::int32_t*) { return _mm512_setzero_si512(); }
 };
 
@@ -401,60 +434,71 @@ struct Q6KSimd : Q6KB {
     s.dmin = 0.0f;
     return s;
   }
-  // Stored as q in 0..63 (the formula's q - 32 is the Init below: -32 * x's sum per 4).
-  static __m512i Chunk(const std::byte* b, int c) {
-    const int h = c / 2, shift = 4 * (c % 2);
-    const __m512i ql = Load64(b + 64 * h);
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
-    const __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
-    const __m512i lo4 = _mm512_and_si512(_mm512_srli_epi16(ql, shift), _mm512_set1_epi8(15));
-    const __m512i hi2 = _mm512_and_si512(_mm512_srli_epi16(hh, shift), _mm512_set1_epi8(3));
-    return _mm512_or_si512(lo4, _mm512_slli_epi16(hi2, 4));
+  static Codes Load(const std::byte* b) { return {Load64(b), Load64(b + 64), Load64(b + 128)}; }
+  // Stored as q in 0..63 (the formula's q - 32 is the Init below: -32 * x's sum per lane).
+  // Element 16l + 4C + k (h = l / 8, quarter q = (l % 8) / 2, j = 16 (l % 2) + 4C + k): the low
+  // (q < 2) or high nibble of ql[64h + 32 (q % 2) + j], bits 2q, 2q + 1 of qh[32h + j] above.
+  template <int C>
+  static __m512i Chunk(const Codes& k) {
+    static constexpr auto kQl =
+        MakeLanes([](int l) { return 16 * (l >> 3) + 8 * ((l >> 1) & 1) + 4 * (l & 1) + C; });
+    static constexpr auto kQh = MakeLanes([](int l) { return 8 * (l >> 3) + 4 * (l & 1) + C; });
+    static constexpr auto kShift = MakeLanes([](int l) {
+      const int s = 2 * ((l >> 1) & 3);
+      return s | (s << 16);
+    });
+    const __m512i v = _mm512_permutex2var_epi32(k.a, Lanes(kQl), k.b);
+    const __m512i lo =
+        _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xFF00FF00u, v, 4), _mm512_set1_epi8(15));
+    const __m512i h = _mm512_permutexvar_epi32(Lanes(kQh), k.h);
+    const __m512i hi = _mm512_slli_epi16(_mm512_srlv_epi16(h, Lanes(kShift)), 4);
+    return _mm512_ternarylogic_epi32(lo, hi, _mm512_set1_epi8(0x30), 0xF8);  // lo | (hi & 0x30)
   }
-  static __m512i Idx(int c) {  // scale 4c + l / 4 (sub-blocks of 16)
-    return _mm512_srli_epi32(
-        _mm512_add_epi32(_mm512_set1_epi32(16 * c),
-                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)),
-        2);
-  }
-  static __m512i Init(const std::int32_t* n4) { return _mm512_srai_epi32(Load64(n4), 2); }
+  static __m512i Init(const std::int32_t* n16) { return _mm512_srai_epi32(Load64(n16), 2); }
 };
 
 struct Iq4XsSimd : Iq4XsB {
-  // Ls of the 8 sub-blocks in 8 lanes: nibble ib of scales_l, bits 2 ib of scales_h.
+  // Ls of sub-block l / 2 in lane l: nibble l / 2 of scales_l, bits 2 (l / 2) of scales_h.
   static KScales Prepare(const std::byte* b) {
+    static constexpr auto kLo = MakeLanes([](int l) { return 4 * (l >> 1); });
+    static constexpr auto kHi = MakeLanes([](int l) { return 2 * (l >> 1); });
     std::uint32_t sl;
     std::uint16_t sh;
     std::memcpy(&sl, b + 4, 4);
     std::memcpy(&sh, b + 2, 2);
-    const __m256i lo =
-        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sl)),
-                                           _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                         _mm256_set1_epi32(15));
-    const __m256i hi = _mm256_and_si256(
-        _mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-        _mm256_set1_epi32(3));
+    const __m512i lo =
+        _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(sl)), Lanes(kLo)),
+                         _mm512_set1_epi32(15));
+    const __m512i hi = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(sh), Lanes(kHi)),
+                                        _mm512_set1_epi32(3));
     KScales s;
-    s.s = _mm512_zextsi256_si512(
-        _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32)));
+    s.s = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
     s.d = Half(b);
     s.dmin = 0.0f;
     return s;
   }
-  // Table values + 128 (unsigned); Init takes the 128 back off (n4 = -128 * x's sum per 4).
-  static __m512i Chunk(const std::byte* b, int c) {
-    alignas(16) static const U8 kShifted[16] = {1,   24,  45,  63,  79,  93,  106, 118,
-                                                129, 141, 153, 166, 181, 197, 217, 241};
-    const __m512i z = NibbleHalves(b + 8 + 32 * c);  // [lo sb0 | lo sb1 | hi sb0 | hi sb1]
-    const __m512i o = _mm512_shuffle_i32x4(z, z, _MM_SHUFFLE(3, 1, 2, 0));
-    const __m512i t =
-        _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kShifted)));
-    return _mm512_shuffle_epi8(t, o);
+  static Codes Load(const std::byte* b) {
+    return {Load64(b + 8), Load64(b + 72), _mm512_setzero_si512()};
   }
-  static __m512i Idx(int c) { return SubBlockIdx(c); }
-  static __m512i Init(const std::int32_t* n4) { return Load64(n4); }
+  // Element 16l + 4C + k: the low (l even) or high nibble of byte 16 (l / 2) + 4C + k, as its
+  // table value + 128 (unsigned; Init takes the 128 back off: n = -128 * x's sum per lane). The
+  // table repeats 4 times, so vpermb's index bits 4 and 5 (the other nibble) do not matter.
+  template <int C>
+  static __m512i Chunk(const Codes& k) {
+    alignas(64) static const U8 kShifted[64] = {
+        1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241,
+        1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241,
+        1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241,
+        1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+    static constexpr auto kIdx = MakeLanes([](int l) { return 4 * (l >> 1) + C; });
+    const __m512i v = _mm512_permutex2var_epi32(k.a, Lanes(kIdx), k.b);
+    return _mm512_permutexvar_epi8(_mm512_mask_srli_epi16(v, 0xCCCCCCCCu, v, 4), Load64(kShifted));
+  }
+  static __m512i Init(const std::int32_t* n16) { return Load64(n16); }
 };
 
+// R rows of x against one weight row of a K type: per super-block each lane's 16 products in
+// one chain of 4 vpdpbusd from Init, times the lane's scale, then one fma per row.
 template <int R, class K>
 void DotKSimd(const std::byte* row, int nsb, const XRow* x, float* out) {
   __m512 acc[R];
@@ -465,27 +509,22 @@ void DotKSimd(const std::byte* row, int nsb, const XRow* x, float* out) {
   }
   for (int sb = 0; sb < nsb; ++sb) {
     const std::byte* blk = row + static_cast<std::size_t>(sb) * K::kBytes;
+    for (std::size_t off = 0; off < K::kBytes; off += 64) Prefetch(blk + off);
     const KScales ks = K::Prepare(blk);
-    __m512i isum[R];
-    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
-    for (int c = 0; c < 4; ++c) {
-      const __m512i q = K::Chunk(blk, c);
-      const __m512i sc = _mm512_permutexvar_epi32(K::Idx(c), ks.s);
-      const std::size_t e = static_cast<std::size_t>(sb) * 256 + 64 * static_cast<std::size_t>(c);
-      for (int r = 0; r < R; ++r) {
-        const __m512i dp = _mm512_dpbusd_epi32(K::Init(x[r].n4 + e / 4), q, Load64(x[r].q + e));
-        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dp, sc));
-      }
-    }
+    const Codes codes = K::Load(blk);
+    const __m512i q[4] = {K::template Chunk<0>(codes), K::template Chunk<1>(codes),
+                          K::template Chunk<2>(codes), K::template Chunk<3>(codes)};
+    const std::size_t e = static_cast<std::size_t>(sb) * 256;
     for (int r = 0; r < R; ++r) {
+      __m512i dp = K::Init(x[r].n + e / 16);
+      for (int c = 0; c < 4; ++c) dp = _mm512_dpbusd_epi32(dp, q[c], Load64(x[r].q + e + 64 * c));
       const float dx = x[r].d[sb];
-      acc[r] = _mm512_add_ps(acc[r],
-                             _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_set1_ps(ks.d * dx)));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(dp, ks.s)),
+                               _mm512_set1_ps(ks.d * dx), acc[r]);
       if constexpr (K::kMins) {
         const __m256i mb = _mm256_mullo_epi32(
             ks.m, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].bsum + 8 * sb)));
-        accm[r] = _mm256_add_ps(
-            accm[r], _mm256_mul_ps(_mm256_cvtepi32_ps(mb), _mm256_set1_ps(ks.dmin * dx)));
+        accm[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mb), _mm256_set1_ps(ks.dmin * dx), accm[r]);
       }
     }
   }
@@ -537,8 +576,10 @@ void RowsOf(const QuantRows& q, int n_rows, const Mat& w, int o_begin, int o_end
   const QuantRows::Format& f = kK ? q.b256 : q.b32;
   const int block = kK ? 256 : 32;
   const int nb = w.cols / block;
+  const std::size_t row_bytes = static_cast<std::size_t>(nb) * (kK ? S::kBytes : B::kBytes);
+  const std::byte* base = static_cast<const std::byte*>(w.data);
   for (int o = o_begin; o < o_end; ++o) {
-    const std::byte* row = w.row_ptr(o);
+    const std::byte* row = base + static_cast<std::size_t>(o) * row_bytes;
     float* yc = y + (o - y_col0);
 #if defined(LOCKSTEP_Q8_SIMD)
     if (!detail::g_portable) {

@@ -8,13 +8,16 @@
 // integers (exact, so the order of those sums never matters), then scaled in f32:
 //
 //   32-element block b of the row: 8 lanes j, isum_j = sum of 4 products (elements 4j .. 4j+3);
-//        acc[8 (b % 2) + j] += float(isum_j) * (d_w(b) * d_x(b))
-//   K block: 16 lanes l, isum_l = sum over its 4 chunks c of 64 elements of
-//        scale(c, l) * (sum of 4 products, elements 64c + 4l .. 64c + 4l + 3);
-//        acc[l] += float(isum_l) * (d_w * d_x);  with mins (Q4_K, Q5_K), per sub-block s:
-//        acc_min[s] += float(m_s * (x's sum over sub-block s)) * (dmin_w * d_x)
+//        acc[8 (b % 2) + j] = fma(float(isum_j), d_w(b) * d_x(b), acc[8 (b % 2) + j])
+//   K block: 16 lanes l, each a group of 16 elements (16l .. 16l+15, within one sub-block):
+//        isum_l = scale(l) * (sum of its 16 products)  (Q6_K's scale l, the others' of l / 2);
+//        acc[l] = fma(float(isum_l), d_w * d_x, acc[l]);  with mins (Q4_K, Q5_K), per sub-block s:
+//        acc_min[s] = fma(float(m_s * (x's sum over sub-block s)), dmin_w * d_x, acc_min[s])
 //   y = Reduce16(acc) - Reduce8(acc_min): fixed trees (a[i] + a[i+8], then + 4, + 2, + 1, as
 //   matmul.cpp's lanes; a[i] + a[i+4], + 2, + 1).
+// (fma: one rounding, std::fma / vfmadd.) A K block's scale multiplies a lane's whole sum, so the
+// vector form sums a lane's 16 products in one chain of 4 vpdpbusd and scales once per block; x's
+// 256 format keeps its integers in that lane order (QuantRows).
 //
 // Every (x row, weight row) pair goes through exactly those operations whatever the row count,
 // the thread count or the blocking, so the path is batch- and T-invariant like kInvariant. It is
@@ -44,15 +47,17 @@ bool HasKernel(WeightType t);
 bool HasKernel(const Mat& w);
 
 // Rows of x rounded to 8 bits in the formats the product needs (both when a stacked matrix
-// mixes a 32-element type with a K type). Per row of `cols` elements: q the integers, n4 = -128 *
-// the sum of each 4 consecutive q (the offset of the unsigned forms), d the scales, and for the
-// 256 format bsum the sums per 32.
+// mixes a 32-element type with a K type). Per row of `cols` elements: q the integers, n = -128 *
+// the sums of q per lane (the offset of the unsigned forms), d the scales, and for the 256 format
+// bsum the sums per 32 (its sub-blocks). The 32 format keeps q in order, a lane being 4
+// consecutive elements; the 256 format keeps each super-block in lane order: byte k of lane l of
+// chunk c (64 bytes) at 64c + 4l + k is element 16l + 4c + k, a lane being 16 elements.
 struct QuantRows {
   int rows = 0;
   int cols = 0;
   struct Format {
     std::vector<std::int8_t> q;
-    std::vector<std::int32_t> n4;
+    std::vector<std::int32_t> n;  // per 4 elements (32 format) or per 16 (256 format)
     std::vector<float> d;
     std::vector<std::int32_t> bsum;  // per 32 (the 256 format only)
   };

@@ -21,7 +21,28 @@ inline __m512i Load64(const void* p) { return _mm512_loadu_si512(p); }
 
 void Sums(QuantRows::Format& f, std::size_t at, std::size_t n) {
   for (std::size_t i = at; i < at + n; i += 4)
-    f.n4[i / 4] = -128 * (f.q[i] + f.q[i + 1] + f.q[i + 2] + f.q[i + 3]);
+    f.n[i / 4] = -128 * (f.q[i] + f.q[i + 1] + f.q[i + 2] + f.q[i + 3]);
+}
+
+// A super-block of x's integers `nat` (natural order) into the 256 format at `at`: lane order
+// (byte k of lane l of chunk c, at 64c + 4l + k, is element 16l + 4c + k), -128 * each lane's sum
+// and the sums per 32 (natural sub-blocks). A transpose of 4-byte groups: cheap beside the
+// products (x is one row of a few thousand elements per product).
+void LaneOrder(const std::int8_t* nat, std::size_t at, QuantRows::Format& f) {
+  std::int8_t* q = f.q.data() + at;
+  for (int l = 0; l < 16; ++l) {
+    std::int32_t s = 0;
+    for (int c = 0; c < 4; ++c) {
+      std::memcpy(q + 64 * c + 4 * l, nat + 16 * l + 4 * c, 4);
+      for (int k = 0; k < 4; ++k) s += nat[16 * l + 4 * c + k];
+    }
+    f.n[at / 16 + static_cast<std::size_t>(l)] = -128 * s;
+  }
+  for (int j = 0; j < 8; ++j) {
+    std::int32_t s = 0;
+    for (int i = 0; i < 32; ++i) s += nat[32 * j + i];
+    f.bsum[at / 32 + static_cast<std::size_t>(j)] = s;
+  }
 }
 
 // ggml's Q8_0 as its x86 build rounds (quantize_row_q8_0): d = amax / 127 kept as f16, each
@@ -37,7 +58,8 @@ void Quantise32(const float* x, std::size_t at, QuantRows::Format& f) {
 }
 
 // ggml's Q8_K (quantize_row_q8_K_ref): the element of largest magnitude sets iscale = -127 / max,
-// each element nearest(iscale * x) capped at 127, d = 1 / iscale, and the sums per 32.
+// each element nearest(iscale * x) capped at 127, d = 1 / iscale, and the sums per 32; stored in
+// lane order (LaneOrder).
 void Quantise256(const float* x, std::size_t at, QuantRows::Format& f) {
   float amax = 0.0f, max = 0.0f;
   for (int j = 0; j < 256; ++j) {
@@ -47,21 +69,16 @@ void Quantise256(const float* x, std::size_t at, QuantRows::Format& f) {
       max = x[j];
     }
   }
+  std::int8_t nat[256] = {};
   if (amax == 0.0f) {
     f.d[at / 256] = 0.0f;
-    std::memset(f.q.data() + at, 0, 256);
   } else {
     const float iscale = -127.0f / max;
     for (int j = 0; j < 256; ++j)
-      f.q[at + j] = static_cast<std::int8_t>(std::min(127.0f, std::nearbyint(iscale * x[j])));
+      nat[j] = static_cast<std::int8_t>(std::min(127.0f, std::nearbyint(iscale * x[j])));
     f.d[at / 256] = 1.0f / iscale;
   }
-  Sums(f, at, 256);
-  for (int j = 0; j < 8; ++j) {
-    std::int32_t s = 0;
-    for (int i = 0; i < 32; ++i) s += f.q[at + 32 * static_cast<std::size_t>(j) + i];
-    f.bsum[at / 32 + static_cast<std::size_t>(j)] = s;
-  }
+  LaneOrder(nat, at, f);
 }
 
 #if defined(LOCKSTEP_Q8_SIMD)
@@ -77,21 +94,14 @@ void Quantise256(const float* x, std::size_t at, QuantRows::Format& f) {
 // nearest integer (ties to even, the default rounding) are the same operations per element.
 inline __m512 Abs(__m512 v) { return _mm512_andnot_ps(_mm512_set1_ps(-0.0f), v); }
 
-// Lane max / sum through memory: GCC 12's _mm512_reduce_* trip -Werror=uninitialized on their
-// undefined pass-through operands. Max is exact in any order, integer sums too.
+// Lane max through memory: GCC 12's _mm512_reduce_* trip -Werror=uninitialized on their
+// undefined pass-through operands. Max is exact in any order.
 inline float MaxLanes(__m512 v) {
   alignas(64) float t[16];
   _mm512_store_ps(t, v);
   float m = t[0];
   for (int i = 1; i < 16; ++i) m = std::max(m, t[i]);
   return m;
-}
-inline std::int32_t SumLanes(__m512i v) {
-  alignas(64) std::int32_t t[16];
-  _mm512_store_si512(t, v);
-  std::int32_t s = 0;
-  for (int i = 0; i < 16; ++i) s += t[i];
-  return s;
 }
 
 // -128 * the sums of 4 consecutive q: vpdpbusd of 1s (unsigned) with q (signed).
@@ -121,7 +131,7 @@ void Quantise32Pair(const float* x, std::size_t at, QuantRows::Format& f) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16),
                      _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, m))));
   }
-  SimdSums(f.q.data() + at, f.n4.data() + at / 4, 64);
+  SimdSums(f.q.data() + at, f.n.data() + at / 4, 64);
 }
 
 void Quantise256Simd(const float* x, std::size_t at, QuantRows::Format& f) {
@@ -131,7 +141,7 @@ void Quantise256Simd(const float* x, std::size_t at, QuantRows::Format& f) {
     mx = _mm512_max_ps(Abs(v[i]), mx);  // a NaN element is passed over, as the scalar loop does
   }
   const float amax = MaxLanes(mx);
-  std::int8_t* q = f.q.data() + at;
+  alignas(64) std::int8_t q[256];
   if (amax == 0.0f) {
     f.d[at / 256] = 0.0f;
     std::memset(q, 0, 256);
@@ -151,13 +161,7 @@ void Quantise256Simd(const float* x, std::size_t at, QuantRows::Format& f) {
     }
     f.d[at / 256] = 1.0f / iscale;
   }
-  SimdSums(q, f.n4.data() + at / 4, 256);
-  for (int j = 0; j < 8; ++j) {
-    const std::int8_t* p = q + 32 * j;
-    f.bsum[at / 32 + static_cast<std::size_t>(j)] = SumLanes(_mm512_add_epi32(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))));
-  }
+  LaneOrder(q, at, f);
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -180,7 +184,7 @@ void NeedFormats(const Mat& w, bool& b32, bool& b256) {
 // 64 bytes of padding after each buffer: a 32-element row's odd last block is read as a pair.
 void Resize(QuantRows::Format& f, std::size_t n, int block) {
   f.q.resize(n + 64);
-  f.n4.resize(n / 4 + 16);
+  f.n.resize(n / (block == 256 ? 16 : 4) + 16);
   f.d.resize(n / static_cast<std::size_t>(block) + 16);
   if (block == 256) f.bsum.resize(n / 32);
 }
