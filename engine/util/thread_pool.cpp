@@ -17,6 +17,12 @@ namespace {
 // win on an idle machine and lose badly when the cores are shared (CI runs tests in parallel),
 // so the spin covers only the gap between back-to-back loops of one decode step.
 constexpr int kSpinIters = 2000;
+// After the spin a worker yields the core in a loop for this long before it sleeps: the serial
+// work between two loops of a decode step (norms, x's rounding, routing) often outlasts the spin,
+// and a sleeping worker's futex wake-up then cost more than the loop (quantised decode of `wide
+// --layers 8` on 2 threads spent ~10% of a step waking its worker). Yielding gives the core to
+// any other runnable thread, so a shared machine loses little.
+constexpr auto kYieldFor = std::chrono::microseconds(1000);
 
 // Range i of n items split into k contiguous parts (earlier parts get the remainder).
 inline void RangeOf(std::size_t n, std::size_t k, std::size_t i, std::size_t* b, std::size_t* e) {
@@ -84,6 +90,13 @@ void ThreadPool::WorkerLoop(int index) {
     for (int spin = 0; g == seen && spin < kSpinIters; ++spin) {
       LOCKSTEP_PAUSE();
       g = generation_.load(std::memory_order_acquire);
+    }
+    if (g == seen) {
+      const auto until = std::chrono::steady_clock::now() + kYieldFor;
+      do {
+        std::this_thread::yield();
+        g = generation_.load(std::memory_order_acquire);
+      } while (g == seen && std::chrono::steady_clock::now() < until);
     }
     if (g == seen) {
       std::unique_lock<std::mutex> lock(mu_);

@@ -66,7 +66,8 @@ void BM_Q8Rows(benchmark::State& state) {
   const WeightType t = kTypes[state.range(0)];
   const std::size_t row_bytes =
       kCols / static_cast<std::size_t>(weight_block_elems(t)) * weight_block_bytes(t);
-  const std::size_t target = state.range(1) == 0 ? (std::size_t{1} << 19) : (std::size_t{256} << 20);
+  const std::size_t target =
+      state.range(1) == 0 ? (std::size_t{1} << 19) : (std::size_t{256} << 20);
   const int rows = static_cast<int>(target / row_bytes / 64 * 64);
   const Weights w = Random(t, rows, kCols);
   std::vector<float> x(kCols), y(static_cast<std::size_t>(rows));
@@ -80,9 +81,9 @@ void BM_Q8Rows(benchmark::State& state) {
   state.SetLabel(std::string(weight_type_name(t)));
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(w.bytes.size()));
-  state.counters["ns_per_weight"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) * rows * kCols * 1e-9,
-      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_weight"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * rows * kCols * 1e-9,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 // The read bandwidth of the same threads over 512 MiB, split in contiguous ranges.
