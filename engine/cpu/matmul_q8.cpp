@@ -294,9 +294,15 @@ inline void Prefetch(const std::byte* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);
 }
 
-// Lanes 0-7 = i, lanes 8-15 = i + 1: the scale of a pair of 32-element blocks.
+// Lanes 0-7 = p, lanes 8-15 = p + 1 (p = 2i): the scales of a pair of 32-element blocks.
 inline __m512i PairIndex(int i) {
-  return _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(i), _mm512_set1_epi32(i + 1));
+  alignas(64) static constexpr auto kPairs = [] {
+    std::array<std::array<std::int32_t, 16>, 8> a{};
+    for (std::size_t j = 0; j < 8; ++j)
+      for (std::size_t l = 0; l < 16; ++l) a[j][l] = static_cast<std::int32_t>(2 * j + l / 8);
+    return a;
+  }();
+  return _mm512_load_si512(kPairs[static_cast<std::size_t>(i)].data());
 }
 
 // R rows of x against one weight row of a 32-element type, two blocks per step: blocks 2i, 2i+1
@@ -327,7 +333,7 @@ void Dot32Simd(const std::byte* row, int nb, const XRow* x, float* out) {
       const __m256i w1 = two ? B::Ints256(b0 + B::kBytes) : _mm256_setzero_si256();
       const __m512i w =
           _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(B::Ints256(b0)), w1, 1), k80);
-      const __m512i idx = PairIndex(p);
+      const __m512i idx = PairIndex(p / 2);
       const std::size_t e = static_cast<std::size_t>(g + p) * 32;
       for (int r = 0; r < R; ++r) {
         const __m512 dp =
@@ -365,6 +371,27 @@ constexpr std::array<std::int32_t, 16> MakeLanes(F f) {
 }
 inline __m512i Lanes(const std::array<std::int32_t, 16>& a) { return Load64(a.data()); }
 
+// Bit fields of bytes moved by vgf2p8affineqb (GFNI): per 64-bit group an 8 x 8 bit matrix, row
+// i (byte 7 - i of the group) the input bits whose parity is output bit i. Field(from, width, to)
+// moves bits from .. from + width - 1 of each byte to bits to .., the others zero: one
+// instruction for a shift and a mask, and the matrix may differ per group (two lanes).
+constexpr std::uint64_t Field(int from, int width, int to) {
+  std::uint64_t m = 0;
+  for (int i = 0; i < width; ++i)
+    m |= static_cast<std::uint64_t>(1u << (from + i)) << (8 * (7 - (to + i)));
+  return m;
+}
+// 8 groups g(0) .. g(7) (group q = lanes 2q, 2q + 1), made at compile time.
+template <class F>
+constexpr std::array<std::uint64_t, 8> MakeGroups(F f) {
+  std::array<std::uint64_t, 8> a{};
+  for (int q = 0; q < 8; ++q) a[static_cast<std::size_t>(q)] = f(q);
+  return a;
+}
+inline __m512i Fields(__m512i v, const std::array<std::uint64_t, 8>& m) {
+  return _mm512_gf2p8affine_epi64_epi8(v, Load64(m.data()), 0);
+}
+
 // Two 64-byte halves of a block's codes (and Q5_K / Q6_K's high bits).
 struct Codes {
   __m512i a, b, h;
@@ -397,8 +424,9 @@ struct Q4KSimd : Q4KB {
   template <int C>
   static __m512i Nibbles(const Codes& k) {
     static constexpr auto kIdx = MakeLanes([](int l) { return 8 * (l >> 2) + 4 * (l & 1) + C; });
-    const __m512i v = _mm512_permutex2var_epi32(k.a, Lanes(kIdx), k.b);
-    return _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xF0F0F0F0u, v, 4), _mm512_set1_epi8(15));
+    static constexpr auto kNibble =  // lanes with l % 4 >= 2 (odd groups) take the high one
+        MakeGroups([](int q) { return q % 2 == 1 ? Field(4, 4, 0) : Field(0, 4, 0); });
+    return Fields(_mm512_permutex2var_epi32(k.a, Lanes(kIdx), k.b), kNibble);
   }
   template <int C>
   static __m512i Chunk(const Codes& k) {
@@ -417,11 +445,9 @@ struct Q5KSimd : Q5KB {
   template <int C>
   static __m512i Chunk(const Codes& k) {
     static constexpr auto kIdx = MakeLanes([](int l) { return 4 * (l & 1) + C; });
-    static constexpr auto kBit =
-        MakeLanes([](int l) { return static_cast<std::int32_t>((1u << (l >> 1)) * 0x01010101u); });
-    const __m512i q = Q4KSimd::Nibbles<C>(k);
+    static constexpr auto kBit = MakeGroups([](int q) { return Field(q, 1, 4); });  // l / 2 = q
     const __m512i h = _mm512_permutexvar_epi32(Lanes(kIdx), k.h);
-    return _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(h, Lanes(kBit)), q, _mm512_set1_epi8(16));
+    return _mm512_or_si512(Q4KSimd::Nibbles<C>(k), Fields(h, kBit));
   }
   static __m512i Init(const std::int32_t*) { return _mm512_setzero_si512(); }
 };
@@ -443,16 +469,12 @@ struct Q6KSimd : Q6KB {
     static constexpr auto kQl =
         MakeLanes([](int l) { return 16 * (l >> 3) + 8 * ((l >> 1) & 1) + 4 * (l & 1) + C; });
     static constexpr auto kQh = MakeLanes([](int l) { return 8 * (l >> 3) + 4 * (l & 1) + C; });
-    static constexpr auto kShift = MakeLanes([](int l) {
-      const int s = 2 * ((l >> 1) & 3);
-      return s | (s << 16);
-    });
-    const __m512i v = _mm512_permutex2var_epi32(k.a, Lanes(kQl), k.b);
-    const __m512i lo =
-        _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xFF00FF00u, v, 4), _mm512_set1_epi8(15));
+    static constexpr auto kLo =  // the high nibble where l % 8 >= 4 (q % 4 >= 2)
+        MakeGroups([](int q) { return q % 4 >= 2 ? Field(4, 4, 0) : Field(0, 4, 0); });
+    static constexpr auto kHi = MakeGroups([](int q) { return Field(2 * (q % 4), 2, 4); });
+    const __m512i lo = Fields(_mm512_permutex2var_epi32(k.a, Lanes(kQl), k.b), kLo);
     const __m512i h = _mm512_permutexvar_epi32(Lanes(kQh), k.h);
-    const __m512i hi = _mm512_slli_epi16(_mm512_srlv_epi16(h, Lanes(kShift)), 4);
-    return _mm512_ternarylogic_epi32(lo, hi, _mm512_set1_epi8(0x30), 0xF8);  // lo | (hi & 0x30)
+    return _mm512_or_si512(lo, Fields(h, kHi));
   }
   static __m512i Init(const std::int32_t* n16) { return _mm512_srai_epi32(Load64(n16), 2); }
 };
