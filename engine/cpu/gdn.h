@@ -41,8 +41,10 @@ void GatedDeltaChunked(float* S, const float* Q, const float* K, const float* V,
                        int chunk = kGdnPrefillChunk);
 
 // Causal depthwise conv + SiLU for T rows: `win` f32 [K-1+T, C] holds the K-1 previous inputs
-// followed by the T new ones; weight f32 [C, K]; U f32 [T, C].
-void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, float* U);
+// followed by the T new ones; weight f32 [C, K]; U f32 [T, C]. With a pool the channels split
+// over it (each channel's bits are its own).
+void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, float* U,
+                    ThreadPool* pool = nullptr);
 
 // ---- the layer ----
 

@@ -704,6 +704,23 @@ TEST(OpReference, CausalConvSilu) {
   }
 }
 
+// The channels split over a pool (a decode step's conv runs that way) give the serial bits.
+TEST(OpReference, CausalConvSiluOverAPoolIsBitwiseTheSerialForm) {
+  const int C = 8192 + 37, K = 4;  // Qwen3-Next's conv width and a ragged split
+  std::uint64_t seed = 1400;
+  for (int T : {1, 3}) {
+    FVec win = Rand(Z(K - 1 + T) * Z(C), seed++, -2.0f, 2.0f), wt = Rand(Z(C) * Z(K), seed++);
+    FVec serial(Z(T) * Z(C)), pooled(Z(T) * Z(C), -1.0f);
+    CausalConvSilu(win.data(), T, C, K, wt.data(), serial.data());
+    for (int threads : {2, 3}) {
+      ThreadPool pool(threads);
+      CausalConvSilu(win.data(), T, C, K, wt.data(), pooled.data(), &pool);
+      EXPECT_EQ(0, std::memcmp(serial.data(), pooled.data(), serial.size() * sizeof(float)))
+          << "T=" << T << " threads=" << threads;
+    }
+  }
+}
+
 // A small GDN layer with its own random weights: H = 40, Hk = 2, Hv = 4 (r = 2), Dk = 16, Dv = 8
 // (so q/k/v/z widths all differ), K = 4.
 struct GdnCase {
