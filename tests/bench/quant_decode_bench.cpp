@@ -4,10 +4,11 @@
 // the prebuilt libllama, as llama-quantize makes them), 2 threads, single-token decode steps
 // after an 8-token prompt. Each iteration decodes 16 tokens on each engine back to back
 // (alternating which goes first), so both see the same machine; the 2-thread read bandwidth is
-// measured once before the run and again by a 512 MiB read pass before every arm, and the report
-// prints, per file, lockstep / llama.cpp and the share of the read bandwidth (the passes beside
-// that file's arms) lockstep's decode streams (the file's bytes of the active weights per token,
-// ModelWeights::ActiveBytesPerToken).
+// measured once before the run and again by a 512 MiB read pass before and after every arm, and
+// the report prints, per file, lockstep / llama.cpp and the share of the read bandwidth lockstep's
+// decode streams (the file's bytes of the active weights per token,
+// ModelWeights::ActiveBytesPerToken, per second over the mean of the passes either side of the
+// arm; the median over the iterations).
 //
 //   build/tests/bench/quant_decode_bench --benchmark_counters_tabular=true
 //
@@ -25,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -190,37 +192,51 @@ void BM_Decode(benchmark::State& state) {
   auto w = ModelWeights::Load(PathOf(file), false);
   if (!w.ok()) return state.SkipWithError(w.status().ToString().c_str());
   // Three arms per iteration, the order rotating: lockstep exact, lockstep quant_dot = ggml,
-  // llama.cpp.
+  // llama.cpp; a read pass before the first and after each. An arm's share of the bandwidth is
+  // its bytes per second over the mean of the passes either side of it; the report gives each
+  // arm's median share over the iterations (the VM's bandwidth moves within seconds).
+  const double bytes = static_cast<double>((*w)->ActiveBytesPerToken());
   double sum[3] = {0, 0, 0}, probe = 0;
+  std::vector<double> share[2];
   int it = 0, probes = 0;
   for (auto _ : state) {
-    double t[3] = {0, 0, 0};
+    double t[3] = {0, 0, 0}, around[3] = {0, 0, 0};
+    double before = ReadProbe();
     for (int k = 0; k < 3; ++k) {
       const int arm = (it + k) % 3;
-      probe += ReadProbe();  // a read pass before each arm
-      ++probes;
       t[arm] = arm == 2 ? LlamaDecode(file) : LockstepDecode(**w, arm == 0 ? "exact" : "ggml");
+      const double after = ReadProbe();
+      around[arm] = 0.5 * (before + after);
+      probe += after;
+      ++probes;
+      before = after;
     }
     ++it;
     if (t[0] <= 0 || t[1] <= 0 || t[2] <= 0) return state.SkipWithError("decode failed");
     for (int k = 0; k < 3; ++k) sum[k] += t[k];
+    for (int k = 0; k < 2; ++k)  // (bytes x steps / t) / (probe bytes / probe seconds)
+      share[k].push_back(bytes * kSteps / t[k] / (static_cast<double>(kProbeBytes) / around[k]));
     state.SetIterationTime(t[0] + t[1] + t[2]);
   }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t m = v.size() / 2;
+    return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+  };
   const double n = static_cast<double>(state.iterations()) * kSteps;
-  const double bytes = static_cast<double>((*w)->ActiveBytesPerToken());
   state.counters["lockstep_tok_s"] = n / sum[0];
   state.counters["ggml_dot_tok_s"] = n / sum[1];
   state.counters["llama_tok_s"] = n / sum[2];
   state.counters["ratio"] = sum[2] / sum[0];  // lockstep's tokens/s over llama.cpp's
   state.counters["ratio_ggml_dot"] = sum[2] / sum[1];
   state.counters["weight_MB_per_token"] = bytes / 1e6;
-  state.counters["lockstep_GB_s"] = n * bytes / sum[0] / 1e9;
-  state.counters["ggml_dot_GB_s"] = n * bytes / sum[1] / 1e9;
+  state.counters["lockstep_share"] = median(share[0]);
+  state.counters["ggml_dot_share"] = median(share[1]);
   state.counters["read_GB_s"] = static_cast<double>(probes) * kProbeBytes / probe / 1e9;
 }
 
 BENCHMARK(BM_MemReadBandwidth)->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
-BENCHMARK(BM_Decode)->ArgName("file")->DenseRange(0, 3)->UseManualTime()->Iterations(4)->Unit(
+BENCHMARK(BM_Decode)->ArgName("file")->DenseRange(0, 3)->UseManualTime()->Iterations(6)->Unit(
     benchmark::kSecond);
 
 // Prints, per file, lockstep / llama.cpp and lockstep's share of this run's read bandwidth.
@@ -233,21 +249,16 @@ class RatioReporter : public benchmark::ConsoleReporter {
       if (const auto c = r.counters.find("bytes_per_second"); c != r.counters.end())
         g_read_bps = c->second;
       const auto ratio = r.counters.find("ratio");
-      const auto gbs = r.counters.find("lockstep_GB_s");
-      if (ratio == r.counters.end() || gbs == r.counters.end() || r.error_occurred) continue;
+      if (ratio == r.counters.end() || r.error_occurred) continue;
       const int file = std::atoi(n.substr(n.find("file:") + 5).c_str());
-      const double read = static_cast<double>(r.counters.at("read_GB_s"));
-      const double bw = read > 0 ? 1.0 / read : 0.0;
+      const auto at = [&](const char* k) { return static_cast<double>(r.counters.at(k)); };
       std::printf(
           "  -> %s: llama.cpp %.2f tok/s; lockstep exact %.2f tok/s (%.2fx, %.2f of the %d-thread "
           "read bandwidth), quant_dot = ggml %.2f tok/s (%.2fx, %.2f); read bandwidth %.2f GB/s "
           "beside the arms (%.2f GB/s before the run); goals >= 1.1x and >= 0.8\n",
-          kFiles[file].name, static_cast<double>(r.counters.at("llama_tok_s")),
-          static_cast<double>(r.counters.at("lockstep_tok_s")), static_cast<double>(ratio->second),
-          static_cast<double>(gbs->second) * bw, kThreads,
-          static_cast<double>(r.counters.at("ggml_dot_tok_s")),
-          static_cast<double>(r.counters.at("ratio_ggml_dot")),
-          static_cast<double>(r.counters.at("ggml_dot_GB_s")) * bw, read, g_read_bps / 1e9);
+          kFiles[file].name, at("llama_tok_s"), at("lockstep_tok_s"), at("ratio"),
+          at("lockstep_share"), kThreads, at("ggml_dot_tok_s"), at("ratio_ggml_dot"),
+          at("ggml_dot_share"), at("read_GB_s"), g_read_bps / 1e9);
     }
   }
 };
