@@ -134,6 +134,32 @@ void Quantise32Pair(const float* x, std::size_t at, QuantRows::Format& f) {
   SimdSums(f.q.data() + at, f.n.data() + at / 4, 64);
 }
 
+// LaneOrder's transpose and sums with vector operations (the same bytes and sums): chunk c's lane l
+// is dword 4l + c of the natural order (two vpermt2d and an insert per chunk), a lane's sum comes
+// from vpdpbusd of 1s, a sub-block's sum from its two lanes.
+void LaneOrderSimd(const std::int8_t* nat, std::size_t at, QuantRows::Format& f) {
+  const __m512i z[4] = {Load64(nat), Load64(nat + 64), Load64(nat + 128), Load64(nat + 192)};
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i sum = _mm512_setzero_si512();
+  std::int8_t* q = f.q.data() + at;
+  for (int c = 0; c < 4; ++c) {
+    // lanes l < 4 from the first source (dword 4l + c), 4 <= l < 8 from the second
+    const __m512i idx =
+        _mm512_add_epi32(_mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0),
+                         _mm512_set1_epi32(c));
+    const __m512i lo = _mm512_permutex2var_epi32(z[0], idx, z[1]);
+    const __m512i hi = _mm512_permutex2var_epi32(z[2], idx, z[3]);
+    const __m512i chunk = _mm512_inserti64x4(lo, _mm512_castsi512_si256(hi), 1);
+    _mm512_storeu_si512(q + 64 * c, chunk);
+    sum = _mm512_dpbusd_epi32(sum, ones, chunk);
+  }
+  _mm512_storeu_si512(f.n.data() + at / 16,
+                      _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
+  const __m512i pairs = _mm512_add_epi32(sum, _mm512_srli_epi64(sum, 32));  // even lanes
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(f.bsum.data() + at / 32),
+                      _mm512_cvtepi64_epi32(pairs));
+}
+
 void Quantise256Simd(const float* x, std::size_t at, QuantRows::Format& f) {
   __m512 v[16], mx = _mm512_setzero_ps();
   for (int i = 0; i < 16; ++i) {
@@ -161,7 +187,7 @@ void Quantise256Simd(const float* x, std::size_t at, QuantRows::Format& f) {
     }
     f.d[at / 256] = 1.0f / iscale;
   }
-  LaneOrder(q, at, f);
+  LaneOrderSimd(q, at, f);
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
