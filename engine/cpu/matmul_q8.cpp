@@ -400,18 +400,20 @@ struct Codes {
 struct Q4KSimd : Q4KB {
   // Q4KScaleMin for all 8 sub-blocks at once, on the 12 bytes as three words (ggml's own
   // arrangement): bytes 0-7 of w the scales, 8-15 the mins. Lanes 2s and 2s + 1 are sub-block s.
+  // With the words u0, u1, u2 as dwords: w = [u0 & k1, (u2 & k2) | ((u0 >> 6) & k3) << 4,
+  // u1 & k1, ((u2 >> 4) & k2) | ((u1 >> 6) & k3) << 4] in 8 vector operations.
   static KScales Prepare(const std::byte* b) {
-    constexpr std::uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-    std::uint32_t u[3], w[4];
-    std::memcpy(u, b + 4, 12);
-    w[0] = u[0] & k1;
-    w[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-    w[2] = u[1] & k1;
-    w[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-    const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w));
+    const __m128i u = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4));  // u0 u1 u2 -
+    const __m128i lo = _mm_and_si128(
+        _mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
+        _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi = _mm_and_si128(
+        _mm_slli_epi32(_mm_srli_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0)), 6), 4),
+        _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    const __m128i sc = _mm_or_si128(lo, hi);  // 8 scales, then 8 mins
     KScales s;
     s.s = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sc, sc));
-    s.m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 2)));
+    s.m = _mm256_cvtepu8_epi32(_mm_srli_si128(sc, 8));
     s.d = Half(b);
     s.dmin = Half(b + 2);
     return s;
