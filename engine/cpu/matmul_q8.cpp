@@ -413,8 +413,8 @@ struct Codes {
 };
 
 struct Q4KSimd : Q4KB {
-  // Two weight rows per decode row (DotKSimd's W): ~20% fewer ns per weight on 512-column rows
-  // (an expert's down product), the same on 2048 (q8_kernel_bench, medians of 5).
+  // Two weight rows per decode row on short rows (DotKSimd's W, RowsOf): 512-column rows (an
+  // expert's down product) ~1.15x faster L2-resident and streamed (q8_kernel_bench, medians).
   static constexpr bool kPair = true;
   // Q4KScaleMin for all 8 sub-blocks at once, on the 12 bytes as three words (ggml's own
   // arrangement): bytes 0-7 of w the scales, 8-15 the mins. Lanes 2s and 2s + 1 are sub-block s.
@@ -633,7 +633,9 @@ void RowsOf(const QuantRows& q, int n_rows, const Mat& w, int o_begin, int o_end
 #if defined(LOCKSTEP_Q8_SIMD)
     if (!detail::g_portable) {
       if constexpr (kK) {
-        if (S::kPair && n_rows == 1 && o + 1 < o_end) {  // a decode row: two weight rows
+        // A decode row of short weight rows (<= 4 super-blocks): two weight rows at once. Longer
+        // rows streamed slower paired (two streams a row apart: 0.6x on 2048 columns).
+        if (S::kPair && n_rows == 1 && nb <= 4 && o + 1 < o_end) {
           const XRow xr = RowOf(f, q.cols, 0, block);
           const std::byte* two[2] = {row, row + row_bytes};
           DotKSimd<1, S, 2>(two, nb, &xr, yc);  // yc[0], yc[1]: columns o, o + 1
