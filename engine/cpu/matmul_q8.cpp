@@ -366,7 +366,8 @@ void Dot32Simd(const std::byte* row, int nb, const XRow* x, float* out) {
 // lanes, d, dmin, the mins), Chunk<C> (chunk C of the block in lane order as unsigned bytes: byte
 // k of lane l is element 16l + 4C + k, QuantRows) and Init (the sums' start: 0, or x's offset for
 // the types stored with one). The chunks gather each lane's 4 bytes as a dword (vpermt2d over
-// the codes) and pick its nibble with a masked shift.
+// the codes) and pick its nibble and high bits with GFNI bit-field moves (Fields; IQ4_XS with a
+// masked shift and vpermb's table).
 struct KScales {
   __m512i s;
   float d, dmin;
