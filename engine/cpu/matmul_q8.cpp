@@ -626,7 +626,7 @@ void RowsOf(const QuantRows& q, int n_rows, const Mat& w, int o_begin, int o_end
   const QuantRows::Format& f = kK ? q.b256 : q.b32;
   const int block = kK ? 256 : 32;
   const int nb = w.cols / block;
-  const std::size_t row_bytes = static_cast<std::size_t>(nb) * (kK ? S::kBytes : B::kBytes);
+  const std::size_t row_bytes = static_cast<std::size_t>(nb) * B::kBytes;  // S derives from B
   const std::byte* base = static_cast<const std::byte*>(w.data);
   for (int o = o_begin; o < o_end; ++o) {
     const std::byte* row = base + static_cast<std::size_t>(o) * row_bytes;

@@ -21,6 +21,7 @@
 #include "lockstep/engine/synthetic.h"
 #include "lockstep/engine/thread_pool.h"
 #include "lockstep/engine/weights.h"
+#include "read_pass.h"
 
 namespace lockstep {
 namespace {
@@ -42,20 +43,7 @@ void BM_MemReadBandwidth(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   std::vector<float> buf(kBwBytes / sizeof(float), 1.0f);
   ThreadPool pool(threads);
-  std::vector<float> sink(static_cast<std::size_t>(threads) * 16, 0.0f);
-  for (auto _ : state) {
-    pool.ParallelFor(static_cast<std::size_t>(threads), [&](std::size_t b, std::size_t e) {
-      for (std::size_t w = b; w < e; ++w) {
-        const std::size_t n = buf.size() / static_cast<std::size_t>(threads);
-        const float* p = buf.data() + w * n;
-        float acc[16] = {0};  // 16 independent lanes: bandwidth bound, not latency bound
-        for (std::size_t i = 0; i + 16 <= n; i += 16)
-          for (int j = 0; j < 16; ++j) acc[j] += p[i + static_cast<std::size_t>(j)];
-        std::copy(acc, acc + 16, sink.begin() + static_cast<std::ptrdiff_t>(w * 16));
-      }
-    });
-    benchmark::DoNotOptimize(sink.data());
-  }
+  for (auto _ : state) ReadPass(buf, pool);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(kBwBytes));
 }

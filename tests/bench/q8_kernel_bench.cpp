@@ -15,6 +15,7 @@
 #include "lockstep/engine/dtype.h"
 #include "lockstep/engine/thread_pool.h"
 #include "lockstep/engine/weights.h"
+#include "read_pass.h"
 
 namespace lockstep {
 namespace {
@@ -88,23 +89,9 @@ void BM_Q8Rows(benchmark::State& state) {
 
 // The read bandwidth of the same threads over 512 MiB, split in contiguous ranges.
 void BM_ReadBandwidth(benchmark::State& state) {
-  const int threads = static_cast<int>(state.range(0));
   std::vector<float> buf((std::size_t{512} << 20) / sizeof(float), 1.0f);
-  ThreadPool pool(threads);
-  std::vector<float> sink(static_cast<std::size_t>(threads) * 16, 0.0f);
-  for (auto _ : state) {
-    pool.ParallelFor(static_cast<std::size_t>(threads), [&](std::size_t b, std::size_t e) {
-      for (std::size_t k = b; k < e; ++k) {
-        const std::size_t n = buf.size() / static_cast<std::size_t>(threads);
-        const float* p = buf.data() + k * n;
-        float acc[16] = {0};
-        for (std::size_t i = 0; i + 16 <= n; i += 16)
-          for (int j = 0; j < 16; ++j) acc[j] += p[i + static_cast<std::size_t>(j)];
-        std::memcpy(sink.data() + k * 16, acc, sizeof acc);
-      }
-    });
-    benchmark::DoNotOptimize(sink.data());
-  }
+  ThreadPool pool(static_cast<int>(state.range(0)));
+  for (auto _ : state) ReadPass(buf, pool);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(buf.size() * sizeof(float)));
 }

@@ -40,6 +40,7 @@
 #include "lockstep/engine/thread_pool.h"
 #include "lockstep/engine/weights.h"
 #include "lockstep/llamacpp/llama_engine.h"
+#include "read_pass.h"
 
 namespace lockstep {
 namespace {
@@ -107,29 +108,12 @@ std::string PathOf(int file) { return Dir() + "/" + kFiles[file].name + ".gguf";
 
 double g_read_bps = 0;  // 2-thread streaming read bandwidth, this run
 
-// Read-only streaming over 512 MiB in contiguous per-thread ranges (weights_bench's probe): one
-// pass over `buf`.
-void ReadPass(const std::vector<float>& buf, ThreadPool& pool, std::vector<float>& sink) {
-  pool.ParallelFor(kThreads, [&](std::size_t b, std::size_t e) {
-    for (std::size_t w = b; w < e; ++w) {
-      const std::size_t n = buf.size() / kThreads;
-      const float* p = buf.data() + w * n;
-      float acc[16] = {0};
-      for (std::size_t i = 0; i + 16 <= n; i += 16)
-        for (int j = 0; j < 16; ++j) acc[j] += p[i + static_cast<std::size_t>(j)];
-      std::copy(acc, acc + 16, sink.begin() + static_cast<std::ptrdiff_t>(w * 16));
-    }
-  });
-  benchmark::DoNotOptimize(sink.data());
-}
-
 constexpr std::size_t kProbeBytes = std::size_t{512} << 20;
 
 void BM_MemReadBandwidth(benchmark::State& state) {
   std::vector<float> buf(kProbeBytes / sizeof(float), 1.0f);
   ThreadPool pool(kThreads);
-  std::vector<float> sink(static_cast<std::size_t>(kThreads) * 16, 0.0f);
-  for (auto _ : state) ReadPass(buf, pool, sink);
+  for (auto _ : state) ReadPass(buf, pool);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(kProbeBytes));
 }
@@ -139,9 +123,8 @@ void BM_MemReadBandwidth(benchmark::State& state) {
 double ReadProbe() {
   static std::vector<float> buf(kProbeBytes / sizeof(float), 1.0f);
   static ThreadPool pool(kThreads);
-  static std::vector<float> sink(static_cast<std::size_t>(kThreads) * 16, 0.0f);
   const auto t0 = std::chrono::steady_clock::now();
-  ReadPass(buf, pool, sink);
+  ReadPass(buf, pool);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
