@@ -1,8 +1,12 @@
 #include "cpu/gdn.h"
 
 #include <Eigen/Core>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 #include <vector>
@@ -39,41 +43,55 @@ inline void St(float* p, v16f v) { std::memcpy(p, &v, sizeof(v)); }
 // rank-1 term), with a block of 64 value columns of m and o in registers across the kappa loop
 // instead of loaded and stored per kappa. The loop form stored twice per 8 floats and was bound
 // by those stores (~3,500 cycles per 64 x 64 head step, the state in L2).
+// The decayed state is not stored between the passes: pass 2 takes the entering block again (in
+// L1 / L2 after pass 1) and rounds in * alpha again (the same value), so S is written once. With
+// `stream`, that write is a non-temporal store: the state a window leaves is read next at the next
+// window, after the whole model's weights have passed through the caches, so the write skips the
+// read-for-ownership of S's lines (2 of the 6 MiB a 2 MiB state moved per step).
 void DeltaStepBlocked(const float* S_in, float* S, const float* q, const float* k, const float* v,
-                      float alpha, float beta, int dk, int dv, float* o) {
+                      float alpha, float beta, int dk, int dv, float* o, bool stream) {
   const std::size_t row = U(dv);
+#if defined(__AVX512F__)
+  stream = stream && reinterpret_cast<std::uintptr_t>(S) % 64 == 0;
+#else
+  stream = false;
+#endif
   for (int j0 = 0; j0 < dv; j0 += kBlk) {
     v16f m[4] = {};
     for (int kk = 0; kk < dk; ++kk) {
       const float* in = S_in + U(kk) * row + U(j0);
-      float* r = S + U(kk) * row + U(j0);
       const float kv = k[kk];
-      for (int b = 0; b < 4; ++b) {
-        const v16f x = Ld(in + 16 * b) * alpha;
-        St(r + 16 * b, x);
-        m[b] += x * kv;
-      }
+      for (int b = 0; b < 4; ++b) m[b] += (Ld(in + 16 * b) * alpha) * kv;
     }
     v16f delta[4], acc[4] = {};
     for (int b = 0; b < 4; ++b) delta[b] = beta * (Ld(v + j0 + 16 * b) - m[b]);
     for (int kk = 0; kk < dk; ++kk) {
+      const float* in = S_in + U(kk) * row + U(j0);
       float* r = S + U(kk) * row + U(j0);
       const float kv = k[kk], qv = q[kk];
       for (int b = 0; b < 4; ++b) {
-        const v16f x = Ld(r + 16 * b) + kv * delta[b];
-        St(r + 16 * b, x);
+        const v16f x = Ld(in + 16 * b) * alpha + kv * delta[b];
+#if defined(__AVX512F__)
+        if (stream)
+          _mm512_stream_ps(r + 16 * b, reinterpret_cast<const __m512&>(x));
+        else
+#endif
+          St(r + 16 * b, x);
         acc[b] += x * qv;
       }
     }
     for (int b = 0; b < 4; ++b) St(o + j0 + 16 * b, acc[b]);
   }
+#if defined(__AVX512F__)
+  if (stream) _mm_sfence();  // the streamed stores ordered before what the caller publishes
+#endif
 }
 
 }  // namespace
 
 void GatedDeltaStepFrom(const float* S_in, float* S, const float* q, const float* k, const float* v,
-                        float alpha, float beta, int dk, int dv, float* o) {
-  if (dv % kBlk == 0) return DeltaStepBlocked(S_in, S, q, k, v, alpha, beta, dk, dv, o);
+                        float alpha, float beta, int dk, int dv, float* o, bool stream) {
+  if (dv % kBlk == 0) return DeltaStepBlocked(S_in, S, q, k, v, alpha, beta, dk, dv, o, stream);
   // Pass 1: decay and m = S^T k, accumulating over kappa in increasing order (vectorised over v).
   float m[1024];
   std::fill_n(m, dv, 0.0f);
@@ -217,7 +235,7 @@ void VerifyHead(const GdnInputs& in, GdnState& state, std::size_t j, float* O) {
     GatedDeltaStepFrom(prev + j * s_head, S, qh + (U(t) * U(hk) + U(gi)) * U(dk),
                        kh + (U(t) * U(hk) + U(gi)) * U(dk),
                        Uc + U(t) * U(conv_dim) + U(2 * key_dim) + j * U(dv), std::exp(gdec[th]),
-                       beta[th], dk, dv, O + th * U(dv));
+                       beta[th], dk, dv, O + th * U(dv), t == in.T - 1);
   }
 }
 

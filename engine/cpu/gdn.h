@@ -27,9 +27,12 @@ enum class GdnMode {
 void GatedDeltaStep(float* S, const float* q, const float* k, const float* v, float alpha,
                     float beta, int dk, int dv, float* o);
 // The same step from state S_in into S_out (may alias S_in): identical arithmetic, without a
-// separate copy of the entering state.
+// separate copy of the entering state. `stream`: S_out is written with non-temporal stores where
+// it lies on 64-byte boundaries (a state not read again soon: the last step of a window); the
+// values are the same either way.
 void GatedDeltaStepFrom(const float* S_in, float* S_out, const float* q, const float* k,
-                        const float* v, float alpha, float beta, int dk, int dv, float* o);
+                        const float* v, float alpha, float beta, int dk, int dv, float* o,
+                        bool stream = false);
 
 // Chunked form over T tokens for one value head: Q, K f32 [T, Dk], V f32 [T, Dv], g (log
 // decay, <= 0) and beta f32 [T]; S f32 [Dk, Dv] is the entering state and is replaced by the

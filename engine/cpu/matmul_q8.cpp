@@ -504,21 +504,20 @@ struct Q6KSimd : Q6KB {
 
 struct Iq4XsSimd : Iq4XsB {
   static constexpr bool kPair = false;
-  // Ls of sub-block l / 2 in lane l: nibble l / 2 of scales_l, bits 2 (l / 2) of scales_h.
+  // Ls of sub-block l / 2 in lane l: nibble l / 2 of scales_l, bits 2 (l / 2) of scales_h. The 8
+  // scales as bytes in a word by two pdep (nibble i to byte i, bit pair i to bits 4-5 of byte i),
+  // then widened: one 512-bit operation per super-block instead of nine.
   static KScales Prepare(const std::byte* b) {
-    static constexpr auto kLo = MakeLanes([](int l) { return 4 * (l >> 1); });
-    static constexpr auto kHi = MakeLanes([](int l) { return 2 * (l >> 1); });
     std::uint32_t sl;
     std::uint16_t sh;
     std::memcpy(&sl, b + 4, 4);
     std::memcpy(&sh, b + 2, 2);
-    const __m512i lo =
-        _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(sl)), Lanes(kLo)),
-                         _mm512_set1_epi32(15));
-    const __m512i hi = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(sh), Lanes(kHi)),
-                                        _mm512_set1_epi32(3));
+    const std::uint64_t ls =
+        _pdep_u64(sl, 0x0F0F0F0F0F0F0F0Full) | _pdep_u64(sh, 0x3030303030303030ull);
+    const __m128i sc = _mm_sub_epi8(_mm_cvtsi64_si128(static_cast<long long>(ls)),
+                                    _mm_set1_epi8(32));  // -32 .. 31
     KScales s;
-    s.s = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
+    s.s = _mm512_cvtepi8_epi32(_mm_unpacklo_epi8(sc, sc));
     s.d = Half(b);
     s.dmin = 0.0f;
     return s;

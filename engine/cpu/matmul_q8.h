@@ -33,9 +33,10 @@
 #include "lockstep/engine/weights.h"
 
 // The vector form's instruction sets (matmul_q8.cpp, matmul_q8_x.cpp: VNNI's vpdpbusd, VBMI's
-// vpermb, GFNI's bit-field moves; Ice Lake and Zen 4 on); without them the portable form runs.
+// vpermb, GFNI's bit-field moves, BMI2's pdep; Ice Lake and Zen 4 on); without them the portable
+// form runs.
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    defined(__AVX512VNNI__) && defined(__AVX512VBMI__) && defined(__GFNI__)
+    defined(__AVX512VNNI__) && defined(__AVX512VBMI__) && defined(__GFNI__) && defined(__BMI2__)
 #define LOCKSTEP_Q8_SIMD 1
 #endif
 

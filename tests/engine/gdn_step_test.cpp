@@ -81,6 +81,16 @@ TEST(GdnStep, BothFormsFollowTheScalarOrderBitwise) {
                           o_inplace.data());
       EXPECT_TRUE(SameBits(S_ref, S_inplace)) << tag << " in place";
       EXPECT_TRUE(SameBits(o_ref, o_inplace)) << tag << " in place";
+      // Streamed (non-temporal) stores into 64-byte-aligned storage, as the last step of a
+      // window writes: the same bits.
+      std::vector<float, Align64<float>> S_stream(ns, -1.0f);
+      FVec o_stream(static_cast<std::size_t>(dv));
+      ASSERT_EQ(reinterpret_cast<std::uintptr_t>(S_stream.data()) % 64, 0u);
+      cpu::GatedDeltaStepFrom(S_in.data(), S_stream.data(), q.data(), k.data(), v.data(), alpha,
+                              beta, dk, dv, o_stream.data(), true);
+      EXPECT_TRUE(std::memcmp(S_ref.data(), S_stream.data(), ns * sizeof(float)) == 0)
+          << tag << " streamed";
+      EXPECT_TRUE(SameBits(o_ref, o_stream)) << tag << " streamed";
       S_in = S_ref;  // the next step starts from this one's state
     }
   }

@@ -20,9 +20,28 @@
 #pragma once
 
 #include <cstddef>
+#include <new>
 #include <vector>
 
 namespace lockstep {
+
+// Storage on 64-byte boundaries: the recurrent step writes the state a window leaves behind
+// with streaming (non-temporal) 64-byte stores, which need them (cpu/gdn.cpp).
+template <class T>
+struct Align64 {
+  using value_type = T;
+  Align64() = default;
+  template <class U>
+  Align64(const Align64<U>&) {}  // NOLINT(google-explicit-constructor): allocator rebinding
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, std::size_t) { ::operator delete (p, std::align_val_t{64}); }
+  template <class U>
+  bool operator==(const Align64<U>&) const {
+    return true;
+  }
+};
 
 class GdnState {
  public:
@@ -64,10 +83,10 @@ class GdnState {
 
  private:
   int conv_dim_, conv_rows_;
-  std::vector<float> conv_;                    // f32 [K-1, conv_dim]
-  std::vector<float> ssm_;                     // f32 [Hv, Dk, Dv]
-  std::vector<std::vector<float>> step_conv_;  // T_max x f32 [K-1, conv_dim]
-  std::vector<std::vector<float>> step_ssm_;   // T_max x f32 [Hv, Dk, Dv]
+  std::vector<float> conv_;                                   // f32 [K-1, conv_dim]
+  std::vector<float, Align64<float>> ssm_;                    // f32 [Hv, Dk, Dv]
+  std::vector<std::vector<float>> step_conv_;                 // T_max x f32 [K-1, conv_dim]
+  std::vector<std::vector<float, Align64<float>>> step_ssm_;  // T_max x f32 [Hv, Dk, Dv]
   int n_steps_ = 0;
   int position_ = 0;
 };
