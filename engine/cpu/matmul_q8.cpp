@@ -374,7 +374,7 @@ void Dot32Simd(const std::byte* row, int nb, const XRow* x, float* out) {
 // masked shift and vpermb's table).
 struct KScales {
   __m512i s;
-  float d, dmin;
+  __m128 dd;  // lane 0 d, lane 1 dmin (Q4_K, Q5_K; else 0)
   __m256i m;  // the mins as 8 int32 lanes (Q4_K, Q5_K)
 };
 
@@ -437,8 +437,9 @@ struct Q4KSimd : Q4KB {
     KScales s;
     s.s = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(sc, sc));
     s.m = _mm256_cvtepu8_epi32(_mm_srli_si128(sc, 8));
-    s.d = Half(b);
-    s.dmin = Half(b + 2);
+    std::uint32_t dm;  // d and dmin, converted together
+    std::memcpy(&dm, b, 4);
+    s.dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm)));
     return s;
   }
   static Codes Load(const std::byte* b) {
@@ -483,8 +484,7 @@ struct Q6KSimd : Q6KB {
   static KScales Prepare(const std::byte* b) {
     KScales s;
     s.s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
-    s.d = Half(b + 208);
-    s.dmin = 0.0f;
+    s.dd = _mm_set_ss(Half(b + 208));
     return s;
   }
   static Codes Load(const std::byte* b) { return {Load64(b), Load64(b + 64), Load64(b + 128)}; }
@@ -522,8 +522,7 @@ struct Iq4XsSimd : Iq4XsB {
                                     _mm_set1_epi8(32));  // -32 .. 31
     KScales s;
     s.s = _mm512_cvtepi8_epi32(_mm_unpacklo_epi8(sc, sc));
-    s.d = Half(b);
-    s.dmin = 0.0f;
+    s.dd = _mm_set_ss(Half(b));
     return s;
   }
   static Codes Load(const std::byte* b) {
@@ -572,14 +571,15 @@ void DotKSimd(const std::byte* const* rows, int nsb, const XRow* x, float* out) 
       for (int r = 0; r < R; ++r) {
         __m512i dp = K::Init(x[r].n + e / 16);
         for (int c = 0; c < 4; ++c) dp = _mm512_dpbusd_epi32(dp, q[c], Load64(x[r].q + e + 64 * c));
-        const float dx = x[r].d[sb];
+        // Lanes 0, 1: d * dx, dmin * dx (the types with mins convert both f16 at once).
+        const __m128 sd = _mm_mul_ps(ks.dd, _mm_set1_ps(x[r].d[sb]));
         acc[w][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(dp, ks.s)),
-                                    _mm512_set1_ps(ks.d * dx), acc[w][r]);
+                                    _mm512_broadcastss_ps(sd), acc[w][r]);
         if constexpr (K::kMins) {
           const __m256i mb = _mm256_mullo_epi32(
               ks.m, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].bsum + 8 * sb)));
-          accm[w][r] =
-              _mm256_fmadd_ps(_mm256_cvtepi32_ps(mb), _mm256_set1_ps(ks.dmin * dx), accm[w][r]);
+          accm[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mb),
+                                       _mm256_broadcastss_ps(_mm_movehdup_ps(sd)), accm[w][r]);
         }
       }
     }
