@@ -374,7 +374,7 @@ void Dot32Simd(const std::byte* row, int nb, const XRow* x, float* out) {
 // masked shift and vpermb's table).
 struct KScales {
   __m512i s;
-  __m128 dd;  // lane 0 d, lane 1 dmin (Q4_K, Q5_K; else 0)
+  __m128 dd;  // lane 0 d; lane 1 dmin for the types with mins (Q4_K, Q5_K), else 0
   __m256i m;  // the mins as 8 int32 lanes (Q4_K, Q5_K)
 };
 

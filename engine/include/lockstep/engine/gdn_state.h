@@ -26,7 +26,9 @@
 namespace lockstep {
 
 // Storage on 64-byte boundaries: the recurrent step writes the state a window leaves behind
-// with streaming (non-temporal) 64-byte stores, which need them (cpu/gdn.cpp).
+// with streaming (non-temporal) 64-byte stores, which need them (cpu/gdn.cpp). Not Eigen's
+// aligned_allocator: its alignment follows the build's vector width, and this public header
+// stays free of Eigen.
 template <class T>
 struct Align64 {
   using value_type = T;
