@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "cpu/norm.h"
@@ -159,23 +160,53 @@ PartRoutes RoutePart(const MoeWeights& w, const ModelConfig& c, const MoePart& p
   return r;
 }
 
-// Expert e over the rows of one part routed to it.
+// Expert e over the rows of one part routed to it: the rows gathered, then (FfnInto's steps)
+// gate and up, SiLU(gate) * up into g, and down's output rows [o_begin, o_end) of each slot;
+// `gate_up` and `down` pick the steps (a split item runs them apart, MoeForwardParts).
 void RunExpert(const MoeWeights& w, const ModelConfig& c, const MoePart& pt, const PartRoutes& r,
-               int e) {
+               int e, bool gate_up, bool down, int o_begin, int o_end) {
   const int k = c.n_experts_used, s0 = r.first[e], n = r.first[e + 1] - s0;
   if (n == 0) return;
   const std::size_t uh = U(c.n_embd), per_slot = 2 * uh + 2 * U(c.moe_ffn);
+  const FfnWeights& f = w.experts[U(e)];
   float* xin = r.scratch + U(s0) * per_slot;
   float* g = xin + U(n) * uh;
   float* u = g + U(n) * U(c.moe_ffn);
   float* yout = u + U(n) * U(c.moe_ffn);
-  for (int i = 0; i < n; ++i) {
-    const int t = r.slot_of[s0 + i] / k;
-    std::memcpy(xin + U(i) * uh, pt.x + U(t) * uh, uh * sizeof(float));
+  if (gate_up) {
+    for (int i = 0; i < n; ++i) {
+      const int t = r.slot_of[s0 + i] / k;
+      std::memcpy(xin + U(i) * uh, pt.x + U(t) * uh, uh * sizeof(float));
+    }
+    if (!down) {
+      Matmul(pt.kind, xin, n, f.gate, g, nullptr);
+      Matmul(pt.kind, xin, n, f.up, u, nullptr);
+      for (std::size_t i = 0; i < U(n) * U(c.moe_ffn); ++i) g[i] = Silu(g[i]) * u[i];
+      return;
+    }
+    FfnInto(f, xin, n, pt.kind, nullptr, g, u, yout);
+  } else {
+    MatmulRows(pt.kind, g, n, f.down, o_begin, o_end, yout + o_begin, c.n_embd);
   }
-  FfnInto(w.experts[U(e)], xin, n, pt.kind, nullptr, g, u, yout);
+  const std::size_t cols = U(o_end - o_begin);
   for (int i = 0; i < n; ++i)
-    std::memcpy(r.ranked + U(r.slot_of[s0 + i]) * uh, yout + U(i) * uh, uh * sizeof(float));
+    std::memcpy(r.ranked + U(r.slot_of[s0 + i]) * uh + U(o_begin), yout + U(i) * uh + U(o_begin),
+                cols * sizeof(float));
+}
+
+// The shared expert of a part as a work item: gate / up and SiLU into sh_g, and / or down's output
+// rows [o_begin, o_end) into sh.
+void RunShared(const MoeWeights& w, const ModelConfig& c, const MoePart& pt, const PartRoutes& r,
+               bool gate_up, bool down, int o_begin, int o_end) {
+  if (gate_up && down) return FfnInto(w.shared, pt.x, pt.T, pt.kind, nullptr, r.sh_g, r.sh_u, r.sh);
+  if (gate_up) {
+    Matmul(pt.kind, pt.x, pt.T, w.shared.gate, r.sh_g, nullptr);
+    Matmul(pt.kind, pt.x, pt.T, w.shared.up, r.sh_u, nullptr);
+    const std::size_t n = U(pt.T) * U(w.shared.gate.rows);
+    for (std::size_t i = 0; i < n; ++i) r.sh_g[i] = Silu(r.sh_g[i]) * r.sh_u[i];
+    return;
+  }
+  MatmulRows(pt.kind, r.sh_g, pt.T, w.shared.down, o_begin, o_end, r.sh + o_begin, c.n_embd);
 }
 
 // Combine in rank order, then the gated shared expert.
@@ -240,16 +271,25 @@ void MoeForwardParts(const MoeWeights& w, const ModelConfig& c, const MoePart* p
     if (routes[U(p)].shared_item) shared_parts.push_back(p);
   const int n_shared = static_cast<int>(shared_parts.size());
   const int n_items = n_shared + static_cast<int>(active.size());
-  auto run_item = [&](int a) {
+  const int h = c.n_embd;
+  // Item a (< n_items): expert item a's steps over every part (the shared ones first), down's
+  // output rows [o_begin, o_end).
+  auto run_steps = [&](int a, bool gate_up, bool down, int o_begin, int o_end) {
     if (a < n_shared) {
-      const MoePart& pt = parts[shared_parts[U(a)]];
-      const PartRoutes& r = routes[U(shared_parts[U(a)])];
-      FfnInto(w.shared, pt.x, pt.T, pt.kind, nullptr, r.sh_g, r.sh_u, r.sh);
-      return;
+      const int p = shared_parts[U(a)];
+      return RunShared(w, c, parts[p], routes[U(p)], gate_up, down, o_begin, o_end);
     }
     const int e = active[U(a - n_shared)];
-    for (int p = 0; p < n_parts; ++p) RunExpert(w, c, parts[p], routes[U(p)], e);
+    for (int p = 0; p < n_parts; ++p)
+      RunExpert(w, c, parts[p], routes[U(p)], e, gate_up, down, o_begin, o_end);
   };
+  // Decode and verify steps (every part kInvariant*) split each item's down product in two
+  // halves of its output rows, run after the item's gate / up: 2 * n_items more items that
+  // the threads take as they come free, so the step's end waits for half a down product at
+  // most instead of a whole expert (11 experts on 2 threads left one thread a whole expert's
+  // time idle per layer). Each output is still one row's dot: same bits as one whole item.
+  bool split = parallel && n_items > 1;
+  for (int p = 0; p < n_parts; ++p) split = split && IsInvariant(parts[p].kind);
   if (parallel && n_items > 1) {
     // Work items are handed out one at a time, largest first (the shared expert, then routed
     // experts by row count), to whichever thread is free: a fixed split of the expert list left
@@ -257,14 +297,28 @@ void MoeForwardParts(const MoeWeights& w, const ModelConfig& c, const MoePart* p
     // with 1 to 5 rows each). Which thread runs an item changes nothing in its rows' bits.
     std::stable_sort(active.begin(), active.end(),
                      [&](int a, int b) { return rows_of[U(a)] > rows_of[U(b)]; });
+    const int total = split ? 3 * n_items : n_items;
+    std::vector<std::atomic<bool>> gated(U(n_items));  // an item's gate / up done (split)
     std::atomic<int> next{0};
     pool->ParallelFor(U(pool->size()), [&](std::size_t, std::size_t) {
-      for (int a = next.fetch_add(1, std::memory_order_relaxed); a < n_items;
-           a = next.fetch_add(1, std::memory_order_relaxed))
-        run_item(a);
+      for (int a = next.fetch_add(1, std::memory_order_relaxed); a < total;
+           a = next.fetch_add(1, std::memory_order_relaxed)) {
+        if (!split) {
+          run_steps(a, true, true, 0, h);
+        } else if (a < n_items) {
+          run_steps(a, true, false, 0, h);
+          gated[U(a)].store(true, std::memory_order_release);
+        } else {
+          // Every gate / up item was handed out before this one: at most a wait for the other
+          // thread to finish the same item's gate / up.
+          const int item = (a - n_items) / 2, half = (a - n_items) % 2;
+          while (!gated[U(item)].load(std::memory_order_acquire)) std::this_thread::yield();
+          run_steps(item, false, true, half * (h / 2), half == 0 ? h / 2 : h);
+        }
+      }
     });
   } else {
-    for (int a = 0; a < n_items; ++a) run_item(a);
+    for (int a = 0; a < n_items; ++a) run_steps(a, true, true, 0, h);
   }
   const int k = c.n_experts_used;
   const std::size_t uh = U(c.n_embd);

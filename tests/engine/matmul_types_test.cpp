@@ -23,6 +23,7 @@ namespace {
 
 using cpu::Matmul;
 using cpu::MatmulKind;
+using cpu::MatmulRows;
 using cpu::MatmulRowsRange;
 
 // A matrix of `type` with random values, its bytes and its f32 widening.
@@ -123,6 +124,39 @@ TEST(MatmulTypes, EveryBlockTypeEqualsDequantisedF32) {
     for (MatmulKind k : {MatmulKind::kInvariant, MatmulKind::kGemm}) ExpectSame(t, k, 3);
   }
   EXPECT_EQ(n, 18);
+}
+
+// MatmulRows (a row range of an invariant product on the calling thread, what the MoE's split
+// items run) gives Matmul's columns bitwise for both invariant kinds, the 8-bit kernels' types,
+// a type without one (Q2_K) and bf16 (rounded x under kInvariantQ8), and writes only its range.
+TEST(MatmulTypes, RowsRangeIsMatmulsColumns) {
+  ThreadPool pool(2);
+  for (WeightType t : {WeightType::kF32, WeightType::kBF16, WeightType::kQ8_0, WeightType::kQ4_K,
+                       WeightType::kQ6_K, WeightType::kIQ4_XS, WeightType::kQ2_K}) {
+    const int out = 37, in = 512;
+    const TypedMat w = MakeMat(t, out, in, 90u + static_cast<unsigned>(t));
+    for (MatmulKind kind : {MatmulKind::kInvariant, MatmulKind::kInvariantQ8})
+      for (int T : {1, 2, 9}) {
+        const std::vector<float> x = test::Random(static_cast<std::size_t>(T) * in, 3u + T);
+        std::vector<float> whole(static_cast<std::size_t>(T) * out);
+        Matmul(kind, x.data(), T, w.m, whole.data(), &pool);
+        for (auto [ob, oe] : {std::pair{0, out}, std::pair{1, out - 1}, std::pair{18, out}}) {
+          const int ldy = out + 3;  // y points at column ob of rows ldy apart
+          std::vector<float> y(static_cast<std::size_t>(T) * ldy, -777.0f);
+          MatmulRows(kind, x.data(), T, w.m, ob, oe, y.data() + ob, ldy);
+          for (int r = 0; r < T; ++r)
+            for (int o = 0; o < ldy; ++o) {
+              const float v = y[static_cast<std::size_t>(r) * ldy + o];
+              if (o >= ob && o < oe)
+                EXPECT_EQ(std::memcmp(&v, &whole[static_cast<std::size_t>(r) * out + o], 4), 0)
+                    << weight_type_name(t) << " kind " << static_cast<int>(kind) << " T=" << T
+                    << " [" << ob << "," << oe << ") row " << r << " col " << o;
+              else
+                EXPECT_EQ(v, -777.0f) << weight_type_name(t) << " wrote col " << o;
+            }
+        }
+      }
+  }
 }
 
 // Blocks of random bytes (every code, every scale and min bit pattern, every Q5 high bit) with
