@@ -118,14 +118,18 @@ void BM_MemReadBandwidth(benchmark::State& state) {
                           static_cast<std::int64_t>(kProbeBytes));
 }
 
-// Seconds of one read pass now, beside the decode arms: the VM's bandwidth moves with its
-// neighbours' load (29-44 GB/s within an hour), so each iteration measures its own.
+// Seconds of one read pass now, beside the decode arms (the mean of kProbePasses back to back):
+// the VM's bandwidth moves with its neighbours' load (29-44 GB/s within an hour) and from one
+// 13 ms pass to the next (24-46 GB/s in 40 passes a second apart), so each iteration measures
+// its own, over ~50 ms rather than one pass, against arms of ~0.2-0.6 s.
+constexpr int kProbePasses = 4;
 double ReadProbe() {
   static std::vector<float> buf(kProbeBytes / sizeof(float), 1.0f);
   static ThreadPool pool(kThreads);
   const auto t0 = std::chrono::steady_clock::now();
-  ReadPass(buf, pool);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int i = 0; i < kProbePasses; ++i) ReadPass(buf, pool);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+         kProbePasses;
 }
 
 // kSteps decode steps on lockstep: seconds (0: failed).
