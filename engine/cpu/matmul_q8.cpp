@@ -256,13 +256,15 @@ float DotKPortable(const std::byte* row, int nsb, const XRow& x) {
   KBlock k;
   for (int sb = 0; sb < nsb; ++sb) {
     K::Decode(row + static_cast<std::size_t>(sb) * K::kBytes, k);
-    const std::int8_t* xq = x.q + 256 * sb;  // lane order (QuantRows)
+    const std::int8_t* xq = x.q + 256 * sb;  // lane order (QuantRows; IQ4_XS: bx)
     const float s = k.d * x.d[sb];
+    constexpr bool kIq4 = std::is_same_v<K, Iq4XsB>;  // its own lane order (matmul_q8.h)
     for (int l = 0; l < 16; ++l) {
       int s16 = 0;
       for (int c = 0; c < 4; ++c)
-        for (int j = 0; j < 4; ++j) s16 += k.v[16 * l + 4 * c + j] * xq[64 * c + 4 * l + j];
-      const int sc = k.sc[k.n_sc == 16 ? l : l / 2];
+        for (int j = 0; j < 4; ++j)
+          s16 += k.v[kIq4 ? Iq4XsElement(l, c, j) : 16 * l + 4 * c + j] * xq[64 * c + 4 * l + j];
+      const int sc = k.sc[kIq4 ? Iq4XsSub(l) : k.n_sc == 16 ? l : l / 2];
       acc[l] = std::fma(static_cast<float>(sc * s16), s, acc[l]);
     }
     if constexpr (K::kMins)
@@ -508,9 +510,8 @@ struct Q6KSimd : Q6KB {
 
 struct Iq4XsSimd : Iq4XsB {
   static constexpr bool kPair = false;
-  // Ls of sub-block l / 2 in lane l: nibble l / 2 of scales_l, bits 2 (l / 2) of scales_h. The 8
-  // scales as bytes in a word by two pdep (nibble i to byte i, bit pair i to bits 4-5 of byte i),
-  // then widened: one 512-bit operation per super-block instead of nine.
+  // Ls of sub-block Iq4XsSub(l) in lane l: the 8 scales as bytes in a word by two pdep (nibble i
+  // to byte i, bit pair i to bits 4-5 of byte i), picked per lane and widened.
   static KScales Prepare(const std::byte* b) {
     std::uint32_t sl;
     std::uint16_t sh;
@@ -520,17 +521,25 @@ struct Iq4XsSimd : Iq4XsB {
         _pdep_u64(sl, 0x0F0F0F0F0F0F0F0Full) | _pdep_u64(sh, 0x3030303030303030ull);
     const __m128i sc = _mm_sub_epi8(_mm_cvtsi64_si128(static_cast<long long>(ls)),
                                     _mm_set1_epi8(32));  // -32 .. 31
+    const __m128i pick = _mm_setr_epi8(0, 0, 4, 4, 1, 1, 5, 5, 2, 2, 6, 6, 3, 3, 7, 7);
     KScales s;
-    s.s = _mm512_cvtepi8_epi32(_mm_unpacklo_epi8(sc, sc));
+    s.s = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc, pick));
     s.dd = _mm_set_ss(Half(b));
     return s;
   }
+  // The even dwords of each 128-bit lane of both code halves ([a0 a2 b0 b2] per lane, chunks 0
+  // and 1) and the odd ones (chunks 2 and 3): lane l gets bytes 8 (l % 2) .. + 3 and + 4 .. + 7
+  // of sub-block Iq4XsSub(l). An in-lane shuffle each, where the earlier lane order needed a
+  // two-source permutation per chunk (IQ4_XS one core L2-resident ~1.2x).
   static Codes Load(const std::byte* b) {
-    return {Load64(b + 8), Load64(b + 72), _mm512_setzero_si512()};
+    const __m512 a = _mm512_castsi512_ps(Load64(b + 8)), c = _mm512_castsi512_ps(Load64(b + 72));
+    return {_mm512_castps_si512(_mm512_shuffle_ps(a, c, _MM_SHUFFLE(2, 0, 2, 0))),
+            _mm512_castps_si512(_mm512_shuffle_ps(a, c, _MM_SHUFFLE(3, 1, 3, 1))),
+            _mm512_setzero_si512()};
   }
-  // Element 16l + 4C + k: the low (l even) or high nibble of byte 16 (l / 2) + 4C + k, as its
-  // table value + 128 (unsigned; Init takes the 128 back off: n = -128 * x's sum per lane). The
-  // table repeats 4 times, so vpermb's index bits 4 and 5 (the other nibble) do not matter.
+  // Chunk C: the low (C even) or high nibbles of those dwords, as table value + 128 (unsigned;
+  // Init takes the 128 back off: n = -128 * x's sum per lane). The table repeats 4 times, so
+  // vpermb's index bits 4 and 5 (the neighbour's bits a 16-bit shift brings in) do not matter.
   template <int C>
   static __m512i Chunk(const Codes& k) {
     alignas(64) static const U8 kShifted[64] = {
@@ -538,9 +547,8 @@ struct Iq4XsSimd : Iq4XsB {
         1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241,
         1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241,
         1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
-    static constexpr auto kIdx = MakeLanes([](int l) { return 4 * (l >> 1) + C; });
-    const __m512i v = _mm512_permutex2var_epi32(k.a, Lanes(kIdx), k.b);
-    return _mm512_permutexvar_epi8(_mm512_mask_srli_epi16(v, 0xCCCCCCCCu, v, 4), Load64(kShifted));
+    const __m512i v = C / 2 == 0 ? k.a : k.b;
+    return _mm512_permutexvar_epi8(C % 2 == 0 ? v : _mm512_srli_epi16(v, 4), Load64(kShifted));
   }
   static __m512i Init(const std::int32_t* n16) { return Load64(n16); }
 };
@@ -626,7 +634,7 @@ void ForRowBlocks(int n_rows, F&& f) {
 template <class B, bool kK, class S = B>
 void RowsOf(const QuantRows& q, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
             std::size_t ldy, int y_col0) {
-  const QuantRows::Format& f = kK ? q.b256 : q.b32;
+  const QuantRows::Format& f = !kK ? q.b32 : std::is_same_v<B, Iq4XsB> ? q.bx : q.b256;
   const int block = kK ? 256 : 32;
   const int nb = w.cols / block;
   const std::size_t row_bytes = static_cast<std::size_t>(nb) * B::kBytes;  // S derives from B

@@ -13,11 +13,13 @@
 //        isum_l = scale(l) * (sum of its 16 products)  (Q6_K's scale l, the others' of l / 2);
 //        acc[l] = fma(float(isum_l), d_w * d_x, acc[l]);  with mins (Q4_K, Q5_K), per sub-block s:
 //        acc_min[s] = fma(float(m_s * (x's sum over sub-block s)), dmin_w * d_x, acc_min[s])
+//        IQ4_XS's lanes group its elements as its code bytes lie instead (Iq4XsElement below):
+//        lane l is 16 elements of sub-block s(l) = l / 4 + 4 ((l % 4) / 2), scale(l) its scale.
 //   y = Reduce16(acc) - Reduce8(acc_min): fixed trees (a[i] + a[i+8], then + 4, + 2, + 1, as
 //   matmul.cpp's lanes; a[i] + a[i+4], + 2, + 1).
 // (fma: one rounding, std::fma / vfmadd.) A K block's scale multiplies a lane's whole sum, so the
 // vector form sums a lane's 16 products in one chain of 4 vpdpbusd and scales once per block; x's
-// 256 format keeps its integers in that lane order (QuantRows).
+// 256 format keeps its integers in that lane order (QuantRows), IQ4_XS's bx format in its own.
 //
 // Every (x row, weight row) pair goes through exactly those operations whatever the row count,
 // the thread count or the blocking, so the path is batch- and T-invariant like kInvariant. It is
@@ -52,7 +54,8 @@ bool HasKernel(const Mat& w);
 // the sums of q per lane (the offset of the unsigned forms), d the scales, and for the 256 format
 // bsum the sums per 32 (its sub-blocks). The 32 format keeps q in order, a lane being 4
 // consecutive elements; the 256 format keeps each super-block in lane order: byte k of lane l of
-// chunk c (64 bytes) at 64c + 4l + k is element 16l + 4c + k, a lane being 16 elements.
+// chunk c (64 bytes) at 64c + 4l + k is element 16l + 4c + k, a lane being 16 elements. The bx
+// format (IQ4_XS) is the 256 format with Iq4XsElement(l, c, k) there, and no bsum.
 struct QuantRows {
   int rows = 0;
   int cols = 0;
@@ -62,8 +65,18 @@ struct QuantRows {
     std::vector<float> d;
     std::vector<std::int32_t> bsum;  // per 32 (the 256 format only)
   };
-  Format b32, b256;
+  Format b32, b256, bx;
 };
+
+// IQ4_XS's lane order: byte k of lane l of chunk c is element 32 s + 16 (c % 2) + 8 (l % 2) + 4
+// (c / 2) + k of the super-block, s = l / 4 + 4 ((l % 4) / 2) its sub-block. Those are the low
+// (c even) or high nibbles of the dwords that two in-lane shuffles of the 128 code bytes put in
+// lane l (even dwords of both 64-byte halves for c < 2, odd ones for c >= 2): no cross-lane
+// permutation of the codes, and one sub-block (one scale) per lane.
+inline int Iq4XsSub(int l) { return l / 4 + 4 * ((l % 4) / 2); }
+inline int Iq4XsElement(int l, int c, int k) {
+  return 32 * Iq4XsSub(l) + 16 * (c % 2) + 8 * (l % 2) + 4 * (c / 2) + k;
+}
 
 // Rounds rows [0, n_rows) of x (row stride cols = w.cols) for w's types into `q`.
 void Quantise(const float* x, int n_rows, const Mat& w, QuantRows& q);

@@ -57,10 +57,26 @@ void Quantise32(const float* x, std::size_t at, QuantRows::Format& f) {
   Sums(f, at, 32);
 }
 
+// A super-block of x's integers into the bx format (IQ4_XS) at `at`: byte k of lane l of chunk
+// c at 64c + 4l + k is element Iq4XsElement(l, c, k), n = -128 * each lane's sum.
+void Iq4Order(const std::int8_t* nat, std::size_t at, QuantRows::Format& f) {
+  std::int8_t* q = f.q.data() + at;
+  for (int l = 0; l < 16; ++l) {
+    std::int32_t s = 0;
+    for (int c = 0; c < 4; ++c)
+      for (int k = 0; k < 4; ++k) {
+        const std::int8_t v = nat[Iq4XsElement(l, c, k)];
+        q[64 * c + 4 * l + k] = v;
+        s += v;
+      }
+    f.n[at / 16 + static_cast<std::size_t>(l)] = -128 * s;
+  }
+}
+
 // ggml's Q8_K (quantize_row_q8_K_ref): the element of largest magnitude sets iscale = -127 / max,
-// each element nearest(iscale * x) capped at 127, d = 1 / iscale, and the sums per 32; stored in
-// lane order (LaneOrder).
-void Quantise256(const float* x, std::size_t at, QuantRows::Format& f) {
+// each element nearest(iscale * x) capped at 127, d = 1 / iscale; the integers into `nat` in
+// natural order, d returned (the formats order them: LaneOrder, Iq4Order).
+float Round256(const float* x, std::int8_t* nat) {
   float amax = 0.0f, max = 0.0f;
   for (int j = 0; j < 256; ++j) {
     const float ax = std::fabs(x[j]);
@@ -69,16 +85,12 @@ void Quantise256(const float* x, std::size_t at, QuantRows::Format& f) {
       max = x[j];
     }
   }
-  std::int8_t nat[256] = {};
-  if (amax == 0.0f) {
-    f.d[at / 256] = 0.0f;
-  } else {
-    const float iscale = -127.0f / max;
-    for (int j = 0; j < 256; ++j)
-      nat[j] = static_cast<std::int8_t>(std::min(127.0f, std::nearbyint(iscale * x[j])));
-    f.d[at / 256] = 1.0f / iscale;
-  }
-  LaneOrder(nat, at, f);
+  std::memset(nat, 0, 256);
+  if (amax == 0.0f) return 0.0f;
+  const float iscale = -127.0f / max;
+  for (int j = 0; j < 256; ++j)
+    nat[j] = static_cast<std::int8_t>(std::min(127.0f, std::nearbyint(iscale * x[j])));
+  return 1.0f / iscale;
 }
 
 #if defined(LOCKSTEP_Q8_SIMD)
@@ -160,34 +172,31 @@ void LaneOrderSimd(const std::int8_t* nat, std::size_t at, QuantRows::Format& f)
                       _mm512_cvtepi64_epi32(pairs));
 }
 
-void Quantise256Simd(const float* x, std::size_t at, QuantRows::Format& f) {
+float Round256Simd(const float* x, std::int8_t* q) {
   __m512 v[16], mx = _mm512_setzero_ps();
   for (int i = 0; i < 16; ++i) {
     v[i] = _mm512_loadu_ps(x + 16 * i);
     mx = _mm512_max_ps(Abs(v[i]), mx);  // a NaN element is passed over, as the scalar loop does
   }
   const float amax = MaxLanes(mx);
-  alignas(64) std::int8_t q[256];
   if (amax == 0.0f) {
-    f.d[at / 256] = 0.0f;
     std::memset(q, 0, 256);
-  } else {
-    float max = 0.0f;  // the first element of the largest magnitude, with its sign
-    for (int i = 0; i < 16; ++i)
-      if (const __mmask16 k = _mm512_cmp_ps_mask(Abs(v[i]), _mm512_set1_ps(amax), _CMP_EQ_OQ)) {
-        max = x[16 * i + __builtin_ctz(k)];
-        break;
-      }
-    const float iscale = -127.0f / max;
-    const __m512 m = _mm512_set1_ps(iscale);
-    for (int i = 0; i < 16; ++i) {
-      const __m512i qi =
-          _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v[i], m)), _mm512_set1_epi32(127));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * i), _mm512_cvtsepi32_epi8(qi));
-    }
-    f.d[at / 256] = 1.0f / iscale;
+    return 0.0f;
   }
-  LaneOrderSimd(q, at, f);
+  float max = 0.0f;  // the first element of the largest magnitude, with its sign
+  for (int i = 0; i < 16; ++i)
+    if (const __mmask16 k = _mm512_cmp_ps_mask(Abs(v[i]), _mm512_set1_ps(amax), _CMP_EQ_OQ)) {
+      max = x[16 * i + __builtin_ctz(k)];
+      break;
+    }
+  const float iscale = -127.0f / max;
+  const __m512 m = _mm512_set1_ps(iscale);
+  for (int i = 0; i < 16; ++i) {
+    const __m512i qi =
+        _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v[i], m)), _mm512_set1_epi32(127));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * i), _mm512_cvtsepi32_epi8(qi));
+  }
+  return 1.0f / iscale;
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -199,12 +208,12 @@ bool IsK(WeightType t) {
          t == WeightType::kIQ4_XS;
 }
 
-void NeedFormats(const Mat& w, bool& b32, bool& b256) {
+void NeedFormats(const Mat& w, bool& b32, bool& b256, bool& bx) {
   if (w.parts != nullptr) {
-    for (int i = 0; i < w.n_parts; ++i) NeedFormats(w.parts[i].m, b32, b256);
+    for (int i = 0; i < w.n_parts; ++i) NeedFormats(w.parts[i].m, b32, b256, bx);
     return;
   }
-  (IsK(w.type) ? b256 : b32) = true;
+  (w.type == WeightType::kIQ4_XS ? bx : IsK(w.type) ? b256 : b32) = true;
 }
 
 // 64 bytes of padding after each buffer: a 32-element row's odd last block is read as a pair.
@@ -212,33 +221,53 @@ void Resize(QuantRows::Format& f, std::size_t n, int block) {
   f.q.resize(n + 64);
   f.n.resize(n / (block == 256 ? 16 : 4) + 16);
   f.d.resize(n / static_cast<std::size_t>(block) + 16);
-  if (block == 256) f.bsum.resize(n / 32);
+  if (block == 256) f.bsum.resize(n / 32);  // (bx leaves it unused)
 }
 
 }  // namespace
 
 void Quantise(const float* x, int n_rows, const Mat& w, QuantRows& q) {
-  bool b32 = false, b256 = false;
-  NeedFormats(w, b32, b256);
+  bool b32 = false, b256 = false, bx = false;
+  NeedFormats(w, b32, b256, bx);
   q.rows = n_rows;
   q.cols = w.cols;
   const std::size_t n = static_cast<std::size_t>(n_rows) * static_cast<std::size_t>(w.cols);
   if (b32) Resize(q.b32, n, 32);
   if (b256) Resize(q.b256, n, 256);
+  if (bx) Resize(q.bx, n, 256);
+  bool simd = false;
 #if defined(LOCKSTEP_Q8_SIMD)
-  if (!detail::g_portable) {
+  simd = !detail::g_portable;
+  if (simd) {
     const std::size_t cols = static_cast<std::size_t>(w.cols);
     for (std::size_t r = 0; b32 && r < n; r += cols) {
       std::size_t at = r;
       for (; at + 64 <= r + cols; at += 64) Quantise32Pair(x + at, at, q.b32);
       if (at < r + cols) Quantise32(x + at, at, q.b32);
     }
-    for (std::size_t at = 0; b256 && at < n; at += 256) Quantise256Simd(x + at, at, q.b256);
-    return;
   }
 #endif
-  for (std::size_t at = 0; b32 && at < n; at += 32) Quantise32(x + at, at, q.b32);
-  for (std::size_t at = 0; b256 && at < n; at += 256) Quantise256(x + at, at, q.b256);
+  if (!simd)
+    for (std::size_t at = 0; b32 && at < n; at += 32) Quantise32(x + at, at, q.b32);
+  for (std::size_t at = 0; (b256 || bx) && at < n; at += 256) {
+    alignas(64) std::int8_t nat[256];
+#if defined(LOCKSTEP_Q8_SIMD)
+    const float d = simd ? Round256Simd(x + at, nat) : Round256(x + at, nat);
+#else
+    const float d = Round256(x + at, nat);
+#endif
+    if (b256) {
+      q.b256.d[at / 256] = d;
+#if defined(LOCKSTEP_Q8_SIMD)
+      if (simd) LaneOrderSimd(nat, at, q.b256);
+#endif
+      if (!simd) LaneOrder(nat, at, q.b256);
+    }
+    if (bx) {
+      q.bx.d[at / 256] = d;
+      Iq4Order(nat, at, q.bx);
+    }
+  }
 }
 
 }  // namespace lockstep::cpu::q8
