@@ -494,11 +494,6 @@ void MatmulQ8(const float* x, int n_rows, const Mat& w, float* y, ThreadPool* po
 
 }  // namespace
 
-void MatmulRowsRange(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
-                     int ldy) {
-  InvariantBlock(x, n_rows, w, o_begin, o_end, y, ldy, o_begin);
-}
-
 int InvariantRowBlock() { return kMaxRows; }
 
 namespace {
@@ -518,9 +513,10 @@ const float* RoundedForQ8(const float* x, int n_rows, const Mat& w) {
 
 }  // namespace
 
-void MatmulRows(MatmulKind kind, const float* x, int n_rows, const Mat& w, int o_begin, int o_end,
-                float* y, int ldy) {
-  LOCKSTEP_CHECK(IsInvariant(kind)) << "MatmulRows: a row range of kGemm could change its bits";
+void MatmulRowsRange(MatmulKind kind, const float* x, int n_rows, const Mat& w, int o_begin,
+                     int o_end, float* y, int ldy) {
+  LOCKSTEP_CHECK(IsInvariant(kind))
+      << "MatmulRowsRange: a row range of kGemm could change its bits";
   if (n_rows <= 0 || o_end <= o_begin) return;
   if (kind == MatmulKind::kInvariantQ8) {
     if (q8::HasKernel(w)) {

@@ -52,16 +52,13 @@ float Dot(const float* a, const float* b, int n);
 void Matmul(MatmulKind kind, const float* x, int n_rows, const Mat& w, float* y, ThreadPool* pool,
             int ldy = -1);
 
-// Same product, kInvariant, for a contiguous subset of W's rows [o_begin, o_end): writes
-// y[t, o - o_begin]. Used to split one weight (e.g. per-head projections) without copying.
-void MatmulRowsRange(const float* x, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
-                     int ldy);
-
-// kind's product (kInvariant or kInvariantQ8) for W's rows [o_begin, o_end) on the calling
-// thread: y[t, o - o_begin] (row stride ldy), bitwise Matmul's columns o_begin .. o_end - 1 (each
-// output is one row's dot whatever the split). kGemm's blocking follows the shape, so it has none.
-void MatmulRows(MatmulKind kind, const float* x, int n_rows, const Mat& w, int o_begin, int o_end,
-                float* y, int ldy);
+// The same product (kInvariant or kInvariantQ8) for a contiguous subset of W's rows [o_begin,
+// o_end) on the calling thread: writes y[t, o - o_begin] (row stride ldy), bitwise Matmul's
+// columns o_begin .. o_end - 1 (each output is one row's dot whatever the split). Splits one
+// weight without copying (per-head projections, the MoE's halves of a down product). kGemm has
+// none: its blocking follows the shape.
+void MatmulRowsRange(MatmulKind kind, const float* x, int n_rows, const Mat& w, int o_begin,
+                     int o_end, float* y, int ldy);
 
 // Rows per DotRows block of kInvariant (8 with AVX-512, else 4): the rows of x are computed in
 // blocks of this many (then one block of the rest). Same bits whatever the blocking (above).

@@ -212,6 +212,11 @@ struct Iq4XsB {
   }
 };
 
+// Whether K's lanes follow IQ4_XS's own order (x in the bx format, Iq4XsElement) rather than the
+// 256 format's.
+template <class K>
+constexpr bool kBxLanes = std::is_same_v<K, Iq4XsB>;
+
 // The fixed 16-lane tree (matmul_q8.h): a[i] + a[i+8], then + 4, + 2, + 1.
 float Reduce16(const float* a) {
   float s[8], u[4];
@@ -258,7 +263,7 @@ float DotKPortable(const std::byte* row, int nsb, const XRow& x) {
     K::Decode(row + static_cast<std::size_t>(sb) * K::kBytes, k);
     const std::int8_t* xq = x.q + 256 * sb;  // lane order (QuantRows; IQ4_XS: bx)
     const float s = k.d * x.d[sb];
-    constexpr bool kIq4 = std::is_same_v<K, Iq4XsB>;  // its own lane order (matmul_q8.h)
+    constexpr bool kIq4 = kBxLanes<K>;
     for (int l = 0; l < 16; ++l) {
       int s16 = 0;
       for (int c = 0; c < 4; ++c)
@@ -530,7 +535,8 @@ struct Iq4XsSimd : Iq4XsB {
   // The even dwords of each 128-bit lane of both code halves ([a0 a2 b0 b2] per lane, chunks 0
   // and 1) and the odd ones (chunks 2 and 3): lane l gets bytes 8 (l % 2) .. + 3 and + 4 .. + 7
   // of sub-block Iq4XsSub(l). An in-lane shuffle each, where the earlier lane order needed a
-  // two-source permutation per chunk (IQ4_XS one core L2-resident ~1.2x).
+  // two-source permutation per chunk (q8_kernel_bench, one core L2-resident: 2048 columns ~1.05x,
+  // 512 columns ~1.1x).
   static Codes Load(const std::byte* b) {
     const __m512 a = _mm512_castsi512_ps(Load64(b + 8)), c = _mm512_castsi512_ps(Load64(b + 72));
     return {_mm512_castps_si512(_mm512_shuffle_ps(a, c, _MM_SHUFFLE(2, 0, 2, 0))),
@@ -634,7 +640,7 @@ void ForRowBlocks(int n_rows, F&& f) {
 template <class B, bool kK, class S = B>
 void RowsOf(const QuantRows& q, int n_rows, const Mat& w, int o_begin, int o_end, float* y,
             std::size_t ldy, int y_col0) {
-  const QuantRows::Format& f = !kK ? q.b32 : std::is_same_v<B, Iq4XsB> ? q.bx : q.b256;
+  const QuantRows::Format& f = !kK ? q.b32 : kBxLanes<B> ? q.bx : q.b256;
   const int block = kK ? 256 : 32;
   const int nb = w.cols / block;
   const std::size_t row_bytes = static_cast<std::size_t>(nb) * B::kBytes;  // S derives from B

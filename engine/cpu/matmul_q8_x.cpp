@@ -217,11 +217,11 @@ void NeedFormats(const Mat& w, bool& b32, bool& b256, bool& bx) {
 }
 
 // 64 bytes of padding after each buffer: a 32-element row's odd last block is read as a pair.
-void Resize(QuantRows::Format& f, std::size_t n, int block) {
+void Resize(QuantRows::Format& f, std::size_t n, int block, bool bsum) {
   f.q.resize(n + 64);
   f.n.resize(n / (block == 256 ? 16 : 4) + 16);
   f.d.resize(n / static_cast<std::size_t>(block) + 16);
-  if (block == 256) f.bsum.resize(n / 32);  // (bx leaves it unused)
+  f.bsum.resize(bsum ? n / 32 : 0);
 }
 
 }  // namespace
@@ -232,9 +232,9 @@ void Quantise(const float* x, int n_rows, const Mat& w, QuantRows& q) {
   q.rows = n_rows;
   q.cols = w.cols;
   const std::size_t n = static_cast<std::size_t>(n_rows) * static_cast<std::size_t>(w.cols);
-  if (b32) Resize(q.b32, n, 32);
-  if (b256) Resize(q.b256, n, 256);
-  if (bx) Resize(q.bx, n, 256);
+  if (b32) Resize(q.b32, n, 32, false);
+  if (b256) Resize(q.b256, n, 256, true);
+  if (bx) Resize(q.bx, n, 256, false);
   bool simd = false;
 #if defined(LOCKSTEP_Q8_SIMD)
   simd = !detail::g_portable;

@@ -40,14 +40,28 @@ void RouteToken(const float* logits, int n_experts, int k, bool norm, int* idx, 
 }
 
 namespace {
-// SwiGLU with caller-provided scratch g, u f32 [T, I] (no arena: callable from pool workers).
-void FfnInto(const FfnWeights& f, const float* x, int T, MatmulKind kind, ThreadPool* pool,
-             float* g, float* u, float* out) {
+// SwiGLU's first half with caller-provided scratch g, u f32 [T, I]: g = SiLU(x gate) * (x up).
+void FfnGateUp(const FfnWeights& f, const float* x, int T, MatmulKind kind, ThreadPool* pool,
+               float* g, float* u) {
   const int inter = f.gate.rows;
   Matmul(kind, x, T, f.gate, g, pool);
   Matmul(kind, x, T, f.up, u, pool);
   for (std::size_t i = 0; i < U(T) * U(inter); ++i) g[i] = Silu(g[i]) * u[i];
+}
+
+// SwiGLU with caller-provided scratch g, u f32 [T, I] (no arena: callable from pool workers).
+void FfnInto(const FfnWeights& f, const float* x, int T, MatmulKind kind, ThreadPool* pool,
+             float* g, float* u, float* out) {
+  FfnGateUp(f, x, T, kind, pool, g, u);
   Matmul(kind, g, T, f.down, out, pool);
+}
+
+// The down product's output rows [o_begin, o_end) of g on the calling thread into out f32 [T, H]:
+// the whole product (any kind), or a row range of an invariant one (a split item).
+void DownRows(const Mat& down, const float* g, int T, MatmulKind kind, int o_begin, int o_end,
+              float* out) {
+  if (o_begin == 0 && o_end == down.rows) return Matmul(kind, g, T, down, out, nullptr);
+  MatmulRowsRange(kind, g, T, down, o_begin, o_end, out + o_begin, down.rows);
 }
 }  // namespace
 
@@ -178,16 +192,10 @@ void RunExpert(const MoeWeights& w, const ModelConfig& c, const MoePart& pt, con
       const int t = r.slot_of[s0 + i] / k;
       std::memcpy(xin + U(i) * uh, pt.x + U(t) * uh, uh * sizeof(float));
     }
-    if (!down) {
-      Matmul(pt.kind, xin, n, f.gate, g, nullptr);
-      Matmul(pt.kind, xin, n, f.up, u, nullptr);
-      for (std::size_t i = 0; i < U(n) * U(c.moe_ffn); ++i) g[i] = Silu(g[i]) * u[i];
-      return;
-    }
-    FfnInto(f, xin, n, pt.kind, nullptr, g, u, yout);
-  } else {
-    MatmulRows(pt.kind, g, n, f.down, o_begin, o_end, yout + o_begin, c.n_embd);
+    FfnGateUp(f, xin, n, pt.kind, nullptr, g, u);
   }
+  if (!down) return;
+  DownRows(f.down, g, n, pt.kind, o_begin, o_end, yout);
   const std::size_t cols = U(o_end - o_begin);
   for (int i = 0; i < n; ++i)
     std::memcpy(r.ranked + U(r.slot_of[s0 + i]) * uh + U(o_begin), yout + U(i) * uh + U(o_begin),
@@ -196,17 +204,10 @@ void RunExpert(const MoeWeights& w, const ModelConfig& c, const MoePart& pt, con
 
 // The shared expert of a part as a work item: gate / up and SiLU into sh_g, and / or down's output
 // rows [o_begin, o_end) into sh.
-void RunShared(const MoeWeights& w, const ModelConfig& c, const MoePart& pt, const PartRoutes& r,
-               bool gate_up, bool down, int o_begin, int o_end) {
-  if (gate_up && down) return FfnInto(w.shared, pt.x, pt.T, pt.kind, nullptr, r.sh_g, r.sh_u, r.sh);
-  if (gate_up) {
-    Matmul(pt.kind, pt.x, pt.T, w.shared.gate, r.sh_g, nullptr);
-    Matmul(pt.kind, pt.x, pt.T, w.shared.up, r.sh_u, nullptr);
-    const std::size_t n = U(pt.T) * U(w.shared.gate.rows);
-    for (std::size_t i = 0; i < n; ++i) r.sh_g[i] = Silu(r.sh_g[i]) * r.sh_u[i];
-    return;
-  }
-  MatmulRows(pt.kind, r.sh_g, pt.T, w.shared.down, o_begin, o_end, r.sh + o_begin, c.n_embd);
+void RunShared(const MoeWeights& w, const MoePart& pt, const PartRoutes& r, bool gate_up, bool down,
+               int o_begin, int o_end) {
+  if (gate_up) FfnGateUp(w.shared, pt.x, pt.T, pt.kind, nullptr, r.sh_g, r.sh_u);
+  if (down) DownRows(w.shared.down, r.sh_g, pt.T, pt.kind, o_begin, o_end, r.sh);
 }
 
 // Combine in rank order, then the gated shared expert.
@@ -277,7 +278,7 @@ void MoeForwardParts(const MoeWeights& w, const ModelConfig& c, const MoePart* p
   auto run_steps = [&](int a, bool gate_up, bool down, int o_begin, int o_end) {
     if (a < n_shared) {
       const int p = shared_parts[U(a)];
-      return RunShared(w, c, parts[p], routes[U(p)], gate_up, down, o_begin, o_end);
+      return RunShared(w, parts[p], routes[U(p)], gate_up, down, o_begin, o_end);
     }
     const int e = active[U(a - n_shared)];
     for (int p = 0; p < n_parts; ++p)

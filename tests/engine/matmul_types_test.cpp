@@ -23,7 +23,6 @@ namespace {
 
 using cpu::Matmul;
 using cpu::MatmulKind;
-using cpu::MatmulRows;
 using cpu::MatmulRowsRange;
 
 // A matrix of `type` with random values, its bytes and its f32 widening.
@@ -89,8 +88,8 @@ void ExpectSame(WeightType t, MatmulKind kind, int threads) {
     if (kind == MatmulKind::kInvariant && s.out > 2) {
       const int ob = 1, oe = s.out - 1;
       std::vector<float> a(static_cast<std::size_t>(s.T) * (oe - ob)), b = a;
-      MatmulRowsRange(x.data(), s.T, w.m, ob, oe, a.data(), oe - ob);
-      MatmulRowsRange(x.data(), s.T, w.f32, ob, oe, b.data(), oe - ob);
+      MatmulRowsRange(MatmulKind::kInvariant, x.data(), s.T, w.m, ob, oe, a.data(), oe - ob);
+      MatmulRowsRange(MatmulKind::kInvariant, x.data(), s.T, w.f32, ob, oe, b.data(), oe - ob);
       EXPECT_TRUE(test::BitwiseEqual(a, b)) << weight_type_name(t) << " rows range";
     }
   }
@@ -126,7 +125,7 @@ TEST(MatmulTypes, EveryBlockTypeEqualsDequantisedF32) {
   EXPECT_EQ(n, 18);
 }
 
-// MatmulRows (a row range of an invariant product on the calling thread, what the MoE's split
+// MatmulRowsRange (a row range of an invariant product on the calling thread, what the MoE's split
 // items run) gives Matmul's columns bitwise for both invariant kinds, the 8-bit kernels' types,
 // a type without one (Q2_K) and bf16 (rounded x under kInvariantQ8), and writes only its range.
 TEST(MatmulTypes, RowsRangeIsMatmulsColumns) {
@@ -143,7 +142,7 @@ TEST(MatmulTypes, RowsRangeIsMatmulsColumns) {
         for (auto [ob, oe] : {std::pair{0, out}, std::pair{1, out - 1}, std::pair{18, out}}) {
           const int ldy = out + 3;  // y points at column ob of rows ldy apart
           std::vector<float> y(static_cast<std::size_t>(T) * ldy, -777.0f);
-          MatmulRows(kind, x.data(), T, w.m, ob, oe, y.data() + ob, ldy);
+          MatmulRowsRange(kind, x.data(), T, w.m, ob, oe, y.data() + ob, ldy);
           for (int r = 0; r < T; ++r)
             for (int o = 0; o < ldy; ++o) {
               const float v = y[static_cast<std::size_t>(r) * ldy + o];

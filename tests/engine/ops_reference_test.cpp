@@ -247,7 +247,7 @@ TEST(OpReference, Matmul) {
     if (oe > ob) {
       const int ldy = oe - ob + 2;
       FVec y(Z(s.rows) * Z(ldy), -777.0f);
-      MatmulRowsRange(x.data(), s.rows, w, ob, oe, y.data(), ldy);
+      MatmulRowsRange(MatmulKind::kInvariant, x.data(), s.rows, w, ob, oe, y.data(), ldy);
       Vec r;
       FVec g;
       for (int t = 0; t < s.rows; ++t)
@@ -302,7 +302,7 @@ TEST(OpReference, MatmulSmallIntegersExact) {
       }
     }
     FVec y(exact.size(), 0.5f);
-    MatmulRowsRange(x.data(), s.rows, w, 0, s.out, y.data(), s.out);
+    MatmulRowsRange(MatmulKind::kInvariant, x.data(), s.rows, w, 0, s.out, y.data(), s.out);
     EXPECT_TRUE(test::BitwiseEqual(exact, y)) << "MatmulRowsRange";
   }
 }
