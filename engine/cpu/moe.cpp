@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "cpu/activation.h"
 #include "cpu/norm.h"
 #include "cpu/op_report.h"
 
@@ -46,7 +47,7 @@ void FfnGateUp(const FfnWeights& f, const float* x, int T, MatmulKind kind, Thre
   const int inter = f.gate.rows;
   Matmul(kind, x, T, f.gate, g, pool);
   Matmul(kind, x, T, f.up, u, pool);
-  for (std::size_t i = 0; i < U(T) * U(inter); ++i) g[i] = Silu(g[i]) * u[i];
+  SiluMulInPlace(g, u, U(T) * U(inter));
 }
 
 // SwiGLU with caller-provided scratch g, u f32 [T, I] (no arena: callable from pool workers).

@@ -1,5 +1,6 @@
 #include "cpu/norm.h"
 
+#include "cpu/activation.h"
 #include "cpu/matmul.h"
 
 namespace lockstep::cpu {
@@ -13,7 +14,7 @@ void RmsNormZc(const float* x, int n, const float* w, float eps, float* y) {
 void GatedRmsNorm(const float* x, const float* z, int n, const float* w, float eps, float* y) {
   float ss = Dot(x, x, n);
   float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-  for (int i = 0; i < n; ++i) y[i] = x[i] * r * w[i] * Silu(z[i]);
+  GatedScale(x, z, w, r, static_cast<std::size_t>(n), y);
 }
 
 void L2NormInPlace(float* x, int n, float eps) {
