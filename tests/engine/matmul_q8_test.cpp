@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -169,7 +170,16 @@ TEST(Q8Matmul, SixteenBitWeightsTakeXRoundedToTheirType) {
     for (std::size_t i = 0; i < bits.size(); ++i)
       bits[i] = t == WeightType::kBF16 ? f32_to_bf16(wv[i]) : f32_to_f16(wv[i]);
     m.data = bits.data();
-    const std::vector<float> x = test::Random(static_cast<std::size_t>(n) * cols, 22);
+    std::vector<float> x = test::Random(static_cast<std::size_t>(n) * cols, 22);
+    // Exact ties of the bf16 rounding (odd and even kept halves) throughout; in row 1 FLT_MAX
+    // (rounds to Inf) and subnormal ties, in row 2 one NaN whose payload lives in the low half
+    // (alone: another NaN or Inf in its row would hide how it was rounded).
+    for (std::size_t i = 0; i < x.size(); i += 7)
+      x[i] = std::bit_cast<float>((std::bit_cast<std::uint32_t>(x[i]) & 0xffff0000u) | 0x8000u);
+    const std::uint32_t specials[] = {0x7f7fffffu, 0x00008000u, 0x80018000u, 0x00017fffu};
+    for (std::size_t k = 0; k < std::size(specials); ++k)
+      x[cols + 3 + 11 * k] = std::bit_cast<float>(specials[k]);
+    x[2 * cols + 5] = std::bit_cast<float>(0x7f800001u);
     std::vector<float> xr(x.size());
     for (std::size_t i = 0; i < x.size(); ++i)
       xr[i] = t == WeightType::kBF16 ? round_to_bf16(x[i]) : f16_to_f32(f32_to_f16(x[i]));
