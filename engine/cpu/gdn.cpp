@@ -181,18 +181,26 @@ void CausalConvSilu(const float* win, int T, int C, int K, const float* weight, 
       float* urow = Uo + U(t) * U(C);
       std::size_t ch = b;
 #if defined(__AVX512F__)
-      // 16 channels at a time, each its own sum in the scalar order below (the weights [C, K]
-      // gathered per tap): the same bits.
-      const __m512i taps = _mm512_mullo_epi32(
-          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-          _mm512_set1_epi32(K));
-      for (; ch + 16 <= e; ch += 16) {
-        __m512 s = _mm512_setzero_ps();
-        for (int j = 0; j < K; ++j) {
-          const __m512 wv = _mm512_i32gather_ps(taps, weight + ch * U(K) + U(j), 4);
-          s = _mm512_add_ps(s, _mm512_mul_ps(wv, _mm512_loadu_ps(win + U(t + j) * U(C) + ch)));
+      // 16 channels at a time, each its own sum in the scalar order below: their taps are 64
+      // consecutive weights ([C, K], K = 4), tap j of channel i at 4i + j, picked out of the
+      // four registers by two vpermt2ps and a blend per tap. The same bits.
+      if (K == 4) {
+        for (; ch + 16 <= e; ch += 16) {
+          const float* wp = weight + ch * 4;
+          const __m512 w0 = _mm512_loadu_ps(wp), w1 = _mm512_loadu_ps(wp + 16),
+                       w2 = _mm512_loadu_ps(wp + 32), w3 = _mm512_loadu_ps(wp + 48);
+          __m512 s = _mm512_setzero_ps();
+          for (int j = 0; j < 4; ++j) {
+            // lane i < 8: element 4i + j of (w0, w1); lane i >= 8: 4(i - 8) + j of (w2, w3)
+            const __m512i idx = _mm512_add_epi32(
+                _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28),
+                _mm512_set1_epi32(j));
+            const __m512 wj = _mm512_mask_blend_ps(0xFF00, _mm512_permutex2var_ps(w0, idx, w1),
+                                                   _mm512_permutex2var_ps(w2, idx, w3));
+            s = _mm512_add_ps(s, _mm512_mul_ps(wj, _mm512_loadu_ps(win + U(t + j) * U(C) + ch)));
+          }
+          _mm512_storeu_ps(urow + ch, s);
         }
-        _mm512_storeu_ps(urow + ch, s);
       }
 #endif
       for (; ch < e; ++ch) {

@@ -73,8 +73,8 @@ struct QuantRows {
 // (c even) or high nibbles of the dwords that two in-lane shuffles of the 128 code bytes put in
 // lane l (even dwords of both 64-byte halves for c < 2, odd ones for c >= 2): no cross-lane
 // permutation of the codes, and one sub-block (one scale) per lane.
-inline int Iq4XsSub(int l) { return l / 4 + 4 * ((l % 4) / 2); }
-inline int Iq4XsElement(int l, int c, int k) {
+constexpr int Iq4XsSub(int l) { return l / 4 + 4 * ((l % 4) / 2); }
+constexpr int Iq4XsElement(int l, int c, int k) {
   return 32 * Iq4XsSub(l) + 16 * (c % 2) + 8 * (l % 2) + 4 * (c / 2) + k;
 }
 

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -172,6 +173,35 @@ void LaneOrderSimd(const std::int8_t* nat, std::size_t at, QuantRows::Format& f)
                       _mm512_cvtepi64_epi32(pairs));
 }
 
+// Iq4Order with vector operations (the same bytes and sums): chunk c's lane l is dword 8s + 4(c %
+// 2) + 2(l % 2) + c / 2 of the natural order (s = Iq4XsSub(l)): sub-blocks 0-3 from the first two
+// registers, 4-7 (the lanes with l % 4 >= 2) from the last two, by one vpermt2d each and a blend.
+// The scalar form's 256 element moves took ~3% of an IQ4_XS product's time at decode.
+void Iq4OrderSimd(const std::int8_t* nat, std::size_t at, QuantRows::Format& f) {
+  alignas(64) static constexpr auto kIdx = [] {
+    std::array<std::array<std::int32_t, 16>, 4> a{};
+    for (int c = 0; c < 4; ++c)
+      for (int l = 0; l < 16; ++l)
+        a[static_cast<std::size_t>(c)][static_cast<std::size_t>(l)] =
+            (Iq4XsElement(l, c, 0) / 4) & 31;
+    return a;
+  }();
+  const __m512i z[4] = {Load64(nat), Load64(nat + 64), Load64(nat + 128), Load64(nat + 192)};
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i sum = _mm512_setzero_si512();
+  std::int8_t* q = f.q.data() + at;
+  for (int c = 0; c < 4; ++c) {
+    const __m512i idx = Load64(kIdx[static_cast<std::size_t>(c)].data());
+    const __m512i chunk =
+        _mm512_mask_blend_epi32(0xCCCC, _mm512_permutex2var_epi32(z[0], idx, z[1]),
+                                _mm512_permutex2var_epi32(z[2], idx, z[3]));
+    _mm512_storeu_si512(q + 64 * c, chunk);
+    sum = _mm512_dpbusd_epi32(sum, ones, chunk);
+  }
+  _mm512_storeu_si512(f.n.data() + at / 16,
+                      _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
+}
+
 float Round256Simd(const float* x, std::int8_t* q) {
   __m512 v[16], mx = _mm512_setzero_ps();
   for (int i = 0; i < 16; ++i) {
@@ -265,7 +295,10 @@ void Quantise(const float* x, int n_rows, const Mat& w, QuantRows& q) {
     }
     if (bx) {
       q.bx.d[at / 256] = d;
-      Iq4Order(nat, at, q.bx);
+#if defined(LOCKSTEP_Q8_SIMD)
+      if (simd) Iq4OrderSimd(nat, at, q.bx);
+#endif
+      if (!simd) Iq4Order(nat, at, q.bx);
     }
   }
 }
