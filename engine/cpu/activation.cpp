@@ -123,6 +123,16 @@ void GatedScale(const float* x, const float* z, const float* w, float r, std::si
   for (; i < n; ++i) y[i] = x[i] * r * w[i] * Silu(z[i]);
 }
 
+void ExpShiftedInPlace(float* x, std::size_t n, float shift) {
+  std::size_t i = 0;
+#if defined(LOCKSTEP_VEXP)
+  const __m512 sv = _mm512_set1_ps(shift);
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(x + i, Exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), sv)));
+#endif
+  for (; i < n; ++i) x[i] = std::exp(x[i] - shift);
+}
+
 void ExpForTest(const float* x, std::size_t n, float* out) {
   std::size_t i = 0;
 #if defined(LOCKSTEP_VEXP)

@@ -1,5 +1,5 @@
-// SiLU over rows, 16 lanes at a time, bitwise equal to norm.h's scalar Silu (x / (1 + exp(-x))
-// with the C library's expf).
+// SiLU over rows and a softmax's exponentials, 16 lanes at a time, bitwise equal to the scalar
+// forms (norm.h's Silu, x / (1 + exp(-x)), and exp(x - max), with the C library's expf).
 //
 // Why our own exp: the engine's activations call expf ~120,000 times a decode step of `wide
 // --layers 8` (the GDN conv's 8,192 channels and the gated norm's 4,096 per GDN layer, each
@@ -25,6 +25,9 @@ void SiluInPlace(float* x, std::size_t n);
 void SiluMulInPlace(float* g, const float* u, std::size_t n);
 // y[i] = x[i] * r * w[i] * Silu(z[i]), left to right (the gated RMSNorm's scaling).
 void GatedScale(const float* x, const float* z, const float* w, float r, std::size_t n, float* y);
+
+// x[i] = exp(x[i] - shift) (a softmax's numerators: the float subtraction, then expf).
+void ExpShiftedInPlace(float* x, std::size_t n, float shift);
 
 // Tests: out[i] = expf(x[i]) by the vector form (the scalar call where it is not built).
 void ExpForTest(const float* x, std::size_t n, float* out);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "cpu/activation.h"
 #include "cpu/norm.h"
 #include "cpu/op_report.h"
 
@@ -24,11 +25,9 @@ void AttendGroup(const float* q, int n_group, int kv_head, const KvCache& cache,
     float* s = scores + static_cast<std::size_t>(g) * uctx;
     float mx = -INFINITY;
     for (int u = 0; u < n_ctx; ++u) mx = std::max(mx, s[u]);
+    ExpShiftedInPlace(s, uctx, mx);  // vector expf, bitwise the scalar call (activation.h)
     double sum = 0.0;  // f64 sum: long contexts keep the normaliser exact to f32 precision
-    for (int u = 0; u < n_ctx; ++u) {
-      s[u] = std::exp(s[u] - mx);
-      sum += static_cast<double>(s[u]);
-    }
+    for (int u = 0; u < n_ctx; ++u) sum += static_cast<double>(s[u]);
     float inv = static_cast<float>(1.0 / sum);
     for (int u = 0; u < n_ctx; ++u) s[u] *= inv;
     std::memset(o + static_cast<std::size_t>(g) * ud, 0, ud * sizeof(float));

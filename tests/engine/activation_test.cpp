@@ -189,6 +189,10 @@ TEST(VectorSilu, RowsEqualTheScalarFormBitwise) {
     SiluMulInPlace(got.data(), u.data(), n);
     for (std::size_t i = 0; i < n; ++i) want[i] = Silu(x[i]) * u[i];
     ASSERT_TRUE(same(got, want, "SiluMulInPlace", n));
+    got = x;
+    ExpShiftedInPlace(got.data(), n, 1.75f);
+    for (std::size_t i = 0; i < n; ++i) want[i] = std::exp(x[i] - 1.75f);
+    ASSERT_TRUE(same(got, want, "ExpShiftedInPlace", n));
     GatedScale(x.data(), z.data(), w.data(), r, n, got.data());
     for (std::size_t i = 0; i < n; ++i) want[i] = x[i] * r * w[i] * Silu(z[i]);
     ASSERT_TRUE(same(got, want, "GatedScale", n));
