@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "cpu/matmul_q8.h"
 #include "lockstep/engine/dtype.h"
@@ -279,27 +280,28 @@ void Quantise(const float* x, int n_rows, const Mat& w, QuantRows& q) {
 #endif
   if (!simd)
     for (std::size_t at = 0; b32 && at < n; at += 32) Quantise32(x + at, at, q.b32);
+  // The 256 and bx formats share each super-block's rounding and differ in its order.
+  using Round = float (*)(const float*, std::int8_t*);
+  using Order = void (*)(const std::int8_t*, std::size_t, QuantRows::Format&);
+  Round round = Round256;
+  Order lanes = LaneOrder, iq4 = Iq4Order;
+#if defined(LOCKSTEP_Q8_SIMD)
+  if (simd) {
+    round = Round256Simd;
+    lanes = LaneOrderSimd;
+    iq4 = Iq4OrderSimd;
+  }
+#endif
+  const std::pair<QuantRows::Format*, Order> formats[] = {{b256 ? &q.b256 : nullptr, lanes},
+                                                          {bx ? &q.bx : nullptr, iq4}};
   for (std::size_t at = 0; (b256 || bx) && at < n; at += 256) {
     alignas(64) std::int8_t nat[256];
-#if defined(LOCKSTEP_Q8_SIMD)
-    const float d = simd ? Round256Simd(x + at, nat) : Round256(x + at, nat);
-#else
-    const float d = Round256(x + at, nat);
-#endif
-    if (b256) {
-      q.b256.d[at / 256] = d;
-#if defined(LOCKSTEP_Q8_SIMD)
-      if (simd) LaneOrderSimd(nat, at, q.b256);
-#endif
-      if (!simd) LaneOrder(nat, at, q.b256);
-    }
-    if (bx) {
-      q.bx.d[at / 256] = d;
-#if defined(LOCKSTEP_Q8_SIMD)
-      if (simd) Iq4OrderSimd(nat, at, q.bx);
-#endif
-      if (!simd) Iq4Order(nat, at, q.bx);
-    }
+    const float d = round(x + at, nat);
+    for (const auto& [f, order] : formats)
+      if (f != nullptr) {
+        f->d[at / 256] = d;
+        order(nat, at, *f);
+      }
   }
 }
 
